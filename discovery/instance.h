@@ -1,0 +1,65 @@
+// One prefill or decode node as the registry knows it, and the immutable snapshot readers get.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "proto/discovery_message.h"
+
+namespace pdr::discovery {
+
+using Clock = std::chrono::steady_clock;
+
+enum class InstanceState : uint8_t { kUp, kDraining, kExpired };
+enum class InstanceSource : uint8_t { kRegistered, kStatic, kAdmin };
+
+std::string_view to_string(InstanceState);   // "up", "draining", "expired"
+std::string_view to_string(InstanceSource);  // "registered", "static", "admin"
+
+struct Instance {
+  std::string key;  // canonical http_address ("host:port" / "[v6]:port"); unique in a snapshot
+  proto::Role role = proto::Role::kPrefill;
+  proto::Connector connector = proto::Connector::kUnknown;
+  proto::RegistrationFormat format = proto::RegistrationFormat::kStatic;
+  proto::TransferMode transfer_mode = proto::TransferMode::kNone;
+  proto::HostPort http_address;
+  std::string zmq_address;  // verbatim from the node ("" when unknown)
+  std::optional<proto::MoriioZmqAddress> moriio_zmq;
+  std::optional<proto::HostPort> kv_address;
+  uint32_t dp_size = 1;
+  uint32_t tp_size = 1;
+  std::optional<uint16_t> bootstrap_port;
+  std::string model;
+  proto::Labels labels;
+  proto::NodeLoad load;
+  std::string instance_id;
+  uint64_t epoch = 0;
+
+  InstanceState state = InstanceState::kUp;
+  InstanceSource source = InstanceSource::kRegistered;
+  Clock::time_point first_seen{};
+  Clock::time_point last_seen{};
+  Clock::time_point expires_at = Clock::time_point::max();  // max(): never (static/admin)
+  std::chrono::milliseconds ttl{0};                          // 0 for static/admin
+  uint64_t messages = 0;                                     // registrations received
+  uint64_t restarts = 0;                                     // epoch changes seen
+};
+
+// Immutable view of the registry at one moment. Built by the discovery thread, shared read-only.
+struct RegistrySnapshot {
+  uint64_t version = 0;               // increases by one per published change
+  Clock::time_point taken_at{};
+  std::vector<Instance> instances;    // sorted by key
+
+  const Instance* find(std::string_view key) const;
+  size_t count(proto::Role role, InstanceState state) const;
+};
+
+using RegistrySnapshotPtr = std::shared_ptr<const RegistrySnapshot>;
+
+}  // namespace pdr::discovery

@@ -1,0 +1,58 @@
+// Address parsing for discovery messages and the topology file. Pure functions, no I/O, no DNS.
+//
+// Accepted forms (all validated; anything else is kBadAddress with a reason):
+//   host:port            "10.0.0.5:8000", "node-3.example:8000"
+//   [v6]:port            "[fd00::5]:8000"  (a bare v6 literal without brackets is rejected: the
+//                        port would be ambiguous)
+//   http URL             "http://10.0.0.5:8000/v1/completions" (scheme http only; path kept apart)
+//   MoRIIO ZMQ address   "host:10.0.0.5,handshake:6301,notify:61005" (segments split on ',', each
+//                        key/value split on the first ':' so IPv6 hosts survive, as vLLM's
+//                        parse_moriio_zmq_address does; keys host, handshake, notify all required,
+//                        unknown keys rejected, order free)
+// Hosts: IPv4 dotted quad, IPv6 literal (brackets stripped in the struct), or a DNS name
+// (letters, digits, '-', '.', '_'; 1..253 chars). Ports: 1..65535.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "proto/status.h"
+
+namespace pdr::proto {
+
+struct HostPort {
+  std::string host;  // without brackets, even for IPv6
+  uint16_t port = 0;
+
+  bool is_ipv6() const { return host.find(':') != std::string::npos; }
+  // "host:port", or "[v6]:port" for IPv6. Canonical form used as the registry key.
+  std::string to_string() const;
+  friend bool operator==(const HostPort&, const HostPort&) = default;
+};
+
+struct HttpUrl {
+  HostPort address;
+  std::string path;  // "" or starts with '/'
+};
+
+struct MoriioZmqAddress {
+  std::string host;
+  uint16_t handshake_port = 0;
+  uint16_t notify_port = 0;
+
+  // "host:H,handshake:N,notify:M" exactly as vLLM formats it.
+  std::string to_string() const;
+  friend bool operator==(const MoriioZmqAddress&, const MoriioZmqAddress&) = default;
+};
+
+Status parse_host(std::string_view text, std::string* host);
+Status parse_host_port(std::string_view text, HostPort* out);
+Status parse_http_url(std::string_view text, HttpUrl* out);
+Status parse_moriio_zmq_address(std::string_view text, MoriioZmqAddress* out);
+
+// True when the string looks like the MoRIIO form (contains "handshake:" or starts with "host:"),
+// used to tell MoRIIO registrations from P2P-NCCL ones (whose zmq_address is plain host:port).
+bool looks_like_moriio_zmq_address(std::string_view text);
+
+}  // namespace pdr::proto
