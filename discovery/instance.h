@@ -51,10 +51,12 @@ struct Instance {
 };
 
 // Immutable view of the registry at one moment. Built by the discovery thread, shared read-only.
+// Instances are shared between consecutive snapshots when unchanged (copy-on-write in the
+// registry), so publishing costs one pointer copy per instance, not a deep copy.
 struct RegistrySnapshot {
-  uint64_t version = 0;               // increases by one per published change
+  uint64_t version = 0;               // increases by one per published snapshot
   Clock::time_point taken_at{};
-  std::vector<Instance> instances;    // sorted by key
+  std::vector<std::shared_ptr<const Instance>> instances;  // sorted by key
 
   const Instance* find(std::string_view key) const;
   size_t count(proto::Role role, InstanceState state) const;

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages pdrouter needs, only if some are missing (idempotent).
+#   deploy/install-deps.sh            build + run (the quick start)
+#   deploy/install-deps.sh --tests    also tests, fuzzers and benchmarks
+set -euo pipefail
+
+packages=(
+  cmake ninja-build pkg-config g++
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libuv1-dev node-llhttp libyaml-cpp-dev
+  libibverbs-dev librdmacm-dev
+  prometheus-cpp-dev nlohmann-json3-dev libsimdjson-dev libspdlog-dev libfmt-dev libcli11-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  python3 python3-zmq python3-msgpack curl
+)
+if [[ "${1:-}" == "--tests" ]]; then
+  packages+=(clang libclang-rt-14-dev)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+# Another apt process may hold the dpkg lock (e.g. unattended upgrades): wait and retry.
+for attempt in 1 2 3 4 5 6; do
+  if $sudo apt-get update -qq &&
+     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+    exit 0
+  fi
+  echo "install-deps: apt-get failed (attempt $attempt), retrying in 10 s" >&2
+  sleep 10
+done
+echo "install-deps: could not install: ${missing[*]}" >&2
+exit 1

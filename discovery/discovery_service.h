@@ -1,0 +1,72 @@
+// DiscoveryService: the ZMQ ROUTER listener thread that turns node heartbeats into registry
+// snapshots.
+//
+// Threads: start()/stop()/apply_topology()/post() may be called from any thread. Everything else
+// (the socket, the Registry) lives on the service's own thread; other threads reach it only by
+// post(), which queues a closure and wakes the thread through an eventfd.
+//
+// Each accepted frame pair [identity, payload] is decoded (proto/), authenticated, applied to the
+// registry, and, for messages carrying `pdr_v`, acknowledged to the sender. Anything else is
+// counted by reason and logged at a limited rate; it never changes the registry. Structural
+// changes are published at once; liveness-only changes (last_seen, load) are coalesced to at most
+// one snapshot per `liveness_publish_interval`.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "discovery/discovery_counters.h"
+#include "discovery/instance.h"
+#include "discovery/registry.h"
+#include "discovery/snapshot_cell.h"
+#include "discovery/topology.h"
+#include "proto/discovery_message.h"
+#include "proto/status.h"
+
+namespace pdr::discovery {
+
+struct DiscoveryServiceOptions {
+  std::string bind_endpoint = "tcp://*:36367";  // "tcp://host:0" means an ephemeral port
+  RegistryOptions registry;
+  proto::DecodeLimits limits;
+  std::string auth_token;                        // "" = no authentication
+  bool allow_unauthenticated_vllm = true;
+  std::vector<StaticInstance> static_instances;
+  std::chrono::milliseconds liveness_publish_interval{100};
+  // Frames above this are dropped by libzmq itself (the peer is disconnected) before they are
+  // buffered; frames between limits.max_message_bytes and this are read and counted too_large.
+  int64_t hard_frame_limit = 1024 * 1024;
+
+  static DiscoveryServiceOptions from(const Topology& topology);
+};
+
+class DiscoveryService {
+ public:
+  DiscoveryService(SnapshotCell<RegistrySnapshot>& snapshots, DiscoveryCounters& counters);
+  ~DiscoveryService();  // stops the thread if running
+  DiscoveryService(const DiscoveryService&) = delete;
+  DiscoveryService& operator=(const DiscoveryService&) = delete;
+
+  // Binds synchronously (so a bad endpoint or a port in use is reported here), publishes the
+  // first snapshot (static instances), then starts the thread.
+  Status start(const DiscoveryServiceOptions& options);
+  // The endpoint actually bound, e.g. "tcp://127.0.0.1:40321" (valid after start()).
+  std::string bound_endpoint() const;
+
+  // Applies a reloaded topology: TTL bounds, limits, authentication and static instances. The
+  // bind endpoint cannot change live (the caller logs that a restart is needed).
+  void apply_topology(const Topology& topology);
+  // Runs `fn` on the discovery thread with the registry; a snapshot follows if it changed anything.
+  void post(std::function<void(Registry&)> fn);
+  // Stops and joins the thread; idempotent.
+  void stop();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pdr::discovery

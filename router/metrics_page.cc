@@ -1,0 +1,92 @@
+#include "router/metrics_page.h"
+
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
+
+#include <map>
+
+namespace pdr::router {
+
+struct MetricsWriter::Families {
+  std::vector<prometheus::MetricFamily> list;
+  std::map<std::string, size_t, std::less<>> index;
+
+  prometheus::MetricFamily& family(std::string_view name, std::string_view help, prometheus::MetricType type) {
+    auto it = index.find(name);
+    if (it != index.end()) return list[it->second];
+    index.emplace(std::string(name), list.size());
+    list.push_back(prometheus::MetricFamily{std::string(name), std::string(help), type, {}});
+    return list.back();
+  }
+};
+
+namespace {
+prometheus::ClientMetric metric_with(const MetricsWriter::Labels& labels) {
+  prometheus::ClientMetric m;
+  for (const auto& [k, v] : labels) m.label.push_back({k, v});
+  return m;
+}
+}  // namespace
+
+MetricsWriter::MetricsWriter() : families_(new Families) {}
+MetricsWriter::~MetricsWriter() { delete families_; }
+
+void MetricsWriter::counter(std::string_view name, std::string_view help, double value, Labels labels) {
+  auto m = metric_with(labels);
+  m.counter.value = value;
+  families_->family(name, help, prometheus::MetricType::Counter).metric.push_back(std::move(m));
+}
+
+void MetricsWriter::gauge(std::string_view name, std::string_view help, double value, Labels labels) {
+  auto m = metric_with(labels);
+  m.gauge.value = value;
+  families_->family(name, help, prometheus::MetricType::Gauge).metric.push_back(std::move(m));
+}
+
+std::string MetricsWriter::text() const { return prometheus::TextSerializer().Serialize(families_->list); }
+
+void write_discovery_metrics(MetricsWriter& out, const discovery::DiscoveryCounters& c,
+                             const discovery::RegistrySnapshot& snapshot, const TopologyMetrics& topology) {
+  auto v = [](const std::atomic<uint64_t>& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
+  out.counter("pdrouter_discovery_frames_total", "ZMQ messages received on the discovery socket",
+              v(c.frames_received));
+  for (auto format : {proto::RegistrationFormat::kMoriio, proto::RegistrationFormat::kMoriioLegacy,
+                      proto::RegistrationFormat::kP2pNccl, proto::RegistrationFormat::kPdrouter}) {
+    out.counter("pdrouter_registrations_accepted_total", "Registration messages applied to the registry",
+                v(c.accepted_by_format[static_cast<size_t>(format)]),
+                {{"format", std::string(proto::to_string(format))}});
+  }
+  for (size_t r = 0; r < c.rejected.size(); ++r) {
+    out.counter("pdrouter_registrations_rejected_total",
+                "Discovery messages that changed nothing, by reason", v(c.rejected[r]),
+                {{"reason", std::string(discovery::to_string(static_cast<discovery::RejectReason>(r)))}});
+  }
+  out.counter("pdrouter_discovery_hellos_total", "HELLO messages (ignored)", v(c.hellos));
+  out.counter("pdrouter_discovery_goodbyes_total", "Goodbye messages that removed an instance", v(c.goodbyes));
+  out.counter("pdrouter_instances_added_total", "Instances registered for the first time", v(c.added));
+  out.counter("pdrouter_instance_expiries_total", "Instances expired after their TTL", v(c.expiries));
+  out.counter("pdrouter_instance_restarts_total", "Registrations with a new epoch (node restarted)",
+              v(c.restarts));
+  out.counter("pdrouter_instance_revivals_total", "Expired instances that registered again", v(c.revived));
+  out.counter("pdrouter_discovery_acks_sent_total", "Acknowledgements sent to pdrouter-format nodes",
+              v(c.acks_sent));
+  out.counter("pdrouter_discovery_peer_connections_total", "TCP connections accepted by the discovery socket",
+              v(c.peer_connections));
+  out.counter("pdrouter_discovery_peer_disconnects_total",
+              "Discovery peers disconnected (including frames over the hard size limit)", v(c.peer_disconnects));
+  out.counter("pdrouter_registry_snapshots_total", "Registry snapshots published", v(c.snapshots_published));
+  for (proto::Role role : {proto::Role::kPrefill, proto::Role::kDecode}) {
+    for (auto state : {discovery::InstanceState::kUp, discovery::InstanceState::kDraining,
+                       discovery::InstanceState::kExpired}) {
+      out.gauge("pdrouter_instances", "Instances in the registry by role and state",
+                static_cast<double>(snapshot.count(role, state)),
+                {{"role", std::string(proto::to_string(role))}, {"state", std::string(discovery::to_string(state))}});
+    }
+  }
+  out.counter("pdrouter_topology_reloads_total", "Topology reloads by result",
+              static_cast<double>(topology.reloads_ok), {{"result", "ok"}});
+  out.counter("pdrouter_topology_reloads_total", "Topology reloads by result",
+              static_cast<double>(topology.reloads_failed), {{"result", "failed"}});
+}
+
+}  // namespace pdr::router

@@ -1,0 +1,84 @@
+#include "router/status_page.h"
+
+#include <nlohmann/json.hpp>
+
+namespace pdr::router {
+namespace {
+
+using discovery::Clock;
+using discovery::Instance;
+using discovery::InstanceState;
+
+int64_t ms_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count();
+}
+
+nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
+  nlohmann::json j = {
+      {"role", proto::to_string(inst.role)},
+      {"http_address", inst.key},
+      {"dialect", proto::to_string(inst.connector)},
+      {"registration_format", proto::to_string(inst.format)},
+      {"transfer_mode", proto::to_string(inst.transfer_mode)},
+      {"zmq_address", inst.zmq_address},
+      {"dp_size", inst.dp_size},
+      {"tp_size", inst.tp_size},
+      {"model", inst.model},
+      {"state", discovery::to_string(inst.state)},
+      {"source", discovery::to_string(inst.source)},
+      {"instance_id", inst.instance_id},
+      {"epoch", inst.epoch},
+      {"first_seen_ms_ago", ms_between(inst.first_seen, now)},
+      {"last_seen_ms_ago", ms_between(inst.last_seen, now)},
+      {"ttl_ms", inst.ttl.count()},
+      {"messages", inst.messages},
+      {"restarts", inst.restarts},
+  };
+  j["bootstrap_port"] = inst.bootstrap_port ? nlohmann::json(*inst.bootstrap_port) : nlohmann::json();
+  j["expires_in_ms"] = inst.expires_at == Clock::time_point::max() || inst.state == InstanceState::kExpired
+                           ? nlohmann::json()
+                           : nlohmann::json(ms_between(now, inst.expires_at));
+  nlohmann::json labels = nlohmann::json::object();
+  for (const auto& [k, v] : inst.labels) labels[k] = v;
+  j["labels"] = std::move(labels);
+  j["load"] = inst.load.present ? nlohmann::json{{"running", inst.load.running},
+                                                 {"waiting", inst.load.waiting},
+                                                 {"free_kv_blocks", inst.load.free_kv_blocks}}
+                                : nlohmann::json();
+  return j;
+}
+
+}  // namespace
+
+std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Clock::time_point now,
+                               const StatusContext& context) {
+  nlohmann::json counts = nlohmann::json::object();
+  for (proto::Role role : {proto::Role::kPrefill, proto::Role::kDecode}) {
+    nlohmann::json by_state = nlohmann::json::object();
+    for (InstanceState state : {InstanceState::kUp, InstanceState::kDraining, InstanceState::kExpired}) {
+      by_state[std::string(discovery::to_string(state))] = snapshot.count(role, state);
+    }
+    counts[std::string(proto::to_string(role))] = std::move(by_state);
+  }
+  nlohmann::json instances = nlohmann::json::array();
+  for (const auto& inst : snapshot.instances) instances.push_back(instance_json(*inst, now));
+
+  nlohmann::json doc = {
+      {"version", PDR_VERSION},
+      {"uptime_ms", context.uptime_ms},
+      {"workers", context.workers},
+      {"listeners", {{"http", context.http_listener}, {"discovery", context.discovery_listener}}},
+      {"topology",
+       {{"path", context.topology_path},
+        {"reloads_ok", context.topology_reloads_ok},
+        {"reloads_failed", context.topology_reloads_failed},
+        {"last_error", context.topology_last_error}}},
+      {"registry_version", snapshot.version},
+      {"counts", std::move(counts)},
+      {"instances", std::move(instances)},
+  };
+  // Replace invalid UTF-8 rather than throw: node-supplied strings are untrusted.
+  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace pdr::router

@@ -1,0 +1,31 @@
+// GET /status: the live registry as JSON for operators and tests. Pure rendering; no I/O.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "discovery/instance.h"
+
+namespace pdr::router {
+
+struct StatusContext {
+  std::string http_listener;        // "0.0.0.0:10001"
+  std::string discovery_listener;   // bound ZMQ endpoint
+  std::string topology_path;        // "" when running on defaults
+  uint64_t topology_reloads_ok = 0;
+  uint64_t topology_reloads_failed = 0;
+  std::string topology_last_error;  // "" when the last reload succeeded
+  int64_t uptime_ms = 0;
+  uint32_t workers = 0;
+};
+
+// {"version", "uptime_ms", "listeners", "topology", "registry_version", "counts":{role:{state:n}},
+//  "instances":[{role, http_address, dialect, registration_format, transfer_mode, zmq_address,
+//  dp_size, tp_size, bootstrap_port, model, labels, load, state, source, instance_id, epoch,
+//  first_seen_ms_ago, last_seen_ms_ago, expires_in_ms, ttl_ms, messages, restarts}]}
+// `dialect` is the KV connector dialect ("moriio", "p2p-nccl", ...); registration_format is the
+// wire shape the node registered with. Times are relative to `now` (steady clock).
+std::string render_status_json(const discovery::RegistrySnapshot& snapshot,
+                               discovery::Clock::time_point now, const StatusContext& context);
+
+}  // namespace pdr::router

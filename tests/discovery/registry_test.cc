@@ -1,0 +1,201 @@
+// Registry semantics with an explicit clock: upsert, per-entry expiry, retention, goodbye,
+// restarts, static instances, limits, and snapshot sharing.
+#include "discovery/registry.h"
+
+#include <gtest/gtest.h>
+
+namespace pdr::discovery {
+namespace {
+
+using namespace std::chrono_literals;
+
+proto::Registration moriio(std::string host, uint16_t port, proto::Role role = proto::Role::kPrefill) {
+  proto::Registration r;
+  r.format = proto::RegistrationFormat::kMoriio;
+  r.role = role;
+  r.http_address = {std::move(host), port};
+  r.zmq_address = "host:" + r.http_address.host + ",handshake:6301,notify:61005";
+  r.connector = proto::Connector::kMoriio;
+  r.transfer_mode = proto::TransferMode::kWrite;
+  r.dp_size = 2;
+  r.tp_size = 4;
+  return r;
+}
+
+RegistryOptions opts() {
+  RegistryOptions o;
+  o.default_ttl = 5000ms;
+  o.min_ttl = 1000ms;
+  o.max_ttl = 60000ms;
+  o.expired_retention = 10000ms;
+  o.max_instances = 3;
+  return o;
+}
+
+const Clock::time_point t0 = Clock::time_point(std::chrono::hours(1000));
+
+TEST(Registry, UpsertAddsThenUpdatesWithoutStructuralChange) {
+  Registry reg(opts());
+  EXPECT_EQ(reg.upsert(moriio("10.0.0.1", 8000), t0).result, UpsertResult::kAdded);
+  auto snap = reg.snapshot(t0);
+  ASSERT_EQ(snap->instances.size(), 1u);
+  EXPECT_EQ(snap->instances[0]->key, "10.0.0.1:8000");
+  EXPECT_EQ(snap->instances[0]->dp_size, 2u);
+  EXPECT_EQ(snap->instances[0]->state, InstanceState::kUp);
+
+  EXPECT_EQ(reg.upsert(moriio("10.0.0.1", 8000), t0 + 3s).result, UpsertResult::kUpdated);
+  EXPECT_FALSE(reg.structural_dirty());
+  EXPECT_TRUE(reg.liveness_dirty());
+  auto snap2 = reg.snapshot(t0 + 3s);
+  EXPECT_EQ(snap2->version, snap->version + 1);
+  EXPECT_EQ(snap2->instances[0]->messages, 2u);
+  EXPECT_EQ(snap2->instances[0]->last_seen, t0 + 3s);
+  // The earlier snapshot is immutable: it still shows the first message.
+  EXPECT_EQ(snap->instances[0]->messages, 1u);
+  EXPECT_EQ(snap->instances[0]->last_seen, t0);
+}
+
+TEST(Registry, FieldChangeIsStructural) {
+  Registry reg(opts());
+  reg.upsert(moriio("10.0.0.1", 8000), t0);
+  (void)reg.snapshot(t0);
+  auto changed = moriio("10.0.0.1", 8000);
+  changed.transfer_mode = proto::TransferMode::kRead;
+  reg.upsert(changed, t0 + 1s);
+  EXPECT_TRUE(reg.structural_dirty());
+}
+
+TEST(Registry, UnchangedInstancesAreSharedBetweenSnapshots) {
+  Registry reg(opts());
+  reg.upsert(moriio("10.0.0.1", 8000), t0);
+  reg.upsert(moriio("10.0.0.2", 8000), t0);
+  auto a = reg.snapshot(t0);
+  reg.upsert(moriio("10.0.0.2", 8000), t0 + 1s);
+  auto b = reg.snapshot(t0 + 1s);
+  EXPECT_EQ(a->instances[0].get(), b->instances[0].get());  // untouched: same object
+  EXPECT_NE(a->instances[1].get(), b->instances[1].get());  // heartbeat: new object
+}
+
+TEST(Registry, ExpiryFollowsEachInstancesOwnDeadlineNotInsertionOrder) {
+  Registry reg(opts());
+  reg.upsert(moriio("10.0.0.1", 8000), t0);       // inserted first, then kept alive
+  reg.upsert(moriio("10.0.0.2", 8000), t0 + 1s);  // inserted second, never refreshed
+  reg.upsert(moriio("10.0.0.1", 8000), t0 + 4s);  // deadline now t0+9s
+  EXPECT_EQ(reg.next_deadline(), t0 + 6s);
+  EXPECT_EQ(reg.expire_due(t0 + 5999ms).expired, 0u);
+  auto r = reg.expire_due(t0 + 6s);
+  EXPECT_EQ(r.expired, 1u);
+  auto snap = reg.snapshot(t0 + 6s);
+  EXPECT_EQ(snap->find("10.0.0.1:8000")->state, InstanceState::kUp);
+  EXPECT_EQ(snap->find("10.0.0.2:8000")->state, InstanceState::kExpired);
+  // Retention: the expired entry disappears after expired_retention.
+  EXPECT_EQ(reg.expire_due(t0 + 6s + 9999ms).removed, 0u);
+  EXPECT_EQ(reg.expire_due(t0 + 16s).removed, 1u);
+  EXPECT_EQ(reg.snapshot(t0 + 16s)->find("10.0.0.2:8000"), nullptr);
+}
+
+TEST(Registry, ExpiredInstanceComesBackAsRevived) {
+  Registry reg(opts());
+  reg.upsert(moriio("10.0.0.1", 8000), t0);
+  reg.expire_due(t0 + 5s);
+  EXPECT_EQ(reg.upsert(moriio("10.0.0.1", 8000), t0 + 6s).result, UpsertResult::kRevived);
+  EXPECT_EQ(reg.snapshot(t0 + 6s)->instances[0]->state, InstanceState::kUp);
+  EXPECT_EQ(reg.next_deadline(), t0 + 11s);
+}
+
+TEST(Registry, RequestedTtlIsClamped) {
+  Registry reg(opts());
+  auto r = moriio("10.0.0.1", 8000);
+  r.ttl_ms = 10;
+  EXPECT_EQ(reg.upsert(r, t0).ttl, 1000ms);
+  r.ttl_ms = 10'000'000;
+  EXPECT_EQ(reg.upsert(r, t0).ttl, 60000ms);
+  r.ttl_ms = 7000;
+  EXPECT_EQ(reg.upsert(r, t0).ttl, 7000ms);
+  EXPECT_EQ(reg.next_deadline(), t0 + 7s);
+}
+
+TEST(Registry, NewEpochCountsAsRestart) {
+  Registry reg(opts());
+  auto r = moriio("10.0.0.1", 8000);
+  r.format = proto::RegistrationFormat::kPdrouter;
+  r.schema_version = 1;
+  r.epoch = 100;
+  reg.upsert(r, t0);
+  EXPECT_EQ(reg.upsert(r, t0 + 1s).result, UpsertResult::kUpdated);
+  r.epoch = 200;
+  EXPECT_EQ(reg.upsert(r, t0 + 2s).result, UpsertResult::kRestarted);
+  auto snap = reg.snapshot(t0 + 2s);
+  EXPECT_EQ(snap->instances[0]->restarts, 1u);
+  EXPECT_EQ(snap->instances[0]->epoch, 200u);
+  EXPECT_EQ(snap->instances[0]->first_seen, t0 + 2s);
+}
+
+TEST(Registry, GoodbyeRemovesAtOnceButNotFromAnOlderEpoch) {
+  Registry reg(opts());
+  auto r = moriio("10.0.0.1", 8000);
+  r.epoch = 200;
+  reg.upsert(r, t0);
+  proto::Goodbye stale{{"10.0.0.1", 8000}, 1, "", 100, ""};
+  EXPECT_EQ(reg.goodbye(stale, t0), GoodbyeResult::kStaleEpoch);
+  EXPECT_EQ(reg.size(), 1u);
+  proto::Goodbye bye{{"10.0.0.1", 8000}, 1, "", 200, ""};
+  EXPECT_EQ(reg.goodbye(bye, t0), GoodbyeResult::kRemoved);
+  EXPECT_EQ(reg.size(), 0u);
+  EXPECT_FALSE(reg.next_deadline().has_value());
+  EXPECT_EQ(reg.goodbye(bye, t0), GoodbyeResult::kUnknown);
+}
+
+TEST(Registry, FullRegistryEvictsExpiredFirstThenRejects) {
+  Registry reg(opts());  // max 3
+  reg.upsert(moriio("10.0.0.1", 1), t0);
+  reg.upsert(moriio("10.0.0.2", 1), t0 + 1s);
+  reg.upsert(moriio("10.0.0.3", 1), t0 + 1s);
+  EXPECT_EQ(reg.upsert(moriio("10.0.0.4", 1), t0 + 2s).result, UpsertResult::kRejectedFull);
+  reg.expire_due(t0 + 5s);  // 10.0.0.1 expired
+  EXPECT_EQ(reg.upsert(moriio("10.0.0.4", 1), t0 + 5s).result, UpsertResult::kAdded);
+  auto snap = reg.snapshot(t0 + 5s);
+  EXPECT_EQ(snap->instances.size(), 3u);
+  EXPECT_EQ(snap->find("10.0.0.1:1"), nullptr);
+}
+
+TEST(Registry, StaticInstancesNeverExpireAndTakeLivenessFromHeartbeats) {
+  Registry reg(opts());
+  StaticInstance s;
+  s.role = proto::Role::kDecode;
+  s.http_address = {"10.0.0.9", 8000};
+  s.connector = proto::Connector::kMoriio;
+  s.transfer_mode = proto::TransferMode::kRead;
+  s.zmq_address = "host:10.0.0.9,handshake:6301,notify:61005";
+  reg.replace_static({s}, t0);
+  auto snap = reg.snapshot(t0);
+  ASSERT_EQ(snap->instances.size(), 1u);
+  EXPECT_EQ(snap->instances[0]->source, InstanceSource::kStatic);
+  ASSERT_TRUE(snap->instances[0]->moriio_zmq.has_value());
+  EXPECT_EQ(snap->instances[0]->moriio_zmq->notify_port, 61005);
+
+  auto hb = moriio("10.0.0.9", 8000, proto::Role::kPrefill);  // node claims another role
+  reg.upsert(hb, t0 + 1s);
+  snap = reg.snapshot(t0 + 1s);
+  EXPECT_EQ(snap->instances[0]->role, proto::Role::kDecode);  // the operator's word stands
+  EXPECT_EQ(snap->instances[0]->last_seen, t0 + 1s);
+  EXPECT_FALSE(reg.next_deadline().has_value());
+  EXPECT_EQ(reg.expire_due(t0 + 1h).expired, 0u);
+
+  reg.replace_static({}, t0 + 2s);  // removed from the file
+  EXPECT_EQ(reg.snapshot(t0 + 2s)->instances.size(), 0u);
+}
+
+TEST(Registry, DrainingFlagSetsState) {
+  Registry reg(opts());
+  auto r = moriio("10.0.0.1", 8000);
+  r.draining = true;
+  reg.upsert(r, t0);
+  auto snap = reg.snapshot(t0);
+  EXPECT_EQ(snap->instances[0]->state, InstanceState::kDraining);
+  EXPECT_EQ(snap->count(proto::Role::kPrefill, InstanceState::kDraining), 1u);
+  EXPECT_EQ(snap->count(proto::Role::kPrefill, InstanceState::kUp), 0u);
+}
+
+}  // namespace
+}  // namespace pdr::discovery

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The README's second command: installs what is missing, builds, and runs every test.
+#   1. RelWithDebInfo build, all CTest tests (unit, integration with real processes, bench smoke)
+#   2. the same suite under ASan+UBSan
+#   3. each libFuzzer target for a short run (PDR_FUZZ_SECONDS, default 30)
+# Options via environment: PDR_JOBS (default: nproc), PDR_SKIP_ASAN=1, PDR_SKIP_FUZZ=1, PDR_TSAN=1
+# (adds a TSan pass), PDR_BUILD_ROOT (default: <repo>/build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+jobs=${PDR_JOBS:-$(nproc)}
+build_root=${PDR_BUILD_ROOT:-$root/build}
+fuzz_seconds=${PDR_FUZZ_SECONDS:-30}
+
+deploy/install-deps.sh --tests
+
+failures=0
+run_suite() {  # name, extra cmake args...
+  local name=$1; shift
+  local dir=$build_root/$name
+  echo "=== [$name] configure + build"
+  cmake -S "$root" -B "$dir" -G Ninja "$@" > "$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; return 1; }
+  ninja -C "$dir" -j "$jobs"
+  echo "=== [$name] test"
+  ctest --test-dir "$dir" -j "$jobs" --timeout 300 --output-on-failure --no-tests=error
+}
+
+mkdir -p "$build_root"
+run_suite release -DCMAKE_BUILD_TYPE=RelWithDebInfo || failures=$((failures + 1))
+
+if [[ "${PDR_SKIP_ASAN:-0}" != 1 ]]; then
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    run_suite asan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=address -DPDR_BENCHMARKS=OFF ||
+    failures=$((failures + 1))
+fi
+
+if [[ "${PDR_TSAN:-0}" == 1 ]]; then
+  run_suite tsan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=thread -DPDR_BENCHMARKS=OFF ||
+    failures=$((failures + 1))
+fi
+
+if [[ "${PDR_SKIP_FUZZ:-0}" != 1 ]]; then
+  echo "=== [fuzz] build (clang, libFuzzer)"
+  dir=$build_root/fuzz
+  if CC=clang CXX=clang++ cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+       -DPDR_FUZZERS=ON -DPDR_TESTS=ON -DPDR_BENCHMARKS=OFF > "$dir.configure.log" 2>&1 &&
+     ninja -C "$dir" -j "$jobs" fuzzers; then
+    for fuzzer in "$dir"/tests/fuzz/*_fuzz; do
+      name=$(basename "$fuzzer" _fuzz)
+      corpus=$(mktemp -d)
+      cp -r "$root/tests/fuzz/corpus/$name/." "$corpus/" 2>/dev/null || true
+      echo "=== [fuzz] $name for ${fuzz_seconds}s"
+      if "$fuzzer" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+           "$corpus" > "$dir/$name.log" 2>&1; then
+        grep -E "^stat::number_of_executed_runs|^Done" "$dir/$name.log" || true
+        echo "fuzz $name: passed"
+      else
+        tail -40 "$dir/$name.log"
+        echo "fuzz $name: FAILED (crash input saved next to $dir/$name.log)"
+        failures=$((failures + 1))
+      fi
+      rm -rf "$corpus"
+    done
+  else
+    echo "fuzz: build FAILED"; failures=$((failures + 1))
+  fi
+fi
+
+if [[ $failures -ne 0 ]]; then
+  echo "tests/run.sh: $failures stage(s) failed"
+  exit 1
+fi
+echo "tests/run.sh: all stages passed"
