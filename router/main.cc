@@ -1,2 +1,230 @@
-// pdrouter main: placeholder until the HTTP server lands (being written now).
-int main() { return 0; }
+// pdrouter: the P/D router process. Wires the pieces together and owns the control loop:
+//   main thread      libuv loop: SIGINT/SIGTERM (graceful stop), SIGHUP + file watch (reload)
+//   discovery thread ZMQ ROUTER listener -> registry snapshots        (discovery/)
+//   N HTTP workers   /health, /status, /metrics (later: P/D proxying)  (router/http/)
+#include <uv.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <thread>
+
+#include "discovery/discovery_service.h"
+#include "discovery/topology_store.h"
+#include "router/control_routes.h"
+#include "router/http/http_server.h"
+#include "router/http/json_error.h"
+#include "router/topology_watcher.h"
+
+namespace pdr {
+namespace {
+
+struct CommandLine {
+  std::string config_path;
+  std::string http;       // overrides listeners.http
+  std::string discovery;  // overrides listeners.discovery
+  uint32_t workers = 0;   // overrides workers when set
+  bool workers_set = false;
+  std::string log_level = "info";
+};
+
+constexpr const char* kFooter = R"(Endpoints:
+  GET /health    200 while the process is up
+  GET /status    the live registry as JSON (instances with role, http_address, dialect,
+                 transfer_mode, dp/tp sizes, state, source, last_seen_ms_ago; counts per role/state)
+  GET /metrics   Prometheus text (registrations accepted/rejected by reason, instances by
+                 role and state, expiries, restarts, topology reloads, HTTP counters)
+
+Nodes register over ZMQ (DEALER -> our ROUTER) with vLLM's MoRIIO or P2P-NCCL messages, or
+pdrouter's extended format (see proto/DISCOVERY.md); `pdnode register` does it for any node.
+
+Signals: SIGTERM/SIGINT stop gracefully (in-flight requests drain for timeouts.drain_ms);
+SIGHUP reloads the topology file (it is also reloaded when the file changes). A reload that
+fails validation is logged, counted, and the running configuration is kept.
+
+On start pdrouter prints one line to stdout:
+  pdrouter listening http=HOST:PORT discovery=ENDPOINT
+Exit codes: 0 after a graceful stop, 1 on a start-up failure, 2 on bad flags or topology.)";
+
+Status apply_overrides(const CommandLine& cli, discovery::Topology* t) {
+  if (!cli.http.empty()) {
+    proto::HostPort hp;
+    if (cli.http.size() > 2 && cli.http.compare(cli.http.size() - 2, 2, ":0") == 0) {
+      // Port 0 (ephemeral) is valid for listening though not for a node address.
+      Status st = proto::parse_host(cli.http.substr(0, cli.http.size() - 2), &hp.host);
+      if (!st.is_ok()) return Status(st.code(), "--http: " + st.message());
+    } else if (Status st = proto::parse_host_port(cli.http, &hp); !st.is_ok()) {
+      return Status(st.code(), "--http: " + st.message());
+    }
+    t->listeners.http = hp;
+  }
+  if (!cli.discovery.empty()) t->listeners.discovery = cli.discovery;
+  if (cli.workers_set) t->workers = cli.workers;
+  return Status::ok();
+}
+
+uint32_t worker_count(const discovery::Topology& t) {
+  if (t.workers > 0) return t.workers;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+http::ServerOptions server_options(const discovery::Topology& t) {
+  http::ServerOptions o;
+  o.host = t.listeners.http.host;
+  o.port = t.listeners.http.port;
+  o.workers = worker_count(t);
+  o.max_header_bytes = t.limits.max_header_bytes;
+  o.max_body_bytes = t.limits.max_body_bytes;
+  o.header_read_timeout = t.timeouts.header_read;
+  o.keep_alive_idle = t.timeouts.keep_alive_idle;
+  o.max_connections = t.limits.max_connections;
+  return o;
+}
+
+void setup_logging(const std::string& level) {
+  auto logger = spdlog::stderr_color_mt("pdrouter");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  spdlog::set_level(spdlog::level::from_str(level));
+}
+
+// Everything the control loop's callbacks need.
+struct Process {
+  CommandLine cli;
+  discovery::TopologyStore topology;
+  discovery::SnapshotCell<discovery::RegistrySnapshot> registry;
+  discovery::DiscoveryCounters discovery_counters;
+  discovery::DiscoveryService discovery{registry, discovery_counters};
+  http::Server server;
+  uv_loop_t* loop = nullptr;
+  uv_signal_t sigint{}, sigterm{};
+  std::unique_ptr<router::TopologyWatcher> watcher;
+  bool stopping = false;
+};
+
+void on_stop_signal(uv_signal_t* handle, int signum) {
+  auto* p = static_cast<Process*>(handle->data);
+  if (p->stopping) return;
+  p->stopping = true;
+  const auto drain = p->topology.current()->timeouts.drain;
+  spdlog::info("{} received: draining for up to {} ms, then stopping", signum == SIGINT ? "SIGINT" : "SIGTERM",
+               drain.count());
+  p->server.stop(drain);
+  p->discovery.stop();
+  if (p->watcher) p->watcher->close();
+  uv_close(reinterpret_cast<uv_handle_t*>(&p->sigint), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&p->sigterm), nullptr);
+}
+
+int run(Process& p) {
+  setup_logging(p.cli.log_level);
+  if (Status st = p.topology.load_initial(p.cli.config_path); !st.is_ok()) {
+    std::fprintf(stderr, "pdrouter: %s\n", st.message().c_str());
+    return 2;
+  }
+  discovery::Topology topology = *p.topology.current();
+  if (Status st = apply_overrides(p.cli, &topology); !st.is_ok()) {
+    std::fprintf(stderr, "pdrouter: %s\n", st.message().c_str());
+    return 2;
+  }
+
+  if (Status st = p.discovery.start(discovery::DiscoveryServiceOptions::from(topology)); !st.is_ok()) {
+    spdlog::critical("{}", st.message());
+    return 1;
+  }
+  const http::ServerOptions server_opts = server_options(topology);
+  router::ControlContext control;
+  control.registry = &p.registry;
+  control.discovery_counters = &p.discovery_counters;
+  control.topology = &p.topology;
+  control.http_stats = &p.server.stats();
+  control.discovery_listener = p.discovery.bound_endpoint();
+  control.workers = server_opts.workers;
+  // The routes show the bound port, known only after start(): they are published just after it,
+  // and a request that races in before (fixed port, eager client) gets a clear 503.
+  std::atomic<const router::ControlRoutes*> routes_ptr{nullptr};
+  Status st = p.server.start(server_opts, [&routes_ptr](http::Request&& req, http::ResponseWriter w) {
+    const router::ControlRoutes* routes = routes_ptr.load(std::memory_order_acquire);
+    if (routes == nullptr) {
+      w.send(http::error_response(503, "pdrouter is starting", "server_error", "starting"));
+      return;
+    }
+    routes->handle(std::move(req), std::move(w));
+  });
+  if (!st.is_ok()) {
+    spdlog::critical("cannot listen on {}: {}", topology.listeners.http.to_string(), st.message());
+    p.discovery.stop();
+    return 1;
+  }
+  proto::HostPort bound_http{server_opts.host, p.server.port()};
+  control.http_listener = bound_http.to_string();
+  const router::ControlRoutes routes(control);
+  routes_ptr.store(&routes, std::memory_order_release);
+
+  std::printf("pdrouter listening http=%s discovery=%s\n", control.http_listener.c_str(),
+              control.discovery_listener.c_str());
+  std::fflush(stdout);
+  spdlog::info("pdrouter {} up: http {} ({} workers), discovery {}, topology {}", PDR_VERSION,
+               control.http_listener, server_opts.workers, control.discovery_listener,
+               p.topology.path().empty() ? "defaults" : p.topology.path());
+
+  p.topology.add_listener([&p](const discovery::Topology& old_t, const discovery::Topology& new_t) {
+    for (const auto& change : discovery::restart_required_changes(old_t, new_t)) {
+      spdlog::warn("topology: {} takes effect only after a restart", change);
+    }
+    discovery::Topology effective = new_t;
+    (void)apply_overrides(p.cli, &effective);  // validated at start-up
+    p.discovery.apply_topology(effective);
+    spdlog::info("topology reloaded from {} ({} static instances)", p.topology.path(),
+                 new_t.static_instances.size());
+  });
+
+  p.loop = uv_default_loop();
+  p.sigint.data = p.sigterm.data = &p;
+  uv_signal_init(p.loop, &p.sigint);
+  uv_signal_init(p.loop, &p.sigterm);
+  uv_signal_start(&p.sigint, on_stop_signal, SIGINT);
+  uv_signal_start(&p.sigterm, on_stop_signal, SIGTERM);
+  p.watcher = std::make_unique<router::TopologyWatcher>(p.loop, p.topology);
+  uv_run(p.loop, UV_RUN_DEFAULT);
+  uv_loop_close(p.loop);
+  spdlog::info("pdrouter stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace pdr
+
+int main(int argc, char** argv) {
+  pdr::Process process;
+  CLI::App app{"pdrouter " PDR_VERSION
+               ": a router for disaggregated prefill/decode LLM serving with vLLM and SGLang.\n"
+               "Nodes register over ZeroMQ; clients use the OpenAI-style HTTP API."};
+  auto& cli = process.cli;
+  app.add_option("-c,--config", cli.config_path,
+                 "YAML topology file (every key: deploy/topology.example.yaml). Reloaded on change and "
+                 "on SIGHUP. Without it, built-in defaults apply.")
+      ->check(CLI::ExistingFile);
+  app.add_option("--http", cli.http,
+                 "HTTP listen address HOST:PORT; overrides listeners.http (default 0.0.0.0:10001; "
+                 "port 0 picks a free port, printed on start)");
+  app.add_option("--discovery", cli.discovery,
+                 "ZMQ endpoint nodes register with; overrides listeners.discovery (default "
+                 "tcp://*:36367, the port vLLM's MoRIIO proxy uses; tcp://HOST:0 picks a free port)");
+  app.add_option_function<uint32_t>(
+         "--workers", [&cli](const uint32_t& n) { cli.workers = n; cli.workers_set = true; },
+         "HTTP worker threads; overrides workers (0 = one per core)")
+      ->check(CLI::Range(0u, 256u));
+  app.add_option("--log-level", cli.log_level, "trace, debug, info, warn, error (default info)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+  app.set_version_flag("--version", "pdrouter " PDR_VERSION);
+  app.footer(pdr::kFooter);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  return pdr::run(process);
+}

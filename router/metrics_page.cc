@@ -89,4 +89,29 @@ void write_discovery_metrics(MetricsWriter& out, const discovery::DiscoveryCount
               static_cast<double>(topology.reloads_failed), {{"result", "failed"}});
 }
 
+void write_http_metrics(MetricsWriter& out, const http::ServerStats& s) {
+  auto v = [](const std::atomic<uint64_t>& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
+  out.counter("pdrouter_http_connections_total", "HTTP connections accepted", v(s.connections_accepted));
+  out.counter("pdrouter_http_connections_rejected_total", "HTTP connections closed at once (max_connections)",
+              v(s.connections_rejected));
+  out.gauge("pdrouter_http_connections_active", "Open HTTP connections", v(s.connections_active));
+  out.counter("pdrouter_http_requests_total", "HTTP requests dispatched to handlers", v(s.requests));
+  for (size_t c = 1; c < s.responses_by_class.size(); ++c) {
+    out.counter("pdrouter_http_responses_total", "HTTP responses by status class", v(s.responses_by_class[c]),
+                {{"class", std::to_string(c) + "xx"}});
+  }
+  const std::pair<const char*, const std::atomic<uint64_t>*> rejections[] = {
+      {"bad_request", &s.bad_requests},       {"header_too_large", &s.header_too_large},
+      {"body_too_large", &s.body_too_large},  {"header_timeout", &s.header_timeouts}};
+  for (const auto& [reason, counter] : rejections) {
+    out.counter("pdrouter_http_rejected_total", "Requests the server refused before any handler ran",
+                v(*counter), {{"reason", reason}});
+  }
+  out.counter("pdrouter_http_idle_timeouts_total", "Keep-alive connections closed after idling", v(s.idle_timeouts));
+  out.counter("pdrouter_http_client_aborts_total", "Clients gone before their response completed",
+              v(s.client_aborts));
+  out.counter("pdrouter_http_handler_errors_total", "Handlers that threw or dropped their response",
+              v(s.handler_errors));
+}
+
 }  // namespace pdr::router

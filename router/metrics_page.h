@@ -11,6 +11,7 @@
 
 #include "discovery/discovery_counters.h"
 #include "discovery/instance.h"
+#include "router/http/http_server.h"
 
 namespace pdr::router {
 
@@ -39,5 +40,9 @@ struct TopologyMetrics {
 // and state (from the snapshot), and topology reloads.
 void write_discovery_metrics(MetricsWriter& out, const discovery::DiscoveryCounters& counters,
                              const discovery::RegistrySnapshot& snapshot, const TopologyMetrics& topology);
+
+// Appends the HTTP front-door families: connections, requests, responses by status class, and
+// the server's own rejections (400/408/413/431), idle closes, client aborts, handler errors.
+void write_http_metrics(MetricsWriter& out, const http::ServerStats& stats);
 
 }  // namespace pdr::router

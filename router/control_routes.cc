@@ -1,0 +1,80 @@
+#include "router/control_routes.h"
+
+#include <array>
+
+#include "router/http/json_error.h"
+#include "router/metrics_page.h"
+#include "router/status_page.h"
+
+namespace pdr::router {
+namespace {
+
+struct Route {
+  std::string_view path;
+  std::string_view method;
+  http::Response (ControlRoutes::*fn)() const;
+};
+
+constexpr std::array kRoutes = {
+    Route{"/health", "GET", &ControlRoutes::health},
+    Route{"/status", "GET", &ControlRoutes::status},
+    Route{"/metrics", "GET", &ControlRoutes::metrics},
+};
+
+}  // namespace
+
+void ControlRoutes::handle(http::Request&& request, http::ResponseWriter writer) const {
+  const Route* path_match = nullptr;
+  for (const Route& route : kRoutes) {
+    if (route.path != request.path) continue;
+    path_match = &route;
+    if (route.method == request.method) {
+      writer.send((this->*route.fn)());
+      return;
+    }
+  }
+  if (path_match != nullptr) {
+    auto response = http::error_response(
+        405, "method " + request.method + " is not allowed on " + request.path + "; use " +
+                 std::string(path_match->method),
+        "invalid_request_error", "method_not_allowed");
+    response.headers.push_back({"Allow", std::string(path_match->method)});
+    writer.send(std::move(response));
+    return;
+  }
+  writer.send(http::error_response(404, "no route for " + request.method + " " + request.path,
+                                   "invalid_request_error", "not_found"));
+}
+
+http::Response ControlRoutes::health() const { return http::Response::json(200, R"({"status":"ok"})"); }
+
+http::Response ControlRoutes::status() const {
+  const auto now = discovery::Clock::now();
+  StatusContext sc;
+  sc.http_listener = context_.http_listener;
+  sc.discovery_listener = context_.discovery_listener;
+  sc.uptime_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - context_.started_at).count();
+  sc.workers = context_.workers;
+  if (context_.topology != nullptr) {
+    sc.topology_path = context_.topology->path();
+    sc.topology_reloads_ok = context_.topology->reloads_ok();
+    sc.topology_reloads_failed = context_.topology->reloads_failed();
+    sc.topology_last_error = context_.topology->last_error();
+  }
+  const auto snapshot = context_.registry->load();
+  return http::Response::json(200, render_status_json(*snapshot, now, sc));
+}
+
+http::Response ControlRoutes::metrics() const {
+  MetricsWriter out;
+  TopologyMetrics topology;
+  if (context_.topology != nullptr) {
+    topology.reloads_ok = context_.topology->reloads_ok();
+    topology.reloads_failed = context_.topology->reloads_failed();
+  }
+  write_discovery_metrics(out, *context_.discovery_counters, *context_.registry->load(), topology);
+  if (context_.http_stats != nullptr) write_http_metrics(out, *context_.http_stats);
+  return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
+}
+
+}  // namespace pdr::router
