@@ -1,0 +1,221 @@
+// DiscoveryService over a real ZMQ socket pair on loopback: every dialect through a C++ DEALER,
+// acknowledgements, authentication, bad frames, and live topology changes.
+#include "discovery/discovery_service.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <zmq.hpp>
+
+namespace pdr::discovery {
+namespace {
+
+using namespace std::chrono_literals;
+
+class DiscoveryServiceTest : public ::testing::Test {
+ protected:
+  void start(DiscoveryServiceOptions options = {}) {
+    options.bind_endpoint = "tcp://127.0.0.1:0";
+    ASSERT_TRUE(service_.start(options).is_ok());
+    endpoint_ = service_.bound_endpoint();
+    ASSERT_NE(endpoint_.find("tcp://127.0.0.1:"), std::string::npos) << endpoint_;
+  }
+  void TearDown() override { service_.stop(); }
+
+  zmq::socket_t dealer() {
+    zmq::socket_t s(ctx_, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 1000);
+    s.connect(endpoint_);
+    return s;
+  }
+  void send(zmq::socket_t& s, const std::string& payload) {
+    ASSERT_TRUE(s.send(zmq::buffer(payload), zmq::send_flags::none).has_value());
+  }
+
+  // Waits (bounded) until `pred(snapshot)` holds; returns how long it took.
+  template <typename Pred>
+  std::chrono::microseconds wait_until(Pred pred, std::chrono::milliseconds timeout = 5s) {
+    const auto start = Clock::now();
+    uint64_t seen = ~0ull;
+    while (Clock::now() - start < timeout) {
+      if (cell_.version() != seen) {
+        seen = cell_.version();
+        if (pred(*cell_.load())) {
+          return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+        }
+      }
+      std::this_thread::yield();
+    }
+    ADD_FAILURE() << "condition not met within " << timeout.count() << " ms";
+    return std::chrono::duration_cast<std::chrono::microseconds>(timeout);
+  }
+
+  // Waits until a counter reaches `target`.
+  void wait_counter(const std::atomic<uint64_t>& c, uint64_t target) {
+    const auto deadline = Clock::now() + 5s;
+    while (c.load() < target && Clock::now() < deadline) std::this_thread::yield();
+    ASSERT_GE(c.load(), target);
+  }
+
+  static proto::Registration registration(proto::RegistrationFormat format, std::string host, uint16_t port) {
+    proto::Registration r;
+    r.format = format;
+    r.role = proto::Role::kDecode;
+    r.http_address = {std::move(host), port};
+    if (format == proto::RegistrationFormat::kP2pNccl) {
+      r.zmq_address = r.http_address.host + ":21001";
+    } else {
+      r.moriio_zmq = proto::MoriioZmqAddress{r.http_address.host, 6301, 61005};
+      r.zmq_address = r.moriio_zmq->to_string();
+      r.transfer_mode = proto::TransferMode::kRead;
+      r.dp_size = 2;
+      r.tp_size = 4;
+    }
+    if (format == proto::RegistrationFormat::kPdrouter) {
+      r.schema_version = 1;
+      r.connector = proto::Connector::kMoriio;
+      r.epoch = 42;
+      r.instance_id = "node-a";
+    }
+    return r;
+  }
+
+  SnapshotCell<RegistrySnapshot> cell_;
+  DiscoveryCounters counters_;
+  DiscoveryService service_{cell_, counters_};
+  zmq::context_t ctx_{1};
+  std::string endpoint_;
+};
+
+TEST_F(DiscoveryServiceTest, EveryDialectBecomesVisibleWithin200ms) {
+  start();
+  struct Case {
+    proto::RegistrationFormat format;
+    const char* host;
+    proto::Connector connector;
+  } cases[] = {
+      {proto::RegistrationFormat::kMoriio, "10.0.0.1", proto::Connector::kMoriio},
+      {proto::RegistrationFormat::kMoriioLegacy, "10.0.0.2", proto::Connector::kMoriio},
+      {proto::RegistrationFormat::kP2pNccl, "10.0.0.3", proto::Connector::kP2pNccl},
+      {proto::RegistrationFormat::kPdrouter, "10.0.0.4", proto::Connector::kMoriio},
+  };
+  auto sock = dealer();
+  for (const auto& c : cases) {
+    const auto reg = registration(c.format, c.host, 8000);
+    const std::string key = reg.http_address.to_string();
+    send(sock, proto::encode_registration(reg));
+    const auto took = wait_until([&](const RegistrySnapshot& s) { return s.find(key) != nullptr; });
+    EXPECT_LT(took, 200ms) << proto::to_string(c.format);
+    const Instance* inst = cell_.load()->find(key);
+    ASSERT_NE(inst, nullptr);
+    EXPECT_EQ(inst->format, c.format);
+    EXPECT_EQ(inst->connector, c.connector);
+    EXPECT_EQ(inst->role, proto::Role::kDecode);
+    EXPECT_EQ(inst->state, InstanceState::kUp);
+  }
+  EXPECT_EQ(counters_.rejected_total(), 0u);
+}
+
+TEST_F(DiscoveryServiceTest, PdrouterFormatIsAcknowledgedAfterItIsVisible) {
+  start();
+  auto sock = dealer();
+  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kPdrouter, "10.0.0.5", 8000)));
+  zmq::message_t reply;
+  sock.set(zmq::sockopt::rcvtimeo, 2000);
+  ASSERT_TRUE(sock.recv(reply).has_value()) << "no ack";
+  proto::Ack ack;
+  ASSERT_TRUE(proto::decode_ack({static_cast<const std::byte*>(reply.data()), reply.size()}, &ack).is_ok());
+  EXPECT_TRUE(ack.ok);
+  EXPECT_EQ(ack.ttl_ms, 5000u);
+  // Acks go out after the publish: the node is visible the moment it holds its ack.
+  EXPECT_NE(cell_.load()->find("10.0.0.5:8000"), nullptr);
+  EXPECT_GE(cell_.load()->version, ack.registry_version);
+}
+
+TEST_F(DiscoveryServiceTest, AuthTokenRequiredForExtendedFormatWhenConfigured) {
+  DiscoveryServiceOptions options;
+  options.auth_token = "s3cret";
+  options.allow_unauthenticated_vllm = false;
+  start(options);
+  auto sock = dealer();
+  auto reg = registration(proto::RegistrationFormat::kPdrouter, "10.0.0.6", 8000);
+  reg.auth_token = "wrong";
+  send(sock, proto::encode_registration(reg));
+  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "10.0.0.7", 8000)));
+  wait_counter(counters_.rejected[static_cast<size_t>(RejectReason::kUnauthenticated)], 2);
+  reg.auth_token = "s3cret";
+  send(sock, proto::encode_registration(reg));
+  wait_until([](const RegistrySnapshot& s) { return s.find("10.0.0.6:8000") != nullptr; });
+  EXPECT_EQ(cell_.load()->find("10.0.0.7:8000"), nullptr);
+}
+
+TEST_F(DiscoveryServiceTest, WrongFrameCountsAreRejectedAndChangeNothing) {
+  start();
+  auto sock = dealer();
+  const std::string good = proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "10.0.0.8", 1));
+  ASSERT_TRUE(sock.send(zmq::buffer(good), zmq::send_flags::sndmore).has_value());
+  ASSERT_TRUE(sock.send(zmq::buffer(good), zmq::send_flags::none).has_value());
+  ASSERT_TRUE(sock.send(zmq::str_buffer(""), zmq::send_flags::sndmore).has_value());
+  ASSERT_TRUE(sock.send(zmq::buffer(good), zmq::send_flags::none).has_value());
+  wait_counter(counters_.rejected[static_cast<size_t>(RejectReason::kBadFrames)], 2);
+  EXPECT_TRUE(cell_.load()->instances.empty());
+  // The socket still works afterwards.
+  send(sock, good);
+  wait_until([](const RegistrySnapshot& s) { return s.find("10.0.0.8:1") != nullptr; });
+}
+
+TEST_F(DiscoveryServiceTest, TopologyChangesApplyLive) {
+  start();
+  Topology t;
+  StaticInstance s;
+  s.role = proto::Role::kPrefill;
+  s.http_address = {"10.0.1.1", 9000};
+  s.connector = proto::Connector::kNixl;
+  t.static_instances.push_back(s);
+  t.discovery.ttl = 2000ms;
+  service_.apply_topology(t);
+  wait_until([](const RegistrySnapshot& snap) { return snap.find("10.0.1.1:9000") != nullptr; });
+  EXPECT_EQ(cell_.load()->find("10.0.1.1:9000")->source, InstanceSource::kStatic);
+
+  // The new TTL applies to the next registration.
+  auto sock = dealer();
+  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "10.0.1.2", 1)));
+  wait_until([](const RegistrySnapshot& snap) { return snap.find("10.0.1.2:1") != nullptr; });
+  EXPECT_EQ(cell_.load()->find("10.0.1.2:1")->ttl, 2000ms);
+
+  t.static_instances.clear();
+  service_.apply_topology(t);
+  wait_until([](const RegistrySnapshot& snap) { return snap.find("10.0.1.1:9000") == nullptr; });
+}
+
+TEST_F(DiscoveryServiceTest, InstanceExpiresOnItsOwnDeadline) {
+  DiscoveryServiceOptions options;
+  options.registry.default_ttl = 300ms;
+  options.registry.min_ttl = 100ms;
+  start(options);
+  auto sock = dealer();
+  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "10.0.2.1", 1)));
+  wait_until([](const RegistrySnapshot& s) { return s.find("10.0.2.1:1") != nullptr; });
+  const auto took = wait_until([](const RegistrySnapshot& s) {
+    const Instance* i = s.find("10.0.2.1:1");
+    return i != nullptr && i->state == InstanceState::kExpired;
+  });
+  EXPECT_GE(took, 200ms);
+  EXPECT_LT(took, 1300ms);  // TTL + 1 s
+  EXPECT_EQ(counters_.expiries.load(), 1u);
+}
+
+TEST_F(DiscoveryServiceTest, BindFailureIsReported) {
+  start();
+  SnapshotCell<RegistrySnapshot> other_cell;
+  DiscoveryCounters other_counters;
+  DiscoveryService other(other_cell, other_counters);
+  DiscoveryServiceOptions options;
+  options.bind_endpoint = endpoint_;  // already bound by the fixture's service
+  Status st = other.start(options);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("cannot bind"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace pdr::discovery
