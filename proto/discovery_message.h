@@ -55,6 +55,7 @@ struct NodeLoad {
   uint32_t running = 0;         // requests running on the node
   uint32_t waiting = 0;         // requests queued on the node
   uint64_t free_kv_blocks = 0;  // free KV-cache blocks
+  friend bool operator==(const NodeLoad&, const NodeLoad&) = default;
 };
 
 using Labels = std::vector<std::pair<std::string, std::string>>;  // sorted by key, unique keys
@@ -83,6 +84,7 @@ struct Registration {
   bool draining = false;
   std::optional<uint32_t> ttl_ms;   // requested TTL; the registry clamps it to its bounds
   std::string auth_token;           // compared in constant time by the listener
+  friend bool operator==(const Registration&, const Registration&) = default;
 };
 
 struct Goodbye {
@@ -91,6 +93,7 @@ struct Goodbye {
   std::string instance_id;
   uint64_t epoch = 0;
   std::string auth_token;
+  friend bool operator==(const Goodbye&, const Goodbye&) = default;
 };
 
 struct DiscoveryMessage {
@@ -107,6 +110,7 @@ struct Ack {
   std::string reason;       // code_label + message when !ok
   uint32_t ttl_ms = 0;      // the TTL the registry applies to this node
   uint64_t registry_version = 0;
+  friend bool operator==(const Ack&, const Ack&) = default;
 };
 
 struct DecodeLimits {

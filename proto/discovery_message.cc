@@ -1,0 +1,904 @@
+#include "proto/discovery_message.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "proto/msgpack_limits.h"
+#include "proto/quoted_text.h"
+
+namespace pdr::proto {
+
+namespace {
+
+using msgpack::type::object_type;
+
+constexpr uint64_t kMaxParallelSize = 1024;
+constexpr uint64_t kMaxPort = 65535;
+constexpr uint64_t kMaxUint32 = std::numeric_limits<uint32_t>::max();
+constexpr uint64_t kMaxUint64 = std::numeric_limits<uint64_t>::max();
+constexpr size_t kMaxInstanceIdBytes = 128;
+constexpr size_t kMaxModelBytes = 256;
+constexpr size_t kMaxAuthBytes = 256;
+constexpr size_t kMaxLabels = 32;
+constexpr size_t kMaxLabelKeyBytes = 64;
+constexpr size_t kMaxLabelValueBytes = 256;
+constexpr size_t kNoExtraStringLimit = std::numeric_limits<size_t>::max();
+
+// Missing-key messages name the dialect being decoded ("dp_size is required for a MoRIIO
+// registration"), so an operator can tell which shape the router thought it was reading.
+constexpr std::string_view kMoriioContext = "a MoRIIO registration";
+constexpr std::string_view kMoriioLegacyContext = "a MoRIIO legacy registration";
+constexpr std::string_view kP2pNcclContext = "a P2P-NCCL registration";
+constexpr std::string_view kPdContext = "a P/D registration";
+constexpr std::string_view kPdrouterContext = "a pdrouter registration";
+constexpr std::string_view kGoodbyeContext = "a goodbye";
+constexpr std::string_view kAckContext = "an ack";
+
+std::string lower_ascii(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
+
+std::string_view str_view(const msgpack::object& value) {
+  return {value.via.str.ptr, value.via.str.size};
+}
+
+// A msgpack map whose keys are all strings and unique, with lookup by key.
+class FieldMap {
+ public:
+  // `name` ("payload", "labels", "load") is used in error messages.
+  static Status build(const msgpack::object& map, std::string_view name, FieldMap* out) {
+    out->entries_.clear();
+    for (uint32_t i = 0; i < map.via.map.size; ++i) {
+      const msgpack::object_kv& kv = map.via.map.ptr[i];
+      if (kv.key.type != object_type::STR) {
+        return Status(StatusCode::kWrongType, std::string(name) + " keys must be strings, got " +
+                                                  std::string(msgpack_type_name(kv.key)));
+      }
+      out->entries_.emplace_back(str_view(kv.key), &kv.val);
+    }
+    std::vector<std::string_view> keys;
+    keys.reserve(out->entries_.size());
+    for (const auto& entry : out->entries_) keys.push_back(entry.first);
+    std::sort(keys.begin(), keys.end());
+    const auto duplicate = std::adjacent_find(keys.begin(), keys.end());
+    if (duplicate != keys.end()) {
+      return Status(StatusCode::kMalformed, "key " + quote_untrusted(*duplicate) +
+                                                " appears twice in " + std::string(name));
+    }
+    return Status::ok();
+  }
+
+  const msgpack::object* find(std::string_view key) const {
+    for (const auto& [name, value] : entries_) {
+      if (name == key) return value;
+    }
+    return nullptr;
+  }
+  bool has(std::string_view key) const { return find(key) != nullptr; }
+  const std::vector<std::pair<std::string_view, const msgpack::object*>>& entries() const {
+    return entries_;
+  }
+
+ private:
+  std::vector<std::pair<std::string_view, const msgpack::object*>> entries_;
+};
+
+enum class Need { kRequired, kOptional };
+
+Status wrong_type(std::string_view key, std::string_view expected, const msgpack::object& value) {
+  return Status(StatusCode::kWrongType, std::string(key) + " must be " + std::string(expected) +
+                                            ", got " + std::string(msgpack_type_name(value)));
+}
+
+Status out_of_range(std::string_view key, std::string_view value_text, uint64_t lo, uint64_t hi) {
+  return Status(StatusCode::kOutOfRange, std::string(key) + " " + std::string(value_text) +
+                                             " is out of range " + std::to_string(lo) + ".." +
+                                             std::to_string(hi));
+}
+
+Status as_string(const msgpack::object& value, std::string_view key, size_t max_bytes,
+                 std::string* out) {
+  if (value.type != object_type::STR) return wrong_type(key, "a string", value);
+  if (value.via.str.size > max_bytes) {
+    return Status(StatusCode::kTooLarge, std::string(key) + " is " +
+                                             std::to_string(value.via.str.size) + " bytes, limit " +
+                                             std::to_string(max_bytes));
+  }
+  out->assign(value.via.str.ptr, value.via.str.size);
+  return Status::ok();
+}
+
+// Any msgpack integer width or sign is accepted, then range-checked.
+Status as_uint(const msgpack::object& value, std::string_view key, uint64_t lo, uint64_t hi,
+               uint64_t* out) {
+  if (value.type == object_type::NEGATIVE_INTEGER) {
+    return out_of_range(key, std::to_string(value.via.i64), lo, hi);
+  }
+  if (value.type != object_type::POSITIVE_INTEGER) return wrong_type(key, "an integer", value);
+  if (value.via.u64 < lo || value.via.u64 > hi) {
+    return out_of_range(key, std::to_string(value.via.u64), lo, hi);
+  }
+  *out = value.via.u64;
+  return Status::ok();
+}
+
+// Typed reads of one map's keys; `context` names the message kind for missing-key errors.
+class FieldReader {
+ public:
+  FieldReader(const FieldMap& fields, std::string_view context)
+      : fields_(fields), context_(context) {}
+
+  // Optional keys holding nil count as absent (Python clients send None for "not set").
+  const msgpack::object* find(std::string_view key, Need need) const {
+    const msgpack::object* value = fields_.find(key);
+    if (value != nullptr && need == Need::kOptional && value->type == object_type::NIL)
+      return nullptr;
+    return value;
+  }
+
+  Status missing(std::string_view key) const {
+    return Status(StatusCode::kMissingKey,
+                  std::string(key) + " is required for " + std::string(context_));
+  }
+
+  Status string(std::string_view key, Need need, size_t max_bytes, std::string* out,
+                bool* present = nullptr) const {
+    const msgpack::object* value = find(key, need);
+    if (present != nullptr) *present = value != nullptr;
+    if (value == nullptr) return need == Need::kRequired ? missing(key) : Status::ok();
+    return as_string(*value, key, max_bytes, out);
+  }
+
+  template <typename T>
+  Status integer(std::string_view key, Need need, uint64_t lo, uint64_t hi, T* out,
+                 bool* present = nullptr) const {
+    const msgpack::object* value = find(key, need);
+    if (present != nullptr) *present = value != nullptr;
+    if (value == nullptr) return need == Need::kRequired ? missing(key) : Status::ok();
+    uint64_t parsed = 0;
+    if (Status s = as_uint(*value, key, lo, hi, &parsed); !s) return s;
+    *out = static_cast<T>(parsed);
+    return Status::ok();
+  }
+
+  template <typename T>
+  Status optional_integer(std::string_view key, uint64_t lo, uint64_t hi,
+                          std::optional<T>* out) const {
+    bool present = false;
+    T parsed{};
+    if (Status s = integer(key, Need::kOptional, lo, hi, &parsed, &present); !s) return s;
+    if (present) *out = parsed;
+    return Status::ok();
+  }
+
+  Status boolean(std::string_view key, Need need, bool* out) const {
+    const msgpack::object* value = find(key, need);
+    if (value == nullptr) return need == Need::kRequired ? missing(key) : Status::ok();
+    if (value->type != object_type::BOOLEAN) return wrong_type(key, "a bool", *value);
+    *out = value->via.boolean;
+    return Status::ok();
+  }
+
+  // A nested map (labels, load) as its own FieldMap; *present says whether the key was there.
+  Status map(std::string_view key, FieldMap* out, bool* present) const {
+    const msgpack::object* value = find(key, Need::kOptional);
+    *present = value != nullptr;
+    if (value == nullptr) return Status::ok();
+    if (value->type != object_type::MAP) return wrong_type(key, "a map", *value);
+    return FieldMap::build(*value, key, out);
+  }
+
+ private:
+  const FieldMap& fields_;
+  std::string_view context_;
+};
+
+Status address_error(std::string_view key, std::string_view text, const Status& reason) {
+  return Status(reason.code(),
+                std::string(key) + " " + quote_untrusted(text) + ": " + reason.message());
+}
+
+Status read_host_port(const FieldReader& reader, std::string_view key, Need need, HostPort* out,
+                      bool* present = nullptr) {
+  std::string text;
+  bool has = false;
+  if (Status s = reader.string(key, need, kNoExtraStringLimit, &text, &has); !s) return s;
+  if (present != nullptr) *present = has;
+  if (!has) return Status::ok();
+  if (Status s = parse_host_port(text, out); !s) return address_error(key, text, s);
+  return Status::ok();
+}
+
+Status parse_moriio_zmq_field(const std::string& text, Registration* reg) {
+  MoriioZmqAddress parsed;
+  if (Status s = parse_moriio_zmq_address(text, &parsed); !s) {
+    return address_error("zmq_address", text, s);
+  }
+  reg->moriio_zmq = std::move(parsed);
+  return Status::ok();
+}
+
+Status parse_kv_address_field(const std::string& text, Registration* reg) {
+  HostPort parsed;
+  if (Status s = parse_host_port(text, &parsed); !s) return address_error("zmq_address", text, s);
+  reg->kv_address = std::move(parsed);
+  return Status::ok();
+}
+
+Status read_parallel_size(const FieldReader& reader, std::string_view key, Need need,
+                          uint32_t* out) {
+  return reader.integer(key, need, 1, kMaxParallelSize, out);
+}
+
+// Only READ and WRITE (any case) are valid on the wire; kNone is expressed by leaving the key out.
+Status read_transfer_mode(const FieldReader& reader, Need need, TransferMode* out) {
+  std::string text;
+  bool present = false;
+  if (Status s = reader.string("transfer_mode", need, kNoExtraStringLimit, &text, &present); !s) {
+    return s;
+  }
+  if (!present) return Status::ok();
+  TransferMode mode = TransferMode::kNone;
+  if (!parse_transfer_mode(text, &mode) || mode == TransferMode::kNone) {
+    return Status(StatusCode::kInvalidValue,
+                  "transfer_mode " + quote_untrusted(text) + " is not READ or WRITE");
+  }
+  *out = mode;
+  return Status::ok();
+}
+
+Status parse_role_field(std::string_view text, Role* out) {
+  if (!parse_role(text, out)) {
+    return Status(StatusCode::kInvalidValue,
+                  "role " + quote_untrusted(text) + " is not P, D, prefill or decode");
+  }
+  return Status::ok();
+}
+
+Status read_role(const FieldReader& reader, Need need, Role* out, bool* present) {
+  std::string text;
+  if (Status s = reader.string("role", need, kNoExtraStringLimit, &text, present); !s) return s;
+  if (!*present) return Status::ok();
+  return parse_role_field(text, out);
+}
+
+Status read_schema_version(const FieldReader& reader, uint32_t* out) {
+  return reader.integer("pdr_v", Need::kRequired, 1, kMaxUint32, out);
+}
+
+// MoRIIO current: exactly the keys the reference toy proxy requires.
+Status decode_moriio_current(const FieldMap& fields, Role role, std::string zmq_text,
+                             Registration* reg) {
+  const FieldReader reader(fields, kMoriioContext);
+  reg->format = RegistrationFormat::kMoriio;
+  reg->connector = Connector::kMoriio;
+  reg->role = role;
+  if (Status s = read_host_port(reader, "http_address", Need::kRequired, &reg->http_address); !s) {
+    return s;
+  }
+  if (Status s = parse_moriio_zmq_field(zmq_text, reg); !s) return s;
+  reg->zmq_address = std::move(zmq_text);
+  if (Status s = read_parallel_size(reader, "dp_size", Need::kRequired, &reg->dp_size); !s)
+    return s;
+  if (Status s = read_parallel_size(reader, "tp_size", Need::kRequired, &reg->tp_size); !s)
+    return s;
+  return read_transfer_mode(reader, Need::kRequired, &reg->transfer_mode);
+}
+
+// P2P-NCCL: {type, http_address, zmq_address}; anything else the node adds is ignored.
+Status decode_p2p_nccl(const FieldMap& fields, Role role, std::string zmq_text, Registration* reg) {
+  const FieldReader reader(fields, kP2pNcclContext);
+  reg->format = RegistrationFormat::kP2pNccl;
+  reg->connector = Connector::kP2pNccl;
+  reg->role = role;
+  if (Status s = read_host_port(reader, "http_address", Need::kRequired, &reg->http_address); !s) {
+    return s;
+  }
+  if (Status s = parse_kv_address_field(zmq_text, reg); !s) return s;
+  reg->zmq_address = std::move(zmq_text);
+  return Status::ok();
+}
+
+Status read_legacy_index(const FieldReader& reader, std::string* out) {
+  const msgpack::object* value = reader.find("index", Need::kOptional);
+  if (value == nullptr) return Status::ok();
+  switch (value->type) {
+    case object_type::STR: return as_string(*value, "index", kNoExtraStringLimit, out);
+    case object_type::POSITIVE_INTEGER: *out = std::to_string(value->via.u64); return Status::ok();
+    case object_type::NEGATIVE_INTEGER: *out = std::to_string(value->via.i64); return Status::ok();
+    default: return wrong_type("index", "a string or an integer", *value);
+  }
+}
+
+// MoRIIO legacy (`type: register`), as vllm-project/router's moriio_service_discovery.rs parses
+// it. `pdr_v` is ignored here: the legacy shape carries no pdrouter extension.
+Status decode_moriio_legacy(const FieldMap& fields, Registration* reg) {
+  const FieldReader reader(fields, kMoriioLegacyContext);
+  reg->format = RegistrationFormat::kMoriioLegacy;
+  reg->connector = Connector::kMoriio;
+  bool has_role = false;
+  if (Status s = read_role(reader, Need::kRequired, &reg->role, &has_role); !s) return s;
+  std::string url_text;
+  if (Status s = reader.string("request_address", Need::kRequired, kNoExtraStringLimit, &url_text);
+      !s) {
+    return s;
+  }
+  HttpUrl url;
+  if (Status s = parse_http_url(url_text, &url); !s) {
+    return address_error("request_address", url_text, s);
+  }
+  MoriioZmqAddress zmq;
+  zmq.host = url.address.host;
+  if (Status s =
+          reader.integer("handshake_port", Need::kRequired, 1, kMaxPort, &zmq.handshake_port);
+      !s) {
+    return s;
+  }
+  if (Status s = reader.integer("notify_port", Need::kRequired, 1, kMaxPort, &zmq.notify_port);
+      !s) {
+    return s;
+  }
+  if (Status s = read_parallel_size(reader, "dp_size", Need::kRequired, &reg->dp_size); !s)
+    return s;
+  if (Status s = read_parallel_size(reader, "tp_size", Need::kRequired, &reg->tp_size); !s)
+    return s;
+  if (Status s = read_transfer_mode(reader, Need::kRequired, &reg->transfer_mode); !s) return s;
+  if (Status s = read_legacy_index(reader, &reg->legacy_index); !s) return s;
+  reg->http_address = std::move(url.address);
+  reg->zmq_address = zmq.to_string();
+  reg->moriio_zmq = std::move(zmq);
+  return Status::ok();
+}
+
+Status read_connector(const FieldReader& reader, Connector* out, bool* present) {
+  std::string text;
+  if (Status s = reader.string("connector", Need::kOptional, kNoExtraStringLimit, &text, present);
+      !s) {
+    return s;
+  }
+  if (*present && !parse_connector(text, out)) {
+    return Status(StatusCode::kInvalidValue,
+                  "connector " + quote_untrusted(text) +
+                      " is not one of moriio, p2p-nccl, nixl, mooncake, sglang, unknown");
+  }
+  return Status::ok();
+}
+
+Connector infer_connector(bool has_zmq, std::string_view zmq_text) {
+  if (!has_zmq) return Connector::kUnknown;
+  return looks_like_moriio_zmq_address(zmq_text) ? Connector::kMoriio : Connector::kP2pNccl;
+}
+
+// The base keys of a pdrouter registration, validated against its (given or inferred) connector.
+Status decode_pdrouter_base(const FieldReader& reader, Registration* reg) {
+  if (Status s = read_host_port(reader, "http_address", Need::kRequired, &reg->http_address); !s) {
+    return s;
+  }
+  std::string zmq_text;
+  bool has_zmq = false;
+  if (Status s =
+          reader.string("zmq_address", Need::kOptional, kNoExtraStringLimit, &zmq_text, &has_zmq);
+      !s) {
+    return s;
+  }
+  bool has_connector = false;
+  if (Status s = read_connector(reader, &reg->connector, &has_connector); !s) return s;
+  // "unknown" means "not stated": infer, exactly as when the key is absent.
+  if (!has_connector || reg->connector == Connector::kUnknown) {
+    reg->connector = infer_connector(has_zmq, zmq_text);
+  }
+
+  const bool is_moriio = reg->connector == Connector::kMoriio;
+  const bool is_p2p = reg->connector == Connector::kP2pNccl;
+  if ((is_moriio || is_p2p) && !has_zmq) {
+    return Status(
+        StatusCode::kMissingKey,
+        std::string("zmq_address is required for a pdrouter registration with connector ") +
+            std::string(to_string(reg->connector)));
+  }
+  if (is_moriio) {
+    if (Status s = parse_moriio_zmq_field(zmq_text, reg); !s) return s;
+  } else if (is_p2p) {
+    if (Status s = parse_kv_address_field(zmq_text, reg); !s) return s;
+  } else if (zmq_text.find('\0') != std::string::npos) {
+    return Status(StatusCode::kBadAddress,
+                  "zmq_address " + quote_untrusted(zmq_text) + ": contains a NUL byte");
+  }
+  reg->zmq_address = std::move(zmq_text);
+  if (Status s = read_parallel_size(reader, "dp_size", Need::kOptional, &reg->dp_size); !s)
+    return s;
+  if (Status s = read_parallel_size(reader, "tp_size", Need::kOptional, &reg->tp_size); !s)
+    return s;
+  if (is_moriio && !reader.find("transfer_mode", Need::kOptional)) {
+    return Status(StatusCode::kMissingKey,
+                  "transfer_mode is required for a pdrouter registration with connector moriio");
+  }
+  return read_transfer_mode(reader, Need::kOptional, &reg->transfer_mode);
+}
+
+Status decode_labels(const FieldReader& reader, Labels* out) {
+  FieldMap labels;
+  bool present = false;
+  if (Status s = reader.map("labels", &labels, &present); !s) return s;
+  if (!present) return Status::ok();
+  if (labels.entries().size() > kMaxLabels) {
+    return Status(StatusCode::kTooLarge, "labels has " + std::to_string(labels.entries().size()) +
+                                             " entries, limit " + std::to_string(kMaxLabels));
+  }
+  out->clear();
+  for (const auto& [key, value] : labels.entries()) {
+    if (key.empty()) return Status(StatusCode::kInvalidValue, "labels has an empty key");
+    if (key.size() > kMaxLabelKeyBytes) {
+      return Status(StatusCode::kTooLarge, "labels key " + quote_untrusted(key) + " is " +
+                                               std::to_string(key.size()) + " bytes, limit " +
+                                               std::to_string(kMaxLabelKeyBytes));
+    }
+    std::string text;
+    const std::string name = "labels[" + quote_untrusted(key) + "]";
+    if (Status s = as_string(*value, name, kMaxLabelValueBytes, &text); !s) return s;
+    out->emplace_back(std::string(key), std::move(text));
+  }
+  std::sort(out->begin(), out->end());
+  return Status::ok();
+}
+
+Status decode_load(const FieldReader& reader, NodeLoad* out) {
+  FieldMap load;
+  bool present = false;
+  if (Status s = reader.map("load", &load, &present); !s) return s;
+  if (!present) return Status::ok();
+  const FieldReader load_reader(load, "load");
+  NodeLoad parsed;
+  parsed.present = true;
+  if (Status s = load_reader.integer("running", Need::kOptional, 0, kMaxUint32, &parsed.running);
+      !s) {
+    return s;
+  }
+  if (Status s = load_reader.integer("waiting", Need::kOptional, 0, kMaxUint32, &parsed.waiting);
+      !s) {
+    return s;
+  }
+  if (Status s = load_reader.integer("free_kv_blocks", Need::kOptional, 0, kMaxUint64,
+                                     &parsed.free_kv_blocks);
+      !s) {
+    return s;
+  }
+  *out = parsed;
+  return Status::ok();
+}
+
+Status decode_extension(const FieldReader& reader, Registration* reg) {
+  if (Status s =
+          reader.string("instance_id", Need::kOptional, kMaxInstanceIdBytes, &reg->instance_id);
+      !s) {
+    return s;
+  }
+  if (Status s = reader.integer("epoch", Need::kOptional, 0, kMaxUint64, &reg->epoch); !s) return s;
+  if (Status s = reader.string("model", Need::kOptional, kMaxModelBytes, &reg->model); !s) return s;
+  if (Status s = reader.optional_integer("bootstrap_port", 1, kMaxPort, &reg->bootstrap_port); !s) {
+    return s;
+  }
+  if (Status s = decode_labels(reader, &reg->labels); !s) return s;
+  if (Status s = decode_load(reader, &reg->load); !s) return s;
+  if (Status s = reader.boolean("draining", Need::kOptional, &reg->draining); !s) return s;
+  if (Status s = reader.optional_integer("ttl_ms", 1, kMaxUint32, &reg->ttl_ms); !s) return s;
+  return reader.string("auth", Need::kOptional, kMaxAuthBytes, &reg->auth_token);
+}
+
+// pdrouter registration: `type` P/D (role_from_type set) or HELLO (role from the `role` key).
+Status decode_pdrouter(const FieldMap& fields, std::optional<Role> role_from_type,
+                       Registration* reg) {
+  const FieldReader reader(fields, kPdrouterContext);
+  reg->format = RegistrationFormat::kPdrouter;
+  if (Status s = read_schema_version(reader, &reg->schema_version); !s) return s;
+  Role role_key = Role::kPrefill;
+  bool has_role_key = false;
+  const Need role_need = role_from_type ? Need::kOptional : Need::kRequired;
+  if (Status s = read_role(reader, role_need, &role_key, &has_role_key); !s) return s;
+  if (role_from_type && has_role_key && role_key != *role_from_type) {
+    return Status(StatusCode::kInvalidValue, "role '" + std::string(to_string(role_key)) +
+                                                 "' contradicts type '" +
+                                                 std::string(to_string(*role_from_type)) + "'");
+  }
+  reg->role = role_from_type ? *role_from_type : role_key;
+  if (Status s = decode_pdrouter_base(reader, reg); !s) return s;
+  return decode_extension(reader, reg);
+}
+
+// `type` P or D without `pdr_v`: MoRIIO current or P2P-NCCL, told apart by the zmq_address shape.
+Status decode_vllm_registration(const FieldMap& fields, Role role, Registration* reg) {
+  const FieldReader reader(fields, kPdContext);
+  std::string zmq_text;
+  if (Status s = reader.string("zmq_address", Need::kRequired, kNoExtraStringLimit, &zmq_text);
+      !s) {
+    return s;
+  }
+  if (looks_like_moriio_zmq_address(zmq_text)) {
+    return decode_moriio_current(fields, role, std::move(zmq_text), reg);
+  }
+  return decode_p2p_nccl(fields, role, std::move(zmq_text), reg);
+}
+
+Status decode_goodbye(const FieldMap& fields, Goodbye* out) {
+  const FieldReader reader(fields, kGoodbyeContext);
+  if (Status s = read_host_port(reader, "http_address", Need::kRequired, &out->http_address); !s) {
+    return s;
+  }
+  if (Status s = read_schema_version(reader, &out->schema_version); !s) return s;
+  if (Status s =
+          reader.string("instance_id", Need::kOptional, kMaxInstanceIdBytes, &out->instance_id);
+      !s) {
+    return s;
+  }
+  if (Status s = reader.integer("epoch", Need::kOptional, 0, kMaxUint64, &out->epoch); !s) return s;
+  return reader.string("auth", Need::kOptional, kMaxAuthBytes, &out->auth_token);
+}
+
+// Shared front half of every decoder: bounded unpack, top-level map, string keys, no bin/ext.
+Status decode_top_level_map(std::span<const std::byte> bytes, const DecodeLimits& limits,
+                            msgpack::object_handle* handle, FieldMap* fields) {
+  if (Status s = unpack_bounded(bytes, limits, handle); !s) return s;
+  const msgpack::object& root = handle->get();
+  if (root.type != object_type::MAP) {
+    return Status(StatusCode::kWrongType,
+                  "payload must be a msgpack map, got " + std::string(msgpack_type_name(root)));
+  }
+  if (Status s = FieldMap::build(root, "payload", fields); !s) return s;
+  for (const auto& [key, value] : fields->entries()) {
+    if (Status s = reject_bin_and_ext(*value, "key " + quote_untrusted(key)); !s) return s;
+  }
+  return Status::ok();
+}
+
+Status read_message_type(const FieldMap& fields, std::string* type) {
+  const msgpack::object* value = fields.find("type");
+  if (value == nullptr) return Status(StatusCode::kMissingKey, "type is required");
+  return as_string(*value, "type", kNoExtraStringLimit, type);
+}
+
+Status decode_by_type(const FieldMap& fields, std::string_view type, DiscoveryMessage* out) {
+  const bool has_schema_version = fields.has("pdr_v");
+  if (type == "HELLO") {
+    if (!has_schema_version) {
+      out->kind = DiscoveryMessage::Kind::kHello;
+      return Status::ok();
+    }
+    out->kind = DiscoveryMessage::Kind::kRegistration;
+    return decode_pdrouter(fields, std::nullopt, &out->registration);
+  }
+  if (type == "goodbye") {
+    out->kind = DiscoveryMessage::Kind::kGoodbye;
+    return decode_goodbye(fields, &out->goodbye);
+  }
+  out->kind = DiscoveryMessage::Kind::kRegistration;
+  if (type == "register") return decode_moriio_legacy(fields, &out->registration);
+  if (type == "P" || type == "D") {
+    const Role role = type == "P" ? Role::kPrefill : Role::kDecode;
+    if (has_schema_version) return decode_pdrouter(fields, role, &out->registration);
+    return decode_vllm_registration(fields, role, &out->registration);
+  }
+  return Status(StatusCode::kUnknownType, "unknown message type " + quote_untrusted(type));
+}
+
+struct StringBuffer {
+  std::string data;
+  void write(const char* bytes, size_t size) { data.append(bytes, size); }
+};
+using Packer = msgpack::packer<StringBuffer>;
+
+void pack_string(Packer& packer, std::string_view text) {
+  packer.pack_str(static_cast<uint32_t>(text.size()));
+  packer.pack_str_body(text.data(), static_cast<uint32_t>(text.size()));
+}
+
+// Builds a msgpack map: entries are counted while packed and the header is prepended at the end
+// (msgpack needs the count up front). Strings go out as str, integers in their smallest form, as
+// Python's msgpack.packb does.
+class MapWriter {
+ public:
+  MapWriter() : packer_(body_) {}
+
+  // Packs `key` as the next entry's key and returns the packer for its value.
+  Packer& key(std::string_view key) {
+    ++entries_;
+    pack_string(packer_, key);
+    return packer_;
+  }
+  void add(std::string_view name, std::string_view value) { pack_string(key(name), value); }
+  void add(std::string_view name, uint64_t value) { key(name).pack_uint64(value); }
+  void add_bool(std::string_view name, bool value) {
+    if (value) {
+      key(name).pack_true();
+    } else {
+      key(name).pack_false();
+    }
+  }
+
+  std::string finish() const {
+    StringBuffer header;
+    Packer(header).pack_map(entries_);
+    return header.data + body_.data;
+  }
+
+ private:
+  StringBuffer body_;
+  Packer packer_;
+  uint32_t entries_ = 0;
+};
+
+std::string_view role_letter(Role role) { return role == Role::kPrefill ? "P" : "D"; }
+
+std::string moriio_zmq_text(const Registration& reg) {
+  if (!reg.zmq_address.empty() || !reg.moriio_zmq) return reg.zmq_address;
+  return reg.moriio_zmq->to_string();
+}
+
+// Key order matches the dict vLLM's MoRIIO connector builds, so our bytes equal Python's.
+std::string encode_moriio_current(const Registration& reg) {
+  MapWriter map;
+  map.add("type", role_letter(reg.role));
+  map.add("http_address", reg.http_address.to_string());
+  map.add("zmq_address", moriio_zmq_text(reg));
+  map.add("dp_size", uint64_t{reg.dp_size});
+  map.add("tp_size", uint64_t{reg.tp_size});
+  map.add("transfer_mode", to_string(reg.transfer_mode));
+  return map.finish();
+}
+
+std::string encode_moriio_legacy(const Registration& reg) {
+  const MoriioZmqAddress zmq = reg.moriio_zmq.value_or(MoriioZmqAddress{});
+  MapWriter map;
+  map.add("type", std::string_view("register"));
+  map.add("role", role_letter(reg.role));
+  map.add("index", reg.legacy_index);
+  map.add("request_address", "http://" + reg.http_address.to_string() + "/v1/completions");
+  map.add("handshake_port", uint64_t{zmq.handshake_port});
+  map.add("notify_port", uint64_t{zmq.notify_port});
+  map.add("dp_size", uint64_t{reg.dp_size});
+  map.add("tp_size", uint64_t{reg.tp_size});
+  map.add("transfer_mode", to_string(reg.transfer_mode));
+  return map.finish();
+}
+
+std::string encode_p2p_nccl(const Registration& reg) {
+  MapWriter map;
+  map.add("type", role_letter(reg.role));
+  map.add("http_address", reg.http_address.to_string());
+  map.add("zmq_address", reg.zmq_address);
+  return map.finish();
+}
+
+void add_labels(const Labels& labels, MapWriter* map) {
+  Packer& packer = map->key("labels");
+  packer.pack_map(static_cast<uint32_t>(labels.size()));
+  for (const auto& [key, value] : labels) {
+    pack_string(packer, key);
+    pack_string(packer, value);
+  }
+}
+
+void add_load(const NodeLoad& load, MapWriter* map) {
+  Packer& packer = map->key("load");
+  packer.pack_map(3);
+  pack_string(packer, "running");
+  packer.pack_uint32(load.running);
+  pack_string(packer, "waiting");
+  packer.pack_uint32(load.waiting);
+  pack_string(packer, "free_kv_blocks");
+  packer.pack_uint64(load.free_kv_blocks);
+}
+
+uint64_t wire_schema_version(uint32_t version) { return version == 0 ? 1 : version; }
+
+void add_extension(const Registration& reg, MapWriter* map) {
+  map->add("pdr_v", wire_schema_version(reg.schema_version));
+  // kUnknown is left out so the router infers the connector from zmq_address, as it does for a
+  // node that never names one.
+  if (reg.connector != Connector::kUnknown) map->add("connector", to_string(reg.connector));
+  if (!reg.instance_id.empty()) map->add("instance_id", reg.instance_id);
+  if (reg.epoch != 0) map->add("epoch", reg.epoch);
+  if (!reg.model.empty()) map->add("model", reg.model);
+  if (reg.bootstrap_port) map->add("bootstrap_port", uint64_t{*reg.bootstrap_port});
+  if (!reg.labels.empty()) add_labels(reg.labels, map);
+  if (reg.load.present) add_load(reg.load, map);
+  if (reg.draining) map->add_bool("draining", true);
+  if (reg.ttl_ms) map->add("ttl_ms", uint64_t{*reg.ttl_ms});
+  if (!reg.auth_token.empty()) map->add("auth", reg.auth_token);
+}
+
+// MoRIIO-current base keys first, so the toy proxy and vLLM-style parsers that ignore unknown keys
+// still understand the message.
+std::string encode_pdrouter(const Registration& reg) {
+  MapWriter map;
+  map.add("type", role_letter(reg.role));
+  map.add("http_address", reg.http_address.to_string());
+  const std::string zmq =
+      reg.connector == Connector::kMoriio ? moriio_zmq_text(reg) : reg.zmq_address;
+  if (!zmq.empty()) map.add("zmq_address", zmq);
+  map.add("dp_size", uint64_t{reg.dp_size});
+  map.add("tp_size", uint64_t{reg.tp_size});
+  if (reg.transfer_mode != TransferMode::kNone)
+    map.add("transfer_mode", to_string(reg.transfer_mode));
+  add_extension(reg, &map);
+  return map.finish();
+}
+
+Status decode_ack_fields(const FieldMap& fields, Ack* out) {
+  const FieldReader reader(fields, kAckContext);
+  std::string type;
+  if (Status s = reader.string("type", Need::kRequired, kNoExtraStringLimit, &type); !s) return s;
+  if (type != "ack") {
+    return Status(StatusCode::kUnknownType, "expected type 'ack', got " + quote_untrusted(type));
+  }
+  uint32_t schema_version = 0;
+  if (Status s = read_schema_version(reader, &schema_version); !s) return s;
+  Ack ack;
+  if (Status s = reader.boolean("ok", Need::kRequired, &ack.ok); !s) return s;
+  if (Status s = reader.string("reason", Need::kOptional, kNoExtraStringLimit, &ack.reason); !s) {
+    return s;
+  }
+  if (Status s = reader.integer("ttl_ms", Need::kOptional, 0, kMaxUint32, &ack.ttl_ms); !s)
+    return s;
+  if (Status s =
+          reader.integer("registry_version", Need::kOptional, 0, kMaxUint64, &ack.registry_version);
+      !s) {
+    return s;
+  }
+  *out = std::move(ack);
+  return Status::ok();
+}
+
+}  // namespace
+
+std::string_view to_string(Role role) { return role == Role::kPrefill ? "prefill" : "decode"; }
+
+std::string_view to_string(TransferMode mode) {
+  switch (mode) {
+    case TransferMode::kNone: return "none";
+    case TransferMode::kRead: return "READ";
+    case TransferMode::kWrite: return "WRITE";
+  }
+  return "none";
+}
+
+std::string_view to_string(Connector connector) {
+  switch (connector) {
+    case Connector::kUnknown: return "unknown";
+    case Connector::kMoriio: return "moriio";
+    case Connector::kP2pNccl: return "p2p-nccl";
+    case Connector::kNixl: return "nixl";
+    case Connector::kMooncake: return "mooncake";
+    case Connector::kSglang: return "sglang";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(RegistrationFormat format) {
+  switch (format) {
+    case RegistrationFormat::kMoriio: return "moriio";
+    case RegistrationFormat::kMoriioLegacy: return "moriio-legacy";
+    case RegistrationFormat::kP2pNccl: return "p2p-nccl";
+    case RegistrationFormat::kPdrouter: return "pdrouter";
+    case RegistrationFormat::kStatic: return "static";
+  }
+  return "static";
+}
+
+bool parse_role(std::string_view text, Role* out) {
+  const std::string name = lower_ascii(text);
+  if (text == "P" || name == "prefill") {
+    *out = Role::kPrefill;
+    return true;
+  }
+  if (text == "D" || name == "decode") {
+    *out = Role::kDecode;
+    return true;
+  }
+  return false;
+}
+
+bool parse_transfer_mode(std::string_view text, TransferMode* out) {
+  const std::string name = lower_ascii(text);
+  if (name == "read") {
+    *out = TransferMode::kRead;
+  } else if (name == "write") {
+    *out = TransferMode::kWrite;
+  } else if (name == "none") {
+    *out = TransferMode::kNone;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool parse_connector(std::string_view text, Connector* out) {
+  const std::string name = lower_ascii(text);
+  static constexpr std::pair<std::string_view, Connector> kNames[] = {
+      {"unknown", Connector::kUnknown},   {"moriio", Connector::kMoriio},
+      {"p2p-nccl", Connector::kP2pNccl},  {"p2p_nccl", Connector::kP2pNccl},
+      {"p2pnccl", Connector::kP2pNccl},   {"nixl", Connector::kNixl},
+      {"mooncake", Connector::kMooncake}, {"sglang", Connector::kSglang},
+  };
+  for (const auto& [known, connector] : kNames) {
+    if (name == known) {
+      *out = connector;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool parse_registration_format(std::string_view text, RegistrationFormat* out) {
+  const std::string name = lower_ascii(text);
+  static constexpr std::pair<std::string_view, RegistrationFormat> kNames[] = {
+      {"moriio", RegistrationFormat::kMoriio},
+      {"moriio-legacy", RegistrationFormat::kMoriioLegacy},
+      {"p2p-nccl", RegistrationFormat::kP2pNccl},
+      {"pdrouter", RegistrationFormat::kPdrouter},
+      {"static", RegistrationFormat::kStatic},
+  };
+  for (const auto& [known, format] : kNames) {
+    if (name == known) {
+      *out = format;
+      return true;
+    }
+  }
+  return false;
+}
+
+Status decode_discovery_message(std::span<const std::byte> bytes, const DecodeLimits& limits,
+                                DiscoveryMessage* out) {
+  msgpack::object_handle handle;
+  FieldMap fields;
+  if (Status s = decode_top_level_map(bytes, limits, &handle, &fields); !s) return s;
+  std::string type;
+  if (Status s = read_message_type(fields, &type); !s) return s;
+  *out = DiscoveryMessage{};
+  return decode_by_type(fields, type, out);
+}
+
+std::string encode_registration(const Registration& reg) {
+  switch (reg.format) {
+    case RegistrationFormat::kMoriio: return encode_moriio_current(reg);
+    case RegistrationFormat::kMoriioLegacy: return encode_moriio_legacy(reg);
+    case RegistrationFormat::kP2pNccl: return encode_p2p_nccl(reg);
+    case RegistrationFormat::kPdrouter: return encode_pdrouter(reg);
+    case RegistrationFormat::kStatic: return {};
+  }
+  return {};
+}
+
+std::string encode_goodbye(const Goodbye& goodbye) {
+  MapWriter map;
+  map.add("type", std::string_view("goodbye"));
+  map.add("pdr_v", wire_schema_version(goodbye.schema_version));
+  map.add("http_address", goodbye.http_address.to_string());
+  if (!goodbye.instance_id.empty()) map.add("instance_id", goodbye.instance_id);
+  if (goodbye.epoch != 0) map.add("epoch", goodbye.epoch);
+  if (!goodbye.auth_token.empty()) map.add("auth", goodbye.auth_token);
+  return map.finish();
+}
+
+std::string encode_ack(const Ack& ack) {
+  MapWriter map;
+  map.add("type", std::string_view("ack"));
+  map.add("pdr_v", uint64_t{1});
+  map.add_bool("ok", ack.ok);
+  map.add("reason", ack.reason);
+  map.add("ttl_ms", uint64_t{ack.ttl_ms});
+  map.add("registry_version", ack.registry_version);
+  return map.finish();
+}
+
+Status decode_ack(std::span<const std::byte> bytes, Ack* out) {
+  msgpack::object_handle handle;
+  FieldMap fields;
+  if (Status s = decode_top_level_map(bytes, DecodeLimits{}, &handle, &fields); !s) return s;
+  return decode_ack_fields(fields, out);
+}
+
+}  // namespace pdr::proto
