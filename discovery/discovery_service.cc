@@ -181,24 +181,17 @@ class DiscoveryService::Impl {
   std::chrono::milliseconds poll_timeout(Clock::time_point now) const {
     auto until = now + std::chrono::seconds(1);
     if (auto d = registry_.next_deadline()) until = std::min(until, *d);
-    if (registry_.liveness_dirty()) {
-      until = std::min(until, last_publish_ + options_.liveness_publish_interval);
-    }
     if (until <= now) return std::chrono::milliseconds(0);
     // Round up so we never wake just before a deadline and spin.
     return std::chrono::ceil<std::chrono::milliseconds>(until - now);
   }
 
   void maybe_publish(Clock::time_point now) {
-    if (registry_.structural_dirty() ||
-        (registry_.liveness_dirty() && now - last_publish_ >= options_.liveness_publish_interval)) {
-      publish(now);
-    }
+    if (registry_.dirty()) publish(now);
   }
 
   void publish(Clock::time_point now) {
     snapshots_.publish(registry_.snapshot(now));
-    last_publish_ = now;
     counters_.snapshots_published.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -397,7 +390,6 @@ class DiscoveryService::Impl {
   std::mutex commands_mutex_;
   std::vector<std::function<void(Registry&)>> commands_;
   std::optional<DiscoveryServiceOptions> pending_options_;
-  Clock::time_point last_publish_{};
   LogLimiter log_limiter_;
   std::vector<std::pair<std::string, proto::Ack>> pending_acks_;
 };

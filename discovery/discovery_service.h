@@ -7,9 +7,9 @@
 //
 // Each accepted frame pair [identity, payload] is decoded (proto/), authenticated, applied to the
 // registry, and, for messages carrying `pdr_v`, acknowledged to the sender. Anything else is
-// counted by reason and logged at a limited rate; it never changes the registry. Structural
-// changes are published at once; liveness-only changes (last_seen, load) are coalesced to at most
-// one snapshot per `liveness_publish_interval`.
+// counted by reason and logged at a limited rate; it never changes the registry. A changed
+// registry is published once per receive batch, before that batch's acks go out. Heartbeats that
+// only refresh liveness publish nothing: snapshots share each node's live InstanceLiveness cell.
 #pragma once
 
 #include <chrono>
@@ -35,7 +35,6 @@ struct DiscoveryServiceOptions {
   std::string auth_token;                        // "" = no authentication
   bool allow_unauthenticated_vllm = true;
   std::vector<StaticInstance> static_instances;
-  std::chrono::milliseconds liveness_publish_interval{100};
   // Frames above this are dropped by libzmq itself (the peer is disconnected) before they are
   // buffered; frames between limits.max_message_bytes and this are read and counted too_large.
   int64_t hard_frame_limit = 1024 * 1024;

@@ -1,6 +1,7 @@
 // One prefill or decode node as the registry knows it, and the immutable snapshot readers get.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,27 @@ enum class InstanceSource : uint8_t { kRegistered, kStatic, kAdmin };
 std::string_view to_string(InstanceState);   // "up", "draining", "expired"
 std::string_view to_string(InstanceSource);  // "registered", "static", "admin"
 
+// What changes with every heartbeat. One cell per registered node, shared by every copy of its
+// Instance across snapshots, so a heartbeat that changes nothing else costs a few atomic stores
+// and no snapshot. Written only by the discovery thread; read by anyone (relaxed: each field is
+// independently meaningful, and readers tolerate a value one heartbeat old).
+struct InstanceLiveness {
+  std::atomic<int64_t> last_seen_ns{0};   // Clock::time_point::time_since_epoch() in ns
+  std::atomic<int64_t> expires_at_ns{0};  // INT64_MAX: never
+  std::atomic<uint64_t> messages{0};
+  std::atomic<bool> load_present{false};
+  std::atomic<uint32_t> running{0};
+  std::atomic<uint32_t> waiting{0};
+  std::atomic<uint64_t> free_kv_blocks{0};
+
+  Clock::time_point last_seen() const;
+  Clock::time_point expires_at() const;
+  proto::NodeLoad load() const;
+  void set_last_seen(Clock::time_point t);
+  void set_expires_at(Clock::time_point t);  // Clock::time_point::max() for never
+  void set_load(const proto::NodeLoad& load);
+};
+
 struct Instance {
   std::string key;  // canonical http_address ("host:port" / "[v6]:port"); unique in a snapshot
   proto::Role role = proto::Role::kPrefill;
@@ -36,18 +58,22 @@ struct Instance {
   std::optional<uint16_t> bootstrap_port;
   std::string model;
   proto::Labels labels;
-  proto::NodeLoad load;
   std::string instance_id;
   uint64_t epoch = 0;
 
   InstanceState state = InstanceState::kUp;
   InstanceSource source = InstanceSource::kRegistered;
   Clock::time_point first_seen{};
-  Clock::time_point last_seen{};
-  Clock::time_point expires_at = Clock::time_point::max();  // max(): never (static/admin)
-  std::chrono::milliseconds ttl{0};                          // 0 for static/admin
-  uint64_t messages = 0;                                     // registrations received
-  uint64_t restarts = 0;                                     // epoch changes seen
+  std::chrono::milliseconds ttl{0};  // 0 for static/admin
+  uint64_t restarts = 0;             // epoch changes seen
+  // Never null for instances the registry hands out. Liveness is live: an old snapshot's
+  // Instance shows the newest last_seen/load of that node.
+  std::shared_ptr<InstanceLiveness> liveness = std::make_shared<InstanceLiveness>();
+
+  Clock::time_point last_seen() const { return liveness->last_seen(); }
+  Clock::time_point expires_at() const { return liveness->expires_at(); }
+  uint64_t messages() const { return liveness->messages.load(std::memory_order_relaxed); }
+  proto::NodeLoad load() const { return liveness->load(); }
 };
 
 // Immutable view of the registry at one moment. Built by the discovery thread, shared read-only.

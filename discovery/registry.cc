@@ -1,13 +1,12 @@
 #include "discovery/registry.h"
 
 #include <algorithm>
+#include <set>
 
 namespace pdr::discovery {
 namespace {
 
-constexpr Clock::time_point kNever = Clock::time_point::max();
-
-// Fields whose change alters routing or what /status shows beyond liveness.
+// Fields whose change alters routing or what /status shows (liveness excluded).
 bool same_shape(const Instance& a, const Instance& b) {
   return a.role == b.role && a.connector == b.connector && a.format == b.format &&
          a.transfer_mode == b.transfer_mode && a.zmq_address == b.zmq_address &&
@@ -39,6 +38,10 @@ Instance instance_from_static(const StaticInstance& s) {
   inst.labels = s.labels;
   inst.source = InstanceSource::kStatic;
   return inst;
+}
+
+InstanceState state_for(const proto::Registration& reg) {
+  return reg.draining ? InstanceState::kDraining : InstanceState::kUp;
 }
 
 }  // namespace
@@ -79,9 +82,16 @@ void apply_registration(const proto::Registration& reg, Instance* inst) {
   inst->bootstrap_port = reg.bootstrap_port;
   inst->model = reg.model;
   inst->labels = reg.labels;
-  inst->load = reg.load;
   inst->instance_id = reg.instance_id;
   inst->epoch = reg.epoch;
+}
+
+bool registration_matches(const proto::Registration& reg, const Instance& inst) {
+  return inst.role == reg.role && inst.connector == reg.connector && inst.format == reg.format &&
+         inst.transfer_mode == reg.transfer_mode && inst.zmq_address == reg.zmq_address &&
+         inst.dp_size == reg.dp_size && inst.tp_size == reg.tp_size &&
+         inst.bootstrap_port == reg.bootstrap_port && inst.model == reg.model &&
+         inst.labels == reg.labels && inst.instance_id == reg.instance_id && inst.epoch == reg.epoch;
 }
 
 Registry::Registry(RegistryOptions options) : options_(options) {}
@@ -94,8 +104,7 @@ std::chrono::milliseconds Registry::effective_ttl(const proto::Registration& reg
 }
 
 Instance& Registry::mutable_instance(Entry& entry) {
-  // Always copy: a published snapshot may share the old object with reader threads. (Checking
-  // use_count() == 1 to edit in place would need acquire ordering libstdc++ does not give.)
+  // Always copy: a published snapshot may share the old object with reader threads.
   auto copy = std::make_shared<Instance>(*entry.instance);
   Instance& ref = *copy;
   entry.instance = std::move(copy);
@@ -104,34 +113,38 @@ Instance& Registry::mutable_instance(Entry& entry) {
 
 void Registry::set_deadline(EntryMap::iterator it, Clock::time_point deadline) {
   Entry& e = it->second;
-  if (e.deadline == deadline) return;
-  if (e.deadline != kNever) deadlines_.erase({e.deadline, it->first});
   e.deadline = deadline;
-  if (deadline != kNever) deadlines_.emplace(deadline, it->first);
+  e.instance->liveness->set_expires_at(
+      e.instance->state == InstanceState::kExpired ? kNever : deadline);
+  // Later deadlines ride on the existing heap item (rescheduled when it surfaces); only an
+  // earlier one needs a new item. The superseded item is recognised as stale and dropped.
+  if (deadline < e.scheduled) {
+    e.scheduled = deadline;
+    heap_.emplace_back(deadline, it->first);
+    std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+  }
 }
 
 void Registry::erase(EntryMap::iterator it) {
-  set_deadline(it, kNever);
-  entries_.erase(it);
-  structural_dirty_ = true;
+  entries_.erase(it);  // its heap item, if any, becomes stale
+  dirty_ = true;
 }
 
 bool Registry::evict_one_expired() {
-  // Oldest-expiring expired entry first; only expired entries are evictable.
-  for (const auto& [deadline, key] : deadlines_) {
-    auto it = entries_.find(key);
-    if (it != entries_.end() && it->second.instance->state == InstanceState::kExpired) {
-      erase(it);
-      return true;
-    }
+  // Only expired entries are evictable; take the one that has been expired longest.
+  auto victim = entries_.end();
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->second.instance->state != InstanceState::kExpired) continue;
+    if (victim == entries_.end() || it->second.deadline < victim->second.deadline) victim = it;
   }
-  return false;
+  if (victim == entries_.end()) return false;
+  erase(victim);
+  return true;
 }
 
 Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::time_point now) {
   const std::chrono::milliseconds ttl = effective_ttl(reg);
-  std::string key = reg.http_address.to_string();
-  auto it = entries_.find(key);
+  auto it = entries_.find(reg.http_address.to_string());
 
   if (it == entries_.end()) {
     if (entries_.size() >= options_.max_instances && !evict_one_expired()) {
@@ -139,54 +152,54 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
     }
     auto inst = std::make_shared<Instance>();
     apply_registration(reg, inst.get());
-    inst->state = reg.draining ? InstanceState::kDraining : InstanceState::kUp;
+    inst->state = state_for(reg);
     inst->source = InstanceSource::kRegistered;
-    inst->first_seen = inst->last_seen = now;
+    inst->first_seen = now;
     inst->ttl = ttl;
-    inst->expires_at = now + ttl;
-    inst->messages = 1;
-    it = entries_.emplace(std::move(key), Entry{std::move(inst), kNever}).first;
+    inst->liveness->set_last_seen(now);
+    inst->liveness->set_load(reg.load);
+    inst->liveness->messages.store(1, std::memory_order_relaxed);
+    std::string key = inst->key;
+    it = entries_.emplace(std::move(key), Entry{std::move(inst)}).first;
     set_deadline(it, now + ttl);
-    structural_dirty_ = true;
+    dirty_ = true;
     return {UpsertResult::kAdded, ttl};
   }
 
   Entry& entry = it->second;
-  const std::shared_ptr<const Instance> before_ptr = entry.instance;  // keeps the old alive
-  const Instance& before = *before_ptr;
-  Instance& inst = mutable_instance(entry);
-  UpsertResult result = UpsertResult::kUpdated;
-  if (before.state == InstanceState::kExpired) {
-    result = UpsertResult::kRevived;
-  }
-  if (reg.epoch != 0 && before.epoch != 0 && reg.epoch != before.epoch) {
-    result = UpsertResult::kRestarted;
-    inst.restarts++;
-    inst.first_seen = now;
-  }
+  const Instance& current = *entry.instance;
+  const bool registered = current.source == InstanceSource::kRegistered;
+  UpsertResult result = current.state == InstanceState::kExpired ? UpsertResult::kRevived
+                                                                 : UpsertResult::kUpdated;
+  const bool restarted = reg.epoch != 0 && current.epoch != 0 && reg.epoch != current.epoch;
+  if (restarted) result = UpsertResult::kRestarted;
 
-  if (before.source == InstanceSource::kRegistered) {
-    apply_registration(reg, &inst);
-    inst.ttl = ttl;
-    inst.expires_at = now + ttl;
-    set_deadline(it, now + ttl);
-  } else {
-    // Static/admin entries: the operator's description stands; the node contributes liveness,
-    // load and identity only, and the entry never expires.
-    inst.load = reg.load;
-    inst.instance_id = reg.instance_id;
-    inst.epoch = reg.epoch;
-    set_deadline(it, kNever);
+  // Static/admin entries: the operator's description stands; the node contributes liveness,
+  // load and identity only, and the entry never expires.
+  const bool same = registered ? registration_matches(reg, current) && current.ttl == ttl
+                               : current.instance_id == reg.instance_id && current.epoch == reg.epoch;
+  if (!same || restarted || current.state != state_for(reg)) {
+    Instance& inst = mutable_instance(entry);
+    if (registered) {
+      apply_registration(reg, &inst);
+      inst.ttl = ttl;
+    } else {
+      inst.instance_id = reg.instance_id;
+      inst.epoch = reg.epoch;
+    }
+    if (restarted) {
+      inst.restarts++;
+      inst.first_seen = now;
+    }
+    inst.state = state_for(reg);
+    dirty_ = true;
   }
-  inst.state = reg.draining ? InstanceState::kDraining : InstanceState::kUp;
-  inst.last_seen = now;
-  inst.messages++;
-
-  if (same_shape(before, inst)) {
-    liveness_dirty_ = true;
-  } else {
-    structural_dirty_ = true;
-  }
+  // The heartbeat proper: atomics only.
+  InstanceLiveness& live = *entry.instance->liveness;
+  live.set_last_seen(now);
+  live.set_load(reg.load);
+  live.messages.fetch_add(1, std::memory_order_relaxed);
+  set_deadline(it, registered ? now + ttl : kNever);
   return {result, ttl};
 }
 
@@ -202,8 +215,8 @@ GoodbyeResult Registry::goodbye(const proto::Goodbye& goodbye, Clock::time_point
   } else {
     Instance& inst = mutable_instance(it->second);
     inst.state = InstanceState::kExpired;
-    inst.last_seen = now;
-    structural_dirty_ = true;
+    inst.liveness->set_last_seen(now);
+    dirty_ = true;
   }
   return GoodbyeResult::kRemoved;
 }
@@ -215,25 +228,26 @@ void Registry::replace_static(const std::vector<StaticInstance>& instances, Cloc
     wanted.insert(fresh.key);
     auto it = entries_.find(fresh.key);
     if (it == entries_.end()) {
-      fresh.first_seen = fresh.last_seen = now;
-      entries_.emplace(fresh.key, Entry{std::make_shared<Instance>(std::move(fresh)), kNever});
-      structural_dirty_ = true;
+      fresh.first_seen = now;
+      fresh.liveness->set_last_seen(now);
+      fresh.liveness->set_expires_at(kNever);
+      std::string key = fresh.key;
+      entries_.emplace(std::move(key), Entry{std::make_shared<Instance>(std::move(fresh))});
+      dirty_ = true;
       continue;
     }
-    // Keep what only the node can tell (liveness, load, identity); take the rest from the file.
-    const std::shared_ptr<const Instance> old_ptr = it->second.instance;
-    const Instance& old = *old_ptr;
+    // Keep what only the node can tell (liveness, identity); take the rest from the file.
+    const Instance& old = *it->second.instance;
     fresh.first_seen = old.first_seen;
-    fresh.last_seen = old.last_seen;
-    fresh.load = old.load;
+    fresh.liveness = old.liveness;
     fresh.instance_id = old.instance_id;
     fresh.epoch = old.epoch;
-    fresh.messages = old.messages;
     fresh.restarts = old.restarts;
     if (old.state == InstanceState::kDraining) fresh.state = old.state;
-    if (!same_shape(old, fresh)) structural_dirty_ = true;
+    if (!same_shape(old, fresh)) dirty_ = true;
     it->second.instance = std::make_shared<Instance>(std::move(fresh));
-    set_deadline(it, kNever);
+    it->second.deadline = kNever;  // static entries never expire; a pending heap item goes stale
+    it->second.instance->liveness->set_expires_at(kNever);
   }
   for (auto it = entries_.begin(); it != entries_.end();) {
     auto next = std::next(it);
@@ -246,29 +260,37 @@ void Registry::replace_static(const std::vector<StaticInstance>& instances, Cloc
 
 Registry::ExpireResult Registry::expire_due(Clock::time_point now) {
   ExpireResult result;
-  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
-    auto it = entries_.find(deadlines_.begin()->second);
-    if (it == entries_.end()) {  // cannot happen: erase() always clears the deadline first
-      deadlines_.erase(deadlines_.begin());
+  while (!heap_.empty() && heap_.front().first <= now) {
+    std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
+    auto [when, key] = std::move(heap_.back());
+    heap_.pop_back();
+    auto it = entries_.find(key);
+    if (it == entries_.end() || it->second.scheduled != when) continue;  // stale item
+    Entry& entry = it->second;
+    entry.scheduled = kNever;
+    if (entry.deadline > now) {  // extended by heartbeats since: reschedule
+      set_deadline(it, entry.deadline);
       continue;
     }
-    if (it->second.instance->state == InstanceState::kExpired) {
+    if (entry.instance->state == InstanceState::kExpired) {
       erase(it);
       result.removed++;
       continue;
     }
-    Instance& inst = mutable_instance(it->second);
+    Instance& inst = mutable_instance(entry);
     inst.state = InstanceState::kExpired;
     set_deadline(it, now + options_.expired_retention);
-    structural_dirty_ = true;
+    dirty_ = true;
     result.expired++;
   }
   return result;
 }
 
 std::optional<Clock::time_point> Registry::next_deadline() const {
-  if (deadlines_.empty()) return std::nullopt;
-  return deadlines_.begin()->first;
+  // May be earlier than the true next event (a stale or not-yet-rescheduled item): the caller
+  // then wakes once for nothing, which is harmless.
+  if (heap_.empty()) return std::nullopt;
+  return heap_.front().first;
 }
 
 RegistrySnapshotPtr Registry::snapshot(Clock::time_point now) {
@@ -277,7 +299,7 @@ RegistrySnapshotPtr Registry::snapshot(Clock::time_point now) {
   snap->taken_at = now;
   snap->instances.reserve(entries_.size());
   for (const auto& [key, entry] : entries_) snap->instances.push_back(entry.instance);
-  structural_dirty_ = liveness_dirty_ = false;
+  dirty_ = false;
   return snap;
 }
 

@@ -4,11 +4,17 @@
 // the registry only through the immutable RegistrySnapshot values this class builds.
 //
 // Keyed by the node's canonical HTTP address. Every registration message is an upsert and a
-// heartbeat: it (re)sets that instance's own expiry deadline to now + TTL. Expiry walks a set
-// ordered by deadline, so it finds exactly the due entries whatever their insertion order (the
-// P2P-NCCL proxy's walk-from-oldest-inserted bug, PROTOCOLS.md section 2, cannot happen here).
+// heartbeat: it (re)sets that instance's own expiry deadline to now + TTL. Expiry pops a min-heap
+// of deadlines, so it finds exactly the due entries whatever their insertion order (the P2P-NCCL
+// proxy's walk-from-oldest-inserted bug, PROTOCOLS.md section 2, cannot happen here).
 // Expired instances stay visible as state "expired" for `expired_retention`, then disappear.
 // Static instances (from the topology) and admin-added ones never expire.
+//
+// Cost model (10k nodes heartbeating every 3 s is the design point): a heartbeat that repeats
+// what the node said before touches only the node's InstanceLiveness atomics and its deadline
+// field; no allocation, no heap operation, no snapshot. The heap holds one item per entry and is
+// lazily rescheduled: when an item surfaces before its entry's (since extended) deadline, it is
+// pushed back with the current deadline.
 #pragma once
 
 #include <chrono>
@@ -16,7 +22,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -78,14 +83,14 @@ class Registry {
     size_t removed = 0;  // expired entries past retention, dropped
   };
   ExpireResult expire_due(Clock::time_point now);
-  // Earliest time expire_due() has work to do; nullopt when nothing can expire.
+  // When to call expire_due() next: never later than the earliest real deadline, possibly earlier
+  // (a superseded heap item; that call then does nothing). nullopt when nothing is scheduled.
   std::optional<Clock::time_point> next_deadline() const;
 
-  // Structural changes (add, remove, state or field change) want an immediate snapshot; liveness
-  // changes (last_seen, load) may be coalesced by the caller.
-  bool structural_dirty() const { return structural_dirty_; }
-  bool liveness_dirty() const { return liveness_dirty_; }
-  // Builds the next snapshot (version + 1) and clears both dirty flags.
+  // True after any change a snapshot must show (add, remove, state or field change). Liveness
+  // (last_seen, load) never sets it: snapshots share each node's live InstanceLiveness cell.
+  bool dirty() const { return dirty_; }
+  // Builds the next snapshot (version + 1) and clears dirty().
   RegistrySnapshotPtr snapshot(Clock::time_point now);
 
   size_t size() const { return entries_.size(); }
@@ -94,11 +99,15 @@ class Registry {
  private:
   struct Entry {
     std::shared_ptr<const Instance> instance;
-    Clock::time_point deadline;  // next event: expiry (up) or removal (expired); max() = none
+    Clock::time_point deadline = kNever;   // next event: expiry (up) or removal (expired)
+    Clock::time_point scheduled = kNever;  // time of this entry's item in heap_, kNever if none
   };
   using EntryMap = std::map<std::string, Entry, std::less<>>;
+  using HeapItem = std::pair<Clock::time_point, std::string>;
+  static constexpr Clock::time_point kNever = Clock::time_point::max();
 
-  // Copy-on-write access: replaces the entry's instance with a private copy and returns it.
+  // Copy-on-write access: replaces the entry's instance with a private copy and returns it. The
+  // copy shares the node's InstanceLiveness cell.
   Instance& mutable_instance(Entry& entry);
   void set_deadline(EntryMap::iterator it, Clock::time_point deadline);
   void erase(EntryMap::iterator it);
@@ -107,13 +116,14 @@ class Registry {
 
   RegistryOptions options_;
   EntryMap entries_;
-  std::set<std::pair<Clock::time_point, std::string>, std::less<>> deadlines_;
+  std::vector<HeapItem> heap_;  // min-heap on time (std::greater)
   uint64_t version_ = 0;
-  bool structural_dirty_ = true;  // the first snapshot is always wanted
-  bool liveness_dirty_ = false;
+  bool dirty_ = true;  // the first snapshot is always wanted
 };
 
-// Fills an Instance's node-supplied fields from a registration (shared by upsert and tests).
+// Fills an Instance's node-supplied descriptive fields from a registration (not liveness).
 void apply_registration(const proto::Registration& reg, Instance* inst);
+// True when applying `reg` would change none of those fields.
+bool registration_matches(const proto::Registration& reg, const Instance& inst);
 
 }  // namespace pdr::discovery

@@ -29,22 +29,24 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
       {"instance_id", inst.instance_id},
       {"epoch", inst.epoch},
       {"first_seen_ms_ago", ms_between(inst.first_seen, now)},
-      {"last_seen_ms_ago", ms_between(inst.last_seen, now)},
+      {"last_seen_ms_ago", ms_between(inst.last_seen(), now)},
       {"ttl_ms", inst.ttl.count()},
-      {"messages", inst.messages},
+      {"messages", inst.messages()},
       {"restarts", inst.restarts},
   };
   j["bootstrap_port"] = inst.bootstrap_port ? nlohmann::json(*inst.bootstrap_port) : nlohmann::json();
-  j["expires_in_ms"] = inst.expires_at == Clock::time_point::max() || inst.state == InstanceState::kExpired
+  const Clock::time_point expires_at = inst.expires_at();
+  j["expires_in_ms"] = expires_at == Clock::time_point::max() || inst.state == InstanceState::kExpired
                            ? nlohmann::json()
-                           : nlohmann::json(ms_between(now, inst.expires_at));
+                           : nlohmann::json(ms_between(now, expires_at));
   nlohmann::json labels = nlohmann::json::object();
   for (const auto& [k, v] : inst.labels) labels[k] = v;
   j["labels"] = std::move(labels);
-  j["load"] = inst.load.present ? nlohmann::json{{"running", inst.load.running},
-                                                 {"waiting", inst.load.waiting},
-                                                 {"free_kv_blocks", inst.load.free_kv_blocks}}
-                                : nlohmann::json();
+  const proto::NodeLoad load = inst.load();
+  j["load"] = load.present ? nlohmann::json{{"running", load.running},
+                                            {"waiting", load.waiting},
+                                            {"free_kv_blocks", load.free_kv_blocks}}
+                           : nlohmann::json();
   return j;
 }
 

@@ -1,0 +1,38 @@
+// pdnode: node-side tools for pdrouter. Each subcommand lives in its own file (register_command.cc;
+// later sim, xfer-bench); main() only parses and dispatches.
+#include <CLI/CLI.hpp>
+
+#include "node/register_command.h"
+#include "node/stop_signals.h"
+
+namespace {
+
+constexpr int kExitBadFlags = 2;
+
+// --help and --version exit 0 with their text; every other parse error exits 2 (usage error).
+int exit_code_for(const CLI::App& app, const CLI::ParseError& error) {
+  const int code = app.exit(error);
+  return code == 0 ? 0 : kExitBadFlags;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before any thread exists, so all threads inherit the mask and only sigwait() sees the signals.
+  pdr::node::block_stop_signals();
+
+  CLI::App app{"pdnode: node-side companion of pdrouter (vLLM prefill/decode router).", "pdnode"};
+  app.set_version_flag("--version", "pdnode " PDR_VERSION);
+  app.require_subcommand(1);
+
+  pdr::node::RegisterFlags register_flags;
+  CLI::App* register_command = pdr::node::add_register_command(app, &register_flags);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return exit_code_for(app, e);
+  }
+  if (register_command->parsed()) return pdr::node::run_register_command(register_flags);
+  return kExitBadFlags;
+}

@@ -1,0 +1,279 @@
+"""Helpers shared by pdrouter's integration tests (run by /usr/bin/python3 under CTest).
+
+Everything here waits with a deadline and wakes on the event itself (condition variables, zmq poll),
+never on a fixed sleep:
+  * binaries: locate pdrouter / pdnode from $PDR_BIN_DIR;
+  * ProcessHandle: start a command, capture stdout/stderr to files, wait for a log line, stop it;
+  * FakeRouter: a ZMQ ROUTER on an ephemeral loopback port that receives discovery messages;
+  * HealthServer: an HTTP server on an ephemeral port whose /health status the test switches;
+  * free_port, http_get: small network utilities.
+"""
+
+import http.client
+import http.server
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import msgpack
+import zmq
+
+# ---------------------------------------------------------------------------------------------
+# Binaries
+
+
+def bin_dir():
+    """Directory of the pdrouter binary, from $PDR_BIN_DIR (set by CTest)."""
+    path = os.environ.get("PDR_BIN_DIR")
+    if not path:
+        raise RuntimeError("PDR_BIN_DIR is not set (run through ctest, or export it)")
+    return path
+
+
+def find_binary(name, candidates):
+    """First existing executable among `candidates` (paths relative to bin_dir())."""
+    for relative in candidates:
+        path = os.path.normpath(os.path.join(bin_dir(), relative))
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise RuntimeError("cannot find %s; looked in %s" % (
+        name, ", ".join(os.path.normpath(os.path.join(bin_dir(), c)) for c in candidates)))
+
+
+def pdrouter_path():
+    return find_binary("pdrouter", ["pdrouter"])
+
+
+def pdnode_path():
+    # pdrouter lives in <build>/router, pdnode in <build>/node; also accept a flat install.
+    return find_binary("pdnode", ["../node/pdnode", "pdnode", "node/pdnode"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Network utilities
+
+
+def free_port(host="127.0.0.1"):
+    """A TCP port that was free a moment ago. Prefer binding to port 0 where the program allows."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def http_get(host, port, path, timeout=2.0, headers=None):
+    """GET http://host:port/path; returns (status, body bytes). Raises OSError on network errors."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+
+class ProcessHandle:
+    """A child process whose stdout/stderr are captured line by line into files.
+
+    Reader threads copy each stream to <log_dir>/<name>.stdout|.stderr and keep the lines in memory,
+    so a test can wait for a line matching a regex with a deadline. Use as a context manager, or
+    call stop() in tearDown: a test never leaves a process behind.
+    """
+
+    def __init__(self, args, name="proc", env=None, log_dir=None):
+        self.args = list(args)
+        self.name = name
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="pdr-%s-" % name)
+        self.lines = {"stdout": [], "stderr": []}
+        self._cond = threading.Condition()
+        self._closed = {"stdout": False, "stderr": False}
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, env=full_env)
+        self._readers = [
+            threading.Thread(target=self._pump, args=(stream, self.proc.stdout if stream == "stdout"
+                                                     else self.proc.stderr), daemon=True)
+            for stream in ("stdout", "stderr")
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def log_path(self, stream):
+        return os.path.join(self.log_dir, "%s.%s" % (self.name, stream))
+
+    def _pump(self, stream, pipe):
+        with open(self.log_path(stream), "w", encoding="utf-8") as out:
+            for raw in iter(pipe.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                out.write(line + "\n")
+                out.flush()
+                with self._cond:
+                    self.lines[stream].append(line)
+                    self._cond.notify_all()
+        pipe.close()
+        with self._cond:
+            self._closed[stream] = True
+            self._cond.notify_all()
+
+    def wait_for_line(self, pattern, timeout, streams=("stdout", "stderr"), start=None):
+        """First line (from index `start[stream]`, default 0) matching `pattern`, or None when the
+        deadline passes or the streams close first."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = dict((s, (start or {}).get(s, 0)) for s in streams)
+        with self._cond:
+            while True:
+                for stream in streams:
+                    lines = self.lines[stream]
+                    for line in lines[seen[stream]:]:
+                        if regex.search(line):
+                            return line
+                    seen[stream] = len(lines)
+                if all(self._closed[s] for s in streams):
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def mark(self):
+        """Current line counts, to pass as `start` so a later wait only sees newer lines."""
+        with self._cond:
+            return dict((s, len(v)) for s, v in self.lines.items())
+
+    def output(self, stream="stderr"):
+        with self._cond:
+            return "\n".join(self.lines[stream])
+
+    def send_signal(self, signum):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def wait(self, timeout):
+        """Exit code, or None if still running after `timeout` seconds."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        for reader in self._readers:
+            reader.join(timeout=2)
+        return code
+
+    def stop(self, timeout=5.0):
+        """SIGTERM, then SIGKILL after `timeout`; returns the exit code."""
+        if self.proc.poll() is None:
+            self.send_signal(signal.SIGTERM)
+            code = self.wait(timeout)
+            if code is not None:
+                return code
+            self.proc.kill()
+        return self.wait(timeout)
+
+    @property
+    def returncode(self):
+        return self.proc.poll()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake peers
+
+
+class FakeRouter:
+    """The router side of discovery: a ZMQ ROUTER bound to tcp://127.0.0.1:<ephemeral>."""
+
+    def __init__(self):
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.poller = zmq.Poller()
+        self.poller.register(self.socket, zmq.POLLIN)
+
+    def receive_frames(self, timeout):
+        """Next multipart message as a list of bytes frames, or None after `timeout` seconds."""
+        if not self.poller.poll(max(0, int(timeout * 1000))):
+            return None
+        return self.socket.recv_multipart()
+
+    def receive(self, timeout):
+        """Next message as (identity, decoded msgpack payload), or None after `timeout` seconds.
+        Asserts the [identity, payload] shape every discovery sender produces."""
+        frames = self.receive_frames(timeout)
+        if frames is None:
+            return None
+        if len(frames) != 2:
+            raise AssertionError("expected [identity, payload], got %d frames" % len(frames))
+        return frames[0], msgpack.unpackb(frames[1], raw=False)
+
+    def receive_until(self, predicate, timeout):
+        """First decoded payload satisfying `predicate` within `timeout` seconds, or None."""
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self.receive(deadline - time.monotonic())
+            if message is None:
+                return None
+            if predicate(message[1]):
+                return message[1]
+
+    def drain(self, quiet):
+        """Receives until `quiet` seconds pass with nothing; returns how many arrived."""
+        count = 0
+        while self.receive_frames(quiet) is not None:
+            count += 1
+        return count
+
+    def close(self):
+        self.socket.close(0)
+        self.context.term()
+
+
+class HealthServer:
+    """HTTP server on 127.0.0.1:<ephemeral> answering GET /health with a switchable status (as a
+    vLLM node does: 200 when the engine is alive). Other paths answer 404."""
+
+    def __init__(self, status=200):
+        self.status = status
+        self.requests = 0
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                owner.requests += 1
+                code = owner.status if self.path == "/health" else 404
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.address = "127.0.0.1:%d" % self.port
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def set_status(self, status):
+        self.status = status
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
