@@ -7,8 +7,6 @@ operators do: msgpack over a ZMQ DEALER, JSON over HTTP. Every wait has a deadli
 import json
 import os
 import re
-import signal
-import subprocess
 import tempfile
 import time
 import urllib.error
@@ -17,22 +15,13 @@ import urllib.request
 import msgpack
 import zmq
 
-LISTENING = re.compile(rb"pdrouter listening http=(\S+) discovery=(\S+)")
+from pdr_testlib import ProcessHandle, pdrouter_path
 
-
-def binary(name):
-    """Path of a built binary: PDR_BIN_DIR holds pdrouter; pdnode sits in ../node."""
-    bin_dir = os.environ.get("PDR_BIN_DIR")
-    if not bin_dir:
-        raise RuntimeError("PDR_BIN_DIR is not set (run through ctest)")
-    for candidate in (os.path.join(bin_dir, name), os.path.join(bin_dir, "..", "node", name)):
-        if os.access(candidate, os.X_OK):
-            return os.path.abspath(candidate)
-    raise RuntimeError(f"{name} not found near {bin_dir}")
+LISTENING = r"pdrouter listening http=(\S+) discovery=(\S+)"
 
 
 class Router:
-    """One pdrouter process. Use as a context manager."""
+    """One pdrouter process. Use as a context manager, or call stop()."""
 
     def __init__(self, topology_yaml=None, extra_args=()):
         self.dir = tempfile.TemporaryDirectory(prefix="pdr-it-")
@@ -40,39 +29,20 @@ class Router:
         if topology_yaml is not None:
             self.config = os.path.join(self.dir.name, "topology.yaml")
             self.write_topology(topology_yaml)
-        args = [binary("pdrouter"), "--http", "127.0.0.1:0", "--discovery", "tcp://127.0.0.1:0",
+        args = [pdrouter_path(), "--http", "127.0.0.1:0", "--discovery", "tcp://127.0.0.1:0",
                 "--workers", "2", "--log-level", "debug"]
         if self.config:
             args += ["--config", self.config]
         args += list(extra_args)
-        self.stderr_path = os.path.join(self.dir.name, "stderr.log")
-        self.stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.stderr)
-        line = self._read_start_line(deadline=time.monotonic() + 10)
-        match = LISTENING.search(line)
-        if not match:
-            self.stop()
-            raise RuntimeError(f"pdrouter did not start: {line!r}\n{self.log()}")
-        self.http = match.group(1).decode()
-        self.discovery = match.group(2).decode()
+        self.process = ProcessHandle(args, name="pdrouter", log_dir=self.dir.name)
+        line = self.process.wait_for_line(LISTENING, timeout=10, streams=("stdout",))
+        if line is None:
+            self.process.stop()
+            raise RuntimeError("pdrouter did not start:\n" + self.log())
+        match = re.search(LISTENING, line)
+        self.http, self.discovery = match.group(1), match.group(2)
         self.ctx = zmq.Context()
         self.sockets = []  # kept open until stop(): LINGER 0 would drop unsent frames on close
-
-    def _read_start_line(self, deadline):
-        # stdout carries exactly one line; block on it with a deadline via select.
-        import select
-        buf = b""
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            chunk = os.read(self.proc.stdout.fileno(), 4096)
-            if not chunk:
-                break
-            buf += chunk
-            if b"\n" in buf:
-                return buf
-        return buf
 
     def write_topology(self, text):
         # Write then rename, as editors and config managers do.
@@ -82,9 +52,7 @@ class Router:
         os.replace(tmp, self.config)
 
     def log(self):
-        self.stderr.flush()
-        with open(self.stderr_path, "rb") as f:
-            return f.read().decode(errors="replace")
+        return self.process.output("stderr")
 
     def __enter__(self):
         return self
@@ -93,21 +61,13 @@ class Router:
         self.stop()
 
     def stop(self, timeout=10):
-        """SIGTERM, wait; SIGKILL if it does not exit in time. Returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if hasattr(self, "ctx"):
+        """SIGTERM, then SIGKILL if it does not exit in time. Returns the exit code."""
+        if self.ctx is not None:
             for sock in self.sockets:
                 sock.close(linger=0)
             self.ctx.term()
-        self.proc.stdout.close()
-        self.stderr.close()
-        return self.proc.returncode
+            self.ctx = None
+        return self.process.stop(timeout)
 
     # --- HTTP -------------------------------------------------------------------------------
     def request(self, method, path, body=None, timeout=5):
