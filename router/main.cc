@@ -187,6 +187,10 @@ int run(Process& p) {
   uv_signal_start(&p.sigint, on_stop_signal, SIGINT);
   uv_signal_start(&p.sigterm, on_stop_signal, SIGTERM);
   p.watcher = std::make_unique<router::TopologyWatcher>(p.loop, p.topology);
+  if (Status wst = p.watcher->start(); !wst.is_ok()) {
+    // Still serving; SIGHUP-free operation only loses live reload, which the log says.
+    spdlog::error("topology: live reload disabled: {}", wst.message());
+  }
   uv_run(p.loop, UV_RUN_DEFAULT);
   uv_loop_close(p.loop);
   spdlog::info("pdrouter stopped");

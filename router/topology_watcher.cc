@@ -1,0 +1,161 @@
+#include "router/topology_watcher.h"
+
+#include <spdlog/spdlog.h>
+#include <uv.h>
+
+#include <csignal>
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+#include "discovery/topology_store.h"
+
+namespace pdr::router {
+
+namespace {
+
+Status uv_error(std::string what, int code) {
+  // Appends rather than operator+: GCC 12 reports a false -Wrestrict on the chained form.
+  what.append(": ").append(uv_strerror(code));
+  return Status(StatusCode::kIoError, std::move(what));
+}
+
+void split_path(const std::string& path, std::string* directory, std::string* file_name) {
+  std::filesystem::path p(path);
+  *directory = p.has_parent_path() ? p.parent_path().string() : std::string(1, '.');
+  *file_name = p.filename().string();
+}
+
+}  // namespace
+
+// Callbacks are static members so they may name this private type.
+struct TopologyWatcher::Impl {
+  Impl(uv_loop_t* l, discovery::TopologyStore& s, Options o)
+      : loop(l), store(s), options(std::move(o)) {}
+
+  uv_loop_t* loop;
+  discovery::TopologyStore& store;
+  Options options;
+  std::string directory;
+  std::string file_name;
+
+  uv_fs_event_t fs_event{};
+  uv_timer_t debounce{};
+  uv_signal_t sighup{};
+  bool started = false;
+  bool fs_event_initialized = false;
+  bool debounce_initialized = false;
+  bool sighup_initialized = false;
+  int handles_closing = 0;
+
+  bool names_topology_file(const char* changed) const {
+    // No name: the platform could not say which entry changed, so assume it may be ours.
+    if (changed == nullptr) return true;
+    // Kubernetes ConfigMap volumes swap a "..data" symlink; the file name itself never changes.
+    return file_name == changed || std::string_view(changed) == "..data";
+  }
+
+  void reload() {
+    uv_timer_stop(&debounce);  // a pending debounced reload would re-read the same file
+    // We are inside a libuv C callback: nothing may propagate out of here.
+    try {
+      Status s = store.reload();
+      if (options.after_reload) options.after_reload(s);
+    } catch (const std::exception& e) {
+      spdlog::error("topology reload threw: {}", e.what());
+    } catch (...) {
+      spdlog::error("topology reload threw a non-standard exception");
+    }
+  }
+
+  static void on_debounce_elapsed(uv_timer_t* timer) { static_cast<Impl*>(timer->data)->reload(); }
+
+  static void on_directory_event(uv_fs_event_t* handle, const char* changed, int /*events*/,
+                                 int status) {
+    auto* impl = static_cast<Impl*>(handle->data);
+    if (status < 0) {
+      spdlog::warn("topology watch on {} reported an error: {}", impl->directory,
+                   uv_strerror(status));
+      return;
+    }
+    if (!impl->names_topology_file(changed)) return;
+    // Restarting the timer on each event turns a burst (write, chmod, rename) into one reload.
+    uv_timer_start(&impl->debounce, on_debounce_elapsed,
+                   static_cast<uint64_t>(impl->options.debounce.count()), 0);
+  }
+
+  static void on_sighup(uv_signal_t* handle, int /*signum*/) {
+    spdlog::info("SIGHUP: reloading topology");
+    static_cast<Impl*>(handle->data)->reload();
+  }
+
+  static void on_handle_closed(uv_handle_t* handle) {
+    auto* impl = static_cast<Impl*>(handle->data);
+    if (--impl->handles_closing == 0) delete impl;
+  }
+
+  void close_handle(uv_handle_t* handle, bool* initialized) {
+    if (!*initialized) return;
+    *initialized = false;
+    ++handles_closing;
+    uv_close(handle, on_handle_closed);
+  }
+
+  // Closes every initialised handle; `this` is deleted by the last close callback (or now).
+  void close_all() {
+    close_handle(reinterpret_cast<uv_handle_t*>(&fs_event), &fs_event_initialized);
+    close_handle(reinterpret_cast<uv_handle_t*>(&debounce), &debounce_initialized);
+    close_handle(reinterpret_cast<uv_handle_t*>(&sighup), &sighup_initialized);
+    if (handles_closing == 0) delete this;
+  }
+
+  Status start() {
+    int rc = uv_timer_init(loop, &debounce);
+    if (rc < 0) return uv_error("uv_timer_init", rc);
+    debounce.data = this;
+    debounce_initialized = true;
+
+    if (!store.path().empty()) {
+      split_path(store.path(), &directory, &file_name);
+      uv_fs_event_init(loop, &fs_event);
+      fs_event.data = this;
+      fs_event_initialized = true;
+      rc = uv_fs_event_start(&fs_event, on_directory_event, directory.c_str(), 0);
+      if (rc < 0) return uv_error("watching directory " + directory, rc);
+    }
+    if (options.reload_on_sighup) {
+      rc = uv_signal_init(loop, &sighup);
+      if (rc < 0) return uv_error("uv_signal_init", rc);
+      sighup.data = this;
+      sighup_initialized = true;
+      rc = uv_signal_start(&sighup, on_sighup, SIGHUP);
+      if (rc < 0) return uv_error("uv_signal_start(SIGHUP)", rc);
+    }
+    return Status::ok();
+  }
+};
+
+TopologyWatcher::TopologyWatcher(uv_loop_t* loop, discovery::TopologyStore& store, Options options)
+    : impl_(new Impl(loop, store, std::move(options))) {}
+
+TopologyWatcher::TopologyWatcher(uv_loop_t* loop, discovery::TopologyStore& store)
+    : TopologyWatcher(loop, store, Options{}) {}
+
+TopologyWatcher::~TopologyWatcher() { close(); }
+
+Status TopologyWatcher::start() {
+  if (impl_ == nullptr) return Status(StatusCode::kInternal, "topology watcher is closed");
+  if (impl_->started) return Status(StatusCode::kInternal, "topology watcher already started");
+  impl_->started = true;
+  Status s = impl_->start();
+  if (!s) close();
+  return s;
+}
+
+void TopologyWatcher::close() {
+  if (impl_ == nullptr) return;
+  std::exchange(impl_, nullptr)->close_all();
+}
+
+}  // namespace pdr::router

@@ -1,0 +1,126 @@
+"""The topology file seen from outside: static instances in /status, hot reload on file change and
+on SIGHUP, a bad reload rejected with the old configuration kept, and bad files refused at start."""
+import os
+import re
+import signal
+import unittest
+
+from pdr_testlib import ProcessHandle, pdrouter_path
+from pdrouter_fixture import Router
+
+
+def topology(*instances, ttl_ms=5000):
+    text = f"discovery:\n  ttl_ms: {ttl_ms}\ninstances:\n"
+    for role, address in instances:
+        text += (f"  - role: {role}\n    http_address: \"{address}\"\n    connector: moriio\n"
+                 f"    transfer_mode: READ\n"
+                 f"    zmq_address: \"host:{address.split(':')[0]},handshake:6301,notify:61005\"\n")
+    return text
+
+
+def reloads(router, result):
+    return router.metrics()[f'pdrouter_topology_reloads_total{{result="{result}"}}']
+
+
+class TopologyReloadTest(unittest.TestCase):
+    def setUp(self):
+        self.router = Router(topology(("prefill", "10.5.0.1:8000")))
+        self.addCleanup(self.router.stop)
+
+    def keys(self):
+        return sorted(i["http_address"] for i in self.router.status()["instances"])
+
+    def test_static_instances_are_listed(self):
+        inst = self.router.instance("10.5.0.1:8000")
+        self.assertEqual(inst["source"], "static")
+        self.assertEqual(inst["registration_format"], "static")
+        self.assertEqual(inst["transfer_mode"], "READ")
+        self.assertEqual(inst["state"], "up")
+        self.assertIsNone(inst["expires_in_ms"])
+
+    def test_file_change_reloads(self):
+        self.router.write_topology(topology(("prefill", "10.5.0.1:8000"), ("decode", "10.5.0.2:8000")))
+        self.router.wait_for(lambda: self.keys() == ["10.5.0.1:8000", "10.5.0.2:8000"])
+        self.assertEqual(reloads(self.router, "ok"), 1)
+        self.router.write_topology(topology(("decode", "10.5.0.2:8000")))
+        self.router.wait_for(lambda: self.keys() == ["10.5.0.2:8000"])
+
+    def test_invalid_reload_keeps_the_running_configuration(self):
+        self.router.write_topology("listeners:\n  http: \"0.0.0.0:70000\"\n")
+        self.router.wait_for(lambda: reloads(self.router, "failed") == 1)
+        self.assertEqual(self.keys(), ["10.5.0.1:8000"])
+        topo = self.router.status()["topology"]
+        self.assertRegex(topo["last_error"], r"topology\.yaml:2:\d+: listeners\.http: .*70000")
+        self.assertEqual(reloads(self.router, "ok"), 0)
+        # A valid file afterwards applies and clears the error.
+        self.router.write_topology(topology(("decode", "10.5.0.3:8000")))
+        self.router.wait_for(lambda: self.keys() == ["10.5.0.3:8000"])
+        self.assertEqual(self.router.status()["topology"]["last_error"], "")
+
+    def test_sighup_reloads(self):
+        # Change the file's content without the watcher seeing a new name: rewrite in place is
+        # also a change, so count first, then use SIGHUP for a second reload of the same text.
+        self.router.write_topology(topology(("decode", "10.5.0.4:8000")))
+        self.router.wait_for(lambda: reloads(self.router, "ok") >= 1)
+        before = reloads(self.router, "ok")
+        self.router.process.send_signal(signal.SIGHUP)
+        self.router.wait_for(lambda: reloads(self.router, "ok") == before + 1)
+        self.assertEqual(self.keys(), ["10.5.0.4:8000"])
+
+    def test_unknown_policy_rejected_on_reload(self):
+        self.router.write_topology("policies:\n  decode: fastest\n")
+        self.router.wait_for(lambda: reloads(self.router, "failed") == 1)
+        self.assertIn("fastest", self.router.status()["topology"]["last_error"])
+
+    def test_sigterm_exits_cleanly(self):
+        self.assertEqual(self.router.stop(), 0)
+
+
+class StartupTest(unittest.TestCase):
+    def start_with(self, text):
+        path = os.path.join(self.dir, "bad.yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        proc = ProcessHandle([pdrouter_path(), "--config", path, "--http", "127.0.0.1:0",
+                              "--discovery", "tcp://127.0.0.1:0"], name="pdrouter", log_dir=self.dir)
+        self.addCleanup(proc.stop)
+        code = proc.wait(10)
+        return code, proc.output("stderr")
+
+    def setUp(self):
+        import tempfile
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+        self.addCleanup(self.tmp.cleanup)
+
+    def test_invalid_yaml_exits_2_with_location(self):
+        code, err = self.start_with("listeners:\n  http: [unclosed\n")
+        self.assertEqual(code, 2)
+        self.assertRegex(err, r"bad\.yaml:\d+:\d+:")
+
+    def test_port_out_of_range(self):
+        code, err = self.start_with("listeners:\n  http: \"0.0.0.0:70000\"\n")
+        self.assertEqual(code, 2)
+        self.assertRegex(err, r"bad\.yaml:2:\d+: listeners\.http: .*70000")
+
+    def test_unknown_policy(self):
+        code, err = self.start_with("policies:\n  prefill: fastest\n")
+        self.assertEqual(code, 2)
+        self.assertIn("fastest", err)
+
+    def test_bad_flag(self):
+        proc = ProcessHandle([pdrouter_path(), "--workers", "nine"], name="pdrouter", log_dir=self.dir)
+        self.addCleanup(proc.stop)
+        self.assertEqual(proc.wait(10), 2)
+
+    def test_busy_discovery_port_fails_start(self):
+        with Router() as first:
+            proc = ProcessHandle([pdrouter_path(), "--http", "127.0.0.1:0", "--discovery", first.discovery],
+                                 name="second", log_dir=self.dir)
+            self.addCleanup(proc.stop)
+            self.assertEqual(proc.wait(10), 1)
+            self.assertRegex(proc.output("stderr"), re.escape("cannot bind"))
+
+
+if __name__ == "__main__":
+    unittest.main()
