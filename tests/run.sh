@@ -36,7 +36,8 @@ if [[ "${PDR_SKIP_ASAN:-0}" != 1 ]]; then
 fi
 
 if [[ "${PDR_TSAN:-0}" == 1 ]]; then
-  run_suite tsan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=thread -DPDR_BENCHMARKS=OFF ||
+  TSAN_OPTIONS="suppressions=$root/tests/tsan.supp halt_on_error=1" \
+    run_suite tsan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=thread -DPDR_BENCHMARKS=OFF ||
     failures=$((failures + 1))
 fi
 

@@ -11,12 +11,6 @@
 #include <vector>
 #include <zmq.hpp>
 
-// Debian's libzmq is not built with TSan: its lock-free queues hand message buffers between its I/O
-// thread and the caller in ways TSan cannot see, so every such report names libzmq.so.
-#if defined(__SANITIZE_THREAD__)
-extern "C" const char* __tsan_default_suppressions() { return "race:libzmq.so\n"; }
-#endif
-
 namespace pdr::discovery {
 namespace {
 
