@@ -51,8 +51,9 @@ import json, sys
 s = json.load(sys.stdin)
 print("    %-8s %-22s %-9s %-14s %-6s %-5s %-11s %s" % ("ROLE", "HTTP_ADDRESS", "DIALECT", "FORMAT", "MODE", "DPxTP", "SOURCE", "STATE"))
 for i in s["instances"]:
-    print("    %-8s %-22s %-9s %-14s %-6s %-5s %-11s %s (seen %d ms ago)" % (i["role"], i["http_address"], i["dialect"],
-        i["registration_format"], i["transfer_mode"], "%dx%d" % (i["dp_size"], i["tp_size"]), i["source"], i["state"], i["last_seen_ms_ago"]))
+    seen = "never heard from" if i["last_seen_ms_ago"] is None else "seen %d ms ago" % i["last_seen_ms_ago"]
+    print("    %-8s %-22s %-9s %-14s %-6s %-5s %-11s %s (%s)" % (i["role"], i["http_address"], i["dialect"],
+        i["registration_format"], i["transfer_mode"], "%dx%d" % (i["dp_size"], i["tp_size"]), i["source"], i["state"], seen))
 c = s["counts"]
 print("    up: %d prefill, %d decode" % (c["prefill"]["up"], c["decode"]["up"]))'
 }

@@ -29,11 +29,12 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
       {"instance_id", inst.instance_id},
       {"epoch", inst.epoch},
       {"first_seen_ms_ago", ms_between(inst.first_seen, now)},
-      {"last_seen_ms_ago", ms_between(inst.last_seen(), now)},
       {"ttl_ms", inst.ttl.count()},
       {"messages", inst.messages()},
       {"restarts", inst.restarts},
   };
+  // null: never heard from (a static instance that does not heartbeat).
+  j["last_seen_ms_ago"] = inst.messages() == 0 ? nlohmann::json() : nlohmann::json(ms_between(inst.last_seen(), now));
   j["bootstrap_port"] = inst.bootstrap_port ? nlohmann::json(*inst.bootstrap_port) : nlohmann::json();
   const Clock::time_point expires_at = inst.expires_at();
   j["expires_in_ms"] = expires_at == Clock::time_point::max() || inst.state == InstanceState::kExpired

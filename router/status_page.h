@@ -24,7 +24,9 @@ struct StatusContext {
 //  dp_size, tp_size, bootstrap_port, model, labels, load, state, source, instance_id, epoch,
 //  first_seen_ms_ago, last_seen_ms_ago, expires_in_ms, ttl_ms, messages, restarts}]}
 // `dialect` is the KV connector dialect ("moriio", "p2p-nccl", ...); registration_format is the
-// wire shape the node registered with. Times are relative to `now` (steady clock).
+// wire shape the node registered with. Times are relative to `now` (steady clock);
+// last_seen_ms_ago is null for an instance never heard from (static, no heartbeat yet) and
+// expires_in_ms is null when the instance cannot expire (static/admin) or already has.
 std::string render_status_json(const discovery::RegistrySnapshot& snapshot,
                                discovery::Clock::time_point now, const StatusContext& context);
 

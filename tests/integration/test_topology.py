@@ -37,6 +37,7 @@ class TopologyReloadTest(unittest.TestCase):
         self.assertEqual(inst["transfer_mode"], "READ")
         self.assertEqual(inst["state"], "up")
         self.assertIsNone(inst["expires_in_ms"])
+        self.assertIsNone(inst["last_seen_ms_ago"])  # never heard from
 
     def test_file_change_reloads(self):
         self.router.write_topology(topology(("prefill", "10.5.0.1:8000"), ("decode", "10.5.0.2:8000")))
