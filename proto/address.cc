@@ -5,6 +5,7 @@
 #include <array>
 #include <cstring>
 
+#include "proto/ascii.h"
 #include "proto/quoted_text.h"
 
 namespace pdr::proto {
@@ -113,16 +114,6 @@ Status validate_dns_name(std::string_view text) {
   return Status::ok();
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-    if (x != y) return false;
-  }
-  return true;
-}
 
 bool is_url_path_char(char c) { return static_cast<unsigned char>(c) > 0x20 && c != 0x7f; }
 

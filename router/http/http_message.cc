@@ -4,18 +4,6 @@
 
 namespace pdr::http {
 
-namespace {
-char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
-}  // namespace
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (lower(a[i]) != lower(b[i])) return false;
-  }
-  return true;
-}
-
 std::optional<std::string_view> Request::header(std::string_view name) const {
   for (const Header& h : headers) {
     if (iequals(h.name, name)) return std::string_view(h.value);

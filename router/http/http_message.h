@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "proto/ascii.h"
+
 namespace pdr::http {
 
 struct Header {
@@ -16,8 +18,8 @@ struct Header {
   std::string value;
 };
 
-// ASCII case-insensitive comparison, as header names require.
-bool iequals(std::string_view a, std::string_view b);
+// Header names compare ASCII case-insensitively.
+using pdr::iequals;
 
 // One parsed request, owned by the handler once dispatched.
 struct Request {

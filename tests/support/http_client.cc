@@ -14,22 +14,14 @@
 
 #include <llhttp.h>
 
+#include "proto/ascii.h"
+
 namespace pdr::test {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool iequal(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-    if (x != y) return false;
-  }
-  return true;
-}
 
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -113,7 +105,7 @@ const llhttp_settings_t* response_settings() {
 
 std::optional<std::string> HttpResponse::header(std::string_view name) const {
   for (const auto& [k, v] : headers) {
-    if (iequal(k, name)) return v;
+    if (iequals(k, name)) return v;
   }
   return std::nullopt;
 }
@@ -212,8 +204,8 @@ std::string HttpClient::build_request(std::string_view method, std::string_view 
                                       const HeaderList& headers, std::string_view body) {
   bool has_host = false, has_framing = false;
   for (const auto& [k, v] : headers) {
-    if (iequal(k, "host")) has_host = true;
-    if (iequal(k, "content-length") || iequal(k, "transfer-encoding")) has_framing = true;
+    if (iequals(k, "host")) has_host = true;
+    if (iequals(k, "content-length") || iequals(k, "transfer-encoding")) has_framing = true;
   }
   std::string out;
   out.append(method).append(" ").append(target).append(" HTTP/1.1\r\n");
