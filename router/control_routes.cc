@@ -1,5 +1,6 @@
 #include "router/control_routes.h"
 
+#include <algorithm>
 #include <array>
 
 #include "router/http/json_error.h"
@@ -12,7 +13,7 @@ namespace {
 struct Route {
   std::string_view path;
   std::string_view method;
-  http::Response (ControlRoutes::*fn)() const;
+  http::Response (ControlRoutes::*fn)(uint32_t worker) const;
 };
 
 constexpr std::array kRoutes = {
@@ -23,13 +24,22 @@ constexpr std::array kRoutes = {
 
 }  // namespace
 
+ControlRoutes::ControlRoutes(ControlContext context) : context_(std::move(context)) {
+  readers_.reserve(std::max(1u, context_.workers));
+  for (uint32_t i = 0; i < std::max(1u, context_.workers); ++i) readers_.emplace_back(*context_.registry);
+}
+
+const discovery::RegistrySnapshot& ControlRoutes::registry(uint32_t worker) const {
+  return *readers_.at(worker).get();
+}
+
 void ControlRoutes::handle(http::Request&& request, http::ResponseWriter writer) const {
   const Route* path_match = nullptr;
   for (const Route& route : kRoutes) {
     if (route.path != request.path) continue;
     path_match = &route;
     if (route.method == request.method) {
-      writer.send((this->*route.fn)());
+      writer.send((this->*route.fn)(request.worker));
       return;
     }
   }
@@ -46,9 +56,9 @@ void ControlRoutes::handle(http::Request&& request, http::ResponseWriter writer)
                                    "invalid_request_error", "not_found"));
 }
 
-http::Response ControlRoutes::health() const { return http::Response::json(200, R"({"status":"ok"})"); }
+http::Response ControlRoutes::health(uint32_t) const { return http::Response::json(200, R"({"status":"ok"})"); }
 
-http::Response ControlRoutes::status() const {
+http::Response ControlRoutes::status(uint32_t worker) const {
   const auto now = discovery::Clock::now();
   StatusContext sc;
   sc.http_listener = context_.http_listener;
@@ -61,18 +71,17 @@ http::Response ControlRoutes::status() const {
     sc.topology_reloads_failed = context_.topology->reloads_failed();
     sc.topology_last_error = context_.topology->last_error();
   }
-  const auto snapshot = context_.registry->load();
-  return http::Response::json(200, render_status_json(*snapshot, now, sc));
+  return http::Response::json(200, render_status_json(registry(worker), now, sc));
 }
 
-http::Response ControlRoutes::metrics() const {
+http::Response ControlRoutes::metrics(uint32_t worker) const {
   MetricsWriter out;
   TopologyMetrics topology;
   if (context_.topology != nullptr) {
     topology.reloads_ok = context_.topology->reloads_ok();
     topology.reloads_failed = context_.topology->reloads_failed();
   }
-  write_discovery_metrics(out, *context_.discovery_counters, *context_.registry->load(), topology);
+  write_discovery_metrics(out, *context_.discovery_counters, registry(worker), topology);
   if (context_.http_stats != nullptr) write_http_metrics(out, *context_.http_stats);
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }

@@ -2,11 +2,13 @@
 // (unknown path) or 405 (known path, wrong method, with an Allow header), both as OpenAI-style
 // JSON errors.
 //
-// handle() runs on HTTP worker threads concurrently; everything it reads is either immutable,
-// atomic, or a SnapshotCell, so it takes no lock of its own.
+// handle() runs on HTTP worker threads concurrently. Each worker reads the registry through its
+// own SnapshotReader (indexed by Request::worker), so the steady-state read is one atomic load and
+// no lock; everything else it reads is immutable or atomic.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "discovery/discovery_counters.h"
 #include "discovery/instance.h"
@@ -29,16 +31,21 @@ struct ControlContext {
 
 class ControlRoutes {
  public:
-  explicit ControlRoutes(ControlContext context) : context_(std::move(context)) {}
+  explicit ControlRoutes(ControlContext context);
   // Answers every request (the router's P/D endpoints will be routed before this later).
+  // request.worker must be < context.workers.
   void handle(http::Request&& request, http::ResponseWriter writer) const;
 
-  http::Response health() const;
-  http::Response status() const;
-  http::Response metrics() const;
+  http::Response health(uint32_t worker) const;
+  http::Response status(uint32_t worker) const;
+  http::Response metrics(uint32_t worker) const;
 
  private:
+  const discovery::RegistrySnapshot& registry(uint32_t worker) const;
+
   ControlContext context_;
+  // One per worker; a worker only ever touches its own (hence mutable behind const handle()).
+  mutable std::vector<discovery::SnapshotReader<discovery::RegistrySnapshot>> readers_;
 };
 
 }  // namespace pdr::router
