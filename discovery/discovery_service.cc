@@ -169,7 +169,13 @@ class DiscoveryService::Impl {
       if (coalescing) {
         timeout = std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(coalesce_until_ - now));
       }
-      zmq::poll(items, 3, timeout);
+      try {
+        zmq::poll(items, 3, timeout);
+      } catch (const zmq::error_t& e) {
+        // A signal delivered to this thread interrupts poll(); that is not an error.
+        if (e.num() == EINTR) continue;
+        throw;
+      }
       if (items[2].revents & ZMQ_POLLIN) {
         uint64_t drained;
         [[maybe_unused]] ssize_t n = ::read(wake_fd_, &drained, sizeof drained);

@@ -2,8 +2,10 @@
 //   main thread      libuv loop: SIGINT/SIGTERM (graceful stop), SIGHUP + file watch (reload)
 //   discovery thread ZMQ ROUTER listener -> registry snapshots        (discovery/)
 //   N HTTP workers   /health, /status, /metrics (later: P/D proxying)  (router/http/)
+#include <pthread.h>
 #include <uv.h>
 
+#include <csignal>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -129,6 +131,13 @@ int run(Process& p) {
     return 2;
   }
 
+  // Threads started from here on inherit a mask without the control signals, so they are always
+  // delivered to this (the control loop's) thread and never interrupt a worker's system call.
+  sigset_t control_signals, previous_mask;
+  sigemptyset(&control_signals);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&control_signals, sig);
+  pthread_sigmask(SIG_BLOCK, &control_signals, &previous_mask);
+
   if (Status st = p.discovery.start(discovery::DiscoveryServiceOptions::from(topology)); !st.is_ok()) {
     spdlog::critical("{}", st.message());
     return 1;
@@ -191,6 +200,7 @@ int run(Process& p) {
     // Still serving; SIGHUP-free operation only loses live reload, which the log says.
     spdlog::error("topology: live reload disabled: {}", wst.message());
   }
+  pthread_sigmask(SIG_SETMASK, &previous_mask, nullptr);  // handlers are in place: let them in
   uv_run(p.loop, UV_RUN_DEFAULT);
   uv_loop_close(p.loop);
   spdlog::info("pdrouter stopped");
