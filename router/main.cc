@@ -171,12 +171,6 @@ int run(Process& p) {
   const router::ControlRoutes routes(control);
   routes_ptr.store(&routes, std::memory_order_release);
 
-  std::printf("pdrouter listening http=%s discovery=%s\n", control.http_listener.c_str(),
-              control.discovery_listener.c_str());
-  std::fflush(stdout);
-  spdlog::info("pdrouter {} up: http {} ({} workers), discovery {}, topology {}", PDR_VERSION,
-               control.http_listener, server_opts.workers, control.discovery_listener,
-               p.topology.path().empty() ? "defaults" : p.topology.path());
 
   p.topology.add_listener([&p](const discovery::Topology& old_t, const discovery::Topology& new_t) {
     for (const auto& change : discovery::restart_required_changes(old_t, new_t)) {
@@ -201,6 +195,14 @@ int run(Process& p) {
     spdlog::error("topology: live reload disabled: {}", wst.message());
   }
   pthread_sigmask(SIG_SETMASK, &previous_mask, nullptr);  // handlers are in place: let them in
+  // Announce readiness last: once this line is out, every listener, the reload watcher and the
+  // signal handlers are armed, so a client or a file change that follows it is never missed.
+  std::printf("pdrouter listening http=%s discovery=%s\n", control.http_listener.c_str(),
+              control.discovery_listener.c_str());
+  std::fflush(stdout);
+  spdlog::info("pdrouter {} up: http {} ({} workers), discovery {}, topology {}", PDR_VERSION,
+               control.http_listener, server_opts.workers, control.discovery_listener,
+               p.topology.path().empty() ? "defaults" : p.topology.path());
   uv_run(p.loop, UV_RUN_DEFAULT);
   uv_loop_close(p.loop);
   spdlog::info("pdrouter stopped");

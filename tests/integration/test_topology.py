@@ -42,13 +42,13 @@ class TopologyReloadTest(unittest.TestCase):
     def test_file_change_reloads(self):
         self.router.write_topology(topology(("prefill", "10.5.0.1:8000"), ("decode", "10.5.0.2:8000")))
         self.router.wait_for(lambda: self.keys() == ["10.5.0.1:8000", "10.5.0.2:8000"])
-        self.assertEqual(reloads(self.router, "ok"), 1)
+        self.assertGreaterEqual(reloads(self.router, "ok"), 1)  # one rewrite may be seen twice
         self.router.write_topology(topology(("decode", "10.5.0.2:8000")))
         self.router.wait_for(lambda: self.keys() == ["10.5.0.2:8000"])
 
     def test_invalid_reload_keeps_the_running_configuration(self):
         self.router.write_topology("listeners:\n  http: \"0.0.0.0:70000\"\n")
-        self.router.wait_for(lambda: reloads(self.router, "failed") == 1)
+        self.router.wait_for(lambda: reloads(self.router, "failed") >= 1)
         self.assertEqual(self.keys(), ["10.5.0.1:8000"])
         topo = self.router.status()["topology"]
         self.assertRegex(topo["last_error"], r"topology\.yaml:2:\d+: listeners\.http: .*70000")
@@ -59,18 +59,17 @@ class TopologyReloadTest(unittest.TestCase):
         self.assertEqual(self.router.status()["topology"]["last_error"], "")
 
     def test_sighup_reloads(self):
-        # Change the file's content without the watcher seeing a new name: rewrite in place is
-        # also a change, so count first, then use SIGHUP for a second reload of the same text.
-        self.router.write_topology(topology(("decode", "10.5.0.4:8000")))
-        self.router.wait_for(lambda: reloads(self.router, "ok") >= 1)
-        before = reloads(self.router, "ok")
+        # No file event since start: the only possible reload is the one SIGHUP asks for.
+        self.assertEqual(reloads(self.router, "ok"), 0)
         self.router.process.send_signal(signal.SIGHUP)
-        self.router.wait_for(lambda: reloads(self.router, "ok") == before + 1)
-        self.assertEqual(self.keys(), ["10.5.0.4:8000"])
+        self.router.wait_for(lambda: reloads(self.router, "ok") == 1)
+        self.assertEqual(self.keys(), ["10.5.0.1:8000"])
+        self.router.process.send_signal(signal.SIGHUP)
+        self.router.wait_for(lambda: reloads(self.router, "ok") == 2)
 
     def test_unknown_policy_rejected_on_reload(self):
         self.router.write_topology("policies:\n  decode: fastest\n")
-        self.router.wait_for(lambda: reloads(self.router, "failed") == 1)
+        self.router.wait_for(lambda: reloads(self.router, "failed") >= 1)
         self.assertIn("fastest", self.router.status()["topology"]["last_error"])
 
     def test_sigterm_exits_cleanly(self):
