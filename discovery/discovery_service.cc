@@ -152,10 +152,12 @@ class DiscoveryService::Impl {
   }
 
   void loop() {
+    // The ROUTER goes last so a coalescing round can leave it out of the poll set entirely (with
+    // events=0 zmq_poll would still wake on its signaler).
     zmq::pollitem_t items[3] = {
-        {router_.handle(), 0, ZMQ_POLLIN, 0},
-        {monitor_.handle(), 0, ZMQ_POLLIN, 0},
         {nullptr, wake_fd_, ZMQ_POLLIN, 0},
+        {monitor_.handle(), 0, ZMQ_POLLIN, 0},
+        {router_.handle(), 0, ZMQ_POLLIN, 0},
     };
     while (running_.load(std::memory_order_relaxed)) {
       // After a small batch, leave the ROUTER out of the next poll for batch_window: messages
@@ -164,25 +166,25 @@ class DiscoveryService::Impl {
       // added registration latency. Commands and the monitor still wake the thread at once.
       const auto now = Clock::now();
       const bool coalescing = now < coalesce_until_;
-      items[0].events = coalescing ? 0 : ZMQ_POLLIN;
+      items[2].revents = 0;
       auto timeout = poll_timeout(now);
       if (coalescing) {
         timeout = std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(coalesce_until_ - now));
       }
       try {
-        zmq::poll(items, 3, timeout);
+        zmq::poll(items, coalescing ? 2 : 3, timeout);
       } catch (const zmq::error_t& e) {
         // A signal delivered to this thread interrupts poll(); that is not an error.
         if (e.num() == EINTR) continue;
         throw;
       }
-      if (items[2].revents & ZMQ_POLLIN) {
+      if (items[0].revents & ZMQ_POLLIN) {
         uint64_t drained;
         [[maybe_unused]] ssize_t n = ::read(wake_fd_, &drained, sizeof drained);
         run_commands();
       }
       if (items[1].revents & ZMQ_POLLIN) drain_monitor();
-      if (items[0].revents & ZMQ_POLLIN) {
+      if (items[2].revents & ZMQ_POLLIN) {
         const int handled = drain_router();
         if (handled < kSmallBatch) coalesce_until_ = Clock::now() + options_.batch_window;
       }
