@@ -468,7 +468,7 @@ void measure_latency(const Config& config, Report& report) {
   zmq::context_t ctx(1);
   zmq::socket_t probe = connect_dealer(ctx, endpoint);
   std::mt19937 rng(42);
-  std::uniform_int_distribution<int> gap_us(2000, 8000);  // decorrelate from the 100 ms coalescing
+  std::uniform_int_distribution<int> gap_us(2000, 8000);  // decorrelate from the 2 ms wake-up coalescing
   std::vector<double> latencies_us;
   // Sample 0 warms the probe connection (TCP + ZMTP handshake) and is not recorded.
   for (int i = 0; i <= samples; ++i) {
