@@ -183,6 +183,14 @@ FlagError build_registration(const RegisterFlags& flags, proto::Registration* re
   for (auto apply : {apply_zmq_address, apply_transfer_mode, apply_connector, apply_extension}) {
     if (FlagError e = apply(flags, reg); !e.empty()) return e;
   }
+  // The router's own decoder is the judge: a registration it would refuse on every heartbeat is a
+  // flag error here, not a silent loop of rejected messages.
+  proto::DiscoveryMessage decoded;
+  const std::string wire = proto::encode_registration(*reg);
+  if (Status s = proto::decode_discovery_message(proto::as_bytes(wire), proto::DecodeLimits{}, &decoded);
+      !s.is_ok()) {
+    return "the router would reject this registration: " + s.to_string();
+  }
   return "";
 }
 

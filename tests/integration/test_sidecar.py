@@ -124,6 +124,10 @@ class SidecarTest(unittest.TestCase):
             (["--role", "decode", "--format", "moriio"], r"--zmq-address is required"),
             (["--role", "decode", "--dp-size", "0"], r"--dp-size"),
             (["--role", "decode", "--health-url", "https://x:1/health"], r"--health-url"),
+            # Accepted by every individual flag, refused by the router's decoder as a whole.
+            (["--role", "decode", "--connector", "moriio",
+              "--zmq-address", "host:10.0.0.1,handshake:6301,notify:61005"],
+             r"router would reject.*transfer_mode"),
         ]
         for extra, expected in cases:
             with self.subTest(flags=extra):
