@@ -1,5 +1,5 @@
 // The deployment as the operator describes it in YAML, validated into plain structs once.
-// Nothing outside discovery/topology_loader.cc touches yaml-cpp. Every field has a default so an
+// Only topology_loader.cc and yaml_reader.{h,cc} touch yaml-cpp. Every field has a default, so an
 // empty file is a valid topology. Reference: deploy/topology.example.yaml (every key commented).
 #pragma once
 
