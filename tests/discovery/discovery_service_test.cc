@@ -7,6 +7,8 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "tests/support/time_scale.h"
+
 namespace pdr::discovery {
 namespace {
 
@@ -105,7 +107,7 @@ TEST_F(DiscoveryServiceTest, EveryDialectBecomesVisibleWithin200ms) {
     const std::string key = reg.http_address.to_string();
     send(sock, proto::encode_registration(reg));
     const auto took = wait_until([&](const RegistrySnapshot& s) { return s.find(key) != nullptr; });
-    EXPECT_LT(took, 200ms) << proto::to_string(c.format);
+    EXPECT_LT(took, test::scaled(200ms)) << proto::to_string(c.format);
     const Instance* inst = cell_.load()->find(key);
     ASSERT_NE(inst, nullptr);
     EXPECT_EQ(inst->format, c.format);
@@ -201,7 +203,7 @@ TEST_F(DiscoveryServiceTest, InstanceExpiresOnItsOwnDeadline) {
     return i != nullptr && i->state == InstanceState::kExpired;
   });
   EXPECT_GE(took, 200ms);
-  EXPECT_LT(took, 1300ms);  // TTL + 1 s
+  EXPECT_LT(took, test::scaled(1300ms));  // TTL + 1 s
   EXPECT_EQ(counters_.expiries.load(), 1u);
 }
 

@@ -19,6 +19,10 @@ from pdr_testlib import ProcessHandle, pdrouter_path
 
 LISTENING = r"pdrouter listening http=(\S+) discovery=(\S+)"
 
+# Upper time bounds are multiplied by this (tests/run.sh sets it per sanitizer stage); lower
+# bounds never are.
+TIME_SCALE = max(1.0, float(os.environ.get("PDR_TIME_SCALE", "1")))
+
 
 class Router:
     """One pdrouter process. Use as a context manager, or call stop()."""
@@ -102,6 +106,7 @@ class Router:
 
     def wait_for(self, predicate, timeout=5.0, interval=0.005):
         """Polls predicate() until it returns a truthy value; returns (value, seconds waited)."""
+        timeout *= TIME_SCALE
         start = time.monotonic()
         while True:
             value = predicate()
