@@ -1,0 +1,20 @@
+#include "router/policies/policy.h"
+
+namespace pdr::router {
+
+std::unique_ptr<Policy> make_policy(discovery::PolicyName name, uint64_t seed) {
+  switch (name) {
+    case discovery::PolicyName::kRoundRobin:
+      return make_round_robin_policy();
+    case discovery::PolicyName::kLeastOutstanding:
+      return make_least_outstanding_policy();
+    case discovery::PolicyName::kPowerOfTwo:
+      return make_power_of_two_policy(seed);
+    case discovery::PolicyName::kAffinity:
+      return make_affinity_policy();
+  }
+  // Out-of-range enum value: the topology loader never produces one. Round-robin is always safe.
+  return make_round_robin_policy();
+}
+
+}  // namespace pdr::router

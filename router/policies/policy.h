@@ -1,0 +1,103 @@
+// Node-selection policies: given the candidate instances for one leg (prefill or decode) and a
+// summary of the request, return which candidate to use. Policies are pure: no libuv, sockets,
+// YAML or registry types. The router builds the candidate list from its registry snapshot (already
+// filtered to healthy, compatible, non-draining instances) and owns all I/O.
+//
+// Threading: one Policy object is shared by every HTTP worker; pick() may run concurrently on any
+// worker thread. All policy state is atomic with relaxed ordering (it only spreads load, it
+// publishes no data), so pick() never locks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "discovery/topology.h"
+
+namespace pdr::router {
+
+struct Candidate {
+  // Stable identity of the instance: its HTTP address ("host:port"). Affinity hashes it, so it
+  // must not change while the instance lives. Not owned: valid for the duration of pick().
+  std::string_view key;
+  // Requests pdrouter currently has in flight on this instance, summed over all workers.
+  uint32_t outstanding = 0;
+  // Relative capacity (e.g. dp_size). Load is compared as outstanding / weight; affinity gives a
+  // node a share of keys proportional to its weight. round_robin ignores it. 0 is treated as 1.
+  uint32_t weight = 1;
+};
+
+struct RequestSummary {
+  uint64_t affinity_hash = 0;  // meaningful only when has_affinity
+  bool has_affinity = false;
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+
+  // Returns an index into `candidates`, which must be non-empty (the caller answers 503 when no
+  // instance qualifies). A single candidate always yields 0. Thread-safe; never blocks.
+  virtual size_t pick(std::span<const Candidate> candidates, const RequestSummary& request) = 0;
+
+  virtual discovery::PolicyName name() const = 0;
+};
+
+// Fair rotation: one shared counter, index = counter % size. A change in the candidate list only
+// changes the modulus.
+std::unique_ptr<Policy> make_round_robin_policy();
+// Minimum outstanding / weight; ties rotate among the tied candidates.
+std::unique_ptr<Policy> make_least_outstanding_policy();
+// Two distinct candidates drawn uniformly (splitmix64 stream seeded from `seed`, deterministic
+// for a single caller), the less loaded of the two wins; equal load keeps the first draw.
+std::unique_ptr<Policy> make_power_of_two_policy(uint64_t seed);
+// Weighted rendezvous (highest-random-weight) hashing of request.affinity_hash over candidate
+// keys: the same key maps to the same instance regardless of list order, and adding or removing
+// one instance moves only the keys that it gains or held. Requests without an affinity key fall
+// back to least_outstanding. Affinity ignores load: a hot key stays on its node.
+std::unique_ptr<Policy> make_affinity_policy();
+
+// Factory used with the topology's policies.prefill / policies.decode. `seed` feeds the policies
+// that randomise (power_of_two); the others ignore it.
+std::unique_ptr<Policy> make_policy(discovery::PolicyName name, uint64_t seed);
+
+// True when `a` carries strictly less load than `b`, i.e. a.outstanding / a.weight <
+// b.outstanding / b.weight, computed exactly in integers.
+inline bool less_loaded(const Candidate& a, const Candidate& b) {
+  const uint64_t wa = a.weight == 0 ? 1 : a.weight;
+  const uint64_t wb = b.weight == 0 ? 1 : b.weight;
+  return uint64_t{a.outstanding} * wb < uint64_t{b.outstanding} * wa;
+}
+
+// ---- Affinity keys ---------------------------------------------------------------------------
+
+// XXH64 (xxHash, 64-bit variant), bit-exact with the reference implementation, so any tool can
+// reproduce a key's hash (`xxh64sum`). Chosen over FNV-1a for speed on 256-byte prompt prefixes
+// (8 bytes per step, 4 lanes) and over wyhash for having no degenerate multiply-by-zero state.
+// Not keyed: a client can pick colliding keys, which only concentrates its own requests.
+uint64_t affinity_hash(std::string_view bytes, uint64_t seed = 0);
+
+// What the router extracted from one request; empty views mean "absent". The JSON and header
+// parsing happens elsewhere; these are raw bytes as received.
+struct AffinityInputs {
+  std::string_view header_value;     // value of the header named by policies.affinity_header
+  std::string_view conversation_id;  // top-level "conversation_id" field
+  std::string_view user;             // top-level "user" field
+  std::string_view prompt;           // "prompt", or the chat messages' text, in request order
+};
+
+// Each returns has_affinity = false when its source is empty.
+RequestSummary affinity_from_header(std::string_view header_value);
+RequestSummary affinity_from_session(std::string_view conversation_id, std::string_view user);
+// Hashes the first min(prefix_bytes, prompt.size()) bytes, so requests sharing a long common
+// prefix (system prompt, few-shot examples) land where that prefix's KV cache is warm.
+RequestSummary affinity_from_prompt_prefix(std::string_view prompt, uint32_t prefix_bytes);
+
+// The first present source wins: header, then conversation_id, then user, then prompt prefix
+// (skipped when prefix_bytes is 0). Sources are not domain-separated: header "x" and user "x"
+// hash alike, which is harmless because one deployment uses one source in practice.
+RequestSummary summarize_affinity(const AffinityInputs& inputs, uint32_t prefix_bytes);
+
+}  // namespace pdr::router
