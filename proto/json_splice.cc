@@ -1,0 +1,583 @@
+#include "proto/json_splice.h"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <string>
+
+namespace pdr::proto {
+namespace {
+
+// Strict RFC 8259 scanner. simdjson decides validity (it also checks UTF-8 and number ranges);
+// this scanner exists to know *where* things are: the byte span of each top-level member, and the
+// byte offset of the first syntax error, which simdjson's DOM API does not report.
+class Scanner {
+ public:
+  Scanner(std::string_view text, size_t max_depth) : s_(text), max_depth_(max_depth) {}
+
+  struct Span {
+    size_t key_begin, key_end, value_begin, value_end;
+  };
+
+  // Scans the whole document. On success `members` holds the top-level members of the object (or
+  // is empty with *is_object == false when the document is valid but not an object).
+  bool scan_document(std::vector<Span>* members, size_t* close_brace, bool* is_object) {
+    skip_ws();
+    *is_object = pos_ < s_.size() && s_[pos_] == '{';
+    if (*is_object) {
+      if (!object(1, members, close_brace)) return false;
+    } else if (!value(0)) {
+      return false;
+    }
+    skip_ws();
+    if (pos_ != s_.size()) return fail("unexpected content after the top-level value");
+    return true;
+  }
+
+  size_t error_pos() const { return error_pos_; }
+  const std::string& error() const { return error_; }
+  bool depth_error() const { return depth_error_; }
+
+ private:
+  bool fail(const char* what) {
+    if (error_.empty()) {
+      error_ = what;
+      error_pos_ = std::min(pos_, s_.size());
+    }
+    return false;
+  }
+  void skip_ws() {
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  bool at(char c) const { return pos_ < s_.size() && s_[pos_] == c; }
+
+  bool value(size_t depth) {
+    if (pos_ >= s_.size()) return fail("unexpected end of input, expected a value");
+    switch (s_[pos_]) {
+      case '{': return object(depth + 1, nullptr, nullptr);
+      case '[': return array(depth + 1);
+      case '"': return string();
+      case 't': return literal("true");
+      case 'f': return literal("false");
+      case 'n': return literal("null");
+      default:
+        if (s_[pos_] == '-' || (s_[pos_] >= '0' && s_[pos_] <= '9')) return number();
+        return fail("expected a value");
+    }
+  }
+
+  bool check_depth(size_t depth) {
+    if (depth > max_depth_) {
+      depth_error_ = true;
+      return fail("nesting deeper than the depth limit");
+    }
+    return true;
+  }
+
+  bool object(size_t depth, std::vector<Span>* members, size_t* close_brace) {
+    if (!check_depth(depth)) return false;
+    ++pos_;  // '{'
+    skip_ws();
+    if (at('}')) {
+      if (close_brace) *close_brace = pos_;
+      ++pos_;
+      return true;
+    }
+    for (;;) {
+      skip_ws();
+      if (!at('"')) return fail("expected a string object key");
+      Span span{};
+      span.key_begin = pos_;
+      if (!string()) return false;
+      span.key_end = pos_;
+      skip_ws();
+      if (!at(':')) return fail("expected ':' after object key");
+      ++pos_;
+      skip_ws();
+      span.value_begin = pos_;
+      if (!value(depth)) return false;
+      span.value_end = pos_;
+      if (members) members->push_back(span);
+      skip_ws();
+      if (at(',')) {
+        ++pos_;
+        continue;
+      }
+      if (at('}')) {
+        if (close_brace) *close_brace = pos_;
+        ++pos_;
+        return true;
+      }
+      return fail("expected ',' or '}' after object member");
+    }
+  }
+
+  bool array(size_t depth) {
+    if (!check_depth(depth)) return false;
+    ++pos_;  // '['
+    skip_ws();
+    if (at(']')) {
+      ++pos_;
+      return true;
+    }
+    for (;;) {
+      skip_ws();
+      if (!value(depth)) return false;
+      skip_ws();
+      if (at(',')) {
+        ++pos_;
+        continue;
+      }
+      if (at(']')) {
+        ++pos_;
+        return true;
+      }
+      return fail("expected ',' or ']' after array element");
+    }
+  }
+
+  static bool is_hex(char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+  }
+
+  bool string() {
+    ++pos_;  // opening quote
+    while (pos_ < s_.size()) {
+      const unsigned char c = static_cast<unsigned char>(s_[pos_]);
+      if (c == '"') {
+        ++pos_;
+        return true;
+      }
+      if (c < 0x20) return fail("unescaped control character in string");
+      if (c == '\\') {
+        ++pos_;
+        if (pos_ >= s_.size()) break;
+        const char e = s_[pos_];
+        if (e == 'u') {
+          for (int i = 1; i <= 4; ++i) {
+            if (pos_ + i >= s_.size() || !is_hex(s_[pos_ + i])) {
+              return fail("invalid \\u escape in string");
+            }
+          }
+          pos_ += 5;
+          continue;
+        }
+        if (std::strchr("\"\\/bfnrt", e) == nullptr || e == '\0') {
+          return fail("invalid escape in string");
+        }
+      }
+      ++pos_;
+    }
+    return fail("unterminated string");
+  }
+
+  bool literal(std::string_view word) {
+    if (s_.substr(pos_, word.size()) != word) return fail("invalid literal");
+    pos_ += word.size();
+    return true;
+  }
+
+  bool digits() {
+    const size_t start = pos_;
+    while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
+    return pos_ > start;
+  }
+
+  bool number() {
+    if (at('-')) ++pos_;
+    if (at('0')) {
+      ++pos_;
+    } else if (!digits()) {
+      return fail("invalid number");
+    }
+    if (at('.')) {
+      ++pos_;
+      if (!digits()) return fail("invalid number: digits expected after '.'");
+    }
+    if (at('e') || at('E')) {
+      ++pos_;
+      if (at('+') || at('-')) ++pos_;
+      if (!digits()) return fail("invalid number: digits expected in exponent");
+    }
+    return true;
+  }
+
+  std::string_view s_;
+  size_t max_depth_;
+  size_t pos_ = 0;
+  std::string error_;
+  size_t error_pos_ = 0;
+  bool depth_error_ = false;
+};
+
+void append_utf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+bool read_hex4(std::string_view s, size_t at, uint32_t* out) {
+  if (at + 4 > s.size()) return false;
+  uint32_t v = 0;
+  for (size_t i = at; i < at + 4; ++i) {
+    const char c = s[i];
+    v <<= 4;
+    if (c >= '0' && c <= '9') v |= static_cast<uint32_t>(c - '0');
+    else if (c >= 'a' && c <= 'f') v |= static_cast<uint32_t>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F') v |= static_cast<uint32_t>(c - 'A' + 10);
+    else return false;
+  }
+  *out = v;
+  return true;
+}
+
+std::string_view value_kind(std::string_view raw) {
+  if (raw.empty()) return "nothing";
+  switch (raw[0]) {
+    case '{': return "an object";
+    case '[': return "an array";
+    case '"': return "a string";
+    case 't':
+    case 'f': return "a boolean";
+    case 'n': return "null";
+    default: return "a number";
+  }
+}
+
+std::string excerpt(std::string_view raw) {
+  std::string out(raw.substr(0, 32));
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  }
+  if (raw.size() > 32) out += "...";
+  return out;
+}
+
+}  // namespace
+
+bool json_unescape_string(std::string_view lit, std::string* out) {
+  out->clear();
+  if (lit.size() < 2 || lit.front() != '"' || lit.back() != '"') return false;
+  const std::string_view s = lit.substr(1, lit.size() - 2);
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c != '\\') {
+      out->push_back(c);
+      continue;
+    }
+    if (++i >= s.size()) return false;
+    switch (s[i]) {
+      case '"': out->push_back('"'); break;
+      case '\\': out->push_back('\\'); break;
+      case '/': out->push_back('/'); break;
+      case 'b': out->push_back('\b'); break;
+      case 'f': out->push_back('\f'); break;
+      case 'n': out->push_back('\n'); break;
+      case 'r': out->push_back('\r'); break;
+      case 't': out->push_back('\t'); break;
+      case 'u': {
+        uint32_t cp = 0;
+        if (!read_hex4(s, i + 1, &cp)) return false;
+        i += 4;
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+          uint32_t lo = 0;
+          if (i + 2 < s.size() && s[i + 1] == '\\' && s[i + 2] == 'u' && read_hex4(s, i + 3, &lo) &&
+              lo >= 0xDC00 && lo <= 0xDFFF) {
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            i += 6;
+          } else {
+            cp = 0xFFFD;  // lone high surrogate
+          }
+        } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+          cp = 0xFFFD;  // lone low surrogate
+        }
+        append_utf8(cp, out);
+        break;
+      }
+      default: return false;
+    }
+  }
+  return true;
+}
+
+Status JsonObjectBody::parse(std::string_view text, const JsonLimits& limits, JsonObjectBody* out) {
+  *out = JsonObjectBody();
+  if (text.size() > limits.max_bytes) {
+    return Status(StatusCode::kTooLarge, "JSON body of " + std::to_string(text.size()) +
+                                             " bytes exceeds the limit of " +
+                                             std::to_string(limits.max_bytes) + " bytes");
+  }
+  Scanner scanner(text, limits.max_depth);
+  std::vector<Scanner::Span> spans;
+  size_t close_brace = 0;
+  bool is_object = false;
+  const bool scanned = scanner.scan_document(&spans, &close_brace, &is_object);
+
+  // simdjson gets one more level than our limit so that our scanner, which reports an offset,
+  // is the one that trips on depth; simdjson still validates UTF-8, number ranges and the rest.
+  simdjson::dom::parser parser;
+  simdjson::error_code err = parser.allocate(std::max<size_t>(text.size(), 64), limits.max_depth + 1);
+  if (err == simdjson::SUCCESS) {
+    err = parser.parse(text.data(), text.size(), /*realloc_if_needed=*/true).error();
+  }
+  if (!scanned) {
+    const std::string where = "at byte " + std::to_string(scanner.error_pos()) + ": ";
+    if (scanner.depth_error() || err == simdjson::DEPTH_ERROR) {
+      return Status(StatusCode::kTooDeep, "JSON nesting " + where + "deeper than " +
+                                              std::to_string(limits.max_depth) + " levels");
+    }
+    std::string msg = "invalid JSON " + where + scanner.error();
+    if (err != simdjson::SUCCESS) msg += std::string(" (simdjson: ") + simdjson::error_message(err) + ")";
+    return Status(StatusCode::kMalformed, msg);
+  }
+  if (err == simdjson::DEPTH_ERROR) {
+    return Status(StatusCode::kTooDeep,
+                  "JSON nesting deeper than " + std::to_string(limits.max_depth) + " levels");
+  }
+  if (err != simdjson::SUCCESS) {
+    // Syntax was fine, so this is UTF-8, a number out of range, or similar.
+    return Status(StatusCode::kMalformed,
+                  std::string("invalid JSON: ") + simdjson::error_message(err));
+  }
+  if (!is_object) {
+    const std::string_view trimmed =
+        text.substr(std::min(text.find_first_not_of(" \t\r\n"), text.size()));
+    return Status(StatusCode::kWrongType,
+                  "JSON body must be an object, got " + std::string(value_kind(trimmed)));
+  }
+
+  out->text_.assign(text);
+  out->close_brace_ = close_brace;
+  out->members_.reserve(spans.size());
+  for (const Scanner::Span& span : spans) {
+    Member m;
+    if (!json_unescape_string(text.substr(span.key_begin, span.key_end - span.key_begin), &m.key)) {
+      return Status(StatusCode::kMalformed,
+                    "invalid JSON at byte " + std::to_string(span.key_begin) + ": bad object key");
+    }
+    m.key_begin = span.key_begin;
+    m.value_begin = span.value_begin;
+    m.value_end = span.value_end;
+    out->members_.push_back(std::move(m));
+  }
+  std::vector<std::pair<std::string_view, size_t>> keys;
+  keys.reserve(out->members_.size());
+  for (const Member& m : out->members_) keys.emplace_back(m.key, m.key_begin);
+  std::sort(keys.begin(), keys.end());
+  for (size_t i = 1; i < keys.size(); ++i) {
+    if (keys[i].first == keys[i - 1].first) {
+      const std::string key(keys[i].first);
+      Status dup(StatusCode::kInvalidValue,
+                 "duplicate top-level key \"" + excerpt(key) + "\" at byte " +
+                     std::to_string(std::max(keys[i].second, keys[i - 1].second)) +
+                     " (ambiguous: parsers disagree on which one wins)");
+      *out = JsonObjectBody();
+      return dup;
+    }
+  }
+  return Status::ok();
+}
+
+JsonObjectBody::Member* JsonObjectBody::find_member(std::string_view key) {
+  for (Member& m : members_) {
+    if (!m.removed && m.key == key) return &m;
+  }
+  return nullptr;
+}
+
+const JsonObjectBody::Member* JsonObjectBody::find_member(std::string_view key) const {
+  for (const Member& m : members_) {
+    if (!m.removed && m.key == key) return &m;
+  }
+  return nullptr;
+}
+
+std::optional<std::string_view> JsonObjectBody::get_raw(std::string_view key) const {
+  if (const Member* m = find_member(key)) {
+    if (m->replacement) return std::string_view(*m->replacement);
+    return std::string_view(text_).substr(m->value_begin, m->value_end - m->value_begin);
+  }
+  for (const auto& [k, v] : appended_) {
+    if (k == key) return std::string_view(v);
+  }
+  return std::nullopt;
+}
+
+bool JsonObjectBody::is_null(std::string_view key) const {
+  const auto raw = get_raw(key);
+  return raw && *raw == "null";
+}
+
+Status JsonObjectBody::get_int(std::string_view key, std::optional<int64_t>* out) const {
+  out->reset();
+  const auto raw = get_raw(key);
+  if (!raw) return Status::ok();
+  const std::string_view r = *raw;
+  const bool numeric = !r.empty() && (r[0] == '-' || (r[0] >= '0' && r[0] <= '9'));
+  if (!numeric || r.find_first_of(".eE") != std::string_view::npos) {
+    return Status(StatusCode::kWrongType, std::string(key) + " must be an integer, got " +
+                                              (numeric ? excerpt(r) : std::string(value_kind(r))));
+  }
+  int64_t v = 0;
+  const auto [ptr, ec] = std::from_chars(r.data(), r.data() + r.size(), v);
+  if (ec == std::errc::result_out_of_range) {
+    return Status(StatusCode::kOutOfRange, std::string(key) + " " + excerpt(r) +
+                                               " is outside the 64-bit integer range");
+  }
+  if (ec != std::errc() || ptr != r.data() + r.size()) {
+    return Status(StatusCode::kWrongType, std::string(key) + " must be an integer, got " + excerpt(r));
+  }
+  *out = v;
+  return Status::ok();
+}
+
+Status JsonObjectBody::get_bool(std::string_view key, std::optional<bool>* out) const {
+  out->reset();
+  const auto raw = get_raw(key);
+  if (!raw) return Status::ok();
+  if (*raw == "true") *out = true;
+  else if (*raw == "false") *out = false;
+  else {
+    return Status(StatusCode::kWrongType,
+                  std::string(key) + " must be a boolean, got " + std::string(value_kind(*raw)));
+  }
+  return Status::ok();
+}
+
+Status JsonObjectBody::get_string(std::string_view key, std::optional<std::string>* out) const {
+  out->reset();
+  const auto raw = get_raw(key);
+  if (!raw) return Status::ok();
+  std::string s;
+  if (raw->empty() || raw->front() != '"' || !json_unescape_string(*raw, &s)) {
+    return Status(StatusCode::kWrongType,
+                  std::string(key) + " must be a string, got " + std::string(value_kind(*raw)));
+  }
+  *out = std::move(s);
+  return Status::ok();
+}
+
+void JsonObjectBody::set_raw(std::string_view key, std::string_view raw_json_value) {
+  if (Member* m = find_member(key)) {
+    m->replacement = std::string(raw_json_value);
+    return;
+  }
+  for (auto& [k, v] : appended_) {
+    if (k == key) {
+      v.assign(raw_json_value);
+      return;
+    }
+  }
+  appended_.emplace_back(std::string(key), std::string(raw_json_value));
+}
+
+void JsonObjectBody::remove(std::string_view key) {
+  if (Member* m = find_member(key)) {
+    m->removed = true;
+    return;
+  }
+  std::erase_if(appended_, [&](const auto& kv) { return kv.first == key; });
+}
+
+size_t JsonObjectBody::size() const {
+  size_t n = appended_.size();
+  for (const Member& m : members_) n += m.removed ? 0 : 1;
+  return n;
+}
+
+std::string JsonObjectBody::render() const {
+  const std::string_view t = text_;
+  std::string out;
+  out.reserve(t.size() + 64 * (appended_.size() + 1));
+  // "{" plus whatever whitespace precedes the first member (or the closing brace).
+  const size_t head_end = members_.empty() ? close_brace_ : members_.front().key_begin;
+  out.append(t.substr(0, head_end));
+  bool any = false;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const Member& m = members_[i];
+    if (m.removed) continue;
+    // Each member after the first owns the separator before it (", " and original whitespace);
+    // the first surviving member drops it, so removal never leaves a stray comma.
+    if (any) out.append(t.substr(members_[i - 1].value_end, m.key_begin - members_[i - 1].value_end));
+    if (m.replacement) {
+      out.append(t.substr(m.key_begin, m.value_begin - m.key_begin));
+      out.append(*m.replacement);
+    } else {
+      out.append(t.substr(m.key_begin, m.value_end - m.key_begin));
+    }
+    any = true;
+  }
+  // Whitespace between the last original member and '}' stays where it was.
+  if (!members_.empty()) {
+    const size_t tail = members_.back().value_end;
+    out.append(t.substr(tail, close_brace_ - tail));
+  }
+  for (const auto& [k, v] : appended_) {
+    if (any) out.push_back(',');
+    out.append(json_string(k));
+    out.push_back(':');
+    out.append(v);
+    any = true;
+  }
+  out.append(t.substr(close_brace_));
+  return out;
+}
+
+std::string json_string(std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size() + 2);
+  out.push_back('"');
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          out += "\\u00";
+          out.push_back(kHex[c >> 4]);
+          out.push_back(kHex[c & 0xF]);
+        } else {
+          out.push_back(ch);
+        }
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+std::string json_int(int64_t value) { return std::to_string(value); }
+std::string json_uint(uint64_t value) { return std::to_string(value); }
+
+JsonObjectWriter& JsonObjectWriter::raw(std::string_view key, std::string_view raw_value) {
+  if (out_.size() > 1) out_.push_back(',');
+  out_ += json_string(key);
+  out_.push_back(':');
+  out_.append(raw_value);
+  return *this;
+}
+
+}  // namespace pdr::proto

@@ -1,0 +1,108 @@
+// JSON request bodies edited by splicing: validate untrusted bytes once (simdjson plus a strict
+// scanner that records where each top-level member lives), then replace, append or remove a few
+// top-level members and render the original bytes with only those edits spliced in. Every byte the
+// edits do not touch (whitespace, key order, nested objects, unicode escapes, number spellings) is
+// preserved exactly, which is what DESIGN.md asks of the per-leg body builders. Pure; no I/O.
+//
+// Contract:
+//   - JsonObjectBody::parse accepts exactly one JSON value (RFC 8259; surrounding whitespace
+//     allowed) that must be an object. Errors: kTooLarge (size limit), kTooDeep (depth limit),
+//     kMalformed ("invalid JSON at byte N: <what>"; N is 0-based), kWrongType (not an object),
+//     kInvalidValue (a top-level key occurs twice — ambiguous: Python keeps the last one, other
+//     parsers the first). Keys are compared after unescaping ("\u006dax_tokens" == "max_tokens").
+//   - Edits address top-level members by their unescaped key. set_raw() takes a complete, valid JSON
+//     value text (use the json_* builders below); it is not re-validated.
+//   - render() never fails and is valid JSON whenever the raw values passed to set_raw() were.
+//   - Not thread-safe; a JsonObjectBody owns a copy of the text.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "proto/status.h"
+
+namespace pdr::proto {
+
+struct JsonLimits {
+  size_t max_bytes = 8 * 1024 * 1024;  // whole document
+  size_t max_depth = 64;               // nesting of objects/arrays (top-level object is depth 1)
+};
+
+class JsonObjectBody {
+ public:
+  static Status parse(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
+
+  // Current raw value text of a top-level member (after edits), or nullopt when absent.
+  std::optional<std::string_view> get_raw(std::string_view key) const;
+  bool has(std::string_view key) const { return get_raw(key).has_value(); }
+  bool is_null(std::string_view key) const;  // present with value null
+
+  // Typed getters. Absent key -> OK with *out = nullopt. Present but of another type ->
+  // kWrongType naming the key ("max_tokens must be an integer, got 12.5"). Integers outside int64
+  // -> kOutOfRange. JSON null is reported as kWrongType by these getters (check is_null() first
+  // when null is acceptable).
+  Status get_int(std::string_view key, std::optional<int64_t>* out) const;
+  Status get_bool(std::string_view key, std::optional<bool>* out) const;
+  Status get_string(std::string_view key, std::optional<std::string>* out) const;  // unescaped
+
+  // Replaces the value in place if the key exists, else appends `,"key":value` before the final
+  // `}` (after earlier appends, in call order).
+  void set_raw(std::string_view key, std::string_view raw_json_value);
+  // Deletes the member and exactly one adjoining comma. No-op when absent.
+  void remove(std::string_view key);
+
+  std::string render() const;
+  // Number of top-level members currently present.
+  size_t size() const;
+
+ private:
+  struct Member {
+    std::string key;            // unescaped
+    size_t key_begin = 0;       // offset of the key's opening quote
+    size_t value_begin = 0;
+    size_t value_end = 0;       // one past the value
+    bool removed = false;
+    std::optional<std::string> replacement;
+  };
+  Member* find_member(std::string_view key);
+  const Member* find_member(std::string_view key) const;
+
+  std::string text_;
+  size_t close_brace_ = 0;  // offset of the top-level object's '}'
+  std::vector<Member> members_;
+  std::vector<std::pair<std::string, std::string>> appended_;  // key (unescaped), raw value
+};
+
+// ---- builders for raw JSON value text ----
+std::string json_string(std::string_view utf8);  // quoted and escaped (", \, control chars)
+std::string json_int(int64_t value);
+std::string json_uint(uint64_t value);
+inline std::string json_bool(bool value) { return value ? "true" : "false"; }
+inline std::string json_null() { return "null"; }
+
+// Builds a JSON object text member by member, in insertion order: {"k":v,...}.
+class JsonObjectWriter {
+ public:
+  JsonObjectWriter& raw(std::string_view key, std::string_view raw_value);
+  JsonObjectWriter& string(std::string_view key, std::string_view value) {
+    return raw(key, json_string(value));
+  }
+  JsonObjectWriter& integer(std::string_view key, int64_t value) { return raw(key, json_int(value)); }
+  JsonObjectWriter& boolean(std::string_view key, bool value) { return raw(key, json_bool(value)); }
+  JsonObjectWriter& null(std::string_view key) { return raw(key, "null"); }
+  std::string finish() const { return out_ + "}"; }
+
+ private:
+  std::string out_ = "{";
+};
+
+// Unescapes the body of a JSON string literal given with its quotes (input must be a valid
+// literal, e.g. a raw value obtained from a parsed JsonObjectBody). Returns false otherwise.
+bool json_unescape_string(std::string_view literal, std::string* out);
+
+}  // namespace pdr::proto

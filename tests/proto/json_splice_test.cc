@@ -1,0 +1,234 @@
+#include "proto/json_splice.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace pdr::proto {
+namespace {
+
+JsonObjectBody Parse(std::string_view text) {
+  JsonObjectBody body;
+  const Status st = JsonObjectBody::parse(text, JsonLimits(), &body);
+  EXPECT_TRUE(st.is_ok()) << st.to_string() << " for " << text;
+  return body;
+}
+
+std::string Edit(std::string_view text, const std::function<void(JsonObjectBody*)>& f) {
+  JsonObjectBody body = Parse(text);
+  f(&body);
+  std::string out = body.render();
+  EXPECT_TRUE(nlohmann::json::accept(out)) << out;
+  return out;
+}
+
+TEST(JsonSplice, NoEditsRoundTripsBytesExactly) {
+  const std::string text = " \n{ \"a\" : 1 ,\t\"b\":[1, {\"c\": \"\\u00e9\\n\"}] , \"d\" : {} }\r\n ";
+  EXPECT_EQ(Parse(text).render(), text);
+}
+
+TEST(JsonSplice, ReplaceInPlaceKeepsWhitespaceAndOthers) {
+  EXPECT_EQ(Edit("{ \"max_tokens\" :  100 , \"prompt\": \"hi\" }",
+                 [](JsonObjectBody* b) { b->set_raw("max_tokens", "1"); }),
+            "{ \"max_tokens\" :  1 , \"prompt\": \"hi\" }");
+}
+
+TEST(JsonSplice, AppendBeforeFinalBrace) {
+  EXPECT_EQ(Edit("{\"a\":1}\n", [](JsonObjectBody* b) { b->set_raw("stream", "false"); }),
+            "{\"a\":1,\"stream\":false}\n");
+  EXPECT_EQ(Edit("{\"a\":1 \n}", [](JsonObjectBody* b) {
+              b->set_raw("x", "1");
+              b->set_raw("y", "[2]");
+              b->set_raw("x", "3");  // replaces the appended value
+            }),
+            "{\"a\":1 \n,\"x\":3,\"y\":[2]}");
+}
+
+TEST(JsonSplice, AppendToEmptyObject) {
+  EXPECT_EQ(Edit("{}", [](JsonObjectBody* b) { b->set_raw("k", "true"); }), "{\"k\":true}");
+  EXPECT_EQ(Edit(" { \n } ", [](JsonObjectBody* b) {
+              b->set_raw("k", "true");
+              b->set_raw("j", "null");
+            }),
+            " { \n \"k\":true,\"j\":null} ");
+}
+
+TEST(JsonSplice, RemoveFirstMiddleLastOnly) {
+  const std::string text = "{\"a\": 1, \"b\": 2, \"c\": 3}";
+  EXPECT_EQ(Edit(text, [](JsonObjectBody* b) { b->remove("a"); }), "{\"b\": 2, \"c\": 3}");
+  EXPECT_EQ(Edit(text, [](JsonObjectBody* b) { b->remove("b"); }), "{\"a\": 1, \"c\": 3}");
+  EXPECT_EQ(Edit(text, [](JsonObjectBody* b) { b->remove("c"); }), "{\"a\": 1, \"b\": 2}");
+  EXPECT_EQ(Edit(text, [](JsonObjectBody* b) {
+              b->remove("a");
+              b->remove("c");
+            }),
+            "{\"b\": 2}");
+  EXPECT_EQ(Edit(text, [](JsonObjectBody* b) {
+              b->remove("a");
+              b->remove("b");
+              b->remove("c");
+            }),
+            "{}");
+  EXPECT_EQ(Edit("{ \"only\" : {\"x\":1} }", [](JsonObjectBody* b) { b->remove("only"); }), "{  }");
+  EXPECT_EQ(Edit(text, [](JsonObjectBody* b) { b->remove("zzz"); }), text);
+}
+
+TEST(JsonSplice, RemoveAllThenAppend) {
+  EXPECT_EQ(Edit("{\"a\":1,\"b\":2}", [](JsonObjectBody* b) {
+              b->remove("a");
+              b->remove("b");
+              b->set_raw("c", "3");
+            }),
+            "{\"c\":3}");
+  EXPECT_EQ(Edit("{\"a\":1,\"b\":2}", [](JsonObjectBody* b) {
+              b->remove("b");
+              b->set_raw("b", "\"x\"");  // re-added at the end
+            }),
+            "{\"a\":1,\"b\":\"x\"}");
+}
+
+TEST(JsonSplice, RemoveAppendedMember) {
+  EXPECT_EQ(Edit("{\"a\":1}", [](JsonObjectBody* b) {
+              b->set_raw("x", "1");
+              b->remove("x");
+            }),
+            "{\"a\":1}");
+}
+
+TEST(JsonSplice, NestedObjectsAndEscapesUntouched) {
+  const std::string text =
+      R"({"messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00 \"q\" \\ \/"}],)"
+      R"("max_tokens":5,"nested":{"max_tokens":7,"stream":true}})";
+  const std::string out = Edit(text, [](JsonObjectBody* b) {
+    b->set_raw("max_tokens", "1");
+    b->set_raw("stream", "false");
+  });
+  EXPECT_EQ(out,
+            R"({"messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00 \"q\" \\ \/"}],)"
+            R"("max_tokens":1,"nested":{"max_tokens":7,"stream":true},"stream":false})");
+}
+
+TEST(JsonSplice, EscapedKeysAreMatchedUnescaped) {
+  JsonObjectBody b = Parse(R"({"\u006dax_tokens": 9})");
+  std::optional<int64_t> v;
+  ASSERT_TRUE(b.get_int("max_tokens", &v).is_ok());
+  EXPECT_EQ(v, 9);
+  b.set_raw("max_tokens", "1");
+  EXPECT_EQ(b.render(), R"({"\u006dax_tokens": 1})");
+}
+
+TEST(JsonSplice, DuplicateKeysRejected) {
+  JsonObjectBody b;
+  Status st = JsonObjectBody::parse(R"({"a":1,"b":2,"a":3})", JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidValue) << st.to_string();
+  EXPECT_NE(st.message().find("duplicate top-level key \"a\""), std::string::npos) << st.message();
+  st = JsonObjectBody::parse(R"({"max_tokens":1,"m\u0061x_tokens":3})", JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidValue) << st.to_string();
+  // Duplicates below the top level are not our business.
+  EXPECT_TRUE(JsonObjectBody::parse(R"({"a":{"x":1,"x":2}})", JsonLimits(), &b).is_ok());
+}
+
+TEST(JsonSplice, InvalidJsonReportsOffset) {
+  JsonObjectBody b;
+  Status st = JsonObjectBody::parse(R"({"model": "m", "x" 1})", JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kMalformed);
+  EXPECT_NE(st.message().find("invalid JSON at byte 19: expected ':'"), std::string::npos)
+      << st.message();
+  st = JsonObjectBody::parse("{\"a\":1,}", JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kMalformed);
+  EXPECT_NE(st.message().find("at byte 7"), std::string::npos) << st.message();
+  st = JsonObjectBody::parse("{\"a\":1} x", JsonLimits(), &b);
+  EXPECT_NE(st.message().find("at byte 8"), std::string::npos) << st.message();
+  st = JsonObjectBody::parse("{\"a\":\"unterminated", JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kMalformed);
+  st = JsonObjectBody::parse("", JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kMalformed);
+  st = JsonObjectBody::parse("{\"a\":01}", JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kMalformed) << st.to_string();
+  st = JsonObjectBody::parse("{\"a\":\"\xff\"}", JsonLimits(), &b);  // bad UTF-8 (simdjson)
+  EXPECT_EQ(st.code(), StatusCode::kMalformed) << st.to_string();
+  EXPECT_NE(st.message().find("UTF"), std::string::npos) << st.message();
+}
+
+TEST(JsonSplice, NotAnObject) {
+  JsonObjectBody b;
+  Status st = JsonObjectBody::parse(" [1,2]", JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kWrongType);
+  EXPECT_EQ(st.message(), "JSON body must be an object, got an array");
+  st = JsonObjectBody::parse("\"s\"", JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kWrongType);
+}
+
+TEST(JsonSplice, Limits) {
+  JsonLimits limits;
+  limits.max_bytes = 10;
+  JsonObjectBody b;
+  EXPECT_EQ(JsonObjectBody::parse(R"({"abcdefgh":1})", limits, &b).code(), StatusCode::kTooLarge);
+  limits = JsonLimits();
+  limits.max_depth = 3;
+  EXPECT_TRUE(JsonObjectBody::parse(R"({"a":[{"b":1}]})", limits, &b).is_ok());
+  const Status st = JsonObjectBody::parse(R"({"a":[{"b":[1]}]})", limits, &b);
+  EXPECT_EQ(st.code(), StatusCode::kTooDeep) << st.to_string();
+  std::string deep(100000, '[');
+  deep = "{\"a\":" + deep;
+  EXPECT_EQ(JsonObjectBody::parse(deep, JsonLimits(), &b).code(), StatusCode::kTooDeep);
+}
+
+TEST(JsonSplice, TypedGetters) {
+  JsonObjectBody b =
+      Parse(R"({"i":-42,"f":1.5,"e":1e3,"big":9223372036854775808,"t":true,"n":null,)"
+            R"("s":"a\"b\u00e9\ud83d\ude00","o":{}})");
+  std::optional<int64_t> i;
+  ASSERT_TRUE(b.get_int("i", &i).is_ok());
+  EXPECT_EQ(i, -42);
+  ASSERT_TRUE(b.get_int("absent", &i).is_ok());
+  EXPECT_FALSE(i);
+  Status st = b.get_int("f", &i);
+  EXPECT_EQ(st.code(), StatusCode::kWrongType);
+  EXPECT_EQ(st.message(), "f must be an integer, got 1.5");
+  EXPECT_EQ(b.get_int("e", &i).code(), StatusCode::kWrongType);
+  EXPECT_EQ(b.get_int("s", &i).code(), StatusCode::kWrongType);
+  EXPECT_EQ(b.get_int("n", &i).code(), StatusCode::kWrongType);
+  EXPECT_EQ(b.get_int("big", &i).code(), StatusCode::kOutOfRange);
+  std::optional<bool> t;
+  ASSERT_TRUE(b.get_bool("t", &t).is_ok());
+  EXPECT_EQ(t, true);
+  EXPECT_EQ(b.get_bool("i", &t).code(), StatusCode::kWrongType);
+  std::optional<std::string> s;
+  ASSERT_TRUE(b.get_string("s", &s).is_ok());
+  EXPECT_EQ(*s, "a\"b\xc3\xa9\xf0\x9f\x98\x80");
+  EXPECT_TRUE(b.is_null("n"));
+  EXPECT_FALSE(b.is_null("o"));
+  EXPECT_EQ(b.get_raw("o"), "{}");
+  EXPECT_EQ(b.size(), 8u);
+}
+
+TEST(JsonSplice, NumbersBeyond64BitsAreRejectedBySimdjson) {
+  JsonObjectBody b;
+  const Status st = JsonObjectBody::parse(R"({"seed":99999999999999999999})", JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kMalformed);
+  EXPECT_NE(st.message().find("number"), std::string::npos) << st.message();
+}
+
+TEST(JsonSplice, BuildersEscape) {
+  EXPECT_EQ(json_string("a\"b\\c\n\x01\x7f\xc3\xa9"), "\"a\\\"b\\\\c\\n\\u0001\\u007f\xc3\xa9\"");
+  const std::string obj = JsonObjectWriter()
+                              .string("k\"ey", "v\nal")
+                              .integer("i", -3)
+                              .boolean("b", false)
+                              .null("n")
+                              .raw("r", "[1]")
+                              .finish();
+  const auto j = nlohmann::json::parse(obj);
+  EXPECT_EQ(j["k\"ey"], "v\nal");
+  EXPECT_EQ(j["i"], -3);
+  EXPECT_EQ(j["b"], false);
+  EXPECT_TRUE(j["n"].is_null());
+  EXPECT_EQ(JsonObjectWriter().finish(), "{}");
+  // Appended keys are escaped too.
+  EXPECT_EQ(Edit("{}", [](JsonObjectBody* b) { b->set_raw("a\"b", "1"); }), "{\"a\\\"b\":1}");
+}
+
+}  // namespace
+}  // namespace pdr::proto
