@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "node/register_command.h"
+#include "node/sim_command.h"
 #include "node/stop_signals.h"
 
 namespace {
@@ -27,6 +28,8 @@ int main(int argc, char** argv) {
 
   pdr::node::RegisterFlags register_flags;
   CLI::App* register_command = pdr::node::add_register_command(app, &register_flags);
+  pdr::node::SimFlags sim_flags;
+  CLI::App* sim_command = pdr::node::add_sim_command(app, &sim_flags);
 
   try {
     app.parse(argc, argv);
@@ -34,5 +37,6 @@ int main(int argc, char** argv) {
     return exit_code_for(app, e);
   }
   if (register_command->parsed()) return pdr::node::run_register_command(register_flags);
+  if (sim_command->parsed()) return pdr::node::run_sim_command(sim_flags);
   return kExitBadFlags;
 }

@@ -1,0 +1,268 @@
+#include "node/sim_command.h"
+
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <stdexcept>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "discovery/node_client.h"
+#include "node/sim_server.h"
+#include "node/stop_signals.h"
+#include "proto/address.h"
+
+namespace pdr::node {
+namespace {
+
+constexpr int kExitBadFlags = 2;
+constexpr int kExitRuntime = 1;
+
+using FlagError = std::string;
+using proto::Connector;
+using proto::RegistrationFormat;
+
+uint16_t default_kv_port(Connector connector) {
+  switch (connector) {
+    case Connector::kP2pNccl: return 21001;
+    case Connector::kMooncake: return 17000;
+    default: return 5600;  // VLLM_NIXL_SIDE_CHANNEL_PORT's default
+  }
+}
+
+// HOST:PORT like proto::parse_host_port, but port 0 (ephemeral) is allowed.
+FlagError parse_listen_address(const std::string& text, proto::HostPort* out) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos) return "--http '" + text + "': expected HOST:PORT";
+  const std::string port = text.substr(colon + 1);
+  unsigned long value = 0;
+  try {
+    size_t used = 0;
+    value = std::stoul(port, &used);
+    if (used != port.size() || value > 65535) throw std::out_of_range(port);
+  } catch (const std::exception&) {
+    return "--http '" + text + "': port '" + port + "' is not in 0..65535";
+  }
+  if (Status s = proto::parse_host(text.substr(0, colon), &out->host); !s.is_ok()) {
+    return "--http '" + text + "': " + s.message();
+  }
+  out->port = static_cast<uint16_t>(value);
+  return "";
+}
+
+FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
+  sim::KvNodeIdentity& node = out->node;
+  if (!proto::parse_role(f.role, &node.role)) {
+    return "--role '" + f.role + "': expected prefill or decode";
+  }
+  if (!proto::parse_connector(f.connector, &node.connector) ||
+      node.connector == Connector::kUnknown) {
+    return "--connector '" + f.connector + "': expected nixl, moriio, mooncake, p2p-nccl or sglang";
+  }
+  if (node.connector == Connector::kMoriio) {
+    const std::string mode = f.transfer_mode.empty() ? "READ" : f.transfer_mode;
+    if (!proto::parse_transfer_mode(mode, &node.transfer_mode) ||
+        node.transfer_mode == proto::TransferMode::kNone) {
+      return "--transfer-mode '" + mode + "': expected READ or WRITE";
+    }
+  } else if (!f.transfer_mode.empty()) {
+    return "--transfer-mode only applies to --connector moriio";
+  }
+  proto::HostPort http;
+  if (FlagError e = parse_listen_address(f.http, &http); !e.empty()) return e;
+  out->host = http.host;
+  out->port = http.port;
+  const bool wildcard = http.host == "0.0.0.0" || http.host == "::";
+  node.advertise_host = !f.advertise_host.empty() ? f.advertise_host
+                        : wildcard                 ? "127.0.0.1"
+                                                   : http.host;
+  node.dp_size = f.dp_size;
+  node.tp_size = f.tp_size;
+  node.handshake_port = static_cast<uint16_t>(f.handshake_port);
+  node.notify_port = static_cast<uint16_t>(f.notify_port);
+  node.kv_port = f.kv_port != 0 ? static_cast<uint16_t>(f.kv_port) : default_kv_port(node.connector);
+  out->workers = f.workers;
+  out->model = f.model;
+  out->max_model_len = f.max_model_len;
+  out->prefill_us_per_token = f.prefill_us_per_token;
+  out->decode_us_per_token = f.decode_us_per_token;
+  if (f.bootstrap_port >= 0) {
+    if (node.connector != Connector::kMooncake || node.role != proto::Role::kPrefill) {
+      return "--bootstrap-port only applies to --connector mooncake --role prefill";
+    }
+    out->bootstrap_port = static_cast<uint16_t>(f.bootstrap_port);
+  }
+  return "";
+}
+
+// The registration each connector's real node sends (shared/PROTOCOLS.md §1.1, §2), or the
+// pdrouter format for connectors that have no discovery of their own.
+proto::Registration build_registration(const SimFlags& f, const sim::SimServer& server,
+                                       const sim::SimOptions& options) {
+  const sim::KvNodeIdentity& node = options.node;
+  proto::Registration reg;
+  reg.role = node.role;
+  reg.http_address = proto::HostPort{node.advertise_host, server.port()};
+  reg.connector = node.connector;
+  switch (node.connector) {
+    case Connector::kMoriio: {
+      reg.format = RegistrationFormat::kMoriio;
+      proto::MoriioZmqAddress zmq{node.advertise_host, node.handshake_port, node.notify_port};
+      reg.zmq_address = zmq.to_string();
+      reg.moriio_zmq = zmq;
+      reg.transfer_mode = node.transfer_mode;
+      reg.dp_size = node.dp_size;
+      reg.tp_size = node.tp_size;
+      break;
+    }
+    case Connector::kP2pNccl: {
+      reg.format = RegistrationFormat::kP2pNccl;
+      proto::HostPort kv{node.advertise_host, node.kv_port};
+      reg.zmq_address = kv.to_string();
+      reg.kv_address = kv;
+      break;
+    }
+    default:
+      reg.format = RegistrationFormat::kPdrouter;
+      reg.schema_version = 1;
+      reg.dp_size = node.dp_size;
+      reg.tp_size = node.tp_size;
+      reg.model = f.model;
+      if (node.connector == Connector::kMooncake && node.role == proto::Role::kPrefill) {
+        reg.bootstrap_port = server.bootstrap_port().value_or(server.port());
+      }
+      break;
+  }
+  return reg;
+}
+
+void configure_logging(const std::string& level) {
+  auto logger = spdlog::stderr_color_mt("pdnode");
+  logger->set_level(spdlog::level::from_str(level));
+  logger->flush_on(spdlog::level::trace);
+  spdlog::set_default_logger(logger);
+}
+
+}  // namespace
+
+CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
+  CLI::App* cmd = app.add_subcommand(
+      "sim",
+      "Run a simulated vLLM OpenAI server (no GPU): /health, /v1/models, /v1/completions and\n"
+      "/v1/chat/completions in vLLM's formats, kv_transfer_params checked per connector, prefill\n"
+      "and decode time modelled per token, deterministic text. Test endpoints: GET /sim/requests,\n"
+      "POST /sim/reset. Runs until SIGTERM/SIGINT. Exit codes: 0 clean stop, 1 runtime failure,\n"
+      "2 bad flags.");
+  cmd->add_option("--role", f->role, "prefill or decode.")->capture_default_str()
+      ->type_name("prefill|decode");
+  cmd->add_option("--connector", f->connector,
+                  "KV connector dialect: nixl, moriio, mooncake, p2p-nccl or sglang.")
+      ->capture_default_str()->type_name("NAME");
+  cmd->add_option("--transfer-mode", f->transfer_mode, "MoRIIO transfer mode (default READ).")
+      ->type_name("READ|WRITE");
+  cmd->add_option("--http", f->http, "Listen address HOST:PORT (port 0: ephemeral).")
+      ->capture_default_str()->type_name("HOST:PORT");
+  cmd->add_option("--advertise-host", f->advertise_host,
+                  "Host put in registrations and kv_transfer_params (default: the --http host, or "
+                  "127.0.0.1 when it is a wildcard).")
+      ->type_name("HOST");
+  cmd->add_option("--dp-size", f->dp_size, "Data-parallel size.")->capture_default_str()
+      ->check(CLI::Range(1, 1024))->type_name("N");
+  cmd->add_option("--tp-size", f->tp_size, "Tensor-parallel size.")->capture_default_str()
+      ->check(CLI::Range(1, 1024))->type_name("N");
+  cmd->add_option("--model", f->model, "Served model name.")->capture_default_str()
+      ->type_name("NAME");
+  cmd->add_option("--max-model-len", f->max_model_len, "max_model_len reported and enforced.")
+      ->capture_default_str()->check(CLI::Range(2, 10000000))->type_name("N");
+  cmd->add_option("--prefill-us-per-token", f->prefill_us_per_token,
+                  "Simulated prefill time per prompt token, in microseconds.")
+      ->capture_default_str()->type_name("US");
+  cmd->add_option("--decode-us-per-token", f->decode_us_per_token,
+                  "Simulated decode time per output token, in microseconds.")
+      ->capture_default_str()->type_name("US");
+  cmd->add_option("--register", f->register_endpoints,
+                  "Router discovery endpoint (tcp://HOST:PORT) to heartbeat to, in the connector's "
+                  "own format (moriio, p2p-nccl) or the pdrouter format. Repeatable.")
+      ->type_name("ENDPOINT");
+  cmd->add_option("--register-interval-ms", f->register_interval_ms, "Heartbeat period.")
+      ->capture_default_str()->check(CLI::Range(10, 3600000))->type_name("MS");
+  cmd->add_option("--handshake-port", f->handshake_port, "MoRIIO handshake port (advertised).")
+      ->capture_default_str()->check(CLI::Range(1, 65535))->type_name("PORT");
+  cmd->add_option("--notify-port", f->notify_port, "MoRIIO notify port (advertised).")
+      ->capture_default_str()->check(CLI::Range(1, 65535))->type_name("PORT");
+  cmd->add_option("--kv-port", f->kv_port,
+                  "KV side-channel base port (advertised): NIXL remote_port, P2P-NCCL zmq_address, "
+                  "Mooncake worker_addr. Default per connector: 5600, 21001, 17000.")
+      ->check(CLI::Range(1, 65535))->type_name("PORT");
+  cmd->add_option("--bootstrap-port", f->bootstrap_port,
+                  "Mooncake prefill: also serve the bootstrap GET /query on this port (0: "
+                  "ephemeral). It is always served on the --http port too.")
+      ->check(CLI::Range(0, 65535))->type_name("PORT");
+  cmd->add_option("--workers", f->workers, "HTTP worker threads.")->capture_default_str()
+      ->check(CLI::Range(1, 256))->type_name("N");
+  cmd->add_option("--log-level", f->log_level,
+                  "Log level: trace, debug, info, warn, error, critical or off.")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
+      ->type_name("LEVEL");
+  return cmd;
+}
+
+int run_sim_command(const SimFlags& flags) {
+  sim::SimOptions options;
+  if (FlagError e = build_options(flags, &options); !e.empty()) {
+    std::fprintf(stderr, "pdnode sim: error: %s\nRun 'pdnode sim --help' for usage.\n", e.c_str());
+    return kExitBadFlags;
+  }
+  configure_logging(flags.log_level);
+  sim::SimServer server(options);
+  if (Status s = server.start(); !s.is_ok()) {
+    spdlog::error("cannot start: {}", s.to_string());
+    return kExitRuntime;
+  }
+  // start() filled in the port; keep the identity the server uses for the registration.
+  options.node.http_port = server.port();
+
+  std::unique_ptr<discovery::NodeClient> client;
+  if (!flags.register_endpoints.empty()) {
+    discovery::NodeClientOptions client_options;
+    client_options.router_endpoints = flags.register_endpoints;
+    client_options.registration = build_registration(flags, server, options);
+    client_options.interval = std::chrono::milliseconds(flags.register_interval_ms);
+    client = std::make_unique<discovery::NodeClient>(std::move(client_options));
+    if (Status s = client->start(); !s.is_ok()) {
+      spdlog::error("cannot register: {}", s.to_string());
+      server.stop();
+      return kExitRuntime;
+    }
+  }
+
+  const proto::HostPort bound{options.host, server.port()};
+  std::string line = "pdnode sim listening http=" + bound.to_string();
+  if (auto port = server.bootstrap_port()) {
+    line += " bootstrap=" + proto::HostPort{options.host, *port}.to_string();
+  }
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+
+  std::mutex mutex;
+  std::condition_variable stopped_cv;
+  bool stopped = false;
+  StopSignals signals([&](std::string_view name) {
+    spdlog::info("received {}, stopping", name);
+    std::lock_guard<std::mutex> lock(mutex);
+    stopped = true;
+    stopped_cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    stopped_cv.wait(lock, [&] { return stopped; });
+  }
+  if (client) client->stop(/*send_goodbye=*/true);
+  server.stop();
+  return 0;
+}
+
+}  // namespace pdr::node

@@ -1,0 +1,48 @@
+// `pdnode sim`: a simulated vLLM OpenAI server (node/sim_server.h) that can register itself with
+// routers in its connector's own discovery format, for tests, the quick start and benchmarks on
+// machines without GPUs.
+//
+// add_sim_command() declares the subcommand and keeps raw flag values in `flags`; after a
+// successful parse, run_sim_command() validates them (exit code 2 with a precise message on a bad
+// combination), starts the server, prints `pdnode sim listening http=HOST:PORT` (plus
+// ` bootstrap=HOST:PORT` when a separate Mooncake bootstrap listener runs) on stdout, heartbeats
+// its registration if --register was given, and runs until SIGTERM/SIGINT (exit 0).
+// block_stop_signals() must have run first.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace pdr::node {
+
+struct SimFlags {
+  std::string role = "decode";
+  std::string connector = "nixl";
+  std::string transfer_mode;  // MoRIIO: READ (default) or WRITE
+  std::string http = "127.0.0.1:0";
+  std::string advertise_host;  // default: the --http host, or 127.0.0.1 for a wildcard
+  uint32_t dp_size = 1;
+  uint32_t tp_size = 1;
+  std::string model = "sim-model";
+  uint32_t max_model_len = 8192;
+  uint32_t prefill_us_per_token = 20;
+  uint32_t decode_us_per_token = 1000;
+  std::vector<std::string> register_endpoints;
+  uint32_t register_interval_ms = 3000;
+  uint32_t handshake_port = 6301;
+  uint32_t notify_port = 61005;
+  uint32_t kv_port = 0;  // 0: connector default (NIXL 5600, P2P-NCCL 21001, Mooncake 17000)
+  int32_t bootstrap_port = -1;  // Mooncake prefill: separate /query listener; -1 none, 0 ephemeral
+  uint32_t workers = 1;
+  std::string log_level = "info";
+};
+
+CLI::App* add_sim_command(CLI::App& app, SimFlags* flags);
+int run_sim_command(const SimFlags& flags);
+
+}  // namespace pdr::node

@@ -1,0 +1,243 @@
+#include "node/sim_generation.h"
+
+#include <array>
+#include <cstdio>
+#include <string_view>
+
+namespace pdr::node::sim {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::array<std::string_view, 32> kVocabulary = {
+    "the",   "quick", "brown",  "fox",    "jumps", "over",  "lazy",   "dog",
+    "prefill", "decode", "cache", "block", "token", "model", "router", "node",
+    "alpha", "beta",  "gamma",  "delta",  "sigma", "omega", "kappa",  "zeta",
+    "red",   "green", "blue",   "amber",  "north", "south", "east",   "west"};
+
+uint64_t fnv1a(std::string_view text, uint64_t hash = 1469598103934665603ULL) {
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ULL;
+  }
+  return hash;
+}
+
+uint32_t count_words(std::string_view text) {
+  uint32_t words = 0;
+  bool in_word = false;
+  for (char c : text) {
+    const bool space = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+    if (!space && !in_word) ++words;
+    in_word = !space;
+  }
+  return words;
+}
+
+SimError bad_request(std::string reason, std::string message) {
+  return SimError{400, std::move(reason), std::move(message)};
+}
+
+// Completions accept a string, a list of strings (we take the first prompt, as the simulator
+// answers one choice), a token-id list, or a list of token-id lists.
+std::optional<SimError> read_prompt(const json& prompt, GenerationRequest* out) {
+  if (prompt.is_string()) {
+    out->prompt_text = prompt.get<std::string>();
+    out->prompt_tokens = count_words(out->prompt_text);
+    return std::nullopt;
+  }
+  if (prompt.is_array() && !prompt.empty()) {
+    if (prompt[0].is_string()) return read_prompt(prompt[0], out);
+    if (prompt[0].is_array()) return read_prompt(prompt[0], out);
+    bool all_ints = true;
+    for (const json& item : prompt) all_ints = all_ints && item.is_number_integer();
+    if (all_ints) {
+      out->prompt_text = prompt.dump();
+      out->prompt_tokens = static_cast<uint32_t>(prompt.size());
+      return std::nullopt;
+    }
+  }
+  return bad_request("bad_prompt", "prompt must be a string, a list of strings or token ids");
+}
+
+std::optional<SimError> read_messages(const json& messages, GenerationRequest* out) {
+  if (!messages.is_array() || messages.empty()) {
+    return bad_request("bad_messages", "messages must be a non-empty list");
+  }
+  for (const json& message : messages) {
+    if (!message.is_object() || !message.contains("role") || !message["role"].is_string()) {
+      return bad_request("bad_messages", "each message needs a string 'role'");
+    }
+    const json content = message.value("content", json());
+    out->prompt_text += message["role"].get<std::string>();
+    out->prompt_text += ": ";
+    if (content.is_string()) {
+      out->prompt_text += content.get<std::string>();
+    } else if (content.is_array()) {  // [{type:"text", text:...}, ...]
+      for (const json& part : content) {
+        if (part.is_object() && part.contains("text") && part["text"].is_string()) {
+          out->prompt_text += part["text"].get<std::string>();
+          out->prompt_text += ' ';
+        }
+      }
+    }
+    out->prompt_text += '\n';
+    out->prompt_tokens += count_words(content.is_string() ? content.get<std::string>()
+                                                          : std::string());
+    if (content.is_array()) {
+      for (const json& part : content) {
+        if (part.is_object() && part.contains("text") && part["text"].is_string()) {
+          out->prompt_tokens += count_words(part["text"].get<std::string>());
+        }
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<SimError> read_max_tokens(const json& body, GenerationRequest* out) {
+  out->max_tokens = kDefaultMaxTokens;
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (!body.contains(key) || body[key].is_null()) continue;
+    const json& value = body[key];
+    if (!value.is_number_integer() || value.get<int64_t>() < 1 || value.get<int64_t>() > 1000000) {
+      return bad_request("bad_max_tokens", std::string(key) + " must be an integer >= 1");
+    }
+    out->max_tokens = static_cast<uint32_t>(value.get<int64_t>());  // the later key wins
+  }
+  return std::nullopt;
+}
+
+json base_object(const GenerationRequest& req, const std::string& id, int64_t created,
+                 const char* object) {
+  return json{{"id", id}, {"object", object}, {"created", created}, {"model", req.model}};
+}
+
+json usage_json(const GenerationRequest& req, uint32_t completion_tokens) {
+  return json{{"prompt_tokens", req.prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", req.prompt_tokens + completion_tokens}};
+}
+
+std::string sse(const json& chunk) { return "data: " + chunk.dump() + "\n\n"; }
+
+const char* chunk_object(const GenerationRequest& req) {
+  return req.kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion";
+}
+
+}  // namespace
+
+std::optional<SimError> parse_generation_request(ApiKind kind, const json& body,
+                                                 const std::string& served_model,
+                                                 GenerationRequest* out) {
+  if (!body.is_object()) return bad_request("bad_json", "request body must be a JSON object");
+  out->kind = kind;
+  out->model = served_model;
+  if (body.contains("model") && !body["model"].is_null()) {
+    if (!body["model"].is_string()) return bad_request("bad_model", "model must be a string");
+    if (body["model"].get<std::string>() != served_model) {
+      return SimError{404, "model_not_found",
+                      "The model `" + body["model"].get<std::string>() + "` does not exist."};
+    }
+  }
+  if (kind == ApiKind::kCompletion) {
+    if (!body.contains("prompt")) return bad_request("bad_prompt", "prompt is required");
+    if (auto e = read_prompt(body["prompt"], out)) return e;
+  } else {
+    out->prompt_tokens = 0;
+    if (!body.contains("messages")) return bad_request("bad_messages", "messages is required");
+    if (auto e = read_messages(body["messages"], out)) return e;
+  }
+  if (out->prompt_tokens == 0) out->prompt_tokens = 1;
+  if (auto e = read_max_tokens(body, out)) return e;
+  if (body.contains("stream") && !body["stream"].is_null()) {
+    if (!body["stream"].is_boolean()) return bad_request("bad_stream", "stream must be a boolean");
+    out->stream = body["stream"].get<bool>();
+  }
+  if (body.contains("stream_options") && body["stream_options"].is_object()) {
+    const json& options = body["stream_options"];
+    if (!out->stream) {
+      return bad_request("bad_stream_options", "Stream options can only be defined when `stream=True`.");
+    }
+    out->include_usage = options.value("include_usage", false) == true;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> generate_tokens(const std::string& request_id,
+                                         const std::string& prompt_text, uint32_t count) {
+  const uint64_t seed = fnv1a(prompt_text, fnv1a(request_id) ^ 0x5bd1e995ULL);
+  std::vector<std::string> tokens;
+  tokens.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint64_t h = fnv1a(std::to_string(i), seed);
+    tokens.push_back(" " + std::string(kVocabulary[h % kVocabulary.size()]));
+  }
+  return tokens;
+}
+
+std::string response_id(ApiKind kind, const std::string& request_id) {
+  return (kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + request_id;
+}
+
+std::string internal_request_id(ApiKind kind, const std::string& request_id) {
+  char suffix[9];
+  std::snprintf(suffix, sizeof(suffix), "%08x", static_cast<uint32_t>(fnv1a(request_id)));
+  return kind == ApiKind::kChat ? "chatcmpl-" + request_id + "-" + suffix
+                                : "cmpl-" + request_id + "-0-" + suffix;
+}
+
+std::string full_response(const GenerationRequest& req, const std::string& id, int64_t created,
+                          const std::vector<std::string>& tokens, const std::string& finish_reason,
+                          const json& kv_params) {
+  std::string text;
+  for (const std::string& t : tokens) text += t;
+  json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  json body;
+  if (req.kind == ApiKind::kChat) {
+    body = base_object(req, id, created, "chat.completion");
+    choice["message"] = json{{"role", "assistant"}, {"content", text}};
+  } else {
+    body = base_object(req, id, created, "text_completion");
+    choice["text"] = text;
+  }
+  body["choices"] = json::array({choice});
+  body["usage"] = usage_json(req, static_cast<uint32_t>(tokens.size()));
+  body["kv_transfer_params"] = kv_params;
+  return body.dump();
+}
+
+std::string sse_role_chunk(const GenerationRequest& req, const std::string& id, int64_t created) {
+  json chunk = base_object(req, id, created, chunk_object(req));
+  chunk["choices"] = json::array({json{{"index", 0},
+                                       {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", nullptr}}});
+  if (req.include_usage) chunk["usage"] = nullptr;
+  return sse(chunk);
+}
+
+std::string sse_token_chunk(const GenerationRequest& req, const std::string& id, int64_t created,
+                            const std::string& token, const std::string* finish_reason) {
+  json chunk = base_object(req, id, created, chunk_object(req));
+  json choice{{"index", 0}, {"logprobs", nullptr}};
+  if (req.kind == ApiKind::kChat) {
+    choice["delta"] = json{{"content", token}};
+  } else {
+    choice["text"] = token;
+  }
+  choice["finish_reason"] = finish_reason ? json(*finish_reason) : json(nullptr);
+  chunk["choices"] = json::array({choice});
+  if (req.include_usage) chunk["usage"] = nullptr;
+  return sse(chunk);
+}
+
+std::string sse_usage_chunk(const GenerationRequest& req, const std::string& id, int64_t created,
+                            uint32_t completion_tokens) {
+  json chunk = base_object(req, id, created, chunk_object(req));
+  chunk["choices"] = json::array();
+  chunk["usage"] = usage_json(req, completion_tokens);
+  return sse(chunk);
+}
+
+}  // namespace pdr::node::sim

@@ -1,0 +1,70 @@
+// Deterministic generation for `pdnode sim`: request parsing (prompt -> token count, max_tokens,
+// stream flags), the generated tokens, and vLLM's JSON / SSE response shapes. No I/O, no clocks:
+// the server passes `created` in.
+//
+// Token model (documented for tests): a prompt's token count is its number of whitespace-separated
+// words (a prompt given as a token-id array counts its ids; chat counts the words of every message's
+// text content); at least 1. Generated token i is " " + a word from a fixed vocabulary picked by
+// FNV-1a over (request id, prompt text, i), so the same X-Request-Id and prompt always produce the
+// same text, on any node and in stream or non-stream form.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "node/sim_error.h"
+
+namespace pdr::node::sim {
+
+enum class ApiKind { kCompletion, kChat };
+
+struct GenerationRequest {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string model;         // as requested (echoed back)
+  std::string prompt_text;   // what the tokens are derived from
+  uint32_t prompt_tokens = 1;
+  uint32_t max_tokens = 16;  // max_completion_tokens wins over max_tokens; default 16
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+constexpr uint32_t kDefaultMaxTokens = 16;
+
+// Validates the fields vLLM validates (prompt / messages present, max_tokens >= 1 and an int,
+// stream a bool). `served_model` is what an absent "model" defaults to; a different model name is
+// refused with 404 as vLLM does.
+std::optional<SimError> parse_generation_request(ApiKind kind, const nlohmann::json& body,
+                                                 const std::string& served_model,
+                                                 GenerationRequest* out);
+
+std::vector<std::string> generate_tokens(const std::string& request_id,
+                                         const std::string& prompt_text, uint32_t count);
+
+// "cmpl-<id>" / "chatcmpl-<id>", vLLM's user-visible response id for X-Request-Id <id>.
+std::string response_id(ApiKind kind, const std::string& request_id);
+
+// The engine-internal id vLLM derives from it (PROTOCOLS §5): "cmpl-<id>-0-<8hex>" or
+// "chatcmpl-<id>-<8hex>", the 8 hex digits derived from the id so they are reproducible.
+std::string internal_request_id(ApiKind kind, const std::string& request_id);
+
+// Non-streaming body: CompletionResponse / ChatCompletionResponse with usage and a top-level
+// kv_transfer_params (null when `kv_params` is null).
+std::string full_response(const GenerationRequest& req, const std::string& id, int64_t created,
+                          const std::vector<std::string>& tokens, const std::string& finish_reason,
+                          const nlohmann::json& kv_params);
+
+// SSE events, each "data: {...}\n\n". Chat streams open with a role-only delta. A token chunk
+// carries finish_reason only on the last token; with include_usage every chunk has "usage": null
+// and a final choices-less chunk carries the usage.
+std::string sse_role_chunk(const GenerationRequest& req, const std::string& id, int64_t created);
+std::string sse_token_chunk(const GenerationRequest& req, const std::string& id, int64_t created,
+                            const std::string& token, const std::string* finish_reason);
+std::string sse_usage_chunk(const GenerationRequest& req, const std::string& id, int64_t created,
+                            uint32_t completion_tokens);
+inline constexpr const char* kSseDone = "data: [DONE]\n\n";
+
+}  // namespace pdr::node::sim

@@ -1,0 +1,84 @@
+#include "node/sim_request_log.h"
+
+#include <chrono>
+
+#include <nlohmann/json.hpp>
+
+namespace pdr::node::sim {
+
+uint64_t SimRequestLog::record(const http::Request& request) {
+  Entry entry;
+  entry.method = request.method;
+  entry.path = request.path;
+  entry.target = request.target;
+  for (const http::Header& h : request.headers) {
+    std::string name = h.name;
+    for (char& c : name) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    entry.headers[name] = h.value;
+  }
+  entry.body = request.body;
+  entry.arrival_unix_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  std::lock_guard<std::mutex> lock(mutex_);
+  entry.seq = next_seq_++;
+  ++requests_;
+  entries_.push_back(std::move(entry));
+  if (entries_.size() > kCapacity) entries_.pop_front();
+  return entries_.back().seq;
+}
+
+SimRequestLog::Entry* SimRequestLog::find(uint64_t seq) {
+  if (entries_.empty() || seq < entries_.front().seq) return nullptr;
+  const uint64_t index = seq - entries_.front().seq;  // seqs are consecutive within the deque
+  return index < entries_.size() ? &entries_[index] : nullptr;
+}
+
+void SimRequestLog::set_status(uint64_t seq, int status) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* e = find(seq)) e->status = status;
+}
+
+void SimRequestLog::mark_aborted(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++aborts_;
+  if (Entry* e = find(seq)) e->aborted = true;
+}
+
+void SimRequestLog::count_error(std::string_view reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++errors_by_reason_[std::string(reason)];
+}
+
+void SimRequestLog::reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Sequence numbers keep counting so updates for requests still in flight find nothing.
+  entries_.clear();
+  requests_ = 0;
+  aborts_ = 0;
+  errors_by_reason_.clear();
+}
+
+std::string SimRequestLog::to_json() const {
+  using nlohmann::json;
+  std::lock_guard<std::mutex> lock(mutex_);
+  json list = json::array();
+  for (const Entry& e : entries_) {
+    // Bodies are arbitrary bytes; invalid UTF-8 is replaced so the dump cannot throw.
+    list.push_back(json{{"seq", e.seq},
+                        {"method", e.method},
+                        {"path", e.path},
+                        {"target", e.target},
+                        {"headers", e.headers},
+                        {"body", e.body},
+                        {"arrival_unix_ms", e.arrival_unix_ms},
+                        {"status", e.status},
+                        {"aborted", e.aborted}});
+  }
+  json out{{"requests", list},
+           {"counters",
+            {{"requests", requests_}, {"aborts", aborts_}, {"errors_by_reason", errors_by_reason_}}}};
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace pdr::node::sim

@@ -1,0 +1,53 @@
+// SimRequestLog: what `pdnode sim` received and how it answered, for GET /sim/requests.
+//
+// Thread-safe (one mutex); any worker records and updates entries. Keeps the newest 256 entries;
+// updates to an entry already dropped are ignored (counters still move).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "router/http/http_message.h"
+
+namespace pdr::node::sim {
+
+class SimRequestLog {
+ public:
+  static constexpr size_t kCapacity = 256;
+
+  // Records an arrival; returns its sequence number for later updates.
+  uint64_t record(const http::Request& request);
+  void set_status(uint64_t seq, int status);
+  void mark_aborted(uint64_t seq);
+  void count_error(std::string_view reason);
+  void reset();
+  // {"requests":[...], "counters":{"requests":N,"aborts":N,"errors_by_reason":{...}}}
+  std::string to_json() const;
+
+ private:
+  struct Entry {
+    uint64_t seq = 0;
+    std::string method;
+    std::string path;
+    std::string target;
+    std::map<std::string, std::string> headers;  // lower-cased names; a repeated name keeps the last
+    std::string body;
+    double arrival_unix_ms = 0;
+    int status = 0;
+    bool aborted = false;
+  };
+  Entry* find(uint64_t seq);
+
+  mutable std::mutex mutex_;
+  std::deque<Entry> entries_;
+  uint64_t next_seq_ = 1;
+  uint64_t requests_ = 0;
+  uint64_t aborts_ = 0;
+  std::map<std::string, uint64_t> errors_by_reason_;
+};
+
+}  // namespace pdr::node::sim

@@ -1,0 +1,437 @@
+#include "node/sim_server.h"
+
+#include <uv.h>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "node/sim_generation.h"
+#include "node/sim_request_log.h"
+#include "router/http/http_server.h"
+
+namespace pdr::node::sim {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string random_hex32() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[33];
+  std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+http::Response json_response(int status, std::string body) {
+  return http::Response::json(status, std::move(body));
+}
+
+}  // namespace
+
+// One in-flight generation, owned by its worker's table.
+struct Generation {
+  uint64_t seq = 0;  // request log sequence number, also the table key
+  uint32_t worker = 0;
+  http::ResponseWriter writer;
+  GenerationRequest req;
+  KvRequest kv;
+  std::string request_id;   // X-Request-Id (or generated)
+  std::string response_id;  // cmpl-... / chatcmpl-...
+  int64_t created = 0;
+  std::vector<std::string> tokens;
+  size_t next_token = 0;
+  Clock::time_point first_token_at;
+  std::chrono::microseconds per_token{0};
+  struct TimerBox* timer = nullptr;
+};
+
+struct TimerBox {
+  uv_timer_t handle{};
+  void* impl = nullptr;  // the SimServer::Impl that armed it
+  uint32_t worker = 0;
+  uint64_t seq = 0;
+};
+
+struct SimServer::Impl {
+  SimOptions options;
+  std::unique_ptr<KvMover> mover;
+  http::Server server;
+  std::unique_ptr<http::Server> bootstrap;
+  SimRequestLog log;
+  int64_t started_unix = unix_seconds();
+  // Per worker, touched only on that worker's thread.
+  std::vector<std::unordered_map<uint64_t, std::unique_ptr<Generation>>> in_flight;
+  bool running = false;
+
+  void handle(http::Request&& request, http::ResponseWriter writer);
+  void handle_generation(ApiKind kind, http::Request&& request, uint64_t seq,
+                         http::ResponseWriter writer);
+  void answer(http::ResponseWriter& writer, uint64_t seq, http::Response response);
+  void answer_error(http::ResponseWriter& writer, uint64_t seq, const SimError& error);
+  std::string models_json() const;
+  std::string bootstrap_query_json() const;
+
+  void arm_timer(Generation& g, Clock::time_point when);
+  void on_timer(uint32_t worker, uint64_t seq);
+  void emit_due_tokens(Generation& g);
+  void finish(Generation& g);
+  void abort(uint32_t worker, uint64_t seq);
+  void erase(uint32_t worker, uint64_t seq);
+  Generation* find(uint32_t worker, uint64_t seq);
+  KvBlocks blocks_of(const Generation& g) const;
+};
+
+namespace {
+
+void close_timer(TimerBox* box) {
+  uv_timer_stop(&box->handle);
+  uv_close(reinterpret_cast<uv_handle_t*>(&box->handle),
+           [](uv_handle_t* h) { delete static_cast<TimerBox*>(h->data); });
+}
+
+}  // namespace
+
+void SimServer::Impl::answer(http::ResponseWriter& writer, uint64_t seq, http::Response response) {
+  const int status = response.status;
+  writer.send(std::move(response));
+  if (seq != 0) log.set_status(seq, status);
+}
+
+void SimServer::Impl::answer_error(http::ResponseWriter& writer, uint64_t seq,
+                                   const SimError& error) {
+  log.count_error(error.reason);
+  spdlog::debug("sim: {} {}: {}", error.status, error.reason, error.message);
+  answer(writer, seq, json_response(error.status, vllm_error_body(error)));
+}
+
+std::string SimServer::Impl::models_json() const {
+  json model{{"id", options.model},         {"object", "model"},
+             {"created", started_unix},     {"owned_by", "vllm"},
+             {"root", options.model},       {"parent", nullptr},
+             {"max_model_len", options.max_model_len}};
+  return json{{"object", "list"}, {"data", json::array({model})}}.dump();
+}
+
+std::string SimServer::Impl::bootstrap_query_json() const {
+  const KvNodeIdentity& node = options.node;
+  json out = json::object();
+  for (uint32_t dp = 0; dp < node.dp_size; ++dp) {
+    json workers = json::object();
+    for (uint32_t tp = 0; tp < node.tp_size; ++tp) {
+      workers[std::to_string(tp)] = json{
+          {"0", "tcp://" + node.advertise_host + ":" +
+                    std::to_string(node.kv_port + dp * node.tp_size + tp)}};
+    }
+    out[std::to_string(dp)] = json{{"engine_id", node.engine_id + "-dp" + std::to_string(dp)},
+                                   {"worker_addr", workers},
+                                   {"tp_size", node.tp_size},
+                                   {"pp_size", 1}};
+  }
+  return out.dump();
+}
+
+void SimServer::Impl::handle(http::Request&& request, http::ResponseWriter writer) {
+  const bool test_path = request.path.starts_with("/sim/");
+  const uint64_t seq = test_path ? 0 : log.record(request);
+  try {
+    const bool get = request.method == "GET";
+    const bool post = request.method == "POST";
+    if (request.path == "/health" && get) return answer(writer, seq, http::Response{200, {}, ""});
+    if (request.path == "/v1/models" && get) {
+      return answer(writer, seq, json_response(200, models_json()));
+    }
+    if (request.path == "/v1/completions" && post) {
+      return handle_generation(ApiKind::kCompletion, std::move(request), seq, std::move(writer));
+    }
+    if (request.path == "/v1/chat/completions" && post) {
+      return handle_generation(ApiKind::kChat, std::move(request), seq, std::move(writer));
+    }
+    if (request.path == "/query" && get && options.node.connector == proto::Connector::kMooncake &&
+        options.node.role == proto::Role::kPrefill) {
+      return answer(writer, seq, json_response(200, bootstrap_query_json()));
+    }
+    if (request.path == "/sim/requests" && get) {
+      return answer(writer, seq, json_response(200, log.to_json()));
+    }
+    if (request.path == "/sim/reset" && post) {
+      log.reset();
+      return answer(writer, seq, json_response(200, "{}"));
+    }
+    answer_error(writer, seq, SimError{404, "not_found", "Not Found: " + request.path});
+  } catch (const std::exception& e) {
+    // nlohmann throws on type mismatches inside odd request bodies; the body is the client's fault.
+    if (writer) answer_error(writer, seq, SimError{400, "bad_json", e.what()});
+  }
+}
+
+void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, uint64_t seq,
+                                        http::ResponseWriter writer) {
+  const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    return answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"});
+  }
+  auto g = std::make_unique<Generation>();
+  if (auto e = parse_generation_request(kind, body, options.model, &g->req)) {
+    return answer_error(writer, seq, *e);
+  }
+  const auto request_id_header = request.header("X-Request-Id");
+  g->request_id = request_id_header && !request_id_header->empty() ? std::string(*request_id_header)
+                                                                   : random_hex32();
+  std::optional<std::string> dp_rank;
+  if (auto h = request.header("X-data-parallel-rank")) dp_rank = std::string(*h);
+  const json kv_params = body.contains("kv_transfer_params") ? body["kv_transfer_params"] : json();
+  if (auto e = check_kv_request(options.node, g->request_id, dp_rank, kv_params, &g->kv)) {
+    return answer_error(writer, seq, *e);
+  }
+  if (g->req.prompt_tokens + g->req.max_tokens > options.max_model_len) {
+    return answer_error(writer, seq,
+                        SimError{400, "too_long",
+                                 "This model's maximum context length is " +
+                                     std::to_string(options.max_model_len) + " tokens."});
+  }
+  g->seq = seq;
+  g->worker = request.worker;
+  g->response_id = response_id(kind, g->request_id);
+  g->created = unix_seconds();
+  g->tokens = generate_tokens(g->request_id, g->req.prompt_text, g->req.max_tokens);
+  // A decode leg's prompt KV arrives from the prefill node, so it pays no prefill time.
+  const auto prefill = g->kv.leg == KvLeg::kDecode
+                           ? std::chrono::microseconds(0)
+                           : std::chrono::microseconds(uint64_t{options.prefill_us_per_token} *
+                                                       g->req.prompt_tokens);
+  g->per_token = std::chrono::microseconds(options.decode_us_per_token);
+  g->first_token_at = Clock::now() + prefill;
+  g->writer = std::move(writer);
+
+  if (g->req.stream) {
+    g->writer.start_stream(200, {{"Content-Type", "text/event-stream; charset=utf-8"}});
+    if (kind == ApiKind::kChat) {
+      g->writer.write(sse_role_chunk(g->req, g->response_id, g->created));
+    }
+  }
+  const uint32_t worker = g->worker;
+  g->writer.on_client_close([this, worker, seq] { abort(worker, seq); });
+  Generation& ref = *g;
+  in_flight[worker][seq] = std::move(g);
+  const Clock::time_point first = ref.req.stream
+                                      ? ref.first_token_at
+                                      : ref.first_token_at +
+                                            ref.per_token * static_cast<int64_t>(ref.tokens.size() - 1);
+  arm_timer(ref, first);
+}
+
+void SimServer::Impl::arm_timer(Generation& g, Clock::time_point when) {
+  if (g.timer == nullptr) {
+    auto* box = new TimerBox;
+    box->impl = this;
+    box->worker = g.worker;
+    box->seq = g.seq;
+    uv_timer_init(server.loop(g.worker), &box->handle);
+    box->handle.data = box;
+    g.timer = box;
+  }
+  const auto wait = when - Clock::now();
+  // Round up to whole milliseconds (libuv's resolution) so pacing is never faster than asked.
+  const auto ms = wait.count() <= 0
+                      ? 0
+                      : std::chrono::ceil<std::chrono::milliseconds>(wait).count();
+  uv_timer_start(
+      &g.timer->handle,
+      [](uv_timer_t* h) {
+        auto* box = static_cast<TimerBox*>(h->data);
+        static_cast<Impl*>(box->impl)->on_timer(box->worker, box->seq);
+      },
+      static_cast<uint64_t>(ms), 0);
+}
+
+Generation* SimServer::Impl::find(uint32_t worker, uint64_t seq) {
+  auto& table = in_flight[worker];
+  auto it = table.find(seq);
+  return it == table.end() ? nullptr : it->second.get();
+}
+
+KvBlocks SimServer::Impl::blocks_of(const Generation& g) const {
+  KvBlocks blocks;
+  blocks.request_id = g.request_id;
+  blocks.transfer_id = g.kv.transfer_id;
+  blocks.peer_address = g.kv.peer_address;
+  blocks.prompt_tokens = g.req.prompt_tokens;
+  blocks.dp_rank = g.kv.dp_rank;
+  if (g.kv.params.is_object() && g.kv.params.contains("remote_block_ids") &&
+      g.kv.params["remote_block_ids"].is_array()) {
+    for (const json& id : g.kv.params["remote_block_ids"]) {
+      if (id.is_number_integer()) blocks.block_ids.push_back(id.get<int64_t>());
+    }
+  } else {
+    blocks.block_ids = synthetic_block_ids(g.request_id, g.req.prompt_tokens);
+  }
+  return blocks;
+}
+
+void SimServer::Impl::on_timer(uint32_t worker, uint64_t seq) {
+  Generation* g = find(worker, seq);
+  if (g == nullptr) return;
+  try {
+    if (g->next_token == 0 && g->kv.leg == KvLeg::kDecode) {
+      // Seam: the decode verifies it received the right prefill's blocks before any token.
+      if (auto e = mover->import_decode_blocks(blocks_of(*g))) {
+        log.count_error(e->reason);
+        if (!g->req.stream) {
+          answer(g->writer, seq, json_response(e->status, vllm_error_body(*e)));
+        } else {
+          log.set_status(seq, e->status);
+        }
+        return erase(worker, seq);  // a started stream is cut short, not completed
+      }
+    }
+    if (!g->req.stream) {
+      g->next_token = g->tokens.size();
+      return finish(*g);
+    }
+    emit_due_tokens(*g);
+  } catch (const std::exception& e) {
+    spdlog::error("sim: request {} failed: {}", g->request_id, e.what());
+    erase(worker, seq);
+  }
+}
+
+void SimServer::Impl::emit_due_tokens(Generation& g) {
+  const std::string finish_reason = "length";
+  const Clock::time_point now = Clock::now();
+  while (g.next_token < g.tokens.size()) {
+    const Clock::time_point due =
+        g.first_token_at + g.per_token * static_cast<int64_t>(g.next_token);
+    if (due > now) return arm_timer(g, due);
+    const bool last = g.next_token + 1 == g.tokens.size();
+    g.writer.write(sse_token_chunk(g.req, g.response_id, g.created, g.tokens[g.next_token],
+                                   last ? &finish_reason : nullptr));
+    ++g.next_token;
+  }
+  finish(g);
+}
+
+void SimServer::Impl::finish(Generation& g) {
+  const uint32_t worker = g.worker;
+  const uint64_t seq = g.seq;
+  json kv_params = nullptr;
+  if (g.kv.leg == KvLeg::kPrefill) {
+    // Seam: a finished prefill hands its blocks to the transfer layer.
+    if (auto e = mover->export_prefill_blocks(blocks_of(g))) {
+      log.count_error(e->reason);
+      spdlog::warn("sim: exporting KV for {} failed: {}", g.request_id, e->message);
+    } else {
+      kv_params = prefill_response_params(options.node, g.kv,
+                                          internal_request_id(g.req.kind, g.request_id),
+                                          g.req.prompt_tokens);
+    }
+  }
+  if (g.req.stream) {
+    if (g.req.include_usage) {
+      g.writer.write(sse_usage_chunk(g.req, g.response_id, g.created,
+                                     static_cast<uint32_t>(g.tokens.size())));
+    }
+    g.writer.write(kSseDone);
+    g.writer.end_stream();
+    log.set_status(seq, 200);
+  } else {
+    answer(g.writer, seq,
+           json_response(200, full_response(g.req, g.response_id, g.created, g.tokens, "length",
+                                            kv_params)));
+  }
+  erase(worker, seq);
+}
+
+void SimServer::Impl::abort(uint32_t worker, uint64_t seq) {
+  if (find(worker, seq) == nullptr) return;
+  log.mark_aborted(seq);
+  erase(worker, seq);
+}
+
+void SimServer::Impl::erase(uint32_t worker, uint64_t seq) {
+  auto& table = in_flight[worker];
+  auto it = table.find(seq);
+  if (it == table.end()) return;
+  std::unique_ptr<Generation> g = std::move(it->second);
+  table.erase(it);
+  if (g->timer != nullptr) close_timer(std::exchange(g->timer, nullptr));
+}
+
+SimServer::SimServer(SimOptions options, std::unique_ptr<KvMover> mover)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  impl_->mover = mover ? std::move(mover) : std::make_unique<NullKvMover>();
+}
+
+SimServer::~SimServer() { stop(); }
+
+Status SimServer::start() {
+  Impl& impl = *impl_;
+  impl.in_flight.resize(std::max<uint32_t>(1, impl.options.workers));
+  http::ServerOptions server_options;
+  server_options.host = impl.options.host;
+  server_options.port = impl.options.port;
+  server_options.workers = std::max<uint32_t>(1, impl.options.workers);
+  Status s = impl.server.start(server_options, [&impl](http::Request&& r, http::ResponseWriter w) {
+    impl.handle(std::move(r), std::move(w));
+  });
+  if (!s.is_ok()) return s;
+  impl.options.node.http_port = impl.server.port();
+  if (impl.options.node.engine_id.empty()) {
+    impl.options.node.engine_id =
+        "sim-" + impl.options.node.advertise_host + "-" + std::to_string(impl.server.port());
+  }
+  impl.running = true;
+  if (impl.options.bootstrap_port) {
+    impl.bootstrap = std::make_unique<http::Server>();
+    http::ServerOptions bootstrap_options;
+    bootstrap_options.host = impl.options.host;
+    bootstrap_options.port = *impl.options.bootstrap_port;
+    s = impl.bootstrap->start(bootstrap_options, [&impl](http::Request&& r, http::ResponseWriter w) {
+      if (r.method == "GET" && r.path == "/query") {
+        w.send(json_response(200, impl.bootstrap_query_json()));
+      } else {
+        w.send(json_response(404, vllm_error_body(SimError{404, "not_found", "Not Found"})));
+      }
+    });
+    if (!s.is_ok()) return s;
+  }
+  return Status::ok();
+}
+
+uint16_t SimServer::port() const { return impl_->server.port(); }
+
+std::optional<uint16_t> SimServer::bootstrap_port() const {
+  if (!impl_->bootstrap) return std::nullopt;
+  return impl_->bootstrap->port();
+}
+
+void SimServer::stop() {
+  Impl& impl = *impl_;
+  if (!impl.running) return;
+  impl.running = false;
+  // Drop in-flight generations on their own threads first, so no timer keeps a loop alive.
+  for (uint32_t w = 0; w < impl.in_flight.size(); ++w) {
+    impl.server.post(w, [&impl, w] {
+      std::vector<uint64_t> seqs;
+      for (const auto& [seq, g] : impl.in_flight[w]) seqs.push_back(seq);
+      for (uint64_t seq : seqs) impl.erase(w, seq);
+    });
+  }
+  impl.server.stop(std::chrono::milliseconds(200));
+  if (impl.bootstrap) impl.bootstrap->stop(std::chrono::milliseconds(0));
+}
+
+}  // namespace pdr::node::sim
