@@ -1,0 +1,646 @@
+// Upstream client tests: real sockets on loopback, port 0. The upstream is pdr::http::Server (its
+// own worker threads); the client pool runs on a uv loop in the test thread. Every wait is
+// bounded by a deadline timer on that loop.
+#include "router/http/upstream_client.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "router/http/http_server.h"
+#include "tests/support/time_scale.h"
+
+namespace pdr::http {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using pdr::test::scaled;
+
+constexpr int kSseEvents = 5;
+constexpr auto kSseGap = 20ms;
+
+// What one call saw, recorded on the loop thread.
+struct Outcome {
+  int status = 0;
+  std::vector<Header> headers;
+  std::string body;
+  std::vector<Clock::time_point> chunk_times;
+  bool completed = false;
+  bool failed = false;
+  int finals = 0;  // on_complete + on_error: must end at exactly 1 (0 after cancel)
+  int callbacks_after_done = 0;
+  Status error;
+  Clock::time_point done_at{};
+
+  bool done() const { return finals > 0; }
+};
+
+UpstreamCallbacks record_into(Outcome* o) {
+  UpstreamCallbacks cb;
+  cb.on_head = [o](int status, const std::vector<Header>& headers) {
+    if (o->done()) ++o->callbacks_after_done;
+    o->status = status;
+    o->headers = headers;
+  };
+  cb.on_body = [o](std::string_view chunk) {
+    if (o->done()) ++o->callbacks_after_done;
+    o->body.append(chunk);
+    o->chunk_times.push_back(Clock::now());
+  };
+  cb.on_complete = [o] {
+    ++o->finals;
+    o->completed = true;
+    o->done_at = Clock::now();
+  };
+  cb.on_error = [o](const Status& s) {
+    ++o->finals;
+    o->failed = true;
+    o->error = s;
+    o->done_at = Clock::now();
+  };
+  return cb;
+}
+
+std::string header_of(const Outcome& o, std::string_view name) {
+  for (const Header& h : o.headers) {
+    if (iequals(h.name, name)) return h.value;
+  }
+  return "<none>";
+}
+
+// Sends SSE events from a timer on the worker loop that ran the handler.
+struct SseStreamer {
+  uv_timer_t timer{};
+  ResponseWriter writer;
+  int sent = 0;
+  std::atomic<int64_t>* last_sent_ns = nullptr;
+
+  static void tick(uv_timer_t* t) {
+    auto* s = static_cast<SseStreamer*>(t->data);
+    ++s->sent;
+    s->writer.write("data: {\"event\":" + std::to_string(s->sent) + "}\n\n");
+    if (s->sent == kSseEvents) {
+      s->last_sent_ns->store(Clock::now().time_since_epoch().count());
+      s->writer.end_stream();
+      uv_timer_stop(t);
+      uv_close(reinterpret_cast<uv_handle_t*>(t), [](uv_handle_t* h) { delete static_cast<SseStreamer*>(h->data); });
+    }
+  }
+};
+
+class UpstreamClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(uv_loop_init(&loop_), 0);
+    uv_timer_init(&loop_, &deadline_);
+    uv_timer_init(&loop_, &tick_);
+    deadline_.data = this;
+    pool_ = std::make_unique<UpstreamPool>(&loop_, PoolOptions{});
+  }
+
+  void TearDown() override {
+    pool_.reset();
+    uv_close(reinterpret_cast<uv_handle_t*>(&deadline_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&tick_), nullptr);
+    // Handles finish closing on the loop; a clean uv_loop_close proves nothing was left open.
+    const auto until = Clock::now() + 5s;
+    while (uv_loop_alive(&loop_) && Clock::now() < until) uv_run(&loop_, UV_RUN_NOWAIT);
+    EXPECT_EQ(uv_loop_close(&loop_), 0) << "handles left open on the client loop";
+    server_.stop(1s);
+    std::lock_guard<std::mutex> l(parked_mu_);
+    parked_.clear();  // worker threads are joined
+  }
+
+  void start_server(ServerOptions options = {}) {
+    if (options.host == "0.0.0.0") options.host = "127.0.0.1";
+    Status s = server_.start(options, [this](Request&& r, ResponseWriter w) { handle(std::move(r), std::move(w)); });
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    target_ = proto::HostPort{options.host, server_.port()};
+  }
+
+  void handle(Request&& r, ResponseWriter w) {
+    requests_.fetch_add(1);
+    if (r.path == "/json") {
+      Response resp = Response::json(200, R"({"object":"text_completion","echo":")" + r.body + "\"}");
+      resp.headers.push_back({"X-Host", std::string(r.header("host").value_or("none"))});
+      resp.headers.push_back({"X-Connection", std::string(r.header("connection").value_or("none"))});
+      resp.headers.push_back({"X-Test", std::string(r.header("x-test").value_or("none"))});
+      resp.headers.push_back({"X-Method", r.method});
+      w.send(std::move(resp));
+    } else if (r.path == "/sse") {
+      w.start_stream(200, {{"Content-Type", "text/event-stream"}});
+      auto* s = new SseStreamer;
+      s->writer = std::move(w);
+      s->last_sent_ns = &sse_last_sent_ns_;
+      s->timer.data = s;
+      uv_timer_init(server_.loop(r.worker), &s->timer);
+      const auto gap = static_cast<uint64_t>(kSseGap.count());
+      uv_timer_start(&s->timer, &SseStreamer::tick, gap, gap);
+    } else if (r.path == "/hang") {
+      w.on_client_close([this] { hang_closed_.fetch_add(1); });
+      std::lock_guard<std::mutex> l(parked_mu_);
+      parked_.push_back(std::move(w));
+      hang_arrived_.fetch_add(1);
+    } else {
+      w.send(Response::text(404, "no route"));
+    }
+  }
+
+  // Runs the client loop until pred() holds or the deadline passes. A 2 ms tick keeps the loop
+  // waking up so conditions set by server threads are noticed.
+  bool run_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 5s) {
+    expired_ = false;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(scaled(timeout)).count();
+    uv_timer_start(&deadline_, [](uv_timer_t* t) { static_cast<UpstreamClientTest*>(t->data)->expired_ = true; },
+                   static_cast<uint64_t>(ms), 0);
+    uv_timer_start(&tick_, [](uv_timer_t*) {}, 2, 2);
+    bool ok = pred();
+    while (!ok && !expired_) {
+      uv_run(&loop_, UV_RUN_ONCE);
+      ok = pred();
+    }
+    uv_timer_stop(&deadline_);
+    uv_timer_stop(&tick_);
+    return ok;
+  }
+
+  std::shared_ptr<UpstreamCall> call(std::string path, Outcome* o, UpstreamTimeouts t = {},
+                                     std::string body = "") {
+    UpstreamRequest req;
+    req.path = std::move(path);
+    req.body = std::move(body);
+    req.headers.push_back({"Content-Type", "application/json"});
+    req.headers.push_back({"X-Test", "yes"});
+    return pool_->start(target_, std::move(req), t, record_into(o));
+  }
+
+  uv_loop_t loop_{};
+  std::unique_ptr<UpstreamPool> pool_;
+  Server server_;
+  proto::HostPort target_;
+  std::atomic<int> requests_{0};
+  std::atomic<int> hang_arrived_{0};
+  std::atomic<int> hang_closed_{0};
+  std::atomic<int64_t> sse_last_sent_ns_{0};
+  std::mutex parked_mu_;
+  std::vector<ResponseWriter> parked_;
+  uv_timer_t deadline_{};
+  uv_timer_t tick_{};
+  bool expired_ = false;
+};
+
+// A loopback port nothing listens on: bound, then closed.
+uint16_t closed_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// One-shot raw upstream on a thread: accepts one connection, reads the request head, writes
+// `response` verbatim and closes. For framings pdr::http::Server never produces.
+class RawUpstream {
+ public:
+  explicit RawUpstream(std::string response) : response_(std::move(response)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    ::listen(fd_, 4);
+    socklen_t len = sizeof(a);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] {
+      timeval tv{5, 0};
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      std::string in;
+      char buf[4096];
+      while (in.find("\r\n\r\n") == std::string::npos) {
+        const ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        in.append(buf, static_cast<size_t>(n));
+      }
+      ::send(c, response_.data(), response_.size(), MSG_NOSIGNAL);
+      ::close(c);
+    });
+  }
+  ~RawUpstream() {
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  uint16_t port() const { return port_; }
+
+ private:
+  std::string response_;
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+TEST_F(UpstreamClientTest, JsonResponseWithRequestFraming) {
+  start_server();
+  Outcome o;
+  auto c = call("/json", &o, {}, "hi");
+  EXPECT_FALSE(o.done()) << "no callback may run inside start()";
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  ASSERT_TRUE(o.completed) << o.error.to_string();
+  EXPECT_EQ(o.finals, 1);
+  EXPECT_EQ(o.status, 200);
+  EXPECT_EQ(o.body, R"({"object":"text_completion","echo":"hi"})");
+  EXPECT_EQ(header_of(o, "content-type"), "application/json");
+  EXPECT_EQ(header_of(o, "x-host"), "127.0.0.1:" + std::to_string(server_.port()));
+  EXPECT_EQ(header_of(o, "x-connection"), "keep-alive");
+  EXPECT_EQ(header_of(o, "x-test"), "yes");
+  EXPECT_EQ(header_of(o, "x-method"), "POST");
+  EXPECT_TRUE(c->done());
+  EXPECT_EQ(c->failure(), UpstreamFailure::kNone);
+  const PoolStats st = pool_->stats();
+  EXPECT_EQ(st.connects, 1u);
+  EXPECT_EQ(st.active, 0u);
+  EXPECT_EQ(st.idle, 1u);
+}
+
+TEST_F(UpstreamClientTest, SseChunksArriveAsTheyAreSent) {
+  start_server();
+  Outcome o;
+  auto c = call("/sse", &o);
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  ASSERT_TRUE(o.completed) << o.error.to_string();
+  EXPECT_EQ(header_of(o, "content-type"), "text/event-stream");
+  std::string expected;
+  for (int i = 1; i <= kSseEvents; ++i) expected += "data: {\"event\":" + std::to_string(i) + "}\n\n";
+  EXPECT_EQ(o.body, expected);
+  ASSERT_GE(o.chunk_times.size(), 2u) << "the stream was delivered in one piece";
+  // Events are 20 ms apart: the first must reach on_body well before the last is sent.
+  const auto lead = o.done_at - o.chunk_times.front();
+  EXPECT_GE(lead, 60ms) << "first chunk arrived only "
+                        << std::chrono::duration_cast<std::chrono::milliseconds>(lead).count()
+                        << " ms before completion";
+  const Clock::time_point last_sent{Clock::duration(sse_last_sent_ns_.load())};
+  EXPECT_LT(o.chunk_times.front(), last_sent);
+  EXPECT_EQ(pool_->stats().idle, 1u);  // chunked response: reusable
+}
+
+TEST_F(UpstreamClientTest, FirstByteTimeout) {
+  start_server();
+  Outcome o;
+  UpstreamTimeouts t;
+  t.first_byte = 100ms;
+  const auto t0 = Clock::now();
+  auto c = call("/hang", &o, t);
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  EXPECT_TRUE(o.failed);
+  EXPECT_EQ(o.error.code(), StatusCode::kIoError);
+  EXPECT_NE(o.error.message().find("timeout"), std::string::npos) << o.error.message();
+  EXPECT_EQ(c->failure(), UpstreamFailure::kFirstByteTimeout);
+  EXPECT_TRUE(is_timeout(c->failure()));
+  EXPECT_GE(o.done_at - t0, 99ms);  // libuv's loop clock has millisecond granularity
+  EXPECT_EQ(pool_->stats().timeouts, 1u);
+  EXPECT_EQ(pool_->stats().idle, 0u);
+  // The timed-out connection was closed: the upstream sees the client go.
+  EXPECT_TRUE(run_until([&] { return hang_closed_.load() == 1; }));
+}
+
+TEST_F(UpstreamClientTest, CancelClosesTheConnectionAndSilencesCallbacks) {
+  start_server();
+  Outcome o;
+  auto c = call("/hang", &o);
+  ASSERT_TRUE(run_until([&] { return hang_arrived_.load() == 1; }));
+  c->cancel();
+  EXPECT_TRUE(c->done());
+  ASSERT_TRUE(run_until([&] { return hang_closed_.load() == 1; })) << "upstream never saw the close";
+  c->cancel();  // idempotent
+  run_until([] { return false; }, 50ms);
+  EXPECT_EQ(o.finals, 0);
+  EXPECT_EQ(o.status, 0);
+  const PoolStats st = pool_->stats();
+  EXPECT_EQ(st.cancels, 1u);
+  EXPECT_EQ(st.active, 0u);
+  EXPECT_EQ(st.idle, 0u);
+}
+
+TEST_F(UpstreamClientTest, CancelFromOnHeadStopsTheBody) {
+  start_server();
+  Outcome o;
+  std::shared_ptr<UpstreamCall> c;
+  UpstreamCallbacks cb = record_into(&o);
+  cb.on_head = [&](int status, const std::vector<Header>&) {
+    o.status = status;
+    c->cancel();
+  };
+  UpstreamRequest req;
+  req.path = "/sse";
+  c = pool_->start(target_, std::move(req), {}, std::move(cb));
+  ASSERT_TRUE(run_until([&] { return o.status != 0; }));
+  run_until([] { return false; }, 150ms);
+  EXPECT_EQ(o.finals, 0);
+  EXPECT_TRUE(o.body.empty());
+  EXPECT_EQ(pool_->stats().cancels, 1u);
+}
+
+TEST_F(UpstreamClientTest, ConnectionRefusedFailsQuickly) {
+  start_server();
+  Outcome o;
+  target_.port = closed_port();
+  const auto t0 = Clock::now();
+  auto c = call("/json", &o);
+  ASSERT_TRUE(run_until([&] { return o.done(); }, 2s));
+  EXPECT_TRUE(o.failed);
+  EXPECT_EQ(c->failure(), UpstreamFailure::kConnect);
+  EXPECT_NE(o.error.message().find("refused"), std::string::npos) << o.error.message();
+  EXPECT_LT(o.done_at - t0, scaled(1s));
+  EXPECT_EQ(pool_->stats().errors, 1u);
+}
+
+// Connect timeout without a non-routable address: a loopback listener that never accepts, with
+// backlog 0 and its accept queue filled, drops further SYNs, so the connect hangs.
+TEST_F(UpstreamClientTest, ConnectTimeoutAgainstFullBacklog) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(lfd, 0), 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::vector<int> fillers;
+  for (int i = 0; i < 4; ++i) {
+    const int f = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ::connect(f, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    fillers.push_back(f);
+  }
+  Outcome o;
+  target_ = proto::HostPort{"127.0.0.1", ntohs(a.sin_port)};
+  UpstreamTimeouts t;
+  t.connect = 150ms;
+  t.first_byte = 10s;
+  auto c = call("/json", &o, t);
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  EXPECT_TRUE(o.failed);
+  EXPECT_EQ(c->failure(), UpstreamFailure::kConnectTimeout) << o.error.to_string();
+  EXPECT_NE(o.error.message().find("timeout"), std::string::npos);
+  for (int f : fillers) ::close(f);
+  ::close(lfd);
+}
+
+TEST_F(UpstreamClientTest, KeepAliveReuse) {
+  start_server();
+  Outcome first, second;
+  auto c1 = call("/json", &first, {}, "1");
+  ASSERT_TRUE(run_until([&] { return first.done(); }));
+  auto c2 = call("/json", &second, {}, "2");
+  ASSERT_TRUE(run_until([&] { return second.done(); }));
+  ASSERT_TRUE(first.completed && second.completed) << second.error.to_string();
+  EXPECT_FALSE(c1->reused_connection());
+  EXPECT_TRUE(c2->reused_connection());
+  const PoolStats st = pool_->stats();
+  EXPECT_EQ(st.connects, 1u);
+  EXPECT_EQ(st.reuses, 1u);
+  EXPECT_EQ(st.retries, 0u);
+  EXPECT_EQ(server_.stats().connections_accepted.load(), 1u);
+}
+
+TEST_F(UpstreamClientTest, StartFromOnCompleteReusesTheConnection) {
+  start_server();
+  Outcome first, second;
+  std::shared_ptr<UpstreamCall> c2;
+  UpstreamCallbacks cb = record_into(&first);
+  auto done = cb.on_complete;
+  cb.on_complete = [&, done] {
+    done();
+    c2 = call("/json", &second);
+  };
+  UpstreamRequest req;
+  req.path = "/json";
+  auto c1 = pool_->start(target_, std::move(req), {}, std::move(cb));
+  ASSERT_TRUE(run_until([&] { return second.done(); }));
+  EXPECT_TRUE(second.completed);
+  EXPECT_TRUE(c2->reused_connection());
+  EXPECT_EQ(pool_->stats().connects, 1u);
+}
+
+// The upstream closes a pooled connection while the client loop is not running, so the pool has
+// not seen the FIN when the next call takes the connection: the call must retry once.
+TEST_F(UpstreamClientTest, StalePooledConnectionIsRetriedOnce) {
+  ServerOptions opt;
+  opt.keep_alive_idle = 100ms;
+  start_server(opt);
+  Outcome first, second;
+  auto c1 = call("/json", &first);
+  ASSERT_TRUE(run_until([&] { return first.done(); }));
+  ASSERT_EQ(pool_->stats().idle, 1u);
+  const auto until = Clock::now() + scaled(5s);
+  while (server_.stats().idle_timeouts.load() == 0 && Clock::now() < until) {
+    std::this_thread::sleep_for(1ms);  // polling a condition with a deadline, not timing
+  }
+  ASSERT_EQ(server_.stats().idle_timeouts.load(), 1u);
+  auto c2 = call("/json", &second, {}, "again");
+  ASSERT_TRUE(run_until([&] { return second.done(); }));
+  ASSERT_TRUE(second.completed) << second.error.to_string();
+  EXPECT_EQ(second.body, R"({"object":"text_completion","echo":"again"})");
+  EXPECT_TRUE(c2->retried());
+  const PoolStats st = pool_->stats();
+  EXPECT_EQ(st.reuses, 1u);
+  EXPECT_EQ(st.retries, 1u);
+  EXPECT_EQ(st.connects, 2u);
+  EXPECT_EQ(st.errors, 0u);
+}
+
+TEST_F(UpstreamClientTest, IdlePooledConnectionClosedByUpstreamIsDropped) {
+  ServerOptions opt;
+  opt.keep_alive_idle = 50ms;
+  start_server(opt);
+  Outcome first, second;
+  auto c1 = call("/json", &first);
+  ASSERT_TRUE(run_until([&] { return first.done(); }));
+  ASSERT_TRUE(run_until([&] { return pool_->stats().idle == 0; })) << "pool kept a closed connection";
+  auto c2 = call("/json", &second);
+  ASSERT_TRUE(run_until([&] { return second.done(); }));
+  EXPECT_TRUE(second.completed);
+  EXPECT_FALSE(c2->retried());
+  EXPECT_EQ(pool_->stats().connects, 2u);
+}
+
+TEST_F(UpstreamClientTest, HundredConcurrentCalls) {
+  ServerOptions opt;
+  opt.workers = 2;
+  start_server(opt);
+  constexpr int kCalls = 100;
+  std::vector<Outcome> outs(kCalls);
+  std::vector<std::shared_ptr<UpstreamCall>> calls;
+  for (int i = 0; i < kCalls; ++i) calls.push_back(call("/json", &outs[i], {}, std::to_string(i)));
+  ASSERT_TRUE(run_until([&] {
+    for (const Outcome& o : outs) {
+      if (!o.done()) return false;
+    }
+    return true;
+  }, 10s));
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_TRUE(outs[i].completed) << i << ": " << outs[i].error.to_string();
+    EXPECT_EQ(outs[i].body, R"({"object":"text_completion","echo":")" + std::to_string(i) + "\"}");
+    EXPECT_EQ(outs[i].finals, 1);
+  }
+  const PoolStats st = pool_->stats();
+  EXPECT_EQ(st.connects, static_cast<uint64_t>(kCalls));
+  EXPECT_EQ(st.active, 0u);
+  EXPECT_EQ(st.idle, PoolOptions{}.max_idle_per_host);
+}
+
+TEST_F(UpstreamClientTest, CloseDelimitedBody) {
+  RawUpstream raw("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nhello, close-delimited");
+  target_ = proto::HostPort{"127.0.0.1", raw.port()};
+  Outcome o;
+  auto c = call("/raw", &o);
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  ASSERT_TRUE(o.completed) << o.error.to_string();
+  EXPECT_EQ(o.body, "hello, close-delimited");
+  EXPECT_EQ(pool_->stats().idle, 0u);
+}
+
+TEST_F(UpstreamClientTest, InterimResponseSkippedAndConnectionCloseHonoured) {
+  RawUpstream raw(
+      "HTTP/1.1 100 Continue\r\n\r\n"
+      "HTTP/1.1 201 Created\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
+  target_ = proto::HostPort{"127.0.0.1", raw.port()};
+  Outcome o;
+  auto c = call("/raw", &o);
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  ASSERT_TRUE(o.completed) << o.error.to_string();
+  EXPECT_EQ(o.status, 201);
+  EXPECT_EQ(o.body, "hello world");
+  EXPECT_EQ(pool_->stats().idle, 0u);
+}
+
+TEST_F(UpstreamClientTest, TruncatedResponseIsAnError) {
+  RawUpstream raw("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly a part");
+  target_ = proto::HostPort{"127.0.0.1", raw.port()};
+  Outcome o;
+  auto c = call("/raw", &o);
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  EXPECT_TRUE(o.failed);
+  EXPECT_EQ(c->failure(), UpstreamFailure::kConnectionLost);
+  EXPECT_EQ(o.body, "only a part");
+  EXPECT_FALSE(c->retried());
+}
+
+TEST_F(UpstreamClientTest, MalformedResponseIsAnError) {
+  RawUpstream raw("HTTP/1.1 abc\r\n\r\n");
+  target_ = proto::HostPort{"127.0.0.1", raw.port()};
+  Outcome o;
+  auto c = call("/raw", &o);
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  EXPECT_TRUE(o.failed);
+  EXPECT_EQ(c->failure(), UpstreamFailure::kBadResponse);
+  EXPECT_EQ(o.error.code(), StatusCode::kMalformed);
+}
+
+TEST_F(UpstreamClientTest, HostnameAndBadHeaderFailFromTheLoop) {
+  start_server();
+  Outcome by_name, bad_header;
+  target_.host = "localhost";
+  auto c1 = call("/json", &by_name);
+  target_.host = "127.0.0.1";
+  UpstreamRequest req;
+  req.path = "/json";
+  req.headers.push_back({"X-Evil", "a\r\nInjected: 1"});
+  auto c2 = pool_->start(target_, std::move(req), {}, record_into(&bad_header));
+  EXPECT_FALSE(by_name.done());
+  EXPECT_FALSE(bad_header.done());
+  ASSERT_TRUE(run_until([&] { return by_name.done() && bad_header.done(); }));
+  EXPECT_EQ(by_name.error.code(), StatusCode::kBadAddress);
+  EXPECT_EQ(bad_header.error.code(), StatusCode::kInvalidValue);
+  EXPECT_EQ(c1->failure(), UpstreamFailure::kBadRequest);
+  EXPECT_EQ(requests_.load(), 0);
+}
+
+TEST_F(UpstreamClientTest, Ipv6Literal) {
+  ServerOptions opt;
+  opt.host = "::1";
+  Status s = server_.start(opt, [this](Request&& r, ResponseWriter w) { handle(std::move(r), std::move(w)); });
+  if (!s.is_ok()) GTEST_SKIP() << "no IPv6 loopback: " << s.to_string();
+  target_ = proto::HostPort{"::1", server_.port()};
+  Outcome o;
+  auto c = call("/json", &o);
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  ASSERT_TRUE(o.completed) << o.error.to_string();
+  EXPECT_EQ(header_of(o, "x-host"), "[::1]:" + std::to_string(server_.port()));
+}
+
+TEST_F(UpstreamClientTest, PauseAndResume) {
+  start_server();
+  Outcome o;
+  std::shared_ptr<UpstreamCall> c;
+  UpstreamCallbacks cb = record_into(&o);
+  auto body = cb.on_body;
+  cb.on_body = [&, body](std::string_view chunk) {
+    body(chunk);
+    c->pause();
+  };
+  UpstreamRequest req;
+  req.path = "/sse";
+  UpstreamTimeouts t;
+  t.idle = 50ms;  // stopped while paused, or this would fire
+  c = pool_->start(target_, std::move(req), t, std::move(cb));
+  ASSERT_TRUE(run_until([&] { return !o.body.empty(); }));
+  run_until([] { return false; }, 200ms);  // the whole stream is sent meanwhile
+  EXPECT_FALSE(o.done());
+  const size_t seen = o.chunk_times.size();
+  EXPECT_LT(seen, static_cast<size_t>(kSseEvents));
+  while (!o.done()) {
+    c->resume();
+    ASSERT_TRUE(run_until([&] { return o.done() || o.chunk_times.size() > seen; }));
+  }
+  EXPECT_TRUE(o.completed) << o.error.to_string();
+  EXPECT_EQ(o.body.size(), static_cast<size_t>(kSseEvents) * std::string("data: {\"event\":1}\n\n").size());
+}
+
+TEST_F(UpstreamClientTest, PoolDestroyedWithCallInFlight) {
+  start_server();
+  Outcome o, idle_done;
+  auto warm = call("/json", &idle_done);
+  ASSERT_TRUE(run_until([&] { return idle_done.done(); }));
+  auto c = call("/hang", &o);
+  ASSERT_TRUE(run_until([&] { return hang_arrived_.load() == 1; }));
+  pool_.reset();
+  EXPECT_TRUE(o.failed);
+  EXPECT_EQ(c->failure(), UpstreamFailure::kPoolClosed);
+  c->cancel();  // safe on a finished call whose pool is gone
+  EXPECT_TRUE(run_until([&] { return hang_closed_.load() == 1; }));
+}
+
+TEST_F(UpstreamClientTest, StartAfterCloseAllFails) {
+  start_server();
+  pool_->close_all();
+  Outcome o;
+  auto c = call("/json", &o);
+  EXPECT_FALSE(o.done());
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  EXPECT_EQ(c->failure(), UpstreamFailure::kPoolClosed);
+}
+
+}  // namespace
+}  // namespace pdr::http
