@@ -540,10 +540,8 @@ std::string JsonObjectBody::render() const {
   return out;
 }
 
-std::string json_string(std::string_view s) {
+void append_json_string(std::string& out, std::string_view s) {
   static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(s.size() + 2);
   out.push_back('"');
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
@@ -566,6 +564,12 @@ std::string json_string(std::string_view s) {
     }
   }
   out.push_back('"');
+}
+
+std::string json_string(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  append_json_string(out, s);
   return out;
 }
 

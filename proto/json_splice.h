@@ -80,6 +80,7 @@ class JsonObjectBody {
 
 // ---- builders for raw JSON value text ----
 std::string json_string(std::string_view utf8);  // quoted and escaped (", \, control chars)
+void append_json_string(std::string& out, std::string_view utf8);  // the same, appended to `out`
 std::string json_int(int64_t value);
 std::string json_uint(uint64_t value);
 inline std::string json_bool(bool value) { return value ? "true" : "false"; }

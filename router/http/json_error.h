@@ -11,10 +11,6 @@
 
 namespace pdr::http {
 
-// Appends `s` as a JSON string literal (with quotes). Escapes '"', '\\' and control characters;
-// bytes >= 0x80 pass through unchanged (the caller supplies UTF-8).
-void append_json_string(std::string& out, std::string_view s);
-
 // The JSON body alone. An empty `code` is written as null.
 std::string error_body(std::string_view message, std::string_view type, std::string_view code);
 
