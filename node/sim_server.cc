@@ -1,5 +1,7 @@
 #include "node/sim_server.h"
 
+#include <atomic>
+
 #include <uv.h>
 
 #include <chrono>
@@ -74,7 +76,10 @@ struct SimServer::Impl {
   int64_t started_unix = unix_seconds();
   // Per worker, touched only on that worker's thread.
   std::vector<std::unordered_map<uint64_t, std::unique_ptr<Generation>>> in_flight;
-  bool running = false;
+  bool running = false;  // start()/stop() thread only
+  // Set (release) once the node identity (bound port, engine id) is final; workers check it
+  // (acquire) before reading `options`, since they start serving before the port is known.
+  std::atomic<bool> identity_ready{false};
 
   void handle(http::Request&& request, http::ResponseWriter writer);
   void handle_generation(ApiKind kind, http::Request&& request, uint64_t seq,
@@ -385,6 +390,10 @@ Status SimServer::start() {
   server_options.port = impl.options.port;
   server_options.workers = std::max<uint32_t>(1, impl.options.workers);
   Status s = impl.server.start(server_options, [&impl](http::Request&& r, http::ResponseWriter w) {
+    if (!impl.identity_ready.load(std::memory_order_acquire)) {
+      w.send(json_response(503, vllm_error_body(SimError{503, "starting", "the node is starting"})));
+      return;
+    }
     impl.handle(std::move(r), std::move(w));
   });
   if (!s.is_ok()) return s;
@@ -394,6 +403,7 @@ Status SimServer::start() {
         "sim-" + impl.options.node.advertise_host + "-" + std::to_string(impl.server.port());
   }
   impl.running = true;
+  impl.identity_ready.store(true, std::memory_order_release);
   if (impl.options.bootstrap_port) {
     impl.bootstrap = std::make_unique<http::Server>();
     http::ServerOptions bootstrap_options;
