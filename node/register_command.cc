@@ -1,4 +1,5 @@
 #include "node/register_command.h"
+#include "node/logging.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -212,13 +213,6 @@ FlagError build_sidecar_options(const RegisterFlags& flags, discovery::SidecarOp
   return "";
 }
 
-void configure_logging(const std::string& level) {
-  // Logs go to stderr so stdout stays free for future machine-readable output.
-  auto logger = spdlog::stderr_color_mt("pdnode");
-  logger->set_level(spdlog::level::from_str(level));
-  logger->flush_on(spdlog::level::trace);
-  spdlog::set_default_logger(logger);
-}
 
 }  // namespace
 

@@ -1,4 +1,5 @@
 #include "node/sim_command.h"
+#include "node/logging.h"
 
 #include <condition_variable>
 #include <cstdio>
@@ -138,12 +139,6 @@ proto::Registration build_registration(const SimFlags& f, const sim::SimServer& 
   return reg;
 }
 
-void configure_logging(const std::string& level) {
-  auto logger = spdlog::stderr_color_mt("pdnode");
-  logger->set_level(spdlog::level::from_str(level));
-  logger->flush_on(spdlog::level::trace);
-  spdlog::set_default_logger(logger);
-}
 
 }  // namespace
 

@@ -1,0 +1,12 @@
+// pdnode's logging: one stderr logger for every subcommand, so stdout stays free for the
+// machine-readable lines tests and scripts parse ("pdnode sim listening http=...").
+#pragma once
+
+#include <string>
+
+namespace pdr::node {
+
+// `level` is one of spdlog's names (trace, debug, info, warn, error, critical, off).
+void configure_logging(const std::string& level);
+
+}  // namespace pdr::node
