@@ -4,9 +4,16 @@
 
 #include <string>
 
+namespace CLI {
+class App;
+}
+
 namespace pdr::node {
 
 // `level` is one of spdlog's names (trace, debug, info, warn, error, critical, off).
 void configure_logging(const std::string& level);
+
+// Adds the shared `--log-level LEVEL` option (validated against those names) to a subcommand.
+void add_log_level_option(CLI::App* command, std::string* level);
 
 }  // namespace pdr::node

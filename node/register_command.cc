@@ -295,11 +295,7 @@ CLI::App* add_register_command(CLI::App& app, RegisterFlags* f) {
                   "is sent with every heartbeat (pdrouter format only). The token itself is never "
                   "taken on the command line.")
       ->type_name("VAR");
-  cmd->add_option("--log-level", f->log_level,
-                  "Log level: trace, debug, info, warn, error, critical or off.")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
-      ->type_name("LEVEL");
+  add_log_level_option(cmd, &f->log_level);
   return cmd;
 }
 

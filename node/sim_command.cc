@@ -197,11 +197,7 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
       ->check(CLI::Range(0, 65535))->type_name("PORT");
   cmd->add_option("--workers", f->workers, "HTTP worker threads.")->capture_default_str()
       ->check(CLI::Range(1, 256))->type_name("N");
-  cmd->add_option("--log-level", f->log_level,
-                  "Log level: trace, debug, info, warn, error, critical or off.")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
-      ->type_name("LEVEL");
+  add_log_level_option(cmd, &f->log_level);
   return cmd;
 }
 
