@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "discovery/discovery_counters.h"
+#include "discovery/discovery_service.h"
 #include "discovery/instance.h"
 #include "discovery/snapshot_cell.h"
 #include "discovery/topology_store.h"
@@ -23,6 +24,10 @@ struct ControlContext {
   const discovery::DiscoveryCounters* discovery_counters = nullptr;
   const discovery::TopologyStore* topology = nullptr;  // may be null (tests)
   const http::ServerStats* http_stats = nullptr;       // may be null (tests)
+  // For the admin API: registry changes go to the discovery thread, answers come back to the
+  // request's worker through the server. Both may be null (tests without an admin API).
+  discovery::DiscoveryService* discovery = nullptr;
+  http::Server* server = nullptr;
   std::string http_listener;       // "127.0.0.1:10001"
   std::string discovery_listener;  // bound ZMQ endpoint
   discovery::Clock::time_point started_at = discovery::Clock::now();

@@ -148,6 +148,8 @@ int run(Process& p) {
   control.discovery_counters = &p.discovery_counters;
   control.topology = &p.topology;
   control.http_stats = &p.server.stats();
+  control.discovery = &p.discovery;
+  control.server = &p.server;
   control.discovery_listener = p.discovery.bound_endpoint();
   control.workers = server_opts.workers;
   // The routes show the bound port, known only after start(): they are published just after it,
