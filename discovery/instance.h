@@ -34,6 +34,10 @@ struct InstanceLiveness {
   std::atomic<uint32_t> running{0};
   std::atomic<uint32_t> waiting{0};
   std::atomic<uint64_t> free_kv_blocks{0};
+  // The one field written by the HTTP workers, not the discovery thread: requests pdrouter has
+  // in flight on this node (incremented when a leg is assigned, decremented when the request
+  // ends), summed over all workers; least_outstanding and power_of_two read it.
+  std::atomic<uint32_t> outstanding{0};
 
   Clock::time_point last_seen() const;
   Clock::time_point expires_at() const;

@@ -83,6 +83,7 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   }
   write_discovery_metrics(out, *context_.discovery_counters, registry(worker), topology);
   if (context_.http_stats != nullptr) write_http_metrics(out, *context_.http_stats);
+  if (context_.proxy_counters != nullptr) proxy::write_proxy_metrics(out, *context_.proxy_counters);
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 

@@ -16,6 +16,7 @@
 #include "discovery/snapshot_cell.h"
 #include "discovery/topology_store.h"
 #include "router/http/http_server.h"
+#include "router/proxy/proxy_counters.h"
 
 namespace pdr::router {
 
@@ -24,6 +25,7 @@ struct ControlContext {
   const discovery::DiscoveryCounters* discovery_counters = nullptr;
   const discovery::TopologyStore* topology = nullptr;  // may be null (tests)
   const http::ServerStats* http_stats = nullptr;       // may be null (tests)
+  const proxy::ProxyCounters* proxy_counters = nullptr;  // may be null (tests)
   // For the admin API: registry changes go to the discovery thread, answers come back to the
   // request's worker through the server. Both may be null (tests without an admin API).
   discovery::DiscoveryService* discovery = nullptr;

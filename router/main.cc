@@ -1,7 +1,7 @@
 // pdrouter: the P/D router process. Wires the pieces together and owns the control loop:
 //   main thread      libuv loop: SIGINT/SIGTERM (graceful stop), SIGHUP + file watch (reload)
 //   discovery thread ZMQ ROUTER listener -> registry snapshots        (discovery/)
-//   N HTTP workers   /health, /status, /metrics (later: P/D proxying)  (router/http/)
+//   N HTTP workers   P/D proxying (router/proxy/), /health, /status, /metrics, admin API
 #include <pthread.h>
 #include <uv.h>
 
@@ -17,6 +17,7 @@
 #include "router/control_routes.h"
 #include "router/http/http_server.h"
 #include "router/http/json_error.h"
+#include "router/proxy/proxy_service.h"
 #include "router/topology_watcher.h"
 
 namespace pdr {
@@ -98,6 +99,8 @@ struct Process {
   discovery::SnapshotCell<discovery::RegistrySnapshot> registry;
   discovery::DiscoveryCounters discovery_counters;
   discovery::DiscoveryService discovery{registry, discovery_counters};
+  // Declared before the server so it outlives the worker threads (their on_worker_stop uses it).
+  std::unique_ptr<router::proxy::ProxyService> proxy;
   http::Server server;
   uv_loop_t* loop = nullptr;
   uv_signal_t sigint{}, sigterm{};
@@ -112,6 +115,7 @@ void on_stop_signal(uv_signal_t* handle, int signum) {
   const auto drain = p->topology.current()->timeouts.drain;
   spdlog::info("{} received: draining for up to {} ms, then stopping", signum == SIGINT ? "SIGINT" : "SIGTERM",
                drain.count());
+  p->proxy->begin_shutdown();  // new P/D requests get 503 while in-flight ones finish
   p->server.stop(drain);
   p->discovery.stop();
   if (p->watcher) p->watcher->close();
@@ -142,12 +146,16 @@ int run(Process& p) {
     spdlog::critical("{}", st.message());
     return 1;
   }
-  const http::ServerOptions server_opts = server_options(topology);
+  http::ServerOptions server_opts = server_options(topology);
+  p.proxy = std::make_unique<router::proxy::ProxyService>(p.registry, p.topology.cell(), p.server,
+                                                          server_opts.workers);
+  server_opts.on_worker_stop = [proxy = p.proxy.get()](uint32_t worker) { proxy->worker_stopped(worker); };
   router::ControlContext control;
   control.registry = &p.registry;
   control.discovery_counters = &p.discovery_counters;
   control.topology = &p.topology;
   control.http_stats = &p.server.stats();
+  control.proxy_counters = &p.proxy->counters();
   control.discovery = &p.discovery;
   control.server = &p.server;
   control.discovery_listener = p.discovery.bound_endpoint();
@@ -155,12 +163,14 @@ int run(Process& p) {
   // The routes show the bound port, known only after start(): they are published just after it,
   // and a request that races in before (fixed port, eager client) gets a clear 503.
   std::atomic<const router::ControlRoutes*> routes_ptr{nullptr};
-  Status st = p.server.start(server_opts, [&routes_ptr](http::Request&& req, http::ResponseWriter w) {
+  router::proxy::ProxyService* proxy = p.proxy.get();
+  Status st = p.server.start(server_opts, [&routes_ptr, proxy](http::Request&& req, http::ResponseWriter w) {
     const router::ControlRoutes* routes = routes_ptr.load(std::memory_order_acquire);
     if (routes == nullptr) {
       w.send(http::error_response(503, "pdrouter is starting", "server_error", "starting"));
       return;
     }
+    if (proxy->handle(req, w)) return;
     routes->handle(std::move(req), std::move(w));
   });
   if (!st.is_ok()) {

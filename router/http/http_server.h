@@ -49,6 +49,10 @@ struct ServerOptions {
   std::chrono::milliseconds keep_alive_idle{60000};
   uint32_t max_connections = 16384;  // across all workers; excess is accepted and closed at once
   int backlog = 1024;
+  // Runs on each worker's own thread during stop(), after its connections are closed and before
+  // its loop ends: the place to release per-worker state holding handles on that loop (upstream
+  // pools, timers). Optional.
+  std::function<void(uint32_t worker)> on_worker_stop;
 };
 
 // Counters, updated by workers with relaxed atomics; read from any thread.

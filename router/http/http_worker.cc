@@ -199,6 +199,14 @@ void HttpWorker::shutdown() {
       spdlog::error("http worker {}: posted task threw during shutdown", index_);
     }
   }
+  // Last: posted tasks above may still have used per-worker state.
+  if (shared_.options.on_worker_stop) {
+    try {
+      shared_.options.on_worker_stop(index_);
+    } catch (...) {
+      spdlog::error("http worker {}: on_worker_stop threw", index_);
+    }
+  }
 }
 
 }  // namespace pdr::http

@@ -1,0 +1,27 @@
+// The P/D router's endpoints that are not a P/D request: GET /v1/models (a decode node's list,
+// cached briefly per worker), GET /ready (a compatible pair exists and we are not draining), and
+// POST /start_profile, /stop_profile (fanned out to every up instance, PROTOCOLS.md
+// Implications 15).
+//
+// Worker thread only; each function answers through the writer, possibly later.
+#pragma once
+
+#include "router/http/http_message.h"
+#include "router/http/response_writer.h"
+#include "router/proxy/proxy_shared.h"
+
+namespace pdr::router::proxy {
+
+// 200 + the decode's JSON; 503 when no decode is up; 502/504 when it failed.
+void serve_models(WorkerContext& worker, const http::Request& request, http::ResponseWriter writer);
+// 200 {"status":"ready","prefill":N,"decode":M} or 503 with why.
+void serve_ready(WorkerContext& worker, http::ResponseWriter writer);
+// 200 when every instance answered 2xx, else 502; body {"results":[{"instance","role","status",
+// "error"}]}. 503 when no instance is up.
+void serve_profile(WorkerContext& worker, const http::Request& request, http::ResponseWriter writer);
+
+// The Authorization value for an upstream call made on a client's behalf: the client's own, else
+// "Bearer <connectors.upstream_api_key>", else empty.
+std::string upstream_authorization(const discovery::Topology& topology, std::string_view client_value);
+
+}  // namespace pdr::router::proxy

@@ -1,0 +1,58 @@
+// Choosing the (prefill, decode) pair for one request from a registry snapshot.
+//
+// An instance is routable when its state is up (not draining, not expired). A prefill and a decode
+// are compatible when they speak the same known connector and, for MoRIIO, the same transfer
+// mode (READ with READ, WRITE with WRITE): the two legs of one request must follow one dialect
+// (shared/PROTOCOLS.md, Implications 4). An instance that declared a model serves only requests
+// naming that model; one that declared none serves any.
+//
+// Selection: the prefill policy picks among routable prefills that have at least one compatible
+// routable decode; the decode policy then picks among the decodes compatible with that prefill.
+// Instances named in the exclusion lists (already tried by this request) are skipped. Policies
+// see each instance's live outstanding count and its dp_size as weight.
+//
+// Pure apart from the policies' own atomic state: no I/O, safe on any worker thread.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "discovery/instance.h"
+#include "proto/status.h"
+#include "router/policies/policy.h"
+
+namespace pdr::router::proxy {
+
+using InstancePtr = std::shared_ptr<const discovery::Instance>;
+
+bool compatible(const discovery::Instance& prefill, const discovery::Instance& decode);
+bool routable(const discovery::Instance& instance);
+bool serves_model(const discovery::Instance& instance, std::string_view model);
+
+struct PairQuery {
+  std::string_view model;                           // the client's "model"; empty: any
+  std::span<const std::string> excluded_prefills;   // instance keys
+  std::span<const std::string> excluded_decodes;
+  RequestSummary summary;                           // affinity key, if any
+};
+
+struct Pair {
+  InstancePtr prefill;
+  InstancePtr decode;
+};
+
+// OK with both set, or kNotFound with a message for the client's 503 saying what is missing
+// ("no prefill instance is up", "no decode instance compatible with any prefill: ...").
+Status choose_pair(const discovery::RegistrySnapshot& snapshot, const PairQuery& query,
+                   Policy& prefill_policy, Policy& decode_policy, Pair* out);
+
+// A decode for an already chosen prefill (decode retry). OK or kNotFound.
+Status choose_decode(const discovery::RegistrySnapshot& snapshot, const discovery::Instance& prefill,
+                     const PairQuery& query, Policy& decode_policy, InstancePtr* out);
+
+// OK when at least one compatible routable pair exists (GET /ready), else kNotFound with why.
+Status any_pair(const discovery::RegistrySnapshot& snapshot);
+
+}  // namespace pdr::router::proxy

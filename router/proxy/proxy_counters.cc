@@ -1,0 +1,139 @@
+#include "router/proxy/proxy_counters.h"
+
+#include <string>
+#include <utility>
+
+#include "router/metrics_page.h"
+
+namespace pdr::router::proxy {
+
+std::string_view to_string(RequestState state) {
+  switch (state) {
+    case RequestState::kAccepted: return "accepted";
+    case RequestState::kPaired: return "paired";
+    case RequestState::kPrefillSent: return "prefill_sent";
+    case RequestState::kPrefillDone: return "prefill_done";
+    case RequestState::kDecodeSent: return "decode_sent";
+    case RequestState::kStreaming: return "streaming";
+    case RequestState::kDone: return "done";
+    case RequestState::kFailed: return "failed";
+    case RequestState::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(Refusal refusal) {
+  switch (refusal) {
+    case Refusal::kBadJson: return "bad_json";
+    case Refusal::kBadContentType: return "bad_content_type";
+    case Refusal::kTooBusy: return "too_busy";
+    case Refusal::kNoPair: return "no_pair";
+    case Refusal::kShuttingDown: return "shutting_down";
+    case Refusal::kBadPath: return "bad_path";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(LegFailure failure) {
+  switch (failure) {
+    case LegFailure::kConnect: return "connect";
+    case LegFailure::kTimeout: return "timeout";
+    case LegFailure::kConnectionLost: return "connection_lost";
+    case LegFailure::kBadResponse: return "bad_response";
+    case LegFailure::kStatus5xx: return "status_5xx";
+    case LegFailure::kStatus4xx: return "status_4xx";
+    case LegFailure::kBootstrap: return "bootstrap";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(Leg leg) { return leg == Leg::kPrefill ? "prefill" : "decode"; }
+
+namespace {
+
+using S = RequestState;
+// The transitions the state machine takes (proxy_session.cc); exported even at zero so
+// dashboards see stable series (any other transition is exported once it happened).
+constexpr std::pair<S, S> kLegalTransitions[] = {
+    {S::kAccepted, S::kPaired},        {S::kAccepted, S::kFailed},
+    {S::kAccepted, S::kCancelled},     {S::kPaired, S::kPrefillSent},
+    {S::kPaired, S::kFailed},          {S::kPaired, S::kCancelled},
+    {S::kPrefillSent, S::kPrefillDone}, {S::kPrefillSent, S::kDecodeSent},
+    {S::kPrefillSent, S::kPaired},     {S::kPrefillSent, S::kDone},
+    {S::kPrefillSent, S::kFailed},     {S::kPrefillSent, S::kCancelled},
+    {S::kPrefillDone, S::kDecodeSent}, {S::kPrefillDone, S::kFailed},
+    {S::kPrefillDone, S::kPaired},
+    {S::kPrefillDone, S::kCancelled},  {S::kDecodeSent, S::kStreaming},
+    {S::kDecodeSent, S::kDecodeSent},  {S::kDecodeSent, S::kPaired},
+    {S::kDecodeSent, S::kDone},        {S::kDecodeSent, S::kFailed},
+    {S::kDecodeSent, S::kCancelled},   {S::kStreaming, S::kDone},
+    {S::kStreaming, S::kFailed},       {S::kStreaming, S::kCancelled},
+};
+
+double value(const std::atomic<uint64_t>& c) { return static_cast<double>(c.load(std::memory_order_relaxed)); }
+
+}  // namespace
+
+void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
+  auto legal = [](size_t from, size_t to) {
+    for (const auto& [f, t] : kLegalTransitions) {
+      if (static_cast<size_t>(f) == from && static_cast<size_t>(t) == to) return true;
+    }
+    return false;
+  };
+  for (size_t f = 0; f < kRequestStateCount; ++f) {
+    for (size_t t = 0; t < kRequestStateCount; ++t) {
+      const auto from = static_cast<S>(f), to = static_cast<S>(t);
+      if (!legal(f, t) && c.transitions[f][t].load(std::memory_order_relaxed) == 0) continue;
+      out.counter("pdrouter_request_transitions_total",
+                "P/D request state transitions (shared/DESIGN.md state machine)",
+                value(c.transitions[static_cast<size_t>(from)][static_cast<size_t>(to)]),
+                  {{"from", std::string(to_string(from))}, {"to", std::string(to_string(to))}});
+    }
+  }
+  for (S end : {S::kDone, S::kFailed, S::kCancelled}) {
+    uint64_t total = 0;
+    for (size_t from = 0; from < kRequestStateCount; ++from) {
+      total += c.transitions[from][static_cast<size_t>(end)].load(std::memory_order_relaxed);
+    }
+    out.counter("pdrouter_requests_total", "P/D requests by final state", static_cast<double>(total),
+                {{"outcome", std::string(to_string(end))}});
+  }
+  for (size_t r = 0; r < kRefusalCount; ++r) {
+    out.counter("pdrouter_requests_refused_total", "Requests refused before any upstream work, by reason",
+                value(c.refusals[r]), {{"reason", std::string(to_string(static_cast<Refusal>(r)))}});
+  }
+  for (Leg leg : {Leg::kPrefill, Leg::kDecode}) {
+    for (size_t f = 0; f < kLegFailureCount; ++f) {
+      out.counter("pdrouter_leg_failures_total", "Failed upstream leg attempts, by leg and cause",
+                  value(c.leg_failures[static_cast<size_t>(leg)][f]),
+                  {{"leg", std::string(to_string(leg))},
+                   {"cause", std::string(to_string(static_cast<LegFailure>(f)))}});
+    }
+    out.counter("pdrouter_leg_retries_total", "Leg attempts retried on another node",
+                value(c.retries[static_cast<size_t>(leg)]), {{"leg", std::string(to_string(leg))}});
+  }
+  out.gauge("pdrouter_requests_in_flight", "P/D requests admitted and not yet finished",
+            static_cast<double>(c.in_flight.load(std::memory_order_relaxed)));
+  out.counter("pdrouter_stream_errors_total", "Responses ended with an OpenAI-style error event mid-stream",
+              value(c.mid_stream_errors));
+  out.counter("pdrouter_local_prefill_fallbacks_total",
+              "Prefills that exported no KV (e.g. EOS on the first token): decode sent as a plain request",
+              value(c.local_prefill_fallbacks));
+  out.counter("pdrouter_client_disconnects_total", "Requests cancelled because the client went away",
+              value(c.client_disconnects));
+  out.counter("pdrouter_bootstrap_queries_total", "Mooncake bootstrap /query calls by result",
+              value(c.bootstrap_queries_ok), {{"result", "ok"}});
+  out.counter("pdrouter_bootstrap_queries_total", "Mooncake bootstrap /query calls by result",
+              value(c.bootstrap_queries_failed), {{"result", "failed"}});
+  out.counter("pdrouter_models_requests_total", "GET /v1/models answers by source", value(c.models_cache_hits),
+              {{"source", "cache"}});
+  out.counter("pdrouter_models_requests_total", "GET /v1/models answers by source", value(c.models_fetches),
+              {{"source", "upstream"}});
+  out.counter("pdrouter_profile_fanouts_total", "start_profile/stop_profile calls fanned out to every node",
+              value(c.profile_fanouts));
+  out.counter("pdrouter_backpressure_pauses_total", "Decode reads paused because the client read slowly",
+              value(c.backpressure_pauses));
+}
+
+}  // namespace pdr::router::proxy

@@ -1,0 +1,94 @@
+// What the P/D proxy counts, for /metrics: every request-state transition, why requests were
+// refused or failed, retries, and the side work (bootstrap queries, model lists, profile fan-out).
+//
+// Written by every HTTP worker with relaxed atomics (each counter is independent), read by the
+// /metrics handler on any worker.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace pdr::router {
+class MetricsWriter;
+}
+
+namespace pdr::router::proxy {
+
+// shared/DESIGN.md, "The request state machine".
+enum class RequestState : uint8_t {
+  kAccepted,     // parsed and admitted (below the concurrency limit)
+  kPaired,       // a (prefill, decode) pair chosen and both legs built
+  kPrefillSent,  // the prefill leg is in flight (concurrent dialects: decode too)
+  kPrefillDone,  // the prefill answered 2xx (serial dialects: decode completed from it)
+  kDecodeSent,   // the decode leg is in flight
+  kStreaming,    // the decode's response head reached the client; body relayed as it arrives
+  kDone,         // the client got a complete response (success or an upstream 4xx relayed)
+  kFailed,       // the client got an error (502/503/504, or an error event mid-stream)
+  kCancelled,    // the client went away; every open leg was closed
+};
+constexpr size_t kRequestStateCount = 9;
+std::string_view to_string(RequestState state);  // "accepted", "paired", ...
+
+// Why a request was refused before any upstream work.
+enum class Refusal : uint8_t {
+  kBadJson,          // 400
+  kBadContentType,   // 415
+  kTooBusy,          // 429 (limits.max_concurrent_requests)
+  kNoPair,           // 503 (no compatible prefill/decode pair)
+  kShuttingDown,     // 503 (draining)
+  kBadPath,          // 404/405
+};
+constexpr size_t kRefusalCount = 6;
+std::string_view to_string(Refusal refusal);
+
+// Why one leg attempt failed (each failed attempt counts once, retried or not).
+enum class LegFailure : uint8_t {
+  kConnect,          // connect refused / unreachable / bad address
+  kTimeout,          // connect, prefill, first-byte or stream-idle timeout
+  kConnectionLost,   // EOF / reset before the response was complete
+  kBadResponse,      // unparsable HTTP, or a prefill response that is not usable JSON
+  kStatus5xx,        // the node answered 5xx
+  kStatus4xx,        // the node answered 4xx (relayed to the client, never retried)
+  kBootstrap,        // Mooncake bootstrap /query failed
+};
+constexpr size_t kLegFailureCount = 7;
+std::string_view to_string(LegFailure failure);
+
+enum class Leg : uint8_t { kPrefill, kDecode };
+std::string_view to_string(Leg leg);
+
+struct ProxyCounters {
+  using Counter = std::atomic<uint64_t>;
+  std::array<std::array<Counter, kRequestStateCount>, kRequestStateCount> transitions{};
+  std::array<Counter, kRefusalCount> refusals{};
+  std::array<std::array<Counter, kLegFailureCount>, 2> leg_failures{};  // [Leg][LegFailure]
+  std::array<Counter, 2> retries{};                                     // [Leg]
+  std::atomic<int64_t> in_flight{0};                                    // gauge
+  Counter mid_stream_errors{0};       // streams ended with an error event
+  Counter local_prefill_fallbacks{0}; // prefill exported no KV: decode sent as a plain request
+  Counter client_disconnects{0};      // cancelled because the client went away
+  Counter bootstrap_queries_ok{0};
+  Counter bootstrap_queries_failed{0};
+  Counter models_cache_hits{0};
+  Counter models_fetches{0};
+  Counter profile_fanouts{0};
+  Counter backpressure_pauses{0};     // decode reads paused because the client was slow
+
+  void transition(RequestState from, RequestState to) {
+    transitions[static_cast<size_t>(from)][static_cast<size_t>(to)].fetch_add(1, std::memory_order_relaxed);
+  }
+  void refuse(Refusal r) { refusals[static_cast<size_t>(r)].fetch_add(1, std::memory_order_relaxed); }
+  void leg_failed(Leg leg, LegFailure f) {
+    leg_failures[static_cast<size_t>(leg)][static_cast<size_t>(f)].fetch_add(1, std::memory_order_relaxed);
+  }
+  void retried(Leg leg) { retries[static_cast<size_t>(leg)].fetch_add(1, std::memory_order_relaxed); }
+  static void bump(Counter& c) { c.fetch_add(1, std::memory_order_relaxed); }
+};
+
+// Every counter above as Prometheus families (pdrouter_request_transitions_total{from,to}, ...).
+void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& counters);
+
+}  // namespace pdr::router::proxy

@@ -1,0 +1,125 @@
+#include "router/proxy/proxy_service.h"
+
+#include "router/http/json_error.h"
+#include "router/proxy/node_endpoints.h"
+#include "router/proxy/proxy_session.h"
+
+namespace pdr::router::proxy {
+
+namespace {
+
+bool is_json_content_type(std::string_view value) {
+  const size_t semicolon = value.find(';');
+  std::string_view media = value.substr(0, semicolon);
+  while (!media.empty() && (media.back() == ' ' || media.back() == '\t')) media.remove_suffix(1);
+  while (!media.empty() && (media.front() == ' ' || media.front() == '\t')) media.remove_prefix(1);
+  if (pdr::iequals(media, "application/json")) return true;
+  // application/<something>+json (RFC 6839)
+  return media.size() > 17 && pdr::iequals(media.substr(0, 12), "application/") &&
+         pdr::iequals(media.substr(media.size() - 5), "+json");
+}
+
+http::Response method_not_allowed(std::string_view allow) {
+  http::Response r = http::error_response(405, "method not allowed; use " + std::string(allow),
+                                          "invalid_request_error", "method_not_allowed");
+  r.headers.push_back({"Allow", std::string(allow)});
+  return r;
+}
+
+}  // namespace
+
+ProxyService::ProxyService(const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry,
+                           const discovery::SnapshotCell<discovery::Topology>& topology, http::Server& server,
+                           uint32_t workers)
+    : server_(server), workers_(workers) {
+  shared_.registry = &registry;
+  shared_.topology = &topology;
+}
+
+ProxyService::~ProxyService() = default;
+
+WorkerContext& ProxyService::worker(uint32_t index) {
+  auto& slot = workers_.at(index);
+  if (!slot) slot = std::make_unique<WorkerContext>(shared_, index, server_.loop(index));
+  return *slot;
+}
+
+void ProxyService::worker_stopped(uint32_t index) {
+  if (index < workers_.size()) workers_[index].reset();
+}
+
+bool ProxyService::handle(http::Request& request, http::ResponseWriter& writer) {
+  const std::string& path = request.path;
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    admit(request, writer);
+    return true;
+  }
+  if (path == "/v1/models") {
+    if (request.method != "GET") {
+      writer.send(method_not_allowed("GET"));
+    } else {
+      serve_models(worker(request.worker), request, std::move(writer));
+    }
+    return true;
+  }
+  if (path == "/ready") {
+    if (request.method != "GET") {
+      writer.send(method_not_allowed("GET"));
+    } else {
+      serve_ready(worker(request.worker), std::move(writer));
+    }
+    return true;
+  }
+  if (path == "/start_profile" || path == "/stop_profile") {
+    if (request.method != "POST") {
+      writer.send(method_not_allowed("POST"));
+    } else {
+      serve_profile(worker(request.worker), request, std::move(writer));
+    }
+    return true;
+  }
+  return false;
+}
+
+void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
+  ProxyCounters& counters = shared_.counters;
+  if (request.method != "POST") {
+    counters.refuse(Refusal::kBadPath);
+    writer.send(method_not_allowed("POST"));
+    return;
+  }
+  if (shared_.shutting_down.load(std::memory_order_relaxed)) {
+    counters.refuse(Refusal::kShuttingDown);
+    writer.send(http::error_response(503, "pdrouter is shutting down", "server_error", "shutting_down"));
+    return;
+  }
+  if (auto type = request.header("Content-Type"); type && !is_json_content_type(*type)) {
+    counters.refuse(Refusal::kBadContentType);
+    writer.send(http::error_response(415, "Content-Type must be application/json, got '" + std::string(*type) + "'",
+                                     "invalid_request_error", "unsupported_media_type"));
+    return;
+  }
+  WorkerContext& w = worker(request.worker);
+  const auto limit = static_cast<int64_t>(w.topology()->limits.max_concurrent_requests);
+  if (counters.in_flight.fetch_add(1, std::memory_order_relaxed) >= limit) {
+    counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
+    counters.refuse(Refusal::kTooBusy);
+    http::Response r = http::error_response(
+        429, "too many requests in flight (limits.max_concurrent_requests = " + std::to_string(limit) + ")",
+        "rate_limit_error", "too_many_requests");
+    r.headers.push_back({"Retry-After", "1"});
+    writer.send(std::move(r));
+    return;
+  }
+  AdmittedRequest admitted;
+  admitted.path = std::move(request.path);
+  admitted.body = std::move(request.body);
+  admitted.authorization = std::string(request.header("Authorization").value_or(std::string_view()));
+  const std::string& affinity_header = w.topology()->policies.affinity_header;
+  if (!affinity_header.empty()) {
+    admitted.affinity_header_value = std::string(request.header(affinity_header).value_or(std::string_view()));
+  }
+  ProxySession::start(w, std::move(admitted), std::move(writer));
+}
+
+}  // namespace pdr::router::proxy

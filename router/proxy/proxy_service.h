@@ -1,0 +1,52 @@
+// ProxyService: the router's client-facing API on every HTTP worker.
+//   POST /v1/completions, POST /v1/chat/completions   P/D requests (proxy_session.h)
+//   GET  /v1/models                                   a decode's model list, cached briefly
+//   GET  /ready                                       200 only when a compatible pair exists
+//   POST /start_profile, POST /stop_profile           fanned out to every up instance
+// Admission for P/D requests, in order: 405 (not POST), 503 (shutting down), 415 (a
+// Content-Type that is not JSON: application/json or application/*+json), 429 with Retry-After
+// (limits.max_concurrent_requests requests already in flight, across all workers). A request
+// without Content-Type is read as JSON. Body-size
+// (413) and header limits are enforced earlier by the HTTP server.
+//
+// Threads: handle() runs on every worker concurrently; per-worker state is created on the worker
+// at its first request and released by worker_stopped() on the same thread (wire it to
+// ServerOptions::on_worker_stop).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "router/http/http_server.h"
+#include "router/proxy/proxy_shared.h"
+
+namespace pdr::router::proxy {
+
+class ProxyService {
+ public:
+  // `server` provides each worker's loop; `workers` is its worker count.
+  ProxyService(const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry,
+               const discovery::SnapshotCell<discovery::Topology>& topology, http::Server& server,
+               uint32_t workers);
+  ~ProxyService();
+
+  // Answers and returns true when the path is one of this service's; false leaves the request
+  // (and writer) untouched for the next handler.
+  bool handle(http::Request& request, http::ResponseWriter& writer);
+
+  // Refuse new P/D requests from now on (the drain on shutdown); /ready turns 503.
+  void begin_shutdown() { shared_.shutting_down.store(true); }
+  void worker_stopped(uint32_t worker);
+
+  const ProxyCounters& counters() const { return shared_.counters; }
+
+ private:
+  WorkerContext& worker(uint32_t index);
+  void admit(http::Request& request, http::ResponseWriter& writer);
+
+  ProxyShared shared_;
+  http::Server& server_;
+  std::vector<std::unique_ptr<WorkerContext>> workers_;  // [i] touched only by worker i
+};
+
+}  // namespace pdr::router::proxy

@@ -1,0 +1,641 @@
+#include "router/proxy/proxy_session.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "proto/json_splice.h"
+#include "proto/request_legs.h"
+#include "router/http/json_error.h"
+#include "router/proxy/pairing.h"
+#include "router/proxy/retry_rules.h"
+
+namespace pdr::router::proxy {
+
+using discovery::Instance;
+using proto::Connector;
+
+namespace {
+
+proto::LegInstance to_leg_instance(const Instance& i, const discovery::Topology& topology) {
+  proto::LegInstance out;
+  out.connector = i.connector;
+  out.transfer_mode = i.transfer_mode;
+  out.http_address = i.http_address;
+  out.zmq_address = i.zmq_address;
+  out.moriio_zmq = i.moriio_zmq;
+  out.dp_size = std::max<uint32_t>(1, i.dp_size);
+  out.tp_size = std::max<uint32_t>(1, i.tp_size);
+  out.bootstrap_port = i.bootstrap_port;
+  if (i.connector == Connector::kMooncake && !out.bootstrap_port) {
+    out.bootstrap_port = topology.connectors.mooncake_bootstrap_port;
+  }
+  return out;
+}
+
+http::UpstreamRequest to_upstream(const proto::LegRequest& leg) {
+  http::UpstreamRequest r;
+  r.method = "POST";
+  r.path = leg.path;
+  r.headers.reserve(leg.headers.size());
+  for (const auto& [name, value] : leg.headers) r.headers.push_back(http::Header{name, value});
+  r.body = leg.body;
+  return r;
+}
+
+std::string header_value(const std::vector<http::Header>& headers, std::string_view name) {
+  for (const auto& h : headers) {
+    if (pdr::iequals(h.name, name)) return h.value;
+  }
+  return {};
+}
+
+bool is_event_stream(std::string_view content_type) {
+  return content_type.size() >= 17 && pdr::iequals(content_type.substr(0, 17), "text/event-stream");
+}
+
+// At most 200 bytes of an upstream body, for messages and logs.
+std::string excerpt(std::string_view body) {
+  std::string out(body.substr(0, 200));
+  for (char& c : out) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  if (body.size() > 200) out += "...";
+  return out;
+}
+
+std::optional<uint32_t> pick_rank(ProxyShared& shared, uint32_t dp_size) {
+  if (dp_size <= 1) return std::nullopt;
+  return static_cast<uint32_t>(shared.dp_rank_counter.fetch_add(1, std::memory_order_relaxed) % dp_size);
+}
+
+// The affinity inputs of the body, only computed when a policy uses them.
+RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view header_value,
+                         const discovery::Topology& topology) {
+  using discovery::PolicyName;
+  if (topology.policies.prefill != PolicyName::kAffinity && topology.policies.decode != PolicyName::kAffinity) {
+    return {};
+  }
+  AffinityInputs in;
+  in.header_value = header_value;
+  // Raw JSON text of the fields: hashing bytes as sent is stable for equal values.
+  in.conversation_id = body.get_raw("conversation_id").value_or(std::string_view());
+  in.user = body.get_raw("user").value_or(std::string_view());
+  in.prompt = body.get_raw("prompt").value_or(body.get_raw("messages").value_or(std::string_view()));
+  if (in.conversation_id == "null") in.conversation_id = {};
+  if (in.user == "null") in.user = {};
+  return summarize_affinity(in, topology.policies.affinity_prefix_bytes);
+}
+
+}  // namespace
+
+struct ProxySession::State {
+  State(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter response)
+      : w(worker), req(std::move(request)), writer(std::move(response)), topo(worker.topology()) {}
+
+  WorkerContext& w;
+  AdmittedRequest req;
+  http::ResponseWriter writer;
+  std::shared_ptr<const discovery::Topology> topo;  // pinned for the whole request
+  RequestState state = RequestState::kAccepted;
+  bool ended = false;
+
+  std::string model;
+  RequestSummary summary;
+
+  Pair pair;
+  std::optional<uint32_t> prefill_rank, decode_rank;
+  std::string mooncake_engine_id;
+  proto::LegBuild legs;
+  std::vector<std::string> tried_prefills, tried_decodes;
+  uint32_t prefill_attempts = 0, decode_attempts = 0;
+  LegFailure last_cause = LegFailure::kConnect;
+  std::string last_detail;
+
+  std::shared_ptr<http::UpstreamCall> prefill_call;
+  int prefill_status = 0;
+  std::string prefill_content_type, prefill_body;
+
+  std::shared_ptr<http::UpstreamCall> decode_call;
+  int decode_status = 0;
+  std::string decode_content_type, decode_body;
+  bool sse = false;      // relaying an event stream (head already sent to the client)
+  std::string sse_tail;  // bytes of an event not yet complete
+  std::string sse_out;   // scratch: the complete events of the current chunk
+  bool paused = false;   // decode reads paused for back-pressure
+};
+
+void ProxySession::start(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer) {
+  auto session = std::make_shared<ProxySession>(worker, std::move(request), std::move(writer));
+  std::weak_ptr<ProxySession> weak = session;
+  session->s_->writer.on_client_close([weak] {
+    if (auto self = weak.lock()) self->on_client_gone();
+  });
+  session->begin();
+}
+
+ProxySession::ProxySession(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer)
+    : s_(std::make_unique<State>(worker, std::move(request), std::move(writer))) {}
+
+ProxySession::~ProxySession() {
+  // Every path ends through end(); this only guards against a bug leaving counts behind.
+  if (!s_->ended) {
+    close_legs();
+    release_pair();
+    s_->w.counters().in_flight.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+bool ProxySession::finished() const { return s_->ended; }
+
+void ProxySession::move_to(RequestState next) {
+  s_->w.counters().transition(s_->state, next);
+  s_->state = next;
+}
+
+void ProxySession::begin() {
+  State& s = *s_;
+  if (finished()) return;  // the client was already gone
+  proto::JsonObjectBody body;
+  proto::JsonLimits limits;
+  limits.max_bytes = s.topo->limits.max_body_bytes;
+  Status st = proto::JsonObjectBody::parse(s.req.body, limits, &body);
+  if (st.is_ok()) {
+    std::optional<std::string> model;
+    st = body.get_string("model", &model);
+    if (st.is_ok() && model) s.model = std::move(*model);
+  }
+  if (!st.is_ok()) {
+    s.w.counters().refuse(Refusal::kBadJson);
+    s.writer.send(http::error_response(400, st.message(), "invalid_request_error", "invalid_json"));
+    end(RequestState::kFailed);
+    return;
+  }
+  s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
+  pair_and_send();
+}
+
+void ProxySession::pair_and_send() {
+  State& s = *s_;
+  const auto& snapshot = s.w.registry();
+  PolicySet& policies = s.w.policies();
+  PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary};
+  Pair pair;
+  Status st = choose_pair(*snapshot, query, *policies.prefill, *policies.decode, &pair);
+  if (!st.is_ok()) {
+    if (s.prefill_attempts == 0) {
+      s.w.counters().refuse(Refusal::kNoPair);
+      fail(503, "no prefill/decode pair available: " + st.message(), "no_pair");
+    } else {
+      fail(failure_status(s.last_cause), s.last_detail + "; no node left to retry on: " + st.message(),
+           s.last_cause == LegFailure::kTimeout ? "upstream_timeout" : "upstream_failed");
+    }
+    return;
+  }
+  s.pair = std::move(pair);
+  s.pair.prefill->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
+  s.pair.decode->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
+  s.prefill_rank = pick_rank(s.w.shared(), s.pair.prefill->dp_size);
+  s.decode_rank = pick_rank(s.w.shared(), s.pair.decode->dp_size);
+
+  if (s.pair.prefill->connector != Connector::kMooncake) {
+    build_and_send();
+    return;
+  }
+  // Mooncake: the decode needs the prefill's engine id for the chosen DP rank.
+  const uint16_t port = s.pair.prefill->bootstrap_port.value_or(s.topo->connectors.mooncake_bootstrap_port);
+  http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.prefill, s.topo->timeouts.prefill};
+  auto self = shared_from_this();
+  const std::string prefill_key = s.pair.prefill->key;
+  s.w.mooncake().get(*s.pair.prefill, port, timeouts,
+                     [self, prefill_key](const Status& status, const proto::MooncakeEngines* engines) {
+                       State& s = *self->s_;
+                       if (self->finished() || !s.pair.prefill || s.pair.prefill->key != prefill_key) return;
+                       if (!status.is_ok()) {
+                         s.w.counters().bump(s.w.counters().bootstrap_queries_failed);
+                         self->prefill_failed(LegFailure::kBootstrap, status.message());
+                         return;
+                       }
+                       s.w.counters().bump(s.w.counters().bootstrap_queries_ok);
+                       const uint32_t rank = s.prefill_rank.value_or(0);
+                       if (rank >= engines->engine_ids.size()) {
+                         self->prefill_failed(LegFailure::kBootstrap,
+                                              "prefill " + prefill_key + " bootstrap lists " +
+                                                  std::to_string(engines->engine_ids.size()) +
+                                                  " DP rank(s), rank " + std::to_string(rank) + " wanted");
+                         return;
+                       }
+                       s.mooncake_engine_id = engines->engine_ids[rank];
+                       self->build_and_send();
+                     });
+}
+
+void ProxySession::build_and_send() {
+  State& s = *s_;
+  proto::LegInstance prefill = to_leg_instance(*s.pair.prefill, *s.topo);
+  proto::LegInstance decode = to_leg_instance(*s.pair.decode, *s.topo);
+  prefill.mooncake_engine_id = s.mooncake_engine_id;
+  proto::LegOptions options;
+  options.limits.max_bytes = s.topo->limits.max_body_bytes;
+  if (s.req.authorization.empty() && !s.topo->connectors.upstream_api_key.empty()) {
+    options.upstream_api_key = s.topo->connectors.upstream_api_key;
+  }
+  proto::ClientRequest client{s.req.path, s.req.body, s.req.authorization};
+  WorkerContext& w = s.w;
+  Status st = proto::build_legs(client, prefill, decode, s.prefill_rank, s.decode_rank, options,
+                                [&w] { return w.random(); }, &s.legs);
+  if (!st.is_ok()) {
+    if (st.code() == StatusCode::kRejected || st.code() == StatusCode::kOutOfRange) {
+      s.w.counters().refuse(Refusal::kNoPair);
+      fail(503, "cannot pair prefill " + s.pair.prefill->key + " with decode " + s.pair.decode->key + ": " +
+                    st.message(),
+           "no_pair");
+    } else {
+      s.w.counters().refuse(Refusal::kBadJson);
+      fail(400, st.message(), "invalid_request");
+    }
+    return;
+  }
+  move_to(RequestState::kPaired);
+  send_prefill();
+  if (!finished() && s.legs.plan.concurrent) send_decode();
+}
+
+void ProxySession::send_prefill() {
+  State& s = *s_;
+  ++s.prefill_attempts;
+  s.prefill_status = 0;
+  s.prefill_content_type.clear();
+  s.prefill_body.clear();
+  http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.prefill, s.topo->timeouts.prefill};
+  auto self = shared_from_this();
+  http::UpstreamCallbacks cb;
+  cb.on_head = [self](int status, const std::vector<http::Header>& headers) {
+    self->s_->prefill_status = status;
+    self->s_->prefill_content_type = header_value(headers, "Content-Type");
+  };
+  cb.on_body = [self](std::string_view chunk) {
+    State& s = *self->s_;
+    if (s.prefill_body.size() + chunk.size() <= kMaxPrefillAnswer) {
+      s.prefill_body.append(chunk);
+    } else if (!s.legs.plan.concurrent) {
+      self->prefill_failed(LegFailure::kBadResponse, "prefill " + s.pair.prefill->key + " answer is over " +
+                                                         std::to_string(kMaxPrefillAnswer) + " bytes");
+    }
+  };
+  cb.on_complete = [self] { self->on_prefill_complete(); };
+  cb.on_error = [self](const Status& error) {
+    State& s = *self->s_;
+    const LegFailure cause = s.prefill_call ? classify(s.prefill_call->failure()) : LegFailure::kConnectionLost;
+    self->prefill_failed(cause, "prefill " + s.pair.prefill->key + ": " + error.message());
+  };
+  move_to(RequestState::kPrefillSent);
+  s.prefill_call = s.w.pool().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill), timeouts,
+                                    std::move(cb));
+}
+
+void ProxySession::on_prefill_complete() {
+  State& s = *s_;
+  if (finished()) return;
+  s.prefill_call.reset();
+  const int status = s.prefill_status;
+  if (s.legs.plan.concurrent && s.state == RequestState::kStreaming) {
+    // The decode already answers the client, so its KV arrived; a late prefill error changes
+    // nothing but is worth a log line (PROTOCOLS.md Implications 8).
+    if (status < 200 || status >= 300) {
+      spdlog::warn("request {}: prefill {} answered {} after the decode started: {}", s.legs.plan.request_id,
+                   s.pair.prefill->key, status, excerpt(s.prefill_body));
+    }
+    return;
+  }
+  if (status >= 200 && status < 300) {
+    if (s.legs.plan.concurrent) return;  // the decode leg is already running; answer dropped
+    move_to(RequestState::kPrefillDone);
+    if (s.legs.plan.decode_needs_prefill_params) {
+      Status st = proto::finish_decode_leg(s.legs.plan, &s.legs.decode, s.prefill_body);
+      if (st.code() == StatusCode::kMissingKey) {
+        // The prefill exported no KV (it stopped before the length cap, e.g. EOS on its first
+        // token). A decode waiting for remote blocks would hang: send it as a plain request.
+        proto::JsonObjectBody decode_body;
+        if (proto::JsonObjectBody::parse(s.legs.decode.body, proto::JsonLimits{s.topo->limits.max_body_bytes, 64},
+                                         &decode_body)
+                .is_ok()) {
+          decode_body.remove("kv_transfer_params");
+          s.legs.decode.body = decode_body.render();
+        }
+        s.w.counters().bump(s.w.counters().local_prefill_fallbacks);
+        spdlog::info("request {}: prefill {} exported no KV ({}); decode recomputes the prompt",
+                     s.legs.plan.request_id, s.pair.prefill->key, st.message());
+      } else if (!st.is_ok()) {
+        prefill_failed(LegFailure::kBadResponse, "prefill " + s.pair.prefill->key + " answer: " + st.message());
+        return;
+      }
+    }
+    send_decode();
+    return;
+  }
+  const LegFailure cause = classify_status(status);
+  if (cause == LegFailure::kStatus4xx) {
+    // The node refused the request itself (bad parameters, unknown model, ...): the client
+    // gets the node's answer, as from a single vLLM server.
+    s.w.counters().leg_failed(Leg::kPrefill, cause);
+    close_legs();
+    relay_upstream_error(status, s.prefill_content_type, s.prefill_body);
+    return;
+  }
+  prefill_failed(cause, "prefill " + s.pair.prefill->key + " answered " + std::to_string(status) + ": " +
+                            excerpt(s.prefill_body));
+}
+
+void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
+  State& s = *s_;
+  if (finished()) return;
+  s.w.counters().leg_failed(Leg::kPrefill, cause);
+  if (s.prefill_call) {
+    s.prefill_call->cancel();
+    s.prefill_call.reset();
+  }
+  if (s.pair.prefill && s.pair.prefill->connector == Connector::kMooncake) {
+    s.w.mooncake().invalidate(s.pair.prefill->key);
+  }
+  if (s.state == RequestState::kStreaming) {
+    // Concurrent dialect whose decode already answered: its KV arrived; nothing to undo.
+    spdlog::warn("request {}: {} (decode already streaming)", s.legs.plan.request_id, detail);
+    return;
+  }
+  spdlog::warn("request {}: {}", s.legs.plan.request_id, detail);
+  if (s.decode_call) {  // concurrent dialects: the decode waits for KV that will not come
+    s.decode_call->cancel();
+    s.decode_call.reset();
+  }
+  s.last_cause = cause;
+  s.last_detail = std::move(detail);
+  const uint32_t budget = std::max<uint32_t>(1, s.topo->retries.prefill_attempts);
+  const uint32_t left = budget > s.prefill_attempts ? budget - s.prefill_attempts : 0;
+  if (s.pair.prefill) s.tried_prefills.push_back(s.pair.prefill->key);
+  if (!prefill_retryable(cause, left)) {
+    fail(failure_status(cause), "prefill failed: " + s.last_detail,
+         cause == LegFailure::kTimeout ? "prefill_timeout" : "prefill_failed");
+    return;
+  }
+  s.w.counters().retried(Leg::kPrefill);
+  release_pair();
+  pair_and_send();
+}
+
+void ProxySession::send_decode() {
+  State& s = *s_;
+  ++s.decode_attempts;
+  s.decode_status = 0;
+  s.decode_content_type.clear();
+  s.decode_body.clear();
+  http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.first_byte,
+                                  s.topo->timeouts.stream_idle};
+  auto self = shared_from_this();
+  http::UpstreamCallbacks cb;
+  cb.on_head = [self](int status, const std::vector<http::Header>& headers) { self->on_decode_head(status, headers); };
+  cb.on_body = [self](std::string_view chunk) { self->on_decode_body(chunk); };
+  cb.on_complete = [self] { self->on_decode_complete(); };
+  cb.on_error = [self](const Status& error) {
+    State& s = *self->s_;
+    if (self->finished()) return;
+    const LegFailure cause = s.decode_call ? classify(s.decode_call->failure()) : LegFailure::kConnectionLost;
+    const std::string detail = "decode " + s.pair.decode->key + ": " + error.message();
+    if (s.state == RequestState::kStreaming) {
+      // The answer already started reaching the client: no retry can hide this.
+      s.w.counters().leg_failed(Leg::kDecode, cause);
+      spdlog::warn("request {}: {} (mid-answer)", s.legs.plan.request_id, detail);
+      s.decode_call.reset();
+      self->fail(failure_status(cause), detail + " (the answer was cut short)", "decode_failed");
+      return;
+    }
+    self->decode_failed(cause, detail);
+  };
+  move_to(RequestState::kDecodeSent);
+  s.decode_call = s.w.pool().start(s.pair.decode->http_address, to_upstream(s.legs.decode), timeouts, std::move(cb));
+}
+
+void ProxySession::on_decode_head(int status, const std::vector<http::Header>& headers) {
+  State& s = *s_;
+  if (finished()) return;
+  s.decode_status = status;
+  s.decode_content_type = header_value(headers, "Content-Type");
+  if (status < 200 || status >= 300) return;  // body collected, judged on completion
+  move_to(RequestState::kStreaming);
+  if (!is_event_stream(s.decode_content_type)) return;  // JSON: relayed whole on completion
+  s.sse = true;
+  std::vector<http::Header> out{{"Content-Type", s.decode_content_type},
+                                {"X-Request-Id", s.legs.plan.request_id},
+                                {"Cache-Control", "no-cache"}};
+  if (!s.writer.start_stream(status, std::move(out))) on_client_gone();
+}
+
+void ProxySession::on_decode_body(std::string_view chunk) {
+  State& s = *s_;
+  if (finished()) return;
+  if (s.sse) {
+    // Relay whole events only, holding back a partial one, so that an error event added after a
+    // failure never lands inside an event (and clients never see half an event first).
+    std::string_view out = chunk;
+    if (!s.sse_tail.empty() || chunk.size() < 2 || chunk.substr(chunk.size() - 2) != "\n\n") {
+      s.sse_tail.append(chunk);
+      const size_t boundary = s.sse_tail.rfind("\n\n");
+      if (boundary == std::string::npos && s.sse_tail.size() < kMaxPartialEvent) return;
+      const size_t cut = boundary == std::string::npos ? s.sse_tail.size() : boundary + 2;
+      s.sse_out.assign(s.sse_tail, 0, cut);
+      s.sse_tail.erase(0, cut);
+      out = s.sse_out;
+    }
+    if (!s.writer.write(out)) {
+      on_client_gone();
+      return;
+    }
+    if (!s.paused && s.writer.buffered_bytes() >= kHighWater && s.decode_call) {
+      s.paused = true;
+      s.decode_call->pause();
+      s.w.counters().bump(s.w.counters().backpressure_pauses);
+      std::weak_ptr<ProxySession> weak = weak_from_this();
+      s.writer.on_drain([weak] {
+        auto self = weak.lock();
+        if (!self || self->finished()) return;
+        self->s_->paused = false;
+        if (self->s_->decode_call) self->s_->decode_call->resume();
+      });
+    }
+    return;
+  }
+  const bool ok_status = s.decode_status >= 200 && s.decode_status < 300;
+  const size_t cap = ok_status ? kMaxBufferedAnswer : kMaxErrorAnswer;
+  if (s.decode_body.size() + chunk.size() > cap) {
+    if (!ok_status) return;  // enough of the error to relay; the rest is dropped
+    s.w.counters().leg_failed(Leg::kDecode, LegFailure::kBadResponse);
+    fail(502, "decode " + s.pair.decode->key + " answer is over " + std::to_string(cap) + " bytes", "decode_failed");
+    return;
+  }
+  s.decode_body.append(chunk);
+}
+
+void ProxySession::on_decode_complete() {
+  State& s = *s_;
+  if (finished()) return;
+  s.decode_call.reset();
+  const int status = s.decode_status;
+  if (status >= 200 && status < 300) {
+    if (s.sse) {
+      if (!s.sse_tail.empty()) s.writer.write(s.sse_tail);
+      s.writer.end_stream();
+    } else {
+      http::Response response;
+      response.status = status;
+      response.headers = {{"Content-Type", s.decode_content_type.empty() ? "application/json" : s.decode_content_type},
+                          {"X-Request-Id", s.legs.plan.request_id}};
+      response.body = std::move(s.decode_body);
+      s.writer.send(std::move(response));
+    }
+    end(RequestState::kDone);
+    return;
+  }
+  const LegFailure cause = classify_status(status);
+  if (cause == LegFailure::kStatus4xx) {
+    s.w.counters().leg_failed(Leg::kDecode, cause);
+    close_legs();
+    relay_upstream_error(status, s.decode_content_type, s.decode_body);
+    return;
+  }
+  decode_failed(cause, "decode " + s.pair.decode->key + " answered " + std::to_string(status) + ": " +
+                           excerpt(s.decode_body));
+}
+
+void ProxySession::decode_failed(LegFailure cause, std::string detail) {
+  State& s = *s_;
+  if (finished()) return;
+  s.w.counters().leg_failed(Leg::kDecode, cause);
+  spdlog::warn("request {}: {}", s.legs.plan.request_id, detail);
+  if (s.decode_call) {
+    s.decode_call->cancel();
+    s.decode_call.reset();
+  }
+  s.last_cause = cause;
+  s.last_detail = std::move(detail);
+  s.tried_decodes.push_back(s.pair.decode->key);
+  const uint32_t budget = std::max<uint32_t>(1, s.topo->retries.decode_attempts);
+  const uint32_t left = budget > s.decode_attempts ? budget - s.decode_attempts : 0;
+  switch (decode_retry(s.legs.plan, cause, left)) {
+    case DecodeRetry::kNone:
+      fail(failure_status(cause), "decode failed: " + s.last_detail,
+           cause == LegFailure::kTimeout ? "decode_timeout" : "decode_failed");
+      return;
+    case DecodeRetry::kDecodeOnly: {
+      const auto& snapshot = s.w.registry();
+      PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary};
+      InstancePtr next;
+      Status st = choose_decode(*snapshot, *s.pair.prefill, query, *s.w.policies().decode, &next);
+      if (!st.is_ok()) {
+        fail(failure_status(cause), "decode failed: " + s.last_detail + "; " + st.message(),
+             cause == LegFailure::kTimeout ? "decode_timeout" : "decode_failed");
+        return;
+      }
+      s.w.counters().retried(Leg::kDecode);
+      s.pair.decode->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
+      s.pair.decode = std::move(next);
+      s.pair.decode->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
+      // Same body and X-Request-Id; only the DP-rank header depends on the decode chosen.
+      s.decode_rank = pick_rank(s.w.shared(), s.pair.decode->dp_size);
+      auto& headers = s.legs.decode.headers;
+      std::erase_if(headers, [](const auto& h) { return pdr::iequals(h.first, "X-data-parallel-rank"); });
+      if (s.decode_rank) headers.emplace_back("X-data-parallel-rank", std::to_string(*s.decode_rank));
+      send_decode();
+      return;
+    }
+    case DecodeRetry::kWholePair:
+      s.w.counters().retried(Leg::kDecode);
+      if (s.prefill_call) {
+        s.prefill_call->cancel();
+        s.prefill_call.reset();
+      }
+      release_pair();
+      pair_and_send();
+      return;
+  }
+}
+
+void ProxySession::on_client_gone() {
+  if (finished()) return;
+  s_->w.counters().bump(s_->w.counters().client_disconnects);
+  close_legs();
+  end(RequestState::kCancelled);
+}
+
+void ProxySession::relay_upstream_error(int status, const std::string& content_type, const std::string& body) {
+  State& s = *s_;
+  http::Response response;
+  response.status = status;
+  response.headers = {{"Content-Type", content_type.empty() ? "application/json" : content_type},
+                      {"X-Request-Id", s.legs.plan.request_id}};
+  response.body = body;
+  s.writer.send(std::move(response));
+  end(RequestState::kDone);
+}
+
+void ProxySession::fail(int status, std::string_view message, std::string_view code) {
+  State& s = *s_;
+  if (finished()) return;
+  if (s.sse) {
+    end_stream_with_error(message, code);
+    return;
+  }
+  http::Response response =
+      http::error_response(status, message, status == 400 ? "invalid_request_error" : "server_error", code);
+  if (!s.legs.plan.request_id.empty()) response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
+  s.writer.send(std::move(response));
+  end(RequestState::kFailed);
+}
+
+void ProxySession::end_stream_with_error(std::string_view message, std::string_view code) {
+  State& s = *s_;
+  // vLLM's own shape for an error inside a stream: one data event with an OpenAI error object,
+  // then [DONE]. The events already relayed were complete (vLLM writes whole events), so this
+  // starts on an event boundary.
+  std::string event = s.sse_tail.empty() ? "data: " : "\n\ndata: ";  // close a partial event
+  event += http::error_body(message, "server_error", code);
+  event += "\n\ndata: [DONE]\n\n";
+  s.writer.write(event);
+  s.writer.end_stream();
+  s.w.counters().bump(s.w.counters().mid_stream_errors);
+  end(RequestState::kFailed);
+}
+
+void ProxySession::close_legs() {
+  State& s = *s_;
+  if (s.prefill_call) {
+    s.prefill_call->cancel();
+    s.prefill_call.reset();
+  }
+  if (s.decode_call) {
+    s.decode_call->cancel();
+    s.decode_call.reset();
+  }
+}
+
+void ProxySession::release_pair() {
+  State& s = *s_;
+  if (s.pair.prefill) s.pair.prefill->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
+  if (s.pair.decode) s.pair.decode->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
+  s.pair = Pair{};
+  s.mooncake_engine_id.clear();
+}
+
+void ProxySession::end(RequestState final_state) {
+  State& s = *s_;
+  if (s.ended) return;
+  s.ended = true;
+  move_to(final_state);
+  close_legs();
+  release_pair();
+  s.w.counters().in_flight.fetch_sub(1, std::memory_order_relaxed);
+}
+
+}  // namespace pdr::router::proxy

@@ -1,0 +1,95 @@
+// ProxySession: one client request to /v1/completions or /v1/chat/completions, carried through
+// the request state machine of shared/DESIGN.md on the worker that accepted it.
+//
+//   ACCEPTED -> PAIRED -> PREFILL_SENT -> PREFILL_DONE -> DECODE_SENT -> STREAMING -> DONE
+//   (concurrent dialects: PREFILL_SENT -> DECODE_SENT at once, the prefill answer is read and
+//   dropped); FAILED and CANCELLED from every state. Every transition is counted
+//   (ProxyCounters::transitions).
+//
+// What each event does, in every state:
+//  - client disconnect: every open leg is closed at once (that is how vLLM aborts a request and
+//    frees its KV blocks; there is no abort endpoint) -> CANCELLED.
+//  - prefill error, 5xx or timeout: in concurrent dialects the decode leg is closed at once;
+//    then a new pair with fresh ids (request id, transfer id, bootstrap room) and a prefill not
+//    tried before, within retries.prefill_attempts; stale kv_transfer_params are never reused.
+//    A 4xx from the prefill is the client's fault: relayed as is (DONE), never retried.
+//  - prefill 2xx without kv_transfer_params (EOS on the first token): NIXL and MoRIIO READ send
+//    the decode as a plain request (it recomputes the prompt) instead of a decode that would wait
+//    for blocks that never come.
+//  - decode error, 5xx or timeout before its answer reached the client: retried within
+//    retries.decode_attempts on a decode not tried before: the same decode body for NIXL, a whole
+//    new pair for the dialects whose ids name the decode (retry_rules.h).
+//  - decode failure after the head reached the client: an SSE stream ends with an OpenAI-style
+//    error event and data: [DONE] (never a silent truncation); a buffered JSON answer becomes 502.
+//  - timeouts (topology timeouts.*): connect, prefill (whole prefill leg), first_byte (decode
+//    leg sent -> first byte; in concurrent dialects this includes the prefill), stream_idle.
+//  - router shutdown: the server drains in-flight sessions; new ones are refused earlier (503).
+//
+// The decode's answer is relayed as it arrives: status, Content-Type and each chunk of an SSE
+// stream are flushed at once; a JSON answer is relayed whole. When the client reads slowly the
+// decode leg is paused above kHighWater buffered bytes and resumed on drain, so memory per
+// request stays bounded.
+//
+// Worker thread only. The session keeps itself alive through its upstream callbacks; the writer
+// callbacks hold it weakly.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "router/http/http_message.h"
+#include "router/http/response_writer.h"
+#include "router/proxy/proxy_shared.h"
+
+namespace pdr::router::proxy {
+
+// Body of a request already admitted by ProxyService (content type checked, in_flight counted:
+// the session decrements it when it ends).
+struct AdmittedRequest {
+  std::string path;           // "/v1/completions" or "/v1/chat/completions"
+  std::string body;
+  std::string authorization;  // client's Authorization header, "" if none
+  std::string affinity_header_value;
+};
+
+class ProxySession : public std::enable_shared_from_this<ProxySession> {
+ public:
+  static constexpr size_t kHighWater = 256 * 1024;         // client buffer that pauses the decode
+  static constexpr size_t kMaxPrefillAnswer = 4 << 20;      // prefill JSON kept for the decode
+  static constexpr size_t kMaxBufferedAnswer = 64 << 20;    // non-stream decode answer
+  static constexpr size_t kMaxErrorAnswer = 64 * 1024;      // an error body kept to relay
+  static constexpr size_t kMaxPartialEvent = 1 << 20;       // SSE bytes held back for one event
+
+  // Starts the state machine; the session lives until it reaches DONE/FAILED/CANCELLED.
+  static void start(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer);
+
+  ProxySession(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer);
+  ~ProxySession();
+
+ private:
+  void begin();
+  void pair_and_send();
+  void send_prefill();
+  void send_decode();
+  void on_prefill_complete();
+  void prefill_failed(LegFailure cause, std::string detail);
+  void decode_failed(LegFailure cause, std::string detail);
+  void on_decode_head(int status, const std::vector<http::Header>& headers);
+  void on_decode_body(std::string_view chunk);
+  void on_decode_complete();
+  void on_client_gone();
+  void relay_upstream_error(int status, const std::string& content_type, const std::string& body);
+  void build_and_send();
+  void fail(int status, std::string_view message, std::string_view code);
+  void end_stream_with_error(std::string_view message, std::string_view code);
+  void end(RequestState final_state);
+  void move_to(RequestState next);
+  void release_pair();
+  void close_legs();
+  bool finished() const;
+
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace pdr::router::proxy

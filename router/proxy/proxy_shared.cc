@@ -1,0 +1,51 @@
+#include "router/proxy/proxy_shared.h"
+
+#include <random>
+
+namespace pdr::router::proxy {
+
+std::shared_ptr<PolicySet> ProxyShared::policies_for(const discovery::Topology& topology) {
+  std::lock_guard<std::mutex> lock(policies_mutex_);
+  if (!policies_ || prefill_name_ != topology.policies.prefill || decode_name_ != topology.policies.decode) {
+    auto set = std::make_shared<PolicySet>();
+    std::random_device rd;
+    set->prefill = make_policy(topology.policies.prefill, (uint64_t{rd()} << 32) ^ rd());
+    set->decode = make_policy(topology.policies.decode, (uint64_t{rd()} << 32) ^ rd());
+    policies_ = std::move(set);
+    prefill_name_ = topology.policies.prefill;
+    decode_name_ = topology.policies.decode;
+  }
+  return policies_;
+}
+
+WorkerContext::WorkerContext(ProxyShared& shared, uint32_t index, uv_loop_s* loop)
+    : shared_(shared),
+      index_(index),
+      loop_(loop),
+      pool_(loop),
+      mooncake_(pool_),
+      registry_(*shared.registry),
+      topology_(*shared.topology) {
+  std::random_device rd;
+  rng_state_ = (uint64_t{rd()} << 32) ^ rd() ^ (uint64_t{index} << 56);
+}
+
+WorkerContext::~WorkerContext() { pool_.close_all(); }
+
+PolicySet& WorkerContext::policies() {
+  const auto& topology = this->topology();
+  if (topology != policies_topology_ || !policies_) {
+    policies_ = shared_.policies_for(*topology);
+    policies_topology_ = topology;
+  }
+  return *policies_;
+}
+
+uint64_t WorkerContext::random() {
+  uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace pdr::router::proxy

@@ -1,0 +1,97 @@
+// State of the P/D proxy shared by every HTTP worker, and each worker's own context.
+//
+// ProxyShared: read-mostly pointers and atomics; safe from any worker. The routing policies are
+// shared too (their rotation and load state must span workers) and rebuilt when a topology
+// reload changes them.
+//
+// WorkerContext: one per worker, created on first use on that worker's thread and destroyed on it
+// (Server's on_worker_stop), because its upstream pool holds handles on the worker's loop. Never
+// touched by another thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "discovery/instance.h"
+#include "discovery/snapshot_cell.h"
+#include "discovery/topology.h"
+#include "router/http/upstream_client.h"
+#include "router/policies/policy.h"
+#include "router/proxy/mooncake_cache.h"
+#include "router/proxy/proxy_counters.h"
+
+struct uv_loop_s;
+
+namespace pdr::router::proxy {
+
+// GET /v1/models answer of a decode node, reused for kTtl (model lists change only on restarts).
+struct ModelsCache {
+  static constexpr std::chrono::seconds kTtl{5};
+  std::string body;  // empty: nothing cached
+  std::chrono::steady_clock::time_point fetched_at{};
+};
+
+struct PolicySet {
+  std::unique_ptr<Policy> prefill;
+  std::unique_ptr<Policy> decode;
+};
+
+struct ProxyShared {
+  const discovery::SnapshotCell<discovery::RegistrySnapshot>* registry = nullptr;
+  const discovery::SnapshotCell<discovery::Topology>* topology = nullptr;
+  ProxyCounters counters;
+  std::atomic<bool> shutting_down{false};  // set when the drain starts: new requests get 503
+  // PROTOCOLS.md Implications 10: one counter over (instance, rank) slots.
+  std::atomic<uint64_t> dp_rank_counter{0};
+
+  // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
+  // from the current set's.
+  std::shared_ptr<PolicySet> policies_for(const discovery::Topology& topology);
+
+ private:
+  std::mutex policies_mutex_;
+  std::shared_ptr<PolicySet> policies_;
+  discovery::PolicyName prefill_name_{}, decode_name_{};
+};
+
+class WorkerContext {
+ public:
+  WorkerContext(ProxyShared& shared, uint32_t index, uv_loop_s* loop);
+  ~WorkerContext();
+  WorkerContext(const WorkerContext&) = delete;
+  WorkerContext& operator=(const WorkerContext&) = delete;
+
+  ProxyShared& shared() { return shared_; }
+  ProxyCounters& counters() { return shared_.counters; }
+  uint32_t index() const { return index_; }
+  uv_loop_s* loop() { return loop_; }
+  http::UpstreamPool& pool() { return pool_; }
+  MooncakeEngineCache& mooncake() { return mooncake_; }
+  ModelsCache& models() { return models_; }
+
+  // Newest snapshot / topology (one atomic load when unchanged). Valid until the next call.
+  const std::shared_ptr<const discovery::RegistrySnapshot>& registry() { return registry_.get(); }
+  const std::shared_ptr<const discovery::Topology>& topology() { return topology_.get(); }
+  PolicySet& policies();
+
+  uint64_t random();  // splitmix64, seeded per worker from std::random_device
+
+ private:
+  ProxyShared& shared_;
+  const uint32_t index_;
+  uv_loop_s* loop_;
+  http::UpstreamPool pool_;
+  MooncakeEngineCache mooncake_;
+  ModelsCache models_;
+  discovery::SnapshotReader<discovery::RegistrySnapshot> registry_;
+  discovery::SnapshotReader<discovery::Topology> topology_;
+  std::shared_ptr<const discovery::Topology> policies_topology_;
+  std::shared_ptr<PolicySet> policies_;
+  uint64_t rng_state_;
+};
+
+}  // namespace pdr::router::proxy
