@@ -1,0 +1,109 @@
+"""A pdrouter with simulated prefill/decode nodes registered to it: the P/D request path end to
+end on loopback (real processes, real ZMQ registration, real HTTP).
+
+  cluster = PdCluster("moriio", transfer_mode="WRITE", prefills=1, decodes=1)
+  status, headers, body = cluster.post("/v1/completions", {...})
+  with cluster.stream("/v1/chat/completions", {...}) as events: ...
+  cluster.close()
+
+Nodes register in their connector's own format (MoRIIO, P2P-NCCL) or pdrouter's (NIXL, Mooncake,
+SGLang) every 200 ms; the constructor returns once pdrouter lists all of them and /ready is 200.
+"""
+import http.client
+import json
+
+from pdrouter_fixture import Router, TIME_SCALE
+from sim_fixture import SimNode, stream_post
+
+_next_port = [20000]
+
+
+def _ports(n):
+    """Distinct advertised side-channel ports (never bound by the sims: only embedded in ids)."""
+    first = _next_port[0]
+    _next_port[0] += n
+    return list(range(first, first + n))
+
+
+class PdCluster:
+    def __init__(self, connector, transfer_mode=None, prefills=1, decodes=1, topology=None,
+                 prefill_flags=(), decode_flags=(), register=True, router_args=()):
+        self.connector = connector
+        self.transfer_mode = transfer_mode
+        self.router = Router(topology_yaml=topology, extra_args=router_args)
+        self.prefills, self.decodes = [], []
+        try:
+            for role, count, flags, nodes in (("prefill", prefills, prefill_flags, self.prefills),
+                                              ("decode", decodes, decode_flags, self.decodes)):
+                for _ in range(count):
+                    nodes.append(self.start_node(role, flags, register))
+            if register:
+                self.wait_registered(self.prefills + self.decodes)
+        except BaseException:
+            self.close()
+            raise
+
+    def start_node(self, role, flags=(), register=True):
+        args = ["--role", role, "--connector", self.connector]
+        if self.transfer_mode:
+            args += ["--transfer-mode", self.transfer_mode]
+        handshake, notify, kv = _ports(3)
+        args += ["--handshake-port", str(handshake), "--notify-port", str(notify),
+                 "--kv-port", str(kv)]
+        if self.connector == "mooncake" and role == "prefill":
+            args += ["--bootstrap-port", "0"]
+        if register:
+            args += ["--register", self.router.discovery, "--register-interval-ms", "200"]
+        return SimNode(*args, *flags)
+
+    def wait_registered(self, nodes):
+        wanted = {n.http_address for n in nodes}
+
+        def all_up():
+            listed = {i["http_address"] for i in self.router.status()["instances"]
+                      if i["state"] == "up"}
+            return wanted <= listed and self.get("/ready")[0] == 200
+
+        self.router.wait_for(all_up, timeout=10)
+
+    # --- client side ----------------------------------------------------------------------------
+    def _host_port(self):
+        host, port = self.router.http.rsplit(":", 1)
+        return host, int(port)
+
+    def request(self, method, path, body=None, headers=None, timeout=10):
+        """Returns (status, headers dict with lower-case names, body bytes)."""
+        host, port = self._host_port()
+        conn = http.client.HTTPConnection(host, port, timeout=timeout * TIME_SCALE)
+        try:
+            data = None if body is None else (body if isinstance(body, (bytes, str))
+                                              else json.dumps(body))
+            all_headers = {"Content-Type": "application/json"} if data is not None else {}
+            all_headers.update(headers or {})
+            conn.request(method, path, body=data, headers=all_headers)
+            response = conn.getresponse()
+            return (response.status, {k.lower(): v for k, v in response.getheaders()},
+                    response.read())
+        finally:
+            conn.close()
+
+    def post(self, path, body, headers=None, timeout=10):
+        return self.request("POST", path, body, headers, timeout)
+
+    def get(self, path, headers=None, timeout=10):
+        return self.request("GET", path, None, headers, timeout)
+
+    def stream(self, path, body, headers=None, timeout=10):
+        """A streaming POST through pdrouter (sim_fixture.SseStream)."""
+        host, port = self._host_port()
+        return stream_post(host, port, path, body, headers, timeout * TIME_SCALE)
+
+    def metric(self, name):
+        return self.router.metrics().get(name, 0.0)
+
+    def close(self):
+        for node in self.prefills + self.decodes:
+            node.stop()
+        self.router.stop()
+        self.router.dir.cleanup()
+
