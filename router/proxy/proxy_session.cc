@@ -90,6 +90,12 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view hea
   return summarize_affinity(in, topology.policies.affinity_prefix_bytes);
 }
 
+// The error code a client gets for a request that failed on `leg` for `cause`.
+std::string_view failure_code(Leg leg, LegFailure cause) {
+  if (leg == Leg::kPrefill) return cause == LegFailure::kTimeout ? "prefill_timeout" : "prefill_failed";
+  return cause == LegFailure::kTimeout ? "decode_timeout" : "decode_failed";
+}
+
 }  // namespace
 
 struct ProxySession::State {
@@ -113,6 +119,7 @@ struct ProxySession::State {
   std::vector<std::string> tried_prefills, tried_decodes;
   uint32_t prefill_attempts = 0, decode_attempts = 0;
   LegFailure last_cause = LegFailure::kConnect;
+  Leg last_leg = Leg::kPrefill;
   std::string last_detail;
 
   std::shared_ptr<http::UpstreamCall> prefill_call;
@@ -178,7 +185,7 @@ void ProxySession::begin() {
   pair_and_send();
 }
 
-void ProxySession::pair_and_send() {
+void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   State& s = *s_;
   const auto& snapshot = s.w.registry();
   PolicySet& policies = s.w.policies();
@@ -190,11 +197,14 @@ void ProxySession::pair_and_send() {
       s.w.counters().refuse(Refusal::kNoPair);
       fail(503, "no prefill/decode pair available: " + st.message(), "no_pair");
     } else {
-      fail(failure_status(s.last_cause), s.last_detail + "; no node left to retry on: " + st.message(),
-           s.last_cause == LegFailure::kTimeout ? "upstream_timeout" : "upstream_failed");
+      fail(failure_status(s.last_cause),
+           std::string(s.last_leg == Leg::kPrefill ? "prefill" : "decode") + " failed: " + s.last_detail +
+               "; no node left to retry on: " + st.message(),
+           failure_code(s.last_leg, s.last_cause));
     }
     return;
   }
+  if (retry_of) s.w.counters().retried(*retry_of);
   s.pair = std::move(pair);
   s.pair.prefill->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
   s.pair.decode->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
@@ -372,18 +382,17 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
     s.decode_call.reset();
   }
   s.last_cause = cause;
+  s.last_leg = Leg::kPrefill;
   s.last_detail = std::move(detail);
   const uint32_t budget = std::max<uint32_t>(1, s.topo->retries.prefill_attempts);
   const uint32_t left = budget > s.prefill_attempts ? budget - s.prefill_attempts : 0;
   if (s.pair.prefill) s.tried_prefills.push_back(s.pair.prefill->key);
   if (!prefill_retryable(cause, left)) {
-    fail(failure_status(cause), "prefill failed: " + s.last_detail,
-         cause == LegFailure::kTimeout ? "prefill_timeout" : "prefill_failed");
+    fail(failure_status(cause), "prefill failed: " + s.last_detail, failure_code(Leg::kPrefill, cause));
     return;
   }
-  s.w.counters().retried(Leg::kPrefill);
   release_pair();
-  pair_and_send();
+  pair_and_send(Leg::kPrefill);
 }
 
 void ProxySession::send_decode() {
@@ -409,7 +418,7 @@ void ProxySession::send_decode() {
       s.w.counters().leg_failed(Leg::kDecode, cause);
       spdlog::warn("request {}: {} (mid-answer)", s.legs.plan.request_id, detail);
       s.decode_call.reset();
-      self->fail(failure_status(cause), detail + " (the answer was cut short)", "decode_failed");
+      self->fail(failure_status(cause), detail + " (the answer was cut short)", failure_code(Leg::kDecode, cause));
       return;
     }
     self->decode_failed(cause, detail);
@@ -519,14 +528,14 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
     s.decode_call.reset();
   }
   s.last_cause = cause;
+  s.last_leg = Leg::kDecode;
   s.last_detail = std::move(detail);
   s.tried_decodes.push_back(s.pair.decode->key);
   const uint32_t budget = std::max<uint32_t>(1, s.topo->retries.decode_attempts);
   const uint32_t left = budget > s.decode_attempts ? budget - s.decode_attempts : 0;
   switch (decode_retry(s.legs.plan, cause, left)) {
     case DecodeRetry::kNone:
-      fail(failure_status(cause), "decode failed: " + s.last_detail,
-           cause == LegFailure::kTimeout ? "decode_timeout" : "decode_failed");
+      fail(failure_status(cause), "decode failed: " + s.last_detail, failure_code(Leg::kDecode, cause));
       return;
     case DecodeRetry::kDecodeOnly: {
       const auto& snapshot = s.w.registry();
@@ -534,8 +543,8 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
       InstancePtr next;
       Status st = choose_decode(*snapshot, *s.pair.prefill, query, *s.w.policies().decode, &next);
       if (!st.is_ok()) {
-        fail(failure_status(cause), "decode failed: " + s.last_detail + "; " + st.message(),
-             cause == LegFailure::kTimeout ? "decode_timeout" : "decode_failed");
+        fail(failure_status(cause), "decode failed: " + s.last_detail + "; no node left to retry on: " + st.message(),
+             failure_code(Leg::kDecode, cause));
         return;
       }
       s.w.counters().retried(Leg::kDecode);
@@ -551,13 +560,12 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
       return;
     }
     case DecodeRetry::kWholePair:
-      s.w.counters().retried(Leg::kDecode);
       if (s.prefill_call) {
         s.prefill_call->cancel();
         s.prefill_call.reset();
       }
       release_pair();
-      pair_and_send();
+      pair_and_send(Leg::kDecode);
       return;
   }
 }

@@ -35,6 +35,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "router/http/http_message.h"
@@ -68,7 +69,8 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
 
  private:
   void begin();
-  void pair_and_send();
+  // `retry_of`: the leg whose failure this new pair retries (counted once a pair is found).
+  void pair_and_send(std::optional<Leg> retry_of = std::nullopt);
   void send_prefill();
   void send_decode();
   void on_prefill_complete();

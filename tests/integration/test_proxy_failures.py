@@ -1,0 +1,277 @@
+"""The request state machine's failure cases (shared/DESIGN.md), one test each, end to end:
+pdrouter with simulated nodes whose faults are injected through /sim/faults. What each node saw
+(requests, aborts) comes from its /sim/requests log; what the client saw from its own socket."""
+import json
+import signal
+import socket
+import time
+import unittest
+
+from pd_fixture import PdCluster
+from pdrouter_fixture import TIME_SCALE
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def chat(max_tokens=4, stream=False, content="hello there"):
+    return {"model": "sim-model", "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "stream": stream}
+
+
+def completion(max_tokens=4, prompt="one two three four"):
+    return {"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens}
+
+
+def generation_requests(log):
+    return [r for r in log["requests"] if r["path"] in (CHAT, COMPLETIONS)]
+
+
+def request_id(entry):
+    return entry["headers"].get("x-request-id")
+
+
+def kv_params(entry):
+    return json.loads(entry["body"]).get("kv_transfer_params")
+
+
+def error_of(body):
+    payload = json.loads(body)
+    assert set(payload) == {"error"}, payload
+    return payload["error"]
+
+
+class ClusterTest(unittest.TestCase):
+    """One cluster per test: failures leave nodes in states later tests must not inherit."""
+
+    def cluster(self, connector="moriio", transfer_mode="WRITE", **kwargs):
+        c = PdCluster(connector, transfer_mode=transfer_mode, **kwargs)
+        self.addCleanup(c.close)
+        return c
+
+    def wait_aborted(self, node, count=1, timeout=1.0):
+        """Polls until `node` counted `count` aborts; returns the seconds it took."""
+        start = time.monotonic()
+        node.wait_for_requests(lambda log: log["counters"]["aborts"] >= count, timeout * TIME_SCALE)
+        return time.monotonic() - start
+
+
+class PrefillFailures(ClusterTest):
+    # In WRITE mode the sim's decode does not wait for KV (that is the transfer issue's seam),
+    # so tests where the prefill fails slow the decode down: its leg must still be open when
+    # the prefill's failure arrives, as a real decode waiting for KV would be.
+    SLOW_DECODE = ("--decode-us-per-token", "300000")
+
+    def test_prefill_500_is_retried_on_another_prefill_with_fresh_ids(self):
+        c = self.cluster(prefills=2, decodes=1, decode_flags=self.SLOW_DECODE)
+        bad, good = c.prefills
+        bad.set_fault(status=500, count=-1)
+        for _ in range(4):
+            status, _, body = c.post(COMPLETIONS, completion())
+            self.assertEqual(status, 200, body)
+        bad_log = generation_requests(bad.sim_requests())
+        good_log = generation_requests(good.sim_requests())
+        self.assertGreaterEqual(len(bad_log), 1)
+        self.assertEqual(len(good_log), 4)
+        # The retry never reuses the failed attempt's ids: request id and transfer id are new.
+        failed_ids = {request_id(r) for r in bad_log}
+        failed_transfers = {kv_params(r)["transfer_id"] for r in bad_log}
+        for r in good_log:
+            self.assertNotIn(request_id(r), failed_ids)
+            self.assertNotIn(kv_params(r)["transfer_id"], failed_transfers)
+        # WRITE mode sends decode concurrently: each failed attempt's decode leg was closed.
+        decode_log = c.decodes[0].sim_requests()
+        self.assertEqual(decode_log["counters"]["aborts"], len(bad_log))
+        self.assertEqual(c.metric('pdrouter_leg_retries_total{leg="prefill"}'), len(bad_log))
+        self.assertEqual(c.metric('pdrouter_leg_failures_total{leg="prefill",cause="status_5xx"}'),
+                         len(bad_log))
+
+    def test_prefill_500_everywhere_gives_502_after_the_retry_budget(self):
+        c = self.cluster(prefills=2, decodes=1, decode_flags=self.SLOW_DECODE)
+        for p in c.prefills:
+            p.set_fault(status=500, count=-1)
+        status, headers, body = c.post(COMPLETIONS, completion())
+        self.assertEqual(status, 502, body)
+        err = error_of(body)
+        self.assertEqual(err["code"], "prefill_failed")
+        self.assertIn("500", err["message"])
+        attempts = sum(len(generation_requests(p.sim_requests())) for p in c.prefills)
+        self.assertEqual(attempts, 2)  # retries.prefill_attempts default
+        self.wait_aborted(c.decodes[0], count=2)
+        self.assertEqual(c.metric('pdrouter_requests_total{outcome="failed"}'), 1)
+
+    def test_prefill_timeout_closes_both_legs_and_answers_504(self):
+        c = self.cluster(prefills=1, decodes=1, decode_flags=self.SLOW_DECODE,
+                         topology="timeouts:\n  prefill_ms: 300\n")
+        c.prefills[0].set_fault(hang=True, count=-1)
+        start = time.monotonic()
+        status, _, body = c.post(COMPLETIONS, completion())
+        elapsed = time.monotonic() - start
+        self.assertEqual(status, 504, body)
+        self.assertEqual(error_of(body)["code"], "prefill_timeout")
+        self.assertGreaterEqual(elapsed, 0.3)
+        self.assertLess(elapsed, 3.0 * TIME_SCALE)
+        self.wait_aborted(c.prefills[0])
+        self.wait_aborted(c.decodes[0])
+        self.assertEqual(c.metric('pdrouter_leg_failures_total{leg="prefill",cause="timeout"}'), 1)
+
+    def test_prefill_killed_mid_request_is_retried_elsewhere(self):
+        # ~1 s of simulated prefill: long enough to kill the node while it works.
+        # READ mode: the decode waits for the prefill, so the kill lands in PREFILL_SENT.
+        c = self.cluster(transfer_mode="READ", prefills=2, decodes=1,
+                         prefill_flags=("--prefill-us-per-token", "200000"))
+        results = {}
+
+        def send():
+            results["answer"] = c.post(COMPLETIONS, completion(prompt="a b c d e"), timeout=30)
+
+        import threading
+        t = threading.Thread(target=send)
+        t.start()
+        deadline = time.monotonic() + 5 * TIME_SCALE
+        victim = None
+        while victim is None and time.monotonic() < deadline:
+            for p in c.prefills:
+                if generation_requests(p.sim_requests()):
+                    victim = p
+            time.sleep(0.01)
+        self.assertIsNotNone(victim, "no prefill received the request")
+        victim.kill()
+        c.prefills.remove(victim)
+        t.join(30 * TIME_SCALE)
+        self.assertFalse(t.is_alive())
+        status, _, body = results["answer"]
+        self.assertEqual(status, 200, body)
+        self.assertEqual(c.metric('pdrouter_leg_retries_total{leg="prefill"}'), 1)
+
+    def test_prefill_4xx_is_relayed_not_retried(self):
+        c = self.cluster(prefills=2, decodes=1)
+        for p in c.prefills:
+            p.set_fault(status=400, count=-1)
+        status, _, body = c.post(COMPLETIONS, completion())
+        self.assertEqual(status, 400, body)
+        attempts = sum(len(generation_requests(p.sim_requests())) for p in c.prefills)
+        self.assertEqual(attempts, 1)
+        self.assertEqual(c.metric('pdrouter_leg_retries_total{leg="prefill"}'), 0)
+
+
+class DecodeFailures(ClusterTest):
+    def test_decode_refusal_retries_the_whole_pair_when_ids_name_the_decode(self):
+        c = self.cluster(prefills=1, decodes=2)
+        bad, good = c.decodes
+        bad.set_fault(status=503, count=-1)
+        for _ in range(3):
+            status, _, body = c.post(COMPLETIONS, completion())
+            self.assertEqual(status, 200, body)
+        bad_log = generation_requests(bad.sim_requests())
+        self.assertGreaterEqual(len(bad_log), 1)
+        # MoRIIO ids embed the decode's address: a new decode means a new prefill and new ids.
+        prefill_ids = [request_id(r) for r in generation_requests(c.prefills[0].sim_requests())]
+        self.assertEqual(len(prefill_ids), 3 + len(bad_log))
+        self.assertEqual(len(set(prefill_ids)), len(prefill_ids))
+        self.assertEqual(c.metric('pdrouter_leg_retries_total{leg="decode"}'), len(bad_log))
+
+    def test_nixl_decode_refusal_retries_only_the_decode(self):
+        c = self.cluster(connector="nixl", transfer_mode=None, prefills=1, decodes=2)
+        bad, good = c.decodes
+        bad.set_fault(status=503, count=-1)
+        for _ in range(3):
+            status, _, body = c.post(COMPLETIONS, completion())
+            self.assertEqual(status, 200, body)
+        prefill_log = generation_requests(c.prefills[0].sim_requests())
+        self.assertEqual(len(prefill_log), 3)  # the prefill's KV is reused, not recomputed
+        bad_log = generation_requests(bad.sim_requests())
+        good_log = generation_requests(good.sim_requests())
+        self.assertEqual(len(good_log), 3)
+        by_id = {request_id(r): r for r in good_log}
+        for r in bad_log:  # the same request id and the same kv_transfer_params, resent
+            self.assertIn(request_id(r), by_id)
+            self.assertEqual(kv_params(r), kv_params(by_id[request_id(r)]))
+
+    def test_decode_4xx_is_relayed_as_is(self):
+        c = self.cluster(prefills=1, decodes=2)
+        for d in c.decodes:
+            d.set_fault(status=400, count=-1)
+        status, headers, body = c.post(COMPLETIONS, completion())
+        self.assertEqual(status, 400, body)
+        # vLLM's own error shape, relayed byte for byte.
+        self.assertEqual(json.loads(body)["message"], "injected fault: HTTP 400")
+        self.assertEqual(c.metric('pdrouter_leg_retries_total{leg="decode"}'), 0)
+
+    def test_decode_dying_mid_stream_ends_with_an_error_event(self):
+        c = self.cluster(prefills=1, decodes=1)
+        c.decodes[0].set_fault(close_after_tokens=2)
+        with c.stream(CHAT, chat(max_tokens=10, stream=True)) as events:
+            self.assertEqual(events.status, 200)
+            payloads = list(events)
+        self.assertEqual(payloads[-1], "[DONE]")
+        error = json.loads(payloads[-2])
+        self.assertIn("error", error)
+        self.assertEqual(error["error"]["code"], "decode_failed")
+        tokens = [json.loads(p) for p in payloads[:-2]]
+        self.assertTrue(all("choices" in t for t in tokens), tokens)
+        self.assertGreaterEqual(len(tokens), 2)
+        self.assertEqual(c.metric("pdrouter_stream_errors_total"), 1)
+
+
+class ClientDisconnect(ClusterTest):
+    def open_request(self, c, body, path=COMPLETIONS):
+        host, port = c.router.http.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=5)
+        data = json.dumps(body).encode()
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(data), data))
+        return sock
+
+    def test_disconnect_during_prefill_closes_both_legs_promptly(self):
+        # A slow decode stands for one waiting for KV (the sim's WRITE decode does not wait).
+        c = self.cluster(prefills=1, decodes=1, decode_flags=("--decode-us-per-token", "300000"))
+        c.prefills[0].set_fault(hang=True)
+        sock = self.open_request(c, completion())
+        c.prefills[0].wait_for_requests(lambda log: generation_requests(log), 5 * TIME_SCALE)
+        c.decodes[0].wait_for_requests(lambda log: generation_requests(log), 5 * TIME_SCALE)
+        sock.close()
+        took_prefill = self.wait_aborted(c.prefills[0])
+        took_decode = self.wait_aborted(c.decodes[0])
+        # Polling adds up to one poll interval plus an HTTP round trip to each measure.
+        self.assertLess(max(took_prefill, took_decode), 0.05 * TIME_SCALE + 0.1)
+        c.router.wait_for(lambda: c.metric("pdrouter_client_disconnects_total") == 1)
+        c.router.wait_for(lambda: c.metric('pdrouter_requests_total{outcome="cancelled"}') == 1)
+
+    def test_disconnect_during_decode_stream_closes_the_decode(self):
+        c = self.cluster(prefills=1, decodes=1, decode_flags=("--decode-us-per-token", "100000"))
+        stream = c.stream(CHAT, chat(max_tokens=50, stream=True))
+        first = next(iter(stream))
+        self.assertIn("choices", json.loads(first))
+        stream.close()
+        took = self.wait_aborted(c.decodes[0])
+        self.assertLess(took, 0.05 * TIME_SCALE + 0.1)
+        c.router.wait_for(lambda: c.metric('pdrouter_requests_total{outcome="cancelled"}') == 1)
+
+
+class Shutdown(ClusterTest):
+    def test_drain_finishes_in_flight_streams_and_refuses_new_requests(self):
+        c = self.cluster(prefills=1, decodes=1, decode_flags=("--decode-us-per-token", "50000"))
+        stream = c.stream(CHAT, chat(max_tokens=20, stream=True))
+        events = iter(stream)
+        first = next(events)
+        self.assertIn("choices", json.loads(first))
+        c.router.process.send_signal(signal.SIGTERM)
+        # New work is refused while the stream drains: the listener is closed (connection
+        # refused) or, on a connection that raced in, 503.
+        def refused():
+            try:
+                status, _, _ = c.post(COMPLETIONS, completion(), timeout=2)
+                return status == 503
+            except OSError:
+                return True
+        c.router.wait_for(refused)
+        rest = list(events)
+        stream.close()
+        self.assertEqual(rest[-1], "[DONE]")
+        self.assertFalse(any('"error"' in e for e in rest))
+        self.assertEqual(c.router.process.wait(10 * TIME_SCALE), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
