@@ -42,7 +42,8 @@ std::vector<const InstancePtr*> usable(const RegistrySnapshot& s, Role role, std
                                        std::span<const std::string> excluded) {
   std::vector<const InstancePtr*> out;
   for (const auto& inst : s.instances) {
-    if (inst->role == role && routable(*inst) && serves_model(*inst, model) && !contains(excluded, inst->key)) {
+    if (inst->role == role && routable(*inst) && inst->connector != Connector::kUnknown && serves_model(*inst, model) &&
+        !contains(excluded, inst->key)) {
       out.push_back(&inst);
     }
   }
@@ -68,11 +69,11 @@ Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefil
   auto prefills = usable(s, Role::kPrefill, q.model, q.excluded_prefills);
   auto decodes = usable(s, Role::kDecode, q.model, q.excluded_decodes);
   if (prefills.empty()) {
-    return Status(StatusCode::kNotFound, "no prefill instance is up" + model_suffix(q.model) +
+    return Status(StatusCode::kNotFound, "no prefill instance is up with a known connector" + model_suffix(q.model) +
                                              (q.excluded_prefills.empty() ? "" : " (besides those already tried)"));
   }
   if (decodes.empty()) {
-    return Status(StatusCode::kNotFound, "no decode instance is up" + model_suffix(q.model) +
+    return Status(StatusCode::kNotFound, "no decode instance is up with a known connector" + model_suffix(q.model) +
                                              (q.excluded_decodes.empty() ? "" : " (besides those already tried)"));
   }
   std::vector<const InstancePtr*> pairable;

@@ -1,6 +1,7 @@
 // Choosing the (prefill, decode) pair for one request from a registry snapshot.
 //
-// An instance is routable when its state is up (not draining, not expired). A prefill and a decode
+// An instance is routable when its state is up (not draining, not expired); one whose connector
+// is unknown is never paired. A prefill and a decode
 // are compatible when they speak the same known connector and, for MoRIIO, the same transfer
 // mode (READ with READ, WRITE with WRITE): the two legs of one request must follow one dialect
 // (shared/PROTOCOLS.md, Implications 4). An instance that declared a model serves only requests

@@ -1,0 +1,152 @@
+// The proxy's pure parts: pairing over a snapshot and the retry rules.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "router/proxy/pairing.h"
+#include "router/proxy/retry_rules.h"
+
+namespace pdr::router::proxy {
+namespace {
+
+using discovery::Instance;
+using discovery::InstanceState;
+using discovery::RegistrySnapshot;
+using proto::Connector;
+using proto::Role;
+using proto::TransferMode;
+
+std::shared_ptr<const Instance> node(std::string key, Role role, Connector c, TransferMode m = TransferMode::kNone,
+                                     InstanceState state = InstanceState::kUp, std::string model = "") {
+  auto i = std::make_shared<Instance>();
+  i->key = key;
+  i->role = role;
+  i->connector = c;
+  i->transfer_mode = m;
+  i->state = state;
+  i->model = std::move(model);
+  const auto colon = key.rfind(':');
+  i->http_address = proto::HostPort{key.substr(0, colon), static_cast<uint16_t>(std::stoi(key.substr(colon + 1)))};
+  return i;
+}
+
+RegistrySnapshot snapshot(std::vector<std::shared_ptr<const Instance>> instances) {
+  RegistrySnapshot s;
+  s.instances = std::move(instances);
+  return s;
+}
+
+struct Policies {
+  std::unique_ptr<Policy> prefill = make_round_robin_policy();
+  std::unique_ptr<Policy> decode = make_round_robin_policy();
+};
+
+TEST(Pairing, PairsOnlyTheSameConnectorAndMoriioMode) {
+  auto s = snapshot({node("10.0.0.1:1", Role::kPrefill, Connector::kMoriio, TransferMode::kRead),
+                     node("10.0.0.2:1", Role::kDecode, Connector::kMoriio, TransferMode::kWrite),
+                     node("10.0.0.3:1", Role::kDecode, Connector::kNixl)});
+  Policies p;
+  Pair pair;
+  Status st = choose_pair(s, PairQuery{}, *p.prefill, *p.decode, &pair);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_NE(st.message().find("compatible"), std::string::npos) << st.message();
+  EXPECT_FALSE(any_pair(s).is_ok());
+
+  auto s2 = snapshot({node("10.0.0.1:1", Role::kPrefill, Connector::kMoriio, TransferMode::kRead),
+                      node("10.0.0.2:1", Role::kDecode, Connector::kMoriio, TransferMode::kWrite),
+                      node("10.0.0.4:1", Role::kDecode, Connector::kMoriio, TransferMode::kRead)});
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(choose_pair(s2, PairQuery{}, *p.prefill, *p.decode, &pair).is_ok());
+    EXPECT_EQ(pair.decode->key, "10.0.0.4:1");
+  }
+  EXPECT_TRUE(any_pair(s2).is_ok());
+}
+
+TEST(Pairing, PrefillChosenOnlyAmongThoseWithACompatibleDecode) {
+  auto s = snapshot({node("10.0.0.1:1", Role::kPrefill, Connector::kNixl),
+                     node("10.0.0.2:1", Role::kPrefill, Connector::kSglang),
+                     node("10.0.0.3:1", Role::kDecode, Connector::kSglang)});
+  Policies p;
+  for (int i = 0; i < 4; ++i) {
+    Pair pair;
+    ASSERT_TRUE(choose_pair(s, PairQuery{}, *p.prefill, *p.decode, &pair).is_ok());
+    EXPECT_EQ(pair.prefill->key, "10.0.0.2:1");
+  }
+}
+
+TEST(Pairing, SkipsDrainingExpiredUnknownExcludedAndOtherModels) {
+  auto s = snapshot({node("10.0.0.1:1", Role::kPrefill, Connector::kNixl, TransferMode::kNone, InstanceState::kDraining),
+                     node("10.0.0.2:1", Role::kPrefill, Connector::kNixl, TransferMode::kNone, InstanceState::kExpired),
+                     node("10.0.0.3:1", Role::kPrefill, Connector::kUnknown),
+                     node("10.0.0.4:1", Role::kPrefill, Connector::kNixl),
+                     node("10.0.0.5:1", Role::kPrefill, Connector::kNixl, TransferMode::kNone, InstanceState::kUp, "other"),
+                     node("10.0.0.6:1", Role::kDecode, Connector::kNixl),
+                     node("10.0.0.7:1", Role::kDecode, Connector::kNixl, TransferMode::kNone, InstanceState::kUp, "m")});
+  Policies p;
+  std::map<std::string, int> prefills, decodes;
+  for (int i = 0; i < 8; ++i) {
+    Pair pair;
+    ASSERT_TRUE(choose_pair(s, PairQuery{"m", {}, {}, {}}, *p.prefill, *p.decode, &pair).is_ok());
+    ++prefills[pair.prefill->key];
+    ++decodes[pair.decode->key];
+  }
+  EXPECT_EQ(prefills, (std::map<std::string, int>{{"10.0.0.4:1", 8}}));
+  EXPECT_EQ(decodes, (std::map<std::string, int>{{"10.0.0.6:1", 4}, {"10.0.0.7:1", 4}}));
+
+  const std::vector<std::string> tried{"10.0.0.4:1"};
+  Pair pair;
+  Status st = choose_pair(s, PairQuery{"m", tried, {}, {}}, *p.prefill, *p.decode, &pair);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_NE(st.message().find("already tried"), std::string::npos) << st.message();
+
+  InstancePtr decode;
+  const std::vector<std::string> tried_decodes{"10.0.0.6:1"};
+  ASSERT_TRUE(choose_decode(s, *s.instances[3], PairQuery{"m", {}, tried_decodes, {}}, *p.decode, &decode).is_ok());
+  EXPECT_EQ(decode->key, "10.0.0.7:1");
+}
+
+TEST(Pairing, PoliciesSeeLiveOutstandingCounts) {
+  auto busy = node("10.0.0.2:1", Role::kDecode, Connector::kSglang);
+  busy->liveness->outstanding = 5;
+  auto s = snapshot({node("10.0.0.1:1", Role::kPrefill, Connector::kSglang), busy,
+                     node("10.0.0.3:1", Role::kDecode, Connector::kSglang)});
+  auto prefill_policy = make_round_robin_policy();
+  auto decode_policy = make_least_outstanding_policy();
+  Pair pair;
+  ASSERT_TRUE(choose_pair(s, PairQuery{}, *prefill_policy, *decode_policy, &pair).is_ok());
+  EXPECT_EQ(pair.decode->key, "10.0.0.3:1");
+}
+
+TEST(RetryRules, DecodeRetryDependsOnWhetherIdsNameTheDecode) {
+  proto::LegPlan nixl, moriio, mooncake;
+  nixl.connector = Connector::kNixl;
+  moriio.connector = Connector::kMoriio;
+  mooncake.connector = Connector::kMooncake;
+  EXPECT_EQ(decode_retry(nixl, LegFailure::kStatus5xx, 1), DecodeRetry::kDecodeOnly);
+  EXPECT_EQ(decode_retry(moriio, LegFailure::kConnect, 1), DecodeRetry::kWholePair);
+  EXPECT_EQ(decode_retry(mooncake, LegFailure::kTimeout, 1), DecodeRetry::kWholePair);
+  EXPECT_EQ(decode_retry(nixl, LegFailure::kStatus4xx, 1), DecodeRetry::kNone);
+  EXPECT_EQ(decode_retry(moriio, LegFailure::kConnect, 0), DecodeRetry::kNone);
+  EXPECT_TRUE(prefill_retryable(LegFailure::kConnectionLost, 1));
+  EXPECT_FALSE(prefill_retryable(LegFailure::kStatus4xx, 1));
+  EXPECT_FALSE(prefill_retryable(LegFailure::kTimeout, 0));
+}
+
+TEST(RetryRules, ClassifiesFailuresAndStatuses) {
+  EXPECT_EQ(classify(http::UpstreamFailure::kFirstByteTimeout), LegFailure::kTimeout);
+  EXPECT_EQ(classify(http::UpstreamFailure::kIdleTimeout), LegFailure::kTimeout);
+  EXPECT_EQ(classify(http::UpstreamFailure::kConnect), LegFailure::kConnect);
+  EXPECT_EQ(classify(http::UpstreamFailure::kBadResponse), LegFailure::kBadResponse);
+  EXPECT_EQ(classify(http::UpstreamFailure::kConnectionLost), LegFailure::kConnectionLost);
+  EXPECT_EQ(classify_status(404), LegFailure::kStatus4xx);
+  EXPECT_EQ(classify_status(503), LegFailure::kStatus5xx);
+  EXPECT_EQ(classify_status(302), LegFailure::kStatus5xx);
+  EXPECT_EQ(failure_status(LegFailure::kTimeout), 504);
+  EXPECT_EQ(failure_status(LegFailure::kConnect), 502);
+}
+
+}  // namespace
+}  // namespace pdr::router::proxy
