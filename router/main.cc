@@ -33,11 +33,20 @@ struct CommandLine {
 };
 
 constexpr const char* kFooter = R"(Endpoints:
-  GET /health    200 while the process is up
+  POST /v1/completions, /v1/chat/completions
+                 OpenAI-compatible; each request is split into a prefill and a decode leg
+                 for the pair's connector (NIXL, MoRIIO READ/WRITE, Mooncake, P2P-NCCL,
+                 SGLang) and the decode's answer streamed back
+  GET /v1/models a decode node's model list (cached 5 s)
+  GET /ready     200 only when a compatible prefill/decode pair is up (readiness probe)
+  POST /start_profile, /stop_profile   fanned out to every up instance
+  /admin/...     list, add, remove, drain instances (key: admin.api_key_env/_file)
+  GET /health    200 while the process is up (liveness probe)
   GET /status    the live registry as JSON (instances with role, http_address, dialect,
                  transfer_mode, dp/tp sizes, state, source, last_seen_ms_ago; counts per role/state)
   GET /metrics   Prometheus text (registrations accepted/rejected by reason, instances by
-                 role and state, expiries, restarts, topology reloads, HTTP counters)
+                 role and state, expiries, restarts, topology reloads, HTTP counters,
+                 request state transitions, leg failures and retries)
 
 Nodes register over ZMQ (DEALER -> our ROUTER) with vLLM's MoRIIO or P2P-NCCL messages, or
 pdrouter's extended format (see proto/DISCOVERY.md); `pdnode register` does it for any node.
