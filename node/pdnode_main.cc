@@ -1,5 +1,6 @@
 // pdnode: node-side tools for pdrouter. Each subcommand lives in its own file (register_command.cc;
 // later sim, xfer-bench); main() only parses and dispatches.
+#include <csignal>
 #include <CLI/CLI.hpp>
 
 #include "node/register_command.h"
@@ -19,6 +20,8 @@ int exit_code_for(const CLI::App& app, const CLI::ParseError& error) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A router that closes a leg mid-answer (that is how it aborts) must not kill the node.
+  std::signal(SIGPIPE, SIG_IGN);
   // Before any thread exists, so all threads inherit the mask and only sigwait() sees the signals.
   pdr::node::block_stop_signals();
 

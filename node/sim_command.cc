@@ -148,7 +148,7 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
       "Run a simulated vLLM OpenAI server (no GPU): /health, /v1/models, /v1/completions and\n"
       "/v1/chat/completions in vLLM's formats, kv_transfer_params checked per connector, prefill\n"
       "and decode time modelled per token, deterministic text. Test endpoints: GET /sim/requests,\n"
-      "POST /sim/reset. Runs until SIGTERM/SIGINT. Exit codes: 0 clean stop, 1 runtime failure,\n"
+      "POST /sim/reset, /sim/faults (below). Runs until SIGTERM/SIGINT. Exit codes: 0 clean stop, 1 runtime failure,\n"
       "2 bad flags.");
   cmd->add_option("--role", f->role, "prefill or decode.")->capture_default_str()
       ->type_name("prefill|decode");
@@ -198,6 +198,18 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   cmd->add_option("--workers", f->workers, "HTTP worker threads.")->capture_default_str()
       ->check(CLI::Range(1, 256))->type_name("N");
   add_log_level_option(cmd, &f->log_level);
+  cmd->footer(
+      "Fault injection (tests only): POST /sim/faults with a JSON object queues a fault for the\n"
+      "next matching request(s); DELETE /sim/faults clears them; GET /sim/faults lists them.\n"
+      "  {\"status\": 500}               answer with this status and vLLM's error body\n"
+      "  {\"hang\": true}                never answer (the client's close counts as an abort)\n"
+      "  {\"close_after_tokens\": 3}     stream: 3 token events, then cut the connection;\n"
+      "                                non-stream: close unanswered when the answer is due\n"
+      "  {\"close_immediately\": true}   close the connection as soon as the request arrives\n"
+      "  {\"delay_ms\": 500}             wait before the first byte (combines with the above)\n"
+      "  \"count\": N (default 1, -1 until cleared), \"path\": \"/v1/completions\" (default: both\n"
+      "  generation endpoints). GET /sim/requests shows each entry's \"fault\" and\n"
+      "  counters.faults_applied.");
   return cmd;
 }
 

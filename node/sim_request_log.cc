@@ -45,6 +45,12 @@ void SimRequestLog::mark_aborted(uint64_t seq) {
   if (Entry* e = find(seq)) e->aborted = true;
 }
 
+void SimRequestLog::set_fault(uint64_t seq, std::string fault_json) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++faults_applied_;
+  if (Entry* e = find(seq)) e->fault = std::move(fault_json);
+}
+
 void SimRequestLog::count_error(std::string_view reason) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++errors_by_reason_[std::string(reason)];
@@ -56,6 +62,7 @@ void SimRequestLog::reset() {
   entries_.clear();
   requests_ = 0;
   aborts_ = 0;
+  faults_applied_ = 0;
   errors_by_reason_.clear();
 }
 
@@ -73,11 +80,16 @@ std::string SimRequestLog::to_json() const {
                         {"body", e.body},
                         {"arrival_unix_ms", e.arrival_unix_ms},
                         {"status", e.status},
-                        {"aborted", e.aborted}});
+                        {"aborted", e.aborted},
+                        {"fault", e.fault.empty() ? json(nullptr)
+                                                  : json::parse(e.fault, nullptr, false)}});
   }
   json out{{"requests", list},
            {"counters",
-            {{"requests", requests_}, {"aborts", aborts_}, {"errors_by_reason", errors_by_reason_}}}};
+            {{"requests", requests_},
+             {"aborts", aborts_},
+             {"faults_applied", faults_applied_},
+             {"errors_by_reason", errors_by_reason_}}}};
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

@@ -23,9 +23,12 @@ class SimRequestLog {
   uint64_t record(const http::Request& request);
   void set_status(uint64_t seq, int status);
   void mark_aborted(uint64_t seq);
+  // Notes that an injected fault (FaultSpec::to_json(), a JSON object) applied to the request.
+  void set_fault(uint64_t seq, std::string fault_json);
   void count_error(std::string_view reason);
   void reset();
-  // {"requests":[...], "counters":{"requests":N,"aborts":N,"errors_by_reason":{...}}}
+  // {"requests":[...], "counters":{"requests":N,"aborts":N,"faults_applied":N,
+  //  "errors_by_reason":{...}}}; an entry's "fault" is the injected fault object, or null.
   std::string to_json() const;
 
  private:
@@ -39,6 +42,7 @@ class SimRequestLog {
     double arrival_unix_ms = 0;
     int status = 0;
     bool aborted = false;
+    std::string fault;  // FaultSpec::to_json(); empty: none
   };
   Entry* find(uint64_t seq);
 
@@ -47,6 +51,7 @@ class SimRequestLog {
   uint64_t next_seq_ = 1;
   uint64_t requests_ = 0;
   uint64_t aborts_ = 0;
+  uint64_t faults_applied_ = 0;
   std::map<std::string, uint64_t> errors_by_reason_;
 };
 

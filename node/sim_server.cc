@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "node/sim_faults.h"
 #include "node/sim_generation.h"
 #include "node/sim_request_log.h"
 #include "router/http/http_server.h"
@@ -58,6 +59,12 @@ struct Generation {
   Clock::time_point first_token_at;
   std::chrono::microseconds per_token{0};
   struct TimerBox* timer = nullptr;
+  // Fault injection (sim_faults.h). `held` is set while a delay_ms fault holds the request: the
+  // timer fires when the delay is over and `held_fault` (the rest of the fault) runs then. A hang
+  // fault parks an entry with neither timer nor request; only the client's close removes it.
+  std::optional<http::Request> held;
+  FaultSpec held_fault;
+  std::optional<uint32_t> close_after_tokens;
 };
 
 struct TimerBox {
@@ -73,6 +80,7 @@ struct SimServer::Impl {
   http::Server server;
   std::unique_ptr<http::Server> bootstrap;
   SimRequestLog log;
+  FaultQueue faults;
   int64_t started_unix = unix_seconds();
   // Per worker, touched only on that worker's thread.
   std::vector<std::unordered_map<uint64_t, std::unique_ptr<Generation>>> in_flight;
@@ -82,8 +90,17 @@ struct SimServer::Impl {
   std::atomic<bool> identity_ready{false};
 
   void handle(http::Request&& request, http::ResponseWriter writer);
+  void route(http::Request&& request, uint64_t seq, http::ResponseWriter writer,
+             std::optional<uint32_t> close_after_tokens);
+  void handle_faults_endpoint(const http::Request& request, http::ResponseWriter& writer);
   void handle_generation(ApiKind kind, http::Request&& request, uint64_t seq,
-                         http::ResponseWriter writer);
+                         http::ResponseWriter writer, std::optional<uint32_t> close_after_tokens);
+  void apply_fault(FaultSpec fault, http::Request&& request, uint64_t seq,
+                   http::ResponseWriter writer);
+  void release_held(Generation& g);
+  // The connection ends at once, with nothing (more) sent, as when a server dies.
+  static void close_unanswered(http::ResponseWriter writer) { writer.abort(); }
+  void cut(Generation& g);
   void answer(http::ResponseWriter& writer, uint64_t seq, http::Response response);
   void answer_error(http::ResponseWriter& writer, uint64_t seq, const SimError& error);
   std::string models_json() const;
@@ -151,6 +168,17 @@ std::string SimServer::Impl::bootstrap_query_json() const {
 void SimServer::Impl::handle(http::Request&& request, http::ResponseWriter writer) {
   const bool test_path = request.path.starts_with("/sim/");
   const uint64_t seq = test_path ? 0 : log.record(request);
+  if (!test_path) {
+    if (std::optional<FaultSpec> fault = faults.take(request.path)) {
+      log.set_fault(seq, fault->to_json());
+      return apply_fault(*std::move(fault), std::move(request), seq, std::move(writer));
+    }
+  }
+  route(std::move(request), seq, std::move(writer), std::nullopt);
+}
+
+void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::ResponseWriter writer,
+                            std::optional<uint32_t> close_after_tokens) {
   try {
     const bool get = request.method == "GET";
     const bool post = request.method == "POST";
@@ -159,10 +187,12 @@ void SimServer::Impl::handle(http::Request&& request, http::ResponseWriter write
       return answer(writer, seq, json_response(200, models_json()));
     }
     if (request.path == "/v1/completions" && post) {
-      return handle_generation(ApiKind::kCompletion, std::move(request), seq, std::move(writer));
+      return handle_generation(ApiKind::kCompletion, std::move(request), seq, std::move(writer),
+                               close_after_tokens);
     }
     if (request.path == "/v1/chat/completions" && post) {
-      return handle_generation(ApiKind::kChat, std::move(request), seq, std::move(writer));
+      return handle_generation(ApiKind::kChat, std::move(request), seq, std::move(writer),
+                               close_after_tokens);
     }
     if (request.path == "/query" && get && options.node.connector == proto::Connector::kMooncake &&
         options.node.role == proto::Role::kPrefill) {
@@ -175,6 +205,7 @@ void SimServer::Impl::handle(http::Request&& request, http::ResponseWriter write
       log.reset();
       return answer(writer, seq, json_response(200, "{}"));
     }
+    if (request.path == "/sim/faults") return handle_faults_endpoint(request, writer);
     answer_error(writer, seq, SimError{404, "not_found", "Not Found: " + request.path});
   } catch (const std::exception& e) {
     // nlohmann throws on type mismatches inside odd request bodies; the body is the client's fault.
@@ -182,8 +213,88 @@ void SimServer::Impl::handle(http::Request&& request, http::ResponseWriter write
   }
 }
 
+void SimServer::Impl::handle_faults_endpoint(const http::Request& request,
+                                             http::ResponseWriter& writer) {
+  if (request.method == "POST") {
+    FaultSpec fault;
+    if (auto e = parse_fault(request.body, &fault)) {
+      return answer_error(writer, 0, SimError{400, "bad_fault", *e});
+    }
+    faults.push(std::move(fault));
+  } else if (request.method == "DELETE") {
+    faults.clear();
+  } else if (request.method != "GET") {
+    return answer_error(writer, 0, SimError{405, "bad_method", "use GET, POST or DELETE"});
+  }
+  answer(writer, 0, json_response(200, faults.to_json()));
+}
+
+void SimServer::Impl::apply_fault(FaultSpec fault, http::Request&& request, uint64_t seq,
+                                  http::ResponseWriter writer) {
+  const uint32_t worker = request.worker;
+  if (fault.delay_ms > 0) {
+    auto g = std::make_unique<Generation>();
+    g->seq = seq;
+    g->worker = worker;
+    g->writer = std::move(writer);
+    g->held_fault = fault;
+    g->held_fault.delay_ms = 0;
+    g->held = std::move(request);
+    g->writer.on_client_close([this, worker, seq] { abort(worker, seq); });
+    Generation& ref = *g;
+    in_flight[worker][seq] = std::move(g);
+    return arm_timer(ref, Clock::now() + std::chrono::milliseconds(fault.delay_ms));
+  }
+  switch (fault.action) {
+    case FaultSpec::Action::kNone:
+      return route(std::move(request), seq, std::move(writer), std::nullopt);
+    case FaultSpec::Action::kStatus: {
+      const SimError error{fault.status, "fault",
+                           "injected fault: HTTP " + std::to_string(fault.status)};
+      return answer(writer, seq, json_response(error.status, vllm_error_body(error)));
+    }
+    case FaultSpec::Action::kHang: {
+      auto g = std::make_unique<Generation>();
+      g->seq = seq;
+      g->worker = worker;
+      g->writer = std::move(writer);
+      g->writer.on_client_close([this, worker, seq] { abort(worker, seq); });
+      in_flight[worker][seq] = std::move(g);
+      return;
+    }
+    case FaultSpec::Action::kCloseImmediately:
+      return close_unanswered(std::move(writer));
+    case FaultSpec::Action::kCloseAfterTokens:
+      if (request.path == "/v1/completions" || request.path == "/v1/chat/completions") {
+        return route(std::move(request), seq, std::move(writer), fault.close_after_tokens);
+      }
+      return close_unanswered(std::move(writer));  // no tokens to count
+  }
+}
+
+void SimServer::Impl::release_held(Generation& g) {
+  const uint32_t worker = g.worker;
+  const uint64_t seq = g.seq;
+  http::Request request = std::move(*g.held);
+  http::ResponseWriter writer = std::move(g.writer);
+  FaultSpec fault = std::move(g.held_fault);
+  erase(worker, seq);
+  apply_fault(std::move(fault), std::move(request), seq, std::move(writer));
+}
+
+// A close_after_tokens fault firing: the stream (or the non-stream answer) is cut short.
+void SimServer::Impl::cut(Generation& g) {
+  const uint32_t worker = g.worker;
+  const uint64_t seq = g.seq;
+  if (g.req.stream) log.set_status(seq, 200);  // the 200 head was sent
+  http::ResponseWriter writer = std::move(g.writer);
+  erase(worker, seq);
+  close_unanswered(std::move(writer));
+}
+
 void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, uint64_t seq,
-                                        http::ResponseWriter writer) {
+                                        http::ResponseWriter writer,
+                                        std::optional<uint32_t> close_after_tokens) {
   const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
     return answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"});
@@ -209,6 +320,7 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
   }
   g->seq = seq;
   g->worker = request.worker;
+  g->close_after_tokens = close_after_tokens;
   g->response_id = response_id(kind, g->request_id);
   g->created = unix_seconds();
   g->tokens = generate_tokens(g->request_id, g->req.prompt_text, g->req.max_tokens);
@@ -289,6 +401,7 @@ KvBlocks SimServer::Impl::blocks_of(const Generation& g) const {
 void SimServer::Impl::on_timer(uint32_t worker, uint64_t seq) {
   Generation* g = find(worker, seq);
   if (g == nullptr) return;
+  if (g->held) return release_held(*g);
   try {
     if (g->next_token == 0 && g->kv.leg == KvLeg::kDecode) {
       // Seam: the decode verifies it received the right prefill's blocks before any token.
@@ -303,6 +416,7 @@ void SimServer::Impl::on_timer(uint32_t worker, uint64_t seq) {
       }
     }
     if (!g->req.stream) {
+      if (g->close_after_tokens) return cut(*g);
       g->next_token = g->tokens.size();
       return finish(*g);
     }
@@ -320,6 +434,7 @@ void SimServer::Impl::emit_due_tokens(Generation& g) {
     const Clock::time_point due =
         g.first_token_at + g.per_token * static_cast<int64_t>(g.next_token);
     if (due > now) return arm_timer(g, due);
+    if (g.close_after_tokens && g.next_token == *g.close_after_tokens) return cut(g);
     const bool last = g.next_token + 1 == g.tokens.size();
     g.writer.write(sse_token_chunk(g.req, g.response_id, g.created, g.tokens[g.next_token],
                                    last ? &finish_reason : nullptr));

@@ -15,12 +15,30 @@
 // aborted flag) and counters {requests, aborts, errors_by_reason}; POST /sim/reset clears them.
 // /sim/* requests are not themselves recorded.
 //
+// Fault injection (test only; sim_faults.h): POST /sim/faults with a JSON object queues a fault,
+// DELETE /sim/faults clears the queue, GET /sim/faults lists it (each answers {"faults":[...]};
+// a bad body is a 400 in vLLM's error format). Keys: exactly one of
+//   "status": 400..599        answer with that status and vLLM's error body
+//   "hang": true              never answer; the client's close is counted as an abort
+//   "close_after_tokens": N   stream: N token events, then the connection is cut (no terminating
+//                             chunk; a generation of <= N tokens completes normally);
+//                             non-stream: the connection is closed unanswered when the answer
+//                             would have been sent
+//   "close_immediately": true close the connection, unanswered, as soon as the request arrives
+// and/or "delay_ms": 0..600000 (wait that long, on a timer, before any of the above or before
+// handling the request normally; a client close during the wait is an abort); plus "count" (how
+// many matching requests it applies to, default 1, -1 until cleared) and "path" (exact request
+// path; default /v1/completions and /v1/chat/completions). Unknown keys are refused. Each request
+// takes the first queued fault matching its path. A faulted request is still recorded: its entry's
+// "fault" field is the fault object (null otherwise), and counters.faults_applied counts them.
+// A connection the sim cuts itself (close_* faults) is not counted as an abort.
+//
 // Mooncake prefill nodes also answer the bootstrap server's GET /query, on the main port and, when
 // bootstrap_port is set, on a second listener of its own.
 //
 // Threads: start() and stop() from one owning thread (not a worker). Requests run on the
 // http::Server workers; each request's state lives on its worker and is touched only there. The
-// request log is shared and mutex-protected.
+// request log and the fault queue are shared and mutex-protected.
 #pragma once
 
 #include <cstdint>

@@ -332,8 +332,13 @@ Status JsonObjectBody::parse(std::string_view text, const JsonLimits& limits, Js
 
   // simdjson gets one more level than our limit so that our scanner, which reports an offset,
   // is the one that trips on depth; simdjson still validates UTF-8, number ranges and the rest.
-  simdjson::dom::parser parser;
-  simdjson::error_code err = parser.allocate(std::max<size_t>(text.size(), 64), limits.max_depth + 1);
+  // One parser per thread, reused: allocating its buffers per request would cost more than the
+  // parse itself on typical bodies. It grows to the largest body seen (bounded by max_bytes).
+  thread_local simdjson::dom::parser parser;
+  simdjson::error_code err = simdjson::SUCCESS;
+  if (parser.capacity() < text.size() || parser.max_depth() != limits.max_depth + 1) {
+    err = parser.allocate(std::max<size_t>(text.size(), 4096), limits.max_depth + 1);
+  }
   if (err == simdjson::SUCCESS) {
     err = parser.parse(text.data(), text.size(), /*realloc_if_needed=*/true).error();
   }

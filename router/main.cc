@@ -234,6 +234,9 @@ int run(Process& p) {
 }  // namespace pdr
 
 int main(int argc, char** argv) {
+  // A peer that closes while we write must be an EPIPE error on that connection, not the end
+  // of the process.
+  std::signal(SIGPIPE, SIG_IGN);
   pdr::Process process;
   CLI::App app{"pdrouter " PDR_VERSION
                ": a router for disaggregated prefill/decode LLM serving with vLLM and SGLang.\n"

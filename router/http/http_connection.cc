@@ -447,6 +447,14 @@ void HttpConnection::writer_dropped(uint64_t seq) {
   }
 }
 
+void HttpConnection::writer_abort(uint64_t seq) {
+  if (!active(seq) || response_ == ResponseState::kDone) return;
+  clear_callbacks();
+  response_ = ResponseState::kDone;  // the handler chose this: not a client abort
+  spdlog::debug("http {}: \"{}\" aborted by its handler", peer_, request_line_);
+  close_now();
+}
+
 void HttpConnection::clear_callbacks() {
   // Moved out first: destroying a callback may drop a ResponseWriter, which calls back in.
   std::function<void()> drain = std::move(on_drain_);

@@ -48,6 +48,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void writer_on_client_close(uint64_t seq, std::function<void()> fn);
   bool writer_client_gone(uint64_t seq) const;
   void writer_dropped(uint64_t seq);
+  void writer_abort(uint64_t seq);
 
  private:
   enum class Phase {

@@ -54,6 +54,10 @@ void ResponseWriter::on_client_close(std::function<void()> fn) {
   if (conn_) conn_->writer_on_client_close(seq_, std::move(fn));
 }
 
+void ResponseWriter::abort() {
+  if (conn_) conn_->writer_abort(seq_);
+}
+
 bool ResponseWriter::client_gone() const { return !conn_ || conn_->writer_client_gone(seq_); }
 
 }  // namespace pdr::http

@@ -61,6 +61,12 @@ class ResponseWriter {
   // Terminating chunk; completes the response.
   void end_stream();
 
+  // Closes the connection at once without sending anything more: no response if none started,
+  // no terminating chunk if a stream is in progress (the client sees the connection end, as
+  // when a server dies). on_client_close does not fire; the exchange is not counted as a client
+  // abort. No-op if the response is complete or the client is gone.
+  void abort();
+
   // Bytes handed to the socket but not yet flushed for this connection.
   size_t buffered_bytes() const;
 

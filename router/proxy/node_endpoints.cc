@@ -171,6 +171,8 @@ void serve_profile(WorkerContext& worker, const http::Request& request, http::Re
     upstream.method = "POST";
     upstream.path = request.path;
     upstream.headers = auth_headers(*topology, request);
+    upstream.body = request.body;  // vLLM's proxies forward the client's body as is
+    if (auto type = request.header("Content-Type")) upstream.headers.push_back({"Content-Type", std::string(*type)});
     http::UpstreamCallbacks cb;
     cb.on_head = [fan, i](int status, const std::vector<http::Header>&) { fan->results[i].status = status; };
     cb.on_body = [fan, i](std::string_view chunk) {

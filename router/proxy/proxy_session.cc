@@ -123,6 +123,7 @@ struct ProxySession::State {
   std::string last_detail;
 
   std::shared_ptr<http::UpstreamCall> prefill_call;
+  std::string prefill_key;  // of the prefill leg in flight (kept after the pair is released)
   int prefill_status = 0;
   std::string prefill_content_type, prefill_body;
 
@@ -277,6 +278,7 @@ void ProxySession::build_and_send() {
 void ProxySession::send_prefill() {
   State& s = *s_;
   ++s.prefill_attempts;
+  s.prefill_key = s.pair.prefill->key;
   s.prefill_status = 0;
   s.prefill_content_type.clear();
   s.prefill_body.clear();
@@ -299,6 +301,12 @@ void ProxySession::send_prefill() {
   cb.on_complete = [self] { self->on_prefill_complete(); };
   cb.on_error = [self](const Status& error) {
     State& s = *self->s_;
+    if (self->finished()) {  // a concurrent prefill outliving its answered request
+      spdlog::warn("request {}: prefill {} failed after the answer was complete: {}", s.legs.plan.request_id,
+                   s.prefill_key, error.message());
+      s.prefill_call.reset();
+      return;
+    }
     const LegFailure cause = s.prefill_call ? classify(s.prefill_call->failure()) : LegFailure::kConnectionLost;
     self->prefill_failed(cause, "prefill " + s.pair.prefill->key + ": " + error.message());
   };
@@ -309,15 +317,14 @@ void ProxySession::send_prefill() {
 
 void ProxySession::on_prefill_complete() {
   State& s = *s_;
-  if (finished()) return;
   s.prefill_call.reset();
   const int status = s.prefill_status;
-  if (s.legs.plan.concurrent && s.state == RequestState::kStreaming) {
+  if (finished() || (s.legs.plan.concurrent && s.state == RequestState::kStreaming)) {
     // The decode already answers the client, so its KV arrived; a late prefill error changes
     // nothing but is worth a log line (PROTOCOLS.md Implications 8).
     if (status < 200 || status >= 300) {
       spdlog::warn("request {}: prefill {} answered {} after the decode started: {}", s.legs.plan.request_id,
-                   s.pair.prefill->key, status, excerpt(s.prefill_body));
+                   s.prefill_key, status, excerpt(s.prefill_body));
     }
     return;
   }
@@ -641,7 +648,18 @@ void ProxySession::end(RequestState final_state) {
   if (s.ended) return;
   s.ended = true;
   move_to(final_state);
-  close_legs();
+  if (final_state == RequestState::kDone && s.legs.plan.concurrent && s.prefill_call) {
+    // Concurrent dialects: the decode answered, the prefill may still be finishing (and, on a
+    // fast decode, its request may not even have been written yet). Closing it would abort a
+    // prefill whose KV already went out; it is read to its end and dropped instead
+    // (PROTOCOLS.md Implications 8), bounded by timeouts.prefill.
+    if (s.decode_call) {
+      s.decode_call->cancel();
+      s.decode_call.reset();
+    }
+  } else {
+    close_legs();
+  }
   release_pair();
   s.w.counters().in_flight.fetch_sub(1, std::memory_order_relaxed);
 }

@@ -27,10 +27,11 @@ def _ports(n):
 
 class PdCluster:
     def __init__(self, connector, transfer_mode=None, prefills=1, decodes=1, topology=None,
-                 prefill_flags=(), decode_flags=(), register=True, router_args=()):
+                 prefill_flags=(), decode_flags=(), register=True, router_args=(),
+                 router_env=None):
         self.connector = connector
         self.transfer_mode = transfer_mode
-        self.router = Router(topology_yaml=topology, extra_args=router_args)
+        self.router = Router(topology_yaml=topology, extra_args=router_args, env=router_env)
         self.prefills, self.decodes = [], []
         try:
             for role, count, flags, nodes in (("prefill", prefills, prefill_flags, self.prefills),

@@ -27,7 +27,7 @@ TIME_SCALE = max(1.0, float(os.environ.get("PDR_TIME_SCALE", "1")))
 class Router:
     """One pdrouter process. Use as a context manager, or call stop()."""
 
-    def __init__(self, topology_yaml=None, extra_args=()):
+    def __init__(self, topology_yaml=None, extra_args=(), env=None):
         self.dir = tempfile.TemporaryDirectory(prefix="pdr-it-")
         self.config = None
         if topology_yaml is not None:
@@ -38,7 +38,7 @@ class Router:
         if self.config:
             args += ["--config", self.config]
         args += list(extra_args)
-        self.process = ProcessHandle(args, name="pdrouter", log_dir=self.dir.name)
+        self.process = ProcessHandle(args, name="pdrouter", env=env, log_dir=self.dir.name)
         line = self.process.wait_for_line(LISTENING, timeout=10, streams=("stdout",))
         if line is None:
             self.process.stop()
@@ -74,9 +74,10 @@ class Router:
         return self.process.stop(timeout)
 
     # --- HTTP -------------------------------------------------------------------------------
-    def request(self, method, path, body=None, timeout=5):
+    def request(self, method, path, body=None, timeout=5, headers=None):
         """Returns (status, headers dict with lower-case names, body bytes)."""
-        req = urllib.request.Request(f"http://{self.http}{path}", data=body, method=method)
+        req = urllib.request.Request(f"http://{self.http}{path}", data=body, method=method,
+                                     headers=headers or {})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()

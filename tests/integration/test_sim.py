@@ -2,69 +2,13 @@
 (shared/PROTOCOLS.md §1.4, §3, §4, §5, §6)."""
 import http.client
 import json
-import re
 import socket
 import time
 import unittest
 import uuid
 
-from pdr_testlib import FakeRouter, ProcessHandle, pdnode_path
-
-START_TIMEOUT_S = 10.0
-
-
-class SimNode:
-    """A running `pdnode sim` and an HTTP client for it."""
-
-    def __init__(self, *flags):
-        self.proc = ProcessHandle([pdnode_path(), "sim", "--http", "127.0.0.1:0", *flags],
-                                  name="pdnode-sim")
-        line = self.proc.wait_for_line(r"pdnode sim listening http=", START_TIMEOUT_S,
-                                       streams=("stdout",))
-        if line is None:
-            self.proc.stop()
-            raise AssertionError("pdnode sim did not start:\n" + self.proc.output())
-        self.port = int(re.search(r"http=127\.0\.0\.1:(\d+)", line).group(1))
-        match = re.search(r"bootstrap=127\.0\.0\.1:(\d+)", line)
-        self.bootstrap_port = int(match.group(1)) if match else None
-
-    def request(self, method, path, body=None, headers=None, port=None):
-        conn = http.client.HTTPConnection("127.0.0.1", port or self.port, timeout=10)
-        try:
-            data = None if body is None else (body if isinstance(body, (bytes, str))
-                                              else json.dumps(body))
-            all_headers = {"Content-Type": "application/json"}
-            all_headers.update(headers or {})
-            conn.request(method, path, body=data, headers=all_headers)
-            response = conn.getresponse()
-            return response.status, response.read(), response.getheader("Content-Type")
-        finally:
-            conn.close()
-
-    def post_json(self, path, body, headers=None):
-        status, raw, _ = self.request("POST", path, body, headers)
-        return status, json.loads(raw)
-
-    def sim_requests(self):
-        status, raw, _ = self.request("GET", "/sim/requests")
-        assert status == 200
-        return json.loads(raw)
-
-    def stop(self):
-        return self.proc.stop()
-
-
-def sse_events(raw):
-    """The `data:` payloads of an SSE body, in order."""
-    text = raw.decode()
-    assert text.endswith("\n\n"), text[-40:]
-    events = []
-    for block in text.split("\n\n"):
-        if not block:
-            continue
-        assert block.startswith("data: "), block
-        events.append(block[len("data: "):])
-    return events
+from pdr_testlib import FakeRouter
+from sim_fixture import SimNode, sse_events, stream_post
 
 
 def moriio_request_id(prefill_zmq, decode_zmq):
@@ -396,6 +340,211 @@ class AbortTest(SimTestBase):
         status, _ = node.post_json("/v1/completions", {"prompt": "a", "max_tokens": 1})
         self.assertEqual(status, 200)
         self.assertEqual(node.sim_requests()["counters"]["aborts"], 1)
+
+
+class FaultTest(SimTestBase):
+    """POST /sim/faults (node/sim_server.h): each fault kind, as a router under test meets it."""
+
+    def setUp(self):
+        self.node = self.start("--role", "decode", "--connector", "nixl",
+                               "--decode-us-per-token", "2000")
+
+    def completion(self, **fields):
+        body = {"prompt": "a b", "max_tokens": 4}
+        body.update(fields)
+        return body
+
+    def entry(self, log, request_id):
+        found = [r for r in log["requests"] if r["headers"].get("x-request-id") == request_id]
+        return found[0] if found else None
+
+    def test_status(self):
+        self.assertEqual(self.node.set_fault(status=503), [{"status": 503, "count": 1}])
+        status, body = self.node.post_json("/v1/completions", self.completion(),
+                                           {"X-Request-Id": "f-503"})
+        self.assertEqual(status, 503)
+        # The same vLLM error body the sim uses for its own refusals.
+        self.assertEqual(body["object"], "error")
+        self.assertEqual(body["type"], "InternalServerError")
+        self.assertEqual(body["code"], 503)
+        self.assertIn("injected", body["message"])
+        status, _ = self.node.post_json("/v1/completions", self.completion(),
+                                        {"X-Request-Id": "f-ok"})
+        self.assertEqual(status, 200)
+        log = self.node.sim_requests()
+        self.assertEqual(self.entry(log, "f-503")["fault"], {"status": 503})
+        self.assertEqual(self.entry(log, "f-503")["status"], 503)
+        self.assertIsNone(self.entry(log, "f-ok")["fault"])
+        self.assertEqual(log["counters"]["faults_applied"], 1)
+        status, raw, _ = self.node.request("GET", "/sim/faults")
+        self.assertEqual((status, json.loads(raw)), (200, {"faults": []}))
+
+    def test_status_on_a_stream_request(self):
+        self.node.set_fault(status=500)
+        with stream_post("127.0.0.1", self.node.port, "/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": "x"}], "stream": True},
+                         timeout=5) as stream:
+            self.assertEqual(stream.status, 500)
+            self.assertEqual(json.loads(stream.body())["code"], 500)
+
+    def test_hang_until_the_client_closes_is_an_abort(self):
+        self.node.set_fault(hang=True)
+        sock = socket.create_connection(("127.0.0.1", self.node.port), timeout=5)
+        self.addCleanup(sock.close)
+        body = json.dumps(self.completion(max_tokens=1)).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nX-Request-Id: f-hang\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        self.node.wait_for_requests(lambda log: self.entry(log, "f-hang") is not None)
+        sock.settimeout(0.3)  # far longer than the 2 ms the request would take unfaulted
+        with self.assertRaises(socket.timeout):
+            sock.recv(1)
+        sock.close()
+        log = self.node.wait_for_requests(
+            lambda log: self.entry(log, "f-hang")["aborted"] and log["counters"]["aborts"] == 1)
+        self.assertEqual(self.entry(log, "f-hang")["fault"], {"hang": True})
+        self.assertEqual(self.entry(log, "f-hang")["status"], 0)
+        status, _ = self.node.post_json("/v1/completions", self.completion())
+        self.assertEqual(status, 200)
+
+    def test_close_after_tokens_truncates_the_stream(self):
+        self.node.set_fault(close_after_tokens=3)
+        events = []
+        with stream_post("127.0.0.1", self.node.port, "/v1/completions",
+                         self.completion(max_tokens=10, stream=True),
+                         {"X-Request-Id": "f-cut"}, timeout=5) as stream:
+            self.assertEqual(stream.status, 200)
+            with self.assertRaises(http.client.IncompleteRead):
+                for event in stream:
+                    events.append(event)
+        self.assertEqual(len(events), 3, events)
+        self.assertNotIn("[DONE]", events)
+        self.assertTrue(all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events))
+        log = self.node.sim_requests()
+        self.assertEqual(self.entry(log, "f-cut")["fault"], {"close_after_tokens": 3})
+        self.assertFalse(self.entry(log, "f-cut")["aborted"])
+
+    def test_close_after_tokens_on_a_non_stream_request_closes_unanswered(self):
+        self.node.set_fault(close_after_tokens=2)
+        started = time.monotonic()
+        with self.assertRaises(http.client.RemoteDisconnected):
+            self.node.post_json("/v1/completions", self.completion(max_tokens=10),
+                                {"X-Request-Id": "f-cut-ns"})
+        # Closed when the answer was due: 10 tokens x 2 ms after the first.
+        self.assertGreaterEqual(time.monotonic() - started, 0.015)
+        log = self.node.sim_requests()
+        self.assertEqual(self.entry(log, "f-cut-ns")["status"], 0)
+        self.assertEqual(log["counters"]["aborts"], 0)
+
+    def test_close_immediately(self):
+        self.node.set_fault(close_immediately=True, count=2)
+        with self.assertRaises(http.client.RemoteDisconnected):
+            self.node.post_json("/v1/completions", self.completion(), {"X-Request-Id": "f-close"})
+        with self.assertRaises((http.client.RemoteDisconnected, http.client.IncompleteRead)):
+            with stream_post("127.0.0.1", self.node.port, "/v1/completions",
+                             self.completion(stream=True), timeout=5) as stream:
+                list(stream)
+        log = self.node.sim_requests()
+        entry = self.entry(log, "f-close")
+        self.assertEqual(entry["fault"], {"close_immediately": True})
+        self.assertEqual(entry["status"], 0)
+        self.assertFalse(entry["aborted"])
+        self.assertEqual(log["counters"]["faults_applied"], 2)
+        status, _ = self.node.post_json("/v1/completions", self.completion())
+        self.assertEqual(status, 200)
+
+    def test_delay_before_the_first_byte(self):
+        self.node.set_fault(delay_ms=300)
+        started = time.monotonic()
+        with stream_post("127.0.0.1", self.node.port, "/v1/completions",
+                         self.completion(stream=True), timeout=5) as stream:
+            head_at = time.monotonic() - started
+            events = list(stream)
+        self.assertGreaterEqual(head_at, 0.29)
+        self.assertEqual(events[-1], "[DONE]")
+        # Combined with a status; the wait happens first.
+        self.node.set_fault(delay_ms=200, status=502)
+        started = time.monotonic()
+        status, _ = self.node.post_json("/v1/completions", self.completion(),
+                                        {"X-Request-Id": "f-delay"})
+        self.assertEqual(status, 502)
+        self.assertGreaterEqual(time.monotonic() - started, 0.19)
+        entry = self.entry(self.node.sim_requests(), "f-delay")
+        self.assertEqual(entry["fault"], {"delay_ms": 200, "status": 502})
+
+    def test_client_close_during_a_delay_is_an_abort(self):
+        self.node.set_fault(delay_ms=5000)
+        conn = http.client.HTTPConnection("127.0.0.1", self.node.port, timeout=5)
+        conn.request("POST", "/v1/completions", json.dumps(self.completion()),
+                     {"Content-Type": "application/json", "X-Request-Id": "f-delay-abort"})
+        self.node.wait_for_requests(lambda log: self.entry(log, "f-delay-abort") is not None)
+        conn.close()
+        self.node.wait_for_requests(lambda log: self.entry(log, "f-delay-abort")["aborted"])
+
+    def test_count(self):
+        self.node.set_fault(status=500, count=2)
+        statuses = [self.node.post_json("/v1/completions", self.completion())[0] for _ in range(3)]
+        self.assertEqual(statuses, [500, 500, 200])
+        self.node.set_fault(status=429, count=-1)
+        statuses = [self.node.post_json("/v1/completions", self.completion())[0] for _ in range(4)]
+        self.assertEqual(statuses, [429] * 4)
+        self.node.clear_faults()
+        self.assertEqual(self.node.post_json("/v1/completions", self.completion())[0], 200)
+        self.assertEqual(self.node.sim_requests()["counters"]["faults_applied"], 6)
+
+    def test_faults_queue_in_order(self):
+        self.node.set_fault(status=501)
+        queue = self.node.set_fault(status=502)
+        self.assertEqual([f["status"] for f in queue], [501, 502])
+        statuses = [self.node.post_json("/v1/completions", self.completion())[0] for _ in range(3)]
+        self.assertEqual(statuses, [501, 502, 200])
+
+    def test_path_filter(self):
+        self.node.set_fault(status=500, path="/v1/chat/completions")
+        self.assertEqual(self.node.post_json("/v1/completions", self.completion())[0], 200)
+        status, _ = self.node.post_json("/v1/chat/completions",
+                                        {"messages": [{"role": "user", "content": "x"}]})
+        self.assertEqual(status, 500)
+        # Health checks are not faulted by default, but can be.
+        self.assertEqual(self.node.request("GET", "/health")[0], 200)
+        self.node.set_fault(status=503, path="/health")
+        self.assertEqual(self.node.request("GET", "/health")[0], 503)
+        self.assertEqual(self.node.request("GET", "/health")[0], 200)
+
+    def test_bad_fault_bodies_are_refused(self):
+        for body, needle in ((b"{oops", "not valid JSON"),
+                             ([], "JSON object"),
+                             ({"status": 500, "colour": "red"}, "unknown key 'colour'"),
+                             ({"status": "500"}, "status must be an integer"),
+                             ({"status": 200}, "400..599"),
+                             ({"hang": "yes"}, "hang must be a boolean"),
+                             ({"close_after_tokens": -1}, "close_after_tokens must be in"),
+                             ({"status": 500, "count": 0}, "count must be"),
+                             ({"status": 500, "path": "/sim/requests"}, "path must not"),
+                             ({"status": 500, "hang": True}, "mutually exclusive"),
+                             ({"count": 3}, "needs one of")):
+            status, raw, _ = self.node.request("POST", "/sim/faults", body)
+            self.assertEqual(status, 400, body)
+            error = json.loads(raw)
+            self.assertEqual(error["object"], "error")
+            self.assertEqual(error["code"], 400)
+            self.assertIn(needle, error["message"], body)
+        status, raw, _ = self.node.request("GET", "/sim/faults")
+        self.assertEqual(json.loads(raw), {"faults": []})
+        self.assertEqual(self.node.post_json("/v1/completions", self.completion())[0], 200)
+
+    def test_stream_post_yields_events_as_they_arrive(self):
+        node = self.start("--decode-us-per-token", "50000")
+        started = time.monotonic()
+        with stream_post("127.0.0.1", node.port, "/v1/completions",
+                         {"prompt": "a", "max_tokens": 10, "stream": True}, timeout=5) as stream:
+            events = iter(stream)
+            first = json.loads(next(events))
+            first_at = time.monotonic() - started
+            rest = list(events)
+        total = time.monotonic() - started
+        self.assertEqual(first["choices"][0]["finish_reason"], None)
+        self.assertEqual(rest[-1], "[DONE]")
+        self.assertLess(first_at, total - 0.3)  # 9 more tokens at 50 ms each came after it
 
 
 class RegistrationTest(SimTestBase):

@@ -1,0 +1,273 @@
+"""Client errors, admission limits, routing policies and upstream Authorization, end to end
+through pdrouter with registered `pdnode sim` nodes (pd_fixture.PdCluster, NIXL dialect).
+
+  * errors are OpenAI-style JSON {"error": {"message", "type", "code"}}: invalid JSON (400, "at byte
+    N"), a non-object body (400), a bad max_tokens (400), a non-JSON Content-Type (415), a body over
+    limits.max_body_bytes (413), GET on a generation path (405, Allow: POST),
+    limits.max_concurrent_requests exceeded (429, Retry-After); each counted in
+    pdrouter_requests_refused_total{reason=...} where pdrouter counts it, and no sim sees the
+    request;
+  * policies.prefill / policies.decode: round_robin, least_outstanding, affinity (header, "user");
+  * connectors.upstream_api_key_env: sent as "Authorization: Bearer <key>" on both legs when the
+    client sent none; the client's own header wins.
+"""
+import contextlib
+import json
+import socket
+import unittest
+
+from pd_fixture import PdCluster
+from pdrouter_fixture import TIME_SCALE
+
+GEN_PATHS = ("/v1/completions", "/v1/chat/completions")
+WAIT_S = 15.0 * TIME_SCALE
+
+
+def gen_entries(node):
+    return [r for r in node.sim_requests()["requests"]
+            if r["method"] == "POST" and r["path"] in GEN_PATHS]
+
+
+def refused(cluster, reason):
+    return cluster.metric('pdrouter_requests_refused_total{reason="%s"}' % reason)
+
+
+def completion(prompt="Hello there, how are you?", max_tokens=2, **extra):
+    body = {"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens}
+    body.update(extra)
+    return body
+
+
+@contextlib.contextmanager
+def hold(cluster, body):
+    """A request to pdrouter kept open (its answer is never read) until the block ends; the
+    connection is then closed, which cancels the request."""
+    host, port = cluster._host_port()
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, port), timeout=WAIT_S)
+    try:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: pdrouter\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % len(data) + data)
+        yield sock
+    finally:
+        sock.close()
+
+
+def decode_of(cluster, request_id):
+    """Index of the decode whose log holds `request_id`."""
+    found = [i for i, d in enumerate(cluster.decodes)
+             if any(r["headers"].get("x-request-id") == request_id for r in gen_entries(d))]
+    assert len(found) == 1, (request_id, found)
+    return found[0]
+
+
+class ClusterCase(unittest.TestCase):
+    CONNECTOR = "nixl"
+    PREFILLS, DECODES = 1, 1
+    TOPOLOGY = None
+    DECODE_FLAGS = ()
+    ROUTER_ENV = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = PdCluster(cls.CONNECTOR, prefills=cls.PREFILLS, decodes=cls.DECODES,
+                                topology=cls.TOPOLOGY, decode_flags=cls.DECODE_FLAGS,
+                                router_env=cls.ROUTER_ENV)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.close()
+
+    def setUp(self):
+        for node in self.nodes():
+            node.reset()
+
+    def nodes(self):
+        return self.cluster.prefills + self.cluster.decodes
+
+    def ok(self, body=None, headers=None):
+        """A completion that must succeed; returns its X-Request-Id."""
+        status, head, raw = self.cluster.post("/v1/completions", body or completion(),
+                                              headers=headers, timeout=WAIT_S)
+        self.assertEqual(status, 200, raw)
+        return head["x-request-id"]
+
+    def assert_error(self, status, head, raw, want_status):
+        self.assertEqual(status, want_status, raw)
+        self.assertTrue(head.get("content-type", "").startswith("application/json"), head)
+        error = json.loads(raw)["error"]
+        for key in ("message", "type", "code"):
+            self.assertIsInstance(error.get(key), str, error)
+            self.assertTrue(error[key], error)
+        return error
+
+    def assert_no_upstream_request(self):
+        for node in self.nodes():
+            self.assertEqual(gen_entries(node), [], node.http_address)
+
+
+class TestClientErrors(ClusterCase):
+    TOPOLOGY = "limits:\n  max_body_bytes: 4096\n"
+
+    def refusal(self, reason, send, want_status):
+        before = refused(self.cluster, reason) if reason else None
+        status, head, raw = send()
+        error = self.assert_error(status, head, raw, want_status)
+        if reason:
+            self.assertEqual(refused(self.cluster, reason), before + 1, reason)
+        self.assert_no_upstream_request()
+        return head, error
+
+    def test_invalid_json(self):
+        raw = b'{"model": "sim-model", "prompt": "x",, "max_tokens": 3}'
+        _, error = self.refusal("bad_json", lambda: self.cluster.post("/v1/completions", raw), 400)
+        self.assertRegex(error["message"], r"at byte \d+")
+
+    def test_json_array_body(self):
+        self.refusal("bad_json", lambda: self.cluster.post("/v1/completions", b'[1, 2, 3]'), 400)
+
+    def test_max_tokens_not_an_integer(self):
+        _, error = self.refusal(
+            "bad_json", lambda: self.cluster.post("/v1/completions", completion(max_tokens="abc")),
+            400)
+        self.assertIn("max_tokens", error["message"])
+
+    def test_wrong_content_type(self):
+        _, error = self.refusal(
+            "bad_content_type",
+            lambda: self.cluster.post("/v1/chat/completions", json.dumps(completion()),
+                                      headers={"Content-Type": "text/plain"}), 415)
+        self.assertIn("text/plain", error["message"])
+
+    def test_body_too_large(self):
+        body = completion(prompt="x" * 5000)
+        self.refusal(None, lambda: self.cluster.post("/v1/completions", body), 413)
+        # A body just under the limit still goes through.
+        self.ok(completion(prompt="y" * 3000))
+
+    def test_get_on_generation_path(self):
+        for path in GEN_PATHS:
+            head, _ = self.refusal("bad_path", lambda: self.cluster.get(path), 405)
+            self.assertEqual(head.get("allow"), "POST")
+
+    def test_answers_carry_no_request_id_before_pairing(self):
+        status, head, raw = self.cluster.post("/v1/completions", b"not json")
+        self.assert_error(status, head, raw, 400)
+        self.assertNotIn("x-request-id", head)
+
+
+class TestConcurrencyLimit(ClusterCase):
+    TOPOLOGY = "limits:\n  max_concurrent_requests: 1\n"
+
+    def test_second_request_gets_429(self):
+        before = refused(self.cluster, "too_busy")
+        decode = self.cluster.decodes[0]
+        decode.set_fault(hang=True)  # the decode never answers: the request stays in flight
+        with hold(self.cluster, completion(max_tokens=100, stream=True)):
+            decode.wait_for_requests(lambda log: len(log["requests"]) == 1, WAIT_S)
+            status, head, raw = self.cluster.post("/v1/completions", completion())
+            self.assert_error(status, head, raw, 429)
+            self.assertRegex(head.get("retry-after", ""), r"^\d+$")
+            self.assertEqual(refused(self.cluster, "too_busy"), before + 1)
+            self.assertEqual(len(gen_entries(decode)), 1)
+            self.assertEqual(len(gen_entries(self.cluster.prefills[0])), 1)
+        # Once the held request is gone (client disconnect), requests are admitted again.
+        self.cluster.router.wait_for(
+            lambda: self.cluster.metric("pdrouter_requests_in_flight") == 0, timeout=10)
+        decode.wait_for_requests(lambda log: log["requests"][0]["aborted"], WAIT_S)
+        self.ok()
+
+
+class TestRoundRobin(ClusterCase):
+    PREFILLS, DECODES = 2, 2
+    TOPOLOGY = "policies:\n  prefill: round_robin\n  decode: round_robin\n"
+
+    def test_even_spread(self):
+        for i in range(20):
+            self.ok(completion(prompt="request %d" % i))
+        counts = {n.http_address: len(gen_entries(n)) for n in self.nodes()}
+        self.assertEqual(sorted(counts.values()), [10, 10, 10, 10], counts)
+
+
+class TestLeastOutstanding(ClusterCase):
+    DECODES = 2
+    TOPOLOGY = "policies:\n  decode: least_outstanding\n"
+
+    def test_busy_decode_is_avoided(self):
+        decodes = self.cluster.decodes
+        for d in decodes:
+            d.set_fault(hang=True)  # whichever gets the held request never answers it
+        with hold(self.cluster, completion(max_tokens=100, stream=True)):
+            self.cluster.router.wait_for(
+                lambda: sum(len(gen_entries(d)) for d in decodes) == 1, timeout=10)
+            busy = 0 if gen_entries(decodes[0]) else 1
+            decodes[1 - busy].clear_faults()
+            for i in range(6):
+                rid = self.ok(completion(prompt="other %d" % i, max_tokens=1))
+                self.assertEqual(decode_of(self.cluster, rid), 1 - busy, i)
+        self.cluster.router.wait_for(
+            lambda: self.cluster.metric("pdrouter_requests_in_flight") == 0, timeout=10)
+
+
+class TestAffinity(ClusterCase):
+    DECODES = 2
+    TOPOLOGY = "policies:\n  decode: affinity\n  affinity_header: X-Session-Id\n"
+
+    def test_header_keeps_a_session_on_one_decode(self):
+        placement = {}
+        for round_ in range(2):
+            for key in range(20):
+                rid = self.ok(completion(prompt="turn %d of session %d" % (round_, key)),
+                              headers={"X-Session-Id": "session-%d" % key})
+                placement.setdefault(key, set()).add(decode_of(self.cluster, rid))
+        for key, decodes in placement.items():
+            self.assertEqual(len(decodes), 1, (key, placement))
+        self.assertEqual(set().union(*placement.values()), {0, 1}, placement)
+
+    def test_user_field_keeps_a_conversation_on_one_decode(self):
+        placement = {}
+        for user in ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi",
+                     "ivan", "judy"):
+            for turn in range(3):
+                rid = self.ok(completion(prompt="%s says thing number %d, a different prompt"
+                                         % (user, turn * 7919), user=user))
+                placement.setdefault(user, set()).add(decode_of(self.cluster, rid))
+        for user, decodes in placement.items():
+            self.assertEqual(len(decodes), 1, (user, placement))
+        self.assertEqual(set().union(*placement.values()), {0, 1}, placement)
+
+
+class TestUpstreamApiKey(ClusterCase):
+    TOPOLOGY = "connectors:\n  upstream_api_key_env: PDR_TEST_UPSTREAM_KEY\n"
+    ROUTER_ENV = {"PDR_TEST_UPSTREAM_KEY": "sk-upstream-42"}
+
+    def legs_auth(self, rid):
+        out = []
+        for node in self.nodes():
+            [entry] = [r for r in gen_entries(node) if r["headers"].get("x-request-id") == rid]
+            out.append(entry["headers"].get("authorization"))
+        return out
+
+    def test_configured_key_when_client_sends_none(self):
+        rid = self.ok()
+        self.assertEqual(self.legs_auth(rid), ["Bearer sk-upstream-42"] * 2)
+
+    def test_client_header_wins(self):
+        rid = self.ok(headers={"Authorization": "Bearer client-own"})
+        self.assertEqual(self.legs_auth(rid), ["Bearer client-own"] * 2)
+
+    def test_stream_legs_too(self):
+        with self.cluster.stream("/v1/chat/completions",
+                                 {"model": "sim-model", "stream": True, "max_tokens": 2,
+                                  "messages": [{"role": "user", "content": "hi"}]},
+                                 timeout=WAIT_S) as s:
+            self.assertEqual(s.status, 200)
+            events = list(s)
+            rid = dict((k.lower(), v) for k, v in s.headers)["x-request-id"]
+        self.assertEqual(events[-1], "[DONE]")
+        self.assertEqual(self.legs_auth(rid), ["Bearer sk-upstream-42"] * 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
