@@ -2,7 +2,7 @@
 
 The SDK is installed from npm once per build tree into <build>/npm-cache (deploy/install-deps.sh
 --tests installs node and npm). A missing npm is a failure, not a skip: CI machines are expected
-to have it. The target is one method, target_base_url(), so the same test can go through pdrouter.
+to have it. The SDK talks to pdrouter, which splits each request over a prefill and a decode sim.
 """
 import fcntl
 import json
@@ -13,7 +13,7 @@ import time
 import unittest
 
 from pdr_testlib import bin_dir
-from sim_fixture import SimNode
+from pd_fixture import PdCluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT_SCRIPT = os.path.join(HERE, "openai_client.mjs")
@@ -70,15 +70,17 @@ def ensure_openai_sdk():
 class OpenAINodeSdkTest(unittest.TestCase):
     def setUp(self):
         self.sdk = ensure_openai_sdk()
-        # 20 ms per token so the streamed deltas are visibly spread over time.
-        self.node = SimNode("--role", "decode", "--connector", "nixl",
-                            "--decode-us-per-token", "20000")
-        self.addCleanup(lambda: self.assertEqual(self.node.stop(), 0, self.node.proc.output()))
+        # pdrouter with a NIXL prefill and decode (NIXL keeps max_tokens on the decode leg, so the
+        # SDK sees exactly the tokens it asked for); 20 ms per decoded token so the streamed
+        # deltas are visibly spread over time.
+        self.cluster = PdCluster("nixl", decode_flags=("--decode-us-per-token", "20000"))
+        self.addCleanup(self.cluster.close)
+        self.node = self.cluster.decodes[0]
         self.model = "sim-model"
 
     def target_base_url(self):
         """Where the SDK is pointed: the OpenAI API root (…/v1) of the system under test."""
-        return "http://%s/v1" % self.node.http_address
+        return "http://%s/v1" % self.cluster.router.http
 
     def run_client(self):
         """Runs openai_client.mjs; returns its events (parsed JSON lines)."""
