@@ -24,7 +24,7 @@ GEN_PATHS = ("/v1/completions", "/v1/chat/completions")
 UUID4 = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 CLIENT_AUTH = "Bearer client-key-7f3a"
 WAIT_S = 15.0 * TIME_SCALE
-DECODE_DELAY_MS = int(500 * TIME_SCALE)
+PREFILL_DELAY_MS = int(600 * TIME_SCALE)  # a prefill slower than its concurrent decode
 # The prefill edits of REQUEST_LEGS.md ("P7"), for the dialects that apply them.
 P7_KEYS = {"stream", "max_tokens", "max_completion_tokens", "stream_options", "min_tokens",
            "min_completion_tokens", "kv_transfer_params"}
@@ -101,12 +101,6 @@ class DialectCase:
     def setUp(self):
         for node in (self.p, self.d):
             node.reset()
-        if self.CONCURRENT:
-            # A real decode cannot finish before its prefill moved the KV; the sim's can. pdrouter
-            # closes a concurrent prefill leg still open when the decode's answer is complete
-            # (even one not yet delivered, and one mid-answer: pdnode then dies of SIGPIPE), so
-            # the decode answers no sooner than DECODE_DELAY_MS after its arrival.
-            self.d.set_fault(delay_ms=DECODE_DELAY_MS, count=-1)
 
     # --- one request, end to end ------------------------------------------------------------------
     def send(self, path, body):
@@ -245,10 +239,10 @@ class DialectCase:
             self.assertEqual(leg["body"].count('"kv_transfer_params"'), 1)
 
     def test_serial_or_concurrent(self):
-        # The prefill answers 1.5 s (plus the concurrent decodes' delay) late. Serial dialects
+        # The prefill answers PREFILL_DELAY_MS late. Serial dialects
         # send the decode only after the prefill's answer; concurrent ones send it at once (well
         # before the prefill could have answered).
-        delay_ms = 1500 + DECODE_DELAY_MS
+        delay_ms = PREFILL_DELAY_MS
         self.p.set_fault(delay_ms=delay_ms)
         self.roundtrip("/v1/completions", stream=False)
         [p], [d] = wait_gen(self.p, 1), wait_gen(self.d, 1)
@@ -263,7 +257,7 @@ class DialectCase:
         """PROTOCOLS.md Implications 8: in concurrent dialects the prefill's answer is still read
         (and its errors surfaced), not cut off when the decode finishes first: a prefill slower
         than its decode must still complete, unaborted."""
-        self.p.set_fault(delay_ms=1500 + DECODE_DELAY_MS)
+        self.p.set_fault(delay_ms=PREFILL_DELAY_MS)
         self.roundtrip("/v1/completions", stream=False)
         [p] = wait_gen(self.p, 1)
         self.assertFalse(p["aborted"], "pdrouter aborted the concurrent prefill leg")
