@@ -3,6 +3,7 @@
 //   discovery thread ZMQ ROUTER listener -> registry snapshots        (discovery/)
 //   N HTTP workers   P/D proxying (router/proxy/), /health, /status, /metrics, admin API
 #include <pthread.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include <csignal>
@@ -94,6 +95,19 @@ http::ServerOptions server_options(const discovery::Topology& t) {
   return o;
 }
 
+// Each client request holds up to three sockets (client, prefill, decode) plus pooled idle
+// connections, so the usual soft limit of 1024 descriptors would cap pdrouter near 300
+// concurrent requests. Raise the soft limit to the hard one, as nginx's worker_rlimit_nofile does.
+void raise_fd_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    spdlog::debug("open-file limit raised from {} to {}", before, limit.rlim_cur);
+  }
+}
+
 void setup_logging(const std::string& level) {
   auto logger = spdlog::stderr_color_mt("pdrouter");
   spdlog::set_default_logger(logger);
@@ -134,6 +148,7 @@ void on_stop_signal(uv_signal_t* handle, int signum) {
 
 int run(Process& p) {
   setup_logging(p.cli.log_level);
+  raise_fd_limit();
   if (Status st = p.topology.load_initial(p.cli.config_path); !st.is_ok()) {
     std::fprintf(stderr, "pdrouter: %s\n", st.message().c_str());
     return 2;
