@@ -109,10 +109,10 @@ class DiscoveryService::Impl {
 
   std::string bound_endpoint() const { return bound_endpoint_; }
 
-  void post(std::function<void(Registry&)> fn) {
+  void post(std::function<void(Registry&)> fn, std::function<void()> on_published) {
     {
       std::lock_guard<std::mutex> lock(commands_mutex_);
-      commands_.push_back(std::move(fn));
+      commands_.push_back({std::move(fn), std::move(on_published)});
     }
     wake();
   }
@@ -196,8 +196,10 @@ class DiscoveryService::Impl {
       }
       counters_.removed_after_retention.fetch_add(expired.removed, std::memory_order_relaxed);
       maybe_publish(after);
-      // Acks go out after the publish, so a node holding its ack is already visible to readers.
+      // Acks and command completions go out after the publish, so whoever they notify already
+      // sees the change in the snapshot.
       flush_acks();
+      run_completions();
     }
   }
 
@@ -218,8 +220,15 @@ class DiscoveryService::Impl {
     counters_.snapshots_published.fetch_add(1, std::memory_order_relaxed);
   }
 
+  void run_completions() {
+    // Swap first: a completion may post again (it only queues).
+    std::vector<std::function<void()>> done;
+    done.swap(completions_);
+    for (auto& fn : done) fn();
+  }
+
   void run_commands() {
-    std::vector<std::function<void(Registry&)>> commands;
+    std::vector<Command> commands;
     std::optional<DiscoveryServiceOptions> options;
     {
       std::lock_guard<std::mutex> lock(commands_mutex_);
@@ -237,7 +246,10 @@ class DiscoveryService::Impl {
       registry_.set_options(options_.registry);
       registry_.replace_static(options_.static_instances, Clock::now());
     }
-    for (auto& fn : commands) fn(registry_);
+    for (Command& command : commands) {
+      command.fn(registry_);
+      if (command.on_published) completions_.push_back(std::move(command.on_published));
+    }
   }
 
   void drain_monitor() {
@@ -414,7 +426,12 @@ class DiscoveryService::Impl {
   std::atomic<bool> running_{false};
   std::thread thread_;
   std::mutex commands_mutex_;
-  std::vector<std::function<void(Registry&)>> commands_;
+  struct Command {
+    std::function<void(Registry&)> fn;
+    std::function<void()> on_published;
+  };
+  std::vector<Command> commands_;
+  std::vector<std::function<void()>> completions_;  // discovery thread only
   std::optional<DiscoveryServiceOptions> pending_options_;
   LogLimiter log_limiter_;
   Clock::time_point coalesce_until_{};
@@ -427,7 +444,9 @@ DiscoveryService::~DiscoveryService() = default;
 Status DiscoveryService::start(const DiscoveryServiceOptions& o) { return impl_->start(o); }
 std::string DiscoveryService::bound_endpoint() const { return impl_->bound_endpoint(); }
 void DiscoveryService::apply_topology(const Topology& t) { impl_->apply_topology(t); }
-void DiscoveryService::post(std::function<void(Registry&)> fn) { impl_->post(std::move(fn)); }
+void DiscoveryService::post(std::function<void(Registry&)> fn, std::function<void()> on_published) {
+  impl_->post(std::move(fn), std::move(on_published));
+}
 void DiscoveryService::stop() { impl_->stop(); }
 
 }  // namespace pdr::discovery

@@ -62,7 +62,11 @@ class DiscoveryService {
   // bind endpoint cannot change live (the caller logs that a restart is needed).
   void apply_topology(const Topology& topology);
   // Runs `fn` on the discovery thread with the registry; a snapshot follows if it changed anything.
-  void post(std::function<void(Registry&)> fn);
+  // `on_published`, if given, then runs on the discovery thread once that snapshot is published
+  // (right after `fn` when nothing changed), so whoever it notifies reads the change from the
+  // SnapshotCell. Neither runs if the service stops first; both are then destroyed with it.
+  // Closures must not block: they hold up every node's heartbeats.
+  void post(std::function<void(Registry&)> fn, std::function<void()> on_published = {});
   // Stops and joins the thread; idempotent.
   void stop();
 

@@ -65,7 +65,12 @@ struct Instance {
   std::string instance_id;
   uint64_t epoch = 0;
 
+  // kDraining when the node says so (node_draining, from its heartbeats) or an operator drained
+  // it (operator_drain, admin API; kept across heartbeats, restarts and reloads, cleared only by
+  // an undrain or the entry's removal); kExpired wins over both.
   InstanceState state = InstanceState::kUp;
+  bool node_draining = false;
+  bool operator_drain = false;
   InstanceSource source = InstanceSource::kRegistered;
   Clock::time_point first_seen{};
   std::chrono::milliseconds ttl{0};  // 0 for static/admin

@@ -12,10 +12,16 @@ bool same_shape(const Instance& a, const Instance& b) {
          a.transfer_mode == b.transfer_mode && a.zmq_address == b.zmq_address &&
          a.dp_size == b.dp_size && a.tp_size == b.tp_size && a.bootstrap_port == b.bootstrap_port &&
          a.model == b.model && a.labels == b.labels && a.instance_id == b.instance_id &&
-         a.epoch == b.epoch && a.state == b.state && a.source == b.source && a.ttl == b.ttl;
+         a.epoch == b.epoch && a.state == b.state && a.operator_drain == b.operator_drain &&
+         a.source == b.source && a.ttl == b.ttl;
 }
 
-Instance instance_from_static(const StaticInstance& s) {
+// The state of an entry that has not expired.
+InstanceState live_state(bool node_draining, bool operator_drain) {
+  return node_draining || operator_drain ? InstanceState::kDraining : InstanceState::kUp;
+}
+
+Instance instance_from_spec(const StaticInstance& s, InstanceSource source) {
   Instance inst;
   inst.key = s.http_address.to_string();
   inst.role = s.role;
@@ -36,12 +42,8 @@ Instance instance_from_static(const StaticInstance& s) {
   inst.bootstrap_port = s.bootstrap_port;
   inst.model = s.model;
   inst.labels = s.labels;
-  inst.source = InstanceSource::kStatic;
+  inst.source = source;
   return inst;
-}
-
-InstanceState state_for(const proto::Registration& reg) {
-  return reg.draining ? InstanceState::kDraining : InstanceState::kUp;
 }
 
 }  // namespace
@@ -54,6 +56,18 @@ RegistryOptions RegistryOptions::from(const Topology::Discovery& d) {
   o.expired_retention = d.expired_retention;
   o.max_instances = d.max_instances;
   return o;
+}
+
+std::string_view to_string(AdminResult r) {
+  switch (r) {
+    case AdminResult::kCreated: return "created";
+    case AdminResult::kReplaced: return "replaced";
+    case AdminResult::kOk: return "ok";
+    case AdminResult::kNotFound: return "not_found";
+    case AdminResult::kConflict: return "conflict";
+    case AdminResult::kRejectedFull: return "rejected_full";
+  }
+  return "unknown";
 }
 
 std::string_view to_string(UpsertResult r) {
@@ -152,7 +166,8 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
     }
     auto inst = std::make_shared<Instance>();
     apply_registration(reg, inst.get());
-    inst->state = state_for(reg);
+    inst->node_draining = reg.draining;
+    inst->state = live_state(reg.draining, false);
     inst->source = InstanceSource::kRegistered;
     inst->first_seen = now;
     inst->ttl = ttl;
@@ -178,7 +193,9 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
   // load and identity only, and the entry never expires.
   const bool same = registered ? registration_matches(reg, current) && current.ttl == ttl
                                : current.instance_id == reg.instance_id && current.epoch == reg.epoch;
-  if (!same || restarted || current.state != state_for(reg)) {
+  // An operator drain outlives whatever the node says.
+  const InstanceState state = live_state(reg.draining, current.operator_drain);
+  if (!same || restarted || current.state != state || current.node_draining != reg.draining) {
     Instance& inst = mutable_instance(entry);
     if (registered) {
       apply_registration(reg, &inst);
@@ -191,7 +208,8 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
       inst.restarts++;
       inst.first_seen = now;
     }
-    inst.state = state_for(reg);
+    inst.node_draining = reg.draining;
+    inst.state = state;
     dirty_ = true;
   }
   // The heartbeat proper: atomics only.
@@ -221,33 +239,44 @@ GoodbyeResult Registry::goodbye(const proto::Goodbye& goodbye, Clock::time_point
   return GoodbyeResult::kRemoved;
 }
 
+std::shared_ptr<const Instance> Registry::insert_never_expiring(Instance fresh, Clock::time_point now) {
+  fresh.first_seen = now;
+  fresh.liveness->set_last_seen(now);
+  fresh.liveness->set_expires_at(kNever);
+  std::string key = fresh.key;
+  auto it = entries_.emplace(std::move(key), Entry{std::make_shared<Instance>(std::move(fresh))}).first;
+  dirty_ = true;
+  return it->second.instance;
+}
+
+bool Registry::take_over(EntryMap::iterator it, Instance fresh) {
+  const Instance& old = *it->second.instance;
+  fresh.first_seen = old.first_seen;
+  fresh.liveness = old.liveness;
+  fresh.instance_id = old.instance_id;
+  fresh.epoch = old.epoch;
+  fresh.restarts = old.restarts;
+  fresh.node_draining = old.node_draining;
+  fresh.operator_drain = old.operator_drain;
+  fresh.state = live_state(fresh.node_draining, fresh.operator_drain);
+  const bool changed = !same_shape(old, fresh);
+  it->second.instance = std::make_shared<Instance>(std::move(fresh));
+  it->second.deadline = kNever;  // never expires; a pending heap item goes stale
+  it->second.instance->liveness->set_expires_at(kNever);
+  return changed;
+}
+
 void Registry::replace_static(const std::vector<StaticInstance>& instances, Clock::time_point now) {
   std::set<std::string, std::less<>> wanted;
   for (const StaticInstance& s : instances) {
-    Instance fresh = instance_from_static(s);
+    Instance fresh = instance_from_spec(s, InstanceSource::kStatic);
     wanted.insert(fresh.key);
     auto it = entries_.find(fresh.key);
     if (it == entries_.end()) {
-      fresh.first_seen = now;
-      fresh.liveness->set_last_seen(now);
-      fresh.liveness->set_expires_at(kNever);
-      std::string key = fresh.key;
-      entries_.emplace(std::move(key), Entry{std::make_shared<Instance>(std::move(fresh))});
+      insert_never_expiring(std::move(fresh), now);
+    } else if (take_over(it, std::move(fresh))) {
       dirty_ = true;
-      continue;
     }
-    // Keep what only the node can tell (liveness, identity); take the rest from the file.
-    const Instance& old = *it->second.instance;
-    fresh.first_seen = old.first_seen;
-    fresh.liveness = old.liveness;
-    fresh.instance_id = old.instance_id;
-    fresh.epoch = old.epoch;
-    fresh.restarts = old.restarts;
-    if (old.state == InstanceState::kDraining) fresh.state = old.state;
-    if (!same_shape(old, fresh)) dirty_ = true;
-    it->second.instance = std::make_shared<Instance>(std::move(fresh));
-    it->second.deadline = kNever;  // static entries never expire; a pending heap item goes stale
-    it->second.instance->liveness->set_expires_at(kNever);
   }
   for (auto it = entries_.begin(); it != entries_.end();) {
     auto next = std::next(it);
@@ -256,6 +285,54 @@ void Registry::replace_static(const std::vector<StaticInstance>& instances, Cloc
     }
     it = next;
   }
+}
+
+AdminOutcome Registry::add_admin(const StaticInstance& spec, Clock::time_point now) {
+  Instance fresh = instance_from_spec(spec, InstanceSource::kAdmin);
+  auto it = entries_.find(fresh.key);
+  if (it == entries_.end()) {
+    if (entries_.size() >= options_.max_instances && !evict_one_expired()) {
+      return {AdminResult::kRejectedFull, nullptr,
+              "registry full (" + std::to_string(entries_.size()) +
+                  " instances, discovery.max_instances); nothing expired to evict"};
+    }
+    return {AdminResult::kCreated, insert_never_expiring(std::move(fresh), now), ""};
+  }
+  const std::shared_ptr<const Instance>& current = it->second.instance;
+  if (current->source == InstanceSource::kStatic) {
+    return {AdminResult::kConflict, current,
+            current->key + " is a static instance from the topology file; edit it there"};
+  }
+  if (current->source == InstanceSource::kAdmin) {
+    return {AdminResult::kConflict, current,
+            current->key + " was already added through the admin API; delete it first to change it"};
+  }
+  if (take_over(it, std::move(fresh))) dirty_ = true;
+  return {AdminResult::kReplaced, it->second.instance, ""};
+}
+
+AdminOutcome Registry::remove(std::string_view key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return {AdminResult::kNotFound, nullptr, std::string(key) + " is not in the registry"};
+  std::shared_ptr<const Instance> removed = it->second.instance;
+  if (removed->source == InstanceSource::kStatic) {
+    return {AdminResult::kConflict, std::move(removed),
+            std::string(key) + " is a static instance from the topology file; remove it there (or drain it)"};
+  }
+  erase(it);
+  return {AdminResult::kOk, std::move(removed), ""};
+}
+
+AdminOutcome Registry::set_operator_drain(std::string_view key, bool drain) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return {AdminResult::kNotFound, nullptr, std::string(key) + " is not in the registry"};
+  if (it->second.instance->operator_drain != drain) {
+    Instance& inst = mutable_instance(it->second);
+    inst.operator_drain = drain;
+    if (inst.state != InstanceState::kExpired) inst.state = live_state(inst.node_draining, drain);
+    dirty_ = true;
+  }
+  return {AdminResult::kOk, it->second.instance, ""};
 }
 
 Registry::ExpireResult Registry::expire_due(Clock::time_point now) {

@@ -54,6 +54,25 @@ std::string_view to_string(UpsertResult);
 
 enum class GoodbyeResult : uint8_t { kRemoved, kUnknown, kStaleEpoch };
 
+// Operator changes through the admin API (Registry::add_admin, remove, set_operator_drain).
+enum class AdminResult : uint8_t {
+  kCreated,       // add: new entry
+  kReplaced,      // add: a node-registered entry became an admin one (see add_admin)
+  kOk,            // remove, drain, undrain: done (also when there was nothing to change)
+  kNotFound,      // no entry with that key
+  kConflict,      // add over a static or admin entry; remove of a static entry
+  kRejectedFull,  // add: registry at max_instances and nothing expired to evict
+};
+std::string_view to_string(AdminResult);
+
+struct AdminOutcome {
+  AdminResult result = AdminResult::kOk;
+  // The entry after the operation (for remove: as it was; for kConflict: the existing entry);
+  // null for kNotFound and kRejectedFull. Immutable and safe to hand to other threads.
+  std::shared_ptr<const Instance> instance;
+  std::string message;  // why, for kNotFound, kConflict and kRejectedFull
+};
+
 class Registry {
  public:
   explicit Registry(RegistryOptions options);
@@ -77,6 +96,25 @@ class Registry {
   // instances at the same address become static (the operator's word wins); static instances no
   // longer listed are removed.
   void replace_static(const std::vector<StaticInstance>& instances, Clock::time_point now);
+
+  // Admin instances: described by the operator like static ones and, like them, they never expire
+  // and nodes' heartbeats only refresh their liveness and identity. They live in memory only
+  // (gone on restart), and a topology reload that lists the same address turns them static.
+  //
+  // add_admin: a new key is created (kCreated). A key the topology owns (static) or the admin API
+  // already added is a conflict: the operator removes or edits the owner first, nothing is
+  // silently overwritten. A node-registered key (live or expired) is taken over (kReplaced), as
+  // replace_static does: the operator's description wins, the node's liveness, identity and
+  // drain flags are kept, and the entry stops expiring.
+  AdminOutcome add_admin(const StaticInstance& spec, Clock::time_point now);
+  // Removes an admin or registered entry at once. A registered node that is still running comes
+  // back with its next heartbeat (drain it to stop traffic instead). Static entries are refused
+  // (kConflict): the topology file owns them and the next reload would bring them back.
+  AdminOutcome remove(std::string_view key);
+  // Sets or clears the operator drain of any entry (static, admin or registered). A drained
+  // instance shows state "draining" until undrained, whatever its heartbeats say; an expired one
+  // stays expired (and comes back draining). Idempotent.
+  AdminOutcome set_operator_drain(std::string_view key, bool drain);
 
   struct ExpireResult {
     size_t expired = 0;  // up/draining -> expired
@@ -109,6 +147,12 @@ class Registry {
   // Copy-on-write access: replaces the entry's instance with a private copy and returns it. The
   // copy shares the node's InstanceLiveness cell.
   Instance& mutable_instance(Entry& entry);
+  // Installs an operator-described `fresh` over an existing entry, keeping what only the node can
+  // tell (liveness, identity, restarts, drain flags); the entry no longer expires. Returns whether
+  // a snapshot must show the change.
+  bool take_over(EntryMap::iterator it, Instance fresh);
+  // Adds an operator-described entry that never expires.
+  std::shared_ptr<const Instance> insert_never_expiring(Instance fresh, Clock::time_point now);
   void set_deadline(EntryMap::iterator it, Clock::time_point deadline);
   void erase(EntryMap::iterator it);
   bool evict_one_expired();

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "discovery/instance_spec.h"
 #include "discovery/topology.h"
 #include "discovery/topology_addresses.h"
 #include "discovery/topology_secrets.h"
@@ -62,33 +63,35 @@ using yaml::Source;
 constexpr size_t kMaxFileBytes = 1 << 20;
 constexpr uint64_t kMaxWorkers = 256;
 constexpr uint64_t kDayMs = 24ull * 3600 * 1000;
-constexpr size_t kMaxLabels = 32;
-constexpr size_t kMaxLabelKeyBytes = 64;
-constexpr size_t kMaxLabelValueBytes = 256;
 constexpr std::string_view kPolicyNames = "round_robin, least_outstanding, power_of_two, affinity";
-constexpr std::string_view kConnectorNames = "moriio, p2p-nccl, nixl, mooncake, sglang";
 
-// Address parsers report no position of their own; point their Status at the value parsed.
-Status address_error(const Source& src, const Field& f, const Status& s) {
+// Parsers outside this file (addresses, instance_spec.h names) report no position of their own;
+// point their Status at the value parsed.
+Status at_value(const Source& src, const Field& f, const Status& s) {
   return fail(src, f, s.code(), s.message());
+}
+
+// A string value turned into T by one of those parsers.
+template <typename T>
+Status read_parsed(const Source& src, const Field& v, Status (*parse)(std::string_view, T*), T* out) {
+  std::string text;
+  Status s = read_string(src, v, kMaxStringBytes, &text);
+  if (!s) return s;  // already positioned
+  s = parse(text, out);
+  return s ? s : at_value(src, v, s);
 }
 
 // ---- sections ---------------------------------------------------------------------------------
 
 Status read_listeners(const Source& src, const Field& f, Topology::Listeners* out) {
   MapReader r(src, f);
-  r.with("http", [&](const Field& v) {
-    std::string text;
-    Status s = read_string(src, v, kMaxStringBytes, &text);
-    if (s) s = parse_listen_address(text, &out->http);
-    return s ? s : address_error(src, v, s);
-  });
+  r.with("http", [&](const Field& v) { return read_parsed(src, v, &parse_listen_address, &out->http); });
   r.with("discovery", [&](const Field& v) {
     std::string text;
     Status s = read_string(src, v, kMaxStringBytes, &text);
     if (!s) return s;
     s = validate_zmq_endpoint(text);
-    if (!s) return address_error(src, v, s);
+    if (!s) return at_value(src, v, s);
     out->discovery = std::move(text);
     return s;
   });
@@ -142,17 +145,7 @@ Status read_policies(const Source& src, const Field& f, Topology::Policies* out)
 Status read_connectors(const Source& src, const Field& f, Topology::Connectors* out) {
   MapReader r(src, f);
   r.with("default", [&](const Field& v) {
-    std::string text;
-    Status s = read_string(src, v, kMaxStringBytes, &text);
-    if (!s) return s;
-    proto::Connector c = proto::Connector::kUnknown;
-    if (!proto::parse_connector(text, &c) || c == proto::Connector::kUnknown) {
-      return fail(
-          src, v, StatusCode::kInvalidValue,
-          fmt::format("unknown connector {} (expected {})", quoted_excerpt(text), kConnectorNames));
-    }
-    out->default_connector = c;
-    return s;
+    return read_parsed(src, v, &parse_instance_connector, &out->default_connector);
   });
   r.with("default_transfer_mode", [&](const Field& v) {
     std::string text;
@@ -241,51 +234,17 @@ Status read_labels(const Source& src, const Field& f, proto::Labels* out) {
   return Status::ok();
 }
 
-// zmq_address rules depend on the connector: MoRIIO needs its composite form and a transfer mode,
-// P2P-NCCL a plain host:port; other connectors carry it verbatim.
+// The connector rules live in instance_spec.h (shared with the admin API); this points their
+// errors at the YAML key to blame.
 Status check_connector_fields(const Source& src, MapReader& r, const Topology::Connectors& defaults,
                               StaticInstance* inst) {
   const Field* zmq = r.take("zmq_address");
   const Field* mode = r.take("transfer_mode");
-  const Field& where = r.self();
-  switch (inst->connector) {
-    case proto::Connector::kMoriio: {
-      if (zmq == nullptr) {
-        return fail(src, where, StatusCode::kMissingKey,
-                    "connector moriio needs zmq_address (\"host:IP,handshake:PORT,notify:PORT\")");
-      }
-      proto::MoriioZmqAddress parsed;
-      Status s = proto::parse_moriio_zmq_address(inst->zmq_address, &parsed);
-      if (!s) return address_error(src, *zmq, s);
-      if (mode == nullptr) inst->transfer_mode = defaults.default_transfer_mode;
-      if (inst->transfer_mode == proto::TransferMode::kNone) {
-        return fail(src, mode ? *mode : where, StatusCode::kInvalidValue,
-                    "connector moriio needs transfer_mode READ or WRITE");
-      }
-      return Status::ok();
-    }
-    case proto::Connector::kP2pNccl: {
-      if (zmq == nullptr) {
-        return fail(src, where, StatusCode::kMissingKey,
-                    "connector p2p-nccl needs zmq_address (\"host:port\")");
-      }
-      proto::HostPort parsed;
-      Status s = proto::parse_host_port(inst->zmq_address, &parsed);
-      if (!s) return address_error(src, *zmq, s);
-      if (inst->transfer_mode != proto::TransferMode::kNone) {
-        return fail(src, *mode, StatusCode::kInvalidValue,
-                    "connector p2p-nccl has no transfer mode");
-      }
-      return Status::ok();
-    }
-    case proto::Connector::kMooncake:
-      if (inst->role == proto::Role::kPrefill && !inst->bootstrap_port) {
-        inst->bootstrap_port = defaults.mooncake_bootstrap_port;
-      }
-      return Status::ok();
-    default:
-      return Status::ok();
-  }
+  std::string_view field;
+  Status s = check_instance_connector_fields(defaults, {zmq != nullptr, mode != nullptr}, inst, &field);
+  if (s) return s;
+  const Field* at = field == "zmq_address" ? zmq : field == "transfer_mode" ? mode : nullptr;
+  return fail(src, at != nullptr ? *at : r.self(), s.code(), s.message());
 }
 
 Status read_instance(const Source& src, const Field& f, const Topology::Connectors& defaults,
@@ -301,46 +260,21 @@ Status read_instance(const Source& src, const Field& f, const Topology::Connecto
   bool has_http = false;
   r.with("role", [&](const Field& v) {
     has_role = true;
-    std::string text;
-    Status s = read_string(src, v, kMaxStringBytes, &text);
-    if (s && !proto::parse_role(text, &inst.role)) {
-      return fail(
-          src, v, StatusCode::kInvalidValue,
-          fmt::format("unknown role {} (expected prefill or decode)", quoted_excerpt(text)));
-    }
-    return s;
+    return read_parsed(src, v, &parse_instance_role, &inst.role);
   });
   r.with("http_address", [&](const Field& v) {
     has_http = true;
-    std::string text;
-    Status s = read_string(src, v, kMaxStringBytes, &text);
-    if (s) s = proto::parse_host_port(text, &inst.http_address);
-    return s ? s : address_error(src, v, s);
+    return read_parsed(src, v, &proto::parse_host_port, &inst.http_address);
   });
   r.with("connector", [&](const Field& v) {
-    std::string text;
-    Status s = read_string(src, v, kMaxStringBytes, &text);
-    if (s && (!proto::parse_connector(text, &inst.connector) ||
-              inst.connector == proto::Connector::kUnknown)) {
-      return fail(
-          src, v, StatusCode::kInvalidValue,
-          fmt::format("unknown connector {} (expected {})", quoted_excerpt(text), kConnectorNames));
-    }
-    return s;
+    return read_parsed(src, v, &parse_instance_connector, &inst.connector);
   });
   r.with("transfer_mode", [&](const Field& v) {
-    std::string text;
-    Status s = read_string(src, v, kMaxStringBytes, &text);
-    if (s && !proto::parse_transfer_mode(text, &inst.transfer_mode)) {
-      return fail(src, v, StatusCode::kInvalidValue,
-                  fmt::format("unknown transfer mode {} (expected READ, WRITE or none)",
-                              quoted_excerpt(text)));
-    }
-    return s;
+    return read_parsed(src, v, &parse_instance_transfer_mode, &inst.transfer_mode);
   });
   r.str("zmq_address", kMaxStringBytes, &inst.zmq_address);
-  r.u32("dp_size", 1, 1024, &inst.dp_size);
-  r.u32("tp_size", 1, 1024, &inst.tp_size);
+  r.u32("dp_size", 1, kMaxParallelSize, &inst.dp_size);
+  r.u32("tp_size", 1, kMaxParallelSize, &inst.tp_size);
   r.with("bootstrap_port", [&](const Field& v) {
     uint64_t port = 0;
     Status s = read_uint(src, v, 1, 65535, &port, "a port number");

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "discovery/key_hint.h"
+#include "proto/ascii.h"
 #include "proto/status.h"
 
 namespace pdr::discovery::yaml {
@@ -55,12 +57,9 @@ std::string quoted_excerpt(std::string_view text);
 bool is_quoted_or_tagged_string(const YAML::Node& n);
 // What a node is, for "expected X, got <describe>": "null", "a map", "the string 'x'", "'12'", ...
 std::string describe(const YAML::Node& n);
-// True if `s` holds an ASCII control character (below 0x20, or DEL).
-bool has_control_chars(std::string_view s);
-// Levenshtein distance between `a` and `b`.
-size_t edit_distance(std::string_view a, std::string_view b);
-// "did you mean 'k'?" for a key within two edits of a known one, else "expected one of: a, b".
-std::string unknown_key_hint(std::string_view key, const std::vector<std::string_view>& known);
+using pdr::has_control_chars;  // proto/ascii.h
+using discovery::edit_distance;     // discovery/key_hint.h
+using discovery::unknown_key_hint;  // discovery/key_hint.h
 
 // ---- scalar readers ---------------------------------------------------------------------------
 // On error *out is untouched and the Status points at `f`.

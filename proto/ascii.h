@@ -18,4 +18,14 @@ constexpr bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
+// True if `s` holds an ASCII control character (below 0x20, or DEL): operator-supplied names and
+// addresses must not carry them into logs or terminals.
+constexpr bool has_control_chars(std::string_view s) {
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) return true;
+  }
+  return false;
+}
+
 }  // namespace pdr

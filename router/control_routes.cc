@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "router/admin_metrics.h"
 #include "router/http/json_error.h"
 #include "router/metrics_page.h"
 #include "router/status_page.h"
@@ -24,7 +25,9 @@ constexpr std::array kRoutes = {
 
 }  // namespace
 
-ControlRoutes::ControlRoutes(ControlContext context) : context_(std::move(context)) {
+ControlRoutes::ControlRoutes(ControlContext context)
+    : context_(std::move(context)),
+      admin_(AdminContext{context_.topology, context_.discovery, context_.server, context_.workers}) {
   readers_.reserve(std::max(1u, context_.workers));
   for (uint32_t i = 0; i < std::max(1u, context_.workers); ++i) readers_.emplace_back(*context_.registry);
 }
@@ -34,6 +37,11 @@ const discovery::RegistrySnapshot& ControlRoutes::registry(uint32_t worker) cons
 }
 
 void ControlRoutes::handle(http::Request&& request, http::ResponseWriter writer) const {
+  if (AdminRoutes::owns(request.path)) {
+    const uint32_t worker = request.worker;
+    admin_.handle(std::move(request), std::move(writer), registry(worker));
+    return;
+  }
   const Route* path_match = nullptr;
   for (const Route& route : kRoutes) {
     if (route.path != request.path) continue;
@@ -84,6 +92,7 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   write_discovery_metrics(out, *context_.discovery_counters, registry(worker), topology);
   if (context_.http_stats != nullptr) write_http_metrics(out, *context_.http_stats);
   if (context_.proxy_counters != nullptr) proxy::write_proxy_metrics(out, *context_.proxy_counters);
+  write_admin_metrics(out, admin_.counters());
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 

@@ -1,4 +1,5 @@
-// The operator-facing endpoints: GET /health, GET /status, GET /metrics. Anything else is 404
+// The operator-facing endpoints: GET /health, GET /status, GET /metrics, and the admin API
+// (/admin/..., POST /instances/add; see admin_routes.h). Anything else is 404
 // (unknown path) or 405 (known path, wrong method, with an Allow header), both as OpenAI-style
 // JSON errors.
 //
@@ -15,6 +16,7 @@
 #include "discovery/instance.h"
 #include "discovery/snapshot_cell.h"
 #include "discovery/topology_store.h"
+#include "router/admin_routes.h"
 #include "router/http/http_server.h"
 #include "router/proxy/proxy_counters.h"
 
@@ -51,6 +53,7 @@ class ControlRoutes {
   const discovery::RegistrySnapshot& registry(uint32_t worker) const;
 
   ControlContext context_;
+  AdminRoutes admin_;
   // One per worker; a worker only ever touches its own (hence mutable behind const handle()).
   mutable std::vector<discovery::SnapshotReader<discovery::RegistrySnapshot>> readers_;
 };

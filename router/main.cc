@@ -41,7 +41,10 @@ constexpr const char* kFooter = R"(Endpoints:
   GET /v1/models a decode node's model list (cached 5 s)
   GET /ready     200 only when a compatible prefill/decode pair is up (readiness probe)
   POST /start_profile, /stop_profile   fanned out to every up instance
-  /admin/...     list, add, remove, drain instances (key: admin.api_key_env/_file)
+  /admin/instances[/{host:port}[/drain|/undrain]]
+                 admin API: list, add, remove, drain (GET, POST, DELETE; key from
+                 admin.api_key_env or admin.api_key_file, as Bearer or X-API-Key)
+  POST /instances/add   vLLM demo-proxy compatible add (X-API-Key)
   GET /health    200 while the process is up (liveness probe)
   GET /status    the live registry as JSON (instances with role, http_address, dialect,
                  transfer_mode, dp/tp sizes, state, source, last_seen_ms_ago; counts per role/state)

@@ -25,6 +25,7 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
       {"tp_size", inst.tp_size},
       {"model", inst.model},
       {"state", discovery::to_string(inst.state)},
+      {"operator_drain", inst.operator_drain},
       {"source", discovery::to_string(inst.source)},
       {"instance_id", inst.instance_id},
       {"epoch", inst.epoch},
@@ -51,7 +52,22 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
   return j;
 }
 
+nlohmann::json instances_json(const discovery::RegistrySnapshot& snapshot, Clock::time_point now) {
+  nlohmann::json instances = nlohmann::json::array();
+  for (const auto& inst : snapshot.instances) instances.push_back(instance_json(*inst, now));
+  return instances;
+}
+
+// Replace invalid UTF-8 rather than throw: node-supplied strings are untrusted.
+std::string dump(const nlohmann::json& doc) { return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
 }  // namespace
+
+std::string render_instance_json(const Instance& inst, Clock::time_point now) { return dump(instance_json(inst, now)); }
+
+std::string render_instances_json(const discovery::RegistrySnapshot& snapshot, Clock::time_point now) {
+  return dump({{"registry_version", snapshot.version}, {"instances", instances_json(snapshot, now)}});
+}
 
 std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Clock::time_point now,
                                const StatusContext& context) {
@@ -63,9 +79,6 @@ std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Cloc
     }
     counts[std::string(proto::to_string(role))] = std::move(by_state);
   }
-  nlohmann::json instances = nlohmann::json::array();
-  for (const auto& inst : snapshot.instances) instances.push_back(instance_json(*inst, now));
-
   nlohmann::json doc = {
       {"version", PDR_VERSION},
       {"uptime_ms", context.uptime_ms},
@@ -78,10 +91,9 @@ std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Cloc
         {"last_error", context.topology_last_error}}},
       {"registry_version", snapshot.version},
       {"counts", std::move(counts)},
-      {"instances", std::move(instances)},
+      {"instances", instances_json(snapshot, now)},
   };
-  // Replace invalid UTF-8 rather than throw: node-supplied strings are untrusted.
-  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return dump(doc);
 }
 
 }  // namespace pdr::router

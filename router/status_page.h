@@ -21,13 +21,20 @@ struct StatusContext {
 
 // {"version", "uptime_ms", "listeners", "topology", "registry_version", "counts":{role:{state:n}},
 //  "instances":[{role, http_address, dialect, registration_format, transfer_mode, zmq_address,
-//  dp_size, tp_size, bootstrap_port, model, labels, load, state, source, instance_id, epoch,
-//  first_seen_ms_ago, last_seen_ms_ago, expires_in_ms, ttl_ms, messages, restarts}]}
+//  dp_size, tp_size, bootstrap_port, model, labels, load, state, operator_drain, source,
+//  instance_id, epoch, first_seen_ms_ago, last_seen_ms_ago, expires_in_ms, ttl_ms, messages,
+//  restarts}]}
 // `dialect` is the KV connector dialect ("moriio", "p2p-nccl", ...); registration_format is the
 // wire shape the node registered with. Times are relative to `now` (steady clock);
 // last_seen_ms_ago is null for an instance never heard from (static, no heartbeat yet) and
 // expires_in_ms is null when the instance cannot expire (static/admin) or already has.
 std::string render_status_json(const discovery::RegistrySnapshot& snapshot,
                                discovery::Clock::time_point now, const StatusContext& context);
+
+// The admin API's views, with the same per-instance object as /status:
+// one instance, and {"registry_version", "instances":[...]}.
+std::string render_instance_json(const discovery::Instance& inst, discovery::Clock::time_point now);
+std::string render_instances_json(const discovery::RegistrySnapshot& snapshot,
+                                  discovery::Clock::time_point now);
 
 }  // namespace pdr::router

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
 #include <thread>
 #include <zmq.hpp>
 
@@ -205,6 +206,31 @@ TEST_F(DiscoveryServiceTest, InstanceExpiresOnItsOwnDeadline) {
   EXPECT_GE(took, 200ms);
   EXPECT_LT(took, test::scaled(1300ms));  // TTL + 1 s
   EXPECT_EQ(counters_.expiries.load(), 1u);
+}
+
+TEST_F(DiscoveryServiceTest, PostedCompletionRunsAfterTheChangeIsPublished) {
+  start();
+  std::promise<std::pair<bool, uint64_t>> seen;  // (instance visible, snapshot version) at completion
+  StaticInstance spec;
+  spec.http_address = {"10.9.0.1", 8000};
+  spec.connector = proto::Connector::kNixl;
+  service_.post([&](Registry& registry) { registry.add_admin(spec, Clock::now()); },
+                [&] {
+                  auto snap = cell_.load();
+                  seen.set_value({snap->find("10.9.0.1:8000") != nullptr, snap->version});
+                });
+  auto future = seen.get_future();
+  ASSERT_EQ(future.wait_for(test::scaled(5000ms)), std::future_status::ready);
+  EXPECT_TRUE(future.get().first) << "completion ran before the snapshot showing the change";
+
+  // Nothing changed: the completion still runs, and no snapshot is published for it.
+  std::promise<uint64_t> unchanged;
+  const uint64_t before = cell_.version();
+  service_.post([](Registry& registry) { (void)registry.remove("10.9.0.2:8000"); },
+                [&] { unchanged.set_value(cell_.version()); });
+  auto f2 = unchanged.get_future();
+  ASSERT_EQ(f2.wait_for(test::scaled(5000ms)), std::future_status::ready);
+  EXPECT_EQ(f2.get(), before);
 }
 
 TEST_F(DiscoveryServiceTest, BindFailureIsReported) {

@@ -321,6 +321,11 @@ TEST(TopologyParse, WrongTypesAreNamed) {
             "empty)");
   EXPECT_EQ(error_of("- workers\n", StatusCode::kWrongType),
             "topo.yaml:1:1: top level must be a map, got a list");
+  // Parsed strings (addresses, names) carry the position once.
+  EXPECT_EQ(error_of("instances:\n  - role: [a]\n    http_address: \"a:1\"\n", StatusCode::kWrongType)
+                .rfind("topo.yaml:"),
+            0u);
+  EXPECT_EQ(error_of("listeners:\n  http: {a: 1}\n", StatusCode::kWrongType).rfind("topo.yaml:"), 0u);
 }
 
 TEST(TopologyParse, NegativeNumbersAreRejected) {

@@ -1,0 +1,13 @@
+// The admin API's /metrics family, written by the component that counts it (as the proxy's are,
+// router/proxy/proxy_counters.h); metrics_page.h provides the writer.
+#pragma once
+
+#include "router/admin_routes.h"
+#include "router/metrics_page.h"
+
+namespace pdr::router {
+
+// pdrouter_admin_requests_total{result="ok|unauthorized|disabled|bad_request|not_found|conflict|unavailable"}
+void write_admin_metrics(MetricsWriter& out, const AdminCounters& counters);
+
+}  // namespace pdr::router

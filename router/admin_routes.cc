@@ -1,0 +1,325 @@
+// The admin API; endpoints, authentication and threading are described in admin_routes.h.
+#include "router/admin_routes.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "proto/secure_compare.h"
+#include "proto/json_splice.h"
+#include "router/admin_request.h"
+#include "router/http/json_error.h"
+#include "router/status_page.h"
+
+namespace pdr::router {
+namespace {
+
+using Result = AdminCounters::Result;
+using discovery::AdminOutcome;
+using discovery::AdminResult;
+
+constexpr std::string_view kAdminPrefix = "/admin/";
+constexpr std::string_view kInstances = "/admin/instances";
+constexpr std::string_view kSeedAdd = "/instances/add";
+
+http::Response error(int status, std::string_view message, std::string_view code) {
+  return http::error_response(status, message,
+                              status >= 500 ? "server_error" : "invalid_request_error", code);
+}
+
+http::Response instance_response(int status, const discovery::Instance& inst) {
+  return http::Response::json(status, render_instance_json(inst, discovery::Clock::now()));
+}
+
+// 400 for what the caller sent, 413 for a body over the limit.
+http::Response bad_request(const Status& s) {
+  if (s.code() == StatusCode::kTooLarge && s.message().starts_with("body is")) {
+    return error(413, s.message(), "body_too_large");
+  }
+  return error(400, s.message(), std::string(code_label(s.code())));
+}
+
+http::Response method_not_allowed(const http::Request& request, std::string_view allow) {
+  auto response = error(405,
+                        "method " + request.method + " is not allowed on " + request.path + "; use " +
+                            std::string(allow),
+                        "method_not_allowed");
+  response.headers.push_back({"Allow", std::string(allow)});
+  return response;
+}
+
+// The registry's refusals, shared by every admin operation.
+AdminRoutes::Reply refusal(const AdminOutcome& outcome) {
+  switch (outcome.result) {
+    case AdminResult::kNotFound: return {Result::kNotFound, error(404, outcome.message, "not_found")};
+    case AdminResult::kConflict: return {Result::kConflict, error(409, outcome.message, "conflict")};
+    case AdminResult::kRejectedFull:
+      return {Result::kUnavailable, error(503, outcome.message, "registry_full")};
+    default: return {Result::kOk, instance_response(200, *outcome.instance)};
+  }
+}
+
+bool added(const AdminOutcome& outcome) {
+  return outcome.result == AdminResult::kCreated || outcome.result == AdminResult::kReplaced;
+}
+
+// The demo proxy only knew the two roles' lists by these names.
+std::string seed_list_name(proto::Role role) {
+  return role == proto::Role::kPrefill ? "prefill_instances" : "decode_instances";
+}
+
+}  // namespace
+
+std::string_view AdminCounters::label(Result r) {
+  switch (r) {
+    case kOk: return "ok";
+    case kUnauthorized: return "unauthorized";
+    case kDisabled: return "disabled";
+    case kBadRequest: return "bad_request";
+    case kNotFound: return "not_found";
+    case kConflict: return "conflict";
+    case kUnavailable: return "unavailable";
+    case kResultCount: break;
+  }
+  return "unknown";
+}
+
+AdminRoutes::AdminRoutes(AdminContext context)
+    : context_(context), workers_(std::max(1u, context.workers)) {}
+
+bool AdminRoutes::owns(std::string_view path) {
+  return path == "/admin" || path.starts_with(kAdminPrefix) || path == kSeedAdd;
+}
+
+AdminRoutes::Auth AdminRoutes::authorize(const http::Request& request) const {
+  const auto topology = context_.topology != nullptr ? context_.topology->current() : nullptr;
+  if (topology == nullptr || topology->admin.api_key.empty()) return Auth::kDisabled;
+  std::string_view presented;
+  if (auto key = request.header("X-API-Key")) {
+    presented = *key;
+  } else if (auto auth = request.header("Authorization")) {
+    constexpr std::string_view kBearer = "Bearer ";
+    if (auth->size() > kBearer.size() && iequals(auth->substr(0, kBearer.size()), kBearer)) {
+      presented = auth->substr(kBearer.size());
+    }
+  }
+  if (presented.empty()) return Auth::kUnauthorized;
+  return secure_equals(presented, topology->admin.api_key) ? Auth::kOk : Auth::kUnauthorized;
+}
+
+void AdminRoutes::send(http::ResponseWriter& writer, Reply reply) const {
+  counters_.by_result[reply.result].fetch_add(1, std::memory_order_relaxed);
+  writer.send(std::move(reply.response));
+}
+
+void AdminRoutes::handle(http::Request&& request, http::ResponseWriter writer,
+                         const discovery::RegistrySnapshot& snapshot) const {
+  if (request.path == kSeedAdd) {
+    handle_seed_add(std::move(request), std::move(writer));
+  } else {
+    handle_admin(std::move(request), std::move(writer), snapshot);
+  }
+}
+
+void AdminRoutes::handle_admin(http::Request&& request, http::ResponseWriter writer,
+                               const discovery::RegistrySnapshot& snapshot) const {
+  switch (authorize(request)) {
+    case Auth::kDisabled:
+      send(writer, {Result::kDisabled,
+                    error(403,
+                          "the admin API is disabled: set admin.api_key_env (the name of an "
+                          "environment variable holding the key) or admin.api_key_file in the "
+                          "topology file to enable it",
+                          "admin_disabled")});
+      return;
+    case Auth::kUnauthorized: {
+      auto response = error(401,
+                            "missing or wrong admin key: send 'Authorization: Bearer <key>' or "
+                            "'X-API-Key: <key>'",
+                            "invalid_api_key");
+      response.headers.push_back({"WWW-Authenticate", "Bearer realm=\"pdrouter-admin\""});
+      send(writer, {Result::kUnauthorized, std::move(response)});
+      return;
+    }
+    case Auth::kOk:
+      break;
+  }
+  if (request.path == kInstances) {
+    if (request.method == "GET") {
+      send(writer, {Result::kOk, http::Response::json(200, render_instances_json(
+                                                               snapshot, discovery::Clock::now()))});
+      return;
+    }
+    if (request.method != "POST") {
+      send(writer, {Result::kBadRequest, method_not_allowed(request, "GET, POST")});
+      return;
+    }
+    add_instance(std::move(request), std::move(writer), &parse_admin_instance,
+                 [](const AdminOutcome& outcome) -> Reply {
+                   if (!added(outcome)) return refusal(outcome);
+                   const auto& inst = *outcome.instance;
+                   auto response =
+                       instance_response(outcome.result == AdminResult::kCreated ? 201 : 200, inst);
+                   response.headers.push_back({"Location", std::string(kInstances) + "/" + inst.key});
+                   return {Result::kOk, std::move(response)};
+                 });
+    return;
+  }
+  const std::string_view path = request.path;
+  if (path.starts_with(kInstances) && path.size() > kInstances.size() + 1 &&
+      path[kInstances.size()] == '/') {
+    const std::string rest(path.substr(kInstances.size() + 1));
+    handle_instance(std::move(request), std::move(writer), rest, snapshot);
+    return;
+  }
+  send(writer, {Result::kNotFound,
+                error(404, "no admin route for " + request.method + " " + request.path +
+                               " (see GET /admin/instances)",
+                      "not_found")});
+}
+
+void AdminRoutes::handle_instance(http::Request&& request, http::ResponseWriter writer,
+                                  std::string_view rest,
+                                  const discovery::RegistrySnapshot& snapshot) const {
+  // rest: "{host:port}" or "{host:port}/{action}"; an address never holds '/'.
+  const size_t slash = rest.find('/');
+  const std::string_view address = rest.substr(0, slash);
+  const std::string_view action = slash == std::string_view::npos ? "" : rest.substr(slash + 1);
+  if (!action.empty() && action != "drain" && action != "undrain") {
+    send(writer, {Result::kNotFound,
+                  error(404, "no admin route for " + request.method + " " + request.path +
+                                 " (instance actions: drain, undrain)",
+                        "not_found")});
+    return;
+  }
+  const std::string_view allow = action.empty() ? "GET, DELETE" : "POST";
+  const bool allowed = action.empty() ? request.method == "GET" || request.method == "DELETE"
+                                      : request.method == "POST";
+  if (!allowed) {
+    send(writer, {Result::kBadRequest, method_not_allowed(request, allow)});
+    return;
+  }
+  std::string key;
+  if (Status s = parse_instance_key(address, &key); !s) {
+    send(writer, {Result::kBadRequest, error(400, "instance address: " + s.message(), "bad_address")});
+    return;
+  }
+  if (request.method == "GET") {
+    const discovery::Instance* inst = snapshot.find(key);
+    send(writer, inst != nullptr
+                     ? Reply{Result::kOk, instance_response(200, *inst)}
+                     : Reply{Result::kNotFound, error(404, key + " is not in the registry", "not_found")});
+    return;
+  }
+  const std::string peer = request.peer;
+  const std::string what = action.empty() ? "removed" : std::string(action) + "ed";
+  Operation operation;
+  if (action.empty()) {
+    operation = [key](discovery::Registry& registry) { return registry.remove(key); };
+  } else {
+    const bool drain = action == "drain";
+    operation = [key, drain](discovery::Registry& registry) {
+      return registry.set_operator_drain(key, drain);
+    };
+  }
+  change_registry(request.worker, std::move(writer), std::move(operation),
+                  [peer, what](const AdminOutcome& outcome) {
+                    if (outcome.result == AdminResult::kOk) {
+                      spdlog::info("admin: {} {} (from {})", what, outcome.instance->key, peer);
+                    }
+                    return refusal(outcome);
+                  });
+}
+
+void AdminRoutes::handle_seed_add(http::Request&& request, http::ResponseWriter writer) const {
+  if (request.method != "POST") {
+    send(writer, {Result::kBadRequest, method_not_allowed(request, "POST")});
+    return;
+  }
+  switch (authorize(request)) {
+    case Auth::kDisabled:
+      send(writer, {Result::kDisabled,
+                    error(403,
+                          "the admin API is disabled: set admin.api_key_env or admin.api_key_file "
+                          "in the topology file to enable /instances/add",
+                          "admin_disabled")});
+      return;
+    case Auth::kUnauthorized:
+      send(writer, {Result::kUnauthorized, error(403, "Forbidden: Invalid API Key.", "invalid_api_key")});
+      return;
+    case Auth::kOk:
+      break;
+  }
+  add_instance(std::move(request), std::move(writer), &parse_seed_add_instance,
+               [](const AdminOutcome& outcome) -> Reply {
+                 if (outcome.result == AdminResult::kConflict) {
+                   return {Result::kConflict,
+                           error(400, "Instance already exists. " + outcome.message, "conflict")};
+                 }
+                 if (!added(outcome)) return refusal(outcome);
+                 const auto& inst = *outcome.instance;
+                 std::string body = "{\"message\":";
+                 proto::append_json_string(
+                     body, "Added " + inst.key + " to " + seed_list_name(inst.role) + ".");
+                 body += "}";
+                 return {Result::kOk, http::Response::json(200, std::move(body))};
+               });
+}
+
+void AdminRoutes::add_instance(http::Request&& request, http::ResponseWriter writer, SpecParser parse,
+                               Answer answer) const {
+  const auto topology = context_.topology->current();
+  discovery::StaticInstance spec;
+  if (Status s = parse(request.body, topology->connectors, &spec); !s) {
+    send(writer, {Result::kBadRequest, bad_request(s)});
+    return;
+  }
+  change_registry(
+      request.worker, std::move(writer),
+      [spec](discovery::Registry& registry) { return registry.add_admin(spec, discovery::Clock::now()); },
+      [via = request.path, peer = request.peer, answer = std::move(answer)](const AdminOutcome& outcome) {
+        if (added(outcome)) {
+          spdlog::info("admin: {} {} {} via {} (from {})",
+                       outcome.result == AdminResult::kCreated ? "added" : "took over registered",
+                       proto::to_string(outcome.instance->role), outcome.instance->key, via, peer);
+        }
+        return answer(outcome);
+      });
+}
+
+void AdminRoutes::change_registry(uint32_t worker, http::ResponseWriter writer, Operation operation,
+                                  Answer answer) const {
+  if (context_.discovery == nullptr || context_.server == nullptr) {
+    send(writer, {Result::kUnavailable, error(503, "admin API unavailable", "admin_unavailable")});
+    return;
+  }
+  WorkerState& state = workers_.at(worker);
+  const uint64_t id = state.next_id++;
+  state.pending.emplace(id, std::move(writer));
+  // The outcome is written on the discovery thread and read on the worker; the two posts' queue
+  // locks order the accesses.
+  auto outcome = std::make_shared<AdminOutcome>();
+  context_.discovery->post(
+      [operation = std::move(operation), outcome](discovery::Registry& registry) {
+        *outcome = operation(registry);
+      },
+      [this, worker, id, outcome, answer = std::move(answer)]() mutable {
+        context_.server->post(worker, [this, worker, id, outcome, answer = std::move(answer)] {
+          finish(worker, id, answer, *outcome);
+        });
+      });
+}
+
+void AdminRoutes::finish(uint32_t worker, uint64_t id, const Answer& answer,
+                         const AdminOutcome& outcome) const {
+  WorkerState& state = workers_.at(worker);
+  auto it = state.pending.find(id);
+  if (it == state.pending.end()) return;
+  http::ResponseWriter writer = std::move(it->second);
+  state.pending.erase(it);
+  send(writer, answer(outcome));
+}
+
+}  // namespace pdr::router

@@ -1,0 +1,134 @@
+// The admin API: list, add, remove and drain instances over HTTP, plus vLLM's demo-proxy
+// POST /instances/add for scripts written against it.
+//
+//   GET    /admin/instances                   200 {"registry_version", "instances":[...]}
+//   POST   /admin/instances                   201 the instance (200 when it took over a node-
+//                                             registered entry); body in admin_request.h
+//   GET    /admin/instances/{host:port}       200 the instance | 404
+//   DELETE /admin/instances/{host:port}       200 the removed instance | 404 | 409 (static)
+//   POST   /admin/instances/{host:port}/drain     200 the instance (state "draining") | 404
+//   POST   /admin/instances/{host:port}/undrain   200 the instance | 404
+//   POST   /instances/add                     the demo proxy's: {"type","instance"} ->
+//                                             200 {"message":"Added H:P to prefill_instances."}
+// Instances are the same JSON objects as /status shows. {host:port} may be percent-encoded
+// ("%5B::1%5D:8000"); it is canonicalised as the registry keys are. Registry semantics (what an
+// add over an existing entry does, why static entries cannot be removed, what an operator drain
+// survives) are documented in discovery/registry.h.
+//
+// Authentication: the key is topology admin.api_key (read per request, so a reload applies at
+// once), compared in constant time with `Authorization: Bearer <key>` or `X-API-Key: <key>`. No
+// key configured -> 403 (the API is disabled; the message says how to enable it); missing or
+// wrong key -> 401 (/instances/add: 403 "Forbidden: Invalid API Key.", as the demo proxy).
+// Checked before anything else on every /admin/ path. Errors are OpenAI-style JSON: 400 bad body
+// or address, 404, 405 (with Allow), 409 conflict, 413 body over kMaxAdminBodyBytes, 503 when
+// the process has no discovery service or server to act through, or the registry is full.
+// Demo-proxy compatibility: its 400 messages are kept, and an existing instance is 400
+// "Instance already exists." rather than 409; unlike it, pdrouter does not probe the node's
+// /v1/models before adding it (nodes prove themselves by heartbeats and requests).
+//
+// Threads: handle() runs on HTTP workers, concurrently. Reads answer at once from the worker's
+// snapshot. Changes are posted to the discovery thread (the registry's owner); once the snapshot
+// showing them is published, the answer is posted back to the request's worker and sent there,
+// so a client that gets its 2xx reads the change in /status and the router picks (or skips) the
+// instance from then on. The ResponseWriter never leaves its worker: it waits in that worker's
+// table of pending answers, and only an id travels through the other threads.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "discovery/discovery_service.h"
+#include "discovery/instance.h"
+#include "discovery/topology_store.h"
+#include "router/http/http_server.h"
+
+namespace pdr::router {
+
+// Admin requests by outcome; relaxed atomics, bumped by workers, read by /metrics.
+struct AdminCounters {
+  enum Result : uint8_t {
+    kOk,            // 2xx
+    kUnauthorized,  // missing or wrong key
+    kDisabled,      // no key configured
+    kBadRequest,    // 400, 405, 413
+    kNotFound,      // 404
+    kConflict,      // 409, and the demo proxy's "Instance already exists."
+    kUnavailable,   // 503: no discovery service/server, registry full
+    kResultCount,
+  };
+  static std::string_view label(Result r);  // "ok", "unauthorized", ... (metrics label values)
+
+  std::array<std::atomic<uint64_t>, kResultCount> by_result{};
+};
+
+struct AdminContext {
+  const discovery::TopologyStore* topology = nullptr;  // null: no key, API disabled
+  discovery::DiscoveryService* discovery = nullptr;    // null (or server null): 503
+  http::Server* server = nullptr;
+  uint32_t workers = 1;
+};
+
+class AdminRoutes {
+ public:
+  explicit AdminRoutes(AdminContext context);
+  // Posted closures point at this object: it must outlive the discovery thread and the server.
+  AdminRoutes(const AdminRoutes&) = delete;
+  AdminRoutes& operator=(const AdminRoutes&) = delete;
+
+  // True for the paths handle() answers: /admin, /admin/..., /instances/add.
+  static bool owns(std::string_view path);
+
+  // Answers one request for an owned path on worker request.worker (< context.workers).
+  // `snapshot` is that worker's current registry view.
+  void handle(http::Request&& request, http::ResponseWriter writer,
+              const discovery::RegistrySnapshot& snapshot) const;
+
+  const AdminCounters& counters() const { return counters_; }
+
+  // An answer and how it counts.
+  struct Reply {
+    AdminCounters::Result result;
+    http::Response response;
+  };
+
+ private:
+  // Turns the registry's outcome into the answer; runs on the request's worker.
+  using Answer = std::function<Reply(const discovery::AdminOutcome&)>;
+  using Operation = std::function<discovery::AdminOutcome(discovery::Registry&)>;
+  enum class Auth : uint8_t { kOk, kDisabled, kUnauthorized };
+
+  Auth authorize(const http::Request& request) const;
+  void handle_admin(http::Request&& request, http::ResponseWriter writer,
+                    const discovery::RegistrySnapshot& snapshot) const;
+  void handle_seed_add(http::Request&& request, http::ResponseWriter writer) const;
+  void handle_instance(http::Request&& request, http::ResponseWriter writer, std::string_view rest,
+                       const discovery::RegistrySnapshot& snapshot) const;
+  using SpecParser = Status (*)(std::string_view body, const discovery::Topology::Connectors& defaults,
+                                discovery::StaticInstance* out);
+  // Parses the body with `parse` (400/413 at once on error), then adds the instance; `answer`
+  // gets every outcome (successes are logged here).
+  void add_instance(http::Request&& request, http::ResponseWriter writer, SpecParser parse,
+                    Answer answer) const;
+  // Posts `operation` to the discovery thread; `answer` later runs on the request's worker.
+  void change_registry(uint32_t worker, http::ResponseWriter writer, Operation operation,
+                       Answer answer) const;
+  void send(http::ResponseWriter& writer, Reply reply) const;
+  void finish(uint32_t worker, uint64_t id, const Answer& answer,
+              const discovery::AdminOutcome& outcome) const;
+
+  struct WorkerState {  // touched only by its own worker thread
+    uint64_t next_id = 0;
+    std::unordered_map<uint64_t, http::ResponseWriter> pending;
+  };
+
+  AdminContext context_;
+  mutable AdminCounters counters_;
+  mutable std::vector<WorkerState> workers_;
+};
+
+}  // namespace pdr::router
