@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's second command: installs what is missing, builds, and runs every test.
-#   1. RelWithDebInfo build, all CTest tests (unit, integration with real processes, bench smoke)
+#   1. RelWithDebInfo build, all CTest tests (unit, integration with real processes, bench smoke:
+#      bench/discovery and bench/router --smoke, label bench)
 #   2. the same suite under ASan+UBSan
 #   3. the same suite under TSan (libzmq, not TSan-built, is suppressed: tests/tsan.supp)
 #   4. each libFuzzer target for a short run (PDR_FUZZ_SECONDS, default 30)

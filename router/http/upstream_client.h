@@ -94,10 +94,15 @@ enum class UpstreamFailure {
 bool is_timeout(UpstreamFailure failure);
 
 struct PoolOptions {
-  size_t max_idle_per_host = 32;                  // idle keep-alive connections kept per address
-  std::chrono::milliseconds idle_timeout{30000};  // an idle pooled connection is closed after this
-  // Below vLLM's (uvicorn's) 5 s keep-alive timeout by default would avoid most stale reuse;
-  // the retry-once path covers the race either way.
+  // Idle keep-alive connections kept per address. Every connection that finishes a response
+  // goes back to the pool up to this cap and the excess is closed, so the cap must exceed the
+  // concurrency one worker sends to one node: a low cap (it was 32) made pdrouter reconnect
+  // for most legs at 100 concurrent requests (bench/router/RESULTS.md).
+  size_t max_idle_per_host = 1024;
+  // An idle pooled connection is closed after this. Kept below vLLM's (uvicorn's) 5 s
+  // keep-alive timeout so that pdrouter, not the node, closes idle connections; the retry-once
+  // path covers the remaining race.
+  std::chrono::milliseconds idle_timeout{4000};
 };
 
 // Counters since construction. Plain values: read on the loop thread.

@@ -1,0 +1,822 @@
+#!/usr/bin/python3
+"""pdrouter's proxy benchmark (run through bench/router/run.sh, which owns the temp directory).
+
+Targets, all on loopback against the same `pdnode sim` decode node (zero simulated compute, so the
+numbers are HTTP plumbing only):
+  (a) direct   wrk -> decode sim
+  (b) pdrouter wrk -> pdrouter -> prefill sim (max_tokens=1 leg), then -> decode sim (MoRIIO WRITE)
+  (c) nginx    wrk -> nginx (plain reverse proxy, upstream keepalive) -> decode sim
+Measured per target: requests/s and p50/p99 at 100 connections (non-streaming completions and
+streaming chat), p50/p99 at 1 connection, TTFT with a small asyncio client, and CPU seconds per
+1,000 requests of the proxy process(es) from /proc/PID/stat.
+
+Standard library only (Debian's /usr/bin/python3). See bench/router/RESULTS.md.
+"""
+import argparse
+import asyncio
+import ctypes
+import datetime
+import http.client
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+KEEP_MARKER = "<!-- Everything below this line is hand-written and kept when run.sh rewrites the file. -->"
+
+COMPLETION = {"model": "sim-model", "prompt": "The quick brown fox jumps over the lazy dog",
+              "max_tokens": 4}
+CHAT_STREAM = {"model": "sim-model", "messages": [{"role": "user", "content": "Say hello"}],
+               "max_tokens": 4, "stream": True}
+
+# --------------------------------------------------------------------------------------------
+# Processes: every child dies with us (PR_SET_PDEATHSIG) and is listed in WORK/pids for run.sh.
+
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)
+_children = []
+
+
+def _die_with_parent():
+    _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class Child:
+    def __init__(self, name, args, work):
+        self.name = name
+        self.out_path = os.path.join(work, name + ".out")
+        self.err_path = os.path.join(work, name + ".err")
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=open(self.out_path, "w"),
+                                     stderr=open(self.err_path, "w"),
+                                     preexec_fn=_die_with_parent)
+        self.pid = self.proc.pid
+        with open(os.path.join(work, "pids"), "a") as f:
+            f.write("%d\n" % self.pid)
+        _children.append(self)
+
+    def wait_line(self, pattern, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern)
+        while time.monotonic() < deadline:
+            with open(self.out_path) as f:
+                for line in f:
+                    match = regex.search(line)
+                    if match:
+                        return match
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise RuntimeError("%s did not print %r:\n%s" % (self.name, pattern, self.log()))
+
+    def log(self):
+        text = ""
+        for path in (self.out_path, self.err_path):
+            with open(path) as f:
+                text += f.read()[-3000:]
+        return text
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def stop_all():
+    for child in reversed(_children):
+        try:
+            child.stop()
+        except Exception as e:  # keep stopping the others
+            print("stopping %s: %s" % (child.name, e), file=sys.stderr)
+    _children.clear()
+
+
+def cpu_seconds(pids):
+    """utime+stime of each process (all its threads), summed, in seconds."""
+    total = 0
+    for pid in pids:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat(5))
+    return total / CLK_TCK
+
+
+def children_of(pid):
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                pids.append(int(entry))
+    return pids
+
+
+def active_opens():
+    """TCP connections opened (connect) in this network namespace so far; None if unknown. Only
+    meaningful in the private namespace main() re-executes into (nothing else connects there)."""
+    if os.environ.get("PDR_BENCH_NETNS") != "1":
+        return None
+    with open("/proc/net/snmp") as f:
+        lines = [line.split() for line in f if line.startswith("Tcp:")]
+    return int(lines[1][lines[0].index("ActiveOpens")])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_request(addr, method, path, body=None, timeout=5):
+    host, port = addr.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------------------------
+# The system under test
+
+
+class Setup:
+    def __init__(self, args, decode_us=0, tag="nginx"):
+        self.args = args
+        work = args.work_dir
+        pdrouter = os.path.join(args.bin_dir, "router", "pdrouter")
+        pdnode = os.path.join(args.bin_dir, "node", "pdnode")
+        for path in (pdrouter, pdnode):
+            if not os.access(path, os.X_OK):
+                raise RuntimeError("missing %s (build pdrouter and pdnode, or pass --bin-dir)" % path)
+        for tool in ("wrk", "nginx"):
+            if not any(os.access(os.path.join(d, tool), os.X_OK)
+                       for d in os.environ.get("PATH", "").split(":") + ["/usr/sbin"]):
+                raise RuntimeError("%s not found: deploy/install-deps.sh --tests installs it" % tool)
+
+        self.router = Child("pdrouter-" + tag, [pdrouter, "--http", "127.0.0.1:0", "--discovery",
+                                         "tcp://127.0.0.1:0", "--workers", str(args.router_workers),
+                                         "--log-level", "warn"], work)
+        match = self.router.wait_line(r"pdrouter listening http=(\S+) discovery=(\S+)")
+        self.router_addr, discovery = match.group(1), match.group(2)
+
+        sim_flags = ["--connector", "moriio", "--transfer-mode", "WRITE",
+                     "--prefill-us-per-token", "0", "--decode-us-per-token", str(decode_us),
+                     "--workers", str(args.sim_workers), "--log-level", "warn",
+                     "--register", discovery, "--register-interval-ms", "1000"]
+        self.prefill = Child("prefill-sim-" + tag, [pdnode, "sim", "--role", "prefill",
+                                             "--handshake-port", "26301", "--notify-port", "26302",
+                                             *sim_flags], work)
+        self.decode = Child("decode-sim-" + tag, [pdnode, "sim", "--role", "decode",
+                                           "--handshake-port", "26303", "--notify-port", "26304",
+                                           *sim_flags], work)
+        self.prefill_addr = self.prefill.wait_line(r"listening http=(127\.0\.0\.1:\d+)").group(1)
+        self.decode_addr = self.decode.wait_line(r"listening http=(127\.0\.0\.1:\d+)").group(1)
+
+        self.nginx_dir = os.path.join(work, tag)
+        os.makedirs(os.path.join(self.nginx_dir, "tmp"))
+        self.nginx_addr = "127.0.0.1:%d" % free_port()
+        conf = os.path.join(self.nginx_dir, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(NGINX_CONF.format(dir=self.nginx_dir, workers=args.router_workers,
+                                      listen=self.nginx_addr, upstream=self.decode_addr))
+        # daemon off: the master is our child; -e: even start-up errors go to the temp dir.
+        self.nginx = Child(tag, ["nginx", "-e", os.path.join(self.nginx_dir, "error.log"),
+                                     "-p", self.nginx_dir, "-c", conf], work)
+
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                ready = http_request(self.router_addr, "GET", "/ready")[0] == 200
+                nginx_up = http_request(self.nginx_addr, "GET", "/health")[0] == 200
+                if ready and nginx_up:
+                    break
+            except OSError:
+                pass
+            if self.nginx.proc.poll() is not None:
+                with open(os.path.join(self.nginx_dir, "error.log")) as f:
+                    raise RuntimeError("nginx exited:\n" + f.read())
+            if time.monotonic() > deadline:
+                raise RuntimeError("pdrouter not ready or nginx not up within 15 s:\n"
+                                   + self.router.log())
+            time.sleep(0.05)
+        self.nginx_workers = children_of(self.nginx.pid)
+        with open(os.path.join(work, "pids"), "a") as f:  # for run.sh's cleanup, if we die hard
+            f.write("".join("%d\n" % pid for pid in self.nginx_workers))
+        if len(self.nginx_workers) != args.router_workers:
+            raise RuntimeError("expected %d nginx workers, found %r"
+                               % (args.router_workers, self.nginx_workers))
+
+        # One request of each kind through each target, checked by hand.
+        for name, addr in self.targets():
+            status, body = http_request(addr, "POST", "/v1/completions", COMPLETION)
+            answer = json.loads(body)
+            if status != 200 or not answer.get("choices"):
+                raise RuntimeError("%s: /v1/completions answered %d %r" % (name, status, body[:300]))
+
+    def targets(self):
+        return [("direct", self.decode_addr), ("pdrouter", self.router_addr),
+                ("nginx", self.nginx_addr)]
+
+    def proxy_pids(self, name):
+        if name == "pdrouter":
+            return [self.router.pid]
+        if name == "nginx":
+            return [self.nginx.pid] + self.nginx_workers
+        return []
+
+    def router_5xx(self):
+        status, body = http_request(self.router_addr, "GET", "/metrics")
+        total = 0.0
+        for line in body.decode().splitlines():
+            if line.startswith("pdrouter_http_responses_total") and re.search(r'"5\d\d"|"5xx"', line):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+NGINX_CONF = """\
+# Private nginx for bench/router: a plain reverse proxy in front of one decode sim.
+worker_processes {workers};
+daemon off;
+master_process on;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/tmp/body;
+  proxy_temp_path {dir}/tmp/proxy;
+  fastcgi_temp_path {dir}/tmp/fastcgi;
+  uwsgi_temp_path {dir}/tmp/uwsgi;
+  scgi_temp_path {dir}/tmp/scgi;
+  keepalive_requests 1000000;
+  upstream decode {{
+    server {upstream};
+    keepalive 256;
+    keepalive_requests 1000000;
+  }}
+  server {{
+    listen {listen} backlog=4096;
+    location / {{
+      proxy_pass http://decode;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
+
+# --------------------------------------------------------------------------------------------
+# wrk
+
+WRK_LUA = """\
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = [==[{body}]==]
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('BENCHJSON {{"requests":%d,"duration_us":%d,"bytes":%d,' ..
+    '"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d,' ..
+    '"p50":%d,"p90":%d,"p99":%d,"p999":%d,"max":%d,"mean":%.1f}}\\n',
+    summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write, e.status,
+    e.timeout, latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency:percentile(99.9), latency.max, latency.mean))
+end
+"""
+
+
+def run_wrk(setup, target, path, body, connections, seconds, work):
+    name, addr = target
+    script = os.path.join(work, "wrk-%d.lua" % connections)
+    with open(script, "w") as f:
+        f.write(WRK_LUA.format(body=json.dumps(body)))
+    pids = setup.proxy_pids(name)
+    cpu_before = cpu_seconds(pids) if pids else 0.0
+    sim_before = cpu_seconds([setup.decode.pid, setup.prefill.pid])
+    opens_before = active_opens()
+    threads = min(connections, setup.args.wrk_threads)
+    cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", "%ds" % max(1, round(seconds)),
+           "--timeout", "5s", "--latency", "-s", script, "http://%s%s" % (addr, path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60,
+                         preexec_fn=_die_with_parent)
+    cpu = (cpu_seconds(pids) - cpu_before) if pids else None
+    sim_cpu = cpu_seconds([setup.decode.pid, setup.prefill.pid]) - sim_before
+    opens = None if opens_before is None else active_opens() - opens_before
+    match = re.search(r"^BENCHJSON (.*)$", out.stdout, re.M)
+    if out.returncode != 0 or not match:
+        raise RuntimeError("wrk failed (%d):\n%s\n%s" % (out.returncode, out.stdout, out.stderr))
+    r = json.loads(match.group(1))
+    r["errors"] = r["connect"] + r["read"] + r["write"] + r["status"] + r["timeout"]
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    r["cpu_s"] = cpu
+    r["cpu_per_1k"] = None if cpu is None or not r["requests"] else cpu / r["requests"] * 1000
+    r["sim_cpu_per_1k"] = sim_cpu / r["requests"] * 1000 if r["requests"] else None
+    # New connections the proxy opened to the sims: everything opened during the run but wrk's
+    # own `connections` (wrk reconnects only when the server closes, which none of them does).
+    r["upstream_opens_per_1k"] = (None if opens is None or not r["requests"] or name == "direct"
+                                  else max(0, opens - connections) / r["requests"] * 1000)
+    return r
+
+
+# --------------------------------------------------------------------------------------------
+# TTFT: wrk only sees whole responses, so a small asyncio client measures the time from sending a
+# streaming chat request to the first data: event that carries generated text.
+
+
+async def _read_response(reader, on_data):
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    headers = head.decode("latin-1").lower()
+    if "transfer-encoding: chunked" in headers:
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                return status
+            on_data(await reader.readexactly(size))
+            await reader.readexactly(2)
+    length = int(re.search(r"content-length: *(\d+)", headers).group(1))
+    on_data(await reader.readexactly(length))
+    return status
+
+
+async def _ttft_client(host, port, path, seconds, results):
+    reader, writer = await asyncio.open_connection(host, port)
+    body = json.dumps(CHAT_STREAM).encode()
+    request = (b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+               b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n"
+               % (path.encode(), host.encode(), port, len(body))) + body
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            state = {"first": None, "buf": b""}
+            start = time.perf_counter()
+
+            def on_data(chunk):
+                state["buf"] += chunk
+                if state["first"] is None and b'"content":"' in chunk and \
+                        re.search(rb'"content":"[^"]', chunk):
+                    state["first"] = time.perf_counter()
+
+            writer.write(request)
+            status = await asyncio.wait_for(_read_response(reader, on_data), 10)
+            end = time.perf_counter()
+            text = state["buf"].decode()
+            ok = (status == 200 and text.rstrip().endswith("data: [DONE]") and
+                  '"finish_reason":"' in text and '"error"' not in text and
+                  state["first"] is not None)
+            if ok:
+                results["ttft"].append(state["first"] - start)
+                results["total"].append(end - start)
+            else:
+                results["errors"] += 1
+    finally:
+        writer.close()
+
+
+def run_ttft(addr, connections, seconds):
+    host, port = addr.rsplit(":", 1)
+    results = {"ttft": [], "total": [], "errors": 0}
+
+    async def main():
+        await asyncio.gather(*[_ttft_client(host, int(port), "/v1/chat/completions", seconds,
+                                            results) for _ in range(connections)])
+
+    asyncio.run(main())
+    ttft = sorted(results["ttft"])
+    return {"requests": len(ttft), "errors": results["errors"],
+            "p50": pct(ttft, 50) * 1e6 if ttft else 0, "p99": pct(ttft, 99) * 1e6 if ttft else 0}
+
+
+def pct(sorted_values, p):
+    index = min(len(sorted_values) - 1, max(0, int(round(p / 100 * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[index]
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def machine():
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"nproc": os.cpu_count(), "cpu": cpu,
+            "kernel": "%s %s %s" % (platform.system(), platform.release(), platform.machine()),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "load": " ".join(open("/proc/loadavg").read().split()[:3])}
+
+
+def us(value):
+    return "%.0f us" % value
+
+
+def build_rows(res, args):
+    d, r, n = res["c100"]["direct"], res["c100"]["pdrouter"], res["c100"]["nginx"]
+    rows = []
+    c = args.connections
+    rows.append(("requests/s, completions, %d conns" % c, "%.0f" % d["rps"], "%.0f" % r["rps"],
+                 "%.0f" % n["rps"], "%.2fx" % (r["rps"] / d["rps"]), "%.2fx" % (n["rps"] / d["rps"]),
+                 "direct = ceiling"))
+    for key, label, target in (("p50", "p50", args.target_p50), ("p99", "p99", args.target_p99)):
+        rows.append(("%s latency, completions, %d conns" % (label, c), us(d[key]), us(r[key]),
+                     us(n[key]), "%+.0f us" % (r[key] - d[key]), "%+.0f us" % (n[key] - d[key]),
+                     "added <= %d us: %s" % (target, met(r[key] - d[key] <= target))))
+    for key in ("p50", "p99"):
+        d1, r1, n1 = (res["c1"][t] for t in ("direct", "pdrouter", "nginx"))
+        rows.append(("%s latency, completions, 1 conn" % key, us(d1[key]), us(r1[key]), us(n1[key]),
+                     "%+.0f us" % (r1[key] - d1[key]), "%+.0f us" % (n1[key] - d1[key]), "-"))
+    sd, sr, sn = (res["stream"][t] for t in ("direct", "pdrouter", "nginx"))
+    rows.append(("requests/s, streaming chat, %d conns" % c, "%.0f" % sd["rps"], "%.0f" % sr["rps"],
+                 "%.0f" % sn["rps"], "%.2fx" % (sr["rps"] / sd["rps"]),
+                 "%.2fx" % (sn["rps"] / sd["rps"]), "-"))
+    for key in ("p50", "p99"):
+        rows.append(("%s whole stream, streaming chat, %d conns" % (key, c), us(sd[key]),
+                     us(sr[key]), us(sn[key]), "%+.0f us" % (sr[key] - sd[key]),
+                     "%+.0f us" % (sn[key] - sd[key]), "-"))
+    td, tr, tn = (res["ttft"][t] for t in ("direct", "pdrouter", "nginx"))
+    for key in ("p50", "p99"):
+        rows.append(("%s TTFT, streaming chat, %d conns (python client)" % (key, args.ttft_connections),
+                     us(td[key]), us(tr[key]), us(tn[key]), "%+.0f us" % (tr[key] - td[key]),
+                     "%+.0f us" % (tn[key] - td[key]), "-"))
+    ratio = r["cpu_per_1k"] / n["cpu_per_1k"] if n["cpu_per_1k"] else float("inf")
+    rows.append(("proxy CPU s per 1,000 requests, completions, %d conns" % c, "-",
+                 "%.3f" % r["cpu_per_1k"], "%.3f" % n["cpu_per_1k"], "-", "-",
+                 "pdrouter/nginx %.2fx <= %.1fx: %s" % (ratio, args.target_cpu_ratio,
+                                                        met(ratio <= args.target_cpu_ratio))))
+    ratio_s = sr["cpu_per_1k"] / sn["cpu_per_1k"] if sn["cpu_per_1k"] else float("inf")
+    rows.append(("proxy CPU s per 1,000 requests, streaming chat, %d conns" % c, "-",
+                 "%.3f" % sr["cpu_per_1k"], "%.3f" % sn["cpu_per_1k"], "-", "-",
+                 "pdrouter/nginx %.2fx" % ratio_s))
+    def opens(x):
+        return "n/a" if x["upstream_opens_per_1k"] is None else "%.0f" % x["upstream_opens_per_1k"]
+
+    rn1, nn1 = res["c1"]["pdrouter"], res["c1"]["nginx"]
+    rows.append(("new upstream TCP connections per 1,000 requests: completions %d conns / "
+                 "1 conn / streaming %d conns" % (c, c), "-",
+                 "%s / %s / %s" % (opens(r), opens(rn1), opens(sr)),
+                 "%s / %s / %s" % (opens(n), opens(nn1), opens(sn)), "-", "-",
+                 "2,000 = every leg on a new connection"))
+    rows.append(("sim CPU s per 1,000 requests (prefill+decode), completions", "%.3f" % d["sim_cpu_per_1k"],
+                 "%.3f" % r["sim_cpu_per_1k"], "%.3f" % n["sim_cpu_per_1k"], "-", "-", "-"))
+    if "variant" in res:
+        vd, vr, vn = (res["variant"][t] for t in ("direct", "pdrouter", "nginx"))
+        vratio = vr["cpu_per_1k"] / vn["cpu_per_1k"] if vn["cpu_per_1k"] else float("inf")
+        label = "decode sim %d us/token:" % args.variant_decode_us
+        rows.append(("%s requests/s, completions, %d conns" % (label, c), "%.0f" % vd["rps"],
+                     "%.0f" % vr["rps"], "%.0f" % vn["rps"], "%.2fx" % (vr["rps"] / vd["rps"]),
+                     "%.2fx" % (vn["rps"] / vd["rps"]), "-"))
+        for key in ("p50", "p99"):
+            rows.append(("%s %s latency, completions, %d conns" % (label, key, c), us(vd[key]),
+                         us(vr[key]), us(vn[key]), "%+.0f us" % (vr[key] - vd[key]),
+                         "%+.0f us" % (vn[key] - vd[key]), "-"))
+        rows.append(("%s proxy CPU s per 1,000 requests" % label, "-", "%.3f" % vr["cpu_per_1k"],
+                     "%.3f" % vn["cpu_per_1k"], "-", "-", "pdrouter/nginx %.2fx" % vratio))
+        rows.append(("%s new upstream TCP connections per 1,000 requests" % label, "-",
+                     opens(vr), opens(vn), "-", "-", "-"))
+    groups = [g for g in ("c100", "c1", "stream", "ttft", "variant") if g in res]
+    total = sum(x["requests"] for group in groups for x in res[group].values())
+    errors = sum(x["errors"] for group in groups for x in res[group].values())
+    rows.append(("requests / errors, all runs", "-", "-", "-", "-", "-", "%d / %d" % (total, errors)))
+    verdict = {"p50": r["p50"] - d["p50"] <= args.target_p50,
+               "p99": r["p99"] - d["p99"] <= args.target_p99,
+               "cpu": ratio <= args.target_cpu_ratio, "ratio": ratio}
+    return rows, verdict
+
+
+def git_commit():
+    try:
+        out = subprocess.run(["git", "-C", ROOT, "log", "-1", "--format=%h %s"], capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return "git HEAD `%s`%s at the start of the run" % (
+            out.stdout.strip()[:70], " (plus uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def build_type(bin_dir):
+    try:
+        with open(os.path.join(bin_dir, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("CMAKE_BUILD_TYPE:"):
+                    return line.split("=", 1)[1].strip() or "(none)"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def met(ok):
+    return "MET" if ok else "MISSED"
+
+
+HEADER = ("measurement", "(a) direct", "(b) pdrouter", "(c) nginx", "(b) vs (a)", "(c) vs (a)",
+          "target")
+
+
+def markdown_table(rows):
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def text_table(rows):
+    widths = [max(len(str(row[i])) for row in rows + [HEADER]) for i in range(len(HEADER))]
+    out = []
+    for row in [HEADER] + rows:
+        out.append("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)))
+    return "\n".join(out)
+
+
+def write_results(path, rows, verdict, info, args, load_after, durations):
+    kept = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+        if KEEP_MARKER in text:
+            kept = text.split(KEEP_MARKER, 1)[1]
+    c = args.connections
+    md = RESULTS_TEMPLATE.format(
+        c=c, rw=args.router_workers, sw=args.sim_workers, wt=args.wrk_threads, d=durations["c100"],
+        d1=durations["c1"], dt=durations["ttft"], tc=args.ttft_connections,
+        nproc=info["nproc"], cpu=info["cpu"], kernel=info["kernel"], date=info["date"],
+        load=info["load"], load_after=load_after, table=markdown_table(rows),
+        p50=args.target_p50, p99=args.target_p99, ratio_target=args.target_cpu_ratio,
+        v_p50=met(verdict["p50"]), v_p99=met(verdict["p99"]), v_cpu=met(verdict["cpu"]),
+        ratio=verdict["ratio"], marker=KEEP_MARKER, vus=args.variant_decode_us,
+        build_type=build_type(args.bin_dir), commit=info["commit"])
+    with open(path, "w") as f:
+        f.write(md + kept)
+
+
+RESULTS_TEMPLATE = """\
+# bench/router: what pdrouter adds per request
+
+`bench/router/run.sh` (driver: `router_bench.py`, Python standard library + wrk + nginx) measures
+pdrouter's proxy path on loopback against `pdnode sim` nodes that do no simulated work
+(`--prefill-us-per-token 0 --decode-us-per-token 0`, MoRIIO WRITE), so what is left is HTTP
+plumbing. Three targets, the same decode sim behind each:
+
+- **(a) direct**: wrk → decode sim. The ceiling: requests/s pdrouter cannot exceed, and the
+  latency baseline.
+- **(b) pdrouter**: wrk → pdrouter (`--workers {rw}`) → prefill sim (the `max_tokens=1` leg,
+  answered in full) → decode sim (the client's request with `kv_transfer_params`). One P/D request
+  is two upstream HTTP exchanges.
+- **(c) nginx**: wrk → nginx 1.22 as a plain reverse proxy (`worker_processes {rw}`, upstream
+  `keepalive 256`, `proxy_http_version 1.1`, `proxy_buffering off`, access log off) → decode sim.
+  One upstream exchange. nginx runs with a private config, pid file and logs in a temp directory
+  (`nginx -e … -p DIR -c CONF`, `daemon off`), never as the system service, and is stopped on exit.
+
+## What is measured, and how
+
+1. **Throughput and latency at {c} connections**: `wrk -t{wt} -c{c} -d{d}s --latency` with a Lua
+   script POSTing a non-streaming `/v1/completions` (`max_tokens` 4). requests/s, p50 and p99 from
+   wrk's histogram (printed by the script's `done()`). **Added latency = (b) − (a)**, with
+   nginx's (c) − (a) beside it.
+2. **The same at 1 connection** ({d1} s each): the unloaded per-request cost, without queueing.
+3. **Streaming**: the same wrk run with a streaming `/v1/chat/completions` (`stream: true`,
+   `max_tokens` 4); wrk times the whole stream.
+4. **TTFT**: wrk cannot see the first event, so an asyncio client (raw sockets, keep-alive,
+   chunked decoding) runs {tc} connections for {dt} s each, timing from writing the request to the
+   first `data:` event carrying generated text. Each stream must end in `data: [DONE]` with a
+   `finish_reason` and no error event. The Python client adds its own tens of microseconds
+   equally to every target.
+5. **CPU per 1,000 requests**: utime+stime from `/proc/PID/stat` before and after each wrk run
+   (pdrouter: its process, all threads; nginx: master + workers), divided by the requests wrk
+   completed. The ratio compares pdrouter per **P/D request** (two upstream legs) with nginx per
+   **proxied request** (one).
+6. **Variant** (full runs only): item 1 again on a fresh set of processes whose decode sim paces
+   tokens ({vus} µs per token, prefill still 0), so the prefill's answer normally arrives before
+   the decode's, as with real MoRIIO WRITE nodes where the decode waits for the pushed KV. With
+   zero-latency sims the decode often answers first, and pdrouter then closes the still-open
+   prefill leg instead of pooling it (see the notes below).
+7. **New upstream TCP connections per 1,000 requests**: the driver re-executes itself in a
+   private network namespace (`unshare -n`, loopback only; skipped without root, then "n/a"), so
+   `ActiveOpens` in `/proc/net/snmp` counts only the benchmark's connects; per run, minus wrk's
+   own connections. 0 means every upstream leg reused a pooled connection; 2,000 (pdrouter) or
+   1,000 (nginx) means none did.
+
+Every run must finish with zero socket errors, zero non-2xx answers and zero pdrouter 5xx.
+`--smoke` (the CTest `bench.router_proxy`, label `bench`) runs each measurement ~2 s and checks
+only that (non-zero requests, zero errors). Targets are reported, not enforced.
+
+## Reproduce
+
+```bash
+cmake -S . -B build-rb -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build-rb pdrouter pdnode
+bench/router/run.sh --bin-dir build-rb            # ~2 min, rewrites this file
+bench/router/run.sh --bin-dir build-rb --smoke    # ~25 s, checks only
+bench/router/run.sh --help                        # durations, connections, workers
+```
+
+## Machine
+
+{nproc} vCPU, `{cpu}`, {kernel}, Debian 12, g++ 12, pdrouter/pdnode build type {build_type},
+nginx 1.22.1, wrk 4.1.0.
+Everything (wrk, pdrouter, both sims, nginx) shares these {nproc} cores, so each target competes
+with its own load generator; absolute numbers are far below what a separate client machine would
+show, and the comparison between targets is what matters. Load average at start {load}, at the
+end {load_after}: other jobs were running on this machine, so expect run-to-run noise.
+
+## Results ({date})
+
+pdrouter `--workers {rw}`, nginx `worker_processes {rw}`, sims `--workers {sw}` each, wrk
+`-t{wt}`. Source: {commit}.
+
+{table}
+
+## Targets
+
+- p50 added latency at {c} connections ≤ {p50} µs: **{v_p50}**
+- p99 added latency at {c} connections ≤ {p99} µs: **{v_p99}**
+- pdrouter CPU per P/D request ≤ {ratio_target}× nginx CPU per proxied request: **{v_cpu}**
+  ({ratio:.2f}×)
+
+At {c} connections on a closed loop, latency is mostly queueing (p50 ≈ connections ÷
+requests/s), so the "added latency" there is dominated by the throughput each target reaches on
+cores it shares with wrk and the sims; the 1-connection rows show the unloaded cost per request.
+
+{marker}
+"""
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work-dir", required=True, help="temp directory (run.sh makes it)")
+    parser.add_argument("--bin-dir", default=None,
+                        help="build directory with router/pdrouter and node/pdnode "
+                             "(default $PDR_BUILD_DIR, else build-rb, else build/release)")
+    parser.add_argument("--smoke", action="store_true", help="~2 s per measurement, checks only")
+    parser.add_argument("--duration", type=int, default=10, help="seconds per loaded run")
+    parser.add_argument("--connections", type=int, default=100)
+    parser.add_argument("--ttft-connections", type=int, default=4)
+    parser.add_argument("--router-workers", type=int, default=1,
+                        help="pdrouter --workers and nginx worker_processes (default 1)")
+    parser.add_argument("--sim-workers", type=int, default=1)
+    parser.add_argument("--wrk-threads", type=int, default=1)
+    parser.add_argument("--variant-decode-us", type=int, default=500,
+                        help="full runs: repeat the completions run with the decode sim at this "
+                             "many us per token (0 = skip)")
+    parser.add_argument("--no-netns", action="store_true",
+                        help="do not re-run inside a private network namespace")
+    parser.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"),
+                        help="markdown file to write (full runs only; '' = none)")
+    parser.add_argument("--json", default="", help="also write raw results here")
+    parser.add_argument("--target-p50", type=int, default=50)
+    parser.add_argument("--target-p99", type=int, default=250)
+    parser.add_argument("--target-cpu-ratio", type=float, default=2.0)
+    args = parser.parse_args()
+    if args.bin_dir is None:
+        candidates = [os.environ.get("PDR_BUILD_DIR", ""), os.path.join(ROOT, "build-rb"),
+                      os.path.join(ROOT, "build", "release")]
+        args.bin_dir = next((c for c in candidates
+                             if c and os.path.exists(os.path.join(c, "router", "pdrouter"))),
+                            candidates[1])
+    args.bin_dir = os.path.abspath(args.bin_dir)
+    if os.environ.get("PDR_BENCH_NETNS") is None and not args.no_netns:
+        # A private network namespace (loopback only): /proc/net/snmp then counts only this
+        # benchmark's TCP connects, and other loopback traffic on the machine stays out.
+        probe = subprocess.run(["unshare", "-n", "--", "ip", "link", "set", "lo", "up"],
+                               capture_output=True)
+        if probe.returncode == 0:
+            argv = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
+            env = dict(os.environ, PDR_BENCH_NETNS="1")
+            script = 'ip link set lo up && exec "$@"'
+            os.execvpe("unshare", ["unshare", "-n", "--", "sh", "-c", script, "sh", *argv,
+                                   "--bin-dir", args.bin_dir], env)
+        print("router bench: no private network namespace (needs root: unshare -n); "
+              "upstream connection counts are not reported", flush=True)
+        os.environ["PDR_BENCH_NETNS"] = "0"
+    durations = ({"c100": 2, "c1": 1, "ttft": 1.5, "warm": 0} if args.smoke else
+                 {"c100": args.duration, "c1": max(2, args.duration // 2),
+                  "ttft": max(2, args.duration // 2), "warm": 2})
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    info = machine()
+    info["commit"] = git_commit()
+    pdrouter = os.path.join(args.bin_dir, "router", "pdrouter")
+    if os.path.exists(pdrouter):
+        info["commit"] += "; pdrouter binary built %s" % datetime.datetime.fromtimestamp(
+            os.path.getmtime(pdrouter), datetime.timezone.utc).strftime("%H:%M UTC")
+    print("router bench: %s, %d cores, load %s, bin %s%s" % (info["cpu"], info["nproc"], info["load"],
+                                                             args.bin_dir, " (smoke)" if args.smoke else ""),
+          flush=True)
+    failures = []
+    try:
+        setup = Setup(args)
+        res = {"c100": {}, "c1": {}, "stream": {}, "ttft": {}}
+        for target in setup.targets():
+            name = target[0]
+            if durations["warm"]:
+                run_wrk(setup, target, "/v1/completions", COMPLETION, args.connections,
+                        durations["warm"], args.work_dir)
+            for key, path, body, conns, secs in (
+                    ("c100", "/v1/completions", COMPLETION, args.connections, durations["c100"]),
+                    ("c1", "/v1/completions", COMPLETION, 1, durations["c1"]),
+                    ("stream", "/v1/chat/completions", CHAT_STREAM, args.connections,
+                     durations["c100"])):
+                r = run_wrk(setup, target, path, body, conns, secs, args.work_dir)
+                res[key][name] = r
+                print("  %-8s %-6s %8.0f req/s  p50 %6.0f us  p99 %6.0f us  errors %d%s" % (
+                    name, key, r["rps"], r["p50"], r["p99"], r["errors"],
+                    ("" if r["cpu_per_1k"] is None else "  cpu %.3f s/1k" % r["cpu_per_1k"]) +
+                    ("" if r["upstream_opens_per_1k"] is None else
+                     "  upstream connects %.0f/1k" % r["upstream_opens_per_1k"])),
+                    flush=True)
+            r = run_ttft(target[1], args.ttft_connections, durations["ttft"])
+            res["ttft"][name] = r
+            print("  %-8s ttft   %8d reqs   p50 %6.0f us  p99 %6.0f us  errors %d" % (
+                name, r["requests"], r["p50"], r["p99"], r["errors"]), flush=True)
+        router_5xx = setup.router_5xx()
+        for child in (setup.router, setup.prefill, setup.decode, setup.nginx):
+            if child.proc.poll() is not None:
+                failures.append("%s exited early:\n%s" % (child.name, child.log()))
+        if not args.smoke and args.variant_decode_us:
+            # Variant: the decode sim paces tokens, so the prefill's answer always arrives before
+            # the decode's and pdrouter can pool the prefill connection (see RESULTS.md).
+            stop_all()
+            setup = Setup(args, decode_us=args.variant_decode_us, tag="nginx-variant")
+            res["variant"] = {}
+            for target in setup.targets():
+                r = run_wrk(setup, target, "/v1/completions", COMPLETION, args.connections,
+                            durations["c100"], args.work_dir)
+                res["variant"][target[0]] = r
+                print("  %-8s var    %8.0f req/s  p50 %6.0f us  p99 %6.0f us  errors %d%s%s" % (
+                    target[0], r["rps"], r["p50"], r["p99"], r["errors"],
+                    "" if r["cpu_per_1k"] is None else "  cpu %.3f s/1k" % r["cpu_per_1k"],
+                    "" if r["upstream_opens_per_1k"] is None else
+                    "  upstream connects %.0f/1k" % r["upstream_opens_per_1k"]), flush=True)
+            router_5xx += setup.router_5xx()
+        for group, by_target in res.items():
+            for name, r in by_target.items():
+                if r["requests"] == 0:
+                    failures.append("%s %s: no requests completed" % (name, group))
+                if r["errors"]:
+                    failures.append("%s %s: %d errors" % (name, group, r["errors"]))
+        if router_5xx:
+            failures.append("pdrouter answered %d 5xx (/metrics)" % router_5xx)
+        for child in (setup.router, setup.prefill, setup.decode, setup.nginx):
+            if child.proc.poll() is not None:
+                failures.append("%s exited early:\n%s" % (child.name, child.log()))
+        load_after = " ".join(open("/proc/loadavg").read().split()[:3])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": info, "results": res}, f, indent=1)
+        if not args.smoke:
+            rows, verdict = build_rows(res, args)
+            print()
+            print(text_table(rows))
+            print("\ntargets: p50 added %s, p99 added %s, CPU ratio %.2fx %s; load %s -> %s" % (
+                met(verdict["p50"]), met(verdict["p99"]), verdict["ratio"], met(verdict["cpu"]),
+                info["load"], load_after))
+            if args.results and not failures:
+                write_results(args.results, rows, verdict, info, args, load_after, durations)
+                print("wrote " + args.results)
+    except KeyboardInterrupt as e:
+        failures.append("interrupted (%s)" % e)
+    except Exception as e:
+        failures.append("%s: %s" % (type(e).__name__, e))
+        for child in _children:
+            if child.proc.poll() is not None:
+                failures.append("%s exited with %d:\n%s" % (child.name, child.proc.returncode,
+                                                            child.log()))
+    finally:
+        stop_all()
+    if failures:
+        print("router bench: FAILED\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    print("router bench: %s passed" % ("smoke" if args.smoke else "run"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
