@@ -103,8 +103,18 @@ class PdCluster:
         return self.router.metrics().get(name, 0.0)
 
     def close(self):
+        """Stops every process; raises if one did not exit cleanly (0), e.g. a sanitizer report
+        or a leak found at exit."""
+        failures = []
         for node in self.prefills + self.decodes:
-            node.stop()
-        self.router.stop()
+            code = node.stop()
+            if code != 0:
+                failures.append("pdnode sim %s exited %s:\n%s" % (node.http_address, code,
+                                                                   node.proc.output()[-3000:]))
+        code = self.router.stop()
+        if code != 0:
+            failures.append("pdrouter exited %s:\n%s" % (code, self.router.log()[-3000:]))
         self.router.dir.cleanup()
+        if failures:
+            raise AssertionError("\n".join(failures))
 
