@@ -610,8 +610,8 @@ plumbing. Three targets, the same decode sim behind each:
 6. **Variant** (full runs only): item 1 again on a fresh set of processes whose decode sim paces
    tokens ({vus} µs per token, prefill still 0), so the prefill's answer normally arrives before
    the decode's, as with real MoRIIO WRITE nodes where the decode waits for the pushed KV. With
-   zero-latency sims the decode often answers first, and pdrouter then closes the still-open
-   prefill leg instead of pooling it (see the notes below).
+   zero-latency sims the decode often answers first, and pdrouter then finishes the prefill
+   leg after the client's answer (see the notes below).
 7. **New upstream TCP connections per 1,000 requests**: the driver re-executes itself in a
    private network namespace (`unshare -n`, loopback only; skipped without root, then "n/a"), so
    `ActiveOpens` in `/proc/net/snmp` counts only the benchmark's connects; per run, minus wrk's
