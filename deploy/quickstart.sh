@@ -53,9 +53,16 @@ fi
 logs=$(mktemp -d /tmp/pdrouter-quickstart.XXXXXX)
 pids=()
 cleanup() {
+  local status=$? rc
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    rc=0; wait "$pid" 2>/dev/null || rc=$?
+    # Every process stops cleanly on SIGTERM (exit 0); anything else (a crash, a sanitizer
+    # report) fails the run.
+    if [[ $rc -ne 0 ]]; then echo "quickstart: process $pid exited $rc; see $logs" >&2; status=1; fi
+  done
   echo "==> stopped pdrouter and the simulated nodes; logs in $logs"
+  exit $status
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
