@@ -1,0 +1,241 @@
+"""The deployment documentation stays runnable: every topology under deploy/ and every ```yaml block
+in README.md is loaded by the real pdrouter (which rejects unknown keys), /status lists exactly the
+static instances the text declares, and every `pdnode register ...` command in README.md registers
+a node (its flags run unchanged, only --router and --http-address point at a test router and a
+local /health server)."""
+
+import glob
+import os
+import re
+import shlex
+import unittest
+
+from pdr_testlib import HealthServer, ProcessHandle, pdnode_path
+from pdrouter_fixture import Router
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+README = os.path.join(ROOT, "README.md")
+TOPOLOGIES = sorted(glob.glob(os.path.join(ROOT, "deploy", "topologies", "*.yaml"))) + [
+    os.path.join(ROOT, "deploy", "topology.example.yaml")]
+EXPECTED_DIALECT_FILES = {"moriio", "nixl", "mooncake", "p2p-nccl", "sglang"}
+# pdnode register flags whose value /status shows under this key.
+NUMERIC_FLAGS = {"--dp-size": "dp_size", "--tp-size": "tp_size", "--bootstrap-port": "bootstrap_port"}
+
+
+# --- what a text declares, read without a YAML library (python3-yaml is not a test dependency) --
+
+def _scalar(text):
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        return text[1:-1]
+    return text
+
+
+def declared_instances(yaml_text):
+    """[(role, http_address)] of the top-level `instances:` list. Understands the two styles the
+    docs use: block items (`- role: x` / `  http_address: "..."`) and flow items
+    (`- {role: x, http_address: "..."}`); anything else in an item fails the test loudly."""
+    lines = yaml_text.splitlines()
+    items, current, inside = [], None, False
+    for line in lines:
+        stripped = line.split(" #")[0].rstrip() if not line.lstrip().startswith("#") else ""
+        if not stripped:
+            continue
+        if not line.startswith((" ", "-")):
+            inside = re.match(r"instances\s*:\s*(\[\s*\])?\s*$", stripped) is not None
+            continue
+        if not inside:
+            continue
+        item = re.match(r"\s*-\s+(.*)$", stripped)
+        if item:
+            current = {}
+            items.append(current)
+            body = item.group(1)
+        else:
+            body = stripped.strip()
+        if body.startswith("{"):
+            assert body.endswith("}"), "flow item must fit on one line: " + line
+            parts = [p for p in body[1:-1].split(",") if p.strip()]
+        else:
+            parts = [body]
+        for part in parts:
+            key, sep, value = part.partition(":")
+            if sep and key.strip() in ("role", "http_address"):
+                current[key.strip()] = _scalar(value)
+    result = []
+    for item in items:
+        assert "role" in item and "http_address" in item, "cannot read instance %r" % item
+        result.append((item["role"], item["http_address"]))
+    return result
+
+
+def readme_blocks(language):
+    """Bodies of every ```<language> fenced block in README.md, with their first line number."""
+    blocks, body, start, fence = [], None, 0, None
+    with open(README, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if body is None:
+                m = re.match(r"```(\w*)\s*$", line)
+                if m:
+                    fence, body, start = m.group(1), [], number
+            elif line.startswith("```"):
+                if fence == language:
+                    blocks.append((start, "".join(body)))
+                body = None
+            else:
+                body.append(line)
+    return blocks
+
+
+def readme_pdnode_register_commands():
+    """(line, argv after `pdnode`) of every `pdnode register ...` command in README code blocks,
+    with backslash continuations joined and shell comments dropped."""
+    commands = []
+    for start, text in readme_blocks("bash") + readme_blocks("sh") + readme_blocks(""):
+        lines = text.splitlines()
+        i = 0
+        while i < len(lines):
+            if re.match(r"\s*pdnode\s+register\b", lines[i]):
+                joined, first = lines[i], start + 1 + i
+                while joined.rstrip().endswith("\\") and i + 1 < len(lines):
+                    i += 1
+                    joined = joined.rstrip()[:-1] + " " + lines[i]
+                argv = shlex.split(joined, comments=True)
+                commands.append((first, argv[1:]))
+            i += 1
+    return commands
+
+
+def instance_keys(router):
+    return sorted((i["role"], i["http_address"]) for i in router.status()["instances"])
+
+
+class DeclaredInstancesParserTest(unittest.TestCase):
+    """The reader above agrees with a real YAML parser where one is installed."""
+
+    def test_matches_pyyaml(self):
+        try:
+            import yaml
+        except ImportError:
+            self.skipTest("python3-yaml not installed")
+        texts = []
+        for path in TOPOLOGIES:
+            with open(path, encoding="utf-8") as f:
+                texts.append(f.read())
+        texts += [text for _, text in readme_blocks("yaml")]
+        for text in texts:
+            doc = yaml.safe_load(text) or {}
+            expected = [(i["role"], i["http_address"]) for i in (doc.get("instances") or [])]
+            self.assertEqual(declared_instances(text), expected)
+
+
+class TopologyFilesTest(unittest.TestCase):
+    def check_topology(self, text, label):
+        expected = sorted(declared_instances(text))
+        try:
+            router = Router(topology_yaml=text)
+        except RuntimeError as e:
+            self.fail("%s is not a valid topology:\n%s" % (label, e))
+        try:
+            self.assertEqual(instance_keys(router), expected, label)
+            for inst in router.status()["instances"]:
+                self.assertEqual(inst["source"], "static", label)
+                self.assertEqual(inst["state"], "up", label)
+        finally:
+            self.assertEqual(router.stop(), 0, label)
+            router.dir.cleanup()
+
+    def test_one_topology_per_dialect_exists(self):
+        names = {os.path.basename(p)[:-len(".yaml")] for p in TOPOLOGIES[:-1]}
+        self.assertEqual(names & EXPECTED_DIALECT_FILES, EXPECTED_DIALECT_FILES)
+
+    def test_deploy_topologies_load_and_list_their_static_instances(self):
+        for path in TOPOLOGIES:
+            with self.subTest(path=os.path.relpath(path, ROOT)):
+                with open(path, encoding="utf-8") as f:
+                    self.check_topology(f.read(), os.path.relpath(path, ROOT))
+
+    def test_static_dialect_files_declare_their_connector(self):
+        # Dialects whose nodes cannot register themselves must come with static instances of
+        # that connector, so the file on its own routes something.
+        for dialect in ("nixl", "mooncake", "sglang"):
+            path = os.path.join(ROOT, "deploy", "topologies", dialect + ".yaml")
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            self.assertTrue(declared_instances(text), path)
+            with Router(topology_yaml=text) as router:
+                dialects = {i["dialect"] for i in router.status()["instances"]}
+                self.assertEqual(dialects, {dialect}, path)
+            router.dir.cleanup()
+
+    def test_readme_yaml_blocks_are_valid_topologies(self):
+        blocks = readme_blocks("yaml")
+        self.assertTrue(blocks, "README.md has no ```yaml block")
+        for line, text in blocks:
+            with self.subTest(readme_line=line):
+                self.check_topology(text, "README.md:%d" % line)
+
+
+class ReadmeSidecarCommandsTest(unittest.TestCase):
+    def test_every_pdnode_register_command_registers(self):
+        commands = readme_pdnode_register_commands()
+        self.assertGreaterEqual(len(commands), 1, "README.md has no `pdnode register` command")
+        for line, argv in commands:
+            with self.subTest(readme_line=line):
+                self.run_command(line, argv)
+
+    def run_command(self, line, argv):
+        self.assertEqual(argv[0], "register")
+        health = HealthServer(status=200)
+        self.addCleanup(health.close)
+        router = Router()
+        self.addCleanup(router.dir.cleanup)  # cleanups run last-in first-out: after stop()
+        self.addCleanup(router.stop)
+        # The README's own flags, except where the node and the router are.
+        args, i, role, connector, model, numeric = [], 1, None, None, None, {}
+        while i < len(argv):
+            flag = argv[i]
+            value = argv[i + 1] if i + 1 < len(argv) else None
+            if flag in ("--router", "--http-address", "--health-url"):
+                self.assertIsNotNone(value, "README.md:%d: %s without a value" % (line, flag))
+                replacement = {"--router": router.discovery, "--http-address": health.address,
+                               "--health-url": "http://%s/health" % health.address}[flag]
+                args += [flag, replacement]
+                i += 2
+                continue
+            if flag == "--role":
+                role = {"P": "prefill", "D": "decode"}.get(value, value)
+            elif flag == "--connector":
+                connector = value
+            elif flag == "--model":
+                model = value
+            elif flag in NUMERIC_FLAGS:
+                numeric[NUMERIC_FLAGS[flag]] = int(value)
+            args.append(flag)
+            i += 1
+        self.assertIn("--router", args, "README.md:%d: no --router" % line)
+        self.assertIn("--http-address", args, "README.md:%d: no --http-address" % line)
+        sidecar = ProcessHandle([pdnode_path(), "register"] + args, name="pdnode",
+                                log_dir=router.dir.name)
+        self.addCleanup(sidecar.stop)
+
+        def registered():
+            if sidecar.returncode is not None:
+                raise AssertionError("README.md:%d: pdnode exited %d:\n%s" % (
+                    line, sidecar.returncode, sidecar.output()))
+            return router.instance(health.address)
+
+        inst, _ = router.wait_for(registered, timeout=10.0, interval=0.05)
+        self.assertEqual(inst["role"], role, "README.md:%d" % line)
+        self.assertEqual(inst["state"], "up", "README.md:%d" % line)
+        if connector is not None:
+            self.assertEqual(inst["dialect"], connector, "README.md:%d" % line)
+        if model is not None:
+            self.assertEqual(inst["model"], model, "README.md:%d" % line)
+        for key, value in numeric.items():
+            self.assertEqual(inst[key], value, "README.md:%d: %s" % (line, key))
+        self.assertEqual(sidecar.stop(), 0, "README.md:%d:\n%s" % (line, sidecar.output()))
+
+
+if __name__ == "__main__":
+    unittest.main()
