@@ -132,6 +132,12 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
               {{"source", "upstream"}});
   out.counter("pdrouter_profile_fanouts_total", "start_profile/stop_profile calls fanned out to every node",
               value(c.profile_fanouts));
+  out.counter("pdrouter_upstream_legs_total",
+              "Upstream legs that got an answer, by connection (many 'new' means keep-alive is not working)",
+              value(c.legs_on_new_connection), {{"connection", "new"}});
+  out.counter("pdrouter_upstream_legs_total",
+              "Upstream legs that got an answer, by connection (many 'new' means keep-alive is not working)",
+              value(c.legs_on_pooled_connection), {{"connection", "pooled"}});
   out.counter("pdrouter_backpressure_pauses_total", "Decode reads paused because the client read slowly",
               value(c.backpressure_pauses));
 }

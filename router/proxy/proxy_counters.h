@@ -76,6 +76,8 @@ struct ProxyCounters {
   Counter models_fetches{0};
   Counter profile_fanouts{0};
   Counter backpressure_pauses{0};     // decode reads paused because the client was slow
+  Counter legs_on_new_connection{0};    // legs answered on a freshly connected socket
+  Counter legs_on_pooled_connection{0}; // legs answered on a pooled keep-alive connection
 
   void transition(RequestState from, RequestState to) {
     transitions[static_cast<size_t>(from)][static_cast<size_t>(to)].fetch_add(1, std::memory_order_relaxed);

@@ -286,6 +286,7 @@ void ProxySession::send_prefill() {
   auto self = shared_from_this();
   http::UpstreamCallbacks cb;
   cb.on_head = [self](int status, const std::vector<http::Header>& headers) {
+    self->count_connection(self->s_->prefill_call.get());
     self->s_->prefill_status = status;
     self->s_->prefill_content_type = header_value(headers, "Content-Type");
   };
@@ -412,7 +413,10 @@ void ProxySession::send_decode() {
                                   s.topo->timeouts.stream_idle};
   auto self = shared_from_this();
   http::UpstreamCallbacks cb;
-  cb.on_head = [self](int status, const std::vector<http::Header>& headers) { self->on_decode_head(status, headers); };
+  cb.on_head = [self](int status, const std::vector<http::Header>& headers) {
+    self->count_connection(self->s_->decode_call.get());
+    self->on_decode_head(status, headers);
+  };
   cb.on_body = [self](std::string_view chunk) { self->on_decode_body(chunk); };
   cb.on_complete = [self] { self->on_decode_complete(); };
   cb.on_error = [self](const Status& error) {
@@ -432,6 +436,12 @@ void ProxySession::send_decode() {
   };
   move_to(RequestState::kDecodeSent);
   s.decode_call = s.w.pool().start(s.pair.decode->http_address, to_upstream(s.legs.decode), timeouts, std::move(cb));
+}
+
+void ProxySession::count_connection(const http::UpstreamCall* call) {
+  if (call == nullptr) return;
+  auto& counters = s_->w.counters();
+  counters.bump(call->reused_connection() ? counters.legs_on_pooled_connection : counters.legs_on_new_connection);
 }
 
 void ProxySession::on_decode_head(int status, const std::vector<http::Header>& headers) {
