@@ -1,0 +1,166 @@
+// Transfer frame header codec (contract: transfer_frame.h). Integers are assembled byte by byte, so
+// the wire format does not depend on host endianness or struct padding.
+#include "proto/transfer_frame.h"
+
+#include <limits>
+#include <string>
+
+namespace pdr::proto {
+
+namespace {
+
+template <typename T>
+void put_le(std::byte* out, T value) {
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    out[i] = static_cast<std::byte>(static_cast<uint64_t>(value) >> (8 * i) & 0xff);
+  }
+}
+
+template <typename T>
+T get_le(const std::byte* in) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    value |= static_cast<uint64_t>(std::to_integer<uint8_t>(in[i])) << (8 * i);
+  }
+  return static_cast<T>(value);
+}
+
+constexpr size_t kMagicAt = 0;
+constexpr size_t kVersionAt = 2;
+constexpr size_t kOpcodeAt = 3;
+constexpr size_t kFlagsAt = 4;
+constexpr size_t kXferIdAt = 8;
+constexpr size_t kRegionIdAt = 16;
+constexpr size_t kReservedAt = 20;
+constexpr size_t kOffsetAt = 24;
+constexpr size_t kLengthAt = 32;
+static_assert(kLengthAt + sizeof(uint64_t) == kTransferFrameHeaderBytes);
+
+bool is_known_opcode(uint8_t opcode) {
+  return opcode >= static_cast<uint8_t>(FrameOpcode::kWrite) &&
+         opcode <= static_cast<uint8_t>(FrameOpcode::kError);
+}
+
+std::string hex16(uint16_t value) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "0x";
+  for (int shift = 12; shift >= 0; shift -= 4) out.push_back(kHex[(value >> shift) & 0xf]);
+  return out;
+}
+
+}  // namespace
+
+std::string_view to_string(FrameOpcode opcode) {
+  switch (opcode) {
+    case FrameOpcode::kWrite: return "WRITE";
+    case FrameOpcode::kReadReq: return "READ_REQ";
+    case FrameOpcode::kReadData: return "READ_DATA";
+    case FrameOpcode::kAck: return "ACK";
+    case FrameOpcode::kNotify: return "NOTIFY";
+    case FrameOpcode::kHello: return "HELLO";
+    case FrameOpcode::kError: return "ERROR";
+  }
+  return "UNKNOWN";
+}
+
+void encode_frame_header(const TransferFrameHeader& header,
+                         std::span<std::byte, kTransferFrameHeaderBytes> out) {
+  std::byte* p = out.data();
+  put_le<uint16_t>(p + kMagicAt, kTransferFrameMagic);
+  put_le<uint8_t>(p + kVersionAt, header.version);
+  put_le<uint8_t>(p + kOpcodeAt, static_cast<uint8_t>(header.opcode));
+  put_le<uint32_t>(p + kFlagsAt, header.flags);
+  put_le<uint64_t>(p + kXferIdAt, header.xfer_id);
+  put_le<uint32_t>(p + kRegionIdAt, header.region_id);
+  put_le<uint32_t>(p + kReservedAt, 0);
+  put_le<uint64_t>(p + kOffsetAt, header.offset);
+  put_le<uint64_t>(p + kLengthAt, header.length);
+}
+
+Status decode_frame_header(std::span<const std::byte> bytes, uint64_t max_length,
+                           TransferFrameHeader* out) {
+  if (bytes.size() != kTransferFrameHeaderBytes) {
+    return Status(StatusCode::kMalformed, "frame header is " + std::to_string(bytes.size()) +
+                                              " bytes, expected " +
+                                              std::to_string(kTransferFrameHeaderBytes));
+  }
+  const std::byte* p = bytes.data();
+  const auto magic = get_le<uint16_t>(p + kMagicAt);
+  if (magic != kTransferFrameMagic) {
+    return Status(StatusCode::kMalformed, "bad frame magic " + hex16(magic) + ", expected " +
+                                              hex16(kTransferFrameMagic));
+  }
+  const auto version = get_le<uint8_t>(p + kVersionAt);
+  if (version < 1 || version > kTransferFrameVersion) {
+    return Status(StatusCode::kInvalidValue,
+                  "unsupported frame version " + std::to_string(version) + ", supported 1.." +
+                      std::to_string(kTransferFrameVersion));
+  }
+  const auto opcode = get_le<uint8_t>(p + kOpcodeAt);
+  if (!is_known_opcode(opcode)) {
+    return Status(StatusCode::kInvalidValue, "unknown frame opcode " + std::to_string(opcode));
+  }
+  const auto reserved = get_le<uint32_t>(p + kReservedAt);
+  if (reserved != 0) {
+    return Status(StatusCode::kMalformed,
+                  "frame reserved word is " + std::to_string(reserved) + ", must be 0");
+  }
+  const auto offset = get_le<uint64_t>(p + kOffsetAt);
+  const auto length = get_le<uint64_t>(p + kLengthAt);
+  if (length > max_length) {
+    return Status(StatusCode::kTooLarge, "frame length " + std::to_string(length) +
+                                             " exceeds the limit " + std::to_string(max_length));
+  }
+  if (length > std::numeric_limits<uint64_t>::max() - offset) {
+    return Status(StatusCode::kOutOfRange, "frame offset " + std::to_string(offset) +
+                                               " + length " + std::to_string(length) +
+                                               " overflows 64 bits");
+  }
+  out->version = version;
+  out->opcode = static_cast<FrameOpcode>(opcode);
+  out->flags = get_le<uint32_t>(p + kFlagsAt);
+  out->xfer_id = get_le<uint64_t>(p + kXferIdAt);
+  out->region_id = get_le<uint32_t>(p + kRegionIdAt);
+  out->offset = offset;
+  out->length = length;
+  return Status::ok();
+}
+
+Status RegionBounds::set(uint32_t id, uint64_t length) {
+  if (id > kMaxRegionId) {
+    return Status(StatusCode::kOutOfRange, "region id " + std::to_string(id) +
+                                               " is out of range 0.." +
+                                               std::to_string(kMaxRegionId));
+  }
+  if (id >= entries_.size()) entries_.resize(size_t{id} + 1);
+  entries_[id] = Entry{true, length};
+  return Status::ok();
+}
+
+void RegionBounds::erase(uint32_t id) {
+  if (id < entries_.size()) entries_[id] = Entry{};
+}
+
+bool RegionBounds::find(uint32_t id, uint64_t* length) const {
+  if (id >= entries_.size() || !entries_[id].registered) return false;
+  *length = entries_[id].length;
+  return true;
+}
+
+Status check_region_access(const RegionBounds& bounds, uint32_t region_id, uint64_t offset,
+                           uint64_t length) {
+  uint64_t region_length = 0;
+  if (!bounds.find(region_id, &region_length)) {
+    return Status(StatusCode::kNotFound,
+                  "region " + std::to_string(region_id) + " is not registered");
+  }
+  if (offset > region_length || length > region_length - offset) {
+    return Status(StatusCode::kOutOfRange,
+                  "offset " + std::to_string(offset) + " + length " + std::to_string(length) +
+                      " is outside region " + std::to_string(region_id) + " (" +
+                      std::to_string(region_length) + " bytes)");
+  }
+  return Status::ok();
+}
+
+}  // namespace pdr::proto
