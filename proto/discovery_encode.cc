@@ -8,21 +8,12 @@
 #include <msgpack.hpp>
 
 #include "proto/discovery_message.h"
+#include "proto/msgpack_fields.h"
 
 namespace pdr::proto {
 
 namespace {
 
-struct StringBuffer {
-  std::string data;
-  void write(const char* bytes, size_t size) { data.append(bytes, size); }
-};
-using Packer = msgpack::packer<StringBuffer>;
-
-void pack_string(Packer& packer, std::string_view text) {
-  packer.pack_str(static_cast<uint32_t>(text.size()));
-  packer.pack_str_body(text.data(), static_cast<uint32_t>(text.size()));
-}
 
 // Builds a msgpack map: entries are counted while packed and the header is prepended at the end
 // (msgpack needs the count up front). Strings go out as str, integers in their smallest form, as

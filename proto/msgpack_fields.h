@@ -17,6 +17,18 @@
 
 namespace pdr::proto {
 
+// ---- Encoding: a packer writing into a std::string ----
+struct StringBuffer {
+  std::string data;
+  void write(const char* bytes, size_t size) { data.append(bytes, size); }
+};
+using Packer = msgpack::packer<StringBuffer>;
+
+inline void pack_string(Packer& packer, std::string_view text) {
+  packer.pack_str(static_cast<uint32_t>(text.size()));
+  packer.pack_str_body(text.data(), static_cast<uint32_t>(text.size()));
+}
+
 // The bytes of a msgpack str object, borrowed. Precondition: value.type is STR.
 std::string_view str_view(const msgpack::object& value);
 

@@ -37,16 +37,6 @@ constexpr size_t kRkeysItems = 2;
 
 // ---- encoding ----
 
-struct StringBuffer {
-  std::string data;
-  void write(const char* bytes, size_t size) { data.append(bytes, size); }
-};
-using Packer = msgpack::packer<StringBuffer>;
-
-void pack_string(Packer& packer, std::string_view text) {
-  packer.pack_str(static_cast<uint32_t>(text.size()));
-  packer.pack_str_body(text.data(), static_cast<uint32_t>(text.size()));
-}
 
 // ---- decoding ----
 

@@ -8,8 +8,13 @@
 #include <utility>
 #include <vector>
 
+#include "tests/support/hex.h"
+
 namespace pdr::proto {
 namespace {
+
+using pdr::test::from_hex;
+using pdr::test::to_hex;
 
 // ---- Vectors: /usr/bin/python3 tests/fuzz/make_corpus.py --hex (msgpack.packb of the dicts vLLM
 // builds, shared/PROTOCOLS.md sections 1 and 2). ----
@@ -62,25 +67,6 @@ constexpr std::string_view kGoodbyeHex =
 constexpr std::string_view kAckHex =
     "86a474797065a361636ba57064725f7601a26f6bc3a6726561736f6ea0a674746c5f6d73cd2328b072656769737472"
     "795f76657273696f6e11";
-
-std::string from_hex(std::string_view hex) {
-  auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    out.push_back(static_cast<char>(nibble(hex[i]) * 16 + nibble(hex[i + 1])));
-  }
-  return out;
-}
-
-std::string to_hex(std::string_view bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (char c : bytes) {
-    out.push_back(kHex[static_cast<unsigned char>(c) >> 4]);
-    out.push_back(kHex[static_cast<unsigned char>(c) & 0xf]);
-  }
-  return out;
-}
 
 // ---- Packed msgpack values, for building messages key by key ----
 

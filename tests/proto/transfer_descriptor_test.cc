@@ -13,8 +13,13 @@
 
 #include "proto/discovery_message.h"  // as_bytes()
 
+#include "tests/support/hex.h"
+
 namespace pdr::proto {
 namespace {
+
+using pdr::test::from_hex;
+using pdr::test::to_hex;
 
 constexpr uint64_t kMax64 = std::numeric_limits<uint64_t>::max();
 constexpr uint64_t kMax32 = std::numeric_limits<uint32_t>::max();
@@ -39,15 +44,6 @@ constexpr std::string_view kFullHex =
 constexpr std::string_view kMinimalHex =
     "87a17601a56167656e74a161a8686f73746e616d65a0a7626f6f745f6964a0a9656e64706f696e747390a772656769"
     "6f6e7390a76c61796f75747390";
-
-std::string from_hex(std::string_view hex) {
-  auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    out.push_back(static_cast<char>(nibble(hex[i]) * 16 + nibble(hex[i + 1])));
-  }
-  return out;
-}
 
 TransferDescriptor full_descriptor() {
   TransferDescriptor d;

@@ -7,8 +7,13 @@
 #include <limits>
 #include <string>
 
+#include "tests/support/hex.h"
+
 namespace pdr::proto {
 namespace {
+
+using pdr::test::from_hex;
+using pdr::test::to_hex;
 
 constexpr uint64_t kMax64 = std::numeric_limits<uint64_t>::max();
 
@@ -31,16 +36,6 @@ HeaderBytes encode(const TransferFrameHeader& header) {
   HeaderBytes bytes;
   encode_frame_header(header, bytes);
   return bytes;
-}
-
-std::string to_hex(const HeaderBytes& bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (std::byte b : bytes) {
-    out.push_back(kHex[std::to_integer<uint8_t>(b) >> 4]);
-    out.push_back(kHex[std::to_integer<uint8_t>(b) & 0xf]);
-  }
-  return out;
 }
 
 TransferFrameHeader sample() {
