@@ -4,21 +4,12 @@
 #include <limits>
 #include <string>
 
+#include "proto/ascii.h"
+
 namespace pdr::proto {
 namespace {
 
 constexpr uint16_t kMooncakeDefaultBootstrapPort = 8998;  // VLLM_MOONCAKE_BOOTSTRAP_PORT default
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-    if (x != y) return false;
-  }
-  return true;
-}
 
 std::string bracket_host(std::string_view host) {
   if (host.find(':') != std::string_view::npos) return "[" + std::string(host) + "]";

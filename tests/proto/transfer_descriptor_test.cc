@@ -14,6 +14,7 @@
 #include "proto/discovery_message.h"  // as_bytes()
 
 #include "tests/support/hex.h"
+#include "tests/support/status_matchers.h"
 
 namespace pdr::proto {
 namespace {
@@ -78,18 +79,7 @@ Status decode(std::string_view bytes, TransferDescriptor* out,
   return decode_descriptor(as_bytes(bytes), limits, out);
 }
 
-::testing::AssertionResult Fails(const Status& status, StatusCode code,
-                                 std::string_view message) {
-  if (status.code() != code) {
-    return ::testing::AssertionFailure()
-           << "expected " << code_label(code) << ", got " << status.to_string();
-  }
-  if (status.message() != message) {
-    return ::testing::AssertionFailure()
-           << "message '" << status.message() << "' != '" << message << "'";
-  }
-  return ::testing::AssertionSuccess();
-}
+using pdr::test::Fails;
 
 // Encodes `d` (not validated) and decodes it.
 ::testing::AssertionResult DecodeFails(const TransferDescriptor& d, StatusCode code,

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tests/support/hex.h"
+#include "tests/support/status_matchers.h"
 
 namespace pdr::proto {
 namespace {
@@ -19,18 +20,7 @@ constexpr uint64_t kMax64 = std::numeric_limits<uint64_t>::max();
 
 using HeaderBytes = std::array<std::byte, kTransferFrameHeaderBytes>;
 
-::testing::AssertionResult Fails(const Status& status, StatusCode code,
-                                 std::string_view message) {
-  if (status.code() != code) {
-    return ::testing::AssertionFailure()
-           << "expected " << code_label(code) << ", got " << status.to_string();
-  }
-  if (status.message() != message) {
-    return ::testing::AssertionFailure()
-           << "message '" << status.message() << "' != '" << message << "'";
-  }
-  return ::testing::AssertionSuccess();
-}
+using pdr::test::Fails;
 
 HeaderBytes encode(const TransferFrameHeader& header) {
   HeaderBytes bytes;
