@@ -145,7 +145,7 @@ class PrefillFailures(ClusterTest):
         self.assertEqual(c.metric('pdrouter_leg_retries_total{leg="prefill"}'), 1)
 
     def test_prefill_4xx_is_relayed_not_retried(self):
-        c = self.cluster(prefills=2, decodes=1)
+        c = self.cluster(prefills=2, decodes=1, decode_flags=self.SLOW_DECODE)
         for p in c.prefills:
             p.set_fault(status=400, count=-1)
         status, _, body = c.post(COMPLETIONS, completion())
