@@ -32,7 +32,7 @@ constexpr size_t kEnumNameBytes = 64;
 
 constexpr size_t kEndpointItems = 2;
 constexpr size_t kRegionItems = 3;
-constexpr size_t kLayoutItems = 7;
+constexpr size_t kLayoutItems = 7;  // + an optional 8th, base_offset (omitted when 0)
 constexpr size_t kRkeysItems = 2;
 
 // ---- encoding ----
@@ -160,6 +160,10 @@ Status read_layouts(const FieldReader& reader, const DescriptorLimits& limits,
     if (s) s = read_uint(item[4], name("block_count"), kMaxUint32, &layout.block_count);
     if (s) s = read_uint(item[5], name("layers"), kMaxUint32, &layout.layers);
     if (s) s = read_uint(item[6], name("layer_stride"), kMaxUint64, &layout.layer_stride);
+    layout.base_offset = 0;
+    if (s && item.size() > kLayoutItems) {
+      s = read_uint(item[7], name("base_offset"), kMaxUint64, &layout.base_offset);
+    }
     if (!s) return s;
   }
   return Status::ok();
@@ -264,7 +268,12 @@ Status check_layout(const DescriptorLayout& layout, size_t index,
       __builtin_mul_overflow(uint64_t{layout.layers}, layout.layer_stride, &layers_span)) {
     return Status(StatusCode::kOutOfRange, name + " extent overflows 64 bits");
   }
-  const uint64_t needed = std::max(extent, layers_span);
+  uint64_t needed = 0;
+  if (__builtin_add_overflow(layout.base_offset, layers_span, &layers_span) ||
+      __builtin_add_overflow(layout.base_offset, extent, &extent)) {
+    return Status(StatusCode::kOutOfRange, name + " extent overflows 64 bits");
+  }
+  needed = std::max(extent, layers_span);
   if (needed > region->length) {
     return Status(StatusCode::kOutOfRange, name + " needs " + std::to_string(needed) +
                                                " bytes, region " + std::to_string(region->id) +
@@ -421,7 +430,7 @@ std::string encode_descriptor(const TransferDescriptor& d) {
   pack_string(packer, "layouts");
   packer.pack_array(static_cast<uint32_t>(d.layouts.size()));
   for (const DescriptorLayout& layout : d.layouts) {
-    packer.pack_array(kLayoutItems);
+    packer.pack_array(layout.base_offset != 0 ? kLayoutItems + 1 : kLayoutItems);
     packer.pack_uint32(layout.id);
     packer.pack_uint32(layout.region_id);
     packer.pack_uint64(layout.block_bytes);
@@ -429,6 +438,7 @@ std::string encode_descriptor(const TransferDescriptor& d) {
     packer.pack_uint32(layout.block_count);
     packer.pack_uint32(layout.layers);
     packer.pack_uint64(layout.layer_stride);
+    if (layout.base_offset != 0) packer.pack_uint64(layout.base_offset);
   }
 
   if (has_rkeys) {

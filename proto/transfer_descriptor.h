@@ -14,14 +14,17 @@
 //   endpoints array, required [[backend "tcp"|"shm"|"rdma", address str (non-empty)], ...]
 //   regions   array, required [[id u32, length u64, kind "dram"|"vram"], ...], ids unique
 //   layouts   array, required [[id u32, region_id u32, block_bytes u64, stride u64,
-//                               block_count u32, layers u32, layer_stride u64], ...], ids unique
+//                               block_count u32, layers u32, layer_stride u64
+//                               (, base_offset u64: optional, written only when non-zero)], ...],
+//                             ids unique
 //   rkeys     array, optional [[region_id u32, keys bin], ...]: RDMA remote keys per region, opaque
 //                             to this codec (the RDMA backend packs them), region ids unique
 //
-// Layout geometry: block b of layer l starts at byte l * layer_stride + b * stride of its region
-// and spans block_bytes. A layout is valid when block_bytes, block_count and layers are >= 1 and,
-// without 64-bit overflow, (layers - 1) * layer_stride + (block_count - 1) * stride + block_bytes
-// and layers * layer_stride are both <= the region's length.
+// Layout geometry: block b of layer l starts at byte base_offset + l * layer_stride + b * stride of
+// its region and spans block_bytes. A layout is valid when block_bytes, block_count and layers are
+// >= 1 and, without 64-bit overflow, base_offset + (layers - 1) * layer_stride +
+// (block_count - 1) * stride + block_bytes and base_offset + layers * layer_stride are both <= the
+// region's length.
 #pragma once
 
 #include <cstddef>
@@ -68,6 +71,7 @@ struct DescriptorLayout {
   uint32_t block_count = 0;
   uint32_t layers = 0;
   uint64_t layer_stride = 0;
+  uint64_t base_offset = 0;
   friend bool operator==(const DescriptorLayout&, const DescriptorLayout&) = default;
 };
 
@@ -99,7 +103,7 @@ struct DescriptorLimits {
   size_t max_rkey_bytes = 256;    // one region's rkeys blob
 };
 
-// The first byte past the layout's last block, relative to its region start, i.e.
+// The first byte past the layout's last block, relative to its base_offset, i.e.
 // (layers - 1) * layer_stride + (block_count - 1) * stride + block_bytes. false when a count is 0
 // or the arithmetic overflows 64 bits.
 bool layout_extent(const DescriptorLayout& layout, uint64_t* extent);

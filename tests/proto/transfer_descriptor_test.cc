@@ -197,11 +197,12 @@ TEST(TransferDescriptor, RoundTripsAtEveryListLimit) {
 }
 
 TEST(TransferDescriptor, IgnoresUnknownKeysAndTrailingItems) {
-  // future_minor.msgpack: a v1.7 writer with a new top-level key and an extra item in each tuple.
+  // future_minor.msgpack: a v1.7 writer with a new top-level key and an extra item in each tuple
+  // (layouts: after the optional base_offset).
   const std::string future = from_hex(
       "89a17601a7765f6d696e6f7207a56167656e74a170a8686f73746e616d65a168a7626f6f745f6964a162a76e6577"
       "5f6b657981a178920102a9656e64706f696e74739193a3746370a9312e322e332e343a31a56578747261a7726567"
-      "696f6e7391940064a46472616d09a76c61796f757473919800000a0a0a0100a178");
+      "696f6e7391940064a46472616d09a76c61796f757473919900000a0a0a010000a178");
   TransferDescriptor out;
   ASSERT_TRUE(decode(future, &out).is_ok()) << decode(future, &out).to_string();
   EXPECT_EQ(out.version_minor, 7u);
@@ -525,6 +526,26 @@ TEST(TransferDescriptorErrors, LayoutGeometry) {
   }
   d.layouts = {{9, 5, kMax64, 0, static_cast<uint32_t>(kMax32), 1, 0}};
   EXPECT_TRUE(validate_descriptor(d, {}).is_ok()) << "stride 0: blocks alias, extent = block_bytes";
+}
+
+TEST(TransferDescriptorErrors, LayoutBaseOffset) {
+  TransferDescriptor d = base();  // region 5: 4096 bytes
+  // Round trip with a base offset (an 8th item), and without one (7 items, as v1.0 writers do).
+  d.layouts = {{9, 5, 1024, 1024, 2, 1, 0, 2048}};
+  ASSERT_TRUE(validate_descriptor(d, {}).is_ok());
+  TransferDescriptor out;
+  ASSERT_TRUE(decode(encode_descriptor(d), &out).is_ok());
+  EXPECT_EQ(out, d);
+  TransferDescriptor no_base = d;
+  no_base.layouts[0].base_offset = 0;
+  EXPECT_LT(encode_descriptor(no_base).size(), encode_descriptor(d).size());
+  // The base offset counts towards the extent, and its sum cannot overflow.
+  d.layouts = {{9, 5, 1024, 1024, 2, 1, 0, 2049}};
+  EXPECT_TRUE(
+      DecodeFails(d, StatusCode::kOutOfRange, "layouts[0] needs 4097 bytes, region 5 has 4096"));
+  d.regions = {{5, kMax64, RegionKind::kDram}};
+  d.layouts = {{9, 5, 2, 0, 1, 1, 0, kMax64 - 1}};
+  EXPECT_TRUE(DecodeFails(d, StatusCode::kOutOfRange, "layouts[0] extent overflows 64 bits"));
 }
 
 // ---- rkeys ----
