@@ -35,12 +35,9 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -52,6 +49,7 @@
 #include "transfer/core/block_layout.h"
 #include "transfer/core/completion.h"
 #include "transfer/core/region_table.h"
+#include "transfer/notification_queue.h"
 
 namespace pdr::transfer {
 
@@ -99,11 +97,6 @@ struct RawXfer {
   std::span<const RawSegment> segments;
   std::string_view notify;
   Clock::time_point deadline = Clock::time_point::max();
-};
-
-struct Notification {
-  std::string from;     // the sending agent
-  std::string message;
 };
 
 class Engine {
