@@ -19,8 +19,10 @@
 // - Ordering: task->notify (if non-empty) reaches the peer's on_notification only after every byte
 //   of the task's segments is visible in the destination memory (WRITE: the peer applied them; READ:
 //   they landed locally). A task with no segments is a bare notification.
-// - Peer loss: every in-flight task to that peer finishes kFailed/kPeerGone; the next submit
-//   reconnects (with backoff inside the backend).
+// - Peer loss: every in-flight task to that peer finishes kFailed/kPeerGone. Network backends
+//   reconnect on the next submit (with backoff inside the backend); a backend whose peer address
+//   dies with the peer process (shm's socket name) keeps failing kPeerGone until the application
+//   re-imports the restarted peer's descriptor.
 // - Serving side: every (region, offset, length) a peer names is checked with
 //   context.regions->resolve() before a byte moves; a refused request answers the peer with an
 //   error (its task fails kAccess) and counts access_refused; a frame that does not decode counts
@@ -80,6 +82,7 @@ struct BackendContext {
   std::function<void(std::string_view from, std::string_view message)> on_notification;
   // The memfd behind a region allocated by Engine::allocate_region(), or -1 for memory the caller
   // registered (the shm backend shares memfd regions by fd and falls back to cross-memory attach).
+  // Such a memfd maps the region from file offset 0 for exactly its length, sealed at that size.
   std::function<int(RegionId)> region_fd;
 };
 

@@ -1,0 +1,55 @@
+// The same-host shared-memory backend (TRANSFER.md 2.5, S-1..S-5).
+//
+// How it works:
+// - Each backend listens on an abstract UNIX socket ("@pdr-shm-<agent>-<pid>-<rand>", published
+//   as its kShm endpoint). can_reach() is true for a peer that publishes a kShm endpoint and has
+//   the same non-empty hostname and boot id as we do.
+// - add_peer() connects at once (local and cheap) and says HELLO; the peer answers with each of its
+//   regions: memfd-backed ones (Engine::allocate_region) come with their fd over SCM_RIGHTS and we
+//   mmap them MAP_SHARED, so a transfer is a plain memcpy by the initiator. Regions without an fd
+//   are reached by cross-memory attach (process_vm_readv/writev to the pid from SO_PEERCRED) when
+//   allow_cma is set on both sides. A failing connect or handshake makes add_peer() fail, so the
+//   engine falls back to the next backend (tcp).
+// - A region unknown to the mapping (registered after we connected) is asked for once per task;
+//   still unknown -> the task fails kAccess. Every span is checked against the mapped length.
+// - Copies run on copy worker threads (ShmBackendOptions::copy_threads), segment by segment in
+//   order, in 4 MiB chunks; cancel and the task's cancel_cause() are honoured between chunks. A
+//   segment >= 8 MiB is split across the workers.
+// - After the copies, a task with a notify message sends NOTIFY over the socket; the peer delivers
+//   it through on_notification() and acknowledges; the task finishes kDone on that ack, so the
+//   notification is ordered after the data (S-4).
+// - Peer loss (the socket hangs up, or the peer is removed): in-flight and later tasks to it
+//   finish kFailed/kPeerGone. The mappings of its memfds stay alive until no copy uses them. There
+//   is no reconnect: a restarted peer has a new socket name, so the engine re-imports it.
+//
+// Cross-memory attach and Yama: with kernel.yama.ptrace_scope=1 a process may only be attached by
+// its ancestors, so start() calls prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) when allow_cma is set
+// (process-wide: any process of the same uid may then attach; set allow_cma = false to avoid it and
+// register memfd memory only). Where attach is refused anyway (ptrace_scope 2/3, seccomp, other
+// uid), such transfers fail kAccess and the reason is logged to stderr once per peer.
+//
+// Threads: one I/O thread (epoll: listener, serving connections, our outgoing connections) and the
+// copy workers. Everything in the Backend interface is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "transfer/backend.h"
+
+namespace pdr::transfer {
+
+struct ShmBackendOptions {
+  // Copy worker threads. 0: automatic, 2 on machines with >= 2 cores (copies >= 8 MiB are split
+  // across both), else 1.
+  std::uint32_t copy_threads = 0;
+  // Serve fd-less regions by address and reach a peer's fd-less regions by cross-memory attach.
+  bool allow_cma = true;
+  // Abstract socket name (without '@'). Default: "pdr-shm-<agent>-<pid>-<random hex>".
+  std::string socket_name;
+};
+
+std::unique_ptr<Backend> make_shm_backend(const ShmBackendOptions& options);
+
+}  // namespace pdr::transfer
