@@ -1,0 +1,37 @@
+// Address parsing of the TCP backend (the part of socket_ops without sockets).
+#include "transfer/tcp/socket_ops.h"
+
+#include <gtest/gtest.h>
+
+namespace pdr::transfer::tcp {
+namespace {
+
+TEST(TcpSocketOps, SplitsHostAndPort) {
+  std::string host;
+  std::uint16_t port = 0;
+  ASSERT_TRUE(split_host_port("127.0.0.1:5000", &host, &port).is_ok());
+  EXPECT_EQ(host, "127.0.0.1");
+  EXPECT_EQ(port, 5000);
+  ASSERT_TRUE(split_host_port("[::1]:65535", &host, &port).is_ok());
+  EXPECT_EQ(host, "::1");
+  EXPECT_EQ(port, 65535);
+  ASSERT_TRUE(split_host_port("node-7.local:1", &host, &port).is_ok());
+  EXPECT_EQ(host, "node-7.local");
+}
+
+TEST(TcpSocketOps, RefusesMalformedAddresses) {
+  std::string host;
+  std::uint16_t port = 0;
+  for (const char* text : {"", "host", "host:", ":80", "host:0", "host:65536", "host:8x", "::1:80", "[::1]80",
+                           "[::1", "[::1]:"}) {
+    EXPECT_EQ(split_host_port(text, &host, &port).code(), StatusCode::kBadAddress) << text;
+  }
+}
+
+TEST(TcpSocketOps, JoinsHostAndPort) {
+  EXPECT_EQ(join_host_port("10.0.0.1", 80), "10.0.0.1:80");
+  EXPECT_EQ(join_host_port("::1", 80), "[::1]:80");
+}
+
+}  // namespace
+}  // namespace pdr::transfer::tcp

@@ -1,0 +1,252 @@
+#include "transfer/tcp/serving_connection.h"
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "transfer/tcp/io_thread.h"
+
+namespace pdr::transfer::tcp {
+namespace {
+
+constexpr std::size_t kScratchBytes = 256 * 1024;
+constexpr std::uint64_t kReadBudget = 16u << 20;
+constexpr int kMaxVectors = 64;  // answers gathered per sendmsg (ACKs are 40 bytes each)
+constexpr std::size_t kMaxQueuedResponses = 4096;
+
+}  // namespace
+
+ServingConnection::ServingConnection(IoThread& thread, const Shared& shared, int fd)
+    : thread_(thread), shared_(shared), fd_(fd), scratch_(kScratchBytes) {
+  peer_agent_.reserve(shared_.options.max_agent_bytes);
+  notify_.reserve(std::max(shared_.options.max_agent_bytes, shared_.options.max_notification_bytes));
+  watched_ = EPOLLIN;
+  thread_.watch(fd_, this, EPOLLIN);
+}
+
+ServingConnection::~ServingConnection() { shutdown(); }
+
+void ServingConnection::shutdown() {
+  if (fd_ < 0) return;
+  thread_.unwatch(fd_);
+  ::close(fd_);
+  fd_ = -1;
+}
+
+void ServingConnection::close_connection(bool bad_frame) {
+  if (bad_frame) {
+    shared_.counters->bad_frames.fetch_add(1, std::memory_order_relaxed);
+  } else if (said_hello_) {
+    shared_.counters->disconnects.fetch_add(1, std::memory_order_relaxed);
+  }
+  shutdown();
+  thread_.retire(this);
+}
+
+void ServingConnection::on_events(std::uint32_t events) {
+  if (closed()) return;
+  if ((events & (EPOLLIN | EPOLLERR | EPOLLHUP)) != 0) read_frames();
+  // EPOLLHUP/ERR while reading is paused: read_frames() did not look, so let the send fail and
+  // close us (level-triggered epoll would otherwise report the hang-up forever).
+  if (!closed() && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) != 0) flush();
+}
+
+void ServingConnection::read_frames() {
+  std::uint64_t budget = kReadBudget;
+  while (!closed() && budget > 0) {
+    if (responses_.size() >= kMaxQueuedResponses) {
+      reading_paused_ = true;
+      break;
+    }
+    std::byte* into;
+    std::size_t want;
+    if (!in_payload_) {
+      into = in_header_.data() + in_header_got_;
+      want = in_header_.size() - in_header_got_;
+    } else if (sink_ == Sink::kMemory) {
+      into = in_dst_ + in_pos_;
+      want = static_cast<std::size_t>(in_left_);
+    } else if (sink_ == Sink::kDiscard) {
+      into = scratch_.data();
+      want = static_cast<std::size_t>(std::min<std::uint64_t>(in_left_, scratch_.size()));
+    } else {
+      into = reinterpret_cast<std::byte*>(notify_.data()) + in_pos_;
+      want = static_cast<std::size_t>(in_left_);
+    }
+    const ssize_t rc = receive_some(fd_, into, want);
+    if (rc == -EAGAIN || rc == -EWOULDBLOCK) break;
+    if (rc <= 0) {
+      close_connection(false);
+      return;
+    }
+    const auto got = static_cast<std::size_t>(rc);
+    budget -= std::min<std::uint64_t>(budget, got);
+    if (!in_payload_) {
+      in_header_got_ += got;
+      if (in_header_got_ < in_header_.size()) continue;
+      in_header_got_ = 0;
+      if (!proto::decode_frame_header(in_header_, shared_.options.max_frame_payload, &in_).is_ok() ||
+          !on_header()) {
+        close_connection(true);
+        return;
+      }
+      continue;
+    }
+    in_pos_ += got;
+    in_left_ -= got;
+    if (in_left_ == 0) on_payload_done();
+  }
+  if (!closed()) flush();
+  if (!closed()) update_interest();
+}
+
+bool ServingConnection::on_header() {
+  const bool hello = in_.opcode == proto::FrameOpcode::kHello;
+  if (hello == said_hello_) return false;  // HELLO exactly once, first
+  in_pos_ = 0;
+  in_left_ = in_.length;
+  in_dst_ = nullptr;
+  switch (in_.opcode) {
+    case proto::FrameOpcode::kHello:
+      if (in_.length == 0 || in_.length > shared_.options.max_agent_bytes) return false;
+      sink_ = Sink::kAgent;
+      notify_.resize(in_.length);
+      break;
+    case proto::FrameOpcode::kWrite: {
+      const Status status = shared_.context.regions->resolve(in_.region_id, in_.offset, in_.length, &in_dst_);
+      write_refused_ = !status.is_ok();
+      if (write_refused_) {
+        shared_.counters->access_refused.fetch_add(1, std::memory_order_relaxed);
+        refused_xfer_ = in_.xfer_id;
+      }
+      sink_ = write_refused_ ? Sink::kDiscard : Sink::kMemory;
+      break;
+    }
+    case proto::FrameOpcode::kReadReq: {
+      std::byte* source = nullptr;
+      if (shared_.context.regions->resolve(in_.region_id, in_.offset, in_.length, &source).is_ok()) {
+        shared_.counters->bytes_served.fetch_add(in_.length, std::memory_order_relaxed);
+        respond(proto::FrameOpcode::kReadData, 0, in_, source, in_.length);
+      } else {
+        shared_.counters->access_refused.fetch_add(1, std::memory_order_relaxed);
+        respond(proto::FrameOpcode::kError, static_cast<std::uint32_t>(XferCause::kAccess), in_, nullptr, 0);
+      }
+      return true;  // READ_REQ carries no payload
+    }
+    case proto::FrameOpcode::kNotify:
+      if (in_.length > shared_.options.max_notification_bytes) return false;
+      sink_ = Sink::kNotify;
+      notify_.resize(in_.length);
+      break;
+    default:
+      return false;  // READ_DATA / ACK / ERROR are answers; a client never sends them here
+  }
+  in_payload_ = true;
+  if (in_left_ == 0) on_payload_done();
+  return true;
+}
+
+void ServingConnection::on_payload_done() {
+  in_payload_ = false;
+  switch (in_.opcode) {
+    case proto::FrameOpcode::kHello:
+      peer_agent_.assign(notify_);
+      said_hello_ = true;
+      break;
+    case proto::FrameOpcode::kWrite:
+      if (!write_refused_) shared_.counters->bytes_served.fetch_add(in_.length, std::memory_order_relaxed);
+      if ((in_.flags & kFlagAckRequested) != 0) {
+        if (refused_xfer_ == in_.xfer_id) {
+          refused_xfer_ = 0;
+          respond(proto::FrameOpcode::kError, static_cast<std::uint32_t>(XferCause::kAccess), in_, nullptr, 0);
+        } else {
+          respond(proto::FrameOpcode::kAck, 0, in_, nullptr, 0);
+        }
+      }
+      break;
+    case proto::FrameOpcode::kNotify:
+      shared_.counters->notifications_received.fetch_add(1, std::memory_order_relaxed);
+      if (shared_.context.on_notification) shared_.context.on_notification(peer_agent_, notify_);
+      respond(proto::FrameOpcode::kAck, 0, in_, nullptr, 0);
+      break;
+    default:
+      break;
+  }
+}
+
+void ServingConnection::respond(proto::FrameOpcode opcode, std::uint32_t flags,
+                                const proto::TransferFrameHeader& request, const std::byte* payload,
+                                std::uint64_t length) {
+  Response response;
+  response.header = make_header(opcode, flags, request.xfer_id, request.region_id, request.offset,
+                                opcode == proto::FrameOpcode::kReadData ? length : 0);
+  response.payload = payload;
+  response.length = length;
+  responses_.push_back(response);
+}
+
+void ServingConnection::flush() {
+  while (!responses_.empty()) {
+    iovec vectors[kMaxVectors];
+    int count = 0;
+    std::size_t skip = front_sent_;
+    for (std::size_t i = 0; i < responses_.size() && count + 2 <= kMaxVectors; ++i) {
+      Response& response = responses_.at(i);
+      if (skip < response.header.size()) {
+        vectors[count++] = {response.header.data() + skip, response.header.size() - skip};
+        skip = 0;
+      } else {
+        skip -= response.header.size();
+      }
+      if (response.length > skip) {
+        vectors[count++] = {const_cast<std::byte*>(response.payload) + skip,
+                            static_cast<std::size_t>(response.length - skip)};
+      }
+      skip = 0;
+    }
+    const ssize_t rc = send_vectors(fd_, vectors, count);
+    if (rc == -EAGAIN || rc == -EWOULDBLOCK) {
+      set_write_interest(true);
+      return;
+    }
+    if (rc < 0) {
+      close_connection(false);
+      return;
+    }
+    auto sent = static_cast<std::size_t>(rc);
+    while (sent > 0) {
+      const std::size_t whole = responses_.front().header.size() + responses_.front().length;
+      const std::size_t step = std::min(sent, whole - front_sent_);
+      front_sent_ += step;
+      sent -= step;
+      if (front_sent_ == whole) {
+        responses_.pop_front();
+        front_sent_ = 0;
+      }
+    }
+    if (reading_paused_ && responses_.size() <= kMaxQueuedResponses / 2) {
+      reading_paused_ = false;
+      update_interest();
+    }
+  }
+  set_write_interest(false);
+}
+
+void ServingConnection::set_write_interest(bool on) {
+  if (on == write_interest_ || closed()) return;
+  write_interest_ = on;
+  update_interest();
+}
+
+void ServingConnection::update_interest() {
+  if (closed()) return;
+  const std::uint32_t events = (reading_paused_ ? 0u : static_cast<std::uint32_t>(EPOLLIN)) |
+                               (write_interest_ ? static_cast<std::uint32_t>(EPOLLOUT) : 0u);
+  if (events == watched_) return;
+  watched_ = events;
+  thread_.rewatch(fd_, this, events);
+}
+
+}  // namespace pdr::transfer::tcp

@@ -1,0 +1,89 @@
+// ServingConnection: one accepted connection, the serving side of the protocol. It expects HELLO
+// first (the peer's agent name, for on_notification), then applies WRITE frames straight into
+// registered memory, answers READ_REQ with READ_DATA sent straight from registered memory, delivers
+// NOTIFY, and answers in the order it read the requests.
+//
+// Safety (backend.h "Serving side"): every (region, offset, length) is checked with
+// context.regions->resolve() before a byte moves. A refused WRITE has its payload drained into
+// scratch (the stream stays in sync) and its ACK replaced by ERROR(kAccess); a refused READ_REQ is
+// answered by ERROR(kAccess); both count access_refused. A header that does not decode, a frame
+// above max_frame_payload, a missing/oversized HELLO, an oversized NOTIFY or an opcode a client
+// must not send counts bad_frames and closes this connection only.
+//
+// Backpressure: a client that sends requests but does not read the answers makes this side stop
+// reading once kMaxQueuedResponses answers wait, and resume when half of them went out, so the
+// answer queue stays bounded.
+//
+// Threads: owned and used by one IoThread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "transfer/tcp/frame_io.h"
+#include "transfer/tcp/ring_queue.h"
+#include "transfer/tcp/shared_state.h"
+
+namespace pdr::transfer::tcp {
+
+class IoThread;
+
+class ServingConnection final : public Connection {
+ public:
+  // Takes ownership of the connected, non-blocking fd and starts watching it.
+  ServingConnection(IoThread& thread, const Shared& shared, int fd);
+  ~ServingConnection() override;
+  ServingConnection(const ServingConnection&) = delete;
+  ServingConnection& operator=(const ServingConnection&) = delete;
+
+  void on_events(std::uint32_t events) override;
+  bool closed() const { return fd_ < 0; }
+  // Closes the socket without counting anything (backend stopping).
+  void shutdown();
+
+ private:
+  enum class Sink : std::uint8_t { kMemory, kDiscard, kAgent, kNotify };
+  struct Response {
+    HeaderBytes header{};
+    const std::byte* payload = nullptr;  // READ_DATA: registered memory
+    std::uint64_t length = 0;
+  };
+
+  void read_frames();
+  bool on_header();  // false: bad frame
+  void on_payload_done();
+  void respond(proto::FrameOpcode opcode, std::uint32_t flags, const proto::TransferFrameHeader& request,
+               const std::byte* payload, std::uint64_t length);
+  void flush();
+  void set_write_interest(bool on);
+  void update_interest();
+  void close_connection(bool bad_frame);
+
+  IoThread& thread_;
+  const Shared& shared_;
+  int fd_;
+  bool write_interest_ = false;
+  bool reading_paused_ = false;
+  std::uint32_t watched_ = 0;  // the epoll events currently registered  // too many answers queued: stop reading until they drain
+  bool said_hello_ = false;
+  std::string peer_agent_;
+
+  HeaderBytes in_header_{};
+  std::size_t in_header_got_ = 0;
+  proto::TransferFrameHeader in_{};
+  bool in_payload_ = false;
+  Sink sink_ = Sink::kDiscard;
+  std::byte* in_dst_ = nullptr;
+  std::uint64_t in_left_ = 0;
+  std::uint64_t in_pos_ = 0;  // bytes of the current payload received
+  std::string notify_;        // kAgent / kNotify payload
+  bool write_refused_ = false;
+  std::uint64_t refused_xfer_ = 0;  // a WRITE of this xfer was refused: its ACK becomes ERROR
+  std::vector<std::byte> scratch_;
+
+  RingQueue<Response> responses_;
+  std::size_t front_sent_ = 0;  // bytes of responses_.front() (header + payload) already sent
+};
+
+}  // namespace pdr::transfer::tcp
