@@ -26,7 +26,15 @@
 // - Serving side: every (region, offset, length) a peer names is checked with
 //   context.regions->resolve() before a byte moves; a refused request answers the peer with an
 //   error (its task fails kAccess) and counts access_refused; a frame that does not decode counts
-//   bad_frames and closes that connection only.
+//   bad_frames and closes that connection only. One-sided transports (RDMA) never show the request
+//   to the target's CPU: there the memory registration, sized to exactly the region, is the check
+//   (the initiator's task fails kAccess), and access_refused / bytes_served count only what the
+//   backend can see.
+// - Cancel latency: "prompt" is bounded by what the transport can recall. A posted RDMA operation
+//   cannot be; against a dead peer its cancel completes after the transport's retry timeout
+//   (~0.5 s with R-4's values) unless the connection is torn down.
+// - Limits both ends rely on: notify messages <= 4096 bytes (EngineOptions and each backend's
+//   options), agent names <= 256 bytes (descriptor limit).
 #pragma once
 
 #include <atomic>
@@ -161,7 +169,8 @@ class Backend {
   // region is published (RDMA registers an MR here). An error refuses the registration.
   virtual Status on_region_registered(RegionId /*id*/, const Region& /*region*/) { return {}; }
   virtual void on_region_unregistered(RegionId /*id*/) {}
-  // Opaque per-region bytes the peer needs (RDMA rkeys); empty when none.
+  // Opaque per-region bytes the peer needs (RDMA rkeys + address); empty when none. Stable for as
+  // long as the region stays registered.
   virtual std::string region_keys(RegionId /*id*/) const { return {}; }
 
   // Whether this backend can serve a peer with this descriptor: it publishes an endpoint of this

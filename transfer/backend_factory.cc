@@ -1,19 +1,114 @@
 #include "transfer/backend_factory.h"
 
+#include <algorithm>
+
+#include "transfer/faulty_backend.h"
+#ifdef PDR_HAVE_TCP_BACKEND
+#include "transfer/tcp/tcp_backend.h"
+#endif
+#ifdef PDR_HAVE_SHM_BACKEND
+#include "transfer/shm/shm_backend.h"
+#endif
+#ifdef PDR_HAVE_RDMA_BACKEND
+#include "transfer/rdma/rdma_backend.h"
+#endif
+
 namespace pdr::transfer {
+
+namespace {
+
+bool built(BackendKind kind) {
+  switch (kind) {
+#ifdef PDR_HAVE_TCP_BACKEND
+    case BackendKind::kTcp: return true;
+#endif
+#ifdef PDR_HAVE_SHM_BACKEND
+    case BackendKind::kShm: return true;
+#endif
+#ifdef PDR_HAVE_RDMA_BACKEND
+    case BackendKind::kRdma: return true;
+#endif
+    default: return false;
+  }
+}
+
+std::unique_ptr<Backend> make_one(BackendKind kind, const BackendSettings& settings) {
+  switch (kind) {
+#ifdef PDR_HAVE_TCP_BACKEND
+    case BackendKind::kTcp: {
+      TcpBackendOptions options;
+      options.listen_host = settings.tcp_listen_host;
+      options.advertise_host = settings.advertise_host;
+      options.lanes = settings.tcp_lanes;
+      return make_tcp_backend(options);
+    }
+#endif
+#ifdef PDR_HAVE_SHM_BACKEND
+    case BackendKind::kShm: return make_shm_backend(ShmBackendOptions{});
+#endif
+#ifdef PDR_HAVE_RDMA_BACKEND
+    case BackendKind::kRdma: {
+      RdmaBackendOptions options;
+      options.fake_verbs = settings.rdma_fake_verbs;
+      options.device = settings.rdma_device;
+      options.listen_host = settings.tcp_listen_host;
+      return make_rdma_backend(options);
+    }
+#endif
+    default: return nullptr;
+  }
+}
+
+}  // namespace
 
 Status parse_backend_list(std::string_view list, std::vector<BackendKind>* out) {
   out->clear();
-  (void)list;
-  return Status(StatusCode::kNotFound, "no transfer backend is built yet");
+  if (list.empty()) return Status(StatusCode::kInvalidValue, "the backend list is empty");
+  while (true) {
+    const std::size_t comma = list.find(',');
+    const std::string_view name = list.substr(0, comma);
+    BackendKind kind = BackendKind::kTcp;
+    bool known = false;
+    for (BackendKind k : {BackendKind::kTcp, BackendKind::kShm, BackendKind::kRdma}) {
+      if (name == backend_kind_label(k)) {
+        kind = k;
+        known = true;
+      }
+    }
+    if (!known) {
+      return Status(StatusCode::kInvalidValue,
+                    "transfer backend '" + std::string(name) + "' is not tcp, shm or rdma");
+    }
+    if (std::find(out->begin(), out->end(), kind) != out->end()) {
+      return Status(StatusCode::kInvalidValue,
+                    "transfer backend '" + std::string(name) + "' is listed twice");
+    }
+    if (!built(kind)) {
+      return Status(StatusCode::kNotFound,
+                    "transfer backend '" + std::string(name) + "' is not part of this build");
+    }
+    out->push_back(kind);
+    if (comma == std::string_view::npos) return Status::ok();
+    list = list.substr(comma + 1);
+  }
 }
 
 Status make_backends(const std::vector<BackendKind>& kinds, const BackendSettings& settings,
                      std::vector<std::unique_ptr<Backend>>* out) {
-  (void)kinds;
-  (void)settings;
+  FaultPlan faults;
+  if (Status s = parse_fault_plan(settings.faults, &faults); !s) return s;
   out->clear();
-  return Status(StatusCode::kNotFound, "no transfer backend is built yet");
+  for (BackendKind kind : kinds) {
+    std::unique_ptr<Backend> backend = make_one(kind, settings);
+    if (backend == nullptr) {
+      return Status(StatusCode::kNotFound, "transfer backend '" +
+                                               std::string(backend_kind_label(kind)) +
+                                               "' is not part of this build");
+    }
+    if (!settings.faults.empty()) backend = make_faulty_backend(std::move(backend), faults);
+    out->push_back(std::move(backend));
+  }
+  return Status::ok();
 }
 
 }  // namespace pdr::transfer

@@ -18,12 +18,15 @@ struct BackendSettings {
   std::uint32_t tcp_lanes = 0;                // 0: min(4, cores)
   bool rdma_fake_verbs = false;               // tests/benchmarks: the in-process fake NIC
   std::string rdma_device;                    // empty: the first device
+  std::string faults;  // test tooling: a FaultPlan (transfer/faulty_backend.h) wrapped around each
 };
 
 // "tcp", "shm,tcp", "rdma,shm,tcp" (order = preference). kInvalidValue names an unknown or repeated
 // backend, kNotFound one this build does not contain.
 Status parse_backend_list(std::string_view list, std::vector<BackendKind>* out);
 
+// Builds them in order; kInvalidValue for a bad `faults` plan. Backends are not started here
+// (Engine::create starts them and skips, with the reason, one that cannot start).
 Status make_backends(const std::vector<BackendKind>& kinds, const BackendSettings& settings,
                      std::vector<std::unique_ptr<Backend>>* out);
 

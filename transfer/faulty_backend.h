@@ -1,0 +1,39 @@
+// FaultyBackend: wraps any backend and injects latency, failures and corruption, so the callers of
+// the engine (the simulated nodes, the router's tests) can be tested against a misbehaving
+// transport without a misbehaving network. Test and benchmark tooling; never on by default.
+//
+//   faults.latency        every transfer starts this much later (on the wrapper's timer thread)
+//   faults.fail_every     every N-th transfer fails with `fail_cause` without reaching the inner
+//                         backend (0: never)
+//   faults.corrupt_every  every N-th transfer that succeeds has one byte flipped in the data it
+//                         moved: READ in the local destination, WRITE in the remote destination
+//                         when that is reachable in-process (it is not: so for WRITE the byte is
+//                         flipped in the local source before sending and restored after); 0: never
+//
+// Counting is per wrapper and deterministic (no randomness), so tests know which transfer is hit.
+// Everything else (start, peers, regions, notifications) passes straight through.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "transfer/backend.h"
+
+namespace pdr::transfer {
+
+struct FaultPlan {
+  std::chrono::microseconds latency{0};
+  std::uint32_t fail_every = 0;
+  XferCause fail_cause = XferCause::kPeerGone;
+  std::uint32_t corrupt_every = 0;
+};
+
+// Parses "latency_us=500,fail_every=10,fail_cause=peer_gone,corrupt_every=7" (any subset, in any
+// order; "" is no faults). kInvalidValue names the bad item.
+Status parse_fault_plan(std::string_view text, FaultPlan* out);
+
+std::unique_ptr<Backend> make_faulty_backend(std::unique_ptr<Backend> inner, const FaultPlan& plan);
+
+}  // namespace pdr::transfer

@@ -1,0 +1,35 @@
+// The RDMA backend's out-of-band control channel: a small blocking TCP socket per connection that
+// carries one length-prefixed handshake record each way (proto/rdma_handshake.h) and then stays
+// open as the liveness signal of the QPs it set up (EOF = the peer or its QPs are gone).
+//
+// TRANSFER.md R-4 wants this exchange on the TCP backend's port; backends are built and linked
+// independently (pdr_transfer_rdma links only the core), so the RDMA backend listens on its own
+// control port instead. Merging them needs a hook in backend.h (see the report / rdma_backend.h).
+//
+// Every call takes a deadline and never blocks past it. All fds are close-on-exec.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "proto/status.h"
+
+namespace pdr::transfer::rdma {
+
+using ControlClock = std::chrono::steady_clock;
+
+// Binds and listens on host:port (port 0: any); *bound_port gets the port. Non-blocking listener.
+Status control_listen(const std::string& host, std::uint16_t port, int* fd,
+                      std::uint16_t* bound_port);
+// Connects to "host:port" by the deadline. The returned fd is blocking.
+Status control_connect(const std::string& address, ControlClock::time_point deadline, int* fd);
+// Sends a u32 little-endian length prefix and the bytes.
+Status control_send_record(int fd, const std::string& record, ControlClock::time_point deadline);
+// Receives one record of at most max_bytes (kTooLarge beyond; kIoError on EOF/timeout).
+Status control_recv_record(int fd, std::size_t max_bytes, ControlClock::time_point deadline,
+                           std::string* record);
+// Splits "host:port" (the host may be [v6]). false when it does not parse.
+bool split_host_port(const std::string& address, std::string* host, std::uint16_t* port);
+
+}  // namespace pdr::transfer::rdma
