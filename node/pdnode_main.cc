@@ -1,11 +1,12 @@
 // pdnode: node-side tools for pdrouter. Each subcommand lives in its own file (register_command.cc;
-// later sim, xfer-bench); main() only parses and dispatches.
+// sim_command.cc, xfer_bench_command.cc); main() only parses and dispatches.
 #include <csignal>
 #include <CLI/CLI.hpp>
 
 #include "node/register_command.h"
 #include "node/sim_command.h"
 #include "node/stop_signals.h"
+#include "node/xfer_bench_command.h"
 
 namespace {
 
@@ -33,6 +34,8 @@ int main(int argc, char** argv) {
   CLI::App* register_command = pdr::node::add_register_command(app, &register_flags);
   pdr::node::SimFlags sim_flags;
   CLI::App* sim_command = pdr::node::add_sim_command(app, &sim_flags);
+  pdr::node::XferBenchFlags xfer_bench_flags;
+  CLI::App* xfer_bench_command = pdr::node::add_xfer_bench_command(app, &xfer_bench_flags);
 
   try {
     app.parse(argc, argv);
@@ -41,5 +44,6 @@ int main(int argc, char** argv) {
   }
   if (register_command->parsed()) return pdr::node::run_register_command(register_flags);
   if (sim_command->parsed()) return pdr::node::run_sim_command(sim_flags);
+  if (xfer_bench_command->parsed()) return pdr::node::run_xfer_bench_command(xfer_bench_flags);
   return kExitBadFlags;
 }

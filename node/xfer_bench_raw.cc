@@ -1,0 +1,138 @@
+#include "node/xfer_bench_raw.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace pdr::node::xfer_bench {
+
+namespace {
+
+Status io_error(const char* what) {
+  return Status(StatusCode::kIoError, std::string(what) + ": " + std::strerror(errno));
+}
+
+bool read_all(int fd, void* data, std::size_t length) {
+  auto* p = static_cast<char*>(data);
+  while (length > 0) {
+    const ssize_t n = ::recv(fd, p, length, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    length -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+bool write_all(int fd, const void* data, std::size_t length) {
+  const auto* p = static_cast<const char*>(data);
+  while (length > 0) {
+    const ssize_t n = ::send(fd, p, length, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    length -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+void serve(int fd) {
+  std::vector<char> scratch(16u << 20);
+  for (;;) {
+    std::uint8_t header[8];
+    if (!read_all(fd, header, sizeof header)) break;
+    std::uint64_t remaining = 0;
+    for (int i = 7; i >= 0; --i) remaining = (remaining << 8) | header[i];
+    bool ok = true;
+    while (remaining > 0 && ok) {
+      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(remaining, scratch.size()));
+      const ssize_t n = ::recv(fd, scratch.data(), want, 0);
+      if (n < 0 && errno == EINTR) continue;
+      ok = n > 0;
+      if (ok) remaining -= static_cast<std::uint64_t>(n);
+    }
+    const char ack = 1;
+    if (!ok || !write_all(fd, &ack, 1)) break;
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
+RawSink::~RawSink() {
+  if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  for (std::thread& t : connections_) t.join();
+}
+
+Status RawSink::start() {
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) return io_error("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return io_error("bind");
+  if (::listen(listen_fd_, 16) != 0) return io_error("listen");
+  socklen_t len = sizeof addr;
+  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = ntohs(addr.sin_port);
+  acceptor_ = std::thread([this] { accept_loop(); });
+  return Status::ok();
+}
+
+void RawSink::accept_loop() {
+  for (;;) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      return;  // shut down
+    }
+    set_nodelay(fd);
+    connections_.emplace_back(serve, fd);
+  }
+}
+
+RawClient::~RawClient() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status RawClient::connect(std::uint16_t port) {
+  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) return io_error("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return io_error("connect");
+  set_nodelay(fd_);
+  return Status::ok();
+}
+
+Status RawClient::send_message(std::uint64_t total, std::uint64_t chunk) {
+  if (buffer_.size() < chunk) buffer_.assign(chunk, std::byte{0x5a});
+  std::uint8_t header[8];
+  for (int i = 0; i < 8; ++i) header[i] = static_cast<std::uint8_t>(total >> (8 * i));
+  if (!write_all(fd_, header, sizeof header)) return io_error("send");
+  for (std::uint64_t sent = 0; sent < total;) {
+    const std::size_t n = static_cast<std::size_t>(std::min(chunk, total - sent));
+    if (!write_all(fd_, buffer_.data(), n)) return io_error("send");
+    sent += n;
+  }
+  char ack = 0;
+  if (!read_all(fd_, &ack, 1)) return io_error("recv ack");
+  return Status::ok();
+}
+
+}  // namespace pdr::node::xfer_bench
