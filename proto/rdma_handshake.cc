@@ -2,34 +2,13 @@
 // byte by byte, as in transfer_frame.cc, so the format depends on neither endianness nor padding.
 #include "proto/rdma_handshake.h"
 
+#include "proto/little_endian.h"
+
 #include <string>
 
 namespace pdr::proto {
 
 namespace {
-
-template <typename T>
-void append_le(std::string* out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    out->push_back(static_cast<char>(static_cast<uint64_t>(value) >> (8 * i) & 0xff));
-  }
-}
-
-template <typename T>
-T get_le(const std::byte* in) {
-  uint64_t value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    value |= static_cast<uint64_t>(std::to_integer<uint8_t>(in[i])) << (8 * i);
-  }
-  return static_cast<T>(value);
-}
-
-std::string hex16(uint16_t value) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "0x";
-  for (int shift = 12; shift >= 0; shift -= 4) out.push_back(kHex[(value >> shift) & 0xf]);
-  return out;
-}
 
 constexpr uint8_t kMinMtu = 1;  // IBV_MTU_256
 constexpr uint8_t kMaxMtu = 5;  // IBV_MTU_4096

@@ -2,28 +2,14 @@
 // the wire format does not depend on host endianness or struct padding.
 #include "proto/transfer_frame.h"
 
+#include "proto/little_endian.h"
+
 #include <limits>
 #include <string>
 
 namespace pdr::proto {
 
 namespace {
-
-template <typename T>
-void put_le(std::byte* out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    out[i] = static_cast<std::byte>(static_cast<uint64_t>(value) >> (8 * i) & 0xff);
-  }
-}
-
-template <typename T>
-T get_le(const std::byte* in) {
-  uint64_t value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    value |= static_cast<uint64_t>(std::to_integer<uint8_t>(in[i])) << (8 * i);
-  }
-  return static_cast<T>(value);
-}
 
 constexpr size_t kMagicAt = 0;
 constexpr size_t kVersionAt = 2;
@@ -39,13 +25,6 @@ static_assert(kLengthAt + sizeof(uint64_t) == kTransferFrameHeaderBytes);
 bool is_known_opcode(uint8_t opcode) {
   return opcode >= static_cast<uint8_t>(FrameOpcode::kWrite) &&
          opcode <= static_cast<uint8_t>(FrameOpcode::kError);
-}
-
-std::string hex16(uint16_t value) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "0x";
-  for (int shift = 12; shift >= 0; shift -= 4) out.push_back(kHex[(value >> shift) & 0xf]);
-  return out;
 }
 
 }  // namespace

@@ -100,8 +100,10 @@ class Engine::Impl {
   static void on_finish(void* owner, XferTask* task, const XferResult& result);
   void finish(XferTask* task, const XferResult& result);
 
-  // Looks up the peer and its backend; copies what submit needs so no lock is held afterwards.
-  Status peer_for_submit(PeerId peer, proto::TransferDescriptor* descriptor, Backend** backend);
+  // Checks the notify size, looks up the peer and its backend; copies what submit needs so no lock
+  // is held afterwards.
+  Status check_submit(std::string_view notify, PeerId peer, proto::TransferDescriptor* descriptor,
+                      Backend** backend);
   // Resolves local addresses, checks the remote side against the descriptor, pins the regions and
   // hands the task to the backend.
   Status launch(std::unique_ptr<XferTask> task, const proto::TransferDescriptor& peer,
@@ -344,8 +346,12 @@ std::string_view Engine::Impl::peer_backend(PeerId peer) const {
 
 // ---- transfers ----
 
-Status Engine::Impl::peer_for_submit(PeerId peer, proto::TransferDescriptor* descriptor,
-                                     Backend** backend) {
+Status Engine::Impl::check_submit(std::string_view notify, PeerId peer,
+                                  proto::TransferDescriptor* descriptor, Backend** backend) {
+  if (notify.size() > options_.max_notification_bytes) {
+    return invalid("notify message is " + std::to_string(notify.size()) + " bytes, limit " +
+                   std::to_string(options_.max_notification_bytes));
+  }
   std::lock_guard lock(peers_mu_);
   auto it = peers_.find(peer);
   if (it == peers_.end()) {
@@ -357,13 +363,9 @@ Status Engine::Impl::peer_for_submit(PeerId peer, proto::TransferDescriptor* des
 }
 
 Status Engine::Impl::submit_block(const BlockXfer& xfer, Completion* completion, XferId* id) {
-  if (xfer.notify.size() > options_.max_notification_bytes) {
-    return invalid("notify message is " + std::to_string(xfer.notify.size()) + " bytes, limit " +
-                   std::to_string(options_.max_notification_bytes));
-  }
   proto::TransferDescriptor peer;
   Backend* backend = nullptr;
-  if (Status s = peer_for_submit(xfer.peer, &peer, &backend); !s) return s;
+  if (Status s = check_submit(xfer.notify, xfer.peer, &peer, &backend); !s) return s;
   BlockLayout local;
   {
     std::lock_guard lock(registry_mu_);
@@ -407,13 +409,9 @@ Status Engine::Impl::submit_block(const BlockXfer& xfer, Completion* completion,
 }
 
 Status Engine::Impl::submit_raw(const RawXfer& xfer, Completion* completion, XferId* id) {
-  if (xfer.notify.size() > options_.max_notification_bytes) {
-    return invalid("notify message is " + std::to_string(xfer.notify.size()) + " bytes, limit " +
-                   std::to_string(options_.max_notification_bytes));
-  }
   proto::TransferDescriptor peer;
   Backend* backend = nullptr;
-  if (Status s = peer_for_submit(xfer.peer, &peer, &backend); !s) return s;
+  if (Status s = check_submit(xfer.notify, xfer.peer, &peer, &backend); !s) return s;
   auto task = std::make_unique<XferTask>(next_xfer_.fetch_add(1), xfer.op, xfer.peer, &on_finish,
                                          this);
   std::vector<XferSegment>& segments = task->mutable_segments();

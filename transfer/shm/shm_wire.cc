@@ -1,31 +1,18 @@
 #include "transfer/shm/shm_wire.h"
 
+#include "proto/little_endian.h"
+
 #include <cstring>
 
 namespace pdr::transfer::shm {
 namespace {
 
-void put_u16(std::string* out, std::uint16_t v) {
-  for (int i = 0; i < 2; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
-}
-void put_u32(std::string* out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
-}
-void put_u64(std::string* out, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
-}
-std::uint64_t get_le(const std::byte* p, int bytes) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-
 std::string frame(MsgType type, std::size_t body_len) {
   std::string out;
   out.reserve(kFrameHeaderBytes + body_len);
-  put_u16(&out, kFrameMagic);
-  put_u16(&out, static_cast<std::uint16_t>(type));
-  put_u32(&out, static_cast<std::uint32_t>(body_len));
+  proto::append_le<std::uint16_t>(&out, kFrameMagic);
+  proto::append_le<std::uint16_t>(&out, static_cast<std::uint16_t>(type));
+  proto::append_le<std::uint32_t>(&out, static_cast<std::uint32_t>(body_len));
   return out;
 }
 
@@ -44,47 +31,47 @@ std::string encode_hello(std::string_view agent) {
 
 std::string encode_region_query(std::uint32_t region_id) {
   std::string out = frame(MsgType::kRegionQuery, 4);
-  put_u32(&out, region_id);
+  proto::append_le<std::uint32_t>(&out, region_id);
   return out;
 }
 
 std::string encode_region(const RegionInfo& region) {
   std::string out = frame(MsgType::kRegion, 24);
-  put_u32(&out, region.id);
-  put_u32(&out, region.flags);
-  put_u64(&out, region.length);
-  put_u64(&out, region.addr);
+  proto::append_le<std::uint32_t>(&out, region.id);
+  proto::append_le<std::uint32_t>(&out, region.flags);
+  proto::append_le<std::uint64_t>(&out, region.length);
+  proto::append_le<std::uint64_t>(&out, region.addr);
   return out;
 }
 
 std::string encode_regions_end(std::uint32_t region_id) {
   std::string out = frame(MsgType::kRegionsEnd, 4);
-  put_u32(&out, region_id);
+  proto::append_le<std::uint32_t>(&out, region_id);
   return out;
 }
 
 std::string encode_notify(std::uint64_t seq, std::string_view message) {
   std::string out = frame(MsgType::kNotify, 8 + message.size());
-  put_u64(&out, seq);
+  proto::append_le<std::uint64_t>(&out, seq);
   out.append(message);
   return out;
 }
 
 std::string encode_notify_ack(std::uint64_t seq) {
   std::string out = frame(MsgType::kNotifyAck, 8);
-  put_u64(&out, seq);
+  proto::append_le<std::uint64_t>(&out, seq);
   return out;
 }
 
 Status decode_frame(std::span<const std::byte> bytes, Frame* out, std::size_t* consumed) {
   *consumed = 0;
   if (bytes.size() < kFrameHeaderBytes) return {};
-  const auto magic = static_cast<std::uint16_t>(get_le(bytes.data(), 2));
+  const auto magic = static_cast<std::uint16_t>(proto::get_le<std::uint16_t>(bytes.data()));
   if (magic != kFrameMagic) {
     return Status(StatusCode::kMalformed, "frame magic " + std::to_string(magic) + " is not 0x5053");
   }
-  const auto type = static_cast<std::uint16_t>(get_le(bytes.data() + 2, 2));
-  const std::uint64_t body_len = get_le(bytes.data() + 4, 4);
+  const auto type = static_cast<std::uint16_t>(proto::get_le<std::uint16_t>(bytes.data() + 2));
+  const std::uint64_t body_len = proto::get_le<std::uint32_t>(bytes.data() + 4);
   if (body_len > kMaxBodyBytes) {
     return Status(StatusCode::kTooLarge, "frame body_len " + std::to_string(body_len) +
                                              " exceeds limit " + std::to_string(kMaxBodyBytes));
@@ -124,13 +111,13 @@ Status decode_frame(std::span<const std::byte> bytes, Frame* out, std::size_t* c
       break;
     case MsgType::kRegionQuery:
     case MsgType::kRegionsEnd:
-      frame.region_id = static_cast<std::uint32_t>(get_le(body, 4));
+      frame.region_id = proto::get_le<std::uint32_t>(body);
       break;
     case MsgType::kRegion: {
-      frame.region.id = static_cast<std::uint32_t>(get_le(body, 4));
-      frame.region.flags = static_cast<std::uint32_t>(get_le(body + 4, 4));
-      frame.region.length = get_le(body + 8, 8);
-      frame.region.addr = get_le(body + 16, 8);
+      frame.region.id = proto::get_le<std::uint32_t>(body);
+      frame.region.flags = proto::get_le<std::uint32_t>(body + 4);
+      frame.region.length = proto::get_le<std::uint64_t>(body + 8);
+      frame.region.addr = proto::get_le<std::uint64_t>(body + 16);
       const std::uint32_t kind = frame.region.flags & (kRegionHasFd | kRegionCma);
       if ((frame.region.flags & ~(kRegionHasFd | kRegionCma)) != 0 ||
           (kind != kRegionHasFd && kind != kRegionCma)) {
@@ -147,11 +134,11 @@ Status decode_frame(std::span<const std::byte> bytes, Frame* out, std::size_t* c
       break;
     }
     case MsgType::kNotify:
-      frame.seq = get_le(body, 8);
+      frame.seq = proto::get_le<std::uint64_t>(body);
       frame.text = std::string_view(reinterpret_cast<const char*>(body) + 8, n - 8);
       break;
     case MsgType::kNotifyAck:
-      frame.seq = get_le(body, 8);
+      frame.seq = proto::get_le<std::uint64_t>(body);
       break;
   }
   *out = frame;
