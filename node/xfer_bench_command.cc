@@ -270,19 +270,25 @@ class Initiator {
     std::memset(src.data(), 1, src.size());
     std::memset(dst.data(), 2, dst.size());
     for (std::uint64_t size : plan_.sizes) {
-      auto start = std::chrono::steady_clock::now();
-      if (Status s = raw.send_message(plan_.bytes_per_point, size); !s) {
-        return fail("raw tcp: " + s.to_string());
+      // Best of three: a ceiling should not be lowered by one unlucky scheduling slice.
+      double raw_gbps = 0;
+      double memcpy_gbps = 0;
+      for (int attempt = 0; attempt < 3; ++attempt) {
+        auto start = std::chrono::steady_clock::now();
+        if (Status s = raw.send_message(plan_.bytes_per_point, size); !s) {
+          return fail("raw tcp: " + s.to_string());
+        }
+        raw_gbps = std::max(raw_gbps, gbps(plan_.bytes_per_point, start));
+        // memcpy over the blocks the engine moves: the same gapped layout and the same batch of
+        // ids over and over (so the same cache footprint).
+        const std::uint64_t batch = batch_blocks(size);
+        start = std::chrono::steady_clock::now();
+        for (std::uint64_t moved = 0, i = 0; moved < plan_.bytes_per_point; moved += size, ++i) {
+          const std::uint64_t offset = (i % batch) * 2 * size;
+          std::memcpy(dst.data() + offset, src.data() + offset, size);
+        }
+        memcpy_gbps = std::max(memcpy_gbps, gbps(plan_.bytes_per_point, start));
       }
-      const double raw_gbps = gbps(plan_.bytes_per_point, start);
-      // memcpy over the same gapped block pattern.
-      const std::uint64_t count = plan_.pool / (2 * size);
-      start = std::chrono::steady_clock::now();
-      for (std::uint64_t moved = 0, i = 0; moved < plan_.bytes_per_point; moved += size, ++i) {
-        const std::uint64_t offset = (i % count) * 2 * size;
-        std::memcpy(dst.data() + offset, src.data() + offset, size);
-      }
-      const double memcpy_gbps = gbps(plan_.bytes_per_point, start);
       ceilings_.push_back({size, {raw_gbps, memcpy_gbps}});
       std::cerr << "ceiling " << human_size(size) << ": raw tcp " << raw_gbps << " GB/s, memcpy "
                 << memcpy_gbps << " GB/s\n";
@@ -336,6 +342,11 @@ class Initiator {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
         .count();
   }
+  // Blocks per submit for one block size: about kBatchBytes, within the pool.
+  std::uint64_t batch_blocks(std::uint64_t size) const {
+    return std::clamp<std::uint64_t>(kBatchBytes / size, 1, plan_.pool / (2 * size));
+  }
+
   void fail(const std::string& why) {
     std::cerr << "xfer-bench: " << why << "\n";
     failed_ = true;
@@ -343,8 +354,7 @@ class Initiator {
 
   void throughput(Engine& engine, PeerId peer, std::byte* base, LayoutId layout,
                   std::uint64_t size, XferOp op, Point point) {
-    const std::uint64_t count = plan_.pool / (2 * size);
-    const std::uint64_t batch = std::clamp<std::uint64_t>(kBatchBytes / size, 1, count);
+    const std::uint64_t batch = batch_blocks(size);
     std::vector<std::uint32_t> ids(batch);
     for (std::uint32_t i = 0; i < batch; ++i) ids[i] = i;
     const std::uint64_t batches = std::max<std::uint64_t>(1, plan_.bytes_per_point / (batch * size));
@@ -426,8 +436,9 @@ class Initiator {
 void print_report(const Initiator& run, const XferBenchFlags& f) {
   std::map<std::uint64_t, std::pair<double, double>> ceiling(run.ceilings().begin(),
                                                              run.ceilings().end());
-  std::printf("\nCeilings (same run): raw loopback TCP, one blocking stream, sends of the block "
-              "size; memcpy of the same blocks\n");
+  std::printf("\nCeilings (same run, best of 3): raw loopback TCP, one blocking stream, sends of "
+              "the block size into a receive buffer of that size; memcpy of the same blocks, one "
+              "thread\n");
   std::printf("| block | raw TCP GB/s | memcpy GB/s |\n|---|---|---|\n");
   for (const auto& [size, c] : run.ceilings()) {
     std::printf("| %s | %.2f | %.2f |\n", human_size(size).c_str(), c.first, c.second);

@@ -48,12 +48,16 @@ void set_nodelay(int fd) {
 }
 
 void serve(int fd) {
-  std::vector<char> scratch(16u << 20);
+  std::vector<char> scratch;
   for (;;) {
-    std::uint8_t header[8];
+    std::uint8_t header[16];
     if (!read_all(fd, header, sizeof header)) break;
     std::uint64_t remaining = 0;
+    std::uint64_t chunk = 0;
     for (int i = 7; i >= 0; --i) remaining = (remaining << 8) | header[i];
+    for (int i = 15; i >= 8; --i) chunk = (chunk << 8) | header[i];
+    // Receive in the sender's unit, as a receiver landing blocks in place would.
+    scratch.resize(static_cast<std::size_t>(std::clamp<std::uint64_t>(chunk, 4096, 16u << 20)));
     bool ok = true;
     while (remaining > 0 && ok) {
       const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(remaining, scratch.size()));
@@ -122,8 +126,9 @@ Status RawClient::connect(std::uint16_t port) {
 
 Status RawClient::send_message(std::uint64_t total, std::uint64_t chunk) {
   if (buffer_.size() < chunk) buffer_.assign(chunk, std::byte{0x5a});
-  std::uint8_t header[8];
+  std::uint8_t header[16];
   for (int i = 0; i < 8; ++i) header[i] = static_cast<std::uint8_t>(total >> (8 * i));
+  for (int i = 0; i < 8; ++i) header[8 + i] = static_cast<std::uint8_t>(chunk >> (8 * i));
   if (!write_all(fd_, header, sizeof header)) return io_error("send");
   for (std::uint64_t sent = 0; sent < total;) {
     const std::size_t n = static_cast<std::size_t>(std::min(chunk, total - sent));

@@ -2,8 +2,9 @@
 // loopback (one stream, the same message sizes) and memcpy. Deliberately naive and obviously
 // correct: no epoll, no framing beyond an 8-byte length, so nothing of ours can slow it down.
 //
-// Raw protocol: the client sends u64 little-endian N, then N bytes; the sink reads them into a
-// scratch buffer and answers one byte. A "round trip" is one such message.
+// Raw protocol: the client sends u64 little-endian N and u64 C (its send unit), then N bytes; the
+// sink reads them into a scratch buffer of C bytes (4 KiB..16 MiB) and answers one byte. A "round
+// trip" is one such message.
 #pragma once
 
 #include <cstdint>
