@@ -5,29 +5,32 @@
 # tokens as they arrive, shows the registry, and keeps everything running until Ctrl-C, which
 # stops every process it started.
 #
-#   deploy/quickstart.sh [--dialect D] [--prefills N] [--decodes N] [--once] [--skip-install]
-#                        [--build-dir DIR] [--http-port N] [--discovery-port N]
+#   deploy/quickstart.sh [--dialect D] [--prefills N] [--decodes N] [--transfer B] [--once]
+#                        [--skip-install] [--build-dir DIR] [--http-port N] [--discovery-port N]
 #     --dialect       moriio-write (default), moriio-read, nixl, mooncake, p2p-nccl, sglang
 #     --prefills N    simulated prefill nodes (default 2)
 #     --decodes N     simulated decode nodes (default 2)
+#     --transfer B    how the nodes move KV blocks: tcp (default), shm,tcp (shared memory on this
+#                     host, tcp otherwise), or none (no KV bytes move)
 #     --once          exit 0 after the streamed request (used by the test suite)
 #     --skip-install  do not run deploy/install-deps.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 once=0; install=1; build_dir=$root/build/quickstart; http_port=10001; discovery_port=36367
-dialect=moriio-write; prefills=2; decodes=2
+dialect=moriio-write; prefills=2; decodes=2; transfer=tcp
 while [[ $# -gt 0 ]]; do
   case $1 in
     --dialect) dialect=$2; shift ;;
     --prefills) prefills=$2; shift ;;
     --decodes) decodes=$2; shift ;;
+    --transfer) transfer=$2; shift ;;
     --once) once=1 ;;
     --skip-install) install=0 ;;
     --build-dir) build_dir=$2; shift ;;
     --http-port) http_port=$2; shift ;;
     --discovery-port) discovery_port=$2; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "quickstart: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -96,7 +99,7 @@ port=20100  # advertised side-channel ports (MoRIIO handshake/notify, NIXL/P2P K
 start_node() {  # role index
   local flags=(--role "$1" "${connector[@]}" --http 127.0.0.1:0 --register "$discovery"
                --handshake-port $port --notify-port $((port + 1)) --kv-port $((port + 2))
-               --prefill-us-per-token 200 --decode-us-per-token 40000)
+               --prefill-us-per-token 200 --decode-us-per-token 40000 --kv-backends "$transfer")
   [[ $dialect == mooncake && $1 == prefill ]] && flags+=(--bootstrap-port 0)
   port=$((port + 3))
   "$build_dir/node/pdnode" sim "${flags[@]}" > "$logs/$1-$2.out" 2> "$logs/$1-$2.log" &

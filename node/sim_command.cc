@@ -3,7 +3,9 @@
 
 #include <condition_variable>
 #include <cstdio>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "discovery/node_client.h"
+#include "node/sim_kv_mover.h"
 #include "node/sim_server.h"
 #include "node/stop_signals.h"
 #include "proto/address.h"
@@ -83,7 +86,17 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   node.tp_size = f.tp_size;
   node.handshake_port = static_cast<uint16_t>(f.handshake_port);
   node.notify_port = static_cast<uint16_t>(f.notify_port);
-  node.kv_port = f.kv_port != 0 ? static_cast<uint16_t>(f.kv_port) : default_kv_port(node.connector);
+  node.kv_port = f.kv_port >= 0 ? static_cast<uint16_t>(f.kv_port) : default_kv_port(node.connector);
+  if (f.kv_backends == "none" && (node.kv_port == 0 || node.handshake_port == 0 ||
+                                  node.notify_port == 0)) {
+    return "port 0 (ephemeral) for --kv-port/--handshake-port/--notify-port needs a KV side "
+           "channel: not with --kv-backends none";
+  }
+  const uint64_t pool_bytes = uint64_t{f.kv_blocks} * f.kv_block_bytes * f.kv_layers;
+  if (pool_bytes > (uint64_t{16} << 30)) {
+    return "--kv-blocks x --kv-block-bytes x --kv-layers is " + std::to_string(pool_bytes) +
+           " bytes; at most 16 GiB";
+  }
   out->workers = f.workers;
   out->model = f.model;
   out->max_model_len = f.max_model_len;
@@ -134,6 +147,11 @@ proto::Registration build_registration(const SimFlags& f, const sim::SimServer& 
       if (node.connector == Connector::kMooncake && node.role == proto::Role::kPrefill) {
         reg.bootstrap_port = server.bootstrap_port().value_or(server.port());
       }
+      // SGLang decodes find the prefill's KV at bootstrap_host:bootstrap_port (sim_kv_peer.h).
+      if (node.connector == Connector::kSglang && node.role == proto::Role::kPrefill &&
+          f.kv_backends != "none") {
+        reg.bootstrap_port = node.kv_port;
+      }
       break;
   }
   return reg;
@@ -148,8 +166,10 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
       "Run a simulated vLLM OpenAI server (no GPU): /health, /v1/models, /v1/completions and\n"
       "/v1/chat/completions in vLLM's formats, kv_transfer_params checked per connector, prefill\n"
       "and decode time modelled per token, deterministic text. Test endpoints: GET /sim/requests,\n"
-      "POST /sim/reset, /sim/faults (below). Runs until SIGTERM/SIGINT. Exit codes: 0 clean stop, 1 runtime failure,\n"
-      "2 bad flags.");
+      "POST /sim/reset, /sim/faults (below), GET /sim/kv (KV transfer counters). With\n"
+      "--kv-backends (default tcp) every P/D request moves real, verified KV bytes from the\n"
+      "prefill sim to the decode sim. Runs until SIGTERM/SIGINT. Exit codes: 0 clean stop,\n"
+      "1 runtime failure, 2 bad flags.");
   cmd->add_option("--role", f->role, "prefill or decode.")->capture_default_str()
       ->type_name("prefill|decode");
   cmd->add_option("--connector", f->connector,
@@ -183,20 +203,46 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
       ->type_name("ENDPOINT");
   cmd->add_option("--register-interval-ms", f->register_interval_ms, "Heartbeat period.")
       ->capture_default_str()->check(CLI::Range(10, 3600000))->type_name("MS");
-  cmd->add_option("--handshake-port", f->handshake_port, "MoRIIO handshake port (advertised).")
-      ->capture_default_str()->check(CLI::Range(1, 65535))->type_name("PORT");
-  cmd->add_option("--notify-port", f->notify_port, "MoRIIO notify port (advertised).")
-      ->capture_default_str()->check(CLI::Range(1, 65535))->type_name("PORT");
+  cmd->add_option("--handshake-port", f->handshake_port,
+                  "MoRIIO handshake port (advertised; with real KV, the node's KV side channel is "
+                  "bound here; 0: ephemeral, needs --kv-backends other than none).")
+      ->capture_default_str()->check(CLI::Range(0, 65535))->type_name("PORT");
+  cmd->add_option("--notify-port", f->notify_port,
+                  "MoRIIO notify port (advertised; bound too with real KV; 0: ephemeral).")
+      ->capture_default_str()->check(CLI::Range(0, 65535))->type_name("PORT");
   cmd->add_option("--kv-port", f->kv_port,
-                  "KV side-channel base port (advertised): NIXL remote_port, P2P-NCCL zmq_address, "
-                  "Mooncake worker_addr. Default per connector: 5600, 21001, 17000.")
-      ->check(CLI::Range(1, 65535))->type_name("PORT");
+                  "KV side-channel base port (advertised): NIXL remote_port (+ DP rank), P2P-NCCL "
+                  "zmq_address, Mooncake worker_addr (+ dp * tp_size + tp), SGLang bootstrap_port. "
+                  "A node moving real KV binds every one of them (0: an ephemeral base). "
+                  "Default per connector: 5600, 21001, 17000 (others 5600).")
+      ->check(CLI::Range(0, 65535))->type_name("PORT");
   cmd->add_option("--bootstrap-port", f->bootstrap_port,
                   "Mooncake prefill: also serve the bootstrap GET /query on this port (0: "
                   "ephemeral). It is always served on the --http port too.")
       ->check(CLI::Range(0, 65535))->type_name("PORT");
   cmd->add_option("--workers", f->workers, "HTTP worker threads.")->capture_default_str()
       ->check(CLI::Range(1, 256))->type_name("N");
+  cmd->add_option("--kv-backends", f->kv_backends,
+                  "Move real KV bytes between prefill and decode sims with the transfer engine over "
+                  "these backends, in preference order (\"tcp\", \"shm,tcp\", ...); \"none\": "
+                  "move nothing and accept every decode (no side channel is bound).")
+      ->capture_default_str()->type_name("LIST|none");
+  cmd->add_option("--kv-blocks", f->kv_blocks, "KV pool size in blocks (16 tokens per block).")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20))->type_name("N");
+  cmd->add_option("--kv-block-bytes", f->kv_block_bytes,
+                  "Bytes of one block of one layer (prefill and decode must agree).")
+      ->capture_default_str()->check(CLI::Range(64, 64 << 20))->type_name("BYTES");
+  cmd->add_option("--kv-layers", f->kv_layers, "Layers per block (prefill and decode must agree).")
+      ->capture_default_str()->check(CLI::Range(1, 1024))->type_name("N");
+  cmd->add_option("--kv-hold-ms", f->kv_hold_ms,
+                  "How long a prefill holds KV blocks no decode pulled (then they are reaped and "
+                  "counted, like MoRIIO's reaper); also how long a decode keeps blocks a late "
+                  "WRITE may still land in.")
+      ->capture_default_str()->check(CLI::Range(1, 86400000))->type_name("MS");
+  cmd->add_option("--kv-timeout-ms", f->kv_timeout_ms,
+                  "How long a decode waits for its KV (side channel, READ, or the prefill's "
+                  "WRITE) before failing the request (504 kv_timeout).")
+      ->capture_default_str()->check(CLI::Range(1, 86400000))->type_name("MS");
   add_log_level_option(cmd, &f->log_level);
   cmd->footer(
       "Fault injection (tests only): POST /sim/faults with a JSON object queues a fault for the\n"
@@ -220,7 +266,31 @@ int run_sim_command(const SimFlags& flags) {
     return kExitBadFlags;
   }
   configure_logging(flags.log_level);
-  sim::SimServer server(options);
+  std::unique_ptr<sim::KvMover> mover;
+  std::optional<uint16_t> kv_listen_port;
+  if (flags.kv_backends != "none") {
+    sim::EngineKvMoverOptions kv;
+    kv.node = options.node;
+    kv.bind_host = options.host;
+    kv.backends = flags.kv_backends;
+    kv.blocks = flags.kv_blocks;
+    kv.block_bytes = flags.kv_block_bytes;
+    kv.layers = flags.kv_layers;
+    kv.hold = std::chrono::milliseconds(flags.kv_hold_ms);
+    kv.transfer_timeout = std::chrono::milliseconds(flags.kv_timeout_ms);
+    std::unique_ptr<sim::EngineKvMover> engine_mover;
+    if (Status s = sim::EngineKvMover::create(kv, &engine_mover); !s.is_ok()) {
+      spdlog::error("cannot start the KV transfer engine (--kv-backends {}): {}", flags.kv_backends,
+                    s.to_string());
+      return kExitRuntime;
+    }
+    // Bound side-channel ports (0 asked for ephemeral ones) are what gets advertised.
+    options.node = engine_mover->node();
+    kv_listen_port = options.node.connector == Connector::kMoriio ? options.node.handshake_port
+                                                                  : options.node.kv_port;
+    mover = std::move(engine_mover);
+  }
+  sim::SimServer server(options, std::move(mover));
   if (Status s = server.start(); !s.is_ok()) {
     spdlog::error("cannot start: {}", s.to_string());
     return kExitRuntime;
@@ -247,6 +317,7 @@ int run_sim_command(const SimFlags& flags) {
   if (auto port = server.bootstrap_port()) {
     line += " bootstrap=" + proto::HostPort{options.host, *port}.to_string();
   }
+  if (kv_listen_port) line += " kv=" + proto::HostPort{options.host, *kv_listen_port}.to_string();
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 

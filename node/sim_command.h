@@ -5,7 +5,8 @@
 // add_sim_command() declares the subcommand and keeps raw flag values in `flags`; after a
 // successful parse, run_sim_command() validates them (exit code 2 with a precise message on a bad
 // combination), starts the server, prints `pdnode sim listening http=HOST:PORT` (plus
-// ` bootstrap=HOST:PORT` when a separate Mooncake bootstrap listener runs) on stdout, heartbeats
+// ` bootstrap=HOST:PORT` when a separate Mooncake bootstrap listener runs, and ` kv=HOST:PORT`, the
+// first KV side-channel port, on a node moving real KV) on stdout, heartbeats
 // its registration if --register was given, and runs until SIGTERM/SIGINT (exit 0).
 // block_stop_signals() must have run first.
 #pragma once
@@ -36,9 +37,16 @@ struct SimFlags {
   uint32_t register_interval_ms = 3000;
   uint32_t handshake_port = 6301;
   uint32_t notify_port = 61005;
-  uint32_t kv_port = 0;  // 0: connector default (NIXL 5600, P2P-NCCL 21001, Mooncake 17000)
+  int32_t kv_port = -1;  // -1: connector default (NIXL 5600, P2P-NCCL 21001, Mooncake 17000)
   int32_t bootstrap_port = -1;  // Mooncake prefill: separate /query listener; -1 none, 0 ephemeral
   uint32_t workers = 1;
+  // Real KV transfer (node/sim_kv_mover.h); "none" keeps the NullKvMover.
+  std::string kv_backends = "tcp";
+  uint32_t kv_blocks = 2048;
+  uint32_t kv_block_bytes = 16384;
+  uint32_t kv_layers = 2;
+  uint32_t kv_hold_ms = 60000;
+  uint32_t kv_timeout_ms = 30000;
   std::string log_level = "info";
 };
 

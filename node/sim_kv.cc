@@ -250,10 +250,22 @@ std::vector<int64_t> synthetic_block_ids(const std::string& request_id, uint32_t
   return ids;
 }
 
+uint32_t kv_block_count(uint32_t prompt_tokens) {
+  return (prompt_tokens + kTokensPerBlock - 1) / kTokensPerBlock;
+}
+
+std::string sglang_peer_address(const json& body) {
+  if (!body.is_object() || !present(body, "bootstrap_host") || !present(body, "bootstrap_port")) {
+    return "";
+  }
+  const std::string host = scalar_text(body["bootstrap_host"]);
+  // An IPv6 host comes bracketed already (REQUEST_LEGS.md, SGLang).
+  return host + ":" + scalar_text(body["bootstrap_port"]);
+}
+
 json prefill_response_params(const KvNodeIdentity& node, const KvRequest& request,
-                             const std::string& internal_id, uint32_t prompt_tokens) {
+                             const std::string& internal_id, const std::vector<int64_t>& blocks) {
   if (request.leg != KvLeg::kPrefill) return nullptr;
-  const std::vector<int64_t> blocks = synthetic_block_ids(internal_id, prompt_tokens);
   switch (node.connector) {
     case Connector::kNixl:
       return json{{"do_remote_prefill", true},

@@ -6,12 +6,14 @@
 // 400 here, so misbehaving routers fail loudly in tests). prefill_response_params() builds what
 // the prefill's request_finished() returns. A node refuses a leg that contradicts its --role.
 //
-// KvMover is the seam where real KV bytes will move: the server calls export_prefill_blocks()
-// when a prefill leg finishes and import_decode_blocks() before a decode leg emits its first
-// token. Today's NullKvMover moves nothing and accepts everything.
+// KvMover is the seam where KV bytes move: the server calls export_prefill_blocks() when a prefill
+// leg finishes and import_decode_blocks() when a decode leg arrives; the decode emits its first
+// token once the import is done. NullKvMover (--kv-backends none) moves nothing and accepts
+// everything; EngineKvMover (node/sim_kv_mover.h) moves real bytes with the transfer engine.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,33 +59,72 @@ std::optional<SimError> check_kv_request(const KvNodeIdentity& node, const std::
 
 // The prefill's kv_transfer_params in its non-streaming response (null for Mooncake, P2P-NCCL,
 // SGLang, and for plain or decode legs). `internal_id` is the engine-internal request id.
+// `blocks` are the remote_block_ids to advertise.
 nlohmann::json prefill_response_params(const KvNodeIdentity& node, const KvRequest& request,
-                                       const std::string& internal_id, uint32_t prompt_tokens);
+                                       const std::string& internal_id,
+                                       const std::vector<int64_t>& blocks);
 
 // The synthetic KV blocks one request owns: 16 tokens per block, ids derived from the request id.
 std::vector<int64_t> synthetic_block_ids(const std::string& request_id, uint32_t prompt_tokens);
+
+// SGLang carries its bootstrap address in the body, not in kv_transfer_params: "HOST:PORT" from
+// bootstrap_host / bootstrap_port (empty when either is missing or null).
+std::string sglang_peer_address(const nlohmann::json& body);
 
 struct KvBlocks {
   std::string request_id;        // X-Request-Id
   std::string transfer_id;
   std::string peer_address;
-  std::vector<int64_t> block_ids;
+  std::vector<int64_t> block_ids;  // decode: the prefill's remote_block_ids, when the dialect has them
   uint32_t prompt_tokens = 0;
   uint32_t dp_rank = 0;
+  std::string prompt;            // the prompt text (seeds the synthetic KV content)
+  nlohmann::json params;         // the leg's kv_transfer_params (null if none)
 };
 
-// Called on the worker thread that owns the request. A returned error fails the request with it.
+// The id both legs of one request know: the dialect's transfer_id when it has one, else the
+// X-Request-Id (the router sends the same one to both legs; proto/REQUEST_LEGS.md).
+inline const std::string& kv_transfer_key(const KvBlocks& blocks) {
+  return blocks.transfer_id.empty() ? blocks.request_id : blocks.transfer_id;
+}
+
+// Number of KV blocks a prompt occupies (16 tokens per block).
+uint32_t kv_block_count(uint32_t prompt_tokens);
+
+// Threads: export_prefill_blocks() and import_decode_blocks() are called on the worker thread
+// that owns the request, end_decode() likewise, several workers at once.
 class KvMover {
  public:
+  using ImportDone = std::function<void(std::optional<SimError>)>;
+
   virtual ~KvMover() = default;
-  virtual std::optional<SimError> export_prefill_blocks(const KvBlocks& blocks) = 0;
-  virtual std::optional<SimError> import_decode_blocks(const KvBlocks& blocks) = 0;
+  // A prefill leg finished. On success *block_ids (empty on entry) names the blocks holding its
+  // KV; they become remote_block_ids. A mover that holds nothing leaves it empty (the server then
+  // uses synthetic_block_ids()). A returned error fails the prefill's kv_transfer_params.
+  virtual std::optional<SimError> export_prefill_blocks(const KvBlocks& blocks,
+                                                        std::vector<int64_t>* block_ids) = 0;
+  // A decode leg arrived: bring its prompt's KV in. `done` runs exactly once, on any thread
+  // (possibly before this returns); an error fails the request with it. Returns a lease (0: none)
+  // that the server passes to end_decode() when the leg ends (answered, failed or aborted),
+  // whether or not `done` has run yet; the decode's blocks are freed then.
+  virtual uint64_t import_decode_blocks(const KvBlocks& blocks, ImportDone done) = 0;
+  virtual void end_decode(uint64_t /*lease*/) {}
+  // GET /sim/kv.
+  virtual nlohmann::json stats() const { return nlohmann::json{{"kv_backends", "none"}}; }
+  // Stops background work (from the owning thread, before the server's workers stop); every
+  // pending `done` has run when it returns.
+  virtual void stop() {}
 };
 
 class NullKvMover final : public KvMover {
  public:
-  std::optional<SimError> export_prefill_blocks(const KvBlocks&) override { return std::nullopt; }
-  std::optional<SimError> import_decode_blocks(const KvBlocks&) override { return std::nullopt; }
+  std::optional<SimError> export_prefill_blocks(const KvBlocks&, std::vector<int64_t>*) override {
+    return std::nullopt;
+  }
+  uint64_t import_decode_blocks(const KvBlocks&, ImportDone done) override {
+    done(std::nullopt);
+    return 0;
+  }
 };
 
 }  // namespace pdr::node::sim

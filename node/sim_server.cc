@@ -65,6 +65,9 @@ struct Generation {
   std::optional<http::Request> held;
   FaultSpec held_fault;
   std::optional<uint32_t> close_after_tokens;
+  // A decode leg's KV import (KvMover): the lease to end, and whether tokens wait for it.
+  uint64_t kv_lease = 0;
+  bool kv_waiting = false;
 };
 
 struct TimerBox {
@@ -107,6 +110,9 @@ struct SimServer::Impl {
   std::string bootstrap_query_json() const;
 
   void arm_timer(Generation& g, Clock::time_point when);
+  void arm_first_timer(Generation& g);
+  void start_kv_import(Generation& g);
+  void on_kv_imported(uint32_t worker, uint64_t seq, std::optional<SimError> error);
   void on_timer(uint32_t worker, uint64_t seq);
   void emit_due_tokens(Generation& g);
   void finish(Generation& g);
@@ -206,6 +212,9 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
       return answer(writer, seq, json_response(200, "{}"));
     }
     if (request.path == "/sim/faults") return handle_faults_endpoint(request, writer);
+    if (request.path == "/sim/kv" && get) {
+      return answer(writer, seq, json_response(200, mover->stats().dump()));
+    }
     answer_error(writer, seq, SimError{404, "not_found", "Not Found: " + request.path});
   } catch (const std::exception& e) {
     // nlohmann throws on type mismatches inside odd request bodies; the body is the client's fault.
@@ -312,6 +321,9 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
   if (auto e = check_kv_request(options.node, g->request_id, dp_rank, kv_params, &g->kv)) {
     return answer_error(writer, seq, *e);
   }
+  if (options.node.connector == proto::Connector::kSglang && g->kv.leg == KvLeg::kDecode) {
+    g->kv.peer_address = sglang_peer_address(body);
+  }
   if (g->req.prompt_tokens + g->req.max_tokens > options.max_model_len) {
     return answer_error(writer, seq,
                         SimError{400, "too_long",
@@ -343,11 +355,53 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
   g->writer.on_client_close([this, worker, seq] { abort(worker, seq); });
   Generation& ref = *g;
   in_flight[worker][seq] = std::move(g);
-  const Clock::time_point first = ref.req.stream
-                                      ? ref.first_token_at
-                                      : ref.first_token_at +
-                                            ref.per_token * static_cast<int64_t>(ref.tokens.size() - 1);
-  arm_timer(ref, first);
+  // A decode leg produces nothing before its prompt's KV has arrived.
+  if (ref.kv.leg == KvLeg::kDecode) return start_kv_import(ref);
+  arm_first_timer(ref);
+}
+
+void SimServer::Impl::arm_first_timer(Generation& g) {
+  const Clock::time_point first =
+      g.req.stream ? g.first_token_at
+                   : g.first_token_at + g.per_token * static_cast<int64_t>(g.tokens.size() - 1);
+  arm_timer(g, first);
+}
+
+void SimServer::Impl::start_kv_import(Generation& g) {
+  const uint32_t worker = g.worker;
+  const uint64_t seq = g.seq;
+  g.kv_waiting = true;
+  // `done` may run on any thread (or inline); the result is handled on the request's worker.
+  g.kv_lease = mover->import_decode_blocks(
+      blocks_of(g), [this, worker, seq](std::optional<SimError> error) {
+        server.post(worker, [this, worker, seq, error = std::move(error)]() mutable {
+          on_kv_imported(worker, seq, std::move(error));
+        });
+      });
+}
+
+void SimServer::Impl::on_kv_imported(uint32_t worker, uint64_t seq,
+                                     std::optional<SimError> error) {
+  Generation* g = find(worker, seq);
+  if (g == nullptr || !g->kv_waiting) return;  // the leg ended (client gone) meanwhile
+  g->kv_waiting = false;
+  if (error) {
+    log.count_error(error->reason);
+    spdlog::warn("sim: request {}: {}", g->request_id, error->message);
+    if (!g->req.stream) {
+      answer(g->writer, seq, json_response(error->status, vllm_error_body(*error)));
+    } else {
+      // vLLM's streaming error: an error event, then the end of the stream.
+      const json event{{"error", json::parse(vllm_error_body(*error))}};
+      g->writer.write("data: " + event.dump() + "\n\n");
+      g->writer.write(kSseDone);
+      g->writer.end_stream();
+      log.set_status(seq, error->status);
+    }
+    return erase(worker, seq);
+  }
+  g->first_token_at = std::max(g->first_token_at, Clock::now());
+  arm_first_timer(*g);
 }
 
 void SimServer::Impl::arm_timer(Generation& g, Clock::time_point when) {
@@ -387,13 +441,13 @@ KvBlocks SimServer::Impl::blocks_of(const Generation& g) const {
   blocks.peer_address = g.kv.peer_address;
   blocks.prompt_tokens = g.req.prompt_tokens;
   blocks.dp_rank = g.kv.dp_rank;
+  blocks.prompt = g.req.prompt_text;
+  blocks.params = g.kv.params;
   if (g.kv.params.is_object() && g.kv.params.contains("remote_block_ids") &&
       g.kv.params["remote_block_ids"].is_array()) {
     for (const json& id : g.kv.params["remote_block_ids"]) {
       if (id.is_number_integer()) blocks.block_ids.push_back(id.get<int64_t>());
     }
-  } else {
-    blocks.block_ids = synthetic_block_ids(g.request_id, g.req.prompt_tokens);
   }
   return blocks;
 }
@@ -403,18 +457,6 @@ void SimServer::Impl::on_timer(uint32_t worker, uint64_t seq) {
   if (g == nullptr) return;
   if (g->held) return release_held(*g);
   try {
-    if (g->next_token == 0 && g->kv.leg == KvLeg::kDecode) {
-      // Seam: the decode verifies it received the right prefill's blocks before any token.
-      if (auto e = mover->import_decode_blocks(blocks_of(*g))) {
-        log.count_error(e->reason);
-        if (!g->req.stream) {
-          answer(g->writer, seq, json_response(e->status, vllm_error_body(*e)));
-        } else {
-          log.set_status(seq, e->status);
-        }
-        return erase(worker, seq);  // a started stream is cut short, not completed
-      }
-    }
     if (!g->req.stream) {
       if (g->close_after_tokens) return cut(*g);
       g->next_token = g->tokens.size();
@@ -449,13 +491,14 @@ void SimServer::Impl::finish(Generation& g) {
   json kv_params = nullptr;
   if (g.kv.leg == KvLeg::kPrefill) {
     // Seam: a finished prefill hands its blocks to the transfer layer.
-    if (auto e = mover->export_prefill_blocks(blocks_of(g))) {
+    std::vector<int64_t> block_ids;
+    if (auto e = mover->export_prefill_blocks(blocks_of(g), &block_ids)) {
       log.count_error(e->reason);
       spdlog::warn("sim: exporting KV for {} failed: {}", g.request_id, e->message);
     } else {
-      kv_params = prefill_response_params(options.node, g.kv,
-                                          internal_request_id(g.req.kind, g.request_id),
-                                          g.req.prompt_tokens);
+      const std::string internal_id = internal_request_id(g.req.kind, g.request_id);
+      if (block_ids.empty()) block_ids = synthetic_block_ids(internal_id, g.req.prompt_tokens);
+      kv_params = prefill_response_params(options.node, g.kv, internal_id, block_ids);
     }
   }
   if (g.req.stream) {
@@ -487,6 +530,7 @@ void SimServer::Impl::erase(uint32_t worker, uint64_t seq) {
   std::unique_ptr<Generation> g = std::move(it->second);
   table.erase(it);
   if (g->timer != nullptr) close_timer(std::exchange(g->timer, nullptr));
+  if (g->kv_lease != 0) mover->end_decode(g->kv_lease);  // frees the decode's KV blocks
 }
 
 SimServer::SimServer(SimOptions options, std::unique_ptr<KvMover> mover)
@@ -547,6 +591,9 @@ void SimServer::stop() {
   Impl& impl = *impl_;
   if (!impl.running) return;
   impl.running = false;
+  // Pending KV imports end first: their results are posted to still-running workers (and dropped
+  // there with their requests below), never to a stopped server.
+  impl.mover->stop();
   // Drop in-flight generations on their own threads first, so no timer keeps a loop alive.
   for (uint32_t w = 0; w < impl.in_flight.size(); ++w) {
     impl.server.post(w, [&impl, w] {

@@ -13,7 +13,15 @@
 // Test endpoints: GET /sim/requests returns the last 256 requests (method, path, headers with
 // lower-cased names, body as a string, arrival time in unix ms, status answered (0 while pending),
 // aborted flag) and counters {requests, aborts, errors_by_reason}; POST /sim/reset clears them.
-// /sim/* requests are not themselves recorded.
+// /sim/* requests are not themselves recorded. GET /sim/kv returns the KV mover's counters
+// (KvMover::stats(): kv_blocks_held, kv_blocks_reaped, kv_transfers, kv_bytes_moved,
+// kv_mismatches, kv_errors, the engine's counters, ...).
+//
+// KV: a finished prefill leg exports its blocks (KvMover::export_prefill_blocks; their ids become
+// remote_block_ids); a decode leg starts importing its KV on arrival and emits its first token (or,
+// non-streaming, starts its pacing) only once the import succeeded; a failed import fails the
+// request (non-stream: the error status and vLLM's body; stream: the head was sent, so an
+// {"error": ...} event, then [DONE]). The decode's blocks are freed when the leg ends, however.
 //
 // Fault injection (test only; sim_faults.h): POST /sim/faults with a JSON object queues a fault,
 // DELETE /sim/faults clears the queue, GET /sim/faults lists it (each answers {"faults":[...]};

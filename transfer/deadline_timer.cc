@@ -46,8 +46,10 @@ void DeadlineTimer::run() {
       continue;
     }
     auto first = by_deadline_.begin();
-    if (Clock::now() < first->first) {
-      cv_.wait_until(lock, first->first);
+    // A copy: remove() may erase this entry while we wait, and wait_until reads its argument again.
+    const Clock::time_point when = first->first;
+    if (Clock::now() < when) {
+      cv_.wait_until(lock, when);
       continue;
     }
     const std::uint64_t id = first->second;

@@ -134,8 +134,8 @@ Status Engine::Impl::start(std::vector<std::unique_ptr<Backend>> backends) {
   context.agent = options_.agent;
   context.regions = &regions_;
   context.counters = &counters_;
+  // Backends count notifications_sent/received themselves (backend.h).
   context.on_notification = [this](std::string_view from, std::string_view message) {
-    counters_.notifications_received.fetch_add(1, std::memory_order_relaxed);
     notifications_.push(from, message);
   };
   context.region_fd = [this](RegionId id) { return region_fd(id); };
@@ -550,9 +550,6 @@ void Engine::Impl::finish(XferTask* task, const XferResult& result) {
       } else {
         counters_.xfers_failed.fetch_add(1, std::memory_order_relaxed);
       }
-  }
-  if (!task->notify().empty() && final.state == XferState::kDone) {
-    counters_.notifications_sent.fetch_add(1, std::memory_order_relaxed);
   }
   Completion* completion = pending.completion;
   pending.task.reset();  // frees `task`

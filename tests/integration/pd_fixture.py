@@ -11,26 +11,53 @@ SGLang) every 200 ms; the constructor returns once pdrouter lists all of them an
 """
 import http.client
 import json
+import os
+import random
+import socket
 
 from pdrouter_fixture import Router, TIME_SCALE
 from sim_fixture import SimNode, stream_post
 
-_next_port = [20000]
+SPARE_PORTS = 8  # after each node's ports: room for per-DP-rank side-channel ports (kv_port + r)
+_handed_out = set()  # ports given to this process's nodes (decodes advertise theirs unbound)
 
 
 def _ports(n):
-    """Distinct advertised side-channel ports (never bound by the sims: only embedded in ids)."""
-    first = _next_port[0]
-    _next_port[0] += n
-    return list(range(first, first + n))
+    """n consecutive side-channel ports (then SPARE_PORTS more) free right now on 127.0.0.1, from a
+    random base below the ephemeral range, so concurrent test processes rarely collide. The
+    sims moving real KV bind them (MoRIIO handshake/notify, kv_port + DP rank)."""
+    for _ in range(200):
+        first = random.randrange(20000, 32000 - n - SPARE_PORTS)
+        block = set(range(first, first + n + SPARE_PORTS))
+        if block & _handed_out:
+            continue
+        probes = []
+        try:
+            for port in range(first, first + n + SPARE_PORTS):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                probes.append(sock)
+                sock.bind(("127.0.0.1", port))
+            _handed_out.update(block)
+            return list(range(first, first + n))
+        except OSError:
+            continue
+        finally:
+            for sock in probes:
+                sock.close()
+    raise AssertionError("no %d free consecutive ports found" % (n + SPARE_PORTS))
 
 
 class PdCluster:
     def __init__(self, connector, transfer_mode=None, prefills=1, decodes=1, topology=None,
                  prefill_flags=(), decode_flags=(), register=True, router_args=(),
-                 router_env=None):
+                 router_env=None, kv_backends=None, ephemeral_ports=False):
         self.connector = connector
         self.transfer_mode = transfer_mode
+        # The sims' --kv-backends: "tcp" unless PDR_SIM_KV_BACKENDS says otherwise ("none": no
+        # real KV moves, as before the sims had a transfer engine).
+        self.kv_backends = kv_backends or os.environ.get("PDR_SIM_KV_BACKENDS", "tcp")
+        # True: side-channel ports 0, so each sim binds ephemeral ones and advertises those.
+        self.ephemeral_ports = ephemeral_ports
         self.router = Router(topology_yaml=topology, extra_args=router_args, env=router_env)
         self.prefills, self.decodes = [], []
         try:
@@ -45,10 +72,10 @@ class PdCluster:
             raise
 
     def start_node(self, role, flags=(), register=True):
-        args = ["--role", role, "--connector", self.connector]
+        args = ["--role", role, "--connector", self.connector, "--kv-backends", self.kv_backends]
         if self.transfer_mode:
             args += ["--transfer-mode", self.transfer_mode]
-        handshake, notify, kv = _ports(3)
+        handshake, notify, kv = (0, 0, 0) if self.ephemeral_ports else _ports(3)
         args += ["--handshake-port", str(handshake), "--notify-port", str(notify),
                  "--kv-port", str(kv)]
         if self.connector == "mooncake" and role == "prefill":

@@ -2,7 +2,10 @@
 and SSE helpers (shared by test_sim.py and the router tests that use sim nodes as peers).
 
   * SimNode(*flags, env=None): starts `pdnode sim --http 127.0.0.1:0 FLAGS...` and waits for its
-    "listening" line; request/post_json talk to it; sim_requests/reset/set_fault/clear_faults drive
+    "listening" line (a standalone SimNode gets `--kv-backends none` unless FLAGS name
+    --kv-backends: alone, it has no peer to move KV from, and tests send it made-up decode
+    params; pd_fixture's clusters move real KV); kv_port is its KV side channel (nodes moving
+    real KV) and kv_stats() its GET /sim/kv; request/post_json talk to it; sim_requests/reset/set_fault/clear_faults drive
     its test endpoints (node/sim_server.h); wait_for_requests polls its request log with a
     deadline; stop() is a clean SIGTERM, kill() a SIGKILL for "node died" tests.
   * sse_events(raw): the `data:` payloads of a complete SSE body.
@@ -26,6 +29,9 @@ class SimNode:
     """A running `pdnode sim` and an HTTP client for it."""
 
     def __init__(self, *flags, env=None):
+        if "--kv-backends" not in flags:
+            # Standalone: no prefill to fetch KV from (and made-up decode params in tests).
+            flags = (*flags, "--kv-backends", "none")
         self.proc = ProcessHandle([pdnode_path(), "sim", "--http", "127.0.0.1:0", *flags],
                                   name="pdnode-sim", env=env)
         line = self.proc.wait_for_line(r"pdnode sim listening http=", START_TIMEOUT_S,
@@ -36,6 +42,8 @@ class SimNode:
         self._port = int(re.search(r"http=127\.0\.0\.1:(\d+)", line).group(1))
         match = re.search(r"bootstrap=127\.0\.0\.1:(\d+)", line)
         self._bootstrap_port = int(match.group(1)) if match else None
+        match = re.search(r" kv=127\.0\.0\.1:(\d+)", line)
+        self._kv_port = int(match.group(1)) if match else None
 
     @property
     def port(self):
@@ -45,6 +53,17 @@ class SimNode:
     def bootstrap_port(self):
         """Port of the separate Mooncake bootstrap listener, or None."""
         return self._bootstrap_port
+
+    @property
+    def kv_port(self):
+        """First port of the KV side channel (a node moving real KV), or None."""
+        return self._kv_port
+
+    def kv_stats(self):
+        """GET /sim/kv: the KV mover's counters (kv_blocks_held, kv_bytes_moved, ...)."""
+        status, raw, _ = self.request("GET", "/sim/kv")
+        assert status == 200, (status, raw)
+        return json.loads(raw)
 
     @property
     def http_address(self):

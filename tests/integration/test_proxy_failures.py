@@ -57,9 +57,9 @@ class ClusterTest(unittest.TestCase):
 
 
 class PrefillFailures(ClusterTest):
-    # In WRITE mode the sim's decode does not wait for KV (that is the transfer issue's seam),
-    # so tests where the prefill fails slow the decode down: its leg must still be open when
-    # the prefill's failure arrives, as a real decode waiting for KV would be.
+    # In WRITE mode the decode waits for the prefill's KV push only up to its KV timeout, and a
+    # failed prefill never pushes; tests where the prefill fails also slow the decode down, so its
+    # leg is certainly still open when the prefill's failure reaches pdrouter.
     SLOW_DECODE = ("--decode-us-per-token", "300000")
 
     def test_prefill_500_is_retried_on_another_prefill_with_fresh_ids(self):

@@ -337,7 +337,6 @@ TEST(Engine, NotificationsQueueWaitAndEventFd) {
   EXPECT_EQ(a.engine->take_notifications(&rest), 1u);
   EXPECT_EQ(rest[0].message, "req-1");
   EXPECT_LT(::read(fd, &value, sizeof value), 0) << "drained with the queue";
-  EXPECT_EQ(a.engine->counters().notifications_received.load(), 3u);
 }
 
 TEST(Engine, RegionsAndLayouts) {

@@ -399,7 +399,9 @@ void ShmBackend::run_task(std::uint64_t id) {
     seq = peer->next_seq++;
     peer->pending_acks[seq] = id;
   }
-  // From here the I/O thread may finish the task at any moment: use only `id`.
+  // From here the I/O thread may finish the task at any moment: use only `id`. Counted before the
+  // send, so a finished task's notification is always counted (taken back if the send fails).
+  context_.counters->notifications_sent.fetch_add(1, std::memory_order_relaxed);
   Status sent;
   {
     std::lock_guard lock(peer->send_mu);
@@ -409,6 +411,7 @@ void ShmBackend::run_task(std::uint64_t id) {
                                                 kSendTimeout);
   }
   if (!sent) {
+    context_.counters->notifications_sent.fetch_sub(1, std::memory_order_relaxed);
     // A broken connection: later tasks must not copy into a peer that is going away.
     {
       std::lock_guard lock(peer->mu);
@@ -419,7 +422,6 @@ void ShmBackend::run_task(std::uint64_t id) {
     post(Command{Command::Kind::kDrop, peer, 0});
     return finish(id, failed(XferCause::kPeerGone, done));
   }
-  context_.counters->notifications_sent.fetch_add(1, std::memory_order_relaxed);
   // A cancel that raced the hand-over saw awaiting_ack == false and only poked the worker.
   bool cancelled = false;
   {
