@@ -156,13 +156,9 @@ struct EngineKvMover::Impl {
   void free_op(DecodeOp& op);  // op.mu held
   void reap_quarantine();
 
-  // Waits for a submitted transfer; cancels it at the deadline or on stop() and then waits until
-  // the backend has let go of our memory. Transfers are submitted without an engine deadline and
-  // this enforces it instead: the engine's DeadlineTimer::run() waits on a reference to a map key
-  // that remove() may erase meanwhile (heap-use-after-free under ASan, transfer/deadline_timer.cc),
-  // so until that is fixed the sim keeps clear of it.
-  transfer::XferResult wait_transfer(transfer::Completion& done, transfer::XferId id,
-                                     Clock::time_point deadline);
+  // Waits for a submitted transfer (submitted with the engine deadline, which finishes it
+  // kTimeout); on stop() cancels it and then waits until the backend has let go of our memory.
+  transfer::XferResult wait_transfer(transfer::Completion& done, transfer::XferId id);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -384,7 +380,8 @@ void EngineKvMover::Impl::do_write(const std::string& key, const std::vector<uin
   xfer.local_blocks = std::span<const uint32_t>(mine.data(), count);
   xfer.remote_layout = write.layout;
   xfer.remote_blocks = std::span<const uint32_t>(write.blocks.data(), count);
-  xfer.notify = key;  // deadline: see wait_transfer()
+  xfer.notify = key;
+  xfer.deadline = deadline;
   transfer::Completion done;
   transfer::XferId id = 0;
   bool ok = false;
@@ -393,7 +390,7 @@ void EngineKvMover::Impl::do_write(const std::string& key, const std::vector<uin
   } else if (Status s = engine->submit(xfer, &done, &id); !s.is_ok()) {
     spdlog::warn("sim KV: cannot write '{}': {}", key, s.to_string());
   } else {
-    const transfer::XferResult r = wait_transfer(done, id, deadline);
+    const transfer::XferResult r = wait_transfer(done, id);
     ok = r.state == transfer::XferState::kDone;
     if (!ok) {
       spdlog::warn("sim KV: writing '{}' {}: {}", key, transfer::xfer_state_label(r.state),
@@ -411,13 +408,11 @@ void EngineKvMover::Impl::do_write(const std::string& key, const std::vector<uin
 }
 
 transfer::XferResult EngineKvMover::Impl::wait_transfer(transfer::Completion& done,
-                                                        transfer::XferId id,
-                                                        Clock::time_point deadline) {
+                                                        transfer::XferId id) {
   while (true) {
-    const auto slice = std::min(deadline, Clock::now() + kWaitSlice);
-    transfer::XferResult r = done.wait_until(slice);
+    transfer::XferResult r = done.wait_for(kWaitSlice);
     if (r.state != transfer::XferState::kPending) return r;
-    if (stopping.load(std::memory_order_acquire) || Clock::now() >= deadline) break;
+    if (stopping.load(std::memory_order_acquire)) break;
   }
   (void)engine->cancel(id);  // kNotFound: it finished meanwhile, which the wait below sees
   // The engine finishes a cancelled transfer promptly; until then our memory is still in use.
@@ -553,15 +548,15 @@ std::optional<SimError> EngineKvMover::Impl::import_read(const KvBlocks& blocks,
   xfer.local_blocks = local;
   xfer.remote_layout = peer.layout;
   xfer.remote_blocks = remote;
-  xfer.notify = kv_transfer_key(blocks);  // the prefill frees its blocks on it; deadline: see
-                                          // wait_transfer()
+  xfer.notify = kv_transfer_key(blocks);  // the prefill frees its blocks on it
+  xfer.deadline = deadline;
   transfer::Completion done;
   transfer::XferId id = 0;
   if (Status s = engine->submit(xfer, &done, &id); !s.is_ok()) {
     return kv_error(502, "kv_transfer_failed",
                     "cannot READ from prefill " + address + ": " + s.to_string());
   }
-  const transfer::XferResult r = wait_transfer(done, id, deadline);
+  const transfer::XferResult r = wait_transfer(done, id);
   if (r.state != transfer::XferState::kDone) {
     if (r.cause == transfer::XferCause::kPeerGone) forget_peer(address);
     if (r.cause == transfer::XferCause::kTimeout || Clock::now() >= deadline) {

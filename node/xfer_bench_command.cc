@@ -177,6 +177,7 @@ struct Target {
   int stdin_fd = -1;
   std::uint16_t raw_port = 0;
   std::string descriptor;
+  RegionId region = kInvalidRegion;  // the target's pool, from its descriptor
 
   ~Target() {
     if (stdin_fd >= 0) ::close(stdin_fd);
@@ -226,6 +227,14 @@ Status start_target(const XferBenchFlags& f, Target* target) {
   std::free(line);
   std::fclose(out);
   if (!ready) return Status(StatusCode::kIoError, "the target process did not start (see above)");
+  proto::TransferDescriptor d;
+  if (Status s = proto::decode_descriptor(
+          std::as_bytes(std::span(target->descriptor.data(), target->descriptor.size())), {}, &d);
+      !s) {
+    return s;
+  }
+  if (d.regions.size() != 1) return Status(StatusCode::kMalformed, "the target has no single pool");
+  target->region = d.regions[0].id;
   return Status::ok();
 }
 
@@ -404,11 +413,7 @@ class Initiator {
   }
 
   void latency(Engine& engine, PeerId peer, RegionId region, XferOp op, std::string what) {
-    // The target's region id is its first (and only) region: take it from the descriptor.
-    proto::TransferDescriptor d;
-    (void)proto::decode_descriptor(
-        std::as_bytes(std::span(target_.descriptor.data(), target_.descriptor.size())), {}, &d);
-    const RawSegment segment{region, 0, d.regions.at(0).id, 0, kLatencyBytes};
+    const RawSegment segment{region, 0, target_.region, 0, kLatencyBytes};
     std::vector<double> samples;
     Completion done;
     for (std::uint32_t i = 0; i < plan_.latency_iterations; ++i) {

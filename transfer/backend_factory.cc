@@ -17,43 +17,43 @@ namespace pdr::transfer {
 
 namespace {
 
-bool built(BackendKind kind) {
-  switch (kind) {
-#ifdef PDR_HAVE_TCP_BACKEND
-    case BackendKind::kTcp: return true;
-#endif
-#ifdef PDR_HAVE_SHM_BACKEND
-    case BackendKind::kShm: return true;
-#endif
-#ifdef PDR_HAVE_RDMA_BACKEND
-    case BackendKind::kRdma: return true;
-#endif
-    default: return false;
-  }
-}
+using Maker = std::unique_ptr<Backend> (*)(const BackendSettings&);
 
-std::unique_ptr<Backend> make_one(BackendKind kind, const BackendSettings& settings) {
-  switch (kind) {
 #ifdef PDR_HAVE_TCP_BACKEND
-    case BackendKind::kTcp: {
-      TcpBackendOptions options;
-      options.listen_host = settings.tcp_listen_host;
-      options.advertise_host = settings.advertise_host;
-      options.lanes = settings.tcp_lanes;
-      return make_tcp_backend(options);
-    }
+std::unique_ptr<Backend> make_tcp(const BackendSettings& settings) {
+  TcpBackendOptions options;
+  options.listen_host = settings.tcp_listen_host;
+  options.advertise_host = settings.advertise_host;
+  options.lanes = settings.tcp_lanes;
+  return make_tcp_backend(options);
+}
 #endif
 #ifdef PDR_HAVE_SHM_BACKEND
-    case BackendKind::kShm: return make_shm_backend(ShmBackendOptions{});
+std::unique_ptr<Backend> make_shm(const BackendSettings&) {
+  return make_shm_backend(ShmBackendOptions{});
+}
 #endif
 #ifdef PDR_HAVE_RDMA_BACKEND
-    case BackendKind::kRdma: {
-      RdmaBackendOptions options;
-      options.fake_verbs = settings.rdma_fake_verbs;
-      options.device = settings.rdma_device;
-      options.listen_host = settings.tcp_listen_host;
-      return make_rdma_backend(options);
-    }
+std::unique_ptr<Backend> make_rdma(const BackendSettings& settings) {
+  RdmaBackendOptions options;
+  options.fake_verbs = settings.rdma_fake_verbs;
+  options.device = settings.rdma_device;
+  options.listen_host = settings.tcp_listen_host;
+  return make_rdma_backend(options);
+}
+#endif
+
+// The backends this build contains; nullptr for one it does not.
+Maker maker(BackendKind kind) {
+  switch (kind) {
+#ifdef PDR_HAVE_TCP_BACKEND
+    case BackendKind::kTcp: return &make_tcp;
+#endif
+#ifdef PDR_HAVE_SHM_BACKEND
+    case BackendKind::kShm: return &make_shm;
+#endif
+#ifdef PDR_HAVE_RDMA_BACKEND
+    case BackendKind::kRdma: return &make_rdma;
 #endif
     default: return nullptr;
   }
@@ -83,7 +83,7 @@ Status parse_backend_list(std::string_view list, std::vector<BackendKind>* out) 
       return Status(StatusCode::kInvalidValue,
                     "transfer backend '" + std::string(name) + "' is listed twice");
     }
-    if (!built(kind)) {
+    if (maker(kind) == nullptr) {
       return Status(StatusCode::kNotFound,
                     "transfer backend '" + std::string(name) + "' is not part of this build");
     }
@@ -99,12 +99,13 @@ Status make_backends(const std::vector<BackendKind>& kinds, const BackendSetting
   if (Status s = parse_fault_plan(settings.faults, &faults); !s) return s;
   out->clear();
   for (BackendKind kind : kinds) {
-    std::unique_ptr<Backend> backend = make_one(kind, settings);
-    if (backend == nullptr) {
+    const Maker make = maker(kind);
+    if (make == nullptr) {
       return Status(StatusCode::kNotFound, "transfer backend '" +
                                                std::string(backend_kind_label(kind)) +
                                                "' is not part of this build");
     }
+    std::unique_ptr<Backend> backend = make(settings);
     if (!settings.faults.empty()) backend = make_faulty_backend(std::move(backend), faults);
     out->push_back(std::move(backend));
   }

@@ -5,10 +5,9 @@
 //   faults.latency        every transfer starts this much later (on the wrapper's timer thread)
 //   faults.fail_every     every N-th transfer fails with `fail_cause` without reaching the inner
 //                         backend (0: never)
-//   faults.corrupt_every  every N-th transfer that succeeds has one byte flipped in the data it
-//                         moved: READ in the local destination, WRITE in the remote destination
-//                         when that is reachable in-process (it is not: so for WRITE the byte is
-//                         flipped in the local source before sending and restored after); 0: never
+//   faults.corrupt_every  every N-th transfer that succeeds lands one flipped byte: a READ has it
+//                         flipped in the local destination after landing; a WRITE flips it in the
+//                         local source before sending and restores it after (0: never)
 //
 // Counting is per wrapper and deterministic (no randomness), so tests know which transfer is hit.
 // Everything else (start, peers, regions, notifications) passes straight through.
