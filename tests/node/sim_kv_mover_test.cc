@@ -6,11 +6,18 @@
 
 #include <future>
 
+#include <spdlog/spdlog.h>
+
 #include "node/sim_kv_channel.h"
 #include "node/sim_kv_wire.h"
 
 namespace pdr::node::sim {
 namespace {
+
+// spdlog creates its default logger on first use. pdnode's main() does that before any thread
+// exists; here the movers' threads would race to do it, which TSan reports because libspdlog is not
+// instrumented (it cannot see the function-local static's guard). Create it up front, as main does.
+const bool kLoggerReady = [] { return spdlog::default_logger() != nullptr; }();
 
 using nlohmann::json;
 
