@@ -10,6 +10,7 @@
 
 #include "node/sim_kv_channel.h"
 #include "node/sim_kv_wire.h"
+#include "tests/support/time_scale.h"
 
 namespace pdr::node::sim {
 namespace {
@@ -26,7 +27,11 @@ struct Pair {
   std::unique_ptr<EngineKvMover> decode;
 };
 
-Pair make_pair(proto::TransferMode mode, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+// Upper bounds scale with the sanitizer slowdown (tests/support/time_scale.h); the short timeouts
+// tests pass on purpose (a WRITE that never comes) stay exact.
+Pair make_pair(proto::TransferMode mode,
+               std::chrono::milliseconds timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+                   pdr::test::scaled(std::chrono::seconds(10)))) {
   Pair pair;
   for (proto::Role role : {proto::Role::kPrefill, proto::Role::kDecode}) {
     EngineKvMoverOptions o;
@@ -66,13 +71,13 @@ std::optional<SimError> import(EngineKvMover& decode, const KvBlocks& b, uint64_
   *lease = decode.import_decode_blocks(b, [result](std::optional<SimError> e) {
     result->set_value(std::move(e));
   });
-  EXPECT_EQ(future.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_EQ(future.wait_for(pdr::test::scaled(std::chrono::seconds(20))), std::future_status::ready);
   return future.get();
 }
 
 // Polls `stats()[key]` until it equals `want` (reaping and notifications are asynchronous).
 bool eventually(const EngineKvMover& m, const char* key, uint64_t want) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  const auto deadline = std::chrono::steady_clock::now() + pdr::test::scaled(std::chrono::seconds(10));
   while (std::chrono::steady_clock::now() < deadline) {
     if (m.stats()[key].get<uint64_t>() == want) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -140,7 +145,7 @@ TEST(EngineKvMover, WriteWorksWhicheverSideComesFirst) {
   ids.clear();
   ASSERT_FALSE(p.prefill->export_prefill_blocks(second, &ids));
   auto future = result->get_future();
-  ASSERT_EQ(future.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  ASSERT_EQ(future.wait_for(pdr::test::scaled(std::chrono::seconds(20))), std::future_status::ready);
   error = future.get();
   ASSERT_FALSE(error) << error->message;
   p.decode->end_decode(lease);
