@@ -54,6 +54,11 @@ def pdnode_path():
     return find_binary("pdnode", ["../node/pdnode", "pdnode", "node/pdnode"])
 
 
+def pdrouter_bench_path():
+    return find_binary("pdrouter-bench", ["../loadgen/pdrouter-bench", "pdrouter-bench",
+                                          "loadgen/pdrouter-bench"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Network utilities
 

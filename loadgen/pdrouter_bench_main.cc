@@ -1,0 +1,363 @@
+// pdrouter-bench: a load benchmark for OpenAI-compatible servers (pdrouter, vLLM, pdnode sim),
+// measuring what `vllm bench serve` measures with the same flag names. main() parses flags,
+// resolves the target, finds the model, sends vLLM's initial test request, runs, reports.
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <limits>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "loadgen/bench_report.h"
+#include "loadgen/bench_runner.h"
+
+namespace {
+
+using namespace pdr;
+using namespace pdr::loadgen;
+
+constexpr int kExitFailedRequests = 1;
+constexpr int kExitBadFlags = 2;
+constexpr int kExitInterrupted = 130;
+
+struct Flags {
+  std::string base_url;
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;
+  std::string endpoint;
+  std::string backend = "vllm";
+  std::string model;
+  std::string dataset = "random";
+  std::string request_rate = "inf";
+  double burstiness = 1.0;
+  uint32_t max_concurrency = 0;
+  std::string prompt_format = "words";
+  std::vector<std::string> headers;
+  std::string percentiles = "99";
+  double timeout_s = 600;
+  bool no_ignore_eos = false;
+  bool no_test_request = false;
+  bool no_progress = false;
+  double progress_interval_s = 1.0;
+  std::string json_path;
+  WorkloadOptions workload;
+};
+
+void add_flags(CLI::App& app, Flags& f) {
+  app.add_option("--base-url", f.base_url,
+                 "Server URL, http://HOST:PORT (overrides --host/--port). Hostnames are resolved once.");
+  app.add_option("--host", f.host, "Server host.")->capture_default_str();
+  app.add_option("--port", f.port, "Server port.")->capture_default_str();
+  app.add_option("--backend", f.backend,
+                 "vllm or openai: /v1/completions with a prompt; openai-chat: /v1/chat/completions with one user message.")
+      ->check(CLI::IsMember({"vllm", "openai", "openai-chat"}))
+      ->capture_default_str();
+  app.add_option("--endpoint", f.endpoint,
+                 "Request path (default /v1/completions, or /v1/chat/completions for openai-chat).");
+  app.add_option("--model", f.model, "Model name sent in every request (default: the first id of GET /v1/models).");
+  app.add_option("--dataset-name", f.dataset, "Prompt source; only 'random' (random prompts of a set length).")
+      ->check(CLI::IsMember({"random"}))
+      ->capture_default_str();
+  app.add_option("--random-input-len", f.workload.input_len, "Prompt length in tokens.")
+      ->check(CLI::Range(1u, 10'000'000u))
+      ->capture_default_str();
+  app.add_option("--random-output-len", f.workload.output_len, "max_tokens of each request.")
+      ->check(CLI::Range(1u, 10'000'000u))
+      ->capture_default_str();
+  app.add_option("--random-range-ratio", f.workload.range_ratio,
+                 "Lengths drawn uniformly from [len*(1-r), len*(1+r)], 0 <= r < 1.")
+      ->capture_default_str();
+  app.add_option("--num-prompts", f.workload.num_prompts, "Requests to send.")
+      ->check(CLI::Range(1u, 10'000'000u))
+      ->capture_default_str();
+  app.add_option("--prompt-format", f.prompt_format,
+                 "words: text of random common words (~1 token each on real tokenizers, exactly 1 on pdnode sim); token-ids: an array of random token ids (exact length on any model; completions only).")
+      ->check(CLI::IsMember({"words", "token-ids"}))
+      ->capture_default_str();
+  app.add_option("--vocab-size", f.workload.vocab_size,
+                 "token-ids: ids are drawn from [1000, vocab-size).")
+      ->capture_default_str();
+  app.add_option("--request-rate", f.request_rate,
+                 "Requests per second, or inf to send all at once.")
+      ->capture_default_str();
+  app.add_option("--burstiness", f.burstiness,
+                 "Gamma shape of the arrival gaps: 1 is a Poisson process, higher is more regular, lower burstier.")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-concurrency", f.max_concurrency,
+                 "At most this many requests in flight (arrivals wait); with --request-rate inf: a fixed concurrency. 0: no cap.")
+      ->capture_default_str();
+  app.add_option("--seed", f.workload.seed, "Seed of the prompts and the arrival times.")->capture_default_str();
+  app.add_option("--header", f.headers,
+                 "Extra request header 'Name: value' (repeatable). $OPENAI_API_KEY, when set, is sent as 'Authorization: Bearer ...'.");
+  app.add_option("--metric-percentiles", f.percentiles,
+                 "Comma-separated percentiles reported for TTFT, TPOT, ITL and E2EL (median always).")
+      ->capture_default_str();
+  app.add_option("--timeout", f.timeout_s,
+                 "Seconds a request may wait for its first byte, and a stream may stall, before it fails.")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--no-ignore-eos", f.no_ignore_eos,
+               "Do not send ignore_eos (vLLM then stops at EOS, so outputs may be shorter than --random-output-len).");
+  app.add_flag("--no-test-request", f.no_test_request,
+               "Skip the initial test request (the first prompt sent alone, to fail fast on a wrong URL, model or flag).");
+  app.add_flag("--no-progress,--disable-tqdm", f.no_progress, "No progress lines on stderr.");
+  app.add_option("--progress-interval", f.progress_interval_s, "Seconds between progress lines.")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--json", f.json_path,
+                 "Also write the result as JSON (vLLM's keys) to this file; '-' prints it on stdout and the table on stderr.");
+}
+
+Status parse_percentiles(const std::string& text, std::vector<double>* out) {
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    const std::string item = text.substr(start, comma - start);
+    char* end = nullptr;
+    const double p = std::strtod(item.c_str(), &end);
+    if (item.empty() || end != item.c_str() + item.size() || !(p > 0 && p < 100)) {
+      return {StatusCode::kInvalidValue,
+              fmt::format("--metric-percentiles: '{}' is not a number in (0, 100)", item)};
+    }
+    out->push_back(p);
+    start = comma + 1;
+  }
+  return {};
+}
+
+Status parse_rate(const std::string& text, double* rate) {
+  if (text == "inf") {
+    *rate = std::numeric_limits<double>::infinity();
+    return {};
+  }
+  char* end = nullptr;
+  *rate = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !(*rate > 0) || std::isinf(*rate)) {
+    return {StatusCode::kInvalidValue,
+            fmt::format("--request-rate: '{}' is not a positive number or inf", text)};
+  }
+  return {};
+}
+
+Status parse_header(const std::string& text, http::Header* out) {
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos || colon == 0) {
+    return {StatusCode::kInvalidValue, fmt::format("--header: '{}' is not 'Name: value'", text)};
+  }
+  out->name = text.substr(0, colon);
+  size_t value = colon + 1;
+  while (value < text.size() && text[value] == ' ') ++value;
+  out->value = text.substr(value);
+  return {};
+}
+
+// The upstream client takes IP literals only: a hostname is resolved here, once.
+Status resolve(proto::HostPort* target) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(target->host.c_str(), nullptr, &hints, &found) == 0) {
+    freeaddrinfo(found);
+    return {};
+  }
+  hints.ai_flags = 0;
+  if (const int rc = getaddrinfo(target->host.c_str(), nullptr, &hints, &found); rc != 0) {
+    return {StatusCode::kBadAddress,
+            fmt::format("cannot resolve '{}': {}", target->host, gai_strerror(rc))};
+  }
+  char host[NI_MAXHOST];
+  const int rc = getnameinfo(found->ai_addr, found->ai_addrlen, host, sizeof host, nullptr, 0,
+                             NI_NUMERICHOST);
+  freeaddrinfo(found);
+  if (rc != 0) return {StatusCode::kBadAddress, fmt::format("cannot resolve '{}'", target->host)};
+  target->host = host;
+  return {};
+}
+
+// vLLM's servers answer {"object": "list", "data": [{"id": ...}, ...]}.
+Status discover_model(const proto::HostPort& target, const EndpointOptions& endpoint,
+                      const http::UpstreamTimeouts& timeouts, std::string* model) {
+  http::UpstreamRequest request;
+  request.method = "GET";
+  request.path = "/v1/models";
+  request.headers = endpoint.headers;
+  const FetchResult got = fetch(target, std::move(request), timeouts);
+  if (!got.error) return {got.error.code(), "GET /v1/models: " + got.error.message()};
+  if (got.http_status != 200) {
+    return {StatusCode::kRejected,
+            fmt::format("GET /v1/models answered {}: {} (pass --model)", got.http_status,
+                        got.body.substr(0, 300))};
+  }
+  const nlohmann::json body = nlohmann::json::parse(got.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_object() && body.contains("data") && body["data"].is_array() &&
+      !body["data"].empty() && body["data"][0].is_object() && body["data"][0].contains("id") &&
+      body["data"][0]["id"].is_string()) {
+    *model = body["data"][0]["id"].get<std::string>();
+    return {};
+  }
+  return {StatusCode::kMalformed, "GET /v1/models: no data[0].id in the answer (pass --model)"};
+}
+
+std::string local_date() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y%m%d-%H%M%S", &tm);
+  return text;
+}
+
+int run(const Flags& f) {
+  const auto fail_flags = [](const Status& s) {
+    fmt::print(stderr, "pdrouter-bench: {}\n", s.message());
+    return kExitBadFlags;
+  };
+  WorkloadOptions workload = f.workload;
+  workload.format = f.prompt_format == "token-ids" ? PromptFormat::kTokenIds : PromptFormat::kWords;
+  if (Status s = validate(workload); !s) return fail_flags(s);
+  const bool chat = f.backend == "openai-chat";
+  if (chat && workload.format == PromptFormat::kTokenIds) {
+    return fail_flags({StatusCode::kInvalidValue, "--prompt-format token-ids needs a completions backend"});
+  }
+  ScheduleOptions schedule;
+  if (Status s = parse_rate(f.request_rate, &schedule.request_rate); !s) return fail_flags(s);
+  schedule.burstiness = f.burstiness;
+  schedule.seed = workload.seed;
+  if (f.max_concurrency != 0) schedule.max_concurrency = f.max_concurrency;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1e3));
+  schedule.timeouts = {.connect = std::chrono::milliseconds(10'000), .first_byte = timeout,
+                       .idle = timeout};
+  std::vector<double> percentiles;
+  if (Status s = parse_percentiles(f.percentiles, &percentiles); !s) return fail_flags(s);
+
+  proto::HostPort target;
+  std::string base_url = f.base_url;
+  if (base_url.empty()) {
+    target = {f.host, f.port};
+    base_url = "http://" + target.to_string();
+  } else {
+    proto::HttpUrl url;
+    if (Status s = proto::parse_http_url(base_url, &url); !s) {
+      return fail_flags({s.code(), "--base-url: " + s.message()});
+    }
+    target = url.address;
+    base_url = "http://" + target.to_string();
+  }
+  if (Status s = resolve(&target); !s) return fail_flags(s);
+
+  EndpointOptions endpoint;
+  endpoint.chat = chat;
+  endpoint.path = !f.endpoint.empty() ? f.endpoint : chat ? "/v1/chat/completions" : "/v1/completions";
+  endpoint.ignore_eos = !f.no_ignore_eos;
+  if (const char* key = std::getenv("OPENAI_API_KEY"); key != nullptr && *key != '\0') {
+    endpoint.headers.push_back({"Authorization", fmt::format("Bearer {}", key)});
+  }
+  for (const std::string& text : f.headers) {
+    http::Header header;
+    if (Status s = parse_header(text, &header); !s) return fail_flags(s);
+    endpoint.headers.push_back(std::move(header));
+  }
+  endpoint.model = f.model;
+  if (endpoint.model.empty()) {
+    if (Status s = discover_model(target, endpoint, schedule.timeouts, &endpoint.model); !s) {
+      fmt::print(stderr, "pdrouter-bench: {}: {}\n", base_url, s.message());
+      return kExitFailedRequests;
+    }
+  }
+
+  const std::vector<BenchRequest> requests = make_random_requests(workload);
+  fmt::print(stderr, "pdrouter-bench: {} {} requests of {} -> {} tokens to {}{} (model {})\n",
+             requests.size(), f.backend, workload.input_len, workload.output_len, base_url,
+             endpoint.path, endpoint.model);
+  if (!f.no_test_request) {
+    const RunOutcome test = run_benchmark(target, endpoint, {requests.front()},
+                                          {.timeouts = schedule.timeouts}, {});
+    if (test.interrupted) return kExitInterrupted;
+    const RequestResult& r = test.results.front();
+    if (!r.success) {
+      fmt::print(stderr,
+                 "pdrouter-bench: the initial test request failed, check the URL, model and "
+                 "flags: {}\n",
+                 r.error);
+      return kExitFailedRequests;
+    }
+    fmt::print(stderr, "pdrouter-bench: test request OK (TTFT {:.1f} ms, {} tokens)\n",
+               r.ttft_s * 1e3, r.output_tokens);
+  }
+
+  ProgressOptions progress;
+  if (!f.no_progress) {
+    progress.out = stderr;
+    progress.interval = std::chrono::milliseconds(static_cast<int64_t>(f.progress_interval_s * 1e3));
+    progress.overwrite = isatty(STDERR_FILENO) != 0;
+  }
+  const RunOutcome outcome = run_benchmark(target, endpoint, requests, schedule, progress);
+
+  RunInfo info{.date = local_date(), .backend = f.backend, .base_url = base_url,
+               .endpoint = endpoint.path, .model = endpoint.model,
+               .num_prompts = workload.num_prompts, .input_len = workload.input_len,
+               .output_len = workload.output_len, .range_ratio = workload.range_ratio,
+               .request_rate = schedule.request_rate, .burstiness = schedule.burstiness,
+               .max_concurrency = schedule.max_concurrency, .seed = workload.seed,
+               .interrupted = outcome.interrupted};
+  const BenchSummary summary =
+      summarize(outcome.results, outcome.duration_s, percentiles, outcome.max_in_flight);
+  const bool json_on_stdout = f.json_path == "-";
+  fmt::print(json_on_stdout ? stderr : stdout, "{}", render_table(info, summary));
+  if (!f.json_path.empty()) {
+    const std::string json = result_json(info, summary, outcome.results).dump(2) + "\n";
+    if (json_on_stdout) {
+      fmt::print(stdout, "{}", json);
+    } else {
+      std::ofstream file(f.json_path);
+      file << json;
+      if (!file.flush()) {
+        fmt::print(stderr, "pdrouter-bench: cannot write {}\n", f.json_path);
+        return kExitFailedRequests;
+      }
+    }
+  }
+  if (outcome.interrupted) return kExitInterrupted;
+  return summary.failed == 0 ? 0 : kExitFailedRequests;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A server closing a stream mid-write must not kill the benchmark.
+  std::signal(SIGPIPE, SIG_IGN);
+  spdlog::set_level(spdlog::level::warn);
+  CLI::App app{
+      "pdrouter-bench: load benchmark for OpenAI-compatible servers (pdrouter, vLLM, pdnode sim), "
+      "measuring what `vllm bench serve` measures, with its flag names: random prompts, Poisson "
+      "(gamma) arrivals or a fixed concurrency, streamed answers; reports request and token "
+      "throughput, TTFT, TPOT, ITL and end-to-end latency (mean, median, percentiles) and the "
+      "failures with their reasons, as a table on stdout and optionally JSON (--json). Progress "
+      "goes to stderr. Exit codes: 0 every request succeeded, 1 some failed (or the initial test "
+      "request, the model lookup or writing --json did), 2 bad flags, 130 interrupted "
+      "(SIGINT/SIGTERM: in-flight requests are cancelled and the table covers what finished).",
+      "pdrouter-bench"};
+  app.set_version_flag("--version", "pdrouter-bench " PDR_VERSION);
+  Flags flags;
+  add_flags(app, flags);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitBadFlags;
+  }
+  return run(flags);
+}

@@ -1,0 +1,136 @@
+#include "loadgen/stream_request.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "proto/ascii.h"
+
+namespace pdr::loadgen {
+namespace {
+
+constexpr size_t kMaxQuotedError = 300;
+
+std::string clip(std::string_view text) {
+  std::string out(text.substr(0, kMaxQuotedError));
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  }
+  if (text.size() > kMaxQuotedError) out += "...";
+  return out;
+}
+
+}  // namespace
+
+http::UpstreamRequest build_request(const EndpointOptions& endpoint, const BenchRequest& request) {
+  // The prompt is spliced in already encoded (it can be a 100 KB token-id array): the rest of
+  // the body is built by the JSON library.
+  nlohmann::json body;
+  body["model"] = endpoint.model;
+  if (endpoint.chat) {
+    body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", request.prompt_text}}});
+    body["max_completion_tokens"] = request.output_len;
+  } else {
+    body["prompt"] = nullptr;
+    body["max_tokens"] = request.output_len;
+  }
+  body["temperature"] = 0.0;
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  if (endpoint.ignore_eos) body["ignore_eos"] = true;
+  std::string text = body.dump();
+  if (!endpoint.chat) {
+    static constexpr std::string_view kPlaceholder = "\"prompt\":null";
+    const size_t at = text.find(kPlaceholder);
+    text.replace(at, kPlaceholder.size(), "\"prompt\":" + request.prompt_json);
+  }
+  http::UpstreamRequest out;
+  out.method = "POST";
+  out.path = endpoint.path;
+  out.headers = endpoint.headers;
+  out.headers.push_back({"Content-Type", "application/json"});
+  out.headers.push_back({"Accept", "text/event-stream"});
+  out.body = std::move(text);
+  return out;
+}
+
+StreamMeasurement::StreamMeasurement(const BenchRequest& request, double start_s) {
+  result_.input_len = request.input_len;
+  result_.start_s = start_s;
+}
+
+void StreamMeasurement::on_head(int status, const std::vector<http::Header>& headers) {
+  result_.http_status = status;
+  if (status != 200) return;
+  for (const http::Header& h : headers) {
+    if (iequals(h.name, "content-type") && h.value.find("text/event-stream") != std::string::npos) {
+      streaming_ = true;
+    }
+  }
+  if (!streaming_) fail("HTTP 200 but not text/event-stream (the server ignored \"stream\": true)");
+}
+
+void StreamMeasurement::on_body(std::string_view bytes, double now_s) {
+  if (!streaming_) {
+    if (error_body_.size() < kMaxErrorBody) {
+      error_body_.append(bytes.substr(0, kMaxErrorBody - error_body_.size()));
+    }
+    return;
+  }
+  if (failed_early()) return;
+  Status status = sse_.feed(bytes, [&](const proto::SseEvent& event) { on_event(event, now_s); });
+  if (!status && !failed_early()) fail("undecodable event stream: " + status.to_string());
+}
+
+void StreamMeasurement::on_event(const proto::SseEvent& event, double now_s) {
+  if (failed_early()) return;
+  if (saw_done_) return fail("event after [DONE]");
+  proto::StreamChunk chunk;
+  if (Status status = proto::parse_stream_chunk(event.data, &chunk); !status) {
+    return fail("undecodable chunk: " + status.to_string());
+  }
+  if (chunk.error_message) return fail("error event: " + clip(*chunk.error_message));
+  if (chunk.done) {
+    saw_done_ = true;
+    return;
+  }
+  if (chunk.prompt_tokens) usage_prompt_ = chunk.prompt_tokens;
+  if (chunk.completion_tokens) usage_completion_ = chunk.completion_tokens;
+  if (chunk.content_bytes == 0) return;  // role-only first chat chunk, usage-only last chunk
+  if (!saw_text_) {
+    saw_text_ = true;
+    result_.ttft_s = now_s - result_.start_s;
+  } else {
+    result_.itl_s.push_back(now_s - last_text_s_);
+  }
+  last_text_s_ = now_s;
+  ++text_chunks_;
+}
+
+void StreamMeasurement::on_complete(double now_s) {
+  result_.latency_s = now_s - result_.start_s;
+  if (failed_early()) return;
+  if (result_.http_status != 200) {
+    const std::optional<std::string> message = proto::error_message_of(error_body_);
+    return fail(fmt::format("HTTP {}: {}", result_.http_status,
+                            clip(message ? *message : error_body_)));
+  }
+  if (sse_.pending_bytes() != 0) return fail("stream ended inside an event");
+  if (!saw_done_) return fail("stream ended without [DONE]");
+  if (!saw_text_) return fail("stream carried no generated text");
+  result_.output_tokens =
+      usage_completion_ ? static_cast<uint32_t>(*usage_completion_) : text_chunks_;
+  if (usage_prompt_) result_.input_len = static_cast<uint32_t>(*usage_prompt_);
+  result_.success = true;
+}
+
+void StreamMeasurement::on_error(std::string_view what, double now_s) {
+  result_.latency_s = now_s - result_.start_s;
+  if (!failed_early()) fail(std::string(what));
+}
+
+void StreamMeasurement::fail(std::string error) {
+  result_.success = false;
+  result_.error = std::move(error);
+}
+
+}  // namespace pdr::loadgen

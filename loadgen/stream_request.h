@@ -1,0 +1,71 @@
+// One streamed OpenAI request of a benchmark, measured the way `vllm bench serve` measures it.
+//
+// build_request() makes the HTTP request (completions or chat, stream: true with
+// include_usage, max_tokens = the request's output length, temperature 0, ignore_eos when asked).
+// StreamMeasurement is fed the response's head and body bytes as they arrive and fills a
+// RequestResult: TTFT at the first SSE chunk carrying text, one ITL sample per later such
+// chunk, token counts from the final usage chunk (else the count of chunks with text).
+//
+// A request succeeds only if the answer is 200 text/event-stream, every event decodes, no event
+// is an error, at least one chunk carries text, and the stream ends with "data: [DONE]" and no
+// partial event: a stream cut short (pdrouter ends a failed decode with an error event, a dying
+// node just closes) is a failure, never a shorter success. Pure: times are passed in.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loadgen/bench_metrics.h"
+#include "loadgen/workload.h"
+#include "proto/openai_stream_chunk.h"
+#include "proto/sse_reader.h"
+#include "router/http/upstream_client.h"
+
+namespace pdr::loadgen {
+
+struct EndpointOptions {
+  std::string path = "/v1/completions";
+  bool chat = false;        // /v1/chat/completions body (messages) instead of prompt
+  std::string model;
+  bool ignore_eos = true;   // vLLM's extension: generate exactly max_tokens
+  std::vector<http::Header> headers;  // e.g. Authorization: Bearer ...
+};
+
+http::UpstreamRequest build_request(const EndpointOptions& endpoint, const BenchRequest& request);
+
+class StreamMeasurement {
+ public:
+  // Bodies of error answers are kept up to this size, for their message.
+  static constexpr size_t kMaxErrorBody = 64 * 1024;
+
+  StreamMeasurement(const BenchRequest& request, double start_s);
+
+  void on_head(int status, const std::vector<http::Header>& headers);
+  void on_body(std::string_view bytes, double now_s);
+  // The response ended normally at now_s: decides success.
+  void on_complete(double now_s);
+  // The call failed (connect refused, reset, timeout...).
+  void on_error(std::string_view what, double now_s);
+
+  // Once a failure is certain (error event, undecodable stream): the caller may stop reading.
+  bool failed_early() const { return !result_.error.empty(); }
+  const RequestResult& result() const { return result_; }
+  RequestResult take_result() { return std::move(result_); }
+
+ private:
+  void on_event(const proto::SseEvent& event, double now_s);
+  void fail(std::string error);
+
+  RequestResult result_;
+  proto::SseReader sse_;
+  bool streaming_ = false;  // 200 text/event-stream
+  bool saw_done_ = false;
+  bool saw_text_ = false;
+  uint32_t text_chunks_ = 0;
+  double last_text_s_ = 0;
+  std::optional<uint64_t> usage_prompt_, usage_completion_;
+  std::string error_body_;
+};
+
+}  // namespace pdr::loadgen
