@@ -4,7 +4,7 @@
 #      bench/discovery and bench/router --smoke, label bench)
 #   2. the same suite under ASan+UBSan
 #   3. the same suite under TSan (libzmq, not TSan-built, is suppressed: tests/tsan.supp)
-#   4. each libFuzzer target for a short run (PDR_FUZZ_SECONDS, default 30)
+#   4. each libFuzzer target for a short run (PDR_FUZZ_SECONDS, default 20)
 # Options via environment: PDR_JOBS (default: nproc), PDR_SKIP_ASAN=1, PDR_SKIP_TSAN=1,
 # PDR_SKIP_FUZZ=1, PDR_BUILD_ROOT (default: <repo>/build).
 set -euo pipefail
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=${PDR_JOBS:-$(nproc)}
 build_root=${PDR_BUILD_ROOT:-$root/build}
-fuzz_seconds=${PDR_FUZZ_SECONDS:-30}
+fuzz_seconds=${PDR_FUZZ_SECONDS:-20}
 
 deploy/install-deps.sh --tests
 

@@ -6,11 +6,13 @@
 #   routed   through pdrouter to a prefill sim + that decode sim in the seed's dialect (Mooncake:
 #            prefill and decode legs at once, the prefill pushes real KV bytes over the
 #            transfer engine (tcp), the decode streams all the asked tokens)
+#   routed, no KV   the same through a second pdrouter and pair whose sims move no KV bytes
+#            (--kv-backends none): the router's own share of the difference
 # and records both and their difference in bench/serving/RESULTS.md, with the machine.
 #   bench/serving/run.sh [--bin-dir DIR] [--smoke] [--num-prompts N] [--input-len N]
 #                        [--output-len N] [--request-rate R] [--burstiness B]
 #                        [--prefill-us-per-token US] [--decode-us-per-token US] [--results FILE]
-# A full run takes ~4 min. --smoke (CTest bench.serving_pd, ~15 s): 10 short prompts, results in a
+# A full run takes ~5 min. --smoke (CTest bench.serving_pd, ~15 s): 10 short prompts, results in a
 # temporary file; fails if any request fails. Every process started here is stopped on exit,
 # also on failure or Ctrl-C.
 set -euo pipefail
@@ -71,36 +73,51 @@ start() {
   echo "run.sh: $name did not start:" >&2; cat "$work/$name.err" >&2; exit 1
 }
 
-start pdrouter "$pdrouter" --http 127.0.0.1:0 --discovery tcp://127.0.0.1:0
-router_http=$(sed -E 's/.*http=([^ ]+).*/\1/' <<< "$line")
-discovery=$(sed -E 's/.*discovery=([^ ]+).*/\1/' <<< "$line")
-# A 7,500-token prompt is 469 KV blocks of 16 tokens; 4,096 blocks hold 8 such requests.
-sim_flags=(--connector mooncake --kv-backends tcp --kv-blocks 4096 --kv-port 0 --max-model-len 16384
-           --prefill-us-per-token "$prefill_us" --decode-us-per-token "$decode_us"
-           --register "$discovery" --register-interval-ms 500 --log-level warn)
-start prefill "$pdnode" sim --role prefill --bootstrap-port 0 "${sim_flags[@]}"
-start decode "$pdnode" sim --role decode "${sim_flags[@]}"
-decode_http=$(sed -E 's/.*http=([^ ]+).*/\1/' <<< "$line")
-for _ in $(seq 100); do
-  curl -sf "http://$router_http/ready" > /dev/null && break
-  sleep 0.1
-done
-curl -sf "http://$router_http/ready" > /dev/null || { echo "run.sh: pdrouter never became ready" >&2; exit 1; }
+# A pdrouter with one prefill and one decode sim registered; KV_BACKENDS is the sims' --kv-backends.
+# Sets router_http and decode_http.
+start_pair() {
+  local name=$1 kv_backends=$2
+  start "$name-pdrouter" "$pdrouter" --http 127.0.0.1:0 --discovery tcp://127.0.0.1:0
+  router_http=$(sed -E 's/.*http=([^ ]+).*/\1/' <<< "$line")
+  local discovery
+  discovery=$(sed -E 's/.*discovery=([^ ]+).*/\1/' <<< "$line")
+  # A 7,500-token prompt is 469 KV blocks of 16 tokens; 4,096 blocks hold 8 such requests.
+  local sim_flags=(--connector mooncake --kv-backends "$kv_backends" --kv-blocks 4096
+                   --max-model-len 16384 --prefill-us-per-token "$prefill_us"
+                   --decode-us-per-token "$decode_us" --register "$discovery"
+                   --register-interval-ms 500 --log-level warn)
+  # Side-channel ports: ephemeral when KV moves; without KV nothing is bound.
+  [[ $kv_backends == none ]] || sim_flags+=(--kv-port 0)
+  start "$name-prefill" "$pdnode" sim --role prefill --bootstrap-port 0 "${sim_flags[@]}"
+  start "$name-decode" "$pdnode" sim --role decode "${sim_flags[@]}"
+  decode_http=$(sed -E 's/.*http=([^ ]+).*/\1/' <<< "$line")
+  for _ in $(seq 100); do
+    curl -sf "http://$router_http/ready" > /dev/null && return 0
+    sleep 0.1
+  done
+  echo "run.sh: $name pdrouter never became ready" >&2; exit 1
+}
 
 bench_flags=(--dataset-name random --random-input-len "$input_len" --random-output-len "$output_len"
              --num-prompts "$num_prompts" --request-rate "$rate" --burstiness "$burstiness"
              --seed 1 --progress-interval 10)
 status=0
+start_pair kv tcp
 echo "=== direct to the decode sim ($decode_http)"
 "$bench" --base-url "http://$decode_http" "${bench_flags[@]}" --json "$work/direct.json" || status=1
-echo "=== through pdrouter ($router_http -> prefill sim -> decode sim)"
+echo "=== through pdrouter ($router_http -> prefill sim -> decode sim, real KV over tcp)"
 "$bench" --base-url "http://$router_http" "${bench_flags[@]}" --json "$work/routed.json" || status=1
 curl -s "http://${decode_http}/sim/kv" > "$work/decode_kv.json"
+# The same through a second pair whose sims move no KV: what is left is pdrouter's own share.
+start_pair nokv none
+echo "=== through pdrouter, sims moving no KV ($router_http)"
+"$bench" --base-url "http://$router_http" "${bench_flags[@]}" --json "$work/routed_nokv.json" || status=1
 
 [[ $smoke == 1 ]] && results=$work/RESULTS.md
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$bin_dir/CMakeCache.txt" 2>/dev/null || echo unknown)
 python3 "$root/bench/serving/report.py" --direct "$work/direct.json" --routed "$work/routed.json" \
+  --routed-nokv "$work/routed_nokv.json" \
   --decode-kv "$work/decode_kv.json" --commit "$commit" --build-type "$build_type" \
   --prefill-us "$prefill_us" --decode-us "$decode_us" > "$results" || status=1
 cat "$results"
