@@ -19,13 +19,15 @@ import datetime
 import http.client
 import json
 import os
-import platform
 import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import machine  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -413,19 +415,6 @@ def pct(sorted_values, p):
 
 # --------------------------------------------------------------------------------------------
 # Report
-
-
-def machine():
-    cpu = "unknown"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {"nproc": os.cpu_count(), "cpu": cpu,
-            "kernel": "%s %s %s" % (platform.system(), platform.release(), platform.machine()),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "load": " ".join(open("/proc/loadavg").read().split()[:3])}
 
 
 def us(value):

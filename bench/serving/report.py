@@ -5,7 +5,10 @@ import argparse
 import datetime
 import json
 import os
-import platform
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import machine  # noqa: E402
 
 ROWS = [  # (label, key, unit, format)
     ("Successful requests", "completed", "", "%d"),
@@ -27,16 +30,9 @@ ROWS = [  # (label, key, unit, format)
 ]
 
 
-def machine():
-    cpu = "unknown"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return "%s, %d cores, %s %s, load %s" % (
-        cpu, os.cpu_count(), platform.system(), platform.release(),
-        " ".join(open("/proc/loadavg").read().split()[:3]))
+def machine_text():
+    m = machine()
+    return "%s, %d cores, %s, load %s" % (m["cpu"], m["nproc"], m["kernel"], m["load"])
 
 
 def main():
@@ -84,7 +80,7 @@ def main():
       "runs on other hardware than the decode, which is the point of P/D; this benchmark "
       "isolates the overhead, not that gain.")
     w("")
-    w("**Machine**: %s." % machine())
+    w("**Machine**: %s." % machine_text())
     w("")
     w("| metric | direct | via pdrouter | difference | via pdrouter, no KV | difference |")
     w("| --- | ---: | ---: | ---: | ---: | ---: |")
