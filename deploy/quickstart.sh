@@ -45,12 +45,13 @@ esac
   { echo "quickstart: --prefills and --decodes take 1..99" >&2; exit 2; }
 
 if [[ $install -eq 1 ]]; then deploy/install-deps.sh; fi
-if [[ ! -x $build_dir/router/pdrouter || ! -x $build_dir/node/pdnode || $once -eq 0 ]]; then
-  echo "==> building pdrouter and pdnode (Release) in $build_dir"
+if [[ ! -x $build_dir/router/pdrouter || ! -x $build_dir/node/pdnode ||
+      ! -x $build_dir/loadgen/pdrouter-bench || $once -eq 0 ]]; then
+  echo "==> building pdrouter, pdnode and pdrouter-bench (Release) in $build_dir"
   mkdir -p "$build_dir"
   cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPDR_TESTS=OFF \
     -DPDR_BENCHMARKS=OFF > "$build_dir.configure.log" 2>&1 || { cat "$build_dir.configure.log"; exit 1; }
-  ninja -C "$build_dir" pdrouter pdnode
+  ninja -C "$build_dir" pdrouter pdnode pdrouter-bench
 fi
 
 logs=$(mktemp -d /tmp/pdrouter-quickstart.XXXXXX)
@@ -152,6 +153,8 @@ pdrouter and $want simulated nodes are running. Try:
     -d '{"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16, "stream": true}'
   curl -s http://$http/status | python3 -m json.tool     # the live registry
   curl -s http://$http/metrics | grep pdrouter_           # Prometheus metrics
+  $build_dir/loadgen/pdrouter-bench --port $http_port --num-prompts 50 --request-rate 5
+                                                          # TTFT, ITL, throughput, as vllm bench serve
 Nodes heartbeat every 3 s; kill one (see its pid with: pgrep -af 'pdnode sim') and watch it expire.
 Logs: $logs.  Press Ctrl-C to stop everything.
 MSG
