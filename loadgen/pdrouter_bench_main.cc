@@ -104,7 +104,7 @@ void add_flags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--timeout", f.timeout_s,
                  "Seconds a request may wait for its first byte, and a stream may stall, before it fails.")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(0.001, 604800.0))
       ->capture_default_str();
   app.add_flag("--no-ignore-eos", f.no_ignore_eos,
                "Do not send ignore_eos (vLLM then stops at EOS, so outputs may be shorter than --random-output-len).");
@@ -112,7 +112,7 @@ void add_flags(CLI::App& app, Flags& f) {
                "Skip the initial test request (the first prompt sent alone, to fail fast on a wrong URL, model or flag).");
   app.add_flag("--no-progress,--disable-tqdm", f.no_progress, "No progress lines on stderr.");
   app.add_option("--progress-interval", f.progress_interval_s, "Seconds between progress lines.")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(0.01, 3600.0))
       ->capture_default_str();
   app.add_option("--json", f.json_path,
                  "Also write the result as JSON (vLLM's keys) to this file; '-' prints it on stdout and the table on stderr.");
@@ -155,6 +155,9 @@ Status parse_header(const std::string& text, http::Header* out) {
   if (colon == std::string::npos || colon == 0) {
     return {StatusCode::kInvalidValue, fmt::format("--header: '{}' is not 'Name: value'", text)};
   }
+  if (text.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
+    return {StatusCode::kInvalidValue, "--header: a header may not contain CR, LF or NUL"};
+  }
   out->name = text.substr(0, colon);
   size_t value = colon + 1;
   while (value < text.size() && text[value] == ' ') ++value;
@@ -178,8 +181,16 @@ Status resolve(proto::HostPort* target) {
     return {StatusCode::kBadAddress,
             fmt::format("cannot resolve '{}': {}", target->host, gai_strerror(rc))};
   }
+  // IPv4 first: "localhost" often lists ::1 first while servers listen on 127.0.0.1 only.
+  const addrinfo* pick = found;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
+  }
   char host[NI_MAXHOST];
-  const int rc = getnameinfo(found->ai_addr, found->ai_addrlen, host, sizeof host, nullptr, 0,
+  const int rc = getnameinfo(pick->ai_addr, pick->ai_addrlen, host, sizeof host, nullptr, 0,
                              NI_NUMERICHOST);
   freeaddrinfo(found);
   if (rc != 0) return {StatusCode::kBadAddress, fmt::format("cannot resolve '{}'", target->host)};

@@ -45,6 +45,15 @@ Status validate(const WorkloadOptions& options) {
     return {StatusCode::kOutOfRange,
             fmt::format("--random-range-ratio must be in [0, 1), got {}", options.range_ratio)};
   }
+  // Prompts are generated up front (as vLLM does), so their total size is bounded.
+  const double total_tokens =
+      static_cast<double>(options.num_prompts) * options.input_len * (1.0 + options.range_ratio);
+  if (total_tokens > static_cast<double>(kMaxTotalPromptTokens)) {
+    return {StatusCode::kOutOfRange,
+            fmt::format("--num-prompts x --random-input-len is {:.0f} tokens; at most {} (prompts "
+                        "are generated before the run)",
+                        total_tokens, kMaxTotalPromptTokens)};
+  }
   if (options.format == PromptFormat::kTokenIds && options.vocab_size <= kFirstTokenId) {
     return {StatusCode::kOutOfRange,
             fmt::format("--vocab-size must be > {}, got {}", kFirstTokenId, options.vocab_size)};

@@ -39,8 +39,11 @@ struct BenchRequest {
   uint32_t output_len = 0;  // max_tokens asked for
 };
 
-// Checks ranges (non-zero lengths and count, ratio in [0, 1), vocab_size > kFirstTokenId) and
-// names the bad option.
+// All prompts of a run are generated before it starts: at most this many tokens in total.
+inline constexpr uint64_t kMaxTotalPromptTokens = 500'000'000;
+
+// Checks ranges (non-zero lengths and count, ratio in [0, 1), vocab_size > kFirstTokenId, the
+// total prompt size) and names the bad option.
 Status validate(const WorkloadOptions& options);
 
 // options must be valid. Every prompt is distinct (a random prompt shares no prefix with

@@ -155,11 +155,14 @@ class AgainstOneSim(unittest.TestCase):
 
     def test_chat_and_token_ids_and_model_lookup(self):
         result, _, _ = run_bench(self.node.port, "--backend", "openai-chat", "--num-prompts", "4",
-                                 "--random-input-len", "30", "--random-output-len", "3")
+                                 "--random-input-len", "30", "--random-output-len", "3",
+                                 "--header", "X-Bench-Run: chat-1")
         self.assertEqual((result["completed"], result["endpoint"]), (4, "/v1/chat/completions"))
         self.assertEqual(result["model_id"], "sim-model")
         bodies = [json.loads(r["body"]) for r in generation_requests(self.node)]
         self.assertTrue(all(b["messages"][0]["role"] == "user" for b in bodies))
+        self.assertTrue(all(r["headers"].get("x-bench-run") == "chat-1"
+                            for r in generation_requests(self.node)))
         self.node.reset()
         result, _, _ = run_bench(self.node.port, "--prompt-format", "token-ids", "--num-prompts",
                                  "3", "--random-input-len", "64", "--random-output-len", "2",
@@ -218,6 +221,10 @@ class AgainstOneSim(unittest.TestCase):
         _, _, stderr = run_bench(self.node.port, "--backend", "openai-chat", "--prompt-format",
                                  "token-ids", expect_code=2)
         self.assertIn("token-ids needs a completions backend", stderr)
+        _, _, stderr = run_bench(self.node.port, "--header", "X-A: b\r\nX-Injected: c",
+                                 expect_code=2)
+        self.assertIn("--header: a header may not contain CR, LF or NUL", stderr)
+        self.assertEqual(generation_requests(self.node), [])
         node_port = self.node.port
         self.node.stop()
         _, _, stderr = run_bench(node_port, "--num-prompts", "2", expect_code=1)

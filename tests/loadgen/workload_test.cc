@@ -90,6 +90,9 @@ TEST(Workload, ValidateNamesTheBadOption) {
             std::string::npos);
   EXPECT_NE(validate({.format = PromptFormat::kTokenIds, .vocab_size = 10}).message().find("--vocab-size"),
             std::string::npos);
+  EXPECT_NE(validate({.num_prompts = 1'000'000, .input_len = 1'000}).message().find("at most"),
+            std::string::npos);
+  EXPECT_TRUE(validate({.num_prompts = 200, .input_len = 7'500}));
 }
 
 TEST(Arrivals, InfiniteRateSendsEverythingAtOnce) {
