@@ -67,7 +67,7 @@ class Run {
       const auto ms = static_cast<uint64_t>(progress_.interval.count());
       uv_timer_start(&progress_timer_, on_progress, ms, ms);
     }
-    start_ = Clock::now();
+    start_ = last_end_ = Clock::now();
     send_due();
     if (!finished()) uv_run(&loop_, UV_RUN_DEFAULT);
     if (progress_.out != nullptr) print_progress(true);
