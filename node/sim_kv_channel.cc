@@ -94,7 +94,8 @@ void KvChannelServer::run() {
 std::optional<std::string> kv_channel_call(zmq::context_t& context, const std::string& host,
                                            uint16_t port, std::string_view request,
                                            std::chrono::steady_clock::time_point deadline,
-                                           std::string* reply) {
+                                           std::string* reply,
+                                           const std::function<bool()>& abandon) {
   const std::string endpoint = kv_channel_endpoint(host, port);
   try {
     zmq::socket_t socket(context, zmq::socket_type::dealer);
@@ -108,8 +109,9 @@ std::optional<std::string> kv_channel_call(zmq::context_t& context, const std::s
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return "no reply from " + endpoint + " before the deadline";
+      if (abandon && abandon()) return "call to " + endpoint + " abandoned";
       zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, left);
+      zmq::poll(&item, 1, abandon ? std::min(left, kKvCallSlice) : left);
       if (!(item.revents & ZMQ_POLLIN)) continue;
       std::vector<zmq::message_t> frames;
       while (true) {

@@ -66,10 +66,15 @@ class KvChannelServer {
 std::string kv_channel_endpoint(const std::string& host, uint16_t port);
 
 // Sends `request` to host:port and waits until `deadline` for the reply. nullopt and *reply set
-// on success; else why it failed ("no reply from tcp://...: deadline passed").
+// on success; else why it failed ("no reply from tcp://...: deadline passed"). `abandon`, when
+// set, is asked at least every kKvCallSlice while waiting: true ends the call at once
+// ("abandoned"), so a node that is stopping, or whose request ended, does not sit out a peer
+// that died without answering.
+inline constexpr std::chrono::milliseconds kKvCallSlice{50};
 std::optional<std::string> kv_channel_call(zmq::context_t& context, const std::string& host,
                                            uint16_t port, std::string_view request,
                                            std::chrono::steady_clock::time_point deadline,
-                                           std::string* reply);
+                                           std::string* reply,
+                                           const std::function<bool()>& abandon = {});
 
 }  // namespace pdr::node::sim

@@ -106,6 +106,7 @@ struct EngineKvMover::Impl {
   std::unique_ptr<KvChannelServer> channel;
   std::unique_ptr<KvTaskPool> tasks;
   std::atomic<bool> stopping{false};
+  bool is_stopping() const { return stopping.load(std::memory_order_acquire); }
   bool push = false;
   // Reaps stale prefill entries and quarantined decode blocks every kReapPeriod until stop().
   std::mutex reaper_mu;
@@ -202,7 +203,7 @@ Status EngineKvMover::Impl::init() {
   reaper = std::thread([this] {
     std::unique_lock<std::mutex> lock(reaper_mu);
     while (!reaper_cv.wait_for(lock, kReapPeriod,
-                               [this] { return stopping.load(std::memory_order_acquire); })) {
+                               [this] { return is_stopping(); })) {
       reap();
       reap_quarantine();
     }
@@ -385,7 +386,7 @@ void EngineKvMover::Impl::do_write(const std::string& key, const std::vector<uin
   transfer::Completion done;
   transfer::XferId id = 0;
   bool ok = false;
-  if (stopping.load(std::memory_order_acquire)) {
+  if (is_stopping()) {
     spdlog::warn("sim KV: stopping, not writing '{}'", key);
   } else if (Status s = engine->submit(xfer, &done, &id); !s.is_ok()) {
     spdlog::warn("sim KV: cannot write '{}': {}", key, s.to_string());
@@ -412,7 +413,7 @@ transfer::XferResult EngineKvMover::Impl::wait_transfer(transfer::Completion& do
   while (true) {
     transfer::XferResult r = done.wait_for(kWaitSlice);
     if (r.state != transfer::XferState::kPending) return r;
-    if (stopping.load(std::memory_order_acquire)) break;
+    if (is_stopping()) break;
   }
   (void)engine->cancel(id);  // kNotFound: it finished meanwhile, which the wait below sees
   // The engine finishes a cancelled transfer promptly; until then our memory is still in use.
@@ -458,7 +459,7 @@ std::optional<SimError> EngineKvMover::Impl::get_peer(const KvBlocks& blocks,
   std::string raw;
   const Clock::time_point describe_deadline = std::min(deadline, Clock::now() + kDescribeTimeout);
   if (auto e = kv_channel_call(zmq_context, where->host, where->port, encode_kv_message(describe),
-                               describe_deadline, &raw)) {
+                               describe_deadline, &raw, [this] { return is_stopping(); })) {
     return kv_error(502, "kv_peer_unreachable", "prefill KV side channel: " + *e);
   }
   KvMessage reply;
@@ -591,8 +592,16 @@ std::optional<SimError> EngineKvMover::Impl::import_write(const KvBlocks& blocks
     op.write_may_land = true;  // from here on the prefill may write into them
   }
   std::string raw;
+  // A prefill that died (or was stopped) before answering would hold this decode, and its node's
+  // shutdown, until the KV deadline: the call gives up as soon as the leg ends or the node stops.
+  const auto ended = [&op] {
+    std::lock_guard<std::mutex> lock(op.mu);
+    return op.ended;
+  };
   if (auto e = kv_channel_call(zmq_context, where.host, where.port, encode_kv_message(request),
-                               deadline, &raw)) {
+                               deadline, &raw, [&] { return is_stopping() || ended(); })) {
+    if (ended()) return kv_error(499, "kv_abandoned", "the decode leg ended before its KV came");
+    if (is_stopping()) return kv_error(503, "kv_stopping", "the node is stopping");
     forget_peer(address);
     return kv_error(502, "kv_peer_unreachable", "prefill KV side channel: " + *e);
   }
@@ -608,15 +617,8 @@ std::optional<SimError> EngineKvMover::Impl::import_write(const KvBlocks& blocks
   while (true) {
     const Clock::time_point slice = std::min(deadline, Clock::now() + kWaitSlice);
     if (engine->wait_notification(key, slice)) break;
-    bool ended = false;
-    {
-      std::lock_guard<std::mutex> lock(op.mu);
-      ended = op.ended;
-    }
-    if (ended) return kv_error(499, "kv_abandoned", "the decode leg ended before its KV came");
-    if (stopping.load(std::memory_order_acquire)) {
-      return kv_error(503, "kv_stopping", "the node is stopping");
-    }
+    if (ended()) return kv_error(499, "kv_abandoned", "the decode leg ended before its KV came");
+    if (is_stopping()) return kv_error(503, "kv_stopping", "the node is stopping");
     if (Clock::now() >= deadline) {
       return kv_error(504, "kv_timeout",
                       "no KV written by prefill " + address + " for '" + key + "' within " +

@@ -1,10 +1,13 @@
 // EngineKvMover end to end in one process: a prefill mover and a decode mover on loopback, moving
-// real bytes over the tcp backend (READ and WRITE), a mismatch, a timeout and a bad message.
+// real bytes over the tcp backend (READ and WRITE), a mismatch, a timeout, a bad message, and a
+// prefill that goes silent.
 #include "node/sim_kv_mover.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -211,6 +214,103 @@ TEST(EngineKvMover, SideChannelRefusesAndCountsBadMessages) {
   ASSERT_FALSE(decode_kv_message(raw, &reply));
   EXPECT_EQ(reply.type, KvMessageType::kError);
   EXPECT_EQ(p.decode->stats()["kv_bad_messages"], 1);
+}
+
+// Stands in for a prefill that dies after describing itself: describe requests are relayed to a
+// real prefill's side channel, write requests are swallowed without a reply.
+class SilentOnWrite {
+ public:
+  explicit SilentOnWrite(uint16_t prefill_port) : prefill_port_(prefill_port) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.bind("tcp://127.0.0.1:*");
+    const std::string endpoint = socket_.get(zmq::sockopt::last_endpoint);
+    port_ = static_cast<uint16_t>(std::stoul(endpoint.substr(endpoint.rfind(':') + 1)));
+    thread_ = std::thread([this] { run(); });
+  }
+  ~SilentOnWrite() {
+    stop_ = true;
+    thread_.join();
+  }
+  uint16_t port() const { return port_; }
+  // Blocks until a write request arrived (or the bound passed).
+  bool wait_write_request() {
+    return write_seen_.get_future().wait_for(pdr::test::scaled(std::chrono::seconds(10))) ==
+           std::future_status::ready;
+  }
+
+ private:
+  void run() {
+    while (!stop_) {
+      zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(20));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      std::vector<zmq::message_t> frames;
+      while (true) {
+        zmq::message_t frame;
+        if (!socket_.recv(frame, zmq::recv_flags::dontwait)) break;
+        const bool more = frame.more();
+        frames.push_back(std::move(frame));
+        if (!more) break;
+      }
+      KvMessage message;
+      if (frames.size() != 3 || decode_kv_message(frames[2].to_string_view(), &message)) continue;
+      if (message.type == KvMessageType::kWriteRequest) {
+        if (!write_signalled_.exchange(true)) write_seen_.set_value();
+        continue;  // never answered
+      }
+      std::string reply;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      if (kv_channel_call(context_, "127.0.0.1", prefill_port_, frames[2].to_string_view(),
+                          deadline, &reply)) {
+        continue;
+      }
+      socket_.send(frames[0], zmq::send_flags::sndmore);
+      socket_.send(zmq::message_t(), zmq::send_flags::sndmore);
+      socket_.send(zmq::buffer(reply), zmq::send_flags::none);
+    }
+  }
+
+  uint16_t prefill_port_;
+  zmq::context_t context_;
+  zmq::socket_t socket_{context_, zmq::socket_type::router};
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> write_signalled_{false};
+  std::promise<void> write_seen_;
+  std::thread thread_;
+};
+
+// A WRITE decode whose prefill never acknowledges the write request must not wait out its whole
+// KV deadline (here 10 minutes) when its leg ends or its node stops: both used to hang a stopping
+// sim (first seen under TSan in test_proxy_failures).
+TEST(EngineKvMover, WriteRequestToASilentPrefillEndsWithTheLegOrTheNode) {
+  for (const bool by_stop : {false, true}) {
+    SCOPED_TRACE(by_stop ? "node stops" : "leg ends");
+    Pair p = make_pair(proto::TransferMode::kWrite, std::chrono::milliseconds(600000));
+    ASSERT_TRUE(p.prefill && p.decode);
+    SilentOnWrite silent(p.prefill->node().handshake_port);
+    KvBlocks b = request(*p.prefill, by_stop ? "tx-silent-stop" : "tx-silent-end", "x y", 2);
+    b.peer_address =
+        proto::MoriioZmqAddress{"127.0.0.1", silent.port(), p.prefill->node().notify_port}
+            .to_string();
+    auto result = std::make_shared<std::promise<std::optional<SimError>>>();
+    auto future = result->get_future();
+    const uint64_t lease = p.decode->import_decode_blocks(
+        b, [result](std::optional<SimError> e) { result->set_value(std::move(e)); });
+    ASSERT_TRUE(silent.wait_write_request());
+    const auto start = std::chrono::steady_clock::now();
+    if (by_stop) {
+      p.decode->stop();
+    } else {
+      p.decode->end_decode(lease);
+    }
+    ASSERT_EQ(future.wait_for(pdr::test::scaled(std::chrono::seconds(2))), std::future_status::ready);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, pdr::test::scaled(std::chrono::seconds(2)));
+    const std::optional<SimError> error = future.get();
+    ASSERT_TRUE(error);
+    EXPECT_EQ(error->reason, by_stop ? "kv_stopping" : "kv_abandoned") << error->message;
+    if (by_stop) p.decode->end_decode(lease);
+  }
 }
 
 }  // namespace
