@@ -17,6 +17,18 @@ uint16_t port_of(const std::string& endpoint) {
 
 }  // namespace
 
+std::vector<zmq::message_t> receive_frames(zmq::socket_t& socket, size_t max_frames) {
+  std::vector<zmq::message_t> frames;
+  while (true) {
+    zmq::message_t frame;
+    if (!socket.recv(frame, zmq::recv_flags::dontwait)) break;
+    const bool more = frame.more();
+    if (frames.size() < max_frames) frames.push_back(std::move(frame));
+    if (!more) break;
+  }
+  return frames;
+}
+
 std::string kv_channel_endpoint(const std::string& host, uint16_t port) {
   return "tcp://" + (is_ipv6(host) ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
@@ -61,14 +73,7 @@ void KvChannelServer::run() {
     try {
       zmq::poll(items, count, std::chrono::milliseconds(std::max<int64_t>(0, wait.count())));
       if (items[0].revents & ZMQ_POLLIN) {
-        std::vector<zmq::message_t> frames;
-        while (true) {
-          zmq::message_t frame;
-          if (!socket_->recv(frame, zmq::recv_flags::dontwait)) break;
-          const bool more = frame.more();
-          if (frames.size() < 4) frames.push_back(std::move(frame));
-          if (!more) break;
-        }
+        std::vector<zmq::message_t> frames = receive_frames(*socket_, 4);
         if (frames.size() != 3 || frames[1].size() != 0) {
           bad_envelopes_.fetch_add(1, std::memory_order_relaxed);
         } else {
@@ -113,14 +118,7 @@ std::optional<std::string> kv_channel_call(zmq::context_t& context, const std::s
       zmq::pollitem_t item{static_cast<void*>(socket), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, abandon ? std::min(left, kKvCallSlice) : left);
       if (!(item.revents & ZMQ_POLLIN)) continue;
-      std::vector<zmq::message_t> frames;
-      while (true) {
-        zmq::message_t frame;
-        if (!socket.recv(frame, zmq::recv_flags::dontwait)) break;
-        const bool more = frame.more();
-        if (frames.size() < 3) frames.push_back(std::move(frame));
-        if (!more) break;
-      }
+      std::vector<zmq::message_t> frames = receive_frames(socket, 3);
       if (frames.size() != 2 || frames[0].size() != 0) return "bad reply envelope from " + endpoint;
       reply->assign(frames[1].to_string_view());
       return std::nullopt;

@@ -62,6 +62,10 @@ class KvChannelServer {
   std::thread thread_;
 };
 
+// Reads the rest of one multipart message without blocking, keeping at most `max_frames` frames
+// (extra frames are read and dropped, so a bad envelope cannot desynchronise the socket).
+std::vector<zmq::message_t> receive_frames(zmq::socket_t& socket, size_t max_frames);
+
 // "tcp://HOST:PORT" with IPv6 hosts bracketed.
 std::string kv_channel_endpoint(const std::string& host, uint16_t port);
 

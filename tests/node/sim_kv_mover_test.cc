@@ -244,14 +244,7 @@ class SilentOnWrite {
       zmq::pollitem_t item{static_cast<void*>(socket_), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::chrono::milliseconds(20));
       if (!(item.revents & ZMQ_POLLIN)) continue;
-      std::vector<zmq::message_t> frames;
-      while (true) {
-        zmq::message_t frame;
-        if (!socket_.recv(frame, zmq::recv_flags::dontwait)) break;
-        const bool more = frame.more();
-        frames.push_back(std::move(frame));
-        if (!more) break;
-      }
+      std::vector<zmq::message_t> frames = receive_frames(socket_, 4);
       KvMessage message;
       if (frames.size() != 3 || decode_kv_message(frames[2].to_string_view(), &message)) continue;
       if (message.type == KvMessageType::kWriteRequest) {
