@@ -1,16 +1,14 @@
 // Control channel socket helpers (contract: control_socket.h).
 #include "transfer/rdma/control_socket.h"
 
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+
+#include "transfer/socket_ops.h"
 
 namespace pdr::transfer::rdma {
 
@@ -37,102 +35,27 @@ Status wait_fd(int fd, short events, ControlClock::time_point deadline, const ch
   }
 }
 
-Status resolve(const std::string& host, std::uint16_t port, addrinfo** out) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, out);
-  if (rc != 0) {
-    return Status(StatusCode::kBadAddress, "cannot resolve " + host + ": " + ::gai_strerror(rc));
-  }
-  return Status::ok();
-}
-
 }  // namespace
 
-bool split_host_port(const std::string& address, std::string* host, std::uint16_t* port) {
-  const auto colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 >= address.size()) return false;
-  std::string h = address.substr(0, colon);
-  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-  unsigned long value = 0;
-  for (std::size_t i = colon + 1; i < address.size(); ++i) {
-    const char c = address[i];
-    if (c < '0' || c > '9') return false;
-    value = value * 10 + static_cast<unsigned long>(c - '0');
-    if (value > 65535) return false;
-  }
-  if (value == 0 || h.empty()) return false;
-  *host = h;
-  *port = static_cast<std::uint16_t>(value);
-  return true;
-}
-
-Status control_listen(const std::string& host, std::uint16_t port, int* fd,
-                      std::uint16_t* bound_port) {
-  addrinfo* info = nullptr;
-  if (Status s = resolve(host, port, &info); !s) return s;
-  const int sock = ::socket(info->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (sock < 0) {
-    ::freeaddrinfo(info);
-    return errno_status("socket", errno);
-  }
-  const int one = 1;
-  ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(sock, info->ai_addr, info->ai_addrlen) != 0 || ::listen(sock, 128) != 0) {
-    const int error = errno;
-    ::freeaddrinfo(info);
-    ::close(sock);
-    return errno_status("bind/listen " + host + ":" + std::to_string(port), error);
-  }
-  ::freeaddrinfo(info);
-  sockaddr_storage addr{};
-  socklen_t len = sizeof(addr);
-  ::getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len);
-  *bound_port = addr.ss_family == AF_INET6
-                    ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                    : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-  *fd = sock;
-  return Status::ok();
-}
-
+// Socket set-up is transfer/socket_ops.h, shared with the tcp backend (the listener is its
+// open_listener); what is left here is the deadline-bounded connect and the record framing.
 Status control_connect(const std::string& address, ControlClock::time_point deadline, int* fd) {
   std::string host;
   std::uint16_t port = 0;
-  if (!split_host_port(address, &host, &port)) {
-    return Status(StatusCode::kBadAddress, "rdma control address '" + address + "' is not host:port");
-  }
-  addrinfo* info = nullptr;
-  if (Status s = resolve(host, port, &info); !s) return s;
-  const int sock = ::socket(info->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (sock < 0) {
-    ::freeaddrinfo(info);
-    return errno_status("socket", errno);
-  }
-  int rc = ::connect(sock, info->ai_addr, info->ai_addrlen);
-  ::freeaddrinfo(info);
-  if (rc != 0 && errno != EINPROGRESS) {
-    const int error = errno;
-    ::close(sock);
-    return errno_status("connect " + address, error);
-  }
-  if (rc != 0) {
+  if (Status s = split_host_port(address, &host, &port); !s) return s;
+  SocketAddress target;
+  if (Status s = resolve_address(host, port, &target); !s) return s;
+  int sock = -1;
+  int rc = start_connect(target, &sock);  // also sets TCP_NODELAY
+  if (rc == -EINPROGRESS) {
     if (Status s = wait_fd(sock, POLLOUT, deadline, "connect"); !s) {
       ::close(sock);
       return s;
     }
-    int error = 0;
-    socklen_t len = sizeof(error);
-    ::getsockopt(sock, SOL_SOCKET, SO_ERROR, &error, &len);
-    if (error != 0) {
-      ::close(sock);
-      return errno_status("connect " + address, error);
-    }
+    rc = finish_connect(sock);
+    if (rc != 0) ::close(sock);
   }
-  const int one = 1;
-  ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (rc != 0) return errno_status("connect " + address, -rc);
   *fd = sock;
   return Status::ok();
 }

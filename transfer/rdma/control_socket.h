@@ -19,17 +19,14 @@ namespace pdr::transfer::rdma {
 
 using ControlClock = std::chrono::steady_clock;
 
-// Binds and listens on host:port (port 0: any); *bound_port gets the port. Non-blocking listener.
-Status control_listen(const std::string& host, std::uint16_t port, int* fd,
-                      std::uint16_t* bound_port);
-// Connects to "host:port" by the deadline. The returned fd is blocking.
+// The listener is transfer/socket_ops.h open_listener (non-blocking, port 0: any).
+// Connects to "host:port" (the host may be [v6]) by the deadline. The returned fd is
+// non-blocking, with TCP_NODELAY; the record calls below wait with poll.
 Status control_connect(const std::string& address, ControlClock::time_point deadline, int* fd);
 // Sends a u32 little-endian length prefix and the bytes.
 Status control_send_record(int fd, const std::string& record, ControlClock::time_point deadline);
 // Receives one record of at most max_bytes (kTooLarge beyond; kIoError on EOF/timeout).
 Status control_recv_record(int fd, std::size_t max_bytes, ControlClock::time_point deadline,
                            std::string* record);
-// Splits "host:port" (the host may be [v6]). false when it does not parse.
-bool split_host_port(const std::string& address, std::string* host, std::uint16_t* port);
 
 }  // namespace pdr::transfer::rdma

@@ -28,6 +28,7 @@
 
 #include "proto/rdma_handshake.h"
 #include "transfer/rdma/control_socket.h"
+#include "transfer/socket_ops.h"
 #include "transfer/rdma/fake_verbs.h"
 #include "transfer/rdma/gid_rank.h"
 #include "transfer/rdma/notify_message.h"
@@ -395,7 +396,7 @@ Status RdmaBackend::start(const BackendContext& context) {
     return s;
   }
   std::uint16_t port = 0;
-  if (Status s = rdma::control_listen(options_.listen_host, options_.control_port, &listen_fd_, &port);
+  if (Status s = open_listener(options_.listen_host, options_.control_port, &listen_fd_, &port);
       !s) {
     release_device();
     return Status(StatusCode::kIoError, "rdma control listener: " + s.message());

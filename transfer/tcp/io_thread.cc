@@ -12,7 +12,7 @@
 
 #include "transfer/tcp/lane.h"
 #include "transfer/tcp/serving_connection.h"
-#include "transfer/tcp/socket_ops.h"
+#include "transfer/socket_ops.h"
 
 namespace pdr::transfer::tcp {
 

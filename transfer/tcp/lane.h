@@ -19,7 +19,7 @@
 #include "transfer/tcp/frame_io.h"
 #include "transfer/tcp/ring_queue.h"
 #include "transfer/tcp/shared_state.h"
-#include "transfer/tcp/socket_ops.h"
+#include "transfer/socket_ops.h"
 #include "transfer/tcp/task_state.h"
 
 namespace pdr::transfer::tcp {

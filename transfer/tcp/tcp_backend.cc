@@ -16,7 +16,7 @@
 
 #include "transfer/tcp/io_thread.h"
 #include "transfer/tcp/lane.h"
-#include "transfer/tcp/socket_ops.h"
+#include "transfer/socket_ops.h"
 #include "transfer/tcp/task_state.h"
 
 namespace pdr::transfer {
@@ -91,7 +91,7 @@ Status TcpBackend::start(const BackendContext& context) {
 
   int listen_fd = -1;
   std::uint16_t port = 0;
-  if (Status status = tcp::open_listener(options.listen_host, options.port, &listen_fd, &port); !status) {
+  if (Status status = open_listener(options.listen_host, options.port, &listen_fd, &port); !status) {
     return status;
   }
   std::vector<IoThread*> acceptors;
@@ -106,7 +106,7 @@ Status TcpBackend::start(const BackendContext& context) {
   }
   threads_.front()->set_listener(listen_fd, acceptors);
   for (auto& thread : threads_) thread->start();
-  local_address_ = tcp::join_host_port(
+  local_address_ = join_host_port(
       options.advertise_host.empty() ? options.listen_host : options.advertise_host, port);
   started_ = true;
   return {};
@@ -139,9 +139,9 @@ Status TcpBackend::add_peer(PeerId peer, const proto::TransferDescriptor& descri
   }
   std::string host;
   std::uint16_t port = 0;
-  if (Status status = tcp::split_host_port(endpoint->address, &host, &port); !status) return status;
-  tcp::SocketAddress address;
-  if (Status status = tcp::resolve_address(host, port, &address); !status) return status;
+  if (Status status = split_host_port(endpoint->address, &host, &port); !status) return status;
+  SocketAddress address;
+  if (Status status = resolve_address(host, port, &address); !status) return status;
 
   std::lock_guard<std::mutex> lock(mu_);
   if (!started_ || stopping_) return Status(StatusCode::kRejected, "tcp backend is not running");

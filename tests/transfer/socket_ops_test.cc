@@ -1,12 +1,12 @@
-// Address parsing of the TCP backend (the part of socket_ops without sockets).
-#include "transfer/tcp/socket_ops.h"
+// Address parsing of the backends' shared socket set-up (the part of socket_ops without sockets).
+#include "transfer/socket_ops.h"
 
 #include <gtest/gtest.h>
 
-namespace pdr::transfer::tcp {
+namespace pdr::transfer {
 namespace {
 
-TEST(TcpSocketOps, SplitsHostAndPort) {
+TEST(SocketOps, SplitsHostAndPort) {
   std::string host;
   std::uint16_t port = 0;
   ASSERT_TRUE(split_host_port("127.0.0.1:5000", &host, &port).is_ok());
@@ -19,7 +19,7 @@ TEST(TcpSocketOps, SplitsHostAndPort) {
   EXPECT_EQ(host, "node-7.local");
 }
 
-TEST(TcpSocketOps, RefusesMalformedAddresses) {
+TEST(SocketOps, RefusesMalformedAddresses) {
   std::string host;
   std::uint16_t port = 0;
   for (const char* text : {"", "host", "host:", ":80", "host:0", "host:65536", "host:8x", "::1:80", "[::1]80",
@@ -28,10 +28,10 @@ TEST(TcpSocketOps, RefusesMalformedAddresses) {
   }
 }
 
-TEST(TcpSocketOps, JoinsHostAndPort) {
+TEST(SocketOps, JoinsHostAndPort) {
   EXPECT_EQ(join_host_port("10.0.0.1", 80), "10.0.0.1:80");
   EXPECT_EQ(join_host_port("::1", 80), "[::1]:80");
 }
 
 }  // namespace
-}  // namespace pdr::transfer::tcp
+}  // namespace pdr::transfer

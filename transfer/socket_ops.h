@@ -1,5 +1,6 @@
-// Socket set-up for the TCP backend: address parsing and resolution, the listener, non-blocking
-// connects and the per-socket options of T-8. Errors come back as Status (or -errno where a caller
+// Socket set-up shared by the backends that speak TCP (the tcp backend's lanes, the rdma backend's
+// control channel): address parsing and resolution, the listener, non-blocking connects and the
+// per-socket options of T-8. Errors come back as Status (or -errno where a caller
 // must tell EINPROGRESS/EAGAIN apart); nothing here throws.
 #pragma once
 
@@ -11,7 +12,7 @@
 
 #include "proto/status.h"
 
-namespace pdr::transfer::tcp {
+namespace pdr::transfer {
 
 struct SocketAddress {
   sockaddr_storage storage{};
@@ -39,4 +40,4 @@ int finish_connect(int fd);
 // TCP_NODELAY (every frame is written whole, Nagle would only delay ACKs and READ_REQs).
 void tune_socket(int fd);
 
-}  // namespace pdr::transfer::tcp
+}  // namespace pdr::transfer

@@ -1,4 +1,4 @@
-#include "transfer/tcp/socket_ops.h"
+#include "transfer/socket_ops.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -11,7 +11,7 @@
 #include <charconv>
 #include <cstring>
 
-namespace pdr::transfer::tcp {
+namespace pdr::transfer {
 
 Status split_host_port(std::string_view text, std::string* host, std::uint16_t* port) {
   std::string_view host_part;
@@ -19,14 +19,14 @@ Status split_host_port(std::string_view text, std::string* host, std::uint16_t* 
   if (!text.empty() && text.front() == '[') {
     const size_t close = text.find(']');
     if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
-      return Status(StatusCode::kBadAddress, "tcp address '" + std::string(text) + "' is not [host]:port");
+      return Status(StatusCode::kBadAddress, "address '" + std::string(text) + "' is not [host]:port");
     }
     host_part = text.substr(1, close - 1);
     port_part = text.substr(close + 2);
   } else {
     const size_t colon = text.rfind(':');
     if (colon == std::string_view::npos || text.find(':') != colon) {
-      return Status(StatusCode::kBadAddress, "tcp address '" + std::string(text) + "' is not host:port");
+      return Status(StatusCode::kBadAddress, "address '" + std::string(text) + "' is not host:port");
     }
     host_part = text.substr(0, colon);
     port_part = text.substr(colon + 1);
@@ -35,7 +35,7 @@ Status split_host_port(std::string_view text, std::string* host, std::uint16_t* 
   const auto [end, ec] = std::from_chars(port_part.data(), port_part.data() + port_part.size(), value);
   if (host_part.empty() || ec != std::errc() || end != port_part.data() + port_part.size() ||
       value == 0 || value > 65535) {
-    return Status(StatusCode::kBadAddress, "tcp address '" + std::string(text) + "' has no valid host and port");
+    return Status(StatusCode::kBadAddress, "address '" + std::string(text) + "' has no valid host and port");
   }
   host->assign(host_part);
   *port = static_cast<std::uint16_t>(value);
@@ -121,4 +121,4 @@ void tune_socket(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-}  // namespace pdr::transfer::tcp
+}  // namespace pdr::transfer
