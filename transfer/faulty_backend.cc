@@ -122,16 +122,23 @@ class FaultyBackend final : public Backend {
       shadow->restore_write = true;
     }
     XferTask* inner = shadow->inner.get();
+    const std::uint64_t id = outer->id();
     {
       std::lock_guard lock(mu_);
-      shadows_[outer->id()] = std::move(shadow);
+      shadows_[id] = std::move(shadow);
     }
+    // A cancel that arrived after the timer took the task off the delay queue and before the
+    // shadow existed found neither and was dropped: carry it over now (outer cannot finish before
+    // inner is submitted, so reading it here is safe; after submit only the id is used).
+    const XferCause cancelled = outer->cancel_cause();
+    if (cancelled != XferCause::kNone) inner->request_cancel(cancelled);
     Status s = inner_->submit(inner);
+    if (s && cancelled != XferCause::kNone) inner_->cancel(id);
     if (!s) {
       std::unique_ptr<Shadow> undo;
       {
         std::lock_guard lock(mu_);
-        auto it = shadows_.find(outer->id());
+        auto it = shadows_.find(id);
         undo = std::move(it->second);
         shadows_.erase(it);
       }
