@@ -356,8 +356,9 @@ void EngineKvMover::Impl::reap() {
     }
   }
   if (!freed.empty()) {
-    pool->release(freed);
+    // Counted before they are freed: whoever sees kv_blocks_held drop also sees them reaped.
     reaped.fetch_add(freed.size(), std::memory_order_relaxed);
+    pool->release(freed);
   }
 }
 
@@ -677,8 +678,8 @@ void EngineKvMover::Impl::reap_quarantine() {
     }
   }
   if (!freed.empty()) {
+    reaped.fetch_add(freed.size(), std::memory_order_relaxed);  // before release, as in reap()
     pool->release(freed);
-    reaped.fetch_add(freed.size(), std::memory_order_relaxed);
   }
 }
 
