@@ -21,7 +21,7 @@ run_suite() {  # name, extra cmake args...
   local name=$1; shift
   local dir=$build_root/$name
   echo "=== [$name] configure + build"
-  cmake -S "$root" -B "$dir" -G Ninja "$@" > "$dir.configure.log" 2>&1 ||
+  cmake -S "$root" -B "$dir" -G Ninja -DPDR_DEBUG_INFO=lines "$@" > "$dir.configure.log" 2>&1 ||
     { cat "$dir.configure.log"; return 1; }
   ninja -C "$dir" -j "$jobs"
   echo "=== [$name] test"
@@ -47,7 +47,7 @@ fi
 if [[ "${PDR_SKIP_FUZZ:-0}" != 1 ]]; then
   echo "=== [fuzz] build (clang, libFuzzer)"
   dir=$build_root/fuzz
-  if CC=clang CXX=clang++ cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  if CC=clang CXX=clang++ cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDR_DEBUG_INFO=lines \
        -DPDR_FUZZERS=ON -DPDR_TESTS=ON -DPDR_BENCHMARKS=OFF > "$dir.configure.log" 2>&1 &&
      ninja -C "$dir" -j "$jobs" fuzzers; then
     for fuzzer in "$dir"/tests/fuzz/*_fuzz; do
