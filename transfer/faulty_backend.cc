@@ -22,6 +22,8 @@ struct Shadow {
   bool corrupt = false;
   bool restore_write = false;  // WRITE corruption: the flipped source byte to restore
   std::byte* flipped = nullptr;
+  bool submitted = false;       // inner_->submit() returned: cancels go to the inner backend
+  bool cancel_pending = false;  // a cancel came before that: forward() passes it on
 };
 
 void flip(std::byte* byte) { *byte ^= std::byte{0xff}; }
@@ -92,11 +94,16 @@ class FaultyBackend final : public Backend {
     {
       std::lock_guard lock(mu_);
       auto it = shadows_.find(id);
-      if (it != shadows_.end()) {
-        it->second->inner->request_cancel(it->second->outer->cancel_cause());
-      } else {
+      if (it == shadows_.end()) {
         // Still delayed: the timer thread finishes it with its cancel cause.
         cv_.notify_all();
+        return;
+      }
+      Shadow& shadow = *it->second;
+      shadow.inner->request_cancel(shadow.outer->cancel_cause());
+      if (!shadow.submitted) {
+        // The inner backend does not know the id yet and would drop the cancel.
+        shadow.cancel_pending = true;
         return;
       }
     }
@@ -123,17 +130,30 @@ class FaultyBackend final : public Backend {
     }
     XferTask* inner = shadow->inner.get();
     const std::uint64_t id = outer->id();
+    XferCause cancelled = XferCause::kNone;
     {
+      // The engine marks the task before it calls cancel(), which takes mu_: a cancel that came
+      // while the task was between the delay queue and this map shows here; a later one finds the
+      // shadow and is left pending until the inner backend knows the id.
       std::lock_guard lock(mu_);
       shadows_[id] = std::move(shadow);
+      cancelled = outer->cancel_cause();
     }
-    // A cancel that arrived after the timer took the task off the delay queue and before the
-    // shadow existed found neither and was dropped: carry it over now (outer cannot finish before
-    // inner is submitted, so reading it here is safe; after submit only the id is used).
-    const XferCause cancelled = outer->cancel_cause();
     if (cancelled != XferCause::kNone) inner->request_cancel(cancelled);
     Status s = inner_->submit(inner);
-    if (s && cancelled != XferCause::kNone) inner_->cancel(id);
+    if (s) {
+      bool cancel_now = cancelled != XferCause::kNone;
+      {
+        std::lock_guard lock(mu_);
+        if (auto it = shadows_.find(id); it != shadows_.end()) {  // else: already finished
+          it->second->submitted = true;
+          cancel_now = cancel_now || it->second->cancel_pending;
+        } else {
+          cancel_now = false;
+        }
+      }
+      if (cancel_now) inner_->cancel(id);
+    }
     if (!s) {
       std::unique_ptr<Shadow> undo;
       {

@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <future>
+#include <mutex>
+#include <set>
 
 #include "tests/support/status_matchers.h"
 #include "tests/support/time_scale.h"
@@ -111,6 +115,85 @@ TEST(FaultyBackend, DelaysAndStillCancels) {
   ASSERT_TRUE(a.engine->submit(RawXfer{XferOp::kRead, peer, {&segment, 1}}, &done, &id).is_ok());
   ASSERT_TRUE(a.engine->cancel(id).is_ok());
   EXPECT_EQ(done.wait_for(scaled(20s)).state, XferState::kCancelled);
+}
+
+// An inner backend whose submit() holds until the test opens it, and which finishes a transfer only
+// when it is cancelled: a cancel it never sees leaves the transfer pending for ever.
+class GateBackend final : public Backend {
+ public:
+  std::promise<void> entered;  // submit() started
+  void open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+  BackendKind kind() const override { return BackendKind::kTcp; }
+  Status start(const BackendContext&) override { return {}; }
+  void stop() override {
+    std::lock_guard lock(mu_);
+    for (XferTask* task : tasks_) task->finish({XferState::kFailed, XferCause::kPeerGone, 0});
+    tasks_.clear();
+  }
+  std::string local_address() const override { return "gate"; }
+  bool can_reach(const proto::TransferDescriptor&, const proto::TransferDescriptor&) const override {
+    return true;
+  }
+  Status add_peer(PeerId, const proto::TransferDescriptor&) override { return {}; }
+  void remove_peer(PeerId) override {}
+  Status submit(XferTask* task) override {
+    entered.set_value();
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return open_; });
+    tasks_.insert(task);
+    return {};
+  }
+  void cancel(std::uint64_t id) override {
+    XferTask* found = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      for (XferTask* task : tasks_) {
+        if (task->id() == id) found = task;
+      }
+      if (found == nullptr) return;  // unknown id: dropped, as real backends do
+      tasks_.erase(found);
+    }
+    found->finish({XferState::kCancelled, found->cancel_cause(), 0});
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  std::set<XferTask*> tasks_;
+};
+
+// A cancel landing after the delay queue handed the transfer on but before the inner backend knew
+// its id used to reach the inner backend too early and be dropped.
+TEST(FaultyBackend, CancelWhileTheInnerSubmitIsUnderWayIsNotLost) {
+  auto gate_owned = std::make_unique<GateBackend>();
+  GateBackend* gate = gate_owned.get();
+  std::future<void> entered = gate->entered.get_future();
+  std::promise<XferResult> finished;
+  XferTask task(7, XferOp::kRead, 1,
+                [](void* owner, XferTask*, const XferResult& result) {
+                  static_cast<std::promise<XferResult>*>(owner)->set_value(result);
+                },
+                &finished);
+  FaultPlan plan;
+  plan.latency = 1ms;
+  // Declared after the task: if an assertion fails, stopping it still finishes a live task.
+  std::unique_ptr<Backend> faulty = make_faulty_backend(std::move(gate_owned), plan);
+  ASSERT_TRUE(faulty->start(BackendContext{}).is_ok());
+  ASSERT_TRUE(faulty->submit(&task).is_ok());
+  ASSERT_EQ(entered.wait_for(scaled(20s)), std::future_status::ready);
+  // As the engine does: mark the task, then tell the backend.
+  ASSERT_TRUE(task.request_cancel(XferCause::kCancelled));
+  faulty->cancel(task.id());
+  gate->open();
+  std::future<XferResult> result = finished.get_future();
+  ASSERT_EQ(result.wait_for(scaled(20s)), std::future_status::ready) << "the cancel was lost";
+  EXPECT_EQ(result.get().state, XferState::kCancelled);
 }
 
 }  // namespace
