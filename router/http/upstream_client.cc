@@ -10,6 +10,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "router/http/host_resolver.h"
 #include "router/http/uv_handle.h"
 
 namespace pdr::http {
@@ -70,16 +71,19 @@ Status build_wire(const proto::HostPort& target, const UpstreamRequest& r, std::
   return Status::ok();
 }
 
-Status to_sockaddr(const proto::HostPort& target, sockaddr_storage* out) {
-  int rc = target.is_ipv6()
-               ? uv_ip6_addr(target.host.c_str(), target.port, reinterpret_cast<sockaddr_in6*>(out))
-               : uv_ip4_addr(target.host.c_str(), target.port, reinterpret_cast<sockaddr_in*>(out));
-  if (rc != 0) {
-    return Status(StatusCode::kBadAddress,
-                  "upstream host '" + target.host + "' is not an IP literal (hostnames are not resolved)");
+// False when target.host is not an IP literal (a name for the resolver).
+bool literal_sockaddr(const proto::HostPort& target, sockaddr_storage* out) {
+  return (target.is_ipv6()
+              ? uv_ip6_addr(target.host.c_str(), target.port, reinterpret_cast<sockaddr_in6*>(out))
+              : uv_ip4_addr(target.host.c_str(), target.port, reinterpret_cast<sockaddr_in*>(out))) == 0;
+}
+
+void set_port(sockaddr_storage* address, uint16_t port) {
+  if (address->ss_family == AF_INET6) {
+    reinterpret_cast<sockaddr_in6*>(address)->sin6_port = htons(port);
+  } else {
+    reinterpret_cast<sockaddr_in*>(address)->sin_port = htons(port);
   }
-  if (target.port == 0) return Status(StatusCode::kBadAddress, "upstream port 0");
-  return Status::ok();
 }
 
 }  // namespace
@@ -98,8 +102,10 @@ struct UpstreamPoolCore : std::enable_shared_from_this<UpstreamPoolCore> {
   // timer so no callback runs inside start().
   UvHandle<uv_timer_t> deferred_timer;
   std::vector<std::shared_ptr<UpstreamCall>> deferred;
+  std::unique_ptr<HostResolver> resolver;  // upstreams named by hostname
 
   void launch(const std::shared_ptr<UpstreamCall>& call, bool allow_reuse);
+  void connect_fresh(const std::shared_ptr<UpstreamCall>& call, const sockaddr_storage& address);
   void fail_later(const std::shared_ptr<UpstreamCall>& call, UpstreamFailure failure, Status error);
   void run_deferred();
   void close_all();
@@ -422,6 +428,9 @@ void UpstreamConnection::fail(UpstreamFailure failure, Status error) {
   if (call) call->conn_ = nullptr;
   close();
   if (!call) return;
+  if (failure == UpstreamFailure::kConnect || failure == UpstreamFailure::kConnectTimeout) {
+    core_->resolver->forget(call->target_.host);  // a node that moved: look its name up again
+  }
   if (failure == UpstreamFailure::kConnectionLost && call->reused_ && !got_bytes_ && !call->retried_) {
     // Stale pooled connection (see the header): retry once on a fresh one.
     call->retried_ = true;
@@ -581,11 +590,44 @@ void UpstreamPoolCore::launch(const std::shared_ptr<UpstreamCall>& call, bool al
       return;
     }
   }
-  sockaddr_storage addr{};
-  if (Status s = to_sockaddr(call->target_, &addr); !s) {
-    fail_later(call, UpstreamFailure::kBadRequest, std::move(s));
+  if (call->target_.port == 0) {
+    fail_later(call, UpstreamFailure::kBadRequest, Status(StatusCode::kBadAddress, "upstream port 0"));
     return;
   }
+  sockaddr_storage addr{};
+  if (literal_sockaddr(call->target_, &addr)) {
+    connect_fresh(call, addr);
+    return;
+  }
+  const std::string& host = call->target_.host;
+  if (resolver->cached(host, &addr)) {
+    set_port(&addr, call->target_.port);
+    connect_fresh(call, addr);
+    return;
+  }
+  // The call is held until the answer; cancel() meanwhile just marks it done.
+  Status started = resolver->resolve(
+      host, [call, weak = weak_from_this()](const Status& error, const sockaddr_storage& found) {
+        std::shared_ptr<UpstreamPoolCore> core = weak.lock();
+        if (!core || call->done()) return;
+        if (core->closed) {
+          call->finish_error(UpstreamFailure::kPoolClosed, Status(StatusCode::kIoError, "upstream pool closed"));
+        } else if (!error) {
+          call->finish_error(UpstreamFailure::kConnect,
+                             Status(error.code(), "connect to " + call->key_ + ": " + error.message()));
+        } else {
+          sockaddr_storage address = found;
+          set_port(&address, call->target_.port);
+          core->connect_fresh(call, address);
+        }
+      });
+  if (!started) {
+    fail_later(call, UpstreamFailure::kConnect,
+               Status(started.code(), "connect to " + call->key_ + ": " + started.message()));
+  }
+}
+
+void UpstreamPoolCore::connect_fresh(const std::shared_ptr<UpstreamCall>& call, const sockaddr_storage& addr) {
   ++stats.connects;
   int rc = 0;
   UpstreamConnection* conn = UpstreamConnection::create(shared_from_this(), call->key_, &rc);
@@ -616,6 +658,7 @@ void UpstreamPoolCore::run_deferred() {
 
 void UpstreamPoolCore::close_all() {
   closed = true;
+  if (resolver) resolver->close();  // calls waiting for a name fail with kPoolClosed
   std::vector<UpstreamConnection*> conns(live.begin(), live.end());
   for (UpstreamConnection* c : conns) {
     if (live.count(c) != 0) c->fail_pool_closed();
@@ -705,6 +748,7 @@ UpstreamPool::UpstreamPool(uv_loop_s* loop, PoolOptions options)
     : core_(std::make_shared<detail::UpstreamPoolCore>()) {
   core_->loop = loop;
   core_->options = options;
+  core_->resolver = std::make_unique<HostResolver>(loop, options.dns_ttl, options.resolve_timeout);
   const int rc = core_->deferred_timer.init(core_.get(), [&](uv_timer_t* t) { return uv_timer_init(loop, t); });
   if (rc < 0) spdlog::error("upstream pool: uv_timer_init failed: {}", uv_strerror(rc));
 }
@@ -734,6 +778,10 @@ std::shared_ptr<UpstreamCall> UpstreamPool::start(const proto::HostPort& target,
 
 void UpstreamPool::close_all() { core_->close_all(); }
 
-PoolStats UpstreamPool::stats() const { return core_->stats; }
+PoolStats UpstreamPool::stats() const {
+  PoolStats stats = core_->stats;
+  stats.name_lookups = core_->resolver->stats().lookups;
+  return stats;
+}
 
 }  // namespace pdr::http

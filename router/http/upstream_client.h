@@ -27,8 +27,11 @@
 // request on a connection it had already decided to close; it never happens once a response
 // byte was received, never on a fresh connection, and never twice for one call.
 //
-// Addresses: IPv4 and IPv6 literals only (HostPort::host without brackets). Hostnames are not
-// resolved (no uv_getaddrinfo yet): they fail with kBadAddress.
+// Addresses: IPv4 and IPv6 literals (HostPort::host without brackets) are used as they are.
+// Hostnames are resolved off the loop (HostResolver: one lookup per name per dns_ttl, IPv4 first,
+// looked up again after a failed connect); a name that does not resolve fails the call with
+// kConnect ("connect to host:port: cannot resolve 'host': ..."). Resolution has its own
+// timeout (resolve_timeout) before the connect timeout starts.
 #pragma once
 
 #include <chrono>
@@ -103,6 +106,10 @@ struct PoolOptions {
   // keep-alive timeout so that pdrouter, not the node, closes idle connections; the retry-once
   // path covers the remaining race.
   std::chrono::milliseconds idle_timeout{4000};
+  // Upstreams named by hostname: how long a resolved address is used before the name is looked
+  // up again, and how long a lookup may take.
+  std::chrono::milliseconds dns_ttl{5000};
+  std::chrono::milliseconds resolve_timeout{2000};
 };
 
 // Counters since construction. Plain values: read on the loop thread.
@@ -115,6 +122,7 @@ struct PoolStats {
   uint64_t cancels = 0;   // calls cancelled while in flight
   uint64_t active = 0;    // calls in flight (gauge)
   uint64_t idle = 0;      // pooled idle connections (gauge)
+  uint64_t name_lookups = 0;  // hostnames looked up (cache misses; concurrent calls share one)
 };
 
 // Handle on one call. Holding it is optional: an unreferenced call still runs to completion.

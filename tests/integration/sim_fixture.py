@@ -40,6 +40,8 @@ class SimNode:
             self.proc.stop()
             raise AssertionError("pdnode sim did not start:\n" + self.proc.output())
         self._port = int(re.search(r"http=127\.0\.0\.1:(\d+)", line).group(1))
+        self._advertise_host = (flags[flags.index("--advertise-host") + 1]
+                                if "--advertise-host" in flags else "127.0.0.1")
         match = re.search(r"bootstrap=127\.0\.0\.1:(\d+)", line)
         self._bootstrap_port = int(match.group(1)) if match else None
         match = re.search(r" kv=127\.0\.0\.1:(\d+)", line)
@@ -67,8 +69,8 @@ class SimNode:
 
     @property
     def http_address(self):
-        """"127.0.0.1:PORT", as the node registers itself."""
-        return "127.0.0.1:%d" % self._port
+        """"HOST:PORT" as the node registers itself: 127.0.0.1 unless --advertise-host says."""
+        return "%s:%d" % (self._advertise_host, self._port)
 
     def request(self, method, path, body=None, headers=None, port=None, timeout=10):
         """One request on a fresh connection; returns (status, body bytes, Content-Type).

@@ -9,7 +9,8 @@ through pdrouter with registered `pdnode sim` nodes (pd_fixture.PdCluster, NIXL 
     request;
   * policies.prefill / policies.decode: round_robin, least_outstanding, affinity (header, "user");
   * connectors.upstream_api_key_env: sent as "Authorization: Bearer <key>" on both legs when the
-    client sent none; the client's own header wins.
+    client sent none; the client's own header wins;
+  * nodes that register a hostname instead of an IP literal are resolved and served.
 """
 import contextlib
 import json
@@ -271,3 +272,29 @@ class TestUpstreamApiKey(ClusterCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestNodesNamedByHostname(unittest.TestCase):
+    """Nodes registered as "localhost:PORT" (a name, as Kubernetes DNS names are): pdrouter
+    resolves the name off its event loop and serves a streamed request through both, with real
+    KV moved between the sims (they reach each other by that name too)."""
+
+    def test_streamed_request_through_named_nodes(self):
+        named = ("--advertise-host", "localhost")
+        cluster = PdCluster("moriio", transfer_mode="READ", prefill_flags=named, decode_flags=named)
+        self.addCleanup(cluster.close)
+        listed = sorted(i["http_address"] for i in cluster.router.status()["instances"])
+        self.assertEqual(listed, sorted(n.http_address for n in cluster.prefills + cluster.decodes))
+        self.assertTrue(all(a.startswith("localhost:") for a in listed), listed)
+        with cluster.stream("/v1/completions", completion(max_tokens=4, stream=True),
+                            timeout=30) as events:
+            self.assertEqual(events.status, 200)
+            payloads = list(events)
+        self.assertEqual(payloads[-1], "[DONE]")
+        text = "".join(json.loads(p)["choices"][0]["text"] for p in payloads[:-1]
+                       if json.loads(p).get("choices"))
+        self.assertTrue(text)
+        self.assertEqual(len(gen_entries(cluster.prefills[0])), 1)
+        self.assertEqual(len(gen_entries(cluster.decodes[0])), 1)
+        kv = cluster.decodes[0].kv_stats()
+        self.assertEqual((kv["kv_transfers"], kv["kv_mismatches"]), (1, 0), kv)

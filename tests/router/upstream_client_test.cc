@@ -11,8 +11,10 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -561,23 +563,141 @@ TEST_F(UpstreamClientTest, MalformedResponseIsAnError) {
   EXPECT_EQ(o.error.code(), StatusCode::kMalformed);
 }
 
-TEST_F(UpstreamClientTest, HostnameAndBadHeaderFailFromTheLoop) {
+TEST_F(UpstreamClientTest, PortZeroAndBadHeaderFailFromTheLoop) {
   start_server();
-  Outcome by_name, bad_header;
-  target_.host = "localhost";
-  auto c1 = call("/json", &by_name);
-  target_.host = "127.0.0.1";
+  Outcome port_zero, bad_header;
+  const uint16_t port = target_.port;
+  target_.port = 0;
+  auto c1 = call("/json", &port_zero);
+  target_.port = port;
   UpstreamRequest req;
   req.path = "/json";
   req.headers.push_back({"X-Evil", "a\r\nInjected: 1"});
   auto c2 = pool_->start(target_, std::move(req), {}, record_into(&bad_header));
-  EXPECT_FALSE(by_name.done());
+  EXPECT_FALSE(port_zero.done());
   EXPECT_FALSE(bad_header.done());
-  ASSERT_TRUE(run_until([&] { return by_name.done() && bad_header.done(); }));
-  EXPECT_EQ(by_name.error.code(), StatusCode::kBadAddress);
+  ASSERT_TRUE(run_until([&] { return port_zero.done() && bad_header.done(); }));
+  EXPECT_EQ(port_zero.error.code(), StatusCode::kBadAddress);
   EXPECT_EQ(bad_header.error.code(), StatusCode::kInvalidValue);
   EXPECT_EQ(c1->failure(), UpstreamFailure::kBadRequest);
   EXPECT_EQ(requests_.load(), 0);
+}
+
+// "localhost" resolves to 127.0.0.1 (and maybe ::1, which the IPv4-first choice skips: the
+// server listens on 127.0.0.1 only). Concurrent calls share one lookup; later fresh connections
+// use the cached address; Host names the upstream as given.
+TEST_F(UpstreamClientTest, HostnamesAreResolvedOnceAndCached) {
+  start_server();
+  target_.host = "localhost";
+  Outcome a, b;
+  call("/json", &a);
+  call("/json", &b);
+  EXPECT_FALSE(a.done());  // never inside start()
+  ASSERT_TRUE(run_until([&] { return a.done() && b.done(); }));
+  ASSERT_TRUE(a.completed && b.completed) << a.error.to_string() << " / " << b.error.to_string();
+  EXPECT_EQ(header_of(a, "x-host"), "localhost:" + std::to_string(target_.port));
+  EXPECT_EQ(pool_->stats().name_lookups, 1u);
+  EXPECT_EQ(pool_->stats().connects, 2u);
+  Outcome more[3];
+  for (Outcome& o : more) call("/json", &o);  // two pooled connections, one fresh
+  ASSERT_TRUE(run_until([&] { return more[0].done() && more[1].done() && more[2].done(); }));
+  for (const Outcome& o : more) EXPECT_TRUE(o.completed) << o.error.to_string();
+  EXPECT_EQ(pool_->stats().connects, 3u);
+  EXPECT_EQ(pool_->stats().name_lookups, 1u);
+}
+
+TEST_F(UpstreamClientTest, UnresolvableNameFailsWithItsReason) {
+  start_server();
+  target_.host = "no-such-node.invalid";  // RFC 6761: never resolves
+  Outcome o;
+  auto c = call("/json", &o);
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  EXPECT_TRUE(o.failed);
+  EXPECT_EQ(c->failure(), UpstreamFailure::kConnect);
+  EXPECT_NE(o.error.message().find("connect to no-such-node.invalid:" + std::to_string(target_.port) +
+                                   ": cannot resolve 'no-such-node.invalid'"),
+            std::string::npos)
+      << o.error.message();
+  EXPECT_EQ(pool_->stats().errors, 1u);
+  EXPECT_EQ(requests_.load(), 0);
+}
+
+// A failed connect forgets the name: the node may have moved, so the next call looks it up again.
+TEST_F(UpstreamClientTest, ConnectFailureForgetsTheName) {
+  target_ = proto::HostPort{"localhost", closed_port()};
+  Outcome first, second;
+  call("/json", &first);
+  ASSERT_TRUE(run_until([&] { return first.done(); }));
+  EXPECT_NE(first.error.message().find("refused"), std::string::npos) << first.error.message();
+  call("/json", &second);
+  ASSERT_TRUE(run_until([&] { return second.done(); }));
+  EXPECT_TRUE(second.failed);
+  EXPECT_EQ(pool_->stats().name_lookups, 2u);
+}
+
+// Calls waiting for a name: a cancelled one never calls back and never connects; close_all()
+// fails the others at once with kPoolClosed.
+TEST_F(UpstreamClientTest, CancelAndCloseWhileResolving) {
+  start_server();
+  target_.host = "localhost";
+  Outcome cancelled, closed;
+  auto c1 = call("/json", &cancelled);
+  auto c2 = call("/json", &closed);
+  c1->cancel();
+  pool_->close_all();
+  EXPECT_EQ(closed.finals, 1);
+  EXPECT_EQ(c2->failure(), UpstreamFailure::kPoolClosed);
+  ASSERT_TRUE(run_until([&] { return !uv_loop_alive(&loop_) || pool_->stats().active == 0; }));
+  // Let the lookup itself finish on the thread pool: it must call nobody back.
+  const auto until = Clock::now() + scaled(2s);
+  while (Clock::now() < until && uv_run(&loop_, UV_RUN_NOWAIT) != 0) {
+  }
+  EXPECT_FALSE(uv_loop_alive(&loop_)) << "the lookup did not finish";
+  EXPECT_EQ(cancelled.finals, 0);
+  EXPECT_EQ(cancelled.callbacks_after_done, 0);
+  EXPECT_EQ(closed.finals, 1);
+  EXPECT_EQ(pool_->stats().connects, 0u);
+  EXPECT_EQ(pool_->stats().cancels, 1u);
+  EXPECT_EQ(requests_.load(), 0);
+}
+
+// A lookup that gets no answer in time fails the call; libuv's thread pool is held busy so the
+// getaddrinfo cannot even start.
+TEST_F(UpstreamClientTest, LookupWithoutAnswerTimesOut) {
+  start_server();
+  PoolOptions options;
+  options.resolve_timeout = 100ms;
+  pool_ = std::make_unique<UpstreamPool>(&loop_, options);
+  const char* size_env = std::getenv("UV_THREADPOOL_SIZE");
+  const int threads = size_env != nullptr ? std::max(1, std::atoi(size_env)) : 4;
+  // The blockers hold the process-wide pool until released, and must be gone before the test
+  // ends (they read `gate`, and later tests need the pool).
+  struct Gate {
+    std::atomic<bool> open{false};
+    int finished = 0;  // after-work callbacks, on the loop
+  } gate;
+  std::vector<std::unique_ptr<uv_work_t>> blockers;
+  for (int i = 0; i < threads; ++i) {
+    blockers.push_back(std::make_unique<uv_work_t>());
+    blockers.back()->data = &gate;
+    uv_queue_work(
+        &loop_, blockers.back().get(),
+        [](uv_work_t* w) {
+          auto* g = static_cast<Gate*>(w->data);
+          while (!g->open.load()) std::this_thread::sleep_for(1ms);
+        },
+        [](uv_work_t* w, int) { ++static_cast<Gate*>(w->data)->finished; });
+  }
+  target_.host = "localhost";
+  Outcome o;
+  auto c = call("/json", &o);
+  const bool done = run_until([&] { return o.done(); });
+  gate.open = true;
+  ASSERT_TRUE(run_until([&] { return gate.finished == threads; })) << "blockers still running";
+  ASSERT_TRUE(done);
+  EXPECT_EQ(c->failure(), UpstreamFailure::kConnect);
+  EXPECT_NE(o.error.message().find("cannot resolve 'localhost': no answer within 100 ms"), std::string::npos)
+      << o.error.message();
 }
 
 TEST_F(UpstreamClientTest, Ipv6Literal) {
