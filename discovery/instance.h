@@ -38,6 +38,10 @@ struct InstanceLiveness {
   // in flight on this node (incremented when a leg is assigned, decremented when the request
   // ends), summed over all workers; least_outstanding and power_of_two read it.
   std::atomic<uint32_t> outstanding{0};
+  // Also written by the workers (router/proxy/ejection.h): legs in a row that could not connect
+  // to this node, and until when pairing skips it because of them (ns as last_seen_ns; 0: not).
+  std::atomic<uint32_t> connect_failures{0};
+  std::atomic<int64_t> ejected_until_ns{0};
 
   Clock::time_point last_seen() const;
   Clock::time_point expires_at() const;

@@ -82,6 +82,10 @@ struct Topology {
   struct Retries {
     uint32_t prefill_attempts = 2;  // total tries, >= 1
     uint32_t decode_attempts = 2;
+    // Passive health (router/proxy/ejection.h): a node is skipped for eject_ms after this many
+    // legs in a row could not connect to it; 0 = never.
+    uint32_t eject_after_connect_failures = 3;
+    std::chrono::milliseconds eject{5000};
   } retries;
 
   struct Limits {

@@ -182,6 +182,8 @@ Status read_retries(const Source& src, const Field& f, Topology::Retries* out) {
   MapReader r(src, f);
   r.u32("prefill_attempts", 1, 16, &out->prefill_attempts);
   r.u32("decode_attempts", 1, 16, &out->decode_attempts);
+  r.u32("eject_after_connect_failures", 0, 1000, &out->eject_after_connect_failures);
+  r.ms("eject_ms", 1, kDayMs, &out->eject);
   return r.finish();
 }
 

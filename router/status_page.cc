@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "router/proxy/ejection.h"
+
 namespace pdr::router {
 namespace {
 
@@ -41,6 +43,9 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
   j["expires_in_ms"] = expires_at == Clock::time_point::max() || inst.state == InstanceState::kExpired
                            ? nlohmann::json()
                            : nlohmann::json(ms_between(now, expires_at));
+  // Passive health (router/proxy/ejection.h).
+  j["connect_failures"] = inst.liveness->connect_failures.load(std::memory_order_relaxed);
+  j["ejected_for_ms"] = proxy::ejected_for(*inst.liveness, now).count();
   nlohmann::json labels = nlohmann::json::object();
   for (const auto& [k, v] : inst.labels) labels[k] = v;
   j["labels"] = std::move(labels);

@@ -1,6 +1,8 @@
 #include "router/proxy/pairing.h"
 
 #include <algorithm>
+
+#include "router/proxy/ejection.h"
 #include <string>
 #include <vector>
 
@@ -50,6 +52,14 @@ std::vector<const InstancePtr*> usable(const RegistrySnapshot& s, Role role, std
   return out;
 }
 
+// Leaves out the ejected candidates unless that would leave none (see the header).
+void prefer_not_ejected(std::vector<const InstancePtr*>& pool, discovery::Clock::time_point now) {
+  if (now == discovery::Clock::time_point{}) return;
+  auto is_ejected = [now](const InstancePtr* i) { return ejected(*(*i)->liveness, now); };
+  if (std::all_of(pool.begin(), pool.end(), is_ejected)) return;
+  std::erase_if(pool, is_ejected);
+}
+
 const InstancePtr* pick(std::vector<const InstancePtr*>& pool, Policy& policy, const RequestSummary& summary) {
   std::vector<Candidate> candidates;
   candidates.reserve(pool.size());
@@ -95,11 +105,13 @@ Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefil
                       std::string(proto::to_string(d.connector)) + "/" +
                       std::string(proto::to_string(d.transfer_mode)) + ")");
   }
+  prefer_not_ejected(pairable, q.now);
   const InstancePtr* prefill = pick(pairable, prefill_policy, q.summary);
   std::vector<const InstancePtr*> matching;
   for (const InstancePtr* d : decodes) {
     if (compatible(**prefill, **d)) matching.push_back(d);
   }
+  prefer_not_ejected(matching, q.now);
   out->prefill = *prefill;
   out->decode = *pick(matching, decode_policy, q.summary);
   return Status::ok();
@@ -112,6 +124,7 @@ Status choose_decode(const RegistrySnapshot& s, const Instance& prefill, const P
   if (decodes.empty()) {
     return Status(StatusCode::kNotFound, "no other decode instance compatible with prefill " + prefill.key);
   }
+  prefer_not_ejected(decodes, q.now);
   *out = *pick(decodes, decode_policy, q.summary);
   return Status::ok();
 }

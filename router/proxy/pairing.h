@@ -9,8 +9,10 @@
 //
 // Selection: the prefill policy picks among routable prefills that have at least one compatible
 // routable decode; the decode policy then picks among the decodes compatible with that prefill.
-// Instances named in the exclusion lists (already tried by this request) are skipped. Policies
-// see each instance's live outstanding count and its dp_size as weight.
+// Instances named in the exclusion lists (already tried by this request) are skipped, and so are
+// ejected ones (ejection.h) while a candidate of their role that is not ejected remains: with all
+// of them ejected, trying one beats refusing the request. Policies see each instance's live
+// outstanding count and its dp_size as weight.
 //
 // Pure apart from the policies' own atomic state: no I/O, safe on any worker thread.
 #pragma once
@@ -37,6 +39,7 @@ struct PairQuery {
   std::span<const std::string> excluded_prefills;   // instance keys
   std::span<const std::string> excluded_decodes;
   RequestSummary summary;                           // affinity key, if any
+  discovery::Clock::time_point now{};               // for ejections; the epoch: ignore them
 };
 
 struct Pair {

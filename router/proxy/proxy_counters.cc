@@ -112,6 +112,9 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
     }
     out.counter("pdrouter_leg_retries_total", "Leg attempts retried on another node",
                 value(c.retries[static_cast<size_t>(leg)]), {{"leg", std::string(to_string(leg))}});
+    out.counter("pdrouter_node_ejections_total",
+                "Nodes skipped for a while after legs in a row could not connect to them, by role",
+                value(c.ejections[static_cast<size_t>(leg)]), {{"role", std::string(to_string(leg))}});
   }
   out.gauge("pdrouter_requests_in_flight", "P/D requests admitted and not yet finished",
             static_cast<double>(c.in_flight.load(std::memory_order_relaxed)));

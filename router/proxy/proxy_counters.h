@@ -66,6 +66,7 @@ struct ProxyCounters {
   std::array<Counter, kRefusalCount> refusals{};
   std::array<std::array<Counter, kLegFailureCount>, 2> leg_failures{};  // [Leg][LegFailure]
   std::array<Counter, 2> retries{};                                     // [Leg]
+  std::array<Counter, 2> ejections{};                                   // [Leg] (ejection.h)
   std::atomic<int64_t> in_flight{0};                                    // gauge
   Counter mid_stream_errors{0};       // streams ended with an error event
   Counter local_prefill_fallbacks{0}; // prefill exported no KV: decode sent as a plain request
@@ -87,6 +88,7 @@ struct ProxyCounters {
     leg_failures[static_cast<size_t>(leg)][static_cast<size_t>(f)].fetch_add(1, std::memory_order_relaxed);
   }
   void retried(Leg leg) { retries[static_cast<size_t>(leg)].fetch_add(1, std::memory_order_relaxed); }
+  void ejected(Leg leg) { ejections[static_cast<size_t>(leg)].fetch_add(1, std::memory_order_relaxed); }
   static void bump(Counter& c) { c.fetch_add(1, std::memory_order_relaxed); }
 };
 

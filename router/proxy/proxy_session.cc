@@ -10,6 +10,7 @@
 #include "proto/json_splice.h"
 #include "proto/request_legs.h"
 #include "router/http/json_error.h"
+#include "router/proxy/ejection.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/retry_rules.h"
 
@@ -190,7 +191,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   State& s = *s_;
   const auto& snapshot = s.w.registry();
   PolicySet& policies = s.w.policies();
-  PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary};
+  PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary, discovery::Clock::now()};
   Pair pair;
   Status st = choose_pair(*snapshot, query, *policies.prefill, *policies.decode, &pair);
   if (!st.is_ok()) {
@@ -286,7 +287,7 @@ void ProxySession::send_prefill() {
   auto self = shared_from_this();
   http::UpstreamCallbacks cb;
   cb.on_head = [self](int status, const std::vector<http::Header>& headers) {
-    self->count_connection(self->s_->prefill_call.get());
+    self->node_answered(Leg::kPrefill, self->s_->prefill_call.get());
     self->s_->prefill_status = status;
     self->s_->prefill_content_type = header_value(headers, "Content-Type");
   };
@@ -308,6 +309,7 @@ void ProxySession::send_prefill() {
       s.prefill_call.reset();
       return;
     }
+    self->node_failed(Leg::kPrefill, s.prefill_call.get());
     const LegFailure cause = s.prefill_call ? classify(s.prefill_call->failure()) : LegFailure::kConnectionLost;
     self->prefill_failed(cause, "prefill " + s.pair.prefill->key + ": " + error.message());
   };
@@ -414,7 +416,7 @@ void ProxySession::send_decode() {
   auto self = shared_from_this();
   http::UpstreamCallbacks cb;
   cb.on_head = [self](int status, const std::vector<http::Header>& headers) {
-    self->count_connection(self->s_->decode_call.get());
+    self->node_answered(Leg::kDecode, self->s_->decode_call.get());
     self->on_decode_head(status, headers);
   };
   cb.on_body = [self](std::string_view chunk) { self->on_decode_body(chunk); };
@@ -422,6 +424,7 @@ void ProxySession::send_decode() {
   cb.on_error = [self](const Status& error) {
     State& s = *self->s_;
     if (self->finished()) return;
+    self->node_failed(Leg::kDecode, s.decode_call.get());
     const LegFailure cause = s.decode_call ? classify(s.decode_call->failure()) : LegFailure::kConnectionLost;
     const std::string detail = "decode " + s.pair.decode->key + ": " + error.message();
     if (s.state == RequestState::kStreaming) {
@@ -442,6 +445,27 @@ void ProxySession::count_connection(const http::UpstreamCall* call) {
   if (call == nullptr) return;
   auto& counters = s_->w.counters();
   counters.bump(call->reused_connection() ? counters.legs_on_pooled_connection : counters.legs_on_new_connection);
+}
+
+void ProxySession::node_answered(Leg leg, const http::UpstreamCall* call) {
+  count_connection(call);
+  const InstancePtr& node = leg == Leg::kPrefill ? s_->pair.prefill : s_->pair.decode;
+  if (node) note_answer(*node->liveness);
+}
+
+void ProxySession::node_failed(Leg leg, const http::UpstreamCall* call) {
+  const InstancePtr& node = leg == Leg::kPrefill ? s_->pair.prefill : s_->pair.decode;
+  if (call == nullptr || !node) return;
+  if (call->failure() != http::UpstreamFailure::kConnect &&
+      call->failure() != http::UpstreamFailure::kConnectTimeout) {
+    return;
+  }
+  const EjectionRule rule{s_->topo->retries.eject_after_connect_failures, s_->topo->retries.eject};
+  if (note_connect_failure(*node->liveness, discovery::Clock::now(), rule)) {
+    s_->w.counters().ejected(leg);
+    spdlog::warn("{} {} ejected for {} ms: {} legs in a row could not connect to it", to_string(leg), node->key,
+                 rule.duration.count(), rule.after);
+  }
 }
 
 void ProxySession::on_decode_head(int status, const std::vector<http::Header>& headers) {
@@ -556,7 +580,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
       return;
     case DecodeRetry::kDecodeOnly: {
       const auto& snapshot = s.w.registry();
-      PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary};
+      PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary, discovery::Clock::now()};
       InstancePtr next;
       Status st = choose_decode(*snapshot, *s.pair.prefill, query, *s.w.policies().decode, &next);
       if (!st.is_ok()) {

@@ -81,6 +81,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void on_decode_complete();
   void on_client_gone();
   void count_connection(const http::UpstreamCall* call);
+  // Passive health (ejection.h): a leg's node answered, or could not be connected to.
+  void node_answered(Leg leg, const http::UpstreamCall* call);
+  void node_failed(Leg leg, const http::UpstreamCall* call);
   void relay_upstream_error(int status, const std::string& content_type, const std::string& body);
   void build_and_send();
   void fail(int status, std::string_view message, std::string_view code);

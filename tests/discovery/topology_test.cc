@@ -75,6 +75,8 @@ TEST(TopologyParse, EmptyTextGivesDefaults) {
     EXPECT_EQ(t.connectors.default_transfer_mode, proto::TransferMode::kWrite);
     EXPECT_EQ(t.timeouts.connect, 2000ms);
     EXPECT_EQ(t.retries.prefill_attempts, 2u);
+    EXPECT_EQ(t.retries.eject_after_connect_failures, 3u);
+    EXPECT_EQ(t.retries.eject, 5000ms);
     EXPECT_EQ(t.limits.max_body_bytes, 32u * 1024 * 1024);
     EXPECT_TRUE(t.admin.api_key.empty());
     EXPECT_TRUE(t.static_instances.empty());
@@ -128,6 +130,8 @@ timeouts:
 retries:
   prefill_attempts: 3
   decode_attempts: 1
+  eject_after_connect_failures: 0
+  eject_ms: 800
 limits:
   max_body_bytes: 1000
   max_header_bytes: 2000
@@ -190,6 +194,8 @@ instances:
   EXPECT_EQ(t.timeouts.drain, 700ms);
   EXPECT_EQ(t.retries.prefill_attempts, 3u);
   EXPECT_EQ(t.retries.decode_attempts, 1u);
+  EXPECT_EQ(t.retries.eject_after_connect_failures, 0u);
+  EXPECT_EQ(t.retries.eject, 800ms);
   EXPECT_EQ(t.limits.max_body_bytes, 1000u);
   EXPECT_EQ(t.limits.max_header_bytes, 2000u);
   EXPECT_EQ(t.limits.max_concurrent_requests, 30u);

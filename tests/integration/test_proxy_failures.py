@@ -155,6 +155,37 @@ class PrefillFailures(ClusterTest):
         self.assertEqual(c.metric('pdrouter_leg_retries_total{leg="prefill"}'), 0)
 
 
+class UnreachableNodes(ClusterTest):
+    def test_node_that_refuses_connections_is_ejected_after_three_legs(self):
+        # A static prefill nobody listens on (a node that went away without a heartbeat to
+        # expire it) beside a live registered one: each leg sent to it fails to connect and is
+        # retried on the live one; after three in a row (the default) it is skipped for
+        # retries.eject_ms (here 10 minutes, so slow sanitizer runs see it still ejected).
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        dead = "127.0.0.1:%d" % probe.getsockname()[1]
+        probe.close()
+        topology = ("connectors:\n  default: nixl\npolicies:\n  prefill: round_robin\n"
+                    "retries:\n  eject_ms: 600000\n"
+                    "instances:\n  - {role: prefill, http_address: \"%s\"}\n" % dead)
+        c = self.cluster(connector="nixl", transfer_mode=None, topology=topology)
+        for i in range(10):
+            status, _, body = c.post(COMPLETIONS, completion(), timeout=30)
+            self.assertEqual(status, 200, (i, body))
+        failures = 'pdrouter_leg_failures_total{leg="prefill",cause="connect"}'
+        self.assertEqual(c.metric(failures), 3)
+        self.assertEqual(c.metric('pdrouter_node_ejections_total{role="prefill"}'), 1)
+        self.assertEqual(c.metric('pdrouter_node_ejections_total{role="decode"}'), 0)
+        node = c.router.instance(dead)
+        self.assertEqual(node["connect_failures"], 3)
+        self.assertGreater(node["ejected_for_ms"], 0)
+        self.assertLessEqual(node["ejected_for_ms"], 600000)
+        live = c.router.instance(c.prefills[0].http_address)
+        self.assertEqual((live["connect_failures"], live["ejected_for_ms"]), (0, 0))
+        self.assertEqual(len(generation_requests(c.prefills[0].sim_requests())), 10)
+        self.assertIn("ejected for 600000 ms", c.router.log())
+
+
 class DecodeFailures(ClusterTest):
     def test_decode_refusal_retries_the_whole_pair_when_ids_name_the_decode(self):
         c = self.cluster(prefills=1, decodes=2)

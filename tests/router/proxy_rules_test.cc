@@ -1,4 +1,4 @@
-// The proxy's pure parts: pairing over a snapshot and the retry rules.
+// The proxy's pure parts: pairing over a snapshot, passive ejection and the retry rules.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "router/proxy/ejection.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/retry_rules.h"
 
@@ -118,6 +119,77 @@ TEST(Pairing, PoliciesSeeLiveOutstandingCounts) {
   Pair pair;
   ASSERT_TRUE(choose_pair(s, PairQuery{}, *prefill_policy, *decode_policy, &pair).is_ok());
   EXPECT_EQ(pair.decode->key, "10.0.0.3:1");
+}
+
+TEST(Ejection, AfterConnectFailuresInARowUntilTheTimeIsUp) {
+  discovery::InstanceLiveness node;
+  const EjectionRule rule{3, std::chrono::milliseconds(5000)};
+  const auto t0 = discovery::Clock::now();
+  for (uint32_t i = 1; i < rule.after; ++i) EXPECT_FALSE(note_connect_failure(node, t0, rule)) << i;
+  note_answer(node);  // an answer in between: counting starts again
+  EXPECT_EQ(node.connect_failures.load(), 0u);
+  for (uint32_t i = 1; i < rule.after; ++i) EXPECT_FALSE(note_connect_failure(node, t0, rule));
+  EXPECT_FALSE(ejected(node, t0));
+  EXPECT_TRUE(note_connect_failure(node, t0, rule));  // the one that ejects
+  EXPECT_TRUE(ejected(node, t0));
+  EXPECT_EQ(ejected_for(node, t0), rule.duration + std::chrono::milliseconds(1));
+  EXPECT_FALSE(note_connect_failure(node, t0 + std::chrono::seconds(1), rule));  // already ejected
+  const auto later = t0 + rule.duration;
+  EXPECT_FALSE(ejected(node, later));
+  EXPECT_EQ(ejected_for(node, later), std::chrono::milliseconds(0));
+  EXPECT_TRUE(note_connect_failure(node, later, rule));  // the probe failed: ejected again at once
+  EXPECT_TRUE(ejected(node, later));
+  note_answer(node);
+  EXPECT_EQ(node.connect_failures.load(), 0u);
+  // after = 0: never ejected.
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(note_connect_failure(node, later, EjectionRule{0, rule.duration}));
+}
+
+constexpr std::chrono::milliseconds kEjectFor{5000};
+
+void eject(const InstancePtr& node, discovery::Clock::time_point now) {
+  const EjectionRule rule{3, kEjectFor};
+  for (uint32_t i = 0; i < rule.after; ++i) note_connect_failure(*node->liveness, now, rule);
+}
+
+TEST(Pairing, EjectedNodesAreSkippedWhileOthersRemain) {
+  const auto now = discovery::Clock::now();
+  auto p1 = node("10.0.0.1:1", Role::kPrefill, Connector::kNixl);
+  auto p2 = node("10.0.0.2:1", Role::kPrefill, Connector::kNixl);
+  auto d1 = node("10.0.0.3:1", Role::kDecode, Connector::kNixl);
+  auto d2 = node("10.0.0.4:1", Role::kDecode, Connector::kNixl);
+  auto other = node("10.0.0.5:1", Role::kDecode, Connector::kSglang);  // not ejected, incompatible
+  auto s = snapshot({p1, p2, d1, d2, other});
+  eject(p1, now);
+  eject(d1, now);
+  Policies p;
+  std::map<std::string, int> seen;
+  for (int i = 0; i < 6; ++i) {
+    Pair pair;
+    ASSERT_TRUE(choose_pair(s, PairQuery{{}, {}, {}, {}, now}, *p.prefill, *p.decode, &pair).is_ok());
+    ++seen[pair.prefill->key + " " + pair.decode->key];
+  }
+  EXPECT_EQ(seen, (std::map<std::string, int>{{"10.0.0.2:1 10.0.0.4:1", 6}}));
+  // Without a time, ejections are not looked at.
+  seen.clear();
+  for (int i = 0; i < 4; ++i) {
+    Pair pair;
+    ASSERT_TRUE(choose_pair(s, PairQuery{}, *p.prefill, *p.decode, &pair).is_ok());
+    ++seen[pair.prefill->key];
+  }
+  EXPECT_EQ(seen.size(), 2u);
+  // Every compatible decode ejected: one of them is still tried, although an incompatible decode
+  // is not ejected.
+  eject(d2, now);
+  InstancePtr decode;
+  ASSERT_TRUE(choose_decode(s, *p2, PairQuery{{}, {}, {}, {}, now}, *p.decode, &decode).is_ok());
+  EXPECT_EQ(decode->connector, Connector::kNixl);
+  const std::vector<std::string> tried{"10.0.0.3:1"};
+  ASSERT_TRUE(choose_decode(s, *p2, PairQuery{{}, {}, tried, {}, now}, *p.decode, &decode).is_ok());
+  EXPECT_EQ(decode->key, "10.0.0.4:1");
+  // And once the time is up, they are candidates like any other.
+  Pair pair;
+  ASSERT_TRUE(choose_pair(s, PairQuery{{}, {}, {}, {}, now + kEjectFor}, *p.prefill, *p.decode, &pair).is_ok());
 }
 
 TEST(RetryRules, DecodeRetryDependsOnWhetherIdsNameTheDecode) {
