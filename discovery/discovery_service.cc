@@ -11,6 +11,7 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "discovery/log_limiter.h"
 #include "proto/secure_compare.h"
 
 namespace pdr::discovery {
@@ -27,31 +28,6 @@ std::string zmq_bind_spelling(const std::string& endpoint) {
   }
   return endpoint;
 }
-
-// Allows `burst` log lines per second per category; reports how many were suppressed.
-class LogLimiter {
- public:
-  bool allow(Clock::time_point now) {
-    if (now - window_start_ >= std::chrono::seconds(1)) {
-      if (suppressed_ > 0) spdlog::warn("discovery: {} similar messages suppressed", suppressed_);
-      window_start_ = now;
-      in_window_ = 0;
-      suppressed_ = 0;
-    }
-    if (in_window_ < kBurst) {
-      ++in_window_;
-      return true;
-    }
-    ++suppressed_;
-    return false;
-  }
-
- private:
-  static constexpr int kBurst = 10;
-  Clock::time_point window_start_{};
-  int in_window_ = 0;
-  uint64_t suppressed_ = 0;
-};
 
 }  // namespace
 
@@ -433,7 +409,7 @@ class DiscoveryService::Impl {
   std::vector<Command> commands_;
   std::vector<std::function<void()>> completions_;  // discovery thread only
   std::optional<DiscoveryServiceOptions> pending_options_;
-  LogLimiter log_limiter_;
+  LogLimiter log_limiter_{"discovery"};
   Clock::time_point coalesce_until_{};
   std::vector<std::pair<std::string, proto::Ack>> pending_acks_;
 };

@@ -21,6 +21,10 @@ using proto::Connector;
 
 namespace {
 
+// Leg failures repeat per request when a node is down under load: at most a few lines a second
+// per worker (discovery/log_limiter.h); the counters in /metrics see every one.
+bool may_log(WorkerContext& w) { return w.leg_log().allow(discovery::Clock::now()); }
+
 proto::LegInstance to_leg_instance(const Instance& i, const discovery::Topology& topology) {
   proto::LegInstance out;
   out.connector = i.connector;
@@ -304,8 +308,10 @@ void ProxySession::send_prefill() {
   cb.on_error = [self](const Status& error) {
     State& s = *self->s_;
     if (self->finished()) {  // a concurrent prefill outliving its answered request
-      spdlog::warn("request {}: prefill {} failed after the answer was complete: {}", s.legs.plan.request_id,
-                   s.prefill_key, error.message());
+      if (may_log(s.w)) {
+        spdlog::warn("request {}: prefill {} failed after the answer was complete: {}", s.legs.plan.request_id,
+                     s.prefill_key, error.message());
+      }
       s.prefill_call.reset();
       return;
     }
@@ -326,8 +332,10 @@ void ProxySession::on_prefill_complete() {
     // The decode already answers the client, so its KV arrived; a late prefill error changes
     // nothing but is worth a log line (PROTOCOLS.md Implications 8).
     if (status < 200 || status >= 300) {
-      spdlog::warn("request {}: prefill {} answered {} after the decode started: {}", s.legs.plan.request_id,
-                   s.prefill_key, status, excerpt(s.prefill_body));
+      if (may_log(s.w)) {
+        spdlog::warn("request {}: prefill {} answered {} after the decode started: {}", s.legs.plan.request_id,
+                     s.prefill_key, status, excerpt(s.prefill_body));
+      }
     }
     return;
   }
@@ -383,10 +391,10 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   }
   if (s.state == RequestState::kStreaming) {
     // Concurrent dialect whose decode already answered: its KV arrived; nothing to undo.
-    spdlog::warn("request {}: {} (decode already streaming)", s.legs.plan.request_id, detail);
+    if (may_log(s.w)) spdlog::warn("request {}: {} (decode already streaming)", s.legs.plan.request_id, detail);
     return;
   }
-  spdlog::warn("request {}: {}", s.legs.plan.request_id, detail);
+  if (may_log(s.w)) spdlog::warn("request {}: {}", s.legs.plan.request_id, detail);
   if (s.decode_call) {  // concurrent dialects: the decode waits for KV that will not come
     s.decode_call->cancel();
     s.decode_call.reset();
@@ -430,7 +438,7 @@ void ProxySession::send_decode() {
     if (s.state == RequestState::kStreaming) {
       // The answer already started reaching the client: no retry can hide this.
       s.w.counters().leg_failed(Leg::kDecode, cause);
-      spdlog::warn("request {}: {} (mid-answer)", s.legs.plan.request_id, detail);
+      if (may_log(s.w)) spdlog::warn("request {}: {} (mid-answer)", s.legs.plan.request_id, detail);
       s.decode_call.reset();
       self->fail(failure_status(cause), detail + " (the answer was cut short)", failure_code(Leg::kDecode, cause));
       return;
@@ -563,7 +571,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
   State& s = *s_;
   if (finished()) return;
   s.w.counters().leg_failed(Leg::kDecode, cause);
-  spdlog::warn("request {}: {}", s.legs.plan.request_id, detail);
+  if (may_log(s.w)) spdlog::warn("request {}: {}", s.legs.plan.request_id, detail);
   if (s.decode_call) {
     s.decode_call->cancel();
     s.decode_call.reset();

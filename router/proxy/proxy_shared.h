@@ -17,6 +17,7 @@
 #include <string>
 
 #include "discovery/instance.h"
+#include "discovery/log_limiter.h"
 #include "discovery/snapshot_cell.h"
 #include "discovery/topology.h"
 #include "router/http/upstream_client.h"
@@ -72,6 +73,8 @@ class WorkerContext {
   http::UpstreamPool& pool() { return pool_; }
   MooncakeEngineCache& mooncake() { return mooncake_; }
   ModelsCache& models() { return models_; }
+  // Leg failures are logged through this: a node down under load fails every request.
+  discovery::LogLimiter& leg_log() { return leg_log_; }
 
   // Newest snapshot / topology (one atomic load when unchanged). Valid until the next call.
   const std::shared_ptr<const discovery::RegistrySnapshot>& registry() { return registry_.get(); }
@@ -87,6 +90,7 @@ class WorkerContext {
   http::UpstreamPool pool_;
   MooncakeEngineCache mooncake_;
   ModelsCache models_;
+  discovery::LogLimiter leg_log_{"proxy"};
   discovery::SnapshotReader<discovery::RegistrySnapshot> registry_;
   discovery::SnapshotReader<discovery::Topology> topology_;
   std::shared_ptr<const discovery::Topology> policies_topology_;
