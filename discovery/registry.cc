@@ -207,6 +207,10 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
     if (restarted) {
       inst.restarts++;
       inst.first_seen = now;
+      // A node that says it restarted is worth a try at once, whatever its old self did
+      // (router/proxy/ejection.h).
+      inst.liveness->connect_failures.store(0, std::memory_order_relaxed);
+      inst.liveness->ejected_until_ns.store(0, std::memory_order_relaxed);
     }
     inst.node_draining = reg.draining;
     inst.state = state;

@@ -8,7 +8,8 @@
 // and a registered node may advertise an address pdrouter cannot reach; this covers both.
 // When the time is up the next request tries the node again: one more failed connect ejects it
 // again at once, any answer (whatever its status) clears the count. Node answers such as 5xx are
-// not counted: they may be the request's fault, and the node is reachable.
+// not counted: they may be the request's fault, and the node is reachable. A registered node
+// that reports a restart (a new epoch) starts clean (discovery/registry.cc).
 //
 // State lives in the instance's InstanceLiveness, shared by every worker and every snapshot
 // holding that instance; all functions here are thread-safe (relaxed atomics: a racing worker may

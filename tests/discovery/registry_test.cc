@@ -145,9 +145,15 @@ TEST(Registry, NewEpochCountsAsRestart) {
   r.epoch = 100;
   reg.upsert(r, t0);
   EXPECT_EQ(reg.upsert(r, t0 + 1s).result, UpsertResult::kUpdated);
+  // The workers had ejected the old process (connects failed); the restart clears that.
+  auto before = reg.snapshot(t0 + 1s);
+  before->instances[0]->liveness->connect_failures = 3;
+  before->instances[0]->liveness->ejected_until_ns = INT64_MAX;
   r.epoch = 200;
   EXPECT_EQ(reg.upsert(r, t0 + 2s).result, UpsertResult::kRestarted);
   auto snap = reg.snapshot(t0 + 2s);
+  EXPECT_EQ(snap->instances[0]->liveness->connect_failures.load(), 0u);
+  EXPECT_EQ(snap->instances[0]->liveness->ejected_until_ns.load(), 0);
   EXPECT_EQ(snap->instances[0]->restarts, 1u);
   EXPECT_EQ(snap->instances[0]->epoch, 200u);
   EXPECT_EQ(snap->instances[0]->first_seen, t0 + 2s);
