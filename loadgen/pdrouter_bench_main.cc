@@ -165,7 +165,8 @@ Status parse_header(const std::string& text, http::Header* out) {
   return {};
 }
 
-// The upstream client takes IP literals only: a hostname is resolved here, once.
+// A hostname is resolved here, once, although the upstream client could: a name that does not
+// resolve is then a usage error (exit 2) before the run, and no measured request pays a lookup.
 Status resolve(proto::HostPort* target) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
