@@ -44,6 +44,16 @@ TEST(KvContent, ReportsTheFirstDifferingByte) {
   EXPECT_EQ(check_kv_block(seed, 7, 0, a), std::optional<size_t>(5));
 }
 
+// The bytes are a wire contract between a prefill and a decode that may run different builds:
+// pinned here (the word-at-a-time fill must produce what the byte-by-byte one did).
+TEST(KvContent, BytesArePinned) {
+  const auto got = block_of(kv_content_seed("tx-1", "the prompt"), 3, 1, 13);
+  const std::vector<unsigned char> want{0x02, 0x7f, 0x0b, 0xd5, 0x87, 0xce, 0x87,
+                                        0xd9, 0x0d, 0x11, 0xd5, 0x4a, 0x8b};
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], std::byte{want[i]}) << i;
+}
+
 TEST(KvContent, ShorterBlocksArePrefixes) {
   const uint64_t seed = kv_content_seed("k", "p");
   const auto big = block_of(seed, 2, 0, 64);
