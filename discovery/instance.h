@@ -42,6 +42,8 @@ struct InstanceLiveness {
   // to this node, and until when pairing skips it because of them (ns as last_seen_ns; 0: not).
   std::atomic<uint32_t> connect_failures{0};
   std::atomic<int64_t> ejected_until_ns{0};
+  // And the next DP rank a leg to this node is pinned to (router/proxy/pairing.h next_dp_rank).
+  std::atomic<uint32_t> next_dp_rank{0};
 
   Clock::time_point last_seen() const;
   Clock::time_point expires_at() const;

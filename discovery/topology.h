@@ -65,7 +65,7 @@ struct Topology {
     proto::Connector default_connector = proto::Connector::kMoriio;
     proto::TransferMode default_transfer_mode = proto::TransferMode::kWrite;
     uint16_t mooncake_bootstrap_port = 8998;
-    std::string upstream_api_key;      // resolved secret sent as Authorization when client has none
+    std::string upstream_api_key;      // resolved secret sent as Authorization (replaces the client's)
     std::string upstream_api_key_env;  // its source
   } connectors;
 

@@ -291,6 +291,10 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
       plan.concurrent = false;
       prefill_body.set_raw("max_tokens", "1");
       if (prefill_body.has("max_completion_tokens")) prefill_body.set_raw("max_completion_tokens", "1");
+      // Not in the reference proxy, but Implications 7: vLLM refuses min_tokens > max_tokens, so a
+      // client's min_tokens >= 2 would fail the prefill leg with a 400.
+      prefill_body.remove("min_tokens");
+      prefill_body.remove("min_completion_tokens");
       decode_is_original = true;
       break;
     }

@@ -129,6 +129,11 @@ Status choose_decode(const RegistrySnapshot& s, const Instance& prefill, const P
   return Status::ok();
 }
 
+std::optional<uint32_t> next_dp_rank(const Instance& instance) {
+  if (instance.dp_size <= 1) return std::nullopt;
+  return instance.liveness->next_dp_rank.fetch_add(1, std::memory_order_relaxed) % instance.dp_size;
+}
+
 Status any_pair(const RegistrySnapshot& s) {
   auto prefills = usable(s, Role::kPrefill, {}, {});
   auto decodes = usable(s, Role::kDecode, {}, {});

@@ -14,10 +14,12 @@
 // of them ejected, trying one beats refusing the request. Policies see each instance's live
 // outstanding count and its dp_size as weight.
 //
-// Pure apart from the policies' own atomic state: no I/O, safe on any worker thread.
+// Pure apart from atomic counters (the policies', and next_dp_rank's per instance): no I/O, safe
+// on any worker thread.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -55,6 +57,14 @@ Status choose_pair(const discovery::RegistrySnapshot& snapshot, const PairQuery&
 // A decode for an already chosen prefill (decode retry). OK or kNotFound.
 Status choose_decode(const discovery::RegistrySnapshot& snapshot, const discovery::Instance& prefill,
                      const PairQuery& query, Policy& decode_policy, InstancePtr* out);
+
+// The DP rank to pin a leg to `instance` to (X-data-parallel-rank, remote_dp_rank), or nullopt
+// when its dp_size is 1: each instance's ranks in turn, from a counter of its own. This is what
+// PROTOCOLS.md Implications 10's counter over (instance, rank) slots guarantees when, as here,
+// policies pick the instance: every rank of every instance gets its share. One counter shared by
+// all instances and both legs aliased: with P and D both at dp_size 2 each request took two
+// steps of it, so the prefill always got rank 0.
+std::optional<uint32_t> next_dp_rank(const discovery::Instance& instance);
 
 // OK when at least one compatible routable pair exists (GET /ready), else kNotFound with why.
 Status any_pair(const discovery::RegistrySnapshot& snapshot);

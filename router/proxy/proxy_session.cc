@@ -72,11 +72,6 @@ std::string excerpt(std::string_view body) {
   return out;
 }
 
-std::optional<uint32_t> pick_rank(ProxyShared& shared, uint32_t dp_size) {
-  if (dp_size <= 1) return std::nullopt;
-  return static_cast<uint32_t>(shared.dp_rank_counter.fetch_add(1, std::memory_order_relaxed) % dp_size);
-}
-
 // The affinity inputs of the body, only computed when a policy uses them.
 RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view header_value,
                          const discovery::Topology& topology) {
@@ -214,8 +209,8 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   s.pair = std::move(pair);
   s.pair.prefill->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
   s.pair.decode->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
-  s.prefill_rank = pick_rank(s.w.shared(), s.pair.prefill->dp_size);
-  s.decode_rank = pick_rank(s.w.shared(), s.pair.decode->dp_size);
+  s.prefill_rank = next_dp_rank(*s.pair.prefill);
+  s.decode_rank = next_dp_rank(*s.pair.decode);
 
   if (s.pair.prefill->connector != Connector::kMooncake) {
     build_and_send();
@@ -256,7 +251,9 @@ void ProxySession::build_and_send() {
   prefill.mooncake_engine_id = s.mooncake_engine_id;
   proto::LegOptions options;
   options.limits.max_bytes = s.topo->limits.max_body_bytes;
-  if (s.req.authorization.empty() && !s.topo->connectors.upstream_api_key.empty()) {
+  // The configured key wins over the client's header, as in the reference proxies: OpenAI SDK
+  // clients always send one (often "Bearer EMPTY"), which nodes behind --api-key would refuse.
+  if (!s.topo->connectors.upstream_api_key.empty()) {
     options.upstream_api_key = s.topo->connectors.upstream_api_key;
   }
   proto::ClientRequest client{s.req.path, s.req.body, s.req.authorization};
@@ -601,7 +598,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
       s.pair.decode = std::move(next);
       s.pair.decode->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
       // Same body and X-Request-Id; only the DP-rank header depends on the decode chosen.
-      s.decode_rank = pick_rank(s.w.shared(), s.pair.decode->dp_size);
+      s.decode_rank = next_dp_rank(*s.pair.decode);
       auto& headers = s.legs.decode.headers;
       std::erase_if(headers, [](const auto& h) { return pdr::iequals(h.first, "X-data-parallel-rank"); });
       if (s.decode_rank) headers.emplace_back("X-data-parallel-rank", std::to_string(*s.decode_rank));

@@ -46,8 +46,6 @@ struct ProxyShared {
   const discovery::SnapshotCell<discovery::Topology>* topology = nullptr;
   ProxyCounters counters;
   std::atomic<bool> shutting_down{false};  // set when the drain starts: new requests get 503
-  // PROTOCOLS.md Implications 10: one counter over (instance, rank) slots.
-  std::atomic<uint64_t> dp_rank_counter{0};
 
   // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
   // from the current set's.

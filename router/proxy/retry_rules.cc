@@ -24,7 +24,7 @@ LegFailure classify_status(int status) {
 
 DecodeRetry decode_retry(const proto::LegPlan& plan, LegFailure cause, uint32_t attempts_left) {
   if (attempts_left == 0 || cause == LegFailure::kStatus4xx) return DecodeRetry::kNone;
-  if (plan.connector == proto::Connector::kNixl) return DecodeRetry::kDecodeOnly;
+  if (plan.connector == proto::Connector::kNixl && cause == LegFailure::kConnect) return DecodeRetry::kDecodeOnly;
   return DecodeRetry::kWholePair;
 }
 

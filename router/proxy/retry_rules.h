@@ -25,7 +25,10 @@ enum class DecodeRetry {
 
 // What a decode failure *before its first response byte reached the client* may be retried as:
 //  - NIXL: the decode pulls KV by the prefill's returned params, which any decode can use, so
-//    another decode may take them (kDecodeOnly).
+//    another decode may take them (kDecodeOnly), but only when the failed decode never got the
+//    request (connect failure). A decode that got it may have pulled the blocks already, and
+//    closing it (how pdrouter aborts) makes it tell the prefill to free them (PROTOCOLS.md 6):
+//    a second decode could then read freed or reused blocks. Any other failure: kWholePair.
 //  - MoRIIO READ/WRITE, P2P-NCCL: the request id embeds the decode's address, and in WRITE mode
 //    the prefill pushes to that decode: a new decode needs a new prefill (kWholePair).
 //  - Mooncake, SGLang: the prefill pushes to the decode that the bootstrap pairing named

@@ -404,9 +404,11 @@ class TestP2pNccl(DialectCase, unittest.TestCase):
         return "127.0.0.1:%s" % flag(node, "--kv-port")
 
     def check_dialect(self, body, raw, rid, p, d, pb, db):
-        # Prefill: only max_tokens (and max_completion_tokens if present) become 1; stream and
-        # everything else as the client sent it; no kv params. Decode: the client body verbatim.
-        want = dict(body, max_tokens=1)
+        # Prefill: only max_tokens (and max_completion_tokens if present) become 1 and
+        # min_tokens/min_completion_tokens go (vLLM refuses min over max); stream and everything
+        # else as the client sent it; no kv params. Decode: the client body verbatim.
+        want = {k: v for k, v in body.items() if k not in ("min_tokens", "min_completion_tokens")}
+        want["max_tokens"] = 1
         if "max_completion_tokens" in body:
             want["max_completion_tokens"] = 1
         self.assertEqual(pb, want)

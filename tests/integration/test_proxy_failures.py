@@ -202,22 +202,46 @@ class DecodeFailures(ClusterTest):
         self.assertEqual(len(set(prefill_ids)), len(prefill_ids))
         self.assertEqual(c.metric('pdrouter_leg_retries_total{leg="decode"}'), len(bad_log))
 
-    def test_nixl_decode_refusal_retries_only_the_decode(self):
+    def test_nixl_decode_refusal_retries_the_whole_pair(self):
+        # The refusing decode got the request: it may have pulled the prefill's blocks, and
+        # closing it tells the prefill to free them, so their params are not handed to another
+        # decode; a new prefill computes the prompt again.
         c = self.cluster(connector="nixl", transfer_mode=None, prefills=1, decodes=2)
         bad, good = c.decodes
         bad.set_fault(status=503, count=-1)
         for _ in range(3):
             status, _, body = c.post(COMPLETIONS, completion())
             self.assertEqual(status, 200, body)
-        prefill_log = generation_requests(c.prefills[0].sim_requests())
-        self.assertEqual(len(prefill_log), 3)  # the prefill's KV is reused, not recomputed
         bad_log = generation_requests(bad.sim_requests())
+        self.assertGreaterEqual(len(bad_log), 1)
+        prefill_log = generation_requests(c.prefills[0].sim_requests())
+        self.assertEqual(len(prefill_log), 3 + len(bad_log))
         good_log = generation_requests(good.sim_requests())
         self.assertEqual(len(good_log), 3)
-        by_id = {request_id(r): r for r in good_log}
-        for r in bad_log:  # the same request id and the same kv_transfer_params, resent
-            self.assertIn(request_id(r), by_id)
-            self.assertEqual(kv_params(r), kv_params(by_id[request_id(r)]))
+        resent = {request_id(r) for r in good_log} & {request_id(r) for r in bad_log}
+        self.assertEqual(resent, set(), "fresh ids for the new pair")
+        self.assertEqual(c.metric('pdrouter_leg_retries_total{leg="decode"}'), len(bad_log))
+
+    def test_nixl_unreachable_decode_retries_only_the_decode(self):
+        # A decode that could not even be connected to never saw the request: the prefill's KV
+        # params go to another decode as they are, and the prompt is not computed again.
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        dead = "127.0.0.1:%d" % probe.getsockname()[1]
+        probe.close()
+        topology = ("connectors:\n  default: nixl\n"
+                    "instances:\n  - {role: decode, http_address: \"%s\"}\n" % dead)
+        c = self.cluster(connector="nixl", transfer_mode=None, prefills=1, decodes=1,
+                         topology=topology)
+        for _ in range(4):
+            status, _, body = c.post(COMPLETIONS, completion())
+            self.assertEqual(status, 200, body)
+        self.assertEqual(len(generation_requests(c.prefills[0].sim_requests())), 4)
+        self.assertEqual(len(generation_requests(c.decodes[0].sim_requests())), 4)
+        retries = c.metric('pdrouter_leg_retries_total{leg="decode"}')
+        self.assertGreaterEqual(retries, 1)
+        self.assertEqual(c.metric('pdrouter_leg_failures_total{leg="decode",cause="connect"}'),
+                         retries)
 
     def test_decode_4xx_is_relayed_as_is(self):
         c = self.cluster(prefills=1, decodes=2)

@@ -8,8 +8,8 @@ through pdrouter with registered `pdnode sim` nodes (pd_fixture.PdCluster, NIXL 
     pdrouter_requests_refused_total{reason=...} where pdrouter counts it, and no sim sees the
     request;
   * policies.prefill / policies.decode: round_robin, least_outstanding, affinity (header, "user");
-  * connectors.upstream_api_key_env: sent as "Authorization: Bearer <key>" on both legs when the
-    client sent none; the client's own header wins;
+  * connectors.upstream_api_key_env: sent as "Authorization: Bearer <key>" on both legs in place
+    of the client's own header, which is forwarded only when no key is configured;
   * nodes that register a hostname instead of an IP literal are resolved and served.
 """
 import contextlib
@@ -254,9 +254,22 @@ class TestUpstreamApiKey(ClusterCase):
         rid = self.ok()
         self.assertEqual(self.legs_auth(rid), ["Bearer sk-upstream-42"] * 2)
 
-    def test_client_header_wins(self):
+    def test_configured_key_replaces_the_clients(self):
+        # OpenAI SDK clients always send a key (often "EMPTY"); with the nodes behind --api-key,
+        # forwarding it would get them 401s. The client's token is not passed on either.
         rid = self.ok(headers={"Authorization": "Bearer client-own"})
-        self.assertEqual(self.legs_auth(rid), ["Bearer client-own"] * 2)
+        self.assertEqual(self.legs_auth(rid), ["Bearer sk-upstream-42"] * 2)
+
+    def test_without_a_configured_key_the_clients_is_forwarded(self):
+        cluster = PdCluster("nixl")
+        self.addCleanup(cluster.close)
+        status, headers, body = cluster.post("/v1/completions", completion(),
+                                             headers={"Authorization": "Bearer client-own"})
+        self.assertEqual(status, 200, body)
+        rid = headers["x-request-id"]
+        for node in cluster.prefills + cluster.decodes:
+            [entry] = [r for r in gen_entries(node) if r["headers"].get("x-request-id") == rid]
+            self.assertEqual(entry["headers"].get("authorization"), "Bearer client-own")
 
     def test_stream_legs_too(self):
         with self.cluster.stream("/v1/chat/completions",

@@ -192,12 +192,39 @@ TEST(Pairing, EjectedNodesAreSkippedWhileOthersRemain) {
   ASSERT_TRUE(choose_pair(s, PairQuery{{}, {}, {}, {}, now + kEjectFor}, *p.prefill, *p.decode, &pair).is_ok());
 }
 
+// Each instance's DP ranks take turns, whatever the other instances and legs took: with P and D
+// both at dp_size 2, a counter shared by both legs gave the prefill rank 0 every time.
+TEST(DpRanks, EachInstanceCyclesThroughItsOwnRanks) {
+  auto make = [](std::string key, Role role, uint32_t dp) {
+    auto i = std::const_pointer_cast<Instance>(node(std::move(key), role, Connector::kMoriio, TransferMode::kRead));
+    i->dp_size = dp;
+    return i;
+  };
+  auto p1 = make("10.0.0.1:1", Role::kPrefill, 2), p2 = make("10.0.0.2:1", Role::kPrefill, 2);
+  auto d = make("10.0.0.3:1", Role::kDecode, 2), single = make("10.0.0.4:1", Role::kDecode, 1);
+  std::map<std::string, std::vector<uint32_t>> seen;
+  for (int request = 0; request < 8; ++request) {
+    const auto& prefill = request % 2 == 0 ? p1 : p2;  // a round-robin policy's choice
+    seen[prefill->key].push_back(*next_dp_rank(*prefill));
+    seen[d->key].push_back(*next_dp_rank(*d));
+    EXPECT_FALSE(next_dp_rank(*single).has_value());
+  }
+  const std::vector<uint32_t> alternating{0, 1, 0, 1};
+  EXPECT_EQ(seen[p1->key], alternating);
+  EXPECT_EQ(seen[p2->key], alternating);
+  EXPECT_EQ(seen[d->key], (std::vector<uint32_t>{0, 1, 0, 1, 0, 1, 0, 1}));
+}
+
 TEST(RetryRules, DecodeRetryDependsOnWhetherIdsNameTheDecode) {
   proto::LegPlan nixl, moriio, mooncake;
   nixl.connector = Connector::kNixl;
   moriio.connector = Connector::kMoriio;
   mooncake.connector = Connector::kMooncake;
-  EXPECT_EQ(decode_retry(nixl, LegFailure::kStatus5xx, 1), DecodeRetry::kDecodeOnly);
+  EXPECT_EQ(decode_retry(nixl, LegFailure::kConnect, 1), DecodeRetry::kDecodeOnly);
+  // A NIXL decode that got the request may have pulled, or had the prefill free, the blocks.
+  EXPECT_EQ(decode_retry(nixl, LegFailure::kStatus5xx, 1), DecodeRetry::kWholePair);
+  EXPECT_EQ(decode_retry(nixl, LegFailure::kTimeout, 1), DecodeRetry::kWholePair);
+  EXPECT_EQ(decode_retry(nixl, LegFailure::kConnectionLost, 1), DecodeRetry::kWholePair);
   EXPECT_EQ(decode_retry(moriio, LegFailure::kConnect, 1), DecodeRetry::kWholePair);
   EXPECT_EQ(decode_retry(mooncake, LegFailure::kTimeout, 1), DecodeRetry::kWholePair);
   EXPECT_EQ(decode_retry(nixl, LegFailure::kStatus4xx, 1), DecodeRetry::kNone);
