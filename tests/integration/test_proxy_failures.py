@@ -41,6 +41,15 @@ def error_of(body):
     return payload["error"]
 
 
+def dead_address():
+    """"127.0.0.1:PORT" where nothing listens: a node that went away."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    return "127.0.0.1:%d" % port
+
+
 class ClusterTest(unittest.TestCase):
     """One cluster per test: failures leave nodes in states later tests must not inherit."""
 
@@ -161,10 +170,7 @@ class UnreachableNodes(ClusterTest):
         # expire it) beside a live registered one: each leg sent to it fails to connect and is
         # retried on the live one; after three in a row (the default) it is skipped for
         # retries.eject_ms (here 10 minutes, so slow sanitizer runs see it still ejected).
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        dead = "127.0.0.1:%d" % probe.getsockname()[1]
-        probe.close()
+        dead = dead_address()
         topology = ("connectors:\n  default: nixl\npolicies:\n  prefill: round_robin\n"
                     "retries:\n  eject_ms: 600000\n"
                     "instances:\n  - {role: prefill, http_address: \"%s\"}\n" % dead)
@@ -225,10 +231,7 @@ class DecodeFailures(ClusterTest):
     def test_nixl_unreachable_decode_retries_only_the_decode(self):
         # A decode that could not even be connected to never saw the request: the prefill's KV
         # params go to another decode as they are, and the prompt is not computed again.
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        dead = "127.0.0.1:%d" % probe.getsockname()[1]
-        probe.close()
+        dead = dead_address()
         topology = ("connectors:\n  default: nixl\n"
                     "instances:\n  - {role: decode, http_address: \"%s\"}\n" % dead)
         c = self.cluster(connector="nixl", transfer_mode=None, prefills=1, decodes=1,
