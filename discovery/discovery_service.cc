@@ -64,6 +64,12 @@ class DiscoveryService::Impl {
       router_.set(zmq::sockopt::linger, 0);
       router_.set(zmq::sockopt::maxmsgsize, options.hard_frame_limit);
       router_.set(zmq::sockopt::sndhwm, 10000);
+      // P2P-NCCL nodes connect with their zmq_address as routing id. A node restarted while its
+      // old connection is still open on our side (host crash, partition: no FIN) comes back with
+      // the same id, and by default libzmq silently drops everything it sends until that old
+      // connection dies (hours with default TCP keepalive). Handover gives the id to the newest
+      // connection.
+      router_.set(zmq::sockopt::router_handover, 1);
       // Monitor accepted/disconnected peers: libzmq drops peers that exceed maxmsgsize without
       // telling the application, so disconnects are the only trace of such frames.
       zmq_socket_monitor(router_.handle(), kMonitorEndpoint,

@@ -31,6 +31,13 @@ class DiscoveryServiceTest : public ::testing::Test {
     s.connect(endpoint_);
     return s;
   }
+  zmq::socket_t dealer_with_routing_id(const std::string& id) {
+    zmq::socket_t s(ctx_, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 1000);
+    s.set(zmq::sockopt::routing_id, id);
+    s.connect(endpoint_);
+    return s;
+  }
   void send(zmq::socket_t& s, const std::string& payload) {
     ASSERT_TRUE(s.send(zmq::buffer(payload), zmq::send_flags::none).has_value());
   }
@@ -117,6 +124,19 @@ TEST_F(DiscoveryServiceTest, EveryDialectBecomesVisibleWithin200ms) {
     EXPECT_EQ(inst->state, InstanceState::kUp);
   }
   EXPECT_EQ(counters_.rejected_total(), 0u);
+}
+
+// A P2P-NCCL node uses its zmq_address as routing id; its restarted process (same id) must be
+// heard while the old process's connection is still open.
+TEST_F(DiscoveryServiceTest, ARestartedNodeWithTheSameRoutingIdIsHeard) {
+  start();
+  auto old_process = dealer_with_routing_id("10.0.0.9:21001");
+  send(old_process, proto::encode_registration(registration(proto::RegistrationFormat::kP2pNccl, "10.0.0.9", 8000)));
+  wait_until([](const RegistrySnapshot& s) { return s.find("10.0.0.9:8000") != nullptr; });
+  auto new_process = dealer_with_routing_id("10.0.0.9:21001");  // the old one stays connected
+  auto moved = registration(proto::RegistrationFormat::kP2pNccl, "10.0.0.9", 8001);
+  send(new_process, proto::encode_registration(moved));
+  wait_until([](const RegistrySnapshot& s) { return s.find("10.0.0.9:8001") != nullptr; });
 }
 
 TEST_F(DiscoveryServiceTest, PdrouterFormatIsAcknowledgedAfterItIsVisible) {
