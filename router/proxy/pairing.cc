@@ -129,9 +129,11 @@ Status choose_decode(const RegistrySnapshot& s, const Instance& prefill, const P
   return Status::ok();
 }
 
-std::optional<uint32_t> next_dp_rank(const Instance& instance) {
-  if (instance.dp_size <= 1) return std::nullopt;
-  return instance.liveness->next_dp_rank.fetch_add(1, std::memory_order_relaxed) % instance.dp_size;
+std::optional<uint32_t> next_dp_rank(const Instance& instance) { return next_dp_rank(instance, instance.dp_size); }
+
+std::optional<uint32_t> next_dp_rank(const Instance& instance, uint32_t dp_size) {
+  if (dp_size <= 1) return std::nullopt;
+  return instance.liveness->next_dp_rank.fetch_add(1, std::memory_order_relaxed) % dp_size;
 }
 
 Status any_pair(const RegistrySnapshot& s) {

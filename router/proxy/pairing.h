@@ -65,6 +65,8 @@ Status choose_decode(const discovery::RegistrySnapshot& snapshot, const discover
 // all instances and both legs aliased: with P and D both at dp_size 2 each request took two
 // steps of it, so the prefill always got rank 0.
 std::optional<uint32_t> next_dp_rank(const discovery::Instance& instance);
+// The same with the rank count learned elsewhere (a Mooncake prefill's bootstrap /query).
+std::optional<uint32_t> next_dp_rank(const discovery::Instance& instance, uint32_t dp_size);
 
 // OK when at least one compatible routable pair exists (GET /ready), else kNotFound with why.
 Status any_pair(const discovery::RegistrySnapshot& snapshot);

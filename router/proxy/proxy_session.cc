@@ -115,6 +115,7 @@ struct ProxySession::State {
   Pair pair;
   std::optional<uint32_t> prefill_rank, decode_rank;
   std::string mooncake_engine_id;
+  uint32_t mooncake_dp_size = 0;  // DP ranks the prefill's bootstrap /query lists (0: not asked)
   proto::LegBuild legs;
   std::vector<std::string> tried_prefills, tried_decodes;
   uint32_t prefill_attempts = 0, decode_attempts = 0;
@@ -231,12 +232,21 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
                          return;
                        }
                        s.w.counters().bump(s.w.counters().bootstrap_queries_ok);
+                       // The prefill's own /query says how many DP ranks it has (the reference
+                       // proxy's dp_size = len(/query), PROTOCOLS.md 4): a topology entry that
+                       // left dp_size out must not leave a multi-rank prefill unpinned, whose
+                       // engine id would then not match the one the decode is given.
+                       const auto ranks = static_cast<uint32_t>(engines->engine_ids.size());
+                       if (ranks != s.pair.prefill->dp_size) {
+                         s.prefill_rank = next_dp_rank(*s.pair.prefill, ranks);
+                       }
+                       s.mooncake_dp_size = ranks;
                        const uint32_t rank = s.prefill_rank.value_or(0);
-                       if (rank >= engines->engine_ids.size()) {
+                       if (rank >= ranks) {
                          self->prefill_failed(LegFailure::kBootstrap,
                                               "prefill " + prefill_key + " bootstrap lists " +
-                                                  std::to_string(engines->engine_ids.size()) +
-                                                  " DP rank(s), rank " + std::to_string(rank) + " wanted");
+                                                  std::to_string(ranks) + " DP rank(s), rank " +
+                                                  std::to_string(rank) + " wanted");
                          return;
                        }
                        s.mooncake_engine_id = engines->engine_ids[rank];
@@ -249,6 +259,7 @@ void ProxySession::build_and_send() {
   proto::LegInstance prefill = to_leg_instance(*s.pair.prefill, *s.topo);
   proto::LegInstance decode = to_leg_instance(*s.pair.decode, *s.topo);
   prefill.mooncake_engine_id = s.mooncake_engine_id;
+  if (s.mooncake_dp_size != 0) prefill.dp_size = s.mooncake_dp_size;
   proto::LegOptions options;
   options.limits.max_bytes = s.topo->limits.max_body_bytes;
   // The configured key wins over the client's header, as in the reference proxies: OpenAI SDK
@@ -680,6 +691,7 @@ void ProxySession::release_pair() {
   if (s.pair.decode) s.pair.decode->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
   s.pair = Pair{};
   s.mooncake_engine_id.clear();
+  s.mooncake_dp_size = 0;
 }
 
 void ProxySession::end(RequestState final_state) {

@@ -395,6 +395,41 @@ class TestMooncake(DialectCase, unittest.TestCase):
         self.assertNotEqual(self.engines[0], self.engines[1])
 
 
+class TestMooncakeRanksFromQuery(unittest.TestCase):
+    """A Mooncake prefill with two DP ranks that the topology lists without dp_size: the rank
+    count comes from its bootstrap /query (as in the reference proxy), so each prefill leg is
+    still pinned, ranks take turns, and the decode gets the engine id of the pinned rank."""
+
+    def test_prefill_ranks_come_from_its_bootstrap_query(self):
+        c = PdCluster("mooncake", prefill_flags=("--dp-size", "2"), register=False,
+                      topology="connectors:\n  default: mooncake\n")
+        self.addCleanup(c.close)
+        p, d = c.prefills[0], c.decodes[0]
+        c.router.write_topology(
+            "connectors:\n  default: mooncake\ninstances:\n"
+            "  - {role: prefill, http_address: \"%s\", bootstrap_port: %d}\n"
+            "  - {role: decode, http_address: \"%s\"}\n"
+            % (p.http_address, p.bootstrap_port, d.http_address))
+        c.wait_registered([p, d])
+        self.assertEqual(c.router.instance(p.http_address)["dp_size"], 1)
+        status, raw, _ = p.request("GET", "/query", port=p.bootstrap_port)
+        self.assertEqual(status, 200, raw)
+        engines = {int(k): v["engine_id"] for k, v in json.loads(raw).items()}
+        self.assertEqual(sorted(engines), [0, 1])
+        for i in range(4):
+            status, _, body = c.post("/v1/completions", {"model": "sim-model", "max_tokens": 2,
+                                                         "prompt": "request %d" % i})
+            self.assertEqual(status, 200, body)
+        prefill_legs = wait_gen(p, 4)
+        decode_by_id = {r["headers"]["x-request-id"]: r for r in wait_gen(d, 4)}
+        ranks = [int(r["headers"]["x-data-parallel-rank"]) for r in prefill_legs]
+        self.assertEqual(sorted(ranks), [0, 0, 1, 1], ranks)
+        for r, rank in zip(prefill_legs, ranks):
+            decode = decode_by_id[r["headers"]["x-request-id"]]
+            params = json.loads(decode["body"])["kv_transfer_params"]
+            self.assertEqual(params["remote_engine_id"], engines[rank])
+
+
 class TestP2pNccl(DialectCase, unittest.TestCase):
     CONNECTOR = "p2p-nccl"
     ADDRESS_ID = True
