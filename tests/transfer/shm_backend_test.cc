@@ -221,6 +221,12 @@ TEST_F(ShmBackendTest, PeerGoneFailsInFlightAndLaterTasks) {
   Completion later;
   result = run(*a_->backend, make_task(XferOp::kRead, kPeerB, {segment(l, local, 0, r, 0, 4096)}, "", &later), later);
   EXPECT_EQ(result.cause, XferCause::kPeerGone);
+  // The I/O thread counts the lost connection when it drops it, which may come after a submitter
+  // found the connection broken and failed its task: wait for it (once, not twice).
+  const auto deadline = std::chrono::steady_clock::now() + pdr::test::scaled(5s);
+  while (a_->counters.disconnects.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
   EXPECT_EQ(a_->counters.disconnects.load(), 1u);
   a_->backend->remove_peer(kPeerB);
   Completion unknown;
