@@ -49,6 +49,7 @@ std::string FaultSpec::to_json() const {
     case Action::kHang: out["hang"] = true; break;
     case Action::kCloseAfterTokens: out["close_after_tokens"] = close_after_tokens; break;
     case Action::kCloseImmediately: out["close_immediately"] = true; break;
+    case Action::kStopAfterFirstToken: out["stop_after_first_token"] = true; break;
   }
   if (delay_ms > 0) out["delay_ms"] = delay_ms;
   if (path) out["path"] = *path;
@@ -70,12 +71,13 @@ std::optional<std::string> parse_fault(std::string_view body, FaultSpec* out) {
       fault.status = static_cast<int>(v);
       fault.action = FaultSpec::Action::kStatus;
       ++actions;
-    } else if (key == "hang" || key == "close_immediately") {
+    } else if (key == "hang" || key == "close_immediately" || key == "stop_after_first_token") {
       bool on = false;
       error = read_true(doc, key.c_str(), &on);
       if (!error && on) {
-        fault.action = key == "hang" ? FaultSpec::Action::kHang
-                                     : FaultSpec::Action::kCloseImmediately;
+        fault.action = key == "hang"                ? FaultSpec::Action::kHang
+                       : key == "close_immediately" ? FaultSpec::Action::kCloseImmediately
+                                                    : FaultSpec::Action::kStopAfterFirstToken;
         ++actions;
       }
     } else if (key == "close_after_tokens") {
@@ -106,16 +108,18 @@ std::optional<std::string> parse_fault(std::string_view body, FaultSpec* out) {
       }
     } else {
       error = "unknown key '" + key +
-              "' (expected status, hang, close_after_tokens, close_immediately, delay_ms, count, "
-              "path)";
+              "' (expected status, hang, close_after_tokens, close_immediately, "
+              "stop_after_first_token, delay_ms, count, path)";
     }
     if (error) return error;
   }
   if (actions > 1) {
-    return "status, hang, close_after_tokens and close_immediately are mutually exclusive";
+    return "status, hang, close_after_tokens, close_immediately and stop_after_first_token are "
+           "mutually exclusive";
   }
   if (actions == 0 && !has_delay) {
-    return "a fault needs one of status, hang, close_after_tokens, close_immediately or delay_ms";
+    return "a fault needs one of status, hang, close_after_tokens, close_immediately, "
+           "stop_after_first_token or delay_ms";
   }
   *out = std::move(fault);
   return std::nullopt;

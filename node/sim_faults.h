@@ -21,6 +21,9 @@ struct FaultSpec {
     kCloseAfterTokens,  // stream: N token events then the connection is cut (no terminating chunk);
                         // non-stream: the connection is closed, unanswered, when the answer is due
     kCloseImmediately,  // close the connection, unanswered, as soon as the request arrives
+    kStopAfterFirstToken,  // the answer ends after one token with finish_reason "stop" (EOS): a
+                           // prefill leg then exports no KV (kv_transfer_params null), as vLLM's
+                           // does when its one token is EOS
   };
   Action action = Action::kNone;
   int status = 0;                   // kStatus: 400..599
@@ -36,8 +39,8 @@ struct FaultSpec {
 };
 
 // Parses the body of POST /sim/faults: a JSON object with exactly one of "status", "hang",
-// "close_after_tokens", "close_immediately", and/or "delay_ms" (at least one of the five), plus
-// optional "count" and "path". Unknown keys, wrong types and out-of-range values are refused.
+// "close_after_tokens", "close_immediately", "stop_after_first_token", and/or "delay_ms" (at least
+// one of the six), plus optional "count" and "path". Unknown keys, wrong types and out-of-range values are refused.
 // Returns a message for a 400 answer, or nothing and fills `*out`.
 std::optional<std::string> parse_fault(std::string_view body, FaultSpec* out);
 

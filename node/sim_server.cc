@@ -65,6 +65,7 @@ struct Generation {
   std::optional<http::Request> held;
   FaultSpec held_fault;
   std::optional<uint32_t> close_after_tokens;
+  bool stopped = false;  // stop_after_first_token: ends by "stop" (EOS), a prefill exports no KV
   // A decode leg's KV import (KvMover): the lease to end, and whether tokens wait for it.
   uint64_t kv_lease = 0;
   bool kv_waiting = false;
@@ -93,11 +94,12 @@ struct SimServer::Impl {
   std::atomic<bool> identity_ready{false};
 
   void handle(http::Request&& request, http::ResponseWriter writer);
+  // `fault`: the fault shaping the answer (close_after_tokens, stop_after_first_token), or none.
   void route(http::Request&& request, uint64_t seq, http::ResponseWriter writer,
-             std::optional<uint32_t> close_after_tokens);
+             const FaultSpec& fault = {});
   void handle_faults_endpoint(const http::Request& request, http::ResponseWriter& writer);
   void handle_generation(ApiKind kind, http::Request&& request, uint64_t seq,
-                         http::ResponseWriter writer, std::optional<uint32_t> close_after_tokens);
+                         http::ResponseWriter writer, const FaultSpec& fault);
   void apply_fault(FaultSpec fault, http::Request&& request, uint64_t seq,
                    http::ResponseWriter writer);
   void release_held(Generation& g);
@@ -180,11 +182,11 @@ void SimServer::Impl::handle(http::Request&& request, http::ResponseWriter write
       return apply_fault(*std::move(fault), std::move(request), seq, std::move(writer));
     }
   }
-  route(std::move(request), seq, std::move(writer), std::nullopt);
+  route(std::move(request), seq, std::move(writer));
 }
 
 void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::ResponseWriter writer,
-                            std::optional<uint32_t> close_after_tokens) {
+                            const FaultSpec& fault) {
   try {
     const bool get = request.method == "GET";
     const bool post = request.method == "POST";
@@ -194,11 +196,10 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
     }
     if (request.path == "/v1/completions" && post) {
       return handle_generation(ApiKind::kCompletion, std::move(request), seq, std::move(writer),
-                               close_after_tokens);
+                               fault);
     }
     if (request.path == "/v1/chat/completions" && post) {
-      return handle_generation(ApiKind::kChat, std::move(request), seq, std::move(writer),
-                               close_after_tokens);
+      return handle_generation(ApiKind::kChat, std::move(request), seq, std::move(writer), fault);
     }
     if (request.path == "/query" && get && options.node.connector == proto::Connector::kMooncake &&
         options.node.role == proto::Role::kPrefill) {
@@ -256,7 +257,7 @@ void SimServer::Impl::apply_fault(FaultSpec fault, http::Request&& request, uint
   }
   switch (fault.action) {
     case FaultSpec::Action::kNone:
-      return route(std::move(request), seq, std::move(writer), std::nullopt);
+      return route(std::move(request), seq, std::move(writer));
     case FaultSpec::Action::kStatus: {
       const SimError error{fault.status, "fault",
                            "injected fault: HTTP " + std::to_string(fault.status)};
@@ -275,9 +276,11 @@ void SimServer::Impl::apply_fault(FaultSpec fault, http::Request&& request, uint
       return close_unanswered(std::move(writer));
     case FaultSpec::Action::kCloseAfterTokens:
       if (request.path == "/v1/completions" || request.path == "/v1/chat/completions") {
-        return route(std::move(request), seq, std::move(writer), fault.close_after_tokens);
+        return route(std::move(request), seq, std::move(writer), fault);
       }
       return close_unanswered(std::move(writer));  // no tokens to count
+    case FaultSpec::Action::kStopAfterFirstToken:
+      return route(std::move(request), seq, std::move(writer), fault);  // others answer as usual
   }
 }
 
@@ -302,8 +305,7 @@ void SimServer::Impl::cut(Generation& g) {
 }
 
 void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, uint64_t seq,
-                                        http::ResponseWriter writer,
-                                        std::optional<uint32_t> close_after_tokens) {
+                                        http::ResponseWriter writer, const FaultSpec& fault) {
   const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
     return answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"});
@@ -332,10 +334,14 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
   }
   g->seq = seq;
   g->worker = request.worker;
-  g->close_after_tokens = close_after_tokens;
+  if (fault.action == FaultSpec::Action::kCloseAfterTokens) g->close_after_tokens = fault.close_after_tokens;
   g->response_id = response_id(kind, g->request_id);
   g->created = unix_seconds();
   g->tokens = generate_tokens(g->request_id, g->req.prompt_text, g->req.max_tokens);
+  if (fault.action == FaultSpec::Action::kStopAfterFirstToken) {
+    g->tokens.resize(1);  // generate_tokens gives at least one (max_tokens >= 1)
+    g->stopped = true;
+  }
   // A decode leg's prompt KV arrives from the prefill node, so it pays no prefill time.
   const auto prefill = g->kv.leg == KvLeg::kDecode
                            ? std::chrono::microseconds(0)
@@ -470,7 +476,7 @@ void SimServer::Impl::on_timer(uint32_t worker, uint64_t seq) {
 }
 
 void SimServer::Impl::emit_due_tokens(Generation& g) {
-  const std::string finish_reason = "length";
+  const std::string finish_reason = g.stopped ? "stop" : "length";
   const Clock::time_point now = Clock::now();
   while (g.next_token < g.tokens.size()) {
     const Clock::time_point due =
@@ -489,7 +495,7 @@ void SimServer::Impl::finish(Generation& g) {
   const uint32_t worker = g.worker;
   const uint64_t seq = g.seq;
   json kv_params = nullptr;
-  if (g.kv.leg == KvLeg::kPrefill) {
+  if (g.kv.leg == KvLeg::kPrefill && !g.stopped) {  // stopped by EOS: vLLM exports no KV
     // Seam: a finished prefill hands its blocks to the transfer layer.
     std::vector<int64_t> block_ids;
     if (auto e = mover->export_prefill_blocks(blocks_of(g), &block_ids)) {
@@ -511,7 +517,8 @@ void SimServer::Impl::finish(Generation& g) {
     log.set_status(seq, 200);
   } else {
     answer(g.writer, seq,
-           json_response(200, full_response(g.req, g.response_id, g.created, g.tokens, "length",
+           json_response(200, full_response(g.req, g.response_id, g.created, g.tokens,
+                                            g.stopped ? "stop" : "length",
                                             kv_params)));
   }
   erase(worker, seq);

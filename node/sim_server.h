@@ -33,6 +33,8 @@
 //                             non-stream: the connection is closed unanswered when the answer
 //                             would have been sent
 //   "close_immediately": true close the connection, unanswered, as soon as the request arrives
+//   "stop_after_first_token": true   one token, then finish_reason "stop" (an EOS); a prefill
+//                             leg exports no KV and answers kv_transfer_params null, as vLLM
 // and/or "delay_ms": 0..600000 (wait that long, on a timer, before any of the above or before
 // handling the request normally; a client close during the wait is an abort); plus "count" (how
 // many matching requests it applies to, default 1, -1 until cleared) and "path" (exact request

@@ -164,6 +164,34 @@ class PrefillFailures(ClusterTest):
         self.assertEqual(c.metric('pdrouter_leg_retries_total{leg="prefill"}'), 0)
 
 
+class PrefillWithoutKv(ClusterTest):
+    """A prefill whose one token is EOS exports no KV and answers kv_transfer_params null
+    (PROTOCOLS.md Implications 7). A decode told to fetch blocks would wait for ones that never
+    come: pdrouter sends it as a plain request, which recomputes the prompt."""
+
+    def check_fallback(self, connector, transfer_mode):
+        c = self.cluster(connector=connector, transfer_mode=transfer_mode)
+        p, d = c.prefills[0], c.decodes[0]
+        p.set_fault(stop_after_first_token=True)
+        status, _, body = c.post(COMPLETIONS, completion(max_tokens=4), timeout=30)
+        self.assertEqual(status, 200, body)
+        answer = json.loads(body)
+        self.assertTrue(answer["choices"][0]["text"], answer)
+        [prefill_leg] = generation_requests(p.sim_requests())
+        self.assertEqual(prefill_leg["fault"], {"stop_after_first_token": True})
+        [decode_leg] = generation_requests(d.sim_requests())
+        self.assertNotIn("kv_transfer_params", json.loads(decode_leg["body"]))
+        self.assertEqual(request_id(decode_leg), request_id(prefill_leg))
+        self.assertEqual(c.metric("pdrouter_local_prefill_fallbacks_total"), 1)
+        self.assertEqual(c.metric('pdrouter_requests_total{outcome="done"}'), 1)
+
+    def test_nixl_decode_is_sent_as_a_plain_request(self):
+        self.check_fallback("nixl", None)
+
+    def test_moriio_read_decode_is_sent_as_a_plain_request(self):
+        self.check_fallback("moriio", "READ")
+
+
 class UnreachableNodes(ClusterTest):
     def test_node_that_refuses_connections_is_ejected_after_three_legs(self):
         # A static prefill nobody listens on (a node that went away without a heartbeat to

@@ -27,6 +27,9 @@ TEST(ParseFault, EachAction) {
   EXPECT_FALSE(f.path.has_value());
 
   EXPECT_EQ(parse_ok(R"({"hang":true})").action, FaultSpec::Action::kHang);
+  EXPECT_EQ(parse_ok(R"({"stop_after_first_token":true})").action,
+            FaultSpec::Action::kStopAfterFirstToken);
+  EXPECT_EQ(parse_ok(R"({"stop_after_first_token":true})").to_json(), R"({"stop_after_first_token":true})");
   EXPECT_EQ(parse_ok(R"({"close_immediately":true})").action,
             FaultSpec::Action::kCloseImmediately);
   f = parse_ok(R"({"close_after_tokens":3})");
