@@ -19,6 +19,7 @@
 
 #include "loadgen/bench_report.h"
 #include "loadgen/bench_runner.h"
+#include "router/http/host_resolver.h"
 
 namespace {
 
@@ -182,14 +183,10 @@ Status resolve(proto::HostPort* target) {
     return {StatusCode::kBadAddress,
             fmt::format("cannot resolve '{}': {}", target->host, gai_strerror(rc))};
   }
-  // IPv4 first: "localhost" often lists ::1 first while servers listen on 127.0.0.1 only.
-  const addrinfo* pick = found;
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    if (a->ai_family == AF_INET) {
-      pick = a;
-      break;
-    }
-  }
+  // IPv4 first, as pdrouter's own upstream client: "localhost" often lists ::1 first while
+  // servers listen on 127.0.0.1 only.
+  const addrinfo* preferred = http::preferred_address(found);
+  const addrinfo* pick = preferred != nullptr ? preferred : found;
   char host[NI_MAXHOST];
   const int rc = getnameinfo(pick->ai_addr, pick->ai_addrlen, host, sizeof host, nullptr, 0,
                              NI_NUMERICHOST);

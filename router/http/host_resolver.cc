@@ -19,16 +19,8 @@ struct CacheEntry {
   uint64_t expires_ms = 0;  // uv_now() scale
 };
 
-// IPv4 first (see the header), else the first IPv6 address.
 bool pick_address(const addrinfo* list, sockaddr_storage* out) {
-  const addrinfo* chosen = nullptr;
-  for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
-    if (ai->ai_family == AF_INET) {
-      chosen = ai;
-      break;
-    }
-    if (ai->ai_family == AF_INET6 && chosen == nullptr) chosen = ai;
-  }
+  const addrinfo* chosen = preferred_address(list);
   if (chosen == nullptr || chosen->ai_addrlen > sizeof(sockaddr_storage)) return false;
   std::memset(out, 0, sizeof(*out));
   std::memcpy(out, chosen->ai_addr, chosen->ai_addrlen);
@@ -46,6 +38,15 @@ Status lookup_error(const std::string& host, int status, bool found) {
 }
 
 }  // namespace
+
+const addrinfo* preferred_address(const addrinfo* list) {
+  const addrinfo* chosen = nullptr;
+  for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_family == AF_INET) return ai;
+    if (ai->ai_family == AF_INET6 && chosen == nullptr) chosen = ai;
+  }
+  return chosen;
+}
 
 struct HostResolver::State {
   // One getaddrinfo on the thread pool. Freed when it finishes (on_resolved runs exactly once,

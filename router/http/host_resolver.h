@@ -26,8 +26,13 @@
 #include "proto/status.h"
 
 struct uv_loop_s;
+struct addrinfo;
 
 namespace pdr::http {
+
+// The address a getaddrinfo answer is used at: its first IPv4 entry, else its first IPv6 one,
+// else nullptr (see above for why IPv4 first). Also what pdrouter-bench resolves its target to.
+const addrinfo* preferred_address(const addrinfo* list);
 
 struct ResolverStats {
   uint64_t lookups = 0;   // getaddrinfo calls started
