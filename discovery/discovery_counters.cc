@@ -18,6 +18,11 @@ std::string_view to_string(RejectReason r) {
     case RejectReason::kRegistryFull: return "registry_full";
     case RejectReason::kStaleGoodbye: return "stale_goodbye";
     case RejectReason::kUnknownGoodbye: return "unknown_goodbye";
+    case RejectReason::kNotSelf: return "not_own_address";
+    case RejectReason::kWeakerSender: return "weaker_sender";
+    case RejectReason::kStaleEpoch: return "stale_epoch";
+    case RejectReason::kClassFull: return "class_full";
+    case RejectReason::kOperatorOwned: return "operator_owned";
     case RejectReason::kCount: break;
   }
   return "unknown";

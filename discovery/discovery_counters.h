@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "discovery/zap_policy.h"
 #include "proto/status.h"
 
 namespace pdr::discovery {
@@ -20,6 +21,11 @@ enum class RejectReason : uint8_t {
   kRegistryFull,   // max_instances reached, nothing expired to evict
   kStaleGoodbye,   // goodbye from an older epoch than the live entry
   kUnknownGoodbye, // goodbye for an address that is not registered
+  kNotSelf,        // an unauthenticated sender named an IP address other than its own
+  kWeakerSender,   // the entry was created by a stronger admission class
+  kStaleEpoch,     // registration from an older epoch than the live entry
+  kClassFull,      // the sender's admission class reached discovery.max_instances_per_class
+  kOperatorOwned,  // goodbye for a static or admin instance
   kCount
 };
 std::string_view to_string(RejectReason);
@@ -41,7 +47,12 @@ struct DiscoveryCounters {
   Counter peer_connections{0};   // TCP connections accepted by the ROUTER socket
   Counter peer_disconnects{0};   // includes peers libzmq dropped for frames over the hard limit
   Counter snapshots_published{0};
+  Counter handshakes_admitted{0};  // connections the ZAP policy admitted
+  std::array<Counter, kHandshakeRefusals> handshakes_refused{};  // index: HandshakeRefusal
 
+  void refuse_handshake(HandshakeRefusal r) {
+    handshakes_refused[static_cast<size_t>(r)].fetch_add(1, std::memory_order_relaxed);
+  }
   void reject(RejectReason r) { rejected[static_cast<size_t>(r)].fetch_add(1, std::memory_order_relaxed); }
   uint64_t rejected_total() const;
 };

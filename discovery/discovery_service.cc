@@ -18,6 +18,12 @@ namespace pdr::discovery {
 namespace {
 
 constexpr const char* kMonitorEndpoint = "inproc://pdr-discovery-monitor";
+constexpr const char* kCurveMonitorEndpoint = "inproc://pdr-discovery-curve-monitor";
+// libzmq looks for its ZAP handler at this fixed address in the socket's context (RFC 27).
+constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
+// A connection that has not finished the ZMTP handshake by then is dropped (libzmq's default is
+// 30 s, which let raw TCP connections that never greet hold a descriptor each that long).
+constexpr int kHandshakeMs = 5000;
 constexpr int kMaxMessagesPerWake = 4096;  // bound one poll round so timers and commands run
 constexpr int kSmallBatch = 64;            // below this, the next wake waits for batch_window
 
@@ -36,6 +42,12 @@ DiscoveryServiceOptions DiscoveryServiceOptions::from(const Topology& t) {
   o.bind_endpoint = t.listeners.discovery;
   o.registry = RegistryOptions::from(t.discovery);
   o.limits.max_message_bytes = t.discovery.max_message_bytes;
+  o.curve_endpoint = t.listeners.discovery_curve;
+  o.curve_keys = t.discovery.curve.server_keys;
+  o.zap.allowed_peers = t.discovery.allowed_peers;
+  o.zap.allowed_client_keys = {t.discovery.curve.allowed_client_keys.begin(),
+                               t.discovery.curve.allowed_client_keys.end()};
+  o.zap.plain_is_local = t.listeners.discovery.starts_with("ipc://");
   o.auth_token = t.discovery.auth_token;
   o.allow_unauthenticated_vllm = t.discovery.allow_unauthenticated_vllm;
   o.static_instances = t.static_instances;
@@ -44,6 +56,14 @@ DiscoveryServiceOptions DiscoveryServiceOptions::from(const Topology& t) {
 }
 
 class DiscoveryService::Impl {
+  // Who sent a message: its admission class from the handshake, its peer address (nullopt over
+  // ipc://) and the socket to answer on.
+  struct Sender {
+    AdmissionClass admission;
+    std::optional<IpAddress> peer;
+    zmq::socket_t* socket;
+  };
+
  public:
   Impl(SnapshotCell<RegistrySnapshot>& snapshots, DiscoveryCounters& counters)
       : snapshots_(snapshots), counters_(counters), registry_(RegistryOptions{}) {}
@@ -60,27 +80,27 @@ class DiscoveryService::Impl {
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return Status(StatusCode::kIoError, std::string("eventfd: ") + std::strerror(errno));
     try {
-      router_ = zmq::socket_t(context_, zmq::socket_type::router);
-      router_.set(zmq::sockopt::linger, 0);
-      router_.set(zmq::sockopt::maxmsgsize, options.hard_frame_limit);
-      router_.set(zmq::sockopt::sndhwm, 10000);
-      // P2P-NCCL nodes connect with their zmq_address as routing id. A node restarted while its
-      // old connection is still open on our side (host crash, partition: no FIN) comes back with
-      // the same id, and by default libzmq silently drops everything it sends until that old
-      // connection dies (hours with default TCP keepalive). Handover gives the id to the newest
-      // connection.
-      router_.set(zmq::sockopt::router_handover, 1);
-      // Monitor accepted/disconnected peers: libzmq drops peers that exceed maxmsgsize without
-      // telling the application, so disconnects are the only trace of such frames.
-      zmq_socket_monitor(router_.handle(), kMonitorEndpoint,
-                         ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED);
-      monitor_ = zmq::socket_t(context_, zmq::socket_type::pair);
-      monitor_.connect(kMonitorEndpoint);
+      // The ZAP handler first: a connection that handshakes before it exists would be admitted
+      // unchecked (libzmq treats a missing handler as "allow").
+      zap_ = zmq::socket_t(context_, zmq::socket_type::rep);
+      zap_.set(zmq::sockopt::linger, 0);
+      zap_.bind(kZapEndpoint);
+      router_ = open_router(kPlainDomain, kMonitorEndpoint, &monitor_, nullptr);
       router_.bind(zmq_bind_spelling(options.bind_endpoint));
       bound_endpoint_ = router_.get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& e) {
       return Status(StatusCode::kIoError,
                     "discovery: cannot bind '" + options.bind_endpoint + "': " + e.what());
+    }
+    if (!options.curve_endpoint.empty()) {
+      try {
+        curve_router_ = open_router(kCurveDomain, kCurveMonitorEndpoint, &curve_monitor_, &options.curve_keys);
+        curve_router_.bind(zmq_bind_spelling(options.curve_endpoint));
+        bound_curve_endpoint_ = curve_router_.get(zmq::sockopt::last_endpoint);
+      } catch (const zmq::error_t& e) {
+        return Status(StatusCode::kIoError,
+                      "discovery: cannot bind CURVE endpoint '" + options.curve_endpoint + "': " + e.what());
+      }
     }
     registry_.replace_static(options.static_instances, Clock::now());
     publish(Clock::now());
@@ -90,6 +110,7 @@ class DiscoveryService::Impl {
   }
 
   std::string bound_endpoint() const { return bound_endpoint_; }
+  std::string bound_curve_endpoint() const { return bound_curve_endpoint_; }
 
   void post(std::function<void(Registry&)> fn, std::function<void()> on_published) {
     {
@@ -115,6 +136,36 @@ class DiscoveryService::Impl {
   }
 
  private:
+  zmq::socket_t open_router(std::string_view zap_domain, const char* monitor_endpoint, zmq::socket_t* monitor,
+                            const CurveKeyPair* curve) {
+    zmq::socket_t router(context_, zmq::socket_type::router);
+    router.set(zmq::sockopt::linger, 0);
+    router.set(zmq::sockopt::maxmsgsize, options_.hard_frame_limit);
+    router.set(zmq::sockopt::sndhwm, 10000);
+    // A few messages per peer are plenty for heartbeats; the default 1000 frames of up to
+    // hard_frame_limit each would let one fast peer queue a gigabyte behind a busy thread.
+    router.set(zmq::sockopt::rcvhwm, 100);
+    router.set(zmq::sockopt::handshake_ivl, kHandshakeMs);
+    // P2P-NCCL nodes connect with their zmq_address as routing id. A node restarted while its
+    // old connection is still open on our side (host crash, partition: no FIN) comes back with
+    // the same id, and by default libzmq silently drops everything it sends until that old
+    // connection dies (hours with default TCP keepalive). Handover gives the id to the newest
+    // connection.
+    router.set(zmq::sockopt::router_handover, 1);
+    // Every connection asks the ZAP handler (NULL mechanism only does with a domain set).
+    router.set(zmq::sockopt::zap_domain, std::string(zap_domain));
+    if (curve != nullptr) {
+      router.set(zmq::sockopt::curve_server, 1);
+      router.set(zmq::sockopt::curve_secretkey, curve->secret_z85);
+    }
+    // Monitor accepted/disconnected peers: libzmq drops peers that exceed maxmsgsize without
+    // telling the application, so disconnects are the only trace of such frames.
+    zmq_socket_monitor(router.handle(), monitor_endpoint, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED);
+    *monitor = zmq::socket_t(context_, zmq::socket_type::pair);
+    monitor->connect(monitor_endpoint);
+    return router;
+  }
+
   void wake() {
     if (wake_fd_ < 0) return;
     uint64_t one = 1;
@@ -131,30 +182,38 @@ class DiscoveryService::Impl {
     }
     router_.close();
     monitor_.close();
+    if (curve_router_) curve_router_.close();
+    if (curve_monitor_) curve_monitor_.close();
+    zap_.close();
   }
 
   void loop() {
-    // The ROUTER goes last so a coalescing round can leave it out of the poll set entirely (with
-    // events=0 zmq_poll would still wake on its signaler).
-    zmq::pollitem_t items[3] = {
+    // The ROUTERs go last so a coalescing round can leave them out of the poll set entirely (with
+    // events=0 zmq_poll would still wake on their signalers).
+    std::vector<zmq::pollitem_t> items = {
         {nullptr, wake_fd_, ZMQ_POLLIN, 0},
+        {zap_.handle(), 0, ZMQ_POLLIN, 0},
         {monitor_.handle(), 0, ZMQ_POLLIN, 0},
-        {router_.handle(), 0, ZMQ_POLLIN, 0},
     };
+    if (curve_router_) items.push_back({curve_monitor_.handle(), 0, ZMQ_POLLIN, 0});
+    const size_t first_router = items.size();
+    items.push_back({router_.handle(), 0, ZMQ_POLLIN, 0});
+    if (curve_router_) items.push_back({curve_router_.handle(), 0, ZMQ_POLLIN, 0});
     while (running_.load(std::memory_order_relaxed)) {
-      // After a small batch, leave the ROUTER out of the next poll for batch_window: messages
+      // After a small batch, leave the ROUTERs out of the next poll for batch_window: messages
       // queue in libzmq meanwhile and the next wake takes them together. At 10k nodes beating
       // every 3 s this turns ~3,300 wake-ups/s into a few hundred, for at most batch_window of
-      // added registration latency. Commands and the monitor still wake the thread at once.
+      // added registration latency. Commands, handshakes and the monitors still wake the thread
+      // at once.
       const auto now = Clock::now();
       const bool coalescing = now < coalesce_until_;
-      items[2].revents = 0;
+      for (auto& item : items) item.revents = 0;
       auto timeout = poll_timeout(now);
       if (coalescing) {
         timeout = std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(coalesce_until_ - now));
       }
       try {
-        zmq::poll(items, coalescing ? 2 : 3, timeout);
+        zmq::poll(items.data(), coalescing ? first_router : items.size(), timeout);
       } catch (const zmq::error_t& e) {
         // A signal delivered to this thread interrupts poll(); that is not an error.
         if (e.num() == EINTR) continue;
@@ -165,11 +224,19 @@ class DiscoveryService::Impl {
         [[maybe_unused]] ssize_t n = ::read(wake_fd_, &drained, sizeof drained);
         run_commands();
       }
-      if (items[1].revents & ZMQ_POLLIN) drain_monitor();
-      if (items[2].revents & ZMQ_POLLIN) {
-        const int handled = drain_router();
-        if (handled < kSmallBatch) coalesce_until_ = Clock::now() + options_.batch_window;
+      if (items[1].revents & ZMQ_POLLIN) drain_zap();
+      for (size_t i = 2; i < first_router; ++i) {
+        if (items[i].revents & ZMQ_POLLIN) drain_monitor(i == 2 ? monitor_ : curve_monitor_);
       }
+      int handled = 0;
+      bool polled_router = false;
+      for (size_t i = first_router; i < items.size(); ++i) {
+        if (!(items[i].revents & ZMQ_POLLIN)) continue;
+        polled_router = true;
+        const bool curve = i > first_router;
+        handled += drain_router(curve ? curve_router_ : router_, curve);
+      }
+      if (polled_router && handled < kSmallBatch) coalesce_until_ = Clock::now() + options_.batch_window;
       const auto after = Clock::now();
       const auto expired = registry_.expire_due(after);
       if (expired.expired > 0) {
@@ -182,6 +249,37 @@ class DiscoveryService::Impl {
       // sees the change in the snapshot.
       flush_acks();
       run_completions();
+    }
+  }
+
+  // Answers every pending ZAP request (RFC 27) with the policy's decision.
+  void drain_zap() {
+    for (int i = 0; i < kMaxMessagesPerWake; ++i) {
+      std::vector<std::string> frames;
+      zmq::message_t frame;
+      if (!zap_.recv(frame, zmq::recv_flags::dontwait)) return;
+      frames.emplace_back(static_cast<const char*>(frame.data()), frame.size());
+      while (frame.more() && frames.size() < 16) {
+        if (!zap_.recv(frame, zmq::recv_flags::dontwait)) break;
+        frames.emplace_back(static_cast<const char*>(frame.data()), frame.size());
+      }
+      const ZapDecision decision = decide_zap(options_.zap, frames);
+      if (decision.allow) {
+        counters_.handshakes_admitted.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        counters_.refuse_handshake(decision.refusal);
+        if (log_limiter_.allow(Clock::now())) {
+          spdlog::warn("discovery: refused connection ({}): {}", to_string(decision.refusal), decision.status_text);
+        }
+      }
+      const auto reply = zap_reply(frames.size() > 1 ? frames[1] : "", decision);
+      try {
+        for (size_t f = 0; f < reply.size(); ++f) {
+          zap_.send(zmq::buffer(reply[f]), f + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        }
+      } catch (const zmq::error_t& e) {
+        spdlog::warn("discovery: ZAP reply not sent: {}", e.what());
+      }
     }
   }
 
@@ -222,7 +320,16 @@ class DiscoveryService::Impl {
         spdlog::warn("discovery: listener endpoint change to '{}' needs a restart; still on '{}'",
                      options->bind_endpoint, bound_endpoint_);
       }
+      if (options->curve_endpoint != options_.curve_endpoint ||
+          options->curve_keys.secret_z85 != options_.curve_keys.secret_z85) {
+        spdlog::warn("discovery: CURVE endpoint or server key changes need a restart; keeping '{}'",
+                     bound_curve_endpoint_);
+      }
       options->bind_endpoint = options_.bind_endpoint;
+      options->curve_endpoint = options_.curve_endpoint;
+      options->curve_keys = options_.curve_keys;
+      // Both endpoints keep the transport they were bound with.
+      options->zap.plain_is_local = options_.zap.plain_is_local;
       options->hard_frame_limit = options_.hard_frame_limit;  // a socket option fixed at bind
       options_ = std::move(*options);
       registry_.set_options(options_.registry);
@@ -234,13 +341,13 @@ class DiscoveryService::Impl {
     }
   }
 
-  void drain_monitor() {
+  void drain_monitor(zmq::socket_t& monitor) {
     for (;;) {
       zmq::message_t event;
-      if (!monitor_.recv(event, zmq::recv_flags::dontwait)) return;
+      if (!monitor.recv(event, zmq::recv_flags::dontwait)) return;
       if (event.more()) {  // second frame: the endpoint string
         zmq::message_t endpoint;
-        (void)monitor_.recv(endpoint, zmq::recv_flags::dontwait);
+        (void)monitor.recv(endpoint, zmq::recv_flags::dontwait);
       }
       if (event.size() < sizeof(uint16_t)) continue;
       uint16_t id;
@@ -251,33 +358,44 @@ class DiscoveryService::Impl {
   }
 
   // Returns how many messages it took off the socket.
-  int drain_router() {
+  int drain_router(zmq::socket_t& router, bool curve) {
     int i = 0;
     for (; i < kMaxMessagesPerWake; ++i) {
       zmq::message_t identity;
-      if (!router_.recv(identity, zmq::recv_flags::dontwait)) return i;
+      if (!router.recv(identity, zmq::recv_flags::dontwait)) return i;
       counters_.frames_received.fetch_add(1, std::memory_order_relaxed);
       if (!identity.more()) {
         reject(RejectReason::kBadFrames, "message with an identity frame only");
         continue;
       }
       zmq::message_t payload;
-      (void)router_.recv(payload, zmq::recv_flags::dontwait);  // parts of one message arrive together
+      (void)router.recv(payload, zmq::recv_flags::dontwait);  // parts of one message arrive together
       if (payload.more()) {
         size_t frames = 2;
         zmq::message_t extra;
-        while (router_.recv(extra, zmq::recv_flags::dontwait) && ++frames && extra.more()) {
+        while (router.recv(extra, zmq::recv_flags::dontwait) && ++frames && extra.more()) {
         }
         reject(RejectReason::kBadFrames,
                fmt::format("expected [identity, payload], got {} frames", frames));
         continue;
       }
-      handle_payload(identity, payload);
+      handle_payload(identity, payload, sender_of(payload, curve));
     }
     return i;
   }
 
-  void handle_payload(const zmq::message_t& identity, const zmq::message_t& payload) {
+  // How the connection a message came on was admitted, from the properties libzmq attached to it
+  // after the handshake.
+  Sender sender_of(zmq::message_t& payload, bool curve) {
+    Sender sender{options_.zap.address_class(), std::nullopt, curve ? &curve_router_ : &router_};
+    const char* user_id = zmq_msg_gets(payload.handle(), "User-Id");
+    if (user_id != nullptr) sender.admission = user_id_class(user_id, sender.admission);
+    const char* peer = zmq_msg_gets(payload.handle(), "Peer-Address");
+    if (peer != nullptr) sender.peer = parse_ip_address(peer);
+    return sender;
+  }
+
+  void handle_payload(const zmq::message_t& identity, const zmq::message_t& payload, const Sender& sender) {
     proto::DiscoveryMessage msg;
     const std::span<const std::byte> bytes(static_cast<const std::byte*>(payload.data()), payload.size());
     Status st = proto::decode_discovery_message(bytes, options_.limits, &msg);
@@ -290,41 +408,96 @@ class DiscoveryService::Impl {
         counters_.hellos.fetch_add(1, std::memory_order_relaxed);
         return;
       case proto::DiscoveryMessage::Kind::kGoodbye:
-        handle_goodbye(identity, msg.goodbye);
+        handle_goodbye(identity, msg.goodbye, sender);
         return;
       case proto::DiscoveryMessage::Kind::kRegistration:
-        handle_registration(identity, msg.registration);
+        handle_registration(identity, msg.registration, sender);
         return;
     }
   }
 
-  bool authenticated(uint32_t schema_version, const std::string& token) const {
-    if (options_.auth_token.empty()) return true;
-    if (schema_version == 0) return options_.allow_unauthenticated_vllm;
-    return secure_equals(token, options_.auth_token);
+  // The message's admission class after the auth token, or nullopt when the token check refuses it.
+  std::optional<AdmissionClass> message_class(uint32_t schema_version, const std::string& token,
+                                              AdmissionClass connection) const {
+    if (options_.auth_token.empty()) return connection;
+    if (schema_version == 0) {
+      if (!options_.allow_unauthenticated_vllm) return std::nullopt;
+      return connection;
+    }
+    if (!secure_equals(token, options_.auth_token)) return std::nullopt;
+    return std::max(connection, AdmissionClass::kToken);
   }
 
-  void handle_registration(const zmq::message_t& identity, const proto::Registration& reg) {
-    const bool wants_ack = reg.schema_version > 0;
-    if (!authenticated(reg.schema_version, reg.auth_token)) {
-      reject(RejectReason::kUnauthenticated,
-             "registration from " + reg.http_address.to_string() + " has no valid auth token");
-      if (wants_ack) send_ack(identity, {false, "unauthenticated: missing or wrong auth token", 0, 0});
-      return;
+  // Admission checks common to registrations and goodbyes; false (and the refusal handled) when
+  // the message must change nothing.
+  bool admit(const zmq::message_t& identity, const Sender& sender, uint32_t schema_version,
+             const std::string& token, const proto::HostPort& address, bool ack_refusal,
+             AdmissionClass* out) {
+    const std::string key = address.to_string();
+    auto cls = message_class(schema_version, token, sender.admission);
+    if (!cls) {
+      reject(RejectReason::kUnauthenticated, "message for " + key + " has no valid auth token");
+      if (ack_refusal) send_ack(identity, *sender.socket, {false, "unauthenticated: missing or wrong auth token", 0, 0});
+      return false;
     }
+    if (!may_register_address(*cls, sender.peer, address.host)) {
+      reject(RejectReason::kNotSelf,
+             fmt::format("message for {} came from {}: a node that does not authenticate may speak only "
+                         "for its own address", key, sender.peer ? peer_text(*sender.peer) : "?"));
+      if (ack_refusal) {
+        send_ack(identity, *sender.socket,
+                 {false, "forbidden: http_address is not the sender's own address (authenticate to register another)", 0, 0});
+      }
+      return false;
+    }
+    *out = *cls;
+    return true;
+  }
+
+  static std::string peer_text(const IpAddress& a) {
+    Cidr c{a, static_cast<uint8_t>(a.size * 8)};
+    std::string text = c.to_string();
+    return text.substr(0, text.rfind('/'));
+  }
+
+  void handle_registration(const zmq::message_t& identity, const proto::Registration& reg, const Sender& sender) {
+    const bool wants_ack = reg.schema_version > 0;
+    AdmissionClass cls;
+    if (!admit(identity, sender, reg.schema_version, reg.auth_token, reg.http_address, wants_ack, &cls)) return;
     const auto now = Clock::now();
-    const auto outcome = registry_.upsert(reg, now);
+    const auto outcome = registry_.upsert(reg, now, cls);
     const std::string key = reg.http_address.to_string();
+    auto refuse = [&](RejectReason why, const std::string& detail, const std::string& ack_reason) {
+      reject(why, detail);
+      if (wants_ack) send_ack(identity, *sender.socket, {false, ack_reason, 0, 0});
+    };
     switch (outcome.result) {
       case UpsertResult::kRejectedFull:
-        reject(RejectReason::kRegistryFull,
-               fmt::format("registry full ({} instances); {} refused", registry_.size(), key));
-        if (wants_ack) send_ack(identity, {false, "rejected: registry full", 0, 0});
+        refuse(RejectReason::kRegistryFull,
+               fmt::format("registry full ({} instances); {} refused", registry_.size(), key),
+               "rejected: registry full");
+        return;
+      case UpsertResult::kRejectedClassFull:
+        refuse(RejectReason::kClassFull,
+               fmt::format("{} nodes admitted by '{}' reached discovery.max_instances_per_class; {} refused",
+                           registry_.count_by_class()[static_cast<size_t>(cls)], to_string(cls), key),
+               "rejected: registry full for this admission class");
+        return;
+      case UpsertResult::kRejectedWeaker:
+        refuse(RejectReason::kWeakerSender,
+               fmt::format("{} was registered by a stronger sender; a '{}' message cannot change it", key,
+                           to_string(cls)),
+               "forbidden: this instance was registered with stronger credentials");
+        return;
+      case UpsertResult::kRejectedStaleEpoch:
+        refuse(RejectReason::kStaleEpoch,
+               fmt::format("registration for {} with epoch {} is older than the running process", key, reg.epoch),
+               "rejected: stale epoch");
         return;
       case UpsertResult::kAdded:
         counters_.added.fetch_add(1, std::memory_order_relaxed);
-        spdlog::info("discovery: registered {} {} ({} via {})", proto::to_string(reg.role), key,
-                     proto::to_string(reg.connector), proto::to_string(reg.format));
+        spdlog::info("discovery: registered {} {} ({} via {}, admitted by {})", proto::to_string(reg.role), key,
+                     proto::to_string(reg.connector), proto::to_string(reg.format), to_string(cls));
         break;
       case UpsertResult::kRestarted:
         counters_.restarts.fetch_add(1, std::memory_order_relaxed);
@@ -338,48 +511,60 @@ class DiscoveryService::Impl {
         break;
     }
     counters_.accepted_by_format[static_cast<size_t>(reg.format)].fetch_add(1, std::memory_order_relaxed);
-    if (wants_ack) send_ack(identity, {true, "", static_cast<uint32_t>(outcome.ttl.count()), 0});
+    if (wants_ack) send_ack(identity, *sender.socket, {true, "", static_cast<uint32_t>(outcome.ttl.count()), 0});
   }
 
-  void handle_goodbye(const zmq::message_t& identity, const proto::Goodbye& goodbye) {
-    if (!authenticated(goodbye.schema_version, goodbye.auth_token)) {
-      reject(RejectReason::kUnauthenticated,
-             "goodbye for " + goodbye.http_address.to_string() + " has no valid auth token");
-      send_ack(identity, {false, "unauthenticated: missing or wrong auth token", 0, 0});
-      return;
-    }
+  void handle_goodbye(const zmq::message_t& identity, const proto::Goodbye& goodbye, const Sender& sender) {
+    AdmissionClass cls;
+    if (!admit(identity, sender, goodbye.schema_version, goodbye.auth_token, goodbye.http_address, true, &cls)) return;
     const std::string key = goodbye.http_address.to_string();
-    switch (registry_.goodbye(goodbye, Clock::now())) {
+    auto refuse = [&](RejectReason why, const std::string& detail, const std::string& ack_reason) {
+      reject(why, detail);
+      send_ack(identity, *sender.socket, {false, ack_reason, 0, 0});
+    };
+    switch (registry_.goodbye(goodbye, Clock::now(), cls)) {
       case GoodbyeResult::kRemoved:
         counters_.goodbyes.fetch_add(1, std::memory_order_relaxed);
         spdlog::info("discovery: {} said goodbye", key);
-        send_ack(identity, {true, "", 0, 0});
+        send_ack(identity, *sender.socket, {true, "", 0, 0});
         return;
       case GoodbyeResult::kUnknown:
-        reject(RejectReason::kUnknownGoodbye, "goodbye for unknown instance " + key);
-        send_ack(identity, {false, "not_found: " + key + " is not registered", 0, 0});
+        refuse(RejectReason::kUnknownGoodbye, "goodbye for unknown instance " + key,
+               "not_found: " + key + " is not registered");
         return;
       case GoodbyeResult::kStaleEpoch:
-        reject(RejectReason::kStaleGoodbye, "goodbye for " + key + " from an older epoch ignored");
-        send_ack(identity, {false, "rejected: stale epoch", 0, 0});
+        refuse(RejectReason::kStaleGoodbye,
+               fmt::format("goodbye for {} does not carry its current epoch (got {})", key, goodbye.epoch),
+               "rejected: stale epoch");
+        return;
+      case GoodbyeResult::kWeaker:
+        refuse(RejectReason::kWeakerSender,
+               fmt::format("goodbye for {} from a '{}' sender; it was registered with stronger credentials", key,
+                           to_string(cls)),
+               "forbidden: this instance was registered with stronger credentials");
+        return;
+      case GoodbyeResult::kOperatorOwned:
+        refuse(RejectReason::kOperatorOwned,
+               "goodbye for " + key + " ignored: static and admin instances are removed by the operator only",
+               "forbidden: static or admin instance");
         return;
     }
   }
 
-  // Queues an ack; flush_acks() sends it after the next publish.
-  void send_ack(const zmq::message_t& identity, proto::Ack ack) {
-    pending_acks_.emplace_back(std::string(static_cast<const char*>(identity.data()), identity.size()),
-                               std::move(ack));
+  // Queues an ack; flush_acks() sends it after the next publish, on the socket it came from.
+  void send_ack(const zmq::message_t& identity, zmq::socket_t& socket, proto::Ack ack) {
+    pending_acks_.push_back(
+        {std::string(static_cast<const char*>(identity.data()), identity.size()), &socket, std::move(ack)});
   }
 
   void flush_acks() {
-    for (auto& [identity, ack] : pending_acks_) {
+    for (auto& [identity, socket, ack] : pending_acks_) {
       if (ack.ok) ack.registry_version = registry_.version();
       const std::string body = proto::encode_ack(ack);
       try {
         // dontwait: a peer that stopped reading must not stall the discovery thread.
-        if (router_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait) &&
-            router_.send(zmq::buffer(body), zmq::send_flags::dontwait)) {
+        if (socket->send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait) &&
+            socket->send(zmq::buffer(body), zmq::send_flags::dontwait)) {
           counters_.acks_sent.fetch_add(1, std::memory_order_relaxed);
         }
       } catch (const zmq::error_t& e) {
@@ -401,9 +586,13 @@ class DiscoveryService::Impl {
   Registry registry_;
   DiscoveryServiceOptions options_;
   zmq::context_t context_{1};
+  zmq::socket_t zap_;
   zmq::socket_t router_;
   zmq::socket_t monitor_;
+  zmq::socket_t curve_router_;
+  zmq::socket_t curve_monitor_;
   std::string bound_endpoint_;
+  std::string bound_curve_endpoint_;
   int wake_fd_ = -1;
   std::atomic<bool> running_{false};
   std::thread thread_;
@@ -417,7 +606,12 @@ class DiscoveryService::Impl {
   std::optional<DiscoveryServiceOptions> pending_options_;
   LogLimiter log_limiter_{"discovery"};
   Clock::time_point coalesce_until_{};
-  std::vector<std::pair<std::string, proto::Ack>> pending_acks_;
+  struct PendingAck {
+    std::string identity;
+    zmq::socket_t* socket;
+    proto::Ack ack;
+  };
+  std::vector<PendingAck> pending_acks_;
 };
 
 DiscoveryService::DiscoveryService(SnapshotCell<RegistrySnapshot>& snapshots, DiscoveryCounters& counters)
@@ -425,6 +619,7 @@ DiscoveryService::DiscoveryService(SnapshotCell<RegistrySnapshot>& snapshots, Di
 DiscoveryService::~DiscoveryService() = default;
 Status DiscoveryService::start(const DiscoveryServiceOptions& o) { return impl_->start(o); }
 std::string DiscoveryService::bound_endpoint() const { return impl_->bound_endpoint(); }
+std::string DiscoveryService::bound_curve_endpoint() const { return impl_->bound_curve_endpoint(); }
 void DiscoveryService::apply_topology(const Topology& t) { impl_->apply_topology(t); }
 void DiscoveryService::post(std::function<void(Registry&)> fn, std::function<void()> on_published) {
   impl_->post(std::move(fn), std::move(on_published));

@@ -5,6 +5,11 @@
 // (the socket, the Registry) lives on the service's own thread; other threads reach it only by
 // post(), which queues a closure and wakes the thread through an eventfd.
 //
+// Admission (discovery/admission.h): each connection passes the ZAP policy at its handshake (the
+// service answers libzmq's ZAP requests on its own thread), each message gets the admission class
+// of its connection (raised to kToken by a valid auth token), and a registration or goodbye whose
+// address is not the sender's own is refused unless the sender authenticated.
+//
 // Each accepted frame pair [identity, payload] is decoded (proto/), authenticated, applied to the
 // registry, and, for messages carrying `pdr_v`, acknowledged to the sender. Anything else is
 // counted by reason and logged at a limited rate; it never changes the registry. A changed
@@ -23,6 +28,7 @@
 #include "discovery/registry.h"
 #include "discovery/snapshot_cell.h"
 #include "discovery/topology.h"
+#include "discovery/zap_policy.h"
 #include "proto/discovery_message.h"
 #include "proto/status.h"
 
@@ -30,6 +36,12 @@ namespace pdr::discovery {
 
 struct DiscoveryServiceOptions {
   std::string bind_endpoint = "tcp://*:36367";  // "tcp://host:0" means an ephemeral port
+  // The CURVE endpoint ("" = none) and its server keys. Like bind_endpoint, fixed at start().
+  std::string curve_endpoint;
+  CurveKeyPair curve_keys;
+  // Handshake admission for both endpoints (allowed peers, allowed CURVE client keys). The
+  // default admits loopback peers only.
+  ZapPolicy zap{loopback_allow_list(), {}, false};
   RegistryOptions registry;
   proto::DecodeLimits limits;
   std::string auth_token;                        // "" = no authentication
@@ -55,8 +67,10 @@ class DiscoveryService {
   // Binds synchronously (so a bad endpoint or a port in use is reported here), publishes the
   // first snapshot (static instances), then starts the thread.
   Status start(const DiscoveryServiceOptions& options);
-  // The endpoint actually bound, e.g. "tcp://127.0.0.1:40321" (valid after start()).
+  // The endpoints actually bound, e.g. "tcp://127.0.0.1:40321" (valid after start());
+  // bound_curve_endpoint() is "" without a CURVE endpoint.
   std::string bound_endpoint() const;
+  std::string bound_curve_endpoint() const;
 
   // Applies a reloaded topology: TTL bounds, limits, authentication and static instances. The
   // bind endpoint cannot change live (the caller logs that a restart is needed).

@@ -1,6 +1,7 @@
 // One prefill or decode node as the registry knows it, and the immutable snapshot readers get.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "discovery/admission.h"
 #include "proto/discovery_message.h"
 
 namespace pdr::discovery {
@@ -78,6 +80,9 @@ struct Instance {
   bool node_draining = false;
   bool operator_drain = false;
   InstanceSource source = InstanceSource::kRegistered;
+  // How the node that created (or last took over) a registered entry was admitted; meaningless
+  // for static and admin entries, which the operator owns.
+  AdmissionClass admission = AdmissionClass::kAddress;
   Clock::time_point first_seen{};
   std::chrono::milliseconds ttl{0};  // 0 for static/admin
   uint64_t restarts = 0;             // epoch changes seen
@@ -98,6 +103,7 @@ struct RegistrySnapshot {
   uint64_t version = 0;               // increases by one per published snapshot
   Clock::time_point taken_at{};
   std::vector<std::shared_ptr<const Instance>> instances;  // sorted by key
+  std::array<uint32_t, kAdmissionClasses> count_by_class{};  // registered entries per admission
 
   const Instance* find(std::string_view key) const;
   size_t count(proto::Role role, InstanceState state) const;

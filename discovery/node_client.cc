@@ -1,5 +1,7 @@
 #include "discovery/node_client.h"
 
+#include "discovery/curve_keys.h"
+
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -69,6 +71,12 @@ class NodeClient::Worker {
         dealer.set(zmq::sockopt::linger, 0);
         dealer.set(zmq::sockopt::sndhwm, kSendQueueLimit);
         dealer.set(zmq::sockopt::sndtimeo, static_cast<int>(owner_->options_.send_timeout.count()));
+        const NodeClientOptions& o = owner_->options_;
+        if (!o.curve_server_key.empty()) {
+          dealer.set(zmq::sockopt::curve_serverkey, o.curve_server_key);
+          dealer.set(zmq::sockopt::curve_publickey, o.curve_public_key);
+          dealer.set(zmq::sockopt::curve_secretkey, o.curve_secret_key);
+        }
         // vLLM's P2P-NCCL engine uses its zmq_address as the DEALER identity; match it.
         if (registration_.format == proto::RegistrationFormat::kP2pNccl &&
             !registration_.zmq_address.empty()) {
@@ -278,6 +286,12 @@ Status NodeClient::start() {
   if (proto::encode_registration(initial_registration_).empty()) {
     return Status(StatusCode::kInvalidValue, "registration cannot be encoded in format " +
                                                  std::string(to_string(initial_registration_.format)));
+  }
+  if (!options_.curve_server_key.empty() && options_.curve_secret_key.empty()) {
+    CurveKeyPair ephemeral;
+    if (Status s = generate_curve_key_pair(&ephemeral); !s.is_ok()) return s;
+    options_.curve_public_key = ephemeral.public_z85;
+    options_.curve_secret_key = ephemeral.secret_z85;
   }
   auto worker = std::make_unique<Worker>(this, initial_registration_);
   if (Status s = worker->connect_all(); !s.is_ok()) return s;

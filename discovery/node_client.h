@@ -48,6 +48,12 @@ struct NodeClientOptions {
   std::chrono::milliseconds interval{3000};      // heartbeat period
   std::chrono::milliseconds send_timeout{1000};  // SNDTIMEO (sends use DONTWAIT; see above)
   std::chrono::milliseconds goodbye_linger{1000};  // how long stop() waits to flush a goodbye
+  // CURVE (for a router's listeners.discovery_curve endpoint): the router's public key (Z85) and
+  // this node's key pair. Empty curve_server_key = plain connection. With a server key and no
+  // client key, an ephemeral key pair is made (encrypted, but only address-admitted).
+  std::string curve_server_key;
+  std::string curve_public_key;
+  std::string curve_secret_key;
 };
 
 struct NodeClientStats {

@@ -13,7 +13,7 @@ bool same_shape(const Instance& a, const Instance& b) {
          a.dp_size == b.dp_size && a.tp_size == b.tp_size && a.bootstrap_port == b.bootstrap_port &&
          a.model == b.model && a.labels == b.labels && a.instance_id == b.instance_id &&
          a.epoch == b.epoch && a.state == b.state && a.operator_drain == b.operator_drain &&
-         a.source == b.source && a.ttl == b.ttl;
+         a.source == b.source && a.ttl == b.ttl && a.admission == b.admission;
 }
 
 // The state of an entry that has not expired.
@@ -55,6 +55,7 @@ RegistryOptions RegistryOptions::from(const Topology::Discovery& d) {
   o.max_ttl = d.max_ttl;
   o.expired_retention = d.expired_retention;
   o.max_instances = d.max_instances;
+  o.max_per_class = d.max_instances_per_class;
   return o;
 }
 
@@ -77,6 +78,20 @@ std::string_view to_string(UpsertResult r) {
     case UpsertResult::kRestarted: return "restarted";
     case UpsertResult::kRevived: return "revived";
     case UpsertResult::kRejectedFull: return "rejected_full";
+    case UpsertResult::kRejectedClassFull: return "rejected_class_full";
+    case UpsertResult::kRejectedWeaker: return "rejected_weaker";
+    case UpsertResult::kRejectedStaleEpoch: return "rejected_stale_epoch";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(GoodbyeResult r) {
+  switch (r) {
+    case GoodbyeResult::kRemoved: return "removed";
+    case GoodbyeResult::kUnknown: return "unknown";
+    case GoodbyeResult::kStaleEpoch: return "stale_epoch";
+    case GoodbyeResult::kWeaker: return "weaker";
+    case GoodbyeResult::kOperatorOwned: return "operator_owned";
   }
   return "unknown";
 }
@@ -140,31 +155,62 @@ void Registry::set_deadline(EntryMap::iterator it, Clock::time_point deadline) {
 }
 
 void Registry::erase(EntryMap::iterator it) {
+  unmark_expired(it);
+  const Instance& inst = *it->second.instance;
+  if (inst.source == InstanceSource::kRegistered) count_by_class_[static_cast<size_t>(inst.admission)]--;
   entries_.erase(it);  // its heap item, if any, becomes stale
   dirty_ = true;
 }
 
-bool Registry::evict_one_expired() {
+void Registry::mark_expired(EntryMap::iterator it, Clock::time_point now) {
+  const Instance& inst = *it->second.instance;
+  if (inst.source != InstanceSource::kRegistered || it->second.expired_at != kNever) return;
+  it->second.expired_at = now;
+  expired_[static_cast<size_t>(inst.admission)].emplace(now, it->first);
+}
+
+void Registry::unmark_expired(EntryMap::iterator it) {
+  Entry& e = it->second;
+  if (e.expired_at == kNever) return;
+  expired_[static_cast<size_t>(e.instance->admission)].erase({e.expired_at, it->first});
+  e.expired_at = kNever;
+}
+
+bool Registry::evict_one_expired(std::optional<AdmissionClass> only) {
   // Only expired entries are evictable; take the one that has been expired longest.
-  auto victim = entries_.end();
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->second.instance->state != InstanceState::kExpired) continue;
-    if (victim == entries_.end() || it->second.deadline < victim->second.deadline) victim = it;
+  const ExpiredIndex::value_type* oldest = nullptr;
+  for (size_t c = 0; c < kAdmissionClasses; ++c) {
+    if (only && static_cast<size_t>(*only) != c) continue;
+    if (expired_[c].empty()) continue;
+    const auto& head = *expired_[c].begin();
+    if (oldest == nullptr || head.first < oldest->first) oldest = &head;
   }
-  if (victim == entries_.end()) return false;
-  erase(victim);
+  if (oldest == nullptr) return false;
+  auto it = entries_.find(oldest->second);
+  if (it == entries_.end()) return false;  // cannot happen: erase() unindexes
+  erase(it);
   return true;
 }
 
-Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::time_point now) {
+UpsertResult Registry::make_room(AdmissionClass c) {
+  const size_t cls = static_cast<size_t>(c);
+  if (count_by_class_[cls] >= options_.max_per_class[cls] && !evict_one_expired(c)) {
+    return UpsertResult::kRejectedClassFull;
+  }
+  if (entries_.size() >= options_.max_instances && !evict_one_expired()) return UpsertResult::kRejectedFull;
+  return UpsertResult::kAdded;
+}
+
+Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::time_point now,
+                                         AdmissionClass sender) {
   const std::chrono::milliseconds ttl = effective_ttl(reg);
   auto it = entries_.find(reg.http_address.to_string());
 
   if (it == entries_.end()) {
-    if (entries_.size() >= options_.max_instances && !evict_one_expired()) {
-      return {UpsertResult::kRejectedFull, ttl};
-    }
+    if (const UpsertResult room = make_room(sender); room != UpsertResult::kAdded) return {room, ttl};
     auto inst = std::make_shared<Instance>();
+    inst->admission = sender;
+    count_by_class_[static_cast<size_t>(sender)]++;
     apply_registration(reg, inst.get());
     inst->node_draining = reg.draining;
     inst->state = live_state(reg.draining, false);
@@ -184,22 +230,38 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
   Entry& entry = it->second;
   const Instance& current = *entry.instance;
   const bool registered = current.source == InstanceSource::kRegistered;
+  // A weaker sender changes nothing of an entry a stronger one created, not even its liveness
+  // (which would keep a dead node routable).
+  if (registered && sender < current.admission) return {UpsertResult::kRejectedWeaker, ttl};
+  // Epochs are the node's start time: an older one is a delayed or replayed message.
+  if (reg.epoch != 0 && current.epoch != 0 && reg.epoch < current.epoch) {
+    return {UpsertResult::kRejectedStaleEpoch, ttl};
+  }
   UpsertResult result = current.state == InstanceState::kExpired ? UpsertResult::kRevived
                                                                  : UpsertResult::kUpdated;
   const bool restarted = reg.epoch != 0 && current.epoch != 0 && reg.epoch != current.epoch;
   if (restarted) result = UpsertResult::kRestarted;
+  const bool upgraded = registered && sender > current.admission;
+  // The node's own drain flag counts on an operator entry only from an authenticated sender.
+  const bool node_draining = registered || authenticated(sender) ? reg.draining : current.node_draining;
 
   // Static/admin entries: the operator's description stands; the node contributes liveness,
   // load and identity only, and the entry never expires.
   const bool same = registered ? registration_matches(reg, current) && current.ttl == ttl
                                : current.instance_id == reg.instance_id && current.epoch == reg.epoch;
   // An operator drain outlives whatever the node says.
-  const InstanceState state = live_state(reg.draining, current.operator_drain);
-  if (!same || restarted || current.state != state || current.node_draining != reg.draining) {
+  const InstanceState state = live_state(node_draining, current.operator_drain);
+  if (!same || restarted || upgraded || current.state != state || current.node_draining != node_draining) {
+    if (current.state == InstanceState::kExpired) unmark_expired(it);
     Instance& inst = mutable_instance(entry);
     if (registered) {
       apply_registration(reg, &inst);
       inst.ttl = ttl;
+      if (upgraded) {
+        count_by_class_[static_cast<size_t>(inst.admission)]--;
+        count_by_class_[static_cast<size_t>(sender)]++;
+        inst.admission = sender;
+      }
     } else {
       inst.instance_id = reg.instance_id;
       inst.epoch = reg.epoch;
@@ -212,7 +274,7 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
       inst.liveness->connect_failures.store(0, std::memory_order_relaxed);
       inst.liveness->ejected_until_ns.store(0, std::memory_order_relaxed);
     }
-    inst.node_draining = reg.draining;
+    inst.node_draining = node_draining;
     inst.state = state;
     dirty_ = true;
   }
@@ -225,21 +287,14 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
   return {result, ttl};
 }
 
-GoodbyeResult Registry::goodbye(const proto::Goodbye& goodbye, Clock::time_point now) {
+GoodbyeResult Registry::goodbye(const proto::Goodbye& goodbye, Clock::time_point, AdmissionClass sender) {
   auto it = entries_.find(goodbye.http_address.to_string());
   if (it == entries_.end()) return GoodbyeResult::kUnknown;
   const Instance& current = *it->second.instance;
-  if (goodbye.epoch != 0 && current.epoch != 0 && goodbye.epoch < current.epoch) {
-    return GoodbyeResult::kStaleEpoch;
-  }
-  if (current.source == InstanceSource::kRegistered) {
-    erase(it);
-  } else {
-    Instance& inst = mutable_instance(it->second);
-    inst.state = InstanceState::kExpired;
-    inst.liveness->set_last_seen(now);
-    dirty_ = true;
-  }
+  if (current.source != InstanceSource::kRegistered) return GoodbyeResult::kOperatorOwned;
+  if (sender < current.admission) return GoodbyeResult::kWeaker;
+  if (current.epoch != 0 && goodbye.epoch != current.epoch) return GoodbyeResult::kStaleEpoch;
+  erase(it);
   return GoodbyeResult::kRemoved;
 }
 
@@ -254,7 +309,9 @@ std::shared_ptr<const Instance> Registry::insert_never_expiring(Instance fresh, 
 }
 
 bool Registry::take_over(EntryMap::iterator it, Instance fresh) {
+  unmark_expired(it);
   const Instance& old = *it->second.instance;
+  if (old.source == InstanceSource::kRegistered) count_by_class_[static_cast<size_t>(old.admission)]--;
   fresh.first_seen = old.first_seen;
   fresh.liveness = old.liveness;
   fresh.instance_id = old.instance_id;
@@ -361,6 +418,7 @@ Registry::ExpireResult Registry::expire_due(Clock::time_point now) {
     Instance& inst = mutable_instance(entry);
     inst.state = InstanceState::kExpired;
     set_deadline(it, now + options_.expired_retention);
+    mark_expired(it, now);
     dirty_ = true;
     result.expired++;
   }
@@ -380,6 +438,7 @@ RegistrySnapshotPtr Registry::snapshot(Clock::time_point now) {
   snap->taken_at = now;
   snap->instances.reserve(entries_.size());
   for (const auto& [key, entry] : entries_) snap->instances.push_back(entry.instance);
+  snap->count_by_class = count_by_class_;
   dirty_ = false;
   return snap;
 }

@@ -19,7 +19,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <array>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "discovery/admission.h"
 #include "discovery/instance.h"
 #include "discovery/topology.h"
 #include "proto/discovery_message.h"
@@ -39,6 +42,9 @@ struct RegistryOptions {
   std::chrono::milliseconds max_ttl{300000};
   std::chrono::milliseconds expired_retention{60000};
   uint32_t max_instances = 4096;
+  // Registered entries per admission class (discovery.max_instances_per_class), within
+  // max_instances: a flood of weakly admitted senders cannot take the room of stronger ones.
+  std::array<uint32_t, kAdmissionClasses> max_per_class{4096, 4096, 4096, 4096};
 
   static RegistryOptions from(const Topology::Discovery& d);
 };
@@ -49,10 +55,20 @@ enum class UpsertResult : uint8_t {
   kRestarted,     // known key, new epoch: the node restarted
   kRevived,       // known key that had expired (or said goodbye) is back
   kRejectedFull,  // registry at max_instances and nothing expired to evict
+  kRejectedClassFull,  // the sender's admission class is at its cap, nothing of it expired
+  kRejectedWeaker,     // the entry was created by a stronger admission class
+  kRejectedStaleEpoch, // the entry's process is newer than the sender's epoch
 };
 std::string_view to_string(UpsertResult);
 
-enum class GoodbyeResult : uint8_t { kRemoved, kUnknown, kStaleEpoch };
+enum class GoodbyeResult : uint8_t {
+  kRemoved,
+  kUnknown,
+  kStaleEpoch,     // the goodbye does not carry the entry's current epoch
+  kWeaker,         // the entry was created by a stronger admission class
+  kOperatorOwned,  // static and admin entries are the operator's: goodbyes never touch them
+};
+std::string_view to_string(GoodbyeResult);
 
 // Operator changes through the admin API (Registry::add_admin, remove, set_operator_drain).
 enum class AdminResult : uint8_t {
@@ -85,12 +101,21 @@ class Registry {
     UpsertResult result;
     std::chrono::milliseconds ttl;  // TTL applied (requested ttl_ms clamped to bounds)
   };
-  UpsertOutcome upsert(const proto::Registration& reg, Clock::time_point now);
+  // `sender`: how the message's sender was admitted (discovery/admission.h). A new entry records
+  // it and counts against its class's cap. A registered entry accepts messages only from its own
+  // class or a stronger one (a stronger one takes the entry over). Static and admin entries take
+  // liveness, load and identity from any admitted sender, and the node's drain flag only from an
+  // authenticated one. A registration with an older epoch than the entry's is refused: an older
+  // epoch is a stale message, not a restart.
+  UpsertOutcome upsert(const proto::Registration& reg, Clock::time_point now,
+                       AdmissionClass sender = AdmissionClass::kAddress);
 
-  // Goodbye: a registered instance is removed at once; a static/admin one is marked expired until
-  // it registers again. A goodbye whose epoch names an older process than the entry's is ignored
-  // (kStaleEpoch), so a late goodbye cannot remove a restarted node.
-  GoodbyeResult goodbye(const proto::Goodbye& goodbye, Clock::time_point now);
+  // Goodbye: a registered instance is removed at once. Refused when the sender's class is weaker
+  // than the entry's, when the entry has an epoch and the goodbye does not carry exactly that
+  // epoch (a late goodbye cannot remove a restarted node), and always for static and admin
+  // entries (the operator's; only the operator removes them).
+  GoodbyeResult goodbye(const proto::Goodbye& goodbye, Clock::time_point now,
+                        AdmissionClass sender = AdmissionClass::kAddress);
 
   // Replaces every static instance with `instances` (topology load or reload). Registered
   // instances at the same address become static (the operator's word wins); static instances no
@@ -133,15 +158,20 @@ class Registry {
 
   size_t size() const { return entries_.size(); }
   uint64_t version() const { return version_; }
+  // Registered entries (live or expired) per admission class.
+  const std::array<uint32_t, kAdmissionClasses>& count_by_class() const { return count_by_class_; }
 
  private:
   struct Entry {
     std::shared_ptr<const Instance> instance;
     Clock::time_point deadline = kNever;   // next event: expiry (up) or removal (expired)
     Clock::time_point scheduled = kNever;  // time of this entry's item in heap_, kNever if none
+    Clock::time_point expired_at = kNever; // its key in expired_, kNever when not in it
   };
   using EntryMap = std::map<std::string, Entry, std::less<>>;
   using HeapItem = std::pair<Clock::time_point, std::string>;
+  // Expired registered entries per admission class, oldest first: eviction is O(log n).
+  using ExpiredIndex = std::set<std::pair<Clock::time_point, std::string>, std::less<>>;
   static constexpr Clock::time_point kNever = Clock::time_point::max();
 
   // Copy-on-write access: replaces the entry's instance with a private copy and returns it. The
@@ -155,12 +185,19 @@ class Registry {
   std::shared_ptr<const Instance> insert_never_expiring(Instance fresh, Clock::time_point now);
   void set_deadline(EntryMap::iterator it, Clock::time_point deadline);
   void erase(EntryMap::iterator it);
-  bool evict_one_expired();
+  void mark_expired(EntryMap::iterator it, Clock::time_point now);
+  void unmark_expired(EntryMap::iterator it);
+  // Evicts the longest-expired registered entry: of class `only` if given, else of any class.
+  bool evict_one_expired(std::optional<AdmissionClass> only = std::nullopt);
+  // Room for a new registered entry of class `c`: evicts an expired entry if that makes room.
+  UpsertResult make_room(AdmissionClass c);
   std::chrono::milliseconds effective_ttl(const proto::Registration& reg) const;
 
   RegistryOptions options_;
   EntryMap entries_;
   std::vector<HeapItem> heap_;  // min-heap on time (std::greater)
+  std::array<ExpiredIndex, kAdmissionClasses> expired_;
+  std::array<uint32_t, kAdmissionClasses> count_by_class_{};
   uint64_t version_ = 0;
   bool dirty_ = true;  // the first snapshot is always wanted
 };

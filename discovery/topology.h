@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "discovery/admission.h"
+#include "discovery/curve_keys.h"
 #include "proto/address.h"
 #include "proto/discovery_message.h"
 #include "proto/status.h"
@@ -32,12 +34,20 @@ struct StaticInstance {
   proto::Labels labels;
 };
 
+// 127.0.0.0/8 and ::1: the default discovery allow list (one machine, as the quick start runs).
+AllowList loopback_allow_list();
+// True for tcp:// endpoints bound to a loopback address, and for ipc://.
+bool endpoint_is_local(std::string_view zmq_endpoint);
+
 struct Topology {
   std::string source_path;  // file it was loaded from ("" for defaults)
 
   struct Listeners {
     proto::HostPort http{"0.0.0.0", 10001};
     std::string discovery = "tcp://*:36367";  // ZMQ endpoint; "tcp://host:0" binds an ephemeral port
+    // Optional second discovery endpoint speaking CURVE (needs discovery.curve.secret_key_file);
+    // "" = none. Plain vLLM nodes use `discovery`, sidecars that hold keys use this one.
+    std::string discovery_curve;
   } listeners;
 
   uint32_t workers = 0;  // HTTP worker loops; 0 = one per core
@@ -52,6 +62,22 @@ struct Topology {
     std::string auth_token;        // resolved secret ("" = no authentication)
     std::string auth_token_env;    // where it came from (for /status; never the secret itself)
     bool allow_unauthenticated_vllm = true;  // plain vLLM dialects cannot carry a token
+    // Who may connect to the plain endpoint (and to the CURVE one when it has no client key
+    // list), checked at the ZMQ handshake: peers elsewhere never get a message in.
+    AllowList allowed_peers = loopback_allow_list();
+    // Required to start when the allow list admits every address on an endpoint reachable from
+    // the network: anyone who reaches the port could then register nodes that get client traffic.
+    bool allow_open = false;
+    // Registered entries per admission class ("open", "address", "token", "curve").
+    std::array<uint32_t, kAdmissionClasses> max_instances_per_class{256, 4096, 4096, 4096};
+    struct Curve {
+      std::string secret_key_file;   // server key (bare Z85 secret or a ZPL certificate)
+      CurveKeyPair server_keys;      // resolved from secret_key_file
+      std::string allowed_client_keys_file;          // one public key per line / certificates
+      std::vector<std::string> allowed_client_keys;  // resolved, Z85; empty = admit by address
+    } curve;
+    // True when the plain endpoint (or a keyless CURVE one) admits any address from the network.
+    bool open_to_network(const std::string& plain_endpoint, const std::string& curve_endpoint) const;
   } discovery;
 
   struct Policies {

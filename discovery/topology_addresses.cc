@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "discovery/topology.h"
 #include "discovery/yaml_reader.h"
 
 namespace pdr::discovery {
@@ -94,6 +95,37 @@ Status validate_zmq_endpoint(std::string_view text) {
   if (host == "*") return Status::ok();
   std::string parsed;
   return proto::parse_host(host, &parsed);
+}
+
+}  // namespace pdr::discovery
+
+namespace pdr::discovery {
+
+AllowList loopback_allow_list() {
+  AllowList list;
+  Cidr c;
+  if (parse_cidr("127.0.0.0/8", &c)) list.cidrs.push_back(c);
+  if (parse_cidr("::1/128", &c)) list.cidrs.push_back(c);
+  return list;
+}
+
+bool endpoint_is_local(std::string_view endpoint) {
+  if (endpoint.starts_with("ipc://")) return true;
+  if (!endpoint.starts_with("tcp://")) return false;
+  std::string_view rest = endpoint.substr(6);
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string_view::npos) return false;
+  const std::string_view host = rest.substr(0, colon);
+  if (host == "localhost") return true;
+  auto ip = parse_ip_address(host);
+  return ip && ip->is_loopback();
+}
+
+bool Topology::Discovery::open_to_network(const std::string& plain_endpoint,
+                                          const std::string& curve_endpoint) const {
+  if (!allowed_peers.matches_everything()) return false;
+  if (!endpoint_is_local(plain_endpoint)) return true;
+  return !curve_endpoint.empty() && !endpoint_is_local(curve_endpoint) && curve.allowed_client_keys.empty();
 }
 
 }  // namespace pdr::discovery

@@ -95,6 +95,61 @@ Status read_listeners(const Source& src, const Field& f, Topology::Listeners* ou
     out->discovery = std::move(text);
     return s;
   });
+  r.with("discovery_curve", [&](const Field& v) {
+    std::string text;
+    Status s = read_string(src, v, kMaxStringBytes, &text);
+    if (!s || text.empty()) return s;
+    s = validate_zmq_endpoint(text);
+    if (!s) return at_value(src, v, s);
+    out->discovery_curve = std::move(text);
+    return s;
+  });
+  return r.finish();
+}
+
+Status read_allowed_peers(const Source& src, const Field& f, AllowList* out) {
+  if (!f.value.IsSequence()) {
+    return fail(src, f, StatusCode::kWrongType,
+                fmt::format("expected a list of CIDRs (e.g. [\"10.0.0.0/8\"]), got {}", describe(f.value)));
+  }
+  AllowList list;
+  size_t i = 0;
+  for (auto it = f.value.begin(); it != f.value.end(); ++it, ++i) {
+    Field item{YAML::Node(), *it, fmt::format("{}[{}]", f.path, i)};
+    std::string text;
+    Status s = read_string(src, item, 64, &text);
+    if (!s) return s;
+    Cidr cidr;
+    s = parse_cidr(text, &cidr);
+    if (!s) return at_value(src, item, s);
+    list.cidrs.push_back(cidr);
+  }
+  *out = std::move(list);
+  return Status::ok();
+}
+
+Status read_class_caps(const Source& src, const Field& f, std::array<uint32_t, kAdmissionClasses>* out) {
+  MapReader r(src, f);
+  for (size_t c = 0; c < kAdmissionClasses; ++c) {
+    r.u32(to_string(static_cast<AdmissionClass>(c)), 0, 1'000'000, &(*out)[c]);
+  }
+  return r.finish();
+}
+
+Status read_curve(const Source& src, const Field& f, Topology::Discovery::Curve* out) {
+  MapReader r(src, f);
+  read_text_file(src, r, "secret_key_file", 64 * 1024, &out->secret_key_file, [&](const Field& at, std::string_view text) {
+    Status s = parse_curve_secret_key(text, &out->server_keys);
+    return s ? s : fail(src, at, s.code(), fmt::format("'{}': {}", out->secret_key_file, s.message()));
+  });
+  read_text_file(src, r, "allowed_client_keys_file", 8 << 20, &out->allowed_client_keys_file,
+                 [&](const Field& at, std::string_view text) {
+                   Status s = parse_curve_public_keys(text, &out->allowed_client_keys);
+                   if (s && out->allowed_client_keys.empty()) {
+                     s = Status(StatusCode::kInvalidValue, "holds no key (an empty list would admit no sidecar)");
+                   }
+                   return s ? s : fail(src, at, s.code(), fmt::format("'{}': {}", out->allowed_client_keys_file, s.message()));
+                 });
   return r.finish();
 }
 
@@ -108,6 +163,10 @@ Status read_discovery(const Source& src, const Field& f, Topology::Discovery* ou
   r.u32("max_message_bytes", 256, 16u << 20, &out->max_message_bytes);
   read_env_secret(src, r, "auth_token_env", &out->auth_token_env, &out->auth_token);
   r.boolean("allow_unauthenticated_vllm", &out->allow_unauthenticated_vllm);
+  r.with("allowed_peers", [&](const Field& v) { return read_allowed_peers(src, v, &out->allowed_peers); });
+  r.boolean("allow_open", &out->allow_open);
+  r.with("max_instances_per_class", [&](const Field& v) { return read_class_caps(src, v, &out->max_instances_per_class); });
+  r.with("curve", [&](const Field& v) { return read_curve(src, v, &out->curve); });
   if (r.ok() && !(out->min_ttl <= out->ttl && out->ttl <= out->max_ttl)) {
     const Field* at = r.take("ttl_ms");
     if (at == nullptr) at = r.take("min_ttl_ms");
@@ -330,6 +389,29 @@ Status read_workers(const Source& src, const Field& f, uint32_t* out) {
   return s;
 }
 
+// Cross-section rules of discovery admission (listeners + discovery).
+Status check_discovery_admission(const Source& src, const YAML::Node& root, const Topology& t) {
+  const YAML::Node discovery = root.IsMap() ? root["discovery"] : YAML::Node();
+  const YAML::Mark mark = discovery.IsDefined() ? discovery.Mark() : root.Mark();
+  const bool has_curve_key = !t.discovery.curve.server_keys.secret_z85.empty();
+  if (!t.listeners.discovery_curve.empty() && !has_curve_key) {
+    return fail_at(src, mark, "listeners.discovery_curve", StatusCode::kMissingKey,
+                   "a CURVE endpoint needs discovery.curve.secret_key_file (make one with `pdnode keygen`)");
+  }
+  if (t.listeners.discovery_curve == t.listeners.discovery) {
+    return fail_at(src, mark, "listeners.discovery_curve", StatusCode::kInvalidValue,
+                   "must differ from listeners.discovery");
+  }
+  if (t.discovery.open_to_network(t.listeners.discovery, t.listeners.discovery_curve) && !t.discovery.allow_open) {
+    return fail_at(src, mark, "discovery.allowed_peers", StatusCode::kInvalidValue,
+                   fmt::format("admits every address on {}, which the network can reach: anyone could "
+                               "register nodes that receive client prompts. List your node networks "
+                               "instead, or set discovery.allow_open: true to run it open",
+                               t.listeners.discovery));
+  }
+  return Status::ok();
+}
+
 Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   Topology t;
   MapReader r(src, Field{YAML::Node(), root, ""});
@@ -346,6 +428,7 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   r.with("instances",
          [&](const Field& f) { return read_instances(src, f, t.connectors, &t.static_instances); });
   Status s = r.finish();
+  if (s) s = check_discovery_admission(src, root, t);
   if (s) *out = std::move(t);
   return s;
 }

@@ -130,4 +130,19 @@ void read_file_secret(const Source& src, MapReader& r, std::string_view key, std
   });
 }
 
+void read_text_file(const Source& src, MapReader& r, std::string_view key, size_t limit, std::string* file,
+                    const std::function<Status(const Field&, std::string_view)>& use) {
+  r.with(key, [&](const Field& f) {
+    std::string path;
+    Status s = read_string(src, f, 4096, &path);
+    if (!s || path.empty()) return s;
+    std::string resolved = resolve_beside(src.filename, path);
+    std::string content;
+    s = read_small_file(resolved, limit, &content);
+    if (!s) return fail(src, f, s.code(), fmt::format("'{}': {}", resolved, s.message()));
+    *file = std::move(path);
+    return use(f, content);
+  });
+}
+
 }  // namespace pdr::discovery

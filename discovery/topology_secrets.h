@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -30,5 +31,12 @@ void read_env_secret(const yaml::Source& src, yaml::MapReader& r, std::string_vi
 // Errors are recorded in `r`.
 void read_file_secret(const yaml::Source& src, yaml::MapReader& r, std::string_view key,
                       std::string* file, std::string* secret);
+
+// Reads map key `key` through `r` as a path to a text file of at most `limit` bytes (relative paths
+// resolve beside src.filename) and hands the content to `use(field, text)`, whose Status is kept.
+// An empty path means "none". On success *file gets the path as written.
+void read_text_file(const yaml::Source& src, yaml::MapReader& r, std::string_view key, size_t limit,
+                    std::string* file,
+                    const std::function<Status(const yaml::Field&, std::string_view)>& use);
 
 }  // namespace pdr::discovery

@@ -1,8 +1,9 @@
 // pdnode: node-side tools for pdrouter. Each subcommand lives in its own file (register_command.cc;
-// sim_command.cc, xfer_bench_command.cc); main() only parses and dispatches.
+// keygen_command.cc, sim_command.cc, xfer_bench_command.cc); main() only parses and dispatches.
 #include <csignal>
 #include <CLI/CLI.hpp>
 
+#include "node/keygen_command.h"
 #include "node/register_command.h"
 #include "node/sim_command.h"
 #include "node/stop_signals.h"
@@ -34,6 +35,8 @@ int main(int argc, char** argv) {
   CLI::App* register_command = pdr::node::add_register_command(app, &register_flags);
   pdr::node::SimFlags sim_flags;
   CLI::App* sim_command = pdr::node::add_sim_command(app, &sim_flags);
+  pdr::node::KeygenFlags keygen_flags;
+  CLI::App* keygen_command = pdr::node::add_keygen_command(app, &keygen_flags);
   pdr::node::XferBenchFlags xfer_bench_flags;
   CLI::App* xfer_bench_command = pdr::node::add_xfer_bench_command(app, &xfer_bench_flags);
 
@@ -44,6 +47,7 @@ int main(int argc, char** argv) {
   }
   if (register_command->parsed()) return pdr::node::run_register_command(register_flags);
   if (sim_command->parsed()) return pdr::node::run_sim_command(sim_flags);
+  if (keygen_command->parsed()) return pdr::node::run_keygen_command(keygen_flags);
   if (xfer_bench_command->parsed()) return pdr::node::run_xfer_bench_command(xfer_bench_flags);
   return kExitBadFlags;
 }

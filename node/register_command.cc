@@ -10,7 +10,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "discovery/curve_keys.h"
 #include "discovery/sidecar.h"
+#include "discovery/topology_secrets.h"
 #include "node/stop_signals.h"
 
 namespace pdr::node {
@@ -195,6 +197,32 @@ FlagError build_registration(const RegisterFlags& flags, proto::Registration* re
   return "";
 }
 
+// Reads a key file given on the command line (at most 64 KiB).
+FlagError read_key_file(const std::string& flag, const std::string& path, std::string* text) {
+  Status s = discovery::read_small_file(path, 64 * 1024, text);
+  return s ? "" : flag + " '" + path + "': " + s.message();
+}
+
+FlagError load_curve_flags(const RegisterFlags& flags, discovery::NodeClientOptions* client) {
+  if (flags.curve_server_key_file.empty()) {
+    return flags.curve_key_file.empty() ? "" : "--curve-key needs --curve-server-key";
+  }
+  std::string text;
+  if (FlagError e = read_key_file("--curve-server-key", flags.curve_server_key_file, &text); !e.empty()) return e;
+  if (Status s = discovery::parse_curve_public_key(text, &client->curve_server_key); !s.is_ok()) {
+    return "--curve-server-key '" + flags.curve_server_key_file + "': " + s.message();
+  }
+  if (flags.curve_key_file.empty()) return "";  // ephemeral client key: encrypted, address-admitted
+  if (FlagError e = read_key_file("--curve-key", flags.curve_key_file, &text); !e.empty()) return e;
+  discovery::CurveKeyPair keys;
+  if (Status s = discovery::parse_curve_secret_key(text, &keys); !s.is_ok()) {
+    return "--curve-key '" + flags.curve_key_file + "': " + s.message();
+  }
+  client->curve_public_key = keys.public_z85;
+  client->curve_secret_key = keys.secret_z85;
+  return "";
+}
+
 FlagError build_sidecar_options(const RegisterFlags& flags, discovery::SidecarOptions* options) {
   for (const std::string& endpoint : flags.routers) {
     if (FlagError e = check_router_endpoint(endpoint); !e.empty()) return e;
@@ -202,6 +230,7 @@ FlagError build_sidecar_options(const RegisterFlags& flags, discovery::SidecarOp
   options->client.router_endpoints = flags.routers;
   if (FlagError e = build_registration(flags, &options->client.registration); !e.empty()) return e;
   options->client.interval = std::chrono::milliseconds(flags.interval_ms);
+  if (FlagError e = load_curve_flags(flags, &options->client); !e.empty()) return e;
   options->health_interval = std::chrono::milliseconds(flags.health_interval_ms);
   const std::string url =
       flags.health_url.empty() ? "http://" + flags.http_address + "/health" : flags.health_url;
@@ -295,6 +324,16 @@ CLI::App* add_register_command(CLI::App& app, RegisterFlags* f) {
                   "is sent with every heartbeat (pdrouter format only). The token itself is never "
                   "taken on the command line.")
       ->type_name("VAR");
+  cmd->add_option("--curve-server-key", f->curve_server_key_file,
+                  "File with the router's CURVE public key (a certificate from 'pdnode keygen' or a "
+                  "40-character Z85 line): connect with CURVE, to the router's "
+                  "listeners.discovery_curve endpoint.")
+      ->type_name("FILE");
+  cmd->add_option("--curve-key", f->curve_key_file,
+                  "File with this node's CURVE secret key ('pdnode keygen' output); its public key "
+                  "must be in the router's discovery.curve.allowed_client_keys_file. Without it an "
+                  "ephemeral key is used (encrypted, admitted by address only).")
+      ->type_name("FILE");
   add_log_level_option(cmd, &f->log_level);
   return cmd;
 }

@@ -34,6 +34,8 @@ struct RegisterFlags {
   std::string health_url;
   uint32_t health_interval_ms = 1000;
   std::string auth_token_env;
+  std::string curve_server_key_file;  // the router's public key (certificate or bare Z85)
+  std::string curve_key_file;         // this node's secret key (certificate or bare Z85)
   std::string log_level = "info";
 };
 

@@ -71,6 +71,8 @@ http::Response ControlRoutes::status(uint32_t worker) const {
   StatusContext sc;
   sc.http_listener = context_.http_listener;
   sc.discovery_listener = context_.discovery_listener;
+  sc.discovery_curve_listener = context_.discovery_curve_listener;
+  sc.discovery_open = context_.discovery_open;
   sc.uptime_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - context_.started_at).count();
   sc.workers = context_.workers;
   if (context_.topology != nullptr) {
@@ -78,6 +80,7 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     sc.topology_reloads_ok = context_.topology->reloads_ok();
     sc.topology_reloads_failed = context_.topology->reloads_failed();
     sc.topology_last_error = context_.topology->last_error();
+    sc.class_caps = context_.topology->current()->discovery.max_instances_per_class;
   }
   return http::Response::json(200, render_status_json(registry(worker), now, sc));
 }

@@ -34,6 +34,8 @@ struct ControlContext {
   http::Server* server = nullptr;
   std::string http_listener;       // "127.0.0.1:10001"
   std::string discovery_listener;  // bound ZMQ endpoint
+  std::string discovery_curve_listener;  // bound CURVE endpoint, "" if none
+  bool discovery_open = false;     // discovery admits any address from the network (allow_open)
   discovery::Clock::time_point started_at = discovery::Clock::now();
   uint32_t workers = 1;
 };

@@ -162,6 +162,20 @@ int run(Process& p) {
     return 2;
   }
 
+  // Checked again after the command line's overrides (the file alone passed parse_topology).
+  if (topology.discovery.open_to_network(topology.listeners.discovery, topology.listeners.discovery_curve)) {
+    if (!topology.discovery.allow_open) {
+      std::fprintf(stderr,
+                   "pdrouter: discovery on %s admits every address (discovery.allowed_peers covers all of "
+                   "them): anyone who reaches it could register nodes that receive client prompts. List "
+                   "your node networks in discovery.allowed_peers, or set discovery.allow_open: true\n",
+                   topology.listeners.discovery.c_str());
+      return 2;
+    }
+    spdlog::warn("discovery is OPEN to the network on {} (discovery.allow_open): any host that reaches it "
+                 "can register nodes that receive client traffic", topology.listeners.discovery);
+  }
+
   // Threads started from here on inherit a mask without the control signals, so they are always
   // delivered to this (the control loop's) thread and never interrupt a worker's system call.
   sigset_t control_signals, previous_mask;
@@ -186,6 +200,9 @@ int run(Process& p) {
   control.discovery = &p.discovery;
   control.server = &p.server;
   control.discovery_listener = p.discovery.bound_endpoint();
+  control.discovery_curve_listener = p.discovery.bound_curve_endpoint();
+  control.discovery_open =
+      topology.discovery.open_to_network(topology.listeners.discovery, topology.listeners.discovery_curve);
   control.workers = server_opts.workers;
   // The routes show the bound port, known only after start(): they are published just after it,
   // and a request that races in before (fixed port, eager client) gets a clear 503.

@@ -75,6 +75,19 @@ void write_discovery_metrics(MetricsWriter& out, const discovery::DiscoveryCount
   out.counter("pdrouter_discovery_peer_disconnects_total",
               "Discovery peers disconnected (including frames over the hard size limit)", v(c.peer_disconnects));
   out.counter("pdrouter_registry_snapshots_total", "Registry snapshots published", v(c.snapshots_published));
+  out.counter("pdrouter_discovery_handshakes_admitted_total",
+              "Discovery connections admitted at the handshake (discovery.allowed_peers, CURVE keys)",
+              v(c.handshakes_admitted));
+  for (size_t r = 0; r < c.handshakes_refused.size(); ++r) {
+    out.counter("pdrouter_discovery_handshakes_refused_total",
+                "Discovery connections refused at the handshake, by reason", v(c.handshakes_refused[r]),
+                {{"reason", std::string(discovery::to_string(static_cast<discovery::HandshakeRefusal>(r)))}});
+  }
+  for (size_t k = 0; k < discovery::kAdmissionClasses; ++k) {
+    out.gauge("pdrouter_registered_instances", "Registered (node-sent) entries by admission class",
+              static_cast<double>(snapshot.count_by_class[k]),
+              {{"admission", std::string(discovery::to_string(static_cast<discovery::AdmissionClass>(k)))}});
+  }
   for (proto::Role role : {proto::Role::kPrefill, proto::Role::kDecode}) {
     for (auto state : {discovery::InstanceState::kUp, discovery::InstanceState::kDraining,
                        discovery::InstanceState::kExpired}) {

@@ -29,6 +29,9 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
       {"state", discovery::to_string(inst.state)},
       {"operator_drain", inst.operator_drain},
       {"source", discovery::to_string(inst.source)},
+      {"admission", inst.source == discovery::InstanceSource::kRegistered
+                        ? std::string(discovery::to_string(inst.admission))
+                        : std::string("operator")},
       {"instance_id", inst.instance_id},
       {"epoch", inst.epoch},
       {"first_seen_ms_ago", ms_between(inst.first_seen, now)},
@@ -66,6 +69,16 @@ nlohmann::json instances_json(const discovery::RegistrySnapshot& snapshot, Clock
 // Replace invalid UTF-8 rather than throw: node-supplied strings are untrusted.
 std::string dump(const nlohmann::json& doc) { return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
+// Registered entries and caps per admission class: {"address": {"instances": n, "max": m}, ...}.
+nlohmann::json admission_json(const discovery::RegistrySnapshot& snapshot, const StatusContext& context) {
+  nlohmann::json by_class = nlohmann::json::object();
+  for (size_t c = 0; c < discovery::kAdmissionClasses; ++c) {
+    by_class[std::string(discovery::to_string(static_cast<discovery::AdmissionClass>(c)))] = {
+        {"instances", snapshot.count_by_class[c]}, {"max", context.class_caps[c]}};
+  }
+  return by_class;
+}
+
 }  // namespace
 
 std::string render_instance_json(const Instance& inst, Clock::time_point now) { return dump(instance_json(inst, now)); }
@@ -88,7 +101,12 @@ std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Cloc
       {"version", PDR_VERSION},
       {"uptime_ms", context.uptime_ms},
       {"workers", context.workers},
-      {"listeners", {{"http", context.http_listener}, {"discovery", context.discovery_listener}}},
+      {"listeners",
+       {{"http", context.http_listener},
+        {"discovery", context.discovery_listener},
+        {"discovery_curve", context.discovery_curve_listener}}},
+      {"discovery_open", context.discovery_open},
+      {"admission", admission_json(snapshot, context)},
       {"topology",
        {{"path", context.topology_path},
         {"reloads_ok", context.topology_reloads_ok},

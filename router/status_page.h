@@ -1,6 +1,7 @@
 // GET /status: the live registry as JSON for operators and tests. Pure rendering; no I/O.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -17,6 +18,9 @@ struct StatusContext {
   std::string topology_last_error;  // "" when the last reload succeeded
   int64_t uptime_ms = 0;
   uint32_t workers = 0;
+  std::string discovery_curve_listener;  // "" when there is no CURVE endpoint
+  bool discovery_open = false;
+  std::array<uint32_t, discovery::kAdmissionClasses> class_caps{};  // max_instances_per_class
 };
 
 // {"version", "uptime_ms", "listeners", "topology", "registry_version", "counts":{role:{state:n}},

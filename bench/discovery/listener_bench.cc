@@ -103,9 +103,9 @@ Config smoke_config() {
 
 // ---- small helpers --------------------------------------------------------------------------
 
-// Node n -> "10.a.b.c:8000", a MoRIIO-current registration (what vLLM's MoRIIO proxy receives).
+// Node n -> "127.a.b.c:8000" (loopback: the listener admits this machine only, and a node may register only its own address), a MoRIIO-current registration (what vLLM's MoRIIO proxy receives).
 std::string node_ip(uint32_t node) {
-  return fmt::format("10.{}.{}.{}", (node >> 16) & 255, (node >> 8) & 255, node & 255);
+  return fmt::format("127.{}.{}.{}", (node >> 16) & 255, (node >> 8) & 255, node & 255);
 }
 std::string node_key(uint32_t node) { return node_ip(node) + ":8000"; }
 

@@ -8,6 +8,7 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "discovery/node_client.h"
 #include "tests/support/time_scale.h"
 
 namespace pdr::discovery {
@@ -104,10 +105,10 @@ TEST_F(DiscoveryServiceTest, EveryDialectBecomesVisibleWithin200ms) {
     const char* host;
     proto::Connector connector;
   } cases[] = {
-      {proto::RegistrationFormat::kMoriio, "10.0.0.1", proto::Connector::kMoriio},
-      {proto::RegistrationFormat::kMoriioLegacy, "10.0.0.2", proto::Connector::kMoriio},
-      {proto::RegistrationFormat::kP2pNccl, "10.0.0.3", proto::Connector::kP2pNccl},
-      {proto::RegistrationFormat::kPdrouter, "10.0.0.4", proto::Connector::kMoriio},
+      {proto::RegistrationFormat::kMoriio, "127.0.0.1", proto::Connector::kMoriio},
+      {proto::RegistrationFormat::kMoriioLegacy, "127.0.0.2", proto::Connector::kMoriio},
+      {proto::RegistrationFormat::kP2pNccl, "127.0.0.3", proto::Connector::kP2pNccl},
+      {proto::RegistrationFormat::kPdrouter, "127.0.0.4", proto::Connector::kMoriio},
   };
   auto sock = dealer();
   for (const auto& c : cases) {
@@ -130,19 +131,19 @@ TEST_F(DiscoveryServiceTest, EveryDialectBecomesVisibleWithin200ms) {
 // heard while the old process's connection is still open.
 TEST_F(DiscoveryServiceTest, ARestartedNodeWithTheSameRoutingIdIsHeard) {
   start();
-  auto old_process = dealer_with_routing_id("10.0.0.9:21001");
-  send(old_process, proto::encode_registration(registration(proto::RegistrationFormat::kP2pNccl, "10.0.0.9", 8000)));
-  wait_until([](const RegistrySnapshot& s) { return s.find("10.0.0.9:8000") != nullptr; });
-  auto new_process = dealer_with_routing_id("10.0.0.9:21001");  // the old one stays connected
-  auto moved = registration(proto::RegistrationFormat::kP2pNccl, "10.0.0.9", 8001);
+  auto old_process = dealer_with_routing_id("127.0.0.9:21001");
+  send(old_process, proto::encode_registration(registration(proto::RegistrationFormat::kP2pNccl, "127.0.0.9", 8000)));
+  wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.9:8000") != nullptr; });
+  auto new_process = dealer_with_routing_id("127.0.0.9:21001");  // the old one stays connected
+  auto moved = registration(proto::RegistrationFormat::kP2pNccl, "127.0.0.9", 8001);
   send(new_process, proto::encode_registration(moved));
-  wait_until([](const RegistrySnapshot& s) { return s.find("10.0.0.9:8001") != nullptr; });
+  wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.9:8001") != nullptr; });
 }
 
 TEST_F(DiscoveryServiceTest, PdrouterFormatIsAcknowledgedAfterItIsVisible) {
   start();
   auto sock = dealer();
-  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kPdrouter, "10.0.0.5", 8000)));
+  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kPdrouter, "127.0.0.5", 8000)));
   zmq::message_t reply;
   sock.set(zmq::sockopt::rcvtimeo, 2000);
   ASSERT_TRUE(sock.recv(reply).has_value()) << "no ack";
@@ -151,7 +152,7 @@ TEST_F(DiscoveryServiceTest, PdrouterFormatIsAcknowledgedAfterItIsVisible) {
   EXPECT_TRUE(ack.ok);
   EXPECT_EQ(ack.ttl_ms, 5000u);
   // Acks go out after the publish: the node is visible the moment it holds its ack.
-  EXPECT_NE(cell_.load()->find("10.0.0.5:8000"), nullptr);
+  EXPECT_NE(cell_.load()->find("127.0.0.5:8000"), nullptr);
   EXPECT_GE(cell_.load()->version, ack.registry_version);
 }
 
@@ -161,21 +162,21 @@ TEST_F(DiscoveryServiceTest, AuthTokenRequiredForExtendedFormatWhenConfigured) {
   options.allow_unauthenticated_vllm = false;
   start(options);
   auto sock = dealer();
-  auto reg = registration(proto::RegistrationFormat::kPdrouter, "10.0.0.6", 8000);
+  auto reg = registration(proto::RegistrationFormat::kPdrouter, "127.0.0.6", 8000);
   reg.auth_token = "wrong";
   send(sock, proto::encode_registration(reg));
-  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "10.0.0.7", 8000)));
+  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "127.0.0.7", 8000)));
   wait_counter(counters_.rejected[static_cast<size_t>(RejectReason::kUnauthenticated)], 2);
   reg.auth_token = "s3cret";
   send(sock, proto::encode_registration(reg));
-  wait_until([](const RegistrySnapshot& s) { return s.find("10.0.0.6:8000") != nullptr; });
-  EXPECT_EQ(cell_.load()->find("10.0.0.7:8000"), nullptr);
+  wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.6:8000") != nullptr; });
+  EXPECT_EQ(cell_.load()->find("127.0.0.7:8000"), nullptr);
 }
 
 TEST_F(DiscoveryServiceTest, WrongFrameCountsAreRejectedAndChangeNothing) {
   start();
   auto sock = dealer();
-  const std::string good = proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "10.0.0.8", 1));
+  const std::string good = proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "127.0.0.8", 1));
   ASSERT_TRUE(sock.send(zmq::buffer(good), zmq::send_flags::sndmore).has_value());
   ASSERT_TRUE(sock.send(zmq::buffer(good), zmq::send_flags::none).has_value());
   ASSERT_TRUE(sock.send(zmq::str_buffer(""), zmq::send_flags::sndmore).has_value());
@@ -184,7 +185,7 @@ TEST_F(DiscoveryServiceTest, WrongFrameCountsAreRejectedAndChangeNothing) {
   EXPECT_TRUE(cell_.load()->instances.empty());
   // The socket still works afterwards.
   send(sock, good);
-  wait_until([](const RegistrySnapshot& s) { return s.find("10.0.0.8:1") != nullptr; });
+  wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.8:1") != nullptr; });
 }
 
 TEST_F(DiscoveryServiceTest, TopologyChangesApplyLive) {
@@ -192,23 +193,23 @@ TEST_F(DiscoveryServiceTest, TopologyChangesApplyLive) {
   Topology t;
   StaticInstance s;
   s.role = proto::Role::kPrefill;
-  s.http_address = {"10.0.1.1", 9000};
+  s.http_address = {"127.0.1.1", 9000};
   s.connector = proto::Connector::kNixl;
   t.static_instances.push_back(s);
   t.discovery.ttl = 2000ms;
   service_.apply_topology(t);
-  wait_until([](const RegistrySnapshot& snap) { return snap.find("10.0.1.1:9000") != nullptr; });
-  EXPECT_EQ(cell_.load()->find("10.0.1.1:9000")->source, InstanceSource::kStatic);
+  wait_until([](const RegistrySnapshot& snap) { return snap.find("127.0.1.1:9000") != nullptr; });
+  EXPECT_EQ(cell_.load()->find("127.0.1.1:9000")->source, InstanceSource::kStatic);
 
   // The new TTL applies to the next registration.
   auto sock = dealer();
-  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "10.0.1.2", 1)));
-  wait_until([](const RegistrySnapshot& snap) { return snap.find("10.0.1.2:1") != nullptr; });
-  EXPECT_EQ(cell_.load()->find("10.0.1.2:1")->ttl, 2000ms);
+  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "127.0.1.2", 1)));
+  wait_until([](const RegistrySnapshot& snap) { return snap.find("127.0.1.2:1") != nullptr; });
+  EXPECT_EQ(cell_.load()->find("127.0.1.2:1")->ttl, 2000ms);
 
   t.static_instances.clear();
   service_.apply_topology(t);
-  wait_until([](const RegistrySnapshot& snap) { return snap.find("10.0.1.1:9000") == nullptr; });
+  wait_until([](const RegistrySnapshot& snap) { return snap.find("127.0.1.1:9000") == nullptr; });
 }
 
 TEST_F(DiscoveryServiceTest, InstanceExpiresOnItsOwnDeadline) {
@@ -217,10 +218,10 @@ TEST_F(DiscoveryServiceTest, InstanceExpiresOnItsOwnDeadline) {
   options.registry.min_ttl = 100ms;
   start(options);
   auto sock = dealer();
-  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "10.0.2.1", 1)));
-  wait_until([](const RegistrySnapshot& s) { return s.find("10.0.2.1:1") != nullptr; });
+  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "127.0.2.1", 1)));
+  wait_until([](const RegistrySnapshot& s) { return s.find("127.0.2.1:1") != nullptr; });
   const auto took = wait_until([](const RegistrySnapshot& s) {
-    const Instance* i = s.find("10.0.2.1:1");
+    const Instance* i = s.find("127.0.2.1:1");
     return i != nullptr && i->state == InstanceState::kExpired;
   });
   EXPECT_GE(took, 200ms);
@@ -263,6 +264,151 @@ TEST_F(DiscoveryServiceTest, BindFailureIsReported) {
   Status st = other.start(options);
   EXPECT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("cannot bind"), std::string::npos) << st.message();
+}
+
+// ---- admission control (security review finding 1, 2, 12; attacks 4e, 4f, 4h, 4i) ---------------
+
+Cidr cidr(std::string_view text) {
+  Cidr c;
+  EXPECT_TRUE(parse_cidr(text, &c).is_ok()) << text;
+  return c;
+}
+
+size_t refusals(const DiscoveryCounters& c, HandshakeRefusal r) {
+  return c.handshakes_refused[static_cast<size_t>(r)].load();
+}
+
+TEST_F(DiscoveryServiceTest, PeerOutsideTheAllowListNeverGetsAMessageIn) {
+  DiscoveryServiceOptions options;
+  options.zap.allowed_peers.cidrs = {cidr("127.0.0.7/32")};
+  start(options);
+  // The attack (review finding 1): one MoRIIO message from a host nobody listed.
+  auto rogue = dealer();  // connects from 127.0.0.1
+  send(rogue, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "127.0.0.1", 8000)));
+  wait_counter(counters_.handshakes_refused[static_cast<size_t>(HandshakeRefusal::kAddressNotAllowed)], 1);
+  // A listed peer gets in through the same socket.
+  zmq::socket_t listed(ctx_, zmq::socket_type::dealer);
+  listed.set(zmq::sockopt::linger, 1000);
+  listed.connect("tcp://127.0.0.7:0;" + endpoint_.substr(6));  // source address 127.0.0.7
+  send(listed, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "127.0.0.7", 8000)));
+  wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.7:8000") != nullptr; });
+  EXPECT_EQ(cell_.load()->find("127.0.0.1:8000"), nullptr);
+  EXPECT_EQ(counters_.frames_received.load(), 1u);  // the refused peer's frame never arrived
+  EXPECT_EQ(cell_.load()->find("127.0.0.7:8000")->admission, AdmissionClass::kAddress);
+}
+
+TEST_F(DiscoveryServiceTest, UnauthenticatedNodeMayRegisterOnlyItsOwnAddress) {
+  start();
+  auto sock = dealer();  // from 127.0.0.1
+  // 192.0.2.0/24 is RFC 5737 documentation space: refused here, so it never receives traffic.
+  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "192.0.2.10", 8000)));
+  wait_counter(counters_.rejected[static_cast<size_t>(RejectReason::kNotSelf)], 1);
+  send(sock, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "127.0.0.1", 8000)));
+  wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.1:8000") != nullptr; });
+  EXPECT_EQ(cell_.load()->find("192.0.2.10:8000"), nullptr);
+}
+
+TEST_F(DiscoveryServiceTest, TokenlessVllmMessageCannotOverwriteATokenEntry) {
+  DiscoveryServiceOptions options;
+  options.auth_token = "s3cret";  // allow_unauthenticated_vllm stays true, the default
+  start(options);
+  auto node = dealer();
+  auto legit = registration(proto::RegistrationFormat::kPdrouter, "127.0.0.1", 8000);
+  legit.auth_token = "s3cret";
+  send(node, proto::encode_registration(legit));
+  wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.1:8000") != nullptr; });
+  EXPECT_EQ(cell_.load()->find("127.0.0.1:8000")->admission, AdmissionClass::kToken);
+  auto rogue = dealer();
+  auto takeover = registration(proto::RegistrationFormat::kMoriio, "127.0.0.1", 8000);
+  takeover.role = proto::Role::kPrefill;
+  takeover.moriio_zmq = proto::MoriioZmqAddress{"127.0.0.66", 1, 2};
+  takeover.zmq_address = takeover.moriio_zmq->to_string();
+  send(rogue, proto::encode_registration(takeover));
+  wait_counter(counters_.rejected[static_cast<size_t>(RejectReason::kWeakerSender)], 1);
+  // A token-less goodbye (pdrouter format only) is refused as unauthenticated.
+  send(rogue, proto::encode_goodbye(proto::Goodbye{{"127.0.0.1", 8000}, 1, "", 42, ""}));
+  wait_counter(counters_.rejected[static_cast<size_t>(RejectReason::kUnauthenticated)], 1);
+  const Instance* inst = cell_.load()->find("127.0.0.1:8000");
+  ASSERT_NE(inst, nullptr);
+  EXPECT_EQ(inst->role, proto::Role::kDecode);
+  EXPECT_EQ(inst->format, proto::RegistrationFormat::kPdrouter);
+  EXPECT_EQ(inst->zmq_address, legit.zmq_address);
+}
+
+TEST_F(DiscoveryServiceTest, SpoofedGoodbyeLeavesAStaticInstanceUp) {
+  DiscoveryServiceOptions options;
+  StaticInstance s;
+  s.role = proto::Role::kDecode;
+  s.http_address = {"127.0.0.1", 9000};
+  s.connector = proto::Connector::kNixl;
+  options.static_instances = {s};
+  start(options);
+  auto sock = dealer();
+  send(sock, proto::encode_goodbye(proto::Goodbye{{"127.0.0.1", 9000}, 1, "", 0, ""}));
+  zmq::message_t reply;
+  sock.set(zmq::sockopt::rcvtimeo, static_cast<int>(2000 * test::time_scale()));
+  ASSERT_TRUE(sock.recv(reply).has_value()) << "no ack";
+  proto::Ack ack;
+  ASSERT_TRUE(proto::decode_ack({static_cast<const std::byte*>(reply.data()), reply.size()}, &ack).is_ok());
+  EXPECT_FALSE(ack.ok);
+  EXPECT_NE(ack.reason.find("static"), std::string::npos) << ack.reason;
+  EXPECT_EQ(counters_.rejected[static_cast<size_t>(RejectReason::kOperatorOwned)].load(), 1u);
+  EXPECT_EQ(cell_.load()->find("127.0.0.1:9000")->state, InstanceState::kUp);
+}
+
+class CurveDiscoveryTest : public DiscoveryServiceTest {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(generate_curve_key_pair(&server_).is_ok());
+    ASSERT_TRUE(generate_curve_key_pair(&sidecar_).is_ok());
+    ASSERT_TRUE(generate_curve_key_pair(&stranger_).is_ok());
+    DiscoveryServiceOptions options;
+    options.curve_endpoint = "tcp://127.0.0.1:0";
+    options.curve_keys = server_;
+    options.zap.allowed_client_keys = {sidecar_.public_z85};
+    start(options);
+    curve_endpoint_ = service_.bound_curve_endpoint();
+    ASSERT_NE(curve_endpoint_.find("tcp://127.0.0.1:"), std::string::npos) << curve_endpoint_;
+  }
+
+  std::unique_ptr<NodeClient> client(const CurveKeyPair& keys, const std::string& host) {
+    NodeClientOptions o;
+    o.router_endpoints = {curve_endpoint_};
+    o.registration = registration(proto::RegistrationFormat::kPdrouter, host, 8000);
+    o.interval = 50ms;
+    o.curve_server_key = server_.public_z85;
+    o.curve_public_key = keys.public_z85;
+    o.curve_secret_key = keys.secret_z85;
+    return std::make_unique<NodeClient>(std::move(o));
+  }
+
+  CurveKeyPair server_, sidecar_, stranger_;
+  std::string curve_endpoint_;
+};
+
+TEST_F(CurveDiscoveryTest, ListedKeyRegistersAnyAddressAndAnUnlistedKeyIsRefused) {
+  // A sidecar may register the vLLM server it stands beside, wherever that is.
+  auto good = client(sidecar_, "127.0.0.9");
+  ASSERT_TRUE(good->start().is_ok());
+  wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.9:8000") != nullptr; });
+  EXPECT_EQ(cell_.load()->find("127.0.0.9:8000")->admission, AdmissionClass::kCurve);
+  auto bad = client(stranger_, "127.0.0.10");
+  ASSERT_TRUE(bad->start().is_ok());
+  wait_counter(counters_.handshakes_refused[static_cast<size_t>(HandshakeRefusal::kKeyNotAllowed)], 1);
+  bad->stop(false);
+  EXPECT_EQ(cell_.load()->find("127.0.0.10:8000"), nullptr);
+  // The plain endpoint cannot change, or say goodbye to, what the CURVE sidecar registered.
+  auto plain = dealer();
+  auto rogue = registration(proto::RegistrationFormat::kMoriio, "127.0.0.9", 8000);
+  rogue.role = proto::Role::kPrefill;
+  send(plain, proto::encode_registration(rogue));
+  send(plain, proto::encode_goodbye(proto::Goodbye{{"127.0.0.9", 8000}, 1, "", 42, ""}));
+  wait_counter(counters_.rejected[static_cast<size_t>(RejectReason::kWeakerSender)], 2);
+  EXPECT_EQ(cell_.load()->find("127.0.0.9:8000")->role, proto::Role::kDecode);
+  // Its goodbye, with the current epoch, removes it.
+  good->stop(true);
+  wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.9:8000") == nullptr; });
+  EXPECT_EQ(refusals(counters_, HandshakeRefusal::kAddressNotAllowed), 0u);
 }
 
 }  // namespace

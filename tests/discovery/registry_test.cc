@@ -225,5 +225,115 @@ TEST(Registry, DrainingFlagSetsState) {
   EXPECT_EQ(snap->count(proto::Role::kPrefill, InstanceState::kUp), 0u);
 }
 
+// ---- admission (discovery/admission.h) ---------------------------------------------------------
+
+StaticInstance static_decode(std::string host, uint16_t port) {
+  StaticInstance s;
+  s.role = proto::Role::kDecode;
+  s.http_address = {std::move(host), port};
+  s.connector = proto::Connector::kNixl;
+  return s;
+}
+
+TEST(RegistryAdmission, WeakerSenderCannotChangeOrRemoveAStrongerEntry) {
+  Registry reg(opts());
+  auto legit = moriio("127.0.0.1", 8000, proto::Role::kDecode);
+  legit.epoch = 7;
+  ASSERT_EQ(reg.upsert(legit, t0, AdmissionClass::kToken).result, UpsertResult::kAdded);
+  reg.snapshot(t0);
+  // The attack from the review (finding 2): a token-less vLLM message for the same address.
+  auto rogue = moriio("127.0.0.1", 8000, proto::Role::kPrefill);
+  rogue.zmq_address = "host:127.0.0.66,handshake:1,notify:2";
+  EXPECT_EQ(reg.upsert(rogue, t0 + 1s, AdmissionClass::kAddress).result, UpsertResult::kRejectedWeaker);
+  EXPECT_FALSE(reg.dirty());
+  const auto snap = reg.snapshot(t0 + 1s);
+  ASSERT_EQ(snap->instances.size(), 1u);
+  EXPECT_EQ(snap->instances[0]->role, proto::Role::kDecode);
+  EXPECT_EQ(snap->instances[0]->zmq_address, legit.zmq_address);
+  EXPECT_EQ(snap->instances[0]->last_seen(), t0);  // not even its liveness
+  proto::Goodbye bye{{"127.0.0.1", 8000}, 1, "", 7, ""};
+  EXPECT_EQ(reg.goodbye(bye, t0 + 1s, AdmissionClass::kAddress), GoodbyeResult::kWeaker);
+  EXPECT_EQ(reg.goodbye(bye, t0 + 1s, AdmissionClass::kCurve), GoodbyeResult::kRemoved);
+}
+
+TEST(RegistryAdmission, StrongerSenderTakesTheEntryOver) {
+  Registry reg(opts());
+  reg.upsert(moriio("127.0.0.1", 8000), t0, AdmissionClass::kAddress);
+  EXPECT_EQ(reg.count_by_class()[static_cast<size_t>(AdmissionClass::kAddress)], 1u);
+  reg.upsert(moriio("127.0.0.1", 8000), t0 + 1s, AdmissionClass::kCurve);
+  const auto snap = reg.snapshot(t0 + 1s);
+  EXPECT_EQ(snap->instances[0]->admission, AdmissionClass::kCurve);
+  EXPECT_EQ(snap->count_by_class[static_cast<size_t>(AdmissionClass::kAddress)], 0u);
+  EXPECT_EQ(snap->count_by_class[static_cast<size_t>(AdmissionClass::kCurve)], 1u);
+  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 8000), t0 + 2s, AdmissionClass::kAddress).result,
+            UpsertResult::kRejectedWeaker);
+}
+
+TEST(RegistryAdmission, GoodbyesNeverTouchOperatorEntries) {
+  Registry reg(opts());
+  reg.replace_static({static_decode("127.0.0.1", 8000)}, t0);
+  proto::Goodbye bye{{"127.0.0.1", 8000}, 1, "", 0, ""};
+  EXPECT_EQ(reg.goodbye(bye, t0, AdmissionClass::kCurve), GoodbyeResult::kOperatorOwned);
+  EXPECT_EQ(reg.snapshot(t0)->instances[0]->state, InstanceState::kUp);
+}
+
+TEST(RegistryAdmission, OnlyAnAuthenticatedNodeDrainsAnOperatorEntry) {
+  Registry reg(opts());
+  reg.replace_static({static_decode("127.0.0.1", 8000)}, t0);
+  auto hb = moriio("127.0.0.1", 8000, proto::Role::kDecode);
+  hb.draining = true;
+  reg.upsert(hb, t0 + 1s, AdmissionClass::kAddress);
+  EXPECT_EQ(reg.snapshot(t0 + 1s)->instances[0]->state, InstanceState::kUp);
+  EXPECT_EQ(reg.snapshot(t0 + 1s)->instances[0]->last_seen(), t0 + 1s);  // liveness still counts
+  reg.upsert(hb, t0 + 2s, AdmissionClass::kToken);
+  EXPECT_EQ(reg.snapshot(t0 + 2s)->instances[0]->state, InstanceState::kDraining);
+}
+
+TEST(RegistryAdmission, OlderEpochIsNotARestartAndGoodbyeNeedsTheCurrentEpoch) {
+  Registry reg(opts());
+  auto r = moriio("127.0.0.1", 8000);
+  r.epoch = 6;
+  reg.upsert(r, t0);
+  r.epoch = 1;
+  EXPECT_EQ(reg.upsert(r, t0 + 1s).result, UpsertResult::kRejectedStaleEpoch);
+  EXPECT_EQ(reg.snapshot(t0 + 1s)->instances[0]->restarts, 0u);
+  proto::Goodbye bye{{"127.0.0.1", 8000}, 1, "", 0, ""};  // no epoch
+  EXPECT_EQ(reg.goodbye(bye, t0 + 1s), GoodbyeResult::kStaleEpoch);
+  bye.epoch = 7;  // a newer one is not ours either
+  EXPECT_EQ(reg.goodbye(bye, t0 + 1s), GoodbyeResult::kStaleEpoch);
+  bye.epoch = 6;
+  EXPECT_EQ(reg.goodbye(bye, t0 + 1s), GoodbyeResult::kRemoved);
+}
+
+TEST(RegistryAdmission, CapPerClassKeepsRoomForStrongerSenders) {
+  RegistryOptions o = opts();
+  o.max_instances = 100;
+  o.max_per_class = {2, 2, 2, 2};
+  Registry reg(o);
+  reg.upsert(moriio("127.0.0.1", 1), t0, AdmissionClass::kOpen);
+  reg.upsert(moriio("127.0.0.1", 2), t0 + 1s, AdmissionClass::kOpen);
+  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 3), t0 + 1s, AdmissionClass::kOpen).result,
+            UpsertResult::kRejectedClassFull);
+  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 3), t0 + 1s, AdmissionClass::kCurve).result, UpsertResult::kAdded);
+  // An expired entry of the full class makes room (the one expired longest goes).
+  reg.expire_due(t0 + 5s);  // :1 expired
+  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 4), t0 + 5s, AdmissionClass::kOpen).result, UpsertResult::kAdded);
+  const auto snap = reg.snapshot(t0 + 5s);
+  EXPECT_EQ(snap->find("127.0.0.1:1"), nullptr);
+  EXPECT_NE(snap->find("127.0.0.1:2"), nullptr);
+  EXPECT_EQ(snap->count_by_class[static_cast<size_t>(AdmissionClass::kOpen)], 2u);
+}
+
+TEST(RegistryAdmission, RevivedAndRemovedEntriesLeaveTheEvictionIndex) {
+  Registry reg(opts());  // max 3
+  reg.upsert(moriio("127.0.0.1", 1), t0);
+  reg.expire_due(t0 + 5s);
+  reg.upsert(moriio("127.0.0.1", 1), t0 + 6s);  // revived: no longer evictable
+  reg.upsert(moriio("127.0.0.1", 2), t0 + 6s);
+  reg.upsert(moriio("127.0.0.1", 3), t0 + 6s);
+  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 4), t0 + 6s).result, UpsertResult::kRejectedFull);
+  EXPECT_EQ(reg.size(), 3u);
+}
+
 }  // namespace
 }  // namespace pdr::discovery

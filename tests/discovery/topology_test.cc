@@ -529,6 +529,87 @@ TEST(TopologyParse, FileLimits) {
   EXPECT_EQ(load_topology_file(dir.file(""), &t).code(), StatusCode::kIoError);  // a directory
 }
 
+TEST(TopologyParse, DiscoveryAdmissionDefaultsAdmitThisMachineOnly) {
+  Topology t;
+  ASSERT_TRUE(parse("", &t).is_ok());
+  EXPECT_EQ(t.listeners.discovery, "tcp://*:36367");
+  EXPECT_TRUE(t.listeners.discovery_curve.empty());
+  ASSERT_EQ(t.discovery.allowed_peers.cidrs.size(), 2u);
+  EXPECT_EQ(t.discovery.allowed_peers.cidrs[0].to_string(), "127.0.0.0/8");
+  EXPECT_EQ(t.discovery.allowed_peers.cidrs[1].to_string(), "::1/128");
+  EXPECT_FALSE(t.discovery.allow_open);
+  EXPECT_FALSE(t.discovery.open_to_network(t.listeners.discovery, t.listeners.discovery_curve));
+  EXPECT_EQ(t.discovery.max_instances_per_class[static_cast<size_t>(AdmissionClass::kOpen)], 256u);
+}
+
+TEST(TopologyParse, DiscoveryAdmissionKeys) {
+  Topology t;
+  ASSERT_TRUE(parse("discovery:\n"
+                    "  allowed_peers: [\"127.0.0.0/24\", \"::1\"]\n"
+                    "  max_instances_per_class: {open: 0, address: 100, curve: 5000}\n",
+                    &t)
+                  .is_ok());
+  ASSERT_EQ(t.discovery.allowed_peers.cidrs.size(), 2u);
+  EXPECT_EQ(t.discovery.allowed_peers.cidrs[1].to_string(), "::1/128");
+  EXPECT_EQ(t.discovery.max_instances_per_class[0], 0u);
+  EXPECT_EQ(t.discovery.max_instances_per_class[1], 100u);
+  EXPECT_EQ(t.discovery.max_instances_per_class[2], 4096u);
+  EXPECT_EQ(t.discovery.max_instances_per_class[3], 5000u);
+  EXPECT_THAT(error_of("discovery: {allowed_peers: [\"127.1.2.3/8\"]}\n", StatusCode::kInvalidValue),
+              HasSubstr("did you mean 127.0.0.0/8"));
+  EXPECT_THAT(error_of("discovery: {allowed_peers: \"127.0.0.1\"}\n", StatusCode::kWrongType),
+              HasSubstr("expected a list of CIDRs"));
+  EXPECT_THAT(error_of("discovery: {max_instances_per_class: {opne: 1}}\n", StatusCode::kInvalidValue),
+              HasSubstr("open"));
+}
+
+TEST(TopologyParse, DiscoveryOpenToTheNetworkNeedsAnOptIn) {
+  const std::string open = "discovery:\n  allowed_peers: [\"0.0.0.0/0\", \"::/0\"]\n";
+  EXPECT_THAT(error_of(open, StatusCode::kInvalidValue), HasSubstr("discovery.allow_open: true"));
+  Topology t;
+  ASSERT_TRUE(parse(open + "  allow_open: true\n", &t).is_ok());
+  EXPECT_TRUE(t.discovery.open_to_network(t.listeners.discovery, t.listeners.discovery_curve));
+  // Bound to loopback, an allow-everything list reaches nobody else: no opt-in needed.
+  ASSERT_TRUE(parse("listeners: {discovery: \"tcp://127.0.0.1:0\"}\n" + open, &t).is_ok());
+  EXPECT_FALSE(t.discovery.open_to_network(t.listeners.discovery, t.listeners.discovery_curve));
+  EXPECT_TRUE(endpoint_is_local("ipc:///tmp/pdr.sock"));
+  EXPECT_TRUE(endpoint_is_local("tcp://localhost:5"));
+  EXPECT_FALSE(endpoint_is_local("tcp://*:5"));
+}
+
+TEST(TopologyParse, DiscoveryCurveKeysFromFiles) {
+  TempDir dir;
+  CurveKeyPair server, client;
+  ASSERT_TRUE(generate_curve_key_pair(&server).is_ok());
+  ASSERT_TRUE(generate_curve_key_pair(&client).is_ok());
+  dir.write("router.key", curve_certificate(server, true));
+  dir.write("clients.txt", "# sidecars\n" + client.public_z85 + "\n");
+  dir.write("empty.txt", "# nobody yet\n");
+  const std::string topo = dir.write("topo.yaml",
+                                     "listeners: {discovery_curve: \"tcp://*:36368\"}\n"
+                                     "discovery:\n"
+                                     "  curve: {secret_key_file: router.key, allowed_client_keys_file: clients.txt}\n");
+  Topology t;
+  ASSERT_TRUE(load_topology_file(topo, &t).is_ok());
+  EXPECT_EQ(t.listeners.discovery_curve, "tcp://*:36368");
+  EXPECT_EQ(t.discovery.curve.server_keys.public_z85, server.public_z85);
+  EXPECT_EQ(t.discovery.curve.allowed_client_keys, std::vector<std::string>{client.public_z85});
+  // With a key list, the CURVE endpoint does not open discovery to the network.
+  EXPECT_FALSE(t.discovery.open_to_network(t.listeners.discovery, t.listeners.discovery_curve));
+
+  Status s = parse("listeners: {discovery_curve: \"tcp://*:36368\"}\n", &t);
+  EXPECT_THAT(s.message(), HasSubstr("needs discovery.curve.secret_key_file"));
+  s = load_topology_file(dir.write("t2.yaml", "discovery: {curve: {allowed_client_keys_file: empty.txt}}\n"), &t);
+  EXPECT_THAT(s.message(), HasSubstr("holds no key"));
+  s = load_topology_file(dir.write("t3.yaml", "discovery: {curve: {secret_key_file: empty.txt}}\n"), &t);
+  EXPECT_THAT(s.message(), HasSubstr("no CURVE key"));
+  // The secret never appears in an error message.
+  dir.write("bad.key", "curve\n    secret-key = \"" + server.secret_z85.substr(0, 39) + "~\"\n");
+  s = load_topology_file(dir.write("t4.yaml", "discovery: {curve: {secret_key_file: bad.key}}\n"), &t);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), Not(HasSubstr(server.secret_z85.substr(0, 39))));
+}
+
 TEST(TopologyParse, PolicyNamesRoundTrip) {
   for (PolicyName p : {PolicyName::kRoundRobin, PolicyName::kLeastOutstanding,
                        PolicyName::kPowerOfTwo, PolicyName::kAffinity}) {

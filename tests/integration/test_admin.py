@@ -12,7 +12,7 @@ from test_registration import moriio_current
 KEY = "s3cret-admin-key"
 ENV = {"PDR_TEST_ADMIN_KEY": KEY}
 AUTH = {"Authorization": f"Bearer {KEY}"}
-STATIC = "10.8.0.1:8000"
+STATIC = "127.8.0.1:8000"
 TOPOLOGY = f"""
 admin:
   api_key_env: PDR_TEST_ADMIN_KEY
@@ -87,10 +87,10 @@ class AdminApiTest(unittest.TestCase):
         self.assertIn("registry_version", doc)
 
     def test_add_is_visible_at_once_then_remove(self):
-        address = "10.8.0.2:8200"
+        address = "127.8.0.2:8200"
         code, hdrs, inst = self.admin("POST", "/admin/instances", {
             "role": "decode", "http_address": address, "connector": "moriio", "transfer_mode": "READ",
-            "zmq_address": "host:10.8.0.2,handshake:6301,notify:61005", "dp_size": 2, "tp_size": 4,
+            "zmq_address": "host:127.8.0.2,handshake:6301,notify:61005", "dp_size": 2, "tp_size": 4,
             "model": "m", "labels": {"zone": "b"}})
         self.assertEqual(code, 201, inst)
         self.assertEqual(hdrs["location"], f"/admin/instances/{address}")
@@ -121,9 +121,9 @@ class AdminApiTest(unittest.TestCase):
         self.assertEqual(self.router.instance(STATIC)["role"], "prefill")
 
     def test_drain_survives_heartbeats_and_undrain_restores(self):
-        address = "10.8.0.3:8100"
+        address = "127.8.0.3:8100"
         node = self.router.dealer()
-        beat = moriio_current("10.8.0.3", 8100, role="D")
+        beat = moriio_current("127.8.0.3", 8100, role="D")
         node.send(msgpack.packb(beat))
         self.router.wait_for(lambda: self.router.instance(address))
 
@@ -147,7 +147,7 @@ class AdminApiTest(unittest.TestCase):
         node.send(msgpack.packb(beat))
         self.router.wait_for(lambda: self.router.instance(address)["messages"] >= start + 4)
         self.assertEqual(self.router.instance(address)["state"], "up")
-        self.assertEqual(self.admin("POST", "/admin/instances/10.8.9.9:1/drain")[0], 404)
+        self.assertEqual(self.admin("POST", "/admin/instances/127.8.9.9:1/drain")[0], 404)
 
     def test_ipv6_address_in_path(self):
         code, _, _ = self.admin("POST", "/admin/instances",
@@ -185,15 +185,15 @@ class AdminApiTest(unittest.TestCase):
             (b"not json", "body is not valid JSON"),
             (b"[]", "body must be a JSON object"),
             (b'{"role":"decode"}', "missing key 'http_address'"),
-            (b'{"role":"decode","http_address":"10.8.0.9:80","port":1}', "unknown key 'port'"),
-            (b'{"role":"decode","http_address":"10.8.0.9:80","dp_size":"2"}', "dp_size: expected an integer"),
-            (b'{"role":"decode","http_address":"10.8.0.9:80","tp_size":4096}', "tp_size: 4096 is out of range"),
-            (b'{"role":"decode","http_address":"10.8.0.9"}', "http_address: "),
-            (b'{"role":"decode","http_address":"10.8.0.9:80","connector":"moriio"}',
+            (b'{"role":"decode","http_address":"127.8.0.9:80","port":1}', "unknown key 'port'"),
+            (b'{"role":"decode","http_address":"127.8.0.9:80","dp_size":"2"}', "dp_size: expected an integer"),
+            (b'{"role":"decode","http_address":"127.8.0.9:80","tp_size":4096}', "tp_size: 4096 is out of range"),
+            (b'{"role":"decode","http_address":"127.8.0.9"}', "http_address: "),
+            (b'{"role":"decode","http_address":"127.8.0.9:80","connector":"moriio"}',
              "connector moriio needs zmq_address"),
-            (b'{"role":"decode","http_address":"10.8.0.9:80","connector":"p2p-nccl","zmq_address":"x:1",'
+            (b'{"role":"decode","http_address":"127.8.0.9:80","connector":"p2p-nccl","zmq_address":"x:1",'
              b'"transfer_mode":"READ"}', "transfer_mode: connector p2p-nccl has no transfer mode"),
-            (b'{"role":"decode","role":"prefill","http_address":"10.8.0.9:80"}', "duplicate key 'role'"),
+            (b'{"role":"decode","role":"prefill","http_address":"127.8.0.9:80"}', "duplicate key 'role'"),
         ]
         for raw, message in cases:
             code, _, doc = self.admin("POST", "/admin/instances", raw=raw)
@@ -204,7 +204,7 @@ class AdminApiTest(unittest.TestCase):
         self.assertEqual(self.admin("DELETE", "/admin/instances/not-an-address")[0], 400)
         after = self.router.status()
         self.assertEqual(after["registry_version"], before["registry_version"])
-        self.assertIsNone(self.router.instance("10.8.0.9:80"))
+        self.assertIsNone(self.router.instance("127.8.0.9:80"))
 
     def test_wrong_methods_and_unknown_paths(self):
         code, hdrs, _ = self.admin("PUT", "/admin/instances", {})
@@ -224,7 +224,7 @@ class AdminApiTest(unittest.TestCase):
         self.admin("GET", "/admin/instances")
         self.admin("GET", "/admin/instances", headers={})
         self.admin("POST", "/admin/instances", raw=b"{")
-        self.admin("DELETE", "/admin/instances/10.8.7.7:1")
+        self.admin("DELETE", "/admin/instances/127.8.7.7:1")
         self.admin("DELETE", f"/admin/instances/{STATIC}")
         for name in names:
             self.assertEqual(counter(self.router, name), before[name] + 1, name)

@@ -9,7 +9,7 @@ import msgpack
 from pdrouter_fixture import TIME_SCALE, Router
 from test_registration import moriio_current
 
-GOOD = moriio_current("10.9.0.1", 8100)
+GOOD = moriio_current("127.9.0.1", 8100)
 
 
 def rejected(metrics, reason):
@@ -27,7 +27,7 @@ class BadInputTest(unittest.TestCase):
         self.router = Router("discovery:\n  ttl_ms: 60000\n  max_message_bytes: 65536\n")
         self.addCleanup(self.router.stop)
         self.router.send(GOOD)
-        self.router.wait_for(lambda: self.router.instance("10.9.0.1:8100"))
+        self.router.wait_for(lambda: self.router.instance("127.9.0.1:8100"))
         self.before = registry_view(self.router)
 
     def assert_rejected(self, payload, reason, count=1, **send_args):
@@ -42,29 +42,29 @@ class BadInputTest(unittest.TestCase):
         self.assert_rejected(msgpack.packb(GOOD) + b"\x00", "malformed")  # trailing bytes
 
     def test_not_a_map(self):
-        self.assert_rejected(msgpack.packb(["P", "10.9.0.2:1"]), "wrong_type")
+        self.assert_rejected(msgpack.packb(["P", "127.9.0.2:1"]), "wrong_type")
 
     def test_wrong_types(self):
         for key, value in (("dp_size", "2"), ("tp_size", 1.5), ("http_address", 8100), ("transfer_mode", True)):
-            payload = dict(moriio_current("10.9.0.3", 8100))
+            payload = dict(moriio_current("127.9.0.3", 8100))
             payload[key] = value
             self.assert_rejected(payload, "wrong_type")
 
     def test_missing_keys(self):
         for key in ("http_address", "dp_size", "tp_size", "transfer_mode"):
-            payload = dict(moriio_current("10.9.0.4", 8100))
+            payload = dict(moriio_current("127.9.0.4", 8100))
             del payload[key]
             self.assert_rejected(payload, "missing_key")
-        self.assert_rejected({"http_address": "10.9.0.4:1"}, "missing_key")  # no type
+        self.assert_rejected({"http_address": "127.9.0.4:1"}, "missing_key")  # no type
 
     def test_bad_values(self):
-        self.assert_rejected(moriio_current("10.9.0.5", 70000), "bad_address")
-        payload = moriio_current("10.9.0.5", 8100)
-        payload["zmq_address"] = "host:10.9.0.5,handshake:6301"  # notify missing
+        self.assert_rejected(moriio_current("127.9.0.5", 70000), "bad_address")
+        payload = moriio_current("127.9.0.5", 8100)
+        payload["zmq_address"] = "host:127.9.0.5,handshake:6301"  # notify missing
         self.assert_rejected(payload, "bad_address")
-        self.assert_rejected(moriio_current("10.9.0.5", 8100, dp=0), "out_of_range")
-        self.assert_rejected(moriio_current("10.9.0.5", 8100, mode="PUSH"), "invalid_value")
-        self.assert_rejected({"type": "X", "http_address": "10.9.0.5:1"}, "unknown_type")
+        self.assert_rejected(moriio_current("127.9.0.5", 8100, dp=0), "out_of_range")
+        self.assert_rejected(moriio_current("127.9.0.5", 8100, mode="PUSH"), "invalid_value")
+        self.assert_rejected({"type": "X", "http_address": "127.9.0.5:1"}, "unknown_type")
 
     def test_wrong_frame_count(self):
         sock = self.router.dealer()

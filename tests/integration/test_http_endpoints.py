@@ -20,8 +20,8 @@ class HttpEndpointsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.router = Router("discovery:\n  ttl_ms: 60000\n")
-        cls.router.send(moriio_current("10.7.0.1", 8100, role="D"))
-        cls.router.wait_for(lambda: cls.router.instance("10.7.0.1:8100"))
+        cls.router.send(moriio_current("127.7.0.1", 8100, role="D"))
+        cls.router.wait_for(lambda: cls.router.instance("127.7.0.1:8100"))
 
     @classmethod
     def tearDownClass(cls):

@@ -24,14 +24,14 @@ def reloads(router, result):
 
 class TopologyReloadTest(unittest.TestCase):
     def setUp(self):
-        self.router = Router(topology(("prefill", "10.5.0.1:8000")))
+        self.router = Router(topology(("prefill", "127.5.0.1:8000")))
         self.addCleanup(self.router.stop)
 
     def keys(self):
         return sorted(i["http_address"] for i in self.router.status()["instances"])
 
     def test_static_instances_are_listed(self):
-        inst = self.router.instance("10.5.0.1:8000")
+        inst = self.router.instance("127.5.0.1:8000")
         self.assertEqual(inst["source"], "static")
         self.assertEqual(inst["registration_format"], "static")
         self.assertEqual(inst["transfer_mode"], "READ")
@@ -40,22 +40,22 @@ class TopologyReloadTest(unittest.TestCase):
         self.assertIsNone(inst["last_seen_ms_ago"])  # never heard from
 
     def test_file_change_reloads(self):
-        self.router.write_topology(topology(("prefill", "10.5.0.1:8000"), ("decode", "10.5.0.2:8000")))
-        self.router.wait_for(lambda: self.keys() == ["10.5.0.1:8000", "10.5.0.2:8000"])
+        self.router.write_topology(topology(("prefill", "127.5.0.1:8000"), ("decode", "127.5.0.2:8000")))
+        self.router.wait_for(lambda: self.keys() == ["127.5.0.1:8000", "127.5.0.2:8000"])
         self.assertGreaterEqual(reloads(self.router, "ok"), 1)  # one rewrite may be seen twice
-        self.router.write_topology(topology(("decode", "10.5.0.2:8000")))
-        self.router.wait_for(lambda: self.keys() == ["10.5.0.2:8000"])
+        self.router.write_topology(topology(("decode", "127.5.0.2:8000")))
+        self.router.wait_for(lambda: self.keys() == ["127.5.0.2:8000"])
 
     def test_invalid_reload_keeps_the_running_configuration(self):
         self.router.write_topology("listeners:\n  http: \"0.0.0.0:70000\"\n")
         self.router.wait_for(lambda: reloads(self.router, "failed") >= 1)
-        self.assertEqual(self.keys(), ["10.5.0.1:8000"])
+        self.assertEqual(self.keys(), ["127.5.0.1:8000"])
         topo = self.router.status()["topology"]
         self.assertRegex(topo["last_error"], r"topology\.yaml:2:\d+: listeners\.http: .*70000")
         self.assertEqual(reloads(self.router, "ok"), 0)
         # A valid file afterwards applies and clears the error.
-        self.router.write_topology(topology(("decode", "10.5.0.3:8000")))
-        self.router.wait_for(lambda: self.keys() == ["10.5.0.3:8000"])
+        self.router.write_topology(topology(("decode", "127.5.0.3:8000")))
+        self.router.wait_for(lambda: self.keys() == ["127.5.0.3:8000"])
         self.assertEqual(self.router.status()["topology"]["last_error"], "")
 
     def test_sighup_reloads(self):
@@ -63,7 +63,7 @@ class TopologyReloadTest(unittest.TestCase):
         self.assertEqual(reloads(self.router, "ok"), 0)
         self.router.process.send_signal(signal.SIGHUP)
         self.router.wait_for(lambda: reloads(self.router, "ok") == 1)
-        self.assertEqual(self.keys(), ["10.5.0.1:8000"])
+        self.assertEqual(self.keys(), ["127.5.0.1:8000"])
         self.router.process.send_signal(signal.SIGHUP)
         self.router.wait_for(lambda: reloads(self.router, "ok") == 2)
 
