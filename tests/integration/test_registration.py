@@ -86,10 +86,10 @@ class RegistrationTest(unittest.TestCase):
         self.assertEqual(inst["zmq_address"], "127.1.0.7:21001")
 
     def test_ipv6_address(self):
-        payload = moriio_current("fd00::5", 8100)
-        payload["http_address"] = "[fd00::5]:8100"
-        inst, _ = self.register_and_wait(payload, "[fd00::5]:8100")
-        self.assertEqual(inst["zmq_address"], "host:fd00::5,handshake:6301,notify:61005")
+        payload = moriio_current("::1", 8100)
+        payload["http_address"] = "[::1]:8100"
+        inst, _ = self.register_and_wait(payload, "[::1]:8100")
+        self.assertEqual(inst["zmq_address"], "host:::1,handshake:6301,notify:61005")
 
     def test_extended_registration_is_acknowledged(self):
         inst, sock = self.register_and_wait(extended("127.1.0.8", 8400), "127.1.0.8:8400")
