@@ -8,9 +8,11 @@ import glob
 import os
 import re
 import shlex
+import shutil
+import tempfile
 import unittest
 
-from pdr_testlib import HealthServer, ProcessHandle, pdnode_path
+from pdr_testlib import HealthServer, ProcessHandle, free_port, pdnode_path
 from pdrouter_fixture import Router
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -188,7 +190,27 @@ class ReadmeSidecarCommandsTest(unittest.TestCase):
         self.assertEqual(argv[0], "register")
         health = HealthServer(status=200)
         self.addCleanup(health.close)
-        router = Router()
+        curve = "--curve-server-key" in argv
+        replacements = {"--http-address": health.address, "--health-url": "http://%s/health" % health.address}
+        if curve:
+            # The README's CURVE sidecar: real keys from `pdnode keygen`, a router with a CURVE
+            # endpoint that lists the node's key, and the command's key flags pointed at them.
+            keys = tempfile.mkdtemp(prefix="pdr-readme-keys-")
+            self.addCleanup(shutil.rmtree, keys, True)
+            for name in ("router", "node"):
+                keygen = ProcessHandle([pdnode_path(), "keygen", os.path.join(keys, name)], name="keygen")
+                self.assertEqual(keygen.wait(10), 0, keygen.output())
+            shutil.copy(os.path.join(keys, "node.pub"), os.path.join(keys, "clients.txt"))
+            port = free_port()
+            router = Router('listeners: {discovery_curve: "tcp://127.0.0.1:%d"}\n'
+                            "discovery: {curve: {secret_key_file: %s/router.key, "
+                            "allowed_client_keys_file: %s/clients.txt}}\n" % (port, keys, keys))
+            replacements.update({"--router": "tcp://127.0.0.1:%d" % port,
+                                 "--curve-server-key": os.path.join(keys, "router.pub"),
+                                 "--curve-key": os.path.join(keys, "node.key")})
+        else:
+            router = Router()
+            replacements["--router"] = router.discovery
         self.addCleanup(router.dir.cleanup)  # cleanups run last-in first-out: after stop()
         self.addCleanup(router.stop)
         # The README's own flags, except where the node and the router are.
@@ -196,11 +218,9 @@ class ReadmeSidecarCommandsTest(unittest.TestCase):
         while i < len(argv):
             flag = argv[i]
             value = argv[i + 1] if i + 1 < len(argv) else None
-            if flag in ("--router", "--http-address", "--health-url"):
+            if flag in replacements:
                 self.assertIsNotNone(value, "README.md:%d: %s without a value" % (line, flag))
-                replacement = {"--router": router.discovery, "--http-address": health.address,
-                               "--health-url": "http://%s/health" % health.address}[flag]
-                args += [flag, replacement]
+                args += [flag, replacements[flag]]
                 i += 2
                 continue
             if flag == "--role":
@@ -234,6 +254,7 @@ class ReadmeSidecarCommandsTest(unittest.TestCase):
             self.assertEqual(inst["model"], model, "README.md:%d" % line)
         for key, value in numeric.items():
             self.assertEqual(inst[key], value, "README.md:%d: %s" % (line, key))
+        self.assertEqual(inst["admission"], "curve" if curve else "address", "README.md:%d" % line)
         self.assertEqual(sidecar.stop(), 0, "README.md:%d:\n%s" % (line, sidecar.output()))
 
 

@@ -10,6 +10,8 @@ not know fails the test, so a new kind of README command needs a check before it
   pdnode register ...          run by test_deploy_examples.ReadmeSidecarCommandsTest; here its
                                flags are checked against `pdnode register --help`
   pdnode sim ...               started (its --http/--register at a test router), registers
+  pdnode keygen PREFIX         run with PREFIX moved to a temporary folder: writes PREFIX.key
+                               (mode 0600) and PREFIX.pub
   curl ...                     the admin examples run in order against a router with the key
                                source the README's comment gives; the client example against a
                                router with simulated nodes, and must stream to [DONE]
@@ -123,7 +125,7 @@ def kind(argv, env):
         sub = argv[1] if len(argv) > 1 else ""
         if "--help" in argv:
             return "pdnode-help"
-        return {"register": "pdnode-register", "sim": "pdnode-sim"}.get(sub, "unknown")
+        return {"register": "pdnode-register", "sim": "pdnode-sim", "keygen": "pdnode-keygen"}.get(sub, "unknown")
     if program == "curl":
         return "curl"
     if program == "pdrouter-bench":
@@ -289,6 +291,20 @@ class ReadmePdnodeCommandsTest(unittest.TestCase):
                 out = help_text(pdnode_path(), sub)
                 for flag in sorted(flags - {"--help"}):
                     self.assertIn(flag, out, "pdnode %s --help" % sub)
+
+    def test_keygen_commands_write_a_key_pair(self):
+        runs = [(line, argv) for line, env, argv, _, _ in readme_commands()
+                if kind(argv, env) == "pdnode-keygen"]
+        self.assertTrue(runs, "README.md has no `pdnode keygen` command")
+        with tempfile.TemporaryDirectory(prefix="pdr-readme-keygen-") as folder:
+            for line, argv in runs:
+                with self.subTest(readme_line=line):
+                    prefix = os.path.join(folder, os.path.basename(argv[-1]))
+                    proc = ProcessHandle([pdnode_path(), "keygen"] + argv[2:-1] + [prefix], name="keygen")
+                    self.assertEqual(proc.wait(TIMEOUT), 0, "README.md:%d:\n%s" % (line, proc.output()))
+                    self.assertEqual(os.stat(prefix + ".key").st_mode & 0o777, 0o600)
+                    with open(prefix + ".pub") as f:
+                        self.assertIn("public-key", f.read())
 
     def test_sim_commands_register(self):
         runs = [(line, argv) for line, env, argv, _, _ in readme_commands()

@@ -1,0 +1,57 @@
+// Fuzzes what discovery admission reads from outside: ZAP requests (frames a peer's handshake
+// fills: address, mechanism, credential), CURVE key files and CIDRs from a topology.
+// Properties: no crash; a ZAP request is admitted only by a listed address or a listed key; a
+// parsed key list holds only valid 40-character keys; a parsed CIDR contains its own network.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "discovery/admission.h"
+#include "discovery/curve_keys.h"
+#include "discovery/zap_policy.h"
+
+using namespace pdr::discovery;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+
+  // Frames split at NUL bytes, as a peer cannot choose more than the address/credential parts.
+  std::vector<std::string> frames;
+  size_t start = 0;
+  for (size_t i = 0; i <= text.size() && frames.size() < 10; ++i) {
+    if (i == text.size() || text[i] == '\0') {
+      frames.emplace_back(text.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  ZapPolicy policy;
+  Cidr only;
+  if (!parse_cidr("127.0.0.7/32", &only)) std::abort();
+  policy.allowed_peers.cidrs = {only};
+  policy.allowed_client_keys = {"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"};
+  const ZapDecision d = decide_zap(policy, frames);
+  if (d.allow) {
+    const bool by_address = frames.size() > 3 && parse_ip_address(frames[3]) &&
+                            only.contains(*parse_ip_address(frames[3]));
+    const bool by_key = frames.size() == 7 && policy.allowed_client_keys.contains(curve_key_z85(frames[6]));
+    if (!by_address && !by_key) std::abort();
+  }
+
+  std::vector<std::string> keys;
+  if (parse_curve_public_keys(text, &keys)) {
+    for (const std::string& k : keys) {
+      if (k.size() != 40) std::abort();
+    }
+  }
+  CurveKeyPair pair;
+  if (parse_curve_secret_key(text, &pair) && pair.public_z85.size() != 40) std::abort();
+
+  Cidr c;
+  if (size < 128 && parse_cidr(text, &c) && !c.contains(c.network)) std::abort();
+  (void)may_register_address(AdmissionClass::kAddress, parse_ip_address(text.substr(0, size / 2)),
+                             text.substr(size / 2));
+  return 0;
+}
