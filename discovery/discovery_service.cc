@@ -259,9 +259,10 @@ class DiscoveryService::Impl {
       zmq::message_t frame;
       if (!zap_.recv(frame, zmq::recv_flags::dontwait)) return;
       frames.emplace_back(static_cast<const char*>(frame.data()), frame.size());
-      while (frame.more() && frames.size() < 16) {
+      // Read every frame of the request (a REP socket must before it answers); keep a few.
+      while (frame.more()) {
         if (!zap_.recv(frame, zmq::recv_flags::dontwait)) break;
-        frames.emplace_back(static_cast<const char*>(frame.data()), frame.size());
+        if (frames.size() < 16) frames.emplace_back(static_cast<const char*>(frame.data()), frame.size());
       }
       const ZapDecision decision = decide_zap(options_.zap, frames);
       if (decision.allow) {

@@ -6,7 +6,10 @@
 #include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
+#include <array>
+#include <climits>
 #include <exception>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
@@ -165,8 +168,20 @@ Status read_discovery(const Source& src, const Field& f, Topology::Discovery* ou
   r.boolean("allow_unauthenticated_vllm", &out->allow_unauthenticated_vllm);
   r.with("allowed_peers", [&](const Field& v) { return read_allowed_peers(src, v, &out->allowed_peers); });
   r.boolean("allow_open", &out->allow_open);
-  r.with("max_instances_per_class", [&](const Field& v) { return read_class_caps(src, v, &out->max_instances_per_class); });
+  // Caps not given follow max_instances (open: at most 256 of them).
+  constexpr uint32_t kUnset = UINT32_MAX;
+  std::array<uint32_t, kAdmissionClasses> caps;
+  caps.fill(kUnset);
+  r.with("max_instances_per_class", [&](const Field& v) { return read_class_caps(src, v, &caps); });
   r.with("curve", [&](const Field& v) { return read_curve(src, v, &out->curve); });
+  for (size_t c = 0; c < kAdmissionClasses; ++c) {
+    if (caps[c] != kUnset) {
+      out->max_instances_per_class[c] = caps[c];
+    } else {
+      out->max_instances_per_class[c] =
+          c == static_cast<size_t>(AdmissionClass::kOpen) ? std::min(256u, out->max_instances) : out->max_instances;
+    }
+  }
   if (r.ok() && !(out->min_ttl <= out->ttl && out->ttl <= out->max_ttl)) {
     const Field* at = r.take("ttl_ms");
     if (at == nullptr) at = r.take("min_ttl_ms");

@@ -168,6 +168,7 @@ DiscoveryServiceOptions service_options() {
   DiscoveryServiceOptions o;
   o.bind_endpoint = "tcp://127.0.0.1:0";
   o.registry.max_instances = 1u << 20;  // the default (4096) is below the 10k-node scenario
+  o.registry.max_per_class.fill(1u << 20);
   return o;
 }
 

@@ -555,6 +555,10 @@ TEST(TopologyParse, DiscoveryAdmissionKeys) {
   EXPECT_EQ(t.discovery.max_instances_per_class[1], 100u);
   EXPECT_EQ(t.discovery.max_instances_per_class[2], 4096u);
   EXPECT_EQ(t.discovery.max_instances_per_class[3], 5000u);
+  ASSERT_TRUE(parse("discovery: {max_instances: 20000}\n", &t).is_ok());
+  EXPECT_EQ(t.discovery.max_instances_per_class[0], 256u);  // open
+  EXPECT_EQ(t.discovery.max_instances_per_class[1], 20000u);
+  EXPECT_EQ(t.discovery.max_instances_per_class[3], 20000u);
   EXPECT_THAT(error_of("discovery: {allowed_peers: [\"127.1.2.3/8\"]}\n", StatusCode::kInvalidValue),
               HasSubstr("did you mean 127.0.0.0/8"));
   EXPECT_THAT(error_of("discovery: {allowed_peers: \"127.0.0.1\"}\n", StatusCode::kWrongType),
