@@ -214,7 +214,7 @@ bool ServingConnection::on_header() {
       notify_.resize(in_.length);
       break;
     default:
-      return false;  // READ_DATA / ACK / ERROR are answers; a client never sends them here
+      return false;  // READ_DATA / ACK / ERROR / CHALLENGE come from a server, never to one
   }
   in_payload_ = true;
   if (in_left_ == 0) on_payload_done();
