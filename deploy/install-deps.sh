@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build pkg-config g++
-  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libuv1-dev node-llhttp libyaml-cpp-dev
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libuv1-dev node-llhttp libyaml-cpp-dev libsodium-dev
   libibverbs-dev librdmacm-dev
   prometheus-cpp-dev nlohmann-json3-dev libsimdjson-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev

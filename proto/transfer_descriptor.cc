@@ -197,6 +197,16 @@ Status read_rkeys(const FieldReader& reader, const DescriptorLimits& limits,
   return Status::ok();
 }
 
+Status read_secret(const FieldReader& reader, std::string* out) {
+  const msgpack::object* value = reader.find("secret", Need::kOptional);
+  out->clear();
+  if (value == nullptr) return Status::ok();
+  if (value->type != object_type::BIN) return wrong_type("secret", "bin", *value);
+  // The exact size is validate_descriptor()'s check; unpack_bounded() already bounded the copy.
+  out->assign(value->via.bin.ptr, value->via.bin.size);
+  return Status::ok();
+}
+
 // ---- validation ----
 
 Status check_string(std::string_view name, const std::string& value, size_t max_bytes,
@@ -388,6 +398,11 @@ Status validate_descriptor(const TransferDescriptor& d, const DescriptorLimits& 
                                                std::to_string(limits.max_rkey_bytes));
     }
   }
+  if (!d.secret.empty() && d.secret.size() != kTransferSecretBytes) {
+    return Status(StatusCode::kInvalidValue, "secret is " + std::to_string(d.secret.size()) +
+                                                 " bytes, must be " +
+                                                 std::to_string(kTransferSecretBytes));
+  }
   return Status::ok();
 }
 
@@ -396,7 +411,8 @@ std::string encode_descriptor(const TransferDescriptor& d) {
   Packer packer(buffer);
   const bool has_minor = d.version_minor != 0;
   const bool has_rkeys = !d.rkeys.empty();
-  packer.pack_map(7 + (has_minor ? 1 : 0) + (has_rkeys ? 1 : 0));
+  const bool has_secret = !d.secret.empty();
+  packer.pack_map(7 + (has_minor ? 1 : 0) + (has_rkeys ? 1 : 0) + (has_secret ? 1 : 0));
   pack_string(packer, "v");
   packer.pack_uint32(d.version_major);
   if (has_minor) {
@@ -451,6 +467,11 @@ std::string encode_descriptor(const TransferDescriptor& d) {
       packer.pack_bin_body(rkeys.keys.data(), static_cast<uint32_t>(rkeys.keys.size()));
     }
   }
+  if (has_secret) {
+    pack_string(packer, "secret");
+    packer.pack_bin(static_cast<uint32_t>(d.secret.size()));
+    packer.pack_bin_body(d.secret.data(), static_cast<uint32_t>(d.secret.size()));
+  }
   return std::move(buffer.data);
 }
 
@@ -480,6 +501,7 @@ Status decode_descriptor(std::span<const std::byte> bytes, const DescriptorLimit
   const FieldReader reader(fields, kContext);
 
   *out = TransferDescriptor{};
+  out->version_minor = 0;  // absent v_minor: a v1.0 writer
   // The major version first: a newer writer may have changed everything else.
   if (Status s = reader.integer("v", Need::kRequired, 1, kMaxUint32, &out->version_major); !s)
     return s;
@@ -492,6 +514,7 @@ Status decode_descriptor(std::span<const std::byte> bytes, const DescriptorLimit
   if (s) s = read_regions(reader, limits, &out->regions);
   if (s) s = read_layouts(reader, limits, &out->layouts);
   if (s) s = read_rkeys(reader, limits, &out->rkeys);
+  if (s) s = read_secret(reader, &out->secret);
   if (!s) return s;
   return validate_descriptor(*out, limits);
 }

@@ -19,6 +19,13 @@
 //                             ids unique
 //   rkeys     array, optional [[region_id u32, keys bin], ...]: RDMA remote keys per region, opaque
 //                             to this codec (the RDMA backend packs them), region ids unique
+//   secret    bin, optional   (since v1.1) the engine's random per-engine secret, exactly
+//                             kTransferSecretBytes: a TCP peer must prove it knows it (HMAC over a
+//                             server nonce, proto/transfer_frame.h) before any data op is served.
+//                             Whoever holds the descriptor can read and write the regions it lists:
+//                             carry it only over channels you trust as much as the memory itself.
+//                             A v1.0 reader ignores the key; a v1.1 TCP backend refuses a peer
+//                             whose descriptor has none.
 //
 // Layout geometry: block b of layer l starts at byte base_offset + l * layer_stride + b * stride of
 // its region and spans block_bytes. A layout is valid when block_bytes, block_count and layers are
@@ -39,7 +46,8 @@
 namespace pdr::proto {
 
 inline constexpr uint32_t kTransferDescriptorMajor = 1;
-inline constexpr uint32_t kTransferDescriptorMinor = 0;
+inline constexpr uint32_t kTransferDescriptorMinor = 1;  // 1: the optional "secret" key
+inline constexpr size_t kTransferSecretBytes = 32;
 
 enum class EndpointBackend : uint8_t { kTcp, kShm, kRdma };
 enum class RegionKind : uint8_t { kDram, kVram };
@@ -91,6 +99,7 @@ struct TransferDescriptor {
   std::vector<DescriptorRegion> regions;
   std::vector<DescriptorLayout> layouts;
   std::vector<DescriptorRkeys> rkeys;  // empty: the key is left out
+  std::string secret;  // empty (the key is left out) or exactly kTransferSecretBytes raw bytes
   friend bool operator==(const TransferDescriptor&, const TransferDescriptor&) = default;
 };
 
@@ -118,18 +127,20 @@ bool layout_extent(const DescriptorLayout& layout, uint64_t* extent);
 //   kTooLarge      "regions has 65 items, limit 64", "agent is 300 bytes, limit 256",
 //                  "rkeys[0].keys is 300 bytes, limit 256"
 //   kMalformed     "regions[3].id 7 is not unique", "layouts[0].region_id 9 names no region"
+//   kInvalidValue  "secret is 5 bytes, must be 32"
 //   kOutOfRange    "layouts[0] extent overflows 64 bits",
 //                  "layouts[0] needs 8192 bytes, region 1 has 4096"
 Status validate_descriptor(const TransferDescriptor& descriptor, const DescriptorLimits& limits);
 
 // Encodes `descriptor` as the map above (fixed key order; integers in their smallest msgpack form;
-// rkeys only when non-empty). Does not validate: run validate_descriptor() first on anything built
+// rkeys and secret only when non-empty). Does not validate: run validate_descriptor() first on anything built
 // locally, or the peer will refuse it.
 std::string encode_descriptor(const TransferDescriptor& descriptor);
 
 // Decodes and validates a descriptor from untrusted bytes. Besides validate_descriptor()'s errors:
 //   kTooLarge/kTooDeep/kMalformed  size limits, invalid or truncated msgpack, trailing bytes
 //   kWrongType    "descriptor must be a map", "regions[0] must be an array, got int",
+//                 "secret must be bin, got str"
 //                 "endpoints[0].backend must be a string, got int"
 //   kMissingKey   "agent is required for a transfer descriptor"
 //   kMalformed    "regions[0] has 2 items, expected at least 3"

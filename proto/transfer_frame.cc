@@ -4,6 +4,7 @@
 
 #include "proto/little_endian.h"
 
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -24,8 +25,10 @@ static_assert(kLengthAt + sizeof(uint64_t) == kTransferFrameHeaderBytes);
 
 bool is_known_opcode(uint8_t opcode) {
   return opcode >= static_cast<uint8_t>(FrameOpcode::kWrite) &&
-         opcode <= static_cast<uint8_t>(FrameOpcode::kError);
+         opcode <= static_cast<uint8_t>(FrameOpcode::kChallenge);
 }
+
+constexpr std::string_view kHelloProofLabel = "pdr-transfer-hello-v1";
 
 }  // namespace
 
@@ -38,6 +41,7 @@ std::string_view to_string(FrameOpcode opcode) {
     case FrameOpcode::kNotify: return "NOTIFY";
     case FrameOpcode::kHello: return "HELLO";
     case FrameOpcode::kError: return "ERROR";
+    case FrameOpcode::kChallenge: return "CHALLENGE";
   }
   return "UNKNOWN";
 }
@@ -103,6 +107,46 @@ Status decode_frame_header(std::span<const std::byte> bytes, uint64_t max_length
   out->offset = offset;
   out->length = length;
   return Status::ok();
+}
+
+std::vector<std::byte> encode_hello_payload(std::span<const std::byte, kTransferProofBytes> proof,
+                                            std::string_view agent) {
+  std::vector<std::byte> out(kTransferProofBytes + agent.size());
+  std::memcpy(out.data(), proof.data(), kTransferProofBytes);
+  if (!agent.empty()) std::memcpy(out.data() + kTransferProofBytes, agent.data(), agent.size());
+  return out;
+}
+
+Status decode_hello_payload(std::span<const std::byte> bytes, size_t max_agent_bytes,
+                            HelloPayload* out) {
+  if (bytes.size() <= kTransferProofBytes) {
+    return Status(StatusCode::kMalformed, "HELLO payload is " + std::to_string(bytes.size()) +
+                                              " bytes, needs a " +
+                                              std::to_string(kTransferProofBytes) +
+                                              "-byte proof and a name");
+  }
+  const size_t agent_bytes = bytes.size() - kTransferProofBytes;
+  if (agent_bytes > max_agent_bytes) {
+    return Status(StatusCode::kTooLarge, "HELLO agent name is " + std::to_string(agent_bytes) +
+                                             " bytes, limit " + std::to_string(max_agent_bytes));
+  }
+  std::memcpy(out->proof.data(), bytes.data(), kTransferProofBytes);
+  out->agent = std::string_view(reinterpret_cast<const char*>(bytes.data()) + kTransferProofBytes,
+                                agent_bytes);
+  return Status::ok();
+}
+
+std::vector<std::byte> hello_proof_message(std::span<const std::byte, kTransferNonceBytes> nonce,
+                                           std::string_view agent) {
+  std::vector<std::byte> out(kHelloProofLabel.size() + 1 + kTransferNonceBytes + agent.size());
+  std::byte* p = out.data();
+  std::memcpy(p, kHelloProofLabel.data(), kHelloProofLabel.size());
+  p += kHelloProofLabel.size();
+  *p++ = std::byte{0};
+  std::memcpy(p, nonce.data(), kTransferNonceBytes);
+  p += kTransferNonceBytes;
+  if (!agent.empty()) std::memcpy(p, agent.data(), agent.size());
+  return out;
 }
 
 Status RegionBounds::set(uint32_t id, uint64_t length) {

@@ -7,7 +7,7 @@
 //    0  u16 magic      0x5850 (the bytes 'P' 'X')
 //    2  u8  version    1
 //    3  u8  opcode     FrameOpcode: 1 WRITE, 2 READ_REQ, 3 READ_DATA, 4 ACK, 5 NOTIFY, 6 HELLO,
-//                      7 ERROR
+//                      7 ERROR, 8 CHALLENGE
 //    4  u32 flags      opcode-specific bits; carried verbatim, not interpreted here
 //    8  u64 xfer_id    initiator-chosen transfer id
 //   16  u32 region_id  target region (RegionId on the receiving side), not a virtual address
@@ -22,8 +22,21 @@
 //
 // A header is followed by `length` payload bytes for WRITE and READ_DATA; for other opcodes the
 // meaning of offset/length is the transport's business (they are still range-checked the same way).
+//
+// Lane authentication (the TCP backend's handshake): on accept the server sends CHALLENGE, whose
+// payload is a fresh random nonce of kTransferNonceBytes. The client answers with HELLO, whose
+// payload is
+//
+//    0  32 bytes  proof = HMAC-SHA256(key = the server's descriptor secret,
+//                                     message = hello_proof_message(nonce, client agent))
+//   32  1..N      the client's agent name
+//
+// hello_proof_message() is "pdr-transfer-hello-v1", one zero byte, the nonce, then the agent name,
+// so a proof is bound to one connection (nonce) and one claimed name. The MAC itself is computed
+// and verified by the transport (libsodium); this file only frames the bytes.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -37,6 +50,8 @@ namespace pdr::proto {
 inline constexpr size_t kTransferFrameHeaderBytes = 40;
 inline constexpr uint16_t kTransferFrameMagic = 0x5850;
 inline constexpr uint8_t kTransferFrameVersion = 1;
+inline constexpr size_t kTransferNonceBytes = 32;  // CHALLENGE payload
+inline constexpr size_t kTransferProofBytes = 32;  // HMAC-SHA256 at the start of a HELLO payload
 
 enum class FrameOpcode : uint8_t {
   kWrite = 1,     // payload to store at (region_id, offset)
@@ -46,9 +61,11 @@ enum class FrameOpcode : uint8_t {
   kNotify = 5,    // transfer-level notification, ordered after its data (T-10)
   kHello = 6,     // lane handshake
   kError = 7,     // the peer refused or failed a request
+  kChallenge = 8, // the server's first frame on a connection: a nonce the HELLO proof covers
 };
 
-// "WRITE", "READ_REQ", "READ_DATA", "ACK", "NOTIFY", "HELLO", "ERROR"; "UNKNOWN" otherwise.
+// "WRITE", "READ_REQ", "READ_DATA", "ACK", "NOTIFY", "HELLO", "ERROR", "CHALLENGE"; "UNKNOWN"
+// otherwise.
 std::string_view to_string(FrameOpcode opcode);
 
 // A decoded header. Magic and the reserved word are not fields: encode writes the constants, and
@@ -77,6 +94,28 @@ void encode_frame_header(const TransferFrameHeader& header,
 // On failure *out is left unspecified.
 Status decode_frame_header(std::span<const std::byte> bytes, uint64_t max_length,
                            TransferFrameHeader* out);
+
+// A HELLO payload split into its parts. `agent` points into the decoded bytes.
+struct HelloPayload {
+  std::array<std::byte, kTransferProofBytes> proof{};
+  std::string_view agent;
+};
+
+// proof followed by agent: exactly the HELLO payload bytes (the caller sends them after a header of
+// length kTransferProofBytes + agent.size()).
+std::vector<std::byte> encode_hello_payload(std::span<const std::byte, kTransferProofBytes> proof,
+                                            std::string_view agent);
+
+// Splits an untrusted HELLO payload. Errors:
+//   kMalformed  shorter than kTransferProofBytes + 1 ("HELLO payload is 5 bytes, needs a 32-byte
+//               proof and a name")
+//   kTooLarge   the agent name is longer than max_agent_bytes
+Status decode_hello_payload(std::span<const std::byte> bytes, size_t max_agent_bytes,
+                            HelloPayload* out);
+
+// The bytes the HELLO proof is a MAC of (see the layout above).
+std::vector<std::byte> hello_proof_message(std::span<const std::byte, kTransferNonceBytes> nonce,
+                                           std::string_view agent);
 
 // The receiver's table of registered regions: region id -> length in bytes. Region ids are small
 // dense integers handed out by the engine, so lookup is a vector index. A plain value type: any

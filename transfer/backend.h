@@ -26,7 +26,9 @@
 // - Serving side: every (region, offset, length) a peer names is checked with
 //   context.regions->resolve() before a byte moves; a refused request answers the peer with an
 //   error (its task fails kAccess) and counts access_refused; a frame that does not decode counts
-//   bad_frames and closes that connection only. One-sided transports (RDMA) never show the request
+//   bad_frames and closes that connection only. A backend whose serving side sees requests (tcp)
+//   first makes the peer prove it holds context.secret (i.e. was given our descriptor) and serves
+//   nothing before that. One-sided transports (RDMA) never show the request
 //   to the target's CPU: there the memory registration, sized to exactly the region, is the check
 //   (the initiator's task fails kAccess), and access_refused / bytes_served count only what the
 //   backend can see.
@@ -73,6 +75,12 @@ struct EngineCounters {
   std::atomic<std::uint64_t> bytes_served{0};     // target: payload peers wrote into / read from us
   std::atomic<std::uint64_t> bad_frames{0};       // refused undecodable frames (connection closed)
   std::atomic<std::uint64_t> access_refused{0};   // refused out-of-bounds peer requests
+  // Serving connections closed before the peer proved it holds our descriptor's secret: a missing
+  // or wrong HELLO proof, or any other frame first (auth_failures); no HELLO within the backend's
+  // deadline (hello_timeouts); over the backend's connection cap at accept (connections_refused).
+  std::atomic<std::uint64_t> auth_failures{0};
+  std::atomic<std::uint64_t> hello_timeouts{0};
+  std::atomic<std::uint64_t> connections_refused{0};
   std::atomic<std::uint64_t> connects{0};         // outgoing connections established
   std::atomic<std::uint64_t> connect_failures{0};
   std::atomic<std::uint64_t> disconnects{0};      // established connections lost (either side)
@@ -83,6 +91,10 @@ struct EngineCounters {
 // What a backend may use of its engine. Valid from start() until stop() returns.
 struct BackendContext {
   std::string agent;               // the local agent name (identifies us to peers)
+  // The engine's random per-engine secret (proto::kTransferSecretBytes raw bytes), also published
+  // in its descriptor. A serving side that sees requests (tcp) serves only peers that prove they
+  // know it; trust model in tcp/tcp_backend.h.
+  std::string secret;
   const RegionTable* regions = nullptr;
   EngineCounters* counters = nullptr;
   // Delivers a notification a peer sent us. Thread-safe, never blocks for long; `from` is the

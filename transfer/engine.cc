@@ -10,6 +10,7 @@
 // after the other, then completes the caller's Completion with no lock held.
 #include "transfer/engine.h"
 
+#include <sodium.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,6 +71,7 @@ class Engine::Impl {
   }
 
   EngineOptions options_;
+  std::string secret_;  // random, per engine; in the descriptor and the backends' context
   RegionTable regions_;
   EngineCounters counters_;
   NotificationQueue notifications_;
@@ -132,6 +134,7 @@ class Engine::Impl {
 Status Engine::Impl::start(std::vector<std::unique_ptr<Backend>> backends) {
   BackendContext context;
   context.agent = options_.agent;
+  context.secret = secret_;
   context.regions = &regions_;
   context.counters = &counters_;
   // Backends count notifications_sent/received themselves (backend.h).
@@ -242,6 +245,7 @@ proto::TransferDescriptor Engine::Impl::local_descriptor() const {
   d.agent = options_.agent;
   d.hostname = options_.hostname;
   d.boot_id = options_.boot_id;
+  d.secret = secret_;
   for (const std::unique_ptr<Backend>& backend : backends_) {
     d.endpoints.push_back({endpoint_backend(backend->kind()), backend->local_address()});
   }
@@ -589,7 +593,10 @@ Status Engine::create(EngineOptions options, std::vector<std::unique_ptr<Backend
   }
   if (options.hostname.empty()) options.hostname = local_hostname();
   if (options.boot_id.empty()) options.boot_id = local_boot_id();
+  if (sodium_init() < 0) return Status(StatusCode::kIoError, "libsodium failed to initialise");
   auto impl = std::make_unique<Impl>(std::move(options));
+  impl->secret_.resize(proto::kTransferSecretBytes);
+  randombytes_buf(impl->secret_.data(), impl->secret_.size());
   if (Status s = impl->start(std::move(backends)); !s) {
     impl->stop();
     return s;

@@ -13,7 +13,9 @@
 //
 // Identity and descriptors: the local descriptor (proto/transfer_descriptor.h) carries the agent
 // name, host identity (hostname + kernel boot id, for same-host detection), one endpoint per
-// started backend, every registered region (id, length, kind), every layout and RDMA keys. A peer
+// started backend, every registered region (id, length, kind), every layout, RDMA keys and the
+// engine's random secret (32 bytes from libsodium, made by create()): a tcp peer must prove it
+// holds it before it is served, so the descriptor is a capability to this engine's memory. A peer
 // is addressed by the PeerId import_peer() returned; re-importing the same agent with an unchanged
 // descriptor returns the same id, with a changed one (the peer restarted) drops the old peer
 // state (its in-flight transfers fail kPeerGone) and returns a new id.

@@ -2,7 +2,7 @@
 //
 // Besides "no crash, no sanitizer report, no exception", it checks a round-trip property: every
 // descriptor that decodes passes validate_descriptor(), re-encodes, and decodes again to exactly
-// the same struct, whose encoding is byte-identical to the first one. Every layout that passed also
+// the same struct (the optional secret included), whose encoding is byte-identical to the first one. Every layout that passed also
 // really fits its region (recomputed here in 128-bit arithmetic).
 // Seed corpus: tests/fuzz/corpus/transfer_descriptor/ (msgpack.packb of valid descriptors).
 #include <cstddef>

@@ -4,12 +4,16 @@
 // exact input bytes (the format has no redundancy, so decode/encode is a bijection on valid
 // headers) and decodes again to the same fields; a header accepted under some length cap is
 // refused under a smaller one; and check_region_access() agrees with plain 128-bit arithmetic.
-// Seed corpus: tests/fuzz/corpus/transfer_frame/ (one header per opcode).
+// Every input is also tried as a HELLO payload (proof + agent name): one that decodes re-encodes to
+// the same bytes, is refused under a smaller name limit, and its proof message has the documented
+// size.
+// Seed corpus: tests/fuzz/corpus/transfer_frame/ (one header per opcode, one HELLO payload).
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "proto/transfer_frame.h"
 
@@ -33,10 +37,27 @@ void check_region_access_agrees(const TransferFrameHeader& header) {
   }
 }
 
+void check_hello_payload(std::span<const std::byte> bytes) {
+  constexpr size_t kMaxAgent = 256;
+  pdr::proto::HelloPayload hello;
+  if (!pdr::proto::decode_hello_payload(bytes, kMaxAgent, &hello)) return;
+  if (hello.agent.empty() || hello.agent.size() > kMaxAgent) __builtin_trap();
+  const std::vector<std::byte> encoded = pdr::proto::encode_hello_payload(hello.proof, hello.agent);
+  if (encoded.size() != bytes.size() ||
+      std::memcmp(encoded.data(), bytes.data(), bytes.size()) != 0) {
+    __builtin_trap();
+  }
+  if (pdr::proto::decode_hello_payload(bytes, hello.agent.size() - 1, &hello)) __builtin_trap();
+  std::array<std::byte, pdr::proto::kTransferNonceBytes> nonce{};
+  const std::vector<std::byte> message = pdr::proto::hello_proof_message(nonce, hello.agent);
+  if (message.size() != 22 + nonce.size() + hello.agent.size()) __builtin_trap();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
+  check_hello_payload(bytes);
   TransferFrameHeader header;
   if (!pdr::proto::decode_frame_header(bytes, std::numeric_limits<uint64_t>::max(), &header)) {
     return 0;

@@ -10,11 +10,15 @@ the decode sim with the transfer engine, and the decode verifies every byte (nod
     ephemeral side-channel ports (port 0) and advertise what they bound.
   * A decode given another request's blocks (same transfer id, different prompt) fails loudly with
     kv_mismatch; a WRITE decode whose KV never comes fails with kv_timeout and frees its blocks.
+  * A raw TCP peer that says HELLO without the prefill's secret and asks for its first region gets
+    nothing but a close, counted as auth_failures (security review 2026-11, finding 5).
 
 The sims' GET /sim/kv counters are the evidence. Every wait polls with a deadline.
 """
 import concurrent.futures
 import json
+import socket
+import struct
 import time
 import unittest
 
@@ -225,6 +229,48 @@ class TestFailuresAreLoud(unittest.TestCase):
             wait_kv(self, [d], lambda s: s["kv_blocks_held"] == 0, "decode blocks reaped")
             # The prefill holds the unmatched write requests until --kv-hold-ms (default 60 s).
             self.assertEqual(p.kv_stats()["kv_blocks_held"], 0)
+        finally:
+            cluster.close()
+
+
+def frame(opcode, xfer_id=0, region_id=0, offset=0, length=0):
+    """A 40-byte transfer frame header (proto/transfer_frame.h), version 1."""
+    return struct.pack("<HBBIQIIQQ", 0x5850, 1, opcode, 0, xfer_id, region_id, 0, offset, length)
+
+
+class TestTransferAuth(unittest.TestCase):
+    def test_unauthenticated_peer_reads_nothing(self):
+        """The review's reproduction against a prefill sim's tcp transfer port: HELLO 'attacker',
+        then READ_REQ of region 0x10000. It used to answer READ_DATA with 4096 bytes of KV."""
+        cluster = PdCluster("moriio", transfer_mode="READ", prefills=1, decodes=1, register=False)
+        try:
+            p = cluster.prefills[0]
+            engine = p.kv_stats()["engine"]
+            tcp = [b for b in engine["backends"] if b.startswith("tcp ")]
+            self.assertEqual(len(tcp), 1, engine)
+            host, port = tcp[0].split(" ", 1)[1].rsplit(":", 1)
+            self.assertTrue(host.startswith("127."), host)
+            with socket.create_connection((host, int(port)), timeout=10 * TIME_SCALE) as s:
+                s.sendall(frame(6, length=8) + b"attacker" + frame(2, 42, 0x10000, 0, 4096))
+                got, closed = b"", False
+                while not closed:
+                    try:
+                        chunk = s.recv(65536)
+                    except ConnectionResetError:
+                        closed = True
+                        break
+                    except socket.timeout:
+                        break
+                    closed = not chunk
+                    got += chunk
+            # At most the server's CHALLENGE (header + 32-byte nonce) came back, then the close.
+            self.assertTrue(closed, "connection still open; %d bytes came back" % len(got))
+            if got:
+                self.assertEqual(len(got), 72, got[:80])
+                self.assertEqual(got[3], 8, "opcode of the only frame must be CHALLENGE")
+            stats = wait_kv(self, [p], lambda st: st["engine"]["auth_failures"] >= 1,
+                            "auth failure counted")[0]
+            self.assertEqual(stats["engine"]["bytes_served"], 0, stats)
         finally:
             cluster.close()
 

@@ -147,6 +147,7 @@ std::string without_key(std::string_view key) {
 TEST(TransferDescriptor, EncodesLikePythonPackb) {
   EXPECT_EQ(encode_descriptor(full_descriptor()), from_hex(kFullHex));
   TransferDescriptor minimal;
+  minimal.version_minor = 0;  // the vector is a v1.0 writer's
   minimal.agent = "a";
   EXPECT_EQ(encode_descriptor(minimal), from_hex(kMinimalHex));
 }
@@ -157,8 +158,46 @@ TEST(TransferDescriptor, DecodesPythonVectors) {
   EXPECT_EQ(out, full_descriptor());
   ASSERT_TRUE(decode(from_hex(kMinimalHex), &out).is_ok());
   TransferDescriptor minimal;
+  minimal.version_minor = 0;  // absent v_minor decodes as 0
   minimal.agent = "a";
   EXPECT_EQ(out, minimal);
+  EXPECT_TRUE(out.secret.empty());
+}
+
+TEST(TransferDescriptor, SecretRoundTripsAndIsOptional) {
+  TransferDescriptor d = base();
+  d.secret = std::string(kTransferSecretBytes, '\0');
+  for (size_t i = 0; i < d.secret.size(); ++i) d.secret[i] = static_cast<char>(0xf0 - i);
+  const std::string encoded = encode_descriptor(d);
+  TransferDescriptor out;
+  ASSERT_TRUE(decode(encoded, &out).is_ok()) << decode(encoded, &out).to_string();
+  EXPECT_EQ(out, d);
+  EXPECT_EQ(out.version_minor, 1u);
+  // Without a secret the key is left out, so a v1.0 reader sees exactly what it used to.
+  d.secret.clear();
+  EXPECT_EQ(encode_descriptor(d).find("secret"), std::string::npos);
+  ASSERT_TRUE(decode(encode_descriptor(d), &out).is_ok());
+  EXPECT_TRUE(out.secret.empty());
+  ASSERT_TRUE(decode(with_key("secret", msgpack::type::nil_t()), &out).is_ok());
+  EXPECT_TRUE(out.secret.empty());
+}
+
+TEST(TransferDescriptorErrors, Secret) {
+  TransferDescriptor out;
+  EXPECT_TRUE(Fails(decode(with_key("secret", std::string(32, 's')), &out), StatusCode::kWrongType,
+                    "secret must be bin, got str"));
+  EXPECT_TRUE(Fails(decode(with_key("secret", 7), &out), StatusCode::kWrongType,
+                    "secret must be bin, got int"));
+  TransferDescriptor d = base();
+  d.secret = std::string(31, 's');
+  EXPECT_TRUE(DecodeFails(d, StatusCode::kInvalidValue, "secret is 31 bytes, must be 32"));
+  d.secret = std::string(33, 's');
+  EXPECT_TRUE(DecodeFails(d, StatusCode::kInvalidValue, "secret is 33 bytes, must be 32"));
+  EXPECT_TRUE(Fails(validate_descriptor(d, {}), StatusCode::kInvalidValue,
+                    "secret is 33 bytes, must be 32"));
+  // A huge bin is bounded by the whole-descriptor limit before it is copied.
+  d.secret = std::string(20000, 's');
+  EXPECT_FALSE(decode(encode_descriptor(d), &out).is_ok());
 }
 
 TEST(TransferDescriptor, RoundTripsBoundaryValues) {

@@ -4,8 +4,11 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "tests/support/hex.h"
 #include "tests/support/status_matchers.h"
@@ -56,7 +59,7 @@ TEST(TransferFrame, EncodesLittleEndianAtDocumentedOffsets) {
 }
 
 TEST(TransferFrame, RoundTripsEveryOpcodeAndExtremeValues) {
-  for (uint8_t op = 1; op <= 7; ++op) {
+  for (uint8_t op = 1; op <= 8; ++op) {
     TransferFrameHeader header;
     header.opcode = static_cast<FrameOpcode>(op);
     header.flags = std::numeric_limits<uint32_t>::max();
@@ -83,6 +86,7 @@ TEST(TransferFrame, OpcodeNames) {
   EXPECT_EQ(to_string(FrameOpcode::kNotify), "NOTIFY");
   EXPECT_EQ(to_string(FrameOpcode::kHello), "HELLO");
   EXPECT_EQ(to_string(FrameOpcode::kError), "ERROR");
+  EXPECT_EQ(to_string(FrameOpcode::kChallenge), "CHALLENGE");
   EXPECT_EQ(to_string(static_cast<FrameOpcode>(0)), "UNKNOWN");
 }
 
@@ -125,7 +129,7 @@ TEST(TransferFrame, RejectsUnsupportedVersion) {
 
 TEST(TransferFrame, RejectsUnknownOpcode) {
   TransferFrameHeader out;
-  for (uint8_t op : {0, 8, 255}) {
+  for (uint8_t op : {0, 9, 255}) {
     HeaderBytes bytes = encode(sample());
     bytes[3] = std::byte{op};
     EXPECT_TRUE(Fails(decode_frame_header(bytes, kMax64, &out), StatusCode::kInvalidValue,
@@ -193,6 +197,51 @@ TEST(TransferFrame, ChecksRunInDocumentedOrder) {
   bytes[3] = std::byte{9};
   bytes[20] = std::byte{1};
   EXPECT_EQ(decode_frame_header(bytes, kMax64, &out).message(), "unknown frame opcode 9");
+}
+
+// ---- HELLO payload and proof message ----
+
+TEST(TransferHello, PayloadRoundTrips) {
+  std::array<std::byte, kTransferProofBytes> proof;
+  for (size_t i = 0; i < proof.size(); ++i) proof[i] = std::byte(i * 7);
+  const std::vector<std::byte> bytes = encode_hello_payload(proof, "prefill-0");
+  ASSERT_EQ(bytes.size(), kTransferProofBytes + 9);
+  HelloPayload out;
+  ASSERT_TRUE(decode_hello_payload(bytes, 256, &out).is_ok());
+  EXPECT_EQ(out.proof, proof);
+  EXPECT_EQ(out.agent, "prefill-0");
+}
+
+TEST(TransferHello, RefusesMissingProofOrName) {
+  HelloPayload out;
+  // An old-style HELLO (just a name) is too short to hold a proof.
+  const std::string old = "attacker";
+  EXPECT_TRUE(Fails(decode_hello_payload(std::as_bytes(std::span(old.data(), old.size())), 256, &out),
+                    StatusCode::kMalformed,
+                    "HELLO payload is 8 bytes, needs a 32-byte proof and a name"));
+  std::array<std::byte, kTransferProofBytes> proof_only{};
+  EXPECT_TRUE(Fails(decode_hello_payload(proof_only, 256, &out), StatusCode::kMalformed,
+                    "HELLO payload is 32 bytes, needs a 32-byte proof and a name"));
+  std::vector<std::byte> long_name(kTransferProofBytes + 257, std::byte{'x'});
+  EXPECT_TRUE(Fails(decode_hello_payload(long_name, 256, &out), StatusCode::kTooLarge,
+                    "HELLO agent name is 257 bytes, limit 256"));
+  long_name.pop_back();
+  EXPECT_TRUE(decode_hello_payload(long_name, 256, &out).is_ok());
+}
+
+TEST(TransferHello, ProofMessageBindsNonceAndName) {
+  std::array<std::byte, kTransferNonceBytes> nonce;
+  for (size_t i = 0; i < nonce.size(); ++i) nonce[i] = std::byte(0xa0 + i);
+  const std::vector<std::byte> message = hello_proof_message(nonce, "d-1");
+  const std::string label = "pdr-transfer-hello-v1";
+  ASSERT_EQ(message.size(), label.size() + 1 + kTransferNonceBytes + 3);
+  EXPECT_EQ(std::memcmp(message.data(), label.data(), label.size()), 0);
+  EXPECT_EQ(message[label.size()], std::byte{0});
+  EXPECT_EQ(std::memcmp(message.data() + label.size() + 1, nonce.data(), nonce.size()), 0);
+  EXPECT_EQ(std::memcmp(message.data() + label.size() + 1 + nonce.size(), "d-1", 3), 0);
+  EXPECT_NE(hello_proof_message(nonce, "d-2"), message);
+  nonce[0] = std::byte{0};
+  EXPECT_NE(hello_proof_message(nonce, "d-1"), message);
 }
 
 // ---- RegionBounds / check_region_access ----

@@ -31,6 +31,7 @@ class ScriptedBackend final : public Backend {
   ~ScriptedBackend() override { stop(); }
 
   BackendKind kind() const override { return kind_; }
+  const std::string& secret() const { return context_.secret; }
   Status start(const BackendContext& context) override {
     if (!start_ok_) return Status(StatusCode::kIoError, "no device here");
     context_ = context;
@@ -165,6 +166,15 @@ TEST(Engine, ExportsADescriptorThePeerCanImport) {
   EXPECT_EQ(d.regions[0].length, 16u * 1024);
   ASSERT_EQ(d.layouts.size(), 1u);
   EXPECT_EQ(d.layouts[0].block_count, 16u);
+  // The engine's random secret (tcp peers prove it): 32 bytes, its own, also in the backends' context.
+  EXPECT_EQ(d.version_minor, proto::kTransferDescriptorMinor);
+  ASSERT_EQ(d.secret.size(), proto::kTransferSecretBytes);
+  EXPECT_EQ(a.backend->secret(), d.secret);
+  proto::TransferDescriptor db;
+  const std::string blob_b = b.engine->export_local();
+  ASSERT_TRUE(proto::decode_descriptor(std::as_bytes(std::span(blob_b.data(), blob_b.size())), {}, &db)
+                  .is_ok());
+  EXPECT_NE(db.secret, d.secret);
 
   PeerId peer = kInvalidPeer;
   ASSERT_TRUE(b.engine->import_peer(blob, &peer).is_ok());

@@ -1,7 +1,8 @@
 // Tests of the TCP backend over real loopback sockets: two backends in one process, each with its
-// own RegionTable and counters; tasks built by hand the way the engine would (segments resolved and
-// cut to <= 4 MiB), each finishing into a Completion.
-
+// own RegionTable, counters and secret; tasks built by hand the way the engine would (segments
+// resolved and cut to <= 4 MiB), each finishing into a Completion. Raw-socket peers speak the
+// protocol by hand, including the CHALLENGE / HELLO proof (or fail to).
+#include <sodium.h>
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -23,6 +24,7 @@
 #include "tests/support/time_scale.h"
 #include "proto/transfer_frame.h"
 #include "transfer/core/completion.h"
+#include "transfer/tcp/serving_connection.h"
 #include "transfer/tcp/tcp_backend.h"
 
 namespace pdr::transfer::tcp_test {
@@ -46,21 +48,32 @@ inline std::vector<std::byte> random_bytes(std::size_t size, std::uint32_t seed)
   return out;
 }
 
+inline std::string random_secret() {
+  EXPECT_GE(sodium_init(), 0);
+  std::string secret(proto::kTransferSecretBytes, '\0');
+  randombytes_buf(secret.data(), secret.size());
+  return secret;
+}
+
 struct Side {
-  Side(std::string name, std::uint32_t lanes, std::size_t bytes, std::uint16_t port = 0)
-      : agent(std::move(name)), memory(bytes) {
+  // `secret` empty: a fresh random one (a restarted engine reusing its descriptor passes the old).
+  Side(std::string name, std::uint32_t lanes, std::size_t bytes, std::uint16_t port = 0,
+       TcpBackendOptions options = {}, std::string secret_bytes = {})
+      : agent(std::move(name)),
+        secret(secret_bytes.empty() ? random_secret() : std::move(secret_bytes)),
+        memory(bytes) {
     EXPECT_TRUE(regions.register_region(memory.data(), memory.size(), MemKind::kHostDram, &region).is_ok());
-    start(lanes, port);
+    options.lanes = lanes;
+    options.port = port;
+    start(options);
   }
   ~Side() { backend->stop(); }
 
-  void start(std::uint32_t lanes, std::uint16_t port) {
-    TcpBackendOptions options;
-    options.lanes = lanes;
-    options.port = port;
+  void start(const TcpBackendOptions& options) {
     backend = make_tcp_backend(options);
     BackendContext context;
     context.agent = agent;
+    context.secret = secret;
     context.regions = &regions;
     context.counters = &counters;
     context.on_notification = [this](std::string_view from, std::string_view message) {
@@ -86,6 +99,7 @@ struct Side {
     d.agent = agent;
     d.endpoints.push_back({proto::EndpointBackend::kTcp, backend->local_address()});
     d.regions.push_back({region, memory.size(), proto::RegionKind::kDram});
+    d.secret = secret;
     return d;
   }
 
@@ -95,6 +109,7 @@ struct Side {
   }
 
   std::string agent;
+  std::string secret;
   std::vector<std::byte> memory;
   RegionTable regions;
   RegionId region = kInvalidRegion;
@@ -178,6 +193,7 @@ struct SilentListener {
     d.agent = "silent";
     d.endpoints.push_back({proto::EndpointBackend::kTcp, "127.0.0.1:" + std::to_string(port)});
     d.regions.push_back({1, 1u << 20, proto::RegionKind::kDram});
+    d.secret = std::string(proto::kTransferSecretBytes, 's');
     return d;
   }
   int fd = -1;
@@ -400,10 +416,16 @@ TEST(TcpBackend, PeerClosingMidTransferFailsPeerGone) {
   Completion done;
   ASSERT_TRUE(maker.submit(*a.backend, maker.make(XferOp::kWrite, kPeerB, a, 1, cut(0, 0, 8u << 20, 1u << 20),
                                                   {}, &done)).is_ok());
-  // Accept both lanes, read a little of what they send, then drop them.
+  // Accept both lanes, challenge them, read a little of what they send, then drop them.
   for (int i = 0; i < 2; ++i) {
     const int fd = ::accept(raw.fd, nullptr, nullptr);
     ASSERT_GE(fd, 0);
+    proto::TransferFrameHeader challenge;
+    challenge.opcode = proto::FrameOpcode::kChallenge;
+    challenge.length = proto::kTransferNonceBytes;
+    std::array<std::byte, proto::kTransferFrameHeaderBytes + proto::kTransferNonceBytes> frame{};
+    proto::encode_frame_header(challenge, std::span(frame).first<proto::kTransferFrameHeaderBytes>());
+    ASSERT_EQ(::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
     char buffer[4096];
     EXPECT_GT(::recv(fd, buffer, sizeof buffer, 0), 0);
     ::close(fd);
@@ -489,12 +511,46 @@ void send_header(int fd, const proto::TransferFrameHeader& header) {
   send_all(fd, bytes.data(), bytes.size());
 }
 
-void send_hello(int fd, std::string_view agent) {
+using Nonce = std::array<std::byte, proto::kTransferNonceBytes>;
+using Proof = std::array<std::byte, proto::kTransferProofBytes>;
+
+// Reads the CHALLENGE the server sends on accept and returns its nonce.
+Nonce read_challenge(int fd) {
+  std::array<std::byte, proto::kTransferFrameHeaderBytes + proto::kTransferNonceBytes> frame{};
+  Nonce nonce{};
+  const ssize_t got = ::recv(fd, frame.data(), frame.size(), MSG_WAITALL);
+  EXPECT_EQ(got, static_cast<ssize_t>(frame.size())) << "no CHALLENGE from the server";
+  if (got != static_cast<ssize_t>(frame.size())) return nonce;
+  proto::TransferFrameHeader header;
+  EXPECT_TRUE(proto::decode_frame_header(std::span(frame).first(proto::kTransferFrameHeaderBytes),
+                                         proto::kTransferNonceBytes, &header).is_ok());
+  EXPECT_EQ(header.opcode, proto::FrameOpcode::kChallenge);
+  EXPECT_EQ(header.length, proto::kTransferNonceBytes);
+  std::memcpy(nonce.data(), frame.data() + proto::kTransferFrameHeaderBytes, nonce.size());
+  return nonce;
+}
+
+Proof hello_proof(const Nonce& nonce, std::string_view agent, const std::string& secret) {
+  const std::vector<std::byte> message = proto::hello_proof_message(nonce, agent);
+  Proof proof{};
+  crypto_auth_hmacsha256(reinterpret_cast<unsigned char*>(proof.data()),
+                         reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+                         reinterpret_cast<const unsigned char*>(secret.data()));
+  return proof;
+}
+
+void send_hello_frame(int fd, std::span<const std::byte> payload) {
   proto::TransferFrameHeader hello;
   hello.opcode = proto::FrameOpcode::kHello;
-  hello.length = agent.size();
+  hello.length = payload.size();
   send_header(fd, hello);
-  send_all(fd, agent.data(), agent.size());
+  send_all(fd, payload.data(), payload.size());
+}
+
+// The whole handshake of an honest client that holds `secret`.
+void send_hello(int fd, std::string_view agent, const std::string& secret) {
+  const Nonce nonce = read_challenge(fd);
+  send_hello_frame(fd, proto::encode_hello_payload(hello_proof(nonce, agent, secret), agent));
 }
 
 TEST(TcpBackend, BadFramesCloseOnlyThatConnection) {
@@ -513,7 +569,7 @@ TEST(TcpBackend, BadFramesCloseOnlyThatConnection) {
   }
   {  // A well-formed HELLO, then a header with an unknown opcode.
     const int fd = connect_raw(b.port());
-    send_hello(fd, "raw");
+    send_hello(fd, "raw", b.secret);
     std::array<std::byte, proto::kTransferFrameHeaderBytes> bytes;
     proto::TransferFrameHeader header;
     header.opcode = proto::FrameOpcode::kWrite;
@@ -525,7 +581,7 @@ TEST(TcpBackend, BadFramesCloseOnlyThatConnection) {
   }
   {  // A payload above max_frame_payload.
     const int fd = connect_raw(b.port());
-    send_hello(fd, "raw");
+    send_hello(fd, "raw", b.secret);
     proto::TransferFrameHeader header;
     header.opcode = proto::FrameOpcode::kWrite;
     header.region_id = b.region;
@@ -544,7 +600,8 @@ TEST(TcpBackend, BadFramesCloseOnlyThatConnection) {
     EXPECT_TRUE(closed_by_peer(fd));
     ::close(fd);
   }
-  EXPECT_EQ(b.counters.bad_frames.load(), 4u);
+  EXPECT_EQ(b.counters.bad_frames.load(), 3u);
+  EXPECT_EQ(b.counters.auth_failures.load(), 1u);  // the READ_REQ without a HELLO
 
   // The existing lanes from a were not affected.
   expect_done(run(maker, a, XferOp::kRead, b, cut(0, 0, 1u << 20, 256 * 1024)), 1u << 20);
@@ -557,7 +614,7 @@ TEST(TcpBackend, ServesARawClientThatSpeaksTheProtocol) {
   const auto data = random_bytes(4096, 11);
   std::memcpy(b.memory.data() + 100, data.data(), data.size());
   const int fd = connect_raw(b.port());
-  send_hello(fd, "raw");
+  send_hello(fd, "raw", b.secret);
   proto::TransferFrameHeader request;
   request.opcode = proto::FrameOpcode::kReadReq;
   request.xfer_id = 42;
@@ -583,8 +640,8 @@ TEST(TcpBackend, AClientThatDoesNotReadItsAnswersGetsThemAllInTheEnd) {
   constexpr std::uint64_t kLength = 4096;
   Side b("b", 1, 1u << 20);
   const int fd = connect_raw(b.port());
+  send_hello(fd, "raw", b.secret);  // reads the CHALLENGE: before this thread starts reading answers
   std::thread sender([&] {
-    send_hello(fd, "raw");
     proto::TransferFrameHeader request;
     request.opcode = proto::FrameOpcode::kReadReq;
     request.region_id = b.region;
@@ -618,7 +675,7 @@ TEST(TcpBackend, ReconnectsAfterThePeerRestartsOnTheSamePort) {
   expect_done(run(maker, a, XferOp::kWrite, *b, cut(0, 0, 1u << 20, 256 * 1024)), 1u << 20);
   b.reset();
 
-  b = std::make_unique<Side>("b", 2, 1u << 20, port);
+  b = std::make_unique<Side>("b", 2, 1u << 20, port, TcpBackendOptions{}, descriptor.secret);
   ASSERT_EQ(b->descriptor(), descriptor);
   const auto data = random_bytes(1u << 20, 8);
   std::memcpy(a.memory.data(), data.data(), data.size());
@@ -652,12 +709,14 @@ TEST(TcpBackend, WorkForAnUnreachablePeerFailsAfterConnectTimeout) {
   auto backend = make_tcp_backend(options);
   BackendContext context;
   context.agent = "a";
+  context.secret = random_secret();
   context.regions = &regions;
   context.counters = &counters;
   ASSERT_TRUE(backend->start(context).is_ok());
   proto::TransferDescriptor peer;
   peer.agent = "nobody";
   peer.endpoints.push_back({proto::EndpointBackend::kTcp, "127.0.0.1:" + std::to_string(port)});
+  peer.secret = random_secret();
   ASSERT_TRUE(backend->add_peer(kPeerB, peer).is_ok());
   Completion done;
   auto* task = new XferTask(1, XferOp::kWrite, kPeerB, &finish_into_completion, &done);
@@ -707,6 +766,332 @@ TEST(TcpBackend, RemovePeerFailsItsTasks) {
   Completion other;
   EXPECT_EQ(maker.submit(*a.backend, maker.make(XferOp::kRead, kPeerB, a, 1, cut(0, 0, 4096), {}, &other)).code(),
             StatusCode::kNotFound);
+}
+
+// ---- authentication and serving limits (security review 2026-11, findings 5 and 15) ----
+
+// Everything the server sends until it closes the connection (or the receive timeout expires:
+// then *closed is false).
+std::vector<std::byte> read_until_close(int fd, bool* closed) {
+  std::vector<std::byte> out;
+  std::byte buffer[4096];
+  for (;;) {
+    const ssize_t rc = ::recv(fd, buffer, sizeof buffer, 0);
+    if (rc > 0) {
+      out.insert(out.end(), buffer, buffer + rc);
+      continue;
+    }
+    *closed = rc == 0 || errno == ECONNRESET;
+    return out;
+  }
+}
+
+// True when `bytes` is nothing, or exactly the CHALLENGE frame: the server answered no request.
+bool only_a_challenge(const std::vector<std::byte>& bytes) {
+  if (bytes.empty()) return true;
+  if (bytes.size() != proto::kTransferFrameHeaderBytes + proto::kTransferNonceBytes) return false;
+  proto::TransferFrameHeader header;
+  return proto::decode_frame_header(std::span(bytes).first(proto::kTransferFrameHeaderBytes),
+                                    proto::kTransferNonceBytes, &header)
+             .is_ok() &&
+         header.opcode == proto::FrameOpcode::kChallenge;
+}
+
+proto::TransferFrameHeader read_request(std::uint32_t region, std::uint64_t length) {
+  proto::TransferFrameHeader request;
+  request.opcode = proto::FrameOpcode::kReadReq;
+  request.xfer_id = 42;
+  request.region_id = region;
+  request.length = length;
+  return request;
+}
+
+// Polls `counter` until it reaches `value` or the (scaled) limit passes.
+bool wait_counter(const std::atomic<std::uint64_t>& counter, std::uint64_t value,
+                  std::chrono::milliseconds limit = 5s) {
+  const auto deadline = Clock::now() + bound(limit);
+  while (counter.load() < value && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  return counter.load() >= value;
+}
+
+TEST(TcpAuth, HelloWithoutProofThenReadGetsNothingButAClose) {
+  // The review's reproduction: HELLO "attacker" (a bare name, the old format), then READ_REQ of
+  // the first region. Before authentication existed this answered READ_DATA with the region's bytes.
+  Side b("b", 1, 1u << 20);
+  std::memset(b.memory.data(), 0x5a, 4096);
+  const int fd = connect_raw(b.port());
+  const std::string agent = "attacker";
+  send_hello_frame(fd, std::as_bytes(std::span(agent.data(), agent.size())));
+  send_header(fd, read_request(b.region, 4096));
+  bool closed = false;
+  const std::vector<std::byte> got = read_until_close(fd, &closed);
+  ::close(fd);
+  EXPECT_TRUE(closed);
+  EXPECT_TRUE(only_a_challenge(got)) << got.size() << " bytes came back";
+  EXPECT_TRUE(wait_counter(b.counters.auth_failures, 1));
+  EXPECT_EQ(b.counters.bytes_served.load(), 0u);
+  EXPECT_EQ(b.counters.bad_frames.load(), 0u);
+}
+
+TEST(TcpAuth, WrongProofThenReadOrWriteGetsNothingButAClose) {
+  Side b("b", 1, 1u << 20);
+  const std::string wrong = random_secret();
+  {  // A proof made with another key.
+    const int fd = connect_raw(b.port());
+    const Nonce nonce = read_challenge(fd);
+    send_hello_frame(fd, proto::encode_hello_payload(hello_proof(nonce, "mallory", wrong), "mallory"));
+    send_header(fd, read_request(b.region, 4096));
+    bool closed = false;
+    const std::vector<std::byte> got = read_until_close(fd, &closed);
+    ::close(fd);
+    EXPECT_TRUE(closed);
+    EXPECT_TRUE(got.empty()) << got.size() << " bytes came back after the HELLO";
+  }
+  {  // The right key, but a proof for another nonce (a replayed HELLO).
+    const int fd = connect_raw(b.port());
+    Nonce other = read_challenge(fd);
+    other[0] ^= std::byte{1};
+    send_hello_frame(fd, proto::encode_hello_payload(hello_proof(other, "mallory", b.secret), "mallory"));
+    send_header(fd, read_request(b.region, 4096));
+    bool closed = false;
+    EXPECT_TRUE(read_until_close(fd, &closed).empty());
+    EXPECT_TRUE(closed);
+    ::close(fd);
+  }
+  {  // The right proof for one name, presented under another.
+    const int fd = connect_raw(b.port());
+    const Nonce nonce = read_challenge(fd);
+    send_hello_frame(fd, proto::encode_hello_payload(hello_proof(nonce, "decode-0", b.secret), "mallory"));
+    bool closed = false;
+    EXPECT_TRUE(read_until_close(fd, &closed).empty());
+    EXPECT_TRUE(closed);
+    ::close(fd);
+  }
+  {  // A WRITE right after a wrong proof changes nothing.
+    const int fd = connect_raw(b.port());
+    const Nonce nonce = read_challenge(fd);
+    send_hello_frame(fd, proto::encode_hello_payload(hello_proof(nonce, "mallory", wrong), "mallory"));
+    proto::TransferFrameHeader write;
+    write.opcode = proto::FrameOpcode::kWrite;
+    write.flags = 1;  // ACK requested
+    write.xfer_id = 5;
+    write.region_id = b.region;
+    write.length = 4096;
+    send_header(fd, write);
+    const std::vector<std::byte> payload(4096, std::byte{0x77});
+    (void)::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL);  // may fail: already closed
+    bool closed = false;
+    EXPECT_TRUE(read_until_close(fd, &closed).empty());
+    EXPECT_TRUE(closed);
+    ::close(fd);
+  }
+  EXPECT_TRUE(wait_counter(b.counters.auth_failures, 4));
+  EXPECT_EQ(b.counters.auth_failures.load(), 4u);
+  EXPECT_EQ(b.counters.bytes_served.load(), 0u);
+  for (std::size_t i = 0; i < 4096; ++i) ASSERT_EQ(b.memory[i], std::byte{0}) << i;
+
+  // The same server still serves an honest client.
+  const int fd = connect_raw(b.port());
+  send_hello(fd, "honest", b.secret);
+  send_header(fd, read_request(b.region, 16));
+  std::array<std::byte, proto::kTransferFrameHeaderBytes + 16> answer{};
+  ASSERT_EQ(::recv(fd, answer.data(), answer.size(), MSG_WAITALL), static_cast<ssize_t>(answer.size()));
+  proto::TransferFrameHeader header;
+  ASSERT_TRUE(proto::decode_frame_header(std::span(answer).first(proto::kTransferFrameHeaderBytes), 16,
+                                         &header).is_ok());
+  EXPECT_EQ(header.opcode, proto::FrameOpcode::kReadData);
+  ::close(fd);
+}
+
+TEST(TcpAuth, PeerWithAForgedDescriptorIsRefused) {
+  Side a("a", 2, 1u << 20);
+  Side b("b", 2, 1u << 20);
+  std::memset(a.memory.data(), 0x33, 1u << 20);
+  proto::TransferDescriptor forged = b.descriptor();
+  forged.secret = random_secret();  // right address and regions, wrong secret
+  ASSERT_TRUE(a.backend->add_peer(kPeerB, forged).is_ok());
+  TaskMaker maker;
+  XferResult result = run(maker, a, XferOp::kWrite, b, cut(0, 0, 64 * 1024));
+  EXPECT_EQ(result.state, XferState::kFailed);
+  EXPECT_EQ(result.cause, XferCause::kPeerGone);
+  result = run(maker, a, XferOp::kRead, b, cut(0, 0, 64 * 1024));
+  EXPECT_EQ(result.state, XferState::kFailed);
+  EXPECT_EQ(result.cause, XferCause::kPeerGone);
+  EXPECT_GE(b.counters.auth_failures.load(), 2u);
+  EXPECT_EQ(b.counters.bytes_served.load(), 0u);
+  for (std::size_t i = 0; i < 64 * 1024; ++i) ASSERT_EQ(b.memory[i], std::byte{0}) << i;
+
+  // A descriptor with no secret at all is refused up front.
+  proto::TransferDescriptor bare = b.descriptor();
+  bare.secret.clear();
+  EXPECT_EQ(a.backend->add_peer(kPeerB + 1, bare).code(), StatusCode::kRejected);
+
+  // The genuine descriptor works.
+  a.backend->remove_peer(kPeerB);
+  ASSERT_TRUE(a.backend->add_peer(kPeerB, b.descriptor()).is_ok());
+  expect_done(run(maker, a, XferOp::kWrite, b, cut(0, 0, 64 * 1024)), 64 * 1024);
+  EXPECT_EQ(b.memory[0], std::byte{0x33});
+}
+
+TEST(TcpAuth, BackendWithoutASecretDoesNotStart) {
+  RegionTable regions;
+  EngineCounters counters;
+  auto backend = make_tcp_backend({});
+  BackendContext context;
+  context.agent = "a";
+  context.regions = &regions;
+  context.counters = &counters;
+  EXPECT_EQ(backend->start(context).code(), StatusCode::kInvalidValue);
+  context.secret = "short";
+  EXPECT_EQ(backend->start(context).code(), StatusCode::kInvalidValue);
+}
+
+TEST(TcpAuth, SilentConnectionIsClosedAfterTheHelloDeadline) {
+  TcpBackendOptions options;
+  options.hello_timeout = 300ms;
+  Side b("b", 1, 4096, 0, options);
+  const auto started = Clock::now();
+  const int fd = connect_raw(b.port());  // receive timeout 5 s (scaled)
+  (void)read_challenge(fd);
+  bool closed = false;
+  EXPECT_TRUE(read_until_close(fd, &closed).empty());
+  ::close(fd);
+  EXPECT_TRUE(closed);
+  EXPECT_GE(Clock::now() - started, 300ms);  // not before the deadline (lower bounds stay exact)
+  EXPECT_EQ(b.counters.hello_timeouts.load(), 1u);
+  EXPECT_EQ(b.counters.auth_failures.load(), 0u);
+
+  // A connection that sends half a HELLO and stalls is closed the same way.
+  const int slow = connect_raw(b.port());
+  (void)read_challenge(slow);
+  proto::TransferFrameHeader hello;
+  hello.opcode = proto::FrameOpcode::kHello;
+  hello.length = proto::kTransferProofBytes + 4;
+  send_header(slow, hello);
+  EXPECT_TRUE(read_until_close(slow, &closed).empty());
+  EXPECT_TRUE(closed);
+  ::close(slow);
+  EXPECT_EQ(b.counters.hello_timeouts.load(), 2u);
+}
+
+TEST(TcpAuth, AuthenticatedConnectionOutlivesTheHelloDeadline) {
+  TcpBackendOptions options;
+  options.hello_timeout = 200ms;
+  Side a("a", 1, 1u << 20);
+  Side b("b", 1, 1u << 20, 0, options);
+  ASSERT_TRUE(a.backend->add_peer(kPeerB, b.descriptor()).is_ok());
+  TaskMaker maker;
+  expect_done(run(maker, a, XferOp::kWrite, b, cut(0, 0, 4096)), 4096);
+  std::this_thread::sleep_for(400ms);  // the quantity under test: time past the deadline
+  expect_done(run(maker, a, XferOp::kRead, b, cut(0, 0, 4096)), 4096);
+  EXPECT_EQ(a.counters.connects.load(), 1u);
+  EXPECT_EQ(b.counters.hello_timeouts.load(), 0u);
+}
+
+TEST(TcpAuth, ConnectionsOverTheCapAreClosedAtOnce) {
+  TcpBackendOptions options;
+  options.max_connections = 4;
+  Side b("b", 1, 4096, 0, options);
+  std::vector<int> held;
+  for (int i = 0; i < 4; ++i) {
+    held.push_back(connect_raw(b.port()));
+    (void)read_challenge(held.back());  // adopted and counted
+  }
+  const int over = connect_raw(b.port());
+  bool closed = false;
+  EXPECT_TRUE(read_until_close(over, &closed).empty());  // no CHALLENGE: closed at accept
+  EXPECT_TRUE(closed);
+  ::close(over);
+  EXPECT_EQ(b.counters.connections_refused.load(), 1u);
+
+  // Closing one makes room again (the server notices the close asynchronously: poll).
+  ::close(held.back());
+  held.pop_back();
+  bool served = false;
+  const auto deadline = Clock::now() + bound(5s);
+  while (!served && Clock::now() < deadline) {
+    const int fd = connect_raw(b.port());
+    std::array<std::byte, proto::kTransferFrameHeaderBytes> header{};
+    served = ::recv(fd, header.data(), header.size(), MSG_WAITALL) == static_cast<ssize_t>(header.size());
+    if (served) held.push_back(fd); else ::close(fd);
+    if (!served) std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(served);
+  for (int fd : held) ::close(fd);
+}
+
+TEST(TcpAuth, NoDrainBufferBeforeAuthentication) {
+  Side b("b", 1, 1u << 20);
+  const std::uint64_t before = tcp::ServingConnection::scratch_allocations();
+  std::vector<int> idle;
+  for (int i = 0; i < 32; ++i) {
+    idle.push_back(connect_raw(b.port()));
+    (void)read_challenge(idle.back());
+  }
+  {  // An unauthenticated refused WRITE does not allocate it either: it closes the connection.
+    const int fd = connect_raw(b.port());
+    proto::TransferFrameHeader write;
+    write.opcode = proto::FrameOpcode::kWrite;
+    write.region_id = b.region + 1;
+    write.length = 1u << 20;
+    send_header(fd, write);
+    bool closed = false;
+    (void)read_until_close(fd, &closed);
+    EXPECT_TRUE(closed);
+    ::close(fd);
+  }
+  EXPECT_EQ(tcp::ServingConnection::scratch_allocations(), before);
+
+  // After authentication, a refused WRITE is drained: that is when the buffer appears.
+  const int fd = connect_raw(b.port());
+  send_hello(fd, "raw", b.secret);
+  proto::TransferFrameHeader write;
+  write.opcode = proto::FrameOpcode::kWrite;
+  write.flags = 1;  // ACK requested
+  write.xfer_id = 9;
+  write.region_id = b.region + 1;  // never registered
+  write.length = 4096;
+  send_header(fd, write);
+  const std::vector<std::byte> payload(4096, std::byte{1});
+  send_all(fd, payload.data(), payload.size());
+  std::array<std::byte, proto::kTransferFrameHeaderBytes> answer{};
+  ASSERT_EQ(::recv(fd, answer.data(), answer.size(), MSG_WAITALL), static_cast<ssize_t>(answer.size()));
+  proto::TransferFrameHeader header;
+  ASSERT_TRUE(proto::decode_frame_header(answer, 0, &header).is_ok());
+  EXPECT_EQ(header.opcode, proto::FrameOpcode::kError);
+  EXPECT_EQ(tcp::ServingConnection::scratch_allocations(), before + 1);
+  ::close(fd);
+  for (int idle_fd : idle) ::close(idle_fd);
+}
+
+TEST(TcpAuth, DeviceRegionsAreRefused) {
+  Side a("a", 1, 1u << 20);
+  Side b("b", 1, 1u << 20);
+  // Host memory registered as a device region: were it served, the bytes would really move.
+  std::vector<std::byte> device(8192, std::byte{0x44});
+  RegionId device_region = kInvalidRegion;
+  ASSERT_TRUE(b.regions.register_region(device.data(), device.size(), MemKind::kDevice, &device_region).is_ok());
+  ASSERT_TRUE(a.backend->add_peer(kPeerB, b.descriptor()).is_ok());
+  TaskMaker maker;
+  Completion read_done;
+  ASSERT_TRUE(maker.submit(*a.backend, maker.make(XferOp::kRead, kPeerB, a, device_region, {{0, 0, 4096}},
+                                                  {}, &read_done)).is_ok());
+  XferResult result = read_done.wait_for(bound(5s));
+  EXPECT_EQ(result.state, XferState::kFailed);
+  EXPECT_EQ(result.cause, XferCause::kAccess);
+  Completion write_done;
+  ASSERT_TRUE(maker.submit(*a.backend, maker.make(XferOp::kWrite, kPeerB, a, device_region, {{0, 0, 4096}},
+                                                  {}, &write_done)).is_ok());
+  result = write_done.wait_for(bound(5s));
+  EXPECT_EQ(result.state, XferState::kFailed);
+  EXPECT_EQ(result.cause, XferCause::kAccess);
+  EXPECT_EQ(b.counters.access_refused.load(), 2u);
+  EXPECT_EQ(b.counters.bytes_served.load(), 0u);
+  for (std::byte value : device) ASSERT_EQ(value, std::byte{0x44});
+  EXPECT_EQ(a.counters.bytes_read.load(), 0u);
+  // The lane stays usable for host regions.
+  expect_done(run(maker, a, XferOp::kRead, b, cut(0, 0, 4096)), 4096);
+  EXPECT_EQ(a.counters.connects.load(), 1u);
 }
 
 }  // namespace

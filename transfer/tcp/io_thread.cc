@@ -104,6 +104,7 @@ void IoThread::retire(ServingConnection* connection) {
 int IoThread::next_timeout_ms() const {
   Clock::time_point next = Clock::time_point::max();
   for (const auto& lane : lanes_) next = std::min(next, lane->next_deadline());
+  for (const auto& connection : serving_) next = std::min(next, connection->hello_deadline());
   if (next == Clock::time_point::max()) return -1;
   const auto wait = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
   return static_cast<int>(std::clamp<std::int64_t>(wait, 0, 60'000));
@@ -131,6 +132,7 @@ void IoThread::run() {
     graveyard_.clear();
     const Clock::time_point now = Clock::now();
     for (const auto& lane : lanes_) lane->on_timer(now);
+    expire_unauthenticated(now);
   }
   shut_down();
 }
@@ -165,7 +167,9 @@ void IoThread::execute(const Command& command) {
       for (const auto& lane : lanes_) lane->cancel(command.xfer_id, command.cause);
       break;
     case Command::Kind::kAdopt:
+      // Listed before start(): a connection that fails at once retires itself from serving_.
       serving_.push_back(std::make_unique<ServingConnection>(*this, shared_, command.fd));
+      serving_.back()->start();
       break;
     case Command::Kind::kStop:
       stopping_ = true;
@@ -180,10 +184,31 @@ void IoThread::accept_all() {
       // EAGAIN: drained. Anything else (EMFILE, ECONNABORTED): try again on the next readiness.
       return;
     }
+    // The cap counts connections until they are closed, so a flood of silent connects is bounded
+    // by max_connections * hello_timeout, and each costs no buffers before it authenticates.
+    if (shared_.serving_connections.fetch_add(1, std::memory_order_relaxed) >=
+        shared_.options.max_connections) {
+      shared_.serving_connections.fetch_sub(1, std::memory_order_relaxed);
+      shared_.counters->connections_refused.fetch_add(1, std::memory_order_relaxed);
+      ::close(fd);
+      continue;
+    }
     tune_socket(fd);
     IoThread* target = acceptors_[next_acceptor_++ % acceptors_.size()];
-    if (!target->post({.kind = Command::Kind::kAdopt, .fd = fd})) ::close(fd);
+    if (!target->post({.kind = Command::Kind::kAdopt, .fd = fd})) {
+      shared_.serving_connections.fetch_sub(1, std::memory_order_relaxed);
+      ::close(fd);
+    }
   }
+}
+
+void IoThread::expire_unauthenticated(Clock::time_point now) {
+  // close_connection() retires (moves) the connection out of serving_: collect first.
+  std::vector<ServingConnection*> expired;
+  for (const auto& connection : serving_) {
+    if (connection->hello_deadline() <= now) expired.push_back(connection.get());
+  }
+  for (ServingConnection* connection : expired) connection->on_timer(now);
 }
 
 void IoThread::shut_down() {

@@ -1,7 +1,9 @@
 // IoThread: one epoll loop of the TCP backend (T-7). It owns the lanes and accepted connections
 // assigned to it; other threads reach it only through post() (a mutex-guarded command list plus an
 // eventfd wake-up, taken once per batch of commands, not per frame). The thread that owns the
-// listener accepts and spreads new connections round robin over all IoThreads.
+// listener accepts and spreads new connections round robin over all IoThreads; an accept that would
+// exceed options.max_connections serving connections is closed at once (connections_refused). Each
+// loop also closes its serving connections that did not authenticate by their HELLO deadline.
 //
 // Threads: post() and closed-for-posting checks from any thread; everything else (watch, rewatch,
 // unwatch, retire) only from the loop thread itself, i.e. from code running inside a Connection.
@@ -70,6 +72,7 @@ class IoThread {
   void run_commands();
   void execute(const Command& command);
   void accept_all();
+  void expire_unauthenticated(Clock::time_point now);
   void shut_down();
   int next_timeout_ms() const;
 

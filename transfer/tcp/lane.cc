@@ -1,5 +1,6 @@
 #include "transfer/tcp/lane.h"
 
+#include <sodium.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -21,12 +22,9 @@ constexpr std::uint64_t kReadBudget = 16u << 20;
 
 }  // namespace
 
-Lane::Lane(IoThread& thread, const Shared& shared, const SocketAddress& address)
-    : thread_(thread), shared_(shared), address_(address), scratch_(kScratchBytes) {
-  const std::string& agent = shared_.context.agent;
-  hello_.resize(agent.size());
-  std::memcpy(hello_.data(), agent.data(), agent.size());
-}
+Lane::Lane(IoThread& thread, const Shared& shared, const SocketAddress& address, std::string secret)
+    : thread_(thread), shared_(shared), address_(address), secret_(std::move(secret)),
+      scratch_(kScratchBytes) {}
 
 Lane::~Lane() { close_socket(); }
 
@@ -38,7 +36,8 @@ void Lane::submit(Batch* batch) {
     case State::kBackoff:
       if (Clock::now() >= next_attempt_) connect();
       break;
-    case State::kConnecting: break;
+    case State::kConnecting:
+    case State::kHandshake: break;
     case State::kReady: flush(); break;
   }
 }
@@ -85,18 +84,65 @@ void Lane::connect() {
 }
 
 void Lane::on_connected() {
-  shared_.counters->connects.fetch_add(1, std::memory_order_relaxed);
-  backoff_ = kFirstBackoff;
-  state_ = State::kReady;
+  // Nothing is sent before the server's CHALLENGE: the HELLO proof covers its nonce. The
+  // connect_timeout that ran since connect() also bounds the wait for it.
+  state_ = State::kHandshake;
   in_header_got_ = 0;
   in_payload_ = false;
-  OutFrame& hello = stage_slot();
-  hello.header = make_header(proto::FrameOpcode::kHello, 0, 0, 0, 0, hello_.size());
-  hello.payload = hello_.data();
-  hello.payload_left = hello_.size();
-  thread_.rewatch(fd_, this, EPOLLIN | EPOLLOUT);
-  write_interest_ = true;
-  flush();
+  nonce_got_ = 0;
+  write_interest_ = false;
+  thread_.rewatch(fd_, this, EPOLLIN);
+}
+
+void Lane::read_challenge() {
+  while (state_ == State::kHandshake) {
+    ssize_t rc;
+    if (in_header_got_ < in_header_.size()) {
+      rc = receive_some(fd_, in_header_.data() + in_header_got_, in_header_.size() - in_header_got_);
+    } else {
+      rc = receive_some(fd_, nonce_.data() + nonce_got_, nonce_.size() - nonce_got_);
+    }
+    if (rc == -EAGAIN || rc == -EWOULDBLOCK) return;
+    if (rc <= 0) {
+      connect_failed();  // closed before the handshake (e.g. the server is over its cap): retry
+      return;
+    }
+    if (in_header_got_ < in_header_.size()) {
+      in_header_got_ += static_cast<std::size_t>(rc);
+      if (in_header_got_ < in_header_.size()) continue;
+      if (!proto::decode_frame_header(in_header_, proto::kTransferNonceBytes, &in_).is_ok() ||
+          in_.opcode != proto::FrameOpcode::kChallenge || in_.length != proto::kTransferNonceBytes) {
+        shared_.counters->bad_frames.fetch_add(1, std::memory_order_relaxed);
+        connect_failed();
+        return;
+      }
+      continue;
+    }
+    nonce_got_ += static_cast<std::size_t>(rc);
+    if (nonce_got_ < nonce_.size()) continue;
+    // proof = HMAC-SHA256(peer secret, "pdr-transfer-hello-v1" 0 nonce agent)
+    const std::string& agent = shared_.context.agent;
+    const std::vector<std::byte> message = proto::hello_proof_message(nonce_, agent);
+    std::array<std::byte, proto::kTransferProofBytes> proof{};
+    static_assert(proto::kTransferProofBytes == crypto_auth_hmacsha256_BYTES);
+    static_assert(proto::kTransferSecretBytes == crypto_auth_hmacsha256_KEYBYTES);
+    crypto_auth_hmacsha256(reinterpret_cast<unsigned char*>(proof.data()),
+                           reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+                           reinterpret_cast<const unsigned char*>(secret_.data()));
+    hello_ = proto::encode_hello_payload(proof, agent);
+    shared_.counters->connects.fetch_add(1, std::memory_order_relaxed);
+    backoff_ = kFirstBackoff;
+    state_ = State::kReady;
+    in_header_got_ = 0;
+    in_payload_ = false;
+    OutFrame& hello = stage_slot();
+    hello.header = make_header(proto::FrameOpcode::kHello, 0, 0, 0, 0, hello_.size());
+    hello.payload = hello_.data();
+    hello.payload_left = hello_.size();
+    thread_.rewatch(fd_, this, EPOLLIN | EPOLLOUT);
+    write_interest_ = true;
+    flush();
+  }
 }
 
 void Lane::connect_failed() {
@@ -121,9 +167,10 @@ void Lane::expire_waiting(Clock::time_point now) {
 
 Clock::time_point Lane::next_deadline() const {
   Clock::time_point next = Clock::time_point::max();
-  if (state_ != State::kConnecting && state_ != State::kBackoff) return next;
+  const bool connecting = state_ == State::kConnecting || state_ == State::kHandshake;
+  if (!connecting && state_ != State::kBackoff) return next;
   if (!queue_.empty()) next = queue_.front()->queued_at + shared_.options.connect_timeout;
-  if (state_ == State::kConnecting) {
+  if (connecting) {
     next = std::min(next, connect_started_ + shared_.options.connect_timeout);
   } else if (!queue_.empty()) {
     next = std::min(next, next_attempt_);
@@ -132,11 +179,12 @@ Clock::time_point Lane::next_deadline() const {
 }
 
 void Lane::on_timer(Clock::time_point now) {
-  if (state_ == State::kConnecting && now - connect_started_ >= shared_.options.connect_timeout) {
+  const bool connecting = state_ == State::kConnecting || state_ == State::kHandshake;
+  if (connecting && now - connect_started_ >= shared_.options.connect_timeout) {
     connect_failed();  // also expires waiting work
     return;
   }
-  if (state_ != State::kConnecting && state_ != State::kBackoff) return;
+  if (!connecting && state_ != State::kBackoff) return;
   expire_waiting(now);
   if (state_ == State::kBackoff && !queue_.empty() && now >= next_attempt_) connect();
 }
@@ -195,6 +243,10 @@ void Lane::on_events(std::uint32_t events) {
     } else {
       connect_failed();
     }
+    return;
+  }
+  if (state_ == State::kHandshake) {
+    if ((events & (EPOLLIN | EPOLLERR | EPOLLHUP)) != 0) read_challenge();
     return;
   }
   if (state_ != State::kReady) return;

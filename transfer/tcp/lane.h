@@ -1,19 +1,24 @@
 // Lane: one outgoing connection to a peer, the initiator side of the protocol (T-2, T-6, T-9,
-// T-10). It sends HELLO, then WRITE / READ_REQ / NOTIFY frames for the batches it is given, in
-// order, and matches the peer's ACK / READ_DATA / ERROR answers to them in the same order (the
+// T-10). It waits for the server's CHALLENGE, answers with HELLO (our agent name and an HMAC of the
+// nonce keyed by the peer's descriptor secret, proto/transfer_frame.h), then sends WRITE / READ_REQ
+// / NOTIFY frames for the batches it is given, in order, and matches the peer's ACK / READ_DATA / ERROR answers to them in the same order (the
 // serving side answers a connection's requests in the order it read them).
 //
 // Threads: created by the backend, then owned and used by exactly one IoThread; every method runs
 // on that thread.
 //
-// States: idle (no socket) -> connecting -> ready; a failed attempt -> backoff (50 ms doubling to
-// 2 s, reset by a success), retried while work waits; an established connection that drops, or a
-// peer that breaks the protocol, fails the lane's batches and goes back to idle, so the next submit
-// reconnects. Work queued while not ready fails kPeerGone after options.connect_timeout.
+// States: idle (no socket) -> connecting -> handshake (connected, waiting for CHALLENGE) -> ready;
+// a failed attempt (no connection, or closed / no CHALLENGE within connect_timeout) -> backoff
+// (50 ms doubling to 2 s, reset by a success), retried while work waits; an established connection
+// that drops (e.g. the peer refused our proof), or a peer that breaks the protocol, fails the
+// lane's batches and goes back to idle, so the next submit reconnects. Work queued while not ready
+// fails kPeerGone after options.connect_timeout.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "transfer/tcp/frame_io.h"
@@ -28,7 +33,8 @@ class IoThread;
 
 class Lane final : public Connection {
  public:
-  Lane(IoThread& thread, const Shared& shared, const SocketAddress& address);
+  // `secret`: the peer's descriptor secret (proto::kTransferSecretBytes), the HELLO proof's key.
+  Lane(IoThread& thread, const Shared& shared, const SocketAddress& address, std::string secret);
   ~Lane() override;  // closes the socket; call fail_all() first if batches may remain
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
@@ -46,7 +52,7 @@ class Lane final : public Connection {
   void on_timer(Clock::time_point now);
 
  private:
-  enum class State : std::uint8_t { kIdle, kConnecting, kReady, kBackoff };
+  enum class State : std::uint8_t { kIdle, kConnecting, kHandshake, kReady, kBackoff };
 
   struct Expect {  // one answer the peer owes us
     Batch* batch = nullptr;
@@ -66,6 +72,7 @@ class Lane final : public Connection {
   void connect();
   void on_connected();
   void connect_failed();
+  void read_challenge();  // kHandshake: the CHALLENGE header and nonce; then HELLO and kReady
   void expire_waiting(Clock::time_point now);
   void close_socket();
   void connection_lost(XferCause cause, bool count_disconnect);
@@ -98,7 +105,10 @@ class Lane final : public Connection {
   std::size_t staged_head_ = 0;
   std::size_t staged_count_ = 0;
   OutFrame& staged(std::size_t i) { return staged_[(staged_head_ + i) % kMaxStaged]; }
-  std::vector<std::byte> hello_;  // HELLO payload (our agent name)
+  const std::string secret_;      // the peer's secret: HMAC key of our HELLO proof
+  std::vector<std::byte> hello_;  // HELLO payload (proof + our agent name), built per connection
+  std::array<std::byte, proto::kTransferNonceBytes> nonce_{};
+  std::size_t nonce_got_ = 0;
 
   HeaderBytes in_header_{};
   std::size_t in_header_got_ = 0;

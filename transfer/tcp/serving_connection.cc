@@ -1,10 +1,12 @@
 #include "transfer/tcp/serving_connection.h"
 
+#include <sodium.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <span>
 
 #include "transfer/tcp/io_thread.h"
 
@@ -16,33 +18,93 @@ constexpr std::uint64_t kReadBudget = 16u << 20;
 constexpr int kMaxVectors = 64;  // answers gathered per sendmsg (ACKs are 40 bytes each)
 constexpr std::size_t kMaxQueuedResponses = 4096;
 
+std::atomic<std::uint64_t> g_scratch_allocations{0};
+
 }  // namespace
 
+std::uint64_t ServingConnection::scratch_allocations() {
+  return g_scratch_allocations.load(std::memory_order_relaxed);
+}
+
 ServingConnection::ServingConnection(IoThread& thread, const Shared& shared, int fd)
-    : thread_(thread), shared_(shared), fd_(fd), scratch_(kScratchBytes) {
-  peer_agent_.reserve(shared_.options.max_agent_bytes);
-  notify_.reserve(std::max(shared_.options.max_agent_bytes, shared_.options.max_notification_bytes));
-  watched_ = EPOLLIN;
-  thread_.watch(fd_, this, EPOLLIN);
+    : thread_(thread),
+      shared_(shared),
+      fd_(fd),
+      hello_deadline_(Clock::now() + shared.options.hello_timeout) {
+  // Nothing sized by the peer is allocated here: buffers grow only once frames ask for them.
+  randombytes_buf(nonce_.data(), nonce_.size());
 }
 
 ServingConnection::~ServingConnection() { shutdown(); }
+
+void ServingConnection::start() {
+  watched_ = EPOLLIN;
+  thread_.watch(fd_, this, EPOLLIN);
+  respond(proto::FrameOpcode::kChallenge, 0, proto::TransferFrameHeader{}, nonce_.data(),
+          nonce_.size());
+  flush();
+}
 
 void ServingConnection::shutdown() {
   if (fd_ < 0) return;
   thread_.unwatch(fd_);
   ::close(fd_);
   fd_ = -1;
+  shared_.serving_connections.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void ServingConnection::close_connection(bool bad_frame) {
-  if (bad_frame) {
-    shared_.counters->bad_frames.fetch_add(1, std::memory_order_relaxed);
-  } else if (said_hello_) {
-    shared_.counters->disconnects.fetch_add(1, std::memory_order_relaxed);
+void ServingConnection::close_connection(CloseReason reason) {
+  std::atomic<std::uint64_t>* counter = nullptr;
+  switch (reason) {
+    case CloseReason::kBadFrame: counter = &shared_.counters->bad_frames; break;
+    case CloseReason::kAuthFailed: counter = &shared_.counters->auth_failures; break;
+    case CloseReason::kHelloTimeout: counter = &shared_.counters->hello_timeouts; break;
+    case CloseReason::kLost:
+      if (said_hello_) counter = &shared_.counters->disconnects;
+      break;
   }
+  if (counter != nullptr) counter->fetch_add(1, std::memory_order_relaxed);
   shutdown();
   thread_.retire(this);
+}
+
+Clock::time_point ServingConnection::hello_deadline() const {
+  return said_hello_ || closed() ? Clock::time_point::max() : hello_deadline_;
+}
+
+void ServingConnection::on_timer(Clock::time_point now) {
+  if (!said_hello_ && !closed() && now >= hello_deadline_) close_connection(CloseReason::kHelloTimeout);
+}
+
+bool ServingConnection::verify_hello() {
+  proto::HelloPayload hello;
+  const auto payload = std::as_bytes(std::span(notify_.data(), notify_.size()));
+  if (!proto::decode_hello_payload(payload, shared_.options.max_agent_bytes, &hello).is_ok()) {
+    return false;
+  }
+  const std::vector<std::byte> message = proto::hello_proof_message(nonce_, hello.agent);
+  const std::string& secret = shared_.context.secret;
+  // Constant time in the proof (libsodium); the secret's size was checked in start().
+  if (crypto_auth_hmacsha256_verify(reinterpret_cast<const unsigned char*>(hello.proof.data()),
+                                    reinterpret_cast<const unsigned char*>(message.data()),
+                                    message.size(),
+                                    reinterpret_cast<const unsigned char*>(secret.data())) != 0) {
+    return false;
+  }
+  peer_agent_.assign(hello.agent);
+  said_hello_ = true;
+  return true;
+}
+
+Status ServingConnection::resolve_host(std::byte** out) const {
+  // The kind first: ids are generation-tagged, so if the region is unregistered in between,
+  // resolve() below fails instead of finding another region under the same id.
+  const std::optional<Region> region = shared_.context.regions->lookup(in_.region_id);
+  if (region.has_value() && region->kind == MemKind::kDevice) {
+    return Status(StatusCode::kRejected,
+                  "region " + std::to_string(in_.region_id) + " is device memory");
+  }
+  return shared_.context.regions->resolve(in_.region_id, in_.offset, in_.length, out);
 }
 
 void ServingConnection::on_events(std::uint32_t events) {
@@ -69,6 +131,10 @@ void ServingConnection::read_frames() {
       into = in_dst_ + in_pos_;
       want = static_cast<std::size_t>(in_left_);
     } else if (sink_ == Sink::kDiscard) {
+      if (scratch_.empty()) {
+        scratch_.resize(kScratchBytes);
+        g_scratch_allocations.fetch_add(1, std::memory_order_relaxed);
+      }
       into = scratch_.data();
       want = static_cast<std::size_t>(std::min<std::uint64_t>(in_left_, scratch_.size()));
     } else {
@@ -78,7 +144,7 @@ void ServingConnection::read_frames() {
     const ssize_t rc = receive_some(fd_, into, want);
     if (rc == -EAGAIN || rc == -EWOULDBLOCK) break;
     if (rc <= 0) {
-      close_connection(false);
+      close_connection(CloseReason::kLost);
       return;
     }
     const auto got = static_cast<std::size_t>(rc);
@@ -87,9 +153,13 @@ void ServingConnection::read_frames() {
       in_header_got_ += got;
       if (in_header_got_ < in_header_.size()) continue;
       in_header_got_ = 0;
-      if (!proto::decode_frame_header(in_header_, shared_.options.max_frame_payload, &in_).is_ok() ||
-          !on_header()) {
-        close_connection(true);
+      if (!proto::decode_frame_header(in_header_, shared_.options.max_frame_payload, &in_).is_ok()) {
+        close_connection(CloseReason::kBadFrame);
+        return;
+      }
+      if (!on_header()) {
+        // Before the proof every refusal is an authentication failure: the peer learns nothing.
+        close_connection(said_hello_ ? CloseReason::kBadFrame : CloseReason::kAuthFailed);
         return;
       }
       continue;
@@ -104,18 +174,21 @@ void ServingConnection::read_frames() {
 
 bool ServingConnection::on_header() {
   const bool hello = in_.opcode == proto::FrameOpcode::kHello;
-  if (hello == said_hello_) return false;  // HELLO exactly once, first
+  if (hello == said_hello_) return false;  // HELLO exactly once, first: nothing is served before it
   in_pos_ = 0;
   in_left_ = in_.length;
   in_dst_ = nullptr;
   switch (in_.opcode) {
     case proto::FrameOpcode::kHello:
-      if (in_.length == 0 || in_.length > shared_.options.max_agent_bytes) return false;
+      if (in_.length <= proto::kTransferProofBytes ||
+          in_.length > proto::kTransferProofBytes + shared_.options.max_agent_bytes) {
+        return false;
+      }
       sink_ = Sink::kAgent;
       notify_.resize(in_.length);
       break;
     case proto::FrameOpcode::kWrite: {
-      const Status status = shared_.context.regions->resolve(in_.region_id, in_.offset, in_.length, &in_dst_);
+      const Status status = resolve_host(&in_dst_);
       write_refused_ = !status.is_ok();
       if (write_refused_) {
         shared_.counters->access_refused.fetch_add(1, std::memory_order_relaxed);
@@ -126,7 +199,7 @@ bool ServingConnection::on_header() {
     }
     case proto::FrameOpcode::kReadReq: {
       std::byte* source = nullptr;
-      if (shared_.context.regions->resolve(in_.region_id, in_.offset, in_.length, &source).is_ok()) {
+      if (resolve_host(&source).is_ok()) {
         shared_.counters->bytes_served.fetch_add(in_.length, std::memory_order_relaxed);
         respond(proto::FrameOpcode::kReadData, 0, in_, source, in_.length);
       } else {
@@ -141,7 +214,7 @@ bool ServingConnection::on_header() {
       notify_.resize(in_.length);
       break;
     default:
-      return false;  // READ_DATA / ACK / ERROR are answers; a client never sends them here
+      return false;  // READ_DATA / ACK / ERROR / CHALLENGE come from a server, never to one
   }
   in_payload_ = true;
   if (in_left_ == 0) on_payload_done();
@@ -152,8 +225,9 @@ void ServingConnection::on_payload_done() {
   in_payload_ = false;
   switch (in_.opcode) {
     case proto::FrameOpcode::kHello:
-      peer_agent_.assign(notify_);
-      said_hello_ = true;
+      if (!verify_hello()) close_connection(CloseReason::kAuthFailed);
+      notify_.clear();
+      notify_.shrink_to_fit();
       break;
     case proto::FrameOpcode::kWrite:
       if (!write_refused_) shared_.counters->bytes_served.fetch_add(in_.length, std::memory_order_relaxed);
@@ -180,8 +254,10 @@ void ServingConnection::respond(proto::FrameOpcode opcode, std::uint32_t flags,
                                 const proto::TransferFrameHeader& request, const std::byte* payload,
                                 std::uint64_t length) {
   Response response;
+  const bool has_payload =
+      opcode == proto::FrameOpcode::kReadData || opcode == proto::FrameOpcode::kChallenge;
   response.header = make_header(opcode, flags, request.xfer_id, request.region_id, request.offset,
-                                opcode == proto::FrameOpcode::kReadData ? length : 0);
+                                has_payload ? length : 0);
   response.payload = payload;
   response.length = length;
   responses_.push_back(response);
@@ -212,7 +288,7 @@ void ServingConnection::flush() {
       return;
     }
     if (rc < 0) {
-      close_connection(false);
+      close_connection(CloseReason::kLost);
       return;
     }
     auto sent = static_cast<std::size_t>(rc);

@@ -7,6 +7,7 @@
 // and nothing is posted after kStop. finish() and engine callbacks never run under mu_.
 #include "transfer/tcp/tcp_backend.h"
 
+#include <sodium.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -81,6 +82,15 @@ Status TcpBackend::start(const BackendContext& context) {
                                                  std::to_string(options.max_agent_bytes) + " bytes");
   }
   if (context.regions == nullptr) return Status(StatusCode::kInvalidValue, "tcp backend: no region table");
+  if (context.secret.size() != proto::kTransferSecretBytes) {
+    return Status(StatusCode::kInvalidValue, "tcp backend: the engine secret must be " +
+                                                 std::to_string(proto::kTransferSecretBytes) +
+                                                 " bytes (peers authenticate with it)");
+  }
+  if (options.max_connections == 0) {
+    return Status(StatusCode::kInvalidValue, "tcp backend: max_connections must be at least 1");
+  }
+  if (sodium_init() < 0) return Status(StatusCode::kIoError, "tcp backend: libsodium failed to initialise");
   shared_.context = context;
   shared_.counters = context.counters != nullptr ? context.counters : &own_counters_;
   shared_.sink = this;
@@ -137,6 +147,12 @@ Status TcpBackend::add_peer(PeerId peer, const proto::TransferDescriptor& descri
   if (endpoint == descriptor.endpoints.end()) {
     return Status(StatusCode::kNotFound, "peer '" + descriptor.agent + "' has no tcp endpoint");
   }
+  if (descriptor.secret.size() != proto::kTransferSecretBytes) {
+    // Its serving side would refuse every lane: say so now, so the engine can try another backend.
+    return Status(StatusCode::kRejected, "peer '" + descriptor.agent +
+                                             "' publishes no secret in its descriptor (older than "
+                                             "v1.1), so its lanes cannot authenticate");
+  }
   std::string host;
   std::uint16_t port = 0;
   if (Status status = split_host_port(endpoint->address, &host, &port); !status) return status;
@@ -149,7 +165,7 @@ Status TcpBackend::add_peer(PeerId peer, const proto::TransferDescriptor& descri
   Peer& state = peers_[peer];
   for (std::uint32_t i = 0; i < lanes_per_peer_; ++i) {
     IoThread* thread = threads_[next_thread_++ % threads_.size()].get();
-    auto* lane = new tcp::Lane(*thread, shared_, address);
+    auto* lane = new tcp::Lane(*thread, shared_, address, descriptor.secret);
     thread->post({.kind = Command::Kind::kAddLane, .lane = lane});  // cannot fail before kStop
     state.lanes.push_back({lane, thread});
   }
