@@ -38,6 +38,9 @@ struct Topology {
   struct Listeners {
     proto::HostPort http{"0.0.0.0", 10001};
     std::string discovery = "tcp://*:36367";  // ZMQ endpoint; "tcp://host:0" binds an ephemeral port
+    // Operator listener: when set, /admin/*, /instances/add, /status, /metrics, /start_profile
+    // and /stop_profile are served only here (404 on `http`). Unset: all on `http`.
+    std::optional<proto::HostPort> admin;
   } listeners;
 
   uint32_t workers = 0;  // HTTP worker loops; 0 = one per core
@@ -99,6 +102,7 @@ struct Topology {
     std::string api_key;       // resolved secret ("" = admin API disabled)
     std::string api_key_env;   // source: environment variable name
     std::string api_key_file;  // or source: file path
+    bool protect_status = false;  // GET /status requires the admin key as /admin/* does
   } admin;
 
   std::vector<StaticInstance> static_instances;
