@@ -249,6 +249,7 @@ int run(Process& p) {
     admin_opts.workers = 1;
     p.admin_proxy = std::make_unique<router::proxy::ProxyService>(p.registry, p.topology.cell(),
                                                                   p.admin_server, admin_opts.workers);
+    p.admin_proxy->count_profiles_in(*p.proxy);
     admin_opts.on_worker_stop = [admin_proxy = p.admin_proxy.get()](uint32_t worker) {
       admin_proxy->worker_stopped(worker);
     };

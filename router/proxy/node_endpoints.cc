@@ -133,7 +133,8 @@ void serve_profile(WorkerContext& worker, const http::Request& request, http::Re
     writer.send(http::error_response(503, "no instance is up to profile", "server_error", "no_pair"));
     return;
   }
-  worker.counters().bump(worker.counters().profile_fanouts);
+  ProxyCounters::bump(worker.shared().profile_fanouts != nullptr ? *worker.shared().profile_fanouts
+                                                                 : worker.counters().profile_fanouts);
   struct Result {
     std::string instance, role, error;
     int status = 0;

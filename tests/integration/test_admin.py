@@ -359,6 +359,24 @@ class AdminListenerTest(unittest.TestCase):
         self.assertIsNotNone(router.instance(added))
 
 
+class AdminListenerProfileTest(unittest.TestCase):
+    def test_profile_on_the_admin_listener_fans_out_and_is_counted(self):
+        node = SimNode()
+        self.addCleanup(node.stop)
+        topology = (f"admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\nconnectors:\n  default: nixl\n"
+                    f"listeners:\n  admin: \"127.0.0.1:0\"\ninstances:\n  - role: decode\n"
+                    f"    http_address: \"{node.http_address}\"\n")
+        with Router(topology, env=ENV) as router:
+            self.assertEqual(router.request("POST", "/start_profile", headers=AUTH)[0], 404)
+            code, _, raw = router.request("POST", "/start_profile", headers=AUTH, admin=True)
+            self.assertIn(code, (200, 502), raw)
+            self.assertEqual([r["instance"] for r in json.loads(raw)["results"]],
+                             [node.http_address])
+            node.wait_for_requests(
+                lambda log: [r["path"] for r in log["requests"]] == ["/start_profile"])
+            self.assertEqual(router.metrics()["pdrouter_profile_fanouts_total"], 1)
+
+
 class ProtectedStatusTest(unittest.TestCase):
     def test_status_needs_the_key_with_protect_status(self):
         topology = TOPOLOGY.replace("admin:\n", "admin:\n  protect_status: true\n")
