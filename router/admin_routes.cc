@@ -113,8 +113,8 @@ AdminRoutes::Auth AdminRoutes::authorize(const http::Request& request) const {
   if (!presented.empty() && secure_equals(presented, topology->admin.api_key)) return Auth::kOk;
   throttle_.failed(address, now);
   if (workers_.at(request.worker).auth_log.allow(now)) {
-    spdlog::warn("admin: failed authentication for {} {} from {}", request.method, request.path,
-                 request.peer);
+    spdlog::warn("admin: failed authentication for {} {} from {}", request.method,
+                 std::string_view(request.path).substr(0, 200), request.peer);
   }
   return Auth::kUnauthorized;
 }

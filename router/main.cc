@@ -188,6 +188,14 @@ int run(Process& p) {
     return 2;
   }
 
+  // Two listeners on one port would both bind (SO_REUSEPORT) and split connections silently.
+  if (topology.listeners.admin && topology.listeners.admin->port != 0 &&
+      topology.listeners.admin->port == topology.listeners.http.port) {
+    std::fprintf(stderr, "pdrouter: listeners.admin (%s) must use another port than the http listener (%s)\n",
+                 topology.listeners.admin->to_string().c_str(), topology.listeners.http.to_string().c_str());
+    return 2;
+  }
+
   // Threads started from here on inherit a mask without the control signals, so they are always
   // delivered to this (the control loop's) thread and never interrupt a worker's system call.
   sigset_t control_signals, previous_mask;

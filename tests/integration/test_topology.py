@@ -6,7 +6,7 @@ import signal
 import time
 import unittest
 
-from pdr_testlib import ProcessHandle, pdrouter_path
+from pdr_testlib import ProcessHandle, free_port, pdrouter_path
 from pdrouter_fixture import Router
 
 
@@ -151,6 +151,17 @@ class StartupTest(unittest.TestCase):
         code, err = self.start_with("listeners:\n  http: \"0.0.0.0:70000\"\n")
         self.assertEqual(code, 2)
         self.assertRegex(err, r"bad\.yaml:2:\d+: listeners\.http: .*70000")
+
+    def test_admin_listener_on_the_http_port_is_refused(self):
+        port = free_port()
+        path = os.path.join(self.dir, "bad.yaml")
+        with open(path, "w") as f:
+            f.write(f"listeners:\n  admin: \"127.0.0.1:{port}\"\n")
+        proc = ProcessHandle([pdrouter_path(), "--config", path, "--http", f"127.0.0.1:{port}",
+                              "--discovery", "tcp://127.0.0.1:0"], name="pdrouter", log_dir=self.dir)
+        self.addCleanup(proc.stop)
+        self.assertEqual(proc.wait(10), 2)
+        self.assertIn("listeners.admin", proc.output("stderr"))
 
     def test_unknown_policy(self):
         code, err = self.start_with("policies:\n  prefill: fastest\n")
