@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "discovery/registry.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/retry_rules.h"
@@ -110,6 +111,27 @@ TEST(Pairing, CandidateScanIsBoundedByCompatibleEntries) {
   q.model = "m";
   ASSERT_TRUE(choose_pair(plain, q, *p.prefill, *p.decode, &pair).is_ok());
   EXPECT_EQ(pair.decode->key, "127.0.0.2:1");
+}
+
+// The registry builds the index with every snapshot (else pairing would build one per request).
+TEST(Pairing, RegistrySnapshotsCarryTheRoutableIndex) {
+  discovery::RegistryOptions options;
+  discovery::Registry registry(options);
+  const auto now = discovery::Clock::now();
+  for (auto [port, role] : {std::pair{8001, Role::kPrefill}, std::pair{8002, Role::kDecode}}) {
+    discovery::StaticInstance spec;
+    spec.role = role;
+    spec.http_address = {"127.0.0.1", static_cast<uint16_t>(port)};
+    spec.connector = Connector::kNixl;
+    registry.add_admin(spec, now);
+  }
+  auto snap = registry.snapshot(now);
+  ASSERT_TRUE(snap->routable.built);
+  ASSERT_EQ(snap->routable.groups.size(), 2u);
+  const auto* decodes = snap->routable.find(Role::kDecode, Connector::kNixl, TransferMode::kNone);
+  ASSERT_NE(decodes, nullptr);
+  EXPECT_EQ(decodes->all.size(), 1u);
+  EXPECT_TRUE(any_pair(*snap).is_ok());
 }
 
 TEST(Pairing, PrefillChosenOnlyAmongThoseWithACompatibleDecode) {
