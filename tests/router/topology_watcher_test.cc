@@ -196,6 +196,7 @@ TEST_F(TopologyWatcherTest, TruncateThenWriteReloadsOnlyTheFinishedFile) {
       60, 0);
   run_until_stopped();
   uv_close(reinterpret_cast<uv_handle_t*>(&writer), nullptr);
+  uv_run(&loop_, UV_RUN_NOWAIT);  // finish closing `writer` before it leaves scope
 
   EXPECT_FALSE(timed_out_) << "no reload within 10 s";
   ASSERT_EQ(outcomes.size(), 1u);
