@@ -43,7 +43,10 @@ RoutableIndex RoutableIndex::build(const std::vector<InstancePtr>& instances) {
   for (const InstancePtr& inst : instances) {
     if (inst->state != InstanceState::kUp || inst->connector == proto::Connector::kUnknown) continue;
     const proto::TransferMode mode = class_mode(inst->connector, inst->transfer_mode);
-    RoutableGroup* group = const_cast<RoutableGroup*>(index.find(inst->role, inst->connector, mode));
+    RoutableGroup* group = nullptr;
+    for (RoutableGroup& g : index.groups) {
+      if (g.role == inst->role && g.connector == inst->connector && g.transfer_mode == mode) group = &g;
+    }
     if (group == nullptr) {
       group = &index.groups.emplace_back();
       group->role = inst->role;
