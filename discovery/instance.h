@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -96,6 +98,35 @@ struct Instance {
   proto::NodeLoad load() const { return liveness->load(); }
 };
 
+// Pairing's view of a snapshot (router/proxy/pairing.h): the routable instances (state up, known
+// connector) grouped by role and compatibility class: the connector, and for MoRIIO the transfer
+// mode (other connectors' groups have TransferMode::kNone). Each group is in key order and split
+// by declared model. Built once per snapshot, so choosing a pair visits the candidates of the
+// compatible groups only, not every entry (attacks-2026-11 bug 12). Routable means state kUp
+// when the snapshot was taken; ejection (live) is left to pairing.
+struct RoutableGroup {
+  proto::Role role = proto::Role::kPrefill;
+  proto::Connector connector = proto::Connector::kUnknown;
+  proto::TransferMode transfer_mode = proto::TransferMode::kNone;
+  std::vector<std::shared_ptr<const Instance>> all;        // every member, key order
+  std::vector<std::shared_ptr<const Instance>> any_model;  // members that declared no model
+  std::map<std::string, std::vector<std::shared_ptr<const Instance>>, std::less<>>
+      by_model;  // declared model -> members
+  // Members serving `model` ("" = any request), in key order: all, or any_model merged with
+  // by_model[model].
+  std::vector<const std::shared_ptr<const Instance>*> serving(std::string_view model) const;
+};
+
+struct RoutableIndex {
+  bool built = false;  // false: a hand-made snapshot (tests); pairing builds one on the fly
+  std::vector<RoutableGroup> groups;
+
+  // `instances` in key order (as RegistrySnapshot keeps them).
+  static RoutableIndex build(const std::vector<std::shared_ptr<const Instance>>& instances);
+  const RoutableGroup* find(proto::Role role, proto::Connector connector,
+                            proto::TransferMode transfer_mode) const;
+};
+
 // Immutable view of the registry at one moment. Built by the discovery thread, shared read-only.
 // Instances are shared between consecutive snapshots when unchanged (copy-on-write in the
 // registry), so publishing costs one pointer copy per instance, not a deep copy.
@@ -104,6 +135,7 @@ struct RegistrySnapshot {
   Clock::time_point taken_at{};
   std::vector<std::shared_ptr<const Instance>> instances;  // sorted by key
   std::array<uint32_t, kAdmissionClasses> count_by_class{};  // registered entries per admission
+  RoutableIndex routable;  // built by Registry::snapshot()
 
   const Instance* find(std::string_view key) const;
   size_t count(proto::Role role, InstanceState state) const;

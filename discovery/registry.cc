@@ -439,6 +439,7 @@ RegistrySnapshotPtr Registry::snapshot(Clock::time_point now) {
   snap->instances.reserve(entries_.size());
   for (const auto& [key, entry] : entries_) snap->instances.push_back(entry.instance);
   snap->count_by_class = count_by_class_;
+  snap->routable = RoutableIndex::build(snap->instances);  // pairing's index, once per snapshot
   dirty_ = false;
   return snap;
 }

@@ -48,6 +48,9 @@ struct Topology {
     // Optional second discovery endpoint speaking CURVE (needs discovery.curve.secret_key_file);
     // "" = none. Plain vLLM nodes use `discovery`, sidecars that hold keys use this one.
     std::string discovery_curve;
+    // Operator listener: when set, /admin/*, /instances/add, /status, /metrics, /start_profile
+    // and /stop_profile are served only here (404 on `http`). Unset: all on `http`.
+    std::optional<proto::HostPort> admin;
   } listeners;
 
   uint32_t workers = 0;  // HTTP worker loops; 0 = one per core
@@ -125,6 +128,7 @@ struct Topology {
     std::string api_key;       // resolved secret ("" = admin API disabled)
     std::string api_key_env;   // source: environment variable name
     std::string api_key_file;  // or source: file path
+    bool protect_status = false;  // GET /status requires the admin key as /admin/* does
   } admin;
 
   std::vector<StaticInstance> static_instances;

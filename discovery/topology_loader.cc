@@ -89,6 +89,12 @@ Status read_parsed(const Source& src, const Field& v, Status (*parse)(std::strin
 Status read_listeners(const Source& src, const Field& f, Topology::Listeners* out) {
   MapReader r(src, f);
   r.with("http", [&](const Field& v) { return read_parsed(src, v, &parse_listen_address, &out->http); });
+  r.with("admin", [&](const Field& v) {
+    proto::HostPort hp;
+    Status s = read_parsed(src, v, &parse_listen_address, &hp);
+    if (s) out->admin = hp;
+    return s;
+  });
   r.with("discovery", [&](const Field& v) {
     std::string text;
     Status s = read_string(src, v, kMaxStringBytes, &text);
@@ -274,6 +280,7 @@ Status read_admin(const Source& src, const Field& f, Topology::Admin* out) {
   MapReader r(src, f);
   read_env_secret(src, r, "api_key_env", &out->api_key_env, &out->api_key);
   read_file_secret(src, r, "api_key_file", &out->api_key_file, &out->api_key);
+  r.boolean("protect_status", &out->protect_status);
   if (r.ok() && !out->api_key_env.empty() && !out->api_key_file.empty()) {
     r.record(fail(src, *r.take("api_key_file"), StatusCode::kInvalidValue,
                   "set api_key_env or api_key_file, not both"));

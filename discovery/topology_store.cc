@@ -3,9 +3,40 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
+#include <fstream>
 #include <utility>
 
 namespace pdr::discovery {
+
+namespace {
+
+// An empty file parses as the all-defaults topology, but on a reload it is nearly always a
+// writer caught between truncating and writing (`cat good > topology.yaml`, `cp`), or a file
+// emptied by mistake: applying it would drop every static instance and disable the admin API
+// (attacks-2026-11 bug 9). So a reload refuses a file with nothing but whitespace; start-up
+// still accepts it (defaults, as documented).
+Status refuse_empty_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::ok();  // load_topology_file reports why it cannot be opened
+  char buffer[4096];
+  uint64_t total = 0;
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    const std::streamsize got = in.gcount();
+    for (std::streamsize i = 0; i < got; ++i) {
+      if (!std::isspace(static_cast<unsigned char>(buffer[i]))) return Status::ok();
+    }
+    total += static_cast<uint64_t>(got);
+    if (total > (1u << 20)) return Status::ok();  // over the size limit: load_topology_file says so
+  }
+  return Status(StatusCode::kInvalidValue,
+                fmt::format("{}: the file is empty{}; refusing to reload an empty topology (it would "
+                            "reset everything to defaults). Write the full topology, or restart "
+                            "pdrouter to run on defaults",
+                            path, total == 0 ? "" : " (whitespace only)"));
+}
+
+}  // namespace
 
 TopologyStore::TopologyStore() : cell_(std::make_shared<const Topology>()) {}
 
@@ -25,7 +56,8 @@ Status TopologyStore::reload() {
   if (path_.empty())
     return Status(StatusCode::kNotFound, "no topology file was given; nothing to reload");
   auto next = std::make_shared<Topology>();
-  Status s = load_topology_file(path_, next.get());
+  Status s = refuse_empty_file(path_);
+  if (s) s = load_topology_file(path_, next.get());
   if (!s) {
     reloads_failed_.fetch_add(1, std::memory_order_relaxed);
     record_outcome(s);
@@ -76,6 +108,13 @@ std::vector<std::string> restart_required_changes(const Topology& a, const Topol
   if (a.listeners.http != b.listeners.http) {
     changes.push_back(fmt::format("listeners.http: {} -> {}", a.listeners.http.to_string(),
                                   b.listeners.http.to_string()));
+  }
+  if (a.listeners.admin != b.listeners.admin) {
+    auto text = [](const std::optional<proto::HostPort>& hp) {
+      return hp ? hp->to_string() : std::string("(unset)");
+    };
+    changes.push_back(fmt::format("listeners.admin: {} -> {}", text(a.listeners.admin),
+                                  text(b.listeners.admin)));
   }
   if (a.listeners.discovery != b.listeners.discovery) {
     changes.push_back(

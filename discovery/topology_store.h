@@ -42,7 +42,9 @@ class TopologyStore {
   // nothing is published and the error is returned; no counter moves and no listener runs.
   Status load_initial(const std::string& path);
 
-  // Re-reads the path given to load_initial(). On success publishes the new value, bumps
+  // Re-reads the path given to load_initial(). A file that is empty (or whitespace only) is a
+  // failed reload: it is what a writer that truncates first leaves for a moment, never a topology
+  // to apply live. On success publishes the new value, bumps
   // reloads_ok, clears last_error, then calls every listener. On failure keeps the current value,
   // bumps reloads_failed, logs, and stores the message in last_error. Without a path returns
   // kNotFound and counts nothing.
@@ -77,7 +79,7 @@ class TopologyStore {
   std::optional<TimePoint> last_reload_;
 };
 
-// Fields that differ between `a` and `b` but only take effect on restart (listeners.http,
+// Fields that differ between `a` and `b` but only take effect on restart (listeners.http, listeners.admin,
 // listeners.discovery, workers), each as "name: OLD -> NEW". Empty when a live reload covers it
 // all.
 std::vector<std::string> restart_required_changes(const Topology& a, const Topology& b);

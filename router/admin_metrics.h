@@ -7,7 +7,8 @@
 
 namespace pdr::router {
 
-// pdrouter_admin_requests_total{result="ok|unauthorized|disabled|bad_request|not_found|conflict|unavailable"}
+// pdrouter_admin_requests_total{result="ok|unauthorized|disabled|bad_request|not_found|conflict|unavailable|throttled"}
+// pdrouter_admin_auth_throttled_total
 void write_admin_metrics(MetricsWriter& out, const AdminCounters& counters);
 
 }  // namespace pdr::router

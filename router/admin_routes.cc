@@ -81,6 +81,7 @@ std::string_view AdminCounters::label(Result r) {
     case kNotFound: return "not_found";
     case kConflict: return "conflict";
     case kUnavailable: return "unavailable";
+    case kThrottled: return "throttled";
     case kResultCount: break;
   }
   return "unknown";
@@ -105,8 +106,67 @@ AdminRoutes::Auth AdminRoutes::authorize(const http::Request& request) const {
       presented = auth->substr(kBearer.size());
     }
   }
-  if (presented.empty()) return Auth::kUnauthorized;
-  return secure_equals(presented, topology->admin.api_key) ? Auth::kOk : Auth::kUnauthorized;
+  // The throttle is asked first: an address out of tokens learns nothing about its key.
+  const std::string_view address = AdminThrottle::address_of(request.peer);
+  const auto now = AdminThrottle::Clock::now();
+  if (throttle_.throttled(address, now)) return Auth::kThrottled;
+  if (!presented.empty() && secure_equals(presented, topology->admin.api_key)) return Auth::kOk;
+  throttle_.failed(address, now);
+  if (workers_.at(request.worker).auth_log.allow(now)) {
+    spdlog::warn("admin: failed authentication for {} {} from {}", request.method,
+                 std::string_view(request.path).substr(0, 200), request.peer);
+  }
+  return Auth::kUnauthorized;
+}
+
+bool AdminRoutes::admit(const http::Request& request, http::ResponseWriter& writer) const {
+  switch (authorize(request)) {
+    case Auth::kDisabled:
+      send(writer, {Result::kDisabled,
+                    error(403,
+                          "the admin API is disabled: set admin.api_key_env (the name of an "
+                          "environment variable holding the key) or admin.api_key_file in the "
+                          "topology file to enable it",
+                          "admin_disabled")});
+      return false;
+    case Auth::kUnauthorized: {
+      auto response = error(401,
+                            "missing or wrong admin key: send 'Authorization: Bearer <key>' or "
+                            "'X-API-Key: <key>'",
+                            "invalid_api_key");
+      response.headers.push_back({"WWW-Authenticate", "Bearer realm=\"pdrouter-admin\""});
+      send(writer, {Result::kUnauthorized, std::move(response)});
+      return false;
+    }
+    case Auth::kThrottled:
+      send(writer, throttled_reply());
+      return false;
+    case Auth::kOk:
+      break;
+  }
+  return true;
+}
+
+bool AdminRoutes::admit_profile(const http::Request& request, http::ResponseWriter& writer) const {
+  if (!admit(request, writer)) return false;
+  if (request.body.size() > kMaxProfileBodyBytes) {
+    send(writer, {Result::kBadRequest,
+                  error(413,
+                        "body is " + std::to_string(request.body.size()) + " bytes (limit " +
+                            std::to_string(kMaxProfileBodyBytes) + " for " + request.path + ")",
+                        "body_too_large")});
+    return false;
+  }
+  return true;
+}
+
+AdminRoutes::Reply AdminRoutes::throttled_reply() const {
+  counters_.auth_throttled.fetch_add(1, std::memory_order_relaxed);
+  auto response = http::error_response(
+      429, "too many failed admin authentications from this address; retry later",
+      "rate_limit_error", "auth_throttled");
+  response.headers.push_back({"Retry-After", "1"});
+  return {Result::kThrottled, std::move(response)};
 }
 
 void AdminRoutes::send(http::ResponseWriter& writer, Reply reply) const {
@@ -125,27 +185,7 @@ void AdminRoutes::handle(http::Request&& request, http::ResponseWriter writer,
 
 void AdminRoutes::handle_admin(http::Request&& request, http::ResponseWriter writer,
                                const discovery::RegistrySnapshot& snapshot) const {
-  switch (authorize(request)) {
-    case Auth::kDisabled:
-      send(writer, {Result::kDisabled,
-                    error(403,
-                          "the admin API is disabled: set admin.api_key_env (the name of an "
-                          "environment variable holding the key) or admin.api_key_file in the "
-                          "topology file to enable it",
-                          "admin_disabled")});
-      return;
-    case Auth::kUnauthorized: {
-      auto response = error(401,
-                            "missing or wrong admin key: send 'Authorization: Bearer <key>' or "
-                            "'X-API-Key: <key>'",
-                            "invalid_api_key");
-      response.headers.push_back({"WWW-Authenticate", "Bearer realm=\"pdrouter-admin\""});
-      send(writer, {Result::kUnauthorized, std::move(response)});
-      return;
-    }
-    case Auth::kOk:
-      break;
-  }
+  if (!admit(request, writer)) return;
   if (request.path == kInstances) {
     if (request.method == "GET") {
       send(writer, {Result::kOk, http::Response::json(200, render_instances_json(
@@ -248,6 +288,9 @@ void AdminRoutes::handle_seed_add(http::Request&& request, http::ResponseWriter 
       return;
     case Auth::kUnauthorized:
       send(writer, {Result::kUnauthorized, error(403, "Forbidden: Invalid API Key.", "invalid_api_key")});
+      return;
+    case Auth::kThrottled:
+      send(writer, throttled_reply());
       return;
     case Auth::kOk:
       break;

@@ -19,7 +19,11 @@
 // once), compared in constant time with `Authorization: Bearer <key>` or `X-API-Key: <key>`. No
 // key configured -> 403 (the API is disabled; the message says how to enable it); missing or
 // wrong key -> 401 (/instances/add: 403 "Forbidden: Invalid API Key.", as the demo proxy).
-// Checked before anything else on every /admin/ path. Errors are OpenAI-style JSON: 400 bad body
+// Checked before anything else on every /admin/ path. Failed authentications are throttled per
+// source address (admin_throttle.h): an address out of failure tokens gets 429 "auth_throttled"
+// (Retry-After: 1) without its key being checked, counted in result "throttled" and in
+// pdrouter_admin_auth_throttled_total. The same check (admit()) guards POST /start_profile,
+// /stop_profile and, with admin.protect_status, GET /status. Errors are OpenAI-style JSON: 400 bad body
 // or address, 404, 405 (with Allow), 409 conflict, 413 body over kMaxAdminBodyBytes, 503 when
 // the process has no discovery service or server to act through, or the registry is full.
 // Demo-proxy compatibility: its 400 messages are kept, and an existing instance is 400
@@ -44,7 +48,9 @@
 
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
+#include "discovery/log_limiter.h"
 #include "discovery/topology_store.h"
+#include "router/admin_throttle.h"
 #include "router/http/http_server.h"
 
 namespace pdr::router {
@@ -59,12 +65,18 @@ struct AdminCounters {
     kNotFound,      // 404
     kConflict,      // 409, and the demo proxy's "Instance already exists."
     kUnavailable,   // 503: no discovery service/server, registry full
+    kThrottled,     // 429: too many failed authentications from the address
     kResultCount,
   };
   static std::string_view label(Result r);  // "ok", "unauthorized", ... (metrics label values)
 
   std::array<std::atomic<uint64_t>, kResultCount> by_result{};
+  std::atomic<uint64_t> auth_throttled{0};  // 429s from the throttle (also in by_result)
 };
+
+// The largest body POST /start_profile and /stop_profile forward to each node (vLLM's take
+// none); a bigger one is refused with 413 rather than copied to every node.
+inline constexpr size_t kMaxProfileBodyBytes = 4096;
 
 struct AdminContext {
   const discovery::TopologyStore* topology = nullptr;  // null: no key, API disabled
@@ -88,6 +100,13 @@ class AdminRoutes {
   void handle(http::Request&& request, http::ResponseWriter writer,
               const discovery::RegistrySnapshot& snapshot) const;
 
+  // The admin key check of /admin/* for another endpoint (profiling, a protected /status): true
+  // when the request may proceed; otherwise the 401/403/429 answer (same shapes as /admin/*) is
+  // sent on `writer` and counted, and false is returned.
+  bool admit(const http::Request& request, http::ResponseWriter& writer) const;
+  // admit(), then the body cap of POST /start_profile and /stop_profile (413 body_too_large).
+  bool admit_profile(const http::Request& request, http::ResponseWriter& writer) const;
+
   const AdminCounters& counters() const { return counters_; }
 
   // An answer and how it counts.
@@ -100,9 +119,10 @@ class AdminRoutes {
   // Turns the registry's outcome into the answer; runs on the request's worker.
   using Answer = std::function<Reply(const discovery::AdminOutcome&)>;
   using Operation = std::function<discovery::AdminOutcome(discovery::Registry&)>;
-  enum class Auth : uint8_t { kOk, kDisabled, kUnauthorized };
+  enum class Auth : uint8_t { kOk, kDisabled, kUnauthorized, kThrottled };
 
   Auth authorize(const http::Request& request) const;
+  Reply throttled_reply() const;  // 429 auth_throttled, counted
   void handle_admin(http::Request&& request, http::ResponseWriter writer,
                     const discovery::RegistrySnapshot& snapshot) const;
   void handle_seed_add(http::Request&& request, http::ResponseWriter writer) const;
@@ -124,10 +144,12 @@ class AdminRoutes {
   struct WorkerState {  // touched only by its own worker thread
     uint64_t next_id = 0;
     std::unordered_map<uint64_t, http::ResponseWriter> pending;
+    discovery::LogLimiter auth_log{"admin: failed authentications"};
   };
 
   AdminContext context_;
   mutable AdminCounters counters_;
+  mutable AdminThrottle throttle_;
   mutable std::vector<WorkerState> workers_;
 };
 

@@ -30,13 +30,31 @@ ControlRoutes::ControlRoutes(ControlContext context)
       admin_(AdminContext{context_.topology, context_.discovery, context_.server, context_.workers}) {
   readers_.reserve(std::max(1u, context_.workers));
   for (uint32_t i = 0; i < std::max(1u, context_.workers); ++i) readers_.emplace_back(*context_.registry);
+  status_cache_.resize(readers_.size());
 }
 
 const discovery::RegistrySnapshot& ControlRoutes::registry(uint32_t worker) const {
   return *readers_.at(worker).get();
 }
 
+bool ControlRoutes::is_profile_path(std::string_view path) {
+  return path == "/start_profile" || path == "/stop_profile";
+}
+
+bool ControlRoutes::is_operator_path(std::string_view path) {
+  return AdminRoutes::owns(path) || path == "/status" || path == "/metrics" || is_profile_path(path);
+}
+
+http::Response ControlRoutes::not_found(const http::Request& request) {
+  return http::error_response(404, "no route for " + request.method + " " + request.path,
+                              "invalid_request_error", "not_found");
+}
+
 void ControlRoutes::handle(http::Request&& request, http::ResponseWriter writer) const {
+  if (request.path == "/status" && request.method == "GET" && context_.topology != nullptr &&
+      context_.topology->current()->admin.protect_status && !admin_.admit(request, writer)) {
+    return;
+  }
   if (AdminRoutes::owns(request.path)) {
     const uint32_t worker = request.worker;
     admin_.handle(std::move(request), std::move(writer), registry(worker));
@@ -60,14 +78,22 @@ void ControlRoutes::handle(http::Request&& request, http::ResponseWriter writer)
     writer.send(std::move(response));
     return;
   }
-  writer.send(http::error_response(404, "no route for " + request.method + " " + request.path,
-                                   "invalid_request_error", "not_found"));
+  writer.send(not_found(request));
 }
 
 http::Response ControlRoutes::health(uint32_t) const { return http::Response::json(200, R"({"status":"ok"})"); }
 
 http::Response ControlRoutes::status(uint32_t worker) const {
   const auto now = discovery::Clock::now();
+  const discovery::RegistrySnapshot& snapshot = registry(worker);
+  const uint64_t reloads = context_.topology != nullptr
+                               ? context_.topology->reloads_ok() + context_.topology->reloads_failed()
+                               : 0;
+  StatusCache& cache = status_cache_.at(worker);
+  if (cache.valid && cache.registry_version == snapshot.version && cache.reloads == reloads &&
+      now - cache.rendered_at < context_.status_max_age) {
+    return http::Response::json(200, cache.body);
+  }
   StatusContext sc;
   sc.http_listener = context_.http_listener;
   sc.discovery_listener = context_.discovery_listener;
@@ -82,7 +108,13 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     sc.topology_last_error = context_.topology->last_error();
     sc.class_caps = context_.topology->current()->discovery.max_instances_per_class;
   }
-  return http::Response::json(200, render_status_json(registry(worker), now, sc));
+  cache.body = render_status_json(snapshot, now, sc);
+  cache.valid = true;
+  cache.registry_version = snapshot.version;
+  cache.reloads = reloads;
+  cache.rendered_at = now;
+  status_renders_.fetch_add(1, std::memory_order_relaxed);
+  return http::Response::json(200, cache.body);
 }
 
 http::Response ControlRoutes::metrics(uint32_t worker) const {

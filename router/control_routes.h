@@ -1,13 +1,22 @@
 // The operator-facing endpoints: GET /health, GET /status, GET /metrics, and the admin API
 // (/admin/..., POST /instances/add; see admin_routes.h). Anything else is 404
 // (unknown path) or 405 (known path, wrong method, with an Allow header), both as OpenAI-style
-// JSON errors.
+// JSON errors. With admin.protect_status, GET /status needs the admin key (AdminRoutes::admit:
+// same 401/403/429 answers as /admin/*).
 //
 // handle() runs on HTTP worker threads concurrently. Each worker reads the registry through its
 // own SnapshotReader (indexed by Request::worker), so the steady-state read is one atomic load and
 // no lock; everything else it reads is immutable or atomic.
+//
+// GET /status costs O(registry) to render, so each worker keeps its last rendering and serves it
+// again while the registry snapshot version and the topology reload counts are unchanged and it
+// is younger than status_max_age (1 s): a new snapshot (instance added, removed, state change)
+// shows at once; the fields that change without one (last_seen_ms_ago, expires_in_ms, load,
+// connect_failures, ejected_for_ms, uptime_ms) are up to status_max_age old.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -38,6 +47,9 @@ struct ControlContext {
   bool discovery_open = false;     // discovery admits any address from the network (allow_open)
   discovery::Clock::time_point started_at = discovery::Clock::now();
   uint32_t workers = 1;
+  // GET /status is rendered once per registry snapshot (and topology reload count) and reused
+  // for at most this long, so its ages, load and ejection fields are at most this old.
+  std::chrono::milliseconds status_max_age{1000};
 };
 
 class ControlRoutes {
@@ -47,17 +59,40 @@ class ControlRoutes {
   // request.worker must be < context.workers.
   void handle(http::Request&& request, http::ResponseWriter writer) const;
 
+  // The operator endpoints: /admin/*, /instances/add, /status, /metrics, /start_profile,
+  // /stop_profile. With listeners.admin set they are served only on the admin listener.
+  static bool is_operator_path(std::string_view path);
+  static bool is_profile_path(std::string_view path);
+  // 404 in the shape handle() answers an unknown path with.
+  static http::Response not_found(const http::Request& request);
+  const AdminRoutes& admin() const { return admin_; }
+
   http::Response health(uint32_t worker) const;
   http::Response status(uint32_t worker) const;
   http::Response metrics(uint32_t worker) const;
 
+  // Times /status was rendered (not served from its cache); for tests.
+  uint64_t status_renders() const { return status_renders_.load(std::memory_order_relaxed); }
+
  private:
+  // A worker's last rendered /status (attacks-2026-11 bug 12: rendering is O(registry), so a
+  // /status loop must not cost that per request).
+  struct StatusCache {
+    bool valid = false;
+    uint64_t registry_version = 0;
+    uint64_t reloads = 0;  // reloads_ok + reloads_failed when rendered
+    discovery::Clock::time_point rendered_at{};
+    std::string body;
+  };
+
   const discovery::RegistrySnapshot& registry(uint32_t worker) const;
 
   ControlContext context_;
   AdminRoutes admin_;
   // One per worker; a worker only ever touches its own (hence mutable behind const handle()).
   mutable std::vector<discovery::SnapshotReader<discovery::RegistrySnapshot>> readers_;
+  mutable std::vector<StatusCache> status_cache_;  // one per worker, as readers_
+  mutable std::atomic<uint64_t> status_renders_{0};
 };
 
 }  // namespace pdr::router

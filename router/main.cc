@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <uv.h>
 
+#include <algorithm>
 #include <csignal>
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -40,7 +41,7 @@ constexpr const char* kFooter = R"(Endpoints:
                  SGLang) and the decode's answer streamed back
   GET /v1/models a decode node's model list (cached 5 s)
   GET /ready     200 only when a compatible prefill/decode pair is up (readiness probe)
-  POST /start_profile, /stop_profile   fanned out to every up instance
+  POST /start_profile, /stop_profile   fanned out to every up instance (admin key required)
   /admin/instances[/{host:port}[/drain|/undrain]]
                  admin API: list, add, remove, drain (GET, POST, DELETE; key from
                  admin.api_key_env or admin.api_key_file, as Bearer or X-API-Key)
@@ -51,6 +52,8 @@ constexpr const char* kFooter = R"(Endpoints:
   GET /metrics   Prometheus text (registrations accepted/rejected by reason, instances by
                  role and state, expiries, restarts, topology reloads, HTTP counters,
                  request state transitions, leg failures and retries)
+With listeners.admin set, /admin/*, /instances/add, /status, /metrics and the profile
+endpoints are served only on that listener (404 on the client one).
 
 Nodes register over ZMQ (DEALER -> our ROUTER) with vLLM's MoRIIO or P2P-NCCL messages, or
 pdrouter's extended format (see proto/DISCOVERY.md); `pdnode register` does it for any node.
@@ -60,7 +63,7 @@ SIGHUP reloads the topology file (it is also reloaded when the file changes). A 
 fails validation is logged, counted, and the running configuration is kept.
 
 On start pdrouter prints one line to stdout:
-  pdrouter listening http=HOST:PORT discovery=ENDPOINT
+  pdrouter listening http=HOST:PORT discovery=ENDPOINT [admin=HOST:PORT]
 Exit codes: 0 after a graceful stop, 1 on a start-up failure, 2 on bad flags or topology.)";
 
 Status apply_overrides(const CommandLine& cli, discovery::Topology* t) {
@@ -118,6 +121,24 @@ void setup_logging(const std::string& level) {
   spdlog::set_level(spdlog::level::from_str(level));
 }
 
+// Which endpoints a listener serves: all of them (no listeners.admin), or one side of the split.
+enum class Surface { kAll, kClient, kAdmin };
+
+// One request on a listener of `surface`. Profiling is admitted like the admin API (key, throttle,
+// small body) before the proxy fans it out: never on the client's word alone.
+void dispatch(Surface surface, const router::ControlRoutes& routes, router::proxy::ProxyService& proxy,
+              http::Request&& req, http::ResponseWriter w) {
+  const bool operator_path = router::ControlRoutes::is_operator_path(req.path);
+  if ((surface == Surface::kClient && operator_path) ||
+      (surface == Surface::kAdmin && !operator_path && req.path != "/health")) {
+    w.send(router::ControlRoutes::not_found(req));
+    return;
+  }
+  if (router::ControlRoutes::is_profile_path(req.path) && !routes.admin().admit_profile(req, w)) return;
+  if (proxy.handle(req, w)) return;
+  routes.handle(std::move(req), std::move(w));
+}
+
 // Everything the control loop's callbacks need.
 struct Process {
   CommandLine cli;
@@ -128,6 +149,9 @@ struct Process {
   // Declared before the server so it outlives the worker threads (their on_worker_stop uses it).
   std::unique_ptr<router::proxy::ProxyService> proxy;
   http::Server server;
+  // The operator listener (listeners.admin), when configured; the same ordering rule.
+  std::unique_ptr<router::proxy::ProxyService> admin_proxy;
+  http::Server admin_server;
   uv_loop_t* loop = nullptr;
   uv_signal_t sigint{}, sigterm{};
   std::unique_ptr<router::TopologyWatcher> watcher;
@@ -142,7 +166,9 @@ void on_stop_signal(uv_signal_t* handle, int signum) {
   spdlog::info("{} received: draining for up to {} ms, then stopping", signum == SIGINT ? "SIGINT" : "SIGTERM",
                drain.count());
   p->proxy->begin_shutdown();  // new P/D requests get 503 while in-flight ones finish
+  if (p->admin_proxy) p->admin_proxy->begin_shutdown();
   p->server.stop(drain);
+  p->admin_server.stop(std::min(drain, std::chrono::milliseconds(2000)));
   p->discovery.stop();
   if (p->watcher) p->watcher->close();
   uv_close(reinterpret_cast<uv_handle_t*>(&p->sigint), nullptr);
@@ -174,6 +200,14 @@ int run(Process& p) {
     }
     spdlog::warn("discovery is OPEN to the network on {} (discovery.allow_open): any host that reaches it "
                  "can register nodes that receive client traffic", topology.listeners.discovery);
+  }
+
+  // Two listeners on one port would both bind (SO_REUSEPORT) and split connections silently.
+  if (topology.listeners.admin && topology.listeners.admin->port != 0 &&
+      topology.listeners.admin->port == topology.listeners.http.port) {
+    std::fprintf(stderr, "pdrouter: listeners.admin (%s) must use another port than the http listener (%s)\n",
+                 topology.listeners.admin->to_string().c_str(), topology.listeners.http.to_string().c_str());
+    return 2;
   }
 
   // Threads started from here on inherit a mask without the control signals, so they are always
@@ -208,14 +242,15 @@ int run(Process& p) {
   // and a request that races in before (fixed port, eager client) gets a clear 503.
   std::atomic<const router::ControlRoutes*> routes_ptr{nullptr};
   router::proxy::ProxyService* proxy = p.proxy.get();
-  Status st = p.server.start(server_opts, [&routes_ptr, proxy](http::Request&& req, http::ResponseWriter w) {
+  const Surface client_surface = topology.listeners.admin ? Surface::kClient : Surface::kAll;
+  Status st = p.server.start(server_opts, [&routes_ptr, proxy, client_surface](http::Request&& req,
+                                                                                 http::ResponseWriter w) {
     const router::ControlRoutes* routes = routes_ptr.load(std::memory_order_acquire);
     if (routes == nullptr) {
       w.send(http::error_response(503, "pdrouter is starting", "server_error", "starting"));
       return;
     }
-    if (proxy->handle(req, w)) return;
-    routes->handle(std::move(req), std::move(w));
+    dispatch(client_surface, *routes, *proxy, std::move(req), std::move(w));
   });
   if (!st.is_ok()) {
     spdlog::critical("cannot listen on {}: {}", topology.listeners.http.to_string(), st.message());
@@ -227,6 +262,46 @@ int run(Process& p) {
   const router::ControlRoutes routes(control);
   routes_ptr.store(&routes, std::memory_order_release);
 
+  // The operator listener: one worker (operators, not clients), its own routes (their per-worker
+  // state is indexed by this server's worker ids) and its own proxy service for profiling.
+  std::atomic<const router::ControlRoutes*> admin_routes_ptr{nullptr};
+  std::unique_ptr<router::ControlRoutes> admin_routes;
+  std::string admin_listener;
+  if (topology.listeners.admin) {
+    http::ServerOptions admin_opts = server_opts;
+    admin_opts.host = topology.listeners.admin->host;
+    admin_opts.port = topology.listeners.admin->port;
+    admin_opts.workers = 1;
+    p.admin_proxy = std::make_unique<router::proxy::ProxyService>(p.registry, p.topology.cell(),
+                                                                  p.admin_server, admin_opts.workers);
+    p.admin_proxy->count_profiles_in(*p.proxy);
+    admin_opts.on_worker_stop = [admin_proxy = p.admin_proxy.get()](uint32_t worker) {
+      admin_proxy->worker_stopped(worker);
+    };
+    router::proxy::ProxyService* admin_proxy = p.admin_proxy.get();
+    st = p.admin_server.start(admin_opts, [&admin_routes_ptr, admin_proxy](http::Request&& req,
+                                                                           http::ResponseWriter w) {
+      const router::ControlRoutes* r = admin_routes_ptr.load(std::memory_order_acquire);
+      if (r == nullptr) {
+        w.send(http::error_response(503, "pdrouter is starting", "server_error", "starting"));
+        return;
+      }
+      dispatch(Surface::kAdmin, *r, *admin_proxy, std::move(req), std::move(w));
+    });
+    if (!st.is_ok()) {
+      spdlog::critical("cannot listen on {} (listeners.admin): {}", topology.listeners.admin->to_string(),
+                       st.message());
+      p.server.stop(std::chrono::milliseconds(0));
+      p.discovery.stop();
+      return 1;
+    }
+    admin_listener = proto::HostPort{admin_opts.host, p.admin_server.port()}.to_string();
+    router::ControlContext admin_control = control;
+    admin_control.server = &p.admin_server;
+    admin_control.workers = admin_opts.workers;
+    admin_routes = std::make_unique<router::ControlRoutes>(admin_control);
+    admin_routes_ptr.store(admin_routes.get(), std::memory_order_release);
+  }
 
   p.topology.add_listener([&p](const discovery::Topology& old_t, const discovery::Topology& new_t) {
     for (const auto& change : discovery::restart_required_changes(old_t, new_t)) {
@@ -253,11 +328,13 @@ int run(Process& p) {
   pthread_sigmask(SIG_SETMASK, &previous_mask, nullptr);  // handlers are in place: let them in
   // Announce readiness last: once this line is out, every listener, the reload watcher and the
   // signal handlers are armed, so a client or a file change that follows it is never missed.
-  std::printf("pdrouter listening http=%s discovery=%s\n", control.http_listener.c_str(),
-              control.discovery_listener.c_str());
+  std::printf("pdrouter listening http=%s discovery=%s%s%s\n", control.http_listener.c_str(),
+              control.discovery_listener.c_str(), admin_listener.empty() ? "" : " admin=",
+              admin_listener.c_str());
   std::fflush(stdout);
-  spdlog::info("pdrouter {} up: http {} ({} workers), discovery {}, topology {}", PDR_VERSION,
-               control.http_listener, server_opts.workers, control.discovery_listener,
+  spdlog::info("pdrouter {} up: http {} ({} workers), admin {}, discovery {}, topology {}", PDR_VERSION,
+               control.http_listener, server_opts.workers,
+               admin_listener.empty() ? "on the http listener" : admin_listener, control.discovery_listener,
                p.topology.path().empty() ? "defaults" : p.topology.path());
   uv_run(p.loop, UV_RUN_DEFAULT);
   uv_loop_close(p.loop);

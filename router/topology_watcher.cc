@@ -6,6 +6,7 @@
 #include <csignal>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -49,6 +50,45 @@ struct TopologyWatcher::Impl {
   bool sighup_initialized = false;
   int handles_closing = 0;
 
+  // What the file looked like at the previous settle check (see the header).
+  struct FileSignature {
+    int64_t size = -1;  // -1: could not stat
+    int64_t mtime_sec = 0, mtime_nsec = 0;
+    uint64_t inode = 0;
+    bool operator==(const FileSignature&) const = default;
+  };
+  std::optional<FileSignature> last_signature;
+  int settle_rounds = 0;
+
+  FileSignature signature() const {
+    FileSignature sig;
+    uv_fs_t req;
+    if (uv_fs_stat(nullptr, &req, store.path().c_str(), nullptr) == 0) {
+      sig.size = static_cast<int64_t>(req.statbuf.st_size);
+      sig.mtime_sec = req.statbuf.st_mtim.tv_sec;
+      sig.mtime_nsec = req.statbuf.st_mtim.tv_nsec;
+      sig.inode = req.statbuf.st_ino;
+    }
+    uv_fs_req_cleanup(&req);
+    return sig;
+  }
+
+  // Debounce elapsed: reload once the file has stopped changing.
+  void reload_when_settled() {
+    const FileSignature now = signature();
+    if ((!last_signature || *last_signature != now) && settle_rounds < options.max_settle_rounds) {
+      last_signature = now;
+      ++settle_rounds;
+      uv_timer_start(&debounce, on_debounce_elapsed, static_cast<uint64_t>(options.settle.count()), 0);
+      return;
+    }
+    if (settle_rounds >= options.max_settle_rounds) {
+      spdlog::warn("topology: {} kept changing for {} settle checks; reading it now", store.path(),
+                   settle_rounds);
+    }
+    reload();
+  }
+
   bool names_topology_file(const char* changed) const {
     // No name: the platform could not say which entry changed, so assume it may be ours.
     if (changed == nullptr) return true;
@@ -58,6 +98,8 @@ struct TopologyWatcher::Impl {
 
   void reload() {
     uv_timer_stop(&debounce);  // a pending debounced reload would re-read the same file
+    last_signature.reset();
+    settle_rounds = 0;
     // We are inside a libuv C callback: nothing may propagate out of here.
     try {
       Status s = store.reload();
@@ -69,7 +111,14 @@ struct TopologyWatcher::Impl {
     }
   }
 
-  static void on_debounce_elapsed(uv_timer_t* timer) { static_cast<Impl*>(timer->data)->reload(); }
+  static void on_debounce_elapsed(uv_timer_t* timer) {
+    auto* impl = static_cast<Impl*>(timer->data);
+    if (impl->options.settle.count() > 0) {
+      impl->reload_when_settled();
+    } else {
+      impl->reload();
+    }
+  }
 
   static void on_directory_event(uv_fs_event_t* handle, const char* changed, int /*events*/,
                                  int status) {

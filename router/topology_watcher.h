@@ -2,7 +2,11 @@
 //
 // The file's directory is watched (uv_fs_event), not the file: editors and `mv` replace the file,
 // which would orphan a watch on the old inode. Events are filtered by file name and debounced (one
-// uv_timer restarted by every event), so a save that produces several events reloads once. SIGHUP
+// uv_timer restarted by every event), so a save that produces several events reloads once. Then
+// the file must settle: its size, mtime and inode are read, and read again `settle` later; only
+// when they match is it reloaded, so a writer that truncates and then writes (`cat good > f`,
+// `cp`) is read once it has finished, not half-way (attacks-2026-11 bug 9; TopologyStore also
+// refuses an empty file). A file still changing after max_settle_rounds is read anyway. SIGHUP
 // (uv_signal) reloads at once. The reload itself is TopologyStore::reload() (validate in full,
 // publish or keep the old value).
 //
@@ -29,6 +33,8 @@ class TopologyWatcher {
  public:
   struct Options {
     std::chrono::milliseconds debounce{100};
+    std::chrono::milliseconds settle{200};
+    int max_settle_rounds = 25;
     bool reload_on_sighup = true;
     // Called on the loop thread after every reload attempt the watcher makes, with its outcome.
     std::function<void(const Status&)> after_reload;

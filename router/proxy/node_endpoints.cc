@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "proto/json_splice.h"
+#include "router/admin_routes.h"
 #include "router/http/json_error.h"
 #include "router/proxy/pairing.h"
 
@@ -132,7 +133,8 @@ void serve_profile(WorkerContext& worker, const http::Request& request, http::Re
     writer.send(http::error_response(503, "no instance is up to profile", "server_error", "no_pair"));
     return;
   }
-  worker.counters().bump(worker.counters().profile_fanouts);
+  ProxyCounters::bump(worker.shared().profile_fanouts != nullptr ? *worker.shared().profile_fanouts
+                                                                 : worker.counters().profile_fanouts);
   struct Result {
     std::string instance, role, error;
     int status = 0;
@@ -170,9 +172,18 @@ void serve_profile(WorkerContext& worker, const http::Request& request, http::Re
     http::UpstreamRequest upstream;
     upstream.method = "POST";
     upstream.path = request.path;
-    upstream.headers = auth_headers(*topology, request);
-    upstream.body = request.body;  // vLLM's proxies forward the client's body as is
-    if (auto type = request.header("Content-Type")) upstream.headers.push_back({"Content-Type", std::string(*type)});
+    // The caller authenticated with the admin key (main.cc admits these paths through
+    // AdminRoutes::admit_profile), so the router's own upstream key may go with the call. The
+    // client's Authorization never does: it may be the admin key itself.
+    if (!topology->connectors.upstream_api_key.empty()) {
+      upstream.headers.push_back({"Authorization", "Bearer " + topology->connectors.upstream_api_key});
+    }
+    // vLLM's profile endpoints take no body; a small one is forwarded (as vLLM's proxies do), a
+    // large one never is (admit_profile refused it with 413 already; this is the backstop).
+    if (request.body.size() <= kMaxProfileBodyBytes) {
+      upstream.body = request.body;
+      if (auto type = request.header("Content-Type")) upstream.headers.push_back({"Content-Type", std::string(*type)});
+    }
     http::UpstreamCallbacks cb;
     cb.on_head = [fan, i](int status, const std::vector<http::Header>&) { fan->results[i].status = status; };
     cb.on_body = [fan, i](std::string_view chunk) {

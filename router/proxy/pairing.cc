@@ -72,10 +72,29 @@ std::string model_suffix(std::string_view model) {
   return model.empty() ? std::string() : " serving model '" + std::string(model) + "'";
 }
 
-}  // namespace
+// The index of a snapshot built by the registry, or one built now for a hand-made snapshot.
+const discovery::RoutableIndex& index_of(const RegistrySnapshot& s, discovery::RoutableIndex* local) {
+  if (s.routable.built) return s.routable;
+  *local = discovery::RoutableIndex::build(s.instances);
+  return *local;
+}
 
-Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefill_policy, Policy& decode_policy,
-                   Pair* out) {
+bool pairable_class(const discovery::RoutableGroup& g) {
+  return g.connector != Connector::kUnknown &&
+         (g.connector != Connector::kMoriio || g.transfer_mode != proto::TransferMode::kNone);
+}
+
+// The members of `group` serving the query's model and not excluded.
+std::vector<const InstancePtr*> candidates(const discovery::RoutableGroup& group, std::string_view model,
+                                           std::span<const std::string> excluded, size_t* visited) {
+  std::vector<const InstancePtr*> out = group.serving(model);
+  if (visited != nullptr) *visited += out.size();
+  if (!excluded.empty()) std::erase_if(out, [&](const InstancePtr* i) { return contains(excluded, (*i)->key); });
+  return out;
+}
+
+// Why no pair exists, from a scan of the whole snapshot (the failure path only).
+Status no_pair_reason(const RegistrySnapshot& s, const PairQuery& q) {
   auto prefills = usable(s, Role::kPrefill, q.model, q.excluded_prefills);
   auto decodes = usable(s, Role::kDecode, q.model, q.excluded_decodes);
   if (prefills.empty()) {
@@ -86,30 +105,53 @@ Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefil
     return Status(StatusCode::kNotFound, "no decode instance is up with a known connector" + model_suffix(q.model) +
                                              (q.excluded_decodes.empty() ? "" : " (besides those already tried)"));
   }
-  std::vector<const InstancePtr*> pairable;
-  for (const InstancePtr* p : prefills) {
-    for (const InstancePtr* d : decodes) {
-      if (compatible(**p, **d)) {
-        pairable.push_back(p);
-        break;
-      }
-    }
+  const Instance& p = **prefills.front();
+  const Instance& d = **decodes.front();
+  return Status(StatusCode::kNotFound,
+                "no decode instance is compatible with any prefill instance (connector and transfer mode "
+                "must match; e.g. prefill " + p.key + " is " + std::string(proto::to_string(p.connector)) +
+                    "/" + std::string(proto::to_string(p.transfer_mode)) + ", decode " + d.key + " is " +
+                    std::string(proto::to_string(d.connector)) + "/" +
+                    std::string(proto::to_string(d.transfer_mode)) + ")");
+}
+
+}  // namespace
+
+Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefill_policy, Policy& decode_policy,
+                   Pair* out) {
+  discovery::RoutableIndex local;
+  const discovery::RoutableIndex& index = index_of(s, &local);
+  // Per compatibility class with both sides present: its usable prefills, and its usable decodes.
+  struct ClassCandidates {
+    std::vector<const InstancePtr*> prefills, decodes;
+  };
+  std::vector<ClassCandidates> classes;
+  for (const discovery::RoutableGroup& pg : index.groups) {
+    if (pg.role != Role::kPrefill || !pairable_class(pg)) continue;
+    const discovery::RoutableGroup* dg = index.find(Role::kDecode, pg.connector, pg.transfer_mode);
+    if (dg == nullptr) continue;
+    ClassCandidates c;
+    c.decodes = candidates(*dg, q.model, q.excluded_decodes, q.visited);
+    if (c.decodes.empty()) continue;
+    c.prefills = candidates(pg, q.model, q.excluded_prefills, q.visited);
+    if (!c.prefills.empty()) classes.push_back(std::move(c));
   }
-  if (pairable.empty()) {
-    const Instance& p = **prefills.front();
-    const Instance& d = **decodes.front();
-    return Status(StatusCode::kNotFound,
-                  "no decode instance is compatible with any prefill instance (connector and transfer mode "
-                  "must match; e.g. prefill " + p.key + " is " + std::string(proto::to_string(p.connector)) +
-                      "/" + std::string(proto::to_string(p.transfer_mode)) + ", decode " + d.key + " is " +
-                      std::string(proto::to_string(d.connector)) + "/" +
-                      std::string(proto::to_string(d.transfer_mode)) + ")");
+  if (classes.empty()) return no_pair_reason(s, q);
+  // Key order across classes, as one scan of the snapshot gave (policies index into this list).
+  std::vector<const InstancePtr*> pairable;
+  for (const ClassCandidates& c : classes) pairable.insert(pairable.end(), c.prefills.begin(), c.prefills.end());
+  if (classes.size() > 1) {
+    std::sort(pairable.begin(), pairable.end(),
+              [](const InstancePtr* a, const InstancePtr* b) { return (*a)->key < (*b)->key; });
   }
   prefer_not_ejected(pairable, q.now);
   const InstancePtr* prefill = pick(pairable, prefill_policy, q.summary);
   std::vector<const InstancePtr*> matching;
-  for (const InstancePtr* d : decodes) {
-    if (compatible(**prefill, **d)) matching.push_back(d);
+  for (const ClassCandidates& c : classes) {
+    if (compatible(**prefill, **c.decodes.front())) {
+      matching = c.decodes;
+      break;
+    }
   }
   prefer_not_ejected(matching, q.now);
   out->prefill = *prefill;
@@ -119,8 +161,15 @@ Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefil
 
 Status choose_decode(const RegistrySnapshot& s, const Instance& prefill, const PairQuery& q, Policy& decode_policy,
                      InstancePtr* out) {
-  auto decodes = usable(s, Role::kDecode, q.model, q.excluded_decodes);
-  std::erase_if(decodes, [&](const InstancePtr* d) { return !compatible(prefill, **d); });
+  discovery::RoutableIndex local;
+  const discovery::RoutableIndex& index = index_of(s, &local);
+  std::vector<const InstancePtr*> decodes;
+  const proto::TransferMode mode =
+      prefill.connector == Connector::kMoriio ? prefill.transfer_mode : proto::TransferMode::kNone;
+  if (const discovery::RoutableGroup* dg = index.find(Role::kDecode, prefill.connector, mode)) {
+    decodes = candidates(*dg, q.model, q.excluded_decodes, q.visited);
+    std::erase_if(decodes, [&](const InstancePtr* d) { return !compatible(prefill, **d); });
+  }
   if (decodes.empty()) {
     return Status(StatusCode::kNotFound, "no other decode instance compatible with prefill " + prefill.key);
   }
@@ -137,15 +186,18 @@ std::optional<uint32_t> next_dp_rank(const Instance& instance, uint32_t dp_size)
 }
 
 Status any_pair(const RegistrySnapshot& s) {
-  auto prefills = usable(s, Role::kPrefill, {}, {});
-  auto decodes = usable(s, Role::kDecode, {}, {});
-  if (prefills.empty()) return Status(StatusCode::kNotFound, "no prefill instance is up");
-  if (decodes.empty()) return Status(StatusCode::kNotFound, "no decode instance is up");
-  for (const InstancePtr* p : prefills) {
-    for (const InstancePtr* d : decodes) {
-      if (compatible(**p, **d)) return Status::ok();
+  discovery::RoutableIndex local;
+  const discovery::RoutableIndex& index = index_of(s, &local);
+  bool prefill_up = false, decode_up = false;
+  for (const discovery::RoutableGroup& g : index.groups) {
+    (g.role == Role::kPrefill ? prefill_up : decode_up) = true;
+    if (g.role == Role::kPrefill && pairable_class(g) &&
+        index.find(Role::kDecode, g.connector, g.transfer_mode) != nullptr) {
+      return Status::ok();
     }
   }
+  if (!prefill_up) return Status(StatusCode::kNotFound, "no prefill instance is up");
+  if (!decode_up) return Status(StatusCode::kNotFound, "no decode instance is up");
   return Status(StatusCode::kNotFound, "no decode instance is compatible with any prefill instance");
 }
 

@@ -14,6 +14,11 @@
 // of them ejected, trying one beats refusing the request. Policies see each instance's live
 // outstanding count and its dp_size as weight.
 //
+// Cost: the snapshot's RoutableIndex (discovery/instance.h) groups routable instances by role and
+// compatibility class, so a successful choice visits only the members of the classes that have
+// both a prefill and a decode (serving the query's model), never the whole registry. Only when
+// no pair exists is the registry scanned, to say why in the 503.
+//
 // Pure apart from atomic counters (the policies', and next_dp_rank's per instance): no I/O, safe
 // on any worker thread.
 #pragma once
@@ -42,6 +47,7 @@ struct PairQuery {
   std::span<const std::string> excluded_decodes;
   RequestSummary summary;                           // affinity key, if any
   discovery::Clock::time_point now{};               // for ejections; the epoch: ignore them
+  size_t* visited = nullptr;  // when set, incremented per instance examined (tests: cost bound)
 };
 
 struct Pair {

@@ -39,6 +39,8 @@ class ProxyService {
   void worker_stopped(uint32_t worker);
 
   const ProxyCounters& counters() const { return shared_.counters; }
+  // listeners.admin: this service's profile fan-outs are counted in `other`'s counters.
+  void count_profiles_in(ProxyService& other) { shared_.profile_fanouts = &other.shared_.counters.profile_fanouts; }
 
  private:
   WorkerContext& worker(uint32_t index);

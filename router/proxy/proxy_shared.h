@@ -46,6 +46,9 @@ struct ProxyShared {
   const discovery::SnapshotCell<discovery::Topology>* topology = nullptr;
   ProxyCounters counters;
   std::atomic<bool> shutting_down{false};  // set when the drain starts: new requests get 503
+  // Where profile fan-outs are counted; null: counters.profile_fanouts. The admin listener's
+  // service (listeners.admin) points it at the client service's, so /metrics has one total.
+  ProxyCounters::Counter* profile_fanouts = nullptr;
 
   // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
   // from the current set's.

@@ -636,6 +636,25 @@ TEST(RestartRequiredChanges, ListsListenersAndWorkersOnly) {
   EXPECT_THAT(
       restart_required_changes(a, b),
       ::testing::ElementsAre("listeners.http: 0.0.0.0:10001 -> 0.0.0.0:9000", "workers: 0 -> 3"));
+  b = a;
+  b.listeners.admin = proto::HostPort{"127.0.0.1", 9100};
+  EXPECT_THAT(restart_required_changes(a, b),
+              ::testing::ElementsAre("listeners.admin: (unset) -> 127.0.0.1:9100"));
+}
+
+TEST(TopologyParse, AdminListenerAndProtectStatus) {
+  Topology t;
+  ASSERT_TRUE(parse("admin: {}\n", &t).is_ok());
+  EXPECT_FALSE(t.listeners.admin.has_value());
+  EXPECT_FALSE(t.admin.protect_status);
+  Status s = parse("listeners:\n  admin: \"127.0.0.1:0\"\nadmin:\n  protect_status: true\n", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.listeners.admin, (proto::HostPort{"127.0.0.1", 0}));
+  EXPECT_TRUE(t.admin.protect_status);
+  EXPECT_THAT(error_of("listeners:\n  admin: 127.0.0.1:70000\n", StatusCode::kOutOfRange),
+              StartsWith("topo.yaml:2:10: listeners.admin: port 70000 is out of range"));
+  EXPECT_THAT(error_of("admin:\n  protect_status: maybe\n", StatusCode::kWrongType),
+              StartsWith("topo.yaml:2:19: admin.protect_status: "));
 }
 
 TEST(TopologyStore, DefaultsWithoutPath) {
@@ -698,6 +717,33 @@ TEST(TopologyStore, FailedReloadKeepsOldValue) {
   EXPECT_EQ(store.current()->workers, 4u);
   EXPECT_EQ(store.last_error(), "");
   EXPECT_EQ(calls, 1);
+}
+
+// attacks-2026-11 bug 9: an empty file (a writer between truncating and writing) on reload is
+// refused and keeps the running topology; at start-up it still means defaults.
+TEST(TopologyStore, EmptyFileOnReloadIsRefused) {
+  TempDir dir;
+  const std::string path = dir.write("topo.yaml", "workers: 2\n");
+  TopologyStore store;
+  ASSERT_TRUE(store.load_initial(path).is_ok());
+  std::shared_ptr<const Topology> before = store.current();
+  for (const char* empty : {"", "\n  \n\t"}) {
+    dir.write("topo.yaml", empty);
+    Status s = store.reload();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidValue);
+    EXPECT_THAT(s.message(), StartsWith(path + ": the file is empty"));
+    EXPECT_EQ(store.current(), before);
+  }
+  EXPECT_EQ(store.reloads_failed(), 2u);
+  EXPECT_EQ(store.reloads_ok(), 0u);
+  EXPECT_THAT(store.last_error(), StartsWith(path + ": the file is empty (whitespace only)"));
+  dir.write("topo.yaml", "# only a comment\nworkers: 3\n");
+  ASSERT_TRUE(store.reload().is_ok());
+  EXPECT_EQ(store.current()->workers, 3u);
+
+  TopologyStore fresh;
+  ASSERT_TRUE(fresh.load_initial(dir.write("empty.yaml", "")).is_ok());
+  EXPECT_EQ(fresh.current()->workers, 0u);
 }
 
 TEST(TopologyStore, InitialLoadErrorIsReturned) {

@@ -45,6 +45,9 @@ class Router:
             raise RuntimeError("pdrouter did not start:\n" + self.log())
         match = re.search(LISTENING, line)
         self.http, self.discovery = match.group(1), match.group(2)
+        # listeners.admin: the operator endpoints (/status, /metrics, /admin/...) live there.
+        admin = re.search(r" admin=(\S+)", line)
+        self.admin_http = admin.group(1) if admin else self.http
         self.ctx = zmq.Context()
         self.sockets = []  # kept open until stop(): LINGER 0 would drop unsent frames on close
 
@@ -74,9 +77,11 @@ class Router:
         return self.process.stop(timeout)
 
     # --- HTTP -------------------------------------------------------------------------------
-    def request(self, method, path, body=None, timeout=5, headers=None):
-        """Returns (status, headers dict with lower-case names, body bytes)."""
-        req = urllib.request.Request(f"http://{self.http}{path}", data=body, method=method,
+    def request(self, method, path, body=None, timeout=5, headers=None, admin=False):
+        """Returns (status, headers dict with lower-case names, body bytes). admin=True: on the
+        operator listener (the same as the client one unless listeners.admin is set)."""
+        base = self.admin_http if admin else self.http
+        req = urllib.request.Request(f"http://{base}{path}", data=body, method=method,
                                      headers=headers or {})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -85,12 +90,12 @@ class Router:
             return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
 
     def status(self):
-        code, _, body = self.request("GET", "/status")
+        code, _, body = self.request("GET", "/status", admin=True)
         assert code == 200, code
         return json.loads(body)
 
     def metrics(self):
-        code, _, body = self.request("GET", "/metrics")
+        code, _, body = self.request("GET", "/metrics", admin=True)
         assert code == 200, code
         values = {}
         for line in body.decode().splitlines():

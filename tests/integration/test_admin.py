@@ -1,12 +1,14 @@
 """The admin API over real HTTP: disabled without a key, keys refused, list/add/remove, operator
 drain that a node's heartbeats do not undo, vLLM's demo-proxy POST /instances/add, strict bodies
 that change nothing when refused, and the pdrouter_admin_requests_total counters."""
+import http.client
 import json
 import unittest
 
 import msgpack
 
-from pdrouter_fixture import Router
+from pdrouter_fixture import TIME_SCALE, Router
+from sim_fixture import SimNode
 from test_registration import moriio_current
 
 KEY = "s3cret-admin-key"
@@ -229,6 +231,198 @@ class AdminApiTest(unittest.TestCase):
         for name in names:
             self.assertEqual(counter(self.router, name), before[name] + 1, name)
         self.assertEqual(counter(self.router, "disabled"), 0)
+
+
+UPSTREAM_KEY = "upstream-secret-123"
+
+
+class ProfileNeedsTheAdminKeyTest(unittest.TestCase):
+    """security-review #7: /start_profile and /stop_profile were open fan-outs that carried the
+    router's upstream key and copied the client's body to every node."""
+
+    def setUp(self):
+        self.nodes = [SimNode(), SimNode()]
+        for node in self.nodes:
+            self.addCleanup(node.stop)
+        topology = f"""
+admin:
+  api_key_env: PDR_TEST_ADMIN_KEY
+connectors:
+  default: nixl
+  upstream_api_key_env: PDR_TEST_UPSTREAM_KEY
+instances:
+  - role: prefill
+    http_address: "{self.nodes[0].http_address}"
+  - role: decode
+    http_address: "{self.nodes[1].http_address}"
+"""
+        self.router = Router(topology, env={**ENV, "PDR_TEST_UPSTREAM_KEY": UPSTREAM_KEY})
+        self.addCleanup(self.router.stop)
+
+    def profile_calls(self, node, path):
+        return [r for r in node.sim_requests()["requests"] if r["path"] == path]
+
+    def test_unauthenticated_profile_is_401_and_reaches_no_node(self):
+        for path in ("/start_profile", "/stop_profile"):
+            for headers in [{}, {"Authorization": "Bearer nope"}, {"X-API-Key": "nope"}]:
+                code, hdrs, raw = self.router.request("POST", path, b'{"x":1}', headers=headers)
+                self.assertEqual(code, 401, (path, headers, raw))
+                self.assertEqual(json.loads(raw)["error"]["code"], "invalid_api_key")
+                self.assertIn("www-authenticate", hdrs)
+            # Over the body cap: refused before any node is called.
+            code, _, raw = self.router.request("POST", path, b"x" * 5000, headers=AUTH)
+            self.assertEqual(code, 413, raw)
+            self.assertEqual(json.loads(raw)["error"]["code"], "body_too_large")
+            for node in self.nodes:
+                self.assertEqual(self.profile_calls(node, path), [])
+            # With the key it fans out, with the router's upstream key and never the admin key.
+            code, _, raw = self.router.request("POST", path, b'{"x":1}',
+                                               headers={**AUTH, "Content-Type": "application/json"})
+            # The sim answers 404 unless profiling is enabled on it (as vLLM without
+            # VLLM_TORCH_PROFILER_DIR): 502 with every node's answer.
+            self.assertIn(code, (200, 502), raw)
+            results = {r["instance"]: r["status"] for r in json.loads(raw)["results"]}
+            self.assertEqual(set(results), {n.http_address for n in self.nodes})
+            for node in self.nodes:
+                # The authorised call has arrived: had a refused one been forwarded, it would be
+                # in the log too.
+                log = node.wait_for_requests(
+                    lambda log: any(r["path"] == path and r["status"] for r in log["requests"]))
+                calls = [r for r in log["requests"] if r["path"] == path]
+                self.assertEqual(len(calls), 1, calls)
+                self.assertEqual(calls[0]["status"], results[node.http_address])
+                self.assertEqual(calls[0]["headers"].get("authorization"), f"Bearer {UPSTREAM_KEY}")
+        self.assertEqual(counter(self.router, "unauthorized"), 6)
+        self.assertEqual(counter(self.router, "bad_request"), 2)
+        self.assertEqual(self.router.metrics()["pdrouter_profile_fanouts_total"], 2)
+
+    def test_profile_with_the_admin_api_disabled_is_403(self):
+        self.router.write_topology("connectors:\n  default: nixl\n")
+        self.router.wait_for(
+            lambda: self.router.request("GET", "/admin/instances", headers=AUTH)[0] == 403)
+        for path in ("/start_profile", "/stop_profile"):
+            code, _, raw = self.router.request("POST", path, headers=AUTH)
+            self.assertEqual((code, json.loads(raw)["error"]["code"]), (403, "admin_disabled"))
+        for node in self.nodes:
+            self.assertEqual(self.profile_calls(node, "/start_profile") +
+                             self.profile_calls(node, "/stop_profile"), [])
+
+
+class AdminListenerTest(unittest.TestCase):
+    """listeners.admin: the operator endpoints move off the client port."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.router = Router(TOPOLOGY + "listeners:\n  admin: \"127.0.0.1:0\"\n", env=ENV)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.router.stop()
+
+    def test_operator_paths_are_only_on_the_admin_listener(self):
+        router = self.router
+        self.assertNotEqual(router.admin_http, router.http)
+        operator = [("GET", "/status", None), ("GET", "/metrics", None),
+                    ("GET", "/admin/instances", None), ("GET", f"/admin/instances/{STATIC}", None),
+                    ("POST", "/instances/add", b'{"type":"decode","instance":"127.0.0.9:1"}'),
+                    ("POST", "/start_profile", None), ("POST", "/stop_profile", None)]
+        for method, path, body in operator:
+            code, _, raw = router.request(method, path, body, headers=AUTH)
+            self.assertEqual(code, 404, (path, raw))
+            self.assertEqual(json.loads(raw)["error"]["code"], "not_found")
+        # The client listener keeps the client endpoints.
+        self.assertEqual(router.request("GET", "/health")[0], 200)
+        self.assertEqual(router.request("GET", "/ready")[0], 503)  # served: no pair yet
+        code, _, raw = router.request("POST", "/v1/completions", b"{}",
+                                      headers={"Content-Type": "application/json"})
+        self.assertNotEqual(json.loads(raw)["error"]["code"], "not_found", raw)
+        # The admin listener has the operator endpoints, and none of the client ones.
+        self.assertEqual(router.request("GET", "/status", admin=True)[0], 200)
+        self.assertEqual(router.request("GET", "/metrics", admin=True)[0], 200)
+        self.assertEqual(router.request("GET", "/health", admin=True)[0], 200)
+        code, _, raw = router.request("GET", "/admin/instances", headers=AUTH, admin=True)
+        self.assertEqual(code, 200, raw)
+        self.assertIn(STATIC, [i["http_address"] for i in json.loads(raw)["instances"]])
+        self.assertEqual(router.request("GET", "/admin/instances", admin=True)[0], 401)
+        self.assertEqual(router.request("POST", "/start_profile", admin=True)[0], 401)
+        for method, path in [("POST", "/v1/completions"), ("GET", "/v1/models"), ("GET", "/ready")]:
+            code, _, raw = router.request(method, path, b"{}" if method == "POST" else None,
+                                          admin=True)
+            self.assertEqual(code, 404, (path, raw))
+        # A change made on the admin listener is the one registry the client side routes from.
+        added = "127.0.0.9:8100"
+        code, _, raw = router.request(
+            "POST", "/admin/instances",
+            json.dumps({"role": "decode", "http_address": added}).encode(), headers=AUTH,
+            admin=True)
+        self.assertEqual(code, 201, raw)
+        self.assertIsNotNone(router.instance(added))
+
+
+class AdminListenerProfileTest(unittest.TestCase):
+    def test_profile_on_the_admin_listener_fans_out_and_is_counted(self):
+        node = SimNode()
+        self.addCleanup(node.stop)
+        topology = (f"admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\nconnectors:\n  default: nixl\n"
+                    f"listeners:\n  admin: \"127.0.0.1:0\"\ninstances:\n  - role: decode\n"
+                    f"    http_address: \"{node.http_address}\"\n")
+        with Router(topology, env=ENV) as router:
+            self.assertEqual(router.request("POST", "/start_profile", headers=AUTH)[0], 404)
+            code, _, raw = router.request("POST", "/start_profile", headers=AUTH, admin=True)
+            self.assertIn(code, (200, 502), raw)
+            self.assertEqual([r["instance"] for r in json.loads(raw)["results"]],
+                             [node.http_address])
+            node.wait_for_requests(
+                lambda log: [r["path"] for r in log["requests"]] == ["/start_profile"])
+            self.assertEqual(router.metrics()["pdrouter_profile_fanouts_total"], 1)
+
+
+class ProtectedStatusTest(unittest.TestCase):
+    def test_status_needs_the_key_with_protect_status(self):
+        topology = TOPOLOGY.replace("admin:\n", "admin:\n  protect_status: true\n")
+        with Router(topology, env=ENV) as router:
+            code, _, raw = router.request("GET", "/status")
+            self.assertEqual(code, 401, raw)
+            self.assertEqual(json.loads(raw)["error"]["code"], "invalid_api_key")
+            code, _, raw = router.request("GET", "/status", headers=AUTH)
+            self.assertEqual(code, 200, raw)
+            self.assertIn(STATIC, [i["http_address"] for i in json.loads(raw)["instances"]])
+            self.assertEqual(router.request("GET", "/health")[0], 200)
+            self.assertEqual(counter(router, "unauthorized"), 1)
+
+
+class AuthThrottleTest(unittest.TestCase):
+    """attacks bug 17: admin keys could be guessed at ~3,570/s."""
+
+    def test_burst_of_wrong_keys_is_throttled_then_the_right_key_works(self):
+        with Router(TOPOLOGY, env=ENV) as router:
+            host, port = router.http.rsplit(":", 1)
+            conn = http.client.HTTPConnection(host, int(port), timeout=10 * TIME_SCALE)
+            codes = []
+            try:
+                for i in range(200):  # one keep-alive connection, as the attack did
+                    conn.request("GET", "/admin/instances",
+                                 headers={"Authorization": f"Bearer guess-{i}"})
+                    response = conn.getresponse()
+                    body = response.read()
+                    codes.append(response.status)
+                    if response.status == 429:
+                        self.assertEqual(json.loads(body)["error"]["code"], "auth_throttled")
+                        self.assertEqual(response.getheader("Retry-After"), "1")
+            finally:
+                conn.close()
+            throttled = codes.count(429)
+            self.assertGreaterEqual(throttled, 150, codes)
+            self.assertEqual(codes.count(401) + throttled, 200, codes)
+            metrics = router.metrics()
+            self.assertEqual(metrics["pdrouter_admin_auth_throttled_total"], throttled)
+            self.assertEqual(metrics['pdrouter_admin_requests_total{result="throttled"}'],
+                             throttled)
+            # Once the address has a failure token back, the right key is checked and works.
+            router.wait_for(
+                lambda: router.request("GET", "/admin/instances", headers=AUTH)[0] == 200,
+                timeout=10)
+            self.assertEqual(router.request("GET", "/health")[0], 200)
 
 
 if __name__ == "__main__":

@@ -482,9 +482,14 @@ class TestSglang(DialectCase, unittest.TestCase):
 class TestRouterEndpoints(unittest.TestCase):
     """/v1/models, /ready and the profile fan-out; nodes are added one by one."""
 
+    ADMIN_KEY = "profile-admin-key"
+
     def setUp(self):
+        # Profiling needs the admin key (security review #7).
         self.cluster = PdCluster("moriio", transfer_mode="READ", prefills=0, decodes=0,
-                                 register=False)
+                                 register=False,
+                                 topology="admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\n",
+                                 router_env={"PDR_TEST_ADMIN_KEY": self.ADMIN_KEY})
         self.addCleanup(self.cluster.close)
 
     def add_node(self, role, mode):
@@ -558,8 +563,8 @@ class TestRouterEndpoints(unittest.TestCase):
         for path in ("/start_profile", "/stop_profile"):
             for node in nodes:
                 node.reset()
-            status, _, raw = self.cluster.post(path, {"x": 1},
-                                               headers={"Authorization": CLIENT_AUTH})
+            status, _, raw = self.cluster.post(
+                path, {"x": 1}, headers={"Authorization": f"Bearer {self.ADMIN_KEY}"})
             seen = []
             for node in nodes:
                 log = node.wait_for_requests(
@@ -567,7 +572,8 @@ class TestRouterEndpoints(unittest.TestCase):
                     WAIT_S)
                 [entry] = [r for r in log["requests"] if r["path"] == path]
                 self.assertEqual(entry["method"], "POST")
-                self.assertEqual(entry["headers"].get("authorization"), CLIENT_AUTH)
+                # No upstream key configured: nothing; the admin key never reaches a node.
+                self.assertIsNone(entry["headers"].get("authorization"))
                 seen.append(entry["status"])
             doc = json.loads(raw)
             if all(s == 200 for s in seen):

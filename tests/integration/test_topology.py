@@ -3,9 +3,10 @@ on SIGHUP, a bad reload rejected with the old configuration kept, and bad files 
 import os
 import re
 import signal
+import time
 import unittest
 
-from pdr_testlib import ProcessHandle, pdrouter_path
+from pdr_testlib import ProcessHandle, free_port, pdrouter_path
 from pdrouter_fixture import Router
 
 
@@ -76,6 +77,54 @@ class TopologyReloadTest(unittest.TestCase):
         self.assertEqual(self.router.stop(), 0)
 
 
+
+class TruncatedTopologyTest(unittest.TestCase):
+    """attacks bug 9: a writer that truncates first (`: > f`, `cat good > f`, `cp`) made the
+    watcher apply the empty file: all defaults, static instances gone, admin API disabled."""
+
+    KEY = "trunc-admin-key"
+
+    def good(self, *extra):
+        return (topology(("prefill", "10.5.0.1:8000"), *extra) +
+                "admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\n")
+
+    def setUp(self):
+        self.router = Router(self.good(), env={"PDR_TEST_ADMIN_KEY": self.KEY})
+        self.addCleanup(self.router.stop)
+
+    def write_in_place(self, text):
+        with open(self.router.config, "w") as f:  # truncates, then writes: not atomic
+            f.write(text)
+
+    def running_config_kept(self):
+        keys = [i["http_address"] for i in self.router.status()["instances"]]
+        self.assertIn("10.5.0.1:8000", keys)
+        code, _, _ = self.router.request("GET", "/admin/instances",
+                                         headers={"Authorization": f"Bearer {self.KEY}"})
+        self.assertEqual(code, 200)
+        return keys
+
+    def test_truncate_then_write_keeps_the_running_configuration(self):
+        self.write_in_place("")  # left empty: refused once it has settled
+        self.router.wait_for(lambda: self.running_config_kept() and reloads(self.router, "failed") >= 1)
+        self.assertIn("empty", self.router.status()["topology"]["last_error"])
+        self.assertEqual(reloads(self.router, "ok"), 0)
+        self.running_config_kept()
+        # The writer finishes later: the new file applies, and the old one was kept until then.
+        self.write_in_place(self.good(("decode", "10.5.0.2:8000")))
+        self.router.wait_for(lambda: "10.5.0.2:8000" in self.running_config_kept())
+        self.assertEqual(self.router.status()["topology"]["last_error"], "")
+        # The attack's rounds: truncate, a moment, write. The half-written state is never read.
+        for n in range(3):
+            before = reloads(self.router, "ok")
+            self.write_in_place("")
+            self.running_config_kept()
+            time.sleep(0.05)  # part of the writer's behaviour being reproduced, not a wait
+            self.write_in_place(self.good(("decode", f"10.5.0.{3 + n}:8000")))
+            self.router.wait_for(lambda: f"10.5.0.{3 + n}:8000" in self.running_config_kept())
+            self.router.wait_for(lambda: reloads(self.router, "ok") >= before + 1)
+        self.running_config_kept()
+
 class StartupTest(unittest.TestCase):
     def start_with(self, text):
         path = os.path.join(self.dir, "bad.yaml")
@@ -102,6 +151,17 @@ class StartupTest(unittest.TestCase):
         code, err = self.start_with("listeners:\n  http: \"0.0.0.0:70000\"\n")
         self.assertEqual(code, 2)
         self.assertRegex(err, r"bad\.yaml:2:\d+: listeners\.http: .*70000")
+
+    def test_admin_listener_on_the_http_port_is_refused(self):
+        port = free_port()
+        path = os.path.join(self.dir, "bad.yaml")
+        with open(path, "w") as f:
+            f.write(f"listeners:\n  admin: \"127.0.0.1:{port}\"\n")
+        proc = ProcessHandle([pdrouter_path(), "--config", path, "--http", f"127.0.0.1:{port}",
+                              "--discovery", "tcp://127.0.0.1:0"], name="pdrouter", log_dir=self.dir)
+        self.addCleanup(proc.stop)
+        self.assertEqual(proc.wait(10), 2)
+        self.assertIn("listeners.admin", proc.output("stderr"))
 
     def test_unknown_policy(self):
         code, err = self.start_with("policies:\n  prefill: fastest\n")

@@ -1,11 +1,13 @@
 // The proxy's pure parts: pairing over a snapshot, passive ejection and the retry rules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "discovery/registry.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/retry_rules.h"
@@ -64,6 +66,72 @@ TEST(Pairing, PairsOnlyTheSameConnectorAndMoriioMode) {
     EXPECT_EQ(pair.decode->key, "10.0.0.4:1");
   }
   EXPECT_TRUE(any_pair(s2).is_ok());
+}
+
+// attacks-2026-11 bug 12: pairing visited every registry entry per request. With the snapshot's
+// RoutableIndex it visits the compatible candidates only, however many incompatible entries the
+// registry holds (here 4,096: other connectors, the other MoRIIO mode, other models).
+TEST(Pairing, CandidateScanIsBoundedByCompatibleEntries) {
+  std::vector<std::shared_ptr<const Instance>> all;
+  all.push_back(node("127.0.0.1:1", Role::kPrefill, Connector::kMoriio, TransferMode::kRead, InstanceState::kUp, "m"));
+  all.push_back(node("127.0.0.2:1", Role::kDecode, Connector::kMoriio, TransferMode::kRead));
+  for (int i = 0; i < 4096; ++i) {
+    const std::string key = "127.1." + std::to_string(i / 256) + "." + std::to_string(i % 256) + ":2";
+    switch (i % 4) {
+      case 0: all.push_back(node(key, Role::kDecode, Connector::kNixl)); break;
+      case 1: all.push_back(node(key, Role::kPrefill, Connector::kMoriio, TransferMode::kWrite)); break;
+      case 2: all.push_back(node(key, Role::kDecode, Connector::kMoriio, TransferMode::kRead, InstanceState::kUp, "other")); break;
+      default: all.push_back(node(key, Role::kPrefill, Connector::kSglang)); break;
+    }
+  }
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a->key < b->key; });
+  RegistrySnapshot s = snapshot(all);
+  s.routable = discovery::RoutableIndex::build(s.instances);  // as Registry::snapshot() does
+  Policies p;
+  for (int i = 0; i < 10; ++i) {
+    size_t visited = 0;
+    PairQuery q;
+    q.model = "m";
+    q.visited = &visited;
+    Pair pair;
+    ASSERT_TRUE(choose_pair(s, q, *p.prefill, *p.decode, &pair).is_ok());
+    EXPECT_EQ(pair.prefill->key, "127.0.0.1:1");
+    EXPECT_EQ(pair.decode->key, "127.0.0.2:1");
+    EXPECT_LE(visited, 2u);
+    visited = 0;
+    InstancePtr decode;
+    ASSERT_TRUE(choose_decode(s, *pair.prefill, q, *p.decode, &decode).is_ok());
+    EXPECT_LE(visited, 1u);
+  }
+  EXPECT_TRUE(any_pair(s).is_ok());
+  // The hand-made snapshot without an index pairs the same way (index built on the fly).
+  RegistrySnapshot plain = snapshot(all);
+  Pair pair;
+  PairQuery q;
+  q.model = "m";
+  ASSERT_TRUE(choose_pair(plain, q, *p.prefill, *p.decode, &pair).is_ok());
+  EXPECT_EQ(pair.decode->key, "127.0.0.2:1");
+}
+
+// The registry builds the index with every snapshot (else pairing would build one per request).
+TEST(Pairing, RegistrySnapshotsCarryTheRoutableIndex) {
+  discovery::RegistryOptions options;
+  discovery::Registry registry(options);
+  const auto now = discovery::Clock::now();
+  for (auto [port, role] : {std::pair{8001, Role::kPrefill}, std::pair{8002, Role::kDecode}}) {
+    discovery::StaticInstance spec;
+    spec.role = role;
+    spec.http_address = {"127.0.0.1", static_cast<uint16_t>(port)};
+    spec.connector = Connector::kNixl;
+    registry.add_admin(spec, now);
+  }
+  auto snap = registry.snapshot(now);
+  ASSERT_TRUE(snap->routable.built);
+  ASSERT_EQ(snap->routable.groups.size(), 2u);
+  const auto* decodes = snap->routable.find(Role::kDecode, Connector::kNixl, TransferMode::kNone);
+  ASSERT_NE(decodes, nullptr);
+  EXPECT_EQ(decodes->all.size(), 1u);
+  EXPECT_TRUE(any_pair(*snap).is_ok());
 }
 
 TEST(Pairing, PrefillChosenOnlyAmongThoseWithACompatibleDecode) {

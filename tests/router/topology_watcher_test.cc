@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "discovery/topology_store.h"
 
@@ -160,6 +161,74 @@ TEST_F(TopologyWatcherTest, InvalidRewriteKeepsOldTopology) {
   EXPECT_EQ(store.current()->retries.prefill_attempts, 3u);
   EXPECT_THAT(store.last_error(),
               StartsWith(path_ + ":1:29: retries.prefill_attempts: 0 is out of range"));
+}
+
+// attacks-2026-11 bug 9: `: > topo.yaml` then (a moment later) the good file written in place.
+// The watcher waits for the file to settle, so the truncated state is never read; and were it
+// read, the store refuses an empty file. Either way the running topology survives.
+TEST_F(TopologyWatcherTest, TruncateThenWriteReloadsOnlyTheFinishedFile) {
+  write_in_place("retries: {prefill_attempts: 3}\n");
+  TopologyStore store;
+  ASSERT_TRUE(store.load_initial(path_).is_ok());
+  std::vector<Status> outcomes;
+  std::vector<uint32_t> seen_attempts;
+  TopologyWatcher::Options options;
+  options.debounce = 20ms;
+  options.settle = 200ms;
+  options.after_reload = [&](const Status& s) {
+    outcomes.push_back(s);
+    seen_attempts.push_back(store.current()->retries.prefill_attempts);
+    stop();
+  };
+  TopologyWatcher watcher(&loop_, store, options);
+  ASSERT_TRUE(watcher.start().is_ok());
+
+  write_in_place("");  // the writer truncated...
+  uv_timer_t writer;
+  uv_timer_init(&loop_, &writer);
+  writer.data = &path_;
+  uv_timer_start(
+      &writer,
+      [](uv_timer_t* t) {  // ...and writes 60 ms later (before the settle check is due)
+        std::ofstream(*static_cast<std::string*>(t->data), std::ios::trunc)
+            << "retries: {prefill_attempts: 4}\n";
+      },
+      60, 0);
+  run_until_stopped();
+  uv_close(reinterpret_cast<uv_handle_t*>(&writer), nullptr);
+  uv_run(&loop_, UV_RUN_NOWAIT);  // finish closing `writer` before it leaves scope
+
+  EXPECT_FALSE(timed_out_) << "no reload within 10 s";
+  ASSERT_EQ(outcomes.size(), 1u);
+  EXPECT_TRUE(outcomes[0].is_ok()) << outcomes[0].to_string();
+  EXPECT_EQ(seen_attempts[0], 4u);
+  EXPECT_EQ(store.reloads_failed(), 0u);
+  EXPECT_EQ(store.reloads_ok(), 1u);
+}
+
+// A file left empty is read once it settles, and refused: counted, logged, topology kept.
+TEST_F(TopologyWatcherTest, EmptiedFileIsAFailedReload) {
+  write_in_place("retries: {prefill_attempts: 3}\n");
+  TopologyStore store;
+  ASSERT_TRUE(store.load_initial(path_).is_ok());
+  Status outcome;
+  TopologyWatcher::Options options;
+  options.debounce = 20ms;
+  options.settle = 50ms;
+  options.after_reload = [&](const Status& s) {
+    outcome = s;
+    stop();
+  };
+  TopologyWatcher watcher(&loop_, store, options);
+  ASSERT_TRUE(watcher.start().is_ok());
+  write_in_place("");
+  run_until_stopped();
+
+  EXPECT_FALSE(timed_out_) << "no reload attempt within 10 s";
+  EXPECT_FALSE(outcome.is_ok());
+  EXPECT_THAT(outcome.message(), ::testing::HasSubstr("the file is empty"));
+  EXPECT_EQ(store.reloads_failed(), 1u);
+  EXPECT_EQ(store.current()->retries.prefill_attempts, 3u);
 }
 
 TEST_F(TopologyWatcherTest, MissingDirectoryFailsToStart) {
