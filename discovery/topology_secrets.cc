@@ -109,22 +109,17 @@ void read_env_secret(const Source& src, MapReader& r, std::string_view key, std:
 
 void read_file_secret(const Source& src, MapReader& r, std::string_view key, std::string* file,
                       std::string* secret) {
-  r.with(key, [&](const Field& f) {
-    std::string path;
-    Status s = read_string(src, f, 4096, &path);
-    if (!s || path.empty()) return s;
-    std::string resolved = resolve_beside(src.filename, path);
-    std::string content;
-    s = read_small_file(resolved, kMaxSecretFileBytes, &content);
-    if (!s) return fail(src, f, s.code(), fmt::format("'{}': {}", resolved, s.message()));
-    content = strip_trailing_newline(std::move(content));
+  std::string path;
+  read_text_file(src, r, key, kMaxSecretFileBytes, &path, [&](const Field& f, std::string_view text) {
+    const std::string resolved = resolve_beside(src.filename, path);
+    std::string content = strip_trailing_newline(std::string(text));
     if (content.empty())
       return fail(src, f, StatusCode::kInvalidValue, fmt::format("'{}' is empty", resolved));
     if (has_control_chars(content)) {
       return fail(src, f, StatusCode::kInvalidValue,
                   fmt::format("'{}' contains control characters (one line expected)", resolved));
     }
-    *file = std::move(path);
+    *file = path;
     *secret = std::move(content);
     return Status::ok();
   });
