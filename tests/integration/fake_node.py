@@ -9,6 +9,9 @@ Modes:
                            the peer reads (a prefill answering an endless body).
   "trickle":               200 application/json head (chunked), then one byte every
                            `interval` seconds, forever (a prefill that never completes).
+  "sse_crlf":              200 text/event-stream whose events end in "\r\n\r\n" (valid SSE):
+                           one completion chunk, then waits for `release` (a threading.Event
+                           the test sets), then a second one and "data: [DONE]".
 
   node = FakeNode("sse_head_then_silence"); node.http_address -> "127.0.0.1:PORT"
   node.requests, node.closed: how many requests arrived / connections the peer closed.
@@ -28,6 +31,7 @@ class FakeNode:
         self.bytes_sent = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.release = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -103,6 +107,23 @@ class FakeNode:
                         self.bytes_sent += len(piece)
                     if self.mode == "trickle":
                         time.sleep(self.interval)
+            elif self.mode == "sse_crlf":
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n")
+
+                def send_chunk(payload):
+                    conn.sendall(b"%x\r\n%s\r\n" % (len(payload), payload))
+
+                event = (b'data: {"id":"cmpl-fake","object":"text_completion","choices":'
+                         b'[{"index":0,"text":"%s","finish_reason":null}]}\r\n\r\n')
+                send_chunk(event % b"one")
+                while not self.release.wait(0.05):
+                    if self._stop.is_set():
+                        return
+                send_chunk(event % b"two")
+                send_chunk(b"data: [DONE]\r\n\r\n")
+                conn.sendall(b"0\r\n\r\n")
+                self._wait_closed(conn)
             else:
                 raise ValueError(self.mode)
         except OSError:

@@ -201,6 +201,27 @@ class HeldStreamHead(BoundsTest):
         c.router.wait_for(lambda: silent.closed >= silent.requests, timeout=5)
 
 
+class SseFraming(BoundsTest):
+    def test_events_ending_in_crlf_are_relayed_as_they_arrive(self):
+        # Before the fix only "\n\n" ended an event: the first event was held back until 1 MiB
+        # or the end of the stream, which here never comes until the client has seen it.
+        decode = self.fake("sse_crlf")
+        c = self.cluster(connector="nixl", transfer_mode=None, prefills=1, decodes=0,
+                         kv_backends="none",
+                         topology="connectors:\n  default: nixl\n"
+                                  "instances:\n  - {role: decode, http_address: \"%s\"}\n"
+                                  % decode.http_address)
+        with c.stream(COMPLETIONS, completion(stream=True), timeout=10) as events:
+            self.assertEqual(events.status, 200)
+            it = iter(events)
+            first = json.loads(next(it))
+            self.assertEqual(first["choices"][0]["text"], "one")
+            decode.release.set()
+            rest = list(it)
+        self.assertEqual(json.loads(rest[0])["choices"][0]["text"], "two")
+        self.assertEqual(rest[-1], "[DONE]")
+
+
 class RefusedParameters(BoundsTest):
     def test_parameters_vllm_refuses_are_answered_400_before_any_leg(self):
         c = self.cluster(kv_backends="none")
