@@ -974,6 +974,17 @@ void ProxySession::end(RequestState final_state) {
     s.prefill_timer.stop();
   }
   release_pair();
+  // Nothing can retry any more: the bodies go now, not when the last callback lets go of the
+  // session (an orphaned prefill keeps it for up to kOrphanGrace).
+  s.req.body = std::string();
+  s.legs.prefill.body = std::string();
+  s.legs.decode.body = std::string();
+  s.decode_body = std::string();
+  if (s.budget_held != 0) {
+    s.w.counters().buffered_bytes.fetch_sub(s.budget_held, std::memory_order_relaxed);
+    s.budget_held = 0;
+    s.answer_budget = 0;
+  }
   s.w.counters().in_flight.fetch_sub(1, std::memory_order_relaxed);
 }
 
