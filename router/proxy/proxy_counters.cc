@@ -153,7 +153,8 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
   out.counter("pdrouter_prefill_deadlines_total", "Prefill legs closed at timeouts.prefill_ms (whole-leg deadline)",
               value(c.prefill_deadlines));
   out.gauge("pdrouter_orphan_prefill_legs",
-            "Concurrent-dialect prefill legs still open after their request ended (count against max_concurrent_requests)",
+            "Concurrent-dialect prefill legs still open after their request ended "
+            "(counted against max_concurrent_requests)",
             static_cast<double>(c.orphan_prefills.load(std::memory_order_relaxed)));
   out.counter("pdrouter_orphan_prefill_closes_total",
               "Orphaned prefill legs closed by pdrouter (grace period or prefill deadline)",

@@ -447,7 +447,8 @@ void ProxySession::on_prefill_deadline() {
     return;
   }
   s.w.counters().bump(s.w.counters().prefill_deadlines);
-  prefill_failed(LegFailure::kTimeout, "prefill " + s.prefill_key + ": no complete answer within timeouts.prefill_ms = " +
+  prefill_failed(LegFailure::kTimeout, "prefill " + s.prefill_key +
+                                           ": no complete answer within timeouts.prefill_ms = " +
                                            std::to_string(s.topo->timeouts.prefill.count()) + " ms");
 }
 
@@ -648,9 +649,9 @@ void ProxySession::on_decode_head(int status, const std::vector<http::Header>& h
     auto self = weak.lock();
     if (!self || self->finished() || self->s_->stream_started || !self->s_->decode_call) return;
     State& st = *self->s_;
-    self->decode_failed(LegFailure::kTimeout,
-                        "decode " + st.pair.decode->key + ": stream head but no event within timeouts.first_byte_ms = " +
-                            std::to_string(st.topo->timeouts.first_byte.count()) + " ms");
+    self->decode_failed(LegFailure::kTimeout, "decode " + st.pair.decode->key +
+                                                  ": stream head but no event within timeouts.first_byte_ms = " +
+                                                  std::to_string(st.topo->timeouts.first_byte.count()) + " ms");
   });
 }
 
