@@ -61,9 +61,12 @@ class BoundsTest(unittest.TestCase):
 
 class ClientWriteStall(BoundsTest):
     def test_a_client_that_stops_reading_is_cut_off_and_its_legs_closed(self):
-        # Fast tokens, so the client's 4 KiB receive buffer, pdrouter's socket buffer and its
-        # 256 KiB high-water mark fill within a second or two; then the decode leg is paused.
-        c = self.cluster(decode_flags=("--decode-us-per-token", "20", "--max-model-len", "10000000"),
+        # Fast tokens (~200 bytes each), so the client's 4 KiB receive buffer, pdrouter's socket
+        # buffer (up to 4 MiB) and its 256 KiB high-water mark fill within a few seconds; then
+        # the decode leg is paused. The sim writes every due token whatever its client reads, so
+        # the stream is kept to 20 s (a faster one makes it catch up in one long burst).
+        c = self.cluster(decode_flags=("--decode-us-per-token", "100", "--max-model-len", "10000000",
+                                       "--workers", "2"),
                          kv_backends="none",
                          topology="timeouts:\n  client_write_ms: 1000\n  stream_idle_ms: 60000\n")
         host, port = c.router.http.rsplit(":", 1)
@@ -72,7 +75,7 @@ class ClientWriteStall(BoundsTest):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.settimeout(5 * TIME_SCALE)
         sock.connect((host, int(port)))
-        data = json.dumps(chat(max_tokens=1000000, stream=True)).encode()
+        data = json.dumps(chat(max_tokens=200000, stream=True)).encode()
         sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (CHAT.encode(), len(data), data))
         # Never reads. Back-pressure pauses the decode, then the stall check cuts it off.
