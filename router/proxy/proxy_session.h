@@ -35,7 +35,9 @@
 // The decode's answer is relayed as it arrives: status, Content-Type and each chunk of an SSE
 // stream are flushed at once; a JSON answer is relayed whole. When the client reads slowly the
 // decode leg is paused above kHighWater buffered bytes and resumed on drain, so memory per
-// request stays bounded.
+// request stays bounded. The client's body and a buffered JSON answer take their bytes from
+// limits.max_buffered_bytes, shared by all workers (503 memory_budget beyond it); the bodies are
+// freed when the request ends.
 //
 // Worker thread only. The session keeps itself alive through its upstream callbacks; the writer
 // callbacks hold it weakly.
