@@ -9,6 +9,8 @@ Modes:
                            the peer reads (a prefill answering an endless body).
   "trickle":               200 application/json head (chunked), then one byte every
                            `interval` seconds, forever (a prefill that never completes).
+  "sse_flood":             200 text/event-stream of 16 KiB completion chunks, sent as fast as the
+                           peer reads (blocking sends: TCP back-pressure), until it closes.
   "sse_crlf":              200 text/event-stream whose events end in "\r\n\r\n" (valid SSE):
                            one completion chunk, then waits for `release` (a threading.Event
                            the test sets), then a second one and "data: [DONE]".
@@ -107,6 +109,16 @@ class FakeNode:
                         self.bytes_sent += len(piece)
                     if self.mode == "trickle":
                         time.sleep(self.interval)
+            elif self.mode == "sse_flood":
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n")
+                event = (b'data: {"id":"cmpl-fake","object":"text_completion","choices":'
+                         b'[{"index":0,"text":"' + b"x" * 16384 + b'","finish_reason":null}]}\n\n')
+                chunk = b"%x\r\n%s\r\n" % (len(event), event)
+                while not self._stop.is_set():
+                    conn.sendall(chunk)
+                    with self._lock:
+                        self.bytes_sent += len(event)
             elif self.mode == "sse_crlf":
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                              b"transfer-encoding: chunked\r\n\r\n")

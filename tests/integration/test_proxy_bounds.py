@@ -61,30 +61,45 @@ class BoundsTest(unittest.TestCase):
 
 class ClientWriteStall(BoundsTest):
     def test_a_client_that_stops_reading_is_cut_off_and_its_legs_closed(self):
-        # Fast tokens (~200 bytes each), so the client's 4 KiB receive buffer, pdrouter's socket
-        # buffer (up to 4 MiB) and its 256 KiB high-water mark fill within a few seconds; then
-        # the decode leg is paused. The sim writes every due token whatever its client reads, so
-        # the stream is kept to 20 s (a faster one makes it catch up in one long burst).
-        c = self.cluster(decode_flags=("--decode-us-per-token", "100", "--max-model-len", "10000000",
-                                       "--workers", "2"),
+        # A decode streaming 16 KiB events as fast as it is read: the client's 4 KiB receive
+        # buffer, pdrouter's socket buffer (up to 4 MiB) and its 256 KiB high-water mark fill
+        # at once; then the decode leg is paused. (The sim writes every due token whatever its
+        # client reads, which on a loaded machine ends in long catch-up bursts: a fake node
+        # that honours TCP back-pressure stands in for vLLM here.) Before the fix the request
+        # stayed in flight, both legs open, until the client closed.
+        decode = self.fake("sse_flood")
+        c = self.cluster(connector="nixl", transfer_mode=None, prefills=1, decodes=0,
                          kv_backends="none",
-                         topology="timeouts:\n  client_write_ms: 1000\n  stream_idle_ms: 60000\n")
+                         topology="connectors:\n  default: nixl\n"
+                                  "timeouts:\n  client_write_ms: 1000\n  stream_idle_ms: 60000\n"
+                                  "instances:\n  - {role: decode, http_address: \"%s\"}\n"
+                                  % decode.http_address)
         host, port = c.router.http.rsplit(":", 1)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.addCleanup(sock.close)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.settimeout(5 * TIME_SCALE)
         sock.connect((host, int(port)))
-        data = json.dumps(chat(max_tokens=200000, stream=True)).encode()
+        data = json.dumps(completion(max_tokens=100000, stream=True)).encode()
         sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (CHAT.encode(), len(data), data))
+                     b"Content-Length: %d\r\n\r\n%s" % (COMPLETIONS.encode(), len(data), data))
         # Never reads. Back-pressure pauses the decode, then the stall check cuts it off.
         c.router.wait_for(lambda: c.metric("pdrouter_backpressure_pauses_total") >= 1, timeout=30)
         c.router.wait_for(lambda: c.metric("pdrouter_client_write_stalls_total") == 1, timeout=10)
         c.router.wait_for(lambda: c.metric("pdrouter_requests_in_flight") == 0, timeout=5)
-        c.decodes[0].wait_for_requests(lambda log: log["counters"]["aborts"] >= 1, 5 * TIME_SCALE)
+        c.router.wait_for(lambda: decode.closed >= 1, timeout=5)  # how vLLM learns to abort
+        self.assertEqual(decode.requests, 1)
         self.assertEqual(c.metric('pdrouter_requests_total{outcome="failed"}'), 1)
         self.assertEqual(c.metric("pdrouter_client_disconnects_total"), 0)
+        # The client's connection was cut: once its buffered bytes are read, it ends.
+        received = b""
+        while True:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            received += piece
+        self.assertTrue(received.startswith(b"HTTP/1.1 200"), received[:100])
+        self.assertFalse(received.endswith(b"0\r\n\r\n"), "a cut stream must not look complete")
 
 
 class OrphanedPrefills(BoundsTest):
