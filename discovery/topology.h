@@ -106,6 +106,12 @@ struct Topology {
     std::chrono::milliseconds header_read{10000};
     std::chrono::milliseconds keep_alive_idle{60000};
     std::chrono::milliseconds drain{30000};
+    // A stream paused for a client that does not read (back-pressure) is aborted, both legs
+    // closed, when the client's queued bytes have not gone down for this long.
+    std::chrono::milliseconds client_write{30000};
+    // Whole request, admission to the last byte; 0 = no deadline. Past it: 504 request_deadline
+    // (an error event if the stream began) and both legs closed.
+    std::chrono::milliseconds request{0};
   } timeouts;
 
   struct Retries {
@@ -122,6 +128,10 @@ struct Topology {
     uint32_t max_header_bytes = 64 * 1024;
     uint32_t max_concurrent_requests = 4096;
     uint32_t max_connections = 16384;
+    // Bytes of request bodies and buffered (non-stream) answers held at once by all workers
+    // together; a request or an answer that would go over it is refused (503 memory_budget).
+    // 0 = no budget.
+    uint32_t max_buffered_bytes = 1u << 30;
   } limits;
 
   struct Admin {

@@ -255,6 +255,8 @@ Status read_timeouts(const Source& src, const Field& f, Topology::Timeouts* out)
   r.ms("header_read_ms", 1, kDayMs, &out->header_read);
   r.ms("keep_alive_idle_ms", 1, kDayMs, &out->keep_alive_idle);
   r.ms("drain_ms", 0, kDayMs, &out->drain);
+  r.ms("client_write_ms", 1, kDayMs, &out->client_write);
+  r.ms("request_ms", 0, kDayMs, &out->request);
   return r.finish();
 }
 
@@ -273,6 +275,7 @@ Status read_limits(const Source& src, const Field& f, Topology::Limits* out) {
   r.u32("max_header_bytes", 1024, 16u << 20, &out->max_header_bytes);
   r.u32("max_concurrent_requests", 1, 10'000'000, &out->max_concurrent_requests);
   r.u32("max_connections", 1, 10'000'000, &out->max_connections);
+  r.u32("max_buffered_bytes", 0, 0xFFFFFFFFu, &out->max_buffered_bytes);
   return r.finish();
 }
 

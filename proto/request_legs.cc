@@ -295,7 +295,14 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
       // client's min_tokens >= 2 would fail the prefill leg with a 400.
       prefill_body.remove("min_tokens");
       prefill_body.remove("min_completion_tokens");
-      decode_is_original = true;
+      // The connector ignores kv_transfer_params (PROTOCOLS.md 2), but a client's own must not
+      // reach the nodes either (security review #22): every other dialect overwrites it.
+      if (prefill_body.has("kv_transfer_params")) {
+        prefill_body.remove("kv_transfer_params");
+        decode_body.remove("kv_transfer_params");
+      } else {
+        decode_is_original = true;
+      }
       break;
     }
     case Connector::kSglang: {

@@ -30,6 +30,8 @@ std::string_view to_string(Refusal refusal) {
     case Refusal::kNoPair: return "no_pair";
     case Refusal::kShuttingDown: return "shutting_down";
     case Refusal::kBadPath: return "bad_path";
+    case Refusal::kBadParameter: return "bad_parameter";
+    case Refusal::kMemoryBudget: return "memory_budget";
   }
   return "unknown";
 }
@@ -143,6 +145,31 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
               value(c.legs_on_pooled_connection), {{"connection", "pooled"}});
   out.counter("pdrouter_backpressure_pauses_total", "Decode reads paused because the client read slowly",
               value(c.backpressure_pauses));
+  out.counter("pdrouter_client_write_stalls_total",
+              "Streams aborted (both legs closed) because the client read nothing for timeouts.client_write_ms",
+              value(c.client_write_stalls));
+  out.counter("pdrouter_request_deadlines_total", "Requests ended by timeouts.request_ms",
+              value(c.request_deadlines));
+  out.counter("pdrouter_prefill_deadlines_total", "Prefill legs closed at timeouts.prefill_ms (whole-leg deadline)",
+              value(c.prefill_deadlines));
+  out.gauge("pdrouter_orphan_prefill_legs",
+            "Concurrent-dialect prefill legs still open after their request ended "
+            "(counted against max_concurrent_requests)",
+            static_cast<double>(c.orphan_prefills.load(std::memory_order_relaxed)));
+  out.counter("pdrouter_orphan_prefill_closes_total",
+              "Orphaned prefill legs closed by pdrouter (grace period or prefill deadline)",
+              value(c.orphan_prefills_closed));
+  out.counter("pdrouter_prefill_bytes_discarded_total",
+              "Prefill answer bytes read and dropped without buffering (answers nobody needs)",
+              value(c.prefill_bytes_discarded));
+  out.counter("pdrouter_held_stream_heads_total",
+              "Decode stream heads held back until the first event, so a silent decode can still be retried",
+              value(c.held_stream_heads));
+  out.gauge("pdrouter_buffered_bytes", "Bytes of request bodies and buffered answers held (limits.max_buffered_bytes)",
+            static_cast<double>(c.buffered_bytes.load(std::memory_order_relaxed)));
+  out.counter("pdrouter_buffered_answers_over_budget_total",
+              "Buffered decode answers failed because limits.max_buffered_bytes was reached",
+              value(c.buffered_answers_over_budget));
 }
 
 }  // namespace pdr::router::proxy

@@ -40,8 +40,10 @@ enum class Refusal : uint8_t {
   kNoPair,           // 503 (no compatible prefill/decode pair)
   kShuttingDown,     // 503 (draining)
   kBadPath,          // 404/405
+  kBadParameter,     // 400: a parameter pdrouter knows vLLM refuses or P/D cannot serve (max_tokens < 1, n != 1)
+  kMemoryBudget,     // 503: the body would take buffered bytes over limits.max_buffered_bytes
 };
-constexpr size_t kRefusalCount = 6;
+constexpr size_t kRefusalCount = 8;
 std::string_view to_string(Refusal refusal);
 
 // Why one leg attempt failed (each failed attempt counts once, retried or not).
@@ -79,6 +81,15 @@ struct ProxyCounters {
   Counter backpressure_pauses{0};     // decode reads paused because the client was slow
   Counter legs_on_new_connection{0};    // legs answered on a freshly connected socket
   Counter legs_on_pooled_connection{0}; // legs answered on a pooled keep-alive connection
+  Counter client_write_stalls{0};     // streams aborted: the client stopped reading (timeouts.client_write_ms)
+  Counter request_deadlines{0};       // requests ended by timeouts.request_ms
+  Counter prefill_deadlines{0};       // prefill legs closed by timeouts.prefill_ms (whole leg)
+  std::atomic<int64_t> orphan_prefills{0};  // gauge: concurrent prefill legs outliving their request
+  Counter orphan_prefills_closed{0};  // of those, closed by pdrouter (grace or prefill deadline)
+  Counter prefill_bytes_discarded{0}; // prefill answer bytes read and dropped unbuffered
+  Counter held_stream_heads{0};       // decode SSE heads held until the first event (retry still possible)
+  std::atomic<int64_t> buffered_bytes{0};   // gauge: request bodies + buffered answers (limits.max_buffered_bytes)
+  Counter buffered_answers_over_budget{0};  // decode answers failed: buffering them would exceed the budget
 
   void transition(RequestState from, RequestState to) {
     transitions[static_cast<size_t>(from)][static_cast<size_t>(to)].fetch_add(1, std::memory_order_relaxed);
@@ -90,6 +101,18 @@ struct ProxyCounters {
   void retried(Leg leg) { retries[static_cast<size_t>(leg)].fetch_add(1, std::memory_order_relaxed); }
   void ejected(Leg leg) { ejections[static_cast<size_t>(leg)].fetch_add(1, std::memory_order_relaxed); }
   static void bump(Counter& c) { c.fetch_add(1, std::memory_order_relaxed); }
+  // Takes `bytes` from the shared buffered-bytes budget (limits.max_buffered_bytes; 0 = none).
+  // False (and nothing taken) if that would go over it. Give them back with
+  // buffered_bytes.fetch_sub.
+  bool reserve_buffered(size_t bytes, uint64_t budget) {
+    const auto n = static_cast<int64_t>(bytes);
+    const int64_t before = buffered_bytes.fetch_add(n, std::memory_order_relaxed);
+    if (budget != 0 && static_cast<uint64_t>(before + n) > budget) {
+      buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
+      return false;
+    }
+    return true;
+  }
 };
 
 // Every counter above as Prometheus families (pdrouter_request_transitions_total{from,to}, ...).

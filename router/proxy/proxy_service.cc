@@ -101,7 +101,9 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
   }
   WorkerContext& w = worker(request.worker);
   const auto limit = static_cast<int64_t>(w.topology()->limits.max_concurrent_requests);
-  if (counters.in_flight.fetch_add(1, std::memory_order_relaxed) >= limit) {
+  // Orphaned prefill legs (proxy_session.h) still hold a node's work and an fd: they count too.
+  const int64_t orphans = counters.orphan_prefills.load(std::memory_order_relaxed);
+  if (counters.in_flight.fetch_add(1, std::memory_order_relaxed) + orphans >= limit) {
     counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
     counters.refuse(Refusal::kTooBusy);
     http::Response r = http::error_response(
@@ -111,7 +113,21 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
     writer.send(std::move(r));
     return;
   }
+  // The body stays in memory for the whole request (retries render legs from it): it takes its
+  // share of limits.max_buffered_bytes, shared by every worker (security review #11, attacks bug 6).
+  const uint32_t budget = w.topology()->limits.max_buffered_bytes;
+  if (!counters.reserve_buffered(request.body.size(), budget)) {
+    counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
+    counters.refuse(Refusal::kMemoryBudget);
+    http::Response r = http::error_response(
+        503, "pdrouter is holding too many request bytes (limits.max_buffered_bytes = " + std::to_string(budget) + ")",
+        "server_error", "memory_budget");
+    r.headers.push_back({"Retry-After", "1"});
+    writer.send(std::move(r));
+    return;
+  }
   AdmittedRequest admitted;
+  admitted.budget_bytes = request.body.size();
   admitted.path = std::move(request.path);
   admitted.body = std::move(request.body);
   admitted.authorization = std::string(request.header("Authorization").value_or(std::string_view()));

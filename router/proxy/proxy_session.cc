@@ -9,10 +9,12 @@
 
 #include "proto/json_splice.h"
 #include "proto/request_legs.h"
+#include "proto/sse_boundary.h"
 #include "router/http/json_error.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/retry_rules.h"
+#include "router/proxy/session_timer.h"
 
 namespace pdr::router::proxy {
 
@@ -41,14 +43,29 @@ proto::LegInstance to_leg_instance(const Instance& i, const discovery::Topology&
   return out;
 }
 
-http::UpstreamRequest to_upstream(const proto::LegRequest& leg) {
+// `keep_body`: false moves the leg's body into the upstream request (one copy of it less per
+// request, #11), for a leg that a retry never resends as it is.
+http::UpstreamRequest to_upstream(proto::LegRequest& leg, bool keep_body) {
   http::UpstreamRequest r;
   r.method = "POST";
   r.path = leg.path;
   r.headers.reserve(leg.headers.size());
   for (const auto& [name, value] : leg.headers) r.headers.push_back(http::Header{name, value});
-  r.body = leg.body;
+  if (keep_body) {
+    r.body = leg.body;
+  } else {
+    r.body = std::move(leg.body);
+    leg.body.clear();
+    leg.body.shrink_to_fit();
+  }
   return r;
+}
+
+using SteadyClock = std::chrono::steady_clock;
+
+std::chrono::milliseconds until(SteadyClock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  return std::max(left, std::chrono::milliseconds(0));
 }
 
 std::string header_value(const std::vector<http::Header>& headers, std::string_view name) {
@@ -88,6 +105,29 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view hea
   if (in.conversation_id == "null") in.conversation_id = {};
   if (in.user == "null") in.user = {};
   return summarize_affinity(in, topology.policies.affinity_prefix_bytes);
+}
+
+// Parameters pdrouter can refuse itself before sending any leg (attacks bug 15): a message for a
+// 400, or nothing. Token counts below 1 are refused by vLLM anyway, but only after the prefill
+// leg (rewritten to max_tokens 1) ran the whole prompt. n > 1 cannot be served through P/D: the
+// prefill leg's KV export and the decode's import are per request, not per sampled choice, so
+// vLLM's connectors do not transfer KV for parallel sampling.
+std::optional<std::string> check_parameters(const proto::JsonObjectBody& body) {
+  for (std::string_view key : {"max_tokens", "max_completion_tokens"}) {
+    if (!body.has(key) || body.is_null(key)) continue;
+    std::optional<int64_t> v;
+    if (!body.get_int(key, &v).is_ok() || !v) continue;  // not an integer: build_legs refuses it
+    if (*v < 1) return std::string(key) + " must be at least 1, got " + std::to_string(*v);
+  }
+  if (body.has("n") && !body.is_null("n")) {
+    std::optional<int64_t> n;
+    if (!body.get_int("n", &n).is_ok() || !n) return std::string("n must be an integer");
+    if (*n != 1) {
+      return "n = " + std::to_string(*n) +
+             " is not supported: a prefill/decode pair serves one choice per request (n must be 1)";
+    }
+  }
+  return std::nullopt;
 }
 
 // The error code a client gets for a request that failed on `leg` for `cause`.
@@ -131,10 +171,25 @@ struct ProxySession::State {
   std::shared_ptr<http::UpstreamCall> decode_call;
   int decode_status = 0;
   std::string decode_content_type, decode_body;
-  bool sse = false;      // relaying an event stream (head already sent to the client)
-  std::string sse_tail;  // bytes of an event not yet complete
-  std::string sse_out;   // scratch: the complete events of the current chunk
-  bool paused = false;   // decode reads paused for back-pressure
+  bool sse = false;             // the decode answers an event stream (2xx)
+  bool stream_started = false;  // the client's stream head went out: no retry can hide a failure now
+  std::string sse_tail;         // bytes of an event not yet complete (or held with the head)
+  std::string sse_out;          // scratch: the complete events of the current chunk
+  proto::SseBoundaryScanner sse_scan;  // event boundaries in sse_tail
+  bool partial_flushed = false; // a partial event went out (forced flush): an error event needs a new line first
+  bool paused = false;          // decode reads paused for back-pressure
+  size_t stall_mark = 0;        // client bytes queued when the write-stall check was armed
+  SteadyClock::time_point decode_sent_at{};
+  SteadyClock::time_point prefill_deadline{};
+  bool orphan = false;          // counted in orphan_prefills: the prefill leg outlives the request
+  int64_t budget_held = 0;      // bytes of limits.max_buffered_bytes this request holds (body + answer)
+  int64_t answer_budget = 0;    // of which the buffered decode answer's
+
+  // Declared last: destroyed (closed) first, before anything their callbacks read.
+  SessionTimer stall_timer;    // client write stall (timeouts.client_write)
+  SessionTimer prefill_timer;  // whole prefill leg (timeouts.prefill), then the orphan's grace
+  SessionTimer head_timer;     // a held stream head: the first event is due (timeouts.first_byte)
+  SessionTimer request_timer;  // whole request (timeouts.request, 0 = none)
 };
 
 void ProxySession::start(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer) {
@@ -147,7 +202,9 @@ void ProxySession::start(WorkerContext& worker, AdmittedRequest request, http::R
 }
 
 ProxySession::ProxySession(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer)
-    : s_(std::make_unique<State>(worker, std::move(request), std::move(writer))) {}
+    : s_(std::make_unique<State>(worker, std::move(request), std::move(writer))) {
+  s_->budget_held = static_cast<int64_t>(s_->req.budget_bytes);
+}
 
 ProxySession::~ProxySession() {
   // Every path ends through end(); this only guards against a bug leaving counts behind.
@@ -156,6 +213,9 @@ ProxySession::~ProxySession() {
     release_pair();
     s_->w.counters().in_flight.fetch_sub(1, std::memory_order_relaxed);
   }
+  orphan_done();
+  // The request body and any buffered answer are freed with the session.
+  if (s_->budget_held != 0) s_->w.counters().buffered_bytes.fetch_sub(s_->budget_held, std::memory_order_relaxed);
 }
 
 bool ProxySession::finished() const { return s_->ended; }
@@ -183,8 +243,34 @@ void ProxySession::begin() {
     end(RequestState::kFailed);
     return;
   }
+  if (auto refusal = check_parameters(body)) {
+    s.w.counters().refuse(Refusal::kBadParameter);
+    s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
+    end(RequestState::kFailed);
+    return;
+  }
   s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
+  if (s.topo->timeouts.request.count() > 0) {
+    std::weak_ptr<ProxySession> weak = weak_from_this();
+    s.request_timer.start(s.w.loop(), s.topo->timeouts.request, [weak] {
+      if (auto self = weak.lock()) self->on_request_deadline();
+    });
+  }
   pair_and_send();
+}
+
+void ProxySession::on_request_deadline() {
+  State& s = *s_;
+  if (finished()) return;
+  s.w.counters().bump(s.w.counters().request_deadlines);
+  if (may_log(s.w)) {
+    spdlog::warn("request {}: still running at timeouts.request_ms = {} ms; ended", s.legs.plan.request_id,
+                 s.topo->timeouts.request.count());
+  }
+  close_legs();
+  fail(504, "the request took longer than timeouts.request_ms = " + std::to_string(s.topo->timeouts.request.count()) +
+                " ms",
+       "request_deadline");
 }
 
 void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
@@ -305,11 +391,19 @@ void ProxySession::send_prefill() {
   };
   cb.on_body = [self](std::string_view chunk) {
     State& s = *self->s_;
-    if (s.prefill_body.size() + chunk.size() <= kMaxPrefillAnswer) {
+    // A concurrent dialect's prefill answer is only read for its status and an error excerpt;
+    // once the request ended or the decode streams nobody reads it at all: dropped as it
+    // arrives, so a prefill answering a huge or endless body costs no memory (attacks bug 5).
+    const bool concurrent = s.legs.plan.concurrent;
+    const size_t cap = concurrent ? kMaxErrorAnswer : kMaxPrefillAnswer;
+    const bool unread = self->finished() || (concurrent && s.state == RequestState::kStreaming);
+    if (!unread && s.prefill_body.size() + chunk.size() <= cap) {
       s.prefill_body.append(chunk);
-    } else if (!s.legs.plan.concurrent) {
+    } else if (!unread && !concurrent) {
       self->prefill_failed(LegFailure::kBadResponse, "prefill " + s.pair.prefill->key + " answer is over " +
                                                          std::to_string(kMaxPrefillAnswer) + " bytes");
+    } else {
+      s.w.counters().prefill_bytes_discarded.fetch_add(chunk.size(), std::memory_order_relaxed);
     }
   };
   cb.on_complete = [self] { self->on_prefill_complete(); };
@@ -321,6 +415,8 @@ void ProxySession::send_prefill() {
                      s.prefill_key, error.message());
       }
       s.prefill_call.reset();
+      s.prefill_timer.stop();
+      self->orphan_done();
       return;
     }
     self->node_failed(Leg::kPrefill, s.prefill_call.get());
@@ -328,13 +424,46 @@ void ProxySession::send_prefill() {
     self->prefill_failed(cause, "prefill " + s.pair.prefill->key + ": " + error.message());
   };
   move_to(RequestState::kPrefillSent);
-  s.prefill_call = s.w.pool().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill), timeouts,
+  // A retry renders new legs from the client's body (pair_and_send), so this body is moved.
+  s.prefill_call = s.w.pool().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill, false), timeouts,
                                     std::move(cb));
+  // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
+  // trickling bytes is cut there too (security review #19).
+  s.prefill_deadline = SteadyClock::now() + s.topo->timeouts.prefill;
+  std::weak_ptr<ProxySession> weak = weak_from_this();
+  s.prefill_timer.start(s.w.loop(), s.topo->timeouts.prefill, [weak] {
+    if (auto self = weak.lock()) self->on_prefill_deadline();
+  });
+}
+
+void ProxySession::on_prefill_deadline() {
+  State& s = *s_;
+  if (!s.prefill_call) return;
+  if (finished()) {  // an orphan (end()): its grace period or its deadline is over
+    s.prefill_call->cancel();
+    s.prefill_call.reset();
+    s.w.counters().bump(s.w.counters().orphan_prefills_closed);
+    orphan_done();
+    return;
+  }
+  s.w.counters().bump(s.w.counters().prefill_deadlines);
+  prefill_failed(LegFailure::kTimeout, "prefill " + s.prefill_key +
+                                           ": no complete answer within timeouts.prefill_ms = " +
+                                           std::to_string(s.topo->timeouts.prefill.count()) + " ms");
+}
+
+void ProxySession::orphan_done() {
+  State& s = *s_;
+  if (!s.orphan) return;
+  s.orphan = false;
+  s.w.counters().orphan_prefills.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void ProxySession::on_prefill_complete() {
   State& s = *s_;
   s.prefill_call.reset();
+  s.prefill_timer.stop();
+  orphan_done();
   const int status = s.prefill_status;
   if (finished() || (s.legs.plan.concurrent && s.state == RequestState::kStreaming)) {
     // The decode already answers the client, so its KV arrived; a late prefill error changes
@@ -394,6 +523,7 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
     s.prefill_call->cancel();
     s.prefill_call.reset();
   }
+  s.prefill_timer.stop();
   if (s.pair.prefill && s.pair.prefill->connector == Connector::kMooncake) {
     s.w.mooncake().invalidate(s.pair.prefill->key);
   }
@@ -426,7 +556,16 @@ void ProxySession::send_decode() {
   ++s.decode_attempts;
   s.decode_status = 0;
   s.decode_content_type.clear();
+  release_answer_budget();
   s.decode_body.clear();
+  s.sse = false;
+  s.sse_tail.clear();
+  s.sse_scan.reset();
+  s.partial_flushed = false;
+  s.paused = false;
+  s.stall_timer.stop();
+  s.head_timer.stop();
+  s.decode_sent_at = SteadyClock::now();
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.first_byte,
                                   s.topo->timeouts.stream_idle};
   auto self = shared_from_this();
@@ -443,7 +582,7 @@ void ProxySession::send_decode() {
     self->node_failed(Leg::kDecode, s.decode_call.get());
     const LegFailure cause = s.decode_call ? classify(s.decode_call->failure()) : LegFailure::kConnectionLost;
     const std::string detail = "decode " + s.pair.decode->key + ": " + error.message();
-    if (s.state == RequestState::kStreaming) {
+    if (s.stream_started || s.state == RequestState::kStreaming) {
       // The answer already started reaching the client: no retry can hide this.
       s.w.counters().leg_failed(Leg::kDecode, cause);
       if (may_log(s.w)) spdlog::warn("request {}: {} (mid-answer)", s.legs.plan.request_id, detail);
@@ -454,7 +593,11 @@ void ProxySession::send_decode() {
     self->decode_failed(cause, detail);
   };
   move_to(RequestState::kDecodeSent);
-  s.decode_call = s.w.pool().start(s.pair.decode->http_address, to_upstream(s.legs.decode), timeouts, std::move(cb));
+  // Only NIXL may resend this very body to another decode (kDecodeOnly); the other dialects
+  // render a new pair's legs from the client's body, so theirs is moved.
+  const bool keep_body = s.legs.plan.connector == Connector::kNixl;
+  s.decode_call = s.w.pool().start(s.pair.decode->http_address, to_upstream(s.legs.decode, keep_body), timeouts,
+                                   std::move(cb));
 }
 
 void ProxySession::count_connection(const http::UpstreamCall* call) {
@@ -490,13 +633,41 @@ void ProxySession::on_decode_head(int status, const std::vector<http::Header>& h
   s.decode_status = status;
   s.decode_content_type = header_value(headers, "Content-Type");
   if (status < 200 || status >= 300) return;  // body collected, judged on completion
-  move_to(RequestState::kStreaming);
-  if (!is_event_stream(s.decode_content_type)) return;  // JSON: relayed whole on completion
+  if (!is_event_stream(s.decode_content_type)) {
+    move_to(RequestState::kStreaming);
+    return;  // JSON: relayed whole on completion
+  }
+  // vLLM sends a stream's head at once, before its first token (a decode waiting for KV from a
+  // hung prefill has sent it too). The client's head is held until the first data event, so
+  // that a decode failing or going silent before it can still be retried (attacks bug 11); the
+  // first event is due within what is left of timeouts.first_byte.
   s.sse = true;
+  s.w.counters().bump(s.w.counters().held_stream_heads);
+  const auto due = s.decode_sent_at + s.topo->timeouts.first_byte;
+  std::weak_ptr<ProxySession> weak = weak_from_this();
+  s.head_timer.start(s.w.loop(), until(due), [weak] {
+    auto self = weak.lock();
+    if (!self || self->finished() || self->s_->stream_started || !self->s_->decode_call) return;
+    State& st = *self->s_;
+    self->decode_failed(LegFailure::kTimeout, "decode " + st.pair.decode->key +
+                                                  ": stream head but no event within timeouts.first_byte_ms = " +
+                                                  std::to_string(st.topo->timeouts.first_byte.count()) + " ms");
+  });
+}
+
+bool ProxySession::start_client_stream() {
+  State& s = *s_;
+  s.head_timer.stop();
+  move_to(RequestState::kStreaming);
+  s.stream_started = true;
   std::vector<http::Header> out{{"Content-Type", s.decode_content_type},
                                 {"X-Request-Id", s.legs.plan.request_id},
                                 {"Cache-Control", "no-cache"}};
-  if (!s.writer.start_stream(status, std::move(out))) on_client_gone();
+  if (!s.writer.start_stream(s.decode_status, std::move(out))) {
+    on_client_gone();
+    return false;
+  }
+  return true;
 }
 
 void ProxySession::on_decode_body(std::string_view chunk) {
@@ -504,16 +675,28 @@ void ProxySession::on_decode_body(std::string_view chunk) {
   if (finished()) return;
   if (s.sse) {
     // Relay whole events only, holding back a partial one, so that an error event added after a
-    // failure never lands inside an event (and clients never see half an event first).
+    // failure never lands inside an event (and clients never see half an event first). Event
+    // boundaries are any blank line ("\n\n", "\r\r", "\r\n\r\n": proto/sse_boundary.h).
     std::string_view out = chunk;
-    if (!s.sse_tail.empty() || chunk.size() < 2 || chunk.substr(chunk.size() - 2) != "\n\n") {
+    if (!s.stream_started || !s.sse_tail.empty() || chunk.size() < 2 || chunk.substr(chunk.size() - 2) != "\n\n") {
       s.sse_tail.append(chunk);
-      const size_t boundary = s.sse_tail.rfind("\n\n");
-      if (boundary == std::string::npos && s.sse_tail.size() < kMaxPartialEvent) return;
-      const size_t cut = boundary == std::string::npos ? s.sse_tail.size() : boundary + 2;
+      size_t cut = s.sse_scan.scan(s.sse_tail);
+      if (!s.stream_started) {
+        const bool first_event = cut != 0 && proto::sse_has_data_field(std::string_view(s.sse_tail).substr(0, cut));
+        if (!first_event && s.sse_tail.size() < kMaxPartialEvent) return;  // head still held
+        if (!start_client_stream()) return;
+      }
+      const bool forced = cut == 0;
+      if (forced && s.sse_tail.size() < kMaxPartialEvent) return;
+      if (forced) cut = s.sse_tail.size();
       s.sse_out.assign(s.sse_tail, 0, cut);
       s.sse_tail.erase(0, cut);
+      s.sse_scan.consumed(cut);
+      s.partial_flushed = forced;
       out = s.sse_out;
+    } else {
+      s.sse_scan.at_boundary();
+      s.partial_flushed = false;
     }
     if (!s.writer.write(out)) {
       on_client_gone();
@@ -528,8 +711,10 @@ void ProxySession::on_decode_body(std::string_view chunk) {
         auto self = weak.lock();
         if (!self || self->finished()) return;
         self->s_->paused = false;
+        self->s_->stall_timer.stop();
         if (self->s_->decode_call) self->s_->decode_call->resume();
       });
+      arm_write_stall_check();
     }
     return;
   }
@@ -541,7 +726,67 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     fail(502, "decode " + s.pair.decode->key + " answer is over " + std::to_string(cap) + " bytes", "decode_failed");
     return;
   }
+  if (ok_status && !reserve_answer_budget(chunk.size())) {
+    s.w.counters().bump(s.w.counters().buffered_answers_over_budget);
+    if (may_log(s.w)) {
+      spdlog::warn("request {}: decode answer not buffered: limits.max_buffered_bytes = {} reached",
+                   s.legs.plan.request_id, s.topo->limits.max_buffered_bytes);
+    }
+    fail(503,
+         "pdrouter is holding too many buffered bytes (limits.max_buffered_bytes = " +
+             std::to_string(s.topo->limits.max_buffered_bytes) + "); retry later or use stream: true",
+         "memory_budget");
+    return;
+  }
   s.decode_body.append(chunk);
+}
+
+bool ProxySession::reserve_answer_budget(size_t bytes) {
+  State& s = *s_;
+  if (!s.w.counters().reserve_buffered(bytes, s.topo->limits.max_buffered_bytes)) return false;
+  s.answer_budget += static_cast<int64_t>(bytes);
+  s.budget_held += static_cast<int64_t>(bytes);
+  return true;
+}
+
+void ProxySession::release_answer_budget() {
+  State& s = *s_;
+  if (s.answer_budget == 0) return;
+  s.w.counters().buffered_bytes.fetch_sub(s.answer_budget, std::memory_order_relaxed);
+  s.budget_held -= s.answer_budget;
+  s.answer_budget = 0;
+}
+
+void ProxySession::arm_write_stall_check() {
+  State& s = *s_;
+  s.stall_mark = s.writer.buffered_bytes();
+  std::weak_ptr<ProxySession> weak = weak_from_this();
+  s.stall_timer.start(s.w.loop(), s.topo->timeouts.client_write, [weak] {
+    auto self = weak.lock();
+    if (!self || self->finished() || !self->s_->paused) return;
+    State& st = *self->s_;
+    // Progress (the client read something, however little) re-arms the check: only a client
+    // whose queued bytes did not go down for a whole period is cut off.
+    if (st.writer.buffered_bytes() < st.stall_mark) {
+      self->arm_write_stall_check();
+      return;
+    }
+    self->on_write_stalled();
+  });
+}
+
+void ProxySession::on_write_stalled() {
+  State& s = *s_;
+  s.w.counters().bump(s.w.counters().client_write_stalls);
+  if (may_log(s.w)) {
+    spdlog::warn("request {}: client read nothing for timeouts.client_write_ms = {} ms ({} bytes queued); aborted",
+                 s.legs.plan.request_id, s.topo->timeouts.client_write.count(), s.writer.buffered_bytes());
+  }
+  // Closing the legs is how vLLM is told to abort (its KV blocks are freed); the client, who
+  // reads nothing, cannot be told anything: its connection is cut.
+  close_legs();
+  s.writer.abort();
+  end(RequestState::kFailed);
 }
 
 void ProxySession::on_decode_complete() {
@@ -551,6 +796,7 @@ void ProxySession::on_decode_complete() {
   const int status = s.decode_status;
   if (status >= 200 && status < 300) {
     if (s.sse) {
+      if (!s.stream_started && !start_client_stream()) return;
       if (!s.sse_tail.empty()) s.writer.write(s.sse_tail);
       s.writer.end_stream();
     } else {
@@ -648,7 +894,7 @@ void ProxySession::relay_upstream_error(int status, const std::string& content_t
 void ProxySession::fail(int status, std::string_view message, std::string_view code) {
   State& s = *s_;
   if (finished()) return;
-  if (s.sse) {
+  if (s.stream_started) {
     end_stream_with_error(message, code);
     return;
   }
@@ -662,14 +908,16 @@ void ProxySession::fail(int status, std::string_view message, std::string_view c
 void ProxySession::end_stream_with_error(std::string_view message, std::string_view code) {
   State& s = *s_;
   // vLLM's own shape for an error inside a stream: one data event with an OpenAI error object,
-  // then [DONE]. The events already relayed were complete (vLLM writes whole events), so this
-  // starts on an event boundary.
-  std::string event = s.sse_tail.empty() ? "data: " : "\n\ndata: ";  // close a partial event
+  // then [DONE]. Only whole events were relayed (a partial one held back is dropped), unless a
+  // partial event was forced out at kMaxPartialEvent: then a blank line closes it first.
+  std::string event = s.partial_flushed ? "\n\ndata: " : "data: ";
   event += http::error_body(message, "server_error", code);
   event += "\n\ndata: [DONE]\n\n";
+  // Counted before the client can see the event: a client reading /metrics right after its
+  // stream ended must find it (the flaky test_decode_dying_mid_stream_ends_with_an_error_event).
+  s.w.counters().bump(s.w.counters().mid_stream_errors);
   s.writer.write(event);
   s.writer.end_stream();
-  s.w.counters().bump(s.w.counters().mid_stream_errors);
   end(RequestState::kFailed);
 }
 
@@ -699,19 +947,45 @@ void ProxySession::end(RequestState final_state) {
   if (s.ended) return;
   s.ended = true;
   move_to(final_state);
+  s.stall_timer.stop();
+  s.head_timer.stop();
+  s.request_timer.stop();
   if (final_state == RequestState::kDone && s.legs.plan.concurrent && s.prefill_call) {
     // Concurrent dialects: the decode answered, the prefill may still be finishing (and, on a
     // fast decode, its request may not even have been written yet). Closing it would abort a
     // prefill whose KV already went out; it is read to its end and dropped instead
-    // (PROTOCOLS.md Implications 8), bounded by timeouts.prefill.
+    // (PROTOCOLS.md Implications 8). Its answer is no longer buffered, it counts against
+    // limits.max_concurrent_requests as an orphan, and it is closed after kOrphanGrace or at its
+    // timeouts.prefill deadline, whichever comes first (attacks bug 5).
     if (s.decode_call) {
       s.decode_call->cancel();
       s.decode_call.reset();
     }
+    s.prefill_body.clear();
+    s.prefill_body.shrink_to_fit();
+    s.orphan = true;
+    s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
+    const auto grace = std::min(until(s.prefill_deadline), std::chrono::milliseconds(kOrphanGrace));
+    std::weak_ptr<ProxySession> weak = weak_from_this();
+    s.prefill_timer.start(s.w.loop(), grace, [weak] {
+      if (auto self = weak.lock()) self->on_prefill_deadline();
+    });
   } else {
     close_legs();
+    s.prefill_timer.stop();
   }
   release_pair();
+  // Nothing can retry any more: the bodies go now, not when the last callback lets go of the
+  // session (an orphaned prefill keeps it for up to kOrphanGrace).
+  s.req.body = std::string();
+  s.legs.prefill.body = std::string();
+  s.legs.decode.body = std::string();
+  s.decode_body = std::string();
+  if (s.budget_held != 0) {
+    s.w.counters().buffered_bytes.fetch_sub(s.budget_held, std::memory_order_relaxed);
+    s.budget_held = 0;
+    s.answer_budget = 0;
+  }
   s.w.counters().in_flight.fetch_sub(1, std::memory_order_relaxed);
 }
 

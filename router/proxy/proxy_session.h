@@ -21,19 +21,29 @@
 //    new pair for the dialects whose ids name the decode (retry_rules.h).
 //  - decode failure after the head reached the client: an SSE stream ends with an OpenAI-style
 //    error event and data: [DONE] (never a silent truncation); a buffered JSON answer becomes 502.
-//  - timeouts (topology timeouts.*): connect, prefill (whole prefill leg), first_byte (decode
-//    leg sent -> first byte; in concurrent dialects this includes the prefill), stream_idle.
+//  - timeouts (topology timeouts.*): connect, prefill (whole prefill leg, a deadline from its
+//    start), first_byte (decode leg sent -> first byte; in concurrent dialects this includes the
+//    prefill; an event stream's head is held back until its first data event, which is due
+//    within first_byte too, so a decode that sent only its head is still retried), stream_idle,
+//    client_write (a stream paused for a client that reads nothing is aborted: legs closed,
+//    client connection cut), request (whole request, optional: 504 request_deadline).
+//  - concurrent dialects: a prefill leg still open when the request ended is an orphan: its
+//    answer is dropped unread, it counts against limits.max_concurrent_requests, and it is closed
+//    after kOrphanGrace (or its prefill deadline).
 //  - router shutdown: the server drains in-flight sessions; new ones are refused earlier (503).
 //
 // The decode's answer is relayed as it arrives: status, Content-Type and each chunk of an SSE
 // stream are flushed at once; a JSON answer is relayed whole. When the client reads slowly the
 // decode leg is paused above kHighWater buffered bytes and resumed on drain, so memory per
-// request stays bounded.
+// request stays bounded. The client's body and a buffered JSON answer take their bytes from
+// limits.max_buffered_bytes, shared by all workers (503 memory_budget beyond it); the bodies are
+// freed when the request ends.
 //
 // Worker thread only. The session keeps itself alive through its upstream callbacks; the writer
 // callbacks hold it weakly.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +61,9 @@ struct AdmittedRequest {
   std::string body;
   std::string authorization;  // client's Authorization header, "" if none
   std::string affinity_header_value;
+  // Bytes of limits.max_buffered_bytes reserved for `body` by ProxyService (ProxyCounters::
+  // reserve_buffered); the session gives them back when it is destroyed.
+  size_t budget_bytes = 0;
 };
 
 class ProxySession : public std::enable_shared_from_this<ProxySession> {
@@ -60,6 +73,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   static constexpr size_t kMaxBufferedAnswer = 64 << 20;    // non-stream decode answer
   static constexpr size_t kMaxErrorAnswer = 64 * 1024;      // an error body kept to relay
   static constexpr size_t kMaxPartialEvent = 1 << 20;       // SSE bytes held back for one event
+  // A concurrent dialect's prefill leg still open when its request ended (the decode answered)
+  // is closed this long after, or at its timeouts.prefill deadline if that comes first.
+  static constexpr std::chrono::milliseconds kOrphanGrace{5000};
 
   // Starts the state machine; the session lives until it reaches DONE/FAILED/CANCELLED.
   static void start(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer);
@@ -76,7 +92,15 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void on_prefill_complete();
   void prefill_failed(LegFailure cause, std::string detail);
   void decode_failed(LegFailure cause, std::string detail);
+  void on_prefill_deadline();
+  void orphan_done();
+  void on_request_deadline();
   void on_decode_head(int status, const std::vector<http::Header>& headers);
+  bool start_client_stream();  // false if the client is gone (the session then ended)
+  bool reserve_answer_budget(size_t bytes);
+  void release_answer_budget();
+  void arm_write_stall_check();
+  void on_write_stalled();
   void on_decode_body(std::string_view chunk);
   void on_decode_complete();
   void on_client_gone();

@@ -78,6 +78,9 @@ TEST(TopologyParse, EmptyTextGivesDefaults) {
     EXPECT_EQ(t.retries.eject_after_connect_failures, 3u);
     EXPECT_EQ(t.retries.eject, 5000ms);
     EXPECT_EQ(t.limits.max_body_bytes, 32u * 1024 * 1024);
+    EXPECT_EQ(t.limits.max_buffered_bytes, 1u << 30);
+    EXPECT_EQ(t.timeouts.client_write, 30000ms);
+    EXPECT_EQ(t.timeouts.request, 0ms);
     EXPECT_TRUE(t.admin.api_key.empty());
     EXPECT_TRUE(t.static_instances.empty());
     EXPECT_TRUE(t.source_path.empty());
@@ -127,6 +130,8 @@ timeouts:
   header_read_ms: 500
   keep_alive_idle_ms: 600
   drain_ms: 700
+  client_write_ms: 900
+  request_ms: 1100
 retries:
   prefill_attempts: 3
   decode_attempts: 1
@@ -137,6 +142,7 @@ limits:
   max_header_bytes: 2000
   max_concurrent_requests: 30
   max_connections: 40
+  max_buffered_bytes: 5000000
 admin:
   api_key_env: PDR_TEST_ADMIN_KEY
 instances:
@@ -192,6 +198,8 @@ instances:
   EXPECT_EQ(t.timeouts.header_read, 500ms);
   EXPECT_EQ(t.timeouts.keep_alive_idle, 600ms);
   EXPECT_EQ(t.timeouts.drain, 700ms);
+  EXPECT_EQ(t.timeouts.client_write, 900ms);
+  EXPECT_EQ(t.timeouts.request, 1100ms);
   EXPECT_EQ(t.retries.prefill_attempts, 3u);
   EXPECT_EQ(t.retries.decode_attempts, 1u);
   EXPECT_EQ(t.retries.eject_after_connect_failures, 0u);
@@ -200,6 +208,7 @@ instances:
   EXPECT_EQ(t.limits.max_header_bytes, 2000u);
   EXPECT_EQ(t.limits.max_concurrent_requests, 30u);
   EXPECT_EQ(t.limits.max_connections, 40u);
+  EXPECT_EQ(t.limits.max_buffered_bytes, 5000000u);
   EXPECT_EQ(t.admin.api_key, "admin-key");
   EXPECT_EQ(t.admin.api_key_env, "PDR_TEST_ADMIN_KEY");
   EXPECT_TRUE(t.admin.api_key_file.empty());
@@ -341,6 +350,19 @@ TEST(TopologyParse, NegativeNumbersAreRejected) {
   EXPECT_THAT(
       error_of("limits: {max_connections: 99999999999999999999999}\n", StatusCode::kOutOfRange),
       HasSubstr("limits.max_connections: 99999999999999999999999 is out of range"));
+}
+
+TEST(TopologyParse, RequestBoundsAreRangeChecked) {
+  EXPECT_THAT(error_of("timeouts: {client_write_ms: 0}\n", StatusCode::kOutOfRange),
+              HasSubstr("timeouts.client_write_ms: 0 is out of range"));
+  EXPECT_THAT(error_of("timeouts: {request_ms: 86400001}\n", StatusCode::kOutOfRange),
+              HasSubstr("timeouts.request_ms: 86400001 is out of range"));
+  EXPECT_THAT(error_of("limits: {max_buffered_bytes: 4294967296}\n", StatusCode::kOutOfRange),
+              HasSubstr("limits.max_buffered_bytes: 4294967296 is out of range"));
+  Topology t;
+  ASSERT_TRUE(parse("timeouts: {request_ms: 0}\nlimits: {max_buffered_bytes: 0}\n", &t).is_ok());
+  EXPECT_EQ(t.timeouts.request, 0ms);
+  EXPECT_EQ(t.limits.max_buffered_bytes, 0u);
 }
 
 TEST(TopologyParse, CrossFieldChecks) {

@@ -227,11 +227,15 @@ class DialectCase:
     def test_client_kv_transfer_params_replaced(self):
         client_params = {"do_remote_prefill": True, "evil": [1]}
         if not self.P7:
-            # P2P-NCCL and SGLang set no kv_transfer_params: the client's reach both legs as sent.
+            # P2P-NCCL and SGLang set no kv_transfer_params. P2P-NCCL's legs drop the client's
+            # (security review #22: it must not reach the nodes); SGLang's carry it as sent.
             body = client_body("/v1/completions", False, kv_transfer_params=client_params)
             self.send("/v1/completions", body)
             for leg in (wait_gen(self.p, 1)[0], wait_gen(self.d, 1)[0]):
-                self.assertEqual(json.loads(leg["body"])["kv_transfer_params"], client_params)
+                if self.CONNECTOR == "p2p-nccl":
+                    self.assertNotIn("kv_transfer_params", json.loads(leg["body"]))
+                else:
+                    self.assertEqual(json.loads(leg["body"])["kv_transfer_params"], client_params)
             return
         p, d = self.roundtrip("/v1/completions", stream=False, kv_transfer_params=client_params)
         for leg in (p, d):

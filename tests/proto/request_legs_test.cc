@@ -537,13 +537,34 @@ TEST(P2pNcclLegs, SerialNoKvParamsDecodeUnchanged) {
     }
     EXPECT_EQ(pre.value("stream", false), body.stream) << "stream is not changed";
     EXPECT_EQ(pre.contains("stream_options"), client.contains("stream_options"));
-    EXPECT_EQ(pre.contains("kv_transfer_params"), client.contains("kv_transfer_params"));
+    // A client's own kv_transfer_params reaches neither node (security review #22).
+    EXPECT_FALSE(pre.contains("kv_transfer_params"));
     EXPECT_FALSE(pre.contains("min_tokens"));  // vLLM: min_tokens > max_tokens is a 400
     EXPECT_FALSE(pre.contains("min_completion_tokens"));
     ExpectUntouched(body.text, b.prefill.body,
-                    {"max_tokens", "max_completion_tokens", "min_tokens", "min_completion_tokens"});
-    EXPECT_EQ(b.decode.body, body.text);
+                    {"max_tokens", "max_completion_tokens", "min_tokens", "min_completion_tokens",
+                     "kv_transfer_params"});
+    if (client.contains("kv_transfer_params")) {
+      EXPECT_FALSE(json::parse(b.decode.body).contains("kv_transfer_params"));
+      ExpectUntouched(body.text, b.decode.body, {"kv_transfer_params"});
+    } else {
+      EXPECT_EQ(b.decode.body, body.text);
+    }
   }
+}
+
+TEST(P2pNcclLegs, ClientKvTransferParamsAreRemovedFromBothLegs) {
+  LegInstance p = Plain(Connector::kP2pNccl, "10.0.0.1", 8100);
+  p.zmq_address = "10.0.0.1:21001";
+  LegInstance d = Plain(Connector::kP2pNccl, "10.0.0.2", 8200);
+  d.zmq_address = "10.0.0.2:22001";
+  const Body body{"object", "/v1/completions",
+                  R"({"model":"m","prompt":"x","max_tokens":5,"kv_transfer_params":{"remote_host":"10.9.9.9"}})",
+                  false};
+  const LegBuild b = Build(body, p, d);
+  EXPECT_EQ(b.prefill.body.find("10.9.9.9"), std::string::npos) << b.prefill.body;
+  EXPECT_EQ(b.decode.body.find("10.9.9.9"), std::string::npos) << b.decode.body;
+  EXPECT_EQ(json::parse(b.decode.body)["max_tokens"], 5);
 }
 
 // ---------------- SGLang ----------------
