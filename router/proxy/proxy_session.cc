@@ -92,6 +92,7 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view hea
 
 // The error code a client gets for a request that failed on `leg` for `cause`.
 std::string_view failure_code(Leg leg, LegFailure cause) {
+  if (cause == LegFailure::kLocalResources) return "overloaded";
   if (leg == Leg::kPrefill) return cause == LegFailure::kTimeout ? "prefill_timeout" : "prefill_failed";
   return cause == LegFailure::kTimeout ? "decode_timeout" : "decode_failed";
 }
