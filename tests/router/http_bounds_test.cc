@@ -3,9 +3,17 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+#include <uv.h>
+
+#include <cerrno>
+#include <csignal>
+#include <future>
 
 #include <atomic>
 #include <chrono>
@@ -312,6 +320,78 @@ TEST_F(HttpBoundsTest, PortSomeoneListensOnIsRefused) {
   s = fifth.start(o, [](Request&&, ResponseWriter w) { w.send(Response::text(200, "fifth")); });
   EXPECT_TRUE(s.is_ok()) << s.to_string();
   fifth.stop(1s);
+}
+
+// Attacks bug 4: accept() failing with EMFILE used to be logged on every retry, and libuv
+// retries at once for as long as connections are pending: a hot loop (326,178 log lines in
+// 3 s). Now the worker counts the error, closes its listener (which ends libuv's loop), and
+// reopens it 100 ms later. Runs in a forked child whose descriptors are exhausted. libuv's own
+// reserve-descriptor trick is disabled on the worker loop, as happens when another thread takes
+// the descriptor it frees (what made the flood possible).
+TEST(HttpAcceptBackoff, OutOfDescriptorsDoesNotSpinAndRecovers) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int code = 0;
+    {
+      Server server;
+      ServerOptions o;
+      o.host = "127.0.0.1";
+      if (!server.start(o, [](Request&&, ResponseWriter w) { w.send(Response::text(200, "ok")); }).is_ok()) {
+        ::_exit(20);
+      }
+      std::promise<void> disabled;
+      server.post(0, [&] {
+        uv_loop_t* loop = server.loop(0);
+        if (loop->emfile_fd >= 0) ::close(loop->emfile_fd);
+        loop->emfile_fd = -1;
+        disabled.set_value();
+      });
+      if (disabled.get_future().wait_for(5s) != std::future_status::ready) ::_exit(21);
+      std::vector<int> clients;
+      for (int i = 0; i < 20; ++i) clients.push_back(::socket(AF_INET, SOCK_STREAM, 0));
+      const int probe = ::dup(0);
+      rlimit limit{static_cast<rlim_t>(probe + 16), static_cast<rlim_t>(probe + 16)};
+      ::close(probe);
+      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(22);
+      std::vector<int> filler;
+      for (int fd; (fd = ::open("/dev/null", O_RDONLY)) >= 0;) filler.push_back(fd);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(server.port());
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      for (int c : clients) ::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+      if (!eventually([&] { return server.stats().accept_errors.load() >= 1; }, 5s)) ::_exit(23);
+      // Half a second out of descriptors: one failed accept, then one failed reopen per 100 ms.
+      const auto until = Clock::now() + 500ms;
+      while (Clock::now() < until) std::this_thread::sleep_for(5ms);
+      const uint64_t errors = server.stats().accept_errors.load();
+      for (int c : clients) ::close(c);
+      for (int fd : filler) ::close(fd);
+      if (errors > 50) ::_exit(24);
+      // Descriptors are free again: the listener is back and serves.
+      bool served = eventually([&] {
+        HttpClient c;
+        if (!c.connect("127.0.0.1", server.port(), 1s).empty()) return false;
+        return c.request("GET", "/").status == 200;
+      }, 10s);
+      if (!served) code = 25;
+      server.stop(1s);
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  const auto until = Clock::now() + scaled(30s);
+  pid_t done = 0;
+  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL() << "child hung (a worker spinning on accept errors?)";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "23: no accept error seen, 24: accept errors not throttled, "
+                                       "25: not serving after descriptors were freed";
 }
 
 }  // namespace
