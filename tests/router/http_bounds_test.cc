@@ -136,6 +136,17 @@ TEST_F(HttpBoundsTest, PipeliningClientThatNeverReadsIsBounded) {
     }
     sent_all = true;
   });
+  // On an early failure: unblock and join the sender before the thread object goes.
+  struct Joiner {
+    std::thread& t;
+    int fd;
+    ~Joiner() {
+      if (t.joinable()) {
+        ::shutdown(fd, SHUT_RDWR);
+        t.join();
+      }
+    }
+  } joiner{sender, fd};
 
   ASSERT_TRUE(eventually([&] { return server_.stats().output_pauses.load() >= 1; }))
       << "the server never stopped reading; answers queued: " << server_.stats().output_buffered_bytes.load()
