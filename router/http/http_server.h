@@ -1,5 +1,7 @@
 // pdrouter's HTTP/1.1 front door: N worker threads, each with its own libuv loop and its own
 // SO_REUSEPORT listening socket on the same port (the kernel spreads connections over them).
+// start() first binds the port once without SO_REUSEPORT, so a port any other socket listens
+// on (a second pdrouter, or anything with SO_REUSEPORT) is refused instead of shared.
 //
 // Contracts:
 // - The handler runs on a worker thread, once per request, in request order per connection. It

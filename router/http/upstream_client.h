@@ -8,7 +8,9 @@
 // that thread. Other threads reach it only by posting onto the loop (Server::post).
 //
 // Callbacks (UpstreamCallbacks) for one call, in order:
-//   on_head once (final response status and headers; 1xx interim responses are skipped),
+//   on_head once (final response status and headers; 1xx interim responses are skipped, up to
+//   kMaxInterimResponses; a head over kMaxResponseHeaderBytes or kMaxResponseHeaders fails the
+//   call with kBadResponse before on_head),
 //   on_body zero or more times with de-chunked body bytes as they arrive (no buffering: an SSE
 //   event reaches on_body when its bytes are read), then exactly one of on_complete / on_error.
 //   on_error may also come before on_head (connect refused, timeouts, reset, parse error).
