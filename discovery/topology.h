@@ -104,6 +104,9 @@ struct Topology {
     std::chrono::milliseconds first_byte{60000};
     std::chrono::milliseconds stream_idle{60000};
     std::chrono::milliseconds header_read{10000};
+    // A request body must arrive whole within this, counted from the end of its headers (408
+    // after it), however often bytes trickle in: bounds how long a slow body holds a connection.
+    std::chrono::milliseconds body_read{30000};
     std::chrono::milliseconds keep_alive_idle{60000};
     std::chrono::milliseconds drain{30000};
     // A stream paused for a client that does not read (back-pressure) is aborted, both legs

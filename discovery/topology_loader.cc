@@ -253,6 +253,7 @@ Status read_timeouts(const Source& src, const Field& f, Topology::Timeouts* out)
   r.ms("first_byte_ms", 1, kDayMs, &out->first_byte);
   r.ms("stream_idle_ms", 1, kDayMs, &out->stream_idle);
   r.ms("header_read_ms", 1, kDayMs, &out->header_read);
+  r.ms("body_read_ms", 1, kDayMs, &out->body_read);
   r.ms("keep_alive_idle_ms", 1, kDayMs, &out->keep_alive_idle);
   r.ms("drain_ms", 0, kDayMs, &out->drain);
   r.ms("client_write_ms", 1, kDayMs, &out->client_write);

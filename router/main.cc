@@ -17,6 +17,7 @@
 #include "discovery/discovery_service.h"
 #include "discovery/topology_store.h"
 #include "router/control_routes.h"
+#include "router/http/fd_budget.h"
 #include "router/http/http_server.h"
 #include "router/http/json_error.h"
 #include "router/proxy/proxy_service.h"
@@ -96,6 +97,7 @@ http::ServerOptions server_options(const discovery::Topology& t) {
   o.max_header_bytes = t.limits.max_header_bytes;
   o.max_body_bytes = t.limits.max_body_bytes;
   o.header_read_timeout = t.timeouts.header_read;
+  o.body_read_timeout = t.timeouts.body_read;
   o.keep_alive_idle = t.timeouts.keep_alive_idle;
   o.max_connections = t.limits.max_connections;
   return o;
@@ -112,6 +114,24 @@ void raise_fd_limit() {
   if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
     spdlog::debug("open-file limit raised from {} to {}", before, limit.rlim_cur);
   }
+}
+
+// Client connections beyond what RLIMIT_NOFILE can hold (with two upstream legs per request
+// in flight) would fail with EMFILE at random places, and used to get healthy nodes ejected:
+// accept fewer and say what to raise.
+void fit_fd_limit(const discovery::Topology& t, http::ServerOptions* o) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  const http::FdBudget b =
+      http::fit_fd_limit(limit.rlim_cur, t.limits.max_connections, t.limits.max_concurrent_requests);
+  if (!b.clamped) return;
+  spdlog::warn(
+      "open-file limit {} cannot hold limits.max_connections {} plus 2 upstream sockets for each of "
+      "limits.max_concurrent_requests {} (about {} descriptors): accepting at most {} connections; "
+      "raise the limit (ulimit -n, systemd LimitNOFILE=) to {} or lower those limits",
+      limit.rlim_cur, t.limits.max_connections, t.limits.max_concurrent_requests, b.needed, b.max_connections,
+      b.needed);
+  o->max_connections = b.max_connections;
 }
 
 void setup_logging(const std::string& level) {
@@ -222,6 +242,7 @@ int run(Process& p) {
     return 1;
   }
   http::ServerOptions server_opts = server_options(topology);
+  fit_fd_limit(topology, &server_opts);
   p.proxy = std::make_unique<router::proxy::ProxyService>(p.registry, p.topology.cell(), p.server,
                                                           server_opts.workers);
   server_opts.on_worker_stop = [proxy = p.proxy.get()](uint32_t worker) { proxy->worker_stopped(worker); };

@@ -115,7 +115,8 @@ void write_http_metrics(MetricsWriter& out, const http::ServerStats& s) {
   }
   const std::pair<const char*, const std::atomic<uint64_t>*> rejections[] = {
       {"bad_request", &s.bad_requests},       {"header_too_large", &s.header_too_large},
-      {"body_too_large", &s.body_too_large},  {"header_timeout", &s.header_timeouts}};
+      {"body_too_large", &s.body_too_large},  {"header_timeout", &s.header_timeouts},
+      {"body_timeout", &s.body_timeouts}};
   for (const auto& [reason, counter] : rejections) {
     out.counter("pdrouter_http_rejected_total", "Requests the server refused before any handler ran",
                 v(*counter), {{"reason", reason}});
@@ -125,6 +126,14 @@ void write_http_metrics(MetricsWriter& out, const http::ServerStats& s) {
               v(s.client_aborts));
   out.counter("pdrouter_http_handler_errors_total", "Handlers that threw or dropped their response",
               v(s.handler_errors));
+  out.counter("pdrouter_http_output_pauses_total",
+              "Times a connection stopped reading requests while 256 KiB of answers waited for its client",
+              v(s.output_pauses));
+  out.gauge("pdrouter_http_output_buffered_bytes", "Answer bytes queued for clients", v(s.output_buffered_bytes));
+  out.counter("pdrouter_http_write_stalls_total", "Connections closed because their queued answers made no progress",
+              v(s.write_stalls));
+  out.counter("pdrouter_http_accept_errors_total", "Failed accepts (each pauses accepting for 100 ms)",
+              v(s.accept_errors));
 }
 
 }  // namespace pdr::router

@@ -65,6 +65,36 @@ std::string peer_name(uv_tcp_t* tcp) {
 
 HttpConnection* from_parser(llhttp_t* p) { return static_cast<HttpConnection*>(p->data); }
 
+// llhttp 8.1 accepts obs-fold (a header line continued by a line starting with SP or HTAB) and
+// its callbacks cannot tell it from a value split across reads, so the raw header bytes are
+// scanned here. RFC 9112 5.2 allows rejecting it; a front proxy reading folds differently from
+// us could otherwise be desynchronised. `state` carries the position across reads (0: inside a
+// line, 1: after a LF, 2: after LF CR). Returns true once the header block's empty line (or a
+// fold, then *fold is set) has been seen: the bytes after it are body or the next request.
+bool scan_header_bytes(const char* data, size_t len, uint8_t* state, bool* fold) {
+  for (size_t i = 0; i < len; ++i) {
+    const char c = data[i];
+    switch (*state) {
+      case 1:
+        if (c == ' ' || c == '\t') {
+          *fold = true;
+          return true;
+        }
+        if (c == '\n') return true;
+        *state = c == '\r' ? 2 : 0;
+        break;
+      case 2:
+        if (c == '\n') return true;
+        *state = 0;
+        break;
+      default:
+        if (c == '\n') *state = 1;
+        break;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 const llhttp_settings_t* HttpConnection::parser_settings() {
@@ -146,12 +176,12 @@ void HttpConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
   inbuf_.append(buf->base, static_cast<size_t>(nread));
   if (!got_bytes_) {
     got_bytes_ = true;
-    if (timer_mode_ == TimerMode::kIdle) {
+    if ((timer_mode_ == TimerMode::kIdle || timer_mode_ == TimerMode::kFlush) && !output_blocked()) {
       arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(worker_.options().header_read_timeout.count()));
     }
-  } else if (timer_mode_ == TimerMode::kBody) {
-    arm_timer(TimerMode::kBody, static_cast<uint64_t>(worker_.options().header_read_timeout.count()));
   }
+  // The body timer is NOT re-armed here: body_read_timeout bounds the whole body, so a client
+  // trickling a byte at a time cannot hold the connection and its partial body forever.
   process_input();
 }
 
@@ -159,10 +189,22 @@ void HttpConnection::process_input() {
   if (processing_) return;  // re-entered from a handler that answered synchronously
   processing_ = true;
   const size_t max_header = worker_.options().max_header_bytes;
-  while (phase_ == Phase::kReading && inbuf_off_ < inbuf_.size()) {
+  // Output back-pressure: no request is parsed (hence none answered) while kOutputHighWater
+  // response bytes wait for the client; on_write resumes here once they drain.
+  while (phase_ == Phase::kReading && inbuf_off_ < inbuf_.size() && !output_blocked()) {
     got_bytes_ = true;
     const char* data = inbuf_.data() + inbuf_off_;
     const size_t len = inbuf_.size() - inbuf_off_;
+    if (!headers_done_ && !header_scan_done_) {
+      bool fold = false;
+      header_scan_done_ = scan_header_bytes(data, len, &header_scan_state_, &fold);
+      if (fold) {
+        worker_.stats().bad_requests.fetch_add(1, std::memory_order_relaxed);
+        send_error_and_close(400, "malformed HTTP request: obs-fold (a header line continued on the next line) is not accepted",
+                             "invalid_request_error", "bad_request");
+        break;
+      }
+    }
     const llhttp_errno_t err = llhttp_execute(&parser_, data, len);
     if (phase_ == Phase::kClosed) break;
     size_t consumed = len;
@@ -215,6 +257,7 @@ void HttpConnection::process_input() {
     inbuf_off_ = 0;
   }
   processing_ = false;
+  if (phase_ == Phase::kReading && output_blocked() && timer_mode_ != TimerMode::kFlush) arm_flush_timer();
   update_reading();
 }
 
@@ -299,7 +342,7 @@ int HttpConnection::on_headers_complete(llhttp_t* p) {
       c->queue_write("HTTP/1.1 100 Continue\r\n\r\n");
       if (c->phase_ != Phase::kReading) return -1;
     }
-    c->arm_timer(TimerMode::kBody, static_cast<uint64_t>(opt.header_read_timeout.count()));
+    c->arm_timer(TimerMode::kBody, static_cast<uint64_t>(opt.body_read_timeout.count()));
   } else {
     c->arm_timer(TimerMode::kNone, 0);
   }
@@ -481,12 +524,20 @@ void HttpConnection::begin_next_request() {
   headers_done_ = false;
   message_done_ = false;
   header_fed_ = 0;
+  header_scan_state_ = 0;
+  header_scan_done_ = false;
   pending_error_status_ = 0;
   pending_error_reason_ = nullptr;
   got_bytes_ = inbuf_off_ < inbuf_.size();
   const ServerOptions& opt = worker_.options();
-  if (got_bytes_) {
+  if (output_blocked()) {
+    arm_flush_timer();  // the next request waits for the client to read (on_write resumes it)
+  } else if (got_bytes_) {
     arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(opt.header_read_timeout.count()));
+  } else if (buffered_ > 0) {
+    // Not idle yet: the last answer is still being written. keep_alive_idle starts once it has
+    // drained (on_write); until then the flush timer closes a connection whose output stalls.
+    arm_flush_timer();
   } else {
     arm_timer(TimerMode::kIdle, static_cast<uint64_t>(opt.keep_alive_idle.count()));
   }
@@ -540,7 +591,11 @@ void HttpConnection::on_shutdown(uv_shutdown_t* req, int) { delete req; }
 
 void HttpConnection::begin_drain() {
   if (phase_ == Phase::kReading && !got_bytes_) {
-    close_now();
+    if (buffered_ > 0) {
+      begin_close_after_flush();  // let the last answer reach the client first
+    } else {
+      close_now();
+    }
     return;
   }
   close_after_ = true;
@@ -629,9 +684,11 @@ void HttpConnection::queue_write(std::string data) {
   const size_t n = w->data.size();
   uv_buf_t buf = uv_buf_init(w->data.data(), static_cast<unsigned int>(n));
   buffered_ += n;
+  worker_.stats().output_buffered_bytes.fetch_add(n, std::memory_order_relaxed);
   const int rc = uv_write(&w->req, tcp_.stream(), &buf, 1, &HttpConnection::on_write);
   if (rc < 0) {
     buffered_ -= n;
+    worker_.stats().output_buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
     delete w;
     spdlog::debug("http {}: write failed: {}", peer_, uv_strerror(rc));
     close_now();
@@ -647,6 +704,7 @@ void HttpConnection::on_write(uv_write_t* req, int status) {
   delete w;
   const size_t before = c->buffered_;
   c->buffered_ -= n;
+  c->worker_.stats().output_buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
   if (status < 0) {
     if (c->phase_ != Phase::kClosed) {
       spdlog::debug("http {}: write error: {}", c->peer_, uv_strerror(status));
@@ -656,6 +714,10 @@ void HttpConnection::on_write(uv_write_t* req, int status) {
   }
   if (c->phase_ == Phase::kFinishing && c->buffered_ == 0) {
     c->start_lingering();
+    return;
+  }
+  if (c->phase_ == Phase::kReading && c->timer_mode_ == TimerMode::kFlush) {
+    c->output_drained();
     return;
   }
   if (before >= ResponseWriter::kDrainLowWater && c->buffered_ < ResponseWriter::kDrainLowWater &&
@@ -695,10 +757,14 @@ void HttpConnection::on_timer(uv_timer_t* t) {
       spdlog::debug("http {}: keep-alive idle timeout", c->peer_);
       c->close_now();
       return;
+    case TimerMode::kFlush:
+      c->flush_timer_fired();
+      return;
     case TimerMode::kHeaders:
     case TimerMode::kBody:
       if (c->phase_ != Phase::kReading) return;
-      c->worker_.stats().header_timeouts.fetch_add(1, std::memory_order_relaxed);
+      (mode == TimerMode::kHeaders ? c->worker_.stats().header_timeouts : c->worker_.stats().body_timeouts)
+          .fetch_add(1, std::memory_order_relaxed);
       c->send_error_and_close(408,
                               mode == TimerMode::kHeaders ? "timed out reading the request headers"
                                                           : "timed out reading the request body",
@@ -715,6 +781,8 @@ void HttpConnection::update_reading() {
   bool want = true;
   if (phase_ == Phase::kDispatched) {
     want = inbuf_.size() - inbuf_off_ < worker_.options().max_header_bytes + kPipelineSlack;
+  } else if (phase_ == Phase::kReading && output_blocked()) {
+    want = false;
   }
   if (want && !reading_) {
     if (uv_read_start(tcp_.stream(), &HttpConnection::on_alloc, &HttpConnection::on_read) == 0) {
@@ -723,7 +791,51 @@ void HttpConnection::update_reading() {
   } else if (!want && reading_) {
     uv_read_stop(tcp_.stream());
     reading_ = false;
+    if (phase_ == Phase::kReading) worker_.stats().output_pauses.fetch_add(1, std::memory_order_relaxed);
   }
+}
+
+void HttpConnection::arm_flush_timer() {
+  flush_mark_ = tcp_ ? uv_stream_get_write_queue_size(tcp_.stream()) : 0;
+  arm_timer(TimerMode::kFlush, static_cast<uint64_t>(worker_.options().keep_alive_idle.count()));
+}
+
+void HttpConnection::output_drained() {
+  // Between requests with output queued (kFlush): resume parsing once below the high-water
+  // mark; start the keep-alive idle time once nothing is left to write.
+  if (output_blocked()) return;
+  const ServerOptions& opt = worker_.options();
+  if (inbuf_off_ < inbuf_.size()) {
+    got_bytes_ = true;
+    arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(opt.header_read_timeout.count()));
+    if (!processing_) process_input();
+    return;
+  }
+  if (got_bytes_) {
+    arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(opt.header_read_timeout.count()));
+  } else if (buffered_ == 0) {
+    arm_timer(TimerMode::kIdle, static_cast<uint64_t>(opt.keep_alive_idle.count()));
+  }
+  update_reading();
+}
+
+void HttpConnection::flush_timer_fired() {
+  if (phase_ != Phase::kReading) return;
+  if (buffered_ == 0) {
+    output_drained();
+    return;
+  }
+  // Progress is measured on libuv's queue (bytes not yet taken by the kernel): one large write
+  // completes only at its end, but the queue shrinks as the client reads.
+  const size_t queued = uv_stream_get_write_queue_size(tcp_.stream());
+  if (queued < flush_mark_) {
+    arm_flush_timer();
+    return;
+  }
+  worker_.stats().write_stalls.fetch_add(1, std::memory_order_relaxed);
+  spdlog::debug("http {}: client read nothing of {} queued bytes for {} ms; closing", peer_, buffered_,
+                worker_.options().keep_alive_idle.count());
+  close_now();
 }
 
 }  // namespace pdr::http

@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "router/http/http_message.h"
+#include "router/http/http_server.h"
 #include "router/http/response_writer.h"
 #include "router/http/uv_handle.h"
 
@@ -59,7 +60,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     kClosed,
   };
   enum class ResponseState { kNone, kStreaming, kDone };
-  enum class TimerMode { kNone, kIdle, kHeaders, kBody, kLinger };
+  // kFlush: between requests while response bytes are still queued (the idle time has not
+  // started, or parsing waits for the output to drain): closes when the output stalls.
+  enum class TimerMode { kNone, kIdle, kHeaders, kBody, kLinger, kFlush };
 
   // libuv callbacks
   static void on_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
@@ -90,6 +93,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void start_lingering();
   void arm_timer(TimerMode mode, uint64_t ms);
   void update_reading();
+  bool output_blocked() const { return buffered_ >= kOutputHighWater; }
+  void arm_flush_timer();
+  void output_drained();
+  void flush_timer_fired();
   std::string build_head(int status, const std::vector<Header>& headers, bool chunked,
                          size_t content_length, bool streaming);
   void queue_write(std::string data);
@@ -120,6 +127,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool got_bytes_ = false;  // bytes of the current request have arrived
   size_t header_bytes_ = 0;
   size_t header_fed_ = 0;  // raw bytes parsed while headers are incomplete
+  uint8_t header_scan_state_ = 0;  // obs-fold scan (scan_header_bytes)
+  bool header_scan_done_ = false;
   int pending_error_status_ = 0;
   const char* pending_error_reason_ = nullptr;
 
@@ -136,6 +145,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   std::string request_line_;  // "GET /x" for the per-request debug log
 
   size_t buffered_ = 0;  // bytes in uv_write not yet completed
+  size_t flush_mark_ = 0;  // libuv write queue size when the flush timer was armed
 };
 
 }  // namespace pdr::http

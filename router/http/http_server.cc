@@ -1,13 +1,53 @@
 #include "router/http/http_server.h"
 
+#include <netinet/in.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
 
+#include <cerrno>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
 #include "router/http/http_worker.h"
 
 namespace pdr::http {
+
+namespace {
+
+// The workers' listeners set SO_REUSEPORT, with which a second process of the same user (a
+// second pdrouter started by mistake, or anything else) binds the same port without an error
+// and the kernel splits the connections between them. Binding once without SO_REUSEPORT first
+// fails with EADDRINUSE if anything listens there, whatever its options. SO_REUSEADDR as libuv
+// sets it: a restart must not fail on the previous run's TIME_WAIT connections.
+Status probe_port_free(const std::string& host, uint16_t port) {
+  if (port == 0) return Status::ok();  // ephemeral: the kernel picks a free port
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(sockaddr_in);
+  if (uv_ip4_addr(host.c_str(), port, reinterpret_cast<sockaddr_in*>(&addr)) != 0) {
+    if (uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6*>(&addr)) != 0) {
+      return Status(StatusCode::kBadAddress, "listen host is not an IPv4 or IPv6 literal: " + host);
+    }
+    len = sizeof(sockaddr_in6);
+  }
+  const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status(StatusCode::kIoError, std::string("socket: ") + std::strerror(errno));
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const int rc = ::bind(fd, reinterpret_cast<const sockaddr*>(&addr), len);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) {
+    return Status(StatusCode::kIoError,
+                  "bind " + host + ":" + std::to_string(port) + ": " + std::strerror(err) +
+                      (err == EADDRINUSE ? " (another process listens there)" : ""));
+  }
+  return Status::ok();
+}
+
+}  // namespace
 
 struct Server::Impl {
   ServerShared shared;
@@ -39,6 +79,7 @@ Status Server::start(const ServerOptions& options, Handler handler) {
   impl_->shared.handler = std::move(handler);
 
   uint16_t port = options.port;
+  if (Status s = probe_port_free(options.host, port); !s.is_ok()) return s;
   std::vector<std::unique_ptr<HttpWorker>> workers;
   for (uint32_t i = 0; i < options.workers; ++i) {
     auto w = std::make_unique<HttpWorker>(i, impl_->shared);

@@ -1,5 +1,7 @@
 // pdrouter's HTTP/1.1 front door: N worker threads, each with its own libuv loop and its own
 // SO_REUSEPORT listening socket on the same port (the kernel spreads connections over them).
+// start() first binds the port once without SO_REUSEPORT, so a port any other socket listens
+// on (a second pdrouter, or anything with SO_REUSEPORT) is refused instead of shared.
 //
 // Contracts:
 // - The handler runs on a worker thread, once per request, in request order per connection. It
@@ -11,9 +13,15 @@
 //   (decided from Content-Length before the body is read), headers too large 431, handler threw
 //   or dropped its writer 500.
 // - Timers: a new connection, or a keep-alive connection once the first byte of its next request
-//   arrives, must deliver complete headers within header_read_timeout (then 408). While a
-//   request body is being read the same duration applies as an inactivity timeout. A keep-alive
-//   connection with no bytes for keep_alive_idle is closed silently.
+//   arrives, must deliver complete headers within header_read_timeout (then 408). Once the
+//   headers are complete the whole body must arrive within body_read_timeout, counted from the
+//   end of the headers however often bytes trickle in (then 408). A keep-alive connection with
+//   no bytes for keep_alive_idle is closed silently; that idle time starts only once the last
+//   response has been fully written. While response bytes are still queued the connection is
+//   instead closed when its output makes no progress for keep_alive_idle.
+// - Output back-pressure: while a connection has kOutputHighWater bytes or more queued for the
+//   client, it neither reads nor parses more requests (a pipelining client that never reads
+//   cannot make the server render answers without bound); both resume once the queue drains.
 // - A client that closes its connection (EOF) while its response is pending counts as gone:
 //   the writer's on_client_close fires. That is what lets the router abort upstream legs.
 // - No libuv types here; loop() exposes the worker's loop as an opaque pointer for the upstream
@@ -46,6 +54,7 @@ struct ServerOptions {
   size_t max_header_bytes = 64 * 1024;         // request line + headers
   size_t max_body_bytes = 32 * 1024 * 1024;    // decoded body
   std::chrono::milliseconds header_read_timeout{10000};
+  std::chrono::milliseconds body_read_timeout{30000};  // whole body, from the end of the headers
   std::chrono::milliseconds keep_alive_idle{60000};
   uint32_t max_connections = 16384;  // across all workers; excess is accepted and closed at once
   int backlog = 1024;
@@ -65,11 +74,19 @@ struct ServerStats {
   std::atomic<uint64_t> bad_requests{0};          // 400 from the parser
   std::atomic<uint64_t> header_too_large{0};      // 431
   std::atomic<uint64_t> body_too_large{0};        // 413
-  std::atomic<uint64_t> header_timeouts{0};       // 408
+  std::atomic<uint64_t> header_timeouts{0};       // 408 (headers)
+  std::atomic<uint64_t> body_timeouts{0};         // 408 (body_read_timeout)
   std::atomic<uint64_t> idle_timeouts{0};         // keep-alive idle closes
   std::atomic<uint64_t> client_aborts{0};         // client gone with a response pending
   std::atomic<uint64_t> handler_errors{0};        // handler threw or dropped its writer
+  std::atomic<uint64_t> output_pauses{0};         // reading stopped: kOutputHighWater queued
+  std::atomic<uint64_t> output_buffered_bytes{0};  // gauge: response bytes queued, all connections
+  std::atomic<uint64_t> write_stalls{0};          // closed: queued output made no progress
+  std::atomic<uint64_t> accept_errors{0};         // accept() failed (EMFILE, ENFILE, ...)
 };
+
+// Queued response bytes above which a connection stops reading and parsing requests.
+inline constexpr size_t kOutputHighWater = 256 * 1024;
 
 class Server {
  public:

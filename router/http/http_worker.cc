@@ -16,6 +16,7 @@ namespace pdr::http {
 namespace {
 thread_local HttpWorker* tls_current_worker = nullptr;
 constexpr size_t kReadBufferSize = 64 * 1024;
+constexpr uint64_t kAcceptBackoffMs = 100;
 
 Status uv_status(StatusCode code, const std::string& what, int rc) {
   return Status(code, what + ": " + uv_strerror(rc));
@@ -36,6 +37,7 @@ HttpWorker::~HttpWorker() {
     c->close_now();
   }
   listener_.close();
+  backoff_timer_.close();
   async_.close();
   uv_run(&loop_, UV_RUN_DEFAULT);
   const int rc = uv_loop_close(&loop_);
@@ -49,30 +51,16 @@ Status HttpWorker::listen(const std::string& host, uint16_t* port) {
   rc = async_.init(this, [&](uv_async_t* a) { return uv_async_init(&loop_, a, &HttpWorker::on_async); });
   if (rc < 0) return uv_status(StatusCode::kIoError, "uv_async_init", rc);
 
-  sockaddr_storage addr{};
-  unsigned int family = AF_INET;
-  if (uv_ip4_addr(host.c_str(), *port, reinterpret_cast<sockaddr_in*>(&addr)) != 0) {
-    if (uv_ip6_addr(host.c_str(), *port, reinterpret_cast<sockaddr_in6*>(&addr)) != 0) {
+  rc = backoff_timer_.init(this, [&](uv_timer_t* t) { return uv_timer_init(&loop_, t); });
+  if (rc < 0) return uv_status(StatusCode::kIoError, "uv_timer_init", rc);
+
+  if (uv_ip4_addr(host.c_str(), *port, reinterpret_cast<sockaddr_in*>(&addr_)) != 0) {
+    if (uv_ip6_addr(host.c_str(), *port, reinterpret_cast<sockaddr_in6*>(&addr_)) != 0) {
       return Status(StatusCode::kBadAddress, "listen host is not an IPv4 or IPv6 literal: " + host);
     }
-    family = AF_INET6;
   }
-  const std::string where = host + ":" + std::to_string(*port);
-  rc = listener_.init(this, [&](uv_tcp_t* t) { return uv_tcp_init_ex(&loop_, t, family); });
-  if (rc < 0) return uv_status(StatusCode::kIoError, "socket for " + where, rc);
-  // libuv 1.44 has no UV_TCP_REUSEPORT: set it on the raw socket before bind.
-  uv_os_fd_t fd = -1;
-  rc = uv_fileno(listener_.base(), &fd);
-  if (rc < 0) return uv_status(StatusCode::kIoError, "uv_fileno", rc);
-  int one = 1;
-  if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
-    return Status(StatusCode::kIoError, std::string("SO_REUSEPORT: ") + std::strerror(errno));
-  }
-  rc = uv_tcp_bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr), 0);
-  if (rc < 0) return uv_status(StatusCode::kIoError, "bind " + where, rc);
-  // libuv may defer a bind error (EADDRINUSE) to listen.
-  rc = uv_listen(listener_.stream(), shared_.options.backlog, &HttpWorker::on_connection);
-  if (rc < 0) return uv_status(StatusCode::kIoError, "listen " + where, rc);
+  where_ = host + ":" + std::to_string(*port);
+  if (Status s = open_listener(); !s.is_ok()) return s;
 
   sockaddr_storage bound{};
   int len = sizeof(bound);
@@ -80,7 +68,69 @@ Status HttpWorker::listen(const std::string& host, uint16_t* port) {
   if (rc < 0) return uv_status(StatusCode::kIoError, "getsockname", rc);
   *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  // A reopened listener (accept back-off) binds the port this one got.
+  if (addr_.ss_family == AF_INET6) {
+    reinterpret_cast<sockaddr_in6*>(&addr_)->sin6_port = htons(*port);
+  } else {
+    reinterpret_cast<sockaddr_in*>(&addr_)->sin_port = htons(*port);
+  }
+  where_ = host + ":" + std::to_string(*port);
   return Status::ok();
+}
+
+Status HttpWorker::open_listener() {
+  const unsigned int family = addr_.ss_family == AF_INET6 ? AF_INET6 : AF_INET;
+  int rc = listener_.init(this, [&](uv_tcp_t* t) { return uv_tcp_init_ex(&loop_, t, family); });
+  if (rc < 0) return uv_status(StatusCode::kIoError, "socket for " + where_, rc);
+  // libuv 1.44 has no UV_TCP_REUSEPORT: set it on the raw socket before bind. Server::start
+  // probes the port without it first, so an address someone else listens on is refused.
+  uv_os_fd_t fd = -1;
+  rc = uv_fileno(listener_.base(), &fd);
+  if (rc < 0) return uv_status(StatusCode::kIoError, "uv_fileno", rc);
+  int one = 1;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
+    return Status(StatusCode::kIoError, std::string("SO_REUSEPORT: ") + std::strerror(errno));
+  }
+  rc = uv_tcp_bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr_), 0);
+  if (rc < 0) return uv_status(StatusCode::kIoError, "bind " + where_, rc);
+  // libuv may defer a bind error (EADDRINUSE) to listen.
+  rc = uv_listen(listener_.stream(), shared_.options.backlog, &HttpWorker::on_connection);
+  if (rc < 0) return uv_status(StatusCode::kIoError, "listen " + where_, rc);
+  return Status::ok();
+}
+
+void HttpWorker::accept_failed(int status) {
+  shared_.stats.accept_errors.fetch_add(1, std::memory_order_relaxed);
+  if (accept_log_.allow(std::chrono::steady_clock::now())) {
+    spdlog::warn("http worker {}: accept error: {}; not accepting for {} ms", index_, uv_strerror(status),
+                 kAcceptBackoffMs);
+  }
+  if (accept_paused_ || draining_) return;
+  accept_paused_ = true;
+  listener_.close();
+  if (backoff_timer_) uv_timer_start(backoff_timer_.get(), &HttpWorker::on_accept_backoff, kAcceptBackoffMs, 0);
+}
+
+void HttpWorker::on_accept_backoff(uv_timer_t* timer) {
+  auto* w = detail::UvHandle<uv_timer_t>::owner_of<HttpWorker>(timer);
+  if (w->draining_) return;
+  if (w->listener_) {
+    // The previous listener's close callback has not run yet: try again shortly.
+    uv_timer_start(timer, &HttpWorker::on_accept_backoff, kAcceptBackoffMs, 0);
+    return;
+  }
+  Status s = w->open_listener();
+  if (!s.is_ok()) {
+    w->shared_.stats.accept_errors.fetch_add(1, std::memory_order_relaxed);
+    if (w->accept_log_.allow(std::chrono::steady_clock::now())) {
+      spdlog::warn("http worker {}: cannot reopen the listener: {}; retrying in {} ms", w->index_, s.message(),
+                   kAcceptBackoffMs);
+    }
+    w->listener_.close();
+    uv_timer_start(timer, &HttpWorker::on_accept_backoff, kAcceptBackoffMs, 0);
+    return;
+  }
+  w->accept_paused_ = false;
 }
 
 void HttpWorker::start_thread() {
@@ -136,7 +186,7 @@ void HttpWorker::on_connection(uv_stream_t* server, int status) {
   auto* w = detail::UvHandle<uv_tcp_t>::owner_of<HttpWorker>(server);
   ServerStats& stats = w->shared_.stats;
   if (status < 0) {
-    spdlog::warn("http worker {}: accept error: {}", w->index_, uv_strerror(status));
+    w->accept_failed(status);
     return;
   }
   if (stats.connections_active.load(std::memory_order_relaxed) >= w->shared_.options.max_connections) {
@@ -153,7 +203,7 @@ void HttpWorker::on_connection(uv_stream_t* server, int status) {
   auto conn = std::make_shared<HttpConnection>(*w);
   const int rc = conn->accept(server);
   if (rc < 0) {
-    spdlog::warn("http worker {}: accept failed: {}", w->index_, uv_strerror(rc));
+    w->accept_failed(rc);
     return;
   }
   w->connections_.insert(conn.get());
@@ -174,6 +224,7 @@ void HttpWorker::begin_drain() {
   if (draining_) return;
   draining_ = true;
   listener_.close();
+  backoff_timer_.close();
   for (HttpConnection* c : std::vector<HttpConnection*>(connections_.begin(), connections_.end())) {
     c->begin_drain();
   }
@@ -182,6 +233,7 @@ void HttpWorker::begin_drain() {
 void HttpWorker::shutdown() {
   draining_ = true;
   listener_.close();
+  backoff_timer_.close();
   for (HttpConnection* c : std::vector<HttpConnection*>(connections_.begin(), connections_.end())) {
     c->close_now();
   }

@@ -17,6 +17,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "discovery/log_limiter.h"
 #include "proto/status.h"
 #include "router/http/http_server.h"
 #include "router/http/uv_handle.h"
@@ -73,6 +74,13 @@ class HttpWorker {
 
  private:
   static void on_connection(uv_stream_t* server, int status);
+  static void on_accept_backoff(uv_timer_t* timer);
+  // Creates the SO_REUSEPORT listener on addr_ and listens.
+  Status open_listener();
+  // accept() failed (EMFILE, ENFILE, ...): libuv calls back again at once for as long as the
+  // error lasts, so the listener is closed (which ends libuv's accept loop) and reopened
+  // kAcceptBackoff later. Connections meanwhile go to the other workers or are refused.
+  void accept_failed(int status);
   static void on_async(uv_async_t* async);
   void run_posted();
 
@@ -83,6 +91,11 @@ class HttpWorker {
   bool loop_initialized_ = false;
   detail::UvHandle<uv_async_t> async_;
   detail::UvHandle<uv_tcp_t> listener_;
+  detail::UvHandle<uv_timer_t> backoff_timer_;
+  sockaddr_storage addr_{};
+  std::string where_;  // "host:port" for messages
+  bool accept_paused_ = false;
+  discovery::LogLimiter accept_log_{"http accept errors"};
   std::thread thread_;
   bool draining_ = false;
   std::unordered_set<HttpConnection*> connections_;

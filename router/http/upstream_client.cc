@@ -78,6 +78,16 @@ bool literal_sockaddr(const proto::HostPort& target, sockaddr_storage* out) {
               : uv_ip4_addr(target.host.c_str(), target.port, reinterpret_cast<sockaddr_in*>(out))) == 0;
 }
 
+// Socket creation or connect failed for a shortage in this process or host, not because of the
+// node (security review #20: counting these against nodes ejected every healthy node).
+bool is_local_shortage(int rc) {
+  return rc == UV_EMFILE || rc == UV_ENFILE || rc == UV_ENOBUFS || rc == UV_ENOMEM;
+}
+
+UpstreamFailure connect_failure(int rc) {
+  return is_local_shortage(rc) ? UpstreamFailure::kLocalResources : UpstreamFailure::kConnect;
+}
+
 void set_port(sockaddr_storage* address, uint16_t port) {
   if (address->ss_family == AF_INET6) {
     reinterpret_cast<sockaddr_in6*>(address)->sin6_port = htons(port);
@@ -189,6 +199,10 @@ class UpstreamConnection {
   bool message_done_ = false;
   bool got_bytes_ = false;    // a byte of this call's response arrived
   bool head_request_ = false;
+  size_t head_bytes_ = 0;     // of the response head being parsed
+  size_t head_fields_ = 0;
+  size_t interim_count_ = 0;  // 1xx heads of this call
+  const char* limit_error_ = nullptr;  // set when a response-head limit stopped the parser
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -232,7 +246,7 @@ void UpstreamConnection::on_connect(uv_connect_t* req, int status) {
   auto* c = static_cast<UpstreamConnection*>(req->data);
   if (status == UV_ECANCELED || c->phase_ == Phase::kClosed) return;
   if (status < 0) {
-    c->fail(UpstreamFailure::kConnect,
+    c->fail(connect_failure(status),
             Status(StatusCode::kIoError, "connect to " + c->key_ + ": " + uv_strerror(status)));
     return;
   }
@@ -258,6 +272,10 @@ void UpstreamConnection::begin_exchange() {
   message_done_ = false;
   got_bytes_ = false;
   head_request_ = call_->wire_.starts_with("HEAD ");
+  head_bytes_ = 0;
+  head_fields_ = 0;
+  interim_count_ = 0;
+  limit_error_ = nullptr;
 
   auto* w = new WriteReq;
   w->conn = this;
@@ -286,7 +304,9 @@ void UpstreamConnection::on_write(uv_write_t* req, int status) {
   if (status < 0 && c->attached(call)) {
     c->fail(UpstreamFailure::kConnectionLost,
             Status(StatusCode::kIoError, "write to " + c->key_ + ": " + uv_strerror(status)));
+    return;
   }
+  if (c->got_bytes_ && c->attached(call)) std::string().swap(call->wire_);  // no retry any more
 }
 
 void UpstreamConnection::update_reading() {
@@ -350,6 +370,7 @@ void UpstreamConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
                     (nread == UV_EOF ? std::string() : std::string(" (") + uv_strerror(static_cast<int>(nread)) + ")")));
     return;
   }
+  if (!got_bytes_ && !writing_) std::string().swap(call->wire_);  // the retry is over: free the copy
   got_bytes_ = true;
   arm_timer(TimerMode::kBodyIdle, to_ms(call->timeouts_.idle));
   const llhttp_errno_t err = llhttp_execute(&parser_, buf->base, static_cast<size_t>(nread));
@@ -357,6 +378,12 @@ void UpstreamConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
   if (err == HPE_PAUSED && message_done_) {
     const char* pos = llhttp_get_error_pos(&parser_);
     complete(pos != nullptr && pos < buf->base + nread);
+    return;
+  }
+  if (err != HPE_OK && limit_error_ != nullptr) {
+    ++core_->stats.oversized_heads;
+    fail(UpstreamFailure::kBadResponse,
+         Status(StatusCode::kMalformed, "response from " + key_ + " refused: " + limit_error_));
     return;
   }
   if (err != HPE_OK) {
@@ -511,21 +538,38 @@ int UpstreamConnection::on_message_begin(llhttp_t* p) {
   c->headers_.clear();
   c->in_header_value_ = false;
   c->interim_ = false;
+  c->head_bytes_ = 0;
+  c->head_fields_ = 0;
   return 0;
+}
+
+// Counts `len` head bytes; false (and the reason set) once over kMaxResponseHeaderBytes.
+static bool add_head_bytes(size_t* bytes, size_t len, const char** error) {
+  static_assert(kMaxResponseHeaderBytes == 65536, "update the message below");
+  *bytes += len;
+  if (*bytes <= kMaxResponseHeaderBytes) return true;
+  *error = "response headers over 65536 bytes";
+  return false;
 }
 
 int UpstreamConnection::on_header_field(llhttp_t* p, const char* at, size_t len) {
   UpstreamConnection* c = from_parser(p);
   if (c->in_header_value_ || c->headers_.empty()) {
+    if (++c->head_fields_ > kMaxResponseHeaders) {
+      c->limit_error_ = "more than 100 response header fields";
+      return HPE_USER;
+    }
     c->headers_.emplace_back();
     c->in_header_value_ = false;
   }
+  if (!add_head_bytes(&c->head_bytes_, len + 4, &c->limit_error_)) return HPE_USER;
   c->headers_.back().name.append(at, len);
   return 0;
 }
 
 int UpstreamConnection::on_header_value(llhttp_t* p, const char* at, size_t len) {
   UpstreamConnection* c = from_parser(p);
+  if (!add_head_bytes(&c->head_bytes_, len, &c->limit_error_)) return HPE_USER;
   c->in_header_value_ = true;
   if (c->headers_.empty()) c->headers_.emplace_back();
   c->headers_.back().value.append(at, len);
@@ -540,6 +584,10 @@ int UpstreamConnection::on_headers_complete(llhttp_t* p) {
     return -1;
   }
   if (status >= 100 && status < 200) {
+    if (++c->interim_count_ > kMaxInterimResponses) {
+      c->limit_error_ = "more than 10 interim (1xx) responses";
+      return HPE_USER;
+    }
     c->interim_ = true;  // 100 Continue / 103 Early Hints: the final response follows
     return 0;
   }
@@ -633,8 +681,14 @@ void UpstreamPoolCore::connect_fresh(const std::shared_ptr<UpstreamCall>& call, 
   UpstreamConnection* conn = UpstreamConnection::create(shared_from_this(), call->key_, &rc);
   if (conn != nullptr) rc = conn->connect(reinterpret_cast<const sockaddr*>(&addr), call);
   if (rc < 0) {
-    fail_later(call, UpstreamFailure::kConnect,
-               Status(StatusCode::kIoError, "connect to " + call->key_ + ": " + uv_strerror(rc)));
+    const UpstreamFailure failure = connect_failure(rc);
+    if (failure == UpstreamFailure::kLocalResources) {
+      fail_later(call, failure,
+                 Status(StatusCode::kIoError, "no local resources to connect to " + call->key_ + ": " +
+                                                  uv_strerror(rc) + " (a limit of this router, not the node)"));
+      return;
+    }
+    fail_later(call, failure, Status(StatusCode::kIoError, "connect to " + call->key_ + ": " + uv_strerror(rc)));
   }
 }
 
@@ -698,11 +752,14 @@ void UpstreamCall::fire(Fn& fn, const char* what, Args&&... args) {
 
 void UpstreamCall::end(bool cancelled, bool error) {
   state_ = State::kDone;
+  // Its connection is closed or back in the pool by now: no write can still read the copy.
+  std::string().swap(wire_);
   if (auto core = core_.lock()) {
     --core->stats.active;
     if (cancelled) ++core->stats.cancels;
     if (error) {
       ++core->stats.errors;
+      if (failure_ == UpstreamFailure::kLocalResources) ++core->stats.local_errors;
       if (is_timeout(failure_)) ++core->stats.timeouts;
     }
   }

@@ -8,7 +8,9 @@
 // that thread. Other threads reach it only by posting onto the loop (Server::post).
 //
 // Callbacks (UpstreamCallbacks) for one call, in order:
-//   on_head once (final response status and headers; 1xx interim responses are skipped),
+//   on_head once (final response status and headers; 1xx interim responses are skipped, up to
+//   kMaxInterimResponses; a head over kMaxResponseHeaderBytes or kMaxResponseHeaders fails the
+//   call with kBadResponse before on_head),
 //   on_body zero or more times with de-chunked body bytes as they arrive (no buffering: an SSE
 //   event reaches on_body when its bytes are read), then exactly one of on_complete / on_error.
 //   on_error may also come before on_head (connect refused, timeouts, reset, parse error).
@@ -89,9 +91,19 @@ enum class UpstreamFailure {
   kFirstByteTimeout,  //                                                   kIoError
   kIdleTimeout,       //                                                   kIoError
   kConnectionLost,    // EOF/reset/write error before the response was complete  kIoError
-  kBadResponse,       // llhttp rejected the response                      kMalformed
+  kBadResponse,       // llhttp rejected the response, or it is over a limit  kMalformed
   kPoolClosed,        // close_all() or pool destruction                   kIoError
+  // This process could not create the socket (EMFILE, ENFILE, ENOBUFS, ENOMEM): a local
+  // shortage, not the node's fault (never count it against the node).      kIoError
+  kLocalResources,
 };
+
+// Limits on an upstream response head: over one the call fails with kBadResponse
+// ("response from HOST:PORT refused: ..."). The header block is buffered whole before on_head,
+// so without them a node could make the router buffer without bound.
+inline constexpr size_t kMaxResponseHeaderBytes = 64 * 1024;  // names + values, per response head
+inline constexpr size_t kMaxResponseHeaders = 100;
+inline constexpr size_t kMaxInterimResponses = 10;  // 1xx heads before the final one
 
 // True for the three timeout kinds.
 bool is_timeout(UpstreamFailure failure);
@@ -123,6 +135,8 @@ struct PoolStats {
   uint64_t active = 0;    // calls in flight (gauge)
   uint64_t idle = 0;      // pooled idle connections (gauge)
   uint64_t name_lookups = 0;  // hostnames looked up (cache misses; concurrent calls share one)
+  uint64_t oversized_heads = 0;  // responses refused for a response-head limit (above)
+  uint64_t local_errors = 0;     // calls failed with kLocalResources
 };
 
 // Handle on one call. Holding it is optional: an unreferenced call still runs to completion.
@@ -166,7 +180,9 @@ class UpstreamCall {
   std::weak_ptr<detail::UpstreamPoolCore> core_;
   proto::HostPort target_;
   std::string key_;   // target_.to_string()
-  std::string wire_;  // serialized request, kept for the one retry
+  // Serialized request, kept for the one retry; released once a response byte arrived and the
+  // write completed (the retry is never allowed after that), or when the call ends.
+  std::string wire_;
   UpstreamTimeouts timeouts_;
   UpstreamCallbacks callbacks_;
   State state_ = State::kPending;

@@ -45,6 +45,7 @@ std::string_view to_string(LegFailure failure) {
     case LegFailure::kStatus5xx: return "status_5xx";
     case LegFailure::kStatus4xx: return "status_4xx";
     case LegFailure::kBootstrap: return "bootstrap";
+    case LegFailure::kLocalResources: return "local_resources";
   }
   return "unknown";
 }

@@ -55,8 +55,9 @@ enum class LegFailure : uint8_t {
   kStatus5xx,        // the node answered 5xx
   kStatus4xx,        // the node answered 4xx (relayed to the client, never retried)
   kBootstrap,        // Mooncake bootstrap /query failed
+  kLocalResources,   // pdrouter could not open a socket (EMFILE...): 503, never retried nor blamed on the node
 };
-constexpr size_t kLegFailureCount = 7;
+constexpr size_t kLegFailureCount = 8;
 std::string_view to_string(LegFailure failure);
 
 enum class Leg : uint8_t { kPrefill, kDecode };

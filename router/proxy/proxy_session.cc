@@ -132,6 +132,7 @@ std::optional<std::string> check_parameters(const proto::JsonObjectBody& body) {
 
 // The error code a client gets for a request that failed on `leg` for `cause`.
 std::string_view failure_code(Leg leg, LegFailure cause) {
+  if (cause == LegFailure::kLocalResources) return "overloaded";
   if (leg == Leg::kPrefill) return cause == LegFailure::kTimeout ? "prefill_timeout" : "prefill_failed";
   return cause == LegFailure::kTimeout ? "decode_timeout" : "decode_failed";
 }

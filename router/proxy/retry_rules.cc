@@ -11,6 +11,7 @@ LegFailure classify(http::UpstreamFailure failure) {
     case F::kFirstByteTimeout:
     case F::kIdleTimeout: return LegFailure::kTimeout;
     case F::kBadResponse: return LegFailure::kBadResponse;
+    case F::kLocalResources: return LegFailure::kLocalResources;
     case F::kNone:
     case F::kConnectionLost:
     case F::kPoolClosed: return LegFailure::kConnectionLost;
@@ -23,15 +24,20 @@ LegFailure classify_status(int status) {
 }
 
 DecodeRetry decode_retry(const proto::LegPlan& plan, LegFailure cause, uint32_t attempts_left) {
-  if (attempts_left == 0 || cause == LegFailure::kStatus4xx) return DecodeRetry::kNone;
+  if (attempts_left == 0 || cause == LegFailure::kStatus4xx || cause == LegFailure::kLocalResources) {
+    return DecodeRetry::kNone;
+  }
   if (plan.connector == proto::Connector::kNixl && cause == LegFailure::kConnect) return DecodeRetry::kDecodeOnly;
   return DecodeRetry::kWholePair;
 }
 
 bool prefill_retryable(LegFailure cause, uint32_t attempts_left) {
-  return attempts_left > 0 && cause != LegFailure::kStatus4xx;
+  return attempts_left > 0 && cause != LegFailure::kStatus4xx && cause != LegFailure::kLocalResources;
 }
 
-int failure_status(LegFailure cause) { return cause == LegFailure::kTimeout ? 504 : 502; }
+int failure_status(LegFailure cause) {
+  if (cause == LegFailure::kLocalResources) return 503;  // our shortage, not the node's
+  return cause == LegFailure::kTimeout ? 504 : 502;
+}
 
 }  // namespace pdr::router::proxy

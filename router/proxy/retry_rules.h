@@ -40,7 +40,9 @@ DecodeRetry decode_retry(const proto::LegPlan& plan, LegFailure cause, uint32_t 
 // request itself (4xx) or the budget is spent.
 bool prefill_retryable(LegFailure cause, uint32_t attempts_left);
 
-// Status for a request that failed for `cause` after its retries: 504 for timeouts, else 502.
+// Status for a request that failed for `cause` after its retries: 504 for timeouts, 503 when
+// pdrouter itself lacked the resources (kLocalResources: never retried, since another node
+// would fail the same way, and never counted against the node), else 502.
 int failure_status(LegFailure cause);
 
 }  // namespace pdr::router::proxy

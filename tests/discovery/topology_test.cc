@@ -128,6 +128,7 @@ timeouts:
   first_byte_ms: 300
   stream_idle_ms: 400
   header_read_ms: 500
+  body_read_ms: 550
   keep_alive_idle_ms: 600
   drain_ms: 700
   client_write_ms: 900
@@ -196,6 +197,7 @@ instances:
   EXPECT_EQ(t.timeouts.first_byte, 300ms);
   EXPECT_EQ(t.timeouts.stream_idle, 400ms);
   EXPECT_EQ(t.timeouts.header_read, 500ms);
+  EXPECT_EQ(t.timeouts.body_read, 550ms);
   EXPECT_EQ(t.timeouts.keep_alive_idle, 600ms);
   EXPECT_EQ(t.timeouts.drain, 700ms);
   EXPECT_EQ(t.timeouts.client_write, 900ms);

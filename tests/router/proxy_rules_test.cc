@@ -313,6 +313,10 @@ TEST(RetryRules, ClassifiesFailuresAndStatuses) {
   EXPECT_EQ(classify_status(302), LegFailure::kStatus5xx);
   EXPECT_EQ(failure_status(LegFailure::kTimeout), 504);
   EXPECT_EQ(failure_status(LegFailure::kConnect), 502);
+  // pdrouter's own fd shortage: 503, never retried on another node (it would fail the same way).
+  EXPECT_EQ(classify(http::UpstreamFailure::kLocalResources), LegFailure::kLocalResources);
+  EXPECT_EQ(failure_status(LegFailure::kLocalResources), 503);
+  EXPECT_FALSE(prefill_retryable(LegFailure::kLocalResources, 1));
 }
 
 }  // namespace

@@ -7,8 +7,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
 #include <uv.h>
 
 #include <algorithm>
@@ -561,6 +566,116 @@ TEST_F(UpstreamClientTest, MalformedResponseIsAnError) {
   EXPECT_TRUE(o.failed);
   EXPECT_EQ(c->failure(), UpstreamFailure::kBadResponse);
   EXPECT_EQ(o.error.code(), StatusCode::kMalformed);
+}
+
+// Security review #6: a node (or anything that registered as one) answering an endless header
+// block, too many header fields, or endless 1xx heads must not make the router buffer without
+// bound: the call fails as kBadResponse and says which limit.
+TEST_F(UpstreamClientTest, ResponseHeadLimits) {
+  struct Case {
+    const char* name;
+    std::string response;
+    const char* message;
+  };
+  std::string flood = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n";
+  for (int i = 0; i < 20; ++i) flood += "X-Flood: " + std::string(10000, 'a') + "\r\n";
+  flood += "\r\nok";
+  std::string many = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n";
+  for (int i = 0; i < 150; ++i) many += "X-N" + std::to_string(i) + ": 1\r\n";
+  many += "\r\nok";
+  std::string interim;
+  for (int i = 0; i < 50; ++i) interim += "HTTP/1.1 100 Continue\r\n\r\n";
+  interim += "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+  const Case cases[] = {
+      {"header bytes", flood, "response headers over 65536 bytes"},
+      {"header count", many, "more than 100 response header fields"},
+      {"interim responses", interim, "more than 10 interim (1xx) responses"},
+  };
+  uint64_t refused = 0;
+  for (const Case& c : cases) {
+    RawUpstream raw(c.response);
+    target_ = proto::HostPort{"127.0.0.1", raw.port()};
+    Outcome o;
+    auto call_handle = call("/raw", &o);
+    ASSERT_TRUE(run_until([&] { return o.done(); })) << c.name;
+    EXPECT_TRUE(o.failed) << c.name << ": the response was accepted";
+    EXPECT_EQ(call_handle->failure(), UpstreamFailure::kBadResponse) << c.name << ": " << o.error.to_string();
+    EXPECT_EQ(o.error.code(), StatusCode::kMalformed) << c.name;
+    EXPECT_NE(o.error.message().find(c.message), std::string::npos) << c.name << ": " << o.error.message();
+    EXPECT_NE(o.error.message().find("refused"), std::string::npos) << o.error.message();
+    EXPECT_EQ(o.status, 0) << c.name << ": on_head ran";
+    EXPECT_EQ(pool_->stats().oversized_heads, ++refused);
+  }
+  // At the limits exactly: 100 fields and 10 interim heads are fine.
+  std::string hundred = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n";
+  for (int i = 0; i < 99; ++i) hundred += "X-N" + std::to_string(i) + ": 1\r\n";
+  hundred += "\r\n";
+  std::string ten;
+  for (int i = 0; i < 10; ++i) ten += "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n";
+  for (const std::string& head : {hundred + "ok", ten + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"}) {
+    RawUpstream raw(head);
+    target_ = proto::HostPort{"127.0.0.1", raw.port()};
+    Outcome o;
+    auto call_handle = call("/raw", &o);
+    ASSERT_TRUE(run_until([&] { return o.done(); }));
+    EXPECT_TRUE(o.completed) << o.error.to_string();
+    EXPECT_EQ(o.body, "ok");
+  }
+}
+
+// Security review #20: the router running out of file descriptors is its own shortage, not the
+// node's: the call fails as kLocalResources (never kConnect, which counts toward ejecting the
+// node). Run in a forked child whose RLIMIT_NOFILE is exhausted, so the test process keeps its fds.
+TEST(UpstreamLocalResources, SocketExhaustionIsALocalFailure) {
+  const uint16_t port = closed_port();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    uv_loop_t loop;
+    if (uv_loop_init(&loop) != 0) ::_exit(10);
+    int code = 11;
+    {
+      UpstreamPool pool(&loop, PoolOptions{});
+      // Lower the limit a little above what is open, then take every descriptor left.
+      int probe = ::dup(0);
+      rlimit limit{static_cast<rlim_t>(probe + 8), static_cast<rlim_t>(probe + 8)};
+      ::close(probe);
+      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(12);
+      while (::open("/dev/null", O_RDONLY) >= 0) {
+      }
+      if (errno != EMFILE) ::_exit(13);
+      Outcome o;
+      UpstreamRequest req;
+      req.path = "/v1/completions";
+      auto c = pool.start(proto::HostPort{"127.0.0.1", port}, std::move(req), {}, record_into(&o));
+      const auto until = Clock::now() + 5s;
+      while (!o.done() && Clock::now() < until) uv_run(&loop, UV_RUN_NOWAIT);
+      if (!o.failed) {
+        code = 14;
+      } else if (c->failure() != UpstreamFailure::kLocalResources) {
+        code = c->failure() == UpstreamFailure::kConnect ? 15 : 16;
+      } else if (o.error.message().find("not the node") == std::string::npos) {
+        code = 17;
+      } else if (pool.stats().local_errors != 1) {
+        code = 18;
+      } else {
+        code = 0;
+      }
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  const auto until = Clock::now() + scaled(20s);
+  pid_t done = 0;
+  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && Clock::now() < until) std::this_thread::sleep_for(5ms);
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL() << "child did not finish";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "14: the call did not fail, 15: it failed as kConnect (blamed on the node), "
+                                       "16: another failure, 17: message, 18: local_errors count";
 }
 
 TEST_F(UpstreamClientTest, PortZeroAndBadHeaderFailFromTheLoop) {
