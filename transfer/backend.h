@@ -78,6 +78,9 @@ struct EngineCounters {
   std::atomic<std::uint64_t> disconnects{0};      // established connections lost (either side)
   std::atomic<std::uint64_t> notifications_sent{0};
   std::atomic<std::uint64_t> notifications_received{0};
+  // shm: local connections closed unanswered because the peer's uid (SO_PEERCRED) is not allowed
+  // (ShmBackendOptions::allowed_uids), either side.
+  std::atomic<std::uint64_t> shm_peers_refused{0};
 };
 
 // What a backend may use of its engine. Valid from start() until stop() returns.

@@ -80,9 +80,9 @@ XferCause RemoteRegion::copy(XferOp op, std::uint64_t offset, std::byte* local,
     if (err == EPERM) {
       *error =
           "cross-memory attach to pid " + std::to_string(pid_) +
-          " refused (EPERM): the peer must allow ptrace by us (the shm backend calls "
-          "prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) for Yama ptrace_scope=1; scope 2/3 or a "
-          "seccomp/capability policy forbids it): register memfd-backed memory instead";
+          " refused (EPERM): the peer must allow ptrace by us (its shm backend names one peer pid "
+          "with PR_SET_PTRACER for Yama ptrace_scope=1; scope 2/3 or a seccomp/capability policy "
+          "forbids it): register memfd-backed memory instead";
       return XferCause::kAccess;
     }
     if (err == ESRCH) {

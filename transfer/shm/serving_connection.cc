@@ -28,8 +28,17 @@ std::vector<RegionId> ExportedRegions::list() const {
   return {ids_.begin(), ids_.end()};
 }
 
-ServingConnection::ServingConnection(UniqueFd fd, const ServingContext& context)
-    : fd_(std::move(fd)), context_(context) {}
+ServingConnection::ServingConnection(UniqueFd fd, const ServingContext& context, pid_t peer_pid)
+    : fd_(std::move(fd)), context_(context), peer_pid_(peer_pid) {}
+
+ServingConnection::~ServingConnection() {
+  if (holds_cma_) context_.cma->release(peer_pid_);
+}
+
+bool ServingConnection::claim_cma() {
+  if (!holds_cma_ && context_.cma != nullptr) holds_cma_ = context_.cma->acquire(peer_pid_);
+  return holds_cma_;
+}
 
 bool ServingConnection::bad_frame() {
   context_.backend->counters->bad_frames.fetch_add(1, std::memory_order_relaxed);
@@ -96,7 +105,7 @@ bool ServingConnection::send_region(RegionId id, bool count_refusal) {
   RegionInfo info{.id = id, .flags = 0, .length = region->length, .addr = 0};
   if (fd >= 0) {
     info.flags = kRegionHasFd;
-  } else if (context_.allow_cma) {
+  } else if (context_.allow_cma && claim_cma()) {
     info.flags = kRegionCma;
     info.addr = region->addr;
   } else {

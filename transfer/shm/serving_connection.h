@@ -5,6 +5,11 @@
 // the message is delivered, which is after its data landed: the initiator copies before it
 // notifies).
 //
+// Cross-memory attach: an fd-less region is announced by address only while this connection's
+// peer process (SO_PEERCRED pid, checked against the allowed uids before this object exists) holds
+// the backend's CmaGrant (cma_grant.h); otherwise it is answered by its absence, counted
+// access_refused. The grant is released when this connection closes.
+//
 // Threads: lives on, and is only called from, the backend's I/O thread. ExportedRegions is
 // thread-safe.
 #pragma once
@@ -16,6 +21,7 @@
 #include <vector>
 
 #include "transfer/backend.h"
+#include "transfer/shm/cma_grant.h"
 #include "transfer/shm/shm_wire.h"
 #include "transfer/shm/unix_channel.h"
 
@@ -39,11 +45,15 @@ struct ServingContext {
   const BackendContext* backend = nullptr;
   const ExportedRegions* exported = nullptr;
   bool allow_cma = true;  // offer fd-less regions by address
+  CmaGrant* cma = nullptr;  // the backend's; I/O thread only
 };
 
 class ServingConnection {
  public:
-  ServingConnection(UniqueFd fd, const ServingContext& context);
+  ServingConnection(UniqueFd fd, const ServingContext& context, pid_t peer_pid);
+  ~ServingConnection();
+  ServingConnection(const ServingConnection&) = delete;
+  ServingConnection& operator=(const ServingConnection&) = delete;
 
   int fd() const { return fd_.get(); }
   bool said_hello() const { return hello_done_; }
@@ -57,12 +67,15 @@ class ServingConnection {
   bool handle(const Frame& frame);
   bool send_region(RegionId id, bool count_refusal);
   bool bad_frame();
+  bool claim_cma();  // true while this connection's peer may attach to us
 
   UniqueFd fd_;
   ServingContext context_;
   ReceiveBuffer rx_;
   std::string agent_;
   bool hello_done_ = false;
+  pid_t peer_pid_;
+  bool holds_cma_ = false;
 };
 
 }  // namespace pdr::transfer::shm

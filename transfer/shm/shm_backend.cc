@@ -15,6 +15,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "transfer/shm/cma_grant.h"
 #include "transfer/shm/copy_pool.h"
 #include "transfer/shm/remote_region.h"
 #include "transfer/shm/serving_connection.h"
@@ -121,6 +122,10 @@ class ShmBackend final : public Backend {
   // Marks the peer gone, closes its socket, fails its notifications awaiting an ack.
   void drop_peer(std::shared_ptr<Peer> peer, bool established);  // by value: may erase the caller's reference
   void accept_all();
+  // Whether a local peer process of this uid may talk to us (ShmBackendOptions::allowed_uids).
+  bool uid_allowed(uid_t uid) const;
+  // Counts a peer refused for its uid and logs it, at most once a second (I/O thread or caller).
+  void refuse_peer(pid_t pid, uid_t uid, std::string_view side);
 
   const ShmBackendOptions options_;
   BackendContext context_;
@@ -145,7 +150,11 @@ class ShmBackend final : public Backend {
   std::thread io_thread_;
   // I/O thread only.
   std::unordered_map<std::uint64_t, std::shared_ptr<Peer>> outgoing_;
+  shm::CmaGrant cma_;  // before serving_: connections release it when destroyed
   std::unordered_map<std::uint64_t, std::unique_ptr<ServingConnection>> serving_;
+  std::mutex refusal_log_mu_;
+  std::chrono::steady_clock::time_point refusal_logged_{};
+  std::uint64_t refusals_unlogged_ = 0;
 };
 
 std::string default_socket_name(std::string_view agent) {
@@ -181,11 +190,8 @@ Status ShmBackend::start(const BackendContext& context) {
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);
   ev.data.u64 = kWakeToken;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
-  if (options_.allow_cma) {
-    // Yama ptrace_scope=1 only lets ancestors attach; peers are not our ancestors. Fails harmlessly
-    // (EINVAL) where Yama is absent.
-    ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-  }
+  // No process-wide PR_SET_PTRACER_ANY: the Yama exception is granted to one peer pid at a time,
+  // when it needs cross-memory attach (cma_grant.h).
   unsigned threads = options_.copy_threads;
   if (threads == 0) threads = std::thread::hardware_concurrency() >= 2 ? 2 : 1;
   pool_ = std::make_unique<CopyPool>(threads);
@@ -252,7 +258,14 @@ Status ShmBackend::add_peer(PeerId id, const proto::TransferDescriptor& descript
   peer->address = address;
   peer->token = next_token_.fetch_add(1);
   if (Status s = shm::connect_unix(address, &peer->fd); !s) return fail(s);
-  if (Status s = shm::peer_pid(peer->fd.get(), &peer->pid); !s) return fail(s);
+  uid_t peer_uid = 0;
+  if (Status s = shm::peer_credentials(peer->fd.get(), &peer->pid, &peer_uid); !s) return fail(s);
+  if (!uid_allowed(peer_uid)) {
+    // Someone else's socket under that name: never hand it our memory or map its fds.
+    refuse_peer(peer->pid, peer_uid, "listener");
+    return fail(Status(StatusCode::kRejected, "the process listening on " + address + " runs as uid " +
+                                                  std::to_string(peer_uid) + ", which is not allowed"));
+  }
   {
     std::lock_guard send_lock(peer->send_mu);
     {
@@ -623,15 +636,49 @@ void ShmBackend::accept_all() {
   for (;;) {
     const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
+    // Security review 9: the abstract socket is reachable by every process in our network
+    // namespace; only allowed uids get an answer (and so memfds or addresses), before any frame.
+    pid_t pid = 0;
+    uid_t uid = 0;
+    if (!shm::peer_credentials(fd, &pid, &uid) || !uid_allowed(uid)) {
+      refuse_peer(pid, uid, "connection");
+      ::close(fd);
+      continue;
+    }
     const std::uint64_t token = next_token_.fetch_add(1);
     auto conn = std::make_unique<ServingConnection>(
-        UniqueFd(fd), shm::ServingContext{&context_, &exported_, options_.allow_cma});
+        UniqueFd(fd), shm::ServingContext{&context_, &exported_, options_.allow_cma, &cma_}, pid);
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.u64 = token;
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev);
     serving_[token] = std::move(conn);
   }
+}
+
+bool ShmBackend::uid_allowed(uid_t uid) const {
+  if (options_.allowed_uids.empty()) return uid == ::geteuid();
+  return std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), uid) !=
+         options_.allowed_uids.end();
+}
+
+void ShmBackend::refuse_peer(pid_t pid, uid_t uid, std::string_view side) {
+  context_.counters->shm_peers_refused.fetch_add(1, std::memory_order_relaxed);
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(refusal_log_mu_);
+  if (now - refusal_logged_ < std::chrono::seconds(1)) {
+    ++refusals_unlogged_;
+    return;
+  }
+  refusal_logged_ = now;
+  std::fprintf(stderr,
+               "pdr shm: refused %.*s of pid %d uid %u (not an allowed uid)%s\n",
+               static_cast<int>(side.size()), side.data(), static_cast<int>(pid),
+               static_cast<unsigned>(uid),
+               refusals_unlogged_ > 0
+                   ? (" (+" + std::to_string(refusals_unlogged_) + " not logged)").c_str()
+                   : "");
+  refusals_unlogged_ = 0;
 }
 
 void ShmBackend::on_peer_readable(const std::shared_ptr<Peer>& peer) {
