@@ -122,8 +122,8 @@ class Engine {
   // the region is made dead at once (peers' new requests on it are refused kAccess) and the call
   // waits until no serving operation still touches it: a peer's WRITE frame half received has the
   // rest of its payload drained, a READ answer not yet sent becomes ERROR(kAccess) (one half sent
-  // closes that connection).
-  // The wait is short (pins are held per non-blocking step, region_table.h); after ok the caller
+  // closes that connection), shm peers that reach it by cross-memory attach are told to drop it
+  // and acknowledge (shm_backend.h). The wait is short (pins are held per non-blocking step, region_table.h); after ok the caller
   // may free the memory. Peers that mapped an allocate_region() memfd keep their own mapping (the
   // memfd pages stay alive while mapped and are never reused for other data of ours).
   Status unregister_region(RegionId id);

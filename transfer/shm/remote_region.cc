@@ -55,6 +55,30 @@ XferCause RemoteRegion::copy(XferOp op, std::uint64_t offset, std::byte* local,
     return XferCause::kAccess;
   }
   if (length == 0) return XferCause::kNone;
+  {
+    std::lock_guard lock(mu_);
+    if (revoked_) {
+      *error = "remote region " + std::to_string(id_) + " was unregistered by its owner";
+      return XferCause::kAccess;
+    }
+    ++copies_;
+  }
+  const XferCause cause = copy_unchecked(op, offset, local, length, error);
+  {
+    std::lock_guard lock(mu_);
+    if (--copies_ == 0) idle_.notify_all();
+  }
+  return cause;
+}
+
+void RemoteRegion::revoke() {
+  std::unique_lock lock(mu_);
+  revoked_ = true;
+  idle_.wait(lock, [&] { return copies_ == 0; });
+}
+
+XferCause RemoteRegion::copy_unchecked(XferOp op, std::uint64_t offset, std::byte* local,
+                                       std::uint64_t length, std::string* error) const {
   if (base_ != nullptr) {
     if (op == XferOp::kRead) {
       std::memcpy(local, base_ + offset, length);

@@ -8,13 +8,16 @@
 // Cross-memory attach: an fd-less region is announced by address only while this connection's
 // peer process (SO_PEERCRED pid, checked against the allowed uids before this object exists) holds
 // the backend's CmaGrant (cma_grant.h); otherwise it is answered by its absence, counted
-// access_refused. The grant is released when this connection closes.
+// access_refused. The grant is released when this connection closes. Such a region, once
+// unregistered, is revoked (start_revoke() sends kRegionRevoke); the peer's kRevokeAck, or this
+// connection closing, reports it done through ServingContext::revoke_done.
 //
 // Threads: lives on, and is only called from, the backend's I/O thread. ExportedRegions is
 // thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <string>
@@ -46,6 +49,8 @@ struct ServingContext {
   const ExportedRegions* exported = nullptr;
   bool allow_cma = true;  // offer fd-less regions by address
   CmaGrant* cma = nullptr;  // the backend's; I/O thread only
+  // Called (I/O thread) once per successful start_revoke(): on the peer's ack or when we close.
+  std::function<void(RegionId)> revoke_done;
 };
 
 class ServingConnection {
@@ -62,6 +67,12 @@ class ServingConnection {
   // peer hung up, or sent a bad frame: counted in bad_frames).
   bool on_readable();
 
+  // If `id` was announced by address on this connection: sends kRegionRevoke and returns true
+  // (revoke_done(id) follows). false: nothing to revoke here, or the send failed (then the caller
+  // must close this connection, which reports revoke_done for what it started).
+  bool start_revoke(RegionId id, bool* send_failed);
+  bool revoking(RegionId id) const { return revoking_.count(id) != 0; }
+
  private:
   // false: protocol violation (counted) or a failed send.
   bool handle(const Frame& frame);
@@ -76,6 +87,8 @@ class ServingConnection {
   bool hello_done_ = false;
   pid_t peer_pid_;
   bool holds_cma_ = false;
+  std::set<RegionId> cma_announced_;  // regions this peer may address by CMA
+  std::set<RegionId> revoking_;       // kRegionRevoke sent, no ack yet
 };
 
 }  // namespace pdr::transfer::shm

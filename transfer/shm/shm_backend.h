@@ -40,6 +40,14 @@
 // to never allow attach at all. Where attach is refused anyway (ptrace_scope 2/3, seccomp),
 // such transfers fail kAccess and the reason is logged to stderr once per peer.
 //
+// Unregistering (security review 14): a peer that mapped one of our memfds keeps its own mapping
+// (the memfd's pages stay alive while mapped and are never reused for other data of ours, so that
+// is safe). A peer that reaches a region by address (CMA) has cached it: on_region_unregistered()
+// sends it kRegionRevoke and waits (up to 2 s) for kRevokeAck, which the peer sends after dropping
+// the region and letting its copies in progress (one 4 MiB chunk each) finish; later transfers to
+// it fail kAccess. A peer that does not acknowledge in time is disconnected (and loses the
+// ptrace grant); that bound is the one residual window for a peer that is wedged mid-copy.
+//
 // Threads: one I/O thread (epoll: listener, serving connections, our outgoing connections) and the
 // copy workers. Everything in the Backend interface is thread-safe.
 #pragma once
