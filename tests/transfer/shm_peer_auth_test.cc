@@ -55,7 +55,12 @@ int connect_as(uid_t uid, const std::string& address) {
       msg.msg_control = control;
       msg.msg_controllen = sizeof control;
       const ssize_t n = ::recvmsg(fd, &msg, 0);
-      if (msg.msg_controllen > 0 && CMSG_FIRSTHDR(&msg) != nullptr) ::_exit(kGotFd);
+      // msg_controllen is only meaningful when recvmsg succeeded (a reset leaves it as given).
+      if (n >= 0) {
+        for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+          if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) ::_exit(kGotFd);
+        }
+      }
       if (n > 0) {
         got_bytes = true;
         continue;
