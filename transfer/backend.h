@@ -24,7 +24,9 @@
 //   dies with the peer process (shm's socket name) keeps failing kPeerGone until the application
 //   re-imports the restarted peer's descriptor.
 // - Serving side: every (region, offset, length) a peer names is checked with
-//   context.regions->resolve() before a byte moves; a refused request answers the peer with an
+//   context.regions->resolve() before a byte moves, and the memory is touched only under
+//   context.regions->pin() held for one bounded step (region_table.h Lifetime), so that
+//   Engine::unregister_region() can fence the region off; a refused request answers the peer with an
 //   error (its task fails kAccess) and counts access_refused; a frame that does not decode counts
 //   bad_frames and closes that connection only. One-sided transports (RDMA) never show the request
 //   to the target's CPU: there the memory registration, sized to exactly the region, is the check
