@@ -839,7 +839,8 @@ json EngineKvMover::stats() const {
         {"connect_failures", load(c.connect_failures)},
         {"disconnects", load(c.disconnects)},
         {"notifications_sent", load(c.notifications_sent)},
-        {"notifications_received", load(c.notifications_received)}}}};
+        {"notifications_received", load(c.notifications_received)},
+        {"shm_peers_refused", load(c.shm_peers_refused)}}}};
 }
 
 void EngineKvMover::stop() {

@@ -24,7 +24,9 @@
 //   dies with the peer process (shm's socket name) keeps failing kPeerGone until the application
 //   re-imports the restarted peer's descriptor.
 // - Serving side: every (region, offset, length) a peer names is checked with
-//   context.regions->resolve() before a byte moves; a refused request answers the peer with an
+//   context.regions->resolve() before a byte moves, and the memory is touched only under
+//   context.regions->pin() held for one bounded step (region_table.h Lifetime), so that
+//   Engine::unregister_region() can fence the region off; a refused request answers the peer with an
 //   error (its task fails kAccess) and counts access_refused; a frame that does not decode counts
 //   bad_frames and closes that connection only. A backend whose serving side sees requests (tcp)
 //   first makes the peer prove it holds context.secret (i.e. was given our descriptor) and serves
@@ -86,6 +88,9 @@ struct EngineCounters {
   std::atomic<std::uint64_t> disconnects{0};      // established connections lost (either side)
   std::atomic<std::uint64_t> notifications_sent{0};
   std::atomic<std::uint64_t> notifications_received{0};
+  // shm: local connections closed unanswered because the peer's uid (SO_PEERCRED) is not allowed
+  // (ShmBackendOptions::allowed_uids), either side.
+  std::atomic<std::uint64_t> shm_peers_refused{0};
 };
 
 // What a backend may use of its engine. Valid from start() until stop() returns.

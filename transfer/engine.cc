@@ -2,7 +2,8 @@
 // resolve -> hand to the peer's backend -> finish). The backends do the I/O; see backend.h.
 //
 // Locks (never nested, except registry_mu_ -> a backend's on_region_registered, which must not
-// call back into the engine):
+// call back into the engine; on_region_unregistered is called with no lock held, since the shm
+// backend waits there for its I/O thread, which may itself ask region_fd()):
 //   registry_mu_  regions' bookkeeping (owned memfds, in-flight counts) and layouts
 //   peers_mu_     the peer table
 //   tasks_mu_     in-flight transfers by id (cancel, deadlines, finish)
@@ -84,6 +85,7 @@ class Engine::Impl {
     std::uint64_t length = 0;
     MemfdRegion owned;         // empty for caller memory
     std::uint32_t in_flight = 0;
+    bool dying = false;  // unregister_region() is fencing it off: not usable, not listed
   };
   struct Peer {
     std::string agent;
@@ -182,7 +184,7 @@ Status Engine::Impl::register_region(void* addr, std::uint64_t length, MemKind k
   RegionId region = kInvalidRegion;
   if (Status s = regions_.register_region(addr, length, kind, &region); !s) return s;
   // Record the memfd before the backends hear of the region: the shm backend may ask for it.
-  region_info_[region] = RegionInfo{kind, length, std::move(owned), 0};
+  region_info_[region] = RegionInfo{kind, length, std::move(owned), 0, false};
   const Region view{reinterpret_cast<std::uintptr_t>(addr), length, kind};
   for (std::size_t i = 0; i < backends_.size(); ++i) {
     Status s = backends_[i]->on_region_registered(region, view);
@@ -203,7 +205,7 @@ Status Engine::Impl::unregister_region(RegionId id) {
   {
     std::lock_guard lock(registry_mu_);
     auto it = region_info_.find(id);
-    if (it == region_info_.end()) {
+    if (it == region_info_.end() || it->second.dying) {
       return Status(StatusCode::kNotFound, "region " + std::to_string(id) + " is not registered");
     }
     if (it->second.in_flight > 0) {
@@ -217,8 +219,16 @@ Status Engine::Impl::unregister_region(RegionId id) {
                       "region " + std::to_string(id) + " still has layouts defined over it");
       }
     }
-    (void)regions_.unregister_region(id);
-    for (std::unique_ptr<Backend>& backend : backends_) backend->on_region_unregistered(id);
+    it->second.dying = true;  // no new local transfer, layout or descriptor uses it from here
+  }
+  // Security review 14: the table makes the region dead for peers' requests and waits until no
+  // serving operation still touches it (region_table.h Lifetime); then each backend drops what it
+  // exported (shm: CMA peers drop the address, RDMA: the MR). No lock held: these wait.
+  (void)regions_.unregister_region(id);
+  for (std::unique_ptr<Backend>& backend : backends_) backend->on_region_unregistered(id);
+  {
+    std::lock_guard lock(registry_mu_);
+    auto it = region_info_.find(id);
     released = std::move(it->second.owned);
     region_info_.erase(it);
   }
@@ -227,6 +237,10 @@ Status Engine::Impl::unregister_region(RegionId id) {
 
 Status Engine::Impl::define_layout(const BlockLayout& layout, LayoutId* id) {
   std::lock_guard lock(registry_mu_);
+  if (auto it = region_info_.find(layout.region); it != region_info_.end() && it->second.dying) {
+    return Status(StatusCode::kNotFound, "region " + std::to_string(layout.region) +
+                                             " is being unregistered");
+  }
   if (Status s = validate_layout(layout, regions_); !s) return s;
   if (layouts_.size() >= proto::DescriptorLimits{}.max_layouts) {
     return Status(StatusCode::kRejected, "at most " +
@@ -251,7 +265,9 @@ proto::TransferDescriptor Engine::Impl::local_descriptor() const {
   }
   std::lock_guard lock(registry_mu_);
   std::vector<RegionId> ids;
-  for (const auto& [id, info] : region_info_) ids.push_back(id);
+  for (const auto& [id, info] : region_info_) {
+    if (!info.dying) ids.push_back(id);
+  }
   std::sort(ids.begin(), ids.end());
   for (RegionId id : ids) {
     const RegionInfo& info = region_info_.at(id);
@@ -478,7 +494,7 @@ Status Engine::Impl::launch(std::unique_ptr<XferTask> task, const proto::Transfe
     // the lookup (the region would be gone from region_info_).
     std::lock_guard lock(registry_mu_);
     for (RegionId region : pinned) {
-      if (region_info_.find(region) == region_info_.end()) {
+      if (auto it = region_info_.find(region); it == region_info_.end() || it->second.dying) {
         return Status(StatusCode::kNotFound,
                       "region " + std::to_string(region) + " was unregistered");
       }

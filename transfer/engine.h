@@ -120,7 +120,14 @@ class Engine {
   // backend can map it in a peer), registered as kHostShared. The engine owns it; it is unmapped by
   // unregister_region() or the destructor.
   Status allocate_region(std::uint64_t length, RegionId* id, std::byte** addr);
-  // kRejected while transfers that use the region are in flight.
+  // kRejected while transfers this engine submitted that use the region are in flight. Otherwise
+  // the region is made dead at once (peers' new requests on it are refused kAccess) and the call
+  // waits until no serving operation still touches it: a peer's WRITE frame half received has the
+  // rest of its payload drained, a READ answer not yet sent becomes ERROR(kAccess) (one half sent
+  // closes that connection), shm peers that reach it by cross-memory attach are told to drop it
+  // and acknowledge (shm_backend.h). The wait is short (pins are held per non-blocking step, region_table.h); after ok the caller
+  // may free the memory. Peers that mapped an allocate_region() memfd keep their own mapping (the
+  // memfd pages stay alive while mapped and are never reused for other data of ours).
   Status unregister_region(RegionId id);
   Status define_layout(const BlockLayout& layout, LayoutId* id);
 

@@ -30,11 +30,17 @@ struct Pair {
   std::unique_ptr<EngineKvMover> decode;
 };
 
+std::chrono::milliseconds scaled_ms(std::chrono::milliseconds bound) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(pdr::test::scaled(bound));
+}
+
 // Upper bounds scale with the sanitizer slowdown (tests/support/time_scale.h); tests that want a
-// short KV timeout on purpose pass their own.
+// short KV timeout on purpose pass their own. `hold` bounds how long a prefill keeps exported
+// blocks, or a decode's write request, waiting for the other side: a test that makes one side
+// wait on purpose must give the test thread more than that to do the other side's step.
 Pair make_pair(proto::TransferMode mode,
-               std::chrono::milliseconds timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-                   pdr::test::scaled(std::chrono::seconds(10)))) {
+               std::chrono::milliseconds timeout = scaled_ms(std::chrono::seconds(10)),
+               std::chrono::milliseconds hold = scaled_ms(std::chrono::milliseconds(200))) {
   Pair pair;
   for (proto::Role role : {proto::Role::kPrefill, proto::Role::kDecode}) {
     EngineKvMoverOptions o;
@@ -47,7 +53,7 @@ Pair make_pair(proto::TransferMode mode,
     o.block_bytes = 1024;
     o.io_threads = 4;
     o.transfer_timeout = timeout;
-    o.hold = std::chrono::milliseconds(200);
+    o.hold = hold;
     auto& slot = role == proto::Role::kPrefill ? pair.prefill : pair.decode;
     Status s = EngineKvMover::create(o, &slot);
     EXPECT_TRUE(s.is_ok()) << s.to_string();
@@ -128,7 +134,13 @@ TEST(EngineKvMover, ReadOfAnotherPromptIsAMismatch) {
 }
 
 TEST(EngineKvMover, WriteWorksWhicheverSideComesFirst) {
-  Pair p = make_pair(proto::TransferMode::kWrite);
+  // Each half leaves one side waiting for the test thread's next step: the prefill's exported
+  // blocks for the decode's write request, then the decode's write request for the export. The
+  // prefill drops either after `hold`; with the old unscaled 200 ms a loaded TSan run could stall
+  // longer than that between the steps, the request was dropped, no WRITE came and the decode
+  // waited its whole (scaled) KV timeout: the 60 s hang. Hold far longer than any stall here.
+  Pair p = make_pair(proto::TransferMode::kWrite, scaled_ms(std::chrono::seconds(10)),
+                     scaled_ms(std::chrono::seconds(30)));
   ASSERT_TRUE(p.prefill && p.decode);
   // Prefill first.
   KvBlocks first = request(*p.prefill, "tx-a", "prompt a", 33);

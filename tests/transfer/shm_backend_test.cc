@@ -185,6 +185,38 @@ TEST_F(ShmBackendTest, OutOfRangeOrUnknownRemoteRegionIsAccessError) {
   EXPECT_EQ(b_->counters.access_refused.load(), 1u);
 }
 
+TEST_F(ShmBackendTest, UnregisteredCrossMemoryAttachRegionIsRevokedBeforeUnregisterReturns) {
+  // Security review 14: the initiator cached the address of b's fd-less region; once b's
+  // unregister returned (the engine: table, then on_region_unregistered), b may free or reuse the
+  // memory, so a's later WRITE must not land there. Before the revoke it did (kDone).
+  constexpr std::size_t kLen = 1 << 20;
+  std::byte* local = nullptr;
+  std::byte* remote = nullptr;
+  const RegionId l = a_->add_region(kLen, true, &local);
+  const RegionId r = b_->add_region(kLen, /*memfd=*/false, &remote);
+  connect();
+  fill_random(local, kLen, 5);
+  Completion first;
+  auto result = run(*a_->backend, make_task(XferOp::kWrite, kPeerB, {segment(l, local, 0, r, 0, kLen)}, "", &first),
+                    first);
+  ASSERT_EQ(result.state, XferState::kDone);
+
+  ASSERT_TRUE(b_->regions.unregister_region(r));
+  b_->backend->on_region_unregistered(r);
+  std::memset(remote, 0xEE, kLen);  // reused for something else
+  Completion second;
+  result = run(*a_->backend, make_task(XferOp::kWrite, kPeerB, {segment(l, local, 0, r, 0, kLen)}, "", &second),
+               second);
+  EXPECT_EQ(result.state, XferState::kFailed);
+  EXPECT_EQ(result.cause, XferCause::kAccess);
+  bool untouched = true;
+  for (std::size_t i = 0; i < kLen; ++i) untouched = untouched && remote[i] == std::byte{0xEE};
+  EXPECT_TRUE(untouched) << "a peer wrote through a cached address after unregister";
+  EXPECT_EQ(b_->counters.bad_frames.load(), 0u);
+  EXPECT_EQ(a_->counters.bad_frames.load(), 0u);
+  EXPECT_EQ(a_->counters.disconnects.load(), 0u);  // acknowledged in time, still connected
+}
+
 TEST_F(ShmBackendTest, RegionRegisteredAfterConnectIsAskedFor) {
   std::byte* local = nullptr;
   const RegionId l = a_->add_region(1 << 20, true, &local);

@@ -14,7 +14,8 @@ std::span<const std::byte> bytes(const std::string& s) {
 TEST(ShmWire, RoundTripsEveryMessage) {
   const std::string stream = encode_hello("a") + encode_region_query(9) +
                              encode_region({.id = 3, .flags = kRegionCma, .length = 10, .addr = 4096}) +
-                             encode_regions_end(9) + encode_notify(77, "msg") + encode_notify_ack(77);
+                             encode_regions_end(9) + encode_notify(77, "msg") + encode_notify_ack(77) +
+                             encode_region_revoke(3) + encode_revoke_ack(3);
   std::size_t at = 0;
   std::vector<Frame> frames;
   while (at < stream.size()) {
@@ -25,7 +26,7 @@ TEST(ShmWire, RoundTripsEveryMessage) {
     frames.push_back(frame);
     at += consumed;
   }
-  ASSERT_EQ(frames.size(), 6u);
+  ASSERT_EQ(frames.size(), 8u);
   EXPECT_EQ(frames[0].text, "a");
   EXPECT_EQ(frames[1].region_id, 9u);
   EXPECT_EQ(frames[2].region.addr, 4096u);
@@ -33,6 +34,10 @@ TEST(ShmWire, RoundTripsEveryMessage) {
   EXPECT_EQ(frames[4].seq, 77u);
   EXPECT_EQ(frames[4].text, "msg");
   EXPECT_EQ(frames[5].type, MsgType::kNotifyAck);
+  EXPECT_EQ(frames[6].type, MsgType::kRegionRevoke);
+  EXPECT_EQ(frames[6].region_id, 3u);
+  EXPECT_EQ(frames[7].type, MsgType::kRevokeAck);
+  EXPECT_EQ(frames[7].region_id, 3u);
 }
 
 TEST(ShmWire, IncompleteNeedsMore) {
@@ -56,6 +61,8 @@ TEST(ShmWire, RefusesBadInput) {
   EXPECT_EQ(decode_frame(bytes(big), &out, &consumed).code(), StatusCode::kTooLarge);
   std::string unknown = encode_notify_ack(1);
   unknown[2] = 99;
+  EXPECT_EQ(decode_frame(bytes(unknown), &out, &consumed).code(), StatusCode::kUnknownType);
+  unknown[2] = 9;  // one past kRevokeAck
   EXPECT_EQ(decode_frame(bytes(unknown), &out, &consumed).code(), StatusCode::kUnknownType);
   EXPECT_FALSE(decode_frame(bytes(encode_hello("")), &out, &consumed));
   EXPECT_FALSE(decode_frame(bytes(encode_hello(std::string(257, 'a'))), &out, &consumed));

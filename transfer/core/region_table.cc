@@ -1,7 +1,9 @@
 #include "transfer/core/region_table.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace pdr::transfer {
 
@@ -38,6 +40,10 @@ struct RegionTable::Slot {
   std::atomic<std::uint64_t> length{0};
   std::atomic<std::uint8_t> kind{0};
   std::uint16_t generation = 0;  // writer-only (under write_mu_); last generation issued
+  // Serving pins (pin()/unpin()). Dekker-style with unregister: pin() increments, then re-reads
+  // the id; unregister stores the dead id, then reads the count; all seq_cst, so at least one of
+  // them sees the other (the pin fails, or unregister waits for it).
+  mutable std::atomic<std::uint32_t> pins{0};
 };
 
 RegionTable::RegionTable(std::size_t capacity)
@@ -88,11 +94,21 @@ Status RegionTable::unregister_region(RegionId id) {
   Slot& slot = slots_[index];
   const std::uint32_t seq = slot.seq.load(std::memory_order_relaxed);
   slot.seq.store(seq + 1, std::memory_order_relaxed);
-  slot.id.store(kInvalidRegion, std::memory_order_release);
+  slot.id.store(kInvalidRegion, std::memory_order_seq_cst);  // seq_cst: see Slot::pins
   slot.addr.store(0, std::memory_order_release);
   slot.length.store(0, std::memory_order_release);
   slot.seq.store(seq + 2, std::memory_order_release);
   live_.fetch_sub(1, std::memory_order_relaxed);
+  // The region is dead for new pins; wait out the pins taken before. Each is held for one
+  // non-blocking step (header contract), so this is short; write_mu_ stays held so that the slot
+  // cannot be reused (and pinned under its new id) while we wait.
+  for (unsigned spins = 0; slot.pins.load(std::memory_order_seq_cst) != 0; ++spins) {
+    if (spins < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
   return Status::ok();
 }
 
@@ -132,6 +148,29 @@ Status RegionTable::resolve(RegionId id, std::uint64_t offset, std::uint64_t len
   }
   *out = reinterpret_cast<std::byte*>(region.addr + offset);
   return Status::ok();
+}
+
+Status RegionTable::pin(RegionId id, std::uint64_t offset, std::uint64_t length,
+                        std::byte** out) const {
+  const std::uint32_t index = slot_index(id);
+  if (id == kInvalidRegion || index >= capacity_) {
+    return Status(StatusCode::kNotFound, "region " + std::to_string(id) + " is not registered");
+  }
+  const Slot& slot = slots_[index];
+  slot.pins.fetch_add(1, std::memory_order_seq_cst);
+  Status status = resolve(id, offset, length, out);
+  // The seq_cst re-read pairs with unregister's seq_cst store of the dead id (Slot::pins).
+  if (status.is_ok() && slot.id.load(std::memory_order_seq_cst) != id) {
+    status = Status(StatusCode::kNotFound, "region " + std::to_string(id) + " is not registered");
+  }
+  if (!status.is_ok()) slot.pins.fetch_sub(1, std::memory_order_release);
+  return status;
+}
+
+void RegionTable::unpin(RegionId id) const {
+  const std::uint32_t index = slot_index(id);
+  if (id == kInvalidRegion || index >= capacity_) return;
+  slots_[index].pins.fetch_sub(1, std::memory_order_release);
 }
 
 }  // namespace pdr::transfer

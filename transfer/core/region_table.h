@@ -16,9 +16,20 @@
 // the I/O threads that resolve every incoming frame neither contend with each other nor with
 // registration (a shared_mutex would bounce its reader count between cores on every frame).
 //
-// Lifetime: the table never owns the memory. Unregistering a region only stops *new* resolves; a
-// pointer already returned by resolve() stays the caller's problem, so the engine must quiesce the
-// region's in-flight transfers before unregistering and before freeing the memory.
+// Lifetime: the table never owns the memory. Unregistering a region stops *new* resolves and pins.
+// A pointer returned by resolve() is not protected: resolve() is for memory whose users the engine
+// tracks itself (its own submitted transfers, counted per region). The serving side of a backend,
+// which touches memory on a remote peer's behalf, uses pin() instead (security review 14):
+//   - pin() resolves like resolve() and holds the region until unpin(); unregister_region() first
+//     makes the region unresolvable ("dead": new resolves and pins fail kNotFound), then waits
+//     until every pin taken before is released, and only then returns. Once it returned, no serving
+//     operation touches the region again, so the caller may free the memory.
+//   - A pin is held only around one bounded step that touches the memory (one non-blocking recv or
+//     send, one memcpy), never across waiting for a peer: the serving side pins again before each
+//     step of a long frame and, when the pin fails (the region was unregistered meanwhile), drains
+//     the rest of the frame into scratch (WRITE) or stops sending from it (READ). This keeps
+//     unregister_region()'s wait short without a timeout, even against a peer that stalls half way
+//     through a frame.
 #pragma once
 
 #include <atomic>
@@ -68,6 +79,7 @@ class RegionTable {
   Status register_region(const void* addr, std::uint64_t length, MemKind kind, RegionId* id);
 
   // kNotFound for an id that is not currently registered (never issued, or already unregistered).
+  // Waits for the region's pins to be released (see Lifetime above) before returning ok.
   Status unregister_region(RegionId id);
 
   // Bounds-checks [offset, offset + length) against the region and returns its address. Overflow
@@ -75,6 +87,11 @@ class RegionTable {
   // length is accepted. kNotFound for an unknown or stale id, kOutOfRange when the span leaves the
   // region.
   Status resolve(RegionId id, std::uint64_t offset, std::uint64_t length, std::byte** out) const;
+
+  // resolve() that also pins the region until unpin(id) (exactly once per successful pin; the
+  // same id). Never blocks. On error nothing is pinned.
+  Status pin(RegionId id, std::uint64_t offset, std::uint64_t length, std::byte** out) const;
+  void unpin(RegionId id) const;
 
   // A consistent snapshot of a registered region, or nullopt.
   std::optional<Region> lookup(RegionId id) const;

@@ -55,6 +55,30 @@ XferCause RemoteRegion::copy(XferOp op, std::uint64_t offset, std::byte* local,
     return XferCause::kAccess;
   }
   if (length == 0) return XferCause::kNone;
+  {
+    std::lock_guard lock(mu_);
+    if (revoked_) {
+      *error = "remote region " + std::to_string(id_) + " was unregistered by its owner";
+      return XferCause::kAccess;
+    }
+    ++copies_;
+  }
+  const XferCause cause = copy_unchecked(op, offset, local, length, error);
+  {
+    std::lock_guard lock(mu_);
+    if (--copies_ == 0) idle_.notify_all();
+  }
+  return cause;
+}
+
+void RemoteRegion::revoke() {
+  std::unique_lock lock(mu_);
+  revoked_ = true;
+  idle_.wait(lock, [&] { return copies_ == 0; });
+}
+
+XferCause RemoteRegion::copy_unchecked(XferOp op, std::uint64_t offset, std::byte* local,
+                                       std::uint64_t length, std::string* error) const {
   if (base_ != nullptr) {
     if (op == XferOp::kRead) {
       std::memcpy(local, base_ + offset, length);
@@ -80,9 +104,9 @@ XferCause RemoteRegion::copy(XferOp op, std::uint64_t offset, std::byte* local,
     if (err == EPERM) {
       *error =
           "cross-memory attach to pid " + std::to_string(pid_) +
-          " refused (EPERM): the peer must allow ptrace by us (the shm backend calls "
-          "prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) for Yama ptrace_scope=1; scope 2/3 or a "
-          "seccomp/capability policy forbids it): register memfd-backed memory instead";
+          " refused (EPERM): the peer must allow ptrace by us (its shm backend names one peer pid "
+          "with PR_SET_PTRACER for Yama ptrace_scope=1; scope 2/3 or a seccomp/capability policy "
+          "forbids it): register memfd-backed memory instead";
       return XferCause::kAccess;
     }
     if (err == ESRCH) {

@@ -5,6 +5,10 @@
 // Lifetime: held by shared_ptr. The peer table drops its reference when the peer goes away; a copy
 // in progress keeps its own, so the mapping is unmapped only after the last copy using it returns.
 //
+// Revocation (security review 14): revoke() makes every later copy() fail kAccess and waits for
+// the copies in progress (one chunk each) to return; after it, nothing of ours touches the peer's
+// address any more. The peer asks for it (kRegionRevoke) before its unregister_region() returns.
+//
 // Safety: copy() checks every (offset, length) against the region length it was announced with
 // (and, for a memfd, the fd's size was checked at map time), so no copy ever leaves the mapping.
 // A peer that shrinks its memfd after we mapped it could still make us fault (SIGBUS); memfds
@@ -15,7 +19,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "proto/status.h"
@@ -53,14 +59,24 @@ class RemoteRegion {
   XferCause copy(XferOp op, std::uint64_t offset, std::byte* local, std::uint64_t length,
                  std::string* error) const;
 
+  // Thread-safe; idempotent.
+  void revoke();
+
  private:
   RemoteRegion(std::uint32_t id, std::uint64_t length) : id_(id), length_(length) {}
+  XferCause copy_unchecked(XferOp op, std::uint64_t offset, std::byte* local, std::uint64_t length,
+                           std::string* error) const;
 
   std::uint32_t id_;
   std::uint64_t length_;
   std::byte* base_ = nullptr;  // the mapping, or null for cross-memory attach
   std::uint64_t addr_ = 0;     // cross-memory attach: address in the peer
   pid_t pid_ = 0;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable idle_;  // copies_ reached 0
+  mutable std::uint32_t copies_ = 0;      // copy() calls in progress (cross-memory attach only)
+  bool revoked_ = false;
 };
 
 }  // namespace pdr::transfer::shm

@@ -28,8 +28,35 @@ std::vector<RegionId> ExportedRegions::list() const {
   return {ids_.begin(), ids_.end()};
 }
 
-ServingConnection::ServingConnection(UniqueFd fd, const ServingContext& context)
-    : fd_(std::move(fd)), context_(context) {}
+ServingConnection::ServingConnection(UniqueFd fd, const ServingContext& context, pid_t peer_pid)
+    : fd_(std::move(fd)), context_(context), peer_pid_(peer_pid) {}
+
+ServingConnection::~ServingConnection() {
+  // Closing the socket (fd_ is destroyed after this body, so close it first): the peer drops the
+  // peer and its regions. Its copy in progress may still finish; with Yama, releasing the grant
+  // makes any later attach fail.
+  fd_.reset();
+  if (holds_cma_) context_.cma->release(peer_pid_);
+  if (context_.revoke_done) {
+    for (RegionId id : revoking_) context_.revoke_done(id);
+  }
+}
+
+bool ServingConnection::start_revoke(RegionId id, bool* send_failed) {
+  *send_failed = false;
+  if (cma_announced_.erase(id) == 0) return false;
+  if (!send_frame(fd_.get(), encode_region_revoke(id), -1, kSendTimeout)) {
+    *send_failed = true;
+    return false;
+  }
+  revoking_.insert(id);
+  return true;
+}
+
+bool ServingConnection::claim_cma() {
+  if (!holds_cma_ && context_.cma != nullptr) holds_cma_ = context_.cma->acquire(peer_pid_);
+  return holds_cma_;
+}
 
 bool ServingConnection::bad_frame() {
   context_.backend->counters->bad_frames.fetch_add(1, std::memory_order_relaxed);
@@ -75,9 +102,14 @@ bool ServingConnection::handle(const Frame& frame) {
       backend.counters->notifications_received.fetch_add(1, std::memory_order_relaxed);
       if (backend.on_notification) backend.on_notification(agent_, frame.text);
       return send_frame(fd_.get(), encode_notify_ack(frame.seq), -1, kSendTimeout).is_ok();
+    case MsgType::kRevokeAck:
+      if (revoking_.erase(frame.region_id) == 0) return bad_frame();  // unsolicited
+      if (context_.revoke_done) context_.revoke_done(frame.region_id);
+      return true;
     case MsgType::kRegion:
     case MsgType::kRegionsEnd:
     case MsgType::kNotifyAck:
+    case MsgType::kRegionRevoke:
       return bad_frame();  // server -> client messages
   }
   return bad_frame();
@@ -96,13 +128,14 @@ bool ServingConnection::send_region(RegionId id, bool count_refusal) {
   RegionInfo info{.id = id, .flags = 0, .length = region->length, .addr = 0};
   if (fd >= 0) {
     info.flags = kRegionHasFd;
-  } else if (context_.allow_cma) {
+  } else if (context_.allow_cma && claim_cma()) {
     info.flags = kRegionCma;
     info.addr = region->addr;
   } else {
     if (count_refusal) backend.counters->access_refused.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
+  if (info.flags == kRegionCma) cma_announced_.insert(id);
   return send_frame(fd_.get(), encode_region(info), fd, kSendTimeout).is_ok();
 }
 

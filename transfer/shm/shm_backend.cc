@@ -15,6 +15,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "transfer/shm/cma_grant.h"
 #include "transfer/shm/copy_pool.h"
 #include "transfer/shm/remote_region.h"
 #include "transfer/shm/serving_connection.h"
@@ -36,6 +37,9 @@ constexpr std::uint64_t kChunkBytes = 4u << 20;       // cancel is checked betwe
 constexpr std::uint64_t kSplitBytes = 8u << 20;       // segments this large use every worker
 constexpr std::chrono::seconds kAnswerTimeout{5};     // HELLO / region query answers (local peer)
 constexpr std::chrono::milliseconds kSendTimeout{2000};
+// How long unregister_region() waits for CMA peers to acknowledge a revoke; one that has not by
+// then is disconnected.
+constexpr std::chrono::milliseconds kRevokeTimeout{2000};
 constexpr std::uint64_t kListenToken = 1;
 constexpr std::uint64_t kWakeToken = 2;
 
@@ -80,7 +84,7 @@ class ShmBackend final : public Backend {
     exported_.add(id);
     return {};
   }
-  void on_region_unregistered(RegionId id) override { exported_.remove(id); }
+  void on_region_unregistered(RegionId id) override;
 
   bool can_reach(const proto::TransferDescriptor& local,
                  const proto::TransferDescriptor& peer) const override;
@@ -95,10 +99,19 @@ class ShmBackend final : public Backend {
     std::shared_ptr<Peer> peer;
     bool awaiting_ack = false;
   };
+  // One unregister_region() waiting for the CMA peers that knew the region's address.
+  struct RevokeWait {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool started = false;  // the I/O thread sent every revoke (pending is final from below)
+    std::uint32_t pending = 0;
+  };
   struct Command {
-    enum class Kind { kAdd, kDrop, kCancel } kind;
+    enum class Kind { kAdd, kDrop, kCancel, kRevoke, kRevokeExpired } kind;
     std::shared_ptr<Peer> peer;
     std::uint64_t xfer_id = 0;
+    RegionId region = kInvalidRegion;
+    std::shared_ptr<RevokeWait> wait;
   };
 
   // ---- tasks ----
@@ -121,6 +134,14 @@ class ShmBackend final : public Backend {
   // Marks the peer gone, closes its socket, fails its notifications awaiting an ack.
   void drop_peer(std::shared_ptr<Peer> peer, bool established);  // by value: may erase the caller's reference
   void accept_all();
+  // kRevoke: sends kRegionRevoke to every connection that was told the region's address.
+  void start_revoke(RegionId id, std::shared_ptr<RevokeWait> wait);
+  void revoke_done(RegionId id);  // a peer acknowledged, or its connection closed
+  void expire_revoke(RegionId id);  // closes the connections that did not acknowledge in time
+  // Whether a local peer process of this uid may talk to us (ShmBackendOptions::allowed_uids).
+  bool uid_allowed(uid_t uid) const;
+  // Counts a peer refused for its uid and logs it, at most once a second (I/O thread or caller).
+  void refuse_peer(pid_t pid, uid_t uid, std::string_view side);
 
   const ShmBackendOptions options_;
   BackendContext context_;
@@ -145,7 +166,12 @@ class ShmBackend final : public Backend {
   std::thread io_thread_;
   // I/O thread only.
   std::unordered_map<std::uint64_t, std::shared_ptr<Peer>> outgoing_;
+  shm::CmaGrant cma_;  // before serving_: connections release it when destroyed
   std::unordered_map<std::uint64_t, std::unique_ptr<ServingConnection>> serving_;
+  std::unordered_map<RegionId, std::shared_ptr<RevokeWait>> revokes_;  // I/O thread only
+  std::mutex refusal_log_mu_;
+  std::chrono::steady_clock::time_point refusal_logged_{};
+  std::uint64_t refusals_unlogged_ = 0;
 };
 
 std::string default_socket_name(std::string_view agent) {
@@ -181,11 +207,8 @@ Status ShmBackend::start(const BackendContext& context) {
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);
   ev.data.u64 = kWakeToken;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev);
-  if (options_.allow_cma) {
-    // Yama ptrace_scope=1 only lets ancestors attach; peers are not our ancestors. Fails harmlessly
-    // (EINVAL) where Yama is absent.
-    ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-  }
+  // No process-wide PR_SET_PTRACER_ANY: the Yama exception is granted to one peer pid at a time,
+  // when it needs cross-memory attach (cma_grant.h).
   unsigned threads = options_.copy_threads;
   if (threads == 0) threads = std::thread::hardware_concurrency() >= 2 ? 2 : 1;
   pool_ = std::make_unique<CopyPool>(threads);
@@ -252,7 +275,14 @@ Status ShmBackend::add_peer(PeerId id, const proto::TransferDescriptor& descript
   peer->address = address;
   peer->token = next_token_.fetch_add(1);
   if (Status s = shm::connect_unix(address, &peer->fd); !s) return fail(s);
-  if (Status s = shm::peer_pid(peer->fd.get(), &peer->pid); !s) return fail(s);
+  uid_t peer_uid = 0;
+  if (Status s = shm::peer_credentials(peer->fd.get(), &peer->pid, &peer_uid); !s) return fail(s);
+  if (!uid_allowed(peer_uid)) {
+    // Someone else's socket under that name: never hand it our memory or map its fds.
+    refuse_peer(peer->pid, peer_uid, "listener");
+    return fail(Status(StatusCode::kRejected, "the process listening on " + address + " runs as uid " +
+                                                  std::to_string(peer_uid) + ", which is not allowed"));
+  }
   {
     std::lock_guard send_lock(peer->send_mu);
     {
@@ -598,6 +628,12 @@ void ShmBackend::run_io() {
             case Command::Kind::kCancel:
               finish_cancelled(command.xfer_id);
               break;
+            case Command::Kind::kRevoke:
+              start_revoke(command.region, std::move(command.wait));
+              break;
+            case Command::Kind::kRevokeExpired:
+              expire_revoke(command.region);
+              break;
           }
         }
       } else if (auto out = outgoing_.find(token); out != outgoing_.end()) {
@@ -616,22 +652,138 @@ void ShmBackend::run_io() {
   }
   // Shut down: every connection closes, tasks awaiting an ack fail (stop() finishes the rest).
   while (!outgoing_.empty()) drop_peer(outgoing_.begin()->second, true);
-  serving_.clear();
+  serving_.clear();  // reports every revoke in progress done
+  // Revokes posted but never started: no connection is left to revoke from.
+  std::vector<Command> left;
+  {
+    std::lock_guard lock(commands_mu_);
+    left.swap(commands_);
+  }
+  for (Command& command : left) {
+    if (command.kind != Command::Kind::kRevoke) continue;
+    std::lock_guard lock(command.wait->mu);
+    command.wait->started = true;
+    command.wait->cv.notify_all();
+  }
+}
+
+void ShmBackend::on_region_unregistered(RegionId id) {
+  exported_.remove(id);
+  if (!started_ || stopping_.load() || !options_.allow_cma) return;
+  // Security review 14: a peer that reaches this region by cross-memory attach cached its address;
+  // it must stop using it before the caller frees the memory.
+  auto wait = std::make_shared<RevokeWait>();
+  post(Command{Command::Kind::kRevoke, nullptr, 0, id, wait});
+  std::unique_lock lock(wait->mu);
+  const bool acknowledged =
+      wait->cv.wait_for(lock, kRevokeTimeout, [&] { return wait->started && wait->pending == 0; });
+  if (acknowledged) return;
+  lock.unlock();
+  std::fprintf(stderr,
+               "pdr shm: a peer did not acknowledge the revoke of region %u within %lld ms; "
+               "disconnecting it\n",
+               id, static_cast<long long>(kRevokeTimeout.count()));
+  post(Command{Command::Kind::kRevokeExpired, nullptr, 0, id, nullptr});
+}
+
+void ShmBackend::start_revoke(RegionId id, std::shared_ptr<RevokeWait> wait) {
+  std::uint32_t pending = 0;
+  for (auto it = serving_.begin(); it != serving_.end();) {
+    bool send_failed = false;
+    if (it->second->start_revoke(id, &send_failed)) ++pending;
+    if (send_failed) {
+      ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->second->fd(), nullptr);
+      context_.counters->disconnects.fetch_add(1, std::memory_order_relaxed);
+      it = serving_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  {
+    std::lock_guard lock(wait->mu);
+    wait->pending += pending;  // acks cannot have arrived yet: this thread handles them
+    wait->started = true;
+    if (wait->pending == 0) wait->cv.notify_all();
+  }
+  if (pending > 0) revokes_[id] = std::move(wait);
+}
+
+void ShmBackend::revoke_done(RegionId id) {
+  auto it = revokes_.find(id);
+  if (it == revokes_.end()) return;
+  std::shared_ptr<RevokeWait> wait = it->second;
+  std::lock_guard lock(wait->mu);
+  if (wait->pending > 0 && --wait->pending == 0) {
+    wait->cv.notify_all();
+    revokes_.erase(it);
+  }
+}
+
+void ShmBackend::expire_revoke(RegionId id) {
+  auto wait = revokes_.find(id);
+  if (wait == revokes_.end()) return;  // acknowledged meanwhile
+  std::shared_ptr<RevokeWait> keep = wait->second;
+  for (auto it = serving_.begin(); it != serving_.end();) {
+    if (it->second->revoking(id)) {
+      ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, it->second->fd(), nullptr);
+      context_.counters->disconnects.fetch_add(1, std::memory_order_relaxed);
+      it = serving_.erase(it);  // its destructor reports revoke_done(id)
+      continue;
+    }
+    ++it;
+  }
 }
 
 void ShmBackend::accept_all() {
   for (;;) {
     const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
+    // Security review 9: the abstract socket is reachable by every process in our network
+    // namespace; only allowed uids get an answer (and so memfds or addresses), before any frame.
+    pid_t pid = 0;
+    uid_t uid = 0;
+    if (!shm::peer_credentials(fd, &pid, &uid) || !uid_allowed(uid)) {
+      refuse_peer(pid, uid, "connection");
+      ::close(fd);
+      continue;
+    }
     const std::uint64_t token = next_token_.fetch_add(1);
     auto conn = std::make_unique<ServingConnection>(
-        UniqueFd(fd), shm::ServingContext{&context_, &exported_, options_.allow_cma});
+        UniqueFd(fd),
+        shm::ServingContext{&context_, &exported_, options_.allow_cma, &cma_,
+                            [this](RegionId id) { revoke_done(id); }},
+        pid);
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.u64 = token;
     ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fd, &ev);
     serving_[token] = std::move(conn);
   }
+}
+
+bool ShmBackend::uid_allowed(uid_t uid) const {
+  if (options_.allowed_uids.empty()) return uid == ::geteuid();
+  return std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), uid) !=
+         options_.allowed_uids.end();
+}
+
+void ShmBackend::refuse_peer(pid_t pid, uid_t uid, std::string_view side) {
+  context_.counters->shm_peers_refused.fetch_add(1, std::memory_order_relaxed);
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(refusal_log_mu_);
+  if (now - refusal_logged_ < std::chrono::seconds(1)) {
+    ++refusals_unlogged_;
+    return;
+  }
+  refusal_logged_ = now;
+  std::fprintf(stderr,
+               "pdr shm: refused %.*s of pid %d uid %u (not an allowed uid)%s\n",
+               static_cast<int>(side.size()), side.data(), static_cast<int>(pid),
+               static_cast<unsigned>(uid),
+               refusals_unlogged_ > 0
+                   ? (" (+" + std::to_string(refusals_unlogged_) + " not logged)").c_str()
+                   : "");
+  refusals_unlogged_ = 0;
 }
 
 void ShmBackend::on_peer_readable(const std::shared_ptr<Peer>& peer) {
@@ -706,9 +858,29 @@ bool ShmBackend::on_peer_frame(Peer& peer, const Frame& frame) {
       finish(id, {XferState::kDone, XferCause::kNone, bytes});
       return true;
     }
+    case MsgType::kRegionRevoke: {
+      // The peer unregistered a region we reach by address: drop it, let copies in progress end,
+      // then acknowledge (its unregister_region() waits for this).
+      std::shared_ptr<RemoteRegion> region;
+      {
+        std::lock_guard lock(peer.mu);
+        auto it = peer.regions.find(frame.region_id);
+        if (it != peer.regions.end()) {
+          region = std::move(it->second);
+          peer.regions.erase(it);
+        }
+      }
+      if (region) region->revoke();
+      std::lock_guard send_lock(peer.send_mu);
+      return peer.fd.get() >= 0 &&
+             shm::send_frame(peer.fd.get(), shm::encode_revoke_ack(frame.region_id), -1,
+                             kSendTimeout)
+                 .is_ok();
+    }
     case MsgType::kHello:
     case MsgType::kRegionQuery:
     case MsgType::kNotify:
+    case MsgType::kRevokeAck:
       return false;  // client -> server messages
   }
   return false;

@@ -63,6 +63,18 @@ std::string encode_notify_ack(std::uint64_t seq) {
   return out;
 }
 
+std::string encode_region_revoke(std::uint32_t region_id) {
+  std::string out = frame(MsgType::kRegionRevoke, 4);
+  proto::append_le<std::uint32_t>(&out, region_id);
+  return out;
+}
+
+std::string encode_revoke_ack(std::uint32_t region_id) {
+  std::string out = frame(MsgType::kRevokeAck, 4);
+  proto::append_le<std::uint32_t>(&out, region_id);
+  return out;
+}
+
 Status decode_frame(std::span<const std::byte> bytes, Frame* out, std::size_t* consumed) {
   *consumed = 0;
   if (bytes.size() < kFrameHeaderBytes) return {};
@@ -77,7 +89,7 @@ Status decode_frame(std::span<const std::byte> bytes, Frame* out, std::size_t* c
                                              " exceeds limit " + std::to_string(kMaxBodyBytes));
   }
   if (type < static_cast<std::uint16_t>(MsgType::kHello) ||
-      type > static_cast<std::uint16_t>(MsgType::kNotifyAck)) {
+      type > static_cast<std::uint16_t>(MsgType::kRevokeAck)) {
     return Status(StatusCode::kUnknownType, "frame type " + std::to_string(type) + " is unknown");
   }
   // Validate the header fully before waiting for the body, so garbage fails fast.
@@ -89,7 +101,9 @@ Status decode_frame(std::span<const std::byte> bytes, Frame* out, std::size_t* c
       break;
     case MsgType::kRegionQuery:
     case MsgType::kRegionsEnd:
-      if (n != 4) return bad_size("region query/end", n, "4");
+    case MsgType::kRegionRevoke:
+    case MsgType::kRevokeAck:
+      if (n != 4) return bad_size("region query/end/revoke", n, "4");
       break;
     case MsgType::kRegion:
       if (n != 24) return bad_size("region", n, "24");
@@ -111,6 +125,8 @@ Status decode_frame(std::span<const std::byte> bytes, Frame* out, std::size_t* c
       break;
     case MsgType::kRegionQuery:
     case MsgType::kRegionsEnd:
+    case MsgType::kRegionRevoke:
+    case MsgType::kRevokeAck:
       frame.region_id = proto::get_le<std::uint32_t>(body);
       break;
     case MsgType::kRegion: {

@@ -14,6 +14,10 @@
 //                                    which lists every region); answers come in request order
 //   kNotify       client -> server   {u64 seq, message 0..kMaxNotifyBytes}
 //   kNotifyAck    server -> client   {u64 seq}, sent after on_notification() returned
+//   kRegionRevoke server -> client   {u32 region_id}: a region announced by address (kRegionCma)
+//                                    was unregistered; the client drops it, waits for its copies
+//                                    in progress and answers kRevokeAck (security review 14)
+//   kRevokeAck    client -> server   {u32 region_id}: nothing of ours touches that address any more
 #pragma once
 
 #include <cstddef>
@@ -42,6 +46,8 @@ enum class MsgType : std::uint16_t {
   kRegionsEnd = 4,
   kNotify = 5,
   kNotifyAck = 6,
+  kRegionRevoke = 7,
+  kRevokeAck = 8,
 };
 
 struct RegionInfo {
@@ -55,7 +61,7 @@ struct RegionInfo {
 struct Frame {
   MsgType type = MsgType::kHello;
   std::string_view text;        // kHello agent, kNotify message
-  std::uint32_t region_id = 0;  // kRegionQuery, kRegionsEnd
+  std::uint32_t region_id = 0;  // kRegionQuery, kRegionsEnd, kRegionRevoke, kRevokeAck
   std::uint64_t seq = 0;        // kNotify, kNotifyAck
   RegionInfo region;            // kRegion
 };
@@ -66,6 +72,8 @@ std::string encode_region(const RegionInfo& region);
 std::string encode_regions_end(std::uint32_t region_id);
 std::string encode_notify(std::uint64_t seq, std::string_view message);
 std::string encode_notify_ack(std::uint64_t seq);
+std::string encode_region_revoke(std::uint32_t region_id);
+std::string encode_revoke_ack(std::uint32_t region_id);
 
 // Decodes the first frame of `bytes`. ok with *consumed == 0: incomplete, read more. ok with
 // *consumed > 0: *out holds a frame of that many bytes. An error (kMalformed bad magic or body,

@@ -79,6 +79,17 @@ Status connect_unix(std::string_view address, UniqueFd* out) {
   return {};
 }
 
+Status peer_credentials(int fd, pid_t* pid, uid_t* uid) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return errno_status("shm SO_PEERCRED", errno);
+  }
+  *pid = cred.pid;
+  *uid = cred.uid;
+  return {};
+}
+
 Status peer_pid(int fd, pid_t* pid) {
   ucred cred{};
   socklen_t len = sizeof(cred);

@@ -53,6 +53,8 @@ Status connect_unix(std::string_view address, UniqueFd* out);
 
 // The pid of the process at the other end (SO_PEERCRED), as seen in our pid namespace.
 Status peer_pid(int fd, pid_t* pid);
+// The pid and effective uid of the other end (SO_PEERCRED: as they were at connect()/listen()).
+Status peer_credentials(int fd, pid_t* pid, uid_t* uid);
 
 // Sends all of `bytes` on a non-blocking stream socket, with `pass_fd` (if >= 0) attached to the
 // first byte. Waits for buffer space up to `timeout`. MSG_NOSIGNAL: a hung-up peer is an error

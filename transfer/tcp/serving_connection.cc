@@ -124,11 +124,12 @@ void ServingConnection::read_frames() {
     }
     std::byte* into;
     std::size_t want;
+    // Region fence (region_table.h Lifetime): the WRITE target is pinned for this one recv only.
+    const bool pinned = in_payload_ && sink_ == Sink::kMemory && pin_write_target(&into);
     if (!in_payload_) {
       into = in_header_.data() + in_header_got_;
       want = in_header_.size() - in_header_got_;
-    } else if (sink_ == Sink::kMemory) {
-      into = in_dst_ + in_pos_;
+    } else if (pinned) {
       want = static_cast<std::size_t>(in_left_);
     } else if (sink_ == Sink::kDiscard) {
       if (scratch_.empty()) {
@@ -142,6 +143,7 @@ void ServingConnection::read_frames() {
       want = static_cast<std::size_t>(in_left_);
     }
     const ssize_t rc = receive_some(fd_, into, want);
+    if (pinned) shared_.context.regions->unpin(in_.region_id);
     if (rc == -EAGAIN || rc == -EWOULDBLOCK) break;
     if (rc <= 0) {
       close_connection(CloseReason::kLost);
@@ -170,6 +172,19 @@ void ServingConnection::read_frames() {
   }
   if (!closed()) flush();
   if (!closed()) update_interest();
+}
+
+bool ServingConnection::pin_write_target(std::byte** into) {
+  if (shared_.context.regions->pin(in_.region_id, in_.offset + in_pos_, in_left_, into).is_ok()) {
+    return true;
+  }
+  // Unregistered since the header was checked: the rest of the frame lands nowhere and the WRITE
+  // is refused (its ACK becomes ERROR(kAccess)), as for a region unknown from the start.
+  shared_.counters->access_refused.fetch_add(1, std::memory_order_relaxed);
+  write_refused_ = true;
+  refused_xfer_ = in_.xfer_id;
+  sink_ = Sink::kDiscard;
+  return false;
 }
 
 bool ServingConnection::on_header() {
@@ -260,6 +275,9 @@ void ServingConnection::respond(proto::FrameOpcode opcode, std::uint32_t flags,
                                 has_payload ? length : 0);
   response.payload = payload;
   response.length = length;
+  response.xfer_id = request.xfer_id;
+  response.region = request.region_id;
+  response.offset = request.offset;
   responses_.push_back(response);
 }
 
@@ -268,8 +286,36 @@ void ServingConnection::flush() {
     iovec vectors[kMaxVectors];
     int count = 0;
     std::size_t skip = front_sent_;
+    // READ_DATA payloads are pinned for this one send (region_table.h Lifetime).
+    RegionId pinned[kMaxVectors];
+    int pins = 0;
+    auto unpin_all = [&] {
+      for (int p = 0; p < pins; ++p) shared_.context.regions->unpin(pinned[p]);
+      pins = 0;
+    };
     for (std::size_t i = 0; i < responses_.size() && count + 2 <= kMaxVectors; ++i) {
       Response& response = responses_.at(i);
+      if (response.length > 0) {
+        std::byte* source = nullptr;
+        if (shared_.context.regions->pin(response.region, response.offset, response.length, &source)
+                .is_ok()) {
+          pinned[pins++] = response.region;
+        } else if (i == 0 && front_sent_ > 0) {
+          // Unregistered while its answer was half sent: the stream cannot be resynchronised.
+          unpin_all();
+          shared_.counters->access_refused.fetch_add(1, std::memory_order_relaxed);
+          close_connection(false);
+          return;
+        } else {
+          // Unregistered before a byte of its answer went out: answer ERROR(kAccess) instead.
+          shared_.counters->access_refused.fetch_add(1, std::memory_order_relaxed);
+          response.header = make_header(proto::FrameOpcode::kError,
+                                        static_cast<std::uint32_t>(XferCause::kAccess),
+                                        response.xfer_id, response.region, response.offset, 0);
+          response.payload = nullptr;
+          response.length = 0;
+        }
+      }
       if (skip < response.header.size()) {
         vectors[count++] = {response.header.data() + skip, response.header.size() - skip};
         skip = 0;
@@ -283,6 +329,7 @@ void ServingConnection::flush() {
       skip = 0;
     }
     const ssize_t rc = send_vectors(fd_, vectors, count);
+    unpin_all();
     if (rc == -EAGAIN || rc == -EWOULDBLOCK) {
       set_write_interest(true);
       return;

@@ -20,6 +20,12 @@
 // payload (32 + max_agent_bytes); the 256 KiB drain buffer is allocated on the first refused WRITE
 // (scratch_allocations() counts those allocations, process-wide, for tests).
 //
+// Region fence (security review 14, region_table.h Lifetime): a WRITE payload is received, and a
+// READ_DATA payload sent, with its region pinned around each recv/send only; a region unregistered
+// mid-WRITE has the rest of the payload drained (ACK -> ERROR(kAccess), counted access_refused), a
+// queued READ_DATA whose region went away is answered ERROR(kAccess) instead, or, if it was already
+// half sent, closes the connection.
+//
 // Backpressure: a client that sends requests but does not read the answers makes this side stop
 // reading once kMaxQueuedResponses answers wait, and resume when half of them went out, so the
 // answer queue stays bounded.
@@ -69,10 +75,16 @@ class ServingConnection final : public Connection {
     HeaderBytes header{};
     const std::byte* payload = nullptr;  // READ_DATA: registered memory
     std::uint64_t length = 0;
+    std::uint64_t xfer_id = 0;  // of the request; with region/offset, to re-pin the payload
+    RegionId region = kInvalidRegion;
+    std::uint64_t offset = 0;
   };
 
   void read_frames();
   bool on_header();  // false: bad frame
+  // Pins the rest of the current WRITE payload's target; false (and the frame switched to draining,
+  // refused) when its region was unregistered meanwhile.
+  bool pin_write_target(std::byte** into);
   void on_payload_done();
   void respond(proto::FrameOpcode opcode, std::uint32_t flags, const proto::TransferFrameHeader& request,
                const std::byte* payload, std::uint64_t length);
