@@ -19,6 +19,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sodium.h>
+
+#include "proto/transfer_descriptor.h"
 #include "proto/transfer_frame.h"
 #include "tests/support/time_scale.h"
 #include "transfer/engine.h"
@@ -95,12 +98,34 @@ std::vector<std::byte> header_bytes(const proto::TransferFrameHeader& header) {
   return bytes;
 }
 
-std::vector<std::byte> hello(std::string_view agent) {
+// The engine's descriptor secret, as a peer that imported its descriptor holds it.
+std::string engine_secret(const Engine& engine) {
+  const std::string blob = engine.export_local();
+  proto::TransferDescriptor descriptor;
+  const Status s = proto::decode_descriptor(std::as_bytes(std::span(blob)), proto::DescriptorLimits{}, &descriptor);
+  EXPECT_TRUE(s) << s.to_string();
+  return descriptor.secret;
+}
+
+// Reads the server's CHALLENGE on `fd` and returns the HELLO frame that answers it with a proof
+// of `secret` (the handshake every peer must pass before anything is served).
+std::vector<std::byte> hello(int fd, std::string_view agent, const std::string& secret) {
+  std::array<std::byte, proto::kTransferFrameHeaderBytes + proto::kTransferNonceBytes> challenge{};
+  EXPECT_EQ(::recv(fd, challenge.data(), challenge.size(), MSG_WAITALL), static_cast<ssize_t>(challenge.size()));
+  std::array<std::byte, proto::kTransferNonceBytes> nonce{};
+  std::memcpy(nonce.data(), challenge.data() + proto::kTransferFrameHeaderBytes, nonce.size());
+  const std::vector<std::byte> message = proto::hello_proof_message(nonce, agent);
+  std::array<std::byte, proto::kTransferProofBytes> proof{};
+  EXPECT_EQ(secret.size(), static_cast<size_t>(crypto_auth_hmacsha256_KEYBYTES));
+  crypto_auth_hmacsha256(reinterpret_cast<unsigned char*>(proof.data()),
+                         reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+                         reinterpret_cast<const unsigned char*>(secret.data()));
+  const std::vector<std::byte> payload = proto::encode_hello_payload(proof, agent);
   proto::TransferFrameHeader header;
   header.opcode = proto::FrameOpcode::kHello;
-  header.length = agent.size();
+  header.length = payload.size();
   std::vector<std::byte> bytes = header_bytes(header);
-  for (char c : agent) bytes.push_back(static_cast<std::byte>(c));
+  bytes.insert(bytes.end(), payload.begin(), payload.end());
   return bytes;
 }
 
@@ -129,7 +154,7 @@ TEST(RegionFence, WriteFrameHalfReceivedWhenTheRegionIsUnregisteredLandsNowhere)
   const int fd = connect_raw(port);
   // One send: HELLO, a small READ_REQ (its answer tells us the server ran through what we sent),
   // then the WRITE header and the first half of its payload.
-  std::vector<std::byte> bytes = hello("raw");
+  std::vector<std::byte> bytes = hello(fd, "raw", engine_secret(*engine));
   proto::TransferFrameHeader read;
   read.opcode = proto::FrameOpcode::kReadReq;
   read.xfer_id = 1;
@@ -187,7 +212,7 @@ TEST(RegionFence, QueuedReadAnswersNeverSendFromAnUnregisteredRegion) {
   ASSERT_TRUE(engine->register_region(small.data, kSmall, MemKind::kHostDram, &small_id));
 
   const int fd = connect_raw(port, /*rcvbuf=*/64 * 1024);
-  std::vector<std::byte> bytes = hello("raw");
+  std::vector<std::byte> bytes = hello(fd, "raw", engine_secret(*engine));
   proto::TransferFrameHeader read;
   read.opcode = proto::FrameOpcode::kReadReq;
   read.xfer_id = 1;

@@ -278,6 +278,8 @@ void ServingConnection::respond(proto::FrameOpcode opcode, std::uint32_t flags,
   response.xfer_id = request.xfer_id;
   response.region = request.region_id;
   response.offset = request.offset;
+  // A CHALLENGE's payload is the connection's own nonce, not registered memory: nothing to pin.
+  response.from_region = opcode == proto::FrameOpcode::kReadData;
   responses_.push_back(response);
 }
 
@@ -295,7 +297,7 @@ void ServingConnection::flush() {
     };
     for (std::size_t i = 0; i < responses_.size() && count + 2 <= kMaxVectors; ++i) {
       Response& response = responses_.at(i);
-      if (response.length > 0) {
+      if (response.from_region && response.length > 0) {
         std::byte* source = nullptr;
         if (shared_.context.regions->pin(response.region, response.offset, response.length, &source)
                 .is_ok()) {
@@ -304,7 +306,7 @@ void ServingConnection::flush() {
           // Unregistered while its answer was half sent: the stream cannot be resynchronised.
           unpin_all();
           shared_.counters->access_refused.fetch_add(1, std::memory_order_relaxed);
-          close_connection(false);
+          close_connection(CloseReason::kLost);
           return;
         } else {
           // Unregistered before a byte of its answer went out: answer ERROR(kAccess) instead.

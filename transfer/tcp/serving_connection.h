@@ -78,6 +78,7 @@ class ServingConnection final : public Connection {
     std::uint64_t xfer_id = 0;  // of the request; with region/offset, to re-pin the payload
     RegionId region = kInvalidRegion;
     std::uint64_t offset = 0;
+    bool from_region = false;  // READ_DATA: payload is registered memory, pinned for each send
   };
 
   void read_frames();
