@@ -684,10 +684,12 @@ void HttpConnection::queue_write(std::string data) {
   const size_t n = w->data.size();
   uv_buf_t buf = uv_buf_init(w->data.data(), static_cast<unsigned int>(n));
   buffered_ += n;
+  queued_total_ += n;
   worker_.stats().output_buffered_bytes.fetch_add(n, std::memory_order_relaxed);
   const int rc = uv_write(&w->req, tcp_.stream(), &buf, 1, &HttpConnection::on_write);
   if (rc < 0) {
     buffered_ -= n;
+    queued_total_ -= n;
     worker_.stats().output_buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
     delete w;
     spdlog::debug("http {}: write failed: {}", peer_, uv_strerror(rc));
@@ -795,8 +797,12 @@ void HttpConnection::update_reading() {
   }
 }
 
+uint64_t HttpConnection::bytes_taken() const {
+  return queued_total_ - (tcp_ ? uv_stream_get_write_queue_size(tcp_.stream()) : 0);
+}
+
 void HttpConnection::arm_flush_timer() {
-  flush_mark_ = tcp_ ? uv_stream_get_write_queue_size(tcp_.stream()) : 0;
+  flush_mark_ = bytes_taken();
   arm_timer(TimerMode::kFlush, static_cast<uint64_t>(worker_.options().keep_alive_idle.count()));
 }
 
@@ -825,10 +831,10 @@ void HttpConnection::flush_timer_fired() {
     output_drained();
     return;
   }
-  // Progress is measured on libuv's queue (bytes not yet taken by the kernel): one large write
-  // completes only at its end, but the queue shrinks as the client reads.
-  const size_t queued = uv_stream_get_write_queue_size(tcp_.stream());
-  if (queued < flush_mark_) {
+  // Progress is what the kernel took from libuv's queue since the timer was armed: one large
+  // write completes only at its end, and output queued after arming must not hide progress
+  // (comparing queue sizes did: a head queued, then an 8 MiB body, looked like a stall).
+  if (bytes_taken() > flush_mark_) {
     arm_flush_timer();
     return;
   }

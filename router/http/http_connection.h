@@ -145,7 +145,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   std::string request_line_;  // "GET /x" for the per-request debug log
 
   size_t buffered_ = 0;  // bytes in uv_write not yet completed
-  size_t flush_mark_ = 0;  // libuv write queue size when the flush timer was armed
+  // Bytes the kernel has taken from us (queued_total_ minus libuv's write queue) when the flush
+  // timer was armed: the client made progress if that grew.
+  uint64_t flush_mark_ = 0;
+  uint64_t queued_total_ = 0;  // every byte ever handed to uv_write on this connection
+  uint64_t bytes_taken() const;
 };
 
 }  // namespace pdr::http

@@ -113,7 +113,8 @@ class OrphanedPrefills(BoundsTest):
         for i in range(3):
             status, _, body = c.post(COMPLETIONS, completion())
             self.assertEqual(status, 200, (i, body))
-        self.assertEqual(c.metric("pdrouter_requests_in_flight"), 0)
+        # The answer can reach the client just before its request is counted as ended.
+        c.router.wait_for(lambda: c.metric("pdrouter_requests_in_flight") == 0, timeout=5)
         orphans = c.metric("pdrouter_orphan_prefill_legs")
         self.assertGreaterEqual(orphans, 1)
         if orphans == 3:  # all still within their grace: they count against the limit

@@ -625,44 +625,60 @@ TEST_F(UpstreamClientTest, ResponseHeadLimits) {
 
 // Security review #20: the router running out of file descriptors is its own shortage, not the
 // node's: the call fails as kLocalResources (never kConnect, which counts toward ejecting the
-// node). Run in a forked child whose RLIMIT_NOFILE is exhausted, so the test process keeps its fds.
+// node). Runs in a child process whose RLIMIT_NOFILE is exhausted, so the test process keeps its
+// fds. The child is this binary again (fork + exec, PDR_LOCAL_RESOURCES_PORT set) so that it can
+// start with UBSan reports non-fatal: UBSan's vptr check opens a pipe to probe memory and, with no
+// descriptor left, reports a false "invalid vptr". The child's exit code is the verdict.
+int exhausted_descriptors_call(uint16_t port) {
+  uv_loop_t loop;
+  if (uv_loop_init(&loop) != 0) return 10;
+  int code = 11;
+  {
+    UpstreamPool pool(&loop, PoolOptions{});
+    // Lower the limit a little above what is open, then take every descriptor left.
+    int probe = ::dup(0);
+    rlimit limit{static_cast<rlim_t>(probe + 8), static_cast<rlim_t>(probe + 8)};
+    ::close(probe);
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return 12;
+    while (::open("/dev/null", O_RDONLY) >= 0) {
+    }
+    if (errno != EMFILE) return 13;
+    Outcome o;
+    UpstreamRequest req;
+    req.path = "/v1/completions";
+    auto c = pool.start(proto::HostPort{"127.0.0.1", port}, std::move(req), {}, record_into(&o));
+    const auto until = Clock::now() + 5s;
+    while (!o.done() && Clock::now() < until) uv_run(&loop, UV_RUN_NOWAIT);
+    if (!o.failed) {
+      code = 14;
+    } else if (c->failure() != UpstreamFailure::kLocalResources) {
+      code = c->failure() == UpstreamFailure::kConnect ? 15 : 16;
+    } else if (o.error.message().find("not the node") == std::string::npos) {
+      code = 17;
+    } else if (pool.stats().local_errors != 1) {
+      code = 18;
+    } else {
+      code = 0;
+    }
+  }
+  return code;
+}
+
 TEST(UpstreamLocalResources, SocketExhaustionIsALocalFailure) {
+  if (const char* child_port = std::getenv("PDR_LOCAL_RESOURCES_PORT")) {
+    ::_exit(exhausted_descriptors_call(static_cast<uint16_t>(std::atoi(child_port))));
+  }
   const uint16_t port = closed_port();
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    uv_loop_t loop;
-    if (uv_loop_init(&loop) != 0) ::_exit(10);
-    int code = 11;
-    {
-      UpstreamPool pool(&loop, PoolOptions{});
-      // Lower the limit a little above what is open, then take every descriptor left.
-      int probe = ::dup(0);
-      rlimit limit{static_cast<rlim_t>(probe + 8), static_cast<rlim_t>(probe + 8)};
-      ::close(probe);
-      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(12);
-      while (::open("/dev/null", O_RDONLY) >= 0) {
-      }
-      if (errno != EMFILE) ::_exit(13);
-      Outcome o;
-      UpstreamRequest req;
-      req.path = "/v1/completions";
-      auto c = pool.start(proto::HostPort{"127.0.0.1", port}, std::move(req), {}, record_into(&o));
-      const auto until = Clock::now() + 5s;
-      while (!o.done() && Clock::now() < until) uv_run(&loop, UV_RUN_NOWAIT);
-      if (!o.failed) {
-        code = 14;
-      } else if (c->failure() != UpstreamFailure::kLocalResources) {
-        code = c->failure() == UpstreamFailure::kConnect ? 15 : 16;
-      } else if (o.error.message().find("not the node") == std::string::npos) {
-        code = 17;
-      } else if (pool.stats().local_errors != 1) {
-        code = 18;
-      } else {
-        code = 0;
-      }
-    }
-    ::_exit(code);
+    ::setenv("PDR_LOCAL_RESOURCES_PORT", std::to_string(port).c_str(), 1);
+    ::setenv("UBSAN_OPTIONS", "halt_on_error=0:print_stacktrace=0", 1);
+    char self[] = "/proc/self/exe";
+    char filter[] = "--gtest_filter=UpstreamLocalResources.SocketExhaustionIsALocalFailure";
+    char* argv[] = {self, filter, nullptr};
+    ::execv(self, argv);
+    ::_exit(20);
   }
   int status = 0;
   const auto until = Clock::now() + scaled(20s);
@@ -675,7 +691,7 @@ TEST(UpstreamLocalResources, SocketExhaustionIsALocalFailure) {
   }
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "14: the call did not fail, 15: it failed as kConnect (blamed on the node), "
-                                       "16: another failure, 17: message, 18: local_errors count";
+                                       "16: another failure, 17: message, 18: local_errors count, 20: exec failed";
 }
 
 TEST_F(UpstreamClientTest, PortZeroAndBadHeaderFailFromTheLoop) {

@@ -228,7 +228,7 @@ void ShmBackend::stop() {
     }
   }
   pool_->stop();
-  post(Command{Command::Kind::kDrop, nullptr, 0});  // wakes the I/O thread, which sees stopping_
+  post(Command{Command::Kind::kDrop, nullptr, 0, kInvalidRegion, nullptr});  // wakes the I/O thread, which sees stopping_
   io_thread_.join();
   // Notifications still awaiting an ack, and anything else left.
   std::vector<std::uint64_t> left;
@@ -295,7 +295,7 @@ Status ShmBackend::add_peer(PeerId id, const proto::TransferDescriptor& descript
       return fail(s);
     }
   }
-  post(Command{Command::Kind::kAdd, peer, 0});
+  post(Command{Command::Kind::kAdd, peer, 0, kInvalidRegion, nullptr});
   bool answered;
   {
     std::unique_lock lock(peer->mu);
@@ -304,7 +304,7 @@ Status ShmBackend::add_peer(PeerId id, const proto::TransferDescriptor& descript
     }) && !peer->gone;
   }
   if (!answered) {
-    post(Command{Command::Kind::kDrop, peer, 0});
+    post(Command{Command::Kind::kDrop, peer, 0, kInvalidRegion, nullptr});
     return fail(Status(StatusCode::kIoError, "no answer to HELLO on " + address));
   }
   context_.counters->connects.fetch_add(1, std::memory_order_relaxed);
@@ -328,7 +328,7 @@ void ShmBackend::remove_peer(PeerId id) {
     peer->gone_flag.store(true, std::memory_order_release);
     peer->cv.notify_all();
   }
-  post(Command{Command::Kind::kDrop, peer, 0});
+  post(Command{Command::Kind::kDrop, peer, 0, kInvalidRegion, nullptr});
 }
 
 Status ShmBackend::submit(XferTask* task) {
@@ -371,7 +371,7 @@ void ShmBackend::cancel(std::uint64_t xfer_id) {
     awaiting_ack = it->second.awaiting_ack;
   }
   if (awaiting_ack) {
-    post(Command{Command::Kind::kCancel, nullptr, xfer_id});
+    post(Command{Command::Kind::kCancel, nullptr, xfer_id, kInvalidRegion, nullptr});
   } else {
     // A copy loop sees cancel_cause() at its next chunk; a region-answer wait needs a wake-up.
     std::lock_guard lock(peer->mu);
@@ -449,7 +449,7 @@ void ShmBackend::run_task(std::uint64_t id) {
       peer->gone_flag.store(true, std::memory_order_release);
       peer->cv.notify_all();
     }
-    post(Command{Command::Kind::kDrop, peer, 0});
+    post(Command{Command::Kind::kDrop, peer, 0, kInvalidRegion, nullptr});
     return finish(id, failed(XferCause::kPeerGone, done));
   }
   // A cancel that raced the hand-over saw awaiting_ack == false and only poked the worker.
@@ -459,7 +459,7 @@ void ShmBackend::run_task(std::uint64_t id) {
     auto it = live_.find(id);
     cancelled = it != live_.end() && it->second.task->cancel_cause() != XferCause::kNone;
   }
-  if (cancelled) post(Command{Command::Kind::kCancel, nullptr, id});
+  if (cancelled) post(Command{Command::Kind::kCancel, nullptr, id, kInvalidRegion, nullptr});
 }
 
 XferCause ShmBackend::find_region(XferTask* task, Peer& peer, std::uint32_t id,
