@@ -24,6 +24,8 @@ std::string reencode(const Frame& f) {
     case MsgType::kRegionsEnd: return encode_regions_end(f.region_id);
     case MsgType::kNotify: return encode_notify(f.seq, f.text);
     case MsgType::kNotifyAck: return encode_notify_ack(f.seq);
+    case MsgType::kRegionRevoke: return encode_region_revoke(f.region_id);
+    case MsgType::kRevokeAck: return encode_revoke_ack(f.region_id);
   }
   __builtin_trap();
 }
