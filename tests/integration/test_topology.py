@@ -85,7 +85,7 @@ class TruncatedTopologyTest(unittest.TestCase):
     KEY = "trunc-admin-key"
 
     def good(self, *extra):
-        return (topology(("prefill", "10.5.0.1:8000"), *extra) +
+        return (topology(("prefill", "127.5.0.1:8000"), *extra) +
                 "admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\n")
 
     def setUp(self):
@@ -98,7 +98,7 @@ class TruncatedTopologyTest(unittest.TestCase):
 
     def running_config_kept(self):
         keys = [i["http_address"] for i in self.router.status()["instances"]]
-        self.assertIn("10.5.0.1:8000", keys)
+        self.assertIn("127.5.0.1:8000", keys)
         code, _, _ = self.router.request("GET", "/admin/instances",
                                          headers={"Authorization": f"Bearer {self.KEY}"})
         self.assertEqual(code, 200)
@@ -111,8 +111,8 @@ class TruncatedTopologyTest(unittest.TestCase):
         self.assertEqual(reloads(self.router, "ok"), 0)
         self.running_config_kept()
         # The writer finishes later: the new file applies, and the old one was kept until then.
-        self.write_in_place(self.good(("decode", "10.5.0.2:8000")))
-        self.router.wait_for(lambda: "10.5.0.2:8000" in self.running_config_kept())
+        self.write_in_place(self.good(("decode", "127.5.0.2:8000")))
+        self.router.wait_for(lambda: "127.5.0.2:8000" in self.running_config_kept())
         self.assertEqual(self.router.status()["topology"]["last_error"], "")
         # The attack's rounds: truncate, a moment, write. The half-written state is never read.
         for n in range(3):
@@ -120,8 +120,8 @@ class TruncatedTopologyTest(unittest.TestCase):
             self.write_in_place("")
             self.running_config_kept()
             time.sleep(0.05)  # part of the writer's behaviour being reproduced, not a wait
-            self.write_in_place(self.good(("decode", f"10.5.0.{3 + n}:8000")))
-            self.router.wait_for(lambda: f"10.5.0.{3 + n}:8000" in self.running_config_kept())
+            self.write_in_place(self.good(("decode", f"127.5.0.{3 + n}:8000")))
+            self.router.wait_for(lambda: f"127.5.0.{3 + n}:8000" in self.running_config_kept())
             self.router.wait_for(lambda: reloads(self.router, "ok") >= before + 1)
         self.running_config_kept()
 
