@@ -103,27 +103,29 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
   const auto limit = static_cast<int64_t>(w.topology()->limits.max_concurrent_requests);
   // Orphaned prefill legs (proxy_session.h) still hold a node's work and an fd: they count too.
   const int64_t orphans = counters.orphan_prefills.load(std::memory_order_relaxed);
-  if (counters.in_flight.fetch_add(1, std::memory_order_relaxed) + orphans >= limit) {
+  // Both admission refusals give the slot back and ask the client to retry in a second.
+  auto refuse_for_now = [&](Refusal why, int status, const std::string& message, const char* type,
+                            const char* code) {
     counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
-    counters.refuse(Refusal::kTooBusy);
-    http::Response r = http::error_response(
-        429, "too many requests in flight (limits.max_concurrent_requests = " + std::to_string(limit) + ")",
-        "rate_limit_error", "too_many_requests");
+    counters.refuse(why);
+    http::Response r = http::error_response(status, message, type, code);
     r.headers.push_back({"Retry-After", "1"});
     writer.send(std::move(r));
+  };
+  if (counters.in_flight.fetch_add(1, std::memory_order_relaxed) + orphans >= limit) {
+    refuse_for_now(Refusal::kTooBusy, 429,
+                   "too many requests in flight (limits.max_concurrent_requests = " + std::to_string(limit) + ")",
+                   "rate_limit_error", "too_many_requests");
     return;
   }
   // The body stays in memory for the whole request (retries render legs from it): it takes its
   // share of limits.max_buffered_bytes, shared by every worker (security review #11, attacks bug 6).
   const uint32_t budget = w.topology()->limits.max_buffered_bytes;
   if (!counters.reserve_buffered(request.body.size(), budget)) {
-    counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
-    counters.refuse(Refusal::kMemoryBudget);
-    http::Response r = http::error_response(
-        503, "pdrouter is holding too many request bytes (limits.max_buffered_bytes = " + std::to_string(budget) + ")",
-        "server_error", "memory_budget");
-    r.headers.push_back({"Retry-After", "1"});
-    writer.send(std::move(r));
+    refuse_for_now(Refusal::kMemoryBudget, 503,
+                   "pdrouter is holding too many request bytes (limits.max_buffered_bytes = " +
+                       std::to_string(budget) + ")",
+                   "server_error", "memory_budget");
     return;
   }
   AdmittedRequest admitted;
