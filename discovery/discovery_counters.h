@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "discovery/zap_policy.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::discovery {
 

@@ -11,8 +11,8 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "discovery/log_limiter.h"
-#include "proto/secure_compare.h"
+#include "base/log_limiter.h"
+#include "base/secure_compare.h"
 
 namespace pdr::discovery {
 namespace {

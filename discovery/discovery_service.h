@@ -5,7 +5,7 @@
 // (the socket, the Registry) lives on the service's own thread; other threads reach it only by
 // post(), which queues a closure and wakes the thread through an eventfd.
 //
-// Admission (discovery/admission.h): each connection passes the ZAP policy at its handshake (the
+// Admission (config/admission.h): each connection passes the ZAP policy at its handshake (the
 // service answers libzmq's ZAP requests on its own thread), each message gets the admission class
 // of its connection (raised to kToken by a valid auth token), and a registration or goodbye whose
 // address is not the sender's own is refused unless the sender authenticated.
@@ -26,11 +26,11 @@
 #include "discovery/discovery_counters.h"
 #include "discovery/instance.h"
 #include "discovery/registry.h"
-#include "discovery/snapshot_cell.h"
-#include "discovery/topology.h"
+#include "base/snapshot_cell.h"
+#include "config/topology.h"
 #include "discovery/zap_policy.h"
 #include "proto/discovery_message.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::discovery {
 

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "discovery/admission.h"
+#include "config/admission.h"
 #include "proto/discovery_message.h"
 
 namespace pdr::discovery {

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "discovery/curve_keys.h"
+#include "proto/curve_keys.h"
 
 namespace pdr::discovery {
 namespace {

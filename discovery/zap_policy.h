@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "discovery/admission.h"
+#include "config/admission.h"
 
 namespace pdr::discovery {
 

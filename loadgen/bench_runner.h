@@ -15,7 +15,7 @@
 #include "loadgen/stream_request.h"
 #include "loadgen/workload.h"
 #include "proto/address.h"
-#include "router/http/upstream_client.h"
+#include "http/upstream_client.h"
 
 namespace pdr::loadgen {
 

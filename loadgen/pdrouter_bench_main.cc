@@ -19,7 +19,7 @@
 
 #include "loadgen/bench_report.h"
 #include "loadgen/bench_runner.h"
-#include "router/http/host_resolver.h"
+#include "http/host_resolver.h"
 
 namespace {
 

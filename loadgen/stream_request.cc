@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "proto/ascii.h"
+#include "base/ascii.h"
 
 namespace pdr::loadgen {
 namespace {

@@ -20,7 +20,7 @@
 #include "loadgen/workload.h"
 #include "proto/openai_stream_chunk.h"
 #include "proto/sse_reader.h"
-#include "router/http/upstream_client.h"
+#include "http/upstream_client.h"
 
 namespace pdr::loadgen {
 

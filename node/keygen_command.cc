@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "discovery/curve_keys.h"
+#include "proto/curve_keys.h"
 
 namespace pdr::node {
 namespace {

@@ -10,9 +10,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "discovery/curve_keys.h"
-#include "discovery/sidecar.h"
-#include "discovery/topology_secrets.h"
+#include "proto/curve_keys.h"
+#include "sidecar/sidecar.h"
+#include "config/topology_secrets.h"
 #include "node/stop_signals.h"
 
 namespace pdr::node {

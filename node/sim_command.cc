@@ -12,7 +12,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "discovery/node_client.h"
+#include "sidecar/node_client.h"
 #include "node/sim_kv_mover.h"
 #include "node/sim_server.h"
 #include "node/stop_signals.h"

@@ -24,7 +24,7 @@
 
 #include <zmq.hpp>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::node::sim {
 

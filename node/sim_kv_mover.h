@@ -38,7 +38,7 @@
 #include <string>
 
 #include "node/sim_kv.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::node::sim {
 

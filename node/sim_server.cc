@@ -16,7 +16,7 @@
 #include "node/sim_faults.h"
 #include "node/sim_generation.h"
 #include "node/sim_request_log.h"
-#include "router/http/http_server.h"
+#include "http/http_server.h"
 
 namespace pdr::node::sim {
 namespace {

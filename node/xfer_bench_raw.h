@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::node::xfer_bench {
 

@@ -5,7 +5,7 @@
 #include <array>
 #include <cstring>
 
-#include "proto/ascii.h"
+#include "base/ascii.h"
 #include "proto/quoted_text.h"
 
 namespace pdr::proto {

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "proto/address.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::proto {
 

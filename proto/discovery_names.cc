@@ -4,7 +4,7 @@
 #include <string_view>
 #include <utility>
 
-#include "proto/ascii.h"
+#include "base/ascii.h"
 #include "proto/discovery_message.h"
 
 namespace pdr::proto {

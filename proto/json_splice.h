@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::proto {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "proto/discovery_message.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::proto {
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <string_view>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::proto {
 

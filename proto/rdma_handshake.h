@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::proto {
 

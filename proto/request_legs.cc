@@ -4,7 +4,7 @@
 #include <limits>
 #include <string>
 
-#include "proto/ascii.h"
+#include "base/ascii.h"
 
 namespace pdr::proto {
 namespace {

@@ -30,7 +30,7 @@
 #include "proto/address.h"
 #include "proto/discovery_message.h"
 #include "proto/json_splice.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::proto {
 

@@ -31,7 +31,7 @@
 #include <string>
 #include <string_view>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::proto {
 

@@ -43,7 +43,7 @@
 #include <string_view>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::proto {
 

@@ -1,9 +1,9 @@
 // The admin API's /metrics family, written by the component that counts it (as the proxy's are,
-// router/proxy/proxy_counters.h); metrics_page.h provides the writer.
+// router/proxy/proxy_counters.h); base/metrics_writer.h provides the writer.
 #pragma once
 
 #include "router/admin_routes.h"
-#include "router/metrics_page.h"
+#include "base/metrics_writer.h"
 
 namespace pdr::router {
 

@@ -8,10 +8,10 @@
 #include <set>
 #include <vector>
 
-#include "discovery/instance_spec.h"
-#include "discovery/key_hint.h"
+#include "config/instance_spec.h"
+#include "config/key_hint.h"
 #include "proto/address.h"
-#include "proto/ascii.h"
+#include "base/ascii.h"
 #include "proto/quoted_text.h"
 
 namespace pdr::router {

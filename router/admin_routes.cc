@@ -7,10 +7,10 @@
 #include <memory>
 #include <string>
 
-#include "proto/secure_compare.h"
+#include "base/secure_compare.h"
 #include "proto/json_splice.h"
 #include "router/admin_request.h"
-#include "router/http/json_error.h"
+#include "http/json_error.h"
 #include "router/status_page.h"
 
 namespace pdr::router {

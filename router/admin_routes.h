@@ -48,10 +48,10 @@
 
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
-#include "discovery/log_limiter.h"
-#include "discovery/topology_store.h"
+#include "base/log_limiter.h"
+#include "config/topology_store.h"
 #include "router/admin_throttle.h"
-#include "router/http/http_server.h"
+#include "http/http_server.h"
 
 namespace pdr::router {
 

@@ -4,7 +4,7 @@
 #include <array>
 
 #include "router/admin_metrics.h"
-#include "router/http/json_error.h"
+#include "http/json_error.h"
 #include "router/metrics_page.h"
 #include "router/status_page.h"
 

@@ -23,10 +23,10 @@
 #include "discovery/discovery_counters.h"
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
-#include "discovery/snapshot_cell.h"
-#include "discovery/topology_store.h"
+#include "base/snapshot_cell.h"
+#include "config/topology_store.h"
 #include "router/admin_routes.h"
-#include "router/http/http_server.h"
+#include "http/http_server.h"
 #include "router/proxy/proxy_counters.h"
 
 namespace pdr::router {

@@ -15,11 +15,11 @@
 #include <thread>
 
 #include "discovery/discovery_service.h"
-#include "discovery/topology_store.h"
+#include "config/topology_store.h"
 #include "router/control_routes.h"
-#include "router/http/fd_budget.h"
-#include "router/http/http_server.h"
-#include "router/http/json_error.h"
+#include "http/fd_budget.h"
+#include "http/http_server.h"
+#include "http/json_error.h"
 #include "router/proxy/proxy_service.h"
 #include "router/topology_watcher.h"
 

@@ -1,6 +1,6 @@
-// GET /metrics: Prometheus text exposition (rendered by prometheus-cpp's TextSerializer) of
-// pdrouter's own counters. Modules keep plain atomics; this file is the one place that names them
-// for Prometheus, so metric names live together and the reference in README.md matches this list.
+// GET /metrics: the discovery and HTTP families of pdrouter's own counters (the proxy and admin
+// families are in router/proxy/proxy_counters.h and router/admin_metrics.h), written with
+// base/metrics_writer.h. README.md's metrics reference lists them all.
 #pragma once
 
 #include <cstdint>
@@ -9,26 +9,12 @@
 #include <utility>
 #include <vector>
 
+#include "base/metrics_writer.h"
 #include "discovery/discovery_counters.h"
 #include "discovery/instance.h"
-#include "router/http/http_server.h"
+#include "http/http_server.h"
 
 namespace pdr::router {
-
-// Accumulates metric families in declaration order, then serialises them.
-class MetricsWriter {
- public:
-  MetricsWriter();
-  ~MetricsWriter();
-  using Labels = std::vector<std::pair<std::string, std::string>>;
-  void counter(std::string_view name, std::string_view help, double value, Labels labels = {});
-  void gauge(std::string_view name, std::string_view help, double value, Labels labels = {});
-  std::string text() const;
-
- private:
-  struct Families;
-  Families* families_;
-};
 
 struct TopologyMetrics {
   uint64_t reloads_ok = 0;

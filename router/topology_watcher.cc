@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "discovery/topology_store.h"
+#include "config/topology_store.h"
 
 namespace pdr::router {
 

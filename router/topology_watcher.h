@@ -19,7 +19,7 @@
 #include <chrono>
 #include <functional>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 typedef struct uv_loop_s uv_loop_t;
 

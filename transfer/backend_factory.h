@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 #include "transfer/backend.h"
 
 namespace pdr::transfer {

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::transfer {
 

@@ -47,7 +47,7 @@
 
 #include "discovery/discovery_counters.h"
 #include "discovery/discovery_service.h"
-#include "discovery/snapshot_cell.h"
+#include "base/snapshot_cell.h"
 #include "proto/discovery_message.h"
 
 namespace {

@@ -14,7 +14,7 @@
 #include <span>
 #include <string_view>
 
-#include "discovery/topology.h"
+#include "config/topology.h"
 
 namespace pdr::router {
 

@@ -16,8 +16,8 @@
 
 #include "discovery/instance.h"
 #include "proto/mooncake_query.h"
-#include "proto/status.h"
-#include "router/http/upstream_client.h"
+#include "base/status.h"
+#include "http/upstream_client.h"
 
 namespace pdr::router::proxy {
 

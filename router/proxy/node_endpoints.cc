@@ -7,7 +7,7 @@
 
 #include "proto/json_splice.h"
 #include "router/admin_routes.h"
-#include "router/http/json_error.h"
+#include "http/json_error.h"
 #include "router/proxy/pairing.h"
 
 namespace pdr::router::proxy {

@@ -9,8 +9,8 @@
 // Worker thread only; each function answers through the writer, possibly later.
 #pragma once
 
-#include "router/http/http_message.h"
-#include "router/http/response_writer.h"
+#include "http/http_message.h"
+#include "http/response_writer.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr::router::proxy {

@@ -30,7 +30,7 @@
 #include <string_view>
 
 #include "discovery/instance.h"
-#include "proto/status.h"
+#include "base/status.h"
 #include "router/policies/policy.h"
 
 namespace pdr::router::proxy {

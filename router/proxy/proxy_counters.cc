@@ -3,7 +3,7 @@
 #include <string>
 #include <utility>
 
-#include "router/metrics_page.h"
+#include "base/metrics_writer.h"
 
 namespace pdr::router::proxy {
 

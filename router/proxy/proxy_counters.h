@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace pdr::router {
+namespace pdr {
 class MetricsWriter;
 }
 

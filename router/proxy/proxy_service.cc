@@ -1,6 +1,6 @@
 #include "router/proxy/proxy_service.h"
 
-#include "router/http/json_error.h"
+#include "http/json_error.h"
 #include "router/proxy/node_endpoints.h"
 #include "router/proxy/proxy_session.h"
 

@@ -17,7 +17,7 @@
 #include <memory>
 #include <vector>
 
-#include "router/http/http_server.h"
+#include "http/http_server.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr::router::proxy {

@@ -10,7 +10,7 @@
 #include "proto/json_splice.h"
 #include "proto/request_legs.h"
 #include "proto/sse_boundary.h"
-#include "router/http/json_error.h"
+#include "http/json_error.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/retry_rules.h"
@@ -24,7 +24,7 @@ using proto::Connector;
 namespace {
 
 // Leg failures repeat per request when a node is down under load: at most a few lines a second
-// per worker (discovery/log_limiter.h); the counters in /metrics see every one.
+// per worker (base/log_limiter.h); the counters in /metrics see every one.
 bool may_log(WorkerContext& w) { return w.leg_log().allow(discovery::Clock::now()); }
 
 proto::LegInstance to_leg_instance(const Instance& i, const discovery::Topology& topology) {

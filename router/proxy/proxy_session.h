@@ -48,8 +48,8 @@
 #include <optional>
 #include <string>
 
-#include "router/http/http_message.h"
-#include "router/http/response_writer.h"
+#include "http/http_message.h"
+#include "http/response_writer.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr::router::proxy {

@@ -17,10 +17,10 @@
 #include <string>
 
 #include "discovery/instance.h"
-#include "discovery/log_limiter.h"
-#include "discovery/snapshot_cell.h"
-#include "discovery/topology.h"
-#include "router/http/upstream_client.h"
+#include "base/log_limiter.h"
+#include "base/snapshot_cell.h"
+#include "config/topology.h"
+#include "http/upstream_client.h"
 #include "router/policies/policy.h"
 #include "router/proxy/mooncake_cache.h"
 #include "router/proxy/proxy_counters.h"

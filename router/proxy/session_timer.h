@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "router/http/uv_handle.h"
+#include "http/uv_handle.h"
 
 struct uv_loop_s;
 

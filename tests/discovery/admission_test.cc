@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 #include <zmq.h>
 
-#include "discovery/admission.h"
-#include "discovery/curve_keys.h"
+#include "config/admission.h"
+#include "proto/curve_keys.h"
 #include "discovery/zap_policy.h"
 
 namespace pdr::discovery {

@@ -225,7 +225,7 @@ TEST(Registry, DrainingFlagSetsState) {
   EXPECT_EQ(snap->count(proto::Role::kPrefill, InstanceState::kUp), 0u);
 }
 
-// ---- admission (discovery/admission.h) ---------------------------------------------------------
+// ---- admission (config/admission.h) ---------------------------------------------------------
 
 StaticInstance static_decode(std::string host, uint16_t port) {
   StaticInstance s;

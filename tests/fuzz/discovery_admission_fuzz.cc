@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "discovery/admission.h"
-#include "discovery/curve_keys.h"
+#include "config/admission.h"
+#include "proto/curve_keys.h"
 #include "discovery/zap_policy.h"
 
 using namespace pdr::discovery;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "discovery/topology_store.h"
+#include "config/topology_store.h"
 
 namespace pdr::router {
 namespace {

@@ -14,7 +14,7 @@
 
 #include <llhttp.h>
 
-#include "proto/ascii.h"
+#include "base/ascii.h"
 
 namespace pdr::test {
 

@@ -5,7 +5,7 @@
 
 #include <string_view>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::test {
 

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "proto/status.h"
+#include "base/status.h"
 #include "transfer/core/region_table.h"
 
 namespace pdr::transfer {

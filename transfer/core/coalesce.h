@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <span>
 
-#include "proto/status.h"
+#include "base/status.h"
 #include "transfer/core/block_layout.h"
 
 namespace pdr::transfer {

@@ -40,7 +40,7 @@
 #include <optional>
 #include <string_view>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::transfer {
 

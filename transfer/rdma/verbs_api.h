@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <string>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::transfer::rdma {
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <string_view>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::transfer::shm {
 

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pdr::transfer::shm {
 

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "proto/status.h"
+#include "base/status.h"
 #include "transfer/tcp/shared_state.h"
 #include "transfer/tcp/task_state.h"
 

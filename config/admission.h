@@ -1,0 +1,67 @@
+// Who may join the registry, and how strongly each sender proved who it is. Pure: no sockets.
+//
+// Every discovery message arrives with an admission class, decided per connection at the ZMQ
+// handshake (discovery/zap_handler.h) and per message (the auth token):
+//   kOpen     the plain endpoint with no address control (only with discovery.allow_open)
+//   kAddress  the plain endpoint, peer address inside discovery.allowed_peers (vLLM nodes)
+//   kToken    kOpen/kAddress plus the discovery.auth_token_env token in the message
+//   kCurve    the CURVE endpoint with a client key from discovery.curve.allowed_client_keys
+// and operator entries (static, admin) rank above all of them. The registry remembers the class
+// that created an entry; a weaker sender can never modify, drain, take over or say goodbye to it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace pdr::discovery {
+
+enum class AdmissionClass : uint8_t { kOpen, kAddress, kToken, kCurve, kCount };
+std::string_view to_string(AdmissionClass);  // "open", "address", "token", "curve"
+bool parse_admission_class(std::string_view, AdmissionClass*);
+inline bool authenticated(AdmissionClass c) { return c >= AdmissionClass::kToken; }
+constexpr size_t kAdmissionClasses = static_cast<size_t>(AdmissionClass::kCount);
+
+// An IPv4 or IPv6 address in network byte order; IPv4 is kept as 4 bytes (an IPv4-mapped IPv6
+// address "::ffff:a.b.c.d" is normalised to IPv4, as a dual-stack socket reports IPv4 peers).
+struct IpAddress {
+  std::array<uint8_t, 16> bytes{};
+  uint8_t size = 0;  // 4 or 16; 0 = not an address
+  bool is_loopback() const;
+  bool operator==(const IpAddress&) const = default;
+};
+// Parses a literal address ("10.0.0.1", "::1", "[::1]", "::ffff:10.0.0.1"); nullopt otherwise
+// (host names included: this never resolves).
+std::optional<IpAddress> parse_ip_address(std::string_view text);
+
+// "10.0.0.0/8", "2001:db8::/32", or a bare address (a /32 or /128).
+struct Cidr {
+  IpAddress network;
+  uint8_t prefix_len = 0;
+  bool contains(const IpAddress& a) const;
+  bool matches_everything() const { return prefix_len == 0; }
+  std::string to_string() const;
+};
+// kInvalidValue with a message naming what is wrong ("bad address", "prefix 33 is over 32", "host
+// bits set: did you mean 10.0.0.0/8?").
+Status parse_cidr(std::string_view text, Cidr* out);
+
+struct AllowList {
+  std::vector<Cidr> cidrs;
+  bool contains(const IpAddress& a) const;
+  bool matches_everything() const;  // some entry is a /0
+};
+
+// A node may register only itself: when the sender did not authenticate (kOpen, kAddress) and the
+// registered http_address host is a literal IP, it must be the connection's peer address (any
+// loopback address counts as the same host as any other). Host names cannot be checked here and
+// pass. `peer` nullopt (an ipc:// endpoint: same machine) passes.
+bool may_register_address(AdmissionClass sender, const std::optional<IpAddress>& peer,
+                          std::string_view http_host);
+
+}  // namespace pdr::discovery

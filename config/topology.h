@@ -1,0 +1,158 @@
+// The deployment as the operator describes it in YAML, validated into plain structs once.
+// Only topology_loader.cc and yaml_reader.{h,cc} touch yaml-cpp. Every field has a default, so an
+// empty file is a valid topology. Reference: deploy/topology.example.yaml (every key commented).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/admission.h"
+#include "proto/curve_keys.h"
+#include "proto/address.h"
+#include "proto/discovery_message.h"
+#include "base/status.h"
+
+namespace pdr::discovery {
+
+enum class PolicyName : uint8_t { kRoundRobin, kLeastOutstanding, kPowerOfTwo, kAffinity };
+std::string_view to_string(PolicyName);  // "round_robin", "least_outstanding", "power_of_two", "affinity"
+bool parse_policy_name(std::string_view, PolicyName*);
+
+struct StaticInstance {
+  proto::Role role = proto::Role::kPrefill;
+  proto::HostPort http_address;
+  proto::Connector connector = proto::Connector::kUnknown;  // default: connectors.default
+  proto::TransferMode transfer_mode = proto::TransferMode::kNone;
+  std::string zmq_address;                 // optional; validated per connector
+  uint32_t dp_size = 1;
+  uint32_t tp_size = 1;
+  std::optional<uint16_t> bootstrap_port;
+  std::string model;
+  proto::Labels labels;
+};
+
+// 127.0.0.0/8 and ::1: the default discovery allow list (one machine, as the quick start runs).
+AllowList loopback_allow_list();
+// True for tcp:// endpoints bound to a loopback address, and for ipc://.
+bool endpoint_is_local(std::string_view zmq_endpoint);
+
+struct Topology {
+  std::string source_path;  // file it was loaded from ("" for defaults)
+
+  struct Listeners {
+    proto::HostPort http{"0.0.0.0", 10001};
+    std::string discovery = "tcp://*:36367";  // ZMQ endpoint; "tcp://host:0" binds an ephemeral port
+    // Optional second discovery endpoint speaking CURVE (needs discovery.curve.secret_key_file);
+    // "" = none. Plain vLLM nodes use `discovery`, sidecars that hold keys use this one.
+    std::string discovery_curve;
+    // Operator listener: when set, /admin/*, /instances/add, /status, /metrics, /start_profile
+    // and /stop_profile are served only here (404 on `http`). Unset: all on `http`.
+    std::optional<proto::HostPort> admin;
+  } listeners;
+
+  uint32_t workers = 0;  // HTTP worker loops; 0 = one per core
+
+  struct Discovery {
+    std::chrono::milliseconds ttl{5000};            // default instance TTL after its last message
+    std::chrono::milliseconds min_ttl{1000};        // bounds for a node-requested ttl_ms
+    std::chrono::milliseconds max_ttl{300000};
+    std::chrono::milliseconds expired_retention{60000};  // expired entries stay visible this long
+    uint32_t max_instances = 4096;
+    uint32_t max_message_bytes = 64 * 1024;
+    std::string auth_token;        // resolved secret ("" = no authentication)
+    std::string auth_token_env;    // where it came from (for /status; never the secret itself)
+    bool allow_unauthenticated_vllm = true;  // plain vLLM dialects cannot carry a token
+    // Who may connect to the plain endpoint (and to the CURVE one when it has no client key
+    // list), checked at the ZMQ handshake: peers elsewhere never get a message in.
+    AllowList allowed_peers = loopback_allow_list();
+    // Required to start when the allow list admits every address on an endpoint reachable from
+    // the network: anyone who reaches the port could then register nodes that get client traffic.
+    bool allow_open = false;
+    // Registered entries per admission class ("open", "address", "token", "curve").
+    std::array<uint32_t, kAdmissionClasses> max_instances_per_class{256, 4096, 4096, 4096};
+    struct Curve {
+      std::string secret_key_file;   // server key (bare Z85 secret or a ZPL certificate)
+      CurveKeyPair server_keys;      // resolved from secret_key_file
+      std::string allowed_client_keys_file;          // one public key per line / certificates
+      std::vector<std::string> allowed_client_keys;  // resolved, Z85; empty = admit by address
+    } curve;
+    // True when the plain endpoint (or a keyless CURVE one) admits any address from the network.
+    bool open_to_network(const std::string& plain_endpoint, const std::string& curve_endpoint) const;
+  } discovery;
+
+  struct Policies {
+    PolicyName prefill = PolicyName::kRoundRobin;
+    PolicyName decode = PolicyName::kRoundRobin;
+    std::string affinity_header;   // for kAffinity: hash this header if present
+    uint32_t affinity_prefix_bytes = 256;  // else hash the first N bytes of the prompt
+  } policies;
+
+  struct Connectors {
+    proto::Connector default_connector = proto::Connector::kMoriio;
+    proto::TransferMode default_transfer_mode = proto::TransferMode::kWrite;
+    uint16_t mooncake_bootstrap_port = 8998;
+    std::string upstream_api_key;      // resolved secret sent as Authorization (replaces the client's)
+    std::string upstream_api_key_env;  // its source
+  } connectors;
+
+  struct Timeouts {
+    std::chrono::milliseconds connect{2000};
+    std::chrono::milliseconds prefill{60000};
+    std::chrono::milliseconds first_byte{60000};
+    std::chrono::milliseconds stream_idle{60000};
+    std::chrono::milliseconds header_read{10000};
+    // A request body must arrive whole within this, counted from the end of its headers (408
+    // after it), however often bytes trickle in: bounds how long a slow body holds a connection.
+    std::chrono::milliseconds body_read{30000};
+    std::chrono::milliseconds keep_alive_idle{60000};
+    std::chrono::milliseconds drain{30000};
+    // A stream paused for a client that does not read (back-pressure) is aborted, both legs
+    // closed, when the client's queued bytes have not gone down for this long.
+    std::chrono::milliseconds client_write{30000};
+    // Whole request, admission to the last byte; 0 = no deadline. Past it: 504 request_deadline
+    // (an error event if the stream began) and both legs closed.
+    std::chrono::milliseconds request{0};
+  } timeouts;
+
+  struct Retries {
+    uint32_t prefill_attempts = 2;  // total tries, >= 1
+    uint32_t decode_attempts = 2;
+    // Passive health (router/proxy/ejection.h): a node is skipped for eject_ms after this many
+    // legs in a row could not connect to it; 0 = never.
+    uint32_t eject_after_connect_failures = 3;
+    std::chrono::milliseconds eject{5000};
+  } retries;
+
+  struct Limits {
+    uint32_t max_body_bytes = 32 * 1024 * 1024;
+    uint32_t max_header_bytes = 64 * 1024;
+    uint32_t max_concurrent_requests = 4096;
+    uint32_t max_connections = 16384;
+    // Bytes of request bodies and buffered (non-stream) answers held at once by all workers
+    // together; a request or an answer that would go over it is refused (503 memory_budget).
+    // 0 = no budget.
+    uint32_t max_buffered_bytes = 1u << 30;
+  } limits;
+
+  struct Admin {
+    std::string api_key;       // resolved secret ("" = admin API disabled)
+    std::string api_key_env;   // source: environment variable name
+    std::string api_key_file;  // or source: file path
+    bool protect_status = false;  // GET /status requires the admin key as /admin/* does
+  } admin;
+
+  std::vector<StaticInstance> static_instances;
+};
+
+// Parses and validates YAML text. `filename` only labels errors. On error the Status message reads
+// "FILE:LINE:COLUMN: KEY.PATH: what is wrong" (1-based line/column of the offending node) and `out`
+// is untouched. Secrets named by *_env / *_file keys are resolved here (a missing variable or
+// unreadable file is an error). Unknown keys are errors (typos must not pass silently).
+Status parse_topology(std::string_view yaml_text, std::string_view filename, Topology* out);
+// Reads the file (size limit 1 MiB) then parse_topology.
+Status load_topology_file(const std::string& path, Topology* out);
+
+}  // namespace pdr::discovery

@@ -1,0 +1,519 @@
+// Topology YAML -> validated plain structs: the schema (which sections and keys exist, their
+// ranges, cross-field rules). Generic YAML reading is in yaml_reader.h, secret resolution in
+// topology_secrets.h, listener address checks in topology_addresses.h. Every yaml-cpp exception is
+// caught here and becomes a Status whose message starts with FILE:LINE:COL.
+#include <fmt/format.h>
+#include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/yaml.h>
+
+#include <array>
+#include <climits>
+#include <exception>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "config/instance_spec.h"
+#include "config/topology.h"
+#include "config/topology_addresses.h"
+#include "config/topology_secrets.h"
+#include "config/yaml_reader.h"
+
+namespace pdr::discovery {
+
+std::string_view to_string(PolicyName policy) {
+  switch (policy) {
+    case PolicyName::kRoundRobin:
+      return "round_robin";
+    case PolicyName::kLeastOutstanding:
+      return "least_outstanding";
+    case PolicyName::kPowerOfTwo:
+      return "power_of_two";
+    case PolicyName::kAffinity:
+      return "affinity";
+  }
+  return "unknown";
+}
+
+bool parse_policy_name(std::string_view text, PolicyName* out) {
+  for (PolicyName p : {PolicyName::kRoundRobin, PolicyName::kLeastOutstanding,
+                       PolicyName::kPowerOfTwo, PolicyName::kAffinity}) {
+    if (text == to_string(p)) {
+      *out = p;
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
+using yaml::describe;
+using yaml::fail;
+using yaml::fail_at;
+using yaml::Field;
+using yaml::has_control_chars;
+using yaml::kMaxStringBytes;
+using yaml::MapReader;
+using yaml::quoted_excerpt;
+using yaml::read_string;
+using yaml::read_uint;
+using yaml::Source;
+
+constexpr size_t kMaxFileBytes = 1 << 20;
+constexpr uint64_t kMaxWorkers = 256;
+constexpr uint64_t kDayMs = 24ull * 3600 * 1000;
+constexpr std::string_view kPolicyNames = "round_robin, least_outstanding, power_of_two, affinity";
+
+// Parsers outside this file (addresses, instance_spec.h names) report no position of their own;
+// point their Status at the value parsed.
+Status at_value(const Source& src, const Field& f, const Status& s) {
+  return fail(src, f, s.code(), s.message());
+}
+
+// A string value turned into T by one of those parsers.
+template <typename T>
+Status read_parsed(const Source& src, const Field& v, Status (*parse)(std::string_view, T*), T* out) {
+  std::string text;
+  Status s = read_string(src, v, kMaxStringBytes, &text);
+  if (!s) return s;  // already positioned
+  s = parse(text, out);
+  return s ? s : at_value(src, v, s);
+}
+
+// ---- sections ---------------------------------------------------------------------------------
+
+Status read_listeners(const Source& src, const Field& f, Topology::Listeners* out) {
+  MapReader r(src, f);
+  r.with("http", [&](const Field& v) { return read_parsed(src, v, &parse_listen_address, &out->http); });
+  r.with("admin", [&](const Field& v) {
+    proto::HostPort hp;
+    Status s = read_parsed(src, v, &parse_listen_address, &hp);
+    if (s) out->admin = hp;
+    return s;
+  });
+  r.with("discovery", [&](const Field& v) {
+    std::string text;
+    Status s = read_string(src, v, kMaxStringBytes, &text);
+    if (!s) return s;
+    s = validate_zmq_endpoint(text);
+    if (!s) return at_value(src, v, s);
+    out->discovery = std::move(text);
+    return s;
+  });
+  r.with("discovery_curve", [&](const Field& v) {
+    std::string text;
+    Status s = read_string(src, v, kMaxStringBytes, &text);
+    if (!s || text.empty()) return s;
+    s = validate_zmq_endpoint(text);
+    if (!s) return at_value(src, v, s);
+    out->discovery_curve = std::move(text);
+    return s;
+  });
+  return r.finish();
+}
+
+Status read_allowed_peers(const Source& src, const Field& f, AllowList* out) {
+  if (!f.value.IsSequence()) {
+    return fail(src, f, StatusCode::kWrongType,
+                fmt::format("expected a list of CIDRs (e.g. [\"10.0.0.0/8\"]), got {}", describe(f.value)));
+  }
+  AllowList list;
+  size_t i = 0;
+  for (auto it = f.value.begin(); it != f.value.end(); ++it, ++i) {
+    Field item{YAML::Node(), *it, fmt::format("{}[{}]", f.path, i)};
+    std::string text;
+    Status s = read_string(src, item, 64, &text);
+    if (!s) return s;
+    Cidr cidr;
+    s = parse_cidr(text, &cidr);
+    if (!s) return at_value(src, item, s);
+    list.cidrs.push_back(cidr);
+  }
+  *out = std::move(list);
+  return Status::ok();
+}
+
+Status read_class_caps(const Source& src, const Field& f, std::array<uint32_t, kAdmissionClasses>* out) {
+  MapReader r(src, f);
+  for (size_t c = 0; c < kAdmissionClasses; ++c) {
+    r.u32(to_string(static_cast<AdmissionClass>(c)), 0, 1'000'000, &(*out)[c]);
+  }
+  return r.finish();
+}
+
+Status read_curve(const Source& src, const Field& f, Topology::Discovery::Curve* out) {
+  MapReader r(src, f);
+  read_text_file(src, r, "secret_key_file", 64 * 1024, &out->secret_key_file, [&](const Field& at, std::string_view text) {
+    Status s = parse_curve_secret_key(text, &out->server_keys);
+    return s ? s : fail(src, at, s.code(), fmt::format("'{}': {}", out->secret_key_file, s.message()));
+  });
+  read_text_file(src, r, "allowed_client_keys_file", 8 << 20, &out->allowed_client_keys_file,
+                 [&](const Field& at, std::string_view text) {
+                   Status s = parse_curve_public_keys(text, &out->allowed_client_keys);
+                   if (s && out->allowed_client_keys.empty()) {
+                     s = Status(StatusCode::kInvalidValue, "holds no key (an empty list would admit no sidecar)");
+                   }
+                   return s ? s : fail(src, at, s.code(), fmt::format("'{}': {}", out->allowed_client_keys_file, s.message()));
+                 });
+  return r.finish();
+}
+
+Status read_discovery(const Source& src, const Field& f, Topology::Discovery* out) {
+  MapReader r(src, f);
+  r.ms("ttl_ms", 1, kDayMs, &out->ttl);
+  r.ms("min_ttl_ms", 1, kDayMs, &out->min_ttl);
+  r.ms("max_ttl_ms", 1, kDayMs, &out->max_ttl);
+  r.ms("expired_retention_ms", 0, kDayMs, &out->expired_retention);
+  r.u32("max_instances", 1, 1'000'000, &out->max_instances);
+  r.u32("max_message_bytes", 256, 16u << 20, &out->max_message_bytes);
+  read_env_secret(src, r, "auth_token_env", &out->auth_token_env, &out->auth_token);
+  r.boolean("allow_unauthenticated_vllm", &out->allow_unauthenticated_vllm);
+  r.with("allowed_peers", [&](const Field& v) { return read_allowed_peers(src, v, &out->allowed_peers); });
+  r.boolean("allow_open", &out->allow_open);
+  // Caps not given follow max_instances (open: at most 256 of them).
+  constexpr uint32_t kUnset = UINT32_MAX;
+  std::array<uint32_t, kAdmissionClasses> caps;
+  caps.fill(kUnset);
+  r.with("max_instances_per_class", [&](const Field& v) { return read_class_caps(src, v, &caps); });
+  r.with("curve", [&](const Field& v) { return read_curve(src, v, &out->curve); });
+  for (size_t c = 0; c < kAdmissionClasses; ++c) {
+    if (caps[c] != kUnset) {
+      out->max_instances_per_class[c] = caps[c];
+    } else {
+      out->max_instances_per_class[c] =
+          c == static_cast<size_t>(AdmissionClass::kOpen) ? std::min(256u, out->max_instances) : out->max_instances;
+    }
+  }
+  if (r.ok() && !(out->min_ttl <= out->ttl && out->ttl <= out->max_ttl)) {
+    const Field* at = r.take("ttl_ms");
+    if (at == nullptr) at = r.take("min_ttl_ms");
+    if (at == nullptr) at = r.take("max_ttl_ms");
+    r.record(fail(src, at ? *at : f, StatusCode::kOutOfRange,
+                  fmt::format("need min_ttl_ms <= ttl_ms <= max_ttl_ms, got {} <= {} <= {}",
+                              out->min_ttl.count(), out->ttl.count(), out->max_ttl.count())));
+  }
+  return r.finish();
+}
+
+bool is_http_token(std::string_view s) {
+  constexpr std::string_view kSpecials = "!#$%&'*+-.^_`|~";
+  return std::all_of(s.begin(), s.end(), [&](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+           kSpecials.find(c) != std::string_view::npos;
+  });
+}
+
+Status read_policies(const Source& src, const Field& f, Topology::Policies* out) {
+  MapReader r(src, f);
+  r.name("prefill", &parse_policy_name, "policy", kPolicyNames, &out->prefill);
+  r.name("decode", &parse_policy_name, "policy", kPolicyNames, &out->decode);
+  r.with("affinity_header", [&](const Field& v) {
+    Status s = read_string(src, v, 256, &out->affinity_header);
+    if (s && !is_http_token(out->affinity_header)) {
+      return fail(src, v, StatusCode::kInvalidValue, "not a valid HTTP header name");
+    }
+    return s;
+  });
+  r.u32("affinity_prefix_bytes", 1, 1u << 20, &out->affinity_prefix_bytes);
+  return r.finish();
+}
+
+Status read_connectors(const Source& src, const Field& f, Topology::Connectors* out) {
+  MapReader r(src, f);
+  r.with("default", [&](const Field& v) {
+    return read_parsed(src, v, &parse_instance_connector, &out->default_connector);
+  });
+  r.with("default_transfer_mode", [&](const Field& v) {
+    std::string text;
+    Status s = read_string(src, v, kMaxStringBytes, &text);
+    if (!s) return s;
+    proto::TransferMode m = proto::TransferMode::kNone;
+    if (!proto::parse_transfer_mode(text, &m) || m == proto::TransferMode::kNone) {
+      return fail(
+          src, v, StatusCode::kInvalidValue,
+          fmt::format("unknown transfer mode {} (expected READ or WRITE)", quoted_excerpt(text)));
+    }
+    out->default_transfer_mode = m;
+    return s;
+  });
+  r.port("mooncake_bootstrap_port", &out->mooncake_bootstrap_port);
+  read_env_secret(src, r, "upstream_api_key_env", &out->upstream_api_key_env,
+                  &out->upstream_api_key);
+  return r.finish();
+}
+
+Status read_timeouts(const Source& src, const Field& f, Topology::Timeouts* out) {
+  MapReader r(src, f);
+  r.ms("connect_ms", 1, 10 * 60 * 1000, &out->connect);
+  r.ms("prefill_ms", 1, kDayMs, &out->prefill);
+  r.ms("first_byte_ms", 1, kDayMs, &out->first_byte);
+  r.ms("stream_idle_ms", 1, kDayMs, &out->stream_idle);
+  r.ms("header_read_ms", 1, kDayMs, &out->header_read);
+  r.ms("body_read_ms", 1, kDayMs, &out->body_read);
+  r.ms("keep_alive_idle_ms", 1, kDayMs, &out->keep_alive_idle);
+  r.ms("drain_ms", 0, kDayMs, &out->drain);
+  r.ms("client_write_ms", 1, kDayMs, &out->client_write);
+  r.ms("request_ms", 0, kDayMs, &out->request);
+  return r.finish();
+}
+
+Status read_retries(const Source& src, const Field& f, Topology::Retries* out) {
+  MapReader r(src, f);
+  r.u32("prefill_attempts", 1, 16, &out->prefill_attempts);
+  r.u32("decode_attempts", 1, 16, &out->decode_attempts);
+  r.u32("eject_after_connect_failures", 0, 1000, &out->eject_after_connect_failures);
+  r.ms("eject_ms", 1, kDayMs, &out->eject);
+  return r.finish();
+}
+
+Status read_limits(const Source& src, const Field& f, Topology::Limits* out) {
+  MapReader r(src, f);
+  r.u32("max_body_bytes", 1, 1u << 31, &out->max_body_bytes);
+  r.u32("max_header_bytes", 1024, 16u << 20, &out->max_header_bytes);
+  r.u32("max_concurrent_requests", 1, 10'000'000, &out->max_concurrent_requests);
+  r.u32("max_connections", 1, 10'000'000, &out->max_connections);
+  r.u32("max_buffered_bytes", 0, 0xFFFFFFFFu, &out->max_buffered_bytes);
+  return r.finish();
+}
+
+Status read_admin(const Source& src, const Field& f, Topology::Admin* out) {
+  MapReader r(src, f);
+  read_env_secret(src, r, "api_key_env", &out->api_key_env, &out->api_key);
+  read_file_secret(src, r, "api_key_file", &out->api_key_file, &out->api_key);
+  r.boolean("protect_status", &out->protect_status);
+  if (r.ok() && !out->api_key_env.empty() && !out->api_key_file.empty()) {
+    r.record(fail(src, *r.take("api_key_file"), StatusCode::kInvalidValue,
+                  "set api_key_env or api_key_file, not both"));
+  }
+  return r.finish();
+}
+
+Status read_labels(const Source& src, const Field& f, proto::Labels* out) {
+  if (f.value.IsNull()) return Status::ok();
+  if (!f.value.IsMap()) {
+    return fail(src, f, StatusCode::kWrongType,
+                fmt::format("expected a map of labels, got {}", describe(f.value)));
+  }
+  MapReader r(src, f);
+  if (!r.ok()) return r.status();
+  std::map<std::string, std::string> sorted;
+  for (auto it = f.value.begin(); it != f.value.end(); ++it) {
+    const std::string key = it->first.Scalar();
+    Field entry{it->first, it->second, f.path + "." + key};
+    if (key.empty() || key.size() > kMaxLabelKeyBytes || has_control_chars(key)) {
+      return fail_at(src, it->first.Mark(), f.path, StatusCode::kInvalidValue,
+                     fmt::format("label key must be 1..{} printable bytes", kMaxLabelKeyBytes));
+    }
+    std::string value;
+    Status s = read_string(src, entry, kMaxLabelValueBytes, &value);
+    if (!s) return s;
+    sorted.emplace(key, std::move(value));
+  }
+  if (sorted.size() > kMaxLabels) {
+    return fail(src, f, StatusCode::kTooLarge,
+                fmt::format("{} labels (limit {})", sorted.size(), kMaxLabels));
+  }
+  out->assign(sorted.begin(), sorted.end());
+  return Status::ok();
+}
+
+// The connector rules live in instance_spec.h (shared with the admin API); this points their
+// errors at the YAML key to blame.
+Status check_connector_fields(const Source& src, MapReader& r, const Topology::Connectors& defaults,
+                              StaticInstance* inst) {
+  const Field* zmq = r.take("zmq_address");
+  const Field* mode = r.take("transfer_mode");
+  std::string_view field;
+  Status s = check_instance_connector_fields(defaults, {zmq != nullptr, mode != nullptr}, inst, &field);
+  if (s) return s;
+  const Field* at = field == "zmq_address" ? zmq : field == "transfer_mode" ? mode : nullptr;
+  return fail(src, at != nullptr ? *at : r.self(), s.code(), s.message());
+}
+
+Status read_instance(const Source& src, const Field& f, const Topology::Connectors& defaults,
+                     StaticInstance* out) {
+  if (!f.value.IsMap()) {
+    return fail(src, f, StatusCode::kWrongType,
+                fmt::format("expected a map describing an instance, got {}", describe(f.value)));
+  }
+  StaticInstance inst;
+  inst.connector = defaults.default_connector;
+  MapReader r(src, f);
+  bool has_role = false;
+  bool has_http = false;
+  r.with("role", [&](const Field& v) {
+    has_role = true;
+    return read_parsed(src, v, &parse_instance_role, &inst.role);
+  });
+  r.with("http_address", [&](const Field& v) {
+    has_http = true;
+    return read_parsed(src, v, &proto::parse_host_port, &inst.http_address);
+  });
+  r.with("connector", [&](const Field& v) {
+    return read_parsed(src, v, &parse_instance_connector, &inst.connector);
+  });
+  r.with("transfer_mode", [&](const Field& v) {
+    return read_parsed(src, v, &parse_instance_transfer_mode, &inst.transfer_mode);
+  });
+  r.str("zmq_address", kMaxStringBytes, &inst.zmq_address);
+  r.u32("dp_size", 1, kMaxParallelSize, &inst.dp_size);
+  r.u32("tp_size", 1, kMaxParallelSize, &inst.tp_size);
+  r.with("bootstrap_port", [&](const Field& v) {
+    uint64_t port = 0;
+    Status s = read_uint(src, v, 1, 65535, &port, "a port number");
+    if (s) inst.bootstrap_port = static_cast<uint16_t>(port);
+    return s;
+  });
+  r.str("model", kMaxStringBytes, &inst.model);
+  r.with("labels", [&](const Field& v) { return read_labels(src, v, &inst.labels); });
+  if (r.ok() && !has_role)
+    r.record(fail(src, f, StatusCode::kMissingKey, "missing key 'role' (prefill or decode)"));
+  if (r.ok() && !has_http)
+    r.record(fail(src, f, StatusCode::kMissingKey, "missing key 'http_address' (host:port)"));
+  if (r.ok()) r.record(check_connector_fields(src, r, defaults, &inst));
+  Status s = r.finish();
+  if (s) *out = std::move(inst);
+  return s;
+}
+
+Status read_instances(const Source& src, const Field& f, const Topology::Connectors& defaults,
+                      std::vector<StaticInstance>* out) {
+  if (f.value.IsNull()) return Status::ok();
+  if (!f.value.IsSequence()) {
+    return fail(src, f, StatusCode::kWrongType,
+                fmt::format("expected a list of instances, got {}", describe(f.value)));
+  }
+  std::vector<StaticInstance> list;
+  std::map<std::string, size_t> index_by_address;
+  size_t i = 0;
+  for (auto it = f.value.begin(); it != f.value.end(); ++it, ++i) {
+    Field item{YAML::Node(), *it, fmt::format("{}[{}]", f.path, i)};
+    StaticInstance inst;
+    Status s = read_instance(src, item, defaults, &inst);
+    if (!s) return s;
+    auto [prev, inserted] = index_by_address.emplace(inst.http_address.to_string(), i);
+    if (!inserted) {
+      const YAML::Node addr = (*it)["http_address"];
+      return fail_at(
+          src, addr.Mark(), item.path + ".http_address", StatusCode::kInvalidValue,
+          fmt::format("duplicate instance {} (also {}[{}])", prev->first, f.path, prev->second));
+    }
+    list.push_back(std::move(inst));
+  }
+  *out = std::move(list);
+  return Status::ok();
+}
+
+Status read_workers(const Source& src, const Field& f, uint32_t* out) {
+  uint64_t v = 0;
+  Status s = read_uint(src, f, 0, kMaxWorkers, &v);
+  if (s) *out = static_cast<uint32_t>(v);
+  return s;
+}
+
+// Cross-section rules of discovery admission (listeners + discovery).
+Status check_discovery_admission(const Source& src, const YAML::Node& root, const Topology& t) {
+  const YAML::Node discovery = root.IsMap() ? root["discovery"] : YAML::Node();
+  const YAML::Mark mark = discovery.IsDefined() ? discovery.Mark() : root.Mark();
+  const bool has_curve_key = !t.discovery.curve.server_keys.secret_z85.empty();
+  if (!t.listeners.discovery_curve.empty() && !has_curve_key) {
+    return fail_at(src, mark, "listeners.discovery_curve", StatusCode::kMissingKey,
+                   "a CURVE endpoint needs discovery.curve.secret_key_file (make one with `pdnode keygen`)");
+  }
+  if (t.listeners.discovery_curve == t.listeners.discovery) {
+    return fail_at(src, mark, "listeners.discovery_curve", StatusCode::kInvalidValue,
+                   "must differ from listeners.discovery");
+  }
+  if (t.discovery.open_to_network(t.listeners.discovery, t.listeners.discovery_curve) && !t.discovery.allow_open) {
+    return fail_at(src, mark, "discovery.allowed_peers", StatusCode::kInvalidValue,
+                   fmt::format("admits every address on {}, which the network can reach: anyone could "
+                               "register nodes that receive client prompts. List your node networks "
+                               "instead, or set discovery.allow_open: true to run it open",
+                               t.listeners.discovery));
+  }
+  return Status::ok();
+}
+
+Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
+  Topology t;
+  MapReader r(src, Field{YAML::Node(), root, ""});
+  r.with("listeners", [&](const Field& f) { return read_listeners(src, f, &t.listeners); });
+  r.with("workers", [&](const Field& f) { return read_workers(src, f, &t.workers); });
+  r.with("discovery", [&](const Field& f) { return read_discovery(src, f, &t.discovery); });
+  r.with("policies", [&](const Field& f) { return read_policies(src, f, &t.policies); });
+  r.with("connectors", [&](const Field& f) { return read_connectors(src, f, &t.connectors); });
+  r.with("timeouts", [&](const Field& f) { return read_timeouts(src, f, &t.timeouts); });
+  r.with("retries", [&](const Field& f) { return read_retries(src, f, &t.retries); });
+  r.with("limits", [&](const Field& f) { return read_limits(src, f, &t.limits); });
+  r.with("admin", [&](const Field& f) { return read_admin(src, f, &t.admin); });
+  // After connectors: instance defaults come from there.
+  r.with("instances",
+         [&](const Field& f) { return read_instances(src, f, t.connectors, &t.static_instances); });
+  Status s = r.finish();
+  if (s) s = check_discovery_admission(src, root, t);
+  if (s) *out = std::move(t);
+  return s;
+}
+
+Status parse_text(const Source& src, std::string_view yaml_text, Topology* out) {
+  const std::string text(yaml_text);
+  Status s = yaml::check_event_budget(src, text);
+  if (!s) return s;
+  std::vector<YAML::Node> docs = YAML::LoadAll(text);
+  if (docs.empty()) {
+    *out = Topology{};
+    return Status::ok();
+  }
+  if (docs.size() > 1) {
+    return fail_at(src, docs[1].Mark(), "", StatusCode::kInvalidValue,
+                   "more than one YAML document (only one topology per file)");
+  }
+  size_t nodes = 0;
+  s = yaml::check_tree_size(src, docs[0], 1, &nodes);
+  if (!s) return s;
+  if (!docs[0].IsNull() && !docs[0].IsMap()) {
+    return fail_at(src, docs[0].Mark(), "", StatusCode::kWrongType,
+                   fmt::format("top level must be a map, got {}", describe(docs[0])));
+  }
+  return read_topology(src, docs[0], out);
+}
+
+}  // namespace
+
+Status parse_topology(std::string_view yaml_text, std::string_view filename, Topology* out) {
+  Source src{filename.empty() ? std::string("<topology>") : std::string(filename)};
+  if (yaml_text.size() > kMaxFileBytes) {
+    return Status(StatusCode::kTooLarge,
+                  fmt::format("{}: topology is {} bytes (limit {})", src.filename, yaml_text.size(),
+                              kMaxFileBytes));
+  }
+  try {
+    return parse_text(src, yaml_text, out);
+  } catch (const YAML::DeepRecursion& e) {
+    return fail_at(src, e.mark, "", StatusCode::kTooDeep, "invalid YAML: nesting is too deep");
+  } catch (const YAML::ParserException& e) {
+    return fail_at(src, e.mark, "", StatusCode::kMalformed, "invalid YAML: " + e.msg);
+  } catch (const YAML::Exception& e) {
+    return fail_at(src, e.mark, "", StatusCode::kInvalidValue, e.msg);
+  } catch (const std::exception& e) {
+    return Status(StatusCode::kInternal, fmt::format("{}: {}", src.filename, e.what()));
+  }
+}
+
+Status load_topology_file(const std::string& path, Topology* out) {
+  std::string text;
+  Status s = read_small_file(path, kMaxFileBytes, &text);
+  if (!s) return Status(s.code(), fmt::format("{}: {}", path, s.message()));
+  Topology t;
+  s = parse_topology(text, path, &t);
+  if (!s) return s;
+  t.source_path = path;
+  *out = std::move(t);
+  return Status::ok();
+}
+
+}  // namespace pdr::discovery

@@ -1,0 +1,128 @@
+#include "config/topology_store.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cctype>
+#include <fstream>
+#include <utility>
+
+namespace pdr::discovery {
+
+namespace {
+
+// An empty file parses as the all-defaults topology, but on a reload it is nearly always a
+// writer caught between truncating and writing (`cat good > topology.yaml`, `cp`), or a file
+// emptied by mistake: applying it would drop every static instance and disable the admin API
+// (attacks-2026-11 bug 9). So a reload refuses a file with nothing but whitespace; start-up
+// still accepts it (defaults, as documented).
+Status refuse_empty_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::ok();  // load_topology_file reports why it cannot be opened
+  char buffer[4096];
+  uint64_t total = 0;
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    const std::streamsize got = in.gcount();
+    for (std::streamsize i = 0; i < got; ++i) {
+      if (!std::isspace(static_cast<unsigned char>(buffer[i]))) return Status::ok();
+    }
+    total += static_cast<uint64_t>(got);
+    if (total > (1u << 20)) return Status::ok();  // over the size limit: load_topology_file says so
+  }
+  return Status(StatusCode::kInvalidValue,
+                fmt::format("{}: the file is empty{}; refusing to reload an empty topology (it would "
+                            "reset everything to defaults). Write the full topology, or restart "
+                            "pdrouter to run on defaults",
+                            path, total == 0 ? "" : " (whitespace only)"));
+}
+
+}  // namespace
+
+TopologyStore::TopologyStore() : cell_(std::make_shared<const Topology>()) {}
+
+Status TopologyStore::load_initial(const std::string& path) {
+  auto loaded = std::make_shared<Topology>();
+  if (!path.empty()) {
+    Status s = load_topology_file(path, loaded.get());
+    if (!s) return s;
+  }
+  path_ = path;
+  cell_.publish(std::move(loaded));
+  return Status::ok();
+}
+
+Status TopologyStore::reload() {
+  std::lock_guard<std::mutex> serialise(reload_mutex_);
+  if (path_.empty())
+    return Status(StatusCode::kNotFound, "no topology file was given; nothing to reload");
+  auto next = std::make_shared<Topology>();
+  Status s = refuse_empty_file(path_);
+  if (s) s = load_topology_file(path_, next.get());
+  if (!s) {
+    reloads_failed_.fetch_add(1, std::memory_order_relaxed);
+    record_outcome(s);
+    spdlog::warn("topology reload rejected, keeping the current one: {}", s.message());
+    return s;
+  }
+  std::shared_ptr<const Topology> old = cell_.load();
+  std::shared_ptr<const Topology> published = std::move(next);
+  cell_.publish(published);
+  reloads_ok_.fetch_add(1, std::memory_order_relaxed);
+  record_outcome(s);
+  spdlog::info("topology reloaded from {} ({} static instances)", path_,
+               published->static_instances.size());
+
+  // Copied so a listener may take its time without holding the lock add_listener() needs.
+  std::vector<Listener> listeners;
+  {
+    std::lock_guard<std::mutex> lock(listeners_mutex_);
+    listeners = listeners_;
+  }
+  for (const Listener& listener : listeners) listener(*old, *published);
+  return Status::ok();
+}
+
+void TopologyStore::add_listener(Listener listener) {
+  std::lock_guard<std::mutex> lock(listeners_mutex_);
+  listeners_.push_back(std::move(listener));
+}
+
+std::string TopologyStore::last_error() const {
+  std::lock_guard<std::mutex> lock(outcome_mutex_);
+  return last_error_;
+}
+
+std::optional<TopologyStore::TimePoint> TopologyStore::last_reload() const {
+  std::lock_guard<std::mutex> lock(outcome_mutex_);
+  return last_reload_;
+}
+
+void TopologyStore::record_outcome(const Status& status) {
+  std::lock_guard<std::mutex> lock(outcome_mutex_);
+  last_error_ = status.is_ok() ? std::string() : status.message();
+  last_reload_ = std::chrono::system_clock::now();
+}
+
+std::vector<std::string> restart_required_changes(const Topology& a, const Topology& b) {
+  std::vector<std::string> changes;
+  if (a.listeners.http != b.listeners.http) {
+    changes.push_back(fmt::format("listeners.http: {} -> {}", a.listeners.http.to_string(),
+                                  b.listeners.http.to_string()));
+  }
+  if (a.listeners.admin != b.listeners.admin) {
+    auto text = [](const std::optional<proto::HostPort>& hp) {
+      return hp ? hp->to_string() : std::string("(unset)");
+    };
+    changes.push_back(fmt::format("listeners.admin: {} -> {}", text(a.listeners.admin),
+                                  text(b.listeners.admin)));
+  }
+  if (a.listeners.discovery != b.listeners.discovery) {
+    changes.push_back(
+        fmt::format("listeners.discovery: {} -> {}", a.listeners.discovery, b.listeners.discovery));
+  }
+  if (a.workers != b.workers)
+    changes.push_back(fmt::format("workers: {} -> {}", a.workers, b.workers));
+  return changes;
+}
+
+}  // namespace pdr::discovery

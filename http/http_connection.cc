@@ -1,0 +1,847 @@
+#include "http/http_connection.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cassert>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "http/http_worker.h"
+#include "http/json_error.h"
+
+namespace pdr::http {
+
+namespace {
+
+// After the last response on a closing connection: time allowed to flush it, then to receive
+// the client's FIN after ours. Closing while unread client bytes sit in our receive buffer makes
+// the kernel send RST, which can destroy the error response before the client reads it (the
+// classic 413-while-uploading case), hence the lingering close.
+constexpr uint64_t kFlushTimeoutMs = 30000;
+constexpr uint64_t kLingerTimeoutMs = 2000;
+// Pipelined input buffered while a response is pending, beyond the header limit, before we stop
+// reading from the socket.
+constexpr size_t kPipelineSlack = 64 * 1024;
+
+struct WriteReq {
+  uv_write_t req{};
+  std::string data;
+  HttpConnection* conn = nullptr;
+};
+
+template <typename Fn>
+void invoke_guarded(Fn& fn, const char* what) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    spdlog::error("http: {} callback threw: {}", what, e.what());
+  } catch (...) {
+    spdlog::error("http: {} callback threw a non-std exception", what);
+  }
+}
+
+bool has_forbidden_chars(std::string_view s) {
+  return s.find_first_of(std::string_view("\r\n\0", 3)) != std::string_view::npos;
+}
+
+std::string peer_name(uv_tcp_t* tcp) {
+  sockaddr_storage ss{};
+  int len = sizeof(ss);
+  if (uv_tcp_getpeername(tcp, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  char ip[64] = {0};
+  if (ss.ss_family == AF_INET) {
+    const auto* sin = reinterpret_cast<const sockaddr_in*>(&ss);
+    uv_ip4_name(sin, ip, sizeof(ip));
+    return std::string(ip) + ":" + std::to_string(ntohs(sin->sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+    uv_ip6_name(sin6, ip, sizeof(ip));
+    return "[" + std::string(ip) + "]:" + std::to_string(ntohs(sin6->sin6_port));
+  }
+  return "?";
+}
+
+HttpConnection* from_parser(llhttp_t* p) { return static_cast<HttpConnection*>(p->data); }
+
+// llhttp 8.1 accepts obs-fold (a header line continued by a line starting with SP or HTAB) and
+// its callbacks cannot tell it from a value split across reads, so the raw header bytes are
+// scanned here. RFC 9112 5.2 allows rejecting it; a front proxy reading folds differently from
+// us could otherwise be desynchronised. `state` carries the position across reads (0: inside a
+// line, 1: after a LF, 2: after LF CR). Returns true once the header block's empty line (or a
+// fold, then *fold is set) has been seen: the bytes after it are body or the next request.
+bool scan_header_bytes(const char* data, size_t len, uint8_t* state, bool* fold) {
+  for (size_t i = 0; i < len; ++i) {
+    const char c = data[i];
+    switch (*state) {
+      case 1:
+        if (c == ' ' || c == '\t') {
+          *fold = true;
+          return true;
+        }
+        if (c == '\n') return true;
+        *state = c == '\r' ? 2 : 0;
+        break;
+      case 2:
+        if (c == '\n') return true;
+        *state = 0;
+        break;
+      default:
+        if (c == '\n') *state = 1;
+        break;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+const llhttp_settings_t* HttpConnection::parser_settings() {
+  static const llhttp_settings_t settings = [] {
+    llhttp_settings_t s;
+    llhttp_settings_init(&s);
+    s.on_message_begin = &HttpConnection::on_message_begin;
+    s.on_url = &HttpConnection::on_url;
+    s.on_header_field = &HttpConnection::on_header_field;
+    s.on_header_value = &HttpConnection::on_header_value;
+    s.on_headers_complete = &HttpConnection::on_headers_complete;
+    s.on_body = &HttpConnection::on_body;
+    s.on_message_complete = &HttpConnection::on_message_complete;
+    return s;
+  }();
+  return &settings;
+}
+
+HttpConnection::HttpConnection(HttpWorker& worker) : worker_(worker) {
+  llhttp_init(&parser_, HTTP_REQUEST, parser_settings());
+  parser_.data = this;
+}
+
+HttpConnection::~HttpConnection() = default;
+
+int HttpConnection::accept(uv_stream_t* listener) {
+  int rc = tcp_.init(this, [&](uv_tcp_t* h) { return uv_tcp_init(worker_.loop(), h); });
+  if (rc < 0) return rc;
+  rc = uv_accept(listener, tcp_.stream());
+  if (rc < 0) {
+    tcp_.close();
+    return rc;
+  }
+  rc = timer_.init(this, [&](uv_timer_t* t) { return uv_timer_init(worker_.loop(), t); });
+  if (rc < 0) {
+    tcp_.close();
+    return rc;
+  }
+  uv_tcp_nodelay(tcp_.get(), 1);
+  peer_ = peer_name(tcp_.get());
+  self_ = shared_from_this();
+  arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(worker_.options().header_read_timeout.count()));
+  update_reading();
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Input
+
+void HttpConnection::on_alloc(uv_handle_t* h, size_t, uv_buf_t* buf) {
+  auto* self = detail::UvHandle<uv_tcp_t>::owner_of<HttpConnection>(h);
+  buf->base = self->worker_.read_buffer();
+  buf->len = self->worker_.read_buffer_size();
+}
+
+void HttpConnection::on_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
+  detail::UvHandle<uv_tcp_t>::owner_of<HttpConnection>(s)->handle_read(nread, buf);
+}
+
+void HttpConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
+  if (nread == 0) return;
+  if (nread < 0) {
+    if (nread != UV_EOF) spdlog::debug("http {}: read error: {}", peer_, uv_strerror(static_cast<int>(nread)));
+    close_now();
+    return;
+  }
+  switch (phase_) {
+    case Phase::kClosed:
+    case Phase::kFinishing:
+    case Phase::kLingering:
+      return;  // discarded: we are closing
+    case Phase::kDispatched:
+      inbuf_.append(buf->base, static_cast<size_t>(nread));
+      update_reading();
+      return;
+    case Phase::kReading:
+      break;
+  }
+  inbuf_.append(buf->base, static_cast<size_t>(nread));
+  if (!got_bytes_) {
+    got_bytes_ = true;
+    if ((timer_mode_ == TimerMode::kIdle || timer_mode_ == TimerMode::kFlush) && !output_blocked()) {
+      arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(worker_.options().header_read_timeout.count()));
+    }
+  }
+  // The body timer is NOT re-armed here: body_read_timeout bounds the whole body, so a client
+  // trickling a byte at a time cannot hold the connection and its partial body forever.
+  process_input();
+}
+
+void HttpConnection::process_input() {
+  if (processing_) return;  // re-entered from a handler that answered synchronously
+  processing_ = true;
+  const size_t max_header = worker_.options().max_header_bytes;
+  // Output back-pressure: no request is parsed (hence none answered) while kOutputHighWater
+  // response bytes wait for the client; on_write resumes here once they drain.
+  while (phase_ == Phase::kReading && inbuf_off_ < inbuf_.size() && !output_blocked()) {
+    got_bytes_ = true;
+    const char* data = inbuf_.data() + inbuf_off_;
+    const size_t len = inbuf_.size() - inbuf_off_;
+    if (!headers_done_ && !header_scan_done_) {
+      bool fold = false;
+      header_scan_done_ = scan_header_bytes(data, len, &header_scan_state_, &fold);
+      if (fold) {
+        worker_.stats().bad_requests.fetch_add(1, std::memory_order_relaxed);
+        send_error_and_close(400, "malformed HTTP request: obs-fold (a header line continued on the next line) is not accepted",
+                             "invalid_request_error", "bad_request");
+        break;
+      }
+    }
+    const llhttp_errno_t err = llhttp_execute(&parser_, data, len);
+    if (phase_ == Phase::kClosed) break;
+    size_t consumed = len;
+    if (err == HPE_PAUSED || err == HPE_PAUSED_UPGRADE) {
+      consumed = static_cast<size_t>(llhttp_get_error_pos(&parser_) - data);
+    } else if (err != HPE_OK) {
+      const int status = pending_error_status_ != 0 ? pending_error_status_ : 400;
+      if (status == 431) {
+        worker_.stats().header_too_large.fetch_add(1, std::memory_order_relaxed);
+        send_error_and_close(431, "request header fields too large", "invalid_request_error",
+                             "header_too_large");
+      } else if (status == 413) {
+        worker_.stats().body_too_large.fetch_add(1, std::memory_order_relaxed);
+        send_error_and_close(413, pending_error_reason_ ? pending_error_reason_ : "request body too large",
+                             "invalid_request_error", "body_too_large");
+      } else {
+        worker_.stats().bad_requests.fetch_add(1, std::memory_order_relaxed);
+        const char* reason = llhttp_get_error_reason(&parser_);
+        std::string msg = "malformed HTTP request (";
+        msg += llhttp_errno_name(err);
+        msg += "): ";
+        msg += reason ? reason : "parse error";
+        send_error_and_close(400, msg, "invalid_request_error", "bad_request");
+      }
+      break;
+    }
+    inbuf_off_ += consumed;
+    if (!headers_done_) {
+      // Backstop for bytes the per-field accounting does not see (line folding, whitespace).
+      header_fed_ += consumed;
+      if (header_fed_ > max_header + 4096) {
+        worker_.stats().header_too_large.fetch_add(1, std::memory_order_relaxed);
+        send_error_and_close(431, "request header fields too large", "invalid_request_error",
+                             "header_too_large");
+        break;
+      }
+    }
+    if (message_done_) {
+      message_done_ = false;
+      dispatch();
+      continue;
+    }
+    break;  // HPE_OK: all input consumed, need more
+  }
+  if (inbuf_off_ >= inbuf_.size()) {
+    inbuf_.clear();
+    inbuf_off_ = 0;
+  } else if (inbuf_off_ > 0 && phase_ == Phase::kReading) {
+    inbuf_.erase(0, inbuf_off_);
+    inbuf_off_ = 0;
+  }
+  processing_ = false;
+  if (phase_ == Phase::kReading && output_blocked() && timer_mode_ != TimerMode::kFlush) arm_flush_timer();
+  update_reading();
+}
+
+bool HttpConnection::add_header_bytes(size_t n) {
+  header_bytes_ += n;
+  return header_bytes_ <= worker_.options().max_header_bytes;
+}
+
+int HttpConnection::fail_parse(int status, const char* reason) {
+  pending_error_status_ = status;
+  pending_error_reason_ = reason;
+  llhttp_set_error_reason(&parser_, reason);
+  return HPE_USER;
+}
+
+int HttpConnection::on_message_begin(llhttp_t* p) {
+  HttpConnection* c = from_parser(p);
+  c->req_ = Request{};
+  c->in_header_value_ = false;
+  c->headers_done_ = false;
+  c->header_bytes_ = 0;
+  return 0;
+}
+
+int HttpConnection::on_url(llhttp_t* p, const char* at, size_t len) {
+  HttpConnection* c = from_parser(p);
+  if (!c->add_header_bytes(len)) return c->fail_parse(431, "request header fields too large");
+  c->req_.target.append(at, len);
+  return 0;
+}
+
+int HttpConnection::on_header_field(llhttp_t* p, const char* at, size_t len) {
+  HttpConnection* c = from_parser(p);
+  const bool new_field = c->in_header_value_ || c->req_.headers.empty();
+  if (!c->add_header_bytes(len + (new_field ? 4 : 0))) {
+    return c->fail_parse(431, "request header fields too large");
+  }
+  if (new_field) {
+    c->req_.headers.emplace_back();
+    c->in_header_value_ = false;
+  }
+  c->req_.headers.back().name.append(at, len);
+  return 0;
+}
+
+int HttpConnection::on_header_value(llhttp_t* p, const char* at, size_t len) {
+  HttpConnection* c = from_parser(p);
+  if (!c->add_header_bytes(len)) return c->fail_parse(431, "request header fields too large");
+  c->in_header_value_ = true;
+  if (c->req_.headers.empty()) c->req_.headers.emplace_back();
+  c->req_.headers.back().value.append(at, len);
+  return 0;
+}
+
+int HttpConnection::on_headers_complete(llhttp_t* p) {
+  HttpConnection* c = from_parser(p);
+  Request& r = c->req_;
+  const ServerOptions& opt = c->worker_.options();
+  c->headers_done_ = true;
+  r.method = llhttp_method_name(static_cast<llhttp_method_t>(p->method));
+  r.http_major = p->http_major;
+  r.http_minor = p->http_minor;
+  // Upgrades (WebSocket, h2c) are not supported: answer as plain HTTP, then close.
+  r.keep_alive = llhttp_should_keep_alive(p) != 0 && p->upgrade == 0;
+  const size_t q = r.target.find('?');
+  r.path = r.target.substr(0, q);
+  if (q != std::string::npos) r.query = r.target.substr(q + 1);
+
+  const bool has_length = (p->flags & F_CONTENT_LENGTH) != 0;
+  const bool chunked = (p->flags & F_CHUNKED) != 0;
+  if (has_length && p->content_length > opt.max_body_bytes) {
+    // Returning -1 stops the parser before any body byte is consumed.
+    c->pending_error_status_ = 413;
+    c->pending_error_reason_ = "request body too large (Content-Length exceeds the limit)";
+    return -1;
+  }
+  const bool body_expected = chunked || (has_length && p->content_length > 0);
+  if (body_expected) {
+    if (auto expect = r.header("expect");
+        expect && iequals(*expect, "100-continue") && (r.http_major > 1 || r.http_minor >= 1)) {
+      c->count_response(100);
+      c->queue_write("HTTP/1.1 100 Continue\r\n\r\n");
+      if (c->phase_ != Phase::kReading) return -1;
+    }
+    c->arm_timer(TimerMode::kBody, static_cast<uint64_t>(opt.body_read_timeout.count()));
+  } else {
+    c->arm_timer(TimerMode::kNone, 0);
+  }
+  return 0;
+}
+
+int HttpConnection::on_body(llhttp_t* p, const char* at, size_t len) {
+  HttpConnection* c = from_parser(p);
+  if (c->req_.body.size() + len > c->worker_.options().max_body_bytes) {
+    return c->fail_parse(413, "request body too large (chunked body exceeds the limit)");
+  }
+  c->req_.body.append(at, len);
+  return 0;
+}
+
+int HttpConnection::on_message_complete(llhttp_t* p) {
+  // Pause so execute() returns right after this message: pipelined bytes stay unparsed until
+  // the response is complete, which keeps responses in request order.
+  from_parser(p)->message_done_ = true;
+  return HPE_PAUSED;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exchange
+
+void HttpConnection::dispatch() {
+  phase_ = Phase::kDispatched;
+  ++seq_;
+  const uint64_t seq = seq_;
+  response_ = ResponseState::kNone;
+  raw_stream_ = false;
+  client_gone_ = false;
+  arm_timer(TimerMode::kNone, 0);
+  head_request_ = req_.method == "HEAD";
+  http10_ = req_.http_major == 1 && req_.http_minor == 0;
+  close_after_ = !req_.keep_alive || worker_.draining();
+  req_.peer = peer_;
+  req_.worker = worker_.index();
+  request_line_ = req_.method + " " + req_.target;
+  worker_.stats().requests.fetch_add(1, std::memory_order_relaxed);
+
+  Request req = std::move(req_);
+  req_ = Request{};
+  std::shared_ptr<HttpConnection> self = shared_from_this();
+  const char* failure = nullptr;
+  std::string what;
+  try {
+    worker_.handler()(std::move(req), ResponseWriter(self, seq));
+  } catch (const std::exception& e) {
+    failure = "exception";
+    what = e.what();
+  } catch (...) {
+    failure = "non-std exception";
+  }
+  if (failure != nullptr) {
+    // The writer passed to the handler was destroyed during unwinding (answering 500) unless the
+    // handler had moved it elsewhere; then its new holder still owns the response.
+    spdlog::error("http {}: handler threw ({}) on \"{}\": {}", peer_, failure, request_line_, what);
+  }
+}
+
+bool HttpConnection::writer_send(uint64_t seq, Response&& response) {
+  assert(HttpWorker::current() == &worker_);
+  if (!active(seq) || response_ != ResponseState::kNone) return false;
+  response_ = ResponseState::kDone;
+  std::string out = build_head(response.status, response.headers, false, response.body.size(), false);
+  if (!head_request_) out += response.body;
+  count_response(response.status);
+  spdlog::debug("http {} \"{}\" {} {}B", peer_, request_line_, response.status, response.body.size());
+  queue_write(std::move(out));
+  finish_response();
+  return true;
+}
+
+bool HttpConnection::writer_start_stream(uint64_t seq, int status, std::vector<Header>&& headers) {
+  assert(HttpWorker::current() == &worker_);
+  if (!active(seq) || response_ != ResponseState::kNone) return false;
+  response_ = ResponseState::kStreaming;
+  raw_stream_ = http10_;  // HTTP/1.0 has no chunked coding: close-delimited body
+  std::string out = build_head(status, headers, !raw_stream_, 0, true);
+  count_response(status);
+  spdlog::debug("http {} \"{}\" {} (stream)", peer_, request_line_, status);
+  queue_write(std::move(out));
+  return phase_ == Phase::kDispatched;
+}
+
+bool HttpConnection::writer_write(uint64_t seq, std::string_view chunk) {
+  assert(HttpWorker::current() == &worker_);
+  if (!active(seq) || response_ != ResponseState::kStreaming) return false;
+  if (chunk.empty() || head_request_) return true;
+  std::string out;
+  if (raw_stream_) {
+    out.assign(chunk);
+  } else {
+    char size_line[24];
+    const int n = snprintf(size_line, sizeof(size_line), "%zx\r\n", chunk.size());
+    out.reserve(static_cast<size_t>(n) + chunk.size() + 2);
+    out.append(size_line, static_cast<size_t>(n));
+    out.append(chunk);
+    out.append("\r\n");
+  }
+  queue_write(std::move(out));
+  return phase_ == Phase::kDispatched;
+}
+
+void HttpConnection::writer_end_stream(uint64_t seq) {
+  assert(HttpWorker::current() == &worker_);
+  if (!active(seq) || response_ != ResponseState::kStreaming) return;
+  response_ = ResponseState::kDone;
+  if (!raw_stream_ && !head_request_) queue_write("0\r\n\r\n");
+  finish_response();
+}
+
+size_t HttpConnection::writer_buffered_bytes(uint64_t seq) const {
+  return (seq == seq_ && phase_ != Phase::kClosed) ? buffered_ : 0;
+}
+
+void HttpConnection::writer_on_drain(uint64_t seq, std::function<void()> fn) {
+  if (active(seq) && response_ != ResponseState::kDone) on_drain_ = std::move(fn);
+}
+
+void HttpConnection::writer_on_client_close(uint64_t seq, std::function<void()> fn) {
+  if (seq == seq_ && client_gone_) {
+    if (fn) invoke_guarded(fn, "on_client_close");
+    return;
+  }
+  if (active(seq) && response_ != ResponseState::kDone) on_client_close_ = std::move(fn);
+}
+
+bool HttpConnection::writer_client_gone(uint64_t seq) const {
+  return phase_ == Phase::kClosed || (seq == seq_ && client_gone_);
+}
+
+void HttpConnection::writer_dropped(uint64_t seq) {
+  if (!active(seq) || response_ == ResponseState::kDone) return;
+  worker_.stats().handler_errors.fetch_add(1, std::memory_order_relaxed);
+  if (response_ == ResponseState::kNone) {
+    spdlog::warn("http {}: handler dropped \"{}\" without a response; answering 500", peer_, request_line_);
+    writer_send(seq, error_response(500, "the server produced no response for this request",
+                                    "server_error", "internal_error"));
+  } else {
+    spdlog::warn("http {}: stream for \"{}\" abandoned before its end; closing", peer_, request_line_);
+    clear_callbacks();
+    close_now();
+  }
+}
+
+void HttpConnection::writer_abort(uint64_t seq) {
+  if (!active(seq) || response_ == ResponseState::kDone) return;
+  clear_callbacks();
+  response_ = ResponseState::kDone;  // the handler chose this: not a client abort
+  spdlog::debug("http {}: \"{}\" aborted by its handler", peer_, request_line_);
+  close_now();
+}
+
+void HttpConnection::clear_callbacks() {
+  // Moved out first: destroying a callback may drop a ResponseWriter, which calls back in.
+  std::function<void()> drain = std::move(on_drain_);
+  std::function<void()> close = std::move(on_client_close_);
+  on_drain_ = nullptr;
+  on_client_close_ = nullptr;
+}
+
+void HttpConnection::finish_response() {
+  if (phase_ != Phase::kDispatched) return;
+  clear_callbacks();
+  if (phase_ != Phase::kDispatched) return;
+  if (close_after_ || worker_.draining()) {
+    begin_close_after_flush();
+    return;
+  }
+  begin_next_request();
+  if (!processing_) process_input();
+}
+
+void HttpConnection::begin_next_request() {
+  phase_ = Phase::kReading;
+  if (llhttp_get_errno(&parser_) == HPE_PAUSED) llhttp_resume(&parser_);
+  headers_done_ = false;
+  message_done_ = false;
+  header_fed_ = 0;
+  header_scan_state_ = 0;
+  header_scan_done_ = false;
+  pending_error_status_ = 0;
+  pending_error_reason_ = nullptr;
+  got_bytes_ = inbuf_off_ < inbuf_.size();
+  const ServerOptions& opt = worker_.options();
+  if (output_blocked()) {
+    arm_flush_timer();  // the next request waits for the client to read (on_write resumes it)
+  } else if (got_bytes_) {
+    arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(opt.header_read_timeout.count()));
+  } else if (buffered_ > 0) {
+    // Not idle yet: the last answer is still being written. keep_alive_idle starts once it has
+    // drained (on_write); until then the flush timer closes a connection whose output stalls.
+    arm_flush_timer();
+  } else {
+    arm_timer(TimerMode::kIdle, static_cast<uint64_t>(opt.keep_alive_idle.count()));
+  }
+  update_reading();
+}
+
+void HttpConnection::send_error_and_close(int status, std::string_view message, std::string_view type,
+                                          std::string_view code) {
+  if (phase_ == Phase::kClosed) return;
+  Response r = error_response(status, message, type, code);
+  close_after_ = true;
+  head_request_ = false;
+  http10_ = false;
+  std::string out = build_head(r.status, r.headers, false, r.body.size(), false);
+  out += r.body;
+  count_response(status);
+  spdlog::debug("http {}: {} {}", peer_, status, message);
+  inbuf_.clear();
+  inbuf_off_ = 0;
+  queue_write(std::move(out));
+  if (phase_ == Phase::kClosed) return;
+  begin_close_after_flush();
+}
+
+void HttpConnection::begin_close_after_flush() {
+  phase_ = Phase::kFinishing;
+  inbuf_.clear();
+  inbuf_off_ = 0;
+  if (buffered_ == 0) {
+    start_lingering();
+    return;
+  }
+  arm_timer(TimerMode::kLinger, kFlushTimeoutMs);
+  update_reading();
+}
+
+void HttpConnection::start_lingering() {
+  phase_ = Phase::kLingering;
+  auto* req = new uv_shutdown_t;
+  const int rc = uv_shutdown(req, tcp_.stream(), &HttpConnection::on_shutdown);
+  if (rc < 0) {
+    delete req;
+    close_now();
+    return;
+  }
+  arm_timer(TimerMode::kLinger, kLingerTimeoutMs);
+  update_reading();
+}
+
+void HttpConnection::on_shutdown(uv_shutdown_t* req, int) { delete req; }
+
+void HttpConnection::begin_drain() {
+  if (phase_ == Phase::kReading && !got_bytes_) {
+    if (buffered_ > 0) {
+      begin_close_after_flush();  // let the last answer reach the client first
+    } else {
+      close_now();
+    }
+    return;
+  }
+  close_after_ = true;
+}
+
+void HttpConnection::close_now() {
+  if (phase_ == Phase::kClosed) return;
+  const bool pending = phase_ == Phase::kDispatched && response_ != ResponseState::kDone;
+  phase_ = Phase::kClosed;
+  timer_mode_ = TimerMode::kNone;
+  timer_.close();
+  reading_ = false;
+  inbuf_.clear();
+  inbuf_off_ = 0;
+  if (self_) {
+    HttpWorker* worker = &worker_;
+    tcp_.close([self = std::move(self_), worker] { worker->connection_closed(self.get()); });
+  } else {
+    tcp_.close();
+  }
+  if (pending) {
+    client_gone_ = true;
+    worker_.stats().client_aborts.fetch_add(1, std::memory_order_relaxed);
+    spdlog::debug("http {}: connection closed with \"{}\" pending", peer_, request_line_);
+    std::function<void()> cb = std::move(on_client_close_);
+    on_client_close_ = nullptr;
+    std::function<void()> drain = std::move(on_drain_);
+    on_drain_ = nullptr;
+    if (cb) invoke_guarded(cb, "on_client_close");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+std::string HttpConnection::build_head(int status, const std::vector<Header>& headers, bool chunked,
+                                       size_t content_length, bool streaming) {
+  std::string out;
+  out.reserve(160 + headers.size() * 48);
+  out += "HTTP/1.1 ";
+  out += std::to_string(status);
+  out += ' ';
+  out += reason_phrase(status);
+  out += "\r\nServer: pdrouter/" PDR_VERSION "\r\n";
+  for (const Header& h : headers) {
+    if (is_server_managed_header(h.name)) continue;
+    if (h.name.empty() || has_forbidden_chars(h.name) || has_forbidden_chars(h.value)) {
+      spdlog::warn("http {}: dropping response header with CR/LF/NUL: {}", peer_, h.name);
+      continue;
+    }
+    out += h.name;
+    out += ": ";
+    out += h.value;
+    out += "\r\n";
+  }
+  if (chunked) {
+    out += "Transfer-Encoding: chunked\r\n";
+  } else if (!streaming) {
+    out += "Content-Length: ";
+    out += std::to_string(content_length);
+    out += "\r\n";
+  }
+  if (close_after_ || worker_.draining() || (streaming && !chunked)) {
+    close_after_ = true;
+    out += "Connection: close\r\n";
+  } else if (http10_) {
+    out += "Connection: keep-alive\r\n";
+  }
+  out += "\r\n";
+  return out;
+}
+
+void HttpConnection::count_response(int status) {
+  const int cls = status / 100;
+  if (cls >= 1 && cls <= 5) {
+    worker_.stats().responses_by_class[static_cast<size_t>(cls)].fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void HttpConnection::queue_write(std::string data) {
+  if (phase_ == Phase::kClosed || !tcp_) return;
+  auto* w = new WriteReq;
+  w->data = std::move(data);
+  w->conn = this;
+  w->req.data = w;
+  const size_t n = w->data.size();
+  uv_buf_t buf = uv_buf_init(w->data.data(), static_cast<unsigned int>(n));
+  buffered_ += n;
+  queued_total_ += n;
+  worker_.stats().output_buffered_bytes.fetch_add(n, std::memory_order_relaxed);
+  const int rc = uv_write(&w->req, tcp_.stream(), &buf, 1, &HttpConnection::on_write);
+  if (rc < 0) {
+    buffered_ -= n;
+    queued_total_ -= n;
+    worker_.stats().output_buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
+    delete w;
+    spdlog::debug("http {}: write failed: {}", peer_, uv_strerror(rc));
+    close_now();
+  }
+}
+
+void HttpConnection::on_write(uv_write_t* req, int status) {
+  // Write callbacks run before the tcp close callback (libuv cancels them in uv_close), so the
+  // connection is alive here: its self-reference is released only in that close callback.
+  auto* w = static_cast<WriteReq*>(req->data);
+  HttpConnection* c = w->conn;
+  const size_t n = w->data.size();
+  delete w;
+  const size_t before = c->buffered_;
+  c->buffered_ -= n;
+  c->worker_.stats().output_buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
+  if (status < 0) {
+    if (c->phase_ != Phase::kClosed) {
+      spdlog::debug("http {}: write error: {}", c->peer_, uv_strerror(status));
+      c->close_now();
+    }
+    return;
+  }
+  if (c->phase_ == Phase::kFinishing && c->buffered_ == 0) {
+    c->start_lingering();
+    return;
+  }
+  if (c->phase_ == Phase::kReading && c->timer_mode_ == TimerMode::kFlush) {
+    c->output_drained();
+    return;
+  }
+  if (before >= ResponseWriter::kDrainLowWater && c->buffered_ < ResponseWriter::kDrainLowWater &&
+      c->on_drain_) {
+    const uint64_t seq = c->seq_;
+    std::function<void()> fn = std::move(c->on_drain_);
+    c->on_drain_ = nullptr;
+    invoke_guarded(fn, "on_drain");
+    if (!c->on_drain_ && c->active(seq) && c->response_ != ResponseState::kDone) {
+      c->on_drain_ = std::move(fn);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timers and reading
+
+void HttpConnection::arm_timer(TimerMode mode, uint64_t ms) {
+  timer_mode_ = mode;
+  if (!timer_) return;
+  if (mode == TimerMode::kNone) {
+    uv_timer_stop(timer_.get());
+    return;
+  }
+  uv_timer_start(timer_.get(), &HttpConnection::on_timer, ms, 0);
+}
+
+void HttpConnection::on_timer(uv_timer_t* t) {
+  auto* c = detail::UvHandle<uv_timer_t>::owner_of<HttpConnection>(t);
+  const TimerMode mode = c->timer_mode_;
+  c->timer_mode_ = TimerMode::kNone;
+  switch (mode) {
+    case TimerMode::kNone:
+      return;
+    case TimerMode::kIdle:
+      c->worker_.stats().idle_timeouts.fetch_add(1, std::memory_order_relaxed);
+      spdlog::debug("http {}: keep-alive idle timeout", c->peer_);
+      c->close_now();
+      return;
+    case TimerMode::kFlush:
+      c->flush_timer_fired();
+      return;
+    case TimerMode::kHeaders:
+    case TimerMode::kBody:
+      if (c->phase_ != Phase::kReading) return;
+      (mode == TimerMode::kHeaders ? c->worker_.stats().header_timeouts : c->worker_.stats().body_timeouts)
+          .fetch_add(1, std::memory_order_relaxed);
+      c->send_error_and_close(408,
+                              mode == TimerMode::kHeaders ? "timed out reading the request headers"
+                                                          : "timed out reading the request body",
+                              "invalid_request_error", "request_timeout");
+      return;
+    case TimerMode::kLinger:
+      c->close_now();
+      return;
+  }
+}
+
+void HttpConnection::update_reading() {
+  if (phase_ == Phase::kClosed || !tcp_) return;
+  bool want = true;
+  if (phase_ == Phase::kDispatched) {
+    want = inbuf_.size() - inbuf_off_ < worker_.options().max_header_bytes + kPipelineSlack;
+  } else if (phase_ == Phase::kReading && output_blocked()) {
+    want = false;
+  }
+  if (want && !reading_) {
+    if (uv_read_start(tcp_.stream(), &HttpConnection::on_alloc, &HttpConnection::on_read) == 0) {
+      reading_ = true;
+    }
+  } else if (!want && reading_) {
+    uv_read_stop(tcp_.stream());
+    reading_ = false;
+    if (phase_ == Phase::kReading) worker_.stats().output_pauses.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+uint64_t HttpConnection::bytes_taken() const {
+  return queued_total_ - (tcp_ ? uv_stream_get_write_queue_size(tcp_.stream()) : 0);
+}
+
+void HttpConnection::arm_flush_timer() {
+  flush_mark_ = bytes_taken();
+  arm_timer(TimerMode::kFlush, static_cast<uint64_t>(worker_.options().keep_alive_idle.count()));
+}
+
+void HttpConnection::output_drained() {
+  // Between requests with output queued (kFlush): resume parsing once below the high-water
+  // mark; start the keep-alive idle time once nothing is left to write.
+  if (output_blocked()) return;
+  const ServerOptions& opt = worker_.options();
+  if (inbuf_off_ < inbuf_.size()) {
+    got_bytes_ = true;
+    arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(opt.header_read_timeout.count()));
+    if (!processing_) process_input();
+    return;
+  }
+  if (got_bytes_) {
+    arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(opt.header_read_timeout.count()));
+  } else if (buffered_ == 0) {
+    arm_timer(TimerMode::kIdle, static_cast<uint64_t>(opt.keep_alive_idle.count()));
+  }
+  update_reading();
+}
+
+void HttpConnection::flush_timer_fired() {
+  if (phase_ != Phase::kReading) return;
+  if (buffered_ == 0) {
+    output_drained();
+    return;
+  }
+  // Progress is what the kernel took from libuv's queue since the timer was armed: one large
+  // write completes only at its end, and output queued after arming must not hide progress
+  // (comparing queue sizes did: a head queued, then an 8 MiB body, looked like a stall).
+  if (bytes_taken() > flush_mark_) {
+    arm_flush_timer();
+    return;
+  }
+  worker_.stats().write_stalls.fetch_add(1, std::memory_order_relaxed);
+  spdlog::debug("http {}: client read nothing of {} queued bytes for {} ms; closing", peer_, buffered_,
+                worker_.options().keep_alive_idle.count());
+  close_now();
+}
+
+}  // namespace pdr::http

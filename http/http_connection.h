@@ -1,0 +1,155 @@
+// One accepted HTTP/1.1 connection: llhttp glue that turns bytes into Request structs, the
+// response framing, and the connection's timers (internal to http/; the only place with
+// llhttp callbacks).
+//
+// Ownership: the connection owns a self-reference from accept until its tcp handle's close
+// callback; each ResponseWriter holds another. Memory is freed when both are gone. All methods
+// run on the owning worker's thread.
+#pragma once
+
+#include <llhttp.h>
+#include <uv.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "http/http_message.h"
+#include "http/http_server.h"
+#include "http/response_writer.h"
+#include "http/uv_handle.h"
+
+namespace pdr::http {
+
+class HttpWorker;
+
+class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
+ public:
+  explicit HttpConnection(HttpWorker& worker);
+  ~HttpConnection();
+  HttpConnection(const HttpConnection&) = delete;
+  HttpConnection& operator=(const HttpConnection&) = delete;
+
+  // Accepts one pending connection from `listener`. Returns a negative errno on failure.
+  int accept(uv_stream_t* listener);
+  // Graceful shutdown: close now if idle, else close after the current response.
+  void begin_drain();
+  // Closes immediately (pending writer sees on_client_close).
+  void close_now();
+
+  // ResponseWriter entry points; `seq` identifies the request the writer was made for.
+  bool writer_send(uint64_t seq, Response&& response);
+  bool writer_start_stream(uint64_t seq, int status, std::vector<Header>&& headers);
+  bool writer_write(uint64_t seq, std::string_view chunk);
+  void writer_end_stream(uint64_t seq);
+  size_t writer_buffered_bytes(uint64_t seq) const;
+  void writer_on_drain(uint64_t seq, std::function<void()> fn);
+  void writer_on_client_close(uint64_t seq, std::function<void()> fn);
+  bool writer_client_gone(uint64_t seq) const;
+  void writer_dropped(uint64_t seq);
+  void writer_abort(uint64_t seq);
+
+ private:
+  enum class Phase {
+    kReading,     // waiting for / parsing a request
+    kDispatched,  // the handler owns the exchange; later input is buffered, not parsed
+    kFinishing,   // last response queued; shutdown once flushed
+    kLingering,   // write side shut down; discarding input until EOF or the linger timer
+    kClosed,
+  };
+  enum class ResponseState { kNone, kStreaming, kDone };
+  // kFlush: between requests while response bytes are still queued (the idle time has not
+  // started, or parsing waits for the output to drain): closes when the output stalls.
+  enum class TimerMode { kNone, kIdle, kHeaders, kBody, kLinger, kFlush };
+
+  // libuv callbacks
+  static void on_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
+  static void on_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
+  static void on_write(uv_write_t* req, int status);
+  static void on_shutdown(uv_shutdown_t* req, int status);
+  static void on_timer(uv_timer_t* t);
+  // llhttp callbacks
+  static int on_message_begin(llhttp_t* p);
+  static int on_url(llhttp_t* p, const char* at, size_t len);
+  static int on_header_field(llhttp_t* p, const char* at, size_t len);
+  static int on_header_value(llhttp_t* p, const char* at, size_t len);
+  static int on_headers_complete(llhttp_t* p);
+  static int on_body(llhttp_t* p, const char* at, size_t len);
+  static int on_message_complete(llhttp_t* p);
+  static const llhttp_settings_t* parser_settings();
+
+  void handle_read(ssize_t nread, const uv_buf_t* buf);
+  void process_input();
+  void dispatch();
+  bool add_header_bytes(size_t n);
+  int fail_parse(int status, const char* reason);
+  void send_error_and_close(int status, std::string_view message, std::string_view type,
+                            std::string_view code);
+  void begin_next_request();
+  void finish_response();
+  void begin_close_after_flush();
+  void start_lingering();
+  void arm_timer(TimerMode mode, uint64_t ms);
+  void update_reading();
+  bool output_blocked() const { return buffered_ >= kOutputHighWater; }
+  void arm_flush_timer();
+  void output_drained();
+  void flush_timer_fired();
+  std::string build_head(int status, const std::vector<Header>& headers, bool chunked,
+                         size_t content_length, bool streaming);
+  void queue_write(std::string data);
+  void count_response(int status);
+  bool active(uint64_t seq) const { return phase_ == Phase::kDispatched && seq == seq_; }
+  void clear_callbacks();
+
+  HttpWorker& worker_;
+  detail::UvHandle<uv_tcp_t> tcp_;
+  detail::UvHandle<uv_timer_t> timer_;
+  std::shared_ptr<HttpConnection> self_;
+  std::string peer_;
+
+  Phase phase_ = Phase::kReading;
+  TimerMode timer_mode_ = TimerMode::kNone;
+  bool reading_ = false;
+  bool processing_ = false;
+  bool counted_active_ = false;
+
+  // Input side
+  llhttp_t parser_{};
+  std::string inbuf_;      // received, not yet parsed
+  size_t inbuf_off_ = 0;   // parsed prefix of inbuf_
+  Request req_;            // being parsed
+  bool in_header_value_ = false;
+  bool headers_done_ = false;
+  bool message_done_ = false;
+  bool got_bytes_ = false;  // bytes of the current request have arrived
+  size_t header_bytes_ = 0;
+  size_t header_fed_ = 0;  // raw bytes parsed while headers are incomplete
+  uint8_t header_scan_state_ = 0;  // obs-fold scan (scan_header_bytes)
+  bool header_scan_done_ = false;
+  int pending_error_status_ = 0;
+  const char* pending_error_reason_ = nullptr;
+
+  // Current exchange
+  uint64_t seq_ = 0;
+  ResponseState response_ = ResponseState::kNone;
+  bool close_after_ = false;
+  bool head_request_ = false;
+  bool http10_ = false;
+  bool raw_stream_ = false;  // HTTP/1.0 stream: close-delimited body
+  bool client_gone_ = false;
+  std::function<void()> on_drain_;
+  std::function<void()> on_client_close_;
+  std::string request_line_;  // "GET /x" for the per-request debug log
+
+  size_t buffered_ = 0;  // bytes in uv_write not yet completed
+  // Bytes the kernel has taken from us (queued_total_ minus libuv's write queue) when the flush
+  // timer was armed: the client made progress if that grew.
+  uint64_t flush_mark_ = 0;
+  uint64_t queued_total_ = 0;  // every byte ever handed to uv_write on this connection
+  uint64_t bytes_taken() const;
+};
+
+}  // namespace pdr::http

@@ -1,0 +1,264 @@
+#include "http/http_worker.h"
+
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "http/http_connection.h"
+
+namespace pdr::http {
+
+namespace {
+thread_local HttpWorker* tls_current_worker = nullptr;
+constexpr size_t kReadBufferSize = 64 * 1024;
+constexpr uint64_t kAcceptBackoffMs = 100;
+
+Status uv_status(StatusCode code, const std::string& what, int rc) {
+  return Status(code, what + ": " + uv_strerror(rc));
+}
+}  // namespace
+
+HttpWorker* HttpWorker::current() { return tls_current_worker; }
+
+HttpWorker::HttpWorker(uint32_t index, ServerShared& shared)
+    : index_(index), shared_(shared), handler_(shared.handler), read_buffer_(kReadBufferSize) {}
+
+HttpWorker::~HttpWorker() {
+  if (thread_.joinable()) thread_.join();
+  if (!loop_initialized_) return;
+  // Either the thread already shut everything down, or it never ran: close what is left and let
+  // the loop deliver the close callbacks (which free the handles) on this thread.
+  for (HttpConnection* c : std::vector<HttpConnection*>(connections_.begin(), connections_.end())) {
+    c->close_now();
+  }
+  listener_.close();
+  backoff_timer_.close();
+  async_.close();
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  const int rc = uv_loop_close(&loop_);
+  if (rc != 0) spdlog::error("http worker {}: uv_loop_close: {}", index_, uv_strerror(rc));
+}
+
+Status HttpWorker::listen(const std::string& host, uint16_t* port) {
+  int rc = uv_loop_init(&loop_);
+  if (rc < 0) return uv_status(StatusCode::kIoError, "uv_loop_init", rc);
+  loop_initialized_ = true;
+  rc = async_.init(this, [&](uv_async_t* a) { return uv_async_init(&loop_, a, &HttpWorker::on_async); });
+  if (rc < 0) return uv_status(StatusCode::kIoError, "uv_async_init", rc);
+
+  rc = backoff_timer_.init(this, [&](uv_timer_t* t) { return uv_timer_init(&loop_, t); });
+  if (rc < 0) return uv_status(StatusCode::kIoError, "uv_timer_init", rc);
+
+  if (uv_ip4_addr(host.c_str(), *port, reinterpret_cast<sockaddr_in*>(&addr_)) != 0) {
+    if (uv_ip6_addr(host.c_str(), *port, reinterpret_cast<sockaddr_in6*>(&addr_)) != 0) {
+      return Status(StatusCode::kBadAddress, "listen host is not an IPv4 or IPv6 literal: " + host);
+    }
+  }
+  where_ = host + ":" + std::to_string(*port);
+  if (Status s = open_listener(); !s.is_ok()) return s;
+
+  sockaddr_storage bound{};
+  int len = sizeof(bound);
+  rc = uv_tcp_getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&bound), &len);
+  if (rc < 0) return uv_status(StatusCode::kIoError, "getsockname", rc);
+  *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  // A reopened listener (accept back-off) binds the port this one got.
+  if (addr_.ss_family == AF_INET6) {
+    reinterpret_cast<sockaddr_in6*>(&addr_)->sin6_port = htons(*port);
+  } else {
+    reinterpret_cast<sockaddr_in*>(&addr_)->sin_port = htons(*port);
+  }
+  where_ = host + ":" + std::to_string(*port);
+  return Status::ok();
+}
+
+Status HttpWorker::open_listener() {
+  const unsigned int family = addr_.ss_family == AF_INET6 ? AF_INET6 : AF_INET;
+  int rc = listener_.init(this, [&](uv_tcp_t* t) { return uv_tcp_init_ex(&loop_, t, family); });
+  if (rc < 0) return uv_status(StatusCode::kIoError, "socket for " + where_, rc);
+  // libuv 1.44 has no UV_TCP_REUSEPORT: set it on the raw socket before bind. Server::start
+  // probes the port without it first, so an address someone else listens on is refused.
+  uv_os_fd_t fd = -1;
+  rc = uv_fileno(listener_.base(), &fd);
+  if (rc < 0) return uv_status(StatusCode::kIoError, "uv_fileno", rc);
+  int one = 1;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
+    return Status(StatusCode::kIoError, std::string("SO_REUSEPORT: ") + std::strerror(errno));
+  }
+  rc = uv_tcp_bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr_), 0);
+  if (rc < 0) return uv_status(StatusCode::kIoError, "bind " + where_, rc);
+  // libuv may defer a bind error (EADDRINUSE) to listen.
+  rc = uv_listen(listener_.stream(), shared_.options.backlog, &HttpWorker::on_connection);
+  if (rc < 0) return uv_status(StatusCode::kIoError, "listen " + where_, rc);
+  return Status::ok();
+}
+
+void HttpWorker::accept_failed(int status) {
+  shared_.stats.accept_errors.fetch_add(1, std::memory_order_relaxed);
+  if (accept_log_.allow(std::chrono::steady_clock::now())) {
+    spdlog::warn("http worker {}: accept error: {}; not accepting for {} ms", index_, uv_strerror(status),
+                 kAcceptBackoffMs);
+  }
+  if (accept_paused_ || draining_) return;
+  accept_paused_ = true;
+  listener_.close();
+  if (backoff_timer_) uv_timer_start(backoff_timer_.get(), &HttpWorker::on_accept_backoff, kAcceptBackoffMs, 0);
+}
+
+void HttpWorker::on_accept_backoff(uv_timer_t* timer) {
+  auto* w = detail::UvHandle<uv_timer_t>::owner_of<HttpWorker>(timer);
+  if (w->draining_) return;
+  if (w->listener_) {
+    // The previous listener's close callback has not run yet: try again shortly.
+    uv_timer_start(timer, &HttpWorker::on_accept_backoff, kAcceptBackoffMs, 0);
+    return;
+  }
+  Status s = w->open_listener();
+  if (!s.is_ok()) {
+    w->shared_.stats.accept_errors.fetch_add(1, std::memory_order_relaxed);
+    if (w->accept_log_.allow(std::chrono::steady_clock::now())) {
+      spdlog::warn("http worker {}: cannot reopen the listener: {}; retrying in {} ms", w->index_, s.message(),
+                   kAcceptBackoffMs);
+    }
+    w->listener_.close();
+    uv_timer_start(timer, &HttpWorker::on_accept_backoff, kAcceptBackoffMs, 0);
+    return;
+  }
+  w->accept_paused_ = false;
+}
+
+void HttpWorker::start_thread() {
+  thread_ = std::thread([this] {
+    tls_current_worker = this;
+    const std::string name = "pdr-http-" + std::to_string(index_);
+    pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+    uv_run(&loop_, UV_RUN_DEFAULT);
+    tls_current_worker = nullptr;
+  });
+}
+
+void HttpWorker::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void HttpWorker::post(std::function<void()> fn) {
+  std::function<void()> dropped;  // destroyed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    if (!accepting_posts_ || !async_) {
+      dropped = std::move(fn);
+    } else {
+      posted_.push_back(std::move(fn));
+      // Under the lock: shutdown() closes the async handle only after accepting_posts_ is false.
+      uv_async_send(async_.get());
+    }
+  }
+}
+
+void HttpWorker::on_async(uv_async_t* async) {
+  detail::UvHandle<uv_async_t>::owner_of<HttpWorker>(async)->run_posted();
+}
+
+void HttpWorker::run_posted() {
+  std::vector<std::function<void()>> batch;
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    batch.swap(posted_);
+  }
+  for (auto& fn : batch) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      spdlog::error("http worker {}: posted task threw: {}", index_, e.what());
+    } catch (...) {
+      spdlog::error("http worker {}: posted task threw a non-std exception", index_);
+    }
+  }
+}
+
+void HttpWorker::on_connection(uv_stream_t* server, int status) {
+  auto* w = detail::UvHandle<uv_tcp_t>::owner_of<HttpWorker>(server);
+  ServerStats& stats = w->shared_.stats;
+  if (status < 0) {
+    w->accept_failed(status);
+    return;
+  }
+  if (stats.connections_active.load(std::memory_order_relaxed) >= w->shared_.options.max_connections) {
+    // Accept and close at once: leaving it in the backlog would only delay the client's failure.
+    detail::UvHandle<uv_tcp_t> tcp;
+    if (tcp.init(nullptr, [&](uv_tcp_t* t) { return uv_tcp_init(&w->loop_, t); }) == 0) {
+      if (uv_accept(server, tcp.stream()) == 0) {
+        stats.connections_rejected.fetch_add(1, std::memory_order_relaxed);
+      }
+      tcp.close();
+    }
+    return;
+  }
+  auto conn = std::make_shared<HttpConnection>(*w);
+  const int rc = conn->accept(server);
+  if (rc < 0) {
+    w->accept_failed(rc);
+    return;
+  }
+  w->connections_.insert(conn.get());
+  stats.connections_accepted.fetch_add(1, std::memory_order_relaxed);
+  stats.connections_active.fetch_add(1, std::memory_order_relaxed);
+}
+
+void HttpWorker::connection_closed(HttpConnection* conn) {
+  connections_.erase(conn);
+  shared_.stats.connections_active.fetch_sub(1);
+  if (shared_.stopping.load()) {
+    std::lock_guard<std::mutex> lock(shared_.drain_mu);
+    shared_.drain_cv.notify_all();
+  }
+}
+
+void HttpWorker::begin_drain() {
+  if (draining_) return;
+  draining_ = true;
+  listener_.close();
+  backoff_timer_.close();
+  for (HttpConnection* c : std::vector<HttpConnection*>(connections_.begin(), connections_.end())) {
+    c->begin_drain();
+  }
+}
+
+void HttpWorker::shutdown() {
+  draining_ = true;
+  listener_.close();
+  backoff_timer_.close();
+  for (HttpConnection* c : std::vector<HttpConnection*>(connections_.begin(), connections_.end())) {
+    c->close_now();
+  }
+  std::vector<std::function<void()>> rest;
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    accepting_posts_ = false;
+    rest.swap(posted_);
+  }
+  async_.close();
+  for (auto& fn : rest) {
+    try {
+      fn();
+    } catch (...) {
+      spdlog::error("http worker {}: posted task threw during shutdown", index_);
+    }
+  }
+  // Last: posted tasks above may still have used per-worker state.
+  if (shared_.options.on_worker_stop) {
+    try {
+      shared_.options.on_worker_stop(index_);
+    } catch (...) {
+      spdlog::error("http worker {}: on_worker_stop threw", index_);
+    }
+  }
+}
+
+}  // namespace pdr::http

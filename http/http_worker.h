@@ -1,0 +1,109 @@
+// One HTTP worker: a thread running its own uv loop with its own SO_REUSEPORT listener and the
+// connections accepted on it (internal to http/).
+//
+// Lifecycle (driven by Server): listen() and start_thread() on the starting thread; post() from
+// any thread; begin_drain() and shutdown() run on the worker thread via post(); join(), then
+// destruction on the stopping thread.
+#pragma once
+
+#include <uv.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "base/log_limiter.h"
+#include "base/status.h"
+#include "http/http_server.h"
+#include "http/uv_handle.h"
+
+namespace pdr::http {
+
+class HttpConnection;
+
+// State shared by all workers of one server.
+struct ServerShared {
+  ServerOptions options;
+  Handler handler;
+  ServerStats stats;
+  std::atomic<bool> stopping{false};
+  std::mutex drain_mu;                // with drain_cv: stop() waits for connections_active == 0
+  std::condition_variable drain_cv;
+};
+
+class HttpWorker {
+ public:
+  HttpWorker(uint32_t index, ServerShared& shared);
+  ~HttpWorker();
+  HttpWorker(const HttpWorker&) = delete;
+  HttpWorker& operator=(const HttpWorker&) = delete;
+
+  // Initialises the loop and binds + listens. `*port` in: wanted port (0 = ephemeral);
+  // out: bound port.
+  Status listen(const std::string& host, uint16_t* port);
+  void start_thread();
+  void join();
+
+  // Thread-safe. Drops `fn` once the worker has shut down.
+  void post(std::function<void()> fn);
+
+  // Worker thread only.
+  void begin_drain();  // close the listener and idle connections
+  void shutdown();     // close everything; the loop then ends
+
+  uint32_t index() const { return index_; }
+  uv_loop_t* loop() { return &loop_; }
+  bool draining() const { return draining_; }
+  const ServerOptions& options() const { return shared_.options; }
+  ServerStats& stats() { return shared_.stats; }
+  const Handler& handler() const { return handler_; }
+  // Per-worker scratch buffer for uv_read (reads are copied out before the next one).
+  char* read_buffer() { return read_buffer_.data(); }
+  size_t read_buffer_size() const { return read_buffer_.size(); }
+
+  // Called by HttpConnection from its tcp close callback.
+  void connection_closed(HttpConnection* conn);
+
+  // The worker running on this thread, or nullptr.
+  static HttpWorker* current();
+
+ private:
+  static void on_connection(uv_stream_t* server, int status);
+  static void on_accept_backoff(uv_timer_t* timer);
+  // Creates the SO_REUSEPORT listener on addr_ and listens.
+  Status open_listener();
+  // accept() failed (EMFILE, ENFILE, ...): libuv calls back again at once for as long as the
+  // error lasts, so the listener is closed (which ends libuv's accept loop) and reopened
+  // kAcceptBackoff later. Connections meanwhile go to the other workers or are refused.
+  void accept_failed(int status);
+  static void on_async(uv_async_t* async);
+  void run_posted();
+
+  const uint32_t index_;
+  ServerShared& shared_;
+  Handler handler_;  // own copy, so workers never share the std::function object
+  uv_loop_t loop_{};
+  bool loop_initialized_ = false;
+  detail::UvHandle<uv_async_t> async_;
+  detail::UvHandle<uv_tcp_t> listener_;
+  detail::UvHandle<uv_timer_t> backoff_timer_;
+  sockaddr_storage addr_{};
+  std::string where_;  // "host:port" for messages
+  bool accept_paused_ = false;
+  discovery::LogLimiter accept_log_{"http accept errors"};
+  std::thread thread_;
+  bool draining_ = false;
+  std::unordered_set<HttpConnection*> connections_;
+  std::vector<char> read_buffer_;
+
+  std::mutex post_mu_;
+  std::vector<std::function<void()>> posted_;
+  bool accepting_posts_ = true;
+};
+
+}  // namespace pdr::http

@@ -1,0 +1,844 @@
+#include "http/upstream_client.h"
+
+#include <llhttp.h>
+#include <spdlog/spdlog.h>
+#include <uv.h>
+
+#include <algorithm>
+#include <exception>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "http/host_resolver.h"
+#include "http/uv_handle.h"
+
+namespace pdr::http {
+
+namespace detail {
+
+namespace {
+
+constexpr size_t kReadBufferSize = 64 * 1024;
+
+uint64_t to_ms(std::chrono::milliseconds d) { return d.count() > 0 ? static_cast<uint64_t>(d.count()) : 0; }
+
+bool has_forbidden_chars(std::string_view s) {
+  return s.find_first_of(std::string_view("\r\n\0", 3)) != std::string_view::npos;
+}
+
+bool is_token(std::string_view s) {
+  if (s.empty()) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return c > 0x20 && c < 0x7f && c != ':' && c != '(' && c != ')' && c != ',' && c != ';' &&
+           c != '"' && c != '/' && c != '[' && c != ']' && c != '{' && c != '}' && c != '\\';
+  });
+}
+
+Status build_wire(const proto::HostPort& target, const UpstreamRequest& r, std::string* out) {
+  if (!is_token(r.method)) return Status(StatusCode::kInvalidValue, "invalid HTTP method '" + r.method + "'");
+  if (r.path.empty() || has_forbidden_chars(r.path) || r.path.find(' ') != std::string::npos) {
+    return Status(StatusCode::kInvalidValue, "invalid request path '" + r.path + "'");
+  }
+  size_t size = r.method.size() + r.path.size() + r.body.size() + 128;
+  for (const Header& h : r.headers) {
+    if (!is_token(h.name)) return Status(StatusCode::kInvalidValue, "invalid header name '" + h.name + "'");
+    if (has_forbidden_chars(h.value)) {
+      return Status(StatusCode::kInvalidValue, "header '" + h.name + "' has CR, LF or NUL in its value");
+    }
+    size += h.name.size() + h.value.size() + 4;
+  }
+  std::string& w = *out;
+  w.clear();
+  w.reserve(size);
+  w += r.method;
+  w += ' ';
+  w += r.path;
+  w += " HTTP/1.1\r\nHost: ";
+  w += target.to_string();
+  w += "\r\n";
+  for (const Header& h : r.headers) {
+    if (is_server_managed_header(h.name) || iequals(h.name, "host")) continue;
+    w += h.name;
+    w += ": ";
+    w += h.value;
+    w += "\r\n";
+  }
+  w += "Content-Length: ";
+  w += std::to_string(r.body.size());
+  w += "\r\nConnection: keep-alive\r\n\r\n";
+  w += r.body;
+  return Status::ok();
+}
+
+// False when target.host is not an IP literal (a name for the resolver).
+bool literal_sockaddr(const proto::HostPort& target, sockaddr_storage* out) {
+  return (target.is_ipv6()
+              ? uv_ip6_addr(target.host.c_str(), target.port, reinterpret_cast<sockaddr_in6*>(out))
+              : uv_ip4_addr(target.host.c_str(), target.port, reinterpret_cast<sockaddr_in*>(out))) == 0;
+}
+
+// Socket creation or connect failed for a shortage in this process or host, not because of the
+// node (security review #20: counting these against nodes ejected every healthy node).
+bool is_local_shortage(int rc) {
+  return rc == UV_EMFILE || rc == UV_ENFILE || rc == UV_ENOBUFS || rc == UV_ENOMEM;
+}
+
+UpstreamFailure connect_failure(int rc) {
+  return is_local_shortage(rc) ? UpstreamFailure::kLocalResources : UpstreamFailure::kConnect;
+}
+
+void set_port(sockaddr_storage* address, uint16_t port) {
+  if (address->ss_family == AF_INET6) {
+    reinterpret_cast<sockaddr_in6*>(address)->sin6_port = htons(port);
+  } else {
+    reinterpret_cast<sockaddr_in*>(address)->sin_port = htons(port);
+  }
+}
+
+}  // namespace
+
+class UpstreamConnection;
+
+struct UpstreamPoolCore : std::enable_shared_from_this<UpstreamPoolCore> {
+  uv_loop_t* loop = nullptr;
+  PoolOptions options;
+  PoolStats stats;
+  std::vector<char> read_buffer = std::vector<char>(kReadBufferSize);
+  std::unordered_map<std::string, std::vector<UpstreamConnection*>> idle;  // LIFO per address
+  std::unordered_set<UpstreamConnection*> live;  // every connection not yet closing
+  bool closed = false;
+  // Calls whose failure was found synchronously (in start() or a retry): reported from a 0 ms
+  // timer so no callback runs inside start().
+  UvHandle<uv_timer_t> deferred_timer;
+  std::vector<std::shared_ptr<UpstreamCall>> deferred;
+  std::unique_ptr<HostResolver> resolver;  // upstreams named by hostname
+
+  void launch(const std::shared_ptr<UpstreamCall>& call, bool allow_reuse);
+  void connect_fresh(const std::shared_ptr<UpstreamCall>& call, const sockaddr_storage& address);
+  void fail_later(const std::shared_ptr<UpstreamCall>& call, UpstreamFailure failure, Status error);
+  void run_deferred();
+  void close_all();
+  static void on_deferred_timer(uv_timer_t* t);
+};
+
+// One TCP connection to one upstream address. Owned by itself: freed in its tcp handle's close
+// callback, so libuv callbacks (including write completions delivered while closing) always
+// find it alive. Phase kClosed means closing: nothing but close callbacks happen after it.
+class UpstreamConnection {
+ public:
+  // Nullptr (and *rc set) if the tcp handle cannot be created.
+  static UpstreamConnection* create(std::shared_ptr<UpstreamPoolCore> core, std::string key, int* rc);
+
+  // Starts the connect for `call` (which becomes attached). Negative errno if it fails at once;
+  // the call is then detached and the connection closed.
+  int connect(const sockaddr* addr, const std::shared_ptr<UpstreamCall>& call);
+  // Sends `call`'s request on this (connected, idle) connection.
+  void attach(const std::shared_ptr<UpstreamCall>& call);
+  // Cancel: forgets the call without a callback, then closes.
+  void abandon();
+  // close_all(): the attached call fails with kPoolClosed.
+  void fail_pool_closed();
+  void update_reading();
+  void close();
+
+ private:
+  enum class Phase { kConnecting, kActive, kIdle, kClosed };
+  enum class TimerMode { kNone, kConnect, kFirstByte, kBodyIdle, kPoolIdle };
+
+  struct WriteReq {
+    uv_write_t req{};
+    UpstreamConnection* conn = nullptr;
+    std::shared_ptr<UpstreamCall> call;  // owns the bytes being written (call->wire_)
+  };
+
+  UpstreamConnection(std::shared_ptr<UpstreamPoolCore> core, std::string key)
+      : core_(std::move(core)), key_(std::move(key)) {}
+
+  static void on_connect(uv_connect_t* req, int status);
+  static void on_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
+  static void on_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
+  static void on_write(uv_write_t* req, int status);
+  static void on_timer(uv_timer_t* t);
+  static int on_message_begin(llhttp_t* p);
+  static int on_header_field(llhttp_t* p, const char* at, size_t len);
+  static int on_header_value(llhttp_t* p, const char* at, size_t len);
+  static int on_headers_complete(llhttp_t* p);
+  static int on_body(llhttp_t* p, const char* at, size_t len);
+  static int on_message_complete(llhttp_t* p);
+  static const llhttp_settings_t* parser_settings();
+  static UpstreamConnection* from_parser(llhttp_t* p) { return static_cast<UpstreamConnection*>(p->data); }
+
+  void begin_exchange();
+  void handle_read(ssize_t nread, const uv_buf_t* buf);
+  void handle_timeout();
+  void complete(bool extra_bytes);
+  void fail(UpstreamFailure failure, Status error);
+  void return_to_pool();
+  void arm_timer(TimerMode mode, uint64_t ms);
+  bool attached(const std::shared_ptr<UpstreamCall>& call) const {
+    return phase_ == Phase::kActive && call_ == call;
+  }
+
+  std::shared_ptr<UpstreamPoolCore> core_;
+  std::string key_;
+  UvHandle<uv_tcp_t> tcp_;
+  UvHandle<uv_timer_t> timer_;
+  uv_connect_t connect_req_{};
+  Phase phase_ = Phase::kConnecting;
+  TimerMode timer_mode_ = TimerMode::kNone;
+  bool reading_ = false;
+  bool writing_ = false;
+
+  std::shared_ptr<UpstreamCall> call_;
+  llhttp_t parser_{};
+  int status_ = 0;
+  std::vector<Header> headers_;
+  bool in_header_value_ = false;
+  bool interim_ = false;      // parsing a 1xx response
+  bool message_done_ = false;
+  bool got_bytes_ = false;    // a byte of this call's response arrived
+  bool head_request_ = false;
+  size_t head_bytes_ = 0;     // of the response head being parsed
+  size_t head_fields_ = 0;
+  size_t interim_count_ = 0;  // 1xx heads of this call
+  const char* limit_error_ = nullptr;  // set when a response-head limit stopped the parser
+};
+
+// ---------------------------------------------------------------------------------------------
+// UpstreamConnection
+
+UpstreamConnection* UpstreamConnection::create(std::shared_ptr<UpstreamPoolCore> core, std::string key,
+                                               int* rc) {
+  auto* c = new UpstreamConnection(std::move(core), std::move(key));
+  uv_loop_t* loop = c->core_->loop;
+  *rc = c->tcp_.init(c, [&](uv_tcp_t* h) { return uv_tcp_init(loop, h); });
+  if (*rc < 0) {
+    delete c;
+    return nullptr;
+  }
+  *rc = c->timer_.init(c, [&](uv_timer_t* t) { return uv_timer_init(loop, t); });
+  if (*rc < 0) {
+    c->tcp_.close([c] { delete c; });
+    return nullptr;
+  }
+  c->connect_req_.data = c;
+  c->core_->live.insert(c);
+  return c;
+}
+
+int UpstreamConnection::connect(const sockaddr* addr, const std::shared_ptr<UpstreamCall>& call) {
+  call_ = call;
+  call->conn_ = this;
+  phase_ = Phase::kConnecting;
+  const int rc = uv_tcp_connect(&connect_req_, tcp_.get(), addr, &UpstreamConnection::on_connect);
+  if (rc < 0) {
+    call_->conn_ = nullptr;
+    call_.reset();
+    close();
+    return rc;
+  }
+  arm_timer(TimerMode::kConnect, to_ms(call->timeouts_.connect));
+  return 0;
+}
+
+void UpstreamConnection::on_connect(uv_connect_t* req, int status) {
+  auto* c = static_cast<UpstreamConnection*>(req->data);
+  if (status == UV_ECANCELED || c->phase_ == Phase::kClosed) return;
+  if (status < 0) {
+    c->fail(connect_failure(status),
+            Status(StatusCode::kIoError, "connect to " + c->key_ + ": " + uv_strerror(status)));
+    return;
+  }
+  uv_tcp_nodelay(c->tcp_.get(), 1);
+  c->phase_ = Phase::kActive;
+  c->begin_exchange();
+}
+
+void UpstreamConnection::attach(const std::shared_ptr<UpstreamCall>& call) {
+  call_ = call;
+  call->conn_ = this;
+  phase_ = Phase::kActive;
+  begin_exchange();
+}
+
+void UpstreamConnection::begin_exchange() {
+  llhttp_init(&parser_, HTTP_RESPONSE, parser_settings());
+  parser_.data = this;
+  status_ = 0;
+  headers_.clear();
+  in_header_value_ = false;
+  interim_ = false;
+  message_done_ = false;
+  got_bytes_ = false;
+  head_request_ = call_->wire_.starts_with("HEAD ");
+  head_bytes_ = 0;
+  head_fields_ = 0;
+  interim_count_ = 0;
+  limit_error_ = nullptr;
+
+  auto* w = new WriteReq;
+  w->conn = this;
+  w->call = call_;
+  w->req.data = w;
+  uv_buf_t buf = uv_buf_init(call_->wire_.data(), static_cast<unsigned>(call_->wire_.size()));
+  const int rc = uv_write(&w->req, tcp_.stream(), &buf, 1, &UpstreamConnection::on_write);
+  if (rc < 0) {
+    delete w;
+    fail(UpstreamFailure::kConnectionLost,
+         Status(StatusCode::kIoError, "write to " + key_ + ": " + uv_strerror(rc)));
+    return;
+  }
+  writing_ = true;
+  arm_timer(TimerMode::kFirstByte, to_ms(call_->timeouts_.first_byte));
+  update_reading();
+}
+
+void UpstreamConnection::on_write(uv_write_t* req, int status) {
+  auto* w = static_cast<WriteReq*>(req->data);
+  UpstreamConnection* c = w->conn;
+  std::shared_ptr<UpstreamCall> call = std::move(w->call);
+  delete w;
+  if (status == UV_ECANCELED || c->phase_ == Phase::kClosed) return;
+  c->writing_ = false;
+  if (status < 0 && c->attached(call)) {
+    c->fail(UpstreamFailure::kConnectionLost,
+            Status(StatusCode::kIoError, "write to " + c->key_ + ": " + uv_strerror(status)));
+    return;
+  }
+  if (c->got_bytes_ && c->attached(call)) std::string().swap(call->wire_);  // no retry any more
+}
+
+void UpstreamConnection::update_reading() {
+  if (phase_ == Phase::kClosed) return;
+  bool want = false;
+  if (phase_ == Phase::kIdle) want = true;  // notice the upstream closing a pooled connection
+  if (phase_ == Phase::kActive) want = !(call_ && call_->paused_);
+  if (want && !reading_) {
+    if (uv_read_start(tcp_.stream(), &UpstreamConnection::on_alloc, &UpstreamConnection::on_read) == 0) {
+      reading_ = true;
+    }
+  } else if (!want && reading_) {
+    uv_read_stop(tcp_.stream());
+    reading_ = false;
+  }
+  if (phase_ == Phase::kActive) {
+    if (!reading_) {
+      arm_timer(TimerMode::kNone, 0);
+    } else if (timer_mode_ == TimerMode::kNone) {
+      if (got_bytes_) {
+        arm_timer(TimerMode::kBodyIdle, to_ms(call_->timeouts_.idle));
+      } else {
+        arm_timer(TimerMode::kFirstByte, to_ms(call_->timeouts_.first_byte));
+      }
+    }
+  }
+}
+
+void UpstreamConnection::on_alloc(uv_handle_t* h, size_t, uv_buf_t* buf) {
+  auto* c = UvHandle<uv_tcp_t>::owner_of<UpstreamConnection>(h);
+  buf->base = c->core_->read_buffer.data();
+  buf->len = c->core_->read_buffer.size();
+}
+
+void UpstreamConnection::on_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf) {
+  UvHandle<uv_tcp_t>::owner_of<UpstreamConnection>(s)->handle_read(nread, buf);
+}
+
+void UpstreamConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
+  if (nread == 0 || phase_ == Phase::kClosed) return;
+  if (phase_ == Phase::kIdle) {
+    // The upstream closed (or sent unsolicited bytes on) a pooled connection: drop it.
+    close();
+    return;
+  }
+  if (phase_ != Phase::kActive || !call_) return;
+  std::shared_ptr<UpstreamCall> call = call_;
+  if (nread < 0) {
+    if (nread == UV_EOF && got_bytes_) {
+      // A close-delimited body ends here; anything else is a truncated response.
+      const llhttp_errno_t fin = llhttp_finish(&parser_);
+      if ((fin == HPE_OK || fin == HPE_PAUSED) && message_done_) {
+        complete(false);
+        return;
+      }
+      if (!attached(call)) return;
+    }
+    fail(UpstreamFailure::kConnectionLost,
+         Status(StatusCode::kIoError,
+                "upstream " + key_ + " closed the connection before the response was complete" +
+                    (nread == UV_EOF ? std::string() : std::string(" (") + uv_strerror(static_cast<int>(nread)) + ")")));
+    return;
+  }
+  if (!got_bytes_ && !writing_) std::string().swap(call->wire_);  // the retry is over: free the copy
+  got_bytes_ = true;
+  arm_timer(TimerMode::kBodyIdle, to_ms(call->timeouts_.idle));
+  const llhttp_errno_t err = llhttp_execute(&parser_, buf->base, static_cast<size_t>(nread));
+  if (!attached(call)) return;  // a callback cancelled the call (or the pool closed)
+  if (err == HPE_PAUSED && message_done_) {
+    const char* pos = llhttp_get_error_pos(&parser_);
+    complete(pos != nullptr && pos < buf->base + nread);
+    return;
+  }
+  if (err != HPE_OK && limit_error_ != nullptr) {
+    ++core_->stats.oversized_heads;
+    fail(UpstreamFailure::kBadResponse,
+         Status(StatusCode::kMalformed, "response from " + key_ + " refused: " + limit_error_));
+    return;
+  }
+  if (err != HPE_OK) {
+    const char* reason = llhttp_get_error_reason(&parser_);
+    fail(UpstreamFailure::kBadResponse,
+         Status(StatusCode::kMalformed, std::string("malformed response from ") + key_ + " (" +
+                                            llhttp_errno_name(err) + "): " + (reason ? reason : "")));
+  }
+}
+
+void UpstreamConnection::arm_timer(TimerMode mode, uint64_t ms) {
+  if (!timer_) return;
+  uv_timer_stop(timer_.get());
+  timer_mode_ = TimerMode::kNone;
+  if (mode == TimerMode::kNone || ms == 0) return;
+  timer_mode_ = mode;
+  // The loop clock is cached per iteration; refresh it so a timeout armed late in a busy
+  // iteration (or from start() outside a callback) is not cut short by the stale time.
+  uv_update_time(core_->loop);
+  uv_timer_start(timer_.get(), &UpstreamConnection::on_timer, ms, 0);
+}
+
+void UpstreamConnection::on_timer(uv_timer_t* t) {
+  UvHandle<uv_timer_t>::owner_of<UpstreamConnection>(t)->handle_timeout();
+}
+
+void UpstreamConnection::handle_timeout() {
+  const TimerMode mode = std::exchange(timer_mode_, TimerMode::kNone);
+  switch (mode) {
+    case TimerMode::kNone:
+      return;
+    case TimerMode::kPoolIdle:
+      close();
+      return;
+    case TimerMode::kConnect:
+      fail(UpstreamFailure::kConnectTimeout,
+           Status(StatusCode::kIoError, "connect to " + key_ + ": timeout after " +
+                                            std::to_string(call_->timeouts_.connect.count()) + " ms"));
+      return;
+    case TimerMode::kFirstByte:
+      fail(UpstreamFailure::kFirstByteTimeout,
+           Status(StatusCode::kIoError, "upstream " + key_ + ": no response byte within " +
+                                            std::to_string(call_->timeouts_.first_byte.count()) + " ms (timeout)"));
+      return;
+    case TimerMode::kBodyIdle:
+      fail(UpstreamFailure::kIdleTimeout,
+           Status(StatusCode::kIoError, "upstream " + key_ + ": response idle for " +
+                                            std::to_string(call_->timeouts_.idle.count()) + " ms (timeout)"));
+      return;
+  }
+}
+
+void UpstreamConnection::complete(bool extra_bytes) {
+  std::shared_ptr<UpstreamCall> call = std::move(call_);
+  call->conn_ = nullptr;
+  const bool reusable = llhttp_should_keep_alive(&parser_) != 0 && !extra_bytes && !writing_ &&
+                        !core_->closed && !head_request_;
+  // Back to the pool before on_complete, so a call started from it can reuse this connection.
+  if (reusable) {
+    return_to_pool();
+  } else {
+    close();
+  }
+  call->finish_ok();
+}
+
+void UpstreamConnection::fail(UpstreamFailure failure, Status error) {
+  std::shared_ptr<UpstreamCall> call = std::move(call_);
+  if (call) call->conn_ = nullptr;
+  close();
+  if (!call) return;
+  if (failure == UpstreamFailure::kConnect || failure == UpstreamFailure::kConnectTimeout) {
+    core_->resolver->forget(call->target_.host);  // a node that moved: look its name up again
+  }
+  if (failure == UpstreamFailure::kConnectionLost && call->reused_ && !got_bytes_ && !call->retried_) {
+    // Stale pooled connection (see the header): retry once on a fresh one.
+    call->retried_ = true;
+    call->reused_ = false;
+    ++core_->stats.retries;
+    spdlog::debug("upstream {}: pooled connection was closed ({}); retrying on a fresh one", key_,
+                  error.message());
+    core_->launch(call, /*allow_reuse=*/false);
+    return;
+  }
+  call->finish_error(failure, std::move(error));
+}
+
+void UpstreamConnection::abandon() {
+  if (call_) call_->conn_ = nullptr;
+  call_.reset();
+  close();
+}
+
+void UpstreamConnection::fail_pool_closed() {
+  std::shared_ptr<UpstreamCall> call = std::move(call_);
+  if (call) call->conn_ = nullptr;
+  close();
+  if (call) call->finish_error(UpstreamFailure::kPoolClosed, Status(StatusCode::kIoError, "upstream pool closed"));
+}
+
+void UpstreamConnection::return_to_pool() {
+  auto& list = core_->idle[key_];
+  if (list.size() >= core_->options.max_idle_per_host) {
+    close();
+    return;
+  }
+  phase_ = Phase::kIdle;
+  list.push_back(this);
+  ++core_->stats.idle;
+  arm_timer(TimerMode::kPoolIdle, to_ms(core_->options.idle_timeout));
+  update_reading();
+}
+
+void UpstreamConnection::close() {
+  if (phase_ == Phase::kClosed) return;
+  if (phase_ == Phase::kIdle) {
+    auto it = core_->idle.find(key_);
+    if (it != core_->idle.end()) {
+      auto& v = it->second;
+      v.erase(std::remove(v.begin(), v.end(), this), v.end());
+      if (v.empty()) core_->idle.erase(it);
+    }
+    --core_->stats.idle;
+  }
+  phase_ = Phase::kClosed;
+  reading_ = false;
+  timer_mode_ = TimerMode::kNone;
+  core_->live.erase(this);
+  timer_.close();
+  tcp_.close([this] { delete this; });
+}
+
+// llhttp glue ---------------------------------------------------------------------------------
+
+const llhttp_settings_t* UpstreamConnection::parser_settings() {
+  static const llhttp_settings_t settings = [] {
+    llhttp_settings_t s;
+    llhttp_settings_init(&s);
+    s.on_message_begin = &UpstreamConnection::on_message_begin;
+    s.on_header_field = &UpstreamConnection::on_header_field;
+    s.on_header_value = &UpstreamConnection::on_header_value;
+    s.on_headers_complete = &UpstreamConnection::on_headers_complete;
+    s.on_body = &UpstreamConnection::on_body;
+    s.on_message_complete = &UpstreamConnection::on_message_complete;
+    return s;
+  }();
+  return &settings;
+}
+
+int UpstreamConnection::on_message_begin(llhttp_t* p) {
+  UpstreamConnection* c = from_parser(p);
+  c->headers_.clear();
+  c->in_header_value_ = false;
+  c->interim_ = false;
+  c->head_bytes_ = 0;
+  c->head_fields_ = 0;
+  return 0;
+}
+
+// Counts `len` head bytes; false (and the reason set) once over kMaxResponseHeaderBytes.
+static bool add_head_bytes(size_t* bytes, size_t len, const char** error) {
+  static_assert(kMaxResponseHeaderBytes == 65536, "update the message below");
+  *bytes += len;
+  if (*bytes <= kMaxResponseHeaderBytes) return true;
+  *error = "response headers over 65536 bytes";
+  return false;
+}
+
+int UpstreamConnection::on_header_field(llhttp_t* p, const char* at, size_t len) {
+  UpstreamConnection* c = from_parser(p);
+  if (c->in_header_value_ || c->headers_.empty()) {
+    if (++c->head_fields_ > kMaxResponseHeaders) {
+      c->limit_error_ = "more than 100 response header fields";
+      return HPE_USER;
+    }
+    c->headers_.emplace_back();
+    c->in_header_value_ = false;
+  }
+  if (!add_head_bytes(&c->head_bytes_, len + 4, &c->limit_error_)) return HPE_USER;
+  c->headers_.back().name.append(at, len);
+  return 0;
+}
+
+int UpstreamConnection::on_header_value(llhttp_t* p, const char* at, size_t len) {
+  UpstreamConnection* c = from_parser(p);
+  if (!add_head_bytes(&c->head_bytes_, len, &c->limit_error_)) return HPE_USER;
+  c->in_header_value_ = true;
+  if (c->headers_.empty()) c->headers_.emplace_back();
+  c->headers_.back().value.append(at, len);
+  return 0;
+}
+
+int UpstreamConnection::on_headers_complete(llhttp_t* p) {
+  UpstreamConnection* c = from_parser(p);
+  const int status = p->status_code;
+  if (status == 101) {
+    llhttp_set_error_reason(p, "unexpected 101 Switching Protocols");
+    return -1;
+  }
+  if (status >= 100 && status < 200) {
+    if (++c->interim_count_ > kMaxInterimResponses) {
+      c->limit_error_ = "more than 10 interim (1xx) responses";
+      return HPE_USER;
+    }
+    c->interim_ = true;  // 100 Continue / 103 Early Hints: the final response follows
+    return 0;
+  }
+  c->status_ = status;
+  std::shared_ptr<UpstreamCall> call = c->call_;
+  call->fire(call->callbacks_.on_head, "on_head", status, c->headers_);
+  if (!c->attached(call)) return -1;
+  return c->head_request_ ? 1 : 0;  // 1: a HEAD response has no body whatever it says
+}
+
+int UpstreamConnection::on_body(llhttp_t* p, const char* at, size_t len) {
+  UpstreamConnection* c = from_parser(p);
+  std::shared_ptr<UpstreamCall> call = c->call_;
+  call->fire(call->callbacks_.on_body, "on_body", std::string_view(at, len));
+  return c->attached(call) ? 0 : -1;
+}
+
+int UpstreamConnection::on_message_complete(llhttp_t* p) {
+  UpstreamConnection* c = from_parser(p);
+  if (c->interim_) {
+    c->interim_ = false;
+    return 0;
+  }
+  // Pause so execute() stops right after the response: bytes after it mean the connection is
+  // not in a state we can reuse.
+  c->message_done_ = true;
+  return HPE_PAUSED;
+}
+
+// ---------------------------------------------------------------------------------------------
+// UpstreamPoolCore
+
+void UpstreamPoolCore::launch(const std::shared_ptr<UpstreamCall>& call, bool allow_reuse) {
+  if (closed) {
+    fail_later(call, UpstreamFailure::kPoolClosed, Status(StatusCode::kIoError, "upstream pool closed"));
+    return;
+  }
+  if (allow_reuse) {
+    auto it = idle.find(call->key_);
+    if (it != idle.end() && !it->second.empty()) {
+      UpstreamConnection* conn = it->second.back();
+      it->second.pop_back();
+      if (it->second.empty()) idle.erase(it);
+      --stats.idle;
+      ++stats.reuses;
+      call->reused_ = true;
+      conn->attach(call);
+      return;
+    }
+  }
+  if (call->target_.port == 0) {
+    fail_later(call, UpstreamFailure::kBadRequest, Status(StatusCode::kBadAddress, "upstream port 0"));
+    return;
+  }
+  sockaddr_storage addr{};
+  if (literal_sockaddr(call->target_, &addr)) {
+    connect_fresh(call, addr);
+    return;
+  }
+  const std::string& host = call->target_.host;
+  if (resolver->cached(host, &addr)) {
+    set_port(&addr, call->target_.port);
+    connect_fresh(call, addr);
+    return;
+  }
+  // The call is held until the answer; cancel() meanwhile just marks it done.
+  Status started = resolver->resolve(
+      host, [call, weak = weak_from_this()](const Status& error, const sockaddr_storage& found) {
+        std::shared_ptr<UpstreamPoolCore> core = weak.lock();
+        if (!core || call->done()) return;
+        if (core->closed) {
+          call->finish_error(UpstreamFailure::kPoolClosed, Status(StatusCode::kIoError, "upstream pool closed"));
+        } else if (!error) {
+          call->finish_error(UpstreamFailure::kConnect,
+                             Status(error.code(), "connect to " + call->key_ + ": " + error.message()));
+        } else {
+          sockaddr_storage address = found;
+          set_port(&address, call->target_.port);
+          core->connect_fresh(call, address);
+        }
+      });
+  if (!started) {
+    fail_later(call, UpstreamFailure::kConnect,
+               Status(started.code(), "connect to " + call->key_ + ": " + started.message()));
+  }
+}
+
+void UpstreamPoolCore::connect_fresh(const std::shared_ptr<UpstreamCall>& call, const sockaddr_storage& addr) {
+  ++stats.connects;
+  int rc = 0;
+  UpstreamConnection* conn = UpstreamConnection::create(shared_from_this(), call->key_, &rc);
+  if (conn != nullptr) rc = conn->connect(reinterpret_cast<const sockaddr*>(&addr), call);
+  if (rc < 0) {
+    const UpstreamFailure failure = connect_failure(rc);
+    if (failure == UpstreamFailure::kLocalResources) {
+      fail_later(call, failure,
+                 Status(StatusCode::kIoError, "no local resources to connect to " + call->key_ + ": " +
+                                                  uv_strerror(rc) + " (a limit of this router, not the node)"));
+      return;
+    }
+    fail_later(call, failure, Status(StatusCode::kIoError, "connect to " + call->key_ + ": " + uv_strerror(rc)));
+  }
+}
+
+void UpstreamPoolCore::fail_later(const std::shared_ptr<UpstreamCall>& call, UpstreamFailure failure,
+                                  Status error) {
+  call->failure_ = failure;
+  call->pending_error_ = std::move(error);
+  deferred.push_back(call);
+  if (deferred_timer) uv_timer_start(deferred_timer.get(), &UpstreamPoolCore::on_deferred_timer, 0, 0);
+}
+
+void UpstreamPoolCore::on_deferred_timer(uv_timer_t* t) {
+  UvHandle<uv_timer_t>::owner_of<UpstreamPoolCore>(t)->run_deferred();
+}
+
+void UpstreamPoolCore::run_deferred() {
+  std::vector<std::shared_ptr<UpstreamCall>> calls = std::move(deferred);
+  deferred.clear();
+  for (auto& call : calls) call->finish_error(call->failure_, std::move(call->pending_error_));
+}
+
+void UpstreamPoolCore::close_all() {
+  closed = true;
+  if (resolver) resolver->close();  // calls waiting for a name fail with kPoolClosed
+  std::vector<UpstreamConnection*> conns(live.begin(), live.end());
+  for (UpstreamConnection* c : conns) {
+    if (live.count(c) != 0) c->fail_pool_closed();
+  }
+  // An on_error above may start() again; those calls fail here too, so none is left waiting.
+  while (!deferred.empty()) run_deferred();
+}
+
+}  // namespace detail
+
+// -----------------------------------------------------------------------------------------------
+// UpstreamCall
+
+bool is_timeout(UpstreamFailure failure) {
+  return failure == UpstreamFailure::kConnectTimeout || failure == UpstreamFailure::kFirstByteTimeout ||
+         failure == UpstreamFailure::kIdleTimeout;
+}
+
+UpstreamCall::~UpstreamCall() = default;
+
+template <typename Fn, typename... Args>
+void UpstreamCall::fire(Fn& fn, const char* what, Args&&... args) {
+  if (!fn) return;
+  ++in_callback_;
+  try {
+    fn(std::forward<Args>(args)...);
+  } catch (const std::exception& e) {
+    spdlog::error("upstream {}: {} callback threw: {}", key_, what, e.what());
+    cancel();
+  } catch (...) {
+    spdlog::error("upstream {}: {} callback threw a non-std exception", key_, what);
+    cancel();
+  }
+  --in_callback_;
+  if (state_ == State::kDone && in_callback_ == 0) callbacks_ = UpstreamCallbacks{};
+}
+
+void UpstreamCall::end(bool cancelled, bool error) {
+  state_ = State::kDone;
+  // Its connection is closed or back in the pool by now: no write can still read the copy.
+  std::string().swap(wire_);
+  if (auto core = core_.lock()) {
+    --core->stats.active;
+    if (cancelled) ++core->stats.cancels;
+    if (error) {
+      ++core->stats.errors;
+      if (failure_ == UpstreamFailure::kLocalResources) ++core->stats.local_errors;
+      if (is_timeout(failure_)) ++core->stats.timeouts;
+    }
+  }
+}
+
+void UpstreamCall::finish_ok() {
+  if (state_ == State::kDone) return;
+  end(false, false);
+  fire(callbacks_.on_complete, "on_complete");
+}
+
+void UpstreamCall::finish_error(UpstreamFailure failure, Status error) {
+  if (state_ == State::kDone) return;
+  failure_ = failure;
+  end(false, true);
+  spdlog::debug("upstream {}: call failed: {}", key_, error.to_string());
+  fire(callbacks_.on_error, "on_error", error);
+}
+
+void UpstreamCall::cancel() {
+  if (state_ == State::kDone) return;
+  end(true, false);
+  if (conn_ != nullptr) conn_->abandon();
+  if (in_callback_ == 0) callbacks_ = UpstreamCallbacks{};
+}
+
+void UpstreamCall::pause() {
+  if (paused_ || state_ == State::kDone) return;
+  paused_ = true;
+  if (conn_ != nullptr) conn_->update_reading();
+}
+
+void UpstreamCall::resume() {
+  if (!paused_) return;
+  paused_ = false;
+  if (conn_ != nullptr && state_ != State::kDone) conn_->update_reading();
+}
+
+// -----------------------------------------------------------------------------------------------
+// UpstreamPool
+
+UpstreamPool::UpstreamPool(uv_loop_s* loop, PoolOptions options)
+    : core_(std::make_shared<detail::UpstreamPoolCore>()) {
+  core_->loop = loop;
+  core_->options = options;
+  core_->resolver = std::make_unique<HostResolver>(loop, options.dns_ttl, options.resolve_timeout);
+  const int rc = core_->deferred_timer.init(core_.get(), [&](uv_timer_t* t) { return uv_timer_init(loop, t); });
+  if (rc < 0) spdlog::error("upstream pool: uv_timer_init failed: {}", uv_strerror(rc));
+}
+
+UpstreamPool::~UpstreamPool() {
+  close_all();
+  core_->deferred_timer.close();
+}
+
+std::shared_ptr<UpstreamCall> UpstreamPool::start(const proto::HostPort& target, UpstreamRequest request,
+                                                  UpstreamTimeouts timeouts, UpstreamCallbacks callbacks) {
+  std::shared_ptr<UpstreamCall> call(new UpstreamCall());
+  call->core_ = core_;
+  call->target_ = target;
+  call->key_ = target.to_string();
+  call->timeouts_ = timeouts;
+  call->callbacks_ = std::move(callbacks);
+  call->state_ = UpstreamCall::State::kRunning;
+  ++core_->stats.active;
+  if (Status s = detail::build_wire(target, request, &call->wire_); !s) {
+    core_->fail_later(call, UpstreamFailure::kBadRequest, std::move(s));
+    return call;
+  }
+  core_->launch(call, /*allow_reuse=*/true);
+  return call;
+}
+
+void UpstreamPool::close_all() { core_->close_all(); }
+
+PoolStats UpstreamPool::stats() const {
+  PoolStats stats = core_->stats;
+  stats.name_lookups = core_->resolver->stats().lookups;
+  return stats;
+}
+
+}  // namespace pdr::http

@@ -1,0 +1,784 @@
+#include "config/topology.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "config/topology_store.h"
+
+namespace pdr::discovery {
+namespace {
+
+using ::testing::Eq;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+using namespace std::chrono_literals;
+
+Status parse(const std::string& text, Topology* out) {
+  return parse_topology(text, "topo.yaml", out);
+}
+
+// Parses text expected to be invalid; returns the message.
+std::string error_of(const std::string& text, StatusCode expected_code) {
+  Topology t;
+  Status s = parse(text, &t);
+  EXPECT_FALSE(s.is_ok()) << "accepted:\n" << text;
+  EXPECT_EQ(s.code(), expected_code) << s.to_string();
+  return s.message();
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string templ = (std::filesystem::temp_directory_path() / "pdr-topo-XXXXXX").string();
+    path_ = ::mkdtemp(templ.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  std::string write(const std::string& name, const std::string& content) const {
+    std::ofstream(file(name), std::ios::binary | std::ios::trunc) << content;
+    return file(name);
+  }
+
+ private:
+  std::string path_;
+};
+
+// Sets an environment variable for one test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+TEST(TopologyParse, EmptyTextGivesDefaults) {
+  for (const char* text : {"", "# only a comment\n\n# another\n", "---\n"}) {
+    Topology t;
+    t.workers = 99;
+    ASSERT_TRUE(parse(text, &t).is_ok()) << text;
+    const Topology d;
+    EXPECT_EQ(t.workers, 0u);
+    EXPECT_EQ(t.listeners.http, (proto::HostPort{"0.0.0.0", 10001}));
+    EXPECT_EQ(t.listeners.discovery, "tcp://*:36367");
+    EXPECT_EQ(t.discovery.ttl, d.discovery.ttl);
+    EXPECT_EQ(t.policies.decode, PolicyName::kRoundRobin);
+    EXPECT_EQ(t.connectors.default_connector, proto::Connector::kMoriio);
+    EXPECT_EQ(t.connectors.default_transfer_mode, proto::TransferMode::kWrite);
+    EXPECT_EQ(t.timeouts.connect, 2000ms);
+    EXPECT_EQ(t.retries.prefill_attempts, 2u);
+    EXPECT_EQ(t.retries.eject_after_connect_failures, 3u);
+    EXPECT_EQ(t.retries.eject, 5000ms);
+    EXPECT_EQ(t.limits.max_body_bytes, 32u * 1024 * 1024);
+    EXPECT_EQ(t.limits.max_buffered_bytes, 1u << 30);
+    EXPECT_EQ(t.timeouts.client_write, 30000ms);
+    EXPECT_EQ(t.timeouts.request, 0ms);
+    EXPECT_TRUE(t.admin.api_key.empty());
+    EXPECT_TRUE(t.static_instances.empty());
+    EXPECT_TRUE(t.source_path.empty());
+  }
+}
+
+TEST(TopologyParse, EmptySectionsGiveDefaults) {
+  Topology t;
+  ASSERT_TRUE(parse("listeners:\ntimeouts: {}\ninstances: []\n", &t).is_ok());
+  EXPECT_EQ(t.timeouts.drain, 30000ms);
+  EXPECT_TRUE(t.static_instances.empty());
+}
+
+TEST(TopologyParse, FullFileSetsEveryField) {
+  ScopedEnv token("PDR_TEST_DISCOVERY_TOKEN", "disc-token");
+  ScopedEnv upstream("PDR_TEST_UPSTREAM_KEY", "up-key");
+  ScopedEnv admin("PDR_TEST_ADMIN_KEY", "admin-key");
+  const std::string text = R"(
+listeners:
+  http: "127.0.0.1:0"
+  discovery: "tcp://127.0.0.1:0"
+workers: 4
+discovery:
+  ttl_ms: 7000
+  min_ttl_ms: 2000
+  max_ttl_ms: 9000
+  expired_retention_ms: 0
+  max_instances: 100
+  max_message_bytes: 4096
+  auth_token_env: PDR_TEST_DISCOVERY_TOKEN
+  allow_unauthenticated_vllm: false
+policies:
+  prefill: least_outstanding
+  decode: affinity
+  affinity_header: x-session-id
+  affinity_prefix_bytes: 128
+connectors:
+  default: p2p-nccl
+  default_transfer_mode: READ
+  mooncake_bootstrap_port: 9000
+  upstream_api_key_env: PDR_TEST_UPSTREAM_KEY
+timeouts:
+  connect_ms: 100
+  prefill_ms: 200
+  first_byte_ms: 300
+  stream_idle_ms: 400
+  header_read_ms: 500
+  body_read_ms: 550
+  keep_alive_idle_ms: 600
+  drain_ms: 700
+  client_write_ms: 900
+  request_ms: 1100
+retries:
+  prefill_attempts: 3
+  decode_attempts: 1
+  eject_after_connect_failures: 0
+  eject_ms: 800
+limits:
+  max_body_bytes: 1000
+  max_header_bytes: 2000
+  max_concurrent_requests: 30
+  max_connections: 40
+  max_buffered_bytes: 5000000
+admin:
+  api_key_env: PDR_TEST_ADMIN_KEY
+instances:
+  - role: prefill
+    http_address: "10.0.0.1:8100"
+    connector: moriio
+    zmq_address: "host:10.0.0.1,handshake:6301,notify:61005"
+    dp_size: 2
+    tp_size: 4
+    model: m
+    labels: {zone: b, rack: "1"}
+  - role: decode
+    http_address: "[fd00::2]:8200"
+    zmq_address: "10.0.0.2:21001"
+  - role: P
+    http_address: "node-3.example:8300"
+    connector: mooncake
+  - role: decode
+    http_address: "10.0.0.4:8400"
+    connector: moriio
+    transfer_mode: read
+    zmq_address: "host:10.0.0.4,handshake:6301,notify:61005"
+    bootstrap_port: 7000
+)";
+  Topology t;
+  Status s = parse(text, &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.listeners.http, (proto::HostPort{"127.0.0.1", 0}));
+  EXPECT_EQ(t.listeners.discovery, "tcp://127.0.0.1:0");
+  EXPECT_EQ(t.workers, 4u);
+  EXPECT_EQ(t.discovery.ttl, 7000ms);
+  EXPECT_EQ(t.discovery.min_ttl, 2000ms);
+  EXPECT_EQ(t.discovery.max_ttl, 9000ms);
+  EXPECT_EQ(t.discovery.expired_retention, 0ms);
+  EXPECT_EQ(t.discovery.max_instances, 100u);
+  EXPECT_EQ(t.discovery.max_message_bytes, 4096u);
+  EXPECT_EQ(t.discovery.auth_token, "disc-token");
+  EXPECT_EQ(t.discovery.auth_token_env, "PDR_TEST_DISCOVERY_TOKEN");
+  EXPECT_FALSE(t.discovery.allow_unauthenticated_vllm);
+  EXPECT_EQ(t.policies.prefill, PolicyName::kLeastOutstanding);
+  EXPECT_EQ(t.policies.decode, PolicyName::kAffinity);
+  EXPECT_EQ(t.policies.affinity_header, "x-session-id");
+  EXPECT_EQ(t.policies.affinity_prefix_bytes, 128u);
+  EXPECT_EQ(t.connectors.default_connector, proto::Connector::kP2pNccl);
+  EXPECT_EQ(t.connectors.default_transfer_mode, proto::TransferMode::kRead);
+  EXPECT_EQ(t.connectors.mooncake_bootstrap_port, 9000);
+  EXPECT_EQ(t.connectors.upstream_api_key, "up-key");
+  EXPECT_EQ(t.connectors.upstream_api_key_env, "PDR_TEST_UPSTREAM_KEY");
+  EXPECT_EQ(t.timeouts.connect, 100ms);
+  EXPECT_EQ(t.timeouts.prefill, 200ms);
+  EXPECT_EQ(t.timeouts.first_byte, 300ms);
+  EXPECT_EQ(t.timeouts.stream_idle, 400ms);
+  EXPECT_EQ(t.timeouts.header_read, 500ms);
+  EXPECT_EQ(t.timeouts.body_read, 550ms);
+  EXPECT_EQ(t.timeouts.keep_alive_idle, 600ms);
+  EXPECT_EQ(t.timeouts.drain, 700ms);
+  EXPECT_EQ(t.timeouts.client_write, 900ms);
+  EXPECT_EQ(t.timeouts.request, 1100ms);
+  EXPECT_EQ(t.retries.prefill_attempts, 3u);
+  EXPECT_EQ(t.retries.decode_attempts, 1u);
+  EXPECT_EQ(t.retries.eject_after_connect_failures, 0u);
+  EXPECT_EQ(t.retries.eject, 800ms);
+  EXPECT_EQ(t.limits.max_body_bytes, 1000u);
+  EXPECT_EQ(t.limits.max_header_bytes, 2000u);
+  EXPECT_EQ(t.limits.max_concurrent_requests, 30u);
+  EXPECT_EQ(t.limits.max_connections, 40u);
+  EXPECT_EQ(t.limits.max_buffered_bytes, 5000000u);
+  EXPECT_EQ(t.admin.api_key, "admin-key");
+  EXPECT_EQ(t.admin.api_key_env, "PDR_TEST_ADMIN_KEY");
+  EXPECT_TRUE(t.admin.api_key_file.empty());
+
+  ASSERT_EQ(t.static_instances.size(), 4u);
+  const StaticInstance& p = t.static_instances[0];
+  EXPECT_EQ(p.role, proto::Role::kPrefill);
+  EXPECT_EQ(p.http_address, (proto::HostPort{"10.0.0.1", 8100}));
+  EXPECT_EQ(p.connector, proto::Connector::kMoriio);
+  EXPECT_EQ(p.transfer_mode, proto::TransferMode::kRead);  // connectors.default_transfer_mode
+  EXPECT_EQ(p.zmq_address, "host:10.0.0.1,handshake:6301,notify:61005");
+  EXPECT_EQ(p.dp_size, 2u);
+  EXPECT_EQ(p.tp_size, 4u);
+  EXPECT_FALSE(p.bootstrap_port.has_value());
+  EXPECT_EQ(p.model, "m");
+  EXPECT_EQ(p.labels, (proto::Labels{{"rack", "1"}, {"zone", "b"}}));  // sorted by key
+
+  const StaticInstance& d = t.static_instances[1];
+  EXPECT_EQ(d.role, proto::Role::kDecode);
+  EXPECT_EQ(d.http_address, (proto::HostPort{"fd00::2", 8200}));
+  EXPECT_EQ(d.connector, proto::Connector::kP2pNccl);  // connectors.default
+  EXPECT_EQ(d.transfer_mode, proto::TransferMode::kNone);
+  EXPECT_EQ(d.dp_size, 1u);
+  EXPECT_TRUE(d.labels.empty());
+
+  const StaticInstance& mooncake = t.static_instances[2];
+  EXPECT_EQ(mooncake.role, proto::Role::kPrefill);
+  EXPECT_EQ(mooncake.bootstrap_port, std::optional<uint16_t>(9000));
+
+  const StaticInstance& explicit_mode = t.static_instances[3];
+  EXPECT_EQ(explicit_mode.transfer_mode, proto::TransferMode::kRead);
+  EXPECT_EQ(explicit_mode.bootstrap_port, std::optional<uint16_t>(7000));
+}
+
+TEST(TopologyParse, ExampleFileLoads) {
+  const std::string path = std::string(PDR_SOURCE_DIR) + "/deploy/topology.example.yaml";
+  Topology t;
+  Status s = load_topology_file(path, &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.source_path, path);
+  EXPECT_EQ(t.listeners.http, (proto::HostPort{"0.0.0.0", 10001}));
+  EXPECT_EQ(t.listeners.discovery, "tcp://*:36367");
+  ASSERT_EQ(t.static_instances.size(), 2u);
+  EXPECT_EQ(t.static_instances[0].role, proto::Role::kPrefill);
+  EXPECT_EQ(t.static_instances[1].role, proto::Role::kDecode);
+  for (const StaticInstance& inst : t.static_instances) {
+    EXPECT_EQ(inst.connector, proto::Connector::kMoriio);
+    EXPECT_EQ(inst.transfer_mode, proto::TransferMode::kWrite);
+  }
+}
+
+TEST(TopologyParse, InvalidSyntaxNamesLineAndColumn) {
+  std::string msg = error_of("workers: 1\nlisteners:\n  http: [1, 2\n", StatusCode::kMalformed);
+  EXPECT_THAT(msg, StartsWith("topo.yaml:4:1: invalid YAML: "));
+  msg = error_of("workers: 1\n\tdiscovery: {}\n", StatusCode::kMalformed);
+  EXPECT_THAT(msg, StartsWith("topo.yaml:2:1: invalid YAML: "));
+}
+
+TEST(TopologyParse, PortOutOfRange) {
+  EXPECT_THAT(error_of("listeners:\n  http: 0.0.0.0:70000\n", StatusCode::kOutOfRange),
+              StartsWith("topo.yaml:2:9: listeners.http: port 70000 is out of range (1..65535"));
+  EXPECT_THAT(error_of("listeners:\n  discovery: tcp://*:70000\n", StatusCode::kOutOfRange),
+              StartsWith("topo.yaml:2:14: listeners.discovery: port 70000 is out of range"));
+  EXPECT_THAT(error_of("connectors:\n  mooncake_bootstrap_port: 0\n", StatusCode::kOutOfRange),
+              HasSubstr("connectors.mooncake_bootstrap_port: 0 is out of range (1..65535)"));
+}
+
+TEST(TopologyParse, DiscoveryEndpointForms) {
+  for (const char* ok :
+       {"tcp://*:36367", "tcp://*:*", "tcp://*:0", "tcp://[::1]:5555", "ipc:///tmp/pdr.sock"}) {
+    Topology t;
+    Status s = parse(std::string("listeners: {discovery: \"") + ok + "\"}", &t);
+    EXPECT_TRUE(s.is_ok()) << ok << ": " << s.to_string();
+    EXPECT_EQ(t.listeners.discovery, ok);
+  }
+  for (const char* bad : {"udp://*:1", "tcp://*", "tcp://*:abc", "ipc://", "tcp://bad host:1"}) {
+    Topology t;
+    Status s = parse(std::string("listeners: {discovery: \"") + bad + "\"}", &t);
+    EXPECT_FALSE(s.is_ok()) << bad;
+    EXPECT_THAT(s.message(), StartsWith("topo.yaml:1:24: listeners.discovery: ")) << bad;
+  }
+}
+
+TEST(TopologyParse, UnknownPolicyListsChoices) {
+  EXPECT_EQ(error_of("workers: 2\npolicies:\n  decode: fastest\n", StatusCode::kInvalidValue),
+            "topo.yaml:3:11: policies.decode: unknown policy 'fastest' (expected round_robin, "
+            "least_outstanding, power_of_two, affinity)");
+}
+
+TEST(TopologyParse, UnknownKeysAreErrors) {
+  EXPECT_EQ(error_of("workers: 1\nlistner:\n  http: x\n", StatusCode::kInvalidValue),
+            "topo.yaml:2:1: unknown key 'listner' at top level (did you mean 'listeners'?)");
+  EXPECT_EQ(error_of("discovery:\n  tll_ms: 5\n", StatusCode::kInvalidValue),
+            "topo.yaml:2:3: unknown key 'tll_ms' in discovery (did you mean 'ttl_ms'?)");
+  EXPECT_THAT(
+      error_of("instances:\n  - role: decode\n    http_address: a:1\n    connector: nixl\n    "
+               "colour: red\n",
+               StatusCode::kInvalidValue),
+      Eq("topo.yaml:5:5: unknown key 'colour' in instances[0] (expected one of: role, "
+         "http_address, connector, transfer_mode, zmq_address, dp_size, tp_size, "
+         "bootstrap_port, model, labels)"));
+  EXPECT_THAT(error_of("workers: 1\nworkers: 2\n", StatusCode::kInvalidValue),
+              StartsWith("topo.yaml:2:1: workers: duplicate key"));
+}
+
+TEST(TopologyParse, WrongTypesAreNamed) {
+  EXPECT_EQ(error_of("workers: many\n", StatusCode::kWrongType),
+            "topo.yaml:1:10: workers: expected an integer, got 'many'");
+  EXPECT_EQ(
+      error_of("timeouts:\n  connect_ms: \"100\"\n", StatusCode::kWrongType),
+      "topo.yaml:2:15: timeouts.connect_ms: expected an integer number of milliseconds, got the "
+      "string '100'");
+  EXPECT_EQ(
+      error_of("timeouts:\n  connect_ms: 1.5\n", StatusCode::kWrongType),
+      "topo.yaml:2:15: timeouts.connect_ms: expected an integer number of milliseconds, got '1.5'");
+  EXPECT_EQ(error_of("instances: {role: prefill}\n", StatusCode::kWrongType),
+            "topo.yaml:1:12: instances: expected a list of instances, got a map");
+  EXPECT_EQ(error_of("timeouts: [1, 2]\n", StatusCode::kWrongType),
+            "topo.yaml:1:11: timeouts: expected a map, got a list");
+  EXPECT_EQ(
+      error_of("discovery:\n  allow_unauthenticated_vllm: yes\n", StatusCode::kWrongType),
+      "topo.yaml:2:31: discovery.allow_unauthenticated_vllm: expected true or false, got 'yes'");
+  EXPECT_EQ(error_of("policies:\n  affinity_header:\n", StatusCode::kWrongType),
+            "topo.yaml:2:3: policies.affinity_header: expected a string, got null (write \"\" for "
+            "empty)");
+  EXPECT_EQ(error_of("- workers\n", StatusCode::kWrongType),
+            "topo.yaml:1:1: top level must be a map, got a list");
+  // Parsed strings (addresses, names) carry the position once.
+  EXPECT_EQ(error_of("instances:\n  - role: [a]\n    http_address: \"a:1\"\n", StatusCode::kWrongType)
+                .rfind("topo.yaml:"),
+            0u);
+  EXPECT_EQ(error_of("listeners:\n  http: {a: 1}\n", StatusCode::kWrongType).rfind("topo.yaml:"), 0u);
+}
+
+TEST(TopologyParse, NegativeNumbersAreRejected) {
+  EXPECT_EQ(error_of("retries:\n  prefill_attempts: -1\n", StatusCode::kOutOfRange),
+            "topo.yaml:2:21: retries.prefill_attempts: negative numbers are not allowed (got -1; "
+            "expected 1..16)");
+  EXPECT_THAT(
+      error_of("limits: {max_connections: 99999999999999999999999}\n", StatusCode::kOutOfRange),
+      HasSubstr("limits.max_connections: 99999999999999999999999 is out of range"));
+}
+
+TEST(TopologyParse, RequestBoundsAreRangeChecked) {
+  EXPECT_THAT(error_of("timeouts: {client_write_ms: 0}\n", StatusCode::kOutOfRange),
+              HasSubstr("timeouts.client_write_ms: 0 is out of range"));
+  EXPECT_THAT(error_of("timeouts: {request_ms: 86400001}\n", StatusCode::kOutOfRange),
+              HasSubstr("timeouts.request_ms: 86400001 is out of range"));
+  EXPECT_THAT(error_of("limits: {max_buffered_bytes: 4294967296}\n", StatusCode::kOutOfRange),
+              HasSubstr("limits.max_buffered_bytes: 4294967296 is out of range"));
+  Topology t;
+  ASSERT_TRUE(parse("timeouts: {request_ms: 0}\nlimits: {max_buffered_bytes: 0}\n", &t).is_ok());
+  EXPECT_EQ(t.timeouts.request, 0ms);
+  EXPECT_EQ(t.limits.max_buffered_bytes, 0u);
+}
+
+TEST(TopologyParse, CrossFieldChecks) {
+  EXPECT_THAT(error_of("retries:\n  decode_attempts: 0\n", StatusCode::kOutOfRange),
+              HasSubstr("retries.decode_attempts: 0 is out of range (1..16)"));
+  EXPECT_THAT(error_of("workers: 257\n", StatusCode::kOutOfRange),
+              HasSubstr("workers: 257 is out of range (0..256)"));
+  EXPECT_EQ(error_of("discovery:\n  ttl_ms: 500\n", StatusCode::kOutOfRange),
+            "topo.yaml:2:11: discovery.ttl_ms: need min_ttl_ms <= ttl_ms <= max_ttl_ms, got 1000 "
+            "<= 500 <= "
+            "300000");
+  EXPECT_THAT(
+      error_of("discovery:\n  min_ttl_ms: 9000\n  max_ttl_ms: 8000\n", StatusCode::kOutOfRange),
+      StartsWith("topo.yaml:2:15: discovery.min_ttl_ms: need min_ttl_ms <= ttl_ms"));
+  Topology t;
+  EXPECT_TRUE(parse("discovery: {ttl_ms: 1000, min_ttl_ms: 1000, max_ttl_ms: 1000}\n", &t).is_ok());
+}
+
+TEST(TopologyParse, StaticInstanceRules) {
+  EXPECT_THAT(error_of("instances:\n  - http_address: a:1\n", StatusCode::kMissingKey),
+              StartsWith("topo.yaml:2:5: instances[0]: missing key 'role'"));
+  EXPECT_THAT(
+      error_of("instances:\n  - {role: prefill, http_address: a:1}\n", StatusCode::kMissingKey),
+      HasSubstr("instances[0]: connector moriio needs zmq_address"));
+  EXPECT_THAT(error_of("instances:\n  - {role: prefill, http_address: a:1, zmq_address: \"a:1\"}\n",
+                       StatusCode::kBadAddress),
+              StartsWith("topo.yaml:2:53: instances[0].zmq_address: "));
+  EXPECT_THAT(error_of("instances:\n  - {role: decode, http_address: a:1, connector: p2p-nccl, "
+                       "zmq_address: \"host:a,handshake:1,notify:2\"}\n",
+                       StatusCode::kBadAddress),
+              HasSubstr("instances[0].zmq_address: "));
+  EXPECT_THAT(
+      error_of("instances:\n  - {role: decode, http_address: a:1, zmq_address: "
+               "\"host:a,handshake:1,notify:2\", transfer_mode: none}\n",
+               StatusCode::kInvalidValue),
+      HasSubstr("instances[0].transfer_mode: connector moriio needs transfer_mode READ or WRITE"));
+  EXPECT_THAT(error_of("instances:\n  - {role: X, http_address: a:1}\n", StatusCode::kInvalidValue),
+              HasSubstr("instances[0].role: unknown role 'X' (expected prefill or decode)"));
+  EXPECT_THAT(error_of("instances:\n  - {role: decode, http_address: a:1, connector: warp}\n",
+                       StatusCode::kInvalidValue),
+              HasSubstr("instances[0].connector: unknown connector 'warp'"));
+  EXPECT_THAT(
+      error_of("instances:\n  - {role: decode, http_address: a:1, connector: nixl, tp_size: 0}\n",
+               StatusCode::kOutOfRange),
+      HasSubstr("instances[0].tp_size: 0 is out of range (1..1024)"));
+  EXPECT_THAT(
+      error_of("instances:\n  - {role: decode, http_address: a:1, connector: nixl, labels: [a]}\n",
+               StatusCode::kWrongType),
+      HasSubstr("instances[0].labels: expected a map of labels, got a list"));
+  EXPECT_THAT(
+      error_of(
+          "instances:\n  - {role: decode, http_address: a:1, connector: nixl, labels: {a: [1]}}\n",
+          StatusCode::kWrongType),
+      HasSubstr("instances[0].labels.a: expected a string, got a list"));
+}
+
+TEST(TopologyParse, DuplicateInstanceAddress) {
+  const std::string text =
+      "connectors: {default: nixl}\n"
+      "instances:\n"
+      "  - {role: prefill, http_address: \"10.0.0.1:8000\"}\n"
+      "  - {role: decode, http_address: \"10.0.0.2:8000\"}\n"
+      "  - {role: decode, http_address: \"10.0.0.1:8000\"}\n";
+  EXPECT_EQ(error_of(text, StatusCode::kInvalidValue),
+            "topo.yaml:5:34: instances[2].http_address: duplicate instance 10.0.0.1:8000 (also "
+            "instances[0])");
+}
+
+TEST(TopologyParse, EnvSecretMustExist) {
+  ::unsetenv("PDR_TEST_NOT_SET_ANYWHERE");
+  EXPECT_EQ(
+      error_of("discovery:\n  auth_token_env: PDR_TEST_NOT_SET_ANYWHERE\n", StatusCode::kNotFound),
+      "topo.yaml:2:19: discovery.auth_token_env: environment variable 'PDR_TEST_NOT_SET_ANYWHERE' "
+      "is "
+      "not set or empty");
+  ScopedEnv empty("PDR_TEST_EMPTY_SECRET", "");
+  EXPECT_THAT(error_of("admin: {api_key_env: PDR_TEST_EMPTY_SECRET}\n", StatusCode::kNotFound),
+              HasSubstr("'PDR_TEST_EMPTY_SECRET' is not set or empty"));
+  ScopedEnv multiline("PDR_TEST_BAD_SECRET", "hunter2\nX-Injected: 1");
+  std::string msg = error_of("connectors: {upstream_api_key_env: PDR_TEST_BAD_SECRET}\n",
+                             StatusCode::kInvalidValue);
+  EXPECT_THAT(msg, HasSubstr("'PDR_TEST_BAD_SECRET' contains control characters"));
+  EXPECT_THAT(msg, Not(HasSubstr("hunter2")));
+  EXPECT_THAT(error_of("admin: {api_key_env: \"1BAD-NAME\"}\n", StatusCode::kInvalidValue),
+              HasSubstr("admin.api_key_env: '1BAD-NAME' is not an environment variable name"));
+}
+
+TEST(TopologyParse, SecretFile) {
+  TempDir dir;
+  const std::string key_path = dir.write("admin.key", "s3cret-value\n");
+  Topology t;
+  Status s = parse("admin:\n  api_key_file: " + key_path + "\n", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.admin.api_key, "s3cret-value");
+  EXPECT_EQ(t.admin.api_key_file, key_path);
+
+  // Relative to the topology file.
+  const std::string topo_path = dir.write("topo.yaml", "admin:\n  api_key_file: admin.key\n");
+  s = load_topology_file(topo_path, &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.admin.api_key, "s3cret-value");
+
+  std::string msg =
+      error_of("admin:\n  api_key_file: " + dir.file("missing.key") + "\n", StatusCode::kIoError);
+  EXPECT_THAT(msg, StartsWith("topo.yaml:2:17: admin.api_key_file: '" + dir.file("missing.key") +
+                              "': cannot open"));
+
+  const std::string big = dir.write("big.key", std::string(5000, 'k'));
+  EXPECT_THAT(error_of("admin:\n  api_key_file: " + big + "\n", StatusCode::kTooLarge),
+              HasSubstr("file is larger than 4096 bytes"));
+  const std::string two_lines = dir.write("two.key", "hunter2\nsecond\n");
+  msg = error_of("admin:\n  api_key_file: " + two_lines + "\n", StatusCode::kInvalidValue);
+  EXPECT_THAT(msg, Not(HasSubstr("hunter2")));
+
+  ScopedEnv admin("PDR_TEST_ADMIN_KEY2", "x");
+  EXPECT_THAT(
+      error_of("admin:\n  api_key_env: PDR_TEST_ADMIN_KEY2\n  api_key_file: " + key_path + "\n",
+               StatusCode::kInvalidValue),
+      HasSubstr("set api_key_env or api_key_file, not both"));
+}
+
+TEST(TopologyParse, YamlBombIsRejectedFast) {
+  const std::string bomb =
+      "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n"
+      "b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
+      "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+      "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\n"
+      "e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n"
+      "f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\n"
+      "g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]\n"
+      "h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]\n"
+      "i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]\n";
+  auto start = std::chrono::steady_clock::now();
+  std::string msg = error_of(bomb, StatusCode::kTooLarge);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  EXPECT_THAT(msg, HasSubstr("document has more than 10000 nodes"));
+
+  std::string flat = "instances: [";
+  while (flat.size() < 1000000) flat += "1,";
+  flat += "1]\n";
+  start = std::chrono::steady_clock::now();
+  EXPECT_EQ(
+      error_of(flat, StatusCode::kTooLarge),
+      "topo.yaml:1:20007: document has more than 10000 nodes (aliases count each time they are "
+      "used)");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+
+  std::string deep = "workers: ";
+  for (int i = 0; i < 20; ++i) deep += "[";
+  for (int i = 0; i < 20; ++i) deep += "]";
+  EXPECT_THAT(error_of(deep, StatusCode::kTooDeep), HasSubstr("nesting is deeper than 16 levels"));
+
+  // Aliases within the budget are fine.
+  Topology t;
+  Status s = parse(
+      "connectors: &c {default: nixl}\ninstances:\n  - {role: decode, http_address: a:1, labels: "
+      "&l {x: y}}\n"
+      "  - {role: prefill, http_address: b:1, labels: *l}\n",
+      &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.static_instances[1].labels, (proto::Labels{{"x", "y"}}));
+}
+
+TEST(TopologyParse, OneDocumentOnly) {
+  EXPECT_EQ(error_of("workers: 1\n---\nworkers: 2\n", StatusCode::kInvalidValue),
+            "topo.yaml:3:1: more than one YAML document (only one topology per file)");
+}
+
+TEST(TopologyParse, OutputUntouchedOnError) {
+  Topology t;
+  t.workers = 7;
+  t.source_path = "marker";
+  EXPECT_FALSE(parse("workers: 3\nretries: {prefill_attempts: 0}\n", &t).is_ok());
+  EXPECT_EQ(t.workers, 7u);
+  EXPECT_EQ(t.source_path, "marker");
+}
+
+TEST(TopologyParse, FileLimits) {
+  TempDir dir;
+  Topology t;
+  Status s = load_topology_file(dir.file("absent.yaml"), &t);
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_THAT(s.message(), StartsWith(dir.file("absent.yaml") + ": cannot open"));
+  const std::string big = dir.write("big.yaml", "# " + std::string(1 << 20, 'x') + "\n");
+  EXPECT_EQ(load_topology_file(big, &t).code(), StatusCode::kTooLarge);
+  EXPECT_EQ(load_topology_file(dir.file(""), &t).code(), StatusCode::kIoError);  // a directory
+}
+
+TEST(TopologyParse, DiscoveryAdmissionDefaultsAdmitThisMachineOnly) {
+  Topology t;
+  ASSERT_TRUE(parse("", &t).is_ok());
+  EXPECT_EQ(t.listeners.discovery, "tcp://*:36367");
+  EXPECT_TRUE(t.listeners.discovery_curve.empty());
+  ASSERT_EQ(t.discovery.allowed_peers.cidrs.size(), 2u);
+  EXPECT_EQ(t.discovery.allowed_peers.cidrs[0].to_string(), "127.0.0.0/8");
+  EXPECT_EQ(t.discovery.allowed_peers.cidrs[1].to_string(), "::1/128");
+  EXPECT_FALSE(t.discovery.allow_open);
+  EXPECT_FALSE(t.discovery.open_to_network(t.listeners.discovery, t.listeners.discovery_curve));
+  EXPECT_EQ(t.discovery.max_instances_per_class[static_cast<size_t>(AdmissionClass::kOpen)], 256u);
+}
+
+TEST(TopologyParse, DiscoveryAdmissionKeys) {
+  Topology t;
+  ASSERT_TRUE(parse("discovery:\n"
+                    "  allowed_peers: [\"127.0.0.0/24\", \"::1\"]\n"
+                    "  max_instances_per_class: {open: 0, address: 100, curve: 5000}\n",
+                    &t)
+                  .is_ok());
+  ASSERT_EQ(t.discovery.allowed_peers.cidrs.size(), 2u);
+  EXPECT_EQ(t.discovery.allowed_peers.cidrs[1].to_string(), "::1/128");
+  EXPECT_EQ(t.discovery.max_instances_per_class[0], 0u);
+  EXPECT_EQ(t.discovery.max_instances_per_class[1], 100u);
+  EXPECT_EQ(t.discovery.max_instances_per_class[2], 4096u);
+  EXPECT_EQ(t.discovery.max_instances_per_class[3], 5000u);
+  ASSERT_TRUE(parse("discovery: {max_instances: 20000}\n", &t).is_ok());
+  EXPECT_EQ(t.discovery.max_instances_per_class[0], 256u);  // open
+  EXPECT_EQ(t.discovery.max_instances_per_class[1], 20000u);
+  EXPECT_EQ(t.discovery.max_instances_per_class[3], 20000u);
+  EXPECT_THAT(error_of("discovery: {allowed_peers: [\"127.1.2.3/8\"]}\n", StatusCode::kInvalidValue),
+              HasSubstr("did you mean 127.0.0.0/8"));
+  EXPECT_THAT(error_of("discovery: {allowed_peers: \"127.0.0.1\"}\n", StatusCode::kWrongType),
+              HasSubstr("expected a list of CIDRs"));
+  EXPECT_THAT(error_of("discovery: {max_instances_per_class: {opne: 1}}\n", StatusCode::kInvalidValue),
+              HasSubstr("open"));
+}
+
+TEST(TopologyParse, DiscoveryOpenToTheNetworkNeedsAnOptIn) {
+  const std::string open = "discovery:\n  allowed_peers: [\"0.0.0.0/0\", \"::/0\"]\n";
+  EXPECT_THAT(error_of(open, StatusCode::kInvalidValue), HasSubstr("discovery.allow_open: true"));
+  Topology t;
+  ASSERT_TRUE(parse(open + "  allow_open: true\n", &t).is_ok());
+  EXPECT_TRUE(t.discovery.open_to_network(t.listeners.discovery, t.listeners.discovery_curve));
+  // Bound to loopback, an allow-everything list reaches nobody else: no opt-in needed.
+  ASSERT_TRUE(parse("listeners: {discovery: \"tcp://127.0.0.1:0\"}\n" + open, &t).is_ok());
+  EXPECT_FALSE(t.discovery.open_to_network(t.listeners.discovery, t.listeners.discovery_curve));
+  EXPECT_TRUE(endpoint_is_local("ipc:///tmp/pdr.sock"));
+  EXPECT_TRUE(endpoint_is_local("tcp://localhost:5"));
+  EXPECT_FALSE(endpoint_is_local("tcp://*:5"));
+}
+
+TEST(TopologyParse, DiscoveryCurveKeysFromFiles) {
+  TempDir dir;
+  CurveKeyPair server, client;
+  ASSERT_TRUE(generate_curve_key_pair(&server).is_ok());
+  ASSERT_TRUE(generate_curve_key_pair(&client).is_ok());
+  dir.write("router.key", curve_certificate(server, true));
+  dir.write("clients.txt", "# sidecars\n" + client.public_z85 + "\n");
+  dir.write("empty.txt", "# nobody yet\n");
+  const std::string topo = dir.write("topo.yaml",
+                                     "listeners: {discovery_curve: \"tcp://*:36368\"}\n"
+                                     "discovery:\n"
+                                     "  curve: {secret_key_file: router.key, allowed_client_keys_file: clients.txt}\n");
+  Topology t;
+  ASSERT_TRUE(load_topology_file(topo, &t).is_ok());
+  EXPECT_EQ(t.listeners.discovery_curve, "tcp://*:36368");
+  EXPECT_EQ(t.discovery.curve.server_keys.public_z85, server.public_z85);
+  EXPECT_EQ(t.discovery.curve.allowed_client_keys, std::vector<std::string>{client.public_z85});
+  // With a key list, the CURVE endpoint does not open discovery to the network.
+  EXPECT_FALSE(t.discovery.open_to_network(t.listeners.discovery, t.listeners.discovery_curve));
+
+  Status s = parse("listeners: {discovery_curve: \"tcp://*:36368\"}\n", &t);
+  EXPECT_THAT(s.message(), HasSubstr("needs discovery.curve.secret_key_file"));
+  s = load_topology_file(dir.write("t2.yaml", "discovery: {curve: {allowed_client_keys_file: empty.txt}}\n"), &t);
+  EXPECT_THAT(s.message(), HasSubstr("holds no key"));
+  s = load_topology_file(dir.write("t3.yaml", "discovery: {curve: {secret_key_file: empty.txt}}\n"), &t);
+  EXPECT_THAT(s.message(), HasSubstr("no CURVE key"));
+  // The secret never appears in an error message.
+  dir.write("bad.key", "curve\n    secret-key = \"" + server.secret_z85.substr(0, 39) + "~\"\n");
+  s = load_topology_file(dir.write("t4.yaml", "discovery: {curve: {secret_key_file: bad.key}}\n"), &t);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), Not(HasSubstr(server.secret_z85.substr(0, 39))));
+}
+
+TEST(TopologyParse, PolicyNamesRoundTrip) {
+  for (PolicyName p : {PolicyName::kRoundRobin, PolicyName::kLeastOutstanding,
+                       PolicyName::kPowerOfTwo, PolicyName::kAffinity}) {
+    PolicyName back = PolicyName::kRoundRobin;
+    ASSERT_TRUE(parse_policy_name(to_string(p), &back));
+    EXPECT_EQ(back, p);
+  }
+  PolicyName unused;
+  EXPECT_FALSE(parse_policy_name("fastest", &unused));
+}
+
+TEST(RestartRequiredChanges, ListsListenersAndWorkersOnly) {
+  Topology a;
+  Topology b;
+  b.timeouts.connect = 1ms;
+  b.static_instances.push_back(StaticInstance{});
+  EXPECT_TRUE(restart_required_changes(a, b).empty());
+  b.listeners.http.port = 9000;
+  b.workers = 3;
+  EXPECT_THAT(
+      restart_required_changes(a, b),
+      ::testing::ElementsAre("listeners.http: 0.0.0.0:10001 -> 0.0.0.0:9000", "workers: 0 -> 3"));
+  b = a;
+  b.listeners.admin = proto::HostPort{"127.0.0.1", 9100};
+  EXPECT_THAT(restart_required_changes(a, b),
+              ::testing::ElementsAre("listeners.admin: (unset) -> 127.0.0.1:9100"));
+}
+
+TEST(TopologyParse, AdminListenerAndProtectStatus) {
+  Topology t;
+  ASSERT_TRUE(parse("admin: {}\n", &t).is_ok());
+  EXPECT_FALSE(t.listeners.admin.has_value());
+  EXPECT_FALSE(t.admin.protect_status);
+  Status s = parse("listeners:\n  admin: \"127.0.0.1:0\"\nadmin:\n  protect_status: true\n", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.listeners.admin, (proto::HostPort{"127.0.0.1", 0}));
+  EXPECT_TRUE(t.admin.protect_status);
+  EXPECT_THAT(error_of("listeners:\n  admin: 127.0.0.1:70000\n", StatusCode::kOutOfRange),
+              StartsWith("topo.yaml:2:10: listeners.admin: port 70000 is out of range"));
+  EXPECT_THAT(error_of("admin:\n  protect_status: maybe\n", StatusCode::kWrongType),
+              StartsWith("topo.yaml:2:19: admin.protect_status: "));
+}
+
+TEST(TopologyStore, DefaultsWithoutPath) {
+  TopologyStore store;
+  ASSERT_TRUE(store.load_initial("").is_ok());
+  EXPECT_EQ(store.current()->listeners.http.port, 10001);
+  EXPECT_EQ(store.reload().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store.reloads_failed(), 0u);
+}
+
+TEST(TopologyStore, ReloadPublishesAndCallsListeners) {
+  TempDir dir;
+  const std::string path = dir.write("topo.yaml", "policies: {decode: round_robin}\n");
+  TopologyStore store;
+  ASSERT_TRUE(store.load_initial(path).is_ok());
+  SnapshotReader<Topology> reader(store.cell());
+  EXPECT_EQ(reader.get()->policies.decode, PolicyName::kRoundRobin);
+  EXPECT_FALSE(store.last_reload().has_value());
+
+  int calls = 0;
+  store.add_listener([&](const Topology& old_t, const Topology& new_t) {
+    ++calls;
+    EXPECT_EQ(old_t.policies.decode, PolicyName::kRoundRobin);
+    EXPECT_EQ(new_t.policies.decode, PolicyName::kPowerOfTwo);
+  });
+  dir.write("topo.yaml", "policies: {decode: power_of_two}\n");
+  Status s = store.reload();
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(reader.get()->policies.decode, PolicyName::kPowerOfTwo);
+  EXPECT_EQ(store.current()->source_path, path);
+  EXPECT_EQ(store.reloads_ok(), 1u);
+  EXPECT_EQ(store.reloads_failed(), 0u);
+  EXPECT_EQ(store.last_error(), "");
+  EXPECT_TRUE(store.last_reload().has_value());
+}
+
+TEST(TopologyStore, FailedReloadKeepsOldValue) {
+  TempDir dir;
+  const std::string path = dir.write("topo.yaml", "workers: 2\n");
+  TopologyStore store;
+  ASSERT_TRUE(store.load_initial(path).is_ok());
+  int calls = 0;
+  store.add_listener([&](const Topology&, const Topology&) { ++calls; });
+  std::shared_ptr<const Topology> before = store.current();
+
+  dir.write("topo.yaml", "workers: 3\npolicies:\n  prefill: fastest\n");
+  EXPECT_FALSE(store.reload().is_ok());
+  EXPECT_EQ(store.current(), before);
+  EXPECT_EQ(store.current()->workers, 2u);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(store.reloads_ok(), 0u);
+  EXPECT_EQ(store.reloads_failed(), 1u);
+  EXPECT_THAT(store.last_error(),
+              StartsWith(path + ":3:12: policies.prefill: unknown policy 'fastest'"));
+  EXPECT_TRUE(store.last_reload().has_value());
+
+  dir.write("topo.yaml", "workers: 4\n");
+  ASSERT_TRUE(store.reload().is_ok());
+  EXPECT_EQ(store.current()->workers, 4u);
+  EXPECT_EQ(store.last_error(), "");
+  EXPECT_EQ(calls, 1);
+}
+
+// attacks-2026-11 bug 9: an empty file (a writer between truncating and writing) on reload is
+// refused and keeps the running topology; at start-up it still means defaults.
+TEST(TopologyStore, EmptyFileOnReloadIsRefused) {
+  TempDir dir;
+  const std::string path = dir.write("topo.yaml", "workers: 2\n");
+  TopologyStore store;
+  ASSERT_TRUE(store.load_initial(path).is_ok());
+  std::shared_ptr<const Topology> before = store.current();
+  for (const char* empty : {"", "\n  \n\t"}) {
+    dir.write("topo.yaml", empty);
+    Status s = store.reload();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidValue);
+    EXPECT_THAT(s.message(), StartsWith(path + ": the file is empty"));
+    EXPECT_EQ(store.current(), before);
+  }
+  EXPECT_EQ(store.reloads_failed(), 2u);
+  EXPECT_EQ(store.reloads_ok(), 0u);
+  EXPECT_THAT(store.last_error(), StartsWith(path + ": the file is empty (whitespace only)"));
+  dir.write("topo.yaml", "# only a comment\nworkers: 3\n");
+  ASSERT_TRUE(store.reload().is_ok());
+  EXPECT_EQ(store.current()->workers, 3u);
+
+  TopologyStore fresh;
+  ASSERT_TRUE(fresh.load_initial(dir.write("empty.yaml", "")).is_ok());
+  EXPECT_EQ(fresh.current()->workers, 0u);
+}
+
+TEST(TopologyStore, InitialLoadErrorIsReturned) {
+  TempDir dir;
+  const std::string path = dir.write("topo.yaml", "workers: [\n");
+  TopologyStore store;
+  Status s = store.load_initial(path);
+  EXPECT_EQ(s.code(), StatusCode::kMalformed);
+  EXPECT_THAT(s.message(), StartsWith(path + ":"));
+  EXPECT_EQ(store.current()->workers, 0u);
+}
+
+}  // namespace
+}  // namespace pdr::discovery
