@@ -50,7 +50,7 @@ def _ports(n):
 class PdCluster:
     def __init__(self, connector, transfer_mode=None, prefills=1, decodes=1, topology=None,
                  prefill_flags=(), decode_flags=(), register=True, router_args=(),
-                 router_env=None, kv_backends=None, ephemeral_ports=False):
+                 router_env=None, kv_backends=None, ephemeral_ports=False, router_nofile=None):
         self.connector = connector
         self.transfer_mode = transfer_mode
         # The sims' --kv-backends: "tcp" unless PDR_SIM_KV_BACKENDS says otherwise ("none": no
@@ -58,7 +58,8 @@ class PdCluster:
         self.kv_backends = kv_backends or os.environ.get("PDR_SIM_KV_BACKENDS", "tcp")
         # True: side-channel ports 0, so each sim binds ephemeral ones and advertises those.
         self.ephemeral_ports = ephemeral_ports
-        self.router = Router(topology_yaml=topology, extra_args=router_args, env=router_env)
+        self.router = Router(topology_yaml=topology, extra_args=router_args, env=router_env,
+                             nofile=router_nofile)
         self.prefills, self.decodes = [], []
         try:
             for role, count, flags, nodes in (("prefill", prefills, prefill_flags, self.prefills),

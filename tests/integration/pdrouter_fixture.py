@@ -27,7 +27,7 @@ TIME_SCALE = max(1.0, float(os.environ.get("PDR_TIME_SCALE", "1")))
 class Router:
     """One pdrouter process. Use as a context manager, or call stop()."""
 
-    def __init__(self, topology_yaml=None, extra_args=(), env=None):
+    def __init__(self, topology_yaml=None, extra_args=(), env=None, nofile=None):
         self.dir = tempfile.TemporaryDirectory(prefix="pdr-it-")
         self.config = None
         if topology_yaml is not None:
@@ -38,6 +38,9 @@ class Router:
         if self.config:
             args += ["--config", self.config]
         args += list(extra_args)
+        if nofile is not None:
+            # Soft and hard open-file limit for pdrouter alone (prlimit execs it: same pid).
+            args = ["prlimit", "--nofile=%d:%d" % (nofile, nofile), "--"] + args
         self.process = ProcessHandle(args, name="pdrouter", env=env, log_dir=self.dir.name)
         line = self.process.wait_for_line(LISTENING, timeout=10, streams=("stdout",))
         if line is None:
