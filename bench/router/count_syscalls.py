@@ -2,7 +2,7 @@
 """Syscalls and heap allocations per request: pdrouter per P/D request, nginx per proxied request
 (run through bench/router/count_syscalls.sh, which owns the temp directory).
 
-Per dialect (default NIXL, serial; MoRIIO WRITE, concurrent) and workload (non-streaming
+Per dialect (default NIXL, serial; MoRIIO WRITE and Mooncake, concurrent) and workload (non-streaming
 completions, streaming chat), on the canned-answer nginx nodes of canned_nodes.py (so nothing but
 the proxies' own work is counted):
   1. start the canned nodes, pdrouter (`--workers 1`) and the baseline nginx proxy
@@ -74,13 +74,13 @@ class Strace:
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=open(self.err_path, "w"),
                                      preexec_fn=rb._die_with_parent)
-        # strace says "Process N attached" per thread; the last one is followed by nothing else.
-        threads = sum(len(os.listdir("/proc/%d/task" % pid)) for pid in pids)
+        # strace says "Process N attached" per process, "... attached with K threads" for a
+        # multi-threaded one, once it traces them all.
         deadline = time.monotonic() + 10
         while True:
             with open(self.err_path) as f:
-                attached = len(re.findall(r"attached", f.read()))
-            if attached >= threads:
+                attached = len(re.findall(r"Process \d+ attached", f.read()))
+            if attached >= len(pids):
                 break
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 with open(self.err_path) as f:
@@ -144,7 +144,7 @@ def measure(args, dialect, workload, malloc_so):
     envs = {name: dict(os.environ, LD_PRELOAD=malloc_so, MALLOC_COUNT_FILE=counts[name])
             for name in counts}
     setup = rb.DialectSetup(args, "canned", dialect, router_env=envs["pdrouter"],
-                            nginx_env=envs["nginx"])
+                            nginx_env=envs["nginx"], suffix="-" + label.split()[0])
     out = {}
     try:
         for name, addr in setup.targets():
@@ -279,8 +279,10 @@ def render(data):
 
 
 def write_block(path, block):
-    with open(path) as f:
-        text = f.read()
+    text = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         text = head + block + rest.split(END, 1)[1]
@@ -305,7 +307,7 @@ def main():
     parser.add_argument("--requests", type=int, default=2000, help="requests per measurement")
     parser.add_argument("--warmup", type=int, default=300, help="requests before counting")
     parser.add_argument("--connections", type=int, default=32)
-    parser.add_argument("--dialects", default="nixl,moriio-write",
+    parser.add_argument("--dialects", default="nixl,moriio-write,mooncake",
                         help="comma-separated: nixl, moriio-write, mooncake")
     parser.add_argument("--note", default="", help="appended to the column's description")
     parser.add_argument("--data", default=os.path.join(HERE, "syscalls.json"))

@@ -329,13 +329,14 @@ class DialectSetup:
     them over TCP, so a concurrent dialect's decode waits for the prefill's push as on real nodes)
     or canned-answer nginx nodes listed as static instances (upstream "canned", canned_nodes.py).
     The baseline nginx proxies to the same decode node pdrouter uses. `router_env` / `nginx_env`:
-    the environment of pdrouter / the baseline nginx (count_syscalls.py preloads a counter)."""
+    the environment of pdrouter / the baseline nginx (count_syscalls.py preloads a counter);
+    `suffix` makes the processes' names and directories unique when a setup is started again."""
 
-    def __init__(self, args, upstream, dialect, router_env=None, nginx_env=None):
+    def __init__(self, args, upstream, dialect, router_env=None, nginx_env=None, suffix=""):
         self.args = args
         self.upstream = upstream
         self.dialect = dialect
-        tag = "%s-%s" % (upstream, dialect)
+        tag = "%s-%s%s" % (upstream, dialect, suffix)
         pdnode = binaries(args)[1]
         self.node_children = []
         nginxes = []
@@ -446,6 +447,16 @@ end
 """
 
 
+def new_legs(setup, name):
+    """pdrouter's upstream legs answered on a new connection so far (/metrics); None for the
+    other targets."""
+    if name != "pdrouter":
+        return None
+    body = http_request(setup.router_addr, "GET", "/metrics")[1].decode()
+    match = re.search(r'^pdrouter_upstream_legs_total\{connection="new"\} (\S+)$', body, re.M)
+    return float(match.group(1)) if match else None
+
+
 def run_wrk(setup, target, path, body, connections, seconds, work):
     name, addr = target
     script = os.path.join(work, "wrk-%d.lua" % connections)
@@ -455,6 +466,7 @@ def run_wrk(setup, target, path, body, connections, seconds, work):
     cpu_before = cpu_seconds(pids) if pids else 0.0
     sim_before = cpu_seconds(setup.upstream_pids())
     opens_before = active_opens()
+    legs_before = new_legs(setup, name)
     threads = min(connections, setup.args.wrk_threads)
     cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", "%ds" % max(1, round(seconds)),
            "--timeout", "5s", "--latency", "-s", script, "http://%s%s" % (addr, path)]
@@ -463,6 +475,10 @@ def run_wrk(setup, target, path, body, connections, seconds, work):
     cpu = (cpu_seconds(pids) - cpu_before) if pids else None
     sim_cpu = cpu_seconds(setup.upstream_pids()) - sim_before
     opens = None if opens_before is None else active_opens() - opens_before
+    if legs_before is not None:
+        # pdrouter counts its own legs on new connections: exact, and the sims' KV connections
+        # (real KV moves over TCP between them) are not in it.
+        opens = new_legs(setup, name) - legs_before + connections
     match = re.search(r"^BENCHJSON (.*)$", out.stdout, re.M)
     if out.returncode != 0 or not match:
         raise RuntimeError("wrk failed (%d):\n%s\n%s" % (out.returncode, out.stdout, out.stderr))
@@ -911,8 +927,10 @@ section at the end).
 7. **New upstream TCP connections per 1,000 requests**: the driver re-executes itself in a
    private network namespace (`unshare -n`, loopback only; skipped without root, then "n/a"), so
    `ActiveOpens` in `/proc/net/snmp` counts only the benchmark's connects; per run, minus wrk's
-   own connections. 0 means every upstream leg reused a pooled connection; 2,000 (pdrouter) or
-   1,000 (nginx) means none did.
+   own connections (nginx). pdrouter's figure is its own count of legs answered on a new
+   connection (`pdrouter_upstream_legs_total{{connection="new"}}`), since the sims' KV transfers
+   open connections too. 0 means every upstream leg reused a pooled connection; 2,000 (pdrouter)
+   or 1,000 (nginx) means none did.
 
 Every run must finish with zero socket errors, zero non-2xx answers and zero pdrouter 5xx.
 `--smoke` (the CTest `bench.router_proxy`, label `bench`) runs each measurement ~2 s and checks
