@@ -606,9 +606,13 @@ def run_cpu_matrix(args, seconds, warm_seconds):
                 for label, path, body, conns in cpu_workloads(args):
                     row = {"upstream": upstream, "dialect": dialect, "family": family,
                            "workload": label, "connections": conns}
-                    for target in setup.targets():
-                        row[target[0]] = run_wrk(setup, target, path, body, conns, seconds,
-                                                 args.work_dir)
+                    runs = {}
+                    for _ in range(1 if args.smoke else args.cpu_repeat):
+                        for target in setup.targets():  # alternating: load drifts alike
+                            runs.setdefault(target[0], []).append(run_wrk(
+                                setup, target, path, body, conns, seconds, args.work_dir))
+                    for name, parts in runs.items():
+                        row[name] = combine_runs(parts)
                     r, n = row["pdrouter"], row["nginx"]
                     row["ratio"] = (r["cpu_per_1k"] / n["cpu_per_1k"] if n["cpu_per_1k"]
                                     else float("inf"))
@@ -625,6 +629,25 @@ def run_cpu_matrix(args, seconds, warm_seconds):
             finally:
                 stop_all()
     return rows, fivexx
+
+
+def combine_runs(parts):
+    """Several wrk runs of one target as one: totals of requests, errors, CPU and time."""
+    requests = sum(p["requests"] for p in parts)
+    cpu = sum(p["cpu_s"] for p in parts)
+    node_cpu = sum(p["sim_cpu_per_1k"] * p["requests"] / 1000 for p in parts if p["requests"])
+    return {"requests": requests, "errors": sum(p["errors"] for p in parts), "cpu_s": cpu,
+            "rps": requests / (sum(p["duration_us"] for p in parts) / 1e6),
+            "cpu_per_1k": cpu / requests * 1000 if requests else None,
+            "sim_cpu_per_1k": node_cpu / requests * 1000 if requests else None,
+            "runs": len(parts)}
+
+
+def geometric_mean(values):
+    product = 1.0
+    for v in values:
+        product *= v
+    return product ** (1.0 / len(values)) if values else float("nan")
 
 
 def cpu_matrix_failures(rows):
@@ -672,12 +695,16 @@ CPU_SECTION = """\
 
 **Target: pdrouter's CPU per P/D request <= {target}x nginx's CPU per proxied request**, measured
 in the same run against the same upstream nodes, at {conns} concurrent connections. Met in
-{met} of {total} rows; worst {worst:.2f}x, best {best:.2f}x.
+{met} of {total} rows; worst {worst:.2f}x, best {best:.2f}x; geometric mean of the ratios
+{gm_sim:.2f}x on the sims, {gm_canned:.2f}x on the canned nodes (a single row is noisy when
+other jobs load the machine; the means less so).
 
 Each row is a fresh set of processes: pdrouter (`--workers {rw}`) in front of one prefill and one
 decode node of that dialect, and nginx (`worker_processes {rw}`, the proxy config above) in front
-of the same decode node. wrk (`-t{wt}`, {secs} s per run{warm}) alternates between the two; CPU is
-utime+stime of the proxy's processes from `/proc/PID/stat` divided by the requests wrk completed.
+of the same decode node. wrk (`-t{wt}`, {repeat} x {secs} s per target and row{warm})
+alternates between the two; CPU is utime+stime of the proxy's processes from `/proc/PID/stat`,
+summed over the runs, divided by the requests wrk completed in them. "node CPU" is the same for
+the prefill and decode nodes' processes during pdrouter's and during nginx's runs.
 Two kinds of nodes:
 - **pdnode sims**: `pdnode sim` with zero simulated compute, registered over discovery; real KV
   moves between them over TCP (`--kv-backends tcp`), so in the concurrent dialects the decode
@@ -706,6 +733,9 @@ def cpu_section(rows, info, args, load_after, seconds, warm_seconds):
     return CPU_SECTION.format(
         begin=CPU_BEGIN, end=CPU_END, date=info["date"], target=args.target_cpu_ratio,
         conns=" and ".join(str(c) for c in conns), rw=args.router_workers, wt=args.wrk_threads,
+        repeat=1 if args.smoke else args.cpu_repeat,
+        gm_sim=geometric_mean([r["ratio"] for r in rows if r["upstream"] == "sim"]),
+        gm_canned=geometric_mean([r["ratio"] for r in rows if r["upstream"] == "canned"]),
         secs=seconds, warm=(", after %d s of warm-up per target" % warm_seconds) if warm_seconds else "",
         met=sum(1 for x in ratios if x <= args.target_cpu_ratio), total=len(ratios),
         worst=max(ratios), best=min(ratios), ph=canned_nodes.PREFILL_HOST,
@@ -1069,8 +1099,11 @@ def main():
                         help="CPU comparison: concurrent connections, comma-separated")
     parser.add_argument("--cpu-dialects", default=",".join(d[0] for d in DIALECTS),
                         help="CPU comparison: dialects, comma-separated (default all)")
-    parser.add_argument("--cpu-duration", type=int, default=4,
+    parser.add_argument("--cpu-duration", type=int, default=3,
                         help="CPU comparison: seconds per run (smoke: 1)")
+    parser.add_argument("--cpu-repeat", type=int, default=2,
+                        help="CPU comparison: runs per target and row, alternating pdrouter and "
+                             "nginx, summed (smoke: 1)")
     parser.add_argument("--no-netns", action="store_true",
                         help="do not re-run inside a private network namespace")
     parser.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"),
