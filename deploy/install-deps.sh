@@ -14,8 +14,9 @@ packages=(
 )
 if [[ "${1:-}" == "--tests" ]]; then
   packages+=(clang libclang-rt-14-dev)
-  # bench/router (smoke-run by CTest) drives pdrouter and nginx with wrk.
-  packages+=(wrk nginx)
+  # bench/router (smoke-run by CTest) drives pdrouter and nginx with wrk; its
+  # count_syscalls.sh (not in CTest) attaches strace.
+  packages+=(wrk nginx strace)
   # tests/integration/test_openai_node.py runs the OpenAI Node SDK (installed from npm by the
   # test). An npm already on PATH is enough: NodeSource's nodejs bundles npm, and Debian's npm
   # package would conflict with it.

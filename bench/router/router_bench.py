@@ -29,6 +29,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from machine import machine  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import canned_nodes  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -51,13 +54,13 @@ def _die_with_parent():
 
 
 class Child:
-    def __init__(self, name, args, work):
+    def __init__(self, name, args, work, env=None):
         self.name = name
         self.out_path = os.path.join(work, name + ".out")
         self.err_path = os.path.join(work, name + ".err")
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=open(self.out_path, "w"),
                                      stderr=open(self.err_path, "w"),
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=_die_with_parent, env=env)
         self.pid = self.proc.pid
         with open(os.path.join(work, "pids"), "a") as f:
             f.write("%d\n" % self.pid)
@@ -137,10 +140,22 @@ def active_opens():
     return int(lines[1][lines[0].index("ActiveOpens")])
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(host="127.0.0.1"):
+    return free_ports([host])[0]
+
+
+def free_ports(hosts):
+    """One free TCP port per entry of `hosts` (all held open while picking, so no two repeat)."""
+    socks = []
+    try:
+        for host in hosts:
+            sock = socket.socket()
+            sock.bind((host, 0))
+            socks.append(sock)
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def http_request(addr, method, path, body=None, timeout=5):
@@ -159,25 +174,96 @@ def http_request(addr, method, path, body=None, timeout=5):
 # The system under test
 
 
+def binaries(args):
+    """(pdrouter, pdnode) paths; raises if one of them or wrk / nginx is missing."""
+    pdrouter = os.path.join(args.bin_dir, "router", "pdrouter")
+    pdnode = os.path.join(args.bin_dir, "node", "pdnode")
+    for path in (pdrouter, pdnode):
+        if not os.access(path, os.X_OK):
+            raise RuntimeError("missing %s (build pdrouter and pdnode, or pass --bin-dir)" % path)
+    for tool in ("wrk", "nginx"):
+        if not any(os.access(os.path.join(d, tool), os.X_OK)
+                   for d in os.environ.get("PATH", "").split(":") + ["/usr/sbin"]):
+            raise RuntimeError("%s not found: deploy/install-deps.sh --tests installs it" % tool)
+    return pdrouter, pdnode
+
+
+def start_router(args, tag, extra=(), env=None):
+    """pdrouter on ephemeral ports; returns (Child, http address, discovery endpoint)."""
+    pdrouter = binaries(args)[0]
+    router = Child("pdrouter-" + tag, [pdrouter, "--http", "127.0.0.1:0", "--discovery",
+                                       "tcp://127.0.0.1:0", "--workers", str(args.router_workers),
+                                       "--log-level", "warn", *extra], args.work_dir, env)
+    match = router.wait_line(r"pdrouter listening http=(\S+) discovery=(\S+)")
+    return router, match.group(1), match.group(2)
+
+
+def start_nginx(args, tag, conf_text, env=None):
+    """A private nginx (config, pid file, logs in WORK/TAG; never the system service).
+    `conf_text` is formatted with dir=. Returns (Child, its directory)."""
+    directory = os.path.join(args.work_dir, tag)
+    os.makedirs(os.path.join(directory, "tmp"))
+    conf = os.path.join(directory, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(conf_text)
+    # daemon off: the master is our child; -e: even start-up errors go to the temp dir.
+    child = Child(tag, ["nginx", "-e", os.path.join(directory, "error.log"), "-p", directory,
+                        "-c", conf], args.work_dir, env)
+    child.nginx_dir = directory
+    return child, directory
+
+
+def nginx_worker_pids(args, nginx, expected):
+    workers = children_of(nginx.pid)
+    with open(os.path.join(args.work_dir, "pids"), "a") as f:  # for run.sh's cleanup, if we die hard
+        f.write("".join("%d\n" % pid for pid in workers))
+    if len(workers) != expected:
+        raise RuntimeError("expected %d nginx workers, found %r" % (expected, workers))
+    return workers
+
+
+def wait_up(checks, nginxes, router, timeout=15):
+    """Until every (addr, path) in `checks` answers GET 200; fails early if an nginx exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if all(http_request(addr, "GET", path)[0] == 200 for addr, path in checks):
+                return
+        except OSError:
+            pass
+        for nginx in nginxes:
+            if nginx.proc.poll() is not None:
+                with open(os.path.join(nginx.nginx_dir, "error.log")) as f:
+                    raise RuntimeError("%s exited:\n%s" % (nginx.name, f.read()))
+        if time.monotonic() > deadline:
+            raise RuntimeError("not up within %d s: %r\n%s" % (timeout, checks, router.log()))
+        time.sleep(0.05)
+
+
+def check_answers(targets, streaming=True):
+    """One request of each kind through each (name, addr), checked by hand."""
+    for name, addr in targets:
+        status, body = http_request(addr, "POST", "/v1/completions", COMPLETION)
+        try:
+            ok = status == 200 and json.loads(body).get("choices")
+        except ValueError:
+            ok = False
+        if not ok:
+            raise RuntimeError("%s: /v1/completions answered %d %r" % (name, status, body[:300]))
+        if streaming:
+            status, body = http_request(addr, "POST", "/v1/chat/completions", CHAT_STREAM)
+            text = body.decode(errors="replace")
+            if status != 200 or not text.rstrip().endswith("data: [DONE]") or '"error"' in text:
+                raise RuntimeError("%s: streaming /v1/chat/completions answered %d %r"
+                                   % (name, status, body[:300]))
+
+
 class Setup:
     def __init__(self, args, decode_us=0, tag="nginx"):
         self.args = args
         work = args.work_dir
-        pdrouter = os.path.join(args.bin_dir, "router", "pdrouter")
-        pdnode = os.path.join(args.bin_dir, "node", "pdnode")
-        for path in (pdrouter, pdnode):
-            if not os.access(path, os.X_OK):
-                raise RuntimeError("missing %s (build pdrouter and pdnode, or pass --bin-dir)" % path)
-        for tool in ("wrk", "nginx"):
-            if not any(os.access(os.path.join(d, tool), os.X_OK)
-                       for d in os.environ.get("PATH", "").split(":") + ["/usr/sbin"]):
-                raise RuntimeError("%s not found: deploy/install-deps.sh --tests installs it" % tool)
-
-        self.router = Child("pdrouter-" + tag, [pdrouter, "--http", "127.0.0.1:0", "--discovery",
-                                         "tcp://127.0.0.1:0", "--workers", str(args.router_workers),
-                                         "--log-level", "warn"], work)
-        match = self.router.wait_line(r"pdrouter listening http=(\S+) discovery=(\S+)")
-        self.router_addr, discovery = match.group(1), match.group(2)
+        pdnode = binaries(args)[1]
+        self.router, self.router_addr, discovery = start_router(args, tag)
 
         sim_flags = ["--connector", "moriio", "--transfer-mode", "WRITE",
                      "--prefill-us-per-token", "0", "--decode-us-per-token", str(decode_us),
@@ -192,46 +278,14 @@ class Setup:
         self.prefill_addr = self.prefill.wait_line(r"listening http=(127\.0\.0\.1:\d+)").group(1)
         self.decode_addr = self.decode.wait_line(r"listening http=(127\.0\.0\.1:\d+)").group(1)
 
-        self.nginx_dir = os.path.join(work, tag)
-        os.makedirs(os.path.join(self.nginx_dir, "tmp"))
         self.nginx_addr = "127.0.0.1:%d" % free_port()
-        conf = os.path.join(self.nginx_dir, "nginx.conf")
-        with open(conf, "w") as f:
-            f.write(NGINX_CONF.format(dir=self.nginx_dir, workers=args.router_workers,
-                                      listen=self.nginx_addr, upstream=self.decode_addr))
-        # daemon off: the master is our child; -e: even start-up errors go to the temp dir.
-        self.nginx = Child(tag, ["nginx", "-e", os.path.join(self.nginx_dir, "error.log"),
-                                     "-p", self.nginx_dir, "-c", conf], work)
-
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                ready = http_request(self.router_addr, "GET", "/ready")[0] == 200
-                nginx_up = http_request(self.nginx_addr, "GET", "/health")[0] == 200
-                if ready and nginx_up:
-                    break
-            except OSError:
-                pass
-            if self.nginx.proc.poll() is not None:
-                with open(os.path.join(self.nginx_dir, "error.log")) as f:
-                    raise RuntimeError("nginx exited:\n" + f.read())
-            if time.monotonic() > deadline:
-                raise RuntimeError("pdrouter not ready or nginx not up within 15 s:\n"
-                                   + self.router.log())
-            time.sleep(0.05)
-        self.nginx_workers = children_of(self.nginx.pid)
-        with open(os.path.join(work, "pids"), "a") as f:  # for run.sh's cleanup, if we die hard
-            f.write("".join("%d\n" % pid for pid in self.nginx_workers))
-        if len(self.nginx_workers) != args.router_workers:
-            raise RuntimeError("expected %d nginx workers, found %r"
-                               % (args.router_workers, self.nginx_workers))
-
-        # One request of each kind through each target, checked by hand.
-        for name, addr in self.targets():
-            status, body = http_request(addr, "POST", "/v1/completions", COMPLETION)
-            answer = json.loads(body)
-            if status != 200 or not answer.get("choices"):
-                raise RuntimeError("%s: /v1/completions answered %d %r" % (name, status, body[:300]))
+        self.nginx, self.nginx_dir = start_nginx(args, tag, NGINX_CONF.format(
+            dir=os.path.join(work, tag), workers=args.router_workers, listen=self.nginx_addr,
+            upstream=self.decode_addr))
+        wait_up([(self.router_addr, "/ready"), (self.nginx_addr, "/health")], [self.nginx],
+                self.router)
+        self.nginx_workers = nginx_worker_pids(args, self.nginx, args.router_workers)
+        check_answers(self.targets(), streaming=False)
 
     def targets(self):
         return [("direct", self.decode_addr), ("pdrouter", self.router_addr),
@@ -244,13 +298,101 @@ class Setup:
             return [self.nginx.pid] + self.nginx_workers
         return []
 
+    def upstream_pids(self):
+        return [self.decode.pid, self.prefill.pid]
+
+    def children(self):
+        return [self.router, self.prefill, self.decode, self.nginx]
+
     def router_5xx(self):
-        status, body = http_request(self.router_addr, "GET", "/metrics")
-        total = 0.0
-        for line in body.decode().splitlines():
-            if line.startswith("pdrouter_http_responses_total") and re.search(r'"5\d\d"|"5xx"', line):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return router_5xx(self.router_addr)
+
+
+def router_5xx(router_addr):
+    status, body = http_request(router_addr, "GET", "/metrics")
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith("pdrouter_http_responses_total") and re.search(r'"5\d\d"|"5xx"', line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+# The CPU comparison's dialects: (name, family, pdnode sim flags).
+DIALECTS = (("nixl", "serial", ["--connector", "nixl"]),
+            ("moriio-write", "concurrent", ["--connector", "moriio", "--transfer-mode", "WRITE"]),
+            ("mooncake", "concurrent", ["--connector", "mooncake"]))
+
+
+class DialectSetup:
+    """pdrouter and the nginx baseline in front of one prefill and one decode node speaking
+    `dialect`: pdnode sims that register over discovery (upstream "sim"; real KV moves between
+    them over TCP, so a concurrent dialect's decode waits for the prefill's push as on real nodes)
+    or canned-answer nginx nodes listed as static instances (upstream "canned", canned_nodes.py).
+    The baseline nginx proxies to the same decode node pdrouter uses. `router_env` / `nginx_env`:
+    the environment of pdrouter / the baseline nginx (count_syscalls.py preloads a counter);
+    `suffix` makes the processes' names and directories unique when a setup is started again."""
+
+    def __init__(self, args, upstream, dialect, router_env=None, nginx_env=None, suffix=""):
+        self.args = args
+        self.upstream = upstream
+        self.dialect = dialect
+        tag = "%s-%s%s" % (upstream, dialect, suffix)
+        pdnode = binaries(args)[1]
+        self.node_children = []
+        nginxes = []
+        if upstream == "canned":
+            hosts = (canned_nodes.PREFILL_HOST, canned_nodes.DECODE_HOST, canned_nodes.PREFILL_HOST)
+            ports = dict(zip(("prefill", "decode", "bootstrap"), free_ports(hosts)))
+            nodes, node_dir = start_nginx(args, "nodes-" + tag, canned_nodes.nginx_conf(
+                os.path.join(args.work_dir, "nodes-" + tag), ports))
+            self.node_children = [nodes]
+            nginxes.append(nodes)
+            topology = os.path.join(node_dir, "topology.yaml")
+            with open(topology, "w") as f:
+                f.write(canned_nodes.topology_yaml(dialect, ports))
+            self.decode_addr = "%s:%d" % (canned_nodes.DECODE_HOST, ports["decode"])
+            wait_up([(self.decode_addr, "/health")], nginxes, nodes)
+            self.node_pids = [nodes.pid] + nginx_worker_pids(args, nodes, 1)
+            self.router, self.router_addr, _ = start_router(args, tag, ["--config", topology],
+                                                            router_env)
+        else:
+            self.router, self.router_addr, discovery = start_router(args, tag, (), router_env)
+            flags = dict((d[0], d[2]) for d in DIALECTS)[dialect]
+            for role in ("prefill", "decode"):
+                extra = ["--bootstrap-port", "0"] if dialect == "mooncake" and role == "prefill" else []
+                self.node_children.append(Child("%s-sim-%s" % (role, tag), [
+                    pdnode, "sim", "--role", role, *flags, *extra,
+                    "--handshake-port", "0", "--notify-port", "0", "--kv-port", "0",
+                    "--prefill-us-per-token", "0", "--decode-us-per-token", "0",
+                    "--workers", str(args.sim_workers), "--log-level", "warn",
+                    "--register", discovery, "--register-interval-ms", "1000"], args.work_dir))
+            self.decode_addr = self.node_children[1].wait_line(
+                r"listening http=(127\.0\.0\.1:\d+)").group(1)
+            self.node_children[0].wait_line(r"listening http=")
+            self.node_pids = [c.pid for c in self.node_children]
+        self.nginx_addr = "127.0.0.1:%d" % free_port()
+        self.nginx, _ = start_nginx(args, "proxy-" + tag, NGINX_CONF.format(
+            dir=os.path.join(args.work_dir, "proxy-" + tag), workers=args.router_workers,
+            listen=self.nginx_addr, upstream=self.decode_addr), nginx_env)
+        nginxes.append(self.nginx)
+        wait_up([(self.router_addr, "/ready"), (self.nginx_addr, "/health")], nginxes, self.router)
+        self.nginx_workers = nginx_worker_pids(args, self.nginx, args.router_workers)
+        check_answers(self.targets())
+
+    def targets(self):
+        return [("pdrouter", self.router_addr), ("nginx", self.nginx_addr)]
+
+    def proxy_pids(self, name):
+        return [self.router.pid] if name == "pdrouter" else [self.nginx.pid] + self.nginx_workers
+
+    def upstream_pids(self):
+        return self.node_pids
+
+    def children(self):
+        return [self.router, self.nginx] + self.node_children
+
+    def router_5xx(self):
+        return router_5xx(self.router_addr)
 
 
 NGINX_CONF = """\
@@ -305,6 +447,16 @@ end
 """
 
 
+def new_legs(setup, name):
+    """pdrouter's upstream legs answered on a new connection so far (/metrics); None for the
+    other targets."""
+    if name != "pdrouter":
+        return None
+    body = http_request(setup.router_addr, "GET", "/metrics")[1].decode()
+    match = re.search(r'^pdrouter_upstream_legs_total\{connection="new"\} (\S+)$', body, re.M)
+    return float(match.group(1)) if match else None
+
+
 def run_wrk(setup, target, path, body, connections, seconds, work):
     name, addr = target
     script = os.path.join(work, "wrk-%d.lua" % connections)
@@ -312,16 +464,21 @@ def run_wrk(setup, target, path, body, connections, seconds, work):
         f.write(WRK_LUA.format(body=json.dumps(body)))
     pids = setup.proxy_pids(name)
     cpu_before = cpu_seconds(pids) if pids else 0.0
-    sim_before = cpu_seconds([setup.decode.pid, setup.prefill.pid])
+    sim_before = cpu_seconds(setup.upstream_pids())
     opens_before = active_opens()
+    legs_before = new_legs(setup, name)
     threads = min(connections, setup.args.wrk_threads)
     cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", "%ds" % max(1, round(seconds)),
            "--timeout", "5s", "--latency", "-s", script, "http://%s%s" % (addr, path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60,
                          preexec_fn=_die_with_parent)
     cpu = (cpu_seconds(pids) - cpu_before) if pids else None
-    sim_cpu = cpu_seconds([setup.decode.pid, setup.prefill.pid]) - sim_before
+    sim_cpu = cpu_seconds(setup.upstream_pids()) - sim_before
     opens = None if opens_before is None else active_opens() - opens_before
+    if legs_before is not None:
+        # pdrouter counts its own legs on new connections: exact, and the sims' KV connections
+        # (real KV moves over TCP between them) are not in it.
+        opens = new_legs(setup, name) - legs_before + connections
     match = re.search(r"^BENCHJSON (.*)$", out.stdout, re.M)
     if out.returncode != 0 or not match:
         raise RuntimeError("wrk failed (%d):\n%s\n%s" % (out.returncode, out.stdout, out.stderr))
@@ -411,6 +568,196 @@ def run_ttft(addr, connections, seconds):
 def pct(sorted_values, p):
     index = min(len(sorted_values) - 1, max(0, int(round(p / 100 * len(sorted_values) + 0.5)) - 1))
     return sorted_values[index]
+
+
+# --------------------------------------------------------------------------------------------
+# CPU comparison: pdrouter's CPU per P/D request vs nginx's per proxied request, per upstream kind
+# (sims, canned nginx nodes) and dialect, at each of --cpu-connections.
+
+UPSTREAMS = ("sim", "canned")
+
+
+def cpu_workloads(args):
+    """(label, path, body, connections) of each measurement; smoke: completions at the first
+    connection count only (the streaming answer of every setup is still checked by hand)."""
+    conns = [int(c) for c in args.cpu_connections.split(",")]
+    out = [("completions", "/v1/completions", COMPLETION, c) for c in conns]
+    if not args.smoke:
+        out.append(("streaming chat", "/v1/chat/completions", CHAT_STREAM, max(conns)))
+    return out[:1] if args.smoke else out
+
+
+def run_cpu_matrix(args, seconds, warm_seconds):
+    """Each upstream kind x dialect on a fresh set of processes; pdrouter and nginx runs alternate.
+    Returns a list of rows (dicts) and the number of pdrouter 5xx answers seen."""
+    rows, fivexx = [], 0
+    wanted = args.cpu_dialects.split(",")
+    for upstream in UPSTREAMS:
+        for dialect, family, _ in DIALECTS:
+            if dialect not in wanted:
+                continue
+            setup = DialectSetup(args, upstream, dialect)
+            try:
+                if warm_seconds:  # pools filled, Mooncake's /query read, caches warm
+                    for target in setup.targets():
+                        run_wrk(setup, target, "/v1/completions", COMPLETION,
+                                max(w[3] for w in cpu_workloads(args)), warm_seconds,
+                                args.work_dir)
+                for label, path, body, conns in cpu_workloads(args):
+                    row = {"upstream": upstream, "dialect": dialect, "family": family,
+                           "workload": label, "connections": conns}
+                    runs = {}
+                    for _ in range(1 if args.smoke else args.cpu_repeat):
+                        for target in setup.targets():  # alternating: load drifts alike
+                            runs.setdefault(target[0], []).append(run_wrk(
+                                setup, target, path, body, conns, seconds, args.work_dir))
+                    for name, parts in runs.items():
+                        row[name] = combine_runs(parts)
+                    r, n = row["pdrouter"], row["nginx"]
+                    row["ratio"] = (r["cpu_per_1k"] / n["cpu_per_1k"] if n["cpu_per_1k"]
+                                    else float("inf"))
+                    rows.append(row)
+                    print("  cpu %-6s %-12s %-14s c%-3d pdrouter %6.1f us/req %6.0f req/s  "
+                          "nginx %6.1f us/req %6.0f req/s  ratio %.2fx  errors %d/%d" % (
+                              upstream, dialect, label, conns, r["cpu_per_1k"] * 1000, r["rps"],
+                              n["cpu_per_1k"] * 1000, n["rps"], row["ratio"], r["errors"],
+                              n["errors"]), flush=True)
+                fivexx += setup.router_5xx()
+                for child in setup.children():
+                    if child.proc.poll() is not None:
+                        raise RuntimeError("%s exited early:\n%s" % (child.name, child.log()))
+            finally:
+                stop_all()
+    return rows, fivexx
+
+
+def combine_runs(parts):
+    """Several wrk runs of one target as one: totals of requests, errors, CPU and time."""
+    requests = sum(p["requests"] for p in parts)
+    cpu = sum(p["cpu_s"] for p in parts)
+    node_cpu = sum(p["sim_cpu_per_1k"] * p["requests"] / 1000 for p in parts if p["requests"])
+    return {"requests": requests, "errors": sum(p["errors"] for p in parts), "cpu_s": cpu,
+            "rps": requests / (sum(p["duration_us"] for p in parts) / 1e6),
+            "cpu_per_1k": cpu / requests * 1000 if requests else None,
+            "sim_cpu_per_1k": node_cpu / requests * 1000 if requests else None,
+            "runs": len(parts)}
+
+
+def geometric_mean(values):
+    product = 1.0
+    for v in values:
+        product *= v
+    return product ** (1.0 / len(values)) if values else float("nan")
+
+
+def cpu_matrix_failures(rows):
+    failures = []
+    for row in rows:
+        for name in ("pdrouter", "nginx"):
+            r = row[name]
+            where = "cpu %s %s %s c%d %s" % (row["upstream"], row["dialect"], row["workload"],
+                                             row["connections"], name)
+            if r["requests"] == 0:
+                failures.append(where + ": no requests completed")
+            if r["errors"]:
+                failures.append("%s: %d errors" % (where, r["errors"]))
+    return failures
+
+
+CPU_HEADER = ("upstream nodes", "dialect (family)", "workload, conns",
+              "pdrouter CPU µs per P/D request", "nginx CPU µs per proxied request",
+              "pdrouter / nginx", "target <= {t}x", "req/s pdrouter / nginx",
+              "node CPU µs per request pdrouter / nginx")
+
+
+def cpu_matrix_table(rows, target):
+    header = [h.format(t=target) for h in CPU_HEADER]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for row in rows:
+        r, n = row["pdrouter"], row["nginx"]
+        lines.append("| " + " | ".join((
+            "pdnode sims" if row["upstream"] == "sim" else "canned nginx",
+            "%s (%s)" % (row["dialect"], row["family"]),
+            "%s, %d" % (row["workload"], row["connections"]),
+            "%.1f" % (r["cpu_per_1k"] * 1000), "%.1f" % (n["cpu_per_1k"] * 1000),
+            "%.2fx" % row["ratio"], met(row["ratio"] <= target),
+            "%.0f / %.0f" % (r["rps"], n["rps"]),
+            "%.1f / %.1f" % (r["sim_cpu_per_1k"] * 1000, n["sim_cpu_per_1k"] * 1000))) + " |")
+    return "\n".join(lines)
+
+
+CPU_BEGIN = "<!-- BEGIN cpu-comparison (rewritten by run.sh; --cpu-only rewrites only this block) -->"
+CPU_END = "<!-- END cpu-comparison -->"
+
+CPU_SECTION = """\
+{begin}
+## CPU per request: pdrouter vs nginx, sim and canned-answer nodes ({date})
+
+**Target: pdrouter's CPU per P/D request <= {target}x nginx's CPU per proxied request**, measured
+in the same run against the same upstream nodes, at {conns} concurrent connections. Met in
+{met} of {total} rows; worst {worst:.2f}x, best {best:.2f}x; geometric mean of the ratios
+{gm_sim:.2f}x on the sims, {gm_canned:.2f}x on the canned nodes (a single row is noisy when
+other jobs load the machine; the means less so).
+
+Each row is a fresh set of processes: pdrouter (`--workers {rw}`) in front of one prefill and one
+decode node of that dialect, and nginx (`worker_processes {rw}`, the proxy config above) in front
+of the same decode node. wrk (`-t{wt}`, {repeat} x {secs} s per target and row{warm})
+alternates between the two; CPU is utime+stime of the proxy's processes from `/proc/PID/stat`,
+summed over the runs, divided by the requests wrk completed in them. "node CPU" is the same for
+the prefill and decode nodes' processes during pdrouter's and during nginx's runs.
+Two kinds of nodes:
+- **pdnode sims**: `pdnode sim` with zero simulated compute, registered over discovery; real KV
+  moves between them over TCP (`--kv-backends tcp`), so in the concurrent dialects the decode
+  waits for the prefill's push as real nodes do. The sims' own CPU shares the cores.
+- **canned nginx**: one private nginx playing the prefill ({ph}), the decode ({dh}) and the Mooncake
+  bootstrap server (`GET /query`), listed to pdrouter as static instances in a topology the
+  driver writes; every answer is a fixed body (`return 200`: the prefill's JSON carries a NIXL
+  `kv_transfer_params`, the decode answers a JSON completion or a 7-event SSE body;
+  `bench/router/canned_nodes.py`). Nearly no CPU per request on the node side.
+
+Dialect families: **serial** (NIXL: the decode leg is sent after the prefill's answer, with its
+`kv_transfer_params`) and **concurrent** (MoRIIO WRITE, Mooncake: both legs at once; Mooncake
+reads the prefill's bootstrap `/query` once per 30 s). nginx proxies one exchange per request.
+
+{table}
+
+Source: {commit}; pdrouter/pdnode build type {build_type}. Load average at start {load}, at the
+end {load_after}: CPU per request from the same run is comparable between pdrouter and nginx;
+requests/s on these shared, loaded cores is not a capacity figure.
+{end}"""
+
+
+def cpu_section(rows, info, args, load_after, seconds, warm_seconds):
+    ratios = [row["ratio"] for row in rows]
+    conns = sorted({row["connections"] for row in rows})
+    return CPU_SECTION.format(
+        begin=CPU_BEGIN, end=CPU_END, date=info["date"], target=args.target_cpu_ratio,
+        conns=" and ".join(str(c) for c in conns), rw=args.router_workers, wt=args.wrk_threads,
+        repeat=1 if args.smoke else args.cpu_repeat,
+        gm_sim=geometric_mean([r["ratio"] for r in rows if r["upstream"] == "sim"]),
+        gm_canned=geometric_mean([r["ratio"] for r in rows if r["upstream"] == "canned"]),
+        secs=seconds, warm=(", after %d s of warm-up per target" % warm_seconds) if warm_seconds else "",
+        met=sum(1 for x in ratios if x <= args.target_cpu_ratio), total=len(ratios),
+        worst=max(ratios), best=min(ratios), ph=canned_nodes.PREFILL_HOST,
+        dh=canned_nodes.DECODE_HOST, table=cpu_matrix_table(rows, args.target_cpu_ratio),
+        commit=info["commit"], build_type=build_type(args.bin_dir), load=info["load"],
+        load_after=load_after)
+
+
+def replace_cpu_section(path, section):
+    """Rewrites only the cpu-comparison block of an existing results file (--cpu-only)."""
+    with open(path) as f:
+        text = f.read()
+    if CPU_BEGIN in text and CPU_END in text:
+        head, rest = text.split(CPU_BEGIN, 1)
+        text = head + section + rest.split(CPU_END, 1)[1]
+    elif "\n## Targets\n" in text:
+        head, rest = text.split("\n## Targets\n", 1)
+        text = head + "\n" + section + "\n\n## Targets\n" + rest
+    else:
+        text += "\n" + section + "\n"
+    with open(path, "w") as f:
+        f.write(text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -539,7 +886,7 @@ def text_table(rows):
     return "\n".join(out)
 
 
-def write_results(path, rows, verdict, info, args, load_after, durations):
+def write_results(path, rows, verdict, info, args, load_after, durations, cpu_text):
     kept = ""
     if os.path.exists(path):
         with open(path) as f:
@@ -555,7 +902,7 @@ def write_results(path, rows, verdict, info, args, load_after, durations):
         p50=args.target_p50, p99=args.target_p99, ratio_target=args.target_cpu_ratio,
         v_p50=met(verdict["p50"]), v_p99=met(verdict["p99"]), v_cpu=met(verdict["cpu"]),
         ratio=verdict["ratio"], marker=KEEP_MARKER, vus=args.variant_decode_us,
-        build_type=build_type(args.bin_dir), commit=info["commit"])
+        build_type=build_type(args.bin_dir), commit=info["commit"], cpu_section=cpu_text)
     with open(path, "w") as f:
         f.write(md + kept)
 
@@ -577,6 +924,12 @@ plumbing. Three targets, the same decode sim behind each:
   `keepalive 256`, `proxy_http_version 1.1`, `proxy_buffering off`, access log off) → decode sim.
   One upstream exchange. nginx runs with a private config, pid file and logs in a temp directory
   (`nginx -e … -p DIR -c CONF`, `daemon off`), never as the system service, and is stopped on exit.
+
+The section "CPU per request: pdrouter vs nginx" further down repeats the CPU comparison per
+dialect family (serial NIXL; concurrent MoRIIO WRITE and Mooncake) against two kinds of nodes:
+the sims, and canned-answer nginx nodes that cost nearly nothing per request.
+`bench/router/count_syscalls.sh` counts pdrouter's syscalls and allocations per request (the
+section at the end).
 
 ## What is measured, and how
 
@@ -604,8 +957,10 @@ plumbing. Three targets, the same decode sim behind each:
 7. **New upstream TCP connections per 1,000 requests**: the driver re-executes itself in a
    private network namespace (`unshare -n`, loopback only; skipped without root, then "n/a"), so
    `ActiveOpens` in `/proc/net/snmp` counts only the benchmark's connects; per run, minus wrk's
-   own connections. 0 means every upstream leg reused a pooled connection; 2,000 (pdrouter) or
-   1,000 (nginx) means none did.
+   own connections (nginx). pdrouter's figure is its own count of legs answered on a new
+   connection (`pdrouter_upstream_legs_total{{connection="new"}}`), since the sims' KV transfers
+   open connections too. 0 means every upstream leg reused a pooled connection; 2,000 (pdrouter)
+   or 1,000 (nginx) means none did.
 
 Every run must finish with zero socket errors, zero non-2xx answers and zero pdrouter 5xx.
 `--smoke` (the CTest `bench.router_proxy`, label `bench`) runs each measurement ~2 s and checks
@@ -615,9 +970,11 @@ only that (non-zero requests, zero errors). Targets are reported, not enforced.
 
 ```bash
 cmake -S . -B build-rb -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build-rb pdrouter pdnode
-bench/router/run.sh --bin-dir build-rb            # ~2 min, rewrites this file
-bench/router/run.sh --bin-dir build-rb --smoke    # ~25 s, checks only
+bench/router/run.sh --bin-dir build-rb            # ~5 min, rewrites this file
+bench/router/run.sh --bin-dir build-rb --cpu-only # ~3 min, rewrites only the CPU comparison
+bench/router/run.sh --bin-dir build-rb --smoke    # ~1 min, checks only
 bench/router/run.sh --help                        # durations, connections, workers
+bench/router/count_syscalls.sh --bin-dir build-rb --column after   # syscalls/allocations
 ```
 
 ## Machine
@@ -647,11 +1004,74 @@ At {c} connections on a closed loop, latency is mostly queueing (p50 ≈ connect
 requests/s), so the "added latency" there is dominated by the throughput each target reaches on
 cores it shares with wrk and the sims; the 1-connection rows show the unloaded cost per request.
 
+{cpu_section}
+
 {marker}
 """
 
 
 # --------------------------------------------------------------------------------------------
+
+
+def run_targets(args, durations, failures):
+    """The direct / pdrouter / nginx measurements against the MoRIIO WRITE sims (the first table);
+    appends to `failures`, returns the results by measurement."""
+    setup = Setup(args)
+    res = {"c100": {}, "c1": {}, "stream": {}, "ttft": {}}
+    for target in setup.targets():
+        name = target[0]
+        if durations["warm"]:
+            run_wrk(setup, target, "/v1/completions", COMPLETION, args.connections,
+                    durations["warm"], args.work_dir)
+        for key, path, body, conns, secs in (
+                ("c100", "/v1/completions", COMPLETION, args.connections, durations["c100"]),
+                ("c1", "/v1/completions", COMPLETION, 1, durations["c1"]),
+                ("stream", "/v1/chat/completions", CHAT_STREAM, args.connections,
+                 durations["c100"])):
+            r = run_wrk(setup, target, path, body, conns, secs, args.work_dir)
+            res[key][name] = r
+            print("  %-8s %-6s %8.0f req/s  p50 %6.0f us  p99 %6.0f us  errors %d%s" % (
+                name, key, r["rps"], r["p50"], r["p99"], r["errors"],
+                ("" if r["cpu_per_1k"] is None else "  cpu %.3f s/1k" % r["cpu_per_1k"]) +
+                ("" if r["upstream_opens_per_1k"] is None else
+                 "  upstream connects %.0f/1k" % r["upstream_opens_per_1k"])),
+                flush=True)
+        r = run_ttft(target[1], args.ttft_connections, durations["ttft"])
+        res["ttft"][name] = r
+        print("  %-8s ttft   %8d reqs   p50 %6.0f us  p99 %6.0f us  errors %d" % (
+            name, r["requests"], r["p50"], r["p99"], r["errors"]), flush=True)
+    fivexx = setup.router_5xx()
+    for child in setup.children():
+        if child.proc.poll() is not None:
+            failures.append("%s exited early:\n%s" % (child.name, child.log()))
+    if not args.smoke and args.variant_decode_us:
+        # Variant: the decode sim paces tokens, so the prefill's answer always arrives before
+        # the decode's and pdrouter can pool the prefill connection (see RESULTS.md).
+        stop_all()
+        setup = Setup(args, decode_us=args.variant_decode_us, tag="nginx-variant")
+        res["variant"] = {}
+        for target in setup.targets():
+            r = run_wrk(setup, target, "/v1/completions", COMPLETION, args.connections,
+                        durations["c100"], args.work_dir)
+            res["variant"][target[0]] = r
+            print("  %-8s var    %8.0f req/s  p50 %6.0f us  p99 %6.0f us  errors %d%s%s" % (
+                target[0], r["rps"], r["p50"], r["p99"], r["errors"],
+                "" if r["cpu_per_1k"] is None else "  cpu %.3f s/1k" % r["cpu_per_1k"],
+                "" if r["upstream_opens_per_1k"] is None else
+                "  upstream connects %.0f/1k" % r["upstream_opens_per_1k"]), flush=True)
+        fivexx += setup.router_5xx()
+    for group, by_target in res.items():
+        for name, r in by_target.items():
+            if r["requests"] == 0:
+                failures.append("%s %s: no requests completed" % (name, group))
+            if r["errors"]:
+                failures.append("%s %s: %d errors" % (name, group, r["errors"]))
+    if fivexx:
+        failures.append("pdrouter answered %d 5xx (/metrics)" % fivexx)
+    for child in setup.children():
+        if child.proc.poll() is not None:
+            failures.append("%s exited early:\n%s" % (child.name, child.log()))
+    return res
 
 
 def main():
@@ -672,6 +1092,18 @@ def main():
     parser.add_argument("--variant-decode-us", type=int, default=500,
                         help="full runs: repeat the completions run with the decode sim at this "
                              "many us per token (0 = skip)")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="run only the CPU comparison (sim and canned nodes x dialects) and "
+                             "rewrite only its block of the results file")
+    parser.add_argument("--cpu-connections", default="32,100",
+                        help="CPU comparison: concurrent connections, comma-separated")
+    parser.add_argument("--cpu-dialects", default=",".join(d[0] for d in DIALECTS),
+                        help="CPU comparison: dialects, comma-separated (default all)")
+    parser.add_argument("--cpu-duration", type=int, default=3,
+                        help="CPU comparison: seconds per run (smoke: 1)")
+    parser.add_argument("--cpu-repeat", type=int, default=2,
+                        help="CPU comparison: runs per target and row, alternating pdrouter and "
+                             "nginx, summed (smoke: 1)")
     parser.add_argument("--no-netns", action="store_true",
                         help="do not re-run inside a private network namespace")
     parser.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"),
@@ -720,75 +1152,36 @@ def main():
                                                              args.bin_dir, " (smoke)" if args.smoke else ""),
           flush=True)
     failures = []
+    cpu_seconds_run = 1 if args.smoke else args.cpu_duration
+    cpu_warm = 0 if args.smoke else 1
     try:
-        setup = Setup(args)
-        res = {"c100": {}, "c1": {}, "stream": {}, "ttft": {}}
-        for target in setup.targets():
-            name = target[0]
-            if durations["warm"]:
-                run_wrk(setup, target, "/v1/completions", COMPLETION, args.connections,
-                        durations["warm"], args.work_dir)
-            for key, path, body, conns, secs in (
-                    ("c100", "/v1/completions", COMPLETION, args.connections, durations["c100"]),
-                    ("c1", "/v1/completions", COMPLETION, 1, durations["c1"]),
-                    ("stream", "/v1/chat/completions", CHAT_STREAM, args.connections,
-                     durations["c100"])):
-                r = run_wrk(setup, target, path, body, conns, secs, args.work_dir)
-                res[key][name] = r
-                print("  %-8s %-6s %8.0f req/s  p50 %6.0f us  p99 %6.0f us  errors %d%s" % (
-                    name, key, r["rps"], r["p50"], r["p99"], r["errors"],
-                    ("" if r["cpu_per_1k"] is None else "  cpu %.3f s/1k" % r["cpu_per_1k"]) +
-                    ("" if r["upstream_opens_per_1k"] is None else
-                     "  upstream connects %.0f/1k" % r["upstream_opens_per_1k"])),
-                    flush=True)
-            r = run_ttft(target[1], args.ttft_connections, durations["ttft"])
-            res["ttft"][name] = r
-            print("  %-8s ttft   %8d reqs   p50 %6.0f us  p99 %6.0f us  errors %d" % (
-                name, r["requests"], r["p50"], r["p99"], r["errors"]), flush=True)
-        router_5xx = setup.router_5xx()
-        for child in (setup.router, setup.prefill, setup.decode, setup.nginx):
-            if child.proc.poll() is not None:
-                failures.append("%s exited early:\n%s" % (child.name, child.log()))
-        if not args.smoke and args.variant_decode_us:
-            # Variant: the decode sim paces tokens, so the prefill's answer always arrives before
-            # the decode's and pdrouter can pool the prefill connection (see RESULTS.md).
-            stop_all()
-            setup = Setup(args, decode_us=args.variant_decode_us, tag="nginx-variant")
-            res["variant"] = {}
-            for target in setup.targets():
-                r = run_wrk(setup, target, "/v1/completions", COMPLETION, args.connections,
-                            durations["c100"], args.work_dir)
-                res["variant"][target[0]] = r
-                print("  %-8s var    %8.0f req/s  p50 %6.0f us  p99 %6.0f us  errors %d%s%s" % (
-                    target[0], r["rps"], r["p50"], r["p99"], r["errors"],
-                    "" if r["cpu_per_1k"] is None else "  cpu %.3f s/1k" % r["cpu_per_1k"],
-                    "" if r["upstream_opens_per_1k"] is None else
-                    "  upstream connects %.0f/1k" % r["upstream_opens_per_1k"]), flush=True)
-            router_5xx += setup.router_5xx()
-        for group, by_target in res.items():
-            for name, r in by_target.items():
-                if r["requests"] == 0:
-                    failures.append("%s %s: no requests completed" % (name, group))
-                if r["errors"]:
-                    failures.append("%s %s: %d errors" % (name, group, r["errors"]))
-        if router_5xx:
-            failures.append("pdrouter answered %d 5xx (/metrics)" % router_5xx)
-        for child in (setup.router, setup.prefill, setup.decode, setup.nginx):
-            if child.proc.poll() is not None:
-                failures.append("%s exited early:\n%s" % (child.name, child.log()))
+        res = {} if args.cpu_only else run_targets(args, durations, failures)
+        cpu_rows, cpu_5xx = run_cpu_matrix(args, cpu_seconds_run, cpu_warm)
+        failures += cpu_matrix_failures(cpu_rows)
+        if cpu_5xx:
+            failures.append("pdrouter answered %d 5xx in the CPU comparison (/metrics)" % cpu_5xx)
         load_after = " ".join(open("/proc/loadavg").read().split()[:3])
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"machine": info, "results": res}, f, indent=1)
+                json.dump({"machine": info, "results": res, "cpu_comparison": cpu_rows}, f,
+                          indent=1)
+        cpu_text = cpu_section(cpu_rows, info, args, load_after, cpu_seconds_run, cpu_warm)
         if not args.smoke:
-            rows, verdict = build_rows(res, args)
+            if not args.cpu_only:
+                rows, verdict = build_rows(res, args)
+                print()
+                print(text_table(rows))
+                print("\ntargets: p50 added %s, p99 added %s, CPU ratio %.2fx %s; load %s -> %s" % (
+                    met(verdict["p50"]), met(verdict["p99"]), verdict["ratio"], met(verdict["cpu"]),
+                    info["load"], load_after))
             print()
-            print(text_table(rows))
-            print("\ntargets: p50 added %s, p99 added %s, CPU ratio %.2fx %s; load %s -> %s" % (
-                met(verdict["p50"]), met(verdict["p99"]), verdict["ratio"], met(verdict["cpu"]),
-                info["load"], load_after))
+            print(cpu_matrix_table(cpu_rows, args.target_cpu_ratio))
             if args.results and not failures:
-                write_results(args.results, rows, verdict, info, args, load_after, durations)
+                if args.cpu_only:
+                    replace_cpu_section(args.results, cpu_text)
+                else:
+                    write_results(args.results, rows, verdict, info, args, load_after, durations,
+                                  cpu_text)
                 print("wrote " + args.results)
     except KeyboardInterrupt as e:
         failures.append("interrupted (%s)" % e)

@@ -14,7 +14,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d /tmp/pdr-router-bench.XXXXXX)
 cleanup() {
   # The Python driver stops everything itself; this is the backstop if it was killed hard.
-  for pidfile in "$work"/nginx*/nginx.pid; do
+  for pidfile in "$work"/*/nginx.pid; do
     [[ -f "$pidfile" ]] && kill -TERM "$(cat "$pidfile")" 2>/dev/null || true
   done
   if [[ -f "$work/pids" ]]; then
