@@ -12,7 +12,8 @@ using nlohmann::json;
 
 // `___prefill_addr_(.+?)___decode_addr_`
 bool prefill_address(std::string_view id, std::string* out) {
-  for (size_t p = id.find(kPrefillTag); p != std::string_view::npos; p = id.find(kPrefillTag, p + 1)) {
+  for (size_t p = id.find(kPrefillTag); p != std::string_view::npos;
+       p = id.find(kPrefillTag, p + 1)) {
     const size_t begin = p + kPrefillTag.size();
     const size_t end = id.find(kDecodeTag, begin + 1);
     if (end != std::string_view::npos) {
@@ -25,7 +26,8 @@ bool prefill_address(std::string_view id, std::string* out) {
 
 // `___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$` (greedy capture).
 bool decode_address(std::string_view id, std::string* out) {
-  for (size_t p = id.find(kDecodeTag); p != std::string_view::npos; p = id.find(kDecodeTag, p + 1)) {
+  for (size_t p = id.find(kDecodeTag); p != std::string_view::npos;
+       p = id.find(kDecodeTag, p + 1)) {
     const size_t begin = p + kDecodeTag.size();
     for (size_t u = id.size(); u-- > begin + 1;) {
       if (id[u] != '_' || u + 33 > id.size()) continue;
