@@ -1,6 +1,7 @@
 #include "node/sim_command.h"
 #include "node/logging.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sidecar/node_client.h"
+#include "node/sim_dialect.h"
 #include "node/sim_kv_mover.h"
 #include "node/sim_server.h"
 #include "node/stop_signals.h"
@@ -26,14 +28,28 @@ constexpr int kExitRuntime = 1;
 
 using FlagError = std::string;
 using proto::Connector;
-using proto::RegistrationFormat;
 
-uint16_t default_kv_port(Connector connector) {
-  switch (connector) {
-    case Connector::kP2pNccl: return 21001;
-    case Connector::kMooncake: return 17000;
-    default: return 5600;  // VLLM_NIXL_SIDE_CHANNEL_PORT's default
+// The --connector names of the dialects that satisfy `wanted`, once each, in table order.
+template <typename Pred>
+std::vector<std::string> connector_names(Pred wanted) {
+  std::vector<std::string> names;
+  for (const sim::SimDialect* d : sim::sim_dialects()) {
+    const std::string name(proto::to_string(d->connector));
+    if (wanted(*d) && std::find(names.begin(), names.end(), name) == names.end()) {
+      names.push_back(name);
+    }
   }
+  return names;
+}
+
+// "a, b or c".
+std::string one_of(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) text += i + 1 == names.size() ? " or " : ", ";
+    text += names[i];
+  }
+  return text;
 }
 
 // HOST:PORT like proto::parse_host_port, but port 0 (ephemeral) is allowed.
@@ -63,16 +79,27 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   }
   if (!proto::parse_connector(f.connector, &node.connector) ||
       node.connector == Connector::kUnknown) {
-    return "--connector '" + f.connector + "': expected nixl, moriio, mooncake, p2p-nccl or sglang";
+    return "--connector '" + f.connector + "': expected " +
+           one_of(connector_names([](const sim::SimDialect&) { return true; }));
   }
-  if (node.connector == Connector::kMoriio) {
-    const std::string mode = f.transfer_mode.empty() ? "READ" : f.transfer_mode;
+  // A connector with transfer modes has one dialect per mode; the first is the default.
+  const proto::TransferMode default_mode = sim::default_transfer_mode(node.connector);
+  if (default_mode != proto::TransferMode::kNone) {
+    const std::string mode =
+        f.transfer_mode.empty() ? std::string(proto::to_string(default_mode)) : f.transfer_mode;
     if (!proto::parse_transfer_mode(mode, &node.transfer_mode) ||
-        node.transfer_mode == proto::TransferMode::kNone) {
+        sim::find_sim_dialect(node.connector, node.transfer_mode) == nullptr) {
       return "--transfer-mode '" + mode + "': expected READ or WRITE";
     }
   } else if (!f.transfer_mode.empty()) {
-    return "--transfer-mode only applies to --connector moriio";
+    return "--transfer-mode only applies to --connector " +
+           one_of(connector_names([](const sim::SimDialect& d) {
+             return d.transfer_mode != proto::TransferMode::kNone;
+           }));
+  }
+  const sim::SimDialect* dialect = sim::find_sim_dialect(node);
+  if (dialect == nullptr) {
+    return "--connector '" + f.connector + "': not simulated";
   }
   proto::HostPort http;
   if (FlagError e = parse_listen_address(f.http, &http); !e.empty()) return e;
@@ -86,7 +113,7 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   node.tp_size = f.tp_size;
   node.handshake_port = static_cast<uint16_t>(f.handshake_port);
   node.notify_port = static_cast<uint16_t>(f.notify_port);
-  node.kv_port = f.kv_port >= 0 ? static_cast<uint16_t>(f.kv_port) : default_kv_port(node.connector);
+  node.kv_port = f.kv_port >= 0 ? static_cast<uint16_t>(f.kv_port) : dialect->default_kv_port;
   if (f.kv_backends == "none" && (node.kv_port == 0 || node.handshake_port == 0 ||
                                   node.notify_port == 0)) {
     return "port 0 (ephemeral) for --kv-port/--handshake-port/--notify-port needs a KV side "
@@ -103,8 +130,11 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   out->prefill_us_per_token = f.prefill_us_per_token;
   out->decode_us_per_token = f.decode_us_per_token;
   if (f.bootstrap_port >= 0) {
-    if (node.connector != Connector::kMooncake || node.role != proto::Role::kPrefill) {
-      return "--bootstrap-port only applies to --connector mooncake --role prefill";
+    if (dialect->bootstrap_query == nullptr || node.role != proto::Role::kPrefill) {
+      return "--bootstrap-port only applies to --connector " +
+             one_of(connector_names(
+                 [](const sim::SimDialect& d) { return d.bootstrap_query != nullptr; })) +
+             " --role prefill";
     }
     out->bootstrap_port = static_cast<uint16_t>(f.bootstrap_port);
   }
@@ -112,7 +142,8 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
 }
 
 // The registration each connector's real node sends (shared/PROTOCOLS.md §1.1, §2), or the
-// pdrouter format for connectors that have no discovery of their own.
+// pdrouter format for connectors that have no discovery of their own: the dialect's part
+// (SimDialect::fill_registration) on the common one.
 proto::Registration build_registration(const SimFlags& f, const sim::SimServer& server,
                                        const sim::SimOptions& options) {
   const sim::KvNodeIdentity& node = options.node;
@@ -120,43 +151,14 @@ proto::Registration build_registration(const SimFlags& f, const sim::SimServer& 
   reg.role = node.role;
   reg.http_address = proto::HostPort{node.advertise_host, server.port()};
   reg.connector = node.connector;
-  switch (node.connector) {
-    case Connector::kMoriio: {
-      reg.format = RegistrationFormat::kMoriio;
-      proto::MoriioZmqAddress zmq{node.advertise_host, node.handshake_port, node.notify_port};
-      reg.zmq_address = zmq.to_string();
-      reg.moriio_zmq = zmq;
-      reg.transfer_mode = node.transfer_mode;
-      reg.dp_size = node.dp_size;
-      reg.tp_size = node.tp_size;
-      break;
-    }
-    case Connector::kP2pNccl: {
-      reg.format = RegistrationFormat::kP2pNccl;
-      proto::HostPort kv{node.advertise_host, node.kv_port};
-      reg.zmq_address = kv.to_string();
-      reg.kv_address = kv;
-      break;
-    }
-    default:
-      reg.format = RegistrationFormat::kPdrouter;
-      reg.schema_version = 1;
-      reg.dp_size = node.dp_size;
-      reg.tp_size = node.tp_size;
-      reg.model = f.model;
-      if (node.connector == Connector::kMooncake && node.role == proto::Role::kPrefill) {
-        reg.bootstrap_port = server.bootstrap_port().value_or(server.port());
-      }
-      // SGLang decodes find the prefill's KV at bootstrap_host:bootstrap_port (sim_kv_peer.h).
-      if (node.connector == Connector::kSglang && node.role == proto::Role::kPrefill &&
-          f.kv_backends != "none") {
-        reg.bootstrap_port = node.kv_port;
-      }
-      break;
-  }
+  sim::SimRegistrationInputs in;
+  in.node = &node;
+  in.bootstrap_port = server.bootstrap_port();
+  in.model = f.model;
+  in.moves_kv = f.kv_backends != "none";
+  sim::find_sim_dialect(node)->fill_registration(in, &reg);
   return reg;
 }
-
 
 }  // namespace
 
@@ -286,8 +288,9 @@ int run_sim_command(const SimFlags& flags) {
     }
     // Bound side-channel ports (0 asked for ephemeral ones) are what gets advertised.
     options.node = engine_mover->node();
-    kv_listen_port = options.node.connector == Connector::kMoriio ? options.node.handshake_port
-                                                                  : options.node.kv_port;
+    // The first side-channel port the dialect binds.
+    const sim::SimDialect& dialect = *sim::find_sim_dialect(options.node);
+    kv_listen_port = options.node.*dialect.side_channel(options.node).front().base;
     mover = std::move(engine_mover);
   }
   sim::SimServer server(options, std::move(mover));

@@ -1,10 +1,11 @@
-// kv_transfer_params and P/D headers for `pdnode sim`, per connector dialect (shared/PROTOCOLS.md
-// §1.4 MoRIIO, §2 P2P-NCCL, §3 NIXL, §4 Mooncake, §7 SGLang). Pure functions over JSON; no I/O.
+// kv_transfer_params and P/D headers for `pdnode sim`: the generic part. What each connector
+// dialect checks, answers and advertises lives in its own file (node/sim_dialect.h,
+// node/sim_dialects/). Pure functions over JSON; no I/O.
 //
 // check_kv_request() decides which leg a request is (plain, prefill or decode) and refuses what
 // the real connector would refuse (a KeyError or "invalid KVTransferParams" in vLLM becomes a
-// 400 here, so misbehaving routers fail loudly in tests). prefill_response_params() builds what
-// the prefill's request_finished() returns. A node refuses a leg that contradicts its --role.
+// 400 here, so misbehaving routers fail loudly in tests). A node refuses a leg that contradicts
+// its --role. A finished prefill answers its dialect's SimDialect::prefill_answer.
 //
 // KvMover is the seam where KV bytes move: the server calls export_prefill_blocks() when a prefill
 // leg finishes and import_decode_blocks() when a decode leg arrives; the decode emits its first
@@ -25,7 +26,10 @@
 
 namespace pdr::node::sim {
 
-// What this node is, as far as KV transfer is concerned.
+struct SimDialect;
+
+// What this node is, as far as KV transfer is concerned. connector + transfer_mode name its
+// dialect (find_sim_dialect()); the ports are those the dialects advertise.
 struct KvNodeIdentity {
   proto::Role role = proto::Role::kPrefill;
   proto::Connector connector = proto::Connector::kNixl;
@@ -51,25 +55,16 @@ struct KvRequest {
   uint32_t dp_rank = 0;       // from X-data-parallel-rank (0 when absent)
 };
 
-// `dp_rank_header` is the X-data-parallel-rank value, if sent; `request_id` the X-Request-Id (or
-// the generated id when absent).
-std::optional<SimError> check_kv_request(const KvNodeIdentity& node, const std::string& request_id,
+// `dialect` is the node's (find_sim_dialect(node)). `dp_rank_header` is the X-data-parallel-rank
+// value, if sent; `request_id` the X-Request-Id (or the generated id when absent); `body` the
+// request body (its kv_transfer_params, and what else the dialect reads).
+std::optional<SimError> check_kv_request(const SimDialect& dialect, const KvNodeIdentity& node,
+                                         const std::string& request_id,
                                          const std::optional<std::string>& dp_rank_header,
-                                         const nlohmann::json& kv_transfer_params, KvRequest* out);
-
-// The prefill's kv_transfer_params in its non-streaming response (null for Mooncake, P2P-NCCL,
-// SGLang, and for plain or decode legs). `internal_id` is the engine-internal request id.
-// `blocks` are the remote_block_ids to advertise.
-nlohmann::json prefill_response_params(const KvNodeIdentity& node, const KvRequest& request,
-                                       const std::string& internal_id,
-                                       const std::vector<int64_t>& blocks);
+                                         const nlohmann::json& body, KvRequest* out);
 
 // The synthetic KV blocks one request owns: 16 tokens per block, ids derived from the request id.
 std::vector<int64_t> synthetic_block_ids(const std::string& request_id, uint32_t prompt_tokens);
-
-// SGLang carries its bootstrap address in the body, not in kv_transfer_params: "HOST:PORT" from
-// bootstrap_host / bootstrap_port (empty when either is missing or null).
-std::string sglang_peer_address(const nlohmann::json& body);
 
 struct KvBlocks {
   std::string request_id;        // X-Request-Id

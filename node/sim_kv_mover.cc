@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
+#include "node/sim_dialect.h"
 #include "node/sim_kv_blocks.h"
 #include "node/sim_kv_channel.h"
 #include "node/sim_kv_content.h"
@@ -29,20 +30,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
-using proto::Connector;
 
 constexpr auto kWaitSlice = std::chrono::milliseconds(100);
 constexpr auto kDescribeTimeout = std::chrono::seconds(5);
 constexpr auto kReapPeriod = std::chrono::milliseconds(50);
-
-// Push-based dialects: the prefill writes into blocks the decode names (shared/PROTOCOLS.md).
-bool push_dialect(const KvNodeIdentity& node) {
-  switch (node.connector) {
-    case Connector::kMoriio: return node.transfer_mode == proto::TransferMode::kWrite;
-    case Connector::kNixl: return false;
-    default: return true;  // P2P-NCCL, Mooncake, SGLang
-  }
-}
 
 std::string random_suffix() {
   std::mt19937_64 rng{std::random_device{}()};
@@ -86,15 +77,6 @@ struct PeerInfo {
 
 }  // namespace
 
-uint32_t kv_side_channel_port_count(const KvNodeIdentity& node) {
-  switch (node.connector) {
-    case Connector::kMoriio: return 2;
-    case Connector::kNixl: return node.dp_size;
-    case Connector::kMooncake: return node.dp_size * node.tp_size;
-    default: return 1;
-  }
-}
-
 struct EngineKvMover::Impl {
   EngineKvMoverOptions o;
   std::unique_ptr<transfer::Engine> engine;
@@ -107,7 +89,8 @@ struct EngineKvMover::Impl {
   std::unique_ptr<KvTaskPool> tasks;
   std::atomic<bool> stopping{false};
   bool is_stopping() const { return stopping.load(std::memory_order_acquire); }
-  bool push = false;
+  const SimDialect* dialect = nullptr;  // the node's (find_sim_dialect)
+  bool push = false;                     // dialect->movement == KvMovement::kPush
   // Reaps stale prefill entries and quarantined decode blocks every kReapPeriod until stop().
   std::mutex reaper_mu;
   std::condition_variable reaper_cv;
@@ -166,7 +149,14 @@ struct EngineKvMover::Impl {
 // set-up
 
 Status EngineKvMover::Impl::init() {
-  push = push_dialect(o.node);
+  dialect = find_sim_dialect(o.node);
+  if (dialect == nullptr) {
+    return Status(StatusCode::kInvalidValue,
+                  "no simulated KV dialect for connector " +
+                      std::string(proto::to_string(o.node.connector)) + " mode " +
+                      std::string(proto::to_string(o.node.transfer_mode)));
+  }
+  push = dialect->movement == KvMovement::kPush;
   if (o.block_bytes == 0 || o.blocks == 0 || o.layers == 0) {
     return Status(StatusCode::kInvalidValue, "KV pool: blocks, block bytes and layers must be > 0");
   }
@@ -215,15 +205,11 @@ Status EngineKvMover::Impl::start_side_channel() {
   channel = std::make_unique<KvChannelServer>(zmq_context);
   KvNodeIdentity& node = o.node;
   auto bind = [&](uint16_t port, uint16_t* bound) { return channel->bind(o.bind_host, port, bound); };
-  if (node.connector == Connector::kMoriio) {
-    if (Status s = bind(node.handshake_port, &node.handshake_port); !s.is_ok()) return s;
-    if (Status s = bind(node.notify_port, &node.notify_port); !s.is_ok()) return s;
-  } else {
-    const uint32_t count = kv_side_channel_port_count(node);
-    uint16_t base_port = 0;
-    if (Status s = bind(node.kv_port, &base_port); !s.is_ok()) return s;
-    node.kv_port = base_port;
-    for (uint32_t i = 1; i < count; ++i) {
+  // Each range: its base (0: an ephemeral one, written back) and the ports after it.
+  for (const SidePortRange& range : dialect->side_channel(node)) {
+    uint16_t& base_port = node.*range.base;
+    if (Status s = bind(base_port, &base_port); !s.is_ok()) return s;
+    for (uint32_t i = 1; i < range.count; ++i) {
       uint16_t ignored = 0;
       if (base_port + i > 65535) {
         return Status(StatusCode::kInvalidValue, "KV side channel: ports past 65535");
@@ -446,7 +432,7 @@ std::optional<SimError> EngineKvMover::Impl::get_peer(const KvBlocks& blocks,
                                                       Clock::time_point deadline, PeerInfo* peer,
                                                       proto::HostPort* where,
                                                       std::string* address) {
-  if (auto e = resolve_kv_peer(o.node.connector, blocks, deadline, where)) return e;
+  if (auto e = resolve_kv_peer(*dialect, blocks, deadline, where)) return e;
   *address = where->to_string();
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -796,12 +782,11 @@ json EngineKvMover::stats() const {
   }
   const transfer::EngineCounters& c = m.engine->counters();
   auto load = [](const std::atomic<uint64_t>& v) { return v.load(std::memory_order_relaxed); };
-  json ports;
-  if (m.o.node.connector == Connector::kMoriio) {
-    ports = {{"handshake", m.o.node.handshake_port}, {"notify", m.o.node.notify_port}};
-  } else {
-    ports = {{"kv", m.o.node.kv_port}, {"count", kv_side_channel_port_count(m.o.node)}};
-  }
+  // Each range's first port by name; a single range (a port range) also says how many.
+  json ports = json::object();
+  const std::vector<SidePortRange> ranges = m.dialect->side_channel(m.o.node);
+  for (const SidePortRange& range : ranges) ports[range.name] = m.o.node.*range.base;
+  if (ranges.size() == 1) ports["count"] = ranges.front().count;
   return json{
       {"kv_backends", m.o.backends},
       {"mode", m.push ? "write" : "read"},

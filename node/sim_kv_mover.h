@@ -4,21 +4,23 @@
 // Each node owns an Engine with one memfd region cut into `blocks` blocks x `layers` layers of
 // `block_bytes` (layer-major layout), and a free list (KvBlockPool). Every node serves the KV side
 // channel (node/sim_kv_channel.h, messages in node/sim_kv_wire.h) on the ports its dialect
-// advertises; a decode's contacts its prefill's where the real connector would
-// (node/sim_kv_peer.h). A decode's own side channel only describes itself (its advertised address
-// is real, as a real decode's listener is). Port 0 binds an ephemeral port and create() writes
-// every bound port back into the node identity, so that is what gets advertised.
+// advertises (SimDialect::side_channel, node/sim_dialect.h); a decode's contacts its prefill's
+// where the real connector would (SimDialect::resolve_peer, via node/sim_kv_peer.h). A decode's
+// own side channel only describes itself (its advertised address is real, as a real decode's
+// listener is). Port 0 binds an ephemeral port and create() writes every bound port back into the
+// node identity, so that is what gets advertised.
 //
 // A request's KV is identified by its transfer key (kv_transfer_key()) and its bytes are
 // synthetic (node/sim_kv_content.h), so the decode verifies every byte.
 //
 // Prefill: export_prefill_blocks() allocates the prompt's blocks, fills them and holds them under
 // the key for at most `hold` (then they are reaped and counted: nobody pulled them).
-// READ dialects (NIXL, MoRIIO READ): the decode fetches (and caches per address) the prefill's
-//   descriptor, READs the prefill's remote_block_ids into blocks of its own with notify = key,
-//   and verifies; the notification makes the prefill free its blocks.
-// WRITE dialects (MoRIIO WRITE, P2P-NCCL, Mooncake, SGLang): the decode allocates blocks and sends
-//   kWriteRequest{key, its descriptor, its block ids} to the prefill; the prefill WRITEs its
+// SimDialect::movement says which of two ways the KV moves:
+// READ dialects (kPull: NIXL, MoRIIO READ): the decode fetches (and caches per address) the
+//   prefill's descriptor, READs the prefill's remote_block_ids into blocks of its own with
+//   notify = key, and verifies; the notification makes the prefill free its blocks.
+// WRITE dialects (kPush: MoRIIO WRITE, P2P-NCCL, Mooncake, SGLang): the decode allocates blocks and
+//   sends kWriteRequest{key, its descriptor, its block ids} to the prefill; the prefill WRITEs its
 //   blocks there with notify = key as soon as both its leg has finished and the request is there
 //   (either may come first), then frees its blocks; the decode waits for the notification (until
 //   `transfer_timeout`) and verifies.
@@ -43,7 +45,7 @@
 namespace pdr::node::sim {
 
 struct EngineKvMoverOptions {
-  KvNodeIdentity node;               // role, connector, mode, advertise host, side-channel ports
+  KvNodeIdentity node;  // role, connector and mode (its dialect), advertise host, KV ports
   std::string bind_host = "127.0.0.1";  // the side channel's and the tcp backend's listen host
   std::string backends = "tcp";      // transfer::parse_backend_list()
   uint32_t blocks = 2048;
@@ -53,11 +55,6 @@ struct EngineKvMoverOptions {
   std::chrono::milliseconds transfer_timeout{30000};
   uint32_t io_threads = 32;
 };
-
-// The side-channel ports a node binds, per dialect, from the node identity (a 0 base asks for
-// an ephemeral first port; the others follow it): MoRIIO {handshake, notify}; NIXL kv_port + DP
-// rank; Mooncake kv_port + dp * tp_size + tp; P2P-NCCL and SGLang {kv_port}.
-uint32_t kv_side_channel_port_count(const KvNodeIdentity& node);
 
 class EngineKvMover final : public KvMover {
  public:

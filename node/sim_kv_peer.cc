@@ -8,17 +8,12 @@
 #include <cerrno>
 #include <cstring>
 
-#include <nlohmann/json.hpp>
+#include "node/sim_dialect.h"
 
 namespace pdr::node::sim {
 namespace {
 
-using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-SimError peer_error(std::string message) {
-  return SimError{502, "kv_peer_unreachable", std::move(message)};
-}
 
 int millis_left(Clock::time_point deadline) {
   const auto left =
@@ -49,39 +44,6 @@ class Fd {
  private:
   int fd_;
 };
-
-std::optional<SimError> resolve_mooncake(const KvBlocks& blocks, Clock::time_point deadline,
-                                         proto::HostPort* out) {
-  proto::HttpUrl url;
-  if (!proto::parse_http_url(blocks.peer_address, &url).is_ok()) {
-    return peer_error("Mooncake: bad remote_bootstrap_addr '" + blocks.peer_address + "'");
-  }
-  std::string body;
-  if (auto e = http_get(url.address, "/query", deadline, &body)) {
-    return peer_error("Mooncake bootstrap " + blocks.peer_address + "/query: " + *e);
-  }
-  const json table = json::parse(body, nullptr, false);
-  const json engine = blocks.params.is_object() ? blocks.params.value("remote_engine_id", json())
-                                                : json();
-  if (!table.is_object()) return peer_error("Mooncake bootstrap /query: not a JSON object");
-  for (const auto& [rank, entry] : table.items()) {
-    if (!entry.is_object() || entry.value("engine_id", json()) != engine) continue;
-    // worker_addr[tp]["0"]: TP rank 0's address (the sim's KV is the same for every TP rank).
-    const json* addr = &entry;
-    for (const char* step : {"worker_addr", "0", "0"}) {
-      addr = addr->is_object() && addr->contains(step) ? &(*addr)[step] : nullptr;
-      if (addr == nullptr) break;
-    }
-    if (addr == nullptr || !addr->is_string()) break;
-    std::string text = addr->get<std::string>();
-    if (text.starts_with("tcp://")) text = text.substr(6);
-    if (!proto::parse_host_port(text, out).is_ok()) {
-      return peer_error("Mooncake bootstrap /query: bad worker_addr '" + text + "'");
-    }
-    return std::nullopt;
-  }
-  return peer_error("Mooncake bootstrap /query has no worker for engine " + engine.dump());
-}
 
 }  // namespace
 
@@ -158,30 +120,16 @@ std::optional<std::string> http_get(const proto::HostPort& server, const std::st
   }
 }
 
-std::optional<SimError> resolve_kv_peer(proto::Connector connector, const KvBlocks& blocks,
+SimError kv_peer_error(std::string message) {
+  return SimError{502, "kv_peer_unreachable", std::move(message)};
+}
+
+std::optional<SimError> resolve_kv_peer(const SimDialect& dialect, const KvBlocks& blocks,
                                         Clock::time_point deadline, proto::HostPort* out) {
-  const std::string& peer = blocks.peer_address;
-  if (peer.empty()) {
-    return peer_error("the request does not say where the prefill's KV is (no peer address)");
+  if (blocks.peer_address.empty()) {
+    return kv_peer_error("the request does not say where the prefill's KV is (no peer address)");
   }
-  switch (connector) {
-    case proto::Connector::kMoriio: {
-      proto::MoriioZmqAddress zmq;
-      if (!proto::parse_moriio_zmq_address(peer, &zmq).is_ok()) {
-        return peer_error("MoRIIO: bad prefill address '" + peer + "'");
-      }
-      *out = proto::HostPort{zmq.host, zmq.handshake_port};
-      return std::nullopt;
-    }
-    case proto::Connector::kMooncake: return resolve_mooncake(blocks, deadline, out);
-    default: {
-      std::string text = peer;
-      if (!proto::parse_host_port(text, out).is_ok()) {
-        return peer_error("bad prefill KV address '" + peer + "'");
-      }
-      return std::nullopt;
-    }
-  }
+  return dialect.resolve_peer(blocks, deadline, out);
 }
 
 }  // namespace pdr::node::sim

@@ -1,13 +1,6 @@
-// Where a decode leg finds its prefill's KV side channel, per connector dialect: the address the
-// real connector would contact (shared/PROTOCOLS.md).
-//   MoRIIO    the prefill's handshake port (from remote_host/remote_handshake_port or the
-//             request id's ___prefill_addr_ zmq address)
-//   NIXL      remote_host:remote_port (the side channel; remote_port already includes the DP rank)
-//   P2P-NCCL  the prefill's ip:port from the request id
-//   Mooncake  GET /query on remote_bootstrap_addr, then the worker_addr of the DP rank whose
-//             engine_id is remote_engine_id (TP rank 0)
-//   SGLang    bootstrap_host:bootstrap_port (the sim's prefill serves the side channel there)
-// Blocking (Mooncake's /query is an HTTP GET on a plain socket), bounded by `deadline`.
+// Where a decode leg finds its prefill's KV side channel: the address the real connector would
+// contact, as its dialect says (SimDialect::resolve_peer, node/sim_dialects/), and the plain HTTP
+// GET a dialect may need for that (Mooncake's bootstrap /query).
 #pragma once
 
 #include <chrono>
@@ -20,12 +13,19 @@
 
 namespace pdr::node::sim {
 
-std::optional<SimError> resolve_kv_peer(proto::Connector connector, const KvBlocks& blocks,
+struct SimDialect;
+
+// blocks.peer_address (what the request said about the prefill) resolved by `dialect`; an empty
+// peer address is refused here. Blocking, bounded by `deadline`. Errors are kv_peer_error()s.
+std::optional<SimError> resolve_kv_peer(const SimDialect& dialect, const KvBlocks& blocks,
                                         std::chrono::steady_clock::time_point deadline,
                                         proto::HostPort* out);
 
-// A bare HTTP/1.0 GET, for Mooncake's bootstrap /query; the body on a 200 answer of at most
-// 1 MiB. nullopt on success, else why it failed.
+// 502 kv_peer_unreachable: the decode cannot reach (or find) its prefill's KV.
+SimError kv_peer_error(std::string message);
+
+// A bare HTTP/1.0 GET (a bootstrap server's /query); the body on a 200 answer of at most 1 MiB.
+// nullopt on success, else why it failed.
 std::optional<std::string> http_get(const proto::HostPort& server, const std::string& path,
                                     std::chrono::steady_clock::time_point deadline,
                                     std::string* body);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "node/sim_dialect.h"
 #include "node/sim_faults.h"
 #include "node/sim_generation.h"
 #include "node/sim_request_log.h"
@@ -80,6 +81,7 @@ struct TimerBox {
 
 struct SimServer::Impl {
   SimOptions options;
+  const SimDialect* dialect = nullptr;  // find_sim_dialect(options.node); start() needs one
   std::unique_ptr<KvMover> mover;
   http::Server server;
   std::unique_ptr<http::Server> bootstrap;
@@ -109,7 +111,10 @@ struct SimServer::Impl {
   void answer(http::ResponseWriter& writer, uint64_t seq, http::Response response);
   void answer_error(http::ResponseWriter& writer, uint64_t seq, const SimError& error);
   std::string models_json() const;
-  std::string bootstrap_query_json() const;
+  // The dialect's prefill runs a bootstrap server (GET /query) and this node is a prefill.
+  bool serves_bootstrap() const {
+    return dialect->bootstrap_query != nullptr && options.node.role == proto::Role::kPrefill;
+  }
 
   void arm_timer(Generation& g, Clock::time_point when);
   void arm_first_timer(Generation& g);
@@ -155,24 +160,6 @@ std::string SimServer::Impl::models_json() const {
   return json{{"object", "list"}, {"data", json::array({model})}}.dump();
 }
 
-std::string SimServer::Impl::bootstrap_query_json() const {
-  const KvNodeIdentity& node = options.node;
-  json out = json::object();
-  for (uint32_t dp = 0; dp < node.dp_size; ++dp) {
-    json workers = json::object();
-    for (uint32_t tp = 0; tp < node.tp_size; ++tp) {
-      workers[std::to_string(tp)] = json{
-          {"0", "tcp://" + node.advertise_host + ":" +
-                    std::to_string(node.kv_port + dp * node.tp_size + tp)}};
-    }
-    out[std::to_string(dp)] = json{{"engine_id", node.engine_id + "-dp" + std::to_string(dp)},
-                                   {"worker_addr", workers},
-                                   {"tp_size", node.tp_size},
-                                   {"pp_size", 1}};
-  }
-  return out.dump();
-}
-
 void SimServer::Impl::handle(http::Request&& request, http::ResponseWriter writer) {
   const bool test_path = request.path.starts_with("/sim/");
   const uint64_t seq = test_path ? 0 : log.record(request);
@@ -201,9 +188,8 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
     if (request.path == "/v1/chat/completions" && post) {
       return handle_generation(ApiKind::kChat, std::move(request), seq, std::move(writer), fault);
     }
-    if (request.path == "/query" && get && options.node.connector == proto::Connector::kMooncake &&
-        options.node.role == proto::Role::kPrefill) {
-      return answer(writer, seq, json_response(200, bootstrap_query_json()));
+    if (request.path == "/query" && get && serves_bootstrap()) {
+      return answer(writer, seq, json_response(200, dialect->bootstrap_query(options.node)));
     }
     if (request.path == "/sim/requests" && get) {
       return answer(writer, seq, json_response(200, log.to_json()));
@@ -319,12 +305,8 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
                                                                    : random_hex32();
   std::optional<std::string> dp_rank;
   if (auto h = request.header("X-data-parallel-rank")) dp_rank = std::string(*h);
-  const json kv_params = body.contains("kv_transfer_params") ? body["kv_transfer_params"] : json();
-  if (auto e = check_kv_request(options.node, g->request_id, dp_rank, kv_params, &g->kv)) {
+  if (auto e = check_kv_request(*dialect, options.node, g->request_id, dp_rank, body, &g->kv)) {
     return answer_error(writer, seq, *e);
-  }
-  if (options.node.connector == proto::Connector::kSglang && g->kv.leg == KvLeg::kDecode) {
-    g->kv.peer_address = sglang_peer_address(body);
   }
   if (g->req.prompt_tokens + g->req.max_tokens > options.max_model_len) {
     return answer_error(writer, seq,
@@ -504,7 +486,7 @@ void SimServer::Impl::finish(Generation& g) {
     } else {
       const std::string internal_id = internal_request_id(g.req.kind, g.request_id);
       if (block_ids.empty()) block_ids = synthetic_block_ids(internal_id, g.req.prompt_tokens);
-      kv_params = prefill_response_params(options.node, g.kv, internal_id, block_ids);
+      kv_params = dialect->prefill_answer(options.node, g.kv, internal_id, block_ids);
     }
   }
   if (g.req.stream) {
@@ -543,6 +525,7 @@ void SimServer::Impl::erase(uint32_t worker, uint64_t seq) {
 SimServer::SimServer(SimOptions options, std::unique_ptr<KvMover> mover)
     : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
+  impl_->dialect = find_sim_dialect(impl_->options.node);
   impl_->mover = mover ? std::move(mover) : std::make_unique<NullKvMover>();
 }
 
@@ -550,6 +533,18 @@ SimServer::~SimServer() { stop(); }
 
 Status SimServer::start() {
   Impl& impl = *impl_;
+  if (impl.dialect == nullptr) {
+    return Status(StatusCode::kInvalidValue,
+                  "no simulated dialect for connector " +
+                      std::string(proto::to_string(impl.options.node.connector)) + " mode " +
+                      std::string(proto::to_string(impl.options.node.transfer_mode)));
+  }
+  if (impl.options.bootstrap_port && !impl.serves_bootstrap()) {
+    return Status(StatusCode::kInvalidValue,
+                  std::string("bootstrap_port: a ") + impl.dialect->name + " " +
+                      std::string(proto::to_string(impl.options.node.role)) +
+                      " runs no bootstrap server");
+  }
   impl.in_flight.resize(std::max<uint32_t>(1, impl.options.workers));
   http::ServerOptions server_options;
   server_options.host = impl.options.host;
@@ -577,7 +572,7 @@ Status SimServer::start() {
     bootstrap_options.port = *impl.options.bootstrap_port;
     s = impl.bootstrap->start(bootstrap_options, [&impl](http::Request&& r, http::ResponseWriter w) {
       if (r.method == "GET" && r.path == "/query") {
-        w.send(json_response(200, impl.bootstrap_query_json()));
+        w.send(json_response(200, impl.dialect->bootstrap_query(impl.options.node)));
       } else {
         w.send(json_response(404, vllm_error_body(SimError{404, "not_found", "Not Found"})));
       }

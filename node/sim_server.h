@@ -1,7 +1,8 @@
 // SimServer: the simulated vLLM OpenAI server behind `pdnode sim` (shared/DESIGN.md, "Simulated
 // vLLM node"). It answers GET /health, GET /v1/models, POST /v1/completions and
 // POST /v1/chat/completions in vLLM's JSON and SSE formats, validates kv_transfer_params,
-// X-Request-Id and X-data-parallel-rank like the chosen connector (sim_kv.h), and paces output:
+// X-Request-Id and X-data-parallel-rank like the chosen connector (sim_kv.h, its dialect's file in
+// node/sim_dialects/), and paces output:
 // the first token after prefill_us_per_token x prompt tokens (a decode leg skips prefill: its KV
 // comes from the prefill node), then one token per decode_us_per_token. Non-streaming responses
 // are sent when the last token would have been produced. Pacing uses a uv timer on the request's
@@ -43,8 +44,9 @@
 // "fault" field is the fault object (null otherwise), and counters.faults_applied counts them.
 // A connection the sim cuts itself (close_* faults) is not counted as an abort.
 //
-// Mooncake prefill nodes also answer the bootstrap server's GET /query, on the main port and, when
-// bootstrap_port is set, on a second listener of its own.
+// A prefill whose dialect runs a bootstrap server (SimDialect::bootstrap_query: Mooncake) also
+// answers its GET /query, on the main port and, when bootstrap_port is set, on a second listener
+// of its own (start() refuses bootstrap_port on any other node).
 //
 // Threads: start() and stop() from one owning thread (not a worker). Requests run on the
 // http::Server workers; each request's state lives on its worker and is touched only there. The
@@ -70,7 +72,7 @@ struct SimOptions {
   uint32_t prefill_us_per_token = 20;
   uint32_t decode_us_per_token = 1000;
   KvNodeIdentity node;                    // node.http_port is filled in by start()
-  std::optional<uint16_t> bootstrap_port;  // Mooncake prefill: separate /query listener (0 ok)
+  std::optional<uint16_t> bootstrap_port;  // bootstrap server: separate /query listener (0 ok)
 };
 
 class SimServer {
