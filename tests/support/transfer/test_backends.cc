@@ -34,7 +34,8 @@ Status make_one(BackendKind kind, const TestBackendSettings& settings,
 
 }  // namespace
 
-Status make_test_backends(const std::vector<BackendKind>& kinds, const TestBackendSettings& settings,
+Status make_test_backends(const std::vector<BackendKind>& kinds,
+                          const TestBackendSettings& settings,
                           std::vector<std::unique_ptr<Backend>>* out) {
   FaultPlan faults;
   if (Status s = parse_fault_plan(settings.faults, &faults); !s) return s;

@@ -22,7 +22,8 @@ struct TestBackendSettings {
 
 // As make_backends(), in order. kInvalidValue for a bad `faults` plan; kNotFound for rdma with
 // rdma_fake_verbs in a build without the rdma backend.
-Status make_test_backends(const std::vector<BackendKind>& kinds, const TestBackendSettings& settings,
+Status make_test_backends(const std::vector<BackendKind>& kinds,
+                          const TestBackendSettings& settings,
                           std::vector<std::unique_ptr<Backend>>* out);
 
 }  // namespace pdr::transfer
