@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "transfer/faulty_backend.h"
 #ifdef PDR_HAVE_TCP_BACKEND
 #include "transfer/tcp/tcp_backend.h"
 #endif
@@ -36,10 +35,9 @@ std::unique_ptr<Backend> make_shm(const BackendSettings&) {
 #ifdef PDR_HAVE_RDMA_BACKEND
 std::unique_ptr<Backend> make_rdma(const BackendSettings& settings) {
   RdmaBackendOptions options;
-  options.fake_verbs = settings.rdma_fake_verbs;
   options.device = settings.rdma_device;
   options.listen_host = settings.tcp_listen_host;
-  return make_rdma_backend(options);
+  return make_rdma_backend(options, &rdma::load_verbs_api);
 }
 #endif
 
@@ -95,8 +93,6 @@ Status parse_backend_list(std::string_view list, std::vector<BackendKind>* out) 
 
 Status make_backends(const std::vector<BackendKind>& kinds, const BackendSettings& settings,
                      std::vector<std::unique_ptr<Backend>>* out) {
-  FaultPlan faults;
-  if (Status s = parse_fault_plan(settings.faults, &faults); !s) return s;
   out->clear();
   for (BackendKind kind : kinds) {
     const Maker make = maker(kind);
@@ -105,9 +101,7 @@ Status make_backends(const std::vector<BackendKind>& kinds, const BackendSetting
                                                std::string(backend_kind_label(kind)) +
                                                "' is not part of this build");
     }
-    std::unique_ptr<Backend> backend = make(settings);
-    if (!settings.faults.empty()) backend = make_faulty_backend(std::move(backend), faults);
-    out->push_back(std::move(backend));
+    out->push_back(make(settings));
   }
   return Status::ok();
 }

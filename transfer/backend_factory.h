@@ -1,5 +1,7 @@
 // Picks and builds backends by name, for the command-line tools (pdnode sim, pdnode xfer-bench)
-// and the examples: "--transfer-backends shm,tcp" -> the engine's preference order.
+// and the examples: "--transfer-backends shm,tcp" -> the engine's preference order. Only real
+// backends: the test doubles (fake verbs NIC, fault-injecting wrapper) are built by the tests'
+// own make_test_backends() (tests/support/transfer/test_backends.h).
 #pragma once
 
 #include <memory>
@@ -16,16 +18,14 @@ struct BackendSettings {
   std::string tcp_listen_host = "127.0.0.1";  // the tcp backend's listen address (port 0: any)
   std::string advertise_host;                 // published in the descriptor; default listen host
   std::uint32_t tcp_lanes = 0;                // 0: min(4, cores)
-  bool rdma_fake_verbs = false;               // tests/benchmarks: the in-process fake NIC
   std::string rdma_device;                    // empty: the first device
-  std::string faults;  // test tooling: a FaultPlan (transfer/faulty_backend.h) wrapped around each
 };
 
 // "tcp", "shm,tcp", "rdma,shm,tcp" (order = preference). kInvalidValue names an unknown or repeated
 // backend, kNotFound one this build does not contain.
 Status parse_backend_list(std::string_view list, std::vector<BackendKind>* out);
 
-// Builds them in order; kInvalidValue for a bad `faults` plan. Backends are not started here
+// Builds them in order (rdma over the real libibverbs). Backends are not started here
 // (Engine::create starts them and skips, with the reason, one that cannot start).
 Status make_backends(const std::vector<BackendKind>& kinds, const BackendSettings& settings,
                      std::vector<std::unique_ptr<Backend>>* out);

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "tests/support/time_scale.h"
+#include "tests/support/transfer/test_backends.h"
 #include "transfer/backend_factory.h"
 #include "transfer/engine.h"
 
@@ -45,11 +46,11 @@ class EngineSuite : public ::testing::TestWithParam<SuiteParam> {
     Side side;
     std::vector<BackendKind> kinds;
     EXPECT_TRUE(parse_backend_list(GetParam().backends, &kinds).is_ok());
-    BackendSettings settings;
+    TestBackendSettings settings;
     settings.rdma_fake_verbs = GetParam().fake_verbs;
     settings.faults = GetParam().faults;
     std::vector<std::unique_ptr<Backend>> backends;
-    Status s = make_backends(kinds, settings, &backends);
+    Status s = make_test_backends(kinds, settings, &backends);
     EXPECT_TRUE(s.is_ok()) << s.to_string();
     s = Engine::create({.agent = agent}, std::move(backends), &side.engine);
     EXPECT_TRUE(s.is_ok()) << s.to_string();

@@ -1,6 +1,6 @@
 // The fault-injecting wrapper around a real backend (tcp on loopback): each planned fault happens
 // on exactly the transfers it names, and the engine reports it.
-#include "transfer/faulty_backend.h"
+#include "tests/support/transfer/faulty_backend.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 
 #include "tests/support/status_matchers.h"
 #include "tests/support/time_scale.h"
-#include "transfer/backend_factory.h"
+#include "tests/support/transfer/test_backends.h"
 #include "transfer/engine.h"
 
 namespace pdr::transfer {
@@ -30,10 +30,10 @@ struct Side {
 
 Side make_side(const std::string& agent, const std::string& faults) {
   Side side;
-  BackendSettings settings;
+  TestBackendSettings settings;
   settings.faults = faults;
   std::vector<std::unique_ptr<Backend>> backends;
-  EXPECT_TRUE(make_backends({BackendKind::kTcp}, settings, &backends).is_ok());
+  EXPECT_TRUE(make_test_backends({BackendKind::kTcp}, settings, &backends).is_ok());
   EXPECT_TRUE(Engine::create({.agent = agent}, std::move(backends), &side.engine).is_ok());
   EXPECT_TRUE(side.engine->allocate_region(1 << 20, &side.region, &side.base).is_ok());
   std::memset(side.base, agent[0], 1 << 20);

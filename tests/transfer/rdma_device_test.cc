@@ -28,7 +28,7 @@ TEST(RdmaDevice, StartWithoutDeviceIsUnavailable) {
   const rdma::VerbsApi* api = nullptr;
   const Status loaded = rdma::load_verbs_api(&api);
   if (loaded) GTEST_SKIP() << "an RDMA device exists; covered by RdmaDevice.StartsAndRegisters";
-  auto backend = make_rdma_backend({});
+  auto backend = make_rdma_backend({}, &rdma::load_verbs_api);
   const Status s = backend->start(BackendContext{});
   EXPECT_EQ(s.code(), StatusCode::kIoError);
   EXPECT_EQ(s.message(), loaded.message());
@@ -45,7 +45,7 @@ TEST(RdmaDevice, StartsAndRegisters) {
   context.agent = "device-test";
   context.regions = &regions;
   context.counters = &counters;
-  auto backend = make_rdma_backend({});
+  auto backend = make_rdma_backend({}, &rdma::load_verbs_api);
   const Status started = backend->start(context);
   if (!started) GTEST_SKIP() << "no usable RDMA device: " << started.message();
   std::string memory(1 << 20, '\0');

@@ -1,6 +1,7 @@
-// The RDMA backend end to end over the in-process fake NIC (transfer/rdma/fake_verbs.h): two
-// backends in one process, each with its own RegionTable and EngineCounters, talking through the
-// shared fake NIC and real loopback control sockets.
+// The RDMA backend end to end over the in-process fake NIC (tests/support/transfer/rdma/
+// fake_verbs.h, injected as the backend's verbs loader): two backends in one process, each with its
+// own RegionTable and EngineCounters, talking through the shared fake NIC and real loopback control
+// sockets.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -19,7 +20,7 @@
 
 #include "transfer/backend.h"
 #include "transfer/core/completion.h"
-#include "transfer/rdma/fake_verbs.h"
+#include "tests/support/transfer/rdma/fake_verbs.h"
 #include "transfer/rdma/rdma_backend.h"
 #include "tests/support/time_scale.h"
 
@@ -49,8 +50,7 @@ void fill_random(std::byte* data, std::size_t size, std::uint32_t seed) {
 // One backend with its own memory, region table and counters.
 struct Side {
   explicit Side(std::string agent_name, RdmaBackendOptions options = {}) : agent(std::move(agent_name)) {
-    options.fake_verbs = true;
-    backend = make_rdma_backend(options);
+    backend = make_rdma_backend(options, &rdma::load_fake_verbs_api);
     memory = std::make_unique<std::byte[]>(kRegionBytes);
     std::memset(memory.get(), 0, kRegionBytes);
     BackendContext context;
@@ -429,9 +429,7 @@ TEST_F(RdmaFakeBackend, RemovePeerFailsItsTasksAndRefusesNewOnes) {
 
 TEST(RdmaFakeBackendStart, NoDeviceReportsUnavailable) {
   FakeNic::instance().set_device_count(0);
-  RdmaBackendOptions options;
-  options.fake_verbs = true;
-  auto backend = make_rdma_backend(options);
+  auto backend = make_rdma_backend({}, &rdma::load_fake_verbs_api);
   const Status s = backend->start(BackendContext{});
   FakeNic::instance().set_device_count(1);
   EXPECT_EQ(s.code(), StatusCode::kIoError);

@@ -1,5 +1,6 @@
-// The fake NIC on its own (transfer/rdma/fake_verbs.h): the verbs semantics the backend relies on.
-#include "transfer/rdma/fake_verbs.h"
+// The fake NIC on its own (tests/support/transfer/rdma/fake_verbs.h): the verbs semantics the
+// backend relies on.
+#include "tests/support/transfer/rdma/fake_verbs.h"
 
 #include <gtest/gtest.h>
 

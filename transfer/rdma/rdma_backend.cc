@@ -29,7 +29,6 @@
 #include "proto/rdma_handshake.h"
 #include "transfer/rdma/control_socket.h"
 #include "transfer/socket_ops.h"
-#include "transfer/rdma/fake_verbs.h"
 #include "transfer/rdma/gid_rank.h"
 #include "transfer/rdma/notify_message.h"
 #include "transfer/rdma/qp_attrs.h"
@@ -160,7 +159,8 @@ XferResult cancel_result(XferCause cause, std::uint64_t bytes) {
 
 class RdmaBackend final : public Backend {
  public:
-  explicit RdmaBackend(const RdmaBackendOptions& options) : options_(options) {
+  RdmaBackend(const RdmaBackendOptions& options, rdma::VerbsLoader load_verbs)
+      : options_(options), load_verbs_(load_verbs) {
     options_.qps_per_peer = std::clamp<std::uint32_t>(options_.qps_per_peer, 1,
                                                       proto::kRdmaMaxQps);
     options_.max_send_wr = std::max<std::uint32_t>(options_.max_send_wr, 2);
@@ -240,6 +240,7 @@ class RdmaBackend final : public Backend {
   }
 
   RdmaBackendOptions options_;
+  rdma::VerbsLoader load_verbs_ = nullptr;  // injected (rdma_backend.h); called in open_device()
   std::size_t slot_bytes_ = 0;
   std::uint32_t max_chain_ = 1;
   BackendContext context_;
@@ -284,11 +285,10 @@ class RdmaBackend final : public Backend {
 // ---------------------------------------------------------------- start / stop
 
 Status RdmaBackend::open_device() {
-  if (options_.fake_verbs) {
-    api_ = rdma::fake_verbs_api();
-  } else if (Status s = rdma::load_verbs_api(&api_); !s) {
-    return s;
+  if (load_verbs_ == nullptr) {
+    return Status(StatusCode::kInvalidValue, "rdma backend built without a verbs loader");
   }
+  if (Status s = load_verbs_(&api_); !s) return s;
   int count = 0;
   ibv_device** list = api_->get_device_list(&count);
   if (list == nullptr || count <= 0) {
@@ -1424,8 +1424,9 @@ void RdmaBackend::control_loop() {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_rdma_backend(const RdmaBackendOptions& options) {
-  return std::make_unique<RdmaBackend>(options);
+std::unique_ptr<Backend> make_rdma_backend(const RdmaBackendOptions& options,
+                                           rdma::VerbsLoader load_verbs) {
+  return std::make_unique<RdmaBackend>(options, load_verbs);
 }
 
 }  // namespace pdr::transfer

@@ -1,8 +1,9 @@
 // The RDMA backend (TRANSFER.md 2.2, R-1..R-16): one-sided RDMA WRITE/READ over RC QPs, behind the
-// VerbsApi seam (real libibverbs or the in-process fake NIC).
+// VerbsApi seam (verbs_api.h): the caller injects the table's loader, the real libibverbs
+// (rdma::load_verbs_api) in every product binary, the in-process fake NIC in tests.
 //
 // Shape:
-// - start(): load verbs, open the device (options.device, or the first), one PD, one CQ (no
+// - start(): load verbs (the injected loader), open the device (options.device, or the first), one PD, one CQ (no
 //   completion channel yet: the I/O thread polls, then naps briefly when idle), pick the GID
 //   (gid_rank.h), bind the control listener. No library or no device: kIoError "rdma unavailable:
 //   ...", so the engine leaves this backend out.
@@ -42,11 +43,11 @@
 #include <string>
 
 #include "transfer/backend.h"
+#include "transfer/rdma/verbs_api.h"
 
 namespace pdr::transfer {
 
 struct RdmaBackendOptions {
-  bool fake_verbs = false;            // use the in-process fake NIC (tests)
   std::string device;                 // device name; empty: the first
   int gid_index = -1;                 // -1: choose by gid_rank.h
   std::uint32_t qps_per_peer = 4;     // 1..64
@@ -62,6 +63,8 @@ struct RdmaBackendOptions {
   std::uint32_t connect_timeout_ms = 3000;
 };
 
-std::unique_ptr<Backend> make_rdma_backend(const RdmaBackendOptions& options);
+// `load_verbs` yields the verbs table at start(): rdma::load_verbs_api for the real library.
+std::unique_ptr<Backend> make_rdma_backend(const RdmaBackendOptions& options,
+                                           rdma::VerbsLoader load_verbs);
 
 }  // namespace pdr::transfer

@@ -1,8 +1,10 @@
 // VerbsApi: the verbs calls the RDMA backend makes, as a table of function pointers (TRANSFER.md
-// Two implementations fill it:
-//   load_verbs_api()  - the real libibverbs.so.1, dlopen'd at run time (verbs_loader.cc), so the
-//                       binary neither links nor needs RDMA userspace;
-//   fake_verbs_api()  - an in-process fake NIC for tests (fake_verbs.h).
+// The backend is handed a VerbsLoader that yields the table (make_rdma_backend()):
+//   load_verbs_api()       - the real libibverbs.so.1, dlopen'd at run time (verbs_loader.cc), so
+//                            the binary neither links nor needs RDMA userspace; what every product
+//                            caller passes;
+//   load_fake_verbs_api()  - an in-process fake NIC, only in the test-support library
+//                            (tests/support/transfer/rdma/fake_verbs.h).
 // The backend never calls an ibv_* function or a static-inline verbs helper directly: everything
 // goes through the table, which is the seam that lets the whole data path run on CI.
 //
@@ -59,6 +61,10 @@ struct VerbsApi {
 //   "rdma unavailable: no RDMA device found"
 // Thread-safe. On success *out points at a table that lives for the rest of the process.
 Status load_verbs_api(const VerbsApi** out);
+
+// How the backend gets its table: called once from start(); on error the backend does not start
+// and reports the status (the engine then leaves it out). On success *out must outlive the backend.
+using VerbsLoader = Status (*)(const VerbsApi** out);
 
 // Human-readable name of a work-completion status, e.g. "IBV_WC_REM_ACCESS_ERR".
 const char* wc_status_name(ibv_wc_status status);

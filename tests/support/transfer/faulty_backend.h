@@ -1,6 +1,8 @@
 // FaultyBackend: wraps any backend and injects latency, failures and corruption, so the callers of
 // the engine (the simulated nodes, the router's tests) can be tested against a misbehaving
-// transport without a misbehaving network. Test and benchmark tooling; never on by default.
+// transport without a misbehaving network. A test double: it lives in the test-support library
+// pdr_transfer_test_support (tests/CMakeLists.txt), never in a product library; tests wrap a
+// backend themselves or build a whole list with make_test_backends() (test_backends.h).
 //
 //   faults.latency        every transfer starts this much later (on the wrapper's timer thread)
 //   faults.fail_every     every N-th transfer fails with `fail_cause` without reaching the inner

@@ -1,5 +1,7 @@
 // An in-process fake NIC behind the VerbsApi table (TRANSFER.md R-16c), so the RDMA backend's whole
-// data path runs in CI without a device.
+// data path runs in CI without a device. A test double: it lives in the test-support library
+// pdr_transfer_rdma_test_support (tests/CMakeLists.txt), never in a product library; a test hands
+// it to the backend with make_rdma_backend(options, rdma::load_fake_verbs_api).
 //
 // What it models (RC only):
 // - One device "fake_rxe0", port 1 (Ethernet, active, MTU 4096), a GID table of a link-local and
@@ -33,6 +35,10 @@
 namespace pdr::transfer::rdma {
 
 const VerbsApi* fake_verbs_api();
+
+// A VerbsLoader (verbs_api.h) that always succeeds with fake_verbs_api(): what tests inject where
+// production passes load_verbs_api.
+Status load_fake_verbs_api(const VerbsApi** out);
 
 struct FakeNicStats {
   std::uint64_t post_send_calls = 0;   // doorbells

@@ -1,7 +1,7 @@
 // The fake NIC (contract: fake_verbs.h). Every verbs object is a struct whose first member is the
 // real ibv_* struct, so the pointers the backend holds are genuine ibv_* pointers and the fake
 // gets its own state back with a cast.
-#include "transfer/rdma/fake_verbs.h"
+#include "tests/support/transfer/rdma/fake_verbs.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -630,6 +630,11 @@ const VerbsApi kFakeApi = [] {
 }  // namespace
 
 const VerbsApi* fake_verbs_api() { return &kFakeApi; }
+
+Status load_fake_verbs_api(const VerbsApi** out) {
+  *out = &kFakeApi;
+  return Status::ok();
+}
 
 FakeNic& FakeNic::instance() {
   static FakeNic nic;

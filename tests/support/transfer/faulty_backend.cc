@@ -1,4 +1,4 @@
-#include "transfer/faulty_backend.h"
+#include "tests/support/transfer/faulty_backend.h"
 
 #include <atomic>
 #include <charconv>
