@@ -19,13 +19,15 @@
 // once), compared in constant time with `Authorization: Bearer <key>` or `X-API-Key: <key>`. No
 // key configured -> 403 (the API is disabled; the message says how to enable it); missing or
 // wrong key -> 401 (/instances/add: 403 "Forbidden: Invalid API Key.", as the demo proxy).
-// Checked before anything else on every /admin/ path. Failed authentications are throttled per
-// source address (admin_throttle.h): an address out of failure tokens gets 429 "auth_throttled"
-// (Retry-After: 1) without its key being checked, counted in result "throttled" and in
-// pdrouter_admin_auth_throttled_total. The same check (admit()) guards POST /start_profile,
-// /stop_profile and, with admin.protect_status, GET /status. Errors are OpenAI-style JSON: 400 bad body
-// or address, 404, 405 (with Allow), 409 conflict, 413 body over kMaxAdminBodyBytes, 503 when
-// the process has no discovery service or server to act through, or the registry is full.
+// Checked before anything else on every /admin path, 404 and 405 included (the route table's
+// guard, route_table.h; /instances/add checks its method first, as the demo proxy did). Failed
+// authentications are throttled per source address (admin_throttle.h): an address out of failure
+// tokens gets 429 "auth_throttled" (Retry-After: 1) without its key being checked, counted in
+// result "throttled" and in pdrouter_admin_auth_throttled_total. The same check (admit()) guards
+// POST /start_profile, /stop_profile and, with admin.protect_status, GET /status. Errors are
+// OpenAI-style JSON: 400 bad body or address, 404, 405 (with Allow; from the route table), 409
+// conflict, 413 body over kMaxAdminBodyBytes, 503 when the process has no discovery service or
+// server to act through, or the registry is full.
 // Demo-proxy compatibility: its 400 messages are kept, and an existing instance is 400
 // "Instance already exists." rather than 409; unlike it, pdrouter does not probe the node's
 // /v1/models before adding it (nodes prove themselves by heartbeats and requests).

@@ -645,7 +645,7 @@ class ReadmeClientCurlAndMetricsTest(unittest.TestCase):
     def test_error_codes_in_the_readme_exist_in_the_sources(self):
         text = readme_text()
         sources = ""
-        for sub in ("router", "discovery", "node", "proto"):
+        for sub in ("router", "discovery", "node", "proto", "config", "http", "sidecar", "base"):
             for dirpath, _, files in os.walk(os.path.join(ROOT, sub)):
                 for name in files:
                     if name.endswith(".cc"):
