@@ -20,9 +20,7 @@ using Result = AdminCounters::Result;
 using discovery::AdminOutcome;
 using discovery::AdminResult;
 
-constexpr std::string_view kAdminPrefix = "/admin/";
 constexpr std::string_view kInstances = "/admin/instances";
-constexpr std::string_view kSeedAdd = "/instances/add";
 
 http::Response error(int status, std::string_view message, std::string_view code) {
   return http::error_response(status, message,
@@ -39,15 +37,6 @@ http::Response bad_request(const Status& s) {
     return error(413, s.message(), "body_too_large");
   }
   return error(400, s.message(), std::string(code_label(s.code())));
-}
-
-http::Response method_not_allowed(const http::Request& request, std::string_view allow) {
-  auto response = error(405,
-                        "method " + request.method + " is not allowed on " + request.path + "; use " +
-                            std::string(allow),
-                        "method_not_allowed");
-  response.headers.push_back({"Allow", std::string(allow)});
-  return response;
 }
 
 // The registry's refusals, shared by every admin operation.
@@ -89,10 +78,6 @@ std::string_view AdminCounters::label(Result r) {
 
 AdminRoutes::AdminRoutes(AdminContext context)
     : context_(context), workers_(std::max(1u, context.workers)) {}
-
-bool AdminRoutes::owns(std::string_view path) {
-  return path == "/admin" || path.starts_with(kAdminPrefix) || path == kSeedAdd;
-}
 
 AdminRoutes::Auth AdminRoutes::authorize(const http::Request& request) const {
   const auto topology = context_.topology != nullptr ? context_.topology->current() : nullptr;
@@ -174,98 +159,60 @@ void AdminRoutes::send(http::ResponseWriter& writer, Reply reply) const {
   writer.send(std::move(reply.response));
 }
 
-void AdminRoutes::handle(http::Request&& request, http::ResponseWriter writer,
-                         const discovery::RegistrySnapshot& snapshot) const {
-  if (request.path == kSeedAdd) {
-    handle_seed_add(std::move(request), std::move(writer));
-  } else {
-    handle_admin(std::move(request), std::move(writer), snapshot);
-  }
+void AdminRoutes::list_instances(const http::Request&, http::ResponseWriter writer,
+                                 const discovery::RegistrySnapshot& snapshot) const {
+  send(writer, {Result::kOk, http::Response::json(200, render_instances_json(snapshot, discovery::Clock::now()))});
 }
 
-void AdminRoutes::handle_admin(http::Request&& request, http::ResponseWriter writer,
-                               const discovery::RegistrySnapshot& snapshot) const {
-  if (!admit(request, writer)) return;
-  if (request.path == kInstances) {
-    if (request.method == "GET") {
-      send(writer, {Result::kOk, http::Response::json(200, render_instances_json(
-                                                               snapshot, discovery::Clock::now()))});
-      return;
-    }
-    if (request.method != "POST") {
-      send(writer, {Result::kBadRequest, method_not_allowed(request, "GET, POST")});
-      return;
-    }
-    add_instance(std::move(request), std::move(writer), &parse_admin_instance,
-                 [](const AdminOutcome& outcome) -> Reply {
-                   if (!added(outcome)) return refusal(outcome);
-                   const auto& inst = *outcome.instance;
-                   auto response =
-                       instance_response(outcome.result == AdminResult::kCreated ? 201 : 200, inst);
-                   response.headers.push_back({"Location", std::string(kInstances) + "/" + inst.key});
-                   return {Result::kOk, std::move(response)};
-                 });
-    return;
-  }
-  const std::string_view path = request.path;
-  if (path.starts_with(kInstances) && path.size() > kInstances.size() + 1 &&
-      path[kInstances.size()] == '/') {
-    const std::string rest(path.substr(kInstances.size() + 1));
-    handle_instance(std::move(request), std::move(writer), rest, snapshot);
-    return;
-  }
-  send(writer, {Result::kNotFound,
-                error(404, "no admin route for " + request.method + " " + request.path +
-                               " (see GET /admin/instances)",
-                      "not_found")});
+void AdminRoutes::add_instance(http::Request&& request, http::ResponseWriter writer) const {
+  add_parsed(std::move(request), std::move(writer), &parse_admin_instance,
+             [](const AdminOutcome& outcome) -> Reply {
+               if (!added(outcome)) return refusal(outcome);
+               const auto& inst = *outcome.instance;
+               auto response = instance_response(outcome.result == AdminResult::kCreated ? 201 : 200, inst);
+               response.headers.push_back({"Location", std::string(kInstances) + "/" + inst.key});
+               return {Result::kOk, std::move(response)};
+             });
 }
 
-void AdminRoutes::handle_instance(http::Request&& request, http::ResponseWriter writer,
-                                  std::string_view rest,
-                                  const discovery::RegistrySnapshot& snapshot) const {
-  // rest: "{host:port}" or "{host:port}/{action}"; an address never holds '/'.
-  const size_t slash = rest.find('/');
-  const std::string_view address = rest.substr(0, slash);
-  const std::string_view action = slash == std::string_view::npos ? "" : rest.substr(slash + 1);
-  if (!action.empty() && action != "drain" && action != "undrain") {
-    send(writer, {Result::kNotFound,
-                  error(404, "no admin route for " + request.method + " " + request.path +
-                                 " (instance actions: drain, undrain)",
-                        "not_found")});
-    return;
-  }
-  const std::string_view allow = action.empty() ? "GET, DELETE" : "POST";
-  const bool allowed = action.empty() ? request.method == "GET" || request.method == "DELETE"
-                                      : request.method == "POST";
-  if (!allowed) {
-    send(writer, {Result::kBadRequest, method_not_allowed(request, allow)});
-    return;
-  }
-  std::string key;
-  if (Status s = parse_instance_key(address, &key); !s) {
+bool AdminRoutes::instance_key(std::string_view address, http::ResponseWriter& writer, std::string* key) const {
+  if (Status s = parse_instance_key(address, key); !s) {
     send(writer, {Result::kBadRequest, error(400, "instance address: " + s.message(), "bad_address")});
-    return;
+    return false;
   }
-  if (request.method == "GET") {
-    const discovery::Instance* inst = snapshot.find(key);
-    send(writer, inst != nullptr
-                     ? Reply{Result::kOk, instance_response(200, *inst)}
-                     : Reply{Result::kNotFound, error(404, key + " is not in the registry", "not_found")});
-    return;
-  }
-  const std::string peer = request.peer;
-  const std::string what = action.empty() ? "removed" : std::string(action) + "ed";
-  Operation operation;
-  if (action.empty()) {
-    operation = [key](discovery::Registry& registry) { return registry.remove(key); };
-  } else {
-    const bool drain = action == "drain";
-    operation = [key, drain](discovery::Registry& registry) {
-      return registry.set_operator_drain(key, drain);
-    };
-  }
+  return true;
+}
+
+void AdminRoutes::get_instance(const http::Request&, http::ResponseWriter writer, std::string_view address,
+                               const discovery::RegistrySnapshot& snapshot) const {
+  std::string key;
+  if (!instance_key(address, writer, &key)) return;
+  const discovery::Instance* inst = snapshot.find(key);
+  send(writer, inst != nullptr
+                   ? Reply{Result::kOk, instance_response(200, *inst)}
+                   : Reply{Result::kNotFound, error(404, key + " is not in the registry", "not_found")});
+}
+
+void AdminRoutes::remove_instance(const http::Request& request, http::ResponseWriter writer,
+                                  std::string_view address) const {
+  std::string key;
+  if (!instance_key(address, writer, &key)) return;
+  change_instance(request, std::move(writer), "removed",
+                  [key](discovery::Registry& registry) { return registry.remove(key); });
+}
+
+void AdminRoutes::set_drain(const http::Request& request, http::ResponseWriter writer, std::string_view address,
+                            bool drain) const {
+  std::string key;
+  if (!instance_key(address, writer, &key)) return;
+  change_instance(request, std::move(writer), drain ? "drained" : "undrained",
+                  [key, drain](discovery::Registry& registry) { return registry.set_operator_drain(key, drain); });
+}
+
+void AdminRoutes::change_instance(const http::Request& request, http::ResponseWriter writer, std::string what,
+                                  Operation operation) const {
   change_registry(request.worker, std::move(writer), std::move(operation),
-                  [peer, what](const AdminOutcome& outcome) {
+                  [peer = request.peer, what = std::move(what)](const AdminOutcome& outcome) {
                     if (outcome.result == AdminResult::kOk) {
                       spdlog::info("admin: {} {} (from {})", what, outcome.instance->key, peer);
                     }
@@ -273,11 +220,17 @@ void AdminRoutes::handle_instance(http::Request&& request, http::ResponseWriter 
                   });
 }
 
-void AdminRoutes::handle_seed_add(http::Request&& request, http::ResponseWriter writer) const {
-  if (request.method != "POST") {
-    send(writer, {Result::kBadRequest, method_not_allowed(request, "POST")});
-    return;
-  }
+void AdminRoutes::no_route(const http::Request& request, http::ResponseWriter writer) const {
+  // Under /admin/instances/{host:port}/ only the instance actions exist.
+  const bool instance_action = request.path.starts_with(std::string(kInstances) + "/");
+  send(writer, {Result::kNotFound,
+                error(404, "no admin route for " + request.method + " " + request.path +
+                               (instance_action ? " (instance actions: drain, undrain)"
+                                                : " (see GET /admin/instances)"),
+                      "not_found")});
+}
+
+void AdminRoutes::seed_add(http::Request&& request, http::ResponseWriter writer) const {
   switch (authorize(request)) {
     case Auth::kDisabled:
       send(writer, {Result::kDisabled,
@@ -295,24 +248,22 @@ void AdminRoutes::handle_seed_add(http::Request&& request, http::ResponseWriter 
     case Auth::kOk:
       break;
   }
-  add_instance(std::move(request), std::move(writer), &parse_seed_add_instance,
-               [](const AdminOutcome& outcome) -> Reply {
-                 if (outcome.result == AdminResult::kConflict) {
-                   return {Result::kConflict,
-                           error(400, "Instance already exists. " + outcome.message, "conflict")};
-                 }
-                 if (!added(outcome)) return refusal(outcome);
-                 const auto& inst = *outcome.instance;
-                 std::string body = "{\"message\":";
-                 proto::append_json_string(
-                     body, "Added " + inst.key + " to " + seed_list_name(inst.role) + ".");
-                 body += "}";
-                 return {Result::kOk, http::Response::json(200, std::move(body))};
-               });
+  add_parsed(std::move(request), std::move(writer), &parse_seed_add_instance,
+             [](const AdminOutcome& outcome) -> Reply {
+               if (outcome.result == AdminResult::kConflict) {
+                 return {Result::kConflict, error(400, "Instance already exists. " + outcome.message, "conflict")};
+               }
+               if (!added(outcome)) return refusal(outcome);
+               const auto& inst = *outcome.instance;
+               std::string body = "{\"message\":";
+               proto::append_json_string(body, "Added " + inst.key + " to " + seed_list_name(inst.role) + ".");
+               body += "}";
+               return {Result::kOk, http::Response::json(200, std::move(body))};
+             });
 }
 
-void AdminRoutes::add_instance(http::Request&& request, http::ResponseWriter writer, SpecParser parse,
-                               Answer answer) const {
+void AdminRoutes::add_parsed(http::Request&& request, http::ResponseWriter writer, SpecParser parse,
+                             Answer answer) const {
   const auto topology = context_.topology->current();
   discovery::StaticInstance spec;
   if (Status s = parse(request.body, topology->connectors, &spec); !s) {

@@ -19,18 +19,20 @@
 // once), compared in constant time with `Authorization: Bearer <key>` or `X-API-Key: <key>`. No
 // key configured -> 403 (the API is disabled; the message says how to enable it); missing or
 // wrong key -> 401 (/instances/add: 403 "Forbidden: Invalid API Key.", as the demo proxy).
-// Checked before anything else on every /admin/ path. Failed authentications are throttled per
-// source address (admin_throttle.h): an address out of failure tokens gets 429 "auth_throttled"
-// (Retry-After: 1) without its key being checked, counted in result "throttled" and in
-// pdrouter_admin_auth_throttled_total. The same check (admit()) guards POST /start_profile,
-// /stop_profile and, with admin.protect_status, GET /status. Errors are OpenAI-style JSON: 400 bad body
-// or address, 404, 405 (with Allow), 409 conflict, 413 body over kMaxAdminBodyBytes, 503 when
-// the process has no discovery service or server to act through, or the registry is full.
+// Checked before anything else on every /admin path, 404 and 405 included (the route table's
+// guard, route_table.h; /instances/add checks its method first, as the demo proxy did). Failed
+// authentications are throttled per source address (admin_throttle.h): an address out of failure
+// tokens gets 429 "auth_throttled" (Retry-After: 1) without its key being checked, counted in
+// result "throttled" and in pdrouter_admin_auth_throttled_total. The same check (admit()) guards
+// POST /start_profile, /stop_profile and, with admin.protect_status, GET /status. Errors are
+// OpenAI-style JSON: 400 bad body or address, 404, 405 (with Allow; from the route table), 409
+// conflict, 413 body over kMaxAdminBodyBytes, 503 when the process has no discovery service or
+// server to act through, or the registry is full.
 // Demo-proxy compatibility: its 400 messages are kept, and an existing instance is 400
 // "Instance already exists." rather than 409; unlike it, pdrouter does not probe the node's
 // /v1/models before adding it (nodes prove themselves by heartbeats and requests).
 //
-// Threads: handle() runs on HTTP workers, concurrently. Reads answer at once from the worker's
+// Threads: the endpoints run on HTTP workers, concurrently. Reads answer at once from the worker's
 // snapshot. Changes are posted to the discovery thread (the registry's owner); once the snapshot
 // showing them is published, the answer is posted back to the request's worker and sent there,
 // so a client that gets its 2xx reads the change in /status and the router picks (or skips) the
@@ -92,14 +94,6 @@ class AdminRoutes {
   AdminRoutes(const AdminRoutes&) = delete;
   AdminRoutes& operator=(const AdminRoutes&) = delete;
 
-  // True for the paths handle() answers: /admin, /admin/..., /instances/add.
-  static bool owns(std::string_view path);
-
-  // Answers one request for an owned path on worker request.worker (< context.workers).
-  // `snapshot` is that worker's current registry view.
-  void handle(http::Request&& request, http::ResponseWriter writer,
-              const discovery::RegistrySnapshot& snapshot) const;
-
   // The admin key check of /admin/* for another endpoint (profiling, a protected /status): true
   // when the request may proceed; otherwise the 401/403/429 answer (same shapes as /admin/*) is
   // sent on `writer` and counted, and false is returned.
@@ -115,6 +109,26 @@ class AdminRoutes {
     http::Response response;
   };
 
+  // The endpoints, one per route (router/route_table.cc, which checks the admin key first for
+  // every /admin path; /instances/add checks it itself, after its method, answering a wrong key
+  // as the demo proxy did). Each runs on worker request.worker (< context.workers); `address`
+  // is the {host:port} path segment, `snapshot` that worker's current registry view.
+  void list_instances(const http::Request& request, http::ResponseWriter writer,
+                      const discovery::RegistrySnapshot& snapshot) const;  // GET /admin/instances
+  void add_instance(http::Request&& request, http::ResponseWriter writer) const;  // POST /admin/instances
+  void get_instance(const http::Request& request, http::ResponseWriter writer, std::string_view address,
+                    const discovery::RegistrySnapshot& snapshot) const;
+  void remove_instance(const http::Request& request, http::ResponseWriter writer, std::string_view address) const;
+  // POST .../drain (drain true) and .../undrain.
+  void set_drain(const http::Request& request, http::ResponseWriter writer, std::string_view address,
+                 bool drain) const;
+  void seed_add(http::Request&& request, http::ResponseWriter writer) const;  // POST /instances/add
+  // 404 for a path under /admin that no route has, counted as not_found.
+  void no_route(const http::Request& request, http::ResponseWriter writer) const;
+
+  // Sends `reply` and counts it in pdrouter_admin_requests_total.
+  void send(http::ResponseWriter& writer, Reply reply) const;
+
  private:
   // Turns the registry's outcome into the answer; runs on the request's worker.
   using Answer = std::function<Reply(const discovery::AdminOutcome&)>;
@@ -123,21 +137,20 @@ class AdminRoutes {
 
   Auth authorize(const http::Request& request) const;
   Reply throttled_reply() const;  // 429 auth_throttled, counted
-  void handle_admin(http::Request&& request, http::ResponseWriter writer,
-                    const discovery::RegistrySnapshot& snapshot) const;
-  void handle_seed_add(http::Request&& request, http::ResponseWriter writer) const;
-  void handle_instance(http::Request&& request, http::ResponseWriter writer, std::string_view rest,
-                       const discovery::RegistrySnapshot& snapshot) const;
   using SpecParser = Status (*)(std::string_view body, const discovery::Topology::Connectors& defaults,
                                 discovery::StaticInstance* out);
   // Parses the body with `parse` (400/413 at once on error), then adds the instance; `answer`
   // gets every outcome (successes are logged here).
-  void add_instance(http::Request&& request, http::ResponseWriter writer, SpecParser parse,
-                    Answer answer) const;
+  void add_parsed(http::Request&& request, http::ResponseWriter writer, SpecParser parse,
+                  Answer answer) const;
+  // Parses the {host:port} segment into a registry key; false after answering 400.
+  bool instance_key(std::string_view address, http::ResponseWriter& writer, std::string* key) const;
+  // Posts a remove or drain and logs it as `what` ("removed", "drained") once done.
+  void change_instance(const http::Request& request, http::ResponseWriter writer, std::string what,
+                       Operation operation) const;
   // Posts `operation` to the discovery thread; `answer` later runs on the request's worker.
   void change_registry(uint32_t worker, http::ResponseWriter writer, Operation operation,
                        Answer answer) const;
-  void send(http::ResponseWriter& writer, Reply reply) const;
   void finish(uint32_t worker, uint64_t id, const Answer& answer,
               const discovery::AdminOutcome& outcome) const;
 

@@ -1,29 +1,12 @@
 #include "router/control_routes.h"
 
 #include <algorithm>
-#include <array>
 
 #include "router/admin_metrics.h"
-#include "http/json_error.h"
 #include "router/metrics_page.h"
 #include "router/status_page.h"
 
 namespace pdr::router {
-namespace {
-
-struct Route {
-  std::string_view path;
-  std::string_view method;
-  http::Response (ControlRoutes::*fn)(uint32_t worker) const;
-};
-
-constexpr std::array kRoutes = {
-    Route{"/health", "GET", &ControlRoutes::health},
-    Route{"/status", "GET", &ControlRoutes::status},
-    Route{"/metrics", "GET", &ControlRoutes::metrics},
-};
-
-}  // namespace
 
 ControlRoutes::ControlRoutes(ControlContext context)
     : context_(std::move(context)),
@@ -37,48 +20,12 @@ const discovery::RegistrySnapshot& ControlRoutes::registry(uint32_t worker) cons
   return *readers_.at(worker).get();
 }
 
-bool ControlRoutes::is_profile_path(std::string_view path) {
-  return path == "/start_profile" || path == "/stop_profile";
-}
-
-bool ControlRoutes::is_operator_path(std::string_view path) {
-  return AdminRoutes::owns(path) || path == "/status" || path == "/metrics" || is_profile_path(path);
-}
-
-http::Response ControlRoutes::not_found(const http::Request& request) {
-  return http::error_response(404, "no route for " + request.method + " " + request.path,
-                              "invalid_request_error", "not_found");
-}
-
-void ControlRoutes::handle(http::Request&& request, http::ResponseWriter writer) const {
-  if (request.path == "/status" && request.method == "GET" && context_.topology != nullptr &&
-      context_.topology->current()->admin.protect_status && !admin_.admit(request, writer)) {
+void ControlRoutes::serve_status(const http::Request& request, http::ResponseWriter writer) const {
+  if (context_.topology != nullptr && context_.topology->current()->admin.protect_status &&
+      !admin_.admit(request, writer)) {
     return;
   }
-  if (AdminRoutes::owns(request.path)) {
-    const uint32_t worker = request.worker;
-    admin_.handle(std::move(request), std::move(writer), registry(worker));
-    return;
-  }
-  const Route* path_match = nullptr;
-  for (const Route& route : kRoutes) {
-    if (route.path != request.path) continue;
-    path_match = &route;
-    if (route.method == request.method) {
-      writer.send((this->*route.fn)(request.worker));
-      return;
-    }
-  }
-  if (path_match != nullptr) {
-    auto response = http::error_response(
-        405, "method " + request.method + " is not allowed on " + request.path + "; use " +
-                 std::string(path_match->method),
-        "invalid_request_error", "method_not_allowed");
-    response.headers.push_back({"Allow", std::string(path_match->method)});
-    writer.send(std::move(response));
-    return;
-  }
-  writer.send(not_found(request));
+  writer.send(status(request.worker));
 }
 
 http::Response ControlRoutes::health(uint32_t) const { return http::Response::json(200, R"({"status":"ok"})"); }

@@ -1,10 +1,9 @@
 // The operator-facing endpoints: GET /health, GET /status, GET /metrics, and the admin API
-// (/admin/..., POST /instances/add; see admin_routes.h). Anything else is 404
-// (unknown path) or 405 (known path, wrong method, with an Allow header), both as OpenAI-style
-// JSON errors. With admin.protect_status, GET /status needs the admin key (AdminRoutes::admit:
-// same 401/403/429 answers as /admin/*).
+// (/admin/..., POST /instances/add; see admin_routes.h). Which request reaches which of them,
+// and 404/405, is decided by the route table (route_table.h). With admin.protect_status,
+// GET /status needs the admin key (AdminRoutes::admit: same 401/403/429 answers as /admin/*).
 //
-// handle() runs on HTTP worker threads concurrently. Each worker reads the registry through its
+// The endpoints run on HTTP worker threads concurrently. Each worker reads the registry through its
 // own SnapshotReader (indexed by Request::worker), so the steady-state read is one atomic load and
 // no lock; everything else it reads is immutable or atomic.
 //
@@ -55,21 +54,16 @@ struct ControlContext {
 class ControlRoutes {
  public:
   explicit ControlRoutes(ControlContext context);
-  // Answers every request (the router's P/D endpoints will be routed before this later).
-  // request.worker must be < context.workers.
-  void handle(http::Request&& request, http::ResponseWriter writer) const;
-
-  // The operator endpoints: /admin/*, /instances/add, /status, /metrics, /start_profile,
-  // /stop_profile. With listeners.admin set they are served only on the admin listener.
-  static bool is_operator_path(std::string_view path);
-  static bool is_profile_path(std::string_view path);
-  // 404 in the shape handle() answers an unknown path with.
-  static http::Response not_found(const http::Request& request);
   const AdminRoutes& admin() const { return admin_; }
 
   http::Response health(uint32_t worker) const;
   http::Response status(uint32_t worker) const;
   http::Response metrics(uint32_t worker) const;
+  // GET /status: status(), behind the admin key when admin.protect_status is set.
+  void serve_status(const http::Request& request, http::ResponseWriter writer) const;
+
+  // Worker `worker`'s current registry view (worker < context.workers).
+  const discovery::RegistrySnapshot& registry(uint32_t worker) const;
 
   // Times /status was rendered (not served from its cache); for tests.
   uint64_t status_renders() const { return status_renders_.load(std::memory_order_relaxed); }
@@ -84,8 +78,6 @@ class ControlRoutes {
     discovery::Clock::time_point rendered_at{};
     std::string body;
   };
-
-  const discovery::RegistrySnapshot& registry(uint32_t worker) const;
 
   ControlContext context_;
   AdminRoutes admin_;

@@ -21,6 +21,7 @@
 #include "http/http_server.h"
 #include "http/json_error.h"
 #include "router/proxy/proxy_service.h"
+#include "router/route_table.h"
 #include "router/topology_watcher.h"
 
 namespace pdr {
@@ -35,26 +36,16 @@ struct CommandLine {
   std::string log_level = "info";
 };
 
-constexpr const char* kFooter = R"(Endpoints:
-  POST /v1/completions, /v1/chat/completions
-                 OpenAI-compatible; each request is split into a prefill and a decode leg
-                 for the pair's connector (NIXL, MoRIIO READ/WRITE, Mooncake, P2P-NCCL,
-                 SGLang) and the decode's answer streamed back
-  GET /v1/models a decode node's model list (cached 5 s)
-  GET /ready     200 only when a compatible prefill/decode pair is up (readiness probe)
-  POST /start_profile, /stop_profile   fanned out to every up instance (admin key required)
-  /admin/instances[/{host:port}[/drain|/undrain]]
-                 admin API: list, add, remove, drain (GET, POST, DELETE; key from
-                 admin.api_key_env or admin.api_key_file, as Bearer or X-API-Key)
-  POST /instances/add   vLLM demo-proxy compatible add (X-API-Key)
-  GET /health    200 while the process is up (liveness probe)
-  GET /status    the live registry as JSON (instances with role, http_address, dialect,
-                 transfer_mode, dp/tp sizes, state, source, last_seen_ms_ago; counts per role/state)
-  GET /metrics   Prometheus text (registrations accepted/rejected by reason, instances by
-                 role and state, expiries, restarts, topology reloads, HTTP counters,
-                 request state transitions, leg failures and retries)
-With listeners.admin set, /admin/*, /instances/add, /status, /metrics and the profile
-endpoints are served only on that listener (404 on the client one).
+// --help's footer: the endpoint list comes from the route table (router/route_table.cc).
+std::string help_footer() {
+  return "Endpoints (METHOD PATH LISTENER what):\n" + router::RouteTable::pdrouter().help_text() +
+         R"(
+The P/D endpoints split each request into a prefill and a decode leg for the pair's connector
+(NIXL, MoRIIO READ/WRITE, Mooncake, P2P-NCCL, SGLang). The admin API (/admin/...) takes the key
+from admin.api_key_env or admin.api_key_file, as Bearer or X-API-Key. Unknown paths answer 404,
+a method a path does not accept 405 with Allow. With listeners.admin set, the routes marked admin
+are served only on that listener and those marked client only on listeners.http (404 on the
+other); both serve the ones marked both. Without it, listeners.http serves every route.
 
 Nodes register over ZMQ (DEALER -> our ROUTER) with vLLM's MoRIIO or P2P-NCCL messages, or
 pdrouter's extended format (see proto/DISCOVERY.md); `pdnode register` does it for any node.
@@ -66,6 +57,7 @@ fails validation is logged, counted, and the running configuration is kept.
 On start pdrouter prints one line to stdout:
   pdrouter listening http=HOST:PORT discovery=ENDPOINT [admin=HOST:PORT]
 Exit codes: 0 after a graceful stop, 1 on a start-up failure, 2 on bad flags or topology.)";
+}
 
 Status apply_overrides(const CommandLine& cli, discovery::Topology* t) {
   if (!cli.http.empty()) {
@@ -141,22 +133,11 @@ void setup_logging(const std::string& level) {
   spdlog::set_level(spdlog::level::from_str(level));
 }
 
-// Which endpoints a listener serves: all of them (no listeners.admin), or one side of the split.
-enum class Surface { kAll, kClient, kAdmin };
-
-// One request on a listener of `surface`. Profiling is admitted like the admin API (key, throttle,
-// small body) before the proxy fans it out: never on the client's word alone.
-void dispatch(Surface surface, const router::ControlRoutes& routes, router::proxy::ProxyService& proxy,
+// One request on a listener of `surface`: routed by the route table.
+void dispatch(router::Surface surface, const router::ControlRoutes& routes, router::proxy::ProxyService& proxy,
               http::Request&& req, http::ResponseWriter w) {
-  const bool operator_path = router::ControlRoutes::is_operator_path(req.path);
-  if ((surface == Surface::kClient && operator_path) ||
-      (surface == Surface::kAdmin && !operator_path && req.path != "/health")) {
-    w.send(router::ControlRoutes::not_found(req));
-    return;
-  }
-  if (router::ControlRoutes::is_profile_path(req.path) && !routes.admin().admit_profile(req, w)) return;
-  if (proxy.handle(req, w)) return;
-  routes.handle(std::move(req), std::move(w));
+  router::RouteTable::pdrouter().dispatch(surface, router::Endpoints{&routes, &proxy}, std::move(req),
+                                          std::move(w));
 }
 
 // Everything the control loop's callbacks need.
@@ -263,7 +244,8 @@ int run(Process& p) {
   // and a request that races in before (fixed port, eager client) gets a clear 503.
   std::atomic<const router::ControlRoutes*> routes_ptr{nullptr};
   router::proxy::ProxyService* proxy = p.proxy.get();
-  const Surface client_surface = topology.listeners.admin ? Surface::kClient : Surface::kAll;
+  const router::Surface client_surface =
+      topology.listeners.admin ? router::Surface::kClient : router::Surface::kAll;
   Status st = p.server.start(server_opts, [&routes_ptr, proxy, client_surface](http::Request&& req,
                                                                                  http::ResponseWriter w) {
     const router::ControlRoutes* routes = routes_ptr.load(std::memory_order_acquire);
@@ -307,7 +289,7 @@ int run(Process& p) {
         w.send(http::error_response(503, "pdrouter is starting", "server_error", "starting"));
         return;
       }
-      dispatch(Surface::kAdmin, *r, *admin_proxy, std::move(req), std::move(w));
+      dispatch(router::Surface::kAdmin, *r, *admin_proxy, std::move(req), std::move(w));
     });
     if (!st.is_ok()) {
       spdlog::critical("cannot listen on {} (listeners.admin): {}", topology.listeners.admin->to_string(),
@@ -392,7 +374,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", cli.log_level, "trace, debug, info, warn, error (default info)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   app.set_version_flag("--version", "pdrouter " PDR_VERSION);
-  app.footer(pdr::kFooter);
+  app.footer(pdr::help_footer());
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

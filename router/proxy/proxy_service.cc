@@ -19,13 +19,6 @@ bool is_json_content_type(std::string_view value) {
          pdr::iequals(media.substr(media.size() - 5), "+json");
 }
 
-http::Response method_not_allowed(std::string_view allow) {
-  http::Response r = http::error_response(405, "method not allowed; use " + std::string(allow),
-                                          "invalid_request_error", "method_not_allowed");
-  r.headers.push_back({"Allow", std::string(allow)});
-  return r;
-}
-
 }  // namespace
 
 ProxyService::ProxyService(const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry,
@@ -48,46 +41,20 @@ void ProxyService::worker_stopped(uint32_t index) {
   if (index < workers_.size()) workers_[index].reset();
 }
 
-bool ProxyService::handle(http::Request& request, http::ResponseWriter& writer) {
-  const std::string& path = request.path;
-  if (path == "/v1/completions" || path == "/v1/chat/completions") {
-    admit(request, writer);
-    return true;
-  }
-  if (path == "/v1/models") {
-    if (request.method != "GET") {
-      writer.send(method_not_allowed("GET"));
-    } else {
-      serve_models(worker(request.worker), request, std::move(writer));
-    }
-    return true;
-  }
-  if (path == "/ready") {
-    if (request.method != "GET") {
-      writer.send(method_not_allowed("GET"));
-    } else {
-      serve_ready(worker(request.worker), std::move(writer));
-    }
-    return true;
-  }
-  if (path == "/start_profile" || path == "/stop_profile") {
-    if (request.method != "POST") {
-      writer.send(method_not_allowed("POST"));
-    } else {
-      serve_profile(worker(request.worker), request, std::move(writer));
-    }
-    return true;
-  }
-  return false;
+void ProxyService::models(const http::Request& request, http::ResponseWriter writer) {
+  serve_models(worker(request.worker), request, std::move(writer));
+}
+
+void ProxyService::ready(const http::Request& request, http::ResponseWriter writer) {
+  serve_ready(worker(request.worker), std::move(writer));
+}
+
+void ProxyService::profile(const http::Request& request, http::ResponseWriter writer) {
+  serve_profile(worker(request.worker), request, std::move(writer));
 }
 
 void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
   ProxyCounters& counters = shared_.counters;
-  if (request.method != "POST") {
-    counters.refuse(Refusal::kBadPath);
-    writer.send(method_not_allowed("POST"));
-    return;
-  }
   if (shared_.shutting_down.load(std::memory_order_relaxed)) {
     counters.refuse(Refusal::kShuttingDown);
     writer.send(http::error_response(503, "pdrouter is shutting down", "server_error", "shutting_down"));

@@ -3,7 +3,7 @@
 //   GET  /v1/models                                   a decode's model list, cached briefly
 //   GET  /ready                                       200 only when a compatible pair exists
 //   POST /start_profile, POST /stop_profile           fanned out to every up instance
-// Admission for P/D requests, in order: 405 (not POST), 503 (shutting down), 415 (a
+// Admission for P/D requests, in order: 405 (not POST; answered by the route table), 503 (shutting down), 415 (a
 // Content-Type that is not JSON: application/json or application/*+json), 429 with Retry-After
 // (limits.max_concurrent_requests requests already in flight, across all workers). A request
 // without Content-Type is read as JSON. Body-size
@@ -30,9 +30,14 @@ class ProxyService {
                uint32_t workers);
   ~ProxyService();
 
-  // Answers and returns true when the path is one of this service's; false leaves the request
-  // (and writer) untouched for the next handler.
-  bool handle(http::Request& request, http::ResponseWriter& writer);
+  // The endpoints, one per route (router/route_table.cc decides which request reaches which,
+  // and answers 404/405 itself). Each runs on worker request.worker.
+  void admit(http::Request& request, http::ResponseWriter& writer);  // POST of both P/D paths
+  void models(const http::Request& request, http::ResponseWriter writer);
+  void ready(const http::Request& request, http::ResponseWriter writer);
+  void profile(const http::Request& request, http::ResponseWriter writer);  // both profile paths
+  // Counts a P/D path asked with a wrong method (the route table answers the 405).
+  void count_wrong_method() { shared_.counters.refuse(Refusal::kBadPath); }
 
   // Refuse new P/D requests from now on (the drain on shutdown); /ready turns 503.
   void begin_shutdown() { shared_.shutting_down.store(true); }
@@ -44,7 +49,6 @@ class ProxyService {
 
  private:
   WorkerContext& worker(uint32_t index);
-  void admit(http::Request& request, http::ResponseWriter& writer);
 
   ProxyShared shared_;
   http::Server& server_;

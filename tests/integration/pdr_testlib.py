@@ -59,6 +59,28 @@ def pdrouter_bench_path():
                                           "loadgen/pdrouter-bench"])
 
 
+# The endpoint lines of `pdrouter --help`, rendered from the route table (router/route_table.cc):
+# "  METHOD  PATH  LISTENER  what".
+HELP_ROUTE = re.compile(r"^  ([A-Z]+) +(/\S*) +(client|admin|both) +\S")
+
+
+def pdrouter_help_routes():
+    """[(method, path, listener)] of every route `pdrouter --help` lists, in its order."""
+    done = subprocess.run([pdrouter_path(), "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    routes = [m.groups() for m in map(HELP_ROUTE.match, done.stdout.splitlines()) if m]
+    assert routes, done.stdout
+    return routes
+
+
+def allow_by_path(routes):
+    """{path: "GET, POST"} from pdrouter_help_routes(): the Allow header each path's 405 carries."""
+    allow = {}
+    for method, path, _ in routes:
+        allow[path] = allow[path] + ", " + method if path in allow else method
+    return allow
+
+
 # ---------------------------------------------------------------------------------------------
 # Network utilities
 

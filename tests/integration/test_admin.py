@@ -7,6 +7,7 @@ import unittest
 
 import msgpack
 
+from pdr_testlib import allow_by_path, pdrouter_help_routes
 from pdrouter_fixture import TIME_SCALE, Router
 from sim_fixture import SimNode
 from test_registration import moriio_current
@@ -220,6 +221,25 @@ class AdminApiTest(unittest.TestCase):
         self.assertEqual(self.admin("GET", "/admin/nothing")[0], 404)
         self.assertEqual(self.admin("POST", f"/admin/instances/{STATIC}/reboot")[0], 404)
 
+    def test_every_route_in_help_is_routed_and_405_allows_its_methods(self):
+        """--help's endpoint list is the route table the server dispatches with: every path it
+        lists is served, and a method the path does not accept gets 405 whose Allow names
+        exactly the methods --help lists for it."""
+        routes = pdrouter_help_routes()
+        for path, allow in allow_by_path(routes).items():
+            concrete = path.replace("{host:port}", STATIC)
+            code, hdrs, doc = self.admin("PATCH", concrete)
+            self.assertEqual((code, hdrs.get("allow")), (405, allow), path)
+            self.assertEqual(doc["error"]["code"], "method_not_allowed", path)
+        for method, path, _ in routes:
+            concrete = path.replace("{host:port}", "127.8.99.1:1")  # not in the registry
+            code, _, raw = self.router.request(method, concrete, b"{}" if method == "POST" else None,
+                                               headers=AUTH)
+            if code == 404:  # the endpoint's own 404 (unknown instance), not the router's
+                self.assertNotIn("no route for", raw.decode(), (method, path))
+                self.assertNotIn("no admin route", raw.decode(), (method, path))
+            self.assertNotEqual(code, 405, (method, path, raw))
+
     def test_metrics_count_each_result(self):
         names = ["ok", "unauthorized", "bad_request", "not_found", "conflict"]
         before = {n: counter(self.router, n) for n in names}
@@ -357,6 +377,17 @@ class AdminListenerTest(unittest.TestCase):
             admin=True)
         self.assertEqual(code, 201, raw)
         self.assertIsNotNone(router.instance(added))
+
+
+    def test_each_route_is_on_the_listener_help_names(self):
+        for method, path, listener in pdrouter_help_routes():
+            concrete = path.replace("{host:port}", STATIC)
+            for admin_side in (False, True):
+                served = listener == "both" or (listener == "admin") == admin_side
+                code, hdrs, raw = self.router.request("PATCH", concrete, headers=AUTH, admin=admin_side)
+                self.assertEqual(code, 405 if served else 404, (method, path, admin_side, raw))
+                if served:
+                    self.assertIn(method, hdrs["allow"], (method, path, admin_side))
 
 
 class AdminListenerProfileTest(unittest.TestCase):

@@ -24,8 +24,10 @@ not know fails the test, so a new kind of README command needs a check before it
                                3 short prompts); flags checked against `pdrouter-bench --help`
   tests/run.sh, cmake/ninja/ctest   the development commands tests/run.sh itself runs
 Also: inline `pdrouter ...` / `pdnode ...` mentions use only flags their --help lists; the
-Metrics table matches the families and labels /metrics exports; the error codes the README's
-tables name exist in the sources.
+endpoint tables name exactly the routes `pdrouter --help` lists (the route table) and the
+operator-listener paragraph places them as the table does; the Metrics table matches the
+families and labels /metrics exports; the error codes the README's tables name exist in the
+sources.
 """
 
 import json
@@ -38,7 +40,7 @@ import unittest
 
 from pd_fixture import PdCluster
 from pdr_testlib import (ProcessHandle, http_get, pdnode_path, pdrouter_bench_path,
-                         pdrouter_path)
+                         pdrouter_help_routes, pdrouter_path)
 from pdrouter_fixture import LISTENING, TIME_SCALE, Router
 from sim_fixture import SimNode, sse_events
 from test_deploy_examples import README, ROOT, readme_blocks, readme_pdnode_register_commands
@@ -253,6 +255,38 @@ class ReadmePdrouterCommandsTest(unittest.TestCase):
             self.assertIn(path, out)
         for sig in ("SIGTERM", "SIGINT", "SIGHUP"):
             self.assertIn(sig, out)
+
+    def test_endpoint_tables_list_exactly_the_routed_endpoints(self):
+        """README's endpoint tables are hand-written; pdrouter's --help list is the route table
+        (router/route_table.cc) itself. They must name the same METHOD PATH pairs."""
+        documented = set()
+        for row in readme_text().splitlines():
+            first_cell = re.match(r"\|([^|]*)\|", row)
+            if first_cell and re.match(r"\s*`[A-Z]+ /", first_cell.group(1)):
+                documented |= set(re.findall(r"`([A-Z]+) (/[^`\s]*)`", first_cell.group(1)))
+        routed = {(method, path) for method, path, _ in pdrouter_help_routes()}
+        self.assertEqual(sorted(documented - routed), [], "in README's endpoint tables, not routed")
+        self.assertEqual(sorted(routed - documented), [], "routed, not in README's endpoint tables")
+
+    def test_operator_listener_paragraph_matches_the_routes_placement(self):
+        text = readme_text()
+        paragraph = text[text.index("Operator listener:"):]
+        paragraph = paragraph[:paragraph.index("\n\n")]
+        admin_part, _, client_part = paragraph.partition("served only")
+        _, _, client_part = client_part.partition("it keeps")
+
+        def covered(path, spans):
+            return any(path == s or (s.endswith("/*") and path.startswith(s[:-1])) for s in spans)
+
+        admin_spans = re.findall(r"`(/[^`]*)`", admin_part)
+        client_spans = re.findall(r"`(/[^`]*)`", client_part)
+        self.assertTrue(admin_spans and client_spans, paragraph)
+        for method, path, listener in pdrouter_help_routes():
+            spans = {"admin": admin_spans, "client": client_spans, "both": client_spans}[listener]
+            self.assertTrue(covered(path, spans), "%s %s (%s) is not where README puts it"
+                            % (method, path, listener))
+            if listener == "both":
+                self.assertIn(path, paragraph)
 
     def test_every_pdrouter_command_starts_serves_and_stops(self):
         runs = [(line, argv) for line, env, argv, _, _ in readme_commands()

@@ -1,0 +1,274 @@
+// pdrouter's routes and the matching, dispatch and --help rendering derived from them
+// (contracts in route_table.h).
+#include "router/route_table.h"
+
+#include <algorithm>
+#include <array>
+
+#include "http/json_error.h"
+#include "router/control_routes.h"
+#include "router/proxy/proxy_service.h"
+
+namespace pdr::router {
+namespace {
+
+// --- handlers: each answers one route through the service that owns the endpoint -----------
+
+void health(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  writer.send(e.control->health(request.worker));
+}
+
+void status(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.control->serve_status(request, std::move(writer));
+}
+
+void metrics(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  writer.send(e.control->metrics(request.worker));
+}
+
+void completions(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.proxy->admit(request, writer);
+}
+
+void models(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.proxy->models(request, std::move(writer));
+}
+
+void ready(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.proxy->ready(request, std::move(writer));
+}
+
+void profile(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.proxy->profile(request, std::move(writer));
+}
+
+void list_instances(const Endpoints& e, http::Request&& request, http::ResponseWriter writer,
+                    std::string_view) {
+  e.control->admin().list_instances(request, std::move(writer), e.control->registry(request.worker));
+}
+
+void add_instance(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.control->admin().add_instance(std::move(request), std::move(writer));
+}
+
+void get_instance(const Endpoints& e, http::Request&& request, http::ResponseWriter writer,
+                  std::string_view address) {
+  e.control->admin().get_instance(request, std::move(writer), address, e.control->registry(request.worker));
+}
+
+void remove_instance(const Endpoints& e, http::Request&& request, http::ResponseWriter writer,
+                     std::string_view address) {
+  e.control->admin().remove_instance(request, std::move(writer), address);
+}
+
+void drain_instance(const Endpoints& e, http::Request&& request, http::ResponseWriter writer,
+                    std::string_view address) {
+  e.control->admin().set_drain(request, std::move(writer), address, true);
+}
+
+void undrain_instance(const Endpoints& e, http::Request&& request, http::ResponseWriter writer,
+                      std::string_view address) {
+  e.control->admin().set_drain(request, std::move(writer), address, false);
+}
+
+void seed_add(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.control->admin().seed_add(std::move(request), std::move(writer));
+}
+
+void admin_no_route(const Endpoints& e, http::Request&& request, http::ResponseWriter writer,
+                    std::string_view) {
+  e.control->admin().no_route(request, std::move(writer));
+}
+
+// --- the table -------------------------------------------------------------------------------
+
+constexpr Listener kClient = Listener::kClient;
+constexpr Listener kAdmin = Listener::kAdmin;
+constexpr Listener kBoth = Listener::kBoth;
+
+constexpr std::array kRoutes = {
+    Route{"POST", "/v1/completions", kClient, Guard::kNone, Refusals::kProxy,
+          "OpenAI completion, split into a prefill and a decode leg", &completions},
+    Route{"POST", "/v1/chat/completions", kClient, Guard::kNone, Refusals::kProxy,
+          "OpenAI chat completion, split into legs the same way", &completions},
+    Route{"GET", "/v1/models", kClient, Guard::kNone, Refusals::kUncounted,
+          "a decode node's model list (cached 5 s)", &models},
+    Route{"GET", "/ready", kClient, Guard::kNone, Refusals::kUncounted,
+          "200 only when a compatible P/D pair is up (readiness probe)", &ready},
+    Route{"GET", "/health", kBoth, Guard::kNone, Refusals::kUncounted,
+          "200 while the process is up (liveness probe)", &health},
+    Route{"GET", "/status", kAdmin, Guard::kNone, Refusals::kUncounted,
+          "the live registry as JSON (admin key with admin.protect_status)", &status},
+    Route{"GET", "/metrics", kAdmin, Guard::kNone, Refusals::kUncounted, "Prometheus text", &metrics},
+    Route{"POST", "/start_profile", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,
+          "start profiling on every up instance (admin key)", &profile},
+    Route{"POST", "/stop_profile", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,
+          "stop profiling on every up instance (admin key)", &profile},
+    Route{"GET", "/admin/instances", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
+          "admin API: the instances", &list_instances},
+    Route{"POST", "/admin/instances", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
+          "admin API: add an instance", &add_instance},
+    Route{"GET", "/admin/instances/{host:port}", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
+          "admin API: one instance", &get_instance},
+    Route{"DELETE", "/admin/instances/{host:port}", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
+          "admin API: remove an instance (not a static one)", &remove_instance},
+    Route{"POST", "/admin/instances/{host:port}/drain", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
+          "admin API: operator drain, no new requests", &drain_instance},
+    Route{"POST", "/admin/instances/{host:port}/undrain", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
+          "admin API: end an operator drain", &undrain_instance},
+    Route{"POST", "/instances/add", kAdmin, Guard::kNone, Refusals::kAdmin,
+          "vLLM demo-proxy compatible add (X-API-Key)", &seed_add},
+    // The admin API's own 404, after the key check, for anything else under /admin.
+    Route{"*", "/admin", kAdmin, Guard::kAdminKey, Refusals::kAdmin, "", &admin_no_route},
+    Route{"*", "/admin/**", kAdmin, Guard::kAdminKey, Refusals::kAdmin, "", &admin_no_route},
+};
+
+constexpr RouteTable kPdrouter{kRoutes};
+
+bool accepts(const Route& route, std::string_view method) { return route.method == "*" || route.method == method; }
+
+// Runs the resource's guard; false once it has answered.
+bool admitted(Guard guard, const Endpoints& e, const http::Request& request, http::ResponseWriter& writer) {
+  switch (guard) {
+    case Guard::kNone: return true;
+    case Guard::kAdminKey: return e.control->admin().admit(request, writer);
+    case Guard::kAdminKeyProfile: return e.control->admin().admit_profile(request, writer);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string_view listener_label(Listener listener) {
+  switch (listener) {
+    case Listener::kClient: return "client";
+    case Listener::kAdmin: return "admin";
+    case Listener::kBoth: return "both";
+  }
+  return "?";
+}
+
+bool serves(Surface surface, Listener listener) {
+  switch (surface) {
+    case Surface::kAll: return true;
+    case Surface::kClient: return listener != Listener::kAdmin;
+    case Surface::kAdmin: return listener != Listener::kClient;
+  }
+  return false;
+}
+
+bool path_matches(std::string_view pattern, std::string_view path, std::string_view* param) {
+  // Segment by segment; both start with '/' (the parser only hands on origin-form targets).
+  for (;;) {
+    if (pattern.empty() || path.empty()) return pattern.empty() && path.empty();
+    if (pattern.front() != '/' || path.front() != '/') return false;
+    pattern.remove_prefix(1);
+    path.remove_prefix(1);
+    const size_t pattern_end = pattern.find('/');
+    const std::string_view want = pattern.substr(0, pattern_end);
+    if (want == "**" && pattern_end == std::string_view::npos) return true;
+    const size_t path_end = path.find('/');
+    const std::string_view got = path.substr(0, path_end);
+    if (want.size() >= 2 && want.front() == '{' && want.back() == '}') {
+      if (got.empty()) return false;
+      if (param != nullptr) *param = got;
+    } else if (want != got) {
+      return false;
+    }
+    pattern = pattern_end == std::string_view::npos ? std::string_view() : pattern.substr(pattern_end);
+    path = path_end == std::string_view::npos ? std::string_view() : path.substr(path_end);
+  }
+}
+
+const RouteTable& RouteTable::pdrouter() { return kPdrouter; }
+
+RouteTable::Lookup RouteTable::lookup(Surface surface, std::string_view method, std::string_view path) const {
+  Lookup found;
+  for (const Route& route : routes_) {
+    if (!serves(surface, route.listener)) continue;
+    if (found.resource == nullptr) {
+      if (!path_matches(route.path, path, &found.param)) continue;
+      found.resource = &route;
+    } else if (route.path != found.resource->path) {
+      continue;
+    }
+    if (accepts(route, method)) {
+      found.route = &route;
+      return found;
+    }
+  }
+  return found;
+}
+
+std::string RouteTable::allow(Surface surface, std::string_view path) const {
+  const Lookup found = lookup(surface, "", path);
+  std::string methods;
+  if (found.resource == nullptr) return methods;
+  for (const Route& route : routes_) {
+    if (route.path != found.resource->path || !serves(surface, route.listener)) continue;
+    if (!methods.empty()) methods += ", ";
+    methods += route.method;
+  }
+  return methods;
+}
+
+void RouteTable::dispatch(Surface surface, const Endpoints& endpoints, http::Request&& request,
+                          http::ResponseWriter writer) const {
+  const Lookup found = lookup(surface, request.method, request.path);
+  if (found.resource == nullptr) {
+    writer.send(not_found(request));
+    return;
+  }
+  if (!admitted(found.resource->guard, endpoints, request, writer)) return;
+  if (found.route == nullptr) {
+    http::Response response = method_not_allowed(request, allow(surface, request.path));
+    switch (found.resource->refusals) {
+      case Refusals::kUncounted: break;
+      case Refusals::kAdmin:
+        endpoints.control->admin().send(writer, {AdminCounters::kBadRequest, std::move(response)});
+        return;
+      case Refusals::kProxy: endpoints.proxy->count_wrong_method(); break;
+    }
+    writer.send(std::move(response));
+    return;
+  }
+  // found.param views request.path, which the handler may move.
+  found.route->handler(endpoints, std::move(request), std::move(writer), found.param);
+}
+
+std::string RouteTable::help_text() const {
+  size_t path_width = 0;
+  for (const Route& route : routes_) {
+    if (!route.help.empty()) path_width = std::max(path_width, route.path.size());
+  }
+  std::string out;
+  for (const Route& route : routes_) {
+    if (route.help.empty()) continue;
+    out += "  ";
+    out += route.method;
+    out.append(8 - std::min<size_t>(route.method.size(), 7), ' ');
+    out += route.path;
+    out.append(path_width + 2 - route.path.size(), ' ');
+    const std::string_view where = listener_label(route.listener);
+    out += where;
+    out.append(8 - where.size(), ' ');
+    out += route.help;
+    out += '\n';
+  }
+  return out;
+}
+
+http::Response not_found(const http::Request& request) {
+  return http::error_response(404, "no route for " + request.method + " " + request.path,
+                              "invalid_request_error", "not_found");
+}
+
+http::Response method_not_allowed(const http::Request& request, std::string_view allow) {
+  http::Response response = http::error_response(
+      405, "method " + request.method + " is not allowed on " + request.path + "; use " + std::string(allow),
+      "invalid_request_error", "method_not_allowed");
+  response.headers.push_back({"Allow", std::string(allow)});
+  return response;
+}
+
+}  // namespace pdr::router
