@@ -13,6 +13,7 @@
 #include "proto/curve_keys.h"
 #include "proto/address.h"
 #include "proto/discovery_message.h"
+#include "proto/node_spec.h"
 #include "base/status.h"
 
 namespace pdr::discovery {
@@ -21,18 +22,10 @@ enum class PolicyName : uint8_t { kRoundRobin, kLeastOutstanding, kPowerOfTwo, k
 std::string_view to_string(PolicyName);  // "round_robin", "least_outstanding", "power_of_two", "affinity"
 bool parse_policy_name(std::string_view, PolicyName*);
 
-struct StaticInstance {
-  proto::Role role = proto::Role::kPrefill;
-  proto::HostPort http_address;
-  proto::Connector connector = proto::Connector::kUnknown;  // default: connectors.default
-  proto::TransferMode transfer_mode = proto::TransferMode::kNone;
-  std::string zmq_address;                 // optional; validated per connector
-  uint32_t dp_size = 1;
-  uint32_t tp_size = 1;
-  std::optional<uint16_t> bootstrap_port;
-  std::string model;
-  proto::Labels labels;
-};
+// A node the operator describes (topology `instances:`, POST /admin/instances): connector defaults
+// to connectors.default; zmq_address is optional and validated per connector (instance_spec.h);
+// the parsed forms of zmq_address are left unset (the registry fills them).
+using StaticInstance = proto::NodeSpec;
 
 // 127.0.0.0/8 and ::1: the default discovery allow list (one machine, as the quick start runs).
 AllowList loopback_allow_list();

@@ -15,6 +15,7 @@
 
 #include "config/admission.h"
 #include "proto/discovery_message.h"
+#include "proto/node_spec.h"
 
 namespace pdr::discovery {
 
@@ -57,22 +58,12 @@ struct InstanceLiveness {
   void set_load(const proto::NodeLoad& load);
 };
 
-struct Instance {
+// The node's description (NodeSpec: the registration's, or for static and admin entries the
+// operator's, with zmq_address parsed) plus what the registry knows of it.
+struct Instance : proto::NodeSpec {
   std::string key;  // canonical http_address ("host:port" / "[v6]:port"); unique in a snapshot
-  proto::Role role = proto::Role::kPrefill;
-  proto::Connector connector = proto::Connector::kUnknown;
   proto::RegistrationFormat format = proto::RegistrationFormat::kStatic;
-  proto::TransferMode transfer_mode = proto::TransferMode::kNone;
-  proto::HostPort http_address;
-  std::string zmq_address;  // verbatim from the node ("" when unknown)
-  std::optional<proto::MoriioZmqAddress> moriio_zmq;
-  std::optional<proto::HostPort> kv_address;
-  uint32_t dp_size = 1;
-  uint32_t tp_size = 1;
-  std::optional<uint16_t> bootstrap_port;
-  std::string model;
-  proto::Labels labels;
-  std::string instance_id;
+  std::string instance_id;  // the node's, from its pdrouter registrations ("" otherwise)
   uint64_t epoch = 0;
 
   // kDraining when the node says so (node_draining, from its heartbeats) or an operator drained
@@ -91,6 +82,10 @@ struct Instance {
   // Never null for instances the registry hands out. Liveness is live: an old snapshot's
   // Instance shows the newest last_seen/load of that node.
   std::shared_ptr<InstanceLiveness> liveness = std::make_shared<InstanceLiveness>();
+
+  // Every field, liveness by identity: two copies of one registry entry compare equal exactly
+  // when nothing /status shows or routing reads differs, apart from the live counters.
+  friend bool operator==(const Instance&, const Instance&) = default;
 
   Clock::time_point last_seen() const { return liveness->last_seen(); }
   Clock::time_point expires_at() const { return liveness->expires_at(); }

@@ -6,42 +6,17 @@
 namespace pdr::discovery {
 namespace {
 
-// Fields whose change alters routing or what /status shows (liveness excluded).
-bool same_shape(const Instance& a, const Instance& b) {
-  return a.role == b.role && a.connector == b.connector && a.format == b.format &&
-         a.transfer_mode == b.transfer_mode && a.zmq_address == b.zmq_address &&
-         a.dp_size == b.dp_size && a.tp_size == b.tp_size && a.bootstrap_port == b.bootstrap_port &&
-         a.model == b.model && a.labels == b.labels && a.instance_id == b.instance_id &&
-         a.epoch == b.epoch && a.state == b.state && a.operator_drain == b.operator_drain &&
-         a.source == b.source && a.ttl == b.ttl && a.admission == b.admission;
-}
-
 // The state of an entry that has not expired.
 InstanceState live_state(bool node_draining, bool operator_drain) {
   return node_draining || operator_drain ? InstanceState::kDraining : InstanceState::kUp;
 }
 
-Instance instance_from_spec(const StaticInstance& s, InstanceSource source) {
+Instance instance_from_spec(const StaticInstance& spec, InstanceSource source) {
   Instance inst;
-  inst.key = s.http_address.to_string();
-  inst.role = s.role;
-  inst.connector = s.connector;
+  static_cast<proto::NodeSpec&>(inst) = spec;
+  proto::fill_parsed_zmq_address(&inst);
+  inst.key = spec.http_address.to_string();
   inst.format = proto::RegistrationFormat::kStatic;
-  inst.transfer_mode = s.transfer_mode;
-  inst.http_address = s.http_address;
-  inst.zmq_address = s.zmq_address;
-  if (proto::looks_like_moriio_zmq_address(s.zmq_address)) {
-    proto::MoriioZmqAddress zmq;
-    if (proto::parse_moriio_zmq_address(s.zmq_address, &zmq).is_ok()) inst.moriio_zmq = zmq;
-  } else if (!s.zmq_address.empty()) {
-    proto::HostPort kv;
-    if (proto::parse_host_port(s.zmq_address, &kv).is_ok()) inst.kv_address = kv;
-  }
-  inst.dp_size = s.dp_size;
-  inst.tp_size = s.tp_size;
-  inst.bootstrap_port = s.bootstrap_port;
-  inst.model = s.model;
-  inst.labels = s.labels;
   inst.source = source;
   return inst;
 }
@@ -97,30 +72,16 @@ std::string_view to_string(GoodbyeResult r) {
 }
 
 void apply_registration(const proto::Registration& reg, Instance* inst) {
+  static_cast<proto::NodeSpec&>(*inst) = reg;
   inst->key = reg.http_address.to_string();
-  inst->role = reg.role;
-  inst->connector = reg.connector;
   inst->format = reg.format;
-  inst->transfer_mode = reg.transfer_mode;
-  inst->http_address = reg.http_address;
-  inst->zmq_address = reg.zmq_address;
-  inst->moriio_zmq = reg.moriio_zmq;
-  inst->kv_address = reg.kv_address;
-  inst->dp_size = reg.dp_size;
-  inst->tp_size = reg.tp_size;
-  inst->bootstrap_port = reg.bootstrap_port;
-  inst->model = reg.model;
-  inst->labels = reg.labels;
   inst->instance_id = reg.instance_id;
   inst->epoch = reg.epoch;
 }
 
 bool registration_matches(const proto::Registration& reg, const Instance& inst) {
-  return inst.role == reg.role && inst.connector == reg.connector && inst.format == reg.format &&
-         inst.transfer_mode == reg.transfer_mode && inst.zmq_address == reg.zmq_address &&
-         inst.dp_size == reg.dp_size && inst.tp_size == reg.tp_size &&
-         inst.bootstrap_port == reg.bootstrap_port && inst.model == reg.model &&
-         inst.labels == reg.labels && inst.instance_id == reg.instance_id && inst.epoch == reg.epoch;
+  return static_cast<const proto::NodeSpec&>(inst) == reg && inst.format == reg.format &&
+         inst.instance_id == reg.instance_id && inst.epoch == reg.epoch;
 }
 
 Registry::Registry(RegistryOptions options) : options_(options) {}
@@ -320,7 +281,9 @@ bool Registry::take_over(EntryMap::iterator it, Instance fresh) {
   fresh.node_draining = old.node_draining;
   fresh.operator_drain = old.operator_drain;
   fresh.state = live_state(fresh.node_draining, fresh.operator_drain);
-  const bool changed = !same_shape(old, fresh);
+  // fresh now carries old's liveness and history, so it differs from old only in what the
+  // operator's description, the source or the state changed.
+  const bool changed = !(fresh == old);
   it->second.instance = std::make_shared<Instance>(std::move(fresh));
   it->second.deadline = kNever;  // never expires; a pending heap item goes stale
   it->second.instance->liveness->set_expires_at(kNever);

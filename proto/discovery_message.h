@@ -26,28 +26,17 @@
 #include <vector>
 
 #include "proto/address.h"
+#include "proto/node_spec.h"
 #include "base/status.h"
 
 namespace pdr::proto {
 
-enum class Role : uint8_t { kPrefill, kDecode };
-enum class TransferMode : uint8_t { kNone, kRead, kWrite };  // kNone: dialect has no mode (P2P-NCCL)
-enum class Connector : uint8_t { kUnknown, kMoriio, kP2pNccl, kNixl, kMooncake, kSglang };
 // Which wire shape the registration arrived in (or "static": came from the topology file).
 enum class RegistrationFormat : uint8_t { kMoriio, kMoriioLegacy, kP2pNccl, kPdrouter, kStatic };
 
-// Lower-case names used in /status, the topology file and CLI flags:
-// role "prefill"/"decode"; mode "READ"/"WRITE"/"none"; connector "moriio", "p2p-nccl", "nixl",
-// "mooncake", "sglang", "unknown"; format "moriio", "moriio-legacy", "p2p-nccl", "pdrouter", "static".
-std::string_view to_string(Role);
-std::string_view to_string(TransferMode);
-std::string_view to_string(Connector);
+// Names as node_spec.h's enums have them: "moriio", "moriio-legacy", "p2p-nccl", "pdrouter",
+// "static"; the parser returns false when the text is not one of them.
 std::string_view to_string(RegistrationFormat);
-// Parsers for the same names (plus "P"/"D" for roles, any case for modes, "p2p_nccl"/"p2pnccl" for
-// the connector). Return false when the text is not a known name.
-bool parse_role(std::string_view, Role*);
-bool parse_transfer_mode(std::string_view, TransferMode*);
-bool parse_connector(std::string_view, Connector*);
 bool parse_registration_format(std::string_view, RegistrationFormat*);
 
 struct NodeLoad {
@@ -58,28 +47,18 @@ struct NodeLoad {
   friend bool operator==(const NodeLoad&, const NodeLoad&) = default;
 };
 
-using Labels = std::vector<std::pair<std::string, std::string>>;  // sorted by key, unique keys
-
-struct Registration {
+// The node's description (NodeSpec) as decoded from its message, plus what only the message has.
+// Decoded: connector is implied by format unless the pdrouter extension says; moriio_zmq is set for
+// the MoRIIO formats (legacy: built from its ports), kv_address for P2P-NCCL (zmq_address parsed as
+// host:port); model, bootstrap_port and labels come from the pdrouter extension only.
+struct Registration : NodeSpec {
   RegistrationFormat format = RegistrationFormat::kMoriio;
-  Role role = Role::kPrefill;
-  HostPort http_address;            // the registry key (canonical HostPort::to_string())
-  std::string zmq_address;          // verbatim, as the node sent it (embedded in request ids)
-  std::optional<MoriioZmqAddress> moriio_zmq;  // MoRIIO formats (legacy: built from its ports)
-  std::optional<HostPort> kv_address;          // P2P-NCCL: zmq_address parsed as host:port
-  uint32_t dp_size = 1;             // 1..1024
-  uint32_t tp_size = 1;             // 1..1024
-  TransferMode transfer_mode = TransferMode::kNone;
-  Connector connector = Connector::kUnknown;  // implied by format unless the extension says
   std::string legacy_index;         // MoRIIO legacy `index` (a counter as a string)
 
   // pdrouter extension (present when schema_version > 0).
   uint32_t schema_version = 0;      // `pdr_v`
   std::string instance_id;          // stable per node process lifetime; <= 128 chars
   uint64_t epoch = 0;               // bumps on node restart -> counted as a restart
-  std::string model;
-  std::optional<uint16_t> bootstrap_port;  // Mooncake / SGLang bootstrap server port
-  Labels labels;                    // <= 32 labels; keys <= 64 chars, values <= 256 chars
   NodeLoad load;
   bool draining = false;
   std::optional<uint32_t> ttl_ms;   // requested TTL; the registry clamps it to its bounds

@@ -1,5 +1,5 @@
-// The text names of discovery enums used in /status, the topology file and CLI flags
-// (contract: discovery_message.h). The decoder also uses the parsers for wire values.
+// The text names of node and discovery enums used in /status, the topology file and CLI flags
+// (contracts: node_spec.h, discovery_message.h). The decoder also uses the parsers for wire values.
 #include <string>
 #include <string_view>
 #include <utility>

@@ -30,22 +30,15 @@
 #include "proto/address.h"
 #include "proto/discovery_message.h"
 #include "proto/json_splice.h"
+#include "proto/node_spec.h"
 #include "base/status.h"
 
 namespace pdr::proto {
 
-// What the leg builder needs to know about one chosen instance.
-struct LegInstance {
-  Connector connector = Connector::kUnknown;
-  TransferMode transfer_mode = TransferMode::kNone;  // MoRIIO: kRead / kWrite
-  HostPort http_address;
-  std::string zmq_address;  // MoRIIO / P2P-NCCL: verbatim as registered (embedded in request ids)
-  std::optional<MoriioZmqAddress> moriio_zmq;  // MoRIIO: parsed zmq_address (remote_host & ports)
-  uint32_t dp_size = 1;
-  uint32_t tp_size = 1;
-  // Mooncake: the bootstrap server port (default 8998). SGLang: the prefill's bootstrap port
-  // (nullopt -> JSON null).
-  std::optional<uint16_t> bootstrap_port;
+// What the leg builder needs to know about one chosen instance: its NodeEndpoint (for Mooncake
+// bootstrap_port is the bootstrap server port, default 8998; for SGLang the prefill's bootstrap
+// port, nullopt -> JSON null) plus what is chosen per request.
+struct LegInstance : NodeEndpoint {
   // Mooncake prefill: engine_id of the chosen DP rank from the bootstrap /query table.
   std::string mooncake_engine_id;
   // SGLang / Mooncake: host for bootstrap_host / remote_bootstrap_addr; empty -> http_address.host.

@@ -29,14 +29,9 @@ bool may_log(WorkerContext& w) { return w.leg_log().allow(discovery::Clock::now(
 
 proto::LegInstance to_leg_instance(const Instance& i, const discovery::Topology& topology) {
   proto::LegInstance out;
-  out.connector = i.connector;
-  out.transfer_mode = i.transfer_mode;
-  out.http_address = i.http_address;
-  out.zmq_address = i.zmq_address;
-  out.moriio_zmq = i.moriio_zmq;
+  static_cast<proto::NodeEndpoint&>(out) = i;
   out.dp_size = std::max<uint32_t>(1, i.dp_size);
   out.tp_size = std::max<uint32_t>(1, i.tp_size);
-  out.bootstrap_port = i.bootstrap_port;
   if (i.connector == Connector::kMooncake && !out.bootstrap_port) {
     out.bootstrap_port = topology.connectors.mooncake_bootstrap_port;
   }

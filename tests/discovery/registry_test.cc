@@ -214,6 +214,48 @@ TEST(Registry, StaticInstancesNeverExpireAndTakeLivenessFromHeartbeats) {
   EXPECT_EQ(reg.snapshot(t0 + 2s)->instances.size(), 0u);
 }
 
+TEST(Registry, RepeatedRegistrationPublishesNothingAnyChangedFieldDoes) {
+  Registry reg(opts());
+  auto r = moriio("10.0.0.1", 8000);
+  r.model = "m";
+  r.labels = {{"zone", "a"}};
+  reg.upsert(r, t0);
+  (void)reg.snapshot(t0);
+  reg.upsert(r, t0 + 1s);
+  EXPECT_FALSE(reg.dirty());
+  auto labelled = r;
+  labelled.labels = {{"zone", "b"}};
+  reg.upsert(labelled, t0 + 2s);
+  EXPECT_TRUE(reg.dirty());
+  EXPECT_EQ(reg.snapshot(t0 + 2s)->instances[0]->labels, labelled.labels);
+  auto other_model = labelled;
+  other_model.model = "n";
+  reg.upsert(other_model, t0 + 3s);
+  EXPECT_TRUE(reg.dirty());
+  EXPECT_EQ(reg.snapshot(t0 + 3s)->instances[0]->model, "n");
+}
+
+TEST(Registry, ReloadingTheSameStaticListPublishesNothingAChangedEntryDoes) {
+  Registry reg(opts());
+  StaticInstance s;
+  s.role = proto::Role::kDecode;
+  s.http_address = {"10.0.0.9", 8000};
+  s.connector = proto::Connector::kP2pNccl;
+  s.zmq_address = "10.0.0.9:21001";
+  reg.replace_static({s}, t0);
+  auto first = reg.snapshot(t0);
+  ASSERT_TRUE(first->instances[0]->kv_address.has_value());
+  EXPECT_EQ(first->instances[0]->kv_address->port, 21001);
+  reg.replace_static({s}, t0 + 1s);
+  EXPECT_FALSE(reg.dirty());
+  s.labels = {{"rack", "7"}};
+  reg.replace_static({s}, t0 + 2s);
+  EXPECT_TRUE(reg.dirty());
+  auto second = reg.snapshot(t0 + 2s);
+  EXPECT_EQ(second->instances[0]->labels, s.labels);
+  EXPECT_EQ(second->instances[0]->liveness, first->instances[0]->liveness);
+}
+
 TEST(Registry, DrainingFlagSetsState) {
   Registry reg(opts());
   auto r = moriio("10.0.0.1", 8000);

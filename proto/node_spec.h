@@ -1,0 +1,74 @@
+// One prefill or decode node as pdrouter describes it, whoever described it: the node itself (a
+// discovery registration, proto::Registration), the operator (the topology file's `instances:` and
+// POST /admin/instances, config::StaticInstance), or the registry that merges both
+// (discovery::Instance). Each of those types derives from NodeSpec and adds only what is its own
+// (wire format and liveness, registry state), so a field is declared once and moving a node's
+// description between them is a base-class assignment, comparing it a defaulted operator==.
+//
+// NodeEndpoint is the part the request-leg builder needs (proto::LegInstance derives from it):
+// copying it per request leaves the node's model and labels, which no leg needs, where they are.
+//
+// Plain data; no I/O. The enum names (to_string / parse_*) are in discovery_names.cc.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "proto/address.h"
+
+namespace pdr::proto {
+
+enum class Role : uint8_t { kPrefill, kDecode };
+enum class TransferMode : uint8_t { kNone, kRead, kWrite };  // kNone: dialect has no mode (P2P-NCCL)
+enum class Connector : uint8_t { kUnknown, kMoriio, kP2pNccl, kNixl, kMooncake, kSglang };
+
+// Lower-case names used in /status, the topology file and CLI flags:
+// role "prefill"/"decode"; mode "READ"/"WRITE"/"none"; connector "moriio", "p2p-nccl", "nixl",
+// "mooncake", "sglang", "unknown".
+std::string_view to_string(Role);
+std::string_view to_string(TransferMode);
+std::string_view to_string(Connector);
+// Parsers for the same names (plus "P"/"D" for roles, any case for modes, "p2p_nccl"/"p2pnccl" for
+// the connector). Return false when the text is not a known name.
+bool parse_role(std::string_view, Role*);
+bool parse_transfer_mode(std::string_view, TransferMode*);
+bool parse_connector(std::string_view, Connector*);
+
+using Labels = std::vector<std::pair<std::string, std::string>>;  // sorted by key, unique keys
+
+// How to reach a node and what its KV connector speaks: everything a request leg to it, and the
+// peer leg that pairs with it, is built from.
+struct NodeEndpoint {
+  Connector connector = Connector::kUnknown;
+  TransferMode transfer_mode = TransferMode::kNone;  // MoRIIO: kRead / kWrite; others kNone
+  HostPort http_address;    // the registry key (canonical HostPort::to_string())
+  std::string zmq_address;  // verbatim as the node (or operator) gave it; embedded in request ids
+  // zmq_address parsed: MoRIIO's composite "host:..,handshake:..,notify:.." form, or P2P-NCCL's
+  // host:port. Unset when zmq_address is empty or in neither form (fill_parsed_zmq_address).
+  std::optional<MoriioZmqAddress> moriio_zmq;
+  std::optional<HostPort> kv_address;
+  uint32_t dp_size = 1;  // 1..1024
+  uint32_t tp_size = 1;  // 1..1024
+  // Mooncake / SGLang: the node's bootstrap server port.
+  std::optional<uint16_t> bootstrap_port;
+  friend bool operator==(const NodeEndpoint&, const NodeEndpoint&) = default;
+};
+
+struct NodeSpec : NodeEndpoint {
+  Role role = Role::kPrefill;
+  std::string model;  // served model ("" = any)
+  Labels labels;      // <= 32 labels; keys <= 64 chars, values <= 256 chars
+  friend bool operator==(const NodeSpec&, const NodeSpec&) = default;
+};
+
+// Sets moriio_zmq (when zmq_address is in the MoRIIO composite form) or kv_address (when it is a
+// host:port) from zmq_address, for a description that carries neither yet (an operator's; the
+// discovery decoder fills them itself and refuses what does not parse). An empty or unparseable
+// zmq_address leaves both unset.
+void fill_parsed_zmq_address(NodeEndpoint* node);
+
+}  // namespace pdr::proto
