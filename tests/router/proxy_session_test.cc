@@ -20,14 +20,15 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <thread>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/snapshot_cell.h"
@@ -515,11 +516,15 @@ std::vector<Case> all_cases() {
   return out;
 }
 
+// gtest prints a failing case by its name.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class ProxySessionStates : public ::testing::TestWithParam<Case> {};
 
 // The timeouts a case waits for are short; every other one is long enough never to fire.
 void tweak_for(const Case& c, discovery::Topology& t) {
-  const auto short_timeout = scaled_ms(400ms);
+  // Short, but long enough for the test to reach the state first on a loaded machine.
+  const auto short_timeout = scaled_ms(1000ms);
   if (c.event == Event::kPrefillTimeout) t.timeouts.prefill = short_timeout;
   if (c.event == Event::kDecodeTimeout && c.at == At::kHeldHead) t.timeouts.first_byte = short_timeout;
   if (c.event == Event::kRequestDeadline) t.timeouts.request = short_timeout;
@@ -803,7 +808,7 @@ INSTANTIATE_TEST_SUITE_P(All, ProxySessionStates, ::testing::ValuesIn(all_cases(
 // The decode answered first; the prefill is read to its end, or closed at its deadline.
 TEST(ProxySessionOrphan, ClosedAtThePrefillDeadline) {
   Harness h(Dialect::kMoriioWrite, [](discovery::Topology& t) {
-    t.timeouts.prefill = scaled_ms(400ms);
+    t.timeouts.prefill = scaled_ms(1000ms);
   });
   ASSERT_EQ(h.connect_and_send(), "");
   ASSERT_TRUE(h.wait_until([&] { return h.fake.calls.size() == 2; }, "both legs"));
