@@ -104,6 +104,7 @@ class FakeCall final : public UpstreamPort::Call {
 
   bool open() const { return end == End::kOpen; }
   bool prefill() const { return target.port == kPrefillPort; }
+  bool bootstrap_query() const { return request.path == "/query"; }
   std::string request_id() const {
     for (const auto& h : request.headers) {
       if (h.name == "X-Request-Id") return h.value;
@@ -225,7 +226,7 @@ void FakeCall::fail(UpstreamFailure failure, std::string message, End how) {
 
 // ---------------------------------------------------------------------------------------------
 
-enum class Dialect { kNixl, kMoriioWrite };
+enum class Dialect { kNixl, kMoriioWrite, kMooncake };
 
 std::shared_ptr<const Instance> node(std::string host, Role role, Dialect dialect) {
   auto i = std::make_shared<Instance>();
@@ -235,6 +236,8 @@ std::shared_ptr<const Instance> node(std::string host, Role role, Dialect dialec
   i->role = role;
   if (dialect == Dialect::kNixl) {
     i->connector = Connector::kNixl;
+  } else if (dialect == Dialect::kMooncake) {
+    i->connector = Connector::kMooncake;  // bootstrap /query on the topology's port (8998)
   } else {
     i->connector = Connector::kMoriio;
     i->transfer_mode = TransferMode::kWrite;
@@ -996,6 +999,157 @@ TEST(ProxySessionBackPressure, ClientReadingNothingIsCutOff) {
   EXPECT_EQ(received.find("data: [DONE]"), std::string::npos);
   EXPECT_EQ(received.find("0\r\n\r\n"), std::string::npos) << "no terminating chunk";
   ::close(fd);
+  EXPECT_EQ(h.counters().in_flight.load(), 0);
+  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A buffered (non-stream) answer: relayed whole; a decode failing after its head is a 502.
+
+constexpr std::string_view kJsonBody = R"({"model":"m","prompt":"hello","max_tokens":8})";
+constexpr std::string_view kJsonAnswer = R"({"id":"cmpl-2","choices":[{"text":"AB"}]})";
+
+TEST(ProxySessionJson, AnswerRelayedWholeAndBudgetGivenBack) {
+  Harness h(Dialect::kNixl);
+  ASSERT_EQ(h.connect_and_send(kJsonBody), "");
+  auto decode = reach_decode(h);
+  ASSERT_TRUE(decode);
+  ASSERT_TRUE(h.on_worker([&] {
+    decode->head(200, {{"Content-Type", "application/json"}});
+    decode->body(kJsonAnswer.substr(0, 10));
+    decode->body(kJsonAnswer.substr(10));
+  }));
+  EXPECT_EQ(h.transitions(RS::kDecodeSent, RS::kStreaming), 1u);
+  EXPECT_EQ(h.counters().buffered_bytes.load(), static_cast<int64_t>(kJsonBody.size() + kJsonAnswer.size()))
+      << "the body and the buffered answer hold their share of the budget";
+  ASSERT_TRUE(h.on_worker([&] { decode->complete(); }));
+  test::HttpResponse r = h.client.read_response(scaled_ms(10s));
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, kJsonAnswer);
+  EXPECT_EQ(r.header("X-Request-Id").value_or(""), decode->request_id());
+  ASSERT_TRUE(h.wait_ended());
+  EXPECT_EQ(h.into(RS::kDone), 1u);
+  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+}
+
+TEST(ProxySessionJson, DecodeFailingAfterItsHeadIs502) {
+  Harness h(Dialect::kNixl);
+  ASSERT_EQ(h.connect_and_send(kJsonBody), "");
+  auto decode = reach_decode(h);
+  ASSERT_TRUE(decode);
+  ASSERT_TRUE(h.on_worker([&] {
+    decode->head(200, {{"Content-Type", "application/json"}});
+    decode->body(kJsonAnswer.substr(0, 10));
+    decode->fail(UpstreamFailure::kConnectionLost, "reset by peer");
+  }));
+  test::HttpResponse r = h.client.read_response(scaled_ms(10s));
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.status, 502);
+  EXPECT_NE(r.body.find("\"code\":\"decode_failed\""), std::string::npos) << r.body;
+  ASSERT_TRUE(h.wait_ended());
+  EXPECT_EQ(h.into(RS::kFailed), 1u);
+  EXPECT_EQ(h.retries(Leg::kDecode), 0u);
+  EXPECT_EQ(h.counters().mid_stream_errors.load(), 0u);
+  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+  h.stop(0ms);
+  EXPECT_EQ(h.fake.calls.size(), 2u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mooncake's pre-step: the prefill's bootstrap /query, before PAIRED.
+
+constexpr std::string_view kMooncakeQueryAnswer = R"({"0":{"engine_id":"engine-0","worker_addr":"127.0.0.1:17000"}})";
+
+TEST(ProxySessionMooncake, BootstrapFailureRetriesAnotherPrefill) {
+  Harness h(Dialect::kMooncake);
+  ASSERT_EQ(h.connect_and_send(), "");
+  ASSERT_TRUE(h.wait_until([&] { return h.fake.calls.size() == 1; }, "the bootstrap query"));
+  std::shared_ptr<FakeCall> query1;
+  ASSERT_TRUE(h.on_worker([&] { query1 = h.fake.calls.at(0); }));
+  ASSERT_TRUE(query1->bootstrap_query());
+  EXPECT_EQ(h.into(RS::kPaired), 0u) << "not paired before the prefill's engine id is known";
+  ASSERT_TRUE(h.on_worker([&] { query1->answer(500, "text/plain", "down"); }));
+  ASSERT_TRUE(h.wait_until([&] { return h.fake.calls.size() == 2; }, "the second bootstrap query"));
+  std::shared_ptr<FakeCall> query2;
+  ASSERT_TRUE(h.on_worker([&] { query2 = h.fake.calls.at(1); }));
+  ASSERT_TRUE(query2->bootstrap_query());
+  EXPECT_NE(query2->target.host, query1->target.host) << "a prefill not tried before";
+  EXPECT_EQ(h.counters().bootstrap_queries_failed.load(), 1u);
+  EXPECT_EQ(h.failures(Leg::kPrefill, LegFailure::kBootstrap), 1u);
+  EXPECT_EQ(h.retries(Leg::kPrefill), 1u);
+  ASSERT_TRUE(h.on_worker([&] { query2->answer(200, "application/json", kMooncakeQueryAnswer); }));
+  ASSERT_TRUE(h.wait_until([&] { return h.fake.calls.size() == 4; }, "both legs"));
+  std::shared_ptr<FakeCall> prefill, decode;
+  ASSERT_TRUE(h.on_worker([&] {
+    prefill = h.fake.calls.at(2);
+    decode = h.fake.calls.at(3);
+  }));
+  EXPECT_TRUE(prefill->prefill());
+  EXPECT_NE(decode->request.body.find("engine-0"), std::string::npos) << decode->request.body;
+  ASSERT_TRUE(h.on_worker([&] {
+    prefill->answer(200, "application/json", R"({"choices":[]})");
+    decode->answer(200, "text/event-stream", std::string(kFirstEvent) + std::string(kLastEvent));
+  }));
+  test::HttpResponse r = h.client.read_response(scaled_ms(10s));
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.status, 200);
+  ASSERT_TRUE(h.wait_ended());
+  EXPECT_EQ(h.into(RS::kDone), 1u);
+  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+}
+
+// The client leaves while the bootstrap query is out: the request ends at once (no leg is ever
+// sent); the query, shared by every request for that prefill, runs on and fills the cache.
+TEST(ProxySessionMooncake, ClientCloseDuringTheBootstrapQuery) {
+  Harness h(Dialect::kMooncake);
+  ASSERT_EQ(h.connect_and_send(), "");
+  ASSERT_TRUE(h.wait_until([&] { return h.fake.calls.size() == 1; }, "the bootstrap query"));
+  h.client.close();
+  ASSERT_TRUE(h.wait_ended());
+  EXPECT_EQ(h.transitions(RS::kAccepted, RS::kCancelled), 1u);
+  EXPECT_EQ(h.counters().client_disconnects.load(), 1u);
+  std::shared_ptr<FakeCall> query;
+  ASSERT_TRUE(h.on_worker([&] {
+    query = h.fake.calls.at(0);
+    query->answer(200, "application/json", kMooncakeQueryAnswer);
+  }));
+  ASSERT_TRUE(h.on_worker([] {}));
+  EXPECT_EQ(h.fake.calls.size(), 1u) << "no leg sent for a request whose client left";
+  EXPECT_EQ(query->end, FakeCall::End::kCompleted);
+  // The query filled the cache: later requests to that prefill send their legs without one.
+  // (Round robin sends the next request to the other prefill, which is asked once in turn.)
+  for (int i = 0; i < 2; ++i) {
+    test::HttpClient next;
+    ASSERT_EQ(next.connect("127.0.0.1", h.port()), "");
+    ASSERT_EQ(next.send_request("POST", "/v1/completions", {{"Content-Type", "application/json"}}, kStreamBody), "");
+    std::shared_ptr<FakeCall> prefill, decode;
+    ASSERT_TRUE(h.wait_until(
+        [&] {
+          for (auto& c : std::vector<std::shared_ptr<FakeCall>>(h.fake.calls)) {  // answering starts legs
+            if (c->open() && c->bootstrap_query()) c->answer(200, "application/json", kMooncakeQueryAnswer);
+            if (c->open() && c->prefill()) prefill = c;
+            if (c->open() && !c->prefill() && !c->bootstrap_query()) decode = c;
+          }
+          return prefill && decode;
+        },
+        "the next request's legs"));
+    ASSERT_TRUE(h.on_worker([&] {
+      prefill->answer(200, "application/json", R"({"choices":[]})");
+      decode->answer(200, "text/event-stream", std::string(kFirstEvent) + std::string(kLastEvent));
+    }));
+    test::HttpResponse r = next.read_response(scaled_ms(10s));
+    ASSERT_TRUE(r.ok()) << r.error;
+    EXPECT_EQ(r.status, 200);
+    ASSERT_TRUE(h.wait_ended());
+  }
+  h.stop(0ms);
+  std::vector<std::string> asked;
+  for (const auto& c : h.fake.calls) {
+    if (c->bootstrap_query()) asked.push_back(c->target.host);
+  }
+  ASSERT_EQ(asked.size(), 2u) << "one query per prefill";
+  EXPECT_NE(asked[0], asked[1]);
   EXPECT_EQ(h.counters().in_flight.load(), 0);
   EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
 }
