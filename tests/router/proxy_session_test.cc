@@ -35,6 +35,7 @@
 #include "config/topology.h"
 #include "discovery/instance.h"
 #include "http/http_server.h"
+#include "http/http_worker.h"
 #include "router/proxy/proxy_session.h"
 #include "router/proxy/proxy_shared.h"
 #include "router/proxy/upstream_port.h"
@@ -1152,6 +1153,33 @@ TEST(ProxySessionMooncake, ClientCloseDuringTheBootstrapQuery) {
   EXPECT_NE(asked[0], asked[1]);
   EXPECT_EQ(h.counters().in_flight.load(), 0);
   EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A drain the request fits in: the session ends normally, then the worker's context (and its
+// upstream port) goes.
+
+TEST(ProxySessionDrain, RequestFinishingWithinTheDrainCompletes) {
+  Harness h(Dialect::kMoriioWrite);
+  ASSERT_EQ(h.connect_and_send(), "");
+  ASSERT_TRUE(h.wait_until([&] { return h.fake.calls.size() == 2; }, "both legs"));
+  std::thread stopper([&] { h.stop(scaled_ms(20s)); });
+  ASSERT_TRUE(h.wait_until([] { return http::HttpWorker::current()->draining(); }, "the drain to begin"));
+  ASSERT_TRUE(h.on_worker([&] {
+    h.fake.calls.at(0)->answer(200, "application/json", R"({"choices":[]})");
+    h.fake.calls.at(1)->answer(200, "text/event-stream", std::string(kFirstEvent) + std::string(kLastEvent));
+  }));
+  test::HttpResponse r = h.client.read_response(scaled_ms(10s));
+  stopper.join();
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.header("Connection").value_or(""), "close");
+  EXPECT_NE(r.body.find(kLastEvent), std::string::npos);
+  EXPECT_EQ(h.into(RS::kDone), 1u);
+  EXPECT_EQ(h.counters().client_disconnects.load(), 0u);
+  EXPECT_EQ(h.counters().in_flight.load(), 0);
+  EXPECT_EQ(h.fake.close_alls, 1);
+  for (const auto& c : h.fake.calls) EXPECT_EQ(c->end, FakeCall::End::kCompleted);
 }
 
 }  // namespace
