@@ -427,7 +427,7 @@ void ProxySession::send_prefill() {
   move_to(RequestState::kPrefillSent);
   // A retry renders new legs from the client's body (pair_and_send), so this body is moved.
   s.prefill_call = s.w.upstream().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill, false), timeouts,
-                                    std::move(cb));
+                                       std::move(cb));
   // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
   // trickling bytes is cut there too (security review #19).
   s.prefill_deadline = SteadyClock::now() + s.topo->timeouts.prefill;
@@ -598,7 +598,7 @@ void ProxySession::send_decode() {
   // render a new pair's legs from the client's body, so theirs is moved.
   const bool keep_body = s.legs.plan.connector == Connector::kNixl;
   s.decode_call = s.w.upstream().start(s.pair.decode->http_address, to_upstream(s.legs.decode, keep_body), timeouts,
-                                   std::move(cb));
+                                      std::move(cb));
 }
 
 void ProxySession::count_connection(const UpstreamPort::Call* call) {

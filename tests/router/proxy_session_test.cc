@@ -891,7 +891,8 @@ bool read_until(int fd, std::string* out, std::string_view marker, std::chrono::
                 bool* eof = nullptr) {
   const auto deadline = std::chrono::steady_clock::now() + bound;
   while (out->find(marker) == std::string::npos) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
