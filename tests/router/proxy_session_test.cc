@@ -1183,5 +1183,34 @@ TEST(ProxySessionDrain, RequestFinishingWithinTheDrainCompletes) {
   for (const auto& c : h.fake.calls) EXPECT_EQ(c->end, FakeCall::End::kCompleted);
 }
 
+// ---------------------------------------------------------------------------------------------
+// A NIXL prefill that exported no KV (EOS on its first token): the decode goes out as a plain
+// request that recomputes the prompt, not one waiting for blocks that never come.
+
+TEST(ProxySessionNoKv, NixlDecodeSentWithoutKvTransferParams) {
+  Harness h(Dialect::kNixl);
+  ASSERT_EQ(h.connect_and_send(), "");
+  ASSERT_TRUE(h.wait_until([&] { return h.fake.calls.size() == 1; }, "the prefill leg"));
+  std::shared_ptr<FakeCall> prefill;
+  ASSERT_TRUE(h.on_worker([&] {
+    prefill = h.fake.calls.at(0);
+    EXPECT_NE(prefill->request.body.find("kv_transfer_params"), std::string::npos);
+    prefill->answer(200, "application/json", R"({"id":"cmpl-1","choices":[{"text":"x","finish_reason":"stop"}]})");
+  }));
+  ASSERT_TRUE(h.wait_until([&] { return h.fake.calls.size() == 2; }, "the decode leg"));
+  std::shared_ptr<FakeCall> decode;
+  ASSERT_TRUE(h.on_worker([&] { decode = h.fake.calls.at(1); }));
+  EXPECT_EQ(decode->request.body.find("kv_transfer_params"), std::string::npos) << decode->request.body;
+  EXPECT_EQ(h.counters().local_prefill_fallbacks.load(), 1u);
+  ASSERT_TRUE(h.on_worker([&] {
+    decode->answer(200, "text/event-stream", std::string(kFirstEvent) + std::string(kLastEvent));
+  }));
+  test::HttpResponse r = h.client.read_response(scaled_ms(10s));
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.status, 200);
+  ASSERT_TRUE(h.wait_ended());
+  EXPECT_EQ(h.into(RS::kDone), 1u);
+}
+
 }  // namespace
 }  // namespace pdr::router::proxy
