@@ -13,6 +13,10 @@
 // prefill's on_complete), so no event can reach a request there; the cases check that the
 // transitions through them are counted. A concurrent dialect leaves PREFILL_SENT the same way
 // (both legs are sent at once).
+//
+// Further below: orphaned concurrent prefills, back-pressure and a client that reads nothing,
+// buffered JSON answers, Mooncake's bootstrap step (a request resting in ACCEPTED), a drain the
+// request fits in, and NIXL's no-KV fallback.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
