@@ -57,7 +57,7 @@ void MooncakeEngineCache::get(const discovery::Instance& prefill, uint16_t boots
            Status(error.code(), "bootstrap server http://" + target.to_string() + "/query: " + error.message()),
            nullptr);
   };
-  entry.fetch = pool_.start(target, std::move(request), timeouts, std::move(cb));
+  entry.fetch = upstream_.start(target, std::move(request), timeouts, std::move(cb));
 }
 
 void MooncakeEngineCache::finish(const std::string& key, uint64_t epoch, const Status& status,

@@ -18,6 +18,7 @@
 #include "proto/mooncake_query.h"
 #include "base/status.h"
 #include "http/upstream_client.h"
+#include "router/proxy/upstream_port.h"
 
 namespace pdr::router::proxy {
 
@@ -27,7 +28,7 @@ class MooncakeEngineCache {
   static constexpr size_t kMaxAnswerBytes = 1024 * 1024;
   using Done = std::function<void(const Status& status, const proto::MooncakeEngines* engines)>;
 
-  explicit MooncakeEngineCache(http::UpstreamPool& pool) : pool_(pool) {}
+  explicit MooncakeEngineCache(UpstreamPort& upstream) : upstream_(upstream) {}
 
   // `bootstrap_port`: the instance's own, else the topology's connectors.mooncake_bootstrap_port.
   void get(const discovery::Instance& prefill, uint16_t bootstrap_port, http::UpstreamTimeouts timeouts,
@@ -39,13 +40,13 @@ class MooncakeEngineCache {
     uint64_t epoch = 0;
     std::chrono::steady_clock::time_point fetched_at{};
     std::shared_ptr<proto::MooncakeEngines> engines;  // null until a fetch succeeded
-    std::shared_ptr<http::UpstreamCall> fetch;        // in flight
+    UpstreamPort::CallPtr fetch;  // in flight
     std::vector<Done> waiters;
   };
   void finish(const std::string& key, uint64_t epoch, const Status& status,
               std::shared_ptr<proto::MooncakeEngines> engines);
 
-  http::UpstreamPool& pool_;
+  UpstreamPort& upstream_;
   std::map<std::string, Entry, std::less<>> entries_;
 };
 

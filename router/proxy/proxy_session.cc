@@ -159,12 +159,12 @@ struct ProxySession::State {
   Leg last_leg = Leg::kPrefill;
   std::string last_detail;
 
-  std::shared_ptr<http::UpstreamCall> prefill_call;
+  UpstreamPort::CallPtr prefill_call;
   std::string prefill_key;  // of the prefill leg in flight (kept after the pair is released)
   int prefill_status = 0;
   std::string prefill_content_type, prefill_body;
 
-  std::shared_ptr<http::UpstreamCall> decode_call;
+  UpstreamPort::CallPtr decode_call;
   int decode_status = 0;
   std::string decode_content_type, decode_body;
   bool sse = false;             // the decode answers an event stream (2xx)
@@ -421,8 +421,8 @@ void ProxySession::send_prefill() {
   };
   move_to(RequestState::kPrefillSent);
   // A retry renders new legs from the client's body (pair_and_send), so this body is moved.
-  s.prefill_call = s.w.pool().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill, false), timeouts,
-                                    std::move(cb));
+  s.prefill_call = s.w.upstream().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill, false), timeouts,
+                                       std::move(cb));
   // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
   // trickling bytes is cut there too (security review #19).
   s.prefill_deadline = SteadyClock::now() + s.topo->timeouts.prefill;
@@ -592,23 +592,23 @@ void ProxySession::send_decode() {
   // Only NIXL may resend this very body to another decode (kDecodeOnly); the other dialects
   // render a new pair's legs from the client's body, so theirs is moved.
   const bool keep_body = s.legs.plan.connector == Connector::kNixl;
-  s.decode_call = s.w.pool().start(s.pair.decode->http_address, to_upstream(s.legs.decode, keep_body), timeouts,
-                                   std::move(cb));
+  s.decode_call = s.w.upstream().start(s.pair.decode->http_address, to_upstream(s.legs.decode, keep_body), timeouts,
+                                      std::move(cb));
 }
 
-void ProxySession::count_connection(const http::UpstreamCall* call) {
+void ProxySession::count_connection(const UpstreamPort::Call* call) {
   if (call == nullptr) return;
   auto& counters = s_->w.counters();
   counters.bump(call->reused_connection() ? counters.legs_on_pooled_connection : counters.legs_on_new_connection);
 }
 
-void ProxySession::node_answered(Leg leg, const http::UpstreamCall* call) {
+void ProxySession::node_answered(Leg leg, const UpstreamPort::Call* call) {
   count_connection(call);
   const InstancePtr& node = leg == Leg::kPrefill ? s_->pair.prefill : s_->pair.decode;
   if (node) note_answer(*node->liveness);
 }
 
-void ProxySession::node_failed(Leg leg, const http::UpstreamCall* call) {
+void ProxySession::node_failed(Leg leg, const UpstreamPort::Call* call) {
   const InstancePtr& node = leg == Leg::kPrefill ? s_->pair.prefill : s_->pair.decode;
   if (call == nullptr || !node) return;
   if (call->failure() != http::UpstreamFailure::kConnect &&

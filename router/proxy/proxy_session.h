@@ -41,6 +41,8 @@
 //
 // Worker thread only. The session keeps itself alive through its upstream callbacks; the writer
 // callbacks hold it weakly.
+// Every upstream call goes through WorkerContext::upstream() (upstream_port.h), which
+// tests/router/proxy_session_test.cc replaces with a fake to drive this state machine.
 #pragma once
 
 #include <chrono>
@@ -104,10 +106,10 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void on_decode_body(std::string_view chunk);
   void on_decode_complete();
   void on_client_gone();
-  void count_connection(const http::UpstreamCall* call);
+  void count_connection(const UpstreamPort::Call* call);
   // Passive health (ejection.h): a leg's node answered, or could not be connected to.
-  void node_answered(Leg leg, const http::UpstreamCall* call);
-  void node_failed(Leg leg, const http::UpstreamCall* call);
+  void node_answered(Leg leg, const UpstreamPort::Call* call);
+  void node_failed(Leg leg, const UpstreamPort::Call* call);
   void relay_upstream_error(int status, const std::string& content_type, const std::string& body);
   void build_and_send();
   void fail(int status, std::string_view message, std::string_view code);

@@ -18,19 +18,23 @@ std::shared_ptr<PolicySet> ProxyShared::policies_for(const discovery::Topology& 
   return policies_;
 }
 
-WorkerContext::WorkerContext(ProxyShared& shared, uint32_t index, uv_loop_s* loop)
+WorkerContext::WorkerContext(ProxyShared& shared, uint32_t index, uv_loop_s* loop, UpstreamPort* upstream)
     : shared_(shared),
       index_(index),
       loop_(loop),
       pool_(loop),
-      mooncake_(pool_),
+      upstream_(upstream != nullptr ? upstream : &pool_port_),
+      mooncake_(*upstream_),
       registry_(*shared.registry),
       topology_(*shared.topology) {
   std::random_device rd;
   rng_state_ = (uint64_t{rd()} << 32) ^ rd() ^ (uint64_t{index} << 56);
 }
 
-WorkerContext::~WorkerContext() { pool_.close_all(); }
+WorkerContext::~WorkerContext() {
+  if (upstream_ != &pool_port_) upstream_->close_all();
+  pool_.close_all();
+}
 
 PolicySet& WorkerContext::policies() {
   const auto& topology = this->topology();

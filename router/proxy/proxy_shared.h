@@ -6,7 +6,8 @@
 //
 // WorkerContext: one per worker, created on first use on that worker's thread and destroyed on it
 // (Server's on_worker_stop), because its upstream pool holds handles on the worker's loop. Never
-// touched by another thread.
+// touched by another thread. P/D requests reach their nodes through upstream() (upstream_port.h):
+// the worker's pool, or a fake a test injects.
 #pragma once
 
 #include <atomic>
@@ -24,6 +25,7 @@
 #include "router/policies/policy.h"
 #include "router/proxy/mooncake_cache.h"
 #include "router/proxy/proxy_counters.h"
+#include "router/proxy/upstream_port.h"
 
 struct uv_loop_s;
 
@@ -62,7 +64,9 @@ struct ProxyShared {
 
 class WorkerContext {
  public:
-  WorkerContext(ProxyShared& shared, uint32_t index, uv_loop_s* loop);
+  // `upstream`: where P/D legs and bootstrap queries go; null: this worker's pool. An injected
+  // port must outlive the context; close_all() is called on it when the context is destroyed.
+  WorkerContext(ProxyShared& shared, uint32_t index, uv_loop_s* loop, UpstreamPort* upstream = nullptr);
   ~WorkerContext();
   WorkerContext(const WorkerContext&) = delete;
   WorkerContext& operator=(const WorkerContext&) = delete;
@@ -72,6 +76,7 @@ class WorkerContext {
   uint32_t index() const { return index_; }
   uv_loop_s* loop() { return loop_; }
   http::UpstreamPool& pool() { return pool_; }
+  UpstreamPort& upstream() { return *upstream_; }
   MooncakeEngineCache& mooncake() { return mooncake_; }
   ModelsCache& models() { return models_; }
   // Leg failures are logged through this: a node down under load fails every request.
@@ -89,6 +94,8 @@ class WorkerContext {
   const uint32_t index_;
   uv_loop_s* loop_;
   http::UpstreamPool pool_;
+  PoolUpstreamPort pool_port_{pool_};
+  UpstreamPort* upstream_;
   MooncakeEngineCache mooncake_;
   ModelsCache models_;
   discovery::LogLimiter leg_log_{"proxy"};

@@ -1,0 +1,60 @@
+// UpstreamPort: how the P/D proxy starts its upstream calls (prefill and decode legs, the Mooncake
+// bootstrap /query), as an interface, so that ProxySession's state machine can be driven by a fake
+// upstream in unit tests (tests/router/proxy_session_test.cc) instead of only end to end.
+//
+// Every implementation keeps the contract of http::UpstreamPool::start (http/upstream_client.h):
+// on_head once, on_body zero or more times, then exactly one of on_complete / on_error (which may
+// come before on_head); no callback inside start(); none after cancel(); everything on the
+// worker's loop thread. UpstreamCall::failure() is set before on_error fires.
+//
+// PoolUpstreamPort is the production implementation: a thin adapter over the worker's
+// http::UpstreamPool.
+#pragma once
+
+#include <memory>
+
+#include "http/upstream_client.h"
+#include "proto/address.h"
+
+namespace pdr::router::proxy {
+
+class UpstreamPort {
+ public:
+  // Handle on one call in flight (http::UpstreamCall's methods that the proxy uses).
+  class Call {
+   public:
+    virtual ~Call() = default;
+    // Closes the connection (how vLLM is told to abort) and suppresses every later callback.
+    // No-op once the call is done.
+    virtual void cancel() = 0;
+    // Back-pressure: stop / restart reading the response.
+    virtual void pause() = 0;
+    virtual void resume() = 0;
+    // Why the call failed (read in on_error); kNone before.
+    virtual http::UpstreamFailure failure() const = 0;
+    // The call runs on a pooled keep-alive connection (counted in /metrics).
+    virtual bool reused_connection() const = 0;
+  };
+  using CallPtr = std::shared_ptr<Call>;
+
+  virtual ~UpstreamPort() = default;
+  // Starts one request to `target`; never calls back synchronously. Never returns null.
+  virtual CallPtr start(const proto::HostPort& target, http::UpstreamRequest request,
+                        http::UpstreamTimeouts timeouts, http::UpstreamCallbacks callbacks) = 0;
+  // Shutdown: every call still in flight gets on_error (UpstreamFailure::kPoolClosed) from here.
+  virtual void close_all() = 0;
+};
+
+class PoolUpstreamPort final : public UpstreamPort {
+ public:
+  explicit PoolUpstreamPort(http::UpstreamPool& pool) : pool_(pool) {}
+
+  CallPtr start(const proto::HostPort& target, http::UpstreamRequest request, http::UpstreamTimeouts timeouts,
+                http::UpstreamCallbacks callbacks) override;
+  void close_all() override { pool_.close_all(); }
+
+ private:
+  http::UpstreamPool& pool_;
+};
+
+}  // namespace pdr::router::proxy
