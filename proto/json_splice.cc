@@ -329,7 +329,7 @@ Status JsonObjectBody::parse(std::string_view text, const JsonLimits& limits, Js
   return st;
 }
 
-Status JsonObjectBody::parse(std::string&& text, const JsonLimits& limits, JsonObjectBody* out) {
+Status JsonObjectBody::parse_owned(std::string&& text, const JsonLimits& limits, JsonObjectBody* out) {
   Status st = parse_view(text, limits, out);
   if (st.is_ok()) out->text_ = std::make_shared<const std::string>(std::move(text));
   return st;
@@ -556,9 +556,19 @@ void JsonObjectBody::emit(Append&& append) const {
   }
   for (const auto& [k, v] : appended_) {
     if (any) append(std::string_view(","));
-    const std::string key = json_string(k);
-    append(std::string_view(key));
-    append(std::string_view(":"));
+    const bool plain = std::none_of(k.begin(), k.end(), [](char ch) {
+      const auto c = static_cast<unsigned char>(ch);
+      return c < 0x20 || c == 0x7f || c == '"' || c == '\\';
+    });
+    if (plain) {  // the usual case (the builders' own keys): no escaped copy of the key
+      append(std::string_view("\""));
+      append(std::string_view(k));
+      append(std::string_view("\":"));
+    } else {
+      const std::string key = json_string(k);
+      append(std::string_view(key));
+      append(std::string_view(":"));
+    }
     append(std::string_view(v));
     any = true;
   }

@@ -15,7 +15,7 @@
 //   - render() never fails and is valid JSON whenever the raw values passed to set_raw() were.
 //   - Not thread-safe. A JsonObjectBody shares its (immutable) text with its copies: copying one to
 //     edit it differently (a prefill and a decode leg from one client body) copies the member
-//     table and the edits, never the document. parse(std::string&&) takes the bytes without a copy.
+//     table and the edits, never the document. parse_owned() takes the bytes without a copy.
 //   - json_object_parses() counts parse() calls on the calling thread (tests: parse-once checks).
 #pragma once
 
@@ -41,7 +41,7 @@ class JsonObjectBody {
  public:
   static Status parse(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
   // The same, keeping `text` itself as the document (moved from only on success).
-  static Status parse(std::string&& text, const JsonLimits& limits, JsonObjectBody* out);
+  static Status parse_owned(std::string&& text, const JsonLimits& limits, JsonObjectBody* out);
 
   // The original document (before edits); empty for a default-constructed body.
   std::string_view original() const { return text_ ? std::string_view(*text_) : std::string_view(); }
@@ -93,7 +93,7 @@ class JsonObjectBody {
   std::vector<std::pair<std::string, std::string>> appended_;  // key (unescaped), raw value
 };
 
-// JsonObjectBody::parse() calls made on the calling thread so far (both overloads).
+// JsonObjectBody::parse() and parse_owned() calls made on the calling thread so far.
 uint64_t json_object_parses();
 
 // ---- builders for raw JSON value text ----

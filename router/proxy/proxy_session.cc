@@ -229,7 +229,7 @@ void ProxySession::begin() {
   proto::JsonLimits limits;
   limits.max_bytes = s.topo->limits.max_body_bytes;
   // The one parse of the client's body: it moves into s.client (no copy of its bytes).
-  Status st = proto::JsonObjectBody::parse(std::move(s.req.body), limits, &s.client);
+  Status st = proto::JsonObjectBody::parse_owned(std::move(s.req.body), limits, &s.client);
   const proto::JsonObjectBody& body = s.client;
   if (st.is_ok()) {
     std::optional<std::string> model;
