@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "config/yaml_reader.h"
+#include "proto/dialects/dialect.h"
 
 namespace pdr::discovery {
 
@@ -32,50 +33,60 @@ Status parse_instance_transfer_mode(std::string_view text, proto::TransferMode* 
                             quoted_excerpt(text)));
 }
 
+// The rules come from the connector's dialects (proto/dialects/dialect.h): the zmq_address form
+// they need, whether they tell instances apart by transfer mode, and whether a prefill gets the
+// default bootstrap port.
 Status check_instance_connector_fields(const Topology::Connectors& defaults, InstanceKeysGiven given,
                                        StaticInstance* inst, std::string_view* field) {
   *field = {};
-  switch (inst->connector) {
-    case proto::Connector::kMoriio: {
+  const proto::Dialect* dialect = proto::any_dialect_of(inst->connector);
+  if (dialect == nullptr) return Status::ok();
+  const std::string_view name = proto::to_string(inst->connector);
+  const bool has_modes = proto::pairing_mode(inst->connector, proto::TransferMode::kRead) != proto::TransferMode::kNone;
+  switch (dialect->zmq_address) {
+    case proto::ZmqAddressForm::kMoriio: {
       if (!given.zmq_address) {
         return Status(StatusCode::kMissingKey,
-                      "connector moriio needs zmq_address (\"host:IP,handshake:PORT,notify:PORT\")");
+                      fmt::format("connector {} needs zmq_address (\"host:IP,handshake:PORT,notify:PORT\")", name));
       }
       proto::MoriioZmqAddress parsed;
       if (Status s = proto::parse_moriio_zmq_address(inst->zmq_address, &parsed); !s) {
         *field = "zmq_address";
         return s;
       }
-      if (!given.transfer_mode) inst->transfer_mode = defaults.default_transfer_mode;
-      if (inst->transfer_mode == proto::TransferMode::kNone) {
-        if (given.transfer_mode) *field = "transfer_mode";
-        return Status(StatusCode::kInvalidValue, "connector moriio needs transfer_mode READ or WRITE");
-      }
-      return Status::ok();
+      break;
     }
-    case proto::Connector::kP2pNccl: {
+    case proto::ZmqAddressForm::kHostPort: {
       if (!given.zmq_address) {
-        return Status(StatusCode::kMissingKey, "connector p2p-nccl needs zmq_address (\"host:port\")");
+        return Status(StatusCode::kMissingKey, fmt::format("connector {} needs zmq_address (\"host:port\")", name));
       }
       proto::HostPort parsed;
       if (Status s = proto::parse_host_port(inst->zmq_address, &parsed); !s) {
         *field = "zmq_address";
         return s;
       }
-      if (inst->transfer_mode != proto::TransferMode::kNone) {
-        *field = "transfer_mode";
-        return Status(StatusCode::kInvalidValue, "connector p2p-nccl has no transfer mode");
-      }
-      return Status::ok();
+      break;
     }
-    case proto::Connector::kMooncake:
-      if (inst->role == proto::Role::kPrefill && !inst->bootstrap_port) {
-        inst->bootstrap_port = defaults.mooncake_bootstrap_port;
-      }
-      return Status::ok();
-    default:
-      return Status::ok();
+    case proto::ZmqAddressForm::kNone:
+      break;
   }
+  if (has_modes) {
+    if (!given.transfer_mode) inst->transfer_mode = defaults.default_transfer_mode;
+    if (proto::dialect_for(inst->connector, inst->transfer_mode) == nullptr) {
+      if (given.transfer_mode) *field = "transfer_mode";
+      return Status(StatusCode::kInvalidValue, fmt::format("connector {} needs transfer_mode READ or WRITE", name));
+    }
+  } else if (dialect->zmq_address != proto::ZmqAddressForm::kNone &&
+             inst->transfer_mode != proto::TransferMode::kNone) {
+    // A connector that uses zmq_address but has no modes (P2P-NCCL) refuses one: it is a
+    // likely mix-up with MoRIIO's.
+    *field = "transfer_mode";
+    return Status(StatusCode::kInvalidValue, fmt::format("connector {} has no transfer mode", name));
+  }
+  if (dialect->prefill_bootstrap_port_default && inst->role == proto::Role::kPrefill && !inst->bootstrap_port) {
+    inst->bootstrap_port = defaults.mooncake_bootstrap_port;
+  }
+  return Status::ok();
 }
 
 }  // namespace pdr::discovery

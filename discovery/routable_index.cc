@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "discovery/instance.h"
+#include "proto/dialects/dialect.h"
 
 namespace pdr::discovery {
 
@@ -9,9 +10,10 @@ namespace {
 
 using InstancePtr = std::shared_ptr<const Instance>;
 
-// MoRIIO pairs READ with READ and WRITE with WRITE; the other connectors ignore the mode.
+// The mode matters where the connector's dialects differ by it (MoRIIO pairs READ with READ and
+// WRITE with WRITE); the other connectors ignore it (proto/dialects/dialect.h).
 proto::TransferMode class_mode(proto::Connector connector, proto::TransferMode mode) {
-  return connector == proto::Connector::kMoriio ? mode : proto::TransferMode::kNone;
+  return proto::pairing_mode(connector, mode);
 }
 
 }  // namespace

@@ -40,7 +40,8 @@ Status build_wire(const proto::HostPort& target, const UpstreamRequest& r, std::
   if (r.path.empty() || has_forbidden_chars(r.path) || r.path.find(' ') != std::string::npos) {
     return Status(StatusCode::kInvalidValue, "invalid request path '" + r.path + "'");
   }
-  size_t size = r.method.size() + r.path.size() + r.body.size() + 128;
+  const size_t body_size = r.append_body ? r.body_size : r.body.size();
+  size_t size = r.method.size() + r.path.size() + body_size + 128;
   for (const Header& h : r.headers) {
     if (!is_token(h.name)) return Status(StatusCode::kInvalidValue, "invalid header name '" + h.name + "'");
     if (has_forbidden_chars(h.value)) {
@@ -65,9 +66,18 @@ Status build_wire(const proto::HostPort& target, const UpstreamRequest& r, std::
     w += "\r\n";
   }
   w += "Content-Length: ";
-  w += std::to_string(r.body.size());
+  w += std::to_string(body_size);
   w += "\r\nConnection: keep-alive\r\n\r\n";
-  w += r.body;
+  if (!r.append_body) {
+    w += r.body;
+    return Status::ok();
+  }
+  const size_t head = w.size();
+  r.append_body(&w);
+  if (w.size() - head != body_size) {
+    return Status(StatusCode::kInvalidValue, "request body of " + std::to_string(w.size() - head) +
+                                                 " bytes, announced " + std::to_string(body_size));
+  }
   return Status::ok();
 }
 

@@ -66,6 +66,12 @@ struct UpstreamRequest {
   // Connection: keep-alive).
   std::vector<Header> headers;
   std::string body;
+  // Instead of `body` (then left empty): appends exactly body_size bytes to the wire buffer, so
+  // a body assembled from pieces (the router's unrendered legs) is copied once, into the bytes
+  // that go to the socket. Called at most once, inside UpstreamPool::start(); a wrong size fails
+  // the call with kBadRequest.
+  std::function<void(std::string* wire)> append_body;
+  size_t body_size = 0;
 };
 
 struct UpstreamCallbacks {

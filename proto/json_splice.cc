@@ -317,7 +317,27 @@ bool json_unescape_string(std::string_view lit, std::string* out) {
   return true;
 }
 
+namespace {
+thread_local uint64_t parses_on_this_thread = 0;
+}  // namespace
+
+uint64_t json_object_parses() { return parses_on_this_thread; }
+
 Status JsonObjectBody::parse(std::string_view text, const JsonLimits& limits, JsonObjectBody* out) {
+  Status st = parse_view(text, limits, out);
+  if (st.is_ok()) out->text_ = std::make_shared<const std::string>(text);
+  return st;
+}
+
+Status JsonObjectBody::parse_owned(std::string&& text, const JsonLimits& limits, JsonObjectBody* out) {
+  Status st = parse_view(text, limits, out);
+  if (st.is_ok()) out->text_ = std::make_shared<const std::string>(std::move(text));
+  return st;
+}
+
+// Validates and indexes `text`; the caller attaches the document (text_) on success.
+Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limits, JsonObjectBody* out) {
+  ++parses_on_this_thread;
   *out = JsonObjectBody();
   if (text.size() > limits.max_bytes) {
     return Status(StatusCode::kTooLarge, "JSON body of " + std::to_string(text.size()) +
@@ -368,7 +388,6 @@ Status JsonObjectBody::parse(std::string_view text, const JsonLimits& limits, Js
                   "JSON body must be an object, got " + std::string(value_kind(trimmed)));
   }
 
-  out->text_.assign(text);
   out->close_brace_ = close_brace;
   out->members_.reserve(spans.size());
   for (const Scanner::Span& span : spans) {
@@ -417,7 +436,7 @@ const JsonObjectBody::Member* JsonObjectBody::find_member(std::string_view key) 
 std::optional<std::string_view> JsonObjectBody::get_raw(std::string_view key) const {
   if (const Member* m = find_member(key)) {
     if (m->replacement) return std::string_view(*m->replacement);
-    return std::string_view(text_).substr(m->value_begin, m->value_end - m->value_begin);
+    return original().substr(m->value_begin, m->value_end - m->value_begin);
   }
   for (const auto& [k, v] : appended_) {
     if (k == key) return std::string_view(v);
@@ -507,42 +526,70 @@ size_t JsonObjectBody::size() const {
   return n;
 }
 
-std::string JsonObjectBody::render() const {
-  const std::string_view t = text_;
-  std::string out;
-  out.reserve(t.size() + 64 * (appended_.size() + 1));
+// Calls append(piece) for each piece of the rendered document, in order.
+template <typename Append>
+void JsonObjectBody::emit(Append&& append) const {
+  const std::string_view t = original();
+  if (t.empty()) return;
   // "{" plus whatever whitespace precedes the first member (or the closing brace).
   const size_t head_end = members_.empty() ? close_brace_ : members_.front().key_begin;
-  out.append(t.substr(0, head_end));
+  append(t.substr(0, head_end));
   bool any = false;
   for (size_t i = 0; i < members_.size(); ++i) {
     const Member& m = members_[i];
     if (m.removed) continue;
     // Each member after the first owns the separator before it (", " and original whitespace);
     // the first surviving member drops it, so removal never leaves a stray comma.
-    if (any) out.append(t.substr(members_[i - 1].value_end, m.key_begin - members_[i - 1].value_end));
+    if (any) append(t.substr(members_[i - 1].value_end, m.key_begin - members_[i - 1].value_end));
     if (m.replacement) {
-      out.append(t.substr(m.key_begin, m.value_begin - m.key_begin));
-      out.append(*m.replacement);
+      append(t.substr(m.key_begin, m.value_begin - m.key_begin));
+      append(std::string_view(*m.replacement));
     } else {
-      out.append(t.substr(m.key_begin, m.value_end - m.key_begin));
+      append(t.substr(m.key_begin, m.value_end - m.key_begin));
     }
     any = true;
   }
   // Whitespace between the last original member and '}' stays where it was.
   if (!members_.empty()) {
     const size_t tail = members_.back().value_end;
-    out.append(t.substr(tail, close_brace_ - tail));
+    append(t.substr(tail, close_brace_ - tail));
   }
   for (const auto& [k, v] : appended_) {
-    if (any) out.push_back(',');
-    out.append(json_string(k));
-    out.push_back(':');
-    out.append(v);
+    if (any) append(std::string_view(","));
+    const bool plain = std::none_of(k.begin(), k.end(), [](char ch) {
+      const auto c = static_cast<unsigned char>(ch);
+      return c < 0x20 || c == 0x7f || c == '"' || c == '\\';
+    });
+    if (plain) {  // the usual case (the builders' own keys): no escaped copy of the key
+      append(std::string_view("\""));
+      append(std::string_view(k));
+      append(std::string_view("\":"));
+    } else {
+      const std::string key = json_string(k);
+      append(std::string_view(key));
+      append(std::string_view(":"));
+    }
+    append(std::string_view(v));
     any = true;
   }
-  out.append(t.substr(close_brace_));
+  append(t.substr(close_brace_));
+}
+
+std::string JsonObjectBody::render() const {
+  std::string out;
+  out.reserve(rendered_size());
+  render_into(&out);
   return out;
+}
+
+void JsonObjectBody::render_into(std::string* out) const {
+  emit([out](std::string_view piece) { out->append(piece); });
+}
+
+size_t JsonObjectBody::rendered_size() const {
+  size_t n = 0;
+  emit([&n](std::string_view piece) { n += piece.size(); });
+  return n;
 }
 
 void append_json_string(std::string& out, std::string_view s) {

@@ -13,11 +13,15 @@
 //   - Edits address top-level members by their unescaped key. set_raw() takes a complete, valid JSON
 //     value text (use the json_* builders below); it is not re-validated.
 //   - render() never fails and is valid JSON whenever the raw values passed to set_raw() were.
-//   - Not thread-safe; a JsonObjectBody owns a copy of the text.
+//   - Not thread-safe. A JsonObjectBody shares its (immutable) text with its copies: copying one to
+//     edit it differently (a prefill and a decode leg from one client body) copies the member
+//     table and the edits, never the document. parse_owned() takes the bytes without a copy.
+//   - json_object_parses() counts parse() calls on the calling thread (tests: parse-once checks).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -36,6 +40,11 @@ struct JsonLimits {
 class JsonObjectBody {
  public:
   static Status parse(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
+  // The same, keeping `text` itself as the document (moved from only on success).
+  static Status parse_owned(std::string&& text, const JsonLimits& limits, JsonObjectBody* out);
+
+  // The original document (before edits); empty for a default-constructed body.
+  std::string_view original() const { return text_ ? std::string_view(*text_) : std::string_view(); }
 
   // Current raw value text of a top-level member (after edits), or nullopt when absent.
   std::optional<std::string_view> get_raw(std::string_view key) const;
@@ -57,6 +66,9 @@ class JsonObjectBody {
   void remove(std::string_view key);
 
   std::string render() const;
+  // render() appended to *out (for writing a body straight into a wire buffer), and its size.
+  void render_into(std::string* out) const;
+  size_t rendered_size() const;
   // Number of top-level members currently present.
   size_t size() const;
 
@@ -69,14 +81,20 @@ class JsonObjectBody {
     bool removed = false;
     std::optional<std::string> replacement;
   };
+  static Status parse_view(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
+  template <typename Append>
+  void emit(Append&& append) const;
   Member* find_member(std::string_view key);
   const Member* find_member(std::string_view key) const;
 
-  std::string text_;
+  std::shared_ptr<const std::string> text_;  // shared by copies; null when default-constructed
   size_t close_brace_ = 0;  // offset of the top-level object's '}'
   std::vector<Member> members_;
   std::vector<std::pair<std::string, std::string>> appended_;  // key (unescaped), raw value
 };
+
+// JsonObjectBody::parse() and parse_owned() calls made on the calling thread so far.
+uint64_t json_object_parses();
 
 // ---- builders for raw JSON value text ----
 std::string json_string(std::string_view utf8);  // quoted and escaped (", \, control chars)

@@ -1,20 +1,14 @@
 #include "proto/request_legs.h"
 
 #include <cstdint>
-#include <limits>
 #include <string>
 
 #include "base/ascii.h"
+#include "proto/dialects/dialect.h"
+#include "proto/dialects/leg_edits.h"
 
 namespace pdr::proto {
 namespace {
-
-constexpr uint16_t kMooncakeDefaultBootstrapPort = 8998;  // VLLM_MOONCAKE_BOOTSTRAP_PORT default
-
-std::string bracket_host(std::string_view host) {
-  if (host.find(':') != std::string_view::npos) return "[" + std::string(host) + "]";
-  return std::string(host);
-}
 
 // Validates the token-count fields the builders read or rewrite: integer or null.
 Status check_token_fields(const JsonObjectBody& body) {
@@ -27,32 +21,10 @@ Status check_token_fields(const JsonObjectBody& body) {
   return Status::ok();
 }
 
-// PROTOCOLS.md 3 (NIXL toy proxy), 1.3 step 5 (MoRIIO), 4 (Mooncake); Implications item 7.
-void apply_prefill_edits(JsonObjectBody* body) {
-  body->set_raw("stream", "false");
-  body->set_raw("max_tokens", "1");
-  if (body->has("max_completion_tokens")) body->set_raw("max_completion_tokens", "1");
-  body->remove("stream_options");
-  body->remove("min_tokens");
-  body->remove("min_completion_tokens");
-}
-
-// MoRIIO decode: max_completion_tokens -= 1 if it is an integer, else max_tokens -= 1 if it is an
-// integer (PROTOCOLS.md 1.3 step 6). Values <= 1 are left as they are: vLLM rejects max_tokens < 1,
-// and at 1 the client asked for a single token, which the decode still produces.
-void decrement_decode_tokens(JsonObjectBody* body) {
-  for (std::string_view key : {"max_completion_tokens", "max_tokens"}) {
-    if (!body->has(key) || body->is_null(key)) continue;
-    std::optional<int64_t> v;
-    if (!body->get_int(key, &v) || !v) continue;  // validated earlier
-    if (*v > 1) body->set_raw(key, json_int(*v - 1));
-    return;
-  }
-}
-
 void add_common_headers(const ClientRequest& request, const LegOptions& options,
                         const std::string& request_id, LegRequest* leg) {
   leg->path = std::string(request.path);
+  leg->headers.reserve(4);
   leg->headers.emplace_back("Content-Type", "application/json");
   if (options.upstream_api_key) {
     leg->headers.emplace_back("Authorization", "Bearer " + *options.upstream_api_key);
@@ -64,74 +36,6 @@ void add_common_headers(const ClientRequest& request, const LegOptions& options,
 
 void add_dp_rank_header(const LegInstance& inst, std::optional<uint32_t> rank, LegRequest* leg) {
   if (rank && inst.dp_size > 1) leg->headers.emplace_back("X-data-parallel-rank", std::to_string(*rank));
-}
-
-Status resolve_moriio_zmq(const LegInstance& inst, const char* which, MoriioZmqAddress* out) {
-  if (inst.moriio_zmq) {
-    *out = *inst.moriio_zmq;
-    return Status::ok();
-  }
-  Status st = parse_moriio_zmq_address(inst.zmq_address, out);
-  if (!st) {
-    return Status(StatusCode::kRejected,
-                  std::string(which) + " MoRIIO instance has no usable zmq_address: " + st.message());
-  }
-  return Status::ok();
-}
-
-void add_remote_addresses(JsonObjectWriter* w, const MoriioZmqAddress& peer) {
-  w->string("remote_host", peer.host)
-      .integer("remote_handshake_port", peer.handshake_port)
-      .integer("remote_notify_port", peer.notify_port);
-}
-
-Status build_moriio(const LegInstance& p, const LegInstance& d, std::optional<uint32_t> p_rank,
-                    const LegOptions& options, const RandomSource& random,
-                    JsonObjectBody* prefill_body, JsonObjectBody* decode_body, LegPlan* plan) {
-  if (p.transfer_mode != d.transfer_mode || p.transfer_mode == TransferMode::kNone) {
-    return Status(StatusCode::kRejected,
-                  "MoRIIO prefill and decode transfer modes must both be READ or both WRITE (got " +
-                      std::string(to_string(p.transfer_mode)) + " and " +
-                      std::string(to_string(d.transfer_mode)) + ")");
-  }
-  if (p.dp_size > 1 && !p_rank) {
-    return Status(StatusCode::kRejected,
-                  "MoRIIO prefill has dp_size > 1 but no DP rank was chosen");
-  }
-  MoriioZmqAddress pz, dz;
-  if (Status st = resolve_moriio_zmq(p, "prefill", &pz); !st) return st;
-  if (Status st = resolve_moriio_zmq(d, "decode", &dz); !st) return st;
-
-  plan->request_id = make_addressed_request_id(p.zmq_address, d.zmq_address, make_uuid4(random));
-  plan->transfer_id = "tx-" + make_uuid4(random).dashed();
-  plan->concurrent = p.transfer_mode == TransferMode::kWrite;
-  plan->decode_needs_prefill_params = p.transfer_mode == TransferMode::kRead;
-
-  JsonObjectWriter pk;
-  pk.integer("remote_dp_size", d.dp_size)
-      .integer("remote_tp_size", d.tp_size)
-      .string("transfer_id", plan->transfer_id)
-      .boolean("do_remote_decode", true)
-      .boolean("do_remote_prefill", false)
-      .null("remote_engine_id")
-      .null("remote_block_ids");
-  if (options.moriio_send_remote_addresses) add_remote_addresses(&pk, dz);
-  prefill_body->set_raw("kv_transfer_params", pk.finish());
-  apply_prefill_edits(prefill_body);
-
-  JsonObjectWriter dk;
-  dk.boolean("do_remote_decode", false)
-      .boolean("do_remote_prefill", true)
-      .null("remote_engine_id")
-      .null("remote_block_ids")
-      .string("transfer_id", plan->transfer_id)
-      .integer("remote_dp_size", p.dp_size)
-      .integer("remote_tp_size", p.tp_size);
-  if (p.dp_size > 1) dk.integer("remote_dp_rank", *p_rank);
-  if (options.moriio_send_remote_addresses) add_remote_addresses(&dk, pz);
-  decrement_decode_tokens(decode_body);
-  decode_body->set_raw("kv_transfer_params", dk.finish());
-  return Status::ok();
 }
 
 }  // namespace
@@ -185,7 +89,7 @@ std::string make_addressed_request_id(std::string_view prefill_zmq, std::string_
 }
 
 std::string http_origin(std::string_view host, uint16_t port) {
-  return "http://" + bracket_host(host) + ":" + std::to_string(port);
+  return "http://" + dialects::bracket_host(host) + ":" + std::to_string(port);
 }
 
 Status build_legs(const ClientRequest& request, const LegInstance& p, const LegInstance& d,
@@ -216,114 +120,30 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
                                                std::to_string(d.dp_size));
   }
 
-  JsonObjectBody prefill_body;
-  if (Status st = JsonObjectBody::parse(request.body, options.limits, &prefill_body); !st) return st;
-  if (Status st = check_token_fields(prefill_body); !st) return st;
-  JsonObjectBody decode_body = prefill_body;
-  bool decode_is_original = false;  // decode body = client bytes, untouched
+  const JsonObjectBody* client = request.parsed;
+  JsonObjectBody parsed_here;
+  if (client == nullptr) {
+    if (Status st = JsonObjectBody::parse(request.body, options.limits, &parsed_here); !st) return st;
+    client = &parsed_here;
+  }
+  if (Status st = check_token_fields(*client); !st) return st;
+  const Dialect* dialect = dialect_for(p.connector, p.transfer_mode);
+  if (dialect == nullptr) {
+    return Status(StatusCode::kRejected,
+                  "no connector dialect for " + std::string(to_string(p.connector)) + " with transfer mode " +
+                      std::string(to_string(p.transfer_mode)) + " (MoRIIO needs READ or WRITE)");
+  }
   LegPlan& plan = out->plan;
+  plan.dialect = dialect;
   plan.connector = p.connector;
   plan.transfer_mode = p.transfer_mode;
+  plan.concurrent = dialect->concurrent;
+  plan.decode_needs_prefill_params = dialect->decode_needs_prefill_params;
+  out->prefill.body = *client;  // shares the client's bytes; the dialect adds its edits
+  out->decode.body = *client;
+  const DialectInput input{p, d, p_rank, options, random};
+  if (Status st = dialect->build(input, &plan, &out->prefill.body, &out->decode.body); !st) return st;
 
-  switch (p.connector) {
-    case Connector::kNixl: {
-      // PROTOCOLS.md 3: serial; decode gets the prefill's kv_transfer_params via finish_decode_leg.
-      plan.request_id = make_uuid4(random).dashed();
-      plan.concurrent = false;
-      plan.decode_needs_prefill_params = true;
-      prefill_body.set_raw("kv_transfer_params", JsonObjectWriter()
-                                                     .boolean("do_remote_decode", true)
-                                                     .boolean("do_remote_prefill", false)
-                                                     .null("remote_engine_id")
-                                                     .null("remote_block_ids")
-                                                     .null("remote_host")
-                                                     .null("remote_port")
-                                                     .finish());
-      apply_prefill_edits(&prefill_body);
-      decode_is_original = true;
-      break;
-    }
-    case Connector::kMoriio: {
-      if (Status st = build_moriio(p, d, p_rank, options, random, &prefill_body, &decode_body, &plan);
-          !st) {
-        return st;
-      }
-      break;
-    }
-    case Connector::kMooncake: {
-      // PROTOCOLS.md 4: concurrent; P pushes to D using the bootstrap table.
-      if (p.dp_size > 1 && !p_rank) {
-        return Status(StatusCode::kRejected,
-                      "Mooncake prefill has dp_size > 1 but no DP rank was chosen");
-      }
-      if (p.mooncake_engine_id.empty()) {
-        return Status(StatusCode::kRejected,
-                      "Mooncake prefill has no engine_id for the chosen DP rank (bootstrap /query "
-                      "not answered yet)");
-      }
-      plan.request_id = make_uuid4(random).dashed();
-      plan.transfer_id = "xfer-" + plan.request_id;
-      plan.concurrent = true;
-      const std::string& host = p.bootstrap_host.empty() ? p.http_address.host : p.bootstrap_host;
-      const std::string bootstrap =
-          http_origin(host, p.bootstrap_port.value_or(kMooncakeDefaultBootstrapPort));
-      prefill_body.set_raw("kv_transfer_params", JsonObjectWriter()
-                                                     .boolean("do_remote_decode", true)
-                                                     .boolean("do_remote_prefill", false)
-                                                     .string("transfer_id", plan.transfer_id)
-                                                     .finish());
-      apply_prefill_edits(&prefill_body);
-      decode_body.set_raw("kv_transfer_params", JsonObjectWriter()
-                                                    .boolean("do_remote_decode", false)
-                                                    .boolean("do_remote_prefill", true)
-                                                    .string("remote_bootstrap_addr", bootstrap)
-                                                    .string("remote_engine_id", p.mooncake_engine_id)
-                                                    .string("transfer_id", plan.transfer_id)
-                                                    .finish());
-      break;
-    }
-    case Connector::kP2pNccl: {
-      // PROTOCOLS.md 2: serial, no kv params, stream untouched on prefill, decode = original.
-      if (p.zmq_address.empty() || d.zmq_address.empty()) {
-        return Status(StatusCode::kRejected, "P2P-NCCL instances need a zmq_address");
-      }
-      plan.request_id = make_addressed_request_id(p.zmq_address, d.zmq_address, make_uuid4(random));
-      plan.concurrent = false;
-      prefill_body.set_raw("max_tokens", "1");
-      if (prefill_body.has("max_completion_tokens")) prefill_body.set_raw("max_completion_tokens", "1");
-      // Not in the reference proxy, but Implications 7: vLLM refuses min_tokens > max_tokens, so a
-      // client's min_tokens >= 2 would fail the prefill leg with a 400.
-      prefill_body.remove("min_tokens");
-      prefill_body.remove("min_completion_tokens");
-      // The connector ignores kv_transfer_params (PROTOCOLS.md 2), but a client's own must not
-      // reach the nodes either (security review #22): every other dialect overwrites it.
-      if (prefill_body.has("kv_transfer_params")) {
-        prefill_body.remove("kv_transfer_params");
-        decode_body.remove("kv_transfer_params");
-      } else {
-        decode_is_original = true;
-      }
-      break;
-    }
-    case Connector::kSglang: {
-      // PROTOCOLS.md 7: concurrent; the same body to both legs.
-      plan.request_id = make_uuid4(random).dashed();
-      plan.concurrent = true;
-      plan.bootstrap_room = random() & static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-      const std::string& host = p.bootstrap_host.empty() ? p.http_address.host : p.bootstrap_host;
-      prefill_body.set_raw("bootstrap_host", json_string(bracket_host(host)));
-      prefill_body.set_raw("bootstrap_port",
-                           p.bootstrap_port ? json_int(*p.bootstrap_port) : json_null());
-      prefill_body.set_raw("bootstrap_room", json_uint(*plan.bootstrap_room));
-      decode_body = prefill_body;
-      break;
-    }
-    case Connector::kUnknown:
-      break;  // rejected above
-  }
-
-  out->prefill.body = prefill_body.render();
-  out->decode.body = decode_is_original ? std::string(request.body) : decode_body.render();
   add_common_headers(request, options, plan.request_id, &out->prefill);
   add_common_headers(request, options, plan.request_id, &out->decode);
   add_dp_rank_header(p, p_rank, &out->prefill);
@@ -333,10 +153,7 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
 
 Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
                          std::string_view prefill_response_json, const JsonLimits& limits) {
-  const bool nixl = plan.connector == Connector::kNixl;
-  const bool moriio_read =
-      plan.connector == Connector::kMoriio && plan.transfer_mode == TransferMode::kRead;
-  if (!nixl && !moriio_read) return Status::ok();
+  if (plan.dialect == nullptr || plan.dialect->finish_decode == nullptr) return Status::ok();
 
   JsonObjectBody response;
   if (Status st = JsonObjectBody::parse(prefill_response_json, limits, &response); !st) {
@@ -358,36 +175,17 @@ Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
   if (params.size() == 0) {
     return Status(StatusCode::kMissingKey, "prefill response kv_transfer_params is empty");
   }
-
-  JsonObjectBody body;
-  if (Status st = JsonObjectBody::parse(decode->body, limits, &body); !st) {
-    return Status(StatusCode::kInternal, "decode body: " + st.message());
-  }
-  if (nixl) {
-    // Verbatim: newer vLLM adds keys (remote_request_id, dcp_size, ...) that decode needs.
-    body.set_raw("kv_transfer_params", *raw);
-    decode->body = body.render();
-    return Status::ok();
-  }
-
-  for (std::string_view key : {"remote_engine_id", "remote_block_ids"}) {
-    if (!params.has(key) || params.is_null(key)) {
-      return Status(StatusCode::kMissingKey,
-                    "prefill response kv_transfer_params lacks " + std::string(key));
-    }
-  }
-  const auto decode_raw = body.get_raw("kv_transfer_params");
-  JsonObjectBody decode_params;
-  if (!decode_raw ||
-      !JsonObjectBody::parse(*decode_raw, limits, &decode_params).is_ok()) {
-    return Status(StatusCode::kInternal, "decode body has no kv_transfer_params object");
-  }
-  for (std::string_view key : {"remote_engine_id", "remote_block_ids", "transfer_id", "tp_size"}) {
-    if (const auto v = params.get_raw(key)) decode_params.set_raw(key, *v);
-  }
-  body.set_raw("kv_transfer_params", decode_params.render());
-  decode->body = body.render();
+  // Edits a copy (the client's bytes stay shared): errors leave *decode unchanged.
+  JsonObjectBody body = decode->body;
+  if (Status st = plan.dialect->finish_decode(*raw, params, limits, &body); !st) return st;
+  decode->body = std::move(body);
   return Status::ok();
+}
+
+bool decode_without_kv(const LegPlan& plan, LegRequest* decode) {
+  if (plan.dialect == nullptr || plan.dialect->without_kv == nullptr) return false;
+  plan.dialect->without_kv(&decode->body);
+  return true;
 }
 
 }  // namespace pdr::proto

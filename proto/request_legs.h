@@ -1,11 +1,14 @@
-// Per-connector construction of the two upstream legs (prefill, decode) of one client request:
-// path, headers and body for each, plus the plan (serial or concurrent, whether decode needs the
-// prefill's response first). Pure functions over bytes; randomness is injected so tests are
-// deterministic. The facts each dialect follows are in shared/PROTOCOLS.md; the table of what each
-// leg gets is proto/REQUEST_LEGS.md.
+// Construction of the two upstream legs (prefill, decode) of one client request: path, headers
+// and body for each, plus the plan (serial or concurrent, whether decode needs the prefill's
+// response first). What differs per connector dialect lives in one file per dialect behind the
+// table of proto/dialects/dialect.h; this file does what all of them share. Pure functions over
+// bytes; randomness is injected so tests are deterministic. The facts each dialect follows are in
+// shared/PROTOCOLS.md; the table of what each leg gets is proto/REQUEST_LEGS.md.
 //
 // Bodies are built by splicing the few changed top-level fields into the client's original bytes
-// (proto/json_splice.h): every other byte of the client body reaches the nodes unchanged.
+// (proto/json_splice.h): every other byte of the client body reaches the nodes unchanged. The
+// client body is parsed once (ClientRequest::parsed); each leg's body stays unrendered (the
+// client's bytes, shared, plus the edits) until it is written out (LegRequest::body).
 //
 // Errors (the router answers 400 with Status::message() for the client-caused ones):
 //   kMalformed / kTooLarge / kTooDeep / kWrongType / kInvalidValue  client body is not valid JSON,
@@ -13,7 +16,8 @@
 //       integer nor null
 //   kOutOfRange   max_tokens outside int64, or a DP rank not below the instance's dp_size
 //   kNotFound     the path is not /v1/completions or /v1/chat/completions
-//   kRejected     the pair is not buildable: connectors differ, unknown connector, MoRIIO modes
+//   kRejected     the pair is not buildable: connectors differ, unknown connector or no dialect
+//       for it (dialect_for), MoRIIO modes
 //       differ or are unset, a MoRIIO/P2P instance without zmq_address, a MoRIIO/Mooncake prefill
 //       with dp_size > 1 but no chosen rank, Mooncake without an engine id (router-side problems:
 //       answer 503, not 400)
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "proto/address.h"
+#include "proto/dialects/dialect.h"
 #include "proto/discovery_message.h"
 #include "proto/json_splice.h"
 #include "proto/node_spec.h"
@@ -49,6 +54,9 @@ struct ClientRequest {
   std::string_view path;           // "/v1/completions" or "/v1/chat/completions"
   std::string_view body;           // the client's JSON bytes
   std::string_view authorization;  // the client's Authorization header value; empty if none
+  // The body already parsed (the session parses it once for admission and every build); null:
+  // build_legs parses `body` itself.
+  const JsonObjectBody* parsed = nullptr;
 };
 
 struct LegOptions {
@@ -59,21 +67,27 @@ struct LegOptions {
   // MoRIIO: also send the peer's remote_host / remote_handshake_port / remote_notify_port (they
   // take precedence over the request-id parse on the node and are what older nodes expect).
   bool moriio_send_remote_addresses = true;
+  // Mooncake: the bootstrap port of a prefill that registered none (the topology's
+  // connectors.mooncake_bootstrap_port; VLLM_MOONCAKE_BOOTSTRAP_PORT defaults to 8998).
+  uint16_t default_bootstrap_port = 8998;
   JsonLimits limits;
 };
-
-using RandomSource = std::function<uint64_t()>;
 
 struct LegRequest {
   std::string path;
   std::vector<std::pair<std::string, std::string>> headers;
-  std::string body;
+  // Unrendered: the client's bytes (shared with the other leg) plus this leg's edits. Render it
+  // when it is sent (body.render_into() straight into the wire buffer).
+  JsonObjectBody body;
+
+  std::string body_text() const { return body.render(); }
 
   // First header value with this name (case-insensitive), or nullptr.
   const std::string* header(std::string_view name) const;
 };
 
 struct LegPlan {
+  const Dialect* dialect = nullptr;  // of the pair (proto/dialects/dialect.h)
   Connector connector = Connector::kUnknown;
   TransferMode transfer_mode = TransferMode::kNone;
   // true: send prefill and decode at once (MoRIIO WRITE, Mooncake, SGLang); the prefill response
@@ -102,9 +116,10 @@ Status build_legs(const ClientRequest& request, const LegInstance& prefill,
                   const RandomSource& random, LegBuild* out);
 
 // Completes the decode body from the prefill's JSON response (serial dialects with
-// decode_needs_prefill_params). NIXL: copies the response's top-level kv_transfer_params bytes
-// verbatim into the decode body. MoRIIO READ: copies remote_engine_id, remote_block_ids,
-// transfer_id and tp_size (if present) from it into the decode's kv_transfer_params.
+// decode_needs_prefill_params: Dialect::finish_decode). NIXL: copies the response's top-level
+// kv_transfer_params bytes verbatim into the decode body. MoRIIO READ: copies remote_engine_id,
+// remote_block_ids, transfer_id and tp_size (if present) from it into the decode's
+// kv_transfer_params.
 // Errors leave *decode unchanged:
 //   kMalformed/...  the response is not a JSON object
 //   kMissingKey     kv_transfer_params absent, null or {} (the prefill did not export KV, e.g. EOS
@@ -116,6 +131,11 @@ Status build_legs(const ClientRequest& request, const LegInstance& prefill,
 Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
                          std::string_view prefill_response_json,
                          const JsonLimits& limits = JsonLimits());
+
+// The no-KV fallback (Dialect::without_kv): after finish_decode_leg answered kMissingKey, turns
+// the decode into the dialect's plain request. False when the dialect has none (the prefill's
+// answer is then a failure).
+bool decode_without_kv(const LegPlan& plan, LegRequest* decode);
 
 // uuid4 from the injected randomness (version 4, RFC 4122 variant).
 struct Uuid4 {

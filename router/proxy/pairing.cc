@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "proto/dialects/dialect.h"
 #include "router/proxy/ejection.h"
 #include <string>
 #include <vector>
@@ -14,12 +15,11 @@ using discovery::RegistrySnapshot;
 using proto::Connector;
 using proto::Role;
 
+// One dialect for both legs (proto/dialects/dialect.h): same connector, and the same mode where
+// the connector's dialects differ by mode.
 bool compatible(const Instance& p, const Instance& d) {
-  if (p.connector != d.connector || p.connector == Connector::kUnknown) return false;
-  if (p.connector == Connector::kMoriio) {
-    return p.transfer_mode == d.transfer_mode && p.transfer_mode != proto::TransferMode::kNone;
-  }
-  return true;
+  const proto::Dialect* dialect = proto::dialect_for(p.connector, p.transfer_mode);
+  return dialect != nullptr && dialect == proto::dialect_for(d.connector, d.transfer_mode);
 }
 
 bool routable(const Instance& i) { return i.state == InstanceState::kUp; }
@@ -80,8 +80,7 @@ const discovery::RoutableIndex& index_of(const RegistrySnapshot& s, discovery::R
 }
 
 bool pairable_class(const discovery::RoutableGroup& g) {
-  return g.connector != Connector::kUnknown &&
-         (g.connector != Connector::kMoriio || g.transfer_mode != proto::TransferMode::kNone);
+  return proto::dialect_for(g.connector, g.transfer_mode) != nullptr;
 }
 
 // The members of `group` serving the query's model and not excluded.
@@ -164,8 +163,7 @@ Status choose_decode(const RegistrySnapshot& s, const Instance& prefill, const P
   discovery::RoutableIndex local;
   const discovery::RoutableIndex& index = index_of(s, &local);
   std::vector<const InstancePtr*> decodes;
-  const proto::TransferMode mode =
-      prefill.connector == Connector::kMoriio ? prefill.transfer_mode : proto::TransferMode::kNone;
+  const proto::TransferMode mode = proto::pairing_mode(prefill.connector, prefill.transfer_mode);
   if (const discovery::RoutableGroup* dg = index.find(Role::kDecode, prefill.connector, mode)) {
     decodes = candidates(*dg, q.model, q.excluded_decodes, q.visited);
     std::erase_if(decodes, [&](const InstancePtr* d) { return !compatible(prefill, **d); });

@@ -7,19 +7,20 @@
 #include <utility>
 #include <vector>
 
+#include "proto/dialects/dialect.h"
 #include "proto/json_splice.h"
 #include "proto/request_legs.h"
 #include "proto/sse_boundary.h"
 #include "http/json_error.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/pairing.h"
+#include "router/proxy/pre_step.h"
 #include "router/proxy/retry_rules.h"
 #include "router/proxy/session_timer.h"
 
 namespace pdr::router::proxy {
 
 using discovery::Instance;
-using proto::Connector;
 
 namespace {
 
@@ -27,32 +28,26 @@ namespace {
 // per worker (base/log_limiter.h); the counters in /metrics see every one.
 bool may_log(WorkerContext& w) { return w.leg_log().allow(discovery::Clock::now()); }
 
-proto::LegInstance to_leg_instance(const Instance& i, const discovery::Topology& topology) {
+proto::LegInstance to_leg_instance(const Instance& i) {
   proto::LegInstance out;
   static_cast<proto::NodeEndpoint&>(out) = i;
   out.dp_size = std::max<uint32_t>(1, i.dp_size);
   out.tp_size = std::max<uint32_t>(1, i.tp_size);
-  if (i.connector == Connector::kMooncake && !out.bootstrap_port) {
-    out.bootstrap_port = topology.connectors.mooncake_bootstrap_port;
-  }
   return out;
 }
 
-// `keep_body`: false moves the leg's body into the upstream request (one copy of it less per
-// request, #11), for a leg that a retry never resends as it is.
-http::UpstreamRequest to_upstream(proto::LegRequest& leg, bool keep_body) {
+// The upstream request of a leg. Its body is not rendered here: the upstream client writes it
+// straight into the wire buffer (UpstreamRequest::append_body, called inside start()), the only
+// copy of the body bytes a leg costs (#12). `leg` must outlive the start() call.
+http::UpstreamRequest to_upstream(const proto::LegRequest& leg) {
   http::UpstreamRequest r;
   r.method = "POST";
   r.path = leg.path;
   r.headers.reserve(leg.headers.size());
   for (const auto& [name, value] : leg.headers) r.headers.push_back(http::Header{name, value});
-  if (keep_body) {
-    r.body = leg.body;
-  } else {
-    r.body = std::move(leg.body);
-    leg.body.clear();
-    leg.body.shrink_to_fit();
-  }
+  const proto::JsonObjectBody* body = &leg.body;
+  r.body_size = body->rendered_size();
+  r.append_body = [body](std::string* wire) { body->render_into(wire); };
   return r;
 }
 
@@ -150,8 +145,10 @@ struct ProxySession::State {
 
   Pair pair;
   std::optional<uint32_t> prefill_rank, decode_rank;
-  std::string mooncake_engine_id;
-  uint32_t mooncake_dp_size = 0;  // DP ranks the prefill's bootstrap /query lists (0: not asked)
+  // The client's body, parsed once (begin()); admission, affinity and every leg build read it.
+  proto::JsonObjectBody client;
+  const proto::Dialect* dialect = nullptr;  // of the pair (proto/dialects/dialect.h)
+  PrefillFacts prefill_facts;               // what the dialect's pre-step learned (pre_step.h)
   proto::LegBuild legs;
   std::vector<std::string> tried_prefills, tried_decodes;
   uint32_t prefill_attempts = 0, decode_attempts = 0;
@@ -224,10 +221,11 @@ void ProxySession::move_to(RequestState next) {
 void ProxySession::begin() {
   State& s = *s_;
   if (finished()) return;  // the client was already gone
-  proto::JsonObjectBody body;
   proto::JsonLimits limits;
   limits.max_bytes = s.topo->limits.max_body_bytes;
-  Status st = proto::JsonObjectBody::parse(s.req.body, limits, &body);
+  // The one parse of the client's body: it moves into s.client (no copy of its bytes).
+  Status st = proto::JsonObjectBody::parse_owned(std::move(s.req.body), limits, &s.client);
+  const proto::JsonObjectBody& body = s.client;
   if (st.is_ok()) {
     std::optional<std::string> model;
     st = body.get_string("model", &model);
@@ -295,61 +293,43 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   s.prefill_rank = next_dp_rank(*s.pair.prefill);
   s.decode_rank = next_dp_rank(*s.pair.decode);
 
-  if (s.pair.prefill->connector != Connector::kMooncake) {
-    build_and_send();
+  s.dialect = proto::dialect_for(s.pair.prefill->connector, s.pair.prefill->transfer_mode);
+  if (s.dialect == nullptr || s.dialect->pre_step == proto::PreStep::kNone) {
+    build_and_send();  // (no dialect: build_legs says why)
     return;
   }
-  // Mooncake: the decode needs the prefill's engine id for the chosen DP rank.
-  const uint16_t port = s.pair.prefill->bootstrap_port.value_or(s.topo->connectors.mooncake_bootstrap_port);
-  http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.prefill, s.topo->timeouts.prefill};
+  // The dialect's pre-step (Mooncake: the prefill's engine id for the chosen DP rank).
   auto self = shared_from_this();
   const std::string prefill_key = s.pair.prefill->key;
-  s.w.mooncake().get(*s.pair.prefill, port, timeouts,
-                     [self, prefill_key](const Status& status, const proto::MooncakeEngines* engines) {
-                       State& s = *self->s_;
-                       if (self->finished() || !s.pair.prefill || s.pair.prefill->key != prefill_key) return;
-                       if (!status.is_ok()) {
-                         s.w.counters().bump(s.w.counters().bootstrap_queries_failed);
-                         self->prefill_failed(LegFailure::kBootstrap, status.message());
-                         return;
-                       }
-                       s.w.counters().bump(s.w.counters().bootstrap_queries_ok);
-                       // The prefill's own /query says how many DP ranks it has (the reference
-                       // proxy's dp_size = len(/query), PROTOCOLS.md 4): a topology entry that
-                       // left dp_size out must not leave a multi-rank prefill unpinned, whose
-                       // engine id would then not match the one the decode is given.
-                       const auto ranks = static_cast<uint32_t>(engines->engine_ids.size());
-                       if (ranks != s.pair.prefill->dp_size) {
-                         s.prefill_rank = next_dp_rank(*s.pair.prefill, ranks);
-                       }
-                       s.mooncake_dp_size = ranks;
-                       const uint32_t rank = s.prefill_rank.value_or(0);
-                       if (rank >= ranks) {
-                         self->prefill_failed(LegFailure::kBootstrap,
-                                              "prefill " + prefill_key + " bootstrap lists " +
-                                                  std::to_string(ranks) + " DP rank(s), rank " +
-                                                  std::to_string(rank) + " wanted");
-                         return;
-                       }
-                       s.mooncake_engine_id = engines->engine_ids[rank];
-                       self->build_and_send();
-                     });
+  run_pre_step(*s.dialect, s.w, *s.topo, s.pair.prefill, s.prefill_rank,
+               [self, prefill_key](const Status& status, const PrefillFacts& facts) {
+                 State& s = *self->s_;
+                 if (self->finished() || !s.pair.prefill || s.pair.prefill->key != prefill_key) return;
+                 if (!status.is_ok()) {
+                   self->prefill_failed(LegFailure::kBootstrap, status.message());
+                   return;
+                 }
+                 s.prefill_facts = facts;
+                 s.prefill_rank = facts.prefill_rank;
+                 self->build_and_send();
+               });
 }
 
 void ProxySession::build_and_send() {
   State& s = *s_;
-  proto::LegInstance prefill = to_leg_instance(*s.pair.prefill, *s.topo);
-  proto::LegInstance decode = to_leg_instance(*s.pair.decode, *s.topo);
-  prefill.mooncake_engine_id = s.mooncake_engine_id;
-  if (s.mooncake_dp_size != 0) prefill.dp_size = s.mooncake_dp_size;
+  proto::LegInstance prefill = to_leg_instance(*s.pair.prefill);
+  proto::LegInstance decode = to_leg_instance(*s.pair.decode);
+  prefill.mooncake_engine_id = s.prefill_facts.engine_id;
+  if (s.prefill_facts.dp_size != 0) prefill.dp_size = s.prefill_facts.dp_size;
   proto::LegOptions options;
   options.limits.max_bytes = s.topo->limits.max_body_bytes;
+  options.default_bootstrap_port = s.topo->connectors.mooncake_bootstrap_port;
   // The configured key wins over the client's header, as in the reference proxies: OpenAI SDK
   // clients always send one (often "Bearer EMPTY"), which nodes behind --api-key would refuse.
   if (!s.topo->connectors.upstream_api_key.empty()) {
     options.upstream_api_key = s.topo->connectors.upstream_api_key;
   }
-  proto::ClientRequest client{s.req.path, s.req.body, s.req.authorization};
+  proto::ClientRequest client{s.req.path, s.client.original(), s.req.authorization, &s.client};
   WorkerContext& w = s.w;
   Status st = proto::build_legs(client, prefill, decode, s.prefill_rank, s.decode_rank, options,
                                 [&w] { return w.random(); }, &s.legs);
@@ -420,8 +400,7 @@ void ProxySession::send_prefill() {
     self->prefill_failed(cause, "prefill " + s.pair.prefill->key + ": " + error.message());
   };
   move_to(RequestState::kPrefillSent);
-  // A retry renders new legs from the client's body (pair_and_send), so this body is moved.
-  s.prefill_call = s.w.upstream().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill, false), timeouts,
+  s.prefill_call = s.w.upstream().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill), timeouts,
                                        std::move(cb));
   // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
   // trickling bytes is cut there too (security review #19).
@@ -477,16 +456,10 @@ void ProxySession::on_prefill_complete() {
     move_to(RequestState::kPrefillDone);
     if (s.legs.plan.decode_needs_prefill_params) {
       Status st = proto::finish_decode_leg(s.legs.plan, &s.legs.decode, s.prefill_body);
-      if (st.code() == StatusCode::kMissingKey) {
+      if (st.code() == StatusCode::kMissingKey && proto::decode_without_kv(s.legs.plan, &s.legs.decode)) {
         // The prefill exported no KV (it stopped before the length cap, e.g. EOS on its first
-        // token). A decode waiting for remote blocks would hang: send it as a plain request.
-        proto::JsonObjectBody decode_body;
-        if (proto::JsonObjectBody::parse(s.legs.decode.body, proto::JsonLimits{s.topo->limits.max_body_bytes, 64},
-                                         &decode_body)
-                .is_ok()) {
-          decode_body.remove("kv_transfer_params");
-          s.legs.decode.body = decode_body.render();
-        }
+        // token). A decode waiting for remote blocks would hang: the dialect's no-KV fallback
+        // sends it as a plain request.
         s.w.counters().bump(s.w.counters().local_prefill_fallbacks);
         spdlog::info("request {}: prefill {} exported no KV ({}); decode recomputes the prompt",
                      s.legs.plan.request_id, s.pair.prefill->key, st.message());
@@ -520,9 +493,7 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
     s.prefill_call.reset();
   }
   s.prefill_timer.stop();
-  if (s.pair.prefill && s.pair.prefill->connector == Connector::kMooncake) {
-    s.w.mooncake().invalidate(s.pair.prefill->key);
-  }
+  if (s.pair.prefill && s.dialect) forget_pre_step(*s.dialect, s.w, *s.pair.prefill);
   if (s.state == RequestState::kStreaming) {
     // Concurrent dialect whose decode already answered: its KV arrived; nothing to undo.
     if (may_log(s.w)) spdlog::warn("request {}: {} (decode already streaming)", s.legs.plan.request_id, detail);
@@ -589,10 +560,8 @@ void ProxySession::send_decode() {
     self->decode_failed(cause, detail);
   };
   move_to(RequestState::kDecodeSent);
-  // Only NIXL may resend this very body to another decode (kDecodeOnly); the other dialects
-  // render a new pair's legs from the client's body, so theirs is moved.
-  const bool keep_body = s.legs.plan.connector == Connector::kNixl;
-  s.decode_call = s.w.upstream().start(s.pair.decode->http_address, to_upstream(s.legs.decode, keep_body), timeouts,
+  // The leg stays as it is (unrendered): a kDecodeOnly retry resends it to another decode.
+  s.decode_call = s.w.upstream().start(s.pair.decode->http_address, to_upstream(s.legs.decode), timeouts,
                                       std::move(cb));
 }
 
@@ -832,7 +801,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
   s.tried_decodes.push_back(s.pair.decode->key);
   const uint32_t budget = std::max<uint32_t>(1, s.topo->retries.decode_attempts);
   const uint32_t left = budget > s.decode_attempts ? budget - s.decode_attempts : 0;
-  switch (decode_retry(s.legs.plan, cause, left)) {
+  switch (s.legs.plan.dialect ? decode_retry(*s.legs.plan.dialect, cause, left) : DecodeRetry::kNone) {
     case DecodeRetry::kNone:
       fail(failure_status(cause), "decode failed: " + s.last_detail, failure_code(Leg::kDecode, cause));
       return;
@@ -934,8 +903,7 @@ void ProxySession::release_pair() {
   if (s.pair.prefill) s.pair.prefill->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
   if (s.pair.decode) s.pair.decode->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
   s.pair = Pair{};
-  s.mooncake_engine_id.clear();
-  s.mooncake_dp_size = 0;
+  s.prefill_facts = PrefillFacts{};
 }
 
 void ProxySession::end(RequestState final_state) {
@@ -974,8 +942,9 @@ void ProxySession::end(RequestState final_state) {
   // Nothing can retry any more: the bodies go now, not when the last callback lets go of the
   // session (an orphaned prefill keeps it for up to kOrphanGrace).
   s.req.body = std::string();
-  s.legs.prefill.body = std::string();
-  s.legs.decode.body = std::string();
+  s.client = proto::JsonObjectBody();
+  s.legs.prefill.body = proto::JsonObjectBody();
+  s.legs.decode.body = proto::JsonObjectBody();
   s.decode_body = std::string();
   if (s.budget_held != 0) {
     s.w.counters().buffered_bytes.fetch_sub(s.budget_held, std::memory_order_relaxed);

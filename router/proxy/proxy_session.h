@@ -13,12 +13,18 @@
 //    then a new pair with fresh ids (request id, transfer id, bootstrap room) and a prefill not
 //    tried before, within retries.prefill_attempts; stale kv_transfer_params are never reused.
 //    A 4xx from the prefill is the client's fault: relayed as is (DONE), never retried.
-//  - prefill 2xx without kv_transfer_params (EOS on the first token): NIXL and MoRIIO READ send
-//    the decode as a plain request (it recomputes the prompt) instead of a decode that would wait
-//    for blocks that never come.
+//  - prefill 2xx without kv_transfer_params (EOS on the first token): the dialects with a no-KV
+//    fallback (Dialect::without_kv: NIXL, MoRIIO READ) send the decode as a plain request (it
+//    recomputes the prompt) instead of a decode that would wait for blocks that never come.
 //  - decode error, 5xx or timeout before its answer reached the client: retried within
-//    retries.decode_attempts on a decode not tried before: the same decode body for NIXL, a whole
-//    new pair for the dialects whose ids name the decode (retry_rules.h).
+//    retries.decode_attempts on a decode not tried before: the same decode body where the
+//    dialect allows it (NIXL), a whole new pair for the dialects whose ids name the decode
+//    (retry_rules.h).
+//
+// Dialects (proto/dialects/dialect.h) are never named here: the table line of the pair says
+// whether the legs are concurrent, what the decode takes from the prefill, the no-KV fallback,
+// the retry scope and the pre-step (pre_step.h) run before the legs are built. The client's body
+// is parsed once (begin()); legs stay unrendered until the upstream client writes them out.
 //  - decode failure after the head reached the client: an SSE stream ends with an OpenAI-style
 //    error event and data: [DONE] (never a silent truncation); a buffered JSON answer becomes 502.
 //  - timeouts (topology timeouts.*): connect, prefill (whole prefill leg, a deadline from its

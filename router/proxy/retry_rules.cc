@@ -23,11 +23,13 @@ LegFailure classify_status(int status) {
   return status >= 400 && status < 500 ? LegFailure::kStatus4xx : LegFailure::kStatus5xx;
 }
 
-DecodeRetry decode_retry(const proto::LegPlan& plan, LegFailure cause, uint32_t attempts_left) {
+DecodeRetry decode_retry(const proto::Dialect& dialect, LegFailure cause, uint32_t attempts_left) {
   if (attempts_left == 0 || cause == LegFailure::kStatus4xx || cause == LegFailure::kLocalResources) {
     return DecodeRetry::kNone;
   }
-  if (plan.connector == proto::Connector::kNixl && cause == LegFailure::kConnect) return DecodeRetry::kDecodeOnly;
+  if (dialect.decode_alone_retry == proto::DecodeAloneRetry::kIfNeverSent && cause == LegFailure::kConnect) {
+    return DecodeRetry::kDecodeOnly;
+  }
   return DecodeRetry::kWholePair;
 }
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "proto/request_legs.h"
+#include "proto/dialects/dialect.h"
 #include "http/upstream_client.h"
 #include "router/proxy/proxy_counters.h"
 
@@ -23,18 +23,19 @@ enum class DecodeRetry {
   kWholePair,   // abandon both legs and start over with a new pair and fresh ids
 };
 
-// What a decode failure *before its first response byte reached the client* may be retried as:
-//  - NIXL: the decode pulls KV by the prefill's returned params, which any decode can use, so
+// What a decode failure *before its first response byte reached the client* may be retried as,
+// by the dialect's decode_alone_retry (proto/dialects/dialect.h):
+//  - NIXL (kIfNeverSent): the decode pulls KV by the prefill's returned params, which any decode can use, so
 //    another decode may take them (kDecodeOnly), but only when the failed decode never got the
 //    request (connect failure). A decode that got it may have pulled the blocks already, and
 //    closing it (how pdrouter aborts) makes it tell the prefill to free them (PROTOCOLS.md 6):
 //    a second decode could then read freed or reused blocks. Any other failure: kWholePair.
-//  - MoRIIO READ/WRITE, P2P-NCCL: the request id embeds the decode's address, and in WRITE mode
+//  - The others (kNever). MoRIIO READ/WRITE, P2P-NCCL: the request id embeds the decode's address, and in WRITE mode
 //    the prefill pushes to that decode: a new decode needs a new prefill (kWholePair).
 //  - Mooncake, SGLang: the prefill pushes to the decode that the bootstrap pairing named
 //    (kWholePair).
 // 4xx answers are the client's fault: never retried (kNone). `attempts_left` == 0: kNone.
-DecodeRetry decode_retry(const proto::LegPlan& plan, LegFailure cause, uint32_t attempts_left);
+DecodeRetry decode_retry(const proto::Dialect& dialect, LegFailure cause, uint32_t attempts_left);
 
 // Prefill failures are retried on another prefill with fresh ids, unless the node refused the
 // request itself (4xx) or the budget is spent.

@@ -48,6 +48,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   const std::string out = body.render();
+  if (body.rendered_size() != out.size()) std::abort();  // the size announced before render_into
+  const pdr::proto::JsonObjectBody copy = body;            // copies share the text, keep the edits
+  if (copy.render() != out) std::abort();
   simdjson::dom::parser parser;
   simdjson::dom::element root;
   if (parser.parse(out).get(root) != simdjson::SUCCESS) std::abort();

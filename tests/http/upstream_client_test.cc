@@ -694,6 +694,35 @@ TEST(UpstreamLocalResources, SocketExhaustionIsALocalFailure) {
                                        "16: another failure, 17: message, 18: local_errors count, 20: exec failed";
 }
 
+// A body written straight into the wire buffer (the router's unrendered legs) is framed and
+// sent like a given one; a writer that does not write the announced size fails the call.
+TEST_F(UpstreamClientTest, BodyWrittenIntoTheWireBuffer) {
+  start_server();
+  Outcome o, wrong;
+  int writes = 0;
+  UpstreamRequest req;
+  req.path = "/json";
+  req.body_size = 2;
+  req.append_body = [&writes](std::string* wire) {
+    ++writes;
+    wire->append("h");
+    wire->append("i");
+  };
+  auto c = pool_->start(target_, std::move(req), {}, record_into(&o));
+  EXPECT_EQ(writes, 1) << "written once, inside start()";
+  UpstreamRequest bad;
+  bad.path = "/json";
+  bad.body_size = 3;
+  bad.append_body = [](std::string* wire) { wire->append("hi"); };
+  auto c2 = pool_->start(target_, std::move(bad), {}, record_into(&wrong));
+  ASSERT_TRUE(run_until([&] { return o.done() && wrong.done(); }));
+  ASSERT_TRUE(o.completed) << o.error.to_string();
+  EXPECT_EQ(o.body, R"({"object":"text_completion","echo":"hi"})");
+  EXPECT_EQ(wrong.error.code(), StatusCode::kInvalidValue);
+  EXPECT_EQ(c2->failure(), UpstreamFailure::kBadRequest);
+  EXPECT_EQ(writes, 1);
+}
+
 TEST_F(UpstreamClientTest, PortZeroAndBadHeaderFailFromTheLoop) {
   start_server();
   Outcome port_zero, bad_header;

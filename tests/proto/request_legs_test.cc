@@ -189,14 +189,14 @@ TEST(NixlLegs, PrefillAndDecodeForEveryBodyShape) {
     EXPECT_EQ(b.decode.header("X-data-parallel-rank"), nullptr);
 
     const json client = json::parse(body.text);
-    const json pre = json::parse(b.prefill.body);
+    const json pre = json::parse(b.prefill.body_text());
     ExpectPrefillEdits(client, pre);
     EXPECT_EQ(pre["kv_transfer_params"],
               json::parse(R"({"do_remote_decode":true,"do_remote_prefill":false,)"
                           R"("remote_engine_id":null,"remote_block_ids":null,"remote_host":null,)"
                           R"("remote_port":null})"));
-    ExpectUntouched(body.text, b.prefill.body, kPrefillEdited);
-    EXPECT_EQ(b.decode.body, body.text) << "decode is the client body until finish_decode_leg";
+    ExpectUntouched(body.text, b.prefill.body_text(), kPrefillEdited);
+    EXPECT_EQ(b.decode.body_text(), body.text) << "decode is the client body until finish_decode_leg";
   }
 }
 
@@ -213,20 +213,20 @@ TEST(NixlLegs, FinishCopiesPrefillParamsVerbatim) {
                                R"("kv_transfer_params": )" + params + "}";
   ASSERT_TRUE(finish_decode_leg(b.plan, &b.decode, response).is_ok());
   JsonObjectBody decoded;
-  ASSERT_TRUE(JsonObjectBody::parse(b.decode.body, JsonLimits(), &decoded).is_ok());
+  ASSERT_TRUE(JsonObjectBody::parse(b.decode.body_text(), JsonLimits(), &decoded).is_ok());
   EXPECT_EQ(decoded.get_raw("kv_transfer_params"), params) << "byte-for-byte";
-  const json d = json::parse(b.decode.body);
+  const json d = json::parse(b.decode.body_text());
   EXPECT_EQ(d["stream"], true) << "decode keeps the client's stream flag";
   EXPECT_EQ(d["max_tokens"], 20) << "and its max_tokens";
   EXPECT_EQ(d["stream_options"]["include_usage"], true);
-  ExpectUntouched(body.text, b.decode.body, {"kv_transfer_params"});
+  ExpectUntouched(body.text, b.decode.body_text(), {"kv_transfer_params"});
 }
 
 TEST(NixlLegs, FinishReportsMissingOrNullParams) {
   const Body body = Bodies()[0];
   LegBuild b =
       Build(body, Plain(Connector::kNixl, "10.0.0.1", 8100), Plain(Connector::kNixl, "10.0.0.2", 8200));
-  const std::string before = b.decode.body;
+  const std::string before = b.decode.body_text();
   EXPECT_EQ(finish_decode_leg(b.plan, &b.decode, R"({"id":"x","kv_transfer_params":null})").code(),
             StatusCode::kMissingKey);
   EXPECT_EQ(finish_decode_leg(b.plan, &b.decode, R"({"id":"x"})").code(), StatusCode::kMissingKey);
@@ -236,7 +236,7 @@ TEST(NixlLegs, FinishReportsMissingOrNullParams) {
             StatusCode::kWrongType);
   EXPECT_EQ(finish_decode_leg(b.plan, &b.decode, R"({"kv_transfer_params":)").code(),
             StatusCode::kMalformed);
-  EXPECT_EQ(b.decode.body, before) << "errors leave the decode leg unchanged";
+  EXPECT_EQ(b.decode.body_text(), before) << "errors leave the decode leg unchanged";
 }
 
 // ---------------- MoRIIO ----------------
@@ -287,7 +287,7 @@ TEST(MoriioLegs, ReadAndWriteForEveryBodyShape) {
       }
 
       const json client = json::parse(body.text);
-      const json pre = json::parse(b.prefill.body);
+      const json pre = json::parse(b.prefill.body_text());
       ExpectPrefillEdits(client, pre);
       json want_p = {{"remote_dp_size", c.d_dp},     {"remote_tp_size", 2},
                      {"transfer_id", b.plan.transfer_id}, {"do_remote_decode", true},
@@ -295,9 +295,9 @@ TEST(MoriioLegs, ReadAndWriteForEveryBodyShape) {
                      {"remote_block_ids", nullptr},  {"remote_host", "fd00::2"},
                      {"remote_handshake_port", 6401}, {"remote_notify_port", 61105}};
       EXPECT_EQ(pre["kv_transfer_params"], want_p);
-      ExpectUntouched(body.text, b.prefill.body, kPrefillEdited);
+      ExpectUntouched(body.text, b.prefill.body_text(), kPrefillEdited);
 
-      const json dec = json::parse(b.decode.body);
+      const json dec = json::parse(b.decode.body_text());
       json want_d = {{"do_remote_decode", false},   {"do_remote_prefill", true},
                      {"remote_engine_id", nullptr}, {"remote_block_ids", nullptr},
                      {"transfer_id", b.plan.transfer_id}, {"remote_dp_size", c.p_dp},
@@ -316,7 +316,7 @@ TEST(MoriioLegs, ReadAndWriteForEveryBodyShape) {
       }
       EXPECT_EQ(dec.value("stream", false), body.stream);
       EXPECT_EQ(dec.contains("stream_options"), client.contains("stream_options"));
-      ExpectUntouched(body.text, b.decode.body,
+      ExpectUntouched(body.text, b.decode.body_text(),
                       {"kv_transfer_params", "max_tokens", "max_completion_tokens"});
     }
   }
@@ -328,8 +328,8 @@ TEST(MoriioLegs, RemoteAddressesAreOptional) {
   const LegBuild b = Build(Bodies()[0], Moriio("10.0.0.1", 8100, 6301, 61005, 1, 1, TransferMode::kRead),
                            Moriio("10.0.0.2", 8200, 6401, 61105, 1, 1, TransferMode::kRead),
                            std::nullopt, std::nullopt, options);
-  for (const std::string* s : {&b.prefill.body, &b.decode.body}) {
-    const json kv = json::parse(*s)["kv_transfer_params"];
+  for (const std::string& s : {b.prefill.body_text(), b.decode.body_text()}) {
+    const json kv = json::parse(s)["kv_transfer_params"];
     EXPECT_FALSE(kv.contains("remote_host"));
     EXPECT_FALSE(kv.contains("remote_handshake_port"));
     EXPECT_FALSE(kv.contains("remote_notify_port"));
@@ -341,7 +341,7 @@ TEST(MoriioLegs, ZmqAddressParsedWhenNotGivenParsed) {
   LegInstance d = Moriio("10.0.0.2", 8200, 6401, 61105, 1, 1, TransferMode::kWrite);
   p.moriio_zmq.reset();
   const LegBuild b = Build(Bodies()[0], p, d);
-  EXPECT_EQ(json::parse(b.decode.body)["kv_transfer_params"]["remote_notify_port"], 61005);
+  EXPECT_EQ(json::parse(b.decode.body_text())["kv_transfer_params"]["remote_notify_port"], 61005);
   p.zmq_address = "10.0.0.1:5000";  // not a MoRIIO address
   LegBuild out;
   EXPECT_EQ(build_legs({"/v1/completions", Bodies()[0].text, ""}, p, d, std::nullopt,
@@ -368,12 +368,12 @@ TEST(MoriioLegs, DecodeTokenDecrementNeverBelowOne) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.body);
     const LegBuild b = Build({"x", "/v1/completions", c.body, false}, p, d);
-    EXPECT_EQ(json::parse(b.decode.body)[c.key], c.want);
-    EXPECT_EQ(json::parse(b.prefill.body)["max_tokens"], 1);
+    EXPECT_EQ(json::parse(b.decode.body_text())[c.key], c.want);
+    EXPECT_EQ(json::parse(b.prefill.body_text())["max_tokens"], 1);
   }
   const LegBuild none = Build({"x", "/v1/completions", R"({"prompt":"x"})", false}, p, d);
-  EXPECT_FALSE(json::parse(none.decode.body).contains("max_tokens"));
-  EXPECT_EQ(json::parse(none.prefill.body)["max_tokens"], 1);
+  EXPECT_FALSE(json::parse(none.decode.body_text()).contains("max_tokens"));
+  EXPECT_EQ(json::parse(none.prefill.body_text())["max_tokens"], 1);
 }
 
 TEST(MoriioLegs, FinishReadCopiesFourFields) {
@@ -386,7 +386,7 @@ TEST(MoriioLegs, FinishReadCopiesFourFields) {
       R"("remote_handshake_port":1,"remote_notify_port":2,"remote_dp_size":2,"tp_size":4,)"
       R"("transfer_id":")" + b.plan.transfer_id + R"("}})";
   ASSERT_TRUE(finish_decode_leg(b.plan, &b.decode, response).is_ok());
-  const json kv = json::parse(b.decode.body)["kv_transfer_params"];
+  const json kv = json::parse(b.decode.body_text())["kv_transfer_params"];
   EXPECT_EQ(kv["remote_block_ids"], json::parse("[4,5,6]"));
   EXPECT_EQ(kv["remote_engine_id"], "10.0.0.1:6301");
   EXPECT_EQ(kv["transfer_id"], b.plan.transfer_id);
@@ -395,27 +395,27 @@ TEST(MoriioLegs, FinishReadCopiesFourFields) {
   EXPECT_EQ(kv["remote_dp_rank"], 1);
   EXPECT_EQ(kv["remote_host"], "10.0.0.1") << "our own peer address is kept, not the response's";
   EXPECT_EQ(kv["remote_dp_size"], 2);
-  ExpectUntouched(body.text, b.decode.body,
+  ExpectUntouched(body.text, b.decode.body_text(),
                   {"kv_transfer_params", "max_tokens", "max_completion_tokens"});
 
   LegBuild b2 = Build(body, Moriio("10.0.0.1", 8100, 6301, 61005, 1, 4, TransferMode::kRead),
                       Moriio("10.0.0.2", 8200, 6401, 61105, 1, 2, TransferMode::kRead));
-  const std::string before = b2.decode.body;
+  const std::string before = b2.decode.body_text();
   EXPECT_EQ(finish_decode_leg(b2.plan, &b2.decode, R"({"kv_transfer_params":null})").code(),
             StatusCode::kMissingKey);
   EXPECT_EQ(finish_decode_leg(b2.plan, &b2.decode,
                               R"({"kv_transfer_params":{"remote_engine_id":"e"}})")
                 .code(),
             StatusCode::kMissingKey);
-  EXPECT_EQ(b2.decode.body, before);
+  EXPECT_EQ(b2.decode.body_text(), before);
 }
 
 TEST(MoriioLegs, FinishIsNoOpForWrite) {
   LegBuild b = Build(Bodies()[0], Moriio("10.0.0.1", 8100, 6301, 61005, 1, 4, TransferMode::kWrite),
                      Moriio("10.0.0.2", 8200, 6401, 61105, 1, 2, TransferMode::kWrite));
-  const std::string before = b.decode.body;
+  const std::string before = b.decode.body_text();
   EXPECT_TRUE(finish_decode_leg(b.plan, &b.decode, "not json").is_ok());
-  EXPECT_EQ(b.decode.body, before);
+  EXPECT_EQ(b.decode.body_text(), before);
 }
 
 TEST(MoriioLegs, RejectsBadPairs) {
@@ -464,14 +464,14 @@ TEST(MooncakeLegs, ConcurrentWithBootstrapAddr) {
       EXPECT_EQ(b.decode.header("X-data-parallel-rank"), nullptr);
 
       const json client = json::parse(body.text);
-      const json pre = json::parse(b.prefill.body);
+      const json pre = json::parse(b.prefill.body_text());
       ExpectPrefillEdits(client, pre);
       EXPECT_EQ(pre["kv_transfer_params"],
                 (json{{"do_remote_decode", true},
                       {"do_remote_prefill", false},
                       {"transfer_id", b.plan.transfer_id}}));
-      ExpectUntouched(body.text, b.prefill.body, kPrefillEdited);
-      const json dec = json::parse(b.decode.body);
+      ExpectUntouched(body.text, b.prefill.body_text(), kPrefillEdited);
+      const json dec = json::parse(b.decode.body_text());
       const std::string addr = std::string("http://") +
                                (std::string(host) == "fd00::1" ? "[fd00::1]" : host) + ":8998";
       EXPECT_EQ(dec["kv_transfer_params"],
@@ -480,7 +480,7 @@ TEST(MooncakeLegs, ConcurrentWithBootstrapAddr) {
                       {"remote_bootstrap_addr", addr},
                       {"remote_engine_id", "engine-dp1"},
                       {"transfer_id", b.plan.transfer_id}}));
-      ExpectUntouched(body.text, b.decode.body, {"kv_transfer_params"});
+      ExpectUntouched(body.text, b.decode.body_text(), {"kv_transfer_params"});
     }
   }
 }
@@ -499,7 +499,7 @@ TEST(MooncakeLegs, NeedsEngineId) {
   ASSERT_TRUE(build_legs({"/v1/completions", text, ""}, q, p, std::nullopt, std::nullopt, {},
                          Rng(), &out)
                   .is_ok());
-  EXPECT_EQ(json::parse(out.decode.body)["kv_transfer_params"]["remote_bootstrap_addr"],
+  EXPECT_EQ(json::parse(out.decode.body_text())["kv_transfer_params"]["remote_bootstrap_addr"],
             "http://10.0.0.1:9000");
 }
 
@@ -529,7 +529,7 @@ TEST(P2pNcclLegs, SerialNoKvParamsDecodeUnchanged) {
     ExpectCommonHeaders(b.decode, body.path, b.plan.request_id);
 
     const json client = json::parse(body.text);
-    const json pre = json::parse(b.prefill.body);
+    const json pre = json::parse(b.prefill.body_text());
     EXPECT_EQ(pre["max_tokens"], 1);
     EXPECT_EQ(pre.contains("max_completion_tokens"), client.contains("max_completion_tokens"));
     if (client.contains("max_completion_tokens")) {
@@ -541,14 +541,14 @@ TEST(P2pNcclLegs, SerialNoKvParamsDecodeUnchanged) {
     EXPECT_FALSE(pre.contains("kv_transfer_params"));
     EXPECT_FALSE(pre.contains("min_tokens"));  // vLLM: min_tokens > max_tokens is a 400
     EXPECT_FALSE(pre.contains("min_completion_tokens"));
-    ExpectUntouched(body.text, b.prefill.body,
+    ExpectUntouched(body.text, b.prefill.body_text(),
                     {"max_tokens", "max_completion_tokens", "min_tokens", "min_completion_tokens",
                      "kv_transfer_params"});
     if (client.contains("kv_transfer_params")) {
-      EXPECT_FALSE(json::parse(b.decode.body).contains("kv_transfer_params"));
-      ExpectUntouched(body.text, b.decode.body, {"kv_transfer_params"});
+      EXPECT_FALSE(json::parse(b.decode.body_text()).contains("kv_transfer_params"));
+      ExpectUntouched(body.text, b.decode.body_text(), {"kv_transfer_params"});
     } else {
-      EXPECT_EQ(b.decode.body, body.text);
+      EXPECT_EQ(b.decode.body_text(), body.text);
     }
   }
 }
@@ -562,9 +562,9 @@ TEST(P2pNcclLegs, ClientKvTransferParamsAreRemovedFromBothLegs) {
                   R"({"model":"m","prompt":"x","max_tokens":5,"kv_transfer_params":{"remote_host":"10.9.9.9"}})",
                   false};
   const LegBuild b = Build(body, p, d);
-  EXPECT_EQ(b.prefill.body.find("10.9.9.9"), std::string::npos) << b.prefill.body;
-  EXPECT_EQ(b.decode.body.find("10.9.9.9"), std::string::npos) << b.decode.body;
-  EXPECT_EQ(json::parse(b.decode.body)["max_tokens"], 5);
+  EXPECT_EQ(b.prefill.body_text().find("10.9.9.9"), std::string::npos) << b.prefill.body_text();
+  EXPECT_EQ(b.decode.body_text().find("10.9.9.9"), std::string::npos) << b.decode.body_text();
+  EXPECT_EQ(json::parse(b.decode.body_text())["max_tokens"], 5);
 }
 
 // ---------------- SGLang ----------------
@@ -581,26 +581,26 @@ TEST(SglangLegs, SameBodyWithBootstrapFields) {
       EXPECT_FALSE(b.plan.decode_needs_prefill_params);
       ASSERT_TRUE(b.plan.bootstrap_room);
       EXPECT_LE(*b.plan.bootstrap_room, uint64_t{0x7FFFFFFFFFFFFFFF});
-      EXPECT_EQ(b.prefill.body, b.decode.body);
+      EXPECT_EQ(b.prefill.body_text(), b.decode.body_text());
       ExpectCommonHeaders(b.prefill, body.path, b.plan.request_id);
       ExpectCommonHeaders(b.decode, body.path, b.plan.request_id);
-      const json j = json::parse(b.prefill.body);
+      const json j = json::parse(b.prefill.body_text());
       EXPECT_EQ(j["bootstrap_host"], std::string(host) == "fd00::1" ? "[fd00::1]" : host);
       EXPECT_EQ(j["bootstrap_port"], 8998);
       EXPECT_EQ(j["bootstrap_room"].get<uint64_t>(), *b.plan.bootstrap_room);
-      ExpectUntouched(body.text, b.prefill.body,
+      ExpectUntouched(body.text, b.prefill.body_text(),
                       {"bootstrap_host", "bootstrap_port", "bootstrap_room"});
     }
   }
   LegInstance p = Plain(Connector::kSglang, "10.0.0.1", 30000);
   const LegBuild b = Build(Bodies()[0], p, p);
-  EXPECT_TRUE(json::parse(b.prefill.body)["bootstrap_port"].is_null());
+  EXPECT_TRUE(json::parse(b.prefill.body_text())["bootstrap_port"].is_null());
   // The room uses all 63 bits.
   LegBuild big;
   ASSERT_TRUE(build_legs({"/v1/completions", "{}", ""}, p, p, std::nullopt, std::nullopt, {},
                          [] { return ~uint64_t{0}; }, &big)
                   .is_ok());
-  EXPECT_EQ(json::parse(big.prefill.body)["bootstrap_room"].get<uint64_t>(), 0x7FFFFFFFFFFFFFFFull);
+  EXPECT_EQ(json::parse(big.prefill.body_text())["bootstrap_room"].get<uint64_t>(), 0x7FFFFFFFFFFFFFFFull);
 }
 
 // ---------------- shared behaviour ----------------
@@ -665,8 +665,8 @@ TEST(LegBodies, ClientKvTransferParamsAreReplaced) {
   const LegBuild b = Build({"x", "/v1/completions", body, false},
                            Moriio("10.0.0.1", 8100, 6301, 61005, 1, 1, TransferMode::kWrite),
                            Moriio("10.0.0.2", 8200, 6401, 61105, 1, 1, TransferMode::kWrite));
-  EXPECT_FALSE(json::parse(b.prefill.body)["kv_transfer_params"].contains("evil"));
-  EXPECT_FALSE(json::parse(b.decode.body)["kv_transfer_params"].contains("evil"));
+  EXPECT_FALSE(json::parse(b.prefill.body_text())["kv_transfer_params"].contains("evil"));
+  EXPECT_FALSE(json::parse(b.decode.body_text())["kv_transfer_params"].contains("evil"));
 }
 
 TEST(LegBodies, DeterministicGivenTheSameRandomness) {
@@ -674,9 +674,67 @@ TEST(LegBodies, DeterministicGivenTheSameRandomness) {
   const LegBuild a = Build(Bodies()[0], p, p);
   const LegBuild b = Build(Bodies()[0], p, p);
   EXPECT_EQ(a.plan.request_id, b.plan.request_id);
-  EXPECT_EQ(a.prefill.body, b.prefill.body);
+  EXPECT_EQ(a.prefill.body_text(), b.prefill.body_text());
   EXPECT_NE(a.plan.request_id.substr(a.plan.request_id.size() - 32),
             a.plan.transfer_id.substr(3, 8)) << "two independent uuids";
+}
+
+}  // namespace
+}  // namespace pdr::proto
+
+namespace pdr::proto {
+namespace {
+
+// Parse once (#12): with the client body parsed by the caller, building the legs (and
+// rebuilding them for a retry) parses nothing; completing a decode parses only the prefill's
+// answer (and its kv_transfer_params); legs share the client's bytes and render identically.
+TEST(ParseOnce, LegsAreBuiltFromTheCallersParse) {
+  const std::vector<Body> bodies = Bodies();
+  const Body& body = bodies[0];
+  JsonObjectBody client;
+  const uint64_t before_client = json_object_parses();
+  ASSERT_TRUE(JsonObjectBody::parse(body.text, JsonLimits(), &client).is_ok());
+  EXPECT_EQ(json_object_parses() - before_client, 1u);
+
+  const LegInstance p = Plain(Connector::kNixl, "10.0.0.1", 8100);
+  const LegInstance d = Plain(Connector::kNixl, "10.0.0.2", 8200);
+  const uint64_t before = json_object_parses();
+  LegBuild built, again;
+  ASSERT_TRUE(build_legs({body.path, body.text, "", &client}, p, d, std::nullopt, std::nullopt, LegOptions(), Rng(),
+                         &built)
+                  .is_ok());
+  ASSERT_TRUE(build_legs({body.path, body.text, "", &client}, p, d, std::nullopt, std::nullopt, LegOptions(), Rng(),
+                         &again)
+                  .is_ok());
+  EXPECT_EQ(json_object_parses(), before) << "no parse of the client body when building legs";
+  EXPECT_EQ(built.prefill.body_text(), Build(body, p, d).prefill.body_text());
+  EXPECT_EQ(built.decode.body_text(), body.text);
+  EXPECT_EQ(built.decode.body.rendered_size(), body.text.size());
+  EXPECT_EQ(built.prefill.body.original().data(), client.original().data()) << "bytes shared, not copied";
+
+  const uint64_t before_finish = json_object_parses();
+  ASSERT_TRUE(finish_decode_leg(built.plan, &built.decode, R"({"kv_transfer_params":{"remote_engine_id":"e"}})")
+                  .is_ok());
+  EXPECT_EQ(json_object_parses() - before_finish, 2u) << "the answer and its kv_transfer_params only";
+  // The no-KV fallback edits the unrendered decode: no parse either.
+  const uint64_t before_fallback = json_object_parses();
+  EXPECT_TRUE(decode_without_kv(built.plan, &built.decode));
+  EXPECT_EQ(json_object_parses(), before_fallback);
+  EXPECT_FALSE(json::parse(built.decode.body_text()).contains("kv_transfer_params"));
+}
+
+TEST(ParseOnce, RenderIntoAppendsExactlyTheRenderedBytes) {
+  for (const Body& body : Bodies()) {
+    // SGLang appends members, MoRIIO replaces and removes some.
+    const LegBuild b = Build(body, Plain(Connector::kSglang, "10.0.0.1", 8100),
+                             Plain(Connector::kSglang, "10.0.0.2", 8200));
+    for (const LegRequest* leg : {&b.prefill, &b.decode}) {
+      std::string wire = "HEAD";
+      leg->body.render_into(&wire);
+      EXPECT_EQ(wire, "HEAD" + leg->body_text());
+      EXPECT_EQ(leg->body.rendered_size(), leg->body_text().size());
+    }
+  }
 }
 
 }  // namespace

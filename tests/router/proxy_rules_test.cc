@@ -284,10 +284,17 @@ TEST(DpRanks, EachInstanceCyclesThroughItsOwnRanks) {
 }
 
 TEST(RetryRules, DecodeRetryDependsOnWhetherIdsNameTheDecode) {
-  proto::LegPlan nixl, moriio, mooncake;
-  nixl.connector = Connector::kNixl;
-  moriio.connector = Connector::kMoriio;
-  mooncake.connector = Connector::kMooncake;
+  const proto::Dialect& nixl = *proto::dialect_for(Connector::kNixl, proto::TransferMode::kNone);
+  const proto::Dialect& moriio = *proto::dialect_for(Connector::kMoriio, proto::TransferMode::kRead);
+  const proto::Dialect& mooncake = *proto::dialect_for(Connector::kMooncake, proto::TransferMode::kNone);
+  // Every dialect but NIXL names or is pushed to its decode: a whole new pair.
+  for (const proto::Dialect* d : proto::all_dialects()) {
+    const DecodeRetry want = d == &nixl ? DecodeRetry::kDecodeOnly : DecodeRetry::kWholePair;
+    EXPECT_EQ(decode_retry(*d, LegFailure::kConnect, 1), want) << d->name;
+    EXPECT_EQ(decode_retry(*d, LegFailure::kStatus5xx, 1), DecodeRetry::kWholePair) << d->name;
+    EXPECT_EQ(decode_retry(*d, LegFailure::kStatus4xx, 1), DecodeRetry::kNone) << d->name;
+    EXPECT_EQ(decode_retry(*d, LegFailure::kLocalResources, 1), DecodeRetry::kNone) << d->name;
+  }
   EXPECT_EQ(decode_retry(nixl, LegFailure::kConnect, 1), DecodeRetry::kDecodeOnly);
   // A NIXL decode that got the request may have pulled, or had the prefill free, the blocks.
   EXPECT_EQ(decode_retry(nixl, LegFailure::kStatus5xx, 1), DecodeRetry::kWholePair);

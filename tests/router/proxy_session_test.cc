@@ -137,6 +137,14 @@ class FakeUpstream final : public UpstreamPort {
  public:
   CallPtr start(const proto::HostPort& target, http::UpstreamRequest request, http::UpstreamTimeouts,
                 http::UpstreamCallbacks callbacks) override {
+    // A leg's body is rendered only inside start() (UpstreamRequest::append_body points at the
+    // session's unrendered leg): render it now, as the real client renders it into its wire
+    // buffer, and check the announced size.
+    if (request.append_body) {
+      request.append_body(&request.body);
+      EXPECT_EQ(request.body.size(), request.body_size) << "append_body wrote a different size";
+      request.append_body = nullptr;
+    }
     auto call = std::make_shared<FakeCall>(*this, target, std::move(request), std::move(callbacks));
     calls.push_back(call);
     changed();

@@ -1,0 +1,123 @@
+// One connector dialect as a plug-in: a table line of facts plus a few callbacks (in the spirit
+// of h2o's balancer callbacks). Everything the router does differently per dialect is here:
+// how the two legs are built and ordered, what the decode leg takes from the prefill's answer,
+// what it becomes when the prefill exported no KV, which decode failures may be retried on
+// another decode alone, which instances pair with which, which instance fields the connector
+// needs, and the pre-step the router runs before building the legs. The request session and
+// pairing read these fields and never name a dialect.
+//
+// Adding a dialect = one file in proto/dialects/ defining its `const Dialect` + one line in
+// registry.cc's table (+ the simulator's side, node/sim_*). The per-dialect leg facts are in
+// proto/REQUEST_LEGS.md; the wire facts in shared/PROTOCOLS.md.
+//
+// Pure data and pure functions: no I/O (pre-steps that need I/O are run by the router,
+// router/proxy/pre_step.h, from the `pre_step` value).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "base/status.h"
+#include "proto/discovery_message.h"
+#include "proto/json_splice.h"
+
+namespace pdr::proto {
+
+struct LegInstance;  // proto/request_legs.h
+struct LegOptions;
+struct LegPlan;
+using RandomSource = std::function<uint64_t()>;
+
+// What a dialect's build() gets: the chosen pair, the prefill's DP rank (validated against its
+// dp_size), the options and the randomness.
+struct DialectInput {
+  const LegInstance& prefill;
+  const LegInstance& decode;
+  std::optional<uint32_t> prefill_rank;
+  const LegOptions& options;
+  const RandomSource& random;
+};
+
+// Which failed decodes may be resent, as they are, to another decode while the prefill's KV
+// stays where it is (router/proxy/retry_rules.h); every other retryable failure starts a whole
+// new pair.
+enum class DecodeAloneRetry : uint8_t {
+  kNever,        // the request id or the transfer names the decode (MoRIIO, P2P-NCCL) or the
+                 // prefill pushes to it (Mooncake, SGLang)
+  kIfNeverSent,  // only when the decode never got the request (connect failure): NIXL
+};
+
+// Work the router does before building the legs, once a pair is chosen.
+enum class PreStep : uint8_t {
+  kNone,
+  // Mooncake: GET /query on the prefill's bootstrap server (DP rank -> engine_id); the answer
+  // fills LegInstance::mooncake_engine_id and the prefill's DP rank count.
+  kPrefillEngineQuery,
+};
+
+// The zmq_address an instance of the connector must register (config/instance_spec.cc).
+enum class ZmqAddressForm : uint8_t {
+  kNone,      // not used
+  kMoriio,    // "host:IP,handshake:PORT,notify:PORT"
+  kHostPort,  // "host:port"
+};
+
+struct Dialect {
+  std::string_view name;  // "nixl", "moriio-read", ... (logs, tests)
+  Connector connector = Connector::kUnknown;
+  // The instances' transfer mode this dialect serves; kNone: the connector has no modes and the
+  // instances' mode is ignored for pairing.
+  TransferMode transfer_mode = TransferMode::kNone;
+
+  // ---- order of the legs ----
+  // true: prefill and decode are sent at once, the prefill's answer is read and dropped.
+  // false: the prefill's complete answer comes first, then the decode is sent.
+  bool concurrent = false;
+  // Serial dialects whose decode is completed from the prefill's answer (finish_decode).
+  bool decode_needs_prefill_params = false;
+
+  // ---- failures ----
+  DecodeAloneRetry decode_alone_retry = DecodeAloneRetry::kNever;
+
+  // ---- before the legs ----
+  PreStep pre_step = PreStep::kNone;
+
+  // ---- instance fields the connector needs (config/instance_spec.cc) ----
+  ZmqAddressForm zmq_address = ZmqAddressForm::kNone;
+  // A prefill that names no bootstrap_port gets connectors.mooncake_bootstrap_port.
+  bool prefill_bootstrap_port_default = false;
+
+  // ---- callbacks ----
+  // Checks what the pair must satisfy (kRejected otherwise), sets the plan's ids and edits both
+  // bodies, each of which starts as the client's body. Required.
+  Status (*build)(const DialectInput& in, LegPlan* plan, JsonObjectBody* prefill,
+                  JsonObjectBody* decode) = nullptr;
+  // Completes the decode body from the prefill answer's kv_transfer_params (`params_raw`: its
+  // raw bytes, `params`: parsed; non-empty object). kMissingKey when a needed key is absent.
+  // Set exactly when decode_needs_prefill_params.
+  Status (*finish_decode)(std::string_view params_raw, const JsonObjectBody& params,
+                          const JsonLimits& limits, JsonObjectBody* decode) = nullptr;
+  // The no-KV fallback: what the decode body becomes when the prefill exported no KV (its answer
+  // had no kv_transfer_params, e.g. EOS on the first token). nullptr: the prefill failed.
+  void (*without_kv)(JsonObjectBody* decode) = nullptr;
+};
+
+// The dialect instances of `connector` with `transfer_mode` speak, or nullptr (unknown connector,
+// a MoRIIO instance with no mode). For connectors without modes the mode is ignored.
+const Dialect* dialect_for(Connector connector, TransferMode transfer_mode);
+
+// Every dialect in the table, in table order.
+std::span<const Dialect* const> all_dialects();
+
+// The first dialect of `connector` (its instance-field rules are the connector's), or nullptr.
+const Dialect* any_dialect_of(Connector connector);
+
+// The transfer mode that tells instances of `connector` apart for pairing: `transfer_mode` when
+// the connector's dialects differ by mode (MoRIIO), else kNone. Two instances pair when they
+// have the same connector and class mode and dialect_for() knows them.
+TransferMode pairing_mode(Connector connector, TransferMode transfer_mode);
+
+}  // namespace pdr::proto
