@@ -9,6 +9,7 @@
 
 #include "http/http_worker.h"
 #include "http/json_error.h"
+#include "http/write_now.h"
 
 namespace pdr::http {
 
@@ -677,6 +678,13 @@ void HttpConnection::count_response(int status) {
 
 void HttpConnection::queue_write(std::string data) {
   if (phase_ == Phase::kClosed || !tcp_) return;
+  // Nothing queued and the socket takes it all: written, with no write request to complete
+  // (write_now.h). Callers handle "nothing buffered" already (it is where every completed write
+  // leaves them), so finishing and lingering work as after an asynchronous completion.
+  const size_t taken = detail::write_now(tcp_.stream(), data);
+  queued_total_ += taken;
+  if (taken == data.size()) return;
+  if (taken > 0) data.erase(0, taken);
   auto* w = new WriteReq;
   w->data = std::move(data);
   w->conn = this;

@@ -12,6 +12,7 @@
 
 #include "http/host_resolver.h"
 #include "http/uv_handle.h"
+#include "http/write_now.h"
 
 namespace pdr::http {
 
@@ -287,11 +288,20 @@ void UpstreamConnection::begin_exchange() {
   interim_count_ = 0;
   limit_error_ = nullptr;
 
+  // Most requests fit the socket buffer: written at once, no uv_write (write_now.h). The wire
+  // bytes stay in the call either way (a stale pooled connection is retried once with them).
+  const size_t taken = detail::write_now(tcp_.stream(), call_->wire_);
+  if (taken == call_->wire_.size()) {
+    writing_ = false;
+    arm_timer(TimerMode::kFirstByte, to_ms(call_->timeouts_.first_byte));
+    update_reading();
+    return;
+  }
   auto* w = new WriteReq;
   w->conn = this;
   w->call = call_;
   w->req.data = w;
-  uv_buf_t buf = uv_buf_init(call_->wire_.data(), static_cast<unsigned>(call_->wire_.size()));
+  uv_buf_t buf = uv_buf_init(call_->wire_.data() + taken, static_cast<unsigned>(call_->wire_.size() - taken));
   const int rc = uv_write(&w->req, tcp_.stream(), &buf, 1, &UpstreamConnection::on_write);
   if (rc < 0) {
     delete w;
