@@ -36,18 +36,18 @@ const Clock::time_point t0 = Clock::time_point(std::chrono::hours(1000));
 
 TEST(Registry, HeartbeatUpdatesLivenessWithoutANewSnapshot) {
   Registry reg(opts());
-  EXPECT_EQ(reg.upsert(moriio("10.0.0.1", 8000), t0).result, UpsertResult::kAdded);
+  EXPECT_EQ(reg.upsert(moriio("127.0.10.1", 8000), t0).result, UpsertResult::kAdded);
   EXPECT_TRUE(reg.dirty());
   auto snap = reg.snapshot(t0);
   EXPECT_FALSE(reg.dirty());
   ASSERT_EQ(snap->instances.size(), 1u);
   const Instance* inst = snap->instances[0].get();
-  EXPECT_EQ(inst->key, "10.0.0.1:8000");
+  EXPECT_EQ(inst->key, "127.0.10.1:8000");
   EXPECT_EQ(inst->dp_size, 2u);
   EXPECT_EQ(inst->state, InstanceState::kUp);
   EXPECT_EQ(inst->expires_at(), t0 + 5s);
 
-  auto hb = moriio("10.0.0.1", 8000);
+  auto hb = moriio("127.0.10.1", 8000);
   hb.load = {true, 3, 1, 900};
   EXPECT_EQ(reg.upsert(hb, t0 + 3s).result, UpsertResult::kUpdated);
   EXPECT_FALSE(reg.dirty()) << "a plain heartbeat must not require a snapshot";
@@ -61,9 +61,9 @@ TEST(Registry, HeartbeatUpdatesLivenessWithoutANewSnapshot) {
 
 TEST(Registry, FieldChangeIsStructural) {
   Registry reg(opts());
-  reg.upsert(moriio("10.0.0.1", 8000), t0);
+  reg.upsert(moriio("127.0.10.1", 8000), t0);
   (void)reg.snapshot(t0);
-  auto changed = moriio("10.0.0.1", 8000);
+  auto changed = moriio("127.0.10.1", 8000);
   changed.transfer_mode = proto::TransferMode::kRead;
   reg.upsert(changed, t0 + 1s);
   EXPECT_TRUE(reg.dirty());
@@ -71,10 +71,10 @@ TEST(Registry, FieldChangeIsStructural) {
 
 TEST(Registry, ChangedInstanceIsCopiedOthersShared) {
   Registry reg(opts());
-  reg.upsert(moriio("10.0.0.1", 8000), t0);
-  reg.upsert(moriio("10.0.0.2", 8000), t0);
+  reg.upsert(moriio("127.0.10.1", 8000), t0);
+  reg.upsert(moriio("127.0.10.2", 8000), t0);
   auto a = reg.snapshot(t0);
-  auto changed = moriio("10.0.0.2", 8000);
+  auto changed = moriio("127.0.10.2", 8000);
   changed.dp_size = 4;
   reg.upsert(changed, t0 + 1s);
   auto b = reg.snapshot(t0 + 1s);
@@ -87,7 +87,7 @@ TEST(Registry, ChangedInstanceIsCopiedOthersShared) {
 
 TEST(Registry, ManyHeartbeatsKeepTheHeapBounded) {
   Registry reg(opts());
-  for (int i = 0; i < 1000; ++i) reg.upsert(moriio("10.0.0.1", 8000), t0 + std::chrono::milliseconds(i));
+  for (int i = 0; i < 1000; ++i) reg.upsert(moriio("127.0.10.1", 8000), t0 + std::chrono::milliseconds(i));
   // One instance, deadlines only extended: expiry must happen at the last beat + TTL, once.
   EXPECT_EQ(reg.expire_due(t0 + 5s).expired, 0u);
   EXPECT_EQ(reg.expire_due(t0 + 999ms + 4999ms).expired, 0u);
@@ -96,9 +96,9 @@ TEST(Registry, ManyHeartbeatsKeepTheHeapBounded) {
 
 TEST(Registry, ExpiryFollowsEachInstancesOwnDeadlineNotInsertionOrder) {
   Registry reg(opts());
-  reg.upsert(moriio("10.0.0.1", 8000), t0);       // inserted first, then kept alive
-  reg.upsert(moriio("10.0.0.2", 8000), t0 + 1s);  // inserted second, never refreshed
-  reg.upsert(moriio("10.0.0.1", 8000), t0 + 4s);  // deadline now t0+9s
+  reg.upsert(moriio("127.0.10.1", 8000), t0);       // inserted first, then kept alive
+  reg.upsert(moriio("127.0.10.2", 8000), t0 + 1s);  // inserted second, never refreshed
+  reg.upsert(moriio("127.0.10.1", 8000), t0 + 4s);  // deadline now t0+9s
   ASSERT_TRUE(reg.next_deadline().has_value());
   EXPECT_LE(*reg.next_deadline(), t0 + 6s);  // never later than the true next event
   EXPECT_EQ(reg.expire_due(t0 + 5999ms).expired, 0u);
@@ -106,19 +106,19 @@ TEST(Registry, ExpiryFollowsEachInstancesOwnDeadlineNotInsertionOrder) {
   auto r = reg.expire_due(t0 + 6s);
   EXPECT_EQ(r.expired, 1u);
   auto snap = reg.snapshot(t0 + 6s);
-  EXPECT_EQ(snap->find("10.0.0.1:8000")->state, InstanceState::kUp);
-  EXPECT_EQ(snap->find("10.0.0.2:8000")->state, InstanceState::kExpired);
+  EXPECT_EQ(snap->find("127.0.10.1:8000")->state, InstanceState::kUp);
+  EXPECT_EQ(snap->find("127.0.10.2:8000")->state, InstanceState::kExpired);
   // Retention: the expired entry disappears after expired_retention.
   EXPECT_EQ(reg.expire_due(t0 + 6s + 9999ms).removed, 0u);
   EXPECT_EQ(reg.expire_due(t0 + 16s).removed, 1u);
-  EXPECT_EQ(reg.snapshot(t0 + 16s)->find("10.0.0.2:8000"), nullptr);
+  EXPECT_EQ(reg.snapshot(t0 + 16s)->find("127.0.10.2:8000"), nullptr);
 }
 
 TEST(Registry, ExpiredInstanceComesBackAsRevived) {
   Registry reg(opts());
-  reg.upsert(moriio("10.0.0.1", 8000), t0);
+  reg.upsert(moriio("127.0.10.1", 8000), t0);
   reg.expire_due(t0 + 5s);
-  EXPECT_EQ(reg.upsert(moriio("10.0.0.1", 8000), t0 + 6s).result, UpsertResult::kRevived);
+  EXPECT_EQ(reg.upsert(moriio("127.0.10.1", 8000), t0 + 6s).result, UpsertResult::kRevived);
   EXPECT_EQ(reg.snapshot(t0 + 6s)->instances[0]->state, InstanceState::kUp);
   EXPECT_EQ(reg.expire_due(t0 + 10999ms).expired, 0u);  // the retention deadline is superseded
   EXPECT_EQ(reg.expire_due(t0 + 11s).expired, 1u);
@@ -126,7 +126,7 @@ TEST(Registry, ExpiredInstanceComesBackAsRevived) {
 
 TEST(Registry, RequestedTtlIsClamped) {
   Registry reg(opts());
-  auto r = moriio("10.0.0.1", 8000);
+  auto r = moriio("127.0.10.1", 8000);
   r.ttl_ms = 10;
   EXPECT_EQ(reg.upsert(r, t0).ttl, 1000ms);
   r.ttl_ms = 10'000'000;
@@ -139,7 +139,7 @@ TEST(Registry, RequestedTtlIsClamped) {
 
 TEST(Registry, NewEpochCountsAsRestart) {
   Registry reg(opts());
-  auto r = moriio("10.0.0.1", 8000);
+  auto r = moriio("127.0.10.1", 8000);
   r.format = proto::RegistrationFormat::kPdrouter;
   r.schema_version = 1;
   r.epoch = 100;
@@ -161,13 +161,13 @@ TEST(Registry, NewEpochCountsAsRestart) {
 
 TEST(Registry, GoodbyeRemovesAtOnceButNotFromAnOlderEpoch) {
   Registry reg(opts());
-  auto r = moriio("10.0.0.1", 8000);
+  auto r = moriio("127.0.10.1", 8000);
   r.epoch = 200;
   reg.upsert(r, t0);
-  proto::Goodbye stale{{"10.0.0.1", 8000}, 1, "", 100, ""};
+  proto::Goodbye stale{{"127.0.10.1", 8000}, 1, "", 100, ""};
   EXPECT_EQ(reg.goodbye(stale, t0), GoodbyeResult::kStaleEpoch);
   EXPECT_EQ(reg.size(), 1u);
-  proto::Goodbye bye{{"10.0.0.1", 8000}, 1, "", 200, ""};
+  proto::Goodbye bye{{"127.0.10.1", 8000}, 1, "", 200, ""};
   EXPECT_EQ(reg.goodbye(bye, t0), GoodbyeResult::kRemoved);
   EXPECT_EQ(reg.size(), 0u);
   const auto later = reg.expire_due(t0 + 1h);  // its old deadline is gone with it
@@ -177,25 +177,25 @@ TEST(Registry, GoodbyeRemovesAtOnceButNotFromAnOlderEpoch) {
 
 TEST(Registry, FullRegistryEvictsExpiredFirstThenRejects) {
   Registry reg(opts());  // max 3
-  reg.upsert(moriio("10.0.0.1", 1), t0);
-  reg.upsert(moriio("10.0.0.2", 1), t0 + 1s);
-  reg.upsert(moriio("10.0.0.3", 1), t0 + 1s);
-  EXPECT_EQ(reg.upsert(moriio("10.0.0.4", 1), t0 + 2s).result, UpsertResult::kRejectedFull);
-  reg.expire_due(t0 + 5s);  // 10.0.0.1 expired
-  EXPECT_EQ(reg.upsert(moriio("10.0.0.4", 1), t0 + 5s).result, UpsertResult::kAdded);
+  reg.upsert(moriio("127.0.10.1", 1), t0);
+  reg.upsert(moriio("127.0.10.2", 1), t0 + 1s);
+  reg.upsert(moriio("127.0.10.3", 1), t0 + 1s);
+  EXPECT_EQ(reg.upsert(moriio("127.0.10.4", 1), t0 + 2s).result, UpsertResult::kRejectedFull);
+  reg.expire_due(t0 + 5s);  // 127.0.10.1 expired
+  EXPECT_EQ(reg.upsert(moriio("127.0.10.4", 1), t0 + 5s).result, UpsertResult::kAdded);
   auto snap = reg.snapshot(t0 + 5s);
   EXPECT_EQ(snap->instances.size(), 3u);
-  EXPECT_EQ(snap->find("10.0.0.1:1"), nullptr);
+  EXPECT_EQ(snap->find("127.0.10.1:1"), nullptr);
 }
 
 TEST(Registry, StaticInstancesNeverExpireAndTakeLivenessFromHeartbeats) {
   Registry reg(opts());
   StaticInstance s;
   s.role = proto::Role::kDecode;
-  s.http_address = {"10.0.0.9", 8000};
+  s.http_address = {"127.0.10.9", 8000};
   s.connector = proto::Connector::kMoriio;
   s.transfer_mode = proto::TransferMode::kRead;
-  s.zmq_address = "host:10.0.0.9,handshake:6301,notify:61005";
+  s.zmq_address = "host:127.0.10.9,handshake:6301,notify:61005";
   reg.replace_static({s}, t0);
   auto snap = reg.snapshot(t0);
   ASSERT_EQ(snap->instances.size(), 1u);
@@ -203,7 +203,7 @@ TEST(Registry, StaticInstancesNeverExpireAndTakeLivenessFromHeartbeats) {
   ASSERT_TRUE(snap->instances[0]->moriio_zmq.has_value());
   EXPECT_EQ(snap->instances[0]->moriio_zmq->notify_port, 61005);
 
-  auto hb = moriio("10.0.0.9", 8000, proto::Role::kPrefill);  // node claims another role
+  auto hb = moriio("127.0.10.9", 8000, proto::Role::kPrefill);  // node claims another role
   reg.upsert(hb, t0 + 1s);
   snap = reg.snapshot(t0 + 1s);
   EXPECT_EQ(snap->instances[0]->role, proto::Role::kDecode);  // the operator's word stands
@@ -216,7 +216,7 @@ TEST(Registry, StaticInstancesNeverExpireAndTakeLivenessFromHeartbeats) {
 
 TEST(Registry, RepeatedRegistrationPublishesNothingAnyChangedFieldDoes) {
   Registry reg(opts());
-  auto r = moriio("10.0.0.1", 8000);
+  auto r = moriio("127.0.10.1", 8000);
   r.model = "m";
   r.labels = {{"zone", "a"}};
   reg.upsert(r, t0);
@@ -239,9 +239,9 @@ TEST(Registry, ReloadingTheSameStaticListPublishesNothingAChangedEntryDoes) {
   Registry reg(opts());
   StaticInstance s;
   s.role = proto::Role::kDecode;
-  s.http_address = {"10.0.0.9", 8000};
+  s.http_address = {"127.0.10.9", 8000};
   s.connector = proto::Connector::kP2pNccl;
-  s.zmq_address = "10.0.0.9:21001";
+  s.zmq_address = "127.0.10.9:21001";
   reg.replace_static({s}, t0);
   auto first = reg.snapshot(t0);
   ASSERT_TRUE(first->instances[0]->kv_address.has_value());
@@ -258,7 +258,7 @@ TEST(Registry, ReloadingTheSameStaticListPublishesNothingAChangedEntryDoes) {
 
 TEST(Registry, DrainingFlagSetsState) {
   Registry reg(opts());
-  auto r = moriio("10.0.0.1", 8000);
+  auto r = moriio("127.0.10.1", 8000);
   r.draining = true;
   reg.upsert(r, t0);
   auto snap = reg.snapshot(t0);

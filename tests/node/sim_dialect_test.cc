@@ -97,7 +97,7 @@ TEST(SimDialectCheck, LegFromParamsAndRoleMismatch) {
 TEST(SimDialectCheck, NixlDecodeNeedsTheReadAddress) {
   KvNodeIdentity node = node_of(Connector::kNixl, Role::kDecode);
   json params{{"do_remote_prefill", true}, {"remote_engine_id", "e"}, {"remote_request_id", "r"},
-              {"remote_host", "10.0.0.1"}, {"remote_port", 5601}};
+              {"remote_host", "127.0.10.1"}, {"remote_port", 5601}};
   KvRequest r;
   auto e = check(node, json{{"kv_transfer_params", params}}, &r);
   ASSERT_TRUE(e);
@@ -105,12 +105,12 @@ TEST(SimDialectCheck, NixlDecodeNeedsTheReadAddress) {
   params["remote_block_ids"] = json::array({1, 2});
   ASSERT_FALSE(check(node, json{{"kv_transfer_params", params}}, &r));
   EXPECT_EQ(r.leg, KvLeg::kDecode);
-  EXPECT_EQ(r.peer_address, "10.0.0.1:5601");
+  EXPECT_EQ(r.peer_address, "127.0.10.1:5601");
 }
 
 TEST(SimDialectCheck, MoriioReadNeedsBlocksWriteDoesNot) {
   const json params{{"do_remote_prefill", true},        {"transfer_id", "tx"},
-                    {"remote_host", "10.0.0.1"},         {"remote_handshake_port", 6301},
+                    {"remote_host", "127.0.10.1"},         {"remote_handshake_port", 6301},
                     {"remote_notify_port", 61005}};
   KvRequest r;
   auto e = check(node_of(Connector::kMoriio, Role::kDecode, TransferMode::kRead),
@@ -121,7 +121,7 @@ TEST(SimDialectCheck, MoriioReadNeedsBlocksWriteDoesNot) {
   ASSERT_FALSE(check(node_of(Connector::kMoriio, Role::kDecode, TransferMode::kWrite),
                      json{{"kv_transfer_params", params}}, &w));
   EXPECT_EQ(w.transfer_id, "tx");
-  EXPECT_EQ(w.peer_address, "host:10.0.0.1,handshake:6301,notify:61005");
+  EXPECT_EQ(w.peer_address, "host:127.0.10.1,handshake:6301,notify:61005");
   e = check(node_of(Connector::kMoriio, Role::kDecode, TransferMode::kWrite),
             json{{"kv_transfer_params", {{"do_remote_prefill", true}}}}, &w);
   ASSERT_TRUE(e);
@@ -129,14 +129,14 @@ TEST(SimDialectCheck, MoriioReadNeedsBlocksWriteDoesNot) {
 }
 
 TEST(SimDialectCheck, P2pNcclLegFromRoleAndAddressesFromTheRequestId) {
-  const std::string id = "x___prefill_addr_10.0.0.1:21001___decode_addr_10.0.0.2:21002_abc";
+  const std::string id = "x___prefill_addr_127.0.10.1:21001___decode_addr_127.0.10.2:21002_abc";
   KvRequest r;
   ASSERT_FALSE(check(node_of(Connector::kP2pNccl, Role::kDecode), json::object(), &r, id));
   EXPECT_EQ(r.leg, KvLeg::kDecode);
-  EXPECT_EQ(r.peer_address, "10.0.0.1:21001");
+  EXPECT_EQ(r.peer_address, "127.0.10.1:21001");
   ASSERT_FALSE(check(node_of(Connector::kP2pNccl, Role::kPrefill), json::object(), &r, id));
   EXPECT_EQ(r.leg, KvLeg::kPrefill);
-  EXPECT_EQ(r.peer_address, "10.0.0.2:21002");
+  EXPECT_EQ(r.peer_address, "127.0.10.2:21002");
   auto e = check(node_of(Connector::kP2pNccl, Role::kPrefill), json::object(), &r, "plain-id");
   ASSERT_TRUE(e);
   EXPECT_EQ(e->reason, "bad_request_id");
@@ -150,7 +150,7 @@ TEST(SimDialectCheck, SglangDecodeFindsItsPrefillInTheBody) {
   EXPECT_EQ(r.peer_address, "[::1]:8998");
   KvRequest p;
   ASSERT_FALSE(check(node_of(Connector::kSglang, Role::kPrefill),
-                     json{{"bootstrap_host", "10.0.0.1"}, {"bootstrap_port", 8998}}, &p));
+                     json{{"bootstrap_host", "127.0.10.1"}, {"bootstrap_port", 8998}}, &p));
   EXPECT_EQ(p.leg, KvLeg::kPrefill);
   EXPECT_EQ(p.peer_address, "");
 }
@@ -162,9 +162,9 @@ TEST(SimDialectCheck, MooncakeDecodeNeedsItsBootstrapServer) {
   auto e = check(node, json{{"kv_transfer_params", params}}, &r);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->reason, "missing_remote_bootstrap_addr");
-  params["remote_bootstrap_addr"] = "http://10.0.0.1:8998";
+  params["remote_bootstrap_addr"] = "http://127.0.10.1:8998";
   ASSERT_FALSE(check(node, json{{"kv_transfer_params", params}}, &r));
-  EXPECT_EQ(r.peer_address, "http://10.0.0.1:8998");
+  EXPECT_EQ(r.peer_address, "http://127.0.10.1:8998");
   EXPECT_EQ(r.transfer_id, "tx");
 }
 

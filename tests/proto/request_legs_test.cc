@@ -168,7 +168,7 @@ TEST(Uuid4, VersionVariantAndForms) {
 }
 
 TEST(HttpOrigin, BracketsIpv6) {
-  EXPECT_EQ(http_origin("10.0.0.1", 8998), "http://10.0.0.1:8998");
+  EXPECT_EQ(http_origin("127.0.10.1", 8998), "http://127.0.10.1:8998");
   EXPECT_EQ(http_origin("fd00::1", 8998), "http://[fd00::1]:8998");
 }
 
@@ -178,7 +178,7 @@ TEST(NixlLegs, PrefillAndDecodeForEveryBodyShape) {
   for (const Body& body : Bodies()) {
     SCOPED_TRACE(body.name);
     const LegBuild b =
-        Build(body, Plain(Connector::kNixl, "10.0.0.1", 8100), Plain(Connector::kNixl, "10.0.0.2", 8200));
+        Build(body, Plain(Connector::kNixl, "127.0.10.1", 8100), Plain(Connector::kNixl, "127.0.10.2", 8200));
     EXPECT_FALSE(b.plan.concurrent);
     EXPECT_TRUE(b.plan.decode_needs_prefill_params);
     EXPECT_TRUE(std::regex_match(b.plan.request_id, kUuidDashed)) << b.plan.request_id;
@@ -203,10 +203,10 @@ TEST(NixlLegs, PrefillAndDecodeForEveryBodyShape) {
 TEST(NixlLegs, FinishCopiesPrefillParamsVerbatim) {
   const Body body = Bodies()[1];
   LegBuild b =
-      Build(body, Plain(Connector::kNixl, "10.0.0.1", 8100), Plain(Connector::kNixl, "10.0.0.2", 8200));
+      Build(body, Plain(Connector::kNixl, "127.0.10.1", 8100), Plain(Connector::kNixl, "127.0.10.2", 8200));
   const std::string params =
       R"({"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids": [[1, 2], [3]],)"
-      R"( "remote_engine_id": "e1", "remote_request_id": "cmpl-x-0-abcd1234", "remote_host": "10.0.0.1",)"
+      R"( "remote_engine_id": "e1", "remote_request_id": "cmpl-x-0-abcd1234", "remote_host": "127.0.10.1",)"
       R"( "remote_port": 5601, "tp_size": 2, "dcp_size": 1, "pp_size": 1, "transfer_mode": "pull",)"
       R"( "future_key": {"n": 1.50}})";
   const std::string response = R"({"id":"cmpl-x","object":"text_completion","choices":[{"text":"a"}],)"
@@ -225,7 +225,7 @@ TEST(NixlLegs, FinishCopiesPrefillParamsVerbatim) {
 TEST(NixlLegs, FinishReportsMissingOrNullParams) {
   const Body body = Bodies()[0];
   LegBuild b =
-      Build(body, Plain(Connector::kNixl, "10.0.0.1", 8100), Plain(Connector::kNixl, "10.0.0.2", 8200));
+      Build(body, Plain(Connector::kNixl, "127.0.10.1", 8100), Plain(Connector::kNixl, "127.0.10.2", 8200));
   const std::string before = b.decode.body_text();
   EXPECT_EQ(finish_decode_leg(b.plan, &b.decode, R"({"id":"x","kv_transfer_params":null})").code(),
             StatusCode::kMissingKey);
@@ -260,12 +260,12 @@ TEST(MoriioLegs, ReadAndWriteForEveryBodyShape) {
     for (const Body& body : Bodies()) {
       SCOPED_TRACE(std::string(body.name) + " mode " + std::string(to_string(c.mode)) + " p_dp " +
                    std::to_string(c.p_dp) + " d_dp " + std::to_string(c.d_dp));
-      const LegInstance p = Moriio("10.0.0.1", 8100, 6301, 61005, c.p_dp, 4, c.mode);
+      const LegInstance p = Moriio("127.0.10.1", 8100, 6301, 61005, c.p_dp, 4, c.mode);
       const LegInstance d = Moriio("fd00::2", 8200, 6401, 61105, c.d_dp, 2, c.mode);
       const LegBuild b = Build(body, p, d, c.p_rank, c.d_rank);
       EXPECT_EQ(b.plan.concurrent, c.mode == TransferMode::kWrite);
       EXPECT_EQ(b.plan.decode_needs_prefill_params, c.mode == TransferMode::kRead);
-      ExpectAddressedId(b.plan.request_id, "host:10.0.0.1,handshake:6301,notify:61005",
+      ExpectAddressedId(b.plan.request_id, "host:127.0.10.1,handshake:6301,notify:61005",
                         "host:fd00::2,handshake:6401,notify:61105");
       EXPECT_TRUE(std::regex_match(b.plan.transfer_id,
                                    std::regex("^tx-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")))
@@ -301,7 +301,7 @@ TEST(MoriioLegs, ReadAndWriteForEveryBodyShape) {
       json want_d = {{"do_remote_decode", false},   {"do_remote_prefill", true},
                      {"remote_engine_id", nullptr}, {"remote_block_ids", nullptr},
                      {"transfer_id", b.plan.transfer_id}, {"remote_dp_size", c.p_dp},
-                     {"remote_tp_size", 4},         {"remote_host", "10.0.0.1"},
+                     {"remote_tp_size", 4},         {"remote_host", "127.0.10.1"},
                      {"remote_handshake_port", 6301}, {"remote_notify_port", 61005}};
       if (c.p_dp > 1) want_d["remote_dp_rank"] = *c.p_rank;
       EXPECT_EQ(dec["kv_transfer_params"], want_d);
@@ -325,8 +325,8 @@ TEST(MoriioLegs, ReadAndWriteForEveryBodyShape) {
 TEST(MoriioLegs, RemoteAddressesAreOptional) {
   LegOptions options;
   options.moriio_send_remote_addresses = false;
-  const LegBuild b = Build(Bodies()[0], Moriio("10.0.0.1", 8100, 6301, 61005, 1, 1, TransferMode::kRead),
-                           Moriio("10.0.0.2", 8200, 6401, 61105, 1, 1, TransferMode::kRead),
+  const LegBuild b = Build(Bodies()[0], Moriio("127.0.10.1", 8100, 6301, 61005, 1, 1, TransferMode::kRead),
+                           Moriio("127.0.10.2", 8200, 6401, 61105, 1, 1, TransferMode::kRead),
                            std::nullopt, std::nullopt, options);
   for (const std::string& s : {b.prefill.body_text(), b.decode.body_text()}) {
     const json kv = json::parse(s)["kv_transfer_params"];
@@ -337,12 +337,12 @@ TEST(MoriioLegs, RemoteAddressesAreOptional) {
 }
 
 TEST(MoriioLegs, ZmqAddressParsedWhenNotGivenParsed) {
-  LegInstance p = Moriio("10.0.0.1", 8100, 6301, 61005, 1, 1, TransferMode::kWrite);
-  LegInstance d = Moriio("10.0.0.2", 8200, 6401, 61105, 1, 1, TransferMode::kWrite);
+  LegInstance p = Moriio("127.0.10.1", 8100, 6301, 61005, 1, 1, TransferMode::kWrite);
+  LegInstance d = Moriio("127.0.10.2", 8200, 6401, 61105, 1, 1, TransferMode::kWrite);
   p.moriio_zmq.reset();
   const LegBuild b = Build(Bodies()[0], p, d);
   EXPECT_EQ(json::parse(b.decode.body_text())["kv_transfer_params"]["remote_notify_port"], 61005);
-  p.zmq_address = "10.0.0.1:5000";  // not a MoRIIO address
+  p.zmq_address = "127.0.10.1:5000";  // not a MoRIIO address
   LegBuild out;
   EXPECT_EQ(build_legs({"/v1/completions", Bodies()[0].text, ""}, p, d, std::nullopt,
                        std::nullopt, LegOptions(), Rng(), &out)
@@ -351,8 +351,8 @@ TEST(MoriioLegs, ZmqAddressParsedWhenNotGivenParsed) {
 }
 
 TEST(MoriioLegs, DecodeTokenDecrementNeverBelowOne) {
-  const LegInstance p = Moriio("10.0.0.1", 8100, 6301, 61005, 1, 1, TransferMode::kWrite);
-  const LegInstance d = Moriio("10.0.0.2", 8200, 6401, 61105, 1, 1, TransferMode::kWrite);
+  const LegInstance p = Moriio("127.0.10.1", 8100, 6301, 61005, 1, 1, TransferMode::kWrite);
+  const LegInstance d = Moriio("127.0.10.2", 8200, 6401, 61105, 1, 1, TransferMode::kWrite);
   struct Case {
     std::string body;
     const char* key;
@@ -378,28 +378,28 @@ TEST(MoriioLegs, DecodeTokenDecrementNeverBelowOne) {
 
 TEST(MoriioLegs, FinishReadCopiesFourFields) {
   const Body body = Bodies()[3];
-  LegBuild b = Build(body, Moriio("10.0.0.1", 8100, 6301, 61005, 2, 4, TransferMode::kRead),
-                     Moriio("10.0.0.2", 8200, 6401, 61105, 1, 2, TransferMode::kRead), 1);
+  LegBuild b = Build(body, Moriio("127.0.10.1", 8100, 6301, 61005, 2, 4, TransferMode::kRead),
+                     Moriio("127.0.10.2", 8200, 6401, 61105, 1, 2, TransferMode::kRead), 1);
   const std::string response =
       R"({"id":"chatcmpl-x","kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,)"
-      R"("remote_block_ids":[4, 5,6],"remote_engine_id":"10.0.0.1:6301","remote_host":"10.0.0.9",)"
+      R"("remote_block_ids":[4, 5,6],"remote_engine_id":"127.0.10.1:6301","remote_host":"127.0.10.9",)"
       R"("remote_handshake_port":1,"remote_notify_port":2,"remote_dp_size":2,"tp_size":4,)"
       R"("transfer_id":")" + b.plan.transfer_id + R"("}})";
   ASSERT_TRUE(finish_decode_leg(b.plan, &b.decode, response).is_ok());
   const json kv = json::parse(b.decode.body_text())["kv_transfer_params"];
   EXPECT_EQ(kv["remote_block_ids"], json::parse("[4,5,6]"));
-  EXPECT_EQ(kv["remote_engine_id"], "10.0.0.1:6301");
+  EXPECT_EQ(kv["remote_engine_id"], "127.0.10.1:6301");
   EXPECT_EQ(kv["transfer_id"], b.plan.transfer_id);
   EXPECT_EQ(kv["tp_size"], 4);
   EXPECT_EQ(kv["do_remote_prefill"], true);
   EXPECT_EQ(kv["remote_dp_rank"], 1);
-  EXPECT_EQ(kv["remote_host"], "10.0.0.1") << "our own peer address is kept, not the response's";
+  EXPECT_EQ(kv["remote_host"], "127.0.10.1") << "our own peer address is kept, not the response's";
   EXPECT_EQ(kv["remote_dp_size"], 2);
   ExpectUntouched(body.text, b.decode.body_text(),
                   {"kv_transfer_params", "max_tokens", "max_completion_tokens"});
 
-  LegBuild b2 = Build(body, Moriio("10.0.0.1", 8100, 6301, 61005, 1, 4, TransferMode::kRead),
-                      Moriio("10.0.0.2", 8200, 6401, 61105, 1, 2, TransferMode::kRead));
+  LegBuild b2 = Build(body, Moriio("127.0.10.1", 8100, 6301, 61005, 1, 4, TransferMode::kRead),
+                      Moriio("127.0.10.2", 8200, 6401, 61105, 1, 2, TransferMode::kRead));
   const std::string before = b2.decode.body_text();
   EXPECT_EQ(finish_decode_leg(b2.plan, &b2.decode, R"({"kv_transfer_params":null})").code(),
             StatusCode::kMissingKey);
@@ -411,8 +411,8 @@ TEST(MoriioLegs, FinishReadCopiesFourFields) {
 }
 
 TEST(MoriioLegs, FinishIsNoOpForWrite) {
-  LegBuild b = Build(Bodies()[0], Moriio("10.0.0.1", 8100, 6301, 61005, 1, 4, TransferMode::kWrite),
-                     Moriio("10.0.0.2", 8200, 6401, 61105, 1, 2, TransferMode::kWrite));
+  LegBuild b = Build(Bodies()[0], Moriio("127.0.10.1", 8100, 6301, 61005, 1, 4, TransferMode::kWrite),
+                     Moriio("127.0.10.2", 8200, 6401, 61105, 1, 2, TransferMode::kWrite));
   const std::string before = b.decode.body_text();
   EXPECT_TRUE(finish_decode_leg(b.plan, &b.decode, "not json").is_ok());
   EXPECT_EQ(b.decode.body_text(), before);
@@ -422,15 +422,15 @@ TEST(MoriioLegs, RejectsBadPairs) {
   LegBuild out;
   const std::string text = Bodies()[0].text;
   const ClientRequest req{"/v1/completions", text, ""};
-  const LegInstance r = Moriio("10.0.0.1", 8100, 6301, 61005, 1, 1, TransferMode::kRead);
-  const LegInstance w = Moriio("10.0.0.2", 8200, 6401, 61105, 1, 1, TransferMode::kWrite);
+  const LegInstance r = Moriio("127.0.10.1", 8100, 6301, 61005, 1, 1, TransferMode::kRead);
+  const LegInstance w = Moriio("127.0.10.2", 8200, 6401, 61105, 1, 1, TransferMode::kWrite);
   EXPECT_EQ(build_legs(req, r, w, std::nullopt, std::nullopt, {}, Rng(), &out).code(),
             StatusCode::kRejected);
   LegInstance none = r;
   none.transfer_mode = TransferMode::kNone;
   EXPECT_EQ(build_legs(req, none, none, std::nullopt, std::nullopt, {}, Rng(), &out).code(),
             StatusCode::kRejected);
-  const LegInstance p2 = Moriio("10.0.0.1", 8100, 6301, 61005, 2, 1, TransferMode::kRead);
+  const LegInstance p2 = Moriio("127.0.10.1", 8100, 6301, 61005, 2, 1, TransferMode::kRead);
   EXPECT_EQ(build_legs(req, p2, r, std::nullopt, std::nullopt, {}, Rng(), &out).code(),
             StatusCode::kRejected)
       << "dp_size > 1 needs a rank";
@@ -447,11 +447,11 @@ TEST(MoriioLegs, RejectsBadPairs) {
 
 TEST(MooncakeLegs, ConcurrentWithBootstrapAddr) {
   for (const Body& body : Bodies()) {
-    for (const char* host : {"10.0.0.1", "fd00::1"}) {
+    for (const char* host : {"127.0.10.1", "fd00::1"}) {
       SCOPED_TRACE(std::string(body.name) + " " + host);
       LegInstance p = Plain(Connector::kMooncake, host, 8100, 2);
       p.mooncake_engine_id = "engine-dp1";
-      const LegInstance d = Plain(Connector::kMooncake, "10.0.0.2", 8200);
+      const LegInstance d = Plain(Connector::kMooncake, "127.0.10.2", 8200);
       const LegBuild b = Build(body, p, d, 1, 0);
       EXPECT_TRUE(b.plan.concurrent);
       EXPECT_FALSE(b.plan.decode_needs_prefill_params);
@@ -488,7 +488,7 @@ TEST(MooncakeLegs, ConcurrentWithBootstrapAddr) {
 TEST(MooncakeLegs, NeedsEngineId) {
   LegBuild out;
   const std::string text = Bodies()[0].text;
-  const LegInstance p = Plain(Connector::kMooncake, "10.0.0.1", 8100);
+  const LegInstance p = Plain(Connector::kMooncake, "127.0.10.1", 8100);
   EXPECT_EQ(build_legs({"/v1/completions", text, ""}, p, p, std::nullopt, std::nullopt, {}, Rng(),
                        &out)
                 .code(),
@@ -500,7 +500,7 @@ TEST(MooncakeLegs, NeedsEngineId) {
                          Rng(), &out)
                   .is_ok());
   EXPECT_EQ(json::parse(out.decode.body_text())["kv_transfer_params"]["remote_bootstrap_addr"],
-            "http://10.0.0.1:9000");
+            "http://127.0.10.1:9000");
 }
 
 // ---------------- P2P-NCCL ----------------
@@ -508,22 +508,22 @@ TEST(MooncakeLegs, NeedsEngineId) {
 TEST(P2pNcclLegs, SerialNoKvParamsDecodeUnchanged) {
   for (const Body& body : Bodies()) {
     SCOPED_TRACE(body.name);
-    LegInstance p = Plain(Connector::kP2pNccl, "10.0.0.1", 8100);
-    p.zmq_address = "10.0.0.1:21001";
-    LegInstance d = Plain(Connector::kP2pNccl, "10.0.0.2", 8200);
-    d.zmq_address = "10.0.0.2:22001";
+    LegInstance p = Plain(Connector::kP2pNccl, "127.0.10.1", 8100);
+    p.zmq_address = "127.0.10.1:21001";
+    LegInstance d = Plain(Connector::kP2pNccl, "127.0.10.2", 8200);
+    d.zmq_address = "127.0.10.2:22001";
     const LegBuild b = Build(body, p, d);
     EXPECT_FALSE(b.plan.concurrent);
     EXPECT_FALSE(b.plan.decode_needs_prefill_params);
-    ExpectAddressedId(b.plan.request_id, "10.0.0.1:21001", "10.0.0.2:22001");
+    ExpectAddressedId(b.plan.request_id, "127.0.10.1:21001", "127.0.10.2:22001");
     // The P2P connector's own parse: ___decode_addr_(.*):(\d+) and ___prefill_addr_(.*):(\d+)___
     std::smatch m;
     ASSERT_TRUE(std::regex_search(b.plan.request_id, m, std::regex("___decode_addr_(.*):(\\d+)")));
-    EXPECT_EQ(m[1], "10.0.0.2");
+    EXPECT_EQ(m[1], "127.0.10.2");
     EXPECT_EQ(m[2], "22001");
     ASSERT_TRUE(
         std::regex_search(b.plan.request_id, m, std::regex("___prefill_addr_(.*):(\\d+)___")));
-    EXPECT_EQ(m[1], "10.0.0.1");
+    EXPECT_EQ(m[1], "127.0.10.1");
     EXPECT_EQ(m[2], "21001");
     ExpectCommonHeaders(b.prefill, body.path, b.plan.request_id);
     ExpectCommonHeaders(b.decode, body.path, b.plan.request_id);
@@ -554,10 +554,10 @@ TEST(P2pNcclLegs, SerialNoKvParamsDecodeUnchanged) {
 }
 
 TEST(P2pNcclLegs, ClientKvTransferParamsAreRemovedFromBothLegs) {
-  LegInstance p = Plain(Connector::kP2pNccl, "10.0.0.1", 8100);
-  p.zmq_address = "10.0.0.1:21001";
-  LegInstance d = Plain(Connector::kP2pNccl, "10.0.0.2", 8200);
-  d.zmq_address = "10.0.0.2:22001";
+  LegInstance p = Plain(Connector::kP2pNccl, "127.0.10.1", 8100);
+  p.zmq_address = "127.0.10.1:21001";
+  LegInstance d = Plain(Connector::kP2pNccl, "127.0.10.2", 8200);
+  d.zmq_address = "127.0.10.2:22001";
   const Body body{"object", "/v1/completions",
                   R"({"model":"m","prompt":"x","max_tokens":5,"kv_transfer_params":{"remote_host":"10.9.9.9"}})",
                   false};
@@ -571,11 +571,11 @@ TEST(P2pNcclLegs, ClientKvTransferParamsAreRemovedFromBothLegs) {
 
 TEST(SglangLegs, SameBodyWithBootstrapFields) {
   for (const Body& body : Bodies()) {
-    for (const char* host : {"10.0.0.1", "fd00::1"}) {
+    for (const char* host : {"127.0.10.1", "fd00::1"}) {
       SCOPED_TRACE(std::string(body.name) + " " + host);
       LegInstance p = Plain(Connector::kSglang, host, 30000);
       p.bootstrap_port = 8998;
-      const LegInstance d = Plain(Connector::kSglang, "10.0.0.2", 30001);
+      const LegInstance d = Plain(Connector::kSglang, "127.0.10.2", 30001);
       const LegBuild b = Build(body, p, d);
       EXPECT_TRUE(b.plan.concurrent);
       EXPECT_FALSE(b.plan.decode_needs_prefill_params);
@@ -592,7 +592,7 @@ TEST(SglangLegs, SameBodyWithBootstrapFields) {
                       {"bootstrap_host", "bootstrap_port", "bootstrap_room"});
     }
   }
-  LegInstance p = Plain(Connector::kSglang, "10.0.0.1", 30000);
+  LegInstance p = Plain(Connector::kSglang, "127.0.10.1", 30000);
   const LegBuild b = Build(Bodies()[0], p, p);
   EXPECT_TRUE(json::parse(b.prefill.body_text())["bootstrap_port"].is_null());
   // The room uses all 63 bits.
@@ -606,7 +606,7 @@ TEST(SglangLegs, SameBodyWithBootstrapFields) {
 // ---------------- shared behaviour ----------------
 
 TEST(LegHeaders, AuthorizationPolicy) {
-  const LegInstance p = Plain(Connector::kNixl, "10.0.0.1", 8100);
+  const LegInstance p = Plain(Connector::kNixl, "127.0.10.1", 8100);
   LegBuild out;
   const std::string text = "{}";
   ASSERT_TRUE(build_legs({"/v1/completions", text, ""}, p, p, std::nullopt, std::nullopt, {},
@@ -630,7 +630,7 @@ TEST(LegHeaders, AuthorizationPolicy) {
 }
 
 TEST(LegErrors, ClientBodyProblemsArePrecise) {
-  const LegInstance p = Plain(Connector::kNixl, "10.0.0.1", 8100);
+  const LegInstance p = Plain(Connector::kNixl, "127.0.10.1", 8100);
   LegBuild out;
   auto build = [&](std::string_view body) {
     return build_legs({"/v1/completions", body, ""}, p, p, std::nullopt, std::nullopt, {}, Rng(),
@@ -663,14 +663,14 @@ TEST(LegErrors, ClientBodyProblemsArePrecise) {
 TEST(LegBodies, ClientKvTransferParamsAreReplaced) {
   const std::string body = R"({"prompt":"x","kv_transfer_params":{"do_remote_decode":false,"evil":1}})";
   const LegBuild b = Build({"x", "/v1/completions", body, false},
-                           Moriio("10.0.0.1", 8100, 6301, 61005, 1, 1, TransferMode::kWrite),
-                           Moriio("10.0.0.2", 8200, 6401, 61105, 1, 1, TransferMode::kWrite));
+                           Moriio("127.0.10.1", 8100, 6301, 61005, 1, 1, TransferMode::kWrite),
+                           Moriio("127.0.10.2", 8200, 6401, 61105, 1, 1, TransferMode::kWrite));
   EXPECT_FALSE(json::parse(b.prefill.body_text())["kv_transfer_params"].contains("evil"));
   EXPECT_FALSE(json::parse(b.decode.body_text())["kv_transfer_params"].contains("evil"));
 }
 
 TEST(LegBodies, DeterministicGivenTheSameRandomness) {
-  const LegInstance p = Moriio("10.0.0.1", 8100, 6301, 61005, 1, 1, TransferMode::kWrite);
+  const LegInstance p = Moriio("127.0.10.1", 8100, 6301, 61005, 1, 1, TransferMode::kWrite);
   const LegBuild a = Build(Bodies()[0], p, p);
   const LegBuild b = Build(Bodies()[0], p, p);
   EXPECT_EQ(a.plan.request_id, b.plan.request_id);
@@ -696,8 +696,8 @@ TEST(ParseOnce, LegsAreBuiltFromTheCallersParse) {
   ASSERT_TRUE(JsonObjectBody::parse(body.text, JsonLimits(), &client).is_ok());
   EXPECT_EQ(json_object_parses() - before_client, 1u);
 
-  const LegInstance p = Plain(Connector::kNixl, "10.0.0.1", 8100);
-  const LegInstance d = Plain(Connector::kNixl, "10.0.0.2", 8200);
+  const LegInstance p = Plain(Connector::kNixl, "127.0.10.1", 8100);
+  const LegInstance d = Plain(Connector::kNixl, "127.0.10.2", 8200);
   const uint64_t before = json_object_parses();
   LegBuild built, again;
   ASSERT_TRUE(build_legs({body.path, body.text, "", &client}, p, d, std::nullopt, std::nullopt, LegOptions(), Rng(),
@@ -726,8 +726,8 @@ TEST(ParseOnce, LegsAreBuiltFromTheCallersParse) {
 TEST(ParseOnce, RenderIntoAppendsExactlyTheRenderedBytes) {
   for (const Body& body : Bodies()) {
     // SGLang appends members, MoRIIO replaces and removes some.
-    const LegBuild b = Build(body, Plain(Connector::kSglang, "10.0.0.1", 8100),
-                             Plain(Connector::kSglang, "10.0.0.2", 8200));
+    const LegBuild b = Build(body, Plain(Connector::kSglang, "127.0.10.1", 8100),
+                             Plain(Connector::kSglang, "127.0.10.2", 8200));
     for (const LegRequest* leg : {&b.prefill, &b.decode}) {
       std::string wire = "HEAD";
       leg->body.render_into(&wire);
