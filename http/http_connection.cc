@@ -1,7 +1,10 @@
 #include "http/http_connection.h"
 
+#include <linux/sockios.h>
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cstring>
 #include <exception>
@@ -9,6 +12,7 @@
 
 #include "http/http_worker.h"
 #include "http/json_error.h"
+#include "http/write_now.h"
 
 namespace pdr::http {
 
@@ -27,6 +31,7 @@ constexpr size_t kPipelineSlack = 64 * 1024;
 struct WriteReq {
   uv_write_t req{};
   std::string data;
+  size_t offset = 0;  // written at once before the request was made (flush_output)
   HttpConnection* conn = nullptr;
 };
 
@@ -604,6 +609,14 @@ void HttpConnection::begin_drain() {
 void HttpConnection::close_now() {
   if (phase_ == Phase::kClosed) return;
   const bool pending = phase_ == Phase::kDispatched && response_ != ResponseState::kDone;
+  if (!pending_.empty()) {
+    // Bytes queued this turn were sent as far as the handler is concerned (as when they went to
+    // uv_write at once): the kernel gets what it takes now, before the close.
+    if (tcp_) detail::write_now(tcp_.stream(), pending_);
+    buffered_ -= pending_.size();
+    worker_.stats().output_buffered_bytes.fetch_sub(pending_.size(), std::memory_order_relaxed);
+    pending_.clear();
+  }
   phase_ = Phase::kClosed;
   timer_mode_ = TimerMode::kNone;
   timer_.close();
@@ -676,28 +689,52 @@ void HttpConnection::count_response(int status) {
 }
 
 void HttpConnection::queue_write(std::string data) {
-  if (phase_ == Phase::kClosed || !tcp_) return;
-  // Client answers still go through uv_write even when the socket could take them at once
-  // (write_now.h, as upstream requests do): with it, HttpBoundsTest.SlowReaderOfLargeAnswerIs
-  // NotCutByTheIdleTimer failed under TSan (an 8 MiB answer cut after the kernel's 4 MiB) and
-  // the cause is not understood yet. This costs one epoll_ctl per answer.
-  auto* w = new WriteReq;
-  w->data = std::move(data);
-  w->conn = this;
-  w->req.data = w;
-  const size_t n = w->data.size();
-  uv_buf_t buf = uv_buf_init(w->data.data(), static_cast<unsigned int>(n));
+  if (phase_ == Phase::kClosed || !tcp_ || data.empty()) return;
+  const size_t n = data.size();
   buffered_ += n;
   queued_total_ += n;
   worker_.stats().output_buffered_bytes.fetch_add(n, std::memory_order_relaxed);
-  const int rc = uv_write(&w->req, tcp_.stream(), &buf, 1, &HttpConnection::on_write);
-  if (rc < 0) {
-    buffered_ -= n;
-    queued_total_ -= n;
-    worker_.stats().output_buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
-    delete w;
-    spdlog::debug("http {}: write failed: {}", peer_, uv_strerror(rc));
-    close_now();
+  if (pending_.empty()) {
+    pending_ = std::move(data);
+  } else {
+    pending_ += data;
+  }
+  if (!flush_scheduled_) {
+    flush_scheduled_ = true;
+    worker_.schedule_flush(shared_from_this());
+  }
+}
+
+void HttpConnection::flush_output() {
+  flush_scheduled_ = false;
+  if (pending_.empty() || phase_ == Phase::kClosed || !tcp_) return;
+  std::string data = std::move(pending_);
+  pending_.clear();
+  const size_t before = buffered_;
+  // Written at once when the socket takes it (no write request, hence no epoll_ctl when it
+  // completes); only what it does not take goes through uv_write.
+  const size_t taken = detail::write_now(tcp_.stream(), data);
+  if (taken < data.size()) {
+    auto* w = new WriteReq;
+    w->data = std::move(data);
+    w->offset = taken;
+    w->conn = this;
+    w->req.data = w;
+    const size_t rest = w->data.size() - taken;
+    uv_buf_t buf = uv_buf_init(w->data.data() + taken, static_cast<unsigned int>(rest));
+    const int rc = uv_write(&w->req, tcp_.stream(), &buf, 1, &HttpConnection::on_write);
+    if (rc < 0) {
+      delete w;
+      buffered_ -= rest;
+      worker_.stats().output_buffered_bytes.fetch_sub(rest, std::memory_order_relaxed);
+      spdlog::debug("http {}: write failed: {}", peer_, uv_strerror(rc));
+      close_now();
+      return;
+    }
+  }
+  if (taken > 0) output_taken(taken, before);
+  if (phase_ == Phase::kReading && timer_mode_ == TimerMode::kFlush && flush_mark_ == kMarkAtFlush) {
+    flush_mark_ = bytes_delivered();
   }
 }
 
@@ -706,34 +743,39 @@ void HttpConnection::on_write(uv_write_t* req, int status) {
   // connection is alive here: its self-reference is released only in that close callback.
   auto* w = static_cast<WriteReq*>(req->data);
   HttpConnection* c = w->conn;
-  const size_t n = w->data.size();
+  const size_t n = w->data.size() - w->offset;
   delete w;
-  const size_t before = c->buffered_;
-  c->buffered_ -= n;
-  c->worker_.stats().output_buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
   if (status < 0) {
+    c->buffered_ -= n;
+    c->worker_.stats().output_buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
     if (c->phase_ != Phase::kClosed) {
       spdlog::debug("http {}: write error: {}", c->peer_, uv_strerror(status));
       c->close_now();
     }
     return;
   }
-  if (c->phase_ == Phase::kFinishing && c->buffered_ == 0) {
-    c->start_lingering();
+  c->output_taken(n, c->buffered_);
+}
+
+void HttpConnection::output_taken(size_t n, size_t before) {
+  buffered_ -= n;
+  worker_.stats().output_buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
+  if (phase_ == Phase::kClosed) return;
+  if (phase_ == Phase::kFinishing && buffered_ == 0) {
+    start_lingering();
     return;
   }
-  if (c->phase_ == Phase::kReading && c->timer_mode_ == TimerMode::kFlush) {
-    c->output_drained();
+  if (phase_ == Phase::kReading && timer_mode_ == TimerMode::kFlush) {
+    output_drained();
     return;
   }
-  if (before >= ResponseWriter::kDrainLowWater && c->buffered_ < ResponseWriter::kDrainLowWater &&
-      c->on_drain_) {
-    const uint64_t seq = c->seq_;
-    std::function<void()> fn = std::move(c->on_drain_);
-    c->on_drain_ = nullptr;
+  if (before >= ResponseWriter::kDrainLowWater && buffered_ < ResponseWriter::kDrainLowWater && on_drain_) {
+    const uint64_t seq = seq_;
+    std::function<void()> fn = std::move(on_drain_);
+    on_drain_ = nullptr;
     invoke_guarded(fn, "on_drain");
-    if (!c->on_drain_ && c->active(seq) && c->response_ != ResponseState::kDone) {
-      c->on_drain_ = std::move(fn);
+    if (!on_drain_ && active(seq) && response_ != ResponseState::kDone) {
+      on_drain_ = std::move(fn);
     }
   }
 }
@@ -801,12 +843,25 @@ void HttpConnection::update_reading() {
   }
 }
 
-uint64_t HttpConnection::bytes_taken() const {
-  return queued_total_ - (tcp_ ? uv_stream_get_write_queue_size(tcp_.stream()) : 0);
+uint64_t HttpConnection::bytes_delivered() const {
+  uint64_t ours = pending_.size();
+  if (tcp_) {
+    ours += uv_stream_get_write_queue_size(tcp_.stream());
+    uv_os_fd_t fd = -1;
+    int unsent = 0;
+    if (uv_fileno(tcp_.base(), &fd) == 0 && ioctl(fd, SIOCOUTQ, &unsent) == 0 && unsent > 0) {
+      ours += static_cast<uint64_t>(unsent);
+    }
+  }
+  return queued_total_ - std::min<uint64_t>(ours, queued_total_);
 }
 
 void HttpConnection::arm_flush_timer() {
-  flush_mark_ = bytes_taken();
+  // Output queued this turn is usually all taken by the kernel when it is written at the end
+  // of the turn (then the idle timer replaces this one): the mark, one ioctl, is taken then,
+  // and only when something is left (flush_output).
+  const bool only_pending = !pending_.empty() && (!tcp_ || uv_stream_get_write_queue_size(tcp_.stream()) == 0);
+  flush_mark_ = only_pending ? kMarkAtFlush : bytes_delivered();
   arm_timer(TimerMode::kFlush, static_cast<uint64_t>(worker_.options().keep_alive_idle.count()));
 }
 
@@ -835,10 +890,12 @@ void HttpConnection::flush_timer_fired() {
     output_drained();
     return;
   }
-  // Progress is what the kernel took from libuv's queue since the timer was armed: one large
-  // write completes only at its end, and output queued after arming must not hide progress
-  // (comparing queue sizes did: a head queued, then an 8 MiB body, looked like a stall).
-  if (bytes_taken() > flush_mark_) {
+  // Progress is what the client received since the timer was armed: one large write completes
+  // only at its end, output queued after arming must not hide progress (comparing queue sizes
+  // did: a head queued, then an 8 MiB body, looked like a stall), and the kernel may hold
+  // megabytes the client is reading slowly while libuv's queue does not move (what it took
+  // from our queue was not enough: a slow reader of an 8 MiB answer was cut).
+  if (flush_mark_ == kMarkAtFlush || bytes_delivered() > flush_mark_) {
     arm_flush_timer();
     return;
   }

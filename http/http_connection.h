@@ -51,6 +51,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void writer_dropped(uint64_t seq);
   void writer_abort(uint64_t seq);
 
+  // Writes the bytes queued this loop turn (HttpWorker::schedule_flush): as much as the socket
+  // takes at once, the rest through uv_write.
+  void flush_output();
+
  private:
   enum class Phase {
     kReading,     // waiting for / parsing a request
@@ -99,7 +103,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void flush_timer_fired();
   std::string build_head(int status, const std::vector<Header>& headers, bool chunked,
                          size_t content_length, bool streaming);
+  // Queues response bytes; they are written at the end of the loop turn (flush_output).
   void queue_write(std::string data);
+  // `n` bytes left our buffers for the kernel: completes a finishing connection, resumes
+  // parsing, or fires on_drain. `before` is buffered_ before they left.
+  void output_taken(size_t n, size_t before);
   void count_response(int status);
   bool active(uint64_t seq) const { return phase_ == Phase::kDispatched && seq == seq_; }
   void clear_callbacks();
@@ -144,12 +152,18 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   std::function<void()> on_client_close_;
   std::string request_line_;  // "GET /x" for the per-request debug log
 
-  size_t buffered_ = 0;  // bytes in uv_write not yet completed
-  // Bytes the kernel has taken from us (queued_total_ minus libuv's write queue) when the flush
-  // timer was armed: the client made progress if that grew.
+  std::string pending_;         // queued this loop turn, not yet written (flush_output)
+  bool flush_scheduled_ = false;
+  size_t buffered_ = 0;  // bytes queued and not yet taken by the kernel (pending_ + uv_write)
+  // Bytes the client has received (bytes_delivered()) when the flush timer was armed: the
+  // client made progress if that grew.
   uint64_t flush_mark_ = 0;
-  uint64_t queued_total_ = 0;  // every byte ever handed to uv_write on this connection
-  uint64_t bytes_taken() const;
+  static constexpr uint64_t kMarkAtFlush = ~uint64_t{0};  // taken when the pending bytes are written
+  uint64_t queued_total_ = 0;  // every byte ever queued on this connection
+  // queued_total_ minus what is still ours (pending_, libuv's write queue) and what is still in
+  // the kernel's send queue, unacknowledged (SIOCOUTQ): moves as soon as the client reads,
+  // however much the kernel had buffered.
+  uint64_t bytes_delivered() const;
 };
 
 }  // namespace pdr::http

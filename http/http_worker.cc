@@ -39,6 +39,7 @@ HttpWorker::~HttpWorker() {
   listener_.close();
   backoff_timer_.close();
   async_.close();
+  close_flush_handles();
   uv_run(&loop_, UV_RUN_DEFAULT);
   const int rc = uv_loop_close(&loop_);
   if (rc != 0) spdlog::error("http worker {}: uv_loop_close: {}", index_, uv_strerror(rc));
@@ -53,6 +54,10 @@ Status HttpWorker::listen(const std::string& host, uint16_t* port) {
 
   rc = backoff_timer_.init(this, [&](uv_timer_t* t) { return uv_timer_init(&loop_, t); });
   if (rc < 0) return uv_status(StatusCode::kIoError, "uv_timer_init", rc);
+  rc = flush_check_.init(this, [&](uv_check_t* c) { return uv_check_init(&loop_, c); });
+  if (rc < 0) return uv_status(StatusCode::kIoError, "uv_check_init", rc);
+  rc = flush_idle_.init(this, [&](uv_idle_t* i) { return uv_idle_init(&loop_, i); });
+  if (rc < 0) return uv_status(StatusCode::kIoError, "uv_idle_init", rc);
 
   if (uv_ip4_addr(host.c_str(), *port, reinterpret_cast<sockaddr_in*>(&addr_)) != 0) {
     if (uv_ip6_addr(host.c_str(), *port, reinterpret_cast<sockaddr_in6*>(&addr_)) != 0) {
@@ -220,6 +225,42 @@ void HttpWorker::connection_closed(HttpConnection* conn) {
   }
 }
 
+void HttpWorker::schedule_flush(std::shared_ptr<HttpConnection> conn) {
+  if (!flush_check_) return;  // shut down: nothing is written any more
+  if (flush_list_.empty()) {
+    uv_check_start(flush_check_.get(), &HttpWorker::on_flush_check);
+    uv_idle_start(flush_idle_.get(), [](uv_idle_t*) {});
+  }
+  flush_list_.push_back(std::move(conn));
+}
+
+void HttpWorker::on_flush_check(uv_check_t* check) {
+  detail::UvHandle<uv_check_t>::owner_of<HttpWorker>(check)->flush_scheduled();
+}
+
+void HttpWorker::flush_scheduled() {
+  // Writing can complete an answer and let the next pipelined request be answered at once,
+  // which lists the connection again: a few rounds here save a loop turn; beyond them the rest
+  // waits for the next turn (the idle handle keeps that turn from blocking).
+  constexpr int kRounds = 4;
+  std::vector<std::shared_ptr<HttpConnection>> batch;
+  for (int round = 0; round < kRounds && !flush_list_.empty(); ++round) {
+    batch.swap(flush_list_);
+    for (const auto& conn : batch) conn->flush_output();
+    batch.clear();
+  }
+  if (flush_list_.empty() && flush_check_) {
+    uv_check_stop(flush_check_.get());
+    uv_idle_stop(flush_idle_.get());
+  }
+}
+
+void HttpWorker::close_flush_handles() {
+  flush_check_.close();
+  flush_idle_.close();
+  flush_list_.clear();
+}
+
 void HttpWorker::begin_drain() {
   if (draining_) return;
   draining_ = true;
@@ -244,6 +285,7 @@ void HttpWorker::shutdown() {
     rest.swap(posted_);
   }
   async_.close();
+  close_flush_handles();
   for (auto& fn : rest) {
     try {
       fn();

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -69,6 +70,12 @@ class HttpWorker {
   // Called by HttpConnection from its tcp close callback.
   void connection_closed(HttpConnection* conn);
 
+  // Output is written once per loop turn: a connection that queued bytes (answers, stream
+  // chunks) is listed here and written after every callback of the turn has run, so a stream's
+  // head, the events of one upstream read and the terminating chunk leave in one write. The
+  // list holds a reference until then.
+  void schedule_flush(std::shared_ptr<HttpConnection> conn);
+
   // The worker running on this thread, or nullptr.
   static HttpWorker* current();
 
@@ -83,6 +90,12 @@ class HttpWorker {
   void accept_failed(int status);
   static void on_async(uv_async_t* async);
   void run_posted();
+  // uv_check: runs after the poll phase's callbacks. The idle handle is active while anything
+  // is listed, so that bytes queued outside the poll phase (timers, close callbacks) do not
+  // wait for the next event: with an active idle handle the next poll does not block.
+  static void on_flush_check(uv_check_t* check);
+  void flush_scheduled();
+  void close_flush_handles();
 
   const uint32_t index_;
   ServerShared& shared_;
@@ -92,6 +105,9 @@ class HttpWorker {
   detail::UvHandle<uv_async_t> async_;
   detail::UvHandle<uv_tcp_t> listener_;
   detail::UvHandle<uv_timer_t> backoff_timer_;
+  detail::UvHandle<uv_check_t> flush_check_;
+  detail::UvHandle<uv_idle_t> flush_idle_;
+  std::vector<std::shared_ptr<HttpConnection>> flush_list_;
   sockaddr_storage addr_{};
   std::string where_;  // "host:port" for messages
   bool accept_paused_ = false;
