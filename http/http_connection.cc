@@ -179,15 +179,17 @@ void HttpConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
       break;
   }
   inbuf_.append(buf->base, static_cast<size_t>(nread));
-  if (!got_bytes_) {
-    got_bytes_ = true;
-    if ((timer_mode_ == TimerMode::kIdle || timer_mode_ == TimerMode::kFlush) && !output_blocked()) {
-      arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(worker_.options().header_read_timeout.count()));
-    }
-  }
+  got_bytes_ = true;
   // The body timer is NOT re-armed here: body_read_timeout bounds the whole body, so a client
   // trickling a byte at a time cannot hold the connection and its partial body forever.
   process_input();
+  // The header timer starts with a request's first bytes. It is armed after parsing, so that a
+  // request that arrived whole (dispatched above) never starts it: the idle timer it would
+  // replace is stopped by dispatch() anyway.
+  if (phase_ == Phase::kReading && got_bytes_ &&
+      (timer_mode_ == TimerMode::kIdle || (timer_mode_ == TimerMode::kFlush && !output_blocked()))) {
+    arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(worker_.options().header_read_timeout.count()));
+  }
 }
 
 void HttpConnection::process_input() {
@@ -252,7 +254,12 @@ void HttpConnection::process_input() {
       dispatch();
       continue;
     }
-    break;  // HPE_OK: all input consumed, need more
+    // HPE_OK: all input consumed, need more. A body still to come is bounded from here by
+    // body_read_timeout (armed only now, so a request that arrived whole never starts it).
+    if (headers_done_ && timer_mode_ != TimerMode::kBody) {
+      arm_timer(TimerMode::kBody, static_cast<uint64_t>(worker_.options().body_read_timeout.count()));
+    }
+    break;
   }
   if (inbuf_off_ >= inbuf_.size()) {
     inbuf_.clear();
@@ -281,6 +288,7 @@ int HttpConnection::fail_parse(int status, const char* reason) {
 int HttpConnection::on_message_begin(llhttp_t* p) {
   HttpConnection* c = from_parser(p);
   c->req_ = Request{};
+  c->req_.headers.reserve(8);  // one allocation for a typical request's fields
   c->in_header_value_ = false;
   c->headers_done_ = false;
   c->header_bytes_ = 0;
@@ -340,6 +348,7 @@ int HttpConnection::on_headers_complete(llhttp_t* p) {
     return -1;
   }
   const bool body_expected = chunked || (has_length && p->content_length > 0);
+  if (has_length) r.body.reserve(static_cast<size_t>(p->content_length));  // bounded just above
   if (body_expected) {
     if (auto expect = r.header("expect");
         expect && iequals(*expect, "100-continue") && (r.http_major > 1 || r.http_minor >= 1)) {
@@ -347,7 +356,7 @@ int HttpConnection::on_headers_complete(llhttp_t* p) {
       c->queue_write("HTTP/1.1 100 Continue\r\n\r\n");
       if (c->phase_ != Phase::kReading) return -1;
     }
-    c->arm_timer(TimerMode::kBody, static_cast<uint64_t>(opt.body_read_timeout.count()));
+    // The body timer is armed by process_input if the body is not all here yet.
   } else {
     c->arm_timer(TimerMode::kNone, 0);
   }
@@ -386,7 +395,7 @@ void HttpConnection::dispatch() {
   close_after_ = !req_.keep_alive || worker_.draining();
   req_.peer = peer_;
   req_.worker = worker_.index();
-  request_line_ = req_.method + " " + req_.target;
+  request_line_.assign(req_.method).append(" ").append(req_.target);  // keeps its capacity
   worker_.stats().requests.fetch_add(1, std::memory_order_relaxed);
 
   Request req = std::move(req_);
@@ -413,11 +422,13 @@ bool HttpConnection::writer_send(uint64_t seq, Response&& response) {
   assert(HttpWorker::current() == &worker_);
   if (!active(seq) || response_ != ResponseState::kNone) return false;
   response_ = ResponseState::kDone;
-  std::string out = build_head(response.status, response.headers, false, response.body.size(), false);
-  if (!head_request_) out += response.body;
+  append_output([&](std::string& out) {
+    out.reserve(out.size() + head_size_hint(response.headers) + (head_request_ ? 0 : response.body.size()));
+    append_head(out, response.status, response.headers, false, response.body.size(), false);
+    if (!head_request_) out += response.body;
+  });
   count_response(response.status);
   spdlog::debug("http {} \"{}\" {} {}B", peer_, request_line_, response.status, response.body.size());
-  queue_write(std::move(out));
   finish_response();
   return true;
 }
@@ -427,10 +438,13 @@ bool HttpConnection::writer_start_stream(uint64_t seq, int status, std::vector<H
   if (!active(seq) || response_ != ResponseState::kNone) return false;
   response_ = ResponseState::kStreaming;
   raw_stream_ = http10_;  // HTTP/1.0 has no chunked coding: close-delimited body
-  std::string out = build_head(status, headers, !raw_stream_, 0, true);
+  append_output([&](std::string& out) {
+    // Room for the first events too: they usually leave with the head (one write per turn).
+    out.reserve(out.size() + head_size_hint(headers) + 1024);
+    append_head(out, status, headers, !raw_stream_, 0, true);
+  });
   count_response(status);
   spdlog::debug("http {} \"{}\" {} (stream)", peer_, request_line_, status);
-  queue_write(std::move(out));
   return phase_ == Phase::kDispatched;
 }
 
@@ -438,18 +452,18 @@ bool HttpConnection::writer_write(uint64_t seq, std::string_view chunk) {
   assert(HttpWorker::current() == &worker_);
   if (!active(seq) || response_ != ResponseState::kStreaming) return false;
   if (chunk.empty() || head_request_) return true;
-  std::string out;
-  if (raw_stream_) {
-    out.assign(chunk);
-  } else {
+  append_output([&](std::string& out) {
+    if (raw_stream_) {
+      out.append(chunk);
+      return;
+    }
     char size_line[24];
     const int n = snprintf(size_line, sizeof(size_line), "%zx\r\n", chunk.size());
-    out.reserve(static_cast<size_t>(n) + chunk.size() + 2);
+    out.reserve(out.size() + static_cast<size_t>(n) + chunk.size() + 2 + 5);  // + the last chunk
     out.append(size_line, static_cast<size_t>(n));
     out.append(chunk);
     out.append("\r\n");
-  }
-  queue_write(std::move(out));
+  });
   return phase_ == Phase::kDispatched;
 }
 
@@ -556,7 +570,8 @@ void HttpConnection::send_error_and_close(int status, std::string_view message, 
   close_after_ = true;
   head_request_ = false;
   http10_ = false;
-  std::string out = build_head(r.status, r.headers, false, r.body.size(), false);
+  std::string out;
+  append_head(out, r.status, r.headers, false, r.body.size(), false);
   out += r.body;
   count_response(status);
   spdlog::debug("http {}: {} {}", peer_, status, message);
@@ -644,10 +659,14 @@ void HttpConnection::close_now() {
 // ---------------------------------------------------------------------------------------------
 // Output
 
-std::string HttpConnection::build_head(int status, const std::vector<Header>& headers, bool chunked,
-                                       size_t content_length, bool streaming) {
-  std::string out;
-  out.reserve(160 + headers.size() * 48);
+size_t HttpConnection::head_size_hint(const std::vector<Header>& headers) {
+  size_t n = 160;
+  for (const Header& h : headers) n += h.name.size() + h.value.size() + 4;
+  return n;
+}
+
+void HttpConnection::append_head(std::string& out, int status, const std::vector<Header>& headers, bool chunked,
+                                 size_t content_length, bool streaming) {
   out += "HTTP/1.1 ";
   out += std::to_string(status);
   out += ' ';
@@ -678,7 +697,6 @@ std::string HttpConnection::build_head(int status, const std::vector<Header>& he
     out += "Connection: keep-alive\r\n";
   }
   out += "\r\n";
-  return out;
 }
 
 void HttpConnection::count_response(int status) {
@@ -691,14 +709,19 @@ void HttpConnection::count_response(int status) {
 void HttpConnection::queue_write(std::string data) {
   if (phase_ == Phase::kClosed || !tcp_ || data.empty()) return;
   const size_t n = data.size();
-  buffered_ += n;
-  queued_total_ += n;
-  worker_.stats().output_buffered_bytes.fetch_add(n, std::memory_order_relaxed);
   if (pending_.empty()) {
     pending_ = std::move(data);
   } else {
     pending_ += data;
   }
+  output_appended(n);
+}
+
+void HttpConnection::output_appended(size_t n) {
+  if (n == 0) return;
+  buffered_ += n;
+  queued_total_ += n;
+  worker_.stats().output_buffered_bytes.fetch_add(n, std::memory_order_relaxed);
   if (!flush_scheduled_) {
     flush_scheduled_ = true;
     worker_.schedule_flush(shared_from_this());
@@ -735,6 +758,7 @@ void HttpConnection::flush_output() {
   if (taken > 0) output_taken(taken, before);
   if (phase_ == Phase::kReading && timer_mode_ == TimerMode::kFlush && flush_mark_ == kMarkAtFlush) {
     flush_mark_ = bytes_delivered();
+    arm_timer(TimerMode::kFlush, static_cast<uint64_t>(worker_.options().keep_alive_idle.count()));
   }
 }
 
@@ -861,7 +885,13 @@ void HttpConnection::arm_flush_timer() {
   // of the turn (then the idle timer replaces this one): the mark, one ioctl, is taken then,
   // and only when something is left (flush_output).
   const bool only_pending = !pending_.empty() && (!tcp_ || uv_stream_get_write_queue_size(tcp_.stream()) == 0);
-  flush_mark_ = only_pending ? kMarkAtFlush : bytes_delivered();
+  if (only_pending) {
+    if (timer_) uv_timer_stop(timer_.get());
+    timer_mode_ = TimerMode::kFlush;  // the timer itself is started by flush_output if needed
+    flush_mark_ = kMarkAtFlush;
+    return;
+  }
+  flush_mark_ = bytes_delivered();
   arm_timer(TimerMode::kFlush, static_cast<uint64_t>(worker_.options().keep_alive_idle.count()));
 }
 

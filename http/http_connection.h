@@ -101,10 +101,23 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void arm_flush_timer();
   void output_drained();
   void flush_timer_fired();
-  std::string build_head(int status, const std::vector<Header>& headers, bool chunked,
-                         size_t content_length, bool streaming);
+  // The status line and header block, appended to `out`; head_size_hint() bounds its size for a
+  // reserve().
+  void append_head(std::string& out, int status, const std::vector<Header>& headers, bool chunked,
+                   size_t content_length, bool streaming);
+  static size_t head_size_hint(const std::vector<Header>& headers);
   // Queues response bytes; they are written at the end of the loop turn (flush_output).
   void queue_write(std::string data);
+  // The same, appending in place: `fill(pending_)` appends the bytes (one buffer per turn, no
+  // temporary per chunk).
+  template <typename Fill>
+  void append_output(Fill&& fill) {
+    if (phase_ == Phase::kClosed || !tcp_) return;
+    const size_t before = pending_.size();
+    fill(pending_);
+    output_appended(pending_.size() - before);
+  }
+  void output_appended(size_t n);
   // `n` bytes left our buffers for the kernel: completes a finishing connection, resumes
   // parsing, or fires on_drain. `before` is buffered_ before they left.
   void output_taken(size_t n, size_t before);
