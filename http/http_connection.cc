@@ -734,6 +734,7 @@ void HttpConnection::flush_output() {
   std::string data = std::move(pending_);
   pending_.clear();
   const size_t before = buffered_;
+  worker_.stats().output_writes.fetch_add(1, std::memory_order_relaxed);
   // Written at once when the socket takes it (no write request, hence no epoll_ctl when it
   // completes); only what it does not take goes through uv_write.
   const size_t taken = detail::write_now(tcp_.stream(), data);

@@ -82,6 +82,7 @@ struct ServerStats {
   std::atomic<uint64_t> output_pauses{0};         // reading stopped: kOutputHighWater queued
   std::atomic<uint64_t> output_buffered_bytes{0};  // gauge: response bytes queued, all connections
   std::atomic<uint64_t> write_stalls{0};          // closed: queued output made no progress
+  std::atomic<uint64_t> output_writes{0};  // writes to client sockets: one per connection per loop turn
   std::atomic<uint64_t> accept_errors{0};         // accept() failed (EMFILE, ENFILE, ...)
 };
 

@@ -91,6 +91,9 @@ void write_http_metrics(MetricsWriter& out, const http::ServerStats& s) {
   out.gauge("pdrouter_http_output_buffered_bytes", "Answer bytes queued for clients", v(s.output_buffered_bytes));
   out.counter("pdrouter_http_write_stalls_total", "Connections closed because their queued answers made no progress",
               v(s.write_stalls));
+  out.counter("pdrouter_http_output_writes_total",
+              "Writes of answer bytes to client sockets (everything a connection queued in one loop turn leaves in one write)",
+              v(s.output_writes));
   out.counter("pdrouter_http_accept_errors_total", "Failed accepts (each pauses accepting for 100 ms)",
               v(s.accept_errors));
 }

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <uv.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -127,6 +128,21 @@ class HttpServerTest : public ::testing::Test {
     } else if (r.path == "/deferred") {
       park(std::move(w));
       arrived_.bump();
+    } else if (r.path == "/from-close-callback") {
+      // Answers from a uv close callback, which runs after the loop's check phase: only the
+      // flush's idle handle keeps the next poll from blocking on a loop with nothing else to do.
+      struct Closing {
+        uv_idle_t handle{};
+        ResponseWriter writer;
+      };
+      auto* closing = new Closing{{}, std::move(w)};
+      uv_idle_init(server_.loop(r.worker), &closing->handle);
+      closing->handle.data = closing;
+      uv_close(reinterpret_cast<uv_handle_t*>(&closing->handle), [](uv_handle_t* h) {
+        auto* c = static_cast<Closing*>(h->data);
+        c->writer.send(Response::text(200, "closed"));
+        delete c;
+      });
     } else if (r.path == "/whoami") {
       w.send(Response::text(200, std::to_string(r.worker)));
     } else if (r.path == "/throw") {
@@ -399,6 +415,30 @@ TEST_F(HttpServerTest, StreamUsesChunkedEncoding) {
   EXPECT_EQ(r.chunks[2], "data: [DONE]\n\n");
   EXPECT_EQ(r.body, "data: 1\n\ndata: 2\n\ndata: [DONE]\n\n");
   // Connection still usable after the terminating chunk.
+  EXPECT_EQ(c.request("GET", "/hello").status, 200);
+}
+
+// Everything a handler queues in one loop turn (head, three events, the terminating chunk)
+// leaves in one write.
+TEST_F(HttpServerTest, StreamQueuedInOneTurnLeavesInOneWrite) {
+  start();
+  HttpClient c = connect();
+  ASSERT_EQ(c.request("GET", "/hello").status, 200);
+  const uint64_t before = server_.stats().output_writes.load();
+  HttpResponse r = c.request("GET", "/stream");
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.body, "data: 1\n\ndata: 2\n\ndata: [DONE]\n\n");
+  EXPECT_EQ(server_.stats().output_writes.load() - before, 1u);
+}
+
+// An answer queued outside the loop's poll phase (here from a close callback) is written at once,
+// not when the next unrelated event wakes the loop (there is none here: the read would time out).
+TEST_F(HttpServerTest, AnswerQueuedFromACloseCallbackIsWrittenAtOnce) {
+  start();
+  HttpClient c = connect();
+  HttpResponse r = c.request("GET", "/from-close-callback");
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.body, "closed");
   EXPECT_EQ(c.request("GET", "/hello").status, 200);
 }
 
