@@ -46,9 +46,6 @@ void invoke_guarded(Fn& fn, const char* what) {
   }
 }
 
-bool has_forbidden_chars(std::string_view s) {
-  return s.find_first_of(std::string_view("\r\n\0", 3)) != std::string_view::npos;
-}
 
 std::string peer_name(uv_tcp_t* tcp) {
   sockaddr_storage ss{};
@@ -674,7 +671,7 @@ void HttpConnection::append_head(std::string& out, int status, const std::vector
   out += "\r\nServer: pdrouter/" PDR_VERSION "\r\n";
   for (const Header& h : headers) {
     if (is_server_managed_header(h.name)) continue;
-    if (h.name.empty() || has_forbidden_chars(h.name) || has_forbidden_chars(h.value)) {
+    if (h.name.empty() || has_crlf_or_nul(h.name) || has_crlf_or_nul(h.value)) {
       spdlog::warn("http {}: dropping response header with CR/LF/NUL: {}", peer_, h.name);
       continue;
     }

@@ -57,4 +57,14 @@ std::string_view reason_phrase(int status);
 // True for headers the server writes itself (framing and hop-by-hop connection management).
 bool is_server_managed_header(std::string_view name);
 
+// True if `s` holds CR, LF or NUL: such a header name or value would split or end the header
+// block it is written into, so it is never written. (One pass; string_view::find_first_of with a
+// 3-character set calls memchr once per character.)
+inline bool has_crlf_or_nul(std::string_view s) {
+  for (const char c : s) {
+    if (c == '\r' || c == '\n' || c == '\0') return true;
+  }
+  return false;
+}
+
 }  // namespace pdr::http

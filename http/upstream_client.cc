@@ -24,10 +24,6 @@ constexpr size_t kReadBufferSize = 64 * 1024;
 
 uint64_t to_ms(std::chrono::milliseconds d) { return d.count() > 0 ? static_cast<uint64_t>(d.count()) : 0; }
 
-bool has_forbidden_chars(std::string_view s) {
-  return s.find_first_of(std::string_view("\r\n\0", 3)) != std::string_view::npos;
-}
-
 bool is_token(std::string_view s) {
   if (s.empty()) return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
@@ -38,14 +34,14 @@ bool is_token(std::string_view s) {
 
 Status build_wire(const proto::HostPort& target, const UpstreamRequest& r, std::string* out) {
   if (!is_token(r.method)) return Status(StatusCode::kInvalidValue, "invalid HTTP method '" + r.method + "'");
-  if (r.path.empty() || has_forbidden_chars(r.path) || r.path.find(' ') != std::string::npos) {
+  if (r.path.empty() || has_crlf_or_nul(r.path) || r.path.find(' ') != std::string::npos) {
     return Status(StatusCode::kInvalidValue, "invalid request path '" + r.path + "'");
   }
   const size_t body_size = r.append_body ? r.body_size : r.body.size();
   size_t size = r.method.size() + r.path.size() + body_size + 128;
   for (const Header& h : r.headers) {
     if (!is_token(h.name)) return Status(StatusCode::kInvalidValue, "invalid header name '" + h.name + "'");
-    if (has_forbidden_chars(h.value)) {
+    if (has_crlf_or_nul(h.value)) {
       return Status(StatusCode::kInvalidValue, "header '" + h.name + "' has CR, LF or NUL in its value");
     }
     size += h.name.size() + h.value.size() + 4;
