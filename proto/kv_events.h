@@ -1,0 +1,88 @@
+// vLLM KV cache events (`--kv-events-config`, publisher "zmq"): the ZMQ frames of one published
+// batch, its msgpack payload, and the replay socket's request and answer frames. Pure; no I/O.
+// Wire facts: shared/API_FACTS.md section 2 (vllm/distributed/kv_events.py).
+//
+// Frames of a published message: [topic, seq, payload]; topic is the configured topic (default
+// empty), seq an 8-byte big-endian counter from 0 per publisher process, payload a msgpack batch.
+// Replay (ROUTER bound on replay_endpoint): a DEALER sends ["", start_seq(8B BE)] and gets one
+// ["", seq, payload] per buffered batch with seq >= start_seq, then ["", 0xFF x 8, ""].
+//
+// Payload shapes decoded, every one vLLM has shipped:
+//   - batch: [ts, events] (older) or [ts, events, dp_rank|nil];
+//   - events as positional arrays tagged first (["BlockStored", block_hashes, parent_block_hash,
+//     token_ids, block_size, lora_id, medium, lora_name, extra_keys, group_idx, ...]) or as maps
+//     tagged by "type" (vLLM >= 0.26); trailing positional fields and map keys beyond those below
+//     are ignored and counted (unknown_fields), never fatal;
+//   - block hashes as unsigned integers (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, the default: the
+//     digest's low 64 bits) or raw digest bytes (=0): both are folded to the same uint64 (the last
+//     8 bytes, big-endian, which is what vLLM's integer form is), so an index keyed by EngineHash
+//     matches whichever mode the engine runs in.
+// Unknown event types are skipped and counted (unknown_events). A known event whose fields have
+// the wrong type or break a limit fails the whole batch: a consumer applying events in order must
+// not apply a batch with a hole in it (treat it as a gap).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace pdr::proto {
+
+// An engine block hash, whichever encoding the engine used (see above).
+using EngineHash = uint64_t;
+
+struct KvEventLimits {
+  size_t max_payload_bytes = 16 * 1024 * 1024;  // one batch
+  size_t max_events = 65536;                    // per batch
+  size_t max_blocks = 65536;                    // block_hashes per event
+  size_t max_tokens = 1u << 20;                 // token_ids per event
+  size_t max_hash_bytes = 64;                   // a raw digest (sha256: 32)
+  size_t max_string_bytes = 256;                // medium, lora_name, type tags
+};
+
+enum class KvEventKind { kBlockStored, kBlockRemoved, kAllBlocksCleared };
+
+struct KvEvent {
+  KvEventKind kind = KvEventKind::kAllBlocksCleared;
+  std::vector<EngineHash> block_hashes;          // stored / removed
+  std::optional<EngineHash> parent_block_hash;   // stored: the block before the first; none at start
+  // stored: every token of the stored blocks, block_size per block (empty for CPU offload
+  // events). Not checked against block_hashes x block_size here: a consumer hashing tokens per
+  // block checks that itself and skips an event that does not add up.
+  std::vector<uint32_t> token_ids;
+  uint32_t block_size = 0;                       // stored
+  std::string medium;                            // "GPU", "CPU", ... (empty when not sent)
+  std::optional<std::string> lora_name;          // stored
+  // stored: some block carries extra keys (multimodal identifiers, cache_salt, LoRA, prompt
+  // embeddings): its tokens alone do not identify its content.
+  bool has_extra_keys = false;
+  std::optional<int64_t> group_idx;              // KV cache group (hybrid models)
+};
+
+struct KvEventBatch {
+  double ts = 0;
+  std::vector<KvEvent> events;  // known events, in order
+  std::optional<int64_t> dp_rank;
+  size_t unknown_events = 0;    // events of a type not listed in KvEventKind, skipped
+  size_t unknown_fields = 0;    // map keys / trailing positional fields not read
+};
+
+// Decodes one payload. Errors: kTooLarge, kTooDeep, kMalformed (not msgpack, trailing bytes),
+// kWrongType / kOutOfRange / kMissingKey naming the event index and field.
+Status decode_kv_event_batch(std::span<const std::byte> payload, const KvEventLimits& limits,
+                             KvEventBatch* out);
+
+// The seq frame: exactly 8 bytes, big-endian. kMalformed otherwise.
+Status decode_kv_event_seq(std::span<const std::byte> frame, uint64_t* out);
+// The end-of-replay marker's seq (-1 as a signed 8-byte big-endian integer).
+inline constexpr uint64_t kKvReplayEnd = ~uint64_t{0};
+// The 8-byte big-endian seq frame (a replay request's start_seq).
+std::string encode_kv_event_seq(uint64_t seq);
+
+}  // namespace pdr::proto

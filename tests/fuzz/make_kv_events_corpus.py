@@ -1,0 +1,44 @@
+#!/usr/bin/python3
+"""Writes the seed corpus for kv_events_fuzz: vLLM KV event batches (shared/API_FACTS.md 2.2).
+
+Run with Debian's interpreter (python3-msgpack): /usr/bin/python3 tests/fuzz/make_kv_events_corpus.py
+Array encoding (vLLM <= 0.23: events are positional arrays, tag first) and map encoding (vLLM >=
+0.26: events are maps tagged by "type"); 2- and 3-element batch envelopes; hashes as u64 and as
+raw sha256 bytes.
+"""
+import hashlib
+import os
+
+import msgpack
+
+TOKENS = list(range(100, 132))
+H1, H2 = 0xFFFFFFFFFFFFFFF0, 12345
+RAW = hashlib.sha256(b"block").digest()
+
+VECTORS = {
+    "array_two_slot": [1764115200.5, [["BlockStored", [H1, H2], None, TOKENS, 16, None, "GPU"]]],
+    "array_dp_rank": [1764115200.5, [
+        ["BlockStored", [H1], H2, TOKENS[:16], 16, None, "GPU", None, None, 0, "full", None],
+        ["BlockRemoved", [H2], "GPU", 0],
+        ["AllBlocksCleared"]], 1],
+    "map_events": [1764115200.5, [
+        {"type": "BlockStored", "block_hashes": [H1, H2], "parent_block_hash": None,
+         "token_ids": TOKENS, "block_size": 16, "lora_id": None, "medium": "GPU",
+         "lora_name": None, "extra_keys": [None, [["img-1", 0]]]},
+        {"type": "BlockRemoved", "block_hashes": [H1], "medium": "GPU"},
+        {"type": "AllBlocksCleared"}], 0],
+    "raw_hashes": [1764115200.5, [["BlockStored", [RAW], RAW, TOKENS[:16], 16, None, "GPU"]], None],
+    "unknown_event": [1764115200.5, [["SomethingNew", 1, 2], {"type": "Other", "x": 1}], None],
+}
+
+
+def main():
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "kv_events")
+    os.makedirs(out, exist_ok=True)
+    for name, batch in VECTORS.items():
+        with open(os.path.join(out, name + ".msgpack"), "wb") as f:
+            f.write(msgpack.packb(batch, use_bin_type=True))
+
+
+if __name__ == "__main__":
+    main()
