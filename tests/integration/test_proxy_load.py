@@ -323,22 +323,33 @@ class ProxyLoadTest(unittest.TestCase):
 # and every stream must complete, with no leg failing on a local EMFILE and no node ejected.
 # At least 252 streams: below a limit of 1,024 pdrouter keeps a quarter of it as headroom instead
 # of 256 (http/fd_budget.h), and the README's formula is for real limits.
-FD_STREAMS = 260 if SANITIZED else 400
+# PDR_FD_STREAMS checks the README's formula at another scale (10,000 needs a hard limit of
+# 30,268 for pdrouter, and the load client and sims one descriptor per stream each).
+FD_STREAMS = int(os.environ.get("PDR_FD_STREAMS", "0")) or (260 if SANITIZED else 400)
 FD_SPARE_CONNECTIONS = 4  # the sampler's /metrics scrapes share the client listener
 FD_LIMIT = 3 * (FD_STREAMS + FD_SPARE_CONNECTIONS) + 256
+# Streams last longer at larger scales, so that all of them are in flight before the first ends.
+FD_DECODE_US = DECODE_US * max(1, FD_STREAMS // 1000)
+# More connections asked for than the limit holds (pdrouter clamps them), and room for every
+# stream that fits.
+FD_TOPOLOGY = (TOPOLOGY.replace("max_concurrent_requests: 4096",
+                                "max_concurrent_requests: %d" % max(4096, 2 * FD_STREAMS))
+               .replace("max_connections: 8192", "max_connections: %d" % max(8192, 2 * FD_STREAMS)))
 
 
 class FdLimitedLoadTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        # Each decode holds a stream's KV blocks until it ends: room for all of them (the sims'
+        # default pool is 2,048 blocks).
         sim_flags = ("--workers", "2", "--prefill-us-per-token", "5",
-                     "--decode-us-per-token", str(DECODE_US))
+                     "--decode-us-per-token", str(FD_DECODE_US), "--kv-blocks", str(max(2048, 4 * FD_STREAMS)))
         # MoRIIO WRITE: the concurrent dialect, three descriptors per stream at the peak.
         cls.cluster = PdCluster("moriio", transfer_mode="WRITE", prefills=2, decodes=2,
-                                topology=TOPOLOGY, prefill_flags=sim_flags, decode_flags=sim_flags,
+                                topology=FD_TOPOLOGY, prefill_flags=sim_flags, decode_flags=sim_flags,
                                 router_nofile=FD_LIMIT)
         cls.pid = cls.cluster.router.process.proc.pid
-        raise_nofile(FD_STREAMS + 1024)
+        raise_nofile(FD_STREAMS * 3 // 2 + 1024)  # the second test sends 1.5 N
 
     @classmethod
     def tearDownClass(cls):
