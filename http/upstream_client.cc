@@ -43,12 +43,19 @@ Status build_wire(const proto::HostPort& target, const UpstreamRequest& r, std::
   }
   const size_t body_size = r.append_body ? r.body_size : r.body.size();
   size_t size = r.method.size() + r.path.size() + body_size + 128;
-  for (const Header& h : r.headers) {
-    if (!is_token(h.name)) return Status(StatusCode::kInvalidValue, "invalid header name '" + h.name + "'");
-    if (has_forbidden_chars(h.value)) {
-      return Status(StatusCode::kInvalidValue, "header '" + h.name + "' has CR, LF or NUL in its value");
+  auto check = [&size](const std::string& name, const std::string& value) {
+    if (!is_token(name)) return Status(StatusCode::kInvalidValue, "invalid header name '" + name + "'");
+    if (has_forbidden_chars(value)) {
+      return Status(StatusCode::kInvalidValue, "header '" + name + "' has CR, LF or NUL in its value");
     }
-    size += h.name.size() + h.value.size() + 4;
+    size += name.size() + value.size() + 4;
+    return Status::ok();
+  };
+  for (const Header& h : r.headers) {
+    if (Status st = check(h.name, h.value); !st) return st;
+  }
+  for (const auto& [name, value] : r.borrowed_headers) {
+    if (Status st = check(name, value); !st) return st;
   }
   std::string& w = *out;
   w.clear();
@@ -59,13 +66,15 @@ Status build_wire(const proto::HostPort& target, const UpstreamRequest& r, std::
   w += " HTTP/1.1\r\nHost: ";
   w += target.to_string();
   w += "\r\n";
-  for (const Header& h : r.headers) {
-    if (is_server_managed_header(h.name) || iequals(h.name, "host")) continue;
-    w += h.name;
+  auto put = [&w](const std::string& name, const std::string& value) {
+    if (is_server_managed_header(name) || iequals(name, "host")) return;
+    w += name;
     w += ": ";
-    w += h.value;
+    w += value;
     w += "\r\n";
-  }
+  };
+  for (const Header& h : r.headers) put(h.name, h.value);
+  for (const auto& [name, value] : r.borrowed_headers) put(name, value);
   w += "Content-Length: ";
   w += std::to_string(body_size);
   w += "\r\nConnection: keep-alive\r\n\r\n";

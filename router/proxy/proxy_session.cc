@@ -36,15 +36,21 @@ proto::LegInstance to_leg_instance(const Instance& i) {
   return out;
 }
 
+// KeepAlive: a leg's callbacks keep its session alive while the call may still call back. Only
+// on_complete and on_error hold the session (a std::function stores a shared_ptr capture on the
+// heap; a raw pointer fits inline): an upstream port releases a call's callbacks together, so
+// on_head and on_body, which only run while those two are held, capture the plain pointer and
+// take a reference for their own duration (they may end the call, releasing the others).
+
 // The upstream request of a leg. Its body is not rendered here: the upstream client writes it
 // straight into the wire buffer (UpstreamRequest::append_body, called inside start()), the only
-// copy of the body bytes a leg costs (#12). `leg` must outlive the start() call.
+// copy of the body bytes a leg costs (#12); its headers are read from the leg there too
+// (UpstreamRequest::borrowed_headers). `leg` must outlive the start() call.
 http::UpstreamRequest to_upstream(const proto::LegRequest& leg) {
   http::UpstreamRequest r;
   r.method = "POST";
   r.path = leg.path;
-  r.headers.reserve(leg.headers.size());
-  for (const auto& [name, value] : leg.headers) r.headers.push_back(http::Header{name, value});
+  r.borrowed_headers = leg.headers;
   const proto::JsonObjectBody* body = &leg.body;
   r.body_size = body->rendered_size();
   r.append_body = [body](std::string* wire) { body->render_into(wire); };
@@ -359,13 +365,16 @@ void ProxySession::send_prefill() {
   s.prefill_body.clear();
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.prefill, s.topo->timeouts.prefill};
   auto self = shared_from_this();
+  ProxySession* session = this;  // see KeepAlive
   http::UpstreamCallbacks cb;
-  cb.on_head = [self](int status, const std::vector<http::Header>& headers) {
+  cb.on_head = [session](int status, const std::vector<http::Header>& headers) {
+    const auto self = session->shared_from_this();
     self->node_answered(Leg::kPrefill, self->s_->prefill_call.get());
     self->s_->prefill_status = status;
     self->s_->prefill_content_type = header_value(headers, "Content-Type");
   };
-  cb.on_body = [self](std::string_view chunk) {
+  cb.on_body = [session](std::string_view chunk) {
+    const auto self = session->shared_from_this();
     State& s = *self->s_;
     // A concurrent dialect's prefill answer is only read for its status and an error excerpt;
     // once the request ended or the decode streams nobody reads it at all: dropped as it
@@ -536,12 +545,14 @@ void ProxySession::send_decode() {
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.first_byte,
                                   s.topo->timeouts.stream_idle};
   auto self = shared_from_this();
+  ProxySession* session = this;  // see KeepAlive
   http::UpstreamCallbacks cb;
-  cb.on_head = [self](int status, const std::vector<http::Header>& headers) {
+  cb.on_head = [session](int status, const std::vector<http::Header>& headers) {
+    const auto self = session->shared_from_this();
     self->node_answered(Leg::kDecode, self->s_->decode_call.get());
     self->on_decode_head(status, headers);
   };
-  cb.on_body = [self](std::string_view chunk) { self->on_decode_body(chunk); };
+  cb.on_body = [session](std::string_view chunk) { session->shared_from_this()->on_decode_body(chunk); };
   cb.on_complete = [self] { self->on_decode_complete(); };
   cb.on_error = [self](const Status& error) {
     State& s = *self->s_;
