@@ -184,6 +184,22 @@ class UpstreamConnection {
   static int on_header_field(llhttp_t* p, const char* at, size_t len);
   static int on_header_value(llhttp_t* p, const char* at, size_t len);
   static int on_headers_complete(llhttp_t* p);
+  void recycle_headers() {
+    for (auto h = headers_.rbegin(); h != headers_.rend(); ++h) {  // reversed: add_header pops in order
+      h->name.clear();
+      h->value.clear();
+      spare_headers_.push_back(std::move(*h));
+    }
+    headers_.clear();
+  }
+  void add_header() {
+    if (spare_headers_.empty()) {
+      headers_.emplace_back();
+      return;
+    }
+    headers_.push_back(std::move(spare_headers_.back()));
+    spare_headers_.pop_back();
+  }
   static int on_body(llhttp_t* p, const char* at, size_t len);
   static int on_message_complete(llhttp_t* p);
   static const llhttp_settings_t* parser_settings();
@@ -214,6 +230,9 @@ class UpstreamConnection {
   llhttp_t parser_{};
   int status_ = 0;
   std::vector<Header> headers_;
+  // Emptied headers of earlier responses on this connection, reused with their capacity: the
+  // next response from the same node usually has the same headers (no allocation per head).
+  std::vector<Header> spare_headers_;
   bool in_header_value_ = false;
   bool interim_ = false;      // parsing a 1xx response
   bool message_done_ = false;
@@ -286,7 +305,7 @@ void UpstreamConnection::begin_exchange() {
   llhttp_init(&parser_, HTTP_RESPONSE, parser_settings());
   parser_.data = this;
   status_ = 0;
-  headers_.clear();
+  recycle_headers();
   in_header_value_ = false;
   interim_ = false;
   message_done_ = false;
@@ -564,7 +583,7 @@ const llhttp_settings_t* UpstreamConnection::parser_settings() {
 
 int UpstreamConnection::on_message_begin(llhttp_t* p) {
   UpstreamConnection* c = from_parser(p);
-  c->headers_.clear();
+  c->recycle_headers();
   c->in_header_value_ = false;
   c->interim_ = false;
   c->head_bytes_ = 0;
@@ -588,7 +607,7 @@ int UpstreamConnection::on_header_field(llhttp_t* p, const char* at, size_t len)
       c->limit_error_ = "more than 100 response header fields";
       return HPE_USER;
     }
-    c->headers_.emplace_back();
+    c->add_header();
     c->in_header_value_ = false;
   }
   if (!add_head_bytes(&c->head_bytes_, len + 4, &c->limit_error_)) return HPE_USER;
@@ -600,7 +619,7 @@ int UpstreamConnection::on_header_value(llhttp_t* p, const char* at, size_t len)
   UpstreamConnection* c = from_parser(p);
   if (!add_head_bytes(&c->head_bytes_, len, &c->limit_error_)) return HPE_USER;
   c->in_header_value_ = true;
-  if (c->headers_.empty()) c->headers_.emplace_back();
+  if (c->headers_.empty()) c->add_header();
   c->headers_.back().value.append(at, len);
   return 0;
 }
@@ -846,7 +865,7 @@ UpstreamPool::~UpstreamPool() {
 
 std::shared_ptr<UpstreamCall> UpstreamPool::start(const proto::HostPort& target, UpstreamRequest request,
                                                   UpstreamTimeouts timeouts, UpstreamCallbacks callbacks) {
-  std::shared_ptr<UpstreamCall> call(new UpstreamCall());
+  auto call = std::make_shared<UpstreamCall>(UpstreamCall::Key{});  // one allocation with its count
   call->core_ = core_;
   call->target_ = target;
   call->key_ = target.to_string();

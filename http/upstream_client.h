@@ -152,7 +152,12 @@ struct PoolStats {
 
 // Handle on one call. Holding it is optional: an unreferenced call still runs to completion.
 class UpstreamCall {
+  struct Key {
+    explicit Key() = default;
+  };
+
  public:
+  explicit UpstreamCall(Key) {}  // UpstreamPool::start() only (the key is private)
   UpstreamCall(const UpstreamCall&) = delete;
   UpstreamCall& operator=(const UpstreamCall&) = delete;
   ~UpstreamCall();
@@ -179,7 +184,6 @@ class UpstreamCall {
   friend struct detail::UpstreamPoolCore;
   enum class State { kPending, kRunning, kDone };
 
-  UpstreamCall() = default;
   // Runs one user callback: exceptions are caught and logged (and cancel the call); callbacks
   // are released once the call is done and no callback of it is on the stack.
   template <typename Fn, typename... Args>

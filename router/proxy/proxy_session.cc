@@ -636,9 +636,13 @@ bool ProxySession::start_client_stream() {
   s.head_timer.stop();
   move_to(RequestState::kStreaming);
   s.stream_started = true;
-  std::vector<http::Header> out{{"Content-Type", s.decode_content_type},
-                                {"X-Request-Id", s.legs.plan.request_id},
-                                {"Cache-Control", "no-cache"}};
+  // Built in place (an initializer list would copy every string): the content type moves, as
+  // nothing reads it once the stream is the client's (no retry after this point).
+  std::vector<http::Header> out;
+  out.reserve(3);
+  out.push_back({"Content-Type", std::move(s.decode_content_type)});
+  out.push_back({"X-Request-Id", s.legs.plan.request_id});
+  out.push_back({"Cache-Control", "no-cache"});
   if (!s.writer.start_stream(s.decode_status, std::move(out))) {
     on_client_gone();
     return false;
@@ -778,8 +782,10 @@ void ProxySession::on_decode_complete() {
     } else {
       http::Response response;
       response.status = status;
-      response.headers = {{"Content-Type", s.decode_content_type.empty() ? "application/json" : s.decode_content_type},
-                          {"X-Request-Id", s.legs.plan.request_id}};
+      response.headers.reserve(2);  // in place, as in start_client_stream()
+      response.headers.push_back(
+          {"Content-Type", s.decode_content_type.empty() ? "application/json" : std::move(s.decode_content_type)});
+      response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
       response.body = std::move(s.decode_body);
       s.writer.send(std::move(response));
     }
