@@ -36,6 +36,11 @@ proto::LegInstance to_leg_instance(const Instance& i) {
   return out;
 }
 
+// SessionTimers: the timers are the session's own (State), and a SessionTimer never calls back
+// once destroyed, so their callbacks capture the plain pointer (a weak_ptr capture puts the
+// std::function on the heap, and SessionTimer copies it to run it); each takes a reference for
+// its own run, as it may end the session.
+//
 // KeepAlive: a leg's callbacks keep its session alive while the call may still call back. Only
 // on_complete and on_error hold the session (a std::function stores a shared_ptr capture on the
 // heap; a raw pointer fits inline): an upstream port releases a call's callbacks together, so
@@ -251,9 +256,8 @@ void ProxySession::begin() {
   }
   s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
   if (s.topo->timeouts.request.count() > 0) {
-    std::weak_ptr<ProxySession> weak = weak_from_this();
-    s.request_timer.start(s.w.loop(), s.topo->timeouts.request, [weak] {
-      if (auto self = weak.lock()) self->on_request_deadline();
+    s.request_timer.start(s.w.loop(), s.topo->timeouts.request, [this] {  // see SessionTimers
+      shared_from_this()->on_request_deadline();
     });
   }
   pair_and_send();
@@ -371,7 +375,8 @@ void ProxySession::send_prefill() {
     const auto self = session->shared_from_this();
     self->node_answered(Leg::kPrefill, self->s_->prefill_call.get());
     self->s_->prefill_status = status;
-    self->s_->prefill_content_type = header_value(headers, "Content-Type");
+    // Only an error answer is relayed (relay_upstream_error): a 2xx one's type is not kept.
+    if (status < 200 || status >= 300) self->s_->prefill_content_type = header_value(headers, "Content-Type");
   };
   cb.on_body = [session](std::string_view chunk) {
     const auto self = session->shared_from_this();
@@ -414,9 +419,8 @@ void ProxySession::send_prefill() {
   // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
   // trickling bytes is cut there too (security review #19).
   s.prefill_deadline = SteadyClock::now() + s.topo->timeouts.prefill;
-  std::weak_ptr<ProxySession> weak = weak_from_this();
-  s.prefill_timer.start(s.w.loop(), s.topo->timeouts.prefill, [weak] {
-    if (auto self = weak.lock()) self->on_prefill_deadline();
+  s.prefill_timer.start(s.w.loop(), s.topo->timeouts.prefill, [this] {  // see SessionTimers
+    shared_from_this()->on_prefill_deadline();
   });
 }
 
@@ -620,10 +624,9 @@ void ProxySession::on_decode_head(int status, const std::vector<http::Header>& h
   s.sse = true;
   s.w.counters().bump(s.w.counters().held_stream_heads);
   const auto due = s.decode_sent_at + s.topo->timeouts.first_byte;
-  std::weak_ptr<ProxySession> weak = weak_from_this();
-  s.head_timer.start(s.w.loop(), until(due), [weak] {
-    auto self = weak.lock();
-    if (!self || self->finished() || self->s_->stream_started || !self->s_->decode_call) return;
+  s.head_timer.start(s.w.loop(), until(due), [this] {  // see SessionTimers
+    auto self = shared_from_this();
+    if (self->finished() || self->s_->stream_started || !self->s_->decode_call) return;
     State& st = *self->s_;
     self->decode_failed(LegFailure::kTimeout, "decode " + st.pair.decode->key +
                                                   ": stream head but no event within timeouts.first_byte_ms = " +
@@ -740,10 +743,9 @@ void ProxySession::release_answer_budget() {
 void ProxySession::arm_write_stall_check() {
   State& s = *s_;
   s.stall_mark = s.writer.buffered_bytes();
-  std::weak_ptr<ProxySession> weak = weak_from_this();
-  s.stall_timer.start(s.w.loop(), s.topo->timeouts.client_write, [weak] {
-    auto self = weak.lock();
-    if (!self || self->finished() || !self->s_->paused) return;
+  s.stall_timer.start(s.w.loop(), s.topo->timeouts.client_write, [this] {  // see SessionTimers
+    auto self = shared_from_this();
+    if (self->finished() || !self->s_->paused) return;
     State& st = *self->s_;
     // Progress (the client read something, however little) re-arms the check: only a client
     // whose queued bytes did not go down for a whole period is cut off.
@@ -947,9 +949,8 @@ void ProxySession::end(RequestState final_state) {
     s.orphan = true;
     s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
     const auto grace = std::min(until(s.prefill_deadline), std::chrono::milliseconds(kOrphanGrace));
-    std::weak_ptr<ProxySession> weak = weak_from_this();
-    s.prefill_timer.start(s.w.loop(), grace, [weak] {
-      if (auto self = weak.lock()) self->on_prefill_deadline();
+    s.prefill_timer.start(s.w.loop(), grace, [this] {  // see SessionTimers
+      shared_from_this()->on_prefill_deadline();
     });
   } else {
     close_legs();
