@@ -8,6 +8,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 
 namespace pdr::proto {
 namespace {
@@ -349,9 +350,42 @@ Status JsonObjectBody::parse_borrowed(std::string_view text, const JsonLimits& l
   return st;
 }
 
-std::string_view JsonObjectBody::key_of(std::string_view doc, const Member& m) {
+JsonObjectBody::JsonObjectBody(const JsonObjectBody& other)
+    : owner_(other.owner_),
+      doc_(other.doc_),
+      close_brace_(other.close_brace_),
+      original_count_(other.original_count_),
+      edits_(other.edits_) {
+  // A copy is made to be edited (a leg from the client's body): room for its appends at once.
+  members_.reserve(other.members_.size() + kAppendRoom);
+  members_.insert(members_.end(), other.members_.begin(), other.members_.end());
+}
+
+JsonObjectBody& JsonObjectBody::operator=(const JsonObjectBody& other) {
+  if (this != &other) *this = JsonObjectBody(other);
+  return *this;
+}
+
+JsonObjectBody& JsonObjectBody::operator=(JsonObjectBody&& other) noexcept {
+  if (this == &other) return *this;
+  owner_ = std::move(other.owner_);
+  doc_ = std::exchange(other.doc_, std::string_view());
+  close_brace_ = std::exchange(other.close_brace_, 0);
+  original_count_ = std::exchange(other.original_count_, 0);
+  members_ = std::move(other.members_);
+  other.members_.clear();
+  edits_ = std::move(other.edits_);
+  other.edits_.clear();
+  return *this;
+}
+
+std::string_view JsonObjectBody::original_key(std::string_view doc, const Member& m) {
   if (m.key_escaped) return m.unescaped_key;
   return doc.substr(m.key_begin + 1, m.key_end - m.key_begin - 2);
+}
+
+std::string_view JsonObjectBody::key_of(const Member& m) const {
+  return m.appended ? edit(m.key_begin, m.key_end - m.key_begin) : original_key(doc_, m);
 }
 
 namespace {
@@ -456,6 +490,7 @@ Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limit
   }
 
   out->close_brace_ = close_brace;
+  out->original_count_ = spans.size();
   out->members_.resize(spans.size());
   for (size_t i = 0; i < spans.size(); ++i) {
     const Scanner::Span& span = spans[i];
@@ -476,7 +511,7 @@ Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limit
   }
   thread_local std::vector<KeyAt> keys;
   reset_scratch(keys);
-  for (const Member& m : out->members_) keys.push_back(KeyAt{key_of(text, m), m.key_begin});
+  for (const Member& m : out->members_) keys.push_back(KeyAt{original_key(text, m), m.key_begin});
   if (const auto dup = first_duplicate(keys)) {
     Status st(StatusCode::kInvalidValue,
               "duplicate top-level key \"" + excerpt(dup->key) + "\" at byte " + std::to_string(dup->at) +
@@ -505,9 +540,6 @@ std::optional<std::string_view> JsonObjectBody::get_raw(std::string_view key) co
   if (const Member* m = find_member(key)) {
     if (m->replaced) return edit(m->edit_begin, m->edit_size);
     return original().substr(m->value_begin, m->value_end - m->value_begin);
-  }
-  for (const Appended& a : appended_) {
-    if (edit(a.key_begin, a.key_size) == key) return edit(a.value_begin, a.value_size);
   }
   return std::nullopt;
 }
@@ -588,32 +620,23 @@ void JsonObjectBody::set_raw(std::string_view key, std::string_view raw_json_val
     m->replaced = true;
     return;
   }
-  for (Appended& a : appended_) {
-    if (edit(a.key_begin, a.key_size) == key) {
-      a.value_begin = add_edit(raw_json_value);
-      a.value_size = raw_json_value.size();
-      return;
-    }
-  }
-  if (appended_.empty()) appended_.reserve(4);
-  Appended a{};
-  a.value_begin = add_edit(raw_json_value);  // first: it may be a view into edits_ (key is not)
-  a.value_size = raw_json_value.size();
-  a.key_begin = add_edit(key);
-  a.key_size = key.size();
-  appended_.push_back(a);
+  if (members_.size() == members_.capacity()) members_.reserve(members_.size() + kAppendRoom);
+  Member& m = members_.emplace_back();
+  m.appended = true;
+  m.replaced = true;
+  m.edit_begin = add_edit(raw_json_value);  // first: it may be a view into edits_ (the key is not)
+  m.edit_size = raw_json_value.size();
+  m.key_begin = add_edit(key);
+  m.key_end = m.key_begin + key.size();
 }
 
+// An appended member removed stays as a removed entry: set again, it is appended anew (last).
 void JsonObjectBody::remove(std::string_view key) {
-  if (Member* m = find_member(key)) {
-    m->removed = true;
-    return;
-  }
-  std::erase_if(appended_, [&](const Appended& a) { return edit(a.key_begin, a.key_size) == key; });
+  if (Member* m = find_member(key)) m->removed = true;
 }
 
 size_t JsonObjectBody::size() const {
-  size_t n = appended_.size();
+  size_t n = 0;
   for (const Member& m : members_) n += m.removed ? 0 : 1;
   return n;
 }
@@ -624,10 +647,10 @@ void JsonObjectBody::emit(Append&& append) const {
   const std::string_view t = original();
   if (t.empty()) return;
   // "{" plus whatever whitespace precedes the first member (or the closing brace).
-  const size_t head_end = members_.empty() ? close_brace_ : members_.front().key_begin;
+  const size_t head_end = original_count_ == 0 ? close_brace_ : members_.front().key_begin;
   append(t.substr(0, head_end));
   bool any = false;
-  for (size_t i = 0; i < members_.size(); ++i) {
+  for (size_t i = 0; i < original_count_; ++i) {
     const Member& m = members_[i];
     if (m.removed) continue;
     // Each member after the first owns the separator before it (", " and original whitespace);
@@ -642,13 +665,15 @@ void JsonObjectBody::emit(Append&& append) const {
     any = true;
   }
   // Whitespace between the last original member and '}' stays where it was.
-  if (!members_.empty()) {
-    const size_t tail = members_.back().value_end;
+  if (original_count_ > 0) {
+    const size_t tail = members_[original_count_ - 1].value_end;
     append(t.substr(tail, close_brace_ - tail));
   }
-  for (const Appended& a : appended_) {
+  for (size_t i = original_count_; i < members_.size(); ++i) {
+    const Member& m = members_[i];
+    if (m.removed) continue;
     if (any) append(std::string_view(","));
-    const std::string_view k = edit(a.key_begin, a.key_size);
+    const std::string_view k = key_of(m);
     const bool plain = std::none_of(k.begin(), k.end(), [](char ch) {
       const auto c = static_cast<unsigned char>(ch);
       return c < 0x20 || c == 0x7f || c == '"' || c == '\\';
@@ -662,7 +687,7 @@ void JsonObjectBody::emit(Append&& append) const {
       append(std::string_view(key));
       append(std::string_view(":"));
     }
-    append(edit(a.value_begin, a.value_size));
+    append(edit(m.edit_begin, m.edit_size));
     any = true;
   }
   append(t.substr(close_brace_));

@@ -44,6 +44,13 @@ struct JsonLimits {
 
 class JsonObjectBody {
  public:
+  JsonObjectBody() = default;
+  JsonObjectBody(const JsonObjectBody& other);
+  JsonObjectBody& operator=(const JsonObjectBody& other);
+  // A moved-from body is empty (as a default-constructed one).
+  JsonObjectBody(JsonObjectBody&& other) noexcept { *this = std::move(other); }
+  JsonObjectBody& operator=(JsonObjectBody&& other) noexcept;
+
   static Status parse(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
   // The same, keeping `text` itself as the document (moved from only on success).
   static Status parse_owned(std::string&& text, const JsonLimits& limits, JsonObjectBody* out);
@@ -82,26 +89,27 @@ class JsonObjectBody {
   size_t size() const;
 
  private:
-  // An original top-level member. Offsets are into the document.
+  // A top-level member: an original one (offsets into the document), or an appended one (after
+  // the original_count_ original ones; key and value in edits_).
   struct Member {
-    size_t key_begin = 0;    // offset of the key's opening quote
-    size_t key_end = 0;      // one past its closing quote
-    size_t value_begin = 0;
+    size_t key_begin = 0;    // original: the key's opening quote; appended: the key in edits_
+    size_t key_end = 0;      // one past the key's closing quote / one past the key in edits_
+    size_t value_begin = 0;  // original only
     size_t value_end = 0;    // one past the value
-    size_t edit_begin = 0;   // replaced: the new value is edits_[edit_begin, edit_begin + edit_size)
+    size_t edit_begin = 0;   // replaced or appended: the value is edits_[edit_begin, +edit_size)
     size_t edit_size = 0;
     bool removed = false;
-    bool replaced = false;
-    bool key_escaped = false;  // the key has escapes: unescaped_key holds it unescaped
+    bool replaced = false;     // (every appended member is)
+    bool appended = false;
+    bool key_escaped = false;  // original key with escapes: unescaped_key holds it unescaped
     std::string unescaped_key;
   };
-  // An appended member: key (unescaped) and raw value, both in edits_.
-  struct Appended {
-    size_t key_begin, key_size, value_begin, value_size;
-  };
+  // Room for appended members reserved by a copy (a leg's few appends cost no reallocation).
+  static constexpr size_t kAppendRoom = 4;
+
   static Status parse_view(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
-  static std::string_view key_of(std::string_view doc, const Member& m);
-  std::string_view key_of(const Member& m) const { return key_of(doc_, m); }
+  static std::string_view original_key(std::string_view doc, const Member& m);
+  std::string_view key_of(const Member& m) const;
   std::string_view edit(size_t begin, size_t size) const { return std::string_view(edits_).substr(begin, size); }
   size_t add_edit(std::string_view bytes);  // appends to edits_, returns the offset
   template <typename Append>
@@ -113,8 +121,8 @@ class JsonObjectBody {
                                               // borrowed or default-constructed
   std::string_view doc_;                      // the document
   size_t close_brace_ = 0;  // offset of the top-level object's '}'
+  size_t original_count_ = 0;
   std::vector<Member> members_;
-  std::vector<Appended> appended_;
   std::string edits_;  // bytes of replaced values and of appended keys and values
 };
 

@@ -196,11 +196,8 @@ Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
   if (params.size() == 0) {
     return Status(StatusCode::kMissingKey, "prefill response kv_transfer_params is empty");
   }
-  // Edits a copy (the client's bytes stay shared): errors leave *decode unchanged.
-  JsonObjectBody body = decode->body;
-  if (Status st = plan.dialect->finish_decode(*raw, params, limits, &body); !st) return st;
-  decode->body = std::move(body);
-  return Status::ok();
+  // In place: the dialect leaves the body unchanged when it fails (dialect.h).
+  return plan.dialect->finish_decode(*raw, params, limits, &decode->body);
 }
 
 bool decode_without_kv(const LegPlan& plan, LegRequest* decode) {

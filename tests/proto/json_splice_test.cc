@@ -180,6 +180,33 @@ TEST(JsonSplice, SetRawFromItsOwnEditedValue) {
   EXPECT_TRUE(nlohmann::json::accept(b.render()));
 }
 
+TEST(JsonSplice, AppendedRemovedThenSetAgainGoesLast) {
+  EXPECT_EQ(Edit(R"({"a":1})",
+                 [](JsonObjectBody* b) {
+                   b->set_raw("x", "1");
+                   b->set_raw("y", "2");
+                   b->remove("x");
+                   EXPECT_EQ(b->size(), 2u);
+                   b->set_raw("x", "3");
+                   b->set_raw("y", "4");
+                 }),
+            R"({"a":1,"y":4,"x":3})");
+}
+
+TEST(JsonSplice, MovedFromBodyIsEmpty) {
+  JsonObjectBody a = Parse(R"({"a":1})");
+  a.set_raw("b", "2");
+  JsonObjectBody b = std::move(a);
+  EXPECT_EQ(b.render(), R"({"a":1,"b":2})");
+  EXPECT_EQ(a.render(), "");  // NOLINT(bugprone-use-after-move): the contract under test
+  EXPECT_EQ(a.size(), 0u);
+  EXPECT_FALSE(a.has("a"));
+  JsonObjectBody c;
+  c = std::move(b);
+  EXPECT_EQ(c.render(), R"({"a":1,"b":2})");
+  EXPECT_EQ(b.render(), "");  // NOLINT(bugprone-use-after-move)
+}
+
 TEST(JsonSplice, ParseBorrowedRefersToTheCallersBytes) {
   const std::string text = R"({"kv_transfer_params":{"id":"x"},"n":1})";
   JsonObjectBody b;
