@@ -107,9 +107,9 @@ struct RoutableGroup {
   std::vector<std::shared_ptr<const Instance>> any_model;  // members that declared no model
   std::map<std::string, std::vector<std::shared_ptr<const Instance>>, std::less<>>
       by_model;  // declared model -> members
-  // Members serving `model` ("" = any request), in key order: all, or any_model merged with
-  // by_model[model].
-  std::vector<const std::shared_ptr<const Instance>*> serving(std::string_view model) const;
+  // Appends the members serving `model` ("" = any request) to *out, in key order: all, or
+  // any_model merged with by_model[model]. (An out-parameter: pairing reuses one per thread.)
+  void serving(std::string_view model, std::vector<const std::shared_ptr<const Instance>*>* out) const;
 };
 
 struct RoutableIndex {

@@ -18,25 +18,21 @@ proto::TransferMode class_mode(proto::Connector connector, proto::TransferMode m
 
 }  // namespace
 
-std::vector<const InstancePtr*> RoutableGroup::serving(std::string_view model) const {
-  std::vector<const InstancePtr*> out;
+void RoutableGroup::serving(std::string_view model, std::vector<const InstancePtr*>* out) const {
   if (model.empty()) {
-    out.reserve(all.size());
-    for (const auto& i : all) out.push_back(&i);
-    return out;
+    for (const auto& i : all) out->push_back(&i);
+    return;
   }
   auto it = by_model.find(model);
   const std::vector<InstancePtr>* named = it != by_model.end() ? &it->second : nullptr;
-  out.reserve(any_model.size() + (named ? named->size() : 0));
   auto a = any_model.begin();
   if (named != nullptr) {
     for (auto n = named->begin(); n != named->end(); ++n) {
-      while (a != any_model.end() && (*a)->key < (*n)->key) out.push_back(&*a++);
-      out.push_back(&*n);
+      while (a != any_model.end() && (*a)->key < (*n)->key) out->push_back(&*a++);
+      out->push_back(&*n);
     }
   }
-  while (a != any_model.end()) out.push_back(&*a++);
-  return out;
+  while (a != any_model.end()) out->push_back(&*a++);
 }
 
 RoutableIndex RoutableIndex::build(const std::vector<InstancePtr>& instances) {

@@ -39,12 +39,19 @@ Status build_wire(const proto::HostPort& target, const UpstreamRequest& r, std::
   }
   const size_t body_size = r.append_body ? r.body_size : r.body.size();
   size_t size = r.method.size() + r.path.size() + body_size + 128;
-  for (const Header& h : r.headers) {
-    if (!is_token(h.name)) return Status(StatusCode::kInvalidValue, "invalid header name '" + h.name + "'");
-    if (has_crlf_or_nul(h.value)) {
-      return Status(StatusCode::kInvalidValue, "header '" + h.name + "' has CR, LF or NUL in its value");
+  auto check = [&size](const std::string& name, const std::string& value) {
+    if (!is_token(name)) return Status(StatusCode::kInvalidValue, "invalid header name '" + name + "'");
+    if (has_crlf_or_nul(value)) {
+      return Status(StatusCode::kInvalidValue, "header '" + name + "' has CR, LF or NUL in its value");
     }
-    size += h.name.size() + h.value.size() + 4;
+    size += name.size() + value.size() + 4;
+    return Status::ok();
+  };
+  for (const Header& h : r.headers) {
+    if (Status st = check(h.name, h.value); !st) return st;
+  }
+  for (const auto& [name, value] : r.borrowed_headers) {
+    if (Status st = check(name, value); !st) return st;
   }
   std::string& w = *out;
   w.clear();
@@ -55,13 +62,15 @@ Status build_wire(const proto::HostPort& target, const UpstreamRequest& r, std::
   w += " HTTP/1.1\r\nHost: ";
   w += target.to_string();
   w += "\r\n";
-  for (const Header& h : r.headers) {
-    if (is_server_managed_header(h.name) || iequals(h.name, "host")) continue;
-    w += h.name;
+  auto put = [&w](const std::string& name, const std::string& value) {
+    if (is_server_managed_header(name) || iequals(name, "host")) return;
+    w += name;
     w += ": ";
-    w += h.value;
+    w += value;
     w += "\r\n";
-  }
+  };
+  for (const Header& h : r.headers) put(h.name, h.value);
+  for (const auto& [name, value] : r.borrowed_headers) put(name, value);
   w += "Content-Length: ";
   w += std::to_string(body_size);
   w += "\r\nConnection: keep-alive\r\n\r\n";
@@ -171,6 +180,22 @@ class UpstreamConnection {
   static int on_header_field(llhttp_t* p, const char* at, size_t len);
   static int on_header_value(llhttp_t* p, const char* at, size_t len);
   static int on_headers_complete(llhttp_t* p);
+  void recycle_headers() {
+    for (auto h = headers_.rbegin(); h != headers_.rend(); ++h) {  // reversed: add_header pops in order
+      h->name.clear();
+      h->value.clear();
+      spare_headers_.push_back(std::move(*h));
+    }
+    headers_.clear();
+  }
+  void add_header() {
+    if (spare_headers_.empty()) {
+      headers_.emplace_back();
+      return;
+    }
+    headers_.push_back(std::move(spare_headers_.back()));
+    spare_headers_.pop_back();
+  }
   static int on_body(llhttp_t* p, const char* at, size_t len);
   static int on_message_complete(llhttp_t* p);
   static const llhttp_settings_t* parser_settings();
@@ -201,6 +226,9 @@ class UpstreamConnection {
   llhttp_t parser_{};
   int status_ = 0;
   std::vector<Header> headers_;
+  // Emptied headers of earlier responses on this connection, reused with their capacity: the
+  // next response from the same node usually has the same headers (no allocation per head).
+  std::vector<Header> spare_headers_;
   bool in_header_value_ = false;
   bool interim_ = false;      // parsing a 1xx response
   bool message_done_ = false;
@@ -273,7 +301,7 @@ void UpstreamConnection::begin_exchange() {
   llhttp_init(&parser_, HTTP_RESPONSE, parser_settings());
   parser_.data = this;
   status_ = 0;
-  headers_.clear();
+  recycle_headers();
   in_header_value_ = false;
   interim_ = false;
   message_done_ = false;
@@ -551,7 +579,7 @@ const llhttp_settings_t* UpstreamConnection::parser_settings() {
 
 int UpstreamConnection::on_message_begin(llhttp_t* p) {
   UpstreamConnection* c = from_parser(p);
-  c->headers_.clear();
+  c->recycle_headers();
   c->in_header_value_ = false;
   c->interim_ = false;
   c->head_bytes_ = 0;
@@ -575,7 +603,7 @@ int UpstreamConnection::on_header_field(llhttp_t* p, const char* at, size_t len)
       c->limit_error_ = "more than 100 response header fields";
       return HPE_USER;
     }
-    c->headers_.emplace_back();
+    c->add_header();
     c->in_header_value_ = false;
   }
   if (!add_head_bytes(&c->head_bytes_, len + 4, &c->limit_error_)) return HPE_USER;
@@ -587,7 +615,7 @@ int UpstreamConnection::on_header_value(llhttp_t* p, const char* at, size_t len)
   UpstreamConnection* c = from_parser(p);
   if (!add_head_bytes(&c->head_bytes_, len, &c->limit_error_)) return HPE_USER;
   c->in_header_value_ = true;
-  if (c->headers_.empty()) c->headers_.emplace_back();
+  if (c->headers_.empty()) c->add_header();
   c->headers_.back().value.append(at, len);
   return 0;
 }
@@ -833,7 +861,7 @@ UpstreamPool::~UpstreamPool() {
 
 std::shared_ptr<UpstreamCall> UpstreamPool::start(const proto::HostPort& target, UpstreamRequest request,
                                                   UpstreamTimeouts timeouts, UpstreamCallbacks callbacks) {
-  std::shared_ptr<UpstreamCall> call(new UpstreamCall());
+  auto call = std::make_shared<UpstreamCall>(UpstreamCall::Key{});  // one allocation with its count
   call->core_ = core_;
   call->target_ = target;
   call->key_ = target.to_string();

@@ -41,8 +41,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "proto/address.h"
@@ -65,6 +67,9 @@ struct UpstreamRequest {
   // which the client writes itself (Host: target, Content-Length: body size,
   // Connection: keep-alive).
   std::vector<Header> headers;
+  // Sent after `headers`, by the same rules; read only inside UpstreamPool::start() (like
+  // append_body), so they may point at the caller's own storage (the router's legs).
+  std::span<const std::pair<std::string, std::string>> borrowed_headers;
   std::string body;
   // Instead of `body` (then left empty): appends exactly body_size bytes to the wire buffer, so
   // a body assembled from pieces (the router's unrendered legs) is copied once, into the bytes
@@ -147,7 +152,12 @@ struct PoolStats {
 
 // Handle on one call. Holding it is optional: an unreferenced call still runs to completion.
 class UpstreamCall {
+  struct Key {
+    explicit Key() = default;
+  };
+
  public:
+  explicit UpstreamCall(Key) {}  // UpstreamPool::start() only (the key is private)
   UpstreamCall(const UpstreamCall&) = delete;
   UpstreamCall& operator=(const UpstreamCall&) = delete;
   ~UpstreamCall();
@@ -174,7 +184,6 @@ class UpstreamCall {
   friend struct detail::UpstreamPoolCore;
   enum class State { kPending, kRunning, kDone };
 
-  UpstreamCall() = default;
   // Runs one user callback: exceptions are caught and logged (and cancel the call); callbacks
   // are released once the call is done and no callback of it is on the stack.
   template <typename Fn, typename... Args>

@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <functional>
+#include <span>
 #include <string>
+#include <utility>
 
 namespace pdr::proto {
 namespace {
@@ -325,17 +328,113 @@ uint64_t json_object_parses() { return parses_on_this_thread; }
 
 Status JsonObjectBody::parse(std::string_view text, const JsonLimits& limits, JsonObjectBody* out) {
   Status st = parse_view(text, limits, out);
-  if (st.is_ok()) out->text_ = std::make_shared<const std::string>(text);
+  if (st.is_ok()) {
+    out->owner_ = std::make_shared<const std::string>(text);
+    out->doc_ = *out->owner_;
+  }
   return st;
 }
 
 Status JsonObjectBody::parse_owned(std::string&& text, const JsonLimits& limits, JsonObjectBody* out) {
   Status st = parse_view(text, limits, out);
-  if (st.is_ok()) out->text_ = std::make_shared<const std::string>(std::move(text));
+  if (st.is_ok()) {
+    out->owner_ = std::make_shared<const std::string>(std::move(text));
+    out->doc_ = *out->owner_;
+  }
   return st;
 }
 
-// Validates and indexes `text`; the caller attaches the document (text_) on success.
+Status JsonObjectBody::parse_borrowed(std::string_view text, const JsonLimits& limits, JsonObjectBody* out) {
+  Status st = parse_view(text, limits, out);
+  if (st.is_ok()) out->doc_ = text;
+  return st;
+}
+
+JsonObjectBody::JsonObjectBody(const JsonObjectBody& other)
+    : owner_(other.owner_),
+      doc_(other.doc_),
+      close_brace_(other.close_brace_),
+      original_count_(other.original_count_),
+      edits_(other.edits_) {
+  // A copy is made to be edited (a leg from the client's body): room for its appends at once.
+  members_.reserve(other.members_.size() + kAppendRoom);
+  members_.insert(members_.end(), other.members_.begin(), other.members_.end());
+}
+
+JsonObjectBody& JsonObjectBody::operator=(const JsonObjectBody& other) {
+  if (this != &other) *this = JsonObjectBody(other);
+  return *this;
+}
+
+JsonObjectBody& JsonObjectBody::operator=(JsonObjectBody&& other) noexcept {
+  if (this == &other) return *this;
+  owner_ = std::move(other.owner_);
+  doc_ = std::exchange(other.doc_, std::string_view());
+  close_brace_ = std::exchange(other.close_brace_, 0);
+  original_count_ = std::exchange(other.original_count_, 0);
+  members_ = std::move(other.members_);
+  other.members_.clear();
+  edits_ = std::move(other.edits_);
+  other.edits_.clear();
+  return *this;
+}
+
+std::string_view JsonObjectBody::original_key(std::string_view doc, const Member& m) {
+  if (m.key_escaped) return m.unescaped_key;
+  return doc.substr(m.key_begin + 1, m.key_end - m.key_begin - 2);
+}
+
+std::string_view JsonObjectBody::key_of(const Member& m) const {
+  return m.appended ? edit(m.key_begin, m.key_end - m.key_begin) : original_key(doc_, m);
+}
+
+namespace {
+
+struct KeyAt {
+  std::string_view key;
+  size_t at;  // offset of the key's opening quote
+};
+
+// Empties a per-thread scratch vector of parse_view, keeping its capacity unless a body with
+// very many members grew it (then it is freed: held only until the next parse on the thread).
+template <typename T>
+void reset_scratch(std::vector<T>& v) {
+  constexpr size_t kKeptCapacity = 1024;
+  if (v.capacity() > kKeptCapacity) std::vector<T>().swap(v);
+  v.clear();
+}
+
+// The duplicate key parse() reports: the smallest duplicated key (byte order), at its second
+// occurrence. `keys` is in document order.
+std::optional<KeyAt> first_duplicate(std::span<const KeyAt> keys) {
+  std::optional<KeyAt> found;
+  // Pairwise below this size: no allocation for the usual few-member body.
+  constexpr size_t kPairwiseUpTo = 64;
+  if (keys.size() <= kPairwiseUpTo) {
+    for (size_t j = 1; j < keys.size(); ++j) {
+      if (found && keys[j].key >= found->key) continue;
+      for (size_t i = 0; i < j; ++i) {
+        if (keys[i].key == keys[j].key) {
+          found = keys[j];  // j is the key's second occurrence: any earlier j would have matched
+          break;
+        }
+      }
+    }
+    return found;
+  }
+  std::vector<std::pair<std::string_view, size_t>> sorted;
+  sorted.reserve(keys.size());
+  for (const KeyAt& k : keys) sorted.emplace_back(k.key, k.at);
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i].first == sorted[i - 1].first) return KeyAt{sorted[i].first, sorted[i].second};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// Validates and indexes `text`; the caller attaches the document (doc_, owner_) on success.
 Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limits, JsonObjectBody* out) {
   ++parses_on_this_thread;
   *out = JsonObjectBody();
@@ -345,7 +444,9 @@ Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limit
                                              std::to_string(limits.max_bytes) + " bytes");
   }
   Scanner scanner(text, limits.max_depth);
-  std::vector<Scanner::Span> spans;
+  // Scratch reused per thread (like the simdjson parser below): no allocation per parse.
+  thread_local std::vector<Scanner::Span> spans;
+  reset_scratch(spans);
   size_t close_brace = 0;
   bool is_object = false;
   const bool scanned = scanner.scan_document(&spans, &close_brace, &is_object);
@@ -389,57 +490,56 @@ Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limit
   }
 
   out->close_brace_ = close_brace;
-  out->members_.reserve(spans.size());
-  for (const Scanner::Span& span : spans) {
-    Member m;
-    if (!json_unescape_string(text.substr(span.key_begin, span.key_end - span.key_begin), &m.key)) {
+  out->original_count_ = spans.size();
+  out->members_.resize(spans.size());
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const Scanner::Span& span = spans[i];
+    Member& m = out->members_[i];
+    m.key_begin = span.key_begin;
+    m.key_end = span.key_end;
+    m.value_begin = span.value_begin;
+    m.value_end = span.value_end;
+    // Keys are views into the document; only one spelled with escapes is unescaped (and kept).
+    const std::string_view literal = text.substr(span.key_begin, span.key_end - span.key_begin);
+    if (literal.find('\\') == std::string_view::npos) continue;
+    m.key_escaped = true;
+    if (!json_unescape_string(literal, &m.unescaped_key)) {
+      *out = JsonObjectBody();
       return Status(StatusCode::kMalformed,
                     "invalid JSON at byte " + std::to_string(span.key_begin) + ": bad object key");
     }
-    m.key_begin = span.key_begin;
-    m.value_begin = span.value_begin;
-    m.value_end = span.value_end;
-    out->members_.push_back(std::move(m));
   }
-  std::vector<std::pair<std::string_view, size_t>> keys;
-  keys.reserve(out->members_.size());
-  for (const Member& m : out->members_) keys.emplace_back(m.key, m.key_begin);
-  std::sort(keys.begin(), keys.end());
-  for (size_t i = 1; i < keys.size(); ++i) {
-    if (keys[i].first == keys[i - 1].first) {
-      const std::string key(keys[i].first);
-      Status dup(StatusCode::kInvalidValue,
-                 "duplicate top-level key \"" + excerpt(key) + "\" at byte " +
-                     std::to_string(std::max(keys[i].second, keys[i - 1].second)) +
-                     " (ambiguous: parsers disagree on which one wins)");
-      *out = JsonObjectBody();
-      return dup;
-    }
+  thread_local std::vector<KeyAt> keys;
+  reset_scratch(keys);
+  for (const Member& m : out->members_) keys.push_back(KeyAt{original_key(text, m), m.key_begin});
+  if (const auto dup = first_duplicate(keys)) {
+    Status st(StatusCode::kInvalidValue,
+              "duplicate top-level key \"" + excerpt(dup->key) + "\" at byte " + std::to_string(dup->at) +
+                  " (ambiguous: parsers disagree on which one wins)");
+    *out = JsonObjectBody();
+    return st;
   }
   return Status::ok();
 }
 
 JsonObjectBody::Member* JsonObjectBody::find_member(std::string_view key) {
   for (Member& m : members_) {
-    if (!m.removed && m.key == key) return &m;
+    if (!m.removed && key_of(m) == key) return &m;
   }
   return nullptr;
 }
 
 const JsonObjectBody::Member* JsonObjectBody::find_member(std::string_view key) const {
   for (const Member& m : members_) {
-    if (!m.removed && m.key == key) return &m;
+    if (!m.removed && key_of(m) == key) return &m;
   }
   return nullptr;
 }
 
 std::optional<std::string_view> JsonObjectBody::get_raw(std::string_view key) const {
   if (const Member* m = find_member(key)) {
-    if (m->replacement) return std::string_view(*m->replacement);
+    if (m->replaced) return edit(m->edit_begin, m->edit_size);
     return original().substr(m->value_begin, m->value_end - m->value_begin);
-  }
-  for (const auto& [k, v] : appended_) {
-    if (k == key) return std::string_view(v);
   }
   return std::nullopt;
 }
@@ -498,30 +598,45 @@ Status JsonObjectBody::get_string(std::string_view key, std::optional<std::strin
   return Status::ok();
 }
 
-void JsonObjectBody::set_raw(std::string_view key, std::string_view raw_json_value) {
-  if (Member* m = find_member(key)) {
-    m->replacement = std::string(raw_json_value);
-    return;
+size_t JsonObjectBody::add_edit(std::string_view bytes) {
+  const size_t at = edits_.size();
+  const std::less<const char*> before;
+  const bool ours = !bytes.empty() && !before(bytes.data(), edits_.data()) && before(bytes.data(), edits_.data() + at);
+  const size_t from = ours ? static_cast<size_t>(bytes.data() - edits_.data()) : 0;  // before it may move
+  // A leg's edits take a few hundred bytes: one allocation instead of several doublings.
+  if (edits_.capacity() < at + bytes.size()) edits_.reserve(std::max<size_t>(256, 2 * (at + bytes.size())));
+  if (ours) {
+    edits_.append(edits_, from, bytes.size());  // a value of this body (get_raw of an edited key)
+  } else {
+    edits_.append(bytes);
   }
-  for (auto& [k, v] : appended_) {
-    if (k == key) {
-      v.assign(raw_json_value);
-      return;
-    }
-  }
-  appended_.emplace_back(std::string(key), std::string(raw_json_value));
+  return at;
 }
 
-void JsonObjectBody::remove(std::string_view key) {
+void JsonObjectBody::set_raw(std::string_view key, std::string_view raw_json_value) {
   if (Member* m = find_member(key)) {
-    m->removed = true;
+    m->edit_begin = add_edit(raw_json_value);
+    m->edit_size = raw_json_value.size();
+    m->replaced = true;
     return;
   }
-  std::erase_if(appended_, [&](const auto& kv) { return kv.first == key; });
+  if (members_.size() == members_.capacity()) members_.reserve(members_.size() + kAppendRoom);
+  Member& m = members_.emplace_back();
+  m.appended = true;
+  m.replaced = true;
+  m.edit_begin = add_edit(raw_json_value);  // first: it may be a view into edits_ (the key is not)
+  m.edit_size = raw_json_value.size();
+  m.key_begin = add_edit(key);
+  m.key_end = m.key_begin + key.size();
+}
+
+// An appended member removed stays as a removed entry: set again, it is appended anew (last).
+void JsonObjectBody::remove(std::string_view key) {
+  if (Member* m = find_member(key)) m->removed = true;
 }
 
 size_t JsonObjectBody::size() const {
-  size_t n = appended_.size();
+  size_t n = 0;
   for (const Member& m : members_) n += m.removed ? 0 : 1;
   return n;
 }
@@ -532,44 +647,47 @@ void JsonObjectBody::emit(Append&& append) const {
   const std::string_view t = original();
   if (t.empty()) return;
   // "{" plus whatever whitespace precedes the first member (or the closing brace).
-  const size_t head_end = members_.empty() ? close_brace_ : members_.front().key_begin;
+  const size_t head_end = original_count_ == 0 ? close_brace_ : members_.front().key_begin;
   append(t.substr(0, head_end));
   bool any = false;
-  for (size_t i = 0; i < members_.size(); ++i) {
+  for (size_t i = 0; i < original_count_; ++i) {
     const Member& m = members_[i];
     if (m.removed) continue;
     // Each member after the first owns the separator before it (", " and original whitespace);
     // the first surviving member drops it, so removal never leaves a stray comma.
     if (any) append(t.substr(members_[i - 1].value_end, m.key_begin - members_[i - 1].value_end));
-    if (m.replacement) {
+    if (m.replaced) {
       append(t.substr(m.key_begin, m.value_begin - m.key_begin));
-      append(std::string_view(*m.replacement));
+      append(edit(m.edit_begin, m.edit_size));
     } else {
       append(t.substr(m.key_begin, m.value_end - m.key_begin));
     }
     any = true;
   }
   // Whitespace between the last original member and '}' stays where it was.
-  if (!members_.empty()) {
-    const size_t tail = members_.back().value_end;
+  if (original_count_ > 0) {
+    const size_t tail = members_[original_count_ - 1].value_end;
     append(t.substr(tail, close_brace_ - tail));
   }
-  for (const auto& [k, v] : appended_) {
+  for (size_t i = original_count_; i < members_.size(); ++i) {
+    const Member& m = members_[i];
+    if (m.removed) continue;
     if (any) append(std::string_view(","));
+    const std::string_view k = key_of(m);
     const bool plain = std::none_of(k.begin(), k.end(), [](char ch) {
       const auto c = static_cast<unsigned char>(ch);
       return c < 0x20 || c == 0x7f || c == '"' || c == '\\';
     });
     if (plain) {  // the usual case (the builders' own keys): no escaped copy of the key
       append(std::string_view("\""));
-      append(std::string_view(k));
+      append(k);
       append(std::string_view("\":"));
     } else {
       const std::string key = json_string(k);
       append(std::string_view(key));
       append(std::string_view(":"));
     }
-    append(std::string_view(v));
+    append(edit(m.edit_begin, m.edit_size));
     any = true;
   }
   append(t.substr(close_brace_));
@@ -628,12 +746,42 @@ std::string json_string(std::string_view s) {
 std::string json_int(int64_t value) { return std::to_string(value); }
 std::string json_uint(uint64_t value) { return std::to_string(value); }
 
-JsonObjectWriter& JsonObjectWriter::raw(std::string_view key, std::string_view raw_value) {
-  if (out_.size() > 1) out_.push_back(',');
-  out_ += json_string(key);
+void JsonObjectWriter::start_member(std::string_view key) {
+  if (out_.size() > 1) {
+    out_.push_back(',');
+  } else {
+    out_.reserve(128);  // the usual kv_transfer_params object in one allocation
+  }
+  append_json_string(out_, key);
   out_.push_back(':');
+}
+
+JsonObjectWriter& JsonObjectWriter::raw(std::string_view key, std::string_view raw_value) {
+  start_member(key);
   out_.append(raw_value);
   return *this;
+}
+
+JsonObjectWriter& JsonObjectWriter::string(std::string_view key, std::string_view value) {
+  start_member(key);
+  append_json_string(out_, value);
+  return *this;
+}
+
+JsonObjectWriter& JsonObjectWriter::integer(std::string_view key, int64_t value) {
+  start_member(key);
+  char digits[24];
+  const auto end = std::to_chars(digits, digits + sizeof(digits), value).ptr;
+  out_.append(digits, end);
+  return *this;
+}
+
+std::string JsonObjectWriter::finish() const {
+  std::string out;
+  out.reserve(out_.size() + 1);
+  out.append(out_);
+  out.push_back('}');
+  return out;
 }
 
 }  // namespace pdr::proto

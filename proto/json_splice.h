@@ -15,7 +15,12 @@
 //   - render() never fails and is valid JSON whenever the raw values passed to set_raw() were.
 //   - Not thread-safe. A JsonObjectBody shares its (immutable) text with its copies: copying one to
 //     edit it differently (a prefill and a decode leg from one client body) copies the member
-//     table and the edits, never the document. parse_owned() takes the bytes without a copy.
+//     table and the edits, never the document nor a key (keys are views into the document; only
+//     a key spelled with escapes keeps its unescaped copy). parse_owned() takes the bytes without
+//     a copy; parse_borrowed() refers to the caller's bytes.
+//   - Views returned by original() stay valid while the document does (any copy keeps it); views
+//     returned by get_raw() until the next set_raw() on this body (edited values share one
+//     buffer per body).
 //   - json_object_parses() counts parse() calls on the calling thread (tests: parse-once checks).
 #pragma once
 
@@ -39,12 +44,23 @@ struct JsonLimits {
 
 class JsonObjectBody {
  public:
+  JsonObjectBody() = default;
+  JsonObjectBody(const JsonObjectBody& other);
+  JsonObjectBody& operator=(const JsonObjectBody& other);
+  // A moved-from body is empty (as a default-constructed one).
+  JsonObjectBody(JsonObjectBody&& other) noexcept { *this = std::move(other); }
+  JsonObjectBody& operator=(JsonObjectBody&& other) noexcept;
+
   static Status parse(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
   // The same, keeping `text` itself as the document (moved from only on success).
   static Status parse_owned(std::string&& text, const JsonLimits& limits, JsonObjectBody* out);
+  // The same without a copy: `text` must outlive *out and every copy of it. For a short-lived
+  // body read in one function (a prefill's answer); values it hands to set_raw() of a longer-lived
+  // body are copied there.
+  static Status parse_borrowed(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
 
   // The original document (before edits); empty for a default-constructed body.
-  std::string_view original() const { return text_ ? std::string_view(*text_) : std::string_view(); }
+  std::string_view original() const { return doc_; }
 
   // Current raw value text of a top-level member (after edits), or nullopt when absent.
   std::optional<std::string_view> get_raw(std::string_view key) const;
@@ -73,24 +89,41 @@ class JsonObjectBody {
   size_t size() const;
 
  private:
+  // A top-level member: an original one (offsets into the document), or an appended one (after
+  // the original_count_ original ones; key and value in edits_).
   struct Member {
-    std::string key;            // unescaped
-    size_t key_begin = 0;       // offset of the key's opening quote
-    size_t value_begin = 0;
-    size_t value_end = 0;       // one past the value
+    size_t key_begin = 0;    // original: the key's opening quote; appended: the key in edits_
+    size_t key_end = 0;      // one past the key's closing quote / one past the key in edits_
+    size_t value_begin = 0;  // original only
+    size_t value_end = 0;    // one past the value
+    size_t edit_begin = 0;   // replaced or appended: the value is edits_[edit_begin, +edit_size)
+    size_t edit_size = 0;
     bool removed = false;
-    std::optional<std::string> replacement;
+    bool replaced = false;     // (every appended member is)
+    bool appended = false;
+    bool key_escaped = false;  // original key with escapes: unescaped_key holds it unescaped
+    std::string unescaped_key;
   };
+  // Room for appended members reserved by a copy (a leg's few appends cost no reallocation).
+  static constexpr size_t kAppendRoom = 4;
+
   static Status parse_view(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
+  static std::string_view original_key(std::string_view doc, const Member& m);
+  std::string_view key_of(const Member& m) const;
+  std::string_view edit(size_t begin, size_t size) const { return std::string_view(edits_).substr(begin, size); }
+  size_t add_edit(std::string_view bytes);  // appends to edits_, returns the offset
   template <typename Append>
   void emit(Append&& append) const;
   Member* find_member(std::string_view key);
   const Member* find_member(std::string_view key) const;
 
-  std::shared_ptr<const std::string> text_;  // shared by copies; null when default-constructed
+  std::shared_ptr<const std::string> owner_;  // the document's storage, shared by copies; null when
+                                              // borrowed or default-constructed
+  std::string_view doc_;                      // the document
   size_t close_brace_ = 0;  // offset of the top-level object's '}'
+  size_t original_count_ = 0;
   std::vector<Member> members_;
-  std::vector<std::pair<std::string, std::string>> appended_;  // key (unescaped), raw value
+  std::string edits_;  // bytes of replaced values and of appended keys and values
 };
 
 // JsonObjectBody::parse() and parse_owned() calls made on the calling thread so far.
@@ -108,15 +141,14 @@ inline std::string json_null() { return "null"; }
 class JsonObjectWriter {
  public:
   JsonObjectWriter& raw(std::string_view key, std::string_view raw_value);
-  JsonObjectWriter& string(std::string_view key, std::string_view value) {
-    return raw(key, json_string(value));
-  }
-  JsonObjectWriter& integer(std::string_view key, int64_t value) { return raw(key, json_int(value)); }
-  JsonObjectWriter& boolean(std::string_view key, bool value) { return raw(key, json_bool(value)); }
+  JsonObjectWriter& string(std::string_view key, std::string_view value);  // quoted and escaped
+  JsonObjectWriter& integer(std::string_view key, int64_t value);
+  JsonObjectWriter& boolean(std::string_view key, bool value) { return raw(key, value ? "true" : "false"); }
   JsonObjectWriter& null(std::string_view key) { return raw(key, "null"); }
-  std::string finish() const { return out_ + "}"; }
+  std::string finish() const;
 
  private:
+  void start_member(std::string_view key);  // separator and "key":
   std::string out_ = "{";
 };
 

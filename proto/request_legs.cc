@@ -60,31 +60,50 @@ Uuid4 make_uuid4(const RandomSource& random) {
   return u;
 }
 
-std::string Uuid4::hex() const {
+namespace {
+
+// Lowercase hex of bytes [from, to) of the uuid, appended.
+char* put_hex(const Uuid4& u, size_t from, size_t to, char* out) {
   static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(32);
-  for (uint8_t b : bytes) {
-    out.push_back(kHex[b >> 4]);
-    out.push_back(kHex[b & 0xF]);
+  for (size_t i = from; i < to; ++i) {
+    *out++ = kHex[u.bytes[i] >> 4];
+    *out++ = kHex[u.bytes[i] & 0xF];
   }
   return out;
 }
 
+}  // namespace
+
+std::string Uuid4::hex() const {
+  std::string out(32, '\0');
+  put_hex(*this, 0, 16, out.data());
+  return out;
+}
+
 std::string Uuid4::dashed() const {
-  const std::string h = hex();
-  return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) +
-         "-" + h.substr(20, 12);
+  std::string out(36, '-');
+  char* p = out.data();
+  p = put_hex(*this, 0, 4, p) + 1;
+  p = put_hex(*this, 4, 6, p) + 1;
+  p = put_hex(*this, 6, 8, p) + 1;
+  p = put_hex(*this, 8, 10, p) + 1;
+  put_hex(*this, 10, 16, p);
+  return out;
 }
 
 std::string make_addressed_request_id(std::string_view prefill_zmq, std::string_view decode_zmq,
                                       const Uuid4& uuid) {
-  std::string id = "___prefill_addr_";
+  constexpr std::string_view kPrefill = "___prefill_addr_", kDecode = "___decode_addr_";
+  std::string id;
+  id.reserve(kPrefill.size() + prefill_zmq.size() + kDecode.size() + decode_zmq.size() + 1 + 32);
+  id.append(kPrefill);
   id.append(prefill_zmq);
-  id.append("___decode_addr_");
+  id.append(kDecode);
   id.append(decode_zmq);
   id.push_back('_');
-  id.append(uuid.hex());
+  const size_t hex_at = id.size();
+  id.resize(hex_at + 32);
+  put_hex(uuid, 0, 16, id.data() + hex_at);
   return id;
 }
 
@@ -155,8 +174,10 @@ Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
                          std::string_view prefill_response_json, const JsonLimits& limits) {
   if (plan.dialect == nullptr || plan.dialect->finish_decode == nullptr) return Status::ok();
 
+  // Both parses borrow the answer's bytes: nothing read from them outlives this function (the
+  // values the dialect copies into the decode body are copied there).
   JsonObjectBody response;
-  if (Status st = JsonObjectBody::parse(prefill_response_json, limits, &response); !st) {
+  if (Status st = JsonObjectBody::parse_borrowed(prefill_response_json, limits, &response); !st) {
     return Status(st.code(), "prefill response: " + st.message());
   }
   const auto raw = response.get_raw("kv_transfer_params");
@@ -169,17 +190,14 @@ Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
     return Status(StatusCode::kWrongType, "prefill response kv_transfer_params is not an object");
   }
   JsonObjectBody params;
-  if (Status st = JsonObjectBody::parse(*raw, limits, &params); !st) {
+  if (Status st = JsonObjectBody::parse_borrowed(*raw, limits, &params); !st) {
     return Status(st.code(), "prefill response kv_transfer_params: " + st.message());
   }
   if (params.size() == 0) {
     return Status(StatusCode::kMissingKey, "prefill response kv_transfer_params is empty");
   }
-  // Edits a copy (the client's bytes stay shared): errors leave *decode unchanged.
-  JsonObjectBody body = decode->body;
-  if (Status st = plan.dialect->finish_decode(*raw, params, limits, &body); !st) return st;
-  decode->body = std::move(body);
-  return Status::ok();
+  // In place: the dialect leaves the body unchanged when it fails (dialect.h).
+  return plan.dialect->finish_decode(*raw, params, limits, &decode->body);
 }
 
 bool decode_without_kv(const LegPlan& plan, LegRequest* decode) {

@@ -39,9 +39,10 @@ bool sse_has_data_field(std::string_view events) {
       const char next = at + 4 < events.size() ? events[at + 4] : '\n';
       if (next == ':' || next == '\r' || next == '\n') return true;
     }
-    const size_t eol = events.find_first_of("\r\n", at);
-    if (eol == std::string_view::npos) return false;
-    at = eol + 1;
+    // A plain loop: find_first_of calls memchr over its needle once per byte.
+    while (at < events.size() && events[at] != '\r' && events[at] != '\n') ++at;
+    if (at == events.size()) return false;
+    ++at;
   }
   return false;
 }

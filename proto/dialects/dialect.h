@@ -97,6 +97,7 @@ struct Dialect {
                   JsonObjectBody* decode) = nullptr;
   // Completes the decode body from the prefill answer's kv_transfer_params (`params_raw`: its
   // raw bytes, `params`: parsed; non-empty object). kMissingKey when a needed key is absent.
+  // An error leaves *decode unchanged (it is the leg's own body, edited in place).
   // Set exactly when decode_needs_prefill_params.
   Status (*finish_decode)(std::string_view params_raw, const JsonObjectBody& params,
                           const JsonLimits& limits, JsonObjectBody* decode) = nullptr;

@@ -4,6 +4,7 @@
 
 #include "proto/dialects/dialect.h"
 #include "router/proxy/ejection.h"
+#include <span>
 #include <string>
 #include <vector>
 
@@ -60,9 +61,29 @@ void prefer_not_ejected(std::vector<const InstancePtr*>& pool, discovery::Clock:
   std::erase_if(pool, is_ejected);
 }
 
-const InstancePtr* pick(std::vector<const InstancePtr*>& pool, Policy& policy, const RequestSummary& summary) {
+// Per-thread scratch of choose_pair / choose_decode (a worker calls them per request, never
+// nested): cleared and refilled, so choosing a pair allocates nothing once they have grown.
+struct PairScratch {
+  std::vector<const InstancePtr*> members;  // the candidates of every class, one range each
+  struct Class {
+    size_t decodes_begin, prefills_begin, prefills_end;  // decodes end where prefills begin
+  };
+  std::vector<Class> classes;
+  std::vector<const InstancePtr*> pool;  // what a policy picks from
   std::vector<Candidate> candidates;
-  candidates.reserve(pool.size());
+};
+
+PairScratch& pair_scratch() {
+  thread_local PairScratch s;
+  s.members.clear();
+  s.classes.clear();
+  s.pool.clear();
+  return s;
+}
+
+const InstancePtr* pick(std::vector<const InstancePtr*>& pool, Policy& policy, const RequestSummary& summary,
+                        std::vector<Candidate>& candidates) {
+  candidates.clear();
   for (const InstancePtr* i : pool) candidates.push_back(candidate_of(**i));
   const size_t index = policy.pick(candidates, summary);
   return pool[std::min(index, pool.size() - 1)];
@@ -83,13 +104,19 @@ bool pairable_class(const discovery::RoutableGroup& g) {
   return proto::dialect_for(g.connector, g.transfer_mode) != nullptr;
 }
 
-// The members of `group` serving the query's model and not excluded.
-std::vector<const InstancePtr*> candidates(const discovery::RoutableGroup& group, std::string_view model,
-                                           std::span<const std::string> excluded, size_t* visited) {
-  std::vector<const InstancePtr*> out = group.serving(model);
-  if (visited != nullptr) *visited += out.size();
-  if (!excluded.empty()) std::erase_if(out, [&](const InstancePtr* i) { return contains(excluded, (*i)->key); });
-  return out;
+// Appends the members of `group` serving the query's model and not excluded to *out; returns
+// how many.
+size_t add_candidates(const discovery::RoutableGroup& group, std::string_view model,
+                      std::span<const std::string> excluded, size_t* visited, std::vector<const InstancePtr*>* out) {
+  const size_t begin = out->size();
+  group.serving(model, out);
+  if (visited != nullptr) *visited += out->size() - begin;
+  if (!excluded.empty()) {
+    out->erase(std::remove_if(out->begin() + static_cast<std::ptrdiff_t>(begin), out->end(),
+                              [&](const InstancePtr* i) { return contains(excluded, (*i)->key); }),
+               out->end());
+  }
+  return out->size() - begin;
 }
 
 // Why no pair exists, from a scan of the whole snapshot (the failure path only).
@@ -120,41 +147,47 @@ Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefil
                    Pair* out) {
   discovery::RoutableIndex local;
   const discovery::RoutableIndex& index = index_of(s, &local);
-  // Per compatibility class with both sides present: its usable prefills, and its usable decodes.
-  struct ClassCandidates {
-    std::vector<const InstancePtr*> prefills, decodes;
-  };
-  std::vector<ClassCandidates> classes;
+  // Per compatibility class with both sides present: its usable decodes, then its usable prefills.
+  PairScratch& sc = pair_scratch();
   for (const discovery::RoutableGroup& pg : index.groups) {
     if (pg.role != Role::kPrefill || !pairable_class(pg)) continue;
     const discovery::RoutableGroup* dg = index.find(Role::kDecode, pg.connector, pg.transfer_mode);
     if (dg == nullptr) continue;
-    ClassCandidates c;
-    c.decodes = candidates(*dg, q.model, q.excluded_decodes, q.visited);
-    if (c.decodes.empty()) continue;
-    c.prefills = candidates(pg, q.model, q.excluded_prefills, q.visited);
-    if (!c.prefills.empty()) classes.push_back(std::move(c));
+    const size_t decodes_begin = sc.members.size();
+    if (add_candidates(*dg, q.model, q.excluded_decodes, q.visited, &sc.members) == 0) continue;
+    const size_t prefills_begin = sc.members.size();
+    if (add_candidates(pg, q.model, q.excluded_prefills, q.visited, &sc.members) == 0) {
+      sc.members.resize(decodes_begin);
+      continue;
+    }
+    sc.classes.push_back({decodes_begin, prefills_begin, sc.members.size()});
   }
-  if (classes.empty()) return no_pair_reason(s, q);
+  if (sc.classes.empty()) return no_pair_reason(s, q);
+  auto range = [&sc](size_t begin, size_t end) {
+    return std::span<const InstancePtr* const>(sc.members.data() + begin, end - begin);
+  };
   // Key order across classes, as one scan of the snapshot gave (policies index into this list).
-  std::vector<const InstancePtr*> pairable;
-  for (const ClassCandidates& c : classes) pairable.insert(pairable.end(), c.prefills.begin(), c.prefills.end());
-  if (classes.size() > 1) {
-    std::sort(pairable.begin(), pairable.end(),
+  for (const PairScratch::Class& c : sc.classes) {
+    const auto prefills = range(c.prefills_begin, c.prefills_end);
+    sc.pool.insert(sc.pool.end(), prefills.begin(), prefills.end());
+  }
+  if (sc.classes.size() > 1) {
+    std::sort(sc.pool.begin(), sc.pool.end(),
               [](const InstancePtr* a, const InstancePtr* b) { return (*a)->key < (*b)->key; });
   }
-  prefer_not_ejected(pairable, q.now);
-  const InstancePtr* prefill = pick(pairable, prefill_policy, q.summary);
-  std::vector<const InstancePtr*> matching;
-  for (const ClassCandidates& c : classes) {
-    if (compatible(**prefill, **c.decodes.front())) {
-      matching = c.decodes;
+  prefer_not_ejected(sc.pool, q.now);
+  const InstancePtr* prefill = pick(sc.pool, prefill_policy, q.summary, sc.candidates);
+  sc.pool.clear();
+  for (const PairScratch::Class& c : sc.classes) {
+    if (compatible(**prefill, **sc.members[c.decodes_begin])) {
+      const auto decodes = range(c.decodes_begin, c.prefills_begin);
+      sc.pool.assign(decodes.begin(), decodes.end());
       break;
     }
   }
-  prefer_not_ejected(matching, q.now);
+  prefer_not_ejected(sc.pool, q.now);
   out->prefill = *prefill;
-  out->decode = *pick(matching, decode_policy, q.summary);
+  out->decode = *pick(sc.pool, decode_policy, q.summary, sc.candidates);
   return Status::ok();
 }
 
@@ -162,17 +195,17 @@ Status choose_decode(const RegistrySnapshot& s, const Instance& prefill, const P
                      InstancePtr* out) {
   discovery::RoutableIndex local;
   const discovery::RoutableIndex& index = index_of(s, &local);
-  std::vector<const InstancePtr*> decodes;
+  PairScratch& sc = pair_scratch();
   const proto::TransferMode mode = proto::pairing_mode(prefill.connector, prefill.transfer_mode);
   if (const discovery::RoutableGroup* dg = index.find(Role::kDecode, prefill.connector, mode)) {
-    decodes = candidates(*dg, q.model, q.excluded_decodes, q.visited);
-    std::erase_if(decodes, [&](const InstancePtr* d) { return !compatible(prefill, **d); });
+    add_candidates(*dg, q.model, q.excluded_decodes, q.visited, &sc.pool);
+    std::erase_if(sc.pool, [&](const InstancePtr* d) { return !compatible(prefill, **d); });
   }
-  if (decodes.empty()) {
+  if (sc.pool.empty()) {
     return Status(StatusCode::kNotFound, "no other decode instance compatible with prefill " + prefill.key);
   }
-  prefer_not_ejected(decodes, q.now);
-  *out = *pick(decodes, decode_policy, q.summary);
+  prefer_not_ejected(sc.pool, q.now);
+  *out = *pick(sc.pool, decode_policy, q.summary, sc.candidates);
   return Status::ok();
 }
 

@@ -36,15 +36,26 @@ proto::LegInstance to_leg_instance(const Instance& i) {
   return out;
 }
 
+// SessionTimers: the timers are the session's own (State), and a SessionTimer never calls back
+// once destroyed, so their callbacks capture the plain pointer (a weak_ptr capture puts the
+// std::function on the heap, and SessionTimer copies it to run it); each takes a reference for
+// its own run, as it may end the session.
+//
+// KeepAlive: a leg's callbacks keep its session alive while the call may still call back. Only
+// on_complete and on_error hold the session (a std::function stores a shared_ptr capture on the
+// heap; a raw pointer fits inline): an upstream port releases a call's callbacks together, so
+// on_head and on_body, which only run while those two are held, capture the plain pointer and
+// take a reference for their own duration (they may end the call, releasing the others).
+
 // The upstream request of a leg. Its body is not rendered here: the upstream client writes it
 // straight into the wire buffer (UpstreamRequest::append_body, called inside start()), the only
-// copy of the body bytes a leg costs (#12). `leg` must outlive the start() call.
+// copy of the body bytes a leg costs (#12); its headers are read from the leg there too
+// (UpstreamRequest::borrowed_headers). `leg` must outlive the start() call.
 http::UpstreamRequest to_upstream(const proto::LegRequest& leg) {
   http::UpstreamRequest r;
   r.method = "POST";
   r.path = leg.path;
-  r.headers.reserve(leg.headers.size());
-  for (const auto& [name, value] : leg.headers) r.headers.push_back(http::Header{name, value});
+  r.borrowed_headers = leg.headers;
   const proto::JsonObjectBody* body = &leg.body;
   r.body_size = body->rendered_size();
   r.append_body = [body](std::string* wire) { body->render_into(wire); };
@@ -245,9 +256,8 @@ void ProxySession::begin() {
   }
   s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
   if (s.topo->timeouts.request.count() > 0) {
-    std::weak_ptr<ProxySession> weak = weak_from_this();
-    s.request_timer.start(s.w.loop(), s.topo->timeouts.request, [weak] {
-      if (auto self = weak.lock()) self->on_request_deadline();
+    s.request_timer.start(s.w.loop(), s.topo->timeouts.request, [this] {  // see SessionTimers
+      shared_from_this()->on_request_deadline();
     });
   }
   pair_and_send();
@@ -359,13 +369,17 @@ void ProxySession::send_prefill() {
   s.prefill_body.clear();
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.prefill, s.topo->timeouts.prefill};
   auto self = shared_from_this();
+  ProxySession* session = this;  // see KeepAlive
   http::UpstreamCallbacks cb;
-  cb.on_head = [self](int status, const std::vector<http::Header>& headers) {
+  cb.on_head = [session](int status, const std::vector<http::Header>& headers) {
+    const auto self = session->shared_from_this();
     self->node_answered(Leg::kPrefill, self->s_->prefill_call.get());
     self->s_->prefill_status = status;
-    self->s_->prefill_content_type = header_value(headers, "Content-Type");
+    // Only an error answer is relayed (relay_upstream_error): a 2xx one's type is not kept.
+    if (status < 200 || status >= 300) self->s_->prefill_content_type = header_value(headers, "Content-Type");
   };
-  cb.on_body = [self](std::string_view chunk) {
+  cb.on_body = [session](std::string_view chunk) {
+    const auto self = session->shared_from_this();
     State& s = *self->s_;
     // A concurrent dialect's prefill answer is only read for its status and an error excerpt;
     // once the request ended or the decode streams nobody reads it at all: dropped as it
@@ -405,9 +419,8 @@ void ProxySession::send_prefill() {
   // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
   // trickling bytes is cut there too (security review #19).
   s.prefill_deadline = SteadyClock::now() + s.topo->timeouts.prefill;
-  std::weak_ptr<ProxySession> weak = weak_from_this();
-  s.prefill_timer.start(s.w.loop(), s.topo->timeouts.prefill, [weak] {
-    if (auto self = weak.lock()) self->on_prefill_deadline();
+  s.prefill_timer.start(s.w.loop(), s.topo->timeouts.prefill, [this] {  // see SessionTimers
+    shared_from_this()->on_prefill_deadline();
   });
 }
 
@@ -536,12 +549,14 @@ void ProxySession::send_decode() {
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.first_byte,
                                   s.topo->timeouts.stream_idle};
   auto self = shared_from_this();
+  ProxySession* session = this;  // see KeepAlive
   http::UpstreamCallbacks cb;
-  cb.on_head = [self](int status, const std::vector<http::Header>& headers) {
+  cb.on_head = [session](int status, const std::vector<http::Header>& headers) {
+    const auto self = session->shared_from_this();
     self->node_answered(Leg::kDecode, self->s_->decode_call.get());
     self->on_decode_head(status, headers);
   };
-  cb.on_body = [self](std::string_view chunk) { self->on_decode_body(chunk); };
+  cb.on_body = [session](std::string_view chunk) { session->shared_from_this()->on_decode_body(chunk); };
   cb.on_complete = [self] { self->on_decode_complete(); };
   cb.on_error = [self](const Status& error) {
     State& s = *self->s_;
@@ -609,10 +624,9 @@ void ProxySession::on_decode_head(int status, const std::vector<http::Header>& h
   s.sse = true;
   s.w.counters().bump(s.w.counters().held_stream_heads);
   const auto due = s.decode_sent_at + s.topo->timeouts.first_byte;
-  std::weak_ptr<ProxySession> weak = weak_from_this();
-  s.head_timer.start(s.w.loop(), until(due), [weak] {
-    auto self = weak.lock();
-    if (!self || self->finished() || self->s_->stream_started || !self->s_->decode_call) return;
+  s.head_timer.start(s.w.loop(), until(due), [this] {  // see SessionTimers
+    auto self = shared_from_this();
+    if (self->finished() || self->s_->stream_started || !self->s_->decode_call) return;
     State& st = *self->s_;
     self->decode_failed(LegFailure::kTimeout, "decode " + st.pair.decode->key +
                                                   ": stream head but no event within timeouts.first_byte_ms = " +
@@ -625,9 +639,13 @@ bool ProxySession::start_client_stream() {
   s.head_timer.stop();
   move_to(RequestState::kStreaming);
   s.stream_started = true;
-  std::vector<http::Header> out{{"Content-Type", s.decode_content_type},
-                                {"X-Request-Id", s.legs.plan.request_id},
-                                {"Cache-Control", "no-cache"}};
+  // Built in place (an initializer list would copy every string): the content type moves, as
+  // nothing reads it once the stream is the client's (no retry after this point).
+  std::vector<http::Header> out;
+  out.reserve(3);
+  out.push_back({"Content-Type", std::move(s.decode_content_type)});
+  out.push_back({"X-Request-Id", s.legs.plan.request_id});
+  out.push_back({"Cache-Control", "no-cache"});
   if (!s.writer.start_stream(s.decode_status, std::move(out))) {
     on_client_gone();
     return false;
@@ -725,10 +743,9 @@ void ProxySession::release_answer_budget() {
 void ProxySession::arm_write_stall_check() {
   State& s = *s_;
   s.stall_mark = s.writer.buffered_bytes();
-  std::weak_ptr<ProxySession> weak = weak_from_this();
-  s.stall_timer.start(s.w.loop(), s.topo->timeouts.client_write, [weak] {
-    auto self = weak.lock();
-    if (!self || self->finished() || !self->s_->paused) return;
+  s.stall_timer.start(s.w.loop(), s.topo->timeouts.client_write, [this] {  // see SessionTimers
+    auto self = shared_from_this();
+    if (self->finished() || !self->s_->paused) return;
     State& st = *self->s_;
     // Progress (the client read something, however little) re-arms the check: only a client
     // whose queued bytes did not go down for a whole period is cut off.
@@ -767,8 +784,10 @@ void ProxySession::on_decode_complete() {
     } else {
       http::Response response;
       response.status = status;
-      response.headers = {{"Content-Type", s.decode_content_type.empty() ? "application/json" : s.decode_content_type},
-                          {"X-Request-Id", s.legs.plan.request_id}};
+      response.headers.reserve(2);  // in place, as in start_client_stream()
+      response.headers.push_back(
+          {"Content-Type", s.decode_content_type.empty() ? "application/json" : std::move(s.decode_content_type)});
+      response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
       response.body = std::move(s.decode_body);
       s.writer.send(std::move(response));
     }
@@ -930,9 +949,8 @@ void ProxySession::end(RequestState final_state) {
     s.orphan = true;
     s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
     const auto grace = std::min(until(s.prefill_deadline), std::chrono::milliseconds(kOrphanGrace));
-    std::weak_ptr<ProxySession> weak = weak_from_this();
-    s.prefill_timer.start(s.w.loop(), grace, [weak] {
-      if (auto self = weak.lock()) self->on_prefill_deadline();
+    s.prefill_timer.start(s.w.loop(), grace, [this] {  // see SessionTimers
+      shared_from_this()->on_prefill_deadline();
     });
   } else {
     close_legs();

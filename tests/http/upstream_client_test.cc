@@ -723,6 +723,32 @@ TEST_F(UpstreamClientTest, BodyWrittenIntoTheWireBuffer) {
   EXPECT_EQ(writes, 1);
 }
 
+// Borrowed headers (the router's legs) are sent like given ones, checked the same way, and read
+// only inside start(): the caller's storage may go right after it.
+TEST_F(UpstreamClientTest, BorrowedHeadersAreSentAndChecked) {
+  start_server();
+  Outcome o, bad;
+  {
+    std::vector<std::pair<std::string, std::string>> mine{{"X-Test", "borrowed value"}, {"Host", "ignored"}};
+    UpstreamRequest req;
+    req.path = "/json";
+    req.body = "hi";
+    req.borrowed_headers = mine;
+    pool_->start(target_, std::move(req), {}, record_into(&o));
+    mine = {{"X-Test", "changed after start"}};
+    std::vector<std::pair<std::string, std::string>> evil{{"X-Evil", "a\r\nInjected: 1"}};
+    UpstreamRequest bad_req;
+    bad_req.path = "/json";
+    bad_req.borrowed_headers = evil;
+    pool_->start(target_, std::move(bad_req), {}, record_into(&bad));
+  }
+  ASSERT_TRUE(run_until([&] { return o.done() && bad.done(); }));
+  ASSERT_TRUE(o.completed) << o.error.to_string();
+  EXPECT_EQ(header_of(o, "x-test"), "borrowed value");
+  EXPECT_EQ(header_of(o, "x-host"), target_.host + ":" + std::to_string(target_.port));
+  EXPECT_EQ(bad.error.code(), StatusCode::kInvalidValue);
+}
+
 TEST_F(UpstreamClientTest, PortZeroAndBadHeaderFailFromTheLoop) {
   start_server();
   Outcome port_zero, bad_header;

@@ -129,6 +129,94 @@ TEST(JsonSplice, DuplicateKeysRejected) {
   EXPECT_TRUE(JsonObjectBody::parse(R"({"a":{"x":1,"x":2}})", JsonLimits(), &b).is_ok());
 }
 
+TEST(JsonSplice, DuplicateReportIsTheSmallestKeyAtItsSecondOccurrence) {
+  JsonObjectBody b;
+  // Two duplicated keys: "a" (smaller) is reported, at its second occurrence (byte 19).
+  Status st = JsonObjectBody::parse(R"({"b":1,"a":2,"b":3,"a":4,"a":5})", JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidValue);
+  EXPECT_NE(st.message().find("key \"a\" at byte 19 "), std::string::npos) << st.message();
+  // The same past the pairwise check's size (sorted there).
+  std::string big = "{";
+  for (int i = 0; i < 100; ++i) big += "\"k" + std::to_string(i) + "\":" + std::to_string(i) + ",";
+  const size_t second = big.size();
+  big += R"("k7":0,"k50":1})";
+  st = JsonObjectBody::parse(big, JsonLimits(), &b);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidValue);
+  EXPECT_NE(st.message().find("key \"k50\" at byte " + std::to_string(second + 7) + " "), std::string::npos)
+      << st.message();
+  big.replace(second, 6, R"("k7x":0)");  // "k50" is still there twice
+  EXPECT_EQ(JsonObjectBody::parse(big, JsonLimits(), &b).code(), StatusCode::kInvalidValue);
+  big.replace(big.rfind("k50"), 3, "k5Z");
+  EXPECT_TRUE(JsonObjectBody::parse(big, JsonLimits(), &b).is_ok());
+  EXPECT_EQ(b.size(), 102u);
+}
+
+TEST(JsonSplice, CopiesEditApartAndKeepEscapedKeys) {
+  JsonObjectBody client = Parse(R"({"\u006dodel":"m","max_tokens":5,"p":[1]})");
+  JsonObjectBody prefill = client;
+  JsonObjectBody decode = client;
+  prefill.set_raw("max_tokens", "1");
+  prefill.set_raw("kv", R"({"x":1})");
+  decode.remove("model");
+  decode.set_raw("kv", "null");
+  client = JsonObjectBody();  // the copies keep the document and the unescaped key
+  EXPECT_EQ(prefill.render(), R"({"\u006dodel":"m","max_tokens":1,"p":[1],"kv":{"x":1}})");
+  EXPECT_EQ(decode.render(), R"({"max_tokens":5,"p":[1],"kv":null})");
+  std::optional<std::string> model;
+  ASSERT_TRUE(prefill.get_string("model", &model).is_ok());
+  EXPECT_EQ(model, "m");
+  EXPECT_EQ(prefill.original().data(), decode.original().data()) << "one shared document";
+}
+
+TEST(JsonSplice, SetRawFromItsOwnEditedValue) {
+  JsonObjectBody b = Parse(R"({"a":1})");
+  b.set_raw("a", R"("a long enough value to live outside any small buffer")");
+  for (int i = 0; i < 20; ++i) {  // edits grow their buffer while the value is read from it
+    b.set_raw("k" + std::to_string(i), *b.get_raw(i == 0 ? "a" : "k" + std::to_string(i - 1)));
+    b.set_raw("a", *b.get_raw("a"));
+  }
+  EXPECT_EQ(b.get_raw("k19"), R"("a long enough value to live outside any small buffer")");
+  EXPECT_EQ(b.get_raw("a"), b.get_raw("k0"));
+  EXPECT_TRUE(nlohmann::json::accept(b.render()));
+}
+
+TEST(JsonSplice, AppendedRemovedThenSetAgainGoesLast) {
+  EXPECT_EQ(Edit(R"({"a":1})",
+                 [](JsonObjectBody* b) {
+                   b->set_raw("x", "1");
+                   b->set_raw("y", "2");
+                   b->remove("x");
+                   EXPECT_EQ(b->size(), 2u);
+                   b->set_raw("x", "3");
+                   b->set_raw("y", "4");
+                 }),
+            R"({"a":1,"y":4,"x":3})");
+}
+
+TEST(JsonSplice, MovedFromBodyIsEmpty) {
+  JsonObjectBody a = Parse(R"({"a":1})");
+  a.set_raw("b", "2");
+  JsonObjectBody b = std::move(a);
+  EXPECT_EQ(b.render(), R"({"a":1,"b":2})");
+  EXPECT_EQ(a.render(), "");  // NOLINT(bugprone-use-after-move): the contract under test
+  EXPECT_EQ(a.size(), 0u);
+  EXPECT_FALSE(a.has("a"));
+  JsonObjectBody c;
+  c = std::move(b);
+  EXPECT_EQ(c.render(), R"({"a":1,"b":2})");
+  EXPECT_EQ(b.render(), "");  // NOLINT(bugprone-use-after-move)
+}
+
+TEST(JsonSplice, ParseBorrowedRefersToTheCallersBytes) {
+  const std::string text = R"({"kv_transfer_params":{"id":"x"},"n":1})";
+  JsonObjectBody b;
+  ASSERT_TRUE(JsonObjectBody::parse_borrowed(text, JsonLimits(), &b).is_ok());
+  EXPECT_EQ(b.original().data(), text.data());
+  EXPECT_EQ(b.get_raw("kv_transfer_params"), R"({"id":"x"})");
+  EXPECT_EQ(JsonObjectBody::parse_borrowed(R"({"a":1,"a":2})", JsonLimits(), &b).code(),
+            StatusCode::kInvalidValue);
+}
+
 TEST(JsonSplice, InvalidJsonReportsOffset) {
   JsonObjectBody b;
   Status st = JsonObjectBody::parse(R"({"model": "m", "x" 1})", JsonLimits(), &b);

@@ -145,6 +145,9 @@ class FakeUpstream final : public UpstreamPort {
       EXPECT_EQ(request.body.size(), request.body_size) << "append_body wrote a different size";
       request.append_body = nullptr;
     }
+    // Borrowed headers too are read only inside start(): copied, as the real client copies them.
+    for (const auto& [name, value] : request.borrowed_headers) request.headers.push_back(http::Header{name, value});
+    request.borrowed_headers = {};
     auto call = std::make_shared<FakeCall>(*this, target, std::move(request), std::move(callbacks));
     calls.push_back(call);
     changed();
