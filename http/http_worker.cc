@@ -243,11 +243,11 @@ void HttpWorker::flush_scheduled() {
   // which lists the connection again: a few rounds here save a loop turn; beyond them the rest
   // waits for the next turn (the idle handle keeps that turn from blocking).
   constexpr int kRounds = 4;
-  std::vector<std::shared_ptr<HttpConnection>> batch;
   for (int round = 0; round < kRounds && !flush_list_.empty(); ++round) {
-    batch.swap(flush_list_);
-    for (const auto& conn : batch) conn->flush_output();
-    batch.clear();
+    // Swapped with a member, so that both vectors keep their capacity (no allocation per turn).
+    flush_batch_.swap(flush_list_);
+    for (const auto& conn : flush_batch_) conn->flush_output();
+    flush_batch_.clear();
   }
   if (flush_list_.empty() && flush_check_) {
     uv_check_stop(flush_check_.get());
@@ -259,6 +259,7 @@ void HttpWorker::close_flush_handles() {
   flush_check_.close();
   flush_idle_.close();
   flush_list_.clear();
+  flush_batch_.clear();
 }
 
 void HttpWorker::begin_drain() {

@@ -108,6 +108,7 @@ class HttpWorker {
   detail::UvHandle<uv_check_t> flush_check_;
   detail::UvHandle<uv_idle_t> flush_idle_;
   std::vector<std::shared_ptr<HttpConnection>> flush_list_;
+  std::vector<std::shared_ptr<HttpConnection>> flush_batch_;  // being flushed (flush_scheduled)
   sockaddr_storage addr_{};
   std::string where_;  // "host:port" for messages
   bool accept_paused_ = false;
