@@ -148,9 +148,29 @@ class Scanner {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
   }
 
+  // Skips 8 bytes at a time while none of them is '"', '\\' or a control character (SWAR: a
+  // byte-wise "has zero" test on the word XORed with each special byte). A flagged word is left
+  // to the byte loop, which decides; the test has no false negatives.
+  void skip_plain_string_bytes() {
+    constexpr uint64_t kOnes = 0x0101010101010101ull;
+    constexpr uint64_t kHighs = 0x8080808080808080ull;
+    while (pos_ + 8 <= s_.size()) {
+      uint64_t v;
+      std::memcpy(&v, s_.data() + pos_, 8);
+      const uint64_t quote = v ^ (kOnes * '"');
+      const uint64_t backslash = v ^ (kOnes * '\\');
+      const uint64_t special = ((quote - kOnes) & ~quote) | ((backslash - kOnes) & ~backslash) |
+                               ((v - kOnes * 0x20) & ~v);  // bytes below 0x20
+      if ((special & kHighs) != 0) return;
+      pos_ += 8;
+    }
+  }
+
   bool string() {
     ++pos_;  // opening quote
     while (pos_ < s_.size()) {
+      skip_plain_string_bytes();
+      if (pos_ >= s_.size()) break;
       const unsigned char c = static_cast<unsigned char>(s_[pos_]);
       if (c == '"') {
         ++pos_;

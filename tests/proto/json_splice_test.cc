@@ -320,3 +320,41 @@ TEST(JsonSplice, BuildersEscape) {
 
 }  // namespace
 }  // namespace pdr::proto
+
+namespace pdr::proto {
+namespace {
+
+// The string scanner skips 8 bytes at a time: a control character, a quote or an escape at any
+// offset of any word must still be found.
+TEST(JsonSpliceStrings, SpecialBytesAreFoundAtEveryOffset) {
+  for (size_t len = 1; len < 40; ++len) {
+    // Non-ASCII bytes (UTF-8 "é" at p, p + 1) are plain too.
+    std::string plain(len, 'x');
+    const size_t p = len / 2;
+    const bool utf8 = p + 1 < len;
+    if (utf8) plain.replace(p, 2, "\xc3\xa9");
+    for (size_t at = 0; at < len; ++at) {
+      if (utf8 && (at == p || at == p + 1)) continue;  // would cut the UTF-8 pair
+      std::string with_control = plain;
+      with_control[at] = '\x01';
+      JsonObjectBody body;
+      const Status bad = JsonObjectBody::parse("{\"k\":\"" + with_control + "\"}", JsonLimits{}, &body);
+      EXPECT_EQ(bad.code(), StatusCode::kMalformed) << len << " " << at;
+      std::string escaped = plain;
+      escaped.replace(at, 1, "\\\"");
+      ASSERT_TRUE(JsonObjectBody::parse("{\"k\":\"" + escaped + "\",\"n\":1}", JsonLimits{}, &body).is_ok())
+          << len << " " << at;
+      std::optional<std::string> value;
+      ASSERT_TRUE(body.get_string("k", &value).is_ok());
+      std::string expected = plain;
+      expected[at] = '"';
+      EXPECT_EQ(value, expected) << len << " " << at;
+      std::optional<int64_t> n;
+      ASSERT_TRUE(body.get_int("n", &n).is_ok());
+      EXPECT_EQ(n, 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pdr::proto
