@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cstring>
 #include <functional>
@@ -148,10 +149,12 @@ class Scanner {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
   }
 
-  // Skips 8 bytes at a time while none of them is '"', '\\' or a control character (SWAR: a
-  // byte-wise "has zero" test on the word XORed with each special byte). A flagged word is left
-  // to the byte loop, which decides; the test has no false negatives.
+  // Moves to the first byte at or after pos_ that is '"', '\\' or a control character, 8 bytes at
+  // a time (SWAR: a byte-wise "has zero" test on the word XORed with each special byte; its
+  // lowest flagged byte is always a real hit, false positives only occur above one). Stops
+  // short of the last 8 bytes, which the byte loop handles.
   void skip_plain_string_bytes() {
+    static_assert(std::endian::native == std::endian::little, "the first byte of a word is its lowest");
     constexpr uint64_t kOnes = 0x0101010101010101ull;
     constexpr uint64_t kHighs = 0x8080808080808080ull;
     while (pos_ + 8 <= s_.size()) {
@@ -159,9 +162,13 @@ class Scanner {
       std::memcpy(&v, s_.data() + pos_, 8);
       const uint64_t quote = v ^ (kOnes * '"');
       const uint64_t backslash = v ^ (kOnes * '\\');
-      const uint64_t special = ((quote - kOnes) & ~quote) | ((backslash - kOnes) & ~backslash) |
-                               ((v - kOnes * 0x20) & ~v);  // bytes below 0x20
-      if ((special & kHighs) != 0) return;
+      const uint64_t special = (((quote - kOnes) & ~quote) | ((backslash - kOnes) & ~backslash) |
+                                ((v - kOnes * 0x20) & ~v)) &  // bytes below 0x20
+                               kHighs;
+      if (special != 0) {
+        pos_ += static_cast<size_t>(__builtin_ctzll(special)) / 8;  // little-endian: first byte
+        return;
+      }
       pos_ += 8;
     }
   }
