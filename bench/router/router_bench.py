@@ -975,6 +975,7 @@ bench/router/run.sh --bin-dir build-rb --cpu-only # ~3 min, rewrites only the CP
 bench/router/run.sh --bin-dir build-rb --smoke    # ~1 min, checks only
 bench/router/run.sh --help                        # durations, connections, workers
 bench/router/count_syscalls.sh --bin-dir build-rb --column after   # syscalls/allocations
+bench/router/profile_instructions.py --bin-dir build-rb             # user-space instructions per request, by function (callgrind)
 ```
 
 ## Machine
