@@ -2,7 +2,8 @@
 // splits it anywhere. Property: reading the body in one feed and in three feeds (split points
 // taken from the first two input bytes) gives the same events, the same final status, the same
 // event count and the same pending bytes; after a failure a further feed returns the same status
-// and calls back nothing. A small event limit lets inputs reach it.
+// and calls back nothing. A small event limit lets inputs reach it. The relay's SseBoundaryScanner
+// fed the same pieces must cut where the byte-by-byte boundary rule does.
 // Input layout: byte 0 and byte 1 choose the split points, the rest is the body.
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "proto/sse_boundary.h"
 #include "proto/sse_reader.h"
 
 namespace {
@@ -54,6 +56,35 @@ Run read(std::string_view body, size_t first, size_t second) {
   return run;
 }
 
+// proto/sse_boundary's rule read byte by byte: just past the last blank line among complete line
+// endings (a final "\r" undecided).
+size_t reference_boundary(std::string_view body) {
+  size_t last = 0;
+  bool empty = false;
+  for (size_t i = 0; i < body.size();) {
+    const char c = body[i];
+    if (c == '\r' || c == '\n') {
+      if (c == '\r' && i + 1 == body.size()) break;
+      i += (c == '\r' && body[i + 1] == '\n') ? 2 : 1;
+      if (empty) last = i;
+      empty = true;
+    } else {
+      empty = false;
+      ++i;
+    }
+  }
+  return last;
+}
+
+// The relay's boundary scanner (which skips line text a word at a time) agrees with the rule
+// after each of the three pieces arrives.
+void check_boundaries(std::string_view body, size_t first, size_t second) {
+  pdr::proto::SseBoundaryScanner scan;
+  for (size_t end : {first, second, body.size()}) {
+    if (scan.scan(body.substr(0, end)) != reference_boundary(body.substr(0, end))) std::abort();
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -69,5 +100,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (whole.status.code() != split.status.code()) std::abort();
   if (whole.status.message() != split.status.message()) std::abort();
   if (whole.count != split.count || whole.pending != split.pending) std::abort();
+  check_boundaries(body, first, second);
   return 0;
 }

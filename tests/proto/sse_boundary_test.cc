@@ -48,6 +48,43 @@ TEST(SseBoundary, ManyEventsInOneChunkCutAfterTheLast) {
   EXPECT_EQ(scan.scan(held), held.find("data: part"));
 }
 
+// The scanner jumps over line text 8 bytes at a time: a line ending at any offset of a word, in
+// any chunking, must give the same cuts as a byte-by-byte reading of the rule.
+TEST(SseBoundary, LineEndingsAtEveryOffsetMatchTheByteRule) {
+  // Reference: the offset just past the last blank line among complete line endings.
+  const auto reference = [](std::string_view body) {
+    size_t last = 0;
+    bool empty = false;  // a line ending was just seen
+    for (size_t i = 0; i < body.size();) {
+      const char c = body[i];
+      if (c == '\r' || c == '\n') {
+        if (c == '\r' && i + 1 == body.size()) break;
+        i += (c == '\r' && body[i + 1] == '\n') ? 2 : 1;
+        if (empty) last = i;
+        empty = true;
+      } else {
+        empty = false;
+        ++i;
+      }
+    }
+    return last;
+  };
+  for (const char* ending : {"\n\n", "\r\r", "\r\n\r\n", "\n\r\n"}) {
+    for (size_t len = 0; len < 24; ++len) {
+      const std::string event = "data: " + std::string(len, 'x');
+      const std::string body = event + ending + event + "\n" + event + ending + "data: tail";
+      for (size_t step : {1, 3, 8, 1000}) {
+        SseBoundaryScanner scan;
+        std::string held;
+        for (size_t at = 0; at < body.size(); at += step) {
+          held.append(body.substr(at, step));
+          EXPECT_EQ(scan.scan(held), reference(held)) << len << " " << step;
+        }
+      }
+    }
+  }
+}
+
 TEST(SseBoundary, DataFieldDetection) {
   EXPECT_TRUE(sse_has_data_field("data: x\n\n"));
   EXPECT_TRUE(sse_has_data_field(": ping\r\n\r\ndata:x\r\n\r\n"));
