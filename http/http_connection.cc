@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <charconv>
 #include <cstring>
 #include <exception>
 #include <utility>
@@ -670,11 +671,13 @@ size_t HttpConnection::head_size_hint(const std::vector<Header>& headers) {
 
 void HttpConnection::append_head(std::string& out, int status, const std::vector<Header>& headers, bool chunked,
                                  size_t content_length, bool streaming) {
-  out += "HTTP/1.1 ";
-  out += std::to_string(status);
+  using namespace std::string_view_literals;  // literals with their length: no strlen per append
+  char number[24];
+  out += "HTTP/1.1 "sv;
+  out.append(number, static_cast<size_t>(std::to_chars(number, number + sizeof number, status).ptr - number));
   out += ' ';
   out += reason_phrase(status);
-  out += "\r\nServer: pdrouter/" PDR_VERSION "\r\n";
+  out += "\r\nServer: pdrouter/" PDR_VERSION "\r\n"sv;
   for (const Header& h : headers) {
     if (is_server_managed_header(h.name)) continue;
     if (h.name.empty() || has_crlf_or_nul(h.name) || has_crlf_or_nul(h.value)) {
@@ -682,24 +685,25 @@ void HttpConnection::append_head(std::string& out, int status, const std::vector
       continue;
     }
     out += h.name;
-    out += ": ";
+    out += ": "sv;
     out += h.value;
-    out += "\r\n";
+    out += "\r\n"sv;
   }
   if (chunked) {
-    out += "Transfer-Encoding: chunked\r\n";
+    out += "Transfer-Encoding: chunked\r\n"sv;
   } else if (!streaming) {
-    out += "Content-Length: ";
-    out += std::to_string(content_length);
-    out += "\r\n";
+    out += "Content-Length: "sv;
+    out.append(number,
+               static_cast<size_t>(std::to_chars(number, number + sizeof number, content_length).ptr - number));
+    out += "\r\n"sv;
   }
   if (close_after_ || worker_.draining() || (streaming && !chunked)) {
     close_after_ = true;
-    out += "Connection: close\r\n";
+    out += "Connection: close\r\n"sv;
   } else if (http10_) {
-    out += "Connection: keep-alive\r\n";
+    out += "Connection: keep-alive\r\n"sv;
   }
-  out += "\r\n";
+  out += "\r\n"sv;
 }
 
 void HttpConnection::count_response(int status) {
