@@ -230,7 +230,7 @@ int run(Process& p) {
   }
   if (topology.kv_events.enabled) {
     // The subscription list follows the registry; topic, default port and the index budget are
-    // read once here (a reload that changes them is logged as needing a restart).
+    // read once here (restart_required_changes lists a reload that changes them).
     p.block_index = std::make_unique<router::cache::BlockIndex>(topology.kv_events.max_index_entries);
     p.kv_events = std::make_unique<router::cache::KvEventsSubscriber>(p.registry, *p.block_index);
     router::cache::KvEventsSubscriberOptions kv_options;
@@ -330,11 +330,6 @@ int run(Process& p) {
   p.topology.add_listener([&p](const discovery::Topology& old_t, const discovery::Topology& new_t) {
     for (const auto& change : discovery::restart_required_changes(old_t, new_t)) {
       spdlog::warn("topology: {} takes effect only after a restart", change);
-    }
-    if (old_t.kv_events.enabled != new_t.kv_events.enabled || old_t.kv_events.topic != new_t.kv_events.topic ||
-        old_t.kv_events.default_port != new_t.kv_events.default_port ||
-        old_t.kv_events.max_index_entries != new_t.kv_events.max_index_entries) {
-      spdlog::warn("topology: kv_events takes effect only after a restart");
     }
     discovery::Topology effective = new_t;
     (void)apply_overrides(p.cli, &effective);  // validated at start-up

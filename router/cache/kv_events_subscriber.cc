@@ -240,6 +240,7 @@ class KvEventsSubscriber::Impl {
       try {
         r.socket = zmq::socket_t(*context_, zmq::socket_type::sub);
         r.socket.set(zmq::sockopt::linger, 0);
+        r.socket.set(zmq::sockopt::ipv6, 1);  // else libzmq refuses tcp://[v6]:port
         r.socket.set(zmq::sockopt::maxmsgsize,
                      static_cast<int64_t>(options_.limits.max_payload_bytes) + kFrameSlack);
         r.socket.set(zmq::sockopt::rcvhwm, options_.rcvhwm);
@@ -360,6 +361,7 @@ class KvEventsSubscriber::Impl {
     try {
       zmq::socket_t dealer(*context_, zmq::socket_type::dealer);
       dealer.set(zmq::sockopt::linger, 0);
+      dealer.set(zmq::sockopt::ipv6, 1);
       dealer.set(zmq::sockopt::maxmsgsize,
                  static_cast<int64_t>(options_.limits.max_payload_bytes) + kFrameSlack);
       dealer.connect(rank.replay_endpoint);

@@ -711,6 +711,16 @@ TEST(RestartRequiredChanges, ListsListenersAndWorkersOnly) {
   b.listeners.admin = proto::HostPort{"127.0.0.1", 9100};
   EXPECT_THAT(restart_required_changes(a, b),
               ::testing::ElementsAre("listeners.admin: (unset) -> 127.0.0.1:9100"));
+  b = a;
+  b.kv_events.enabled = true;
+  b.kv_events.default_port = 5557;
+  b.kv_events.topic = "kv@";
+  b.kv_events.max_index_entries = 10;
+  EXPECT_THAT(restart_required_changes(a, b),
+              ::testing::ElementsAre("kv_events.enabled: false -> true",
+                                     "kv_events.default_port: (unset) -> 5557",
+                                     "kv_events.topic: '' -> 'kv@'",
+                                     "kv_events.max_index_entries: 4000000 -> 10"));
 }
 
 TEST(TopologyParse, AdminListenerAndProtectStatus) {

@@ -236,5 +236,57 @@ TEST_F(KvEventsSubscriberTest, NodeRestartAndRemovalDropEntries) {
   EXPECT_EQ(subscriber_.totals().node_restarts, 1u) << "totals outlive the node";
 }
 
+// DP rank r publishes on the base port + r: rank 1 of a dp_size-2 node is subscribed on its own.
+TEST(KvEventsSubscriberRanks, EachDpRankOnItsOwnPort) {
+  zmq::context_t ctx(1);
+  zmq::socket_t rank0(ctx, zmq::socket_type::xpub), rank1(ctx, zmq::socket_type::xpub);
+  rank0.set(zmq::sockopt::linger, 0);
+  rank1.set(zmq::sockopt::linger, 0);
+  uint16_t base = 0;
+  for (int attempt = 0; attempt < 50 && base == 0; ++attempt) {  // two consecutive free ports
+    rank0.bind("tcp://127.0.0.1:0");
+    const uint16_t p = port_of(bound(rank0));
+    try {
+      rank1.bind("tcp://127.0.0.1:" + std::to_string(p + 1));
+      base = p;
+    } catch (const zmq::error_t&) {
+      rank0.unbind(bound(rank0));
+    }
+  }
+  ASSERT_NE(base, 0) << "no two consecutive free ports";
+
+  discovery::SnapshotCell<discovery::RegistrySnapshot> registry;
+  auto inst = std::make_shared<discovery::Instance>();
+  inst->key = kNode;
+  inst->http_address = {"127.0.0.1", 8100};
+  inst->dp_size = 2;
+  inst->kv_events_endpoint = proto::HostPort{"127.0.0.1", base};
+  auto snap = std::make_shared<discovery::RegistrySnapshot>();
+  snap->instances.push_back(inst);
+  registry.publish(snap);
+  BlockIndex index;
+  KvEventsSubscriber subscriber(registry, index);
+  KvEventsSubscriberOptions options;
+  options.registry_poll = 5ms;
+  ASSERT_TRUE(subscriber.start(options).is_ok());
+  for (zmq::socket_t* s : {&rank0, &rank1}) {
+    zmq::pollitem_t item{s->handle(), 0, ZMQ_POLLIN, 0};
+    ASSERT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(kDeadline)), 1);
+    zmq::message_t sub;
+    ASSERT_TRUE(s->recv(sub));
+  }
+  const std::string payload = stored_batch({1, 2}, std::nullopt, tokens(0, 8));
+  const std::string seq = proto::encode_kv_event_seq(0);
+  rank1.send(zmq::message_t(), zmq::send_flags::sndmore);
+  rank1.send(zmq::buffer(seq), zmq::send_flags::sndmore);
+  rank1.send(zmq::buffer(payload), zmq::send_flags::none);
+  ASSERT_TRUE(eventually([&] { return index.node_stats(kNode).entries == 2; }));
+  const auto stats = subscriber.node_stats();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].subscribed_ranks, 2u);
+  EXPECT_EQ(stats[0].ranks_seen, 1u);
+  subscriber.stop();
+}
+
 }  // namespace
 }  // namespace pdr::router::cache
