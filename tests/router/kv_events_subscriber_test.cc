@@ -72,11 +72,11 @@ class KvEventsSubscriberTest : public ::testing::Test {
   void TearDown() override { subscriber_.stop(); }
 
   // Publishes a registry holding kNode with the test's publisher (and replay socket, if asked).
-  void register_node(bool with_replay, uint64_t restarts = 0) {
+  void register_node(bool with_replay, uint64_t restarts = 0, bool with_endpoint = true) {
     auto inst = std::make_shared<discovery::Instance>();
     inst->key = kNode;
     inst->http_address = {"127.0.0.1", 8100};
-    inst->kv_events_endpoint = proto::HostPort{"127.0.0.1", port_of(bound(pub_))};
+    if (with_endpoint) inst->kv_events_endpoint = proto::HostPort{"127.0.0.1", port_of(bound(pub_))};
     if (with_replay) inst->kv_events_replay_endpoint = proto::HostPort{"127.0.0.1", port_of(bound(replay_))};
     inst->restarts = restarts;
     auto snap = std::make_shared<discovery::RegistrySnapshot>();
@@ -85,10 +85,8 @@ class KvEventsSubscriberTest : public ::testing::Test {
     registry_.publish(snap);
   }
 
-  void start() {
-    KvEventsSubscriberOptions options;
+  void start(KvEventsSubscriberOptions options = {}) {
     options.registry_poll = 5ms;
-    options.replay_timeout = 2s;
     ASSERT_TRUE(subscriber_.start(options).is_ok());
   }
 
@@ -214,6 +212,43 @@ TEST_F(KvEventsSubscriberTest, GapWithReplayIsFilled) {
   EXPECT_EQ(s.gaps, 0u);
   EXPECT_EQ(s.batches, 4u);
   EXPECT_EQ(s.replay_endpoint, bound(replay_));
+}
+
+TEST_F(KvEventsSubscriberTest, ReplayThatNeverAnswersFallsBackToDropping) {
+  register_node(true);
+  KvEventsSubscriberOptions options;
+  options.replay_timeout = 200ms;  // the ROUTER never answers: this deadline ends the wait
+  start(options);
+  await_subscription();
+  publish(0, stored_batch({101}, std::nullopt, tokens(0, 4)));
+  ASSERT_TRUE(eventually([&] { return matched(tokens(0, 4)) == 1; }));
+  publish(5, stored_batch({201}, std::nullopt, tokens(100, 4)));
+  ASSERT_TRUE(eventually([&] { return node().gaps == 1; }));
+  const KvEventsNodeStats s = node();
+  EXPECT_EQ(s.replay_failures, 1u);
+  EXPECT_EQ(s.replays, 0u);
+  EXPECT_EQ(matched(tokens(0, 4)), 0u);
+  EXPECT_TRUE(eventually([&] { return matched(tokens(100, 4)) == 1; }));
+}
+
+TEST_F(KvEventsSubscriberTest, DefaultPortOnTheNodesHost) {
+  register_node(false, 0, /*with_endpoint=*/false);
+  KvEventsSubscriberOptions options;
+  options.default_port = port_of(bound(pub_));
+  start(options);
+  await_subscription();
+  EXPECT_EQ(node().endpoint, bound(pub_)) << "tcp://<HTTP host>:default_port";
+  publish(0, stored_batch({101}, std::nullopt, tokens(0, 4)));
+  ASSERT_TRUE(eventually([&] { return matched(tokens(0, 4)) == 1; }));
+}
+
+TEST_F(KvEventsSubscriberTest, NoEndpointAndNoDefaultMeansNoSubscription) {
+  register_node(false, 0, /*with_endpoint=*/false);
+  start();
+  // An absence can only be checked over a window: 20 registry polls with no subscription.
+  zmq::pollitem_t item{pub_.handle(), 0, ZMQ_POLLIN, 0};
+  EXPECT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(100)), 0);
+  EXPECT_TRUE(subscriber_.node_stats().empty());
 }
 
 TEST_F(KvEventsSubscriberTest, NodeRestartAndRemovalDropEntries) {
