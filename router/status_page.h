@@ -32,7 +32,7 @@ struct StatusContext {
 //  instance_id, epoch, first_seen_ms_ago, last_seen_ms_ago, expires_in_ms, ttl_ms, messages,
 //  restarts, kv_events_endpoint, kv_events_replay_endpoint, kv_events}]}
 // kv_events_endpoint / kv_events_replay_endpoint: what the node (or operator) named, "tcp://..."
-// or null. kv_events (with kv_events.enabled, for a node subscribed to; else null):
+// or null. kv_events (present only with kv_events.enabled; null for a node not subscribed to):
 // {endpoint, replay_endpoint, subscribed_ranks, ranks_seen, blocks_indexed, batches, events, gaps,
 // replays, replay_failures, decode_errors, bad_messages, publisher_restarts, node_restarts}.
 // `dialect` is the KV connector dialect ("moriio", "p2p-nccl", ...); registration_format is the
