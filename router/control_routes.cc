@@ -87,7 +87,7 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   if (context_.http_stats != nullptr) write_http_metrics(out, *context_.http_stats);
   if (context_.proxy_counters != nullptr) proxy::write_proxy_metrics(out, *context_.proxy_counters);
   write_admin_metrics(out, admin_.counters());
-  if (context_.kv_events != nullptr) write_kv_events_metrics(out, *context_.kv_events);
+  write_kv_events_metrics(out, context_.kv_events);
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 

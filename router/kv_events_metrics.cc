@@ -2,12 +2,13 @@
 
 namespace pdr::router {
 
-void write_kv_events_metrics(MetricsWriter& out, const cache::KvEventsSubscriber& subscriber) {
-  const cache::KvEventsNodeStats t = subscriber.totals();
-  const cache::BlockIndex::Stats index = subscriber.index().stats();
+void write_kv_events_metrics(MetricsWriter& out, const cache::KvEventsSubscriber* subscriber) {
+  const cache::KvEventsNodeStats t = subscriber != nullptr ? subscriber->totals() : cache::KvEventsNodeStats{};
+  const cache::BlockIndex::Stats index =
+      subscriber != nullptr ? subscriber->index().stats() : cache::BlockIndex::Stats{};
+  const size_t nodes = subscriber != nullptr ? subscriber->node_stats().size() : 0;
   auto d = [](uint64_t v) { return static_cast<double>(v); };
-  out.gauge("pdrouter_kv_events_nodes", "Nodes whose KV events publisher is subscribed to",
-            d(subscriber.node_stats().size()));
+  out.gauge("pdrouter_kv_events_nodes", "Nodes whose KV events publisher is subscribed to", d(nodes));
   out.gauge("pdrouter_kv_events_subscribed_ranks", "KV events SUB sockets open (one per node DP rank)",
             d(t.subscribed_ranks));
   out.counter("pdrouter_kv_events_batches_total", "KV event batches applied (live and replayed)", d(t.batches));

@@ -8,6 +8,8 @@
 
 namespace pdr::router {
 
-void write_kv_events_metrics(MetricsWriter& out, const cache::KvEventsSubscriber& subscriber);
+// `subscriber` null (kv_events.enabled false): every family at 0, so dashboards and alerts see
+// the same names either way.
+void write_kv_events_metrics(MetricsWriter& out, const cache::KvEventsSubscriber* subscriber);
 
 }  // namespace pdr::router
