@@ -170,6 +170,13 @@ class KvEventsRegistrationTest(unittest.TestCase):
             'pdrouter_registrations_rejected_total{reason="bad_address"}') == 1)
         self.assertIsNone(router.instance("127.0.0.1:18553"))
 
+        # A node that does not authenticate may not aim the router's sockets at another host.
+        router.send({"type": "D", "http_address": "127.0.0.1:18555", "pdr_v": 1,
+                     "connector": "nixl", "kv_events_endpoint": "tcp://10.0.0.9:5557"})
+        router.wait_for(lambda: router.metrics().get(
+            'pdrouter_registrations_rejected_total{reason="not_own_address"}') == 1)
+        self.assertIsNone(router.instance("127.0.0.1:18555"))
+
 
 if __name__ == "__main__":
     unittest.main()
