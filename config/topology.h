@@ -137,6 +137,16 @@ struct Topology {
     bool protect_status = false;  // GET /status requires the admin key as /admin/* does
   } admin;
 
+  // Subscription to the nodes' vLLM KV cache events (router/cache/kv_events_subscriber.h).
+  struct KvEvents {
+    bool enabled = false;
+    // A node that names no kv_events_endpoint gets tcp://<its HTTP host>:default_port; unset:
+    // such a node is not subscribed to.
+    std::optional<uint16_t> default_port;
+    std::string topic;  // subscription prefix ("" = every topic), <= 256 bytes
+    uint32_t max_index_entries = 4'000'000;  // BlockIndex budget, (node rank, block) entries
+  } kv_events;
+
   std::vector<StaticInstance> static_instances;
 };
 

@@ -280,6 +280,20 @@ Status read_limits(const Source& src, const Field& f, Topology::Limits* out) {
   return r.finish();
 }
 
+Status read_kv_events(const Source& src, const Field& f, Topology::KvEvents* out) {
+  MapReader r(src, f);
+  r.boolean("enabled", &out->enabled);
+  r.with("default_port", [&](const Field& v) {
+    uint64_t port = 0;
+    Status s = read_uint(src, v, 1, 65535, &port, "a port number");
+    if (s) out->default_port = static_cast<uint16_t>(port);
+    return s;
+  });
+  r.str("topic", 256, &out->topic);
+  r.u32("max_index_entries", 1, 1u << 30, &out->max_index_entries);
+  return r.finish();
+}
+
 Status read_admin(const Source& src, const Field& f, Topology::Admin* out) {
   MapReader r(src, f);
   read_env_secret(src, r, "api_key_env", &out->api_key_env, &out->api_key);
@@ -368,6 +382,18 @@ Status read_instance(const Source& src, const Field& f, const Topology::Connecto
     if (s) inst.bootstrap_port = static_cast<uint16_t>(port);
     return s;
   });
+  r.with("kv_events_endpoint", [&](const Field& v) {
+    proto::HostPort hp;
+    Status s = read_parsed(src, v, &proto::parse_zmq_tcp_endpoint, &hp);
+    if (s) inst.kv_events_endpoint = hp;
+    return s;
+  });
+  r.with("kv_events_replay_endpoint", [&](const Field& v) {
+    proto::HostPort hp;
+    Status s = read_parsed(src, v, &proto::parse_zmq_tcp_endpoint, &hp);
+    if (s) inst.kv_events_replay_endpoint = hp;
+    return s;
+  });
   r.str("model", kMaxStringBytes, &inst.model);
   r.with("labels", [&](const Field& v) { return read_labels(src, v, &inst.labels); });
   if (r.ok() && !has_role)
@@ -450,6 +476,7 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   r.with("retries", [&](const Field& f) { return read_retries(src, f, &t.retries); });
   r.with("limits", [&](const Field& f) { return read_limits(src, f, &t.limits); });
   r.with("admin", [&](const Field& f) { return read_admin(src, f, &t.admin); });
+  r.with("kv_events", [&](const Field& f) { return read_kv_events(src, f, &t.kv_events); });
   // After connectors: instance defaults come from there.
   r.with("instances",
          [&](const Field& f) { return read_instances(src, f, t.connectors, &t.static_instances); });

@@ -122,6 +122,19 @@ std::vector<std::string> restart_required_changes(const Topology& a, const Topol
   }
   if (a.workers != b.workers)
     changes.push_back(fmt::format("workers: {} -> {}", a.workers, b.workers));
+  // The subscriber and its index are made once at start (router/main.cc).
+  const auto& ka = a.kv_events;
+  const auto& kb = b.kv_events;
+  if (ka.enabled != kb.enabled) changes.push_back(fmt::format("kv_events.enabled: {} -> {}", ka.enabled, kb.enabled));
+  if (ka.default_port != kb.default_port) {
+    auto text = [](const std::optional<uint16_t>& p) { return p ? std::to_string(*p) : std::string("(unset)"); };
+    changes.push_back(fmt::format("kv_events.default_port: {} -> {}", text(ka.default_port), text(kb.default_port)));
+  }
+  if (ka.topic != kb.topic) changes.push_back(fmt::format("kv_events.topic: '{}' -> '{}'", ka.topic, kb.topic));
+  if (ka.max_index_entries != kb.max_index_entries) {
+    changes.push_back(
+        fmt::format("kv_events.max_index_entries: {} -> {}", ka.max_index_entries, kb.max_index_entries));
+  }
   return changes;
 }
 

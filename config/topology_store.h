@@ -80,7 +80,7 @@ class TopologyStore {
 };
 
 // Fields that differ between `a` and `b` but only take effect on restart (listeners.http, listeners.admin,
-// listeners.discovery, workers), each as "name: OLD -> NEW". Empty when a live reload covers it
+// listeners.discovery, workers, kv_events.*), each as "name: OLD -> NEW". Empty when a live reload covers it
 // all.
 std::vector<std::string> restart_required_changes(const Topology& a, const Topology& b);
 

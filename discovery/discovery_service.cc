@@ -465,6 +465,24 @@ class DiscoveryService::Impl {
     const bool wants_ack = reg.schema_version > 0;
     AdmissionClass cls;
     if (!admit(identity, sender, reg.schema_version, reg.auth_token, reg.http_address, wants_ack, &cls)) return;
+    // The router connects out to the KV events endpoints: a node that does not authenticate may
+    // point them only at itself, as its http_address, or any registrant could aim the router's
+    // sockets at a third host.
+    for (const std::optional<proto::HostPort>* endpoint : {&reg.kv_events_endpoint, &reg.kv_events_replay_endpoint}) {
+      if (*endpoint && !may_register_address(cls, sender.peer, (*endpoint)->host)) {
+        reject(RejectReason::kNotSelf,
+               fmt::format("registration of {} from {} names a KV events endpoint on {}: a node that does not "
+                           "authenticate may name only its own address",
+                           reg.http_address.to_string(), sender.peer ? peer_text(*sender.peer) : "?",
+                           (*endpoint)->to_string()));
+        if (wants_ack) {
+          send_ack(identity, *sender.socket,
+                   {false, "forbidden: kv_events endpoint is not the sender's own address (authenticate to name another)",
+                    0, 0});
+        }
+        return;
+      }
+    }
     const auto now = Clock::now();
     const auto outcome = registry_.upsert(reg, now, cls);
     const std::string key = reg.http_address.to_string();

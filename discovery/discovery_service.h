@@ -8,7 +8,8 @@
 // Admission (config/admission.h): each connection passes the ZAP policy at its handshake (the
 // service answers libzmq's ZAP requests on its own thread), each message gets the admission class
 // of its connection (raised to kToken by a valid auth token), and a registration or goodbye whose
-// address is not the sender's own is refused unless the sender authenticated.
+// address is not the sender's own is refused unless the sender authenticated; so is a registration
+// whose kv_events_endpoint / kv_events_replay_endpoint host is not (the router connects to them).
 //
 // Each accepted frame pair [identity, payload] is decoded (proto/), authenticated, applied to the
 // registry, and, for messages carrying `pdr_v`, acknowledged to the sender. Anything else is

@@ -136,6 +136,8 @@ FlagError apply_connector(const RegisterFlags& flags, proto::Registration* reg) 
 FlagError reject_extension_flags_for_plain_format(const RegisterFlags& flags) {
   const std::pair<bool, const char*> extension_flags[] = {
       {flags.bootstrap_port != 0, "--bootstrap-port"}, {!flags.model.empty(), "--model"},
+      {!flags.kv_events_endpoint.empty(), "--kv-events-endpoint"},
+      {!flags.kv_events_replay_endpoint.empty(), "--kv-events-replay-endpoint"},
       {!flags.labels.empty(), "--label"},              {flags.ttl_ms != 0, "--ttl-ms"},
       {!flags.auth_token_env.empty(), "--auth-token-env"},
   };
@@ -148,6 +150,17 @@ FlagError reject_extension_flags_for_plain_format(const RegisterFlags& flags) {
   return "";
 }
 
+FlagError parse_kv_events_endpoint(const char* flag, const std::string& text,
+                                   std::optional<proto::HostPort>* out) {
+  if (text.empty()) return "";
+  proto::HostPort endpoint;
+  if (Status s = proto::parse_zmq_tcp_endpoint(text, &endpoint); !s) {
+    return std::string(flag) + " '" + text + "': " + s.message();
+  }
+  *out = endpoint;
+  return "";
+}
+
 FlagError apply_extension(const RegisterFlags& flags, proto::Registration* reg) {
   if (reg->format != RegistrationFormat::kPdrouter) {
     return reject_extension_flags_for_plain_format(flags);
@@ -156,6 +169,17 @@ FlagError apply_extension(const RegisterFlags& flags, proto::Registration* reg) 
   reg->model = flags.model;
   if (flags.bootstrap_port != 0) reg->bootstrap_port = static_cast<uint16_t>(flags.bootstrap_port);
   if (flags.ttl_ms != 0) reg->ttl_ms = flags.ttl_ms;
+  if (FlagError e = parse_kv_events_endpoint("--kv-events-endpoint", flags.kv_events_endpoint,
+                                             &reg->kv_events_endpoint);
+      !e.empty()) {
+    return e;
+  }
+  if (FlagError e = parse_kv_events_endpoint("--kv-events-replay-endpoint",
+                                             flags.kv_events_replay_endpoint,
+                                             &reg->kv_events_replay_endpoint);
+      !e.empty()) {
+    return e;
+  }
   if (FlagError e = parse_labels(flags.labels, &reg->labels); !e.empty()) return e;
   if (!flags.auth_token_env.empty()) {
     const char* token = std::getenv(flags.auth_token_env.c_str());
@@ -295,6 +319,15 @@ CLI::App* add_register_command(CLI::App& app, RegisterFlags* f) {
                   "Mooncake/SGLang bootstrap server port (pdrouter format only).")
       ->check(CLI::Range(1, 65535))
       ->type_name("PORT");
+  cmd->add_option("--kv-events-endpoint", f->kv_events_endpoint,
+                  "Where the router subscribes to the node's vLLM KV cache events: the address "
+                  "of its --kv-events-config publisher, tcp://HOST:PORT for DP rank 0 (rank r: "
+                  "PORT+r). Not the bind form tcp://*:PORT (pdrouter format only).")
+      ->type_name("tcp://HOST:PORT");
+  cmd->add_option("--kv-events-replay-endpoint", f->kv_events_replay_endpoint,
+                  "The publisher's replay socket (--kv-events-config replay_endpoint), "
+                  "tcp://HOST:PORT for DP rank 0 (pdrouter format only).")
+      ->type_name("tcp://HOST:PORT");
   cmd->add_option("--model", f->model, "Served model name (pdrouter format only).")
       ->type_name("NAME");
   cmd->add_option("--label", f->labels,

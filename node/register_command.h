@@ -27,6 +27,8 @@ struct RegisterFlags {
   uint32_t tp_size = 0;
   std::string transfer_mode;
   uint32_t bootstrap_port = 0;
+  std::string kv_events_endpoint;         // tcp://host:port ("" = not sent)
+  std::string kv_events_replay_endpoint;  // tcp://host:port ("" = not sent)
   std::string model;
   std::vector<std::string> labels;
   uint32_t interval_ms = 3000;

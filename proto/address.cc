@@ -203,6 +203,40 @@ Status parse_http_url(std::string_view text, HttpUrl* out) {
   return Status::ok();
 }
 
+Status parse_zmq_tcp_endpoint(std::string_view text, HostPort* out) {
+  if (text.empty()) return bad("endpoint is empty");
+  const size_t scheme_end = text.find("://");
+  if (scheme_end == std::string_view::npos) return bad("missing the 'tcp://' scheme");
+  const std::string_view scheme = text.substr(0, scheme_end);
+  if (iequals(scheme, "ipc") || iequals(scheme, "inproc")) {
+    return bad("scheme " + quote_untrusted(scheme) +
+               " names a socket on the router's own host, not the node's; expected tcp://host:port");
+  }
+  if (!iequals(scheme, "tcp")) {
+    return bad("scheme " + quote_untrusted(scheme) + " is not supported; expected tcp://host:port");
+  }
+  const std::string_view authority = text.substr(scheme_end + 3);
+  if (authority.starts_with("*")) {
+    return bad("host '*' is the publisher's bind form; give the node's address to connect to");
+  }
+  HostPort parsed;
+  if (Status s = parse_host_port(authority, &parsed); !s) return s;
+  if (parsed.host == "0.0.0.0" || parsed.host == "::") {
+    return bad("host " + quote_untrusted(parsed.host) +
+               " is a wildcard (bind) address; give the node's address to connect to");
+  }
+  *out = std::move(parsed);
+  return Status::ok();
+}
+
+std::string zmq_tcp_endpoint(const HostPort& endpoint, uint32_t port_offset) {
+  const uint64_t port = uint64_t{endpoint.port} + port_offset;
+  if (port > 65535) return {};
+  HostPort shifted = endpoint;
+  shifted.port = static_cast<uint16_t>(port);
+  return "tcp://" + shifted.to_string();
+}
+
 Status parse_moriio_zmq_address(std::string_view text, MoriioZmqAddress* out) {
   if (text.empty()) return bad("address is empty");
   MoriioZmqAddress parsed;

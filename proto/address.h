@@ -51,6 +51,19 @@ Status parse_host_port(std::string_view text, HostPort* out);
 Status parse_http_url(std::string_view text, HttpUrl* out);
 Status parse_moriio_zmq_address(std::string_view text, MoriioZmqAddress* out);
 
+// A ZMQ TCP endpoint a router connects to, "tcp://host:port" (vLLM's KV events publisher and
+// replay socket, API_FACTS.md 2.1), host and port as for parse_host_port. Refused, kBadAddress:
+//   - tcp://*:port and tcp://0.0.0.0 / [::] (the publisher's bind form: it names no node to
+//     connect to);
+//   - ipc:// and inproc:// (a path on the router's host, not the node's: a remote registration
+//     naming one would make the router open an arbitrary local socket; and vLLM offsets ipc
+//     endpoints per DP rank by name, not by port);
+//   - any other scheme, a path, a missing port.
+Status parse_zmq_tcp_endpoint(std::string_view text, HostPort* out);
+// "tcp://host:port" ("tcp://[v6]:port"), the port plus `port_offset` (a DP rank: vLLM's rank r
+// publishes on base port + r). Empty when the port would pass 65535.
+std::string zmq_tcp_endpoint(const HostPort& endpoint, uint32_t port_offset = 0);
+
 // True when the string looks like the MoRIIO form (contains "handshake:" or starts with "host:"),
 // used to tell MoRIIO registrations from P2P-NCCL ones (whose zmq_address is plain host:port).
 bool looks_like_moriio_zmq_address(std::string_view text);

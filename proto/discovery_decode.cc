@@ -25,6 +25,7 @@ constexpr size_t kMaxAuthBytes = 256;
 constexpr size_t kMaxLabels = 32;
 constexpr size_t kMaxLabelKeyBytes = 64;
 constexpr size_t kMaxLabelValueBytes = 256;
+constexpr size_t kMaxZmqEndpointBytes = 300;  // "tcp://" + a 253-char DNS name + ":65535"
 constexpr size_t kNoExtraStringLimit = std::numeric_limits<size_t>::max();
 
 // Missing-key messages name the dialect being decoded ("dp_size is required for a MoRIIO
@@ -311,6 +312,23 @@ Status decode_load(const FieldReader& reader, NodeLoad* out) {
   return Status::ok();
 }
 
+// An optional "tcp://host:port" key (parse_zmq_tcp_endpoint), the error naming the key.
+Status decode_zmq_endpoint(const FieldReader& reader, std::string_view key,
+                           std::optional<HostPort>* out) {
+  std::string text;
+  bool present = false;
+  if (Status s = reader.string(key, Need::kOptional, kMaxZmqEndpointBytes, &text, &present); !s) {
+    return s;
+  }
+  if (!present) return Status::ok();
+  HostPort parsed;
+  if (Status s = parse_zmq_tcp_endpoint(text, &parsed); !s) {
+    return address_error(key, text, s);
+  }
+  *out = std::move(parsed);
+  return Status::ok();
+}
+
 Status decode_extension(const FieldReader& reader, Registration* reg) {
   if (Status s =
           reader.string("instance_id", Need::kOptional, kMaxInstanceIdBytes, &reg->instance_id);
@@ -320,6 +338,14 @@ Status decode_extension(const FieldReader& reader, Registration* reg) {
   if (Status s = reader.integer("epoch", Need::kOptional, 0, kMaxUint64, &reg->epoch); !s) return s;
   if (Status s = reader.string("model", Need::kOptional, kMaxModelBytes, &reg->model); !s) return s;
   if (Status s = reader.optional_integer("bootstrap_port", 1, kMaxPort, &reg->bootstrap_port); !s) {
+    return s;
+  }
+  if (Status s = decode_zmq_endpoint(reader, "kv_events_endpoint", &reg->kv_events_endpoint); !s) {
+    return s;
+  }
+  if (Status s = decode_zmq_endpoint(reader, "kv_events_replay_endpoint",
+                                     &reg->kv_events_replay_endpoint);
+      !s) {
     return s;
   }
   if (Status s = decode_labels(reader, &reg->labels); !s) return s;

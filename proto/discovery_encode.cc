@@ -123,6 +123,10 @@ void add_extension(const Registration& reg, MapWriter* map) {
   if (reg.epoch != 0) map->add("epoch", reg.epoch);
   if (!reg.model.empty()) map->add("model", reg.model);
   if (reg.bootstrap_port) map->add("bootstrap_port", uint64_t{*reg.bootstrap_port});
+  if (reg.kv_events_endpoint) map->add("kv_events_endpoint", zmq_tcp_endpoint(*reg.kv_events_endpoint));
+  if (reg.kv_events_replay_endpoint) {
+    map->add("kv_events_replay_endpoint", zmq_tcp_endpoint(*reg.kv_events_replay_endpoint));
+  }
   if (!reg.labels.empty()) add_labels(reg.labels, map);
   if (reg.load.present) add_load(reg.load, map);
   if (reg.draining) map->add_bool("draining", true);

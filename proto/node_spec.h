@@ -62,6 +62,11 @@ struct NodeSpec : NodeEndpoint {
   Role role = Role::kPrefill;
   std::string model;  // served model ("" = any)
   Labels labels;      // <= 32 labels; keys <= 64 chars, values <= 256 chars
+  // vLLM's KV cache events publisher (`--kv-events-config` endpoint) and its replay socket, as
+  // tcp://host:port for DP rank 0 (rank r: port + r). proto::parse_zmq_tcp_endpoint validates,
+  // proto::zmq_tcp_endpoint formats. Unset: the topology's kv_events.default_port, if any.
+  std::optional<HostPort> kv_events_endpoint;
+  std::optional<HostPort> kv_events_replay_endpoint;
   friend bool operator==(const NodeSpec&, const NodeSpec&) = default;
 };
 

@@ -156,6 +156,15 @@ Status read_named(const json& obj, std::string_view key, Status (*parse)(std::st
 
 Status parse_address(std::string_view text, proto::HostPort* out) { return proto::parse_host_port(text, out); }
 
+// An optional tcp://host:port key (proto::parse_zmq_tcp_endpoint).
+Status read_zmq_endpoint(const json& obj, std::string_view key, std::optional<proto::HostPort>* out) {
+  proto::HostPort endpoint;
+  bool given = false;
+  Status s = read_named(obj, key, &proto::parse_zmq_tcp_endpoint, &endpoint, &given);
+  if (s && given) *out = std::move(endpoint);
+  return s;
+}
+
 Status read_labels(const json& obj, proto::Labels* out) {
   auto it = obj.find("labels");
   if (it == obj.end()) return Status::ok();
@@ -196,7 +205,8 @@ Status parse_admin_instance(std::string_view body, const discovery::Topology::Co
                             discovery::StaticInstance* out) {
   static const std::vector<std::string_view> kKeys = {
       "role", "http_address", "connector", "transfer_mode", "zmq_address",
-      "dp_size", "tp_size", "bootstrap_port", "model", "labels"};
+      "dp_size", "tp_size", "bootstrap_port", "kv_events_endpoint", "kv_events_replay_endpoint",
+      "model", "labels"};
   json doc;
   Status s = parse_object(body, &doc);
   if (s) s = check_known_keys(doc, kKeys);
@@ -220,6 +230,10 @@ Status parse_admin_instance(std::string_view body, const discovery::Topology::Co
            [&] { return read_u32(doc, "dp_size", 1, discovery::kMaxParallelSize, &inst.dp_size); },
            [&] { return read_u32(doc, "tp_size", 1, discovery::kMaxParallelSize, &inst.tp_size); },
            [&] { return read_uint(doc, "bootstrap_port", 1, 65535, &bootstrap_port); },
+           [&] { return read_zmq_endpoint(doc, "kv_events_endpoint", &inst.kv_events_endpoint); },
+           [&] {
+             return read_zmq_endpoint(doc, "kv_events_replay_endpoint", &inst.kv_events_replay_endpoint);
+           },
            [&] { return read_string(doc, "model", kMaxStringBytes, &inst.model); },
            [&] { return read_labels(doc, &inst.labels); },
        }) {

@@ -21,7 +21,9 @@ namespace pdr::router {
 inline constexpr size_t kMaxAdminBodyBytes = 16 * 1024;
 
 // POST /admin/instances: {"role", "http_address" (both required), "connector", "transfer_mode",
-// "zmq_address", "dp_size", "tp_size", "bootstrap_port", "model", "labels"}. Absent keys take the
+// "zmq_address", "dp_size", "tp_size", "bootstrap_port", "kv_events_endpoint",
+// "kv_events_replay_endpoint" (tcp://host:port, proto::parse_zmq_tcp_endpoint), "model",
+// "labels"}. Absent keys take the
 // topology's defaults (`defaults`), exactly as an entry of the file's `instances:` list.
 Status parse_admin_instance(std::string_view body, const discovery::Topology::Connectors& defaults,
                             discovery::StaticInstance* out);

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "router/admin_metrics.h"
+#include "router/debug_cache.h"
+#include "router/kv_events_metrics.h"
 #include "router/metrics_page.h"
 #include "router/status_page.h"
 
@@ -55,6 +57,11 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     sc.topology_last_error = context_.topology->last_error();
     sc.class_caps = context_.topology->current()->discovery.max_instances_per_class;
   }
+  std::vector<cache::KvEventsNodeStats> kv_events;
+  if (context_.kv_events != nullptr) {
+    kv_events = context_.kv_events->node_stats();
+    sc.kv_events = &kv_events;
+  }
   cache.body = render_status_json(snapshot, now, sc);
   cache.valid = true;
   cache.registry_version = snapshot.version;
@@ -62,6 +69,11 @@ http::Response ControlRoutes::status(uint32_t worker) const {
   cache.rendered_at = now;
   status_renders_.fetch_add(1, std::memory_order_relaxed);
   return http::Response::json(200, cache.body);
+}
+
+http::Response ControlRoutes::debug_cache(const http::Request& request) const {
+  return debug_cache_response(request.query,
+                              context_.kv_events != nullptr ? &context_.kv_events->index() : nullptr);
 }
 
 http::Response ControlRoutes::metrics(uint32_t worker) const {
@@ -75,6 +87,7 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   if (context_.http_stats != nullptr) write_http_metrics(out, *context_.http_stats);
   if (context_.proxy_counters != nullptr) proxy::write_proxy_metrics(out, *context_.proxy_counters);
   write_admin_metrics(out, admin_.counters());
+  write_kv_events_metrics(out, context_.kv_events);
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 

@@ -11,7 +11,8 @@
 // again while the registry snapshot version and the topology reload counts are unchanged and it
 // is younger than status_max_age (1 s): a new snapshot (instance added, removed, state change)
 // shows at once; the fields that change without one (last_seen_ms_ago, expires_in_ms, load,
-// connect_failures, ejected_for_ms, uptime_ms) are up to status_max_age old.
+// connect_failures, ejected_for_ms, uptime_ms, each instance's kv_events counters) are up to
+// status_max_age old, and two workers' renderings may differ by that much.
 #pragma once
 
 #include <atomic>
@@ -25,6 +26,7 @@
 #include "base/snapshot_cell.h"
 #include "config/topology_store.h"
 #include "router/admin_routes.h"
+#include "router/cache/kv_events_subscriber.h"
 #include "http/http_server.h"
 #include "router/proxy/proxy_counters.h"
 
@@ -46,6 +48,9 @@ struct ControlContext {
   bool discovery_open = false;     // discovery admits any address from the network (allow_open)
   discovery::Clock::time_point started_at = discovery::Clock::now();
   uint32_t workers = 1;
+  // The KV events subscriber (kv_events.enabled), else null: /status kv_events objects, /metrics
+  // pdrouter_kv_events_*, GET /debug/cache.
+  const cache::KvEventsSubscriber* kv_events = nullptr;
   // GET /status is rendered once per registry snapshot (and topology reload count) and reused
   // for at most this long, so its ages, load and ejection fields are at most this old.
   std::chrono::milliseconds status_max_age{1000};
@@ -59,6 +64,8 @@ class ControlRoutes {
   http::Response health(uint32_t worker) const;
   http::Response status(uint32_t worker) const;
   http::Response metrics(uint32_t worker) const;
+  // GET /debug/cache (router/debug_cache.h); the route table checks the admin key first.
+  http::Response debug_cache(const http::Request& request) const;
   // GET /status: status(), behind the admin key when admin.protect_status is set.
   void serve_status(const http::Request& request, http::ResponseWriter writer) const;
 

@@ -1,6 +1,7 @@
 // pdrouter: the P/D router process. Wires the pieces together and owns the control loop:
 //   main thread      libuv loop: SIGINT/SIGTERM (graceful stop), SIGHUP + file watch (reload)
 //   discovery thread ZMQ ROUTER listener -> registry snapshots        (discovery/)
+//   kv_events thread ZMQ SUB to each node's KV events -> block index    (router/cache/; optional)
 //   N HTTP workers   P/D proxying (router/proxy/), /health, /status, /metrics, admin API
 #include <pthread.h>
 #include <sys/resource.h>
@@ -20,6 +21,7 @@
 #include "http/fd_budget.h"
 #include "http/http_server.h"
 #include "http/json_error.h"
+#include "router/cache/kv_events_subscriber.h"
 #include "router/proxy/proxy_service.h"
 #include "router/route_table.h"
 #include "router/topology_watcher.h"
@@ -147,6 +149,9 @@ struct Process {
   discovery::SnapshotCell<discovery::RegistrySnapshot> registry;
   discovery::DiscoveryCounters discovery_counters;
   discovery::DiscoveryService discovery{registry, discovery_counters};
+  // kv_events.enabled only; declared before the servers so it outlives their workers.
+  std::unique_ptr<router::cache::BlockIndex> block_index;
+  std::unique_ptr<router::cache::KvEventsSubscriber> kv_events;
   // Declared before the server so it outlives the worker threads (their on_worker_stop uses it).
   std::unique_ptr<router::proxy::ProxyService> proxy;
   http::Server server;
@@ -171,6 +176,7 @@ void on_stop_signal(uv_signal_t* handle, int signum) {
   p->server.stop(drain);
   p->admin_server.stop(std::min(drain, std::chrono::milliseconds(2000)));
   p->discovery.stop();
+  if (p->kv_events) p->kv_events->stop();
   if (p->watcher) p->watcher->close();
   uv_close(reinterpret_cast<uv_handle_t*>(&p->sigint), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&p->sigterm), nullptr);
@@ -222,6 +228,20 @@ int run(Process& p) {
     spdlog::critical("{}", st.message());
     return 1;
   }
+  if (topology.kv_events.enabled) {
+    // The subscription list follows the registry; topic, default port and the index budget are
+    // read once here (restart_required_changes lists a reload that changes them).
+    p.block_index = std::make_unique<router::cache::BlockIndex>(topology.kv_events.max_index_entries);
+    p.kv_events = std::make_unique<router::cache::KvEventsSubscriber>(p.registry, *p.block_index);
+    router::cache::KvEventsSubscriberOptions kv_options;
+    kv_options.topic = topology.kv_events.topic;
+    kv_options.default_port = topology.kv_events.default_port;
+    if (Status kst = p.kv_events->start(kv_options); !kst.is_ok()) {
+      spdlog::critical("{}", kst.message());
+      p.discovery.stop();
+      return 1;
+    }
+  }
   http::ServerOptions server_opts = server_options(topology);
   fit_fd_limit(topology, &server_opts);
   p.proxy = std::make_unique<router::proxy::ProxyService>(p.registry, p.topology.cell(), p.server,
@@ -240,6 +260,7 @@ int run(Process& p) {
   control.discovery_open =
       topology.discovery.open_to_network(topology.listeners.discovery, topology.listeners.discovery_curve);
   control.workers = server_opts.workers;
+  control.kv_events = p.kv_events.get();
   // The routes show the bound port, known only after start(): they are published just after it,
   // and a request that races in before (fixed port, eager client) gets a clear 503.
   std::atomic<const router::ControlRoutes*> routes_ptr{nullptr};

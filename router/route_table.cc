@@ -26,6 +26,10 @@ void metrics(const Endpoints& e, http::Request&& request, http::ResponseWriter w
   writer.send(e.control->metrics(request.worker));
 }
 
+void debug_cache(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  writer.send(e.control->debug_cache(request));
+}
+
 void completions(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
   e.proxy->admit(request, writer);
 }
@@ -100,6 +104,8 @@ constexpr std::array kRoutes = {
     Route{"GET", "/status", kAdmin, Guard::kNone, Refusals::kUncounted,
           "the live registry as JSON (admin key with admin.protect_status)", &status},
     Route{"GET", "/metrics", kAdmin, Guard::kNone, Refusals::kUncounted, "Prometheus text", &metrics},
+    Route{"GET", "/debug/cache", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
+          "which nodes hold the longest prefix of ?tokens=1,2,3[&lora=NAME] (admin key)", &debug_cache},
     Route{"POST", "/start_profile", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,
           "start profiling on every up instance (admin key)", &profile},
     Route{"POST", "/stop_profile", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,

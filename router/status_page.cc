@@ -1,5 +1,7 @@
 #include "router/status_page.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "router/proxy/ejection.h"
@@ -42,6 +44,13 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
   // null: never heard from (a static instance that does not heartbeat).
   j["last_seen_ms_ago"] = inst.messages() == 0 ? nlohmann::json() : nlohmann::json(ms_between(inst.last_seen(), now));
   j["bootstrap_port"] = inst.bootstrap_port ? nlohmann::json(*inst.bootstrap_port) : nlohmann::json();
+  j["kv_events_endpoint"] = inst.kv_events_endpoint
+                                ? nlohmann::json(proto::zmq_tcp_endpoint(*inst.kv_events_endpoint))
+                                : nlohmann::json();
+  j["kv_events_replay_endpoint"] =
+      inst.kv_events_replay_endpoint
+          ? nlohmann::json(proto::zmq_tcp_endpoint(*inst.kv_events_replay_endpoint))
+          : nlohmann::json();
   const Clock::time_point expires_at = inst.expires_at();
   j["expires_in_ms"] = expires_at == Clock::time_point::max() || inst.state == InstanceState::kExpired
                            ? nlohmann::json()
@@ -64,6 +73,35 @@ nlohmann::json instances_json(const discovery::RegistrySnapshot& snapshot, Clock
   nlohmann::json instances = nlohmann::json::array();
   for (const auto& inst : snapshot.instances) instances.push_back(instance_json(*inst, now));
   return instances;
+}
+
+nlohmann::json kv_events_json(const cache::KvEventsNodeStats& s) {
+  return {{"endpoint", s.endpoint},
+          {"replay_endpoint", s.replay_endpoint.empty() ? nlohmann::json() : nlohmann::json(s.replay_endpoint)},
+          {"subscribed_ranks", s.subscribed_ranks},
+          {"ranks_seen", s.ranks_seen},
+          {"blocks_indexed", s.blocks_indexed},
+          {"batches", s.batches},
+          {"events", s.events},
+          {"gaps", s.gaps},
+          {"replays", s.replays},
+          {"replay_failures", s.replay_failures},
+          {"decode_errors", s.decode_errors},
+          {"bad_messages", s.bad_messages},
+          {"publisher_restarts", s.publisher_restarts},
+          {"node_restarts", s.node_restarts}};
+}
+
+// Adds each instance's "kv_events" object (null for a node not subscribed to).
+void add_kv_events(const discovery::RegistrySnapshot& snapshot,
+                   const std::vector<cache::KvEventsNodeStats>& stats, nlohmann::json* instances) {
+  for (size_t i = 0; i < snapshot.instances.size(); ++i) {
+    const std::string& key = snapshot.instances[i]->key;
+    auto it = std::lower_bound(stats.begin(), stats.end(), key,
+                               [](const cache::KvEventsNodeStats& s, const std::string& k) { return s.node < k; });
+    (*instances)[i]["kv_events"] =
+        it != stats.end() && it->node == key ? kv_events_json(*it) : nlohmann::json();
+  }
 }
 
 // Replace invalid UTF-8 rather than throw: node-supplied strings are untrusted.
@@ -97,6 +135,8 @@ std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Cloc
     }
     counts[std::string(proto::to_string(role))] = std::move(by_state);
   }
+  nlohmann::json instances = instances_json(snapshot, now);
+  if (context.kv_events != nullptr) add_kv_events(snapshot, *context.kv_events, &instances);
   nlohmann::json doc = {
       {"version", PDR_VERSION},
       {"uptime_ms", context.uptime_ms},
@@ -114,7 +154,7 @@ std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Cloc
         {"last_error", context.topology_last_error}}},
       {"registry_version", snapshot.version},
       {"counts", std::move(counts)},
-      {"instances", instances_json(snapshot, now)},
+      {"instances", std::move(instances)},
   };
   return dump(doc);
 }

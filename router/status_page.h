@@ -6,6 +6,7 @@
 #include <string>
 
 #include "discovery/instance.h"
+#include "router/cache/kv_events_subscriber.h"
 
 namespace pdr::router {
 
@@ -21,13 +22,19 @@ struct StatusContext {
   std::string discovery_curve_listener;  // "" when there is no CURVE endpoint
   bool discovery_open = false;
   std::array<uint32_t, discovery::kAdmissionClasses> class_caps{};  // max_instances_per_class
+  // The KV events subscriber's per-node counters, sorted by node (kv_events.enabled), else null.
+  const std::vector<cache::KvEventsNodeStats>* kv_events = nullptr;
 };
 
 // {"version", "uptime_ms", "listeners", "topology", "registry_version", "counts":{role:{state:n}},
 //  "instances":[{role, http_address, dialect, registration_format, transfer_mode, zmq_address,
 //  dp_size, tp_size, bootstrap_port, model, labels, load, state, operator_drain, source,
 //  instance_id, epoch, first_seen_ms_ago, last_seen_ms_ago, expires_in_ms, ttl_ms, messages,
-//  restarts}]}
+//  restarts, kv_events_endpoint, kv_events_replay_endpoint, kv_events}]}
+// kv_events_endpoint / kv_events_replay_endpoint: what the node (or operator) named, "tcp://..."
+// or null. kv_events (present only with kv_events.enabled; null for a node not subscribed to):
+// {endpoint, replay_endpoint, subscribed_ranks, ranks_seen, blocks_indexed, batches, events, gaps,
+// replays, replay_failures, decode_errors, bad_messages, publisher_restarts, node_restarts}.
 // `dialect` is the KV connector dialect ("moriio", "p2p-nccl", ...); registration_format is the
 // wire shape the node registered with. Times are relative to `now` (steady clock);
 // last_seen_ms_ago is null for an instance never heard from (static, no heartbeat yet) and

@@ -294,6 +294,53 @@ TEST(TopologyParse, DiscoveryEndpointForms) {
   }
 }
 
+TEST(TopologyParse, KvEventsSectionAndInstanceEndpoints) {
+  Topology defaults;
+  ASSERT_TRUE(parse("", &defaults).is_ok());
+  EXPECT_FALSE(defaults.kv_events.enabled);
+  EXPECT_FALSE(defaults.kv_events.default_port.has_value());
+  EXPECT_EQ(defaults.kv_events.topic, "");
+  EXPECT_EQ(defaults.kv_events.max_index_entries, 4'000'000u);
+
+  Topology t;
+  Status s = parse(R"(
+kv_events:
+  enabled: true
+  default_port: 5557
+  topic: "kv@"
+  max_index_entries: 1000
+instances:
+  - role: decode
+    http_address: "10.0.0.4:8400"
+    connector: nixl
+    kv_events_endpoint: "tcp://10.0.0.4:5557"
+    kv_events_replay_endpoint: "tcp://[fd00::4]:5600"
+)", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_TRUE(t.kv_events.enabled);
+  EXPECT_EQ(t.kv_events.default_port, std::optional<uint16_t>(5557));
+  EXPECT_EQ(t.kv_events.topic, "kv@");
+  EXPECT_EQ(t.kv_events.max_index_entries, 1000u);
+  ASSERT_EQ(t.static_instances.size(), 1u);
+  EXPECT_EQ(t.static_instances[0].kv_events_endpoint, (proto::HostPort{"10.0.0.4", 5557}));
+  EXPECT_EQ(t.static_instances[0].kv_events_replay_endpoint, (proto::HostPort{"fd00::4", 5600}));
+
+  const std::string instance = "instances:\n  - {role: decode, http_address: a:1, connector: nixl, ";
+  EXPECT_EQ(error_of(instance + "kv_events_endpoint: \"tcp://*:5557\"}\n", StatusCode::kBadAddress),
+            "topo.yaml:2:76: instances[0].kv_events_endpoint: host '*' is the publisher's bind "
+            "form; give the node's address to connect to");
+  EXPECT_THAT(error_of(instance + "kv_events_replay_endpoint: \"ipc:///tmp/r\"}\n",
+                       StatusCode::kBadAddress),
+              HasSubstr("instances[0].kv_events_replay_endpoint: scheme 'ipc' names a socket on "
+                        "the router's own host"));
+  EXPECT_THAT(error_of("kv_events:\n  default_port: 0\n", StatusCode::kOutOfRange),
+              HasSubstr("kv_events.default_port: 0 is out of range (1..65535)"));
+  EXPECT_THAT(error_of("kv_events:\n  max_index_entries: 0\n", StatusCode::kOutOfRange),
+              HasSubstr("kv_events.max_index_entries: 0 is out of range"));
+  EXPECT_THAT(error_of("kv_events:\n  enable: true\n", StatusCode::kInvalidValue),
+              HasSubstr("unknown key 'enable' in kv_events (did you mean 'enabled'?)"));
+}
+
 TEST(TopologyParse, UnknownPolicyListsChoices) {
   EXPECT_EQ(error_of("workers: 2\npolicies:\n  decode: fastest\n", StatusCode::kInvalidValue),
             "topo.yaml:3:11: policies.decode: unknown policy 'fastest' (expected round_robin, "
@@ -311,7 +358,7 @@ TEST(TopologyParse, UnknownKeysAreErrors) {
                StatusCode::kInvalidValue),
       Eq("topo.yaml:5:5: unknown key 'colour' in instances[0] (expected one of: role, "
          "http_address, connector, transfer_mode, zmq_address, dp_size, tp_size, "
-         "bootstrap_port, model, labels)"));
+         "bootstrap_port, kv_events_endpoint, kv_events_replay_endpoint, model, labels)"));
   EXPECT_THAT(error_of("workers: 1\nworkers: 2\n", StatusCode::kInvalidValue),
               StartsWith("topo.yaml:2:1: workers: duplicate key"));
 }
@@ -664,6 +711,16 @@ TEST(RestartRequiredChanges, ListsListenersAndWorkersOnly) {
   b.listeners.admin = proto::HostPort{"127.0.0.1", 9100};
   EXPECT_THAT(restart_required_changes(a, b),
               ::testing::ElementsAre("listeners.admin: (unset) -> 127.0.0.1:9100"));
+  b = a;
+  b.kv_events.enabled = true;
+  b.kv_events.default_port = 5557;
+  b.kv_events.topic = "kv@";
+  b.kv_events.max_index_entries = 10;
+  EXPECT_THAT(restart_required_changes(a, b),
+              ::testing::ElementsAre("kv_events.enabled: false -> true",
+                                     "kv_events.default_port: (unset) -> 5557",
+                                     "kv_events.topic: '' -> 'kv@'",
+                                     "kv_events.max_index_entries: 4000000 -> 10"));
 }
 
 TEST(TopologyParse, AdminListenerAndProtectStatus) {

@@ -57,6 +57,14 @@ class SidecarTest(unittest.TestCase):
         self.assertIsNotNone(self.sidecar.wait_for_line(r"target healthy, registering with 1 router",
                                                         timeout=2.0))
 
+    def test_kv_events_endpoints_are_sent(self):
+        self.health.set_status(200)
+        self.start_sidecar("--format", "pdrouter", "--kv-events-endpoint", "tcp://127.0.0.1:5557",
+                           "--kv-events-replay-endpoint", "tcp://127.0.0.1:5600")
+        payload = self.wait_registered()
+        self.assertEqual(payload["kv_events_endpoint"], "tcp://127.0.0.1:5557")
+        self.assertEqual(payload["kv_events_replay_endpoint"], "tcp://127.0.0.1:5600")
+
     def test_heartbeats_follow_the_interval(self):
         self.health.set_status(200)
         self.start_sidecar()

@@ -407,6 +407,12 @@ Registration full_pdrouter_registration() {
   reg.epoch = ~0ull;
   reg.model = std::string(256, 'm');
   reg.bootstrap_port = 65535;
+  reg.kv_events_endpoint = HostPort{"fd00::9", 5557};
+  // The longest host: 253 chars, labels of 63.
+  reg.kv_events_replay_endpoint = HostPort{
+      std::string(63, 'r') + "." + std::string(63, 'r') + "." + std::string(63, 'r') + "." +
+          std::string(61, 'r'),
+      65535};
   for (int i = 0; i < 32; ++i)
     reg.labels.emplace_back("k" + std::to_string(100 + i), std::string(256, 'v'));
   reg.load = {true, 0xffffffffu, 0, ~0ull};
@@ -540,6 +546,25 @@ TEST(PdrouterExtension, RejectsEachBadExtensionValue) {
       {"bootstrap_port", uint_value(70000), StatusCode::kOutOfRange, "bootstrap_port 70000"},
       {"bootstrap_port", str_value("8998"), StatusCode::kWrongType,
        "bootstrap_port must be an integer, got str"},
+      {"kv_events_endpoint", str_value("10.0.0.5:5557"), StatusCode::kBadAddress,
+       "kv_events_endpoint '10.0.0.5:5557': missing the 'tcp://' scheme"},
+      {"kv_events_endpoint", str_value("tcp://*:5557"), StatusCode::kBadAddress,
+       "kv_events_endpoint 'tcp://*:5557': host '*' is the publisher's bind form"},
+      {"kv_events_endpoint", str_value("tcp://0.0.0.0:5557"), StatusCode::kBadAddress,
+       "host '0.0.0.0' is a wildcard (bind) address"},
+      {"kv_events_endpoint", str_value("ipc:///tmp/kv"), StatusCode::kBadAddress,
+       "scheme 'ipc' names a socket on the router's own host"},
+      {"kv_events_endpoint", str_value("udp://h:1"), StatusCode::kBadAddress,
+       "scheme 'udp' is not supported; expected tcp://host:port"},
+      {"kv_events_endpoint", str_value("tcp://h:0"), StatusCode::kBadAddress,
+       "port '0' is out of range 1..65535"},
+      {"kv_events_endpoint", str_value("tcp://h:5557/x"), StatusCode::kBadAddress, "has a path"},
+      {"kv_events_endpoint", uint_value(5557), StatusCode::kWrongType,
+       "kv_events_endpoint must be a string, got int"},
+      {"kv_events_endpoint", str_value("tcp://" + std::string(300, 'h') + ":1"),
+       StatusCode::kTooLarge, "kv_events_endpoint is 308 bytes, limit 300"},
+      {"kv_events_replay_endpoint", str_value("tcp://h"), StatusCode::kBadAddress,
+       "kv_events_replay_endpoint 'tcp://h': missing ':port'"},
       {"labels", array_value(1), StatusCode::kWrongType, "labels must be a map, got array"},
       {"labels", MessageBuilder().set("k", uint_value(1)).value(), StatusCode::kWrongType,
        "labels['k'] must be a string, got int"},
@@ -585,6 +610,21 @@ TEST(PdrouterExtension, RejectsEachBadExtensionValue) {
     }
     EXPECT_TRUE(FailsWith(message.bytes(), c.code, c.message));
   }
+}
+
+TEST(PdrouterExtension, KvEventsEndpointsDecodeAndFormatPerDpRank) {
+  const Registration reg =
+      decode_registration(pdrouter_minimal()
+                              .set("kv_events_endpoint", str_value("TCP://node-3:5557"))
+                              .set("kv_events_replay_endpoint", str_value("tcp://[fd00::1]:5600"))
+                              .bytes());
+  ASSERT_TRUE(reg.kv_events_endpoint.has_value());
+  EXPECT_EQ(*reg.kv_events_endpoint, (HostPort{"node-3", 5557}));
+  EXPECT_EQ(*reg.kv_events_replay_endpoint, (HostPort{"fd00::1", 5600}));
+  EXPECT_EQ(zmq_tcp_endpoint(*reg.kv_events_endpoint), "tcp://node-3:5557");
+  EXPECT_EQ(zmq_tcp_endpoint(*reg.kv_events_endpoint, 3), "tcp://node-3:5560") << "DP rank 3";
+  EXPECT_EQ(zmq_tcp_endpoint(*reg.kv_events_replay_endpoint, 1), "tcp://[fd00::1]:5601");
+  EXPECT_EQ(zmq_tcp_endpoint(HostPort{"h", 65535}, 1), "") << "past the last port";
 }
 
 TEST(PdrouterExtension, LabelsLimitIs32Entries) {

@@ -44,6 +44,22 @@ TEST(AdminRequest, DefaultsComeFromTheTopology) {
   expect_error(R"({"role":"prefill","http_address":"a:1"})", "connector moriio needs zmq_address");
 }
 
+TEST(AdminRequest, KvEventsEndpoints) {
+  discovery::StaticInstance inst;
+  ASSERT_TRUE(parse(R"({"role":"decode","http_address":"10.0.0.1:8200","connector":"nixl",
+      "kv_events_endpoint":"tcp://10.0.0.1:5557","kv_events_replay_endpoint":"tcp://10.0.0.1:5600"})",
+                    &inst)
+                  .is_ok());
+  EXPECT_EQ(inst.kv_events_endpoint, (proto::HostPort{"10.0.0.1", 5557}));
+  EXPECT_EQ(inst.kv_events_replay_endpoint, (proto::HostPort{"10.0.0.1", 5600}));
+  expect_error(R"({"role":"decode","http_address":"a:1","connector":"nixl","kv_events_endpoint":"tcp://*:5557"})",
+               "kv_events_endpoint: host '*' is the publisher's bind form");
+  expect_error(R"({"role":"decode","http_address":"a:1","connector":"nixl","kv_events_replay_endpoint":"ipc:///x"})",
+               "kv_events_replay_endpoint: scheme 'ipc' names a socket on the router's own host");
+  expect_error(R"({"role":"decode","http_address":"a:1","connector":"nixl","kv_events_endpoint":5557})",
+               "kv_events_endpoint: expected a string");
+}
+
 TEST(AdminRequest, StrictBodies) {
   expect_error("", "not valid JSON");
   expect_error("[1]", "body must be a JSON object, got an array");

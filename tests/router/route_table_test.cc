@@ -121,6 +121,12 @@ TEST(RouteTable, WrongMethodFindsThePathAndAllowListsItsMethods) {
   EXPECT_EQ(table().lookup(Surface::kAll, "get", "/health").route, nullptr);
 }
 
+TEST(RouteTable, DebugCacheNeedsTheAdminKey) {
+  const auto found = table().lookup(Surface::kAll, "GET", "/debug/cache");
+  ASSERT_NE(found.route, nullptr);
+  EXPECT_EQ(found.route->guard, Guard::kAdminKey);
+}
+
 TEST(RouteTable, AnythingElseUnderAdminIsTheAdminApisOwn404) {
   for (const char* path : {"/admin", "/admin/", "/admin/nothing", "/admin/instances/", "/admin/instances//drain",
                            "/admin/instances/127.0.0.1:8000/reboot", "/admin/instances/a/drain/x"}) {
@@ -136,7 +142,7 @@ TEST(RouteTable, ListenerPlacement) {
                                             "/admin/instances", "/admin/instances/127.0.0.1:8000",
                                             "/admin/instances/127.0.0.1:8000/drain",
                                             "/admin/instances/127.0.0.1:8000/undrain", "/instances/add",
-                                            "/admin", "/admin/nothing"};
+                                            "/admin", "/admin/nothing", "/debug/cache"};
   const std::set<std::string> client_only = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/ready"};
   for (const std::string& path : admin_only) {
     EXPECT_NE(table().lookup(Surface::kAll, "", path).resource, nullptr) << path;

@@ -1,0 +1,433 @@
+#include "router/cache/kv_events_subscriber.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+namespace pdr::router::cache {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Frames beyond a payload's limit: topic and seq are small, this leaves room for a long topic.
+constexpr int64_t kFrameSlack = 4096;
+constexpr uint64_t kMaxReplayMessages = 1'000'000;  // vLLM's buffer_steps default is 10000
+
+std::span<const std::byte> bytes_of(const zmq::message_t& m) {
+  return {static_cast<const std::byte*>(m.data()), m.size()};
+}
+
+// What the registry says about one node's publisher.
+struct Wanted {
+  proto::HostPort endpoint;
+  std::optional<proto::HostPort> replay;
+  uint32_t dp_size = 1;
+  uint64_t epoch = 0;
+  uint64_t restarts = 0;
+};
+
+std::optional<Wanted> wanted_for(const discovery::Instance& inst,
+                                 const KvEventsSubscriberOptions& options) {
+  if (inst.state == discovery::InstanceState::kExpired) return std::nullopt;
+  Wanted w;
+  if (inst.kv_events_endpoint) {
+    w.endpoint = *inst.kv_events_endpoint;
+  } else if (options.default_port) {
+    w.endpoint = proto::HostPort{inst.http_address.host, *options.default_port};
+  } else {
+    return std::nullopt;
+  }
+  w.replay = inst.kv_events_replay_endpoint;
+  w.dp_size = std::max<uint32_t>(1, inst.dp_size);
+  w.epoch = inst.epoch;
+  w.restarts = inst.restarts;
+  return w;
+}
+
+}  // namespace
+
+class KvEventsSubscriber::Impl {
+ public:
+  Impl(const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry, BlockIndex& index)
+      : registry_(registry), index_(index) {}
+
+  ~Impl() { stop(); }
+
+  Status start(const KvEventsSubscriberOptions& options) {
+    options_ = options;
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return Status(StatusCode::kInternal, "kv_events: eventfd failed");
+    thread_ = std::thread([this] { run(); });
+    return Status::ok();
+  }
+
+  void stop() {
+    if (!thread_.joinable()) return;
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof one);
+    thread_.join();
+    ::close(wake_fd_);
+    wake_fd_ = -1;
+  }
+
+  std::vector<KvEventsNodeStats> node_stats() const {
+    std::vector<KvEventsNodeStats> out;
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      out.reserve(stats_.size());
+      for (const auto& [key, s] : stats_) out.push_back(s);
+    }
+    for (KvEventsNodeStats& s : out) s.blocks_indexed = index_.node_stats(s.node).entries;
+    return out;
+  }
+
+  KvEventsNodeStats totals() const {
+    KvEventsNodeStats t;
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      t = totals_;
+      for (const auto& [key, s] : stats_) {
+        t.subscribed_ranks += s.subscribed_ranks;
+        t.ranks_seen += s.ranks_seen;
+      }
+    }
+    t.blocks_indexed = index_.stats().entries;
+    return t;
+  }
+
+ private:
+  struct Rank {
+    uint32_t rank = 0;
+    zmq::socket_t socket;
+    std::string replay_endpoint;  // "" = none
+    std::optional<uint64_t> last_seq;
+  };
+  struct Node {
+    Wanted wanted;
+    std::vector<Rank> ranks;
+  };
+
+  // Applies `fn` to the node's counters and to the totals (same field).
+  template <typename Fn>
+  void count(const std::string& key, Fn&& fn) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    auto it = stats_.find(key);
+    if (it != stats_.end()) fn(it->second);
+    fn(totals_);
+  }
+
+  void run() {
+    context_ = std::make_unique<zmq::context_t>(1);
+    discovery::SnapshotReader<discovery::RegistrySnapshot> reader(registry_);
+    // Held, not just its address: a freed snapshot's address may come back for a new one.
+    std::shared_ptr<const discovery::RegistrySnapshot> seen;
+    auto next_registry_check = Clock::now();
+    std::vector<zmq::pollitem_t> items;
+    std::vector<std::pair<std::string, size_t>> owners;  // poll item i+1 -> (node, rank index)
+    bool rebuild = true;
+    while (true) {
+      const auto now = Clock::now();
+      if (now >= next_registry_check) {
+        const auto& snapshot = reader.get();
+        if (snapshot && snapshot != seen) {
+          seen = snapshot;
+          sync(*snapshot);
+          rebuild = true;
+        }
+        next_registry_check = now + options_.registry_poll;
+      }
+      if (rebuild) {
+        items.clear();
+        owners.clear();
+        items.push_back(zmq::pollitem_t{nullptr, wake_fd_, ZMQ_POLLIN, 0});
+        for (auto& [key, node] : nodes_) {
+          for (size_t r = 0; r < node.ranks.size(); ++r) {
+            items.push_back(zmq::pollitem_t{node.ranks[r].socket.handle(), 0, ZMQ_POLLIN, 0});
+            owners.emplace_back(key, r);
+          }
+        }
+        rebuild = false;
+      }
+      const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+          next_registry_check - Clock::now());
+      try {
+        zmq::poll(items.data(), items.size(), std::max(timeout, std::chrono::milliseconds(0)));
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        spdlog::error("kv_events: poll failed: {}", e.what());
+        break;
+      }
+      if (items[0].revents & ZMQ_POLLIN) break;  // stop()
+      for (size_t i = 1; i < items.size(); ++i) {
+        if (!(items[i].revents & ZMQ_POLLIN)) continue;
+        auto it = nodes_.find(owners[i - 1].first);
+        if (it == nodes_.end()) continue;
+        drain(it->first, it->second.ranks[owners[i - 1].second]);
+      }
+    }
+    nodes_.clear();  // sockets close before the context
+    context_.reset();
+  }
+
+  // Brings nodes_ in line with the registry.
+  void sync(const discovery::RegistrySnapshot& snapshot) {
+    std::map<std::string, Wanted> wanted;
+    for (const auto& inst : snapshot.instances) {
+      if (auto w = wanted_for(*inst, options_)) wanted.emplace(inst->key, std::move(*w));
+    }
+    for (auto it = nodes_.begin(); it != nodes_.end();) {
+      if (wanted.count(it->first) == 0) {
+        spdlog::info("kv_events: {} unsubscribed (gone, expired or without an endpoint)", it->first);
+        index_.drop_node(it->first);
+        {
+          std::lock_guard<std::mutex> lock(stats_mu_);
+          stats_.erase(it->first);
+        }
+        it = nodes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& [key, w] : wanted) {
+      auto it = nodes_.find(key);
+      if (it != nodes_.end()) {
+        Wanted& had = it->second.wanted;
+        const bool same_place =
+            had.endpoint == w.endpoint && had.replay == w.replay && had.dp_size == w.dp_size;
+        if (same_place && had.epoch == w.epoch && had.restarts == w.restarts) continue;
+        index_.drop_node(key);
+        if (same_place) {
+          // A restart: the node's cache is empty and its publishers count from 0 again.
+          spdlog::info("kv_events: {} restarted: its entries dropped", key);
+          had = w;
+          for (Rank& r : it->second.ranks) r.last_seq.reset();
+          count(key, [](KvEventsNodeStats& s) { ++s.node_restarts; });
+          reset_ranks_seen(key);
+          continue;
+        }
+        nodes_.erase(it);
+      }
+      subscribe(key, w);
+    }
+  }
+
+  void reset_ranks_seen(const std::string& key) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    auto it = stats_.find(key);
+    if (it != stats_.end()) it->second.ranks_seen = 0;
+  }
+
+  void subscribe(const std::string& key, const Wanted& w) {
+    Node node;
+    node.wanted = w;
+    for (uint32_t rank = 0; rank < w.dp_size; ++rank) {
+      const std::string endpoint = proto::zmq_tcp_endpoint(w.endpoint, rank);
+      if (endpoint.empty()) {
+        spdlog::warn("kv_events: {} DP rank {}: port {} + {} passes 65535, not subscribed", key,
+                     rank, w.endpoint.port, rank);
+        break;
+      }
+      Rank r;
+      r.rank = rank;
+      if (w.replay) r.replay_endpoint = proto::zmq_tcp_endpoint(*w.replay, rank);
+      try {
+        r.socket = zmq::socket_t(*context_, zmq::socket_type::sub);
+        r.socket.set(zmq::sockopt::linger, 0);
+        r.socket.set(zmq::sockopt::ipv6, 1);  // else libzmq refuses tcp://[v6]:port
+        r.socket.set(zmq::sockopt::maxmsgsize,
+                     static_cast<int64_t>(options_.limits.max_payload_bytes) + kFrameSlack);
+        r.socket.set(zmq::sockopt::rcvhwm, options_.rcvhwm);
+        r.socket.set(zmq::sockopt::subscribe, options_.topic);
+        r.socket.connect(endpoint);
+      } catch (const zmq::error_t& e) {
+        // DNS names are resolved by libzmq at connect; a name it refuses outright lands here.
+        spdlog::warn("kv_events: {} DP rank {}: cannot connect to {}: {}", key, rank, endpoint,
+                     e.what());
+        continue;
+      }
+      node.ranks.push_back(std::move(r));
+    }
+    KvEventsNodeStats s;
+    s.node = key;
+    s.endpoint = proto::zmq_tcp_endpoint(w.endpoint);
+    if (w.replay) s.replay_endpoint = proto::zmq_tcp_endpoint(*w.replay);
+    s.subscribed_ranks = static_cast<uint32_t>(node.ranks.size());
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_[key] = s;
+    }
+    spdlog::info("kv_events: {} subscribed to {} ({} DP rank(s)){}", key, s.endpoint,
+                 s.subscribed_ranks, s.replay_endpoint.empty() ? "" : ", replay " + s.replay_endpoint);
+    nodes_[key] = std::move(node);
+  }
+
+  // Reads up to max_messages_per_wake messages of one rank's socket.
+  void drain(const std::string& key, Rank& rank) {
+    std::vector<zmq::message_t> frames;
+    for (uint32_t n = 0; n < options_.max_messages_per_wake; ++n) {
+      if (!recv_message(rank.socket, &frames)) return;
+      uint64_t seq = 0;
+      if (frames.size() != 3 || !proto::decode_kv_event_seq(bytes_of(frames[1]), &seq)) {
+        count(key, [](KvEventsNodeStats& s) { ++s.bad_messages; });
+        continue;
+      }
+      on_message(key, rank, seq, bytes_of(frames[2]));
+    }
+  }
+
+  // One whole multipart message, without waiting. False when none is queued.
+  static bool recv_message(zmq::socket_t& socket, std::vector<zmq::message_t>* frames) {
+    frames->clear();
+    try {
+      zmq::message_t frame;
+      if (!socket.recv(frame, zmq::recv_flags::dontwait)) return false;
+      bool more = frame.more();
+      frames->push_back(std::move(frame));
+      while (more) {
+        zmq::message_t next;
+        if (!socket.recv(next, zmq::recv_flags::none)) break;
+        more = next.more();
+        // Keep at most one frame past the three expected: enough to tell the message is bad.
+        if (frames->size() < 4) frames->push_back(std::move(next));
+      }
+      return true;
+    } catch (const zmq::error_t&) {
+      return false;
+    }
+  }
+
+  void on_message(const std::string& key, Rank& rank, uint64_t seq,
+                  std::span<const std::byte> payload) {
+    if (!rank.last_seq) {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      auto it = stats_.find(key);
+      if (it != stats_.end()) ++it->second.ranks_seen;
+    } else if (seq <= *rank.last_seq) {
+      spdlog::info("kv_events: {} DP rank {}: seq went back from {} to {} (publisher restart): "
+                   "entries dropped", key, rank.rank, *rank.last_seq, seq);
+      index_.drop_node(key);
+      count(key, [](KvEventsNodeStats& s) { ++s.publisher_restarts; });
+    } else if (seq != *rank.last_seq + 1) {
+      fill_gap(key, rank, *rank.last_seq + 1, seq);
+    }
+    rank.last_seq = seq;
+    apply(key, rank.rank, payload);
+  }
+
+  // Decodes and applies one batch; a batch that does not decode drops the node's entries.
+  bool apply(const std::string& key, uint32_t dp_rank, std::span<const std::byte> payload) {
+    proto::KvEventBatch batch;
+    if (Status s = proto::decode_kv_event_batch(payload, options_.limits, &batch); !s) {
+      spdlog::debug("kv_events: {} DP rank {}: undecodable batch: {}", key, dp_rank, s.message());
+      index_.drop_node(key);
+      count(key, [](KvEventsNodeStats& st) { ++st.decode_errors; });
+      return false;
+    }
+    index_.apply(key, dp_rank, batch);
+    const size_t events = batch.events.size();
+    count(key, [events](KvEventsNodeStats& st) {
+      ++st.batches;
+      st.events += events;
+    });
+    return true;
+  }
+
+  // Batches [from, until) are missing: replay them, or drop the node's entries.
+  void fill_gap(const std::string& key, Rank& rank, uint64_t from, uint64_t until) {
+    if (!rank.replay_endpoint.empty()) {
+      if (replay(key, rank, from, until)) {
+        count(key, [](KvEventsNodeStats& s) { ++s.replays; });
+        return;
+      }
+      count(key, [](KvEventsNodeStats& s) { ++s.replay_failures; });
+    }
+    spdlog::info("kv_events: {} DP rank {}: batches {}..{} missed: entries dropped", key,
+                 rank.rank, from, until - 1);
+    index_.drop_node(key);
+    count(key, [](KvEventsNodeStats& s) { ++s.gaps; });
+  }
+
+  // Asks the rank's replay socket for the batches from `from` and applies those before `until`.
+  // True when every one of them came back, in order, and decoded.
+  bool replay(const std::string& key, Rank& rank, uint64_t from, uint64_t until) {
+    const auto deadline = Clock::now() + options_.replay_timeout;
+    try {
+      zmq::socket_t dealer(*context_, zmq::socket_type::dealer);
+      dealer.set(zmq::sockopt::linger, 0);
+      dealer.set(zmq::sockopt::ipv6, 1);
+      dealer.set(zmq::sockopt::maxmsgsize,
+                 static_cast<int64_t>(options_.limits.max_payload_bytes) + kFrameSlack);
+      dealer.connect(rank.replay_endpoint);
+      const std::string start = proto::encode_kv_event_seq(from);
+      dealer.send(zmq::message_t(), zmq::send_flags::sndmore);
+      dealer.send(zmq::buffer(start), zmq::send_flags::none);
+      uint64_t expected = from;
+      std::vector<zmq::message_t> frames;
+      for (uint64_t received = 0; received < kMaxReplayMessages; ++received) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        if (left.count() <= 0) break;
+        zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+        zmq::poll(&item, 1, left);
+        if (!(item.revents & ZMQ_POLLIN)) break;
+        if (!recv_message(dealer, &frames)) break;
+        uint64_t seq = 0;
+        if (frames.size() != 3 || frames[0].size() != 0 ||
+            !proto::decode_kv_event_seq(bytes_of(frames[1]), &seq)) {
+          count(key, [](KvEventsNodeStats& s) { ++s.bad_messages; });
+          return false;
+        }
+        if (seq == proto::kKvReplayEnd) return expected >= until;
+        if (seq >= until) continue;  // the SUB socket delivers these itself
+        if (seq != expected) return false;  // the publisher's buffer no longer holds the gap
+        if (!apply(key, rank.rank, bytes_of(frames[2]))) return false;
+        ++expected;
+      }
+      spdlog::info("kv_events: {} DP rank {}: replay from {} timed out", key, rank.rank, from);
+    } catch (const zmq::error_t& e) {
+      spdlog::warn("kv_events: {} DP rank {}: replay from {} failed: {}", key, rank.rank,
+                   rank.replay_endpoint, e.what());
+    }
+    return false;
+  }
+
+  const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry_;
+  BlockIndex& index_;
+  KvEventsSubscriberOptions options_;
+  int wake_fd_ = -1;
+  std::thread thread_;
+  // Subscriber thread only.
+  std::unique_ptr<zmq::context_t> context_;
+  std::map<std::string, Node> nodes_;
+  // Any thread, under stats_mu_.
+  mutable std::mutex stats_mu_;
+  std::map<std::string, KvEventsNodeStats> stats_;
+  KvEventsNodeStats totals_;  // counters only; subscribed_ranks, ranks_seen summed on read
+};
+
+KvEventsSubscriber::KvEventsSubscriber(
+    const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry, BlockIndex& index)
+    : index_(index), impl_(std::make_unique<Impl>(registry, index)) {}
+
+KvEventsSubscriber::~KvEventsSubscriber() { stop(); }
+
+Status KvEventsSubscriber::start(const KvEventsSubscriberOptions& options) {
+  return impl_->start(options);
+}
+
+void KvEventsSubscriber::stop() { impl_->stop(); }
+
+std::vector<KvEventsNodeStats> KvEventsSubscriber::node_stats() const {
+  return impl_->node_stats();
+}
+
+KvEventsNodeStats KvEventsSubscriber::totals() const { return impl_->totals(); }
+
+}  // namespace pdr::router::cache

@@ -1,0 +1,42 @@
+#include "router/kv_events_metrics.h"
+
+namespace pdr::router {
+
+void write_kv_events_metrics(MetricsWriter& out, const cache::KvEventsSubscriber* subscriber) {
+  const cache::KvEventsNodeStats t = subscriber != nullptr ? subscriber->totals() : cache::KvEventsNodeStats{};
+  const cache::BlockIndex::Stats index =
+      subscriber != nullptr ? subscriber->index().stats() : cache::BlockIndex::Stats{};
+  const size_t nodes = subscriber != nullptr ? subscriber->node_stats().size() : 0;
+  auto d = [](uint64_t v) { return static_cast<double>(v); };
+  out.gauge("pdrouter_kv_events_nodes", "Nodes whose KV events publisher is subscribed to", d(nodes));
+  out.gauge("pdrouter_kv_events_subscribed_ranks", "KV events SUB sockets open (one per node DP rank)",
+            d(t.subscribed_ranks));
+  out.counter("pdrouter_kv_events_batches_total", "KV event batches applied (live and replayed)", d(t.batches));
+  out.counter("pdrouter_kv_events_events_total", "KV events in applied batches", d(t.events));
+  out.counter("pdrouter_kv_events_gaps_total",
+              "Sequence gaps not filled by a replay (the node's index entries were dropped)", d(t.gaps));
+  out.counter("pdrouter_kv_events_replays_total", "Sequence gaps filled from the node's replay socket",
+              d(t.replays));
+  out.counter("pdrouter_kv_events_replay_failures_total",
+              "Replays that timed out, broke off or did not cover the gap", d(t.replay_failures));
+  out.counter("pdrouter_kv_events_decode_errors_total", "KV event payloads that did not decode",
+              d(t.decode_errors));
+  out.counter("pdrouter_kv_events_bad_messages_total",
+              "KV event messages not shaped [topic, 8-byte seq, payload]", d(t.bad_messages));
+  out.counter("pdrouter_kv_events_publisher_restarts_total",
+              "Publisher sequence numbers that went backwards (index entries dropped)", d(t.publisher_restarts));
+  out.counter("pdrouter_kv_events_node_restarts_total",
+              "Node restarts (new epoch in the registry) that dropped index entries", d(t.node_restarts));
+  out.gauge("pdrouter_kv_events_index_entries", "(node DP rank, block) entries in the KV block index",
+            d(index.entries));
+  out.counter("pdrouter_kv_events_blocks_stored_total", "Blocks indexed from BlockStored events",
+              d(index.blocks_stored));
+  out.counter("pdrouter_kv_events_blocks_removed_total",
+              "Index entries removed by BlockRemoved / AllBlocksCleared", d(index.blocks_removed));
+  out.counter("pdrouter_kv_events_blocks_evicted_total",
+              "Index entries dropped by the kv_events.max_index_entries budget", d(index.blocks_evicted));
+  out.counter("pdrouter_kv_events_blocks_skipped_total",
+              "Blocks not indexed: extra keys, unknown parent, bad token count", d(index.blocks_skipped));
+}
+
+}  // namespace pdr::router
