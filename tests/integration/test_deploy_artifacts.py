@@ -14,12 +14,13 @@ import unittest
 
 import yaml  # python3-yaml (deploy/install-deps.sh --tests)
 
-from pdr_testlib import http_get, pdrouter_path
+from pdr_testlib import http_get, pdrouter_help_routes, pdrouter_path
 from pdrouter_fixture import Router
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DEPLOY = os.path.join(ROOT, "deploy")
 UNIT = os.path.join(DEPLOY, "systemd", "pdrouter.service")
+KUBE = os.path.join(DEPLOY, "kubernetes")
 # Default timeouts.drain_ms (deploy/topology.example.yaml).
 DEFAULT_DRAIN_MS = 30000
 
@@ -101,6 +102,140 @@ class SystemdUnitTest(unittest.TestCase):
             code, _, _ = router.request("GET", "/admin/instances",
                                         headers={"Authorization": "Bearer " + "k" * 32})
             self.assertEqual(code, 200)
+        router.dir.cleanup()
+
+
+def rendered_manifests():
+    """The objects `kubectl kustomize deploy/kubernetes` renders (offline), by (kind, name)."""
+    done = run(["kubectl", "kustomize", KUBE], timeout=60)
+    assert done.returncode == 0, done.stderr
+    objects = {}
+    for doc in yaml.safe_load_all(done.stdout):
+        if doc:
+            objects[(doc["kind"], doc["metadata"]["name"])] = doc
+    return objects
+
+
+def port_of(listener):
+    """Port of a listener value: "0.0.0.0:10001" or "tcp://*:36367"."""
+    return int(listener.rsplit(":", 1)[1])
+
+
+class KubernetesManifestsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.objects = rendered_manifests()
+        cls.deployment = cls.objects[("Deployment", "pdrouter")]
+        cls.pod = cls.deployment["spec"]["template"]["spec"]
+        (cls.container,) = cls.pod["containers"]
+        cls.ports = {p["name"]: p["containerPort"] for p in cls.container["ports"]}
+        (cls.configmap,) = [o for (kind, _), o in cls.objects.items() if kind == "ConfigMap"]
+        cls.topology_text = cls.configmap["data"]["topology.yaml"]
+        cls.topology = yaml.safe_load(cls.topology_text)
+
+    def test_every_object_is_there_in_one_namespace(self):
+        kinds = sorted(kind for kind, _ in self.objects)
+        self.assertEqual(kinds, ["ConfigMap", "Deployment", "Namespace", "PodDisruptionBudget", "Role",
+                                 "RoleBinding", "Service", "Service", "Service", "ServiceAccount"])
+        for (kind, name), obj in self.objects.items():
+            if kind != "Namespace":
+                self.assertEqual(obj["metadata"].get("namespace"), "pdrouter", (kind, name))
+
+    def test_single_replica_recreated(self):
+        # Registries are per process until registry.backend: etcd exists (issue 15).
+        self.assertEqual(self.deployment["spec"]["replicas"], 1)
+        self.assertEqual(self.deployment["spec"]["strategy"]["type"], "Recreate")
+        pdb = self.objects[("PodDisruptionBudget", "pdrouter")]["spec"]
+        self.assertEqual(pdb.get("maxUnavailable"), 1, "a PDB allowing no eviction blocks node drains")
+        self.assertEqual(pdb["selector"]["matchLabels"], self.deployment["spec"]["selector"]["matchLabels"])
+
+    def test_container_ports_are_the_topology_listeners(self):
+        listeners = self.topology["listeners"]
+        self.assertEqual(self.ports, {"http": port_of(listeners["http"]),
+                                      "discovery": port_of(listeners["discovery"]),
+                                      "admin": port_of(listeners["admin"])})
+
+    def test_probes_use_routes_pdrouter_serves_on_that_listener(self):
+        # --help lists each route with its listener: /ready only on the client one.
+        routes = {(method, path): listener for method, path, listener in pdrouter_help_routes()}
+        for probe, path in (("livenessProbe", "/health"), ("readinessProbe", "/ready")):
+            get = self.container[probe]["httpGet"]
+            self.assertEqual(get["path"], path, probe)
+            self.assertEqual(get["port"], "http", probe)
+            self.assertIn(routes[("GET", path)], ("client", "both"), probe)
+        self.assertEqual(routes[("GET", "/metrics")], "admin")
+
+    def test_runs_non_root_read_only_without_capabilities(self):
+        pod_ctx, ctx = self.pod["securityContext"], self.container["securityContext"]
+        self.assertTrue(pod_ctx["runAsNonRoot"])
+        self.assertEqual((pod_ctx["runAsUser"], pod_ctx["runAsGroup"]), (65532, 65532))
+        self.assertFalse(ctx["allowPrivilegeEscalation"])
+        self.assertTrue(ctx["readOnlyRootFilesystem"])
+        self.assertEqual(ctx["capabilities"]["drop"], ["ALL"])
+        self.assertIn("limits", self.container["resources"])
+
+    def test_grace_period_outlasts_the_drain(self):
+        drain_ms = self.topology.get("timeouts", {}).get("drain_ms", DEFAULT_DRAIN_MS)
+        self.assertGreater(self.pod["terminationGracePeriodSeconds"] * 1000, drain_ms)
+
+    def test_config_path_is_the_mounted_configmap(self):
+        args = self.container["args"]
+        config = args[args.index("--config") + 1]
+        mounts = {m["name"]: m["mountPath"] for m in self.container["volumeMounts"]}
+        volumes = {v["name"]: v for v in self.pod["volumes"]}
+        (name,) = [n for n, v in volumes.items() if "configMap" in v]
+        self.assertEqual(volumes[name]["configMap"]["name"], self.configmap["metadata"]["name"])
+        self.assertEqual(config, os.path.join(mounts[name], "topology.yaml"))
+
+    def test_services_point_at_named_container_ports(self):
+        labels = self.deployment["spec"]["template"]["metadata"]["labels"]
+        services = {name: o["spec"] for (kind, name), o in self.objects.items() if kind == "Service"}
+        self.assertEqual(set(services), {"pdrouter", "pdrouter-discovery", "pdrouter-admin"})
+        for name, spec in services.items():
+            self.assertTrue(set(spec["selector"].items()) <= set(labels.items()), name)
+            for port in spec["ports"]:
+                self.assertEqual(port["port"], self.ports[port["targetPort"]], name)
+        # Nodes must reach a pod that is not ready yet: it becomes ready once they registered.
+        self.assertTrue(services["pdrouter-discovery"]["publishNotReadyAddresses"])
+        self.assertNotIn("publishNotReadyAddresses", services["pdrouter"])
+
+    def test_rbac_reads_pods_of_its_namespace(self):
+        role = self.objects[("Role", "pdrouter-pod-reader")]
+        self.assertEqual(role["rules"], [{"apiGroups": [""], "resources": ["pods"],
+                                          "verbs": ["get", "list", "watch"]}])
+        binding = self.objects[("RoleBinding", "pdrouter-pod-reader")]
+        self.assertEqual(binding["roleRef"]["name"], "pdrouter-pod-reader")
+        self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": "pdrouter",
+                                                "namespace": "pdrouter"}])
+        self.assertEqual(self.pod["serviceAccountName"], "pdrouter")
+
+    def test_servicemonitor_scrapes_the_admin_service(self):
+        with open(os.path.join(KUBE, "servicemonitor.yaml"), encoding="utf-8") as f:
+            monitor = yaml.safe_load(f)
+        admin = self.objects[("Service", "pdrouter-admin")]
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        self.assertTrue(set(selector.items()) <= set(admin["metadata"]["labels"].items()))
+        (endpoint,) = monitor["spec"]["endpoints"]
+        self.assertEqual(endpoint["path"], "/metrics")
+        self.assertIn(endpoint["port"], [p["name"] for p in admin["spec"]["ports"]])
+
+    def test_configmap_topology_loads_and_serves(self):
+        # The file as shipped goes through the loader (admission rules included: it listens on
+        # every address, so allowed_peers must not admit everyone); only the listen addresses
+        # move to loopback (--http/--discovery flags, and listeners.admin in the text).
+        text, count = re.subn(r'(?m)^(\s*admin:\s*)"0\.0\.0\.0:\d+"', r'\g<1>"127.0.0.1:0"',
+                              self.topology_text)
+        self.assertEqual(count, 1)
+        with Router(topology_yaml=text) as router:
+            self.assertNotEqual(router.admin_http, router.http)
+            code, _, body = router.request("GET", "/health")
+            self.assertEqual((code, json.loads(body)), (200, {"status": "ok"}))
+            code, _, _ = router.request("GET", "/ready")
+            self.assertEqual(code, 503)  # no nodes: not ready, as the readiness probe expects
+            self.assertIn("pdrouter_discovery_frames_total", router.request(
+                "GET", "/metrics", admin=True)[2].decode())
+            status = router.status()
+            self.assertFalse(status.get("discovery_open", False))
         router.dir.cleanup()
 
 
