@@ -4,6 +4,7 @@
 loads in the real binary), and the container image builds offline and serves /health when its
 file system is run with chroot. Every address the tests use is on loopback."""
 
+import http.client
 import json
 import os
 import re
@@ -14,13 +15,15 @@ import unittest
 
 import yaml  # python3-yaml (deploy/install-deps.sh --tests)
 
-from pdr_testlib import http_get, pdrouter_help_routes, pdrouter_path
-from pdrouter_fixture import Router
+from pdr_testlib import ProcessHandle, pdrouter_help_routes, pdrouter_path
+from pdrouter_fixture import LISTENING, Router, TIME_SCALE
+from sim_fixture import SimNode
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DEPLOY = os.path.join(ROOT, "deploy")
 UNIT = os.path.join(DEPLOY, "systemd", "pdrouter.service")
 KUBE = os.path.join(DEPLOY, "kubernetes")
+CONTAINER = os.path.join(DEPLOY, "container")
 # Default timeouts.drain_ms (deploy/topology.example.yaml).
 DEFAULT_DRAIN_MS = 30000
 
@@ -237,6 +240,130 @@ class KubernetesManifestsTest(unittest.TestCase):
             status = router.status()
             self.assertFalse(status.get("discovery_open", False))
         router.dir.cleanup()
+
+
+class ContainerImageTest(unittest.TestCase):
+    """build-image.sh builds the image offline; containers cannot run on this machine kind (the
+    runtime has no cgroup support), so the image's exported file system is run with chroot as
+    the image's user: only what the image holds is there (no host library can leak in)."""
+
+    @classmethod
+    def setUpClass(cls):
+        if os.geteuid() != 0:
+            raise AssertionError("chroot needs root (CI runs the tests as root)")
+        build_dir = os.path.normpath(os.path.join(os.path.abspath(pdrouter_path()), "..", ".."))
+        cls.tag = "localhost/pdrouter-test:%d" % os.getpid()
+        done = run([os.path.join(CONTAINER, "build-image.sh"), "--build-dir", build_dir,
+                    "--tag", cls.tag], timeout=120 * TIME_SCALE)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.strip().splitlines()[-1] == cls.tag, done.stdout
+        cls.rootfs = tempfile.mkdtemp(prefix="pdr-image-")
+        os.chmod(cls.rootfs, 0o755)  # it becomes "/" for uid 65532 (mkdtemp makes it 0700)
+        try:
+            created = run(["podman", "create", cls.tag], timeout=60)
+            assert created.returncode == 0, created.stderr
+            container = created.stdout.strip()
+            try:
+                tar = os.path.join(cls.rootfs, "..", os.path.basename(cls.rootfs) + ".tar")
+                exported = run(["podman", "export", "-o", tar, container], timeout=60)
+                assert exported.returncode == 0, exported.stderr
+                untar = run(["tar", "-xf", tar, "-C", cls.rootfs], timeout=60)
+                os.unlink(tar)
+                assert untar.returncode == 0, untar.stderr
+            finally:
+                run(["podman", "rm", "-f", container], timeout=60)
+            inspect = run(["podman", "image", "inspect", cls.tag], timeout=60)
+            assert inspect.returncode == 0, inspect.stderr
+            cls.config = json.loads(inspect.stdout)[0]["Config"]
+            cls.size = json.loads(inspect.stdout)[0]["Size"]
+            cls.files = sorted(os.path.relpath(os.path.join(d, f), cls.rootfs)
+                               for d, _, names in os.walk(cls.rootfs) for f in names)
+            cls.files_bytes = sum(os.path.getsize(os.path.join(cls.rootfs, f)) for f in cls.files)
+            os.mkdir(os.path.join(cls.rootfs, "proc"))  # the runtime's mount point
+        finally:
+            run(["podman", "rmi", "-f", cls.tag], timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.rootfs, True)
+
+    def chroot(self, *args):
+        """argv running args inside the image tree as its user, with /proc mounted as a container
+        runtime would (sanitizer builds read /proc/self/maps at start). The mount lives in a
+        private mount namespace: it goes away with the process, whatever happens to the test.
+        unshare, sh and chroot each exec the next: signals and the exit code are pdrouter's."""
+        script = 'mount --bind /proc "$1/proc" && root=$1 && shift && exec chroot --userspec="$0" "$root" "$@"'
+        return (["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                 self.config["User"], self.rootfs] + list(args))
+
+    def test_image_config(self):
+        self.assertEqual(self.config["User"], "65532:65532")
+        self.assertEqual(self.config["Entrypoint"], ["/usr/local/bin/pdrouter"])
+        self.assertEqual(self.config["Cmd"], ["--config", "/etc/pdrouter/topology.yaml"])
+        self.assertEqual(set(self.config["ExposedPorts"]), {"10001/tcp", "36367/tcp", "10002/tcp"})
+        # Exactly the two binaries, the libraries the loader resolves for them (ldd, as the
+        # build script; here from the test's side), and four /etc files: no shell, nothing else.
+        binaries = [pdrouter_path(), os.path.join(os.path.dirname(pdrouter_path()), "..", "node", "pdnode")]
+        done = run(["ldd"] + binaries, timeout=30)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        libraries = set(re.findall(r"=> (/\S+)", done.stdout)) | set(re.findall(r"^\t(/\S+) \(", done.stdout, re.M))
+        expected = {"usr/local/bin/pdrouter", "usr/local/bin/pdnode", "etc/pdrouter/topology.yaml",
+                    "etc/nsswitch.conf", "etc/passwd", "etc/group"} | {lib[1:] for lib in libraries}
+        self.assertEqual(set(self.files), expected)
+        # One layer of those files (~15 MB in a Release build): no base, no leftovers.
+        self.assertLess(self.size, self.files_bytes + 1024 * 1024)
+
+    def test_binaries_run_from_the_image_alone(self):
+        for binary in ("pdrouter", "pdnode"):
+            done = run(self.chroot("/usr/local/bin/" + binary, "--help"), timeout=30)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertIn("Usage", done.stdout)
+
+    def test_default_topology_loads(self):
+        # The image's own /etc/pdrouter/topology.yaml, only the listeners moved to loopback.
+        router = ProcessHandle(self.chroot(*self.config["Entrypoint"], *self.config["Cmd"],
+                                           "--http", "127.0.0.1:0", "--discovery", "tcp://127.0.0.1:0"),
+                               name="pdrouter-image")
+        self.addCleanup(router.stop)
+        self.assertIsNotNone(router.wait_for_line(LISTENING, timeout=10 * TIME_SCALE,
+                                                  streams=("stdout",)), router.output())
+        self.assertEqual(router.stop(), 0, router.output())
+
+    def test_serves_health_and_a_proxied_request(self):
+        prefill = SimNode("--role", "prefill", "--connector", "nixl")
+        self.addCleanup(prefill.stop)
+        decode = SimNode("--role", "decode", "--connector", "nixl")
+        self.addCleanup(decode.stop)
+        topology = ('instances:\n'
+                    '  - {role: prefill, http_address: "127.0.0.1:%d", connector: nixl}\n'
+                    '  - {role: decode, http_address: "127.0.0.1:%d", connector: nixl}\n'
+                    % (prefill.port, decode.port))
+        # Written inside the image tree, where the chrooted process (uid 65532) can read it.
+        path = os.path.join(self.rootfs, "tmp-topology-%d.yaml" % os.getpid())
+        with open(path, "w") as f:
+            f.write(topology)
+        os.chmod(path, 0o644)
+        self.addCleanup(os.unlink, path)
+        router = ProcessHandle(self.chroot("/usr/local/bin/pdrouter", "--config", "/" + os.path.basename(path),
+                                           "--http", "127.0.0.1:0", "--discovery", "tcp://127.0.0.1:0"),
+                               name="pdrouter-image")
+        self.addCleanup(router.stop)
+        line = router.wait_for_line(LISTENING, timeout=10 * TIME_SCALE, streams=("stdout",))
+        self.assertIsNotNone(line, router.output())
+        host, port = re.search(LISTENING, line).group(1).rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=10 * TIME_SCALE)
+        self.addCleanup(conn.close)
+        conn.request("GET", "/health")
+        response = conn.getresponse()
+        self.assertEqual((response.status, json.loads(response.read())), (200, {"status": "ok"}))
+        body = json.dumps({"model": "sim-model", "prompt": "hello", "max_tokens": 4}).encode()
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        answer = response.read()
+        self.assertEqual(response.status, 200, answer)
+        self.assertTrue(json.loads(answer)["choices"], answer)
+        self.assertEqual(len(prefill.sim_requests()["requests"]), 1)  # the prefill leg ran too
+        self.assertEqual(router.stop(), 0, router.output())
 
 
 if __name__ == "__main__":
