@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import unittest
@@ -94,6 +95,59 @@ class SystemdUnitTest(unittest.TestCase):
         # Sized by the README's formula for the default limits.max_connections (16384 streams
         # at most): 3N + 256.
         self.assertGreaterEqual(int(self.settings["LimitNOFILE"][0]), 3 * 16384 + 256)
+
+    def test_syscall_filter_allows_what_pdrouter_calls(self):
+        # No systemd runs here to start the unit, so the filter is checked against the system
+        # calls pdrouter makes (strace) while it starts, serves /health and /ready, reloads on
+        # SIGHUP and drains on SIGTERM: a call outside the filter would kill the service.
+        sets, current = {}, None
+        for line in run(["systemd-analyze", "syscall-filter", "--no-pager"], timeout=60).stdout.splitlines():
+            if line.startswith("@"):
+                current = sets.setdefault(line.strip(), set())
+            elif current is not None and line.strip() and not line.strip().startswith("#"):
+                current.add(line.strip())
+
+        def expand(name):
+            return set().union(*[expand(m) if m.startswith("@") else {m} for m in sets[name]])
+
+        allowed, denied = set(), set()
+        for value in self.settings["SystemCallFilter"]:
+            target = denied if value.startswith("~") else allowed
+            for name in value.lstrip("~").split():
+                target |= expand(name) if name.startswith("@") else {name}
+        allowed = (allowed | expand("@default")) - denied
+
+        # Not in the topology's directory: pdrouter watches it, and every line strace wrote
+        # there would wake pdrouter into another system call to trace.
+        trace = os.path.join(self.dir, "strace.out")
+        os.mkdir(os.path.join(self.dir, "etc"))
+        topology = os.path.join(self.dir, "etc", "topology.yaml")
+        with open(topology, "w") as f:
+            f.write("workers: 2\n")
+        proc = ProcessHandle(["strace", "-f", "-qq", "-o", trace, pdrouter_path(), "--config", topology,
+                              "--http", "127.0.0.1:0", "--discovery", "tcp://127.0.0.1:0"], name="strace")
+        self.addCleanup(proc.stop)
+        line = proc.wait_for_line(LISTENING, timeout=20 * TIME_SCALE, streams=("stdout",))
+        self.assertIsNotNone(line, proc.output())
+        host, port = re.search(LISTENING, line).group(1).rsplit(":", 1)
+        for path in ("/health", "/ready"):
+            conn = http.client.HTTPConnection(host, int(port), timeout=10 * TIME_SCALE)
+            conn.request("GET", path)
+            conn.getresponse().read()
+            conn.close()
+        # strace forwards no signals: signal pdrouter itself (strace's only child).
+        with open("/proc/%d/task/%d/children" % (proc.proc.pid, proc.proc.pid)) as f:
+            (child,) = [int(p) for p in f.read().split()]
+        os.kill(child, signal.SIGHUP)
+        self.assertIsNotNone(proc.wait_for_line(r"topology reloaded from", timeout=10 * TIME_SCALE,
+                                                streams=("stderr",)), proc.output())
+        os.kill(child, signal.SIGTERM)
+        self.assertEqual(proc.wait(20 * TIME_SCALE), 0, proc.output())
+        with open(trace) as f:
+            called = set(re.findall(r"^\d+\s+(?:<\.\.\. )?([a-z0-9_]+)[( ]", f.read(), re.M))
+        called -= {"exit", "exit_group", "execve"}  # strace's own exec of pdrouter, and the exits
+        self.assertTrue(called, "strace recorded nothing")
+        self.assertEqual(called - allowed, set())
 
     def test_admin_key_credential_path_is_a_valid_topology(self):
         # The README's pattern: LoadCredential copies the key where admin.api_key_file reads it.
