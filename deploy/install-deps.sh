@@ -23,6 +23,14 @@ if [[ "${1:-}" == "--tests" ]]; then
   if ! command -v npm >/dev/null 2>&1; then
     packages+=(nodejs npm)
   fi
+  # tests/integration/test_deploy_artifacts.py: systemd-analyze checks the unit, PyYAML reads
+  # the rendered manifests, buildah builds the image and podman exports it (offline, FROM
+  # scratch). kubectl renders the kustomization; one already on PATH (e.g. Google Cloud SDK's)
+  # is enough, and Debian's kubernetes-client would conflict with it.
+  packages+=(systemd python3-yaml buildah podman)
+  if ! command -v kubectl >/dev/null 2>&1; then
+    packages+=(kubernetes-client)
+  fi
 fi
 
 missing=()

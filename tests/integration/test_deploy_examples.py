@@ -24,7 +24,8 @@ EXPECTED_DIALECT_FILES = {"moriio", "nixl", "mooncake", "p2p-nccl", "sglang"}
 NUMERIC_FLAGS = {"--dp-size": "dp_size", "--tp-size": "tp_size", "--bootstrap-port": "bootstrap_port"}
 
 
-# --- what a text declares, read without a YAML library (python3-yaml is not a test dependency) --
+# --- what a text declares, read without a YAML library (pdrouter's loader is yaml-cpp; PyYAML,
+# installed for the tests by deploy/install-deps.sh --tests, only cross-checks this reader) ---
 
 def _scalar(text):
     text = text.strip()
@@ -116,10 +117,7 @@ class DeclaredInstancesParserTest(unittest.TestCase):
     """The reader above agrees with a real YAML parser where one is installed."""
 
     def test_matches_pyyaml(self):
-        try:
-            import yaml
-        except ImportError:
-            self.skipTest("python3-yaml not installed")
+        import yaml  # python3-yaml, from deploy/install-deps.sh --tests
         texts = []
         for path in TOPOLOGIES:
             with open(path, encoding="utf-8") as f:

@@ -142,6 +142,12 @@ def kind(argv, env):
         return "run.sh"
     if program in ("cmake", "ninja", "ctest"):
         return "dev"
+    # Run (image build) and rendered (manifests) by test_deploy_artifacts.py; here only their
+    # flags and paths are checked (test_deploy_commands_name_real_flags_and_files).
+    if program == "deploy/container/build-image.sh":
+        return "build-image"
+    if program == "kubectl" and argv[1:2] == ["apply"]:
+        return "kubectl-apply"
     return "unknown"
 
 
@@ -206,6 +212,24 @@ class ReadmeCommandInventoryTest(unittest.TestCase):
                 if kind(argv, env) == "pdnode-register"]
         theirs = [line for line, _ in readme_pdnode_register_commands()]
         self.assertEqual(ours, theirs)
+
+    def test_deploy_commands_name_real_flags_and_files(self):
+        commands = [(line, argv) for line, env, argv, _, _ in readme_commands()
+                    if kind(argv, env) in ("build-image", "kubectl-apply")]
+        self.assertTrue(commands)
+        script_help = help_text(os.path.join(ROOT, "deploy", "container", "build-image.sh"))
+        for line, argv in commands:
+            if argv[0] == "kubectl":
+                # -k DIR (a kustomization) or -f FILE, relative to the repository.
+                for flag in ("-k", "-f"):
+                    path = flag_value(argv, flag)
+                    if path is not None:
+                        self.assertTrue(os.path.exists(os.path.join(ROOT, path)), "README.md:%d" % line)
+                        if flag == "-k":
+                            self.assertTrue(os.path.isfile(os.path.join(ROOT, path, "kustomization.yaml")))
+                continue
+            for flag in flags_in(argv):
+                self.assertIn(flag, script_help, "README.md:%d" % line)
 
     def test_quickstart_and_run_sh_exist(self):
         for path in ("deploy/quickstart.sh", "tests/run.sh"):
