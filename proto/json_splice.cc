@@ -379,6 +379,19 @@ JsonObjectBody& JsonObjectBody::operator=(JsonObjectBody&& other) noexcept {
   return *this;
 }
 
+void JsonObjectBody::clear() {
+  owner_.reset();
+  doc_ = std::string_view();
+  close_brace_ = 0;
+  original_count_ = 0;
+  // Capacity is kept for usual bodies only: one with very many members does not pin its table.
+  constexpr size_t kKeptMembers = 64, kKeptEditBytes = 4096;
+  if (members_.capacity() > kKeptMembers) std::vector<Member>().swap(members_);
+  if (edits_.capacity() > kKeptEditBytes) std::string().swap(edits_);
+  members_.clear();
+  edits_.clear();
+}
+
 std::string_view JsonObjectBody::original_key(std::string_view doc, const Member& m) {
   if (m.key_escaped) return m.unescaped_key;
   return doc.substr(m.key_begin + 1, m.key_end - m.key_begin - 2);
@@ -437,7 +450,7 @@ std::optional<KeyAt> first_duplicate(std::span<const KeyAt> keys) {
 // Validates and indexes `text`; the caller attaches the document (doc_, owner_) on success.
 Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limits, JsonObjectBody* out) {
   ++parses_on_this_thread;
-  *out = JsonObjectBody();
+  out->clear();
   if (text.size() > limits.max_bytes) {
     return Status(StatusCode::kTooLarge, "JSON body of " + std::to_string(text.size()) +
                                              " bytes exceeds the limit of " +
@@ -504,7 +517,7 @@ Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limit
     if (literal.find('\\') == std::string_view::npos) continue;
     m.key_escaped = true;
     if (!json_unescape_string(literal, &m.unescaped_key)) {
-      *out = JsonObjectBody();
+      out->clear();
       return Status(StatusCode::kMalformed,
                     "invalid JSON at byte " + std::to_string(span.key_begin) + ": bad object key");
     }
@@ -516,7 +529,7 @@ Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limit
     Status st(StatusCode::kInvalidValue,
               "duplicate top-level key \"" + excerpt(dup->key) + "\" at byte " + std::to_string(dup->at) +
                   " (ambiguous: parsers disagree on which one wins)");
-    *out = JsonObjectBody();
+    out->clear();
     return st;
   }
   return Status::ok();

@@ -42,10 +42,11 @@ proto::LegInstance to_leg_instance(const Instance& i) {
 // its own run, as it may end the session.
 //
 // KeepAlive: a leg's callbacks keep its session alive while the call may still call back. Only
-// on_complete and on_error hold the session (a std::function stores a shared_ptr capture on the
-// heap; a raw pointer fits inline): an upstream port releases a call's callbacks together, so
-// on_head and on_body, which only run while those two are held, capture the plain pointer and
-// take a reference for their own duration (they may end the call, releasing the others).
+// on_error holds the session (a std::function stores a shared_ptr capture on the heap; a raw
+// pointer fits inline): an upstream port releases a call's four callbacks together and never
+// while one runs (upstream_port.h), so the others, which only run while on_error is held,
+// capture the plain pointer and take a reference for their own duration (they may end the
+// call, which releases its callbacks once they return).
 
 // The upstream request of a leg. Its body is not rendered here: the upstream client writes it
 // straight into the wire buffer (UpstreamRequest::append_body, called inside start()), the only
@@ -396,8 +397,8 @@ void ProxySession::send_prefill() {
       s.w.counters().prefill_bytes_discarded.fetch_add(chunk.size(), std::memory_order_relaxed);
     }
   };
-  cb.on_complete = [self] { self->on_prefill_complete(); };
-  cb.on_error = [self](const Status& error) {
+  cb.on_complete = [session] { session->shared_from_this()->on_prefill_complete(); };
+  cb.on_error = [self](const Status& error) {  // holds the session (KeepAlive)
     State& s = *self->s_;
     if (self->finished()) {  // a concurrent prefill outliving its answered request
       if (may_log(s.w)) {
@@ -557,8 +558,8 @@ void ProxySession::send_decode() {
     self->on_decode_head(status, headers);
   };
   cb.on_body = [session](std::string_view chunk) { session->shared_from_this()->on_decode_body(chunk); };
-  cb.on_complete = [self] { self->on_decode_complete(); };
-  cb.on_error = [self](const Status& error) {
+  cb.on_complete = [session] { session->shared_from_this()->on_decode_complete(); };
+  cb.on_error = [self](const Status& error) {  // holds the session (KeepAlive)
     State& s = *self->s_;
     if (self->finished()) return;
     self->node_failed(Leg::kDecode, s.decode_call.get());
