@@ -23,7 +23,9 @@ Status check_token_fields(const JsonObjectBody& body) {
 
 void add_common_headers(const ClientRequest& request, const LegOptions& options,
                         const std::string& request_id, LegRequest* leg) {
-  leg->path = std::string(request.path);
+  // The two paths build_legs serves, as static text (no copy per leg).
+  leg->path = request.path == "/v1/completions" ? std::string_view("/v1/completions")
+                                                : std::string_view("/v1/chat/completions");
   leg->headers.reserve(4);
   leg->headers.emplace_back("Content-Type", "application/json");
   if (options.upstream_api_key) {
