@@ -131,7 +131,8 @@ class JsonObjectBody {
   std::string edits_;  // bytes of replaced values and of appended keys and values
 };
 
-// JsonObjectBody::parse() and parse_owned() calls made on the calling thread so far.
+// JsonObjectBody::parse(), parse_owned() and parse_borrowed() calls made on the calling thread so
+// far.
 uint64_t json_object_parses();
 
 // ---- builders for raw JSON value text ----
