@@ -219,6 +219,9 @@ class UpstreamConnection {
   uv_connect_t connect_req_{};
   Phase phase_ = Phase::kConnecting;
   TimerMode timer_mode_ = TimerMode::kNone;
+  // kBodyIdle: loop time of the last read. A read while the idle timer runs only moves this (no
+  // timer-heap work per read of a stream); the timer, when it fires, re-arms for what is left.
+  uint64_t last_read_ms_ = 0;
   bool reading_ = false;
   bool writing_ = false;
 
@@ -416,7 +419,12 @@ void UpstreamConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
   }
   if (!got_bytes_ && !writing_) std::string().swap(call->wire_);  // the retry is over: free the copy
   got_bytes_ = true;
-  arm_timer(TimerMode::kBodyIdle, to_ms(call->timeouts_.idle));
+  if (timer_mode_ == TimerMode::kBodyIdle) {
+    uv_update_time(core_->loop);  // fresh, as arm_timer() would take it
+    last_read_ms_ = uv_now(core_->loop);
+  } else {
+    arm_timer(TimerMode::kBodyIdle, to_ms(call->timeouts_.idle));
+  }
   const llhttp_errno_t err = llhttp_execute(&parser_, buf->base, static_cast<size_t>(nread));
   if (!attached(call)) return;  // a callback cancelled the call (or the pool closed)
   if (err == HPE_PAUSED && message_done_) {
@@ -447,6 +455,7 @@ void UpstreamConnection::arm_timer(TimerMode mode, uint64_t ms) {
   // The loop clock is cached per iteration; refresh it so a timeout armed late in a busy
   // iteration (or from start() outside a callback) is not cut short by the stale time.
   uv_update_time(core_->loop);
+  last_read_ms_ = uv_now(core_->loop);
   uv_timer_start(timer_.get(), &UpstreamConnection::on_timer, ms, 0);
 }
 
@@ -472,11 +481,19 @@ void UpstreamConnection::handle_timeout() {
            Status(StatusCode::kIoError, "upstream " + key_ + ": no response byte within " +
                                             std::to_string(call_->timeouts_.first_byte.count()) + " ms (timeout)"));
       return;
-    case TimerMode::kBodyIdle:
+    case TimerMode::kBodyIdle: {
+      const uint64_t idle = to_ms(call_->timeouts_.idle);
+      const uint64_t quiet = uv_now(core_->loop) - last_read_ms_;
+      if (quiet < idle) {  // bytes arrived since it was armed: wait for the rest of the period
+        timer_mode_ = TimerMode::kBodyIdle;
+        uv_timer_start(timer_.get(), &UpstreamConnection::on_timer, idle - quiet, 0);
+        return;
+      }
       fail(UpstreamFailure::kIdleTimeout,
            Status(StatusCode::kIoError, "upstream " + key_ + ": response idle for " +
                                             std::to_string(call_->timeouts_.idle.count()) + " ms (timeout)"));
       return;
+    }
   }
 }
 

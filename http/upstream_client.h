@@ -18,7 +18,8 @@
 //   CR/LF, the pool already closed) are reported from the loop on its next iteration.
 //   After cancel() (or once the call is done) no callback fires again. Callbacks may call
 //   cancel(), pause(), resume() and start() freely; exceptions they throw are caught and logged
-//   (they never cross libuv), and a throwing callback cancels its call.
+//   (they never cross libuv), and a throwing callback cancels its call. The four are released
+//   together (the call done or cancelled), never while one of them runs.
 //
 // Connection reuse: a connection goes back to the pool only after a complete response whose
 // framing allows reuse (llhttp_should_keep_alive: HTTP/1.1 without "Connection: close", body

@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <charconv>
 #include <cstring>
@@ -152,7 +153,7 @@ class Scanner {
   // Moves to the first byte at or after pos_ that is '"', '\\' or a control character, 8 bytes at
   // a time (SWAR: a byte-wise "has zero" test on the word XORed with each special byte; its
   // lowest flagged byte is always a real hit, false positives only occur above one). Stops
-  // short of the last 8 bytes, which the byte loop handles.
+  // short of the last 8 bytes, which the table loop in string() handles.
   void skip_plain_string_bytes() {
     static_assert(std::endian::native == std::endian::little, "the first byte of a word is its lowest");
     constexpr uint64_t kOnes = 0x0101010101010101ull;
@@ -173,10 +174,22 @@ class Scanner {
     }
   }
 
+  // Bytes a string may hold as they are: not '"', '\\' or a control character.
+  static constexpr std::array<bool, 256> kPlainInString = [] {
+    std::array<bool, 256> plain{};
+    for (int c = 0x20; c < 256; ++c) plain[c] = c != '"' && c != '\\';
+    return plain;
+  }();
+
   bool string() {
     ++pos_;  // opening quote
     while (pos_ < s_.size()) {
+      // Runs of plain bytes first (most of a body is string content): words, then the tail bytes.
       skip_plain_string_bytes();
+      const char* p = s_.data() + pos_;
+      const char* const end = s_.data() + s_.size();
+      while (p < end && kPlainInString[static_cast<unsigned char>(*p)]) ++p;
+      pos_ = static_cast<size_t>(p - s_.data());
       if (pos_ >= s_.size()) break;
       const unsigned char c = static_cast<unsigned char>(s_[pos_]);
       if (c == '"') {
@@ -406,6 +419,19 @@ JsonObjectBody& JsonObjectBody::operator=(JsonObjectBody&& other) noexcept {
   return *this;
 }
 
+void JsonObjectBody::clear() {
+  owner_.reset();
+  doc_ = std::string_view();
+  close_brace_ = 0;
+  original_count_ = 0;
+  // Capacity is kept for usual bodies only: one with very many members does not pin its table.
+  constexpr size_t kKeptMembers = 64, kKeptEditBytes = 4096;
+  if (members_.capacity() > kKeptMembers) std::vector<Member>().swap(members_);
+  if (edits_.capacity() > kKeptEditBytes) std::string().swap(edits_);
+  members_.clear();
+  edits_.clear();
+}
+
 std::string_view JsonObjectBody::original_key(std::string_view doc, const Member& m) {
   if (m.key_escaped) return m.unescaped_key;
   return doc.substr(m.key_begin + 1, m.key_end - m.key_begin - 2);
@@ -464,7 +490,7 @@ std::optional<KeyAt> first_duplicate(std::span<const KeyAt> keys) {
 // Validates and indexes `text`; the caller attaches the document (doc_, owner_) on success.
 Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limits, JsonObjectBody* out) {
   ++parses_on_this_thread;
-  *out = JsonObjectBody();
+  out->clear();
   if (text.size() > limits.max_bytes) {
     return Status(StatusCode::kTooLarge, "JSON body of " + std::to_string(text.size()) +
                                              " bytes exceeds the limit of " +
@@ -531,7 +557,7 @@ Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limit
     if (literal.find('\\') == std::string_view::npos) continue;
     m.key_escaped = true;
     if (!json_unescape_string(literal, &m.unescaped_key)) {
-      *out = JsonObjectBody();
+      out->clear();
       return Status(StatusCode::kMalformed,
                     "invalid JSON at byte " + std::to_string(span.key_begin) + ": bad object key");
     }
@@ -543,7 +569,7 @@ Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limit
     Status st(StatusCode::kInvalidValue,
               "duplicate top-level key \"" + excerpt(dup->key) + "\" at byte " + std::to_string(dup->at) +
                   " (ambiguous: parsers disagree on which one wins)");
-    *out = JsonObjectBody();
+    out->clear();
     return st;
   }
   return Status::ok();

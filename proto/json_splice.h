@@ -59,6 +59,11 @@ class JsonObjectBody {
   // body are copied there.
   static Status parse_borrowed(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
 
+  // Empties the body (as a default-constructed one) but keeps the capacity of its tables (up to a
+  // few dozen members): a body reused for one short-lived parse after another allocates nothing
+  // once grown. parse() and its variants start with it.
+  void clear();
+
   // The original document (before edits); empty for a default-constructed body.
   std::string_view original() const { return doc_; }
 
@@ -126,7 +131,8 @@ class JsonObjectBody {
   std::string edits_;  // bytes of replaced values and of appended keys and values
 };
 
-// JsonObjectBody::parse() and parse_owned() calls made on the calling thread so far.
+// JsonObjectBody::parse(), parse_owned() and parse_borrowed() calls made on the calling thread so
+// far.
 uint64_t json_object_parses();
 
 // ---- builders for raw JSON value text ----

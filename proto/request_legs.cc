@@ -23,7 +23,9 @@ Status check_token_fields(const JsonObjectBody& body) {
 
 void add_common_headers(const ClientRequest& request, const LegOptions& options,
                         const std::string& request_id, LegRequest* leg) {
-  leg->path = std::string(request.path);
+  // The two paths build_legs serves, as static text (no copy per leg).
+  leg->path = request.path == "/v1/completions" ? std::string_view("/v1/completions")
+                                                : std::string_view("/v1/chat/completions");
   leg->headers.reserve(4);
   leg->headers.emplace_back("Content-Type", "application/json");
   if (options.upstream_api_key) {
@@ -175,8 +177,15 @@ Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
   if (plan.dialect == nullptr || plan.dialect->finish_decode == nullptr) return Status::ok();
 
   // Both parses borrow the answer's bytes: nothing read from them outlives this function (the
-  // values the dialect copies into the decode body are copied there).
-  JsonObjectBody response;
+  // values the dialect copies into the decode body are copied there). The two bodies are the
+  // thread's own, reused (their tables allocate nothing once grown), and emptied on return.
+  thread_local JsonObjectBody response, params;
+  struct EmptiedOnReturn {
+    ~EmptiedOnReturn() {
+      response.clear();
+      params.clear();
+    }
+  } emptied;
   if (Status st = JsonObjectBody::parse_borrowed(prefill_response_json, limits, &response); !st) {
     return Status(st.code(), "prefill response: " + st.message());
   }
@@ -189,7 +198,6 @@ Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
   if (raw->front() != '{') {
     return Status(StatusCode::kWrongType, "prefill response kv_transfer_params is not an object");
   }
-  JsonObjectBody params;
   if (Status st = JsonObjectBody::parse_borrowed(*raw, limits, &params); !st) {
     return Status(st.code(), "prefill response kv_transfer_params: " + st.message());
   }

@@ -74,7 +74,7 @@ struct LegOptions {
 };
 
 struct LegRequest {
-  std::string path;
+  std::string_view path;  // "/v1/completions" or "/v1/chat/completions" (static text)
   std::vector<std::pair<std::string, std::string>> headers;
   // Unrendered: the client's bytes (shared with the other leg) plus this leg's edits. Render it
   // when it is sent (body.render_into() straight into the wire buffer).

@@ -42,10 +42,11 @@ proto::LegInstance to_leg_instance(const Instance& i) {
 // its own run, as it may end the session.
 //
 // KeepAlive: a leg's callbacks keep its session alive while the call may still call back. Only
-// on_complete and on_error hold the session (a std::function stores a shared_ptr capture on the
-// heap; a raw pointer fits inline): an upstream port releases a call's callbacks together, so
-// on_head and on_body, which only run while those two are held, capture the plain pointer and
-// take a reference for their own duration (they may end the call, releasing the others).
+// on_error holds the session (a std::function stores a shared_ptr capture on the heap; a raw
+// pointer fits inline): an upstream port releases a call's four callbacks together and never
+// while one runs (upstream_port.h), so the others, which only run while on_error is held,
+// capture the plain pointer and take a reference for their own duration (they may end the
+// call, which releases its callbacks once they return).
 
 // The upstream request of a leg. Its body is not rendered here: the upstream client writes it
 // straight into the wire buffer (UpstreamRequest::append_body, called inside start()), the only
@@ -178,7 +179,6 @@ struct ProxySession::State {
   bool sse = false;             // the decode answers an event stream (2xx)
   bool stream_started = false;  // the client's stream head went out: no retry can hide a failure now
   std::string sse_tail;         // bytes of an event not yet complete (or held with the head)
-  std::string sse_out;          // scratch: the complete events of the current chunk
   proto::SseBoundaryScanner sse_scan;  // event boundaries in sse_tail
   bool partial_flushed = false; // a partial event went out (forced flush): an error event needs a new line first
   bool paused = false;          // decode reads paused for back-pressure
@@ -396,8 +396,8 @@ void ProxySession::send_prefill() {
       s.w.counters().prefill_bytes_discarded.fetch_add(chunk.size(), std::memory_order_relaxed);
     }
   };
-  cb.on_complete = [self] { self->on_prefill_complete(); };
-  cb.on_error = [self](const Status& error) {
+  cb.on_complete = [session] { session->shared_from_this()->on_prefill_complete(); };
+  cb.on_error = [self](const Status& error) {  // holds the session (KeepAlive)
     State& s = *self->s_;
     if (self->finished()) {  // a concurrent prefill outliving its answered request
       if (may_log(s.w)) {
@@ -557,8 +557,8 @@ void ProxySession::send_decode() {
     self->on_decode_head(status, headers);
   };
   cb.on_body = [session](std::string_view chunk) { session->shared_from_this()->on_decode_body(chunk); };
-  cb.on_complete = [self] { self->on_decode_complete(); };
-  cb.on_error = [self](const Status& error) {
+  cb.on_complete = [session] { session->shared_from_this()->on_decode_complete(); };
+  cb.on_error = [self](const Status& error) {  // holds the session (KeepAlive)
     State& s = *self->s_;
     if (self->finished()) return;
     self->node_failed(Leg::kDecode, s.decode_call.get());
@@ -661,6 +661,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     // failure never lands inside an event (and clients never see half an event first). Event
     // boundaries are any blank line ("\n\n", "\r\r", "\r\n\r\n": proto/sse_boundary.h).
     std::string_view out = chunk;
+    size_t from_tail = 0;  // bytes of sse_tail in `out`, dropped from it once written
     if (!s.stream_started || !s.sse_tail.empty() || chunk.size() < 2 || chunk.substr(chunk.size() - 2) != "\n\n") {
       s.sse_tail.append(chunk);
       size_t cut = s.sse_scan.scan(s.sse_tail);
@@ -672,16 +673,19 @@ void ProxySession::on_decode_body(std::string_view chunk) {
       const bool forced = cut == 0;
       if (forced && s.sse_tail.size() < kMaxPartialEvent) return;
       if (forced) cut = s.sse_tail.size();
-      s.sse_out.assign(s.sse_tail, 0, cut);
-      s.sse_tail.erase(0, cut);
-      s.sse_scan.consumed(cut);
       s.partial_flushed = forced;
-      out = s.sse_out;
+      from_tail = cut;
+      out = std::string_view(s.sse_tail).substr(0, cut);  // the writer copies it (no scratch copy)
     } else {
       s.sse_scan.at_boundary();
       s.partial_flushed = false;
     }
-    if (!s.writer.write(out)) {
+    const bool written = s.writer.write(out);
+    if (from_tail != 0) {
+      s.sse_tail.erase(0, from_tail);
+      s.sse_scan.consumed(from_tail);
+    }
+    if (!written) {
       on_client_gone();
       return;
     }

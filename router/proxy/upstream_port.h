@@ -5,7 +5,8 @@
 // Every implementation keeps the contract of http::UpstreamPool::start (http/upstream_client.h):
 // on_head once, on_body zero or more times, then exactly one of on_complete / on_error (which may
 // come before on_head); no callback inside start(); none after cancel(); everything on the
-// worker's loop thread. UpstreamCall::failure() is set before on_error fires.
+// worker's loop thread. UpstreamCall::failure() is set before on_error fires. A call's callbacks
+// are released together (once it is done or cancelled), never while one of them runs.
 //
 // PoolUpstreamPort is the production implementation: a thin adapter over the worker's
 // http::UpstreamPool.

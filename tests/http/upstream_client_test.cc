@@ -157,6 +157,11 @@ class UpstreamClientTest : public ::testing::Test {
       uv_timer_init(server_.loop(r.worker), &s->timer);
       const auto gap = static_cast<uint64_t>(kSseGap.count());
       uv_timer_start(&s->timer, &SseStreamer::tick, gap, gap);
+    } else if (r.path == "/sse-then-silence") {  // one event, then nothing (the stream stays open)
+      w.start_stream(200, {{"Content-Type", "text/event-stream"}});
+      w.write("data: 1\n\n");
+      std::lock_guard<std::mutex> l(parked_mu_);
+      parked_.push_back(std::move(w));
     } else if (r.path == "/hang") {
       w.on_client_close([this] { hang_closed_.fetch_add(1); });
       std::lock_guard<std::mutex> l(parked_mu_);
@@ -747,6 +752,24 @@ TEST_F(UpstreamClientTest, BorrowedHeadersAreSentAndChecked) {
   EXPECT_EQ(header_of(o, "x-test"), "borrowed value");
   EXPECT_EQ(header_of(o, "x-host"), target_.host + ":" + std::to_string(target_.port));
   EXPECT_EQ(bad.error.code(), StatusCode::kInvalidValue);
+}
+
+// The body idle timeout counts from the last byte read: a stream whose events come faster than it
+// runs longer than it uncut (reads move the deadline without re-arming the timer each time), and
+// a stream that goes silent fails one period after its last byte.
+TEST_F(UpstreamClientTest, BodyIdleTimeoutCountsFromTheLastByte) {
+  start_server();
+  Outcome steady, silent;
+  UpstreamTimeouts t;
+  t.idle = kSseGap * 4;  // the /sse stream lasts kSseEvents gaps
+  call("/sse", &steady, t);
+  call("/sse-then-silence", &silent, t);
+  ASSERT_TRUE(run_until([&] { return steady.done() && silent.done(); }));
+  EXPECT_TRUE(steady.completed) << steady.error.to_string();
+  ASSERT_TRUE(silent.failed);
+  EXPECT_NE(silent.error.message().find("idle"), std::string::npos) << silent.error.message();
+  ASSERT_FALSE(silent.chunk_times.empty());
+  EXPECT_GE(silent.done_at - silent.chunk_times.back(), t.idle - 1ms);  // millisecond loop clock
 }
 
 TEST_F(UpstreamClientTest, PortZeroAndBadHeaderFailFromTheLoop) {

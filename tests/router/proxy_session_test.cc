@@ -88,15 +88,17 @@ class FakeCall final : public UpstreamPort::Call {
   bool reused_connection() const override { return false; }
 
   // Driven by the test (as the upstream would).
+  // Each runs from a copy of all four callbacks: a cancel() inside releases none of them while
+  // it runs (UpstreamPort's contract).
   void head(int status, std::vector<http::Header> headers) {
     if (!open()) return;
-    auto fn = cb_.on_head;
-    fn(status, headers);
+    const http::UpstreamCallbacks cb = cb_;
+    cb.on_head(status, headers);
   }
   void body(std::string_view chunk) {
     if (!open()) return;
-    auto fn = cb_.on_body;
-    fn(chunk);
+    const http::UpstreamCallbacks cb = cb_;
+    cb.on_body(chunk);
   }
   void complete();
   void fail(UpstreamFailure failure, std::string message, End how = End::kFailed);
@@ -223,21 +225,22 @@ void FakeCall::resume() {
   owner_.changed();
 }
 
+// The callbacks are released together, after the last one returned (UpstreamPort's contract).
 void FakeCall::complete() {
   if (!open()) return;
-  auto fn = std::move(cb_.on_complete);
+  const http::UpstreamCallbacks cb = std::move(cb_);
   cb_ = {};
   ended(End::kCompleted);
-  fn();
+  cb.on_complete();
 }
 
 void FakeCall::fail(UpstreamFailure failure, std::string message, End how) {
   if (!open()) return;
   failure_ = failure;
-  auto fn = std::move(cb_.on_error);
+  const http::UpstreamCallbacks cb = std::move(cb_);
   cb_ = {};
   ended(how);
-  fn(Status(StatusCode::kIoError, message));
+  cb.on_error(Status(StatusCode::kIoError, message));
 }
 
 // ---------------------------------------------------------------------------------------------
