@@ -14,6 +14,7 @@
 
 #include "proto/sse_boundary.h"
 #include "proto/sse_reader.h"
+#include "tests/support/sse_boundary_reference.h"
 
 namespace {
 
@@ -56,32 +57,12 @@ Run read(std::string_view body, size_t first, size_t second) {
   return run;
 }
 
-// proto/sse_boundary's rule read byte by byte: just past the last blank line among complete line
-// endings (a final "\r" undecided).
-size_t reference_boundary(std::string_view body) {
-  size_t last = 0;
-  bool empty = false;
-  for (size_t i = 0; i < body.size();) {
-    const char c = body[i];
-    if (c == '\r' || c == '\n') {
-      if (c == '\r' && i + 1 == body.size()) break;
-      i += (c == '\r' && body[i + 1] == '\n') ? 2 : 1;
-      if (empty) last = i;
-      empty = true;
-    } else {
-      empty = false;
-      ++i;
-    }
-  }
-  return last;
-}
-
 // The relay's boundary scanner (which skips line text a word at a time) agrees with the rule
 // after each of the three pieces arrives.
 void check_boundaries(std::string_view body, size_t first, size_t second) {
   pdr::proto::SseBoundaryScanner scan;
   for (size_t end : {first, second, body.size()}) {
-    if (scan.scan(body.substr(0, end)) != reference_boundary(body.substr(0, end))) std::abort();
+    if (scan.scan(body.substr(0, end)) != pdr::test::sse_boundary_reference(body.substr(0, end))) std::abort();
   }
 }
 

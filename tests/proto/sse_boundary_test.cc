@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "tests/support/sse_boundary_reference.h"
+
 namespace pdr::proto {
 namespace {
 
@@ -51,24 +53,6 @@ TEST(SseBoundary, ManyEventsInOneChunkCutAfterTheLast) {
 // The scanner jumps over line text 8 bytes at a time: a line ending at any offset of a word, in
 // any chunking, must give the same cuts as a byte-by-byte reading of the rule.
 TEST(SseBoundary, LineEndingsAtEveryOffsetMatchTheByteRule) {
-  // Reference: the offset just past the last blank line among complete line endings.
-  const auto reference = [](std::string_view body) {
-    size_t last = 0;
-    bool empty = false;  // a line ending was just seen
-    for (size_t i = 0; i < body.size();) {
-      const char c = body[i];
-      if (c == '\r' || c == '\n') {
-        if (c == '\r' && i + 1 == body.size()) break;
-        i += (c == '\r' && body[i + 1] == '\n') ? 2 : 1;
-        if (empty) last = i;
-        empty = true;
-      } else {
-        empty = false;
-        ++i;
-      }
-    }
-    return last;
-  };
   for (const char* ending : {"\n\n", "\r\r", "\r\n\r\n", "\n\r\n"}) {
     for (size_t len = 0; len < 24; ++len) {
       const std::string event = "data: " + std::string(len, 'x');
@@ -78,7 +62,7 @@ TEST(SseBoundary, LineEndingsAtEveryOffsetMatchTheByteRule) {
         std::string held;
         for (size_t at = 0; at < body.size(); at += step) {
           held.append(body.substr(at, step));
-          EXPECT_EQ(scan.scan(held), reference(held)) << len << " " << step;
+          EXPECT_EQ(scan.scan(held), test::sse_boundary_reference(held)) << len << " " << step;
         }
       }
     }
