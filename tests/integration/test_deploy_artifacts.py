@@ -336,6 +336,7 @@ class ContainerImageTest(unittest.TestCase):
                                for d, _, names in os.walk(cls.rootfs) for f in names)
             cls.files_bytes = sum(os.path.getsize(os.path.join(cls.rootfs, f)) for f in cls.files)
             os.mkdir(os.path.join(cls.rootfs, "proc"))  # the runtime's mount point
+            cls.sanitizer_env = cls.sanitizer_files_inside(cls.rootfs)
         finally:
             run(["podman", "rmi", "-f", cls.tag], timeout=60)
 
@@ -343,14 +344,39 @@ class ContainerImageTest(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.rootfs, True)
 
+    @staticmethod
+    def sanitizer_files_inside(rootfs):
+        """Sanitizer builds (the suite's ASan and TSan stages) name suppression files on the host
+        (`suppressions=/path` in *SAN_OPTIONS), which a chrooted process cannot open: the runtime
+        then exits at start. Copies each into the tree, after the image's file list was taken, and
+        returns the options rewritten to the copies."""
+        env = {}
+        for name in ("ASAN_OPTIONS", "TSAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
+            options = os.environ.get(name)
+            if not options:
+                continue
+
+            def inside(match):
+                host = match.group(1)
+                target_dir = os.path.join(rootfs, "sanitizer")
+                os.makedirs(target_dir, mode=0o755, exist_ok=True)
+                copy = os.path.join(target_dir, name.lower() + ".supp")
+                shutil.copyfile(host, copy)
+                os.chmod(copy, 0o644)
+                return "suppressions=/sanitizer/" + os.path.basename(copy)
+
+            env[name] = re.sub(r"suppressions=([^: ]+)", inside, options)
+        return env
+
     def chroot(self, *args):
         """argv running args inside the image tree as its user, with /proc mounted as a container
         runtime would (sanitizer builds read /proc/self/maps at start). The mount lives in a
         private mount namespace: it goes away with the process, whatever happens to the test.
         unshare, sh and chroot each exec the next: signals and the exit code are pdrouter's."""
         script = 'mount --bind /proc "$1/proc" && root=$1 && shift && exec chroot --userspec="$0" "$root" "$@"'
-        return (["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-                 self.config["User"], self.rootfs] + list(args))
+        sanitizers = ["%s=%s" % kv for kv in sorted(self.sanitizer_env.items())]
+        return (["env"] + sanitizers + ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                                        self.config["User"], self.rootfs] + list(args))
 
     def test_image_config(self):
         self.assertEqual(self.config["User"], "65532:65532")
