@@ -148,24 +148,24 @@ admin:
   api_key_env: PDR_TEST_ADMIN_KEY
 instances:
   - role: prefill
-    http_address: "10.0.0.1:8100"
+    http_address: "127.0.10.1:8100"
     connector: moriio
-    zmq_address: "host:10.0.0.1,handshake:6301,notify:61005"
+    zmq_address: "host:127.0.10.1,handshake:6301,notify:61005"
     dp_size: 2
     tp_size: 4
     model: m
     labels: {zone: b, rack: "1"}
   - role: decode
     http_address: "[fd00::2]:8200"
-    zmq_address: "10.0.0.2:21001"
+    zmq_address: "127.0.10.2:21001"
   - role: P
     http_address: "node-3.example:8300"
     connector: mooncake
   - role: decode
-    http_address: "10.0.0.4:8400"
+    http_address: "127.0.10.4:8400"
     connector: moriio
     transfer_mode: read
-    zmq_address: "host:10.0.0.4,handshake:6301,notify:61005"
+    zmq_address: "host:127.0.10.4,handshake:6301,notify:61005"
     bootstrap_port: 7000
 )";
   Topology t;
@@ -218,10 +218,10 @@ instances:
   ASSERT_EQ(t.static_instances.size(), 4u);
   const StaticInstance& p = t.static_instances[0];
   EXPECT_EQ(p.role, proto::Role::kPrefill);
-  EXPECT_EQ(p.http_address, (proto::HostPort{"10.0.0.1", 8100}));
+  EXPECT_EQ(p.http_address, (proto::HostPort{"127.0.10.1", 8100}));
   EXPECT_EQ(p.connector, proto::Connector::kMoriio);
   EXPECT_EQ(p.transfer_mode, proto::TransferMode::kRead);  // connectors.default_transfer_mode
-  EXPECT_EQ(p.zmq_address, "host:10.0.0.1,handshake:6301,notify:61005");
+  EXPECT_EQ(p.zmq_address, "host:127.0.10.1,handshake:6301,notify:61005");
   EXPECT_EQ(p.dp_size, 2u);
   EXPECT_EQ(p.tp_size, 4u);
   EXPECT_FALSE(p.bootstrap_port.has_value());
@@ -311,9 +311,9 @@ kv_events:
   max_index_entries: 1000
 instances:
   - role: decode
-    http_address: "10.0.0.4:8400"
+    http_address: "127.0.10.4:8400"
     connector: nixl
-    kv_events_endpoint: "tcp://10.0.0.4:5557"
+    kv_events_endpoint: "tcp://127.0.10.4:5557"
     kv_events_replay_endpoint: "tcp://[fd00::4]:5600"
 )", &t);
   ASSERT_TRUE(s.is_ok()) << s.to_string();
@@ -322,7 +322,7 @@ instances:
   EXPECT_EQ(t.kv_events.topic, "kv@");
   EXPECT_EQ(t.kv_events.max_index_entries, 1000u);
   ASSERT_EQ(t.static_instances.size(), 1u);
-  EXPECT_EQ(t.static_instances[0].kv_events_endpoint, (proto::HostPort{"10.0.0.4", 5557}));
+  EXPECT_EQ(t.static_instances[0].kv_events_endpoint, (proto::HostPort{"127.0.10.4", 5557}));
   EXPECT_EQ(t.static_instances[0].kv_events_replay_endpoint, (proto::HostPort{"fd00::4", 5600}));
 
   const std::string instance = "instances:\n  - {role: decode, http_address: a:1, connector: nixl, ";
@@ -472,11 +472,11 @@ TEST(TopologyParse, DuplicateInstanceAddress) {
   const std::string text =
       "connectors: {default: nixl}\n"
       "instances:\n"
-      "  - {role: prefill, http_address: \"10.0.0.1:8000\"}\n"
-      "  - {role: decode, http_address: \"10.0.0.2:8000\"}\n"
-      "  - {role: decode, http_address: \"10.0.0.1:8000\"}\n";
+      "  - {role: prefill, http_address: \"127.0.10.1:8000\"}\n"
+      "  - {role: decode, http_address: \"127.0.10.2:8000\"}\n"
+      "  - {role: decode, http_address: \"127.0.10.1:8000\"}\n";
   EXPECT_EQ(error_of(text, StatusCode::kInvalidValue),
-            "topo.yaml:5:34: instances[2].http_address: duplicate instance 10.0.0.1:8000 (also "
+            "topo.yaml:5:34: instances[2].http_address: duplicate instance 127.0.10.1:8000 (also "
             "instances[0])");
 }
 

@@ -22,13 +22,13 @@ void expect_error(std::string_view body, std::string_view message) {
 
 TEST(AdminRequest, FullInstance) {
   discovery::StaticInstance inst;
-  ASSERT_TRUE(parse(R"({"role":"decode","http_address":"10.0.0.1:8200","connector":"moriio",
-      "transfer_mode":"READ","zmq_address":"host:10.0.0.1,handshake:6301,notify:61005",
+  ASSERT_TRUE(parse(R"({"role":"decode","http_address":"127.0.10.1:8200","connector":"moriio",
+      "transfer_mode":"READ","zmq_address":"host:127.0.10.1,handshake:6301,notify:61005",
       "dp_size":2,"tp_size":8,"model":"m","labels":{"zone":"a","gpu":"x"}})",
                     &inst)
                   .is_ok());
   EXPECT_EQ(inst.role, proto::Role::kDecode);
-  EXPECT_EQ(inst.http_address.to_string(), "10.0.0.1:8200");
+  EXPECT_EQ(inst.http_address.to_string(), "127.0.10.1:8200");
   EXPECT_EQ(inst.transfer_mode, proto::TransferMode::kRead);
   EXPECT_EQ(inst.dp_size, 2u);
   EXPECT_EQ(inst.tp_size, 8u);
@@ -46,12 +46,12 @@ TEST(AdminRequest, DefaultsComeFromTheTopology) {
 
 TEST(AdminRequest, KvEventsEndpoints) {
   discovery::StaticInstance inst;
-  ASSERT_TRUE(parse(R"({"role":"decode","http_address":"10.0.0.1:8200","connector":"nixl",
-      "kv_events_endpoint":"tcp://10.0.0.1:5557","kv_events_replay_endpoint":"tcp://10.0.0.1:5600"})",
+  ASSERT_TRUE(parse(R"({"role":"decode","http_address":"127.0.10.1:8200","connector":"nixl",
+      "kv_events_endpoint":"tcp://127.0.10.1:5557","kv_events_replay_endpoint":"tcp://127.0.10.1:5600"})",
                     &inst)
                   .is_ok());
-  EXPECT_EQ(inst.kv_events_endpoint, (proto::HostPort{"10.0.0.1", 5557}));
-  EXPECT_EQ(inst.kv_events_replay_endpoint, (proto::HostPort{"10.0.0.1", 5600}));
+  EXPECT_EQ(inst.kv_events_endpoint, (proto::HostPort{"127.0.10.1", 5557}));
+  EXPECT_EQ(inst.kv_events_replay_endpoint, (proto::HostPort{"127.0.10.1", 5600}));
   expect_error(R"({"role":"decode","http_address":"a:1","connector":"nixl","kv_events_endpoint":"tcp://*:5557"})",
                "kv_events_endpoint: host '*' is the publisher's bind form");
   expect_error(R"({"role":"decode","http_address":"a:1","connector":"nixl","kv_events_replay_endpoint":"ipc:///x"})",
@@ -116,11 +116,11 @@ TEST(AdminRequest, SeedAddBody) {
 
 TEST(AdminRequest, InstanceKeyInPath) {
   std::string key;
-  ASSERT_TRUE(parse_instance_key("10.0.0.1:8000", &key).is_ok());
-  EXPECT_EQ(key, "10.0.0.1:8000");
+  ASSERT_TRUE(parse_instance_key("127.0.10.1:8000", &key).is_ok());
+  EXPECT_EQ(key, "127.0.10.1:8000");
   ASSERT_TRUE(parse_instance_key("%5Bfd00::1%5d:8000", &key).is_ok());
   EXPECT_EQ(key, "[fd00::1]:8000");
-  EXPECT_FALSE(parse_instance_key("10.0.0.1", &key).is_ok());
+  EXPECT_FALSE(parse_instance_key("127.0.10.1", &key).is_ok());
   EXPECT_FALSE(parse_instance_key("a%2", &key).is_ok());
   EXPECT_FALSE(parse_instance_key("a%zz:1", &key).is_ok());
 }
