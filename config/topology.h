@@ -18,8 +18,9 @@
 
 namespace pdr::discovery {
 
-enum class PolicyName : uint8_t { kRoundRobin, kLeastOutstanding, kPowerOfTwo, kAffinity };
-std::string_view to_string(PolicyName);  // "round_robin", "least_outstanding", "power_of_two", "affinity"
+enum class PolicyName : uint8_t { kRoundRobin, kLeastOutstanding, kPowerOfTwo, kAffinity, kCacheAware };
+// "round_robin", "least_outstanding", "power_of_two", "affinity", "cache_aware"
+std::string_view to_string(PolicyName);
 bool parse_policy_name(std::string_view, PolicyName*);
 
 // A node the operator describes (topology `instances:`, POST /admin/instances): connector defaults
@@ -81,6 +82,21 @@ struct Topology {
     PolicyName decode = PolicyName::kRoundRobin;
     std::string affinity_header;   // for kAffinity: hash this header if present
     uint32_t affinity_prefix_bytes = 256;  // else hash the first N bytes of the prompt
+    // For kCacheAware (router/policies/cache_aware.h): the node holding the most of the prompt
+    // wins when it holds at least min_match_percent of it, unless it is overloaded (more than
+    // balance_abs_threshold requests beyond the least loaded node AND more than
+    // balance_rel_percent of its load); otherwise least outstanding. Prompts with token ids are
+    // matched against the nodes' KV events (kv_events:), text prompts against a prefix tree of
+    // where pdrouter routed earlier prompts, bounded by prefix_tree_max_bytes of prompt text
+    // (read at start) and prefix_tree_prompt_bytes per prompt.
+    struct CacheAware {
+      uint32_t min_match_percent = 50;
+      uint32_t balance_abs_threshold = 32;
+      uint32_t balance_rel_percent = 150;
+      uint32_t prefix_tree_max_bytes = 64u << 20;
+      uint32_t prefix_tree_prompt_bytes = 16u << 10;
+      bool operator==(const CacheAware&) const = default;
+    } cache_aware;
   } policies;
 
   struct Connectors {

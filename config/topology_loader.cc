@@ -34,13 +34,15 @@ std::string_view to_string(PolicyName policy) {
       return "power_of_two";
     case PolicyName::kAffinity:
       return "affinity";
+    case PolicyName::kCacheAware:
+      return "cache_aware";
   }
   return "unknown";
 }
 
 bool parse_policy_name(std::string_view text, PolicyName* out) {
   for (PolicyName p : {PolicyName::kRoundRobin, PolicyName::kLeastOutstanding,
-                       PolicyName::kPowerOfTwo, PolicyName::kAffinity}) {
+                       PolicyName::kPowerOfTwo, PolicyName::kAffinity, PolicyName::kCacheAware}) {
     if (text == to_string(p)) {
       *out = p;
       return true;
@@ -66,7 +68,7 @@ using yaml::Source;
 constexpr size_t kMaxFileBytes = 1 << 20;
 constexpr uint64_t kMaxWorkers = 256;
 constexpr uint64_t kDayMs = 24ull * 3600 * 1000;
-constexpr std::string_view kPolicyNames = "round_robin, least_outstanding, power_of_two, affinity";
+constexpr std::string_view kPolicyNames = "round_robin, least_outstanding, power_of_two, affinity, cache_aware";
 
 // Parsers outside this file (addresses, instance_spec.h names) report no position of their own;
 // point their Status at the value parsed.
@@ -219,6 +221,16 @@ Status read_policies(const Source& src, const Field& f, Topology::Policies* out)
     return s;
   });
   r.u32("affinity_prefix_bytes", 1, 1u << 20, &out->affinity_prefix_bytes);
+  r.with("cache_aware", [&](const Field& v) {
+    MapReader c(src, v);
+    Topology::Policies::CacheAware& ca = out->cache_aware;
+    c.u32("min_match_percent", 1, 100, &ca.min_match_percent);
+    c.u32("balance_abs_threshold", 0, 1u << 20, &ca.balance_abs_threshold);
+    c.u32("balance_rel_percent", 100, 100'000, &ca.balance_rel_percent);
+    c.u32("prefix_tree_max_bytes", 1u << 16, 1u << 31, &ca.prefix_tree_max_bytes);
+    c.u32("prefix_tree_prompt_bytes", 64, 1u << 20, &ca.prefix_tree_prompt_bytes);
+    return c.finish();
+  });
   return r.finish();
 }
 

@@ -135,6 +135,10 @@ std::vector<std::string> restart_required_changes(const Topology& a, const Topol
     changes.push_back(
         fmt::format("kv_events.max_index_entries: {} -> {}", ka.max_index_entries, kb.max_index_entries));
   }
+  // The prefix tree of cache-aware routing is made once at start, with its budget.
+  const uint32_t ta = a.policies.cache_aware.prefix_tree_max_bytes;
+  const uint32_t tb = b.policies.cache_aware.prefix_tree_max_bytes;
+  if (ta != tb) changes.push_back(fmt::format("policies.cache_aware.prefix_tree_max_bytes: {} -> {}", ta, tb));
   return changes;
 }
 

@@ -88,6 +88,7 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   if (context_.proxy_counters != nullptr) proxy::write_proxy_metrics(out, *context_.proxy_counters);
   write_admin_metrics(out, admin_.counters());
   write_kv_events_metrics(out, context_.kv_events);
+  write_prefix_tree_metrics(out, context_.prefix_tree);
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 

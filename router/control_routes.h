@@ -27,6 +27,7 @@
 #include "config/topology_store.h"
 #include "router/admin_routes.h"
 #include "router/cache/kv_events_subscriber.h"
+#include "router/cache/prefix_tree.h"
 #include "http/http_server.h"
 #include "router/proxy/proxy_counters.h"
 
@@ -51,6 +52,9 @@ struct ControlContext {
   // The KV events subscriber (kv_events.enabled), else null: /status kv_events objects, /metrics
   // pdrouter_kv_events_*, GET /debug/cache.
   const cache::KvEventsSubscriber* kv_events = nullptr;
+  // The prefix tree of cache-aware routing (router/proxy/cache_routing.h), else null: /metrics
+  // pdrouter_prefix_tree_*.
+  const cache::PrefixTree* prefix_tree = nullptr;
   // GET /status is rendered once per registry snapshot (and topology reload count) and reused
   // for at most this long, so its ages, load and ejection fields are at most this old.
   std::chrono::milliseconds status_max_age{1000};

@@ -22,6 +22,7 @@
 #include "http/http_server.h"
 #include "http/json_error.h"
 #include "router/cache/kv_events_subscriber.h"
+#include "router/cache/prefix_tree.h"
 #include "router/proxy/proxy_service.h"
 #include "router/route_table.h"
 #include "router/topology_watcher.h"
@@ -152,6 +153,8 @@ struct Process {
   // kv_events.enabled only; declared before the servers so it outlives their workers.
   std::unique_ptr<router::cache::BlockIndex> block_index;
   std::unique_ptr<router::cache::KvEventsSubscriber> kv_events;
+  // Where pdrouter routed earlier text prompts (cache_aware); made at start, empty until used.
+  std::unique_ptr<router::cache::PrefixTree> prefix_tree;
   // Declared before the server so it outlives the worker threads (their on_worker_stop uses it).
   std::unique_ptr<router::proxy::ProxyService> proxy;
   http::Server server;
@@ -246,6 +249,9 @@ int run(Process& p) {
   fit_fd_limit(topology, &server_opts);
   p.proxy = std::make_unique<router::proxy::ProxyService>(p.registry, p.topology.cell(), p.server,
                                                           server_opts.workers);
+  p.prefix_tree = std::make_unique<router::cache::PrefixTree>(topology.policies.cache_aware.prefix_tree_max_bytes,
+                                                              topology.policies.cache_aware.prefix_tree_prompt_bytes);
+  p.proxy->use_cache(p.block_index.get(), p.prefix_tree.get());
   server_opts.on_worker_stop = [proxy = p.proxy.get()](uint32_t worker) { proxy->worker_stopped(worker); };
   router::ControlContext control;
   control.registry = &p.registry;
@@ -261,6 +267,7 @@ int run(Process& p) {
       topology.discovery.open_to_network(topology.listeners.discovery, topology.listeners.discovery_curve);
   control.workers = server_opts.workers;
   control.kv_events = p.kv_events.get();
+  control.prefix_tree = p.prefix_tree.get();
   // The routes show the bound port, known only after start(): they are published just after it,
   // and a request that races in before (fixed port, eager client) gets a clear 503.
   std::atomic<const router::ControlRoutes*> routes_ptr{nullptr};

@@ -1,6 +1,8 @@
 #include "router/policies/cache_aware.h"
 
+#include <algorithm>
 #include <cassert>
+#include <vector>
 
 namespace pdr::router {
 
@@ -32,6 +34,45 @@ std::optional<size_t> pick_by_cache(std::span<const Candidate> candidates, std::
   }
   if (static_cast<double>(cached_tokens[best]) < rule.min_match_ratio * prompt_tokens) return std::nullopt;
   return best;
+}
+
+uint32_t CacheHits::matched(std::string_view key) const {
+  for (const Node& n : nodes) {
+    if (n.key == key) return n.matched;
+  }
+  return 0;
+}
+
+namespace {
+
+class CacheAwarePolicy final : public Policy {
+ public:
+  explicit CacheAwarePolicy(const discovery::Topology::Policies::CacheAware& config)
+      : rule_{config.min_match_percent / 100.0, config.balance_abs_threshold, config.balance_rel_percent / 100.0},
+        by_load_(make_least_outstanding_policy()) {}
+
+  size_t pick(std::span<const Candidate> candidates, const RequestSummary& request) override {
+    assert(!candidates.empty());
+    if (request.cache != nullptr && !request.cache->nodes.empty() && candidates.size() > 1) {
+      // A few nodes hold a prefix, among a handful of candidates: a linear lookup per candidate.
+      thread_local std::vector<uint32_t> cached;
+      cached.clear();
+      for (const Candidate& c : candidates) cached.push_back(request.cache->matched(c.key));
+      if (auto best = pick_by_cache(candidates, cached, request.cache->prompt_units, rule_)) return *best;
+    }
+    return by_load_->pick(candidates, request);
+  }
+  discovery::PolicyName name() const override { return discovery::PolicyName::kCacheAware; }
+
+ private:
+  const CacheAwareRule rule_;
+  std::unique_ptr<Policy> by_load_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> make_cache_aware_policy(const discovery::Topology::Policies::CacheAware& config) {
+  return std::make_unique<CacheAwarePolicy>(config);
 }
 
 }  // namespace pdr::router

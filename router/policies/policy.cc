@@ -2,7 +2,8 @@
 
 namespace pdr::router {
 
-std::unique_ptr<Policy> make_policy(discovery::PolicyName name, uint64_t seed) {
+std::unique_ptr<Policy> make_policy(discovery::PolicyName name, uint64_t seed,
+                                    const discovery::Topology::Policies& config) {
   switch (name) {
     case discovery::PolicyName::kRoundRobin:
       return make_round_robin_policy();
@@ -12,6 +13,8 @@ std::unique_ptr<Policy> make_policy(discovery::PolicyName name, uint64_t seed) {
       return make_power_of_two_policy(seed);
     case discovery::PolicyName::kAffinity:
       return make_affinity_policy();
+    case discovery::PolicyName::kCacheAware:
+      return make_cache_aware_policy(config.cache_aware);
   }
   // Out-of-range enum value: the topology loader never produces one. Round-robin is always safe.
   return make_round_robin_policy();

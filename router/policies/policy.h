@@ -12,7 +12,9 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "config/topology.h"
 
@@ -29,9 +31,28 @@ struct Candidate {
   uint32_t weight = 1;
 };
 
+// What the router knows of the nodes' caches for one request (cache_aware only): how much of the
+// prompt each node holds, in `unit`s (tokens, from the nodes' KV events, or bytes of prompt text,
+// from the prefix tree of earlier routing). Nodes not listed hold none of it.
+struct CacheHits {
+  enum class Source : uint8_t { kKvEvents, kPrefixTree };
+  struct Node {
+    std::string key;       // the instance's key
+    uint32_t matched = 0;  // leading units of the prompt it holds
+  };
+  Source source = Source::kPrefixTree;
+  uint32_t prompt_units = 0;
+  std::vector<Node> nodes;
+
+  // `key`'s matched units, 0 when not listed.
+  uint32_t matched(std::string_view key) const;
+};
+
 struct RequestSummary {
   uint64_t affinity_hash = 0;  // meaningful only when has_affinity
   bool has_affinity = false;
+  // Owned by the request (it outlives every pick of it, retries included); null: unknown.
+  const CacheHits* cache = nullptr;
 };
 
 class Policy {
@@ -59,9 +80,15 @@ std::unique_ptr<Policy> make_power_of_two_policy(uint64_t seed);
 // back to least_outstanding. Affinity ignores load: a hot key stays on its node.
 std::unique_ptr<Policy> make_affinity_policy();
 
-// Factory used with the topology's policies.prefill / policies.decode. `seed` feeds the policies
-// that randomise (power_of_two); the others ignore it.
-std::unique_ptr<Policy> make_policy(discovery::PolicyName name, uint64_t seed);
+// Cache affinity that yields to load (cache_aware.h's rule, its thresholds from `config`): the
+// candidate holding the most of the prompt (request.cache) when the rule keeps it, else
+// least_outstanding.
+std::unique_ptr<Policy> make_cache_aware_policy(const discovery::Topology::Policies::CacheAware& config);
+
+// Factory used with the topology's policies. `seed` feeds the policies that randomise
+// (power_of_two); `config` the cache-aware one; the others ignore them.
+std::unique_ptr<Policy> make_policy(discovery::PolicyName name, uint64_t seed,
+                                    const discovery::Topology::Policies& config = {});
 
 // True when `a` carries strictly less load than `b`, i.e. a.outstanding / a.weight <
 // b.outstanding / b.weight, computed exactly in integers.

@@ -1,5 +1,6 @@
 #include "router/proxy/proxy_counters.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -136,6 +137,33 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
               {{"source", "cache"}});
   out.counter("pdrouter_models_requests_total", "GET /v1/models answers by source", value(c.models_fetches),
               {{"source", "upstream"}});
+  // Cache-aware routing: requests by whether the chosen node held part of the prompt, and how much.
+  const auto& cr = c.cache_routing;
+  for (Leg leg : {Leg::kPrefill, Leg::kDecode}) {
+    const size_t l = static_cast<size_t>(leg);
+    for (size_t source = 0; source < 2; ++source) {
+      const std::string leg_name(to_string(leg));
+      const std::string source_name = source == 0 ? "kv_events" : "prefix_tree";
+      const uint64_t hits = cr.hits[l][source].load(std::memory_order_relaxed);
+      const uint64_t requests = cr.requests[l][source].load(std::memory_order_relaxed);
+      out.counter("pdrouter_cache_routing_requests_total",
+                  "Legs routed with a cache lookup (cache_aware), by leg, source and whether the chosen node "
+                  "held part of the prompt",
+                  static_cast<double>(hits), {{"leg", leg_name}, {"source", source_name}, {"result", "hit"}});
+      out.counter("pdrouter_cache_routing_requests_total",
+                  "Legs routed with a cache lookup (cache_aware), by leg, source and whether the chosen node "
+                  "held part of the prompt",
+                  static_cast<double>(requests - std::min(hits, requests)),
+                  {{"leg", leg_name}, {"source", source_name}, {"result", "miss"}});
+      out.counter("pdrouter_cache_routing_matched_units_total",
+                  "Prompt units (tokens for kv_events, bytes for prefix_tree) the chosen node held",
+                  value(cr.matched_units[l][source]), {{"leg", leg_name}, {"source", source_name}});
+      out.counter("pdrouter_cache_routing_prompt_units_total",
+                  "Prompt units (tokens for kv_events, bytes for prefix_tree) of the legs routed with a cache "
+                  "lookup; matched / prompt is the prefix hit rate",
+                  value(cr.prompt_units[l][source]), {{"leg", leg_name}, {"source", source_name}});
+    }
+  }
   out.counter("pdrouter_profile_fanouts_total", "start_profile/stop_profile calls fanned out to every node",
               value(c.profile_fanouts));
   out.counter("pdrouter_upstream_legs_total",

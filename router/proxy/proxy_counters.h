@@ -78,6 +78,13 @@ struct ProxyCounters {
   Counter bootstrap_queries_failed{0};
   Counter models_cache_hits{0};
   Counter models_fetches{0};
+  // Cache-aware routing (cache_routing.h), per [Leg][source: 0 kv_events, 1 prefix_tree]:
+  // requests routed with a cache lookup, those whose chosen node held part of the prompt, and
+  // the prompt units (tokens or bytes) it held out of those sent: matched / prompt is the prefix
+  // hit rate.
+  struct CacheRouting {
+    std::array<std::array<Counter, 2>, 2> requests{}, hits{}, matched_units{}, prompt_units{};
+  } cache_routing;
   Counter profile_fanouts{0};
   Counter backpressure_pauses{0};     // decode reads paused because the client was slow
   Counter legs_on_new_connection{0};    // legs answered on a freshly connected socket

@@ -39,6 +39,13 @@ class ProxyService {
   // Counts a P/D path asked with a wrong method (the route table answers the 405).
   void count_wrong_method() { shared_.counters.refuse(Refusal::kBadPath); }
 
+  // What cache-aware routing consults (proxy_shared.h); both outlive the service. Call before
+  // the first request.
+  void use_cache(const cache::BlockIndex* block_index, cache::PrefixTree* prefix_tree) {
+    shared_.block_index = block_index;
+    shared_.prefix_tree = prefix_tree;
+  }
+
   // Refuse new P/D requests from now on (the drain on shutdown); /ready turns 503.
   void begin_shutdown() { shared_.shutting_down.store(true); }
   void worker_stopped(uint32_t worker);

@@ -12,6 +12,7 @@
 #include "proto/request_legs.h"
 #include "proto/sse_boundary.h"
 #include "http/json_error.h"
+#include "router/proxy/cache_routing.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/pre_step.h"
@@ -154,6 +155,7 @@ struct ProxySession::State {
 
   std::string model;
   RequestSummary summary;
+  std::optional<CacheRouting> cache;  // cache_aware only; summary.cache points into it
 
   Pair pair;
   std::optional<uint32_t> prefill_rank, decode_rank;
@@ -255,6 +257,8 @@ void ProxySession::begin() {
     return;
   }
   s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
+  s.cache = lookup_cache(body, s.model, *s.topo, s.w.shared());
+  if (s.cache) s.summary.cache = &s.cache->hits;
   if (s.topo->timeouts.request.count() > 0) {
     s.request_timer.start(s.w.loop(), s.topo->timeouts.request, [this] {  // see SessionTimers
       shared_from_this()->on_request_deadline();
@@ -297,6 +301,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
     return;
   }
   if (retry_of) s.w.counters().retried(*retry_of);
+  if (s.cache) record_routing(*s.cache, pair, s.w.shared());
   s.pair = std::move(pair);
   s.pair.prefill->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
   s.pair.decode->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);

@@ -6,14 +6,16 @@ namespace pdr::router::proxy {
 
 std::shared_ptr<PolicySet> ProxyShared::policies_for(const discovery::Topology& topology) {
   std::lock_guard<std::mutex> lock(policies_mutex_);
-  if (!policies_ || prefill_name_ != topology.policies.prefill || decode_name_ != topology.policies.decode) {
+  if (!policies_ || prefill_name_ != topology.policies.prefill || decode_name_ != topology.policies.decode ||
+      cache_aware_ != topology.policies.cache_aware) {
     auto set = std::make_shared<PolicySet>();
     std::random_device rd;
-    set->prefill = make_policy(topology.policies.prefill, (uint64_t{rd()} << 32) ^ rd());
-    set->decode = make_policy(topology.policies.decode, (uint64_t{rd()} << 32) ^ rd());
+    set->prefill = make_policy(topology.policies.prefill, (uint64_t{rd()} << 32) ^ rd(), topology.policies);
+    set->decode = make_policy(topology.policies.decode, (uint64_t{rd()} << 32) ^ rd(), topology.policies);
     policies_ = std::move(set);
     prefill_name_ = topology.policies.prefill;
     decode_name_ = topology.policies.decode;
+    cache_aware_ = topology.policies.cache_aware;
   }
   return policies_;
 }

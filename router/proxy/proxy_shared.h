@@ -29,6 +29,11 @@
 
 struct uv_loop_s;
 
+namespace pdr::router::cache {
+class BlockIndex;
+class PrefixTree;
+}  // namespace pdr::router::cache
+
 namespace pdr::router::proxy {
 
 // GET /v1/models answer of a decode node, reused for kTtl (model lists change only on restarts).
@@ -51,6 +56,10 @@ struct ProxyShared {
   // Where profile fan-outs are counted; null: counters.profile_fanouts. The admin listener's
   // service (listeners.admin) points it at the client service's, so /metrics has one total.
   ProxyCounters::Counter* profile_fanouts = nullptr;
+  // What the cache_aware policy consults (router/proxy/cache_routing.h); owned by main, set
+  // before the first request. Null: kv_events off (block_index) / no text prefix tree.
+  const cache::BlockIndex* block_index = nullptr;
+  cache::PrefixTree* prefix_tree = nullptr;
 
   // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
   // from the current set's.
@@ -60,6 +69,7 @@ struct ProxyShared {
   std::mutex policies_mutex_;
   std::shared_ptr<PolicySet> policies_;
   discovery::PolicyName prefill_name_{}, decode_name_{};
+  discovery::Topology::Policies::CacheAware cache_aware_{};
 };
 
 class WorkerContext {

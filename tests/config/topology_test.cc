@@ -344,7 +344,7 @@ instances:
 TEST(TopologyParse, UnknownPolicyListsChoices) {
   EXPECT_EQ(error_of("workers: 2\npolicies:\n  decode: fastest\n", StatusCode::kInvalidValue),
             "topo.yaml:3:11: policies.decode: unknown policy 'fastest' (expected round_robin, "
-            "least_outstanding, power_of_two, affinity)");
+            "least_outstanding, power_of_two, affinity, cache_aware)");
 }
 
 TEST(TopologyParse, UnknownKeysAreErrors) {
@@ -687,7 +687,7 @@ TEST(TopologyParse, DiscoveryCurveKeysFromFiles) {
 
 TEST(TopologyParse, PolicyNamesRoundTrip) {
   for (PolicyName p : {PolicyName::kRoundRobin, PolicyName::kLeastOutstanding,
-                       PolicyName::kPowerOfTwo, PolicyName::kAffinity}) {
+                       PolicyName::kPowerOfTwo, PolicyName::kAffinity, PolicyName::kCacheAware}) {
     PolicyName back = PolicyName::kRoundRobin;
     ASSERT_TRUE(parse_policy_name(to_string(p), &back));
     EXPECT_EQ(back, p);
@@ -721,6 +721,46 @@ TEST(RestartRequiredChanges, ListsListenersAndWorkersOnly) {
                                      "kv_events.default_port: (unset) -> 5557",
                                      "kv_events.topic: '' -> 'kv@'",
                                      "kv_events.max_index_entries: 4000000 -> 10"));
+  b = a;
+  b.policies.cache_aware.prefix_tree_max_bytes = 1 << 20;
+  b.policies.cache_aware.min_match_percent = 80;  // applies live
+  EXPECT_THAT(restart_required_changes(a, b),
+              ::testing::ElementsAre("policies.cache_aware.prefix_tree_max_bytes: 67108864 -> 1048576"));
+}
+
+TEST(TopologyParse, CacheAwarePolicyAndItsThresholds) {
+  Topology t;
+  Status s = parse(
+      "policies:\n"
+      "  prefill: cache_aware\n"
+      "  decode: cache_aware\n"
+      "  cache_aware: {min_match_percent: 70, balance_abs_threshold: 4, balance_rel_percent: 300,\n"
+      "                prefix_tree_max_bytes: 1048576, prefix_tree_prompt_bytes: 4096}\n",
+      &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.policies.prefill, PolicyName::kCacheAware);
+  EXPECT_EQ(t.policies.decode, PolicyName::kCacheAware);
+  EXPECT_EQ(t.policies.cache_aware.min_match_percent, 70u);
+  EXPECT_EQ(t.policies.cache_aware.balance_abs_threshold, 4u);
+  EXPECT_EQ(t.policies.cache_aware.balance_rel_percent, 300u);
+  EXPECT_EQ(t.policies.cache_aware.prefix_tree_max_bytes, 1048576u);
+  EXPECT_EQ(t.policies.cache_aware.prefix_tree_prompt_bytes, 4096u);
+  // Defaults.
+  ASSERT_TRUE(parse("policies: {prefill: cache_aware}\n", &t).is_ok());
+  EXPECT_EQ(t.policies.cache_aware, Topology::Policies::CacheAware{});
+  // Out of range and misspelt keys are refused with where and why.
+  Topology untouched;
+  s = parse("policies: {cache_aware: {min_match_percent: 0}}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), HasSubstr("min_match_percent"));
+  s = parse("policies: {cache_aware: {balance_rel_percent: 50}}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  s = parse("policies: {cache_aware: {min_match: 50}}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), HasSubstr("unknown key 'min_match' in policies.cache_aware"));
+  s = parse("policies: {prefill: cache-aware}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), HasSubstr("cache_aware"));
 }
 
 TEST(TopologyParse, AdminListenerAndProtectStatus) {

@@ -53,5 +53,47 @@ TEST(CacheAware, EqualMatchesGoToTheLessLoaded) {
   EXPECT_EQ(pick_by_cache(nodes({3, 1, 2}), std::vector<uint32_t>{800, 800, 800}, 1000, {}), 1u);
 }
 
+// ---- the cache_aware policy (make_policy) ---------------------------------------------------
+
+discovery::Topology::Policies cache_aware_config() {
+  discovery::Topology::Policies p;
+  p.cache_aware.min_match_percent = 50;
+  p.cache_aware.balance_abs_threshold = 8;
+  p.cache_aware.balance_rel_percent = 200;
+  return p;
+}
+
+RequestSummary with(const CacheHits& hits) {
+  RequestSummary s;
+  s.cache = &hits;
+  return s;
+}
+
+TEST(CacheAwarePolicy, PicksTheNodeHoldingThePromptByKey) {
+  auto policy = make_policy(discovery::PolicyName::kCacheAware, 1, cache_aware_config());
+  EXPECT_EQ(policy->name(), discovery::PolicyName::kCacheAware);
+  const auto c = nodes({3, 0, 1});
+  CacheHits hits;
+  hits.prompt_units = 100;
+  hits.nodes = {{"127.0.0.1:8300", 90}, {"127.0.0.1:8100", 20}, {"127.0.0.1:9999", 100}};  // 9999: not a candidate
+  EXPECT_EQ(policy->pick(c, with(hits)), 2u);
+  EXPECT_EQ(hits.matched("127.0.0.1:8200"), 0u);
+}
+
+TEST(CacheAwarePolicy, WithoutUsefulCacheItPicksTheLeastLoaded) {
+  auto policy = make_policy(discovery::PolicyName::kCacheAware, 1, cache_aware_config());
+  const auto c = nodes({3, 0, 1});
+  EXPECT_EQ(policy->pick(c, RequestSummary{}), 1u);  // no lookup at all
+  CacheHits hits;
+  hits.prompt_units = 100;
+  EXPECT_EQ(policy->pick(c, with(hits)), 1u);  // nobody holds any of it
+  hits.nodes = {{"127.0.0.1:8100", 40}};        // 40% < min_match_percent
+  EXPECT_EQ(policy->pick(c, with(hits)), 1u);
+  hits.nodes = {{"127.0.0.1:8100", 60}};
+  EXPECT_EQ(policy->pick(c, with(hits)), 0u);
+  // Overloaded: 20 vs 0 is more than 8 beyond and more than 200% of the least loaded.
+  EXPECT_EQ(policy->pick(nodes({20, 0, 1}), with(hits)), 1u);
+}
+
 }  // namespace
 }  // namespace pdr::router

@@ -26,7 +26,7 @@ struct Pool {
     for (size_t i = 0; i < outstanding.size(); ++i) candidates.push_back({keys[i], outstanding[i]});
   }
   static Pool idle(size_t n) { return Pool(std::vector<uint32_t>(n, 0)); }
-  static std::string address(size_t i) { return "10.0.0." + std::to_string(i + 1) + ":8000"; }
+  static std::string address(size_t i) { return "127.0.10." + std::to_string(i + 1) + ":8000"; }
 
   std::span<const Candidate> span() const { return candidates; }
 };
@@ -342,7 +342,7 @@ TEST(AffinityKey, PrecedenceIsHeaderConversationUserPrompt) {
 
 TEST(Policies, ConcurrentPicksStayInRange) {
   for (PolicyName name : {PolicyName::kRoundRobin, PolicyName::kLeastOutstanding,
-                          PolicyName::kPowerOfTwo, PolicyName::kAffinity}) {
+                          PolicyName::kPowerOfTwo, PolicyName::kAffinity, PolicyName::kCacheAware}) {
     auto policy = make_policy(name, 3);
     Pool pool({1, 0, 0, 2, 0});
     std::vector<std::thread> threads;

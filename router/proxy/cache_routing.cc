@@ -1,0 +1,83 @@
+#include "router/proxy/cache_routing.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "proto/token_ids.h"
+#include "router/cache/block_index.h"
+#include "router/cache/prefix_tree.h"
+
+namespace pdr::router::proxy {
+
+namespace {
+
+// Longest token prompt matched exactly; longer prompts still match on their first blocks.
+constexpr size_t kMaxPromptTokens = 1 << 20;
+
+bool cache_aware(const discovery::Topology& t) {
+  using discovery::PolicyName;
+  return t.policies.prefill == PolicyName::kCacheAware || t.policies.decode == PolicyName::kCacheAware;
+}
+
+// Exact hits from the KV events; false when the prompt is not token ids or no node holds its first
+// block (the prefix tree may still know where it went).
+bool lookup_blocks(std::string_view prompt, std::string_view model, const cache::BlockIndex& index,
+                   CacheHits* hits) {
+  thread_local std::vector<uint32_t> tokens;
+  if (!proto::parse_token_id_array(prompt, kMaxPromptTokens, &tokens)) return false;
+  // The engine chains a LoRA adapter's blocks from the adapter's name; a request names either the
+  // base model or an adapter, which only the events tell apart: base first.
+  std::vector<cache::PrefixMatch> matches = index.longest_prefix(tokens);
+  if (matches.empty() && !model.empty()) matches = index.longest_prefix(tokens, model);
+  if (matches.empty()) return false;
+  hits->source = CacheHits::Source::kKvEvents;
+  hits->prompt_units = static_cast<uint32_t>(tokens.size());
+  for (const cache::PrefixMatch& m : matches) {
+    const uint64_t matched = uint64_t{m.matched_blocks} * m.block_size;
+    hits->nodes.push_back({m.node, static_cast<uint32_t>(std::min<uint64_t>(matched, tokens.size()))});
+  }
+  return true;
+}
+
+size_t source_index(CacheHits::Source source) { return source == CacheHits::Source::kKvEvents ? 0 : 1; }
+
+}  // namespace
+
+std::optional<CacheRouting> lookup_cache(const proto::JsonObjectBody& body, std::string_view model,
+                                         const discovery::Topology& topology, const ProxyShared& shared) {
+  if (!cache_aware(topology)) return std::nullopt;
+  std::string_view prompt = body.get_raw("prompt").value_or(body.get_raw("messages").value_or(std::string_view()));
+  if (prompt.empty() || prompt == "null") return std::nullopt;
+  CacheRouting routing;
+  routing.tree_key = prompt.substr(0, topology.policies.cache_aware.prefix_tree_prompt_bytes);
+  if (shared.block_index != nullptr && lookup_blocks(prompt, model, *shared.block_index, &routing.hits)) {
+    return routing;
+  }
+  routing.hits.source = CacheHits::Source::kPrefixTree;
+  routing.hits.prompt_units = static_cast<uint32_t>(routing.tree_key.size());
+  if (shared.prefix_tree != nullptr) {
+    for (cache::PrefixTree::Match& m : shared.prefix_tree->match(routing.tree_key)) {
+      routing.hits.nodes.push_back({std::move(m.tenant), static_cast<uint32_t>(m.matched_bytes)});
+    }
+  }
+  return routing;
+}
+
+void record_routing(const CacheRouting& routing, const Pair& pair, ProxyShared& shared) {
+  const auto now = cache::PrefixTree::Clock::now();
+  const size_t source = source_index(routing.hits.source);
+  for (const InstancePtr* node : {&pair.prefill, &pair.decode}) {
+    const size_t leg = node == &pair.prefill ? 0 : 1;
+    const uint32_t matched = routing.hits.matched((*node)->key);
+    auto& c = shared.counters.cache_routing;
+    c.requests[leg][source].fetch_add(1, std::memory_order_relaxed);
+    if (matched > 0) c.hits[leg][source].fetch_add(1, std::memory_order_relaxed);
+    c.matched_units[leg][source].fetch_add(matched, std::memory_order_relaxed);
+    c.prompt_units[leg][source].fetch_add(routing.hits.prompt_units, std::memory_order_relaxed);
+    if (shared.prefix_tree != nullptr && !routing.tree_key.empty()) {
+      shared.prefix_tree->insert(routing.tree_key, (*node)->key, now);
+    }
+  }
+}
+
+}  // namespace pdr::router::proxy

@@ -1,0 +1,39 @@
+// Cache-aware routing around one request's pairing (policies.prefill / decode: cache_aware).
+//
+// Before pairing, lookup_cache() says how much of the prompt each node holds:
+//   - a prompt of token ids (`/v1/completions` with an integer array) with kv_events on: exactly,
+//     from the nodes' KV events (router/cache/block_index.h), in tokens;
+//   - otherwise (text, chat messages, or no KV events): approximately, from the prefix tree of
+//     where pdrouter routed earlier prompts (router/cache/prefix_tree.h), in bytes of the prompt's
+//     JSON text as sent (for chat, the messages array: a conversation's next turn extends it).
+// The cache_aware policy (router/policies/cache_aware.h) picks from that. After pairing,
+// record_routing() teaches the prefix tree where this prompt went (prefill and decode both hold
+// its KV afterwards) and counts whether the chosen nodes held part of it.
+//
+// Runs on HTTP workers; the index and the tree are thread-safe.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "proto/json_splice.h"
+#include "router/policies/policy.h"
+#include "router/proxy/pairing.h"
+#include "router/proxy/proxy_shared.h"
+
+namespace pdr::router::proxy {
+
+struct CacheRouting {
+  CacheHits hits;
+  std::string_view tree_key;  // the prompt's text for the prefix tree (views the client body)
+};
+
+// Empty when neither policy is cache_aware or the body has no prompt/messages. `body` must
+// outlive the result.
+std::optional<CacheRouting> lookup_cache(const proto::JsonObjectBody& body, std::string_view model,
+                                         const discovery::Topology& topology, const ProxyShared& shared);
+
+// After a pair was chosen for a request with a lookup.
+void record_routing(const CacheRouting& routing, const Pair& pair, ProxyShared& shared);
+
+}  // namespace pdr::router::proxy

@@ -1,0 +1,149 @@
+#include "router/proxy/cache_routing.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "discovery/instance.h"
+#include "router/cache/block_index.h"
+#include "router/cache/prefix_tree.h"
+
+namespace pdr::router::proxy {
+namespace {
+
+constexpr const char* kPrefillA = "127.0.20.1:8000";
+constexpr const char* kPrefillB = "127.0.20.2:8000";
+constexpr const char* kDecode = "127.0.20.3:8000";
+
+proto::JsonObjectBody parse(std::string text) {
+  proto::JsonObjectBody body;
+  EXPECT_TRUE(proto::JsonObjectBody::parse_owned(std::move(text), proto::JsonLimits{}, &body).is_ok());
+  return body;
+}
+
+discovery::Topology cache_aware_topology() {
+  discovery::Topology t;
+  t.policies.prefill = discovery::PolicyName::kCacheAware;
+  t.policies.decode = discovery::PolicyName::kCacheAware;
+  return t;
+}
+
+InstancePtr instance(const char* key, proto::Role role) {
+  auto i = std::make_shared<discovery::Instance>();
+  i->key = key;
+  i->role = role;
+  return i;
+}
+
+// `node` stored the blocks of tokens [0, 4 * blocks) (block size 4).
+void store(cache::BlockIndex& index, const char* node, uint32_t blocks) {
+  proto::KvEvent e;
+  e.kind = proto::KvEventKind::kBlockStored;
+  e.block_size = 4;
+  e.medium = "GPU";
+  for (uint32_t b = 0; b < blocks; ++b) {
+    e.block_hashes.push_back(1000 + b);
+    for (uint32_t t = 0; t < 4; ++t) e.token_ids.push_back(4 * b + t);
+  }
+  proto::KvEventBatch batch;
+  batch.events.push_back(std::move(e));
+  index.apply(node, 0, batch);
+}
+
+std::string token_prompt(uint32_t count) {
+  std::string out = "{\"model\":\"m\",\"prompt\":[";
+  for (uint32_t t = 0; t < count; ++t) out += (t ? "," : "") + std::to_string(t);
+  return out + "]}";
+}
+
+TEST(CacheRouting, NothingWithoutACacheAwarePolicy) {
+  ProxyShared shared;
+  cache::PrefixTree tree;
+  shared.prefix_tree = &tree;
+  const auto body = parse(R"({"prompt":"hello"})");
+  EXPECT_FALSE(lookup_cache(body, "", discovery::Topology{}, shared).has_value());
+  auto t = cache_aware_topology();
+  t.policies.decode = discovery::PolicyName::kRoundRobin;  // one role is enough
+  EXPECT_TRUE(lookup_cache(body, "", t, shared).has_value());
+  EXPECT_FALSE(lookup_cache(parse(R"({"model":"m"})"), "", t, shared).has_value());  // no prompt
+}
+
+TEST(CacheRouting, TokenIdPromptsMatchTheKvEventsExactly) {
+  ProxyShared shared;
+  cache::BlockIndex index;
+  cache::PrefixTree tree;
+  shared.block_index = &index;
+  shared.prefix_tree = &tree;
+  store(index, kPrefillA, 2);
+  store(index, kPrefillB, 5);
+  const auto body = parse(token_prompt(22));  // 5 full blocks and 2 tokens
+  auto routing = lookup_cache(body, "m", cache_aware_topology(), shared);
+  ASSERT_TRUE(routing.has_value());
+  EXPECT_EQ(routing->hits.source, CacheHits::Source::kKvEvents);
+  EXPECT_EQ(routing->hits.prompt_units, 22u);
+  EXPECT_EQ(routing->hits.matched(kPrefillA), 8u);
+  EXPECT_EQ(routing->hits.matched(kPrefillB), 20u);
+  EXPECT_EQ(routing->hits.matched(kDecode), 0u);
+}
+
+TEST(CacheRouting, TextPromptsMatchWhereEarlierPromptsWent) {
+  ProxyShared shared;
+  cache::PrefixTree tree;
+  shared.prefix_tree = &tree;
+  const auto topology = cache_aware_topology();
+  const auto first = parse(R"({"messages":[{"role":"system","content":"You are terse."}]})");
+  auto routing = lookup_cache(first, "", topology, shared);
+  ASSERT_TRUE(routing.has_value());
+  EXPECT_EQ(routing->hits.source, CacheHits::Source::kPrefixTree);
+  EXPECT_TRUE(routing->hits.nodes.empty());
+  record_routing(*routing, Pair{instance(kPrefillA, proto::Role::kPrefill), instance(kDecode, proto::Role::kDecode)},
+                 shared);
+  const auto& c = shared.counters.cache_routing;
+  EXPECT_EQ(c.requests[0][1].load(), 1u);
+  EXPECT_EQ(c.hits[0][1].load(), 0u);
+
+  // The next turn extends the messages array: both nodes of the first turn hold its prefix.
+  const auto next =
+      parse(R"({"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Hi"}]})");
+  routing = lookup_cache(next, "", topology, shared);
+  ASSERT_TRUE(routing.has_value());
+  const uint32_t shared_prefix = static_cast<uint32_t>(std::string_view(R"([{"role":"system","content":"You are terse."})").size());
+  EXPECT_EQ(routing->hits.prompt_units, routing->tree_key.size());
+  EXPECT_EQ(routing->hits.matched(kPrefillA), shared_prefix);
+  EXPECT_EQ(routing->hits.matched(kDecode), shared_prefix);
+  EXPECT_EQ(routing->hits.matched(kPrefillB), 0u);
+  record_routing(*routing, Pair{instance(kPrefillA, proto::Role::kPrefill), instance(kDecode, proto::Role::kDecode)},
+                 shared);
+  EXPECT_EQ(c.requests[0][1].load(), 2u);
+  EXPECT_EQ(c.hits[0][1].load(), 1u);
+  EXPECT_EQ(c.hits[1][1].load(), 1u);
+  EXPECT_EQ(c.matched_units[0][1].load(), shared_prefix);
+}
+
+TEST(CacheRouting, TokenIdsNobodyHoldsFallBackToThePrefixTree) {
+  ProxyShared shared;
+  cache::BlockIndex index;
+  cache::PrefixTree tree;
+  shared.block_index = &index;
+  shared.prefix_tree = &tree;
+  const auto body = parse(token_prompt(8));
+  auto routing = lookup_cache(body, "m", cache_aware_topology(), shared);
+  ASSERT_TRUE(routing.has_value());
+  EXPECT_EQ(routing->hits.source, CacheHits::Source::kPrefixTree);
+  EXPECT_EQ(routing->tree_key, "[0,1,2,3,4,5,6,7]");
+}
+
+TEST(CacheRouting, TheTreeKeyIsCappedAtThePromptBudget) {
+  ProxyShared shared;
+  auto topology = cache_aware_topology();
+  topology.policies.cache_aware.prefix_tree_prompt_bytes = 64;
+  const auto body = parse("{\"prompt\":\"" + std::string(500, 'x') + "\"}");
+  auto routing = lookup_cache(body, "", topology, shared);
+  ASSERT_TRUE(routing.has_value());
+  EXPECT_EQ(routing->tree_key.size(), 64u);
+  EXPECT_EQ(routing->hits.prompt_units, 64u);
+}
+
+}  // namespace
+}  // namespace pdr::router::proxy
