@@ -163,6 +163,18 @@ struct Topology {
     uint32_t max_index_entries = 4'000'000;  // BlockIndex budget, (node rank, block) entries
   } kv_events;
 
+  // Multi-turn KV reuse (router/proxy/conversation_cache.h; NIXL with bidirectional_kv_xfer on
+  // the nodes): a request's top-level "conversation_id" is removed from its legs, the decode's
+  // final kv_transfer_params are kept for the conversation (single use, for ttl), and the next
+  // turn goes to that decode with a prefill that pulls the decode's blocks instead of recomputing.
+  struct MultiTurn {
+    bool enabled = false;
+    // Below the decode's block lease (vLLM decoder_kv_blocks_ttl, 480 s by default).
+    std::chrono::milliseconds ttl{450'000};
+    uint32_t max_entries = 100'000;
+    uint32_t max_bytes = 64u << 20;  // of cached kv_transfer_params and keys
+  } multi_turn;
+
   std::vector<StaticInstance> static_instances;
 };
 

@@ -128,6 +128,7 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   out->model = f.model;
   out->max_model_len = f.max_model_len;
   out->prefill_us_per_token = f.prefill_us_per_token;
+  out->bidirectional_kv_xfer = f.bidirectional_kv_xfer;
   out->decode_us_per_token = f.decode_us_per_token;
   if (f.bootstrap_port >= 0) {
     if (dialect->bootstrap_query == nullptr || node.role != proto::Role::kPrefill) {
@@ -245,6 +246,11 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
                   "How long a decode waits for its KV (side channel, READ, or the prefill's "
                   "WRITE) before failing the request (504 kv_timeout).")
       ->capture_default_str()->check(CLI::Range(1, 86400000))->type_name("MS");
+  cmd->add_flag("--bidirectional-kv-xfer", f->bidirectional_kv_xfer,
+                "NIXL decode: end each answer with kv_transfer_params for the conversation's next "
+                "turn (vLLM's kv_connector_extra_config.bidirectional_kv_xfer: the JSON answer's "
+                "field, or a last stream chunk before [DONE]). The block ids are synthetic: no "
+                "prefill pulls them from a sim.");
   add_log_level_option(cmd, &f->log_level);
   cmd->footer(
       "Fault injection (tests only): POST /sim/faults with a JSON object queues a fault for the\n"

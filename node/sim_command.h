@@ -47,6 +47,7 @@ struct SimFlags {
   uint32_t kv_layers = 2;
   uint32_t kv_hold_ms = 60000;
   uint32_t kv_timeout_ms = 30000;
+  bool bidirectional_kv_xfer = false;
   std::string log_level = "info";
 };
 

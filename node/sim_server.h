@@ -73,6 +73,9 @@ struct SimOptions {
   uint32_t decode_us_per_token = 1000;
   KvNodeIdentity node;                    // node.http_port is filled in by start()
   std::optional<uint16_t> bootstrap_port;  // bootstrap server: separate /query listener (0 ok)
+  // NIXL decode: end each answer with kv_transfer_params naming the blocks it keeps for the
+  // conversation's next turn (vLLM's bidirectional_kv_xfer; the last stream chunk carries them).
+  bool bidirectional_kv_xfer = false;
 };
 
 class SimServer {

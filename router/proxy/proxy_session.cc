@@ -14,6 +14,7 @@
 #include "http/json_error.h"
 #include "router/proxy/cache_routing.h"
 #include "router/proxy/ejection.h"
+#include "router/proxy/multi_turn.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/pre_step.h"
 #include "router/proxy/retry_rules.h"
@@ -156,6 +157,7 @@ struct ProxySession::State {
   std::string model;
   RequestSummary summary;
   std::optional<CacheRouting> cache;  // cache_aware only; summary.cache points into it
+  std::optional<MultiTurnRequest> multi_turn;  // multi_turn.enabled and a conversation_id
 
   Pair pair;
   std::optional<uint32_t> prefill_rank, decode_rank;
@@ -256,6 +258,12 @@ void ProxySession::begin() {
     end(RequestState::kFailed);
     return;
   }
+  if (auto refusal = MultiTurnRequest::begin(body, *s.topo, s.w.shared().conversations, s.w.counters(), &s.multi_turn)) {
+    s.w.counters().refuse(Refusal::kBadParameter);
+    s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
+    end(RequestState::kFailed);
+    return;
+  }
   s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
   s.cache = lookup_cache(body, s.model, *s.topo, s.w.shared());
   if (s.cache) s.summary.cache = &s.cache->hits;
@@ -286,6 +294,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   const auto& snapshot = s.w.registry();
   PolicySet& policies = s.w.policies();
   PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary, discovery::Clock::now()};
+  if (s.multi_turn) query.preferred_decode = s.multi_turn->preferred_decode();
   Pair pair;
   Status st = choose_pair(*snapshot, query, *policies.prefill, *policies.decode, &pair);
   if (!st.is_ok()) {
@@ -360,6 +369,7 @@ void ProxySession::build_and_send() {
     }
     return;
   }
+  if (s.multi_turn) s.multi_turn->on_legs_built(s.legs, *s.pair.decode, s.w.counters());
   move_to(RequestState::kPaired);
   send_prefill();
   if (!finished() && s.legs.plan.concurrent) send_decode();
@@ -665,6 +675,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     // Relay whole events only, holding back a partial one, so that an error event added after a
     // failure never lands inside an event (and clients never see half an event first). Event
     // boundaries are any blank line ("\n\n", "\r\r", "\r\n\r\n": proto/sse_boundary.h).
+    if (s.multi_turn) s.multi_turn->on_decode_bytes(chunk);
     std::string_view out = chunk;
     size_t from_tail = 0;  // bytes of sse_tail in `out`, dropped from it once written
     if (!s.stream_started || !s.sse_tail.empty() || chunk.size() < 2 || chunk.substr(chunk.size() - 2) != "\n\n") {
@@ -786,6 +797,10 @@ void ProxySession::on_decode_complete() {
   s.decode_call.reset();
   const int status = s.decode_status;
   if (status >= 200 && status < 300) {
+    if (s.multi_turn) {
+      if (!s.sse) s.multi_turn->on_decode_json(s.decode_body);
+      s.multi_turn->on_done(*s.pair.decode, *s.topo, s.w.shared().conversations, s.w.counters());
+    }
     if (s.sse) {
       if (!s.stream_started && !start_client_stream()) return;
       if (!s.sse_tail.empty()) s.writer.write(s.sse_tail);

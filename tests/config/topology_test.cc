@@ -728,6 +728,25 @@ TEST(RestartRequiredChanges, ListsListenersAndWorkersOnly) {
               ::testing::ElementsAre("policies.cache_aware.prefix_tree_max_bytes: 67108864 -> 1048576"));
 }
 
+TEST(TopologyParse, MultiTurn) {
+  Topology t;
+  EXPECT_FALSE(t.multi_turn.enabled);
+  EXPECT_EQ(t.multi_turn.ttl, 450000ms);
+  Status s = parse("multi_turn: {enabled: true, ttl_ms: 300000, max_entries: 10, max_bytes: 1048576}\n", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_TRUE(t.multi_turn.enabled);
+  EXPECT_EQ(t.multi_turn.ttl, 300000ms);
+  EXPECT_EQ(t.multi_turn.max_entries, 10u);
+  EXPECT_EQ(t.multi_turn.max_bytes, 1048576u);
+  Topology untouched;
+  s = parse("multi_turn: {ttl_ms: 10}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), HasSubstr("ttl_ms"));
+  s = parse("multi_turn: {enable: true}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), HasSubstr("did you mean 'enabled'"));
+}
+
 TEST(TopologyParse, CacheAwarePolicyAndItsThresholds) {
   Topology t;
   Status s = parse(

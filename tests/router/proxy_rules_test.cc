@@ -326,5 +326,49 @@ TEST(RetryRules, ClassifiesFailuresAndStatuses) {
   EXPECT_FALSE(prefill_retryable(LegFailure::kLocalResources, 1));
 }
 
+TEST(Pairing, APreferredDecodeIsUsedWhileUsable) {
+  const auto now = discovery::Clock::now();
+  auto p1 = node("127.0.31.1:1", Role::kPrefill, Connector::kNixl);
+  auto p2 = node("127.0.31.2:1", Role::kPrefill, Connector::kSglang);
+  auto d1 = node("127.0.31.3:1", Role::kDecode, Connector::kNixl);
+  auto d2 = node("127.0.31.4:1", Role::kDecode, Connector::kNixl);
+  auto d3 = node("127.0.31.5:1", Role::kDecode, Connector::kSglang);
+  auto s = snapshot({p1, p2, d1, d2, d3});
+  Policies p;
+  for (int i = 0; i < 4; ++i) {  // every time, whatever the decode policy's turn
+    PairQuery q{{}, {}, {}, {}, now};
+    q.preferred_decode = "127.0.31.4:1";
+    Pair pair;
+    ASSERT_TRUE(choose_pair(s, q, *p.prefill, *p.decode, &pair).is_ok());
+    EXPECT_EQ(pair.decode->key, "127.0.31.4:1");
+    EXPECT_EQ(pair.prefill->key, "127.0.31.1:1");  // the only prefill compatible with it
+  }
+  // Excluded (already tried), ejected or unknown: the policies choose as usual.
+  std::map<std::string, int> seen;
+  const std::vector<std::string> tried{"127.0.31.4:1"};
+  for (int i = 0; i < 4; ++i) {
+    PairQuery q{{}, {}, tried, {}, now};
+    q.preferred_decode = "127.0.31.4:1";
+    Pair pair;
+    ASSERT_TRUE(choose_pair(s, q, *p.prefill, *p.decode, &pair).is_ok());
+    ++seen[pair.decode->key];
+  }
+  EXPECT_EQ(seen.count("127.0.31.4:1"), 0u);
+  eject(d2, now);
+  seen.clear();
+  for (int i = 0; i < 8; ++i) {
+    PairQuery q{{}, {}, {}, {}, now};
+    q.preferred_decode = "127.0.31.4:1";
+    Pair pair;
+    ASSERT_TRUE(choose_pair(s, q, *p.prefill, *p.decode, &pair).is_ok());
+    ++seen[pair.decode->key];
+  }
+  EXPECT_EQ(seen.count("127.0.31.4:1"), 0u);
+  PairQuery gone{{}, {}, {}, {}, now};
+  gone.preferred_decode = "127.0.31.9:1";
+  Pair pair;
+  EXPECT_TRUE(choose_pair(s, gone, *p.prefill, *p.decode, &pair).is_ok());
+}
+
 }  // namespace
 }  // namespace pdr::router::proxy
