@@ -306,6 +306,14 @@ Status read_kv_events(const Source& src, const Field& f, Topology::KvEvents* out
   return r.finish();
 }
 
+Status read_conditional_disaggregation(const Source& src, const Field& f, Topology::ConditionalDisaggregation* out) {
+  MapReader r(src, f);
+  r.boolean("enabled", &out->enabled);
+  r.u32("max_prompt_tokens", 0, 1u << 24, &out->max_prompt_tokens);
+  r.u32("min_cached_percent", 0, 100, &out->min_cached_percent);
+  return r.finish();
+}
+
 Status read_multi_turn(const Source& src, const Field& f, Topology::MultiTurn* out) {
   MapReader r(src, f);
   r.boolean("enabled", &out->enabled);
@@ -499,6 +507,9 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   r.with("admin", [&](const Field& f) { return read_admin(src, f, &t.admin); });
   r.with("kv_events", [&](const Field& f) { return read_kv_events(src, f, &t.kv_events); });
   r.with("multi_turn", [&](const Field& f) { return read_multi_turn(src, f, &t.multi_turn); });
+  r.with("conditional_disaggregation", [&](const Field& f) {
+    return read_conditional_disaggregation(src, f, &t.conditional_disaggregation);
+  });
   // After connectors: instance defaults come from there.
   r.with("instances",
          [&](const Field& f) { return read_instances(src, f, t.connectors, &t.static_instances); });

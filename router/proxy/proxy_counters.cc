@@ -63,6 +63,7 @@ constexpr std::pair<S, S> kLegalTransitions[] = {
     {S::kAccepted, S::kPaired},        {S::kAccepted, S::kFailed},
     {S::kAccepted, S::kCancelled},     {S::kPaired, S::kPrefillSent},
     {S::kPaired, S::kFailed},          {S::kPaired, S::kCancelled},
+    {S::kPaired, S::kDecodeSent},  // conditional disaggregation: the decode alone
     {S::kPrefillSent, S::kPrefillDone}, {S::kPrefillSent, S::kDecodeSent},
     {S::kPrefillSent, S::kPaired},     {S::kPrefillSent, S::kDone},
     {S::kPrefillSent, S::kFailed},     {S::kPrefillSent, S::kCancelled},
@@ -164,6 +165,11 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
                   "lookup; matched / prompt is the prefix hit rate",
                   value(cr.prompt_units[l][source]), {{"leg", leg_name}, {"source", source_name}});
     }
+  }
+  for (size_t r = 0; r < c.decode_alone.size(); ++r) {
+    out.counter("pdrouter_decode_alone_total",
+                "Requests sent to the decode alone, without a prefill leg (conditional_disaggregation), by reason",
+                value(c.decode_alone[r]), {{"reason", r == 0 ? "short_prompt" : "cached"}});
   }
   const auto& mt = c.multi_turn;
   for (const auto& [result, counter] : {std::pair<const char*, const ProxyCounters::Counter*>{"reused", &mt.reused},

@@ -13,6 +13,7 @@
 #include "proto/sse_boundary.h"
 #include "http/json_error.h"
 #include "router/proxy/cache_routing.h"
+#include "router/proxy/decode_alone.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/multi_turn.h"
 #include "router/proxy/pairing.h"
@@ -158,6 +159,7 @@ struct ProxySession::State {
   RequestSummary summary;
   std::optional<CacheRouting> cache;  // cache_aware only; summary.cache points into it
   std::optional<MultiTurnRequest> multi_turn;  // multi_turn.enabled and a conversation_id
+  std::optional<DecodeAloneReason> decode_alone;  // this pair's decode serves it alone
 
   Pair pair;
   std::optional<uint32_t> prefill_rank, decode_rank;
@@ -318,7 +320,11 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   s.decode_rank = next_dp_rank(*s.pair.decode);
 
   s.dialect = proto::dialect_for(s.pair.prefill->connector, s.pair.prefill->transfer_mode);
-  if (s.dialect == nullptr || s.dialect->pre_step == proto::PreStep::kNone) {
+  s.decode_alone = decode_alone_reason(
+      s.topo->conditional_disaggregation, s.dialect,
+      s.client.get_raw("prompt").value_or(s.client.get_raw("messages").value_or(std::string_view())),
+      s.cache ? &s.cache->hits : nullptr, s.pair.decode->key);
+  if (s.dialect == nullptr || s.dialect->pre_step == proto::PreStep::kNone || s.decode_alone) {
     build_and_send();  // (no dialect: build_legs says why)
     return;
   }
@@ -371,6 +377,16 @@ void ProxySession::build_and_send() {
   }
   if (s.multi_turn) s.multi_turn->on_legs_built(s.legs, *s.pair.decode, s.w.counters());
   move_to(RequestState::kPaired);
+  if (s.decode_alone) {
+    // No prefill leg: the decode gets the dialect's plain request and computes the prompt. The
+    // prefill the pair named is released at once (it carries no load of this request).
+    proto::decode_without_kv(s.legs.plan, &s.legs.decode);
+    s.w.counters().bump(s.w.counters().decode_alone[static_cast<size_t>(*s.decode_alone)]);
+    s.pair.prefill->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
+    s.pair.prefill.reset();
+    send_decode();
+    return;
+  }
   send_prefill();
   if (!finished() && s.legs.plan.concurrent) send_decode();
 }
@@ -844,7 +860,10 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
   s.tried_decodes.push_back(s.pair.decode->key);
   const uint32_t budget = std::max<uint32_t>(1, s.topo->retries.decode_attempts);
   const uint32_t left = budget > s.decode_attempts ? budget - s.decode_attempts : 0;
-  switch (s.legs.plan.dialect ? decode_retry(*s.legs.plan.dialect, cause, left) : DecodeRetry::kNone) {
+  DecodeRetry retry = s.legs.plan.dialect ? decode_retry(*s.legs.plan.dialect, cause, left) : DecodeRetry::kNone;
+  // A decode serving alone has no prefill to pair another decode with: pair anew.
+  if (retry == DecodeRetry::kDecodeOnly && !s.pair.prefill) retry = DecodeRetry::kWholePair;
+  switch (retry) {
     case DecodeRetry::kNone:
       fail(failure_status(cause), "decode failed: " + s.last_detail, failure_code(Leg::kDecode, cause));
       return;

@@ -728,6 +728,20 @@ TEST(RestartRequiredChanges, ListsListenersAndWorkersOnly) {
               ::testing::ElementsAre("policies.cache_aware.prefix_tree_max_bytes: 67108864 -> 1048576"));
 }
 
+TEST(TopologyParse, ConditionalDisaggregation) {
+  Topology t;
+  EXPECT_FALSE(t.conditional_disaggregation.enabled);
+  ASSERT_TRUE(parse("conditional_disaggregation: {enabled: true, max_prompt_tokens: 64, min_cached_percent: 95}\n", &t)
+                  .is_ok());
+  EXPECT_TRUE(t.conditional_disaggregation.enabled);
+  EXPECT_EQ(t.conditional_disaggregation.max_prompt_tokens, 64u);
+  EXPECT_EQ(t.conditional_disaggregation.min_cached_percent, 95u);
+  Topology untouched;
+  Status s = parse("conditional_disaggregation: {min_cached_percent: 101}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), HasSubstr("min_cached_percent"));
+}
+
 TEST(TopologyParse, MultiTurn) {
   Topology t;
   EXPECT_FALSE(t.multi_turn.enabled);
