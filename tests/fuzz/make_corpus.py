@@ -39,6 +39,7 @@ VECTORS = {
         "zmq_address": "127.0.10.6:21001",
     },
     "hello": {"type": "HELLO"},
+    # IPv6 form (fd00::/8, not ::1: the decoder's IPv6 handling is the point); only decoded.
     "moriio_current_ipv6": {
         "type": "D",
         "http_address": "[fd00::6]:8200",

@@ -7,6 +7,10 @@
 namespace pdr::proto {
 namespace {
 
+// Addresses: IPv4 ones are in 127.0.0.0/8. The IPv6 ones (fd00::/8) are not ::1 because the IPv6
+// forms are what is checked (groups, brackets, zone ids), and the malformed text
+// (1.2.3.4.5, 256.0.0.1) is refused: all of it is only parsed here, nothing connects to it.
+
 using namespace std::string_literals;
 
 ::testing::AssertionResult BadAddress(const Status& status, std::string_view substring) {

@@ -13,6 +13,10 @@
 namespace pdr::proto {
 namespace {
 
+// Addresses: IPv4 ones are in 127.0.0.0/8. The IPv6 ones (fd00::/8) are not ::1 because the IPv6
+// forms are what is checked (groups, brackets, zone ids), and they are only decoded and
+// encoded here: nothing connects to them.
+
 using pdr::test::from_hex;
 using pdr::test::to_hex;
 

@@ -16,6 +16,10 @@
 namespace pdr::proto {
 namespace {
 
+// Addresses: IPv4 ones are in 127.0.0.0/8. fd00::1/fd00::2 are not ::1 because the IPv6 forms
+// (brackets in URLs and bootstrap hosts) are what is checked; the legs are only built here,
+// nothing connects to them.
+
 using nlohmann::json;
 
 // Deterministic randomness (splitmix64).

@@ -241,14 +241,14 @@ TEST(TransferDescriptor, IgnoresUnknownKeysAndTrailingItems) {
   // (layouts: after the optional base_offset).
   const std::string future = from_hex(
       "89a17601a7765f6d696e6f7207a56167656e74a170a8686f73746e616d65a168a7626f6f745f6964a162a76e6577"
-      "5f6b657981a178920102a9656e64706f696e74739193a3746370a9312e322e332e343a31a56578747261a7726567"
-      "696f6e7391940064a46472616d09a76c61796f757473919900000a0a0a010000a178");
+      "5f6b657981a178920102a9656e64706f696e74739193a3746370ab3132372e312e322e343a31a56578747261a772"
+      "6567696f6e7391940064a46472616d09a76c61796f757473919900000a0a0a010000a178");
   TransferDescriptor out;
   ASSERT_TRUE(decode(future, &out).is_ok()) << decode(future, &out).to_string();
   EXPECT_EQ(out.version_minor, 7u);
   EXPECT_EQ(out.agent, "p");
   ASSERT_EQ(out.endpoints.size(), 1u);
-  EXPECT_EQ(out.endpoints[0].address, "1.2.3.4:1");
+  EXPECT_EQ(out.endpoints[0].address, "127.1.2.4:1");
   ASSERT_EQ(out.regions.size(), 1u);
   EXPECT_EQ(out.regions[0].length, 100u);
   ASSERT_EQ(out.layouts.size(), 1u);
