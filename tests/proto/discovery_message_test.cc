@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <msgpack.hpp>
 #include <string>
 #include <utility>
@@ -1045,6 +1047,25 @@ TEST(EnumNames, ToStringAndParseAgree) {
   EXPECT_EQ(to_string(Connector::kP2pNccl), "p2p-nccl");
   EXPECT_EQ(to_string(RegistrationFormat::kMoriioLegacy), "moriio-legacy");
   EXPECT_EQ(to_string(TransferMode::kRead), "READ");
+}
+
+// The fuzzer's seed corpus (tests/fuzz/corpus/discovery_message/, written by make_corpus.py) is
+// byte for byte the vectors above, so a change to the script's dicts cannot leave the seeds and
+// these tests apart (e.g. the seeds' node addresses, which are in 127.0.0.0/8 like every test's).
+TEST(DiscoveryMessage, SeedCorpusIsTheVectors) {
+  const std::string dir = std::string(PDR_SOURCE_DIR) + "/tests/fuzz/corpus/discovery_message/";
+  const std::pair<const char*, std::string_view> seeds[] = {
+      {"moriio_current", kMoriioCurrentHex}, {"moriio_legacy", kMoriioLegacyHex},
+      {"p2p_nccl", kP2pNcclHex},             {"hello", kHelloHex},
+      {"moriio_current_ipv6", kMoriioIpv6Hex}, {"pdrouter_full", kPdrouterFullHex},
+      {"pdrouter_hello", kPdrouterHelloHex}, {"goodbye", kGoodbyeHex},
+      {"ack", kAckHex}};
+  for (const auto& [name, hex] : seeds) {
+    std::ifstream f(dir + name + ".msgpack", std::ios::binary);
+    ASSERT_TRUE(f) << name;
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(bytes, from_hex(hex)) << name << ": rerun /usr/bin/python3 tests/fuzz/make_corpus.py";
+  }
 }
 
 }  // namespace

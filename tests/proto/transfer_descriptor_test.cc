@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -630,6 +632,23 @@ TEST(TransferDescriptorErrors, FirstErrorWins) {
   d.agent = "x";
   d.layouts[0].region_id = 99;
   EXPECT_EQ(validate_descriptor(d, {}).message(), "regions[1].id 5 is not unique");
+}
+
+// The fuzzer's seeds (tests/fuzz/corpus/transfer_descriptor/) are the vectors above and decode.
+TEST(TransferDescriptor, SeedCorpusIsTheVectorsAndDecodes) {
+  const std::string dir = std::string(PDR_SOURCE_DIR) + "/tests/fuzz/corpus/transfer_descriptor/";
+  auto read = [&](const char* name) {
+    std::ifstream f(dir + name + ".msgpack", std::ios::binary);
+    EXPECT_TRUE(f) << name;
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(read("full"), from_hex(kFullHex));
+  EXPECT_EQ(read("minimal"), from_hex(kMinimalHex));
+  for (const char* name : {"full", "minimal", "future_minor", "tcp_only", "with_secret"}) {
+    TransferDescriptor out;
+    const Status s = decode(read(name), &out);
+    EXPECT_TRUE(s.is_ok()) << name << ": " << s.to_string();
+  }
 }
 
 }  // namespace
