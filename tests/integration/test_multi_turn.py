@@ -97,6 +97,28 @@ class MultiTurnTest(unittest.TestCase):
         self.assertEqual(self.turns("reused"), 1)  # b2 only
         self.assertEqual(self.turns("decode_unavailable"), 1)  # a2
 
+    def test_a_decode_restarted_mid_conversation_means_a_normal_turn(self):
+        self.turn("conv-a", "a1", stream=False)
+        d, _ = self.served_by(self.cluster.decodes, "a1")
+        old = self.cluster.decodes[d]
+        epoch = self.cluster.router.instance(old.http_address)["epoch"]
+        # A crash (no goodbye) and a restart on the same address: the blocks the entry names are
+        # gone, although the router's entry for the address lives on with a new epoch.
+        self.assertEqual(old.kill(), -9)
+        new = self.cluster.start_node("decode", ("--bidirectional-kv-xfer", "--http", old.http_address))
+        self.cluster.decodes[d] = new
+        self.cluster.router.wait_for(
+            lambda: (self.cluster.router.instance(old.http_address) or {}).get("epoch") not in (None, epoch)
+            and self.cluster.router.instance(old.http_address)["state"] == "up", timeout=WAIT_S)
+        self.turn("conv-a", "a2", stream=False)
+        _, prefill_body = self.served_by(self.cluster.prefills, "a2")
+        self.assertIsNone(prefill_body["kv_transfer_params"]["remote_block_ids"])  # recomputed
+        self.assertEqual(self.turns("decode_unavailable"), 1)
+        self.assertEqual(self.turns("reused"), 0)
+        # The restarted decode's own answer left a fresh entry: the turn after reuses it.
+        self.turn("conv-a", "a3", stream=False)
+        self.assertEqual(self.turns("reused"), 1)
+
     def test_a_bad_conversation_id_is_refused(self):
         for bad in (42, "", "x" * 513):
             code, _, raw = self.cluster.post("/v1/chat/completions", {
