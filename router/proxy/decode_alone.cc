@@ -8,7 +8,15 @@
 namespace pdr::router::proxy {
 
 std::string_view to_string(DecodeAloneReason reason) {
-  return reason == DecodeAloneReason::kShortPrompt ? "short_prompt" : "cached";
+  switch (reason) {
+    case DecodeAloneReason::kShortPrompt:
+      return "short_prompt";
+    case DecodeAloneReason::kCached:
+      return "cached";
+    case DecodeAloneReason::kParallelSampling:
+      return "n_above_1";
+  }
+  return "unknown";
 }
 
 uint32_t estimated_prompt_tokens(std::string_view prompt_raw) {

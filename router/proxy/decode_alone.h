@@ -13,9 +13,11 @@
 
 namespace pdr::router::proxy {
 
-enum class DecodeAloneReason : uint8_t { kShortPrompt, kCached };
-constexpr size_t kDecodeAloneReasonCount = 2;
-std::string_view to_string(DecodeAloneReason reason);  // "short_prompt", "cached"
+// kParallelSampling: n > 1, which P/D cannot serve (the session decides it, whatever the
+// configuration says).
+enum class DecodeAloneReason : uint8_t { kShortPrompt, kCached, kParallelSampling };
+constexpr size_t kDecodeAloneReasonCount = 3;
+std::string_view to_string(DecodeAloneReason reason);  // "short_prompt", "cached", "n_above_1"
 
 // `prompt_raw`: the JSON text of the request's "prompt" (or "messages"); `cache`: the request's
 // cache lookup (null without one); `decode_key`: the chosen decode. Nullopt: the usual P/D.

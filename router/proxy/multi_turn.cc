@@ -18,8 +18,9 @@ proto::JsonLimits params_limits() {
 }  // namespace
 
 std::optional<std::string> MultiTurnRequest::begin(const proto::JsonObjectBody& body,
-                                                   const discovery::Topology& topology, ConversationCache& cache,
-                                                   ProxyCounters& counters, std::optional<MultiTurnRequest>* out) {
+                                                   const discovery::Topology& topology, bool single_choice,
+                                                   ConversationCache& cache, ProxyCounters& counters,
+                                                   std::optional<MultiTurnRequest>* out) {
   out->reset();
   if (!topology.multi_turn.enabled || !body.has("conversation_id") || body.is_null("conversation_id")) {
     return std::nullopt;
@@ -31,6 +32,8 @@ std::optional<std::string> MultiTurnRequest::begin(const proto::JsonObjectBody& 
   }
   MultiTurnRequest& r = out->emplace();
   r.conversation_id_ = std::move(*id);
+  r.single_choice_ = single_choice;
+  if (!single_choice) return std::nullopt;
   r.reuse_ = cache.take(r.conversation_id_, ConversationCache::Clock::now(), topology.multi_turn.ttl);
   if (!r.reuse_) counters.bump(counters.multi_turn.no_entry);
   return std::nullopt;
@@ -41,7 +44,7 @@ void MultiTurnRequest::on_legs_built(proto::LegBuild& legs, const discovery::Ins
   // Not a field vLLM knows: the reference proxy pops it before either leg.
   legs.prefill.body.remove("conversation_id");
   legs.decode.body.remove("conversation_id");
-  nixl_ = legs.plan.connector == proto::Connector::kNixl;
+  nixl_ = single_choice_ && legs.plan.connector == proto::Connector::kNixl;
   if (!reuse_) return;
   if (nixl_ && decode.key == reuse_->decode_key && decode.epoch == reuse_->decode_epoch) {
     legs.prefill.body.set_raw("kv_transfer_params", reuse_->prefill_params);

@@ -7,8 +7,8 @@
 //   on_decode_bytes() / on_decode_json()  watch the decode's answer for its final
 //                    kv_transfer_params (the last stream chunk carrying them, or the JSON answer);
 //   on_done()        when the answer ended well: stores the next turn's entry.
-// Entries are never stored for failed answers (the session does not call on_done) or answers
-// without params; n > 1 never reaches here (refused before pairing).
+// Entries are never stored for failed answers (the session does not call on_done), answers
+// without params, or answers with n > 1.
 #pragma once
 
 #include <optional>
@@ -30,9 +30,11 @@ class MultiTurnRequest {
   static constexpr size_t kMaxConversationIdBytes = 512;
 
   // Empty optional: no multi-turn for this request (disabled, or no conversation_id). A message:
-  // the client's conversation_id is unusable (400). Else *out is set up.
+  // the client's conversation_id is unusable (400). Else *out is set up. `single_choice` false
+  // (n > 1: served by a decode alone, several answers): conversation_id is still removed from
+  // the legs, but the conversation's entry is neither used nor replaced.
   static std::optional<std::string> begin(const proto::JsonObjectBody& body, const discovery::Topology& topology,
-                                          ConversationCache& cache, ProxyCounters& counters,
+                                          bool single_choice, ConversationCache& cache, ProxyCounters& counters,
                                           std::optional<MultiTurnRequest>* out);
 
   std::string_view preferred_decode() const { return reuse_ ? std::string_view(reuse_->decode_key) : std::string_view(); }
@@ -49,6 +51,7 @@ class MultiTurnRequest {
   std::optional<proto::SseReader> stream_;         // created on the first streamed bytes
   std::string final_params_;                       // the decode's latest kv_transfer_params
   bool nixl_ = false;                              // the pair speaks NIXL
+  bool single_choice_ = true;
 };
 
 }  // namespace pdr::router::proxy

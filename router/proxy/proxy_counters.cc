@@ -168,8 +168,8 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
   }
   for (size_t r = 0; r < c.decode_alone.size(); ++r) {
     out.counter("pdrouter_decode_alone_total",
-                "Requests sent to the decode alone, without a prefill leg (conditional_disaggregation), by reason",
-                value(c.decode_alone[r]), {{"reason", r == 0 ? "short_prompt" : "cached"}});
+                "Requests sent to the decode alone, without a prefill leg (conditional_disaggregation, or n > 1), by reason",
+                value(c.decode_alone[r]), {{"reason", r == 0 ? "short_prompt" : r == 1 ? "cached" : "n_above_1"}});
   }
   const auto& mt = c.multi_turn;
   for (const auto& [result, counter] : {std::pair<const char*, const ProxyCounters::Counter*>{"reused", &mt.reused},

@@ -94,7 +94,7 @@ struct ProxyCounters {
     Counter reused{0}, no_entry{0}, decode_unavailable{0}, stored{0}, no_params{0};
   } multi_turn;
   // Requests sent to their decode alone (decode_alone.h), by DecodeAloneReason.
-  std::array<Counter, 2> decode_alone{};
+  std::array<Counter, 3> decode_alone{};
   // The conversation cache whose size /metrics shows; null: none (zeros).
   const ConversationCache* conversations = nullptr;
   Counter profile_fanouts{0};

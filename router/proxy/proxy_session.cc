@@ -114,10 +114,13 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view hea
 
 // Parameters pdrouter can refuse itself before sending any leg (attacks bug 15): a message for a
 // 400, or nothing. Token counts below 1 are refused by vLLM anyway, but only after the prefill
-// leg (rewritten to max_tokens 1) ran the whole prompt. n > 1 cannot be served through P/D: the
-// prefill leg's KV export and the decode's import are per request, not per sampled choice, so
-// vLLM's connectors do not transfer KV for parallel sampling.
-std::optional<std::string> check_parameters(const proto::JsonObjectBody& body) {
+// leg (rewritten to max_tokens 1) ran the whole prompt. n must be an integer >= 1; *choices gets
+// it (1 when absent or null). n > 1 cannot go through P/D (the prefill leg's KV export and the
+// decode's import are per request, not per sampled choice: vLLM's connectors do not transfer KV
+// for parallel sampling), so it goes to the decode alone where the dialect allows that
+// (decode_alone.h), and is refused after pairing otherwise.
+std::optional<std::string> check_parameters(const proto::JsonObjectBody& body, int64_t* choices) {
+  *choices = 1;
   for (std::string_view key : {"max_tokens", "max_completion_tokens"}) {
     if (!body.has(key) || body.is_null(key)) continue;
     std::optional<int64_t> v;
@@ -127,10 +130,8 @@ std::optional<std::string> check_parameters(const proto::JsonObjectBody& body) {
   if (body.has("n") && !body.is_null("n")) {
     std::optional<int64_t> n;
     if (!body.get_int("n", &n).is_ok() || !n) return std::string("n must be an integer");
-    if (*n != 1) {
-      return "n = " + std::to_string(*n) +
-             " is not supported: a prefill/decode pair serves one choice per request (n must be 1)";
-    }
+    if (*n < 1) return "n must be at least 1, got " + std::to_string(*n);
+    *choices = *n;
   }
   return std::nullopt;
 }
@@ -160,6 +161,7 @@ struct ProxySession::State {
   std::optional<CacheRouting> cache;  // cache_aware only; summary.cache points into it
   std::optional<MultiTurnRequest> multi_turn;  // multi_turn.enabled and a conversation_id
   std::optional<DecodeAloneReason> decode_alone;  // this pair's decode serves it alone
+  int64_t choices = 1;                            // the client's n
 
   Pair pair;
   std::optional<uint32_t> prefill_rank, decode_rank;
@@ -254,13 +256,14 @@ void ProxySession::begin() {
     end(RequestState::kFailed);
     return;
   }
-  if (auto refusal = check_parameters(body)) {
+  if (auto refusal = check_parameters(body, &s.choices)) {
     s.w.counters().refuse(Refusal::kBadParameter);
     s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
     end(RequestState::kFailed);
     return;
   }
-  if (auto refusal = MultiTurnRequest::begin(body, *s.topo, s.w.shared().conversations, s.w.counters(), &s.multi_turn)) {
+  if (auto refusal = MultiTurnRequest::begin(body, *s.topo, s.choices == 1, s.w.shared().conversations,
+                                             s.w.counters(), &s.multi_turn)) {
     s.w.counters().refuse(Refusal::kBadParameter);
     s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
     end(RequestState::kFailed);
@@ -320,10 +323,24 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   s.decode_rank = next_dp_rank(*s.pair.decode);
 
   s.dialect = proto::dialect_for(s.pair.prefill->connector, s.pair.prefill->transfer_mode);
-  s.decode_alone = decode_alone_reason(
-      s.topo->conditional_disaggregation, s.dialect,
-      s.client.get_raw("prompt").value_or(s.client.get_raw("messages").value_or(std::string_view())),
-      s.cache ? &s.cache->hits : nullptr, s.pair.decode->key);
+  if (s.choices > 1) {
+    if (s.dialect == nullptr || s.dialect->without_kv == nullptr) {
+      s.w.counters().refuse(Refusal::kBadParameter);
+      fail(400,
+           "n = " + std::to_string(s.choices) + " is not supported here: parallel sampling cannot go through "
+           "prefill/decode (KV moves per request, not per choice), and the decode of this pair (" +
+           std::string(s.dialect != nullptr ? s.dialect->name : "unknown") +
+           ") cannot compute a prompt alone (NIXL and MoRIIO READ decodes can); send n = 1",
+           "invalid_parameter");
+      return;
+    }
+    s.decode_alone = DecodeAloneReason::kParallelSampling;
+  } else {
+    s.decode_alone = decode_alone_reason(
+        s.topo->conditional_disaggregation, s.dialect,
+        s.client.get_raw("prompt").value_or(s.client.get_raw("messages").value_or(std::string_view())),
+        s.cache ? &s.cache->hits : nullptr, s.pair.decode->key);
+  }
   if (s.dialect == nullptr || s.dialect->pre_step == proto::PreStep::kNone || s.decode_alone) {
     build_and_send();  // (no dialect: build_legs says why)
     return;

@@ -68,11 +68,34 @@ class DecodeAloneTest(unittest.TestCase):
         self.assertEqual(prompts(c.prefills), [])
         self.assertEqual(c.metric('pdrouter_leg_retries_total{leg="decode"}'), 1)
 
+    def test_parallel_sampling_goes_to_the_decode_alone(self):
+        # n > 1 cannot go through P/D (KV moves per request, not per choice), with or without
+        # conditional_disaggregation; the conversation of a multi-turn request is left as it was.
+        c = self.cluster("nixl", "multi_turn: {enabled: true}\n",
+                         decode_flags=("--bidirectional-kv-xfer",))
+        code, _, raw = c.post("/v1/completions", {"model": "sim-model", "prompt": "pick one", "max_tokens": 2,
+                                                  "n": 3, "conversation_id": "c"})
+        self.assertEqual(code, 200, raw)
+        self.assertEqual(prompts(c.prefills), [])
+        [body] = gen_bodies(c.decodes[0])
+        self.assertEqual(body["n"], 3)
+        self.assertNotIn("conversation_id", body)
+        self.assertNotIn("kv_transfer_params", body)
+        self.assertEqual(self.alone(c, "n_above_1"), 1)
+        self.assertEqual(c.metric("pdrouter_multi_turn_stored_total"), 0)
+
     def test_never_for_a_dialect_whose_decode_waits_for_kv(self):
         c = self.cluster("mooncake", "conditional_disaggregation: {enabled: true, max_prompt_tokens: 100}\n")
         self.complete(c, "hi")
         self.assertEqual(prompts(c.prefills), ["hi"])
         self.assertEqual(self.alone(c, "short_prompt"), 0)
+        # n > 1 is refused there, saying why, before any leg.
+        code, _, raw = c.post("/v1/completions", {"model": "sim-model", "prompt": "hi", "max_tokens": 2, "n": 2})
+        self.assertEqual(code, 400, raw)
+        error = json.loads(raw)["error"]
+        self.assertEqual(error["code"], "invalid_parameter")
+        self.assertIn("mooncake", error["message"])
+        self.assertEqual(prompts(c.prefills), ["hi"])
 
 
 if __name__ == "__main__":
