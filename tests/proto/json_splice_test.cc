@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cstdio>
 #include <string>
 
 namespace pdr::proto {
@@ -472,6 +473,50 @@ TEST(JsonSplice, MemberOfParsedBodyIsIndexedWithoutValidation) {
   EXPECT_EQ(dup.code(), StatusCode::kInvalidValue);
   EXPECT_EQ(dup.message(), dup_reference.message());
   EXPECT_EQ(JsonObjectBody::parse_member_borrowed("[1]", JsonLimits(), &params).code(), StatusCode::kWrongType);
+}
+
+TEST(JsonSplice, StringBuilderEscapesEveryByteAsBefore) {
+  // The escaping rules byte by byte (the builder copies unescaped bytes in runs).
+  auto reference = [](std::string_view s) {
+    std::string out = "\"";
+    for (const char ch : s) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c == '"') out += "\\\"";
+      else if (c == '\\') out += "\\\\";
+      else if (c == '\b') out += "\\b";
+      else if (c == '\f') out += "\\f";
+      else if (c == '\n') out += "\\n";
+      else if (c == '\r') out += "\\r";
+      else if (c == '\t') out += "\\t";
+      else if (c < 0x20 || c == 0x7f) {
+        char hex[8];
+        std::snprintf(hex, sizeof(hex), "\\u%04x", c);
+        out += hex;
+      } else {
+        out.push_back(ch);
+      }
+    }
+    return out + "\"";
+  };
+  std::string all;
+  for (int c = 0; c < 256; ++c) all.push_back(static_cast<char>(c));
+  for (const std::string& s : {all, std::string("plain text"), std::string(), std::string("a\"b"),
+                               std::string("\x01"), std::string("tail\\"), std::string("\"head")}) {
+    EXPECT_EQ(json_string(s), reference(s));
+    std::string appended = "x";
+    append_json_string(appended, s);
+    EXPECT_EQ(appended, "x" + reference(s));
+  }
+  // Every byte at every offset of plain strings up to 17 bytes (the builder looks at 8 at once).
+  for (size_t len = 1; len <= 17; ++len) {
+    for (size_t at = 0; at < len; ++at) {
+      for (int c = 0; c < 256; ++c) {
+        std::string s(len, 'a');
+        s[at] = static_cast<char>(c);
+        ASSERT_EQ(json_string(s), reference(s)) << len << " " << at << " " << c;
+      }
+    }
+  }
 }
 
 }  // namespace
