@@ -64,9 +64,9 @@ class JsonObjectBody {
   static Status parse_borrowed(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
   // parse_borrowed() of a member's value obtained with get_raw() from a body parsed by one of the
   // functions above (a prefill answer's kv_transfer_params), or of text made by the builders
-  // below: known-valid JSON within the limits, so it is only indexed, not validated again. The outcome is parse_borrowed()'s for
-  // such text (kWrongType when not an object, kInvalidValue for a duplicate key); anything else
-  // passed here is a caller's bug.
+  // below: known-valid JSON within the limits, so it is only indexed, not validated again. The
+  // outcome is parse_borrowed()'s for such text (kWrongType when not an object, kInvalidValue
+  // for a duplicate key); anything else passed here is a caller's bug.
   static Status parse_member_borrowed(std::string_view raw_value, const JsonLimits& limits,
                                       JsonObjectBody* out);
 

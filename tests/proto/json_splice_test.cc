@@ -458,8 +458,10 @@ TEST(JsonSplice, PlainDocumentsAreValidatedWithoutSimdjson) {
 
 TEST(JsonSplice, MemberOfParsedBodyIsIndexedWithoutValidation) {
   JsonObjectBody answer, params;
-  ASSERT_TRUE(JsonObjectBody::parse("{\"kv\":{\"b\":[1,2],\"e\":\"\\ud83d\\ude00\",\"n\":1e300},\"d\":{\"x\":1,\"x\":2}}",
-                                    JsonLimits(), &answer)
+  ASSERT_TRUE(JsonObjectBody::parse(
+                  "{\"kv\":{\"b\":[1,2],\"e\":\"\\ud83d\\ude00\",\"n\":1e300},"
+                  "\"d\":{\"x\":1,\"x\":2}}",
+                  JsonLimits(), &answer)
                   .is_ok());
   const uint64_t before = json_simdjson_runs();
   ASSERT_TRUE(JsonObjectBody::parse_member_borrowed(*answer.get_raw("kv"), JsonLimits(), &params).is_ok());
@@ -472,7 +474,8 @@ TEST(JsonSplice, MemberOfParsedBodyIsIndexedWithoutValidation) {
   const Status dup_reference = JsonObjectBody::parse_borrowed(*answer.get_raw("d"), JsonLimits(), &reference);
   EXPECT_EQ(dup.code(), StatusCode::kInvalidValue);
   EXPECT_EQ(dup.message(), dup_reference.message());
-  EXPECT_EQ(JsonObjectBody::parse_member_borrowed("[1]", JsonLimits(), &params).code(), StatusCode::kWrongType);
+  EXPECT_EQ(JsonObjectBody::parse_member_borrowed("[1]", JsonLimits(), &params).code(),
+            StatusCode::kWrongType);
 }
 
 TEST(JsonSplice, StringBuilderEscapesEveryByteAsBefore) {
