@@ -151,8 +151,21 @@ struct PoolStats {
   uint64_t local_errors = 0;     // calls failed with kLocalResources
 };
 
+// What a caller may do with a call in flight (UpstreamCall's methods below), as an interface: a
+// layer above that drives calls through a seam (router/proxy/upstream_port.h) and its fakes in
+// tests share it, so the pool's own handle is passed on without an adapter per call.
+class UpstreamCallControl {
+ public:
+  virtual ~UpstreamCallControl() = default;
+  virtual void cancel() = 0;
+  virtual void pause() = 0;
+  virtual void resume() = 0;
+  virtual UpstreamFailure failure() const = 0;
+  virtual bool reused_connection() const = 0;
+};
+
 // Handle on one call. Holding it is optional: an unreferenced call still runs to completion.
-class UpstreamCall {
+class UpstreamCall final : public UpstreamCallControl {
   struct Key {
     explicit Key() = default;
   };
@@ -161,21 +174,21 @@ class UpstreamCall {
   explicit UpstreamCall(Key) {}  // UpstreamPool::start() only (the key is private)
   UpstreamCall(const UpstreamCall&) = delete;
   UpstreamCall& operator=(const UpstreamCall&) = delete;
-  ~UpstreamCall();
+  ~UpstreamCall() override;
 
   // Closes the connection at once (the upstream sees the close: that is how vLLM is told to
   // abort) and suppresses every later callback. No-op once the call is done.
-  void cancel();
+  void cancel() override;
   // Back-pressure: stop / restart reading the response. While paused the idle timeout is
   // stopped. Bytes already read (at most one 64 KiB read) may still reach on_body after pause().
-  void pause();
-  void resume();
+  void pause() override;
+  void resume() override;
 
   // True once on_complete / on_error fired or cancel() ran.
   bool done() const { return state_ == State::kDone; }
-  UpstreamFailure failure() const { return failure_; }
+  UpstreamFailure failure() const override { return failure_; }
   // The call currently runs (or ran) on a connection taken from the pool.
-  bool reused_connection() const { return reused_; }
+  bool reused_connection() const override { return reused_; }
   // A stale pooled connection was replaced by a fresh one (see the header comment).
   bool retried() const { return retried_; }
 

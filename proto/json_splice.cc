@@ -15,9 +15,15 @@
 namespace pdr::proto {
 namespace {
 
-// Strict RFC 8259 scanner. simdjson decides validity (it also checks UTF-8 and number ranges);
-// this scanner exists to know *where* things are: the byte span of each top-level member, and the
-// byte offset of the first syntax error, which simdjson's DOM API does not report.
+// Strict RFC 8259 scanner: the byte span of each top-level member, and the byte offset of the
+// first syntax error, which simdjson's DOM API does not report. It checks the grammar only;
+// simdjson also rejects invalid UTF-8, numbers outside its ranges (integers beyond 64 bits,
+// floats that overflow to infinity) and unpaired surrogate escapes. Rather than run simdjson on
+// every document, the scanner notes anything that could be one of those (needs_simdjson()):
+// a number with more than 18 digits or an exponent of 3 digits or more, a \u escape of a
+// surrogate (U+D800..U+DFFF) outside a high-low pair, nesting within one level of the limit.
+// parse_view runs simdjson only then, when the scan failed (for simdjson's part of the message)
+// or when the document is not valid UTF-8; everything else simdjson would accept.
 class Scanner {
  public:
   Scanner(std::string_view text, size_t max_depth) : s_(text), max_depth_(max_depth) {}
@@ -44,6 +50,8 @@ class Scanner {
   size_t error_pos() const { return error_pos_; }
   const std::string& error() const { return error_; }
   bool depth_error() const { return depth_error_; }
+  // After a successful scan: simdjson might reject something the grammar allows (see above).
+  bool needs_simdjson() const { return needs_simdjson_ || max_depth_seen_ + 1 >= max_depth_; }
 
  private:
   bool fail(const char* what) {
@@ -77,6 +85,7 @@ class Scanner {
   }
 
   bool check_depth(size_t depth) {
+    max_depth_seen_ = std::max(max_depth_seen_, depth);
     if (depth > max_depth_) {
       depth_error_ = true;
       return fail("nesting deeper than the depth limit");
@@ -149,6 +158,15 @@ class Scanner {
   static bool is_hex(char c) {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
   }
+  // The value of the 4 hex digits at `at` (checked by the caller).
+  uint32_t hex4_at(size_t at) const {
+    uint32_t v = 0;
+    for (size_t i = at; i < at + 4; ++i) {
+      const char c = s_[i];
+      v = (v << 4) | static_cast<uint32_t>(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+    }
+    return v;
+  }
 
   // Moves to the first byte at or after pos_ that is '"', '\\' or a control character, 8 bytes at
   // a time (SWAR: a byte-wise "has zero" test on the word XORed with each special byte; its
@@ -207,7 +225,19 @@ class Scanner {
               return fail("invalid \\u escape in string");
             }
           }
+          const uint32_t unit = hex4_at(pos_ + 1);
           pos_ += 5;
+          // A surrogate (U+D800..U+DFFF): a high one followed by an escaped low one is a pair,
+          // which simdjson accepts (and it is skipped here as one); anything else is its call.
+          if (unit >= 0xD800 && unit <= 0xDFFF) {
+            if (unit <= 0xDBFF && pos_ + 6 <= s_.size() && s_[pos_] == '\\' && s_[pos_ + 1] == 'u' &&
+                is_hex(s_[pos_ + 2]) && is_hex(s_[pos_ + 3]) && is_hex(s_[pos_ + 4]) &&
+                is_hex(s_[pos_ + 5]) && hex4_at(pos_ + 2) >= 0xDC00 && hex4_at(pos_ + 2) <= 0xDFFF) {
+              pos_ += 6;
+            } else {
+              needs_simdjson_ = true;
+            }
+          }
           continue;
         }
         if (std::strchr("\"\\/bfnrt", e) == nullptr || e == '\0') {
@@ -225,28 +255,37 @@ class Scanner {
     return true;
   }
 
-  bool digits() {
+  // Skips digits; their count.
+  size_t digits() {
     const size_t start = pos_;
     while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
-    return pos_ > start;
+    return pos_ - start;
   }
 
   bool number() {
     if (at('-')) ++pos_;
+    size_t mantissa_digits = 1;
     if (at('0')) {
       ++pos_;
-    } else if (!digits()) {
+    } else if ((mantissa_digits = digits()) == 0) {
       return fail("invalid number");
     }
     if (at('.')) {
       ++pos_;
-      if (!digits()) return fail("invalid number: digits expected after '.'");
+      const size_t fraction_digits = digits();
+      if (fraction_digits == 0) return fail("invalid number: digits expected after '.'");
+      mantissa_digits += fraction_digits;
     }
+    size_t exponent_digits = 0;
     if (at('e') || at('E')) {
       ++pos_;
       if (at('+') || at('-')) ++pos_;
-      if (!digits()) return fail("invalid number: digits expected in exponent");
+      if ((exponent_digits = digits()) == 0) return fail("invalid number: digits expected in exponent");
     }
+    // Up to 18 digits and an exponent of at most 99 in magnitude: an integer within int64 and a
+    // finite double, which simdjson accepts. Beyond that simdjson decides (integers beyond 64
+    // bits and floats that overflow are errors for it).
+    if (mantissa_digits > 18 || exponent_digits > 2) needs_simdjson_ = true;
     return true;
   }
 
@@ -256,6 +295,8 @@ class Scanner {
   std::string error_;
   size_t error_pos_ = 0;
   bool depth_error_ = false;
+  bool needs_simdjson_ = false;
+  size_t max_depth_seen_ = 0;
 };
 
 void append_utf8(uint32_t cp, std::string* out) {
@@ -362,12 +403,16 @@ bool json_unescape_string(std::string_view lit, std::string* out) {
 
 namespace {
 thread_local uint64_t parses_on_this_thread = 0;
+thread_local uint64_t simdjson_runs_on_this_thread = 0;
+thread_local bool simdjson_on_every_parse = false;
 }  // namespace
 
 uint64_t json_object_parses() { return parses_on_this_thread; }
+uint64_t json_simdjson_runs() { return simdjson_runs_on_this_thread; }
+void set_json_simdjson_on_every_parse(bool on) { simdjson_on_every_parse = on; }
 
 Status JsonObjectBody::parse(std::string_view text, const JsonLimits& limits, JsonObjectBody* out) {
-  Status st = parse_view(text, limits, out);
+  Status st = parse_view(text, limits, Validation::kFull, out);
   if (st.is_ok()) {
     out->owner_ = std::make_shared<const std::string>(text);
     out->doc_ = *out->owner_;
@@ -376,7 +421,7 @@ Status JsonObjectBody::parse(std::string_view text, const JsonLimits& limits, Js
 }
 
 Status JsonObjectBody::parse_owned(std::string&& text, const JsonLimits& limits, JsonObjectBody* out) {
-  Status st = parse_view(text, limits, out);
+  Status st = parse_view(text, limits, Validation::kFull, out);
   if (st.is_ok()) {
     out->owner_ = std::make_shared<const std::string>(std::move(text));
     out->doc_ = *out->owner_;
@@ -385,8 +430,15 @@ Status JsonObjectBody::parse_owned(std::string&& text, const JsonLimits& limits,
 }
 
 Status JsonObjectBody::parse_borrowed(std::string_view text, const JsonLimits& limits, JsonObjectBody* out) {
-  Status st = parse_view(text, limits, out);
+  Status st = parse_view(text, limits, Validation::kFull, out);
   if (st.is_ok()) out->doc_ = text;
+  return st;
+}
+
+Status JsonObjectBody::parse_member_borrowed(std::string_view raw_value, const JsonLimits& limits,
+                                             JsonObjectBody* out) {
+  Status st = parse_view(raw_value, limits, Validation::kInsideValidated, out);
+  if (st.is_ok()) out->doc_ = raw_value;
   return st;
 }
 
@@ -488,7 +540,10 @@ std::optional<KeyAt> first_duplicate(std::span<const KeyAt> keys) {
 }  // namespace
 
 // Validates and indexes `text`; the caller attaches the document (doc_, owner_) on success.
-Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limits, JsonObjectBody* out) {
+// kInsideValidated: `text` is a value of a document parse_view validated (kFull) earlier, so it is
+// valid JSON within the limits: only scanned for its members.
+Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limits, Validation validation,
+                                  JsonObjectBody* out) {
   ++parses_on_this_thread;
   out->clear();
   if (text.size() > limits.max_bytes) {
@@ -504,17 +559,26 @@ Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limit
   bool is_object = false;
   const bool scanned = scanner.scan_document(&spans, &close_brace, &is_object);
 
-  // simdjson gets one more level than our limit so that our scanner, which reports an offset,
-  // is the one that trips on depth; simdjson still validates UTF-8, number ranges and the rest.
-  // One parser per thread, reused: allocating its buffers per request would cost more than the
-  // parse itself on typical bodies. It grows to the largest body seen (bounded by max_bytes).
-  thread_local simdjson::dom::parser parser;
+  // simdjson runs when its verdict could differ from the scanner's or its message is needed (the
+  // Scanner's comment): the outcome and every message are those of running both on every document.
+  const bool run_simdjson =
+      validation == Validation::kFull &&
+      (!scanned || scanner.needs_simdjson() || simdjson_on_every_parse ||
+       !simdjson::validate_utf8(text.data(), text.size()));
   simdjson::error_code err = simdjson::SUCCESS;
-  if (parser.capacity() < text.size() || parser.max_depth() != limits.max_depth + 1) {
-    err = parser.allocate(std::max<size_t>(text.size(), 4096), limits.max_depth + 1);
-  }
-  if (err == simdjson::SUCCESS) {
-    err = parser.parse(text.data(), text.size(), /*realloc_if_needed=*/true).error();
+  if (run_simdjson) {
+    ++simdjson_runs_on_this_thread;
+    // simdjson gets one more level than our limit so that our scanner, which reports an offset,
+    // is the one that trips on depth; simdjson still validates UTF-8, number ranges and the rest.
+    // One parser per thread, reused: allocating its buffers per request would cost more than the
+    // parse itself on typical bodies. It grows to the largest body seen (bounded by max_bytes).
+    thread_local simdjson::dom::parser parser;
+    if (parser.capacity() < text.size() || parser.max_depth() != limits.max_depth + 1) {
+      err = parser.allocate(std::max<size_t>(text.size(), 4096), limits.max_depth + 1);
+    }
+    if (err == simdjson::SUCCESS) {
+      err = parser.parse(text.data(), text.size(), /*realloc_if_needed=*/true).error();
+    }
   }
   if (!scanned) {
     const std::string where = "at byte " + std::to_string(scanner.error_pos()) + ": ";
@@ -763,11 +827,46 @@ size_t JsonObjectBody::rendered_size() const {
   return n;
 }
 
+namespace {
+
+// Length of the longest prefix of `s` whose bytes the string builder copies as they are: not
+// '"', '\\', a control character or DEL. 8 bytes at a time (the SWAR test of the Scanner's
+// skip_plain_string_bytes, plus DEL), then byte by byte.
+size_t unescaped_prefix(std::string_view s) {
+  constexpr uint64_t kOnes = 0x0101010101010101ull;
+  constexpr uint64_t kHighs = 0x8080808080808080ull;
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t v;
+    std::memcpy(&v, s.data() + i, 8);
+    const uint64_t quote = v ^ (kOnes * '"');
+    const uint64_t backslash = v ^ (kOnes * '\\');
+    const uint64_t del = v ^ (kOnes * 0x7f);
+    const uint64_t special = (((quote - kOnes) & ~quote) | ((backslash - kOnes) & ~backslash) |
+                              ((del - kOnes) & ~del) | ((v - kOnes * 0x20) & ~v)) &  // below 0x20
+                             kHighs;
+    if (special != 0) return i + static_cast<size_t>(__builtin_ctzll(special)) / 8;
+  }
+  for (; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') break;
+  }
+  return i;
+}
+
+}  // namespace
+
 void append_json_string(std::string& out, std::string_view s) {
   static constexpr char kHex[] = "0123456789abcdef";
+  out.reserve(out.size() + s.size() + 2);
   out.push_back('"');
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
+  // Bytes that need no escape are copied in runs (one append per run, not one push_back each).
+  for (size_t i = 0;; ++i) {
+    const size_t plain = unescaped_prefix(s.substr(i));
+    out.append(s.data() + i, plain);
+    i += plain;
+    if (i >= s.size()) break;
+    const auto c = static_cast<unsigned char>(s[i]);
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -776,14 +875,10 @@ void append_json_string(std::string& out, std::string_view s) {
       case '\n': out += "\\n"; break;
       case '\r': out += "\\r"; break;
       case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          out += "\\u00";
-          out.push_back(kHex[c >> 4]);
-          out.push_back(kHex[c & 0xF]);
-        } else {
-          out.push_back(ch);
-        }
+      default:  // the other control characters and DEL
+        out += "\\u00";
+        out.push_back(kHex[c >> 4]);
+        out.push_back(kHex[c & 0xF]);
     }
   }
   out.push_back('"');

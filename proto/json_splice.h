@@ -1,5 +1,6 @@
-// JSON request bodies edited by splicing: validate untrusted bytes once (simdjson plus a strict
-// scanner that records where each top-level member lives), then replace, append or remove a few
+// JSON request bodies edited by splicing: validate untrusted bytes once (a strict scanner that
+// records where each top-level member lives, with simdjson's verdict on the rare documents where it
+// could differ), then replace, append or remove a few
 // top-level members and render the original bytes with only those edits spliced in. Every byte the
 // edits do not touch (whitespace, key order, nested objects, unicode escapes, number spellings) is
 // preserved exactly, which is what DESIGN.md asks of the per-leg body builders. Pure; no I/O.
@@ -22,6 +23,9 @@
 //     returned by get_raw() until the next set_raw() on this body (edited values share one
 //     buffer per body).
 //   - json_object_parses() counts parse() calls on the calling thread (tests: parse-once checks).
+//   - Validation costs one pass of the strict scanner plus a UTF-8 check; simdjson runs as well
+//     only on the rare documents where its verdict could differ (json_splice.cc, Scanner), with
+//     the same outcome and messages as running both on every document.
 #pragma once
 
 #include <cstddef>
@@ -58,6 +62,13 @@ class JsonObjectBody {
   // body read in one function (a prefill's answer); values it hands to set_raw() of a longer-lived
   // body are copied there.
   static Status parse_borrowed(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
+  // parse_borrowed() of a member's value obtained with get_raw() from a body parsed by one of the
+  // functions above (a prefill answer's kv_transfer_params), or of text made by the builders
+  // below: known-valid JSON within the limits, so it is only indexed, not validated again. The
+  // outcome is parse_borrowed()'s for such text (kWrongType when not an object, kInvalidValue
+  // for a duplicate key); anything else passed here is a caller's bug.
+  static Status parse_member_borrowed(std::string_view raw_value, const JsonLimits& limits,
+                                      JsonObjectBody* out);
 
   // Empties the body (as a default-constructed one) but keeps the capacity of its tables (up to a
   // few dozen members): a body reused for one short-lived parse after another allocates nothing
@@ -112,7 +123,9 @@ class JsonObjectBody {
   // Room for appended members reserved by a copy (a leg's few appends cost no reallocation).
   static constexpr size_t kAppendRoom = 4;
 
-  static Status parse_view(std::string_view text, const JsonLimits& limits, JsonObjectBody* out);
+  enum class Validation { kFull, kInsideValidated };
+  static Status parse_view(std::string_view text, const JsonLimits& limits, Validation validation,
+                           JsonObjectBody* out);
   static std::string_view original_key(std::string_view doc, const Member& m);
   std::string_view key_of(const Member& m) const;
   std::string_view edit(size_t begin, size_t size) const { return std::string_view(edits_).substr(begin, size); }
@@ -131,9 +144,15 @@ class JsonObjectBody {
   std::string edits_;  // bytes of replaced values and of appended keys and values
 };
 
-// JsonObjectBody::parse(), parse_owned() and parse_borrowed() calls made on the calling thread so
-// far.
+// JsonObjectBody::parse(), parse_owned(), parse_borrowed() and parse_member_borrowed() calls made
+// on the calling thread so far.
 uint64_t json_object_parses();
+// Of those, the ones that ran simdjson as well as the strict scanner (a document the scanner
+// rejects, or one whose UTF-8, number ranges, surrogate escapes or depth need simdjson's verdict).
+uint64_t json_simdjson_runs();
+// Tests: true makes every parse on the calling thread run simdjson as well (as before the scanner
+// decided alone on plain documents), to compare outcomes and messages with the default.
+void set_json_simdjson_on_every_parse(bool on);
 
 // ---- builders for raw JSON value text ----
 std::string json_string(std::string_view utf8);  // quoted and escaped (", \, control chars)

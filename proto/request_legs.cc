@@ -21,26 +21,86 @@ Status check_token_fields(const JsonObjectBody& body) {
   return Status::ok();
 }
 
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+// Header storage of legs gone (~LegRequest), kept per thread for the next legs built on it: a
+// leg's header strings ("application/json", the request id) and its vector are longer than a
+// string's inline buffer, so each would be an allocation per leg. Bounded: beyond the caps, or
+// for unusually long strings, storage is freed as usual.
+// Set when the thread's spares are destroyed (thread exit): a leg destroyed later on that thread
+// (held by another thread_local or static object) frees its storage as usual.
+thread_local bool header_spares_gone = false;
+
+struct HeaderSpares {
+  static constexpr size_t kMaxLists = 256, kMaxEntries = 1024, kMaxEntryBytes = 512;
+  ~HeaderSpares() { header_spares_gone = true; }
+  std::vector<HeaderList> lists;
+  HeaderList entries;
+};
+
+// The calling thread's spares; null once they are destroyed.
+HeaderSpares* header_spares() {
+  if (header_spares_gone) return nullptr;
+  thread_local HeaderSpares spares;
+  return &spares;
+}
+
+// Appends name: value (value_rest appended to value), in a spare entry when there is one.
+void add_header(HeaderList& headers, std::string_view name, std::string_view value,
+                std::string_view value_rest = {}) {
+  HeaderSpares* spares = header_spares();
+  if (spares == nullptr || spares->entries.empty()) {
+    headers.emplace_back();
+  } else {
+    headers.push_back(std::move(spares->entries.back()));
+    spares->entries.pop_back();
+  }
+  auto& [n, v] = headers.back();
+  n.assign(name);
+  v.reserve(value.size() + value_rest.size());
+  v.assign(value);
+  v.append(value_rest);
+}
+
 void add_common_headers(const ClientRequest& request, const LegOptions& options,
                         const std::string& request_id, LegRequest* leg) {
   // The two paths build_legs serves, as static text (no copy per leg).
   leg->path = request.path == "/v1/completions" ? std::string_view("/v1/completions")
                                                 : std::string_view("/v1/chat/completions");
-  leg->headers.reserve(4);
-  leg->headers.emplace_back("Content-Type", "application/json");
-  if (options.upstream_api_key) {
-    leg->headers.emplace_back("Authorization", "Bearer " + *options.upstream_api_key);
-  } else if (options.forward_client_authorization && !request.authorization.empty()) {
-    leg->headers.emplace_back("Authorization", std::string(request.authorization));
+  HeaderSpares* spares = header_spares();
+  if (leg->headers.capacity() == 0 && spares != nullptr && !spares->lists.empty()) {
+    leg->headers = std::move(spares->lists.back());
+    spares->lists.pop_back();
   }
-  leg->headers.emplace_back("X-Request-Id", request_id);
+  leg->headers.reserve(4);
+  add_header(leg->headers, "Content-Type", "application/json");
+  if (options.upstream_api_key) {
+    add_header(leg->headers, "Authorization", "Bearer ", *options.upstream_api_key);
+  } else if (options.forward_client_authorization && !request.authorization.empty()) {
+    add_header(leg->headers, "Authorization", request.authorization);
+  }
+  add_header(leg->headers, "X-Request-Id", request_id);
 }
 
 void add_dp_rank_header(const LegInstance& inst, std::optional<uint32_t> rank, LegRequest* leg) {
-  if (rank && inst.dp_size > 1) leg->headers.emplace_back("X-data-parallel-rank", std::to_string(*rank));
+  if (rank && inst.dp_size > 1) add_header(leg->headers, "X-data-parallel-rank", std::to_string(*rank));
 }
 
 }  // namespace
+
+LegRequest::~LegRequest() {
+  if (headers.capacity() == 0) return;
+  HeaderSpares* spares = header_spares();
+  if (spares == nullptr) return;
+  for (auto& entry : headers) {
+    if (spares->entries.size() >= HeaderSpares::kMaxEntries) break;
+    if (entry.first.capacity() + entry.second.capacity() > HeaderSpares::kMaxEntryBytes) continue;
+    spares->entries.push_back(std::move(entry));
+  }
+  headers.clear();
+  if (spares->lists.size() < HeaderSpares::kMaxLists) spares->lists.push_back(std::move(headers));
+}
+
 
 const std::string* LegRequest::header(std::string_view name) const {
   for (const auto& [k, v] : headers) {
@@ -198,7 +258,8 @@ Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
   if (raw->front() != '{') {
     return Status(StatusCode::kWrongType, "prefill response kv_transfer_params is not an object");
   }
-  if (Status st = JsonObjectBody::parse_borrowed(*raw, limits, &params); !st) {
+  // A value of the answer just validated: indexed only, not validated a second time.
+  if (Status st = JsonObjectBody::parse_member_borrowed(*raw, limits, &params); !st) {
     return Status(st.code(), "prefill response kv_transfer_params: " + st.message());
   }
   if (params.size() == 0) {

@@ -74,6 +74,15 @@ struct LegOptions {
 };
 
 struct LegRequest {
+  LegRequest() = default;
+  LegRequest(const LegRequest&) = default;
+  LegRequest& operator=(const LegRequest&) = default;
+  LegRequest(LegRequest&&) noexcept = default;
+  LegRequest& operator=(LegRequest&&) noexcept = default;
+  // Gives the storage of `headers` (the vector and its strings) to the thread's spares, which
+  // the next build_legs() on the thread reuses: no allocation per leg for its headers once warm.
+  ~LegRequest();
+
   std::string_view path;  // "/v1/completions" or "/v1/chat/completions" (static text)
   std::vector<std::pair<std::string, std::string>> headers;
   // Unrendered: the client's bytes (shared with the other leg) plus this leg's edits. Render it

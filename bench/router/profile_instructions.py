@@ -69,6 +69,8 @@ def main():
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--save-dump", default="",
+                        help="also copy callgrind's dump here (for callgrind_annotate --tree=caller)")
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control", "nginx"):
         if not shutil.which(tool) and not os.access("/usr/sbin/" + tool, os.X_OK):
@@ -101,6 +103,8 @@ def main():
         if not dumps:
             sys.exit("callgrind wrote no dump")
         costs = self_costs(dumps[-1])
+        if args.save_dump:
+            shutil.copyfile(dumps[-1], args.save_dump)
     finally:
         rb.stop_all()
         shutil.rmtree(work, ignore_errors=True)

@@ -435,7 +435,7 @@ WRK_LUA = """\
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = [==[{body}]==]
-done = function(summary, latency, requests)
+{pacing}done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format('BENCHJSON {{"requests":%d,"duration_us":%d,"bytes":%d,' ..
     '"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d,' ..
@@ -457,11 +457,29 @@ def new_legs(setup, name):
     return float(match.group(1)) if match else None
 
 
-def run_wrk(setup, target, path, body, connections, seconds, work):
+# Paced runs (the equal-rate comparison): before each request a connection waits a random time,
+# uniform in [0, 2 x mean] ms (wrk has no open-loop mode; wrk2 is not in Debian). A connection's
+# cycle is that wait plus the answer's latency plus wrk's timer slack, so the mean wait is
+# calibrated per target (paced_wait_ms). The rate reached is measured, not assumed: it is what the
+# table reports.
+WRK_PACING = """\
+math.randomseed({seed})
+delay = function()
+  return math.floor(math.random() * {twice_mean_ms} + 0.5)
+end
+"""
+
+
+def run_wrk(setup, target, path, body, connections, seconds, work, wait_ms=None):
+    """One wrk run against `target`; `wait_ms`: paced, each connection waiting that long on
+    average before each request."""
     name, addr = target
-    script = os.path.join(work, "wrk-%d.lua" % connections)
+    script = os.path.join(work, "wrk-%d%s.lua" % (connections, "-paced" if wait_ms else ""))
+    pacing = ""
+    if wait_ms:
+        pacing = WRK_PACING.format(seed=connections, twice_mean_ms="%.3f" % (2.0 * wait_ms))
     with open(script, "w") as f:
-        f.write(WRK_LUA.format(body=json.dumps(body)))
+        f.write(WRK_LUA.format(body=json.dumps(body), pacing=pacing))
     pids = setup.proxy_pids(name)
     cpu_before = cpu_seconds(pids) if pids else 0.0
     sim_before = cpu_seconds(setup.upstream_pids())
@@ -622,6 +640,32 @@ def run_cpu_matrix(args, seconds, warm_seconds):
                               upstream, dialect, label, conns, r["cpu_per_1k"] * 1000, r["rps"],
                               n["cpu_per_1k"] * 1000, n["rps"], row["ratio"], r["errors"],
                               n["errors"]), flush=True)
+                    # Smoke: the equal-rate run of the first dialect per kind of node only (quick).
+                    paced_here = not args.smoke or dialect == wanted[0]
+                    if args.equal_rate > 0 and r["rps"] and paced_here:
+                        # Both proxies at the same request rate, a fraction of what pdrouter
+                        # sustained just now: the same number of events per wakeup for both.
+                        row["rate"] = args.equal_rate * r["rps"]
+                        waits = {target[0]: paced_wait_ms(setup, target, path, body, conns, seconds,
+                                                          args.work_dir, row["rate"])
+                                 for target in setup.targets()}
+                        paced = {}
+                        for _ in range(1 if args.smoke else args.cpu_repeat):
+                            for target in setup.targets():
+                                paced.setdefault(target[0], []).append(run_wrk(
+                                    setup, target, path, body, conns, seconds, args.work_dir,
+                                    wait_ms=waits[target[0]]))
+                        row["paced"] = {name: combine_runs(parts) for name, parts in paced.items()}
+                        pr, pn = row["paced"]["pdrouter"], row["paced"]["nginx"]
+                        row["paced_ratio"] = (pr["cpu_per_1k"] / pn["cpu_per_1k"]
+                                              if pn["cpu_per_1k"] else float("inf"))
+                        print("  cpu %-6s %-12s %-14s c%-3d at %6.0f req/s: pdrouter %6.1f us/req "
+                              "%6.0f req/s  nginx %6.1f us/req %6.0f req/s  ratio %.2fx  "
+                              "errors %d/%d" % (
+                                  upstream, dialect, label, conns, row["rate"],
+                                  pr["cpu_per_1k"] * 1000, pr["rps"], pn["cpu_per_1k"] * 1000,
+                                  pn["rps"], row["paced_ratio"], pr["errors"], pn["errors"]),
+                              flush=True)
                 fivexx += setup.router_5xx()
                 for child in setup.children():
                     if child.proc.poll() is not None:
@@ -629,6 +673,18 @@ def run_cpu_matrix(args, seconds, warm_seconds):
             finally:
                 stop_all()
     return rows, fivexx
+
+
+def paced_wait_ms(setup, target, path, body, conns, seconds, work, rate):
+    """The mean wait per request that brings `conns` connections of `target` to about `rate`
+    requests/s: one calibration run (not counted) at conns / rate, then that minus the rest of
+    the cycle it showed (latency and timer slack)."""
+    cycle_ms = 1000.0 * conns / rate
+    probe = run_wrk(setup, target, path, body, conns, seconds, work, wait_ms=cycle_ms)
+    if not probe["rps"]:
+        return cycle_ms
+    rest_ms = 1000.0 * conns / probe["rps"] - cycle_ms
+    return max(0.5, cycle_ms - max(0.0, rest_ms))
 
 
 def combine_runs(parts):
@@ -654,13 +710,15 @@ def cpu_matrix_failures(rows):
     failures = []
     for row in rows:
         for name in ("pdrouter", "nginx"):
-            r = row[name]
-            where = "cpu %s %s %s c%d %s" % (row["upstream"], row["dialect"], row["workload"],
-                                             row["connections"], name)
-            if r["requests"] == 0:
-                failures.append(where + ": no requests completed")
-            if r["errors"]:
-                failures.append("%s: %d errors" % (where, r["errors"]))
+            for kind, r in (("", row[name]), (" equal rate", row.get("paced", {}).get(name))):
+                if r is None:
+                    continue
+                where = "cpu%s %s %s %s c%d %s" % (kind, row["upstream"], row["dialect"],
+                                                   row["workload"], row["connections"], name)
+                if r["requests"] == 0:
+                    failures.append(where + ": no requests completed")
+                if r["errors"]:
+                    failures.append("%s: %d errors" % (where, r["errors"]))
     return failures
 
 
@@ -684,6 +742,46 @@ def cpu_matrix_table(rows, target):
             "%.0f / %.0f" % (r["rps"], n["rps"]),
             "%.1f / %.1f" % (r["sim_cpu_per_1k"] * 1000, n["sim_cpu_per_1k"] * 1000))) + " |")
     return "\n".join(lines)
+
+
+PACED_HEADER = ("upstream nodes", "dialect (family)", "workload, conns", "rate asked, req/s",
+                "req/s reached pdrouter / nginx", "pdrouter CPU µs per P/D request",
+                "nginx CPU µs per proxied request", "pdrouter / nginx", "target <= {t}x")
+
+
+def paced_table(rows, target):
+    """The equal-rate rows (those measured with --equal-rate), or '' when there are none."""
+    paced = [row for row in rows if "paced" in row]
+    if not paced:
+        return ""
+    header = [h.format(t=target) for h in PACED_HEADER]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for row in paced:
+        r, n = row["paced"]["pdrouter"], row["paced"]["nginx"]
+        lines.append("| " + " | ".join((
+            "pdnode sims" if row["upstream"] == "sim" else "canned nginx",
+            "%s (%s)" % (row["dialect"], row["family"]),
+            "%s, %d" % (row["workload"], row["connections"]), "%.0f" % row["rate"],
+            "%.0f / %.0f" % (r["rps"], n["rps"]),
+            "%.1f" % (r["cpu_per_1k"] * 1000), "%.1f" % (n["cpu_per_1k"] * 1000),
+            "%.2fx" % row["paced_ratio"], met(row["paced_ratio"] <= target))) + " |")
+    return "\n".join(lines)
+
+
+PACED_SECTION = """
+
+### At equal request rates
+
+The rows above run each proxy as fast as it goes; on the sims pdrouter's rate is bounded by the
+sims moving real KV (a few thousand P/D requests/s against nginx's tens of thousands of proxied
+requests/s), so fewer events share each wakeup of pdrouter and its CPU per request rises. Here
+both proxies are driven at the same rate: {frac:.0f}% of the rate pdrouter sustained in that row
+(wrk, the same connections, each waiting a random 0-2x mean time before each request, the mean
+calibrated per proxy by one uncounted run so that wait plus latency gives that rate; the rate
+reached is measured and shown). Met in {met} of {total} rows; geometric mean of the ratios {gm_sim:.2f}x on
+the sims, {gm_canned:.2f}x on the canned nodes.
+
+{table}"""
 
 
 CPU_BEGIN = "<!-- BEGIN cpu-comparison (rewritten by run.sh; --cpu-only rewrites only this block) -->"
@@ -719,7 +817,7 @@ Dialect families: **serial** (NIXL: the decode leg is sent after the prefill's a
 `kv_transfer_params`) and **concurrent** (MoRIIO WRITE, Mooncake: both legs at once; Mooncake
 reads the prefill's bootstrap `/query` once per 30 s). nginx proxies one exchange per request.
 
-{table}
+{table}{paced}
 
 Source: {commit}; pdrouter/pdnode build type {build_type}. Load average at start {load}, at the
 end {load_after}: CPU per request from the same run is comparable between pdrouter and nginx;
@@ -727,10 +825,22 @@ requests/s on these shared, loaded cores is not a capacity figure.
 {end}"""
 
 
+def paced_section(rows, args):
+    paced = [row for row in rows if "paced" in row]
+    if not paced:
+        return ""
+    return PACED_SECTION.format(
+        frac=100 * args.equal_rate, table=paced_table(rows, args.target_cpu_ratio),
+        met=sum(1 for row in paced if row["paced_ratio"] <= args.target_cpu_ratio),
+        total=len(paced),
+        gm_sim=geometric_mean([r["paced_ratio"] for r in paced if r["upstream"] == "sim"]),
+        gm_canned=geometric_mean([r["paced_ratio"] for r in paced if r["upstream"] == "canned"]))
+
+
 def cpu_section(rows, info, args, load_after, seconds, warm_seconds):
     ratios = [row["ratio"] for row in rows]
     conns = sorted({row["connections"] for row in rows})
-    return CPU_SECTION.format(
+    return CPU_SECTION.format(paced=paced_section(rows, args),
         begin=CPU_BEGIN, end=CPU_END, date=info["date"], target=args.target_cpu_ratio,
         conns=" and ".join(str(c) for c in conns), rw=args.router_workers, wt=args.wrk_threads,
         repeat=1 if args.smoke else args.cpu_repeat,
@@ -970,8 +1080,9 @@ only that (non-zero requests, zero errors). Targets are reported, not enforced.
 
 ```bash
 cmake -S . -B build-rb -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build-rb pdrouter pdnode
-bench/router/run.sh --bin-dir build-rb            # ~5 min, rewrites this file
-bench/router/run.sh --bin-dir build-rb --cpu-only # ~3 min, rewrites only the CPU comparison
+bench/router/run.sh --bin-dir build-rb            # ~13 min, rewrites this file
+bench/router/run.sh --bin-dir build-rb --cpu-only # ~10 min, rewrites only the CPU comparison
+bench/router/run.sh --bin-dir build-rb --cpu-only --equal-rate 0  # ~4 min, without equal rates
 bench/router/run.sh --bin-dir build-rb --smoke    # ~1 min, checks only
 bench/router/run.sh --help                        # durations, connections, workers
 bench/router/count_syscalls.sh --bin-dir build-rb --column after   # syscalls/allocations
@@ -1105,6 +1216,10 @@ def main():
     parser.add_argument("--cpu-repeat", type=int, default=2,
                         help="CPU comparison: runs per target and row, alternating pdrouter and "
                              "nginx, summed (smoke: 1)")
+    parser.add_argument("--equal-rate", type=float, default=0.7,
+                        help="CPU comparison: also run pdrouter and nginx at the same request "
+                             "rate, this fraction of the rate pdrouter sustained in the row "
+                             "(0 = skip)")
     parser.add_argument("--no-netns", action="store_true",
                         help="do not re-run inside a private network namespace")
     parser.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"),
@@ -1177,6 +1292,9 @@ def main():
                     info["load"], load_after))
             print()
             print(cpu_matrix_table(cpu_rows, args.target_cpu_ratio))
+            if paced_table(cpu_rows, args.target_cpu_ratio):
+                print()
+                print(paced_table(cpu_rows, args.target_cpu_ratio))
             if args.results and not failures:
                 if args.cpu_only:
                     replace_cpu_section(args.results, cpu_text)

@@ -2,8 +2,9 @@
 # The router benchmark: pdrouter vs direct-to-node vs nginx, on loopback, with wrk.
 #   bench/router/run.sh [--bin-dir DIR] [--smoke] [--duration S] [--router-workers N] ...
 #   bench/router/run.sh --help      every option
-# Full run (~2 min) prints a table and rewrites bench/router/RESULTS.md; --smoke (~25 s, the CTest
-# bench.router_proxy) runs each measurement ~2 s and only checks that it worked.
+# Full run (~13 min, most of it the CPU comparison, saturated and at equal rates) prints a table
+# and rewrites bench/router/RESULTS.md; --smoke (~1 min, the CTest bench.router_proxy) runs each
+# measurement ~1-2 s and only checks that it worked.
 # Needs wrk and nginx (deploy/install-deps.sh --tests) and a built pdrouter + pdnode: --bin-dir is
 # the build directory (default: $PDR_BUILD_DIR, else build-rb, else build/release).
 #

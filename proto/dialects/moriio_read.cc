@@ -20,9 +20,10 @@ Status finish_decode(std::string_view, const JsonObjectBody& params, const JsonL
     }
   }
   const auto decode_raw = decode->get_raw("kv_transfer_params");
-  // Borrows decode's bytes: rendered below before decode is edited.
+  // Borrows decode's bytes: rendered below before decode is edited. Built by build_moriio_legs
+  // (valid JSON): indexed, not validated again.
   JsonObjectBody decode_params;
-  if (!decode_raw || !JsonObjectBody::parse_borrowed(*decode_raw, limits, &decode_params).is_ok()) {
+  if (!decode_raw || !JsonObjectBody::parse_member_borrowed(*decode_raw, limits, &decode_params).is_ok()) {
     return Status(StatusCode::kInternal, "decode body has no kv_transfer_params object");
   }
   for (std::string_view key : {"remote_engine_id", "remote_block_ids", "transfer_id", "tp_size"}) {

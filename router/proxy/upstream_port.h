@@ -8,8 +8,8 @@
 // worker's loop thread. UpstreamCall::failure() is set before on_error fires. A call's callbacks
 // are released together (once it is done or cancelled), never while one of them runs.
 //
-// PoolUpstreamPort is the production implementation: a thin adapter over the worker's
-// http::UpstreamPool.
+// PoolUpstreamPort is the production implementation: the worker's http::UpstreamPool, whose call
+// handles are UpstreamPort::Call themselves (no allocation of its own per call).
 #pragma once
 
 #include <memory>
@@ -21,21 +21,13 @@ namespace pdr::router::proxy {
 
 class UpstreamPort {
  public:
-  // Handle on one call in flight (http::UpstreamCall's methods that the proxy uses).
-  class Call {
-   public:
-    virtual ~Call() = default;
-    // Closes the connection (how vLLM is told to abort) and suppresses every later callback.
-    // No-op once the call is done.
-    virtual void cancel() = 0;
-    // Back-pressure: stop / restart reading the response.
-    virtual void pause() = 0;
-    virtual void resume() = 0;
-    // Why the call failed (read in on_error); kNone before.
-    virtual http::UpstreamFailure failure() const = 0;
-    // The call runs on a pooled keep-alive connection (counted in /metrics).
-    virtual bool reused_connection() const = 0;
-  };
+  // Handle on one call in flight: http::UpstreamCall's methods that the proxy uses
+  // (http::UpstreamCallControl): cancel() closes the connection (how vLLM is told to abort) and
+  // suppresses every later callback, no-op once the call is done; pause() / resume() are
+  // back-pressure on reading the response; failure() says why the call failed (read in
+  // on_error; kNone before); reused_connection(): the call runs on a pooled keep-alive
+  // connection (counted in /metrics). The pool's handle is one, so no adapter per call.
+  using Call = http::UpstreamCallControl;
   using CallPtr = std::shared_ptr<Call>;
 
   virtual ~UpstreamPort() = default;

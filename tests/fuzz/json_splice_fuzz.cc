@@ -1,5 +1,6 @@
-// Fuzzes proto/json_splice: parse untrusted bytes, apply edits chosen by the input, render, and
-// require that the result is a valid JSON object per simdjson that re-parses (no duplicate keys).
+// Fuzzes proto/json_splice: parse untrusted bytes (the outcome must equal that of running simdjson
+// on every document), apply edits chosen by the input, render, and require that the result is a
+// valid JSON object per simdjson that re-parses (no duplicate keys).
 // Input layout: byte 0 = number of edits (low 3 bits), then 2 bytes per edit (op, key/value
 // choice), then the JSON text.
 #include <simdjson.h>
@@ -32,7 +33,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   pdr::proto::JsonLimits limits;
   limits.max_depth = 32;
   pdr::proto::JsonObjectBody body;
-  if (!pdr::proto::JsonObjectBody::parse(text, limits, &body).is_ok()) return 0;
+  const pdr::Status st = pdr::proto::JsonObjectBody::parse(text, limits, &body);
+  // simdjson runs only where its verdict could differ from the scanner's: the outcome and the
+  // message must be those of running it on every document.
+  pdr::proto::set_json_simdjson_on_every_parse(true);
+  pdr::proto::JsonObjectBody reference;
+  const pdr::Status reference_st = pdr::proto::JsonObjectBody::parse(text, limits, &reference);
+  pdr::proto::set_json_simdjson_on_every_parse(false);
+  if (st.code() != reference_st.code() || st.message() != reference_st.message()) std::abort();
+  if (!st.is_ok()) return 0;
   if (body.render() != text) std::abort();  // no edits: byte-exact
 
   for (size_t i = 0; i < edits; ++i) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cstdio>
 #include <string>
 
 namespace pdr::proto {
@@ -352,6 +353,171 @@ TEST(JsonSpliceStrings, SpecialBytesAreFoundAtEveryOffset) {
       std::optional<int64_t> n;
       ASSERT_TRUE(body.get_int("n", &n).is_ok());
       EXPECT_EQ(n, 1);
+    }
+  }
+}
+
+// The outcome (code and message) of parse() when simdjson runs on every document, as before the
+// scanner decided alone on plain ones.
+Status ParseWithSimdjsonAlways(std::string_view text, const JsonLimits& limits) {
+  set_json_simdjson_on_every_parse(true);
+  JsonObjectBody body;
+  Status st = JsonObjectBody::parse(text, limits, &body);
+  set_json_simdjson_on_every_parse(false);
+  return st;
+}
+
+TEST(JsonSplice, ScannerAloneDecidesAsSimdjsonWouldOnEdgeCases) {
+  // Each: the outcome must not depend on whether simdjson ran (codes and messages).
+  const std::string cases[] = {
+      "{\"a\":1}", "{\"a\":\"\\ud83d\\ude00\"}", "{\"a\":\"\\ud83d\"}", "{\"a\":\"\\ude00\"}",
+      "{\"a\":\"\\uD800x\"}", "{\"a\":\"\\ud7ff\\ue000\"}", "{\"a\":\"\\ud83d\\u0041\"}",
+      "{\"a\":\"\\u0000\"}", "{\"a\":\"\xc3\xa9\"}", "{\"a\":\"\xc3\"}", "{\"a\":\"\xed\xa0\x80\"}",
+      "{\"a\":\"\xc0\xaf\"}", "{\"a\":\"\xf4\x90\x80\x80\"}", "{\"a\":\"\xff\"}", "\xef\xbb\xbf{}",
+      "{\"a\":9223372036854775807}", "{\"a\":9223372036854775808}", "{\"a\":18446744073709551615}",
+      "{\"a\":18446744073709551616}", "{\"a\":-9223372036854775808}", "{\"a\":-9223372036854775809}",
+      "{\"a\":123456789012345678}", "{\"a\":1e308}", "{\"a\":1e309}", "{\"a\":-1.8e308}",
+      "{\"a\":1e-400}", "{\"a\":0e999999}", "{\"a\":1.7976931348623157e308}", "{\"a\":1.8e308}",
+      "{\"a\":1E+99}", "{\"a\":1e100}", "{\"a\":999999999999999999e99}",
+      "{\"a\":3.14159265358979323846264338327950288}", "{\"a\":01}", "{\"a\":1.}", "{\"a\":-}",
+      "{\"a\":1,\"a\":2}", "{\"a\":1,\"\\u0061\":2}", "[1e400]", "1e400", "\"\\ud800\"", "[]", "",
+      "{\"a\":[[[[[[[[1]]]]]]]]}", "{\"a\":\"\t\"}", "{\"a\":\"\\x\"}", "{\"a\":tru}",
+      "{\"a\":\"\x7f\"}", std::string("{\"a\":\"\0\"}", 9), std::string("{}\0", 3)};
+  for (const std::string& text : cases) {
+    for (size_t depth : {size_t{3}, size_t{8}, size_t{9}, size_t{10}, size_t{64}}) {
+      JsonLimits limits;
+      limits.max_depth = depth;
+      JsonObjectBody body;
+      const Status fast = JsonObjectBody::parse(text, limits, &body);
+      const Status reference = ParseWithSimdjsonAlways(text, limits);
+      EXPECT_EQ(fast.code(), reference.code()) << text << " depth " << depth;
+      EXPECT_EQ(fast.message(), reference.message()) << text << " depth " << depth;
+    }
+  }
+  // A few the fast path must reject for simdjson's reasons (not the scanner's).
+  for (const char* bad : {"{\"a\":\"\\ud83d\"}", "{\"a\":18446744073709551616}", "{\"a\":1e309}",
+                          "{\"a\":\"\xed\xa0\x80\"}"}) {
+    JsonObjectBody body;
+    const Status st = JsonObjectBody::parse(bad, JsonLimits(), &body);
+    EXPECT_EQ(st.code(), StatusCode::kMalformed) << bad;
+    EXPECT_EQ(st.message().rfind("invalid JSON: ", 0), 0u) << st.message();
+  }
+}
+
+TEST(JsonSplice, ScannerAloneDecidesAsSimdjsonWouldOnMutatedDocuments) {
+  // Deterministic mutations (byte changes, insertions of the bytes that matter, cuts) of bodies
+  // with every kind of value: each outcome must equal the one with simdjson on every parse.
+  const std::string seeds[] = {
+      "{\"model\":\"m\",\"prompt\":\"caf\xc3\xa9 \\ud83d\\ude00 \\n\",\"max_tokens\":16,"
+      "\"temperature\":0.7,\"top_p\":1e-2,\"stop\":[\"\\n\"],\"x\":{\"y\":[null,true,false]}}",
+      "{\"kv_transfer_params\":{\"remote_block_ids\":[1,2,3],\"remote_engine_id\":\"e\",\"tp_size\":1,"
+      "\"n\":-12345678901234567,\"f\":1.5E+30}}"};
+  const char inserts[] = {'"', '\\', 'u', 'd', '8', 'e', '9', '0', '.', '-', '[', '{', '}', ']', ',',
+                          ':', ' ', '\x80', '\xc3', '\xed', '\xf4', '\x01'};
+  uint64_t state = 12345;
+  auto next = [&state]() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<size_t>(state >> 33);
+  };
+  JsonLimits limits;
+  limits.max_depth = 4;
+  for (int i = 0; i < 20000; ++i) {
+    std::string text = seeds[next() % 2];
+    for (size_t edits = 1 + next() % 3; edits > 0; --edits) {
+      const size_t at = next() % text.size();
+      switch (next() % 4) {
+        case 0: text[at] = inserts[next() % sizeof(inserts)]; break;
+        case 1: text.insert(at, 1, inserts[next() % sizeof(inserts)]); break;
+        case 2: text.insert(at, std::string(1 + next() % 25, static_cast<char>('0' + next() % 10))); break;
+        default: text.erase(at, 1 + next() % 3); break;
+      }
+      if (text.empty()) text = "{";
+    }
+    JsonObjectBody body;
+    const Status fast = JsonObjectBody::parse(text, limits, &body);
+    const Status reference = ParseWithSimdjsonAlways(text, limits);
+    ASSERT_EQ(fast.code(), reference.code()) << text;
+    ASSERT_EQ(fast.message(), reference.message()) << text;
+  }
+}
+
+TEST(JsonSplice, PlainDocumentsAreValidatedWithoutSimdjson) {
+  JsonObjectBody body;
+  const uint64_t before = json_simdjson_runs();
+  ASSERT_TRUE(JsonObjectBody::parse(
+                  "{\"model\":\"m\",\"prompt\":\"caf\xc3\xa9 \\u00e9 \\ud83d\\ude00\",\"max_tokens\":16,"
+                  "\"temperature\":0.7,\"top_p\":1e-2,\"stop\":[\"\\n\"],\"x\":{\"y\":[null,true]}}",
+                  JsonLimits(), &body)
+                  .is_ok());
+  EXPECT_EQ(json_simdjson_runs(), before) << "a usual request body: the scanner alone";
+  ASSERT_FALSE(JsonObjectBody::parse("{\"a\":}", JsonLimits(), &body).is_ok());
+  EXPECT_EQ(json_simdjson_runs(), before + 1) << "a rejected one: simdjson too, for the message";
+  ASSERT_TRUE(JsonObjectBody::parse("{\"a\":12345678901234567890}", JsonLimits(), &body).is_ok());
+  EXPECT_EQ(json_simdjson_runs(), before + 2) << "a long number: simdjson's verdict";
+}
+
+TEST(JsonSplice, MemberOfParsedBodyIsIndexedWithoutValidation) {
+  JsonObjectBody answer, params;
+  ASSERT_TRUE(JsonObjectBody::parse(
+                  "{\"kv\":{\"b\":[1,2],\"e\":\"\\ud83d\\ude00\",\"n\":1e300},"
+                  "\"d\":{\"x\":1,\"x\":2}}",
+                  JsonLimits(), &answer)
+                  .is_ok());
+  const uint64_t before = json_simdjson_runs();
+  ASSERT_TRUE(JsonObjectBody::parse_member_borrowed(*answer.get_raw("kv"), JsonLimits(), &params).is_ok());
+  EXPECT_EQ(json_simdjson_runs(), before);
+  EXPECT_EQ(params.get_raw("b"), "[1,2]");
+  EXPECT_EQ(params.size(), 3u);
+  // The rules of parse_borrowed still hold: duplicate keys, not an object.
+  const Status dup = JsonObjectBody::parse_member_borrowed(*answer.get_raw("d"), JsonLimits(), &params);
+  JsonObjectBody reference;
+  const Status dup_reference = JsonObjectBody::parse_borrowed(*answer.get_raw("d"), JsonLimits(), &reference);
+  EXPECT_EQ(dup.code(), StatusCode::kInvalidValue);
+  EXPECT_EQ(dup.message(), dup_reference.message());
+  EXPECT_EQ(JsonObjectBody::parse_member_borrowed("[1]", JsonLimits(), &params).code(),
+            StatusCode::kWrongType);
+}
+
+TEST(JsonSplice, StringBuilderEscapesEveryByteAsBefore) {
+  // The escaping rules byte by byte (the builder copies unescaped bytes in runs).
+  auto reference = [](std::string_view s) {
+    std::string out = "\"";
+    for (const char ch : s) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c == '"') out += "\\\"";
+      else if (c == '\\') out += "\\\\";
+      else if (c == '\b') out += "\\b";
+      else if (c == '\f') out += "\\f";
+      else if (c == '\n') out += "\\n";
+      else if (c == '\r') out += "\\r";
+      else if (c == '\t') out += "\\t";
+      else if (c < 0x20 || c == 0x7f) {
+        char hex[8];
+        std::snprintf(hex, sizeof(hex), "\\u%04x", c);
+        out += hex;
+      } else {
+        out.push_back(ch);
+      }
+    }
+    return out + "\"";
+  };
+  std::string all;
+  for (int c = 0; c < 256; ++c) all.push_back(static_cast<char>(c));
+  for (const std::string& s : {all, std::string("plain text"), std::string(), std::string("a\"b"),
+                               std::string("\x01"), std::string("tail\\"), std::string("\"head")}) {
+    EXPECT_EQ(json_string(s), reference(s));
+    std::string appended = "x";
+    append_json_string(appended, s);
+    EXPECT_EQ(appended, "x" + reference(s));
+  }
+  // Every byte at every offset of plain strings up to 17 bytes (the builder looks at 8 at once).
+  for (size_t len = 1; len <= 17; ++len) {
+    for (size_t at = 0; at < len; ++at) {
+      for (int c = 0; c < 256; ++c) {
+        std::string s(len, 'a');
+        s[at] = static_cast<char>(c);
+        ASSERT_EQ(json_string(s), reference(s)) << len << " " << at << " " << c;
+      }
     }
   }
 }

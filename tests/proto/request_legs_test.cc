@@ -741,5 +741,35 @@ TEST(ParseOnce, RenderIntoAppendsExactlyTheRenderedBytes) {
   }
 }
 
+TEST(LegHeaders, StorageOfLegsGoneCarriesNoValueIntoTheNextLegs) {
+  // Legs hand their header storage to the thread's spares when destroyed; the next legs built on
+  // the thread reuse it and must hold exactly their own headers.
+  LegInstance p = Plain(Connector::kNixl, "127.0.10.1", 8100);
+  p.dp_size = 4;
+  LegOptions key;
+  key.upstream_api_key = std::string(300, 'k');  // longer than the spares keep: freed, not kept
+  {
+    LegBuild first;
+    ASSERT_TRUE(build_legs({"/v1/completions", "{}", "Bearer client"}, p, p, 3, 2, key, Rng(), &first)
+                    .is_ok());
+    EXPECT_EQ(first.prefill.headers.size(), 4u);
+    EXPECT_EQ(*first.prefill.header("X-data-parallel-rank"), "3");
+    EXPECT_EQ(*first.prefill.header("Authorization"), "Bearer " + std::string(300, 'k'));
+  }
+  for (int round = 0; round < 3; ++round) {
+    const LegInstance plain = Plain(Connector::kNixl, "127.0.10.1", 8100);
+    LegBuild next;
+    ASSERT_TRUE(build_legs({"/v1/chat/completions", "{}", round == 1 ? "Bearer c" : ""}, plain, plain,
+                           std::nullopt, std::nullopt, {}, Rng(), &next)
+                    .is_ok());
+    for (const LegRequest* leg : {&next.prefill, &next.decode}) {
+      std::vector<std::pair<std::string, std::string>> want = {{"Content-Type", "application/json"}};
+      if (round == 1) want.emplace_back("Authorization", "Bearer c");
+      want.emplace_back("X-Request-Id", next.plan.request_id);
+      EXPECT_EQ(leg->headers, want) << round;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pdr::proto
