@@ -129,6 +129,7 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   out->max_model_len = f.max_model_len;
   out->prefill_us_per_token = f.prefill_us_per_token;
   out->decode_us_per_token = f.decode_us_per_token;
+  out->render_feature_bytes = f.render_feature_bytes;
   if (f.bootstrap_port >= 0) {
     if (dialect->bootstrap_query == nullptr || node.role != proto::Role::kPrefill) {
       return "--bootstrap-port only applies to --connector " +
@@ -166,7 +167,8 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   CLI::App* cmd = app.add_subcommand(
       "sim",
       "Run a simulated vLLM OpenAI server (no GPU): /health, /v1/models, /v1/completions and\n"
-      "/v1/chat/completions in vLLM's formats, kv_transfer_params checked per connector, prefill\n"
+      "/v1/chat/completions in vLLM's formats (and fakes of /tokenize, /detokenize, /v1/embeddings\n"
+      "and the two /render endpoints), kv_transfer_params checked per connector, prefill\n"
       "and decode time modelled per token, deterministic text. Test endpoints: GET /sim/requests,\n"
       "POST /sim/reset, /sim/faults (below), GET /sim/kv (KV transfer counters). With\n"
       "--kv-backends (default tcp) every P/D request moves real, verified KV bytes from the\n"
@@ -199,6 +201,10 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   cmd->add_option("--decode-us-per-token", f->decode_us_per_token,
                   "Simulated decode time per output token, in microseconds.")
       ->capture_default_str()->type_name("US");
+  cmd->add_option("--render-feature-bytes", f->render_feature_bytes,
+                  "Fake feature bytes per image in a /v1/chat/completions/render answer (sent "
+                  "base64, so the answer grows by 4/3 of this per image).")
+      ->capture_default_str()->check(CLI::Range(0, 64 << 20))->type_name("BYTES");
   cmd->add_option("--register", f->register_endpoints,
                   "Router discovery endpoint (tcp://HOST:PORT) to heartbeat to, in the connector's "
                   "own format (moriio, p2p-nccl) or the pdrouter format. Repeatable.")

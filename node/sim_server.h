@@ -11,6 +11,9 @@
 // Closing the HTTP connection aborts the request, as in vLLM: its timer is cancelled, its state
 // freed, and the abort counted.
 //
+// Also POST /tokenize, /detokenize, /v1/embeddings, /v1/chat/completions/render and
+// /v1/completions/render: deterministic fakes in vLLM's shapes (sim_aux_api.h), answered at once.
+//
 // Test endpoints: GET /sim/requests returns the last 256 requests (method, path, headers with
 // lower-cased names, body as a string, arrival time in unix ms, status answered (0 while pending),
 // aborted flag) and counters {requests, aborts, errors_by_reason}; POST /sim/reset clears them.
@@ -73,6 +76,7 @@ struct SimOptions {
   uint32_t decode_us_per_token = 1000;
   KvNodeIdentity node;                    // node.http_port is filled in by start()
   std::optional<uint16_t> bootstrap_port;  // bootstrap server: separate /query listener (0 ok)
+  uint32_t render_feature_bytes = 4096;    // fake feature bytes per image in a render answer
 };
 
 class SimServer {
