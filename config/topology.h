@@ -147,6 +147,13 @@ struct Topology {
     uint32_t max_index_entries = 4'000'000;  // BlockIndex budget, (node rank, block) entries
   } kv_events;
 
+  // Endpoints that are not P/D (router/proxy/one_node_relay.h; which node serves what is the
+  // node's `serves` label).
+  struct Routing {
+    // A path no route names is relayed to one decode node instead of the 404.
+    bool pass_through_unknown = false;
+  } routing;
+
   std::vector<StaticInstance> static_instances;
 };
 

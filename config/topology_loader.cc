@@ -294,6 +294,12 @@ Status read_kv_events(const Source& src, const Field& f, Topology::KvEvents* out
   return r.finish();
 }
 
+Status read_routing(const Source& src, const Field& f, Topology::Routing* out) {
+  MapReader r(src, f);
+  r.boolean("pass_through_unknown", &out->pass_through_unknown);
+  return r.finish();
+}
+
 Status read_admin(const Source& src, const Field& f, Topology::Admin* out) {
   MapReader r(src, f);
   read_env_secret(src, r, "api_key_env", &out->api_key_env, &out->api_key);
@@ -477,6 +483,7 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   r.with("limits", [&](const Field& f) { return read_limits(src, f, &t.limits); });
   r.with("admin", [&](const Field& f) { return read_admin(src, f, &t.admin); });
   r.with("kv_events", [&](const Field& f) { return read_kv_events(src, f, &t.kv_events); });
+  r.with("routing", [&](const Field& f) { return read_routing(src, f, &t.routing); });
   // After connectors: instance defaults come from there.
   r.with("instances",
          [&](const Field& f) { return read_instances(src, f, t.connectors, &t.static_instances); });

@@ -1,4 +1,6 @@
 #include "node/sim_command.h"
+
+#include "node/register_command.h"
 #include "node/logging.h"
 
 #include <algorithm>
@@ -130,6 +132,8 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   out->prefill_us_per_token = f.prefill_us_per_token;
   out->decode_us_per_token = f.decode_us_per_token;
   out->render_feature_bytes = f.render_feature_bytes;
+  proto::Labels labels;
+  if (FlagError e = parse_label_flags(f.labels, &labels); !e.empty()) return e;
   if (f.bootstrap_port >= 0) {
     if (dialect->bootstrap_query == nullptr || node.role != proto::Role::kPrefill) {
       return "--bootstrap-port only applies to --connector " +
@@ -158,6 +162,7 @@ proto::Registration build_registration(const SimFlags& f, const sim::SimServer& 
   in.model = f.model;
   in.moves_kv = f.kv_backends != "none";
   sim::find_sim_dialect(node)->fill_registration(in, &reg);
+  parse_label_flags(f.labels, &reg.labels);  // validated by build_options
   return reg;
 }
 
@@ -209,6 +214,10 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
                   "Router discovery endpoint (tcp://HOST:PORT) to heartbeat to, in the connector's "
                   "own format (moriio, p2p-nccl) or the pdrouter format. Repeatable.")
       ->type_name("ENDPOINT");
+  cmd->add_option("--label", f->labels,
+                  "KEY=VALUE label sent with the registration (pdrouter format: nixl, mooncake, "
+                  "sglang), e.g. serves=render,pooling. Repeatable.")
+      ->type_name("KEY=VALUE");
   cmd->add_option("--register-interval-ms", f->register_interval_ms, "Heartbeat period.")
       ->capture_default_str()->check(CLI::Range(10, 3600000))->type_name("MS");
   cmd->add_option("--handshake-port", f->handshake_port,

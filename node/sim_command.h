@@ -34,6 +34,7 @@ struct SimFlags {
   uint32_t prefill_us_per_token = 20;
   uint32_t decode_us_per_token = 1000;
   std::vector<std::string> register_endpoints;
+  std::vector<std::string> labels;  // --label KEY=VALUE, sent in pdrouter-format registrations
   uint32_t register_interval_ms = 3000;
   uint32_t handshake_port = 6301;
   uint32_t notify_port = 61005;
