@@ -192,6 +192,7 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
       return handle_generation(ApiKind::kChat, std::move(request), seq, std::move(writer), fault);
     }
     if (post && handle_aux(request, seq, writer)) return;
+    if (request.path == "/reset_prefix_cache" && post) return answer(writer, seq, http::Response{200, {}, ""});
     if (request.path == "/query" && get && serves_bootstrap()) {
       return answer(writer, seq, json_response(200, dialect->bootstrap_query(options.node)));
     }

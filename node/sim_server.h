@@ -12,7 +12,8 @@
 // freed, and the abort counted.
 //
 // Also POST /tokenize, /detokenize, /v1/embeddings, /v1/chat/completions/render and
-// /v1/completions/render: deterministic fakes in vLLM's shapes (sim_aux_api.h), answered at once.
+// /v1/completions/render: deterministic fakes in vLLM's shapes (sim_aux_api.h), answered at once;
+// POST /reset_prefix_cache answers 200 with an empty body, as vLLM does.
 //
 // Test endpoints: GET /sim/requests returns the last 256 requests (method, path, headers with
 // lower-cased names, body as a string, arrival time in unix ms, status answered (0 while pending),

@@ -150,6 +150,8 @@ constexpr std::array kRoutes = {
           "start profiling on every up instance (admin key)", &profile},
     Route{"POST", "/stop_profile", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,
           "stop profiling on every up instance (admin key)", &profile},
+    Route{"POST", "/reset_prefix_cache", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,
+          "reset the prefix cache of every up instance (admin key)", &profile},
     Route{"GET", "/admin/instances", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
           "admin API: the instances", &list_instances},
     Route{"POST", "/admin/instances", kAdmin, Guard::kAdminKey, Refusals::kAdmin,

@@ -111,6 +111,11 @@ bool serves_capability(const proto::Labels& labels, std::string_view capability)
 
 void serve_one_node(WorkerContext& worker, const http::Request& request, http::ResponseWriter writer,
                     OneNodeClass node_class) {
+  if (worker.shared().shutting_down.load(std::memory_order_relaxed)) {
+    count(worker, node_class, kNoNode);
+    writer.send(http::error_response(503, "pdrouter is shutting down", "server_error", "shutting_down"));
+    return;
+  }
   const auto& topology = worker.topology();
   bool declared = false;
   InstancePtr node = pick(worker, node_class, &declared);

@@ -13,6 +13,7 @@
 //   kPassThrough decode nodes (routing.pass_through_unknown; off: the route table's 404)
 // 501 is answered only when no node at all (up or not) declares the capability; declared but none
 // up is 503 no_node.
+// While pdrouter drains (shutdown) new requests get 503 shutting_down, as P/D requests do.
 // Among the eligible, the least loaded (pdrouter's in-flight count / dp_size, the number the
 // least_outstanding policy reads; ties rotate from a random start) is picked; the request counts
 // as in flight on it until the answer ends.

@@ -14,6 +14,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pd_fixture import PdCluster  # noqa: E402
+from pdrouter_fixture import Router  # noqa: E402
 from sim_fixture import SimNode  # noqa: E402
 
 MODEL = "sim-model"
@@ -200,6 +201,28 @@ class ThroughPdrouter(unittest.TestCase):
         grown_kb = proc_status_kb(pid, "VmHWM") - before
         self.assertLess(grown_kb * 1024, len(raw) // 4,
                         "pdrouter's peak RSS grew by %d kB for a %d byte answer" % (grown_kb, len(raw)))
+
+
+class ResetPrefixCache(unittest.TestCase):
+    """POST /reset_prefix_cache: fanned out to every up node, admin key only (like /start_profile)."""
+
+    def test_fan_out_with_the_admin_key(self):
+        nodes = [SimNode(), SimNode()]
+        for node in nodes:
+            self.addCleanup(node.stop)
+        router = Router("admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\nconnectors:\n  default: nixl\n"
+                        "instances:\n  - {role: prefill, http_address: \"%s\"}\n"
+                        "  - {role: decode, http_address: \"%s\"}\n"
+                        % (nodes[0].http_address, nodes[1].http_address),
+                        env={"PDR_TEST_ADMIN_KEY": "k-123"})
+        self.addCleanup(router.stop)
+        code, _, raw = router.request("POST", "/reset_prefix_cache")
+        self.assertEqual(code, 401, raw)
+        self.assertEqual(served(nodes, "/reset_prefix_cache"), [0, 0])
+        code, _, raw = router.request("POST", "/reset_prefix_cache", headers={"Authorization": "Bearer k-123"})
+        self.assertEqual(code, 200, raw)
+        self.assertEqual(len(json.loads(raw)["results"]), 2)
+        self.assertEqual(served(nodes, "/reset_prefix_cache"), [1, 1])
 
 
 if __name__ == "__main__":

@@ -139,6 +139,7 @@ TEST(RouteTable, AnythingElseUnderAdminIsTheAdminApisOwn404) {
 
 TEST(RouteTable, ListenerPlacement) {
   const std::set<std::string> admin_only = {"/status", "/metrics", "/start_profile", "/stop_profile",
+                                            "/reset_prefix_cache",
                                             "/admin/instances", "/admin/instances/127.0.0.1:8000",
                                             "/admin/instances/127.0.0.1:8000/drain",
                                             "/admin/instances/127.0.0.1:8000/undrain", "/instances/add",
