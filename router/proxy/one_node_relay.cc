@@ -9,6 +9,7 @@
 #include "router/policies/policy.h"
 #include "router/proxy/node_endpoints.h"
 #include "router/proxy/pairing.h"
+#include "router/proxy/session_timer.h"
 
 namespace pdr::router::proxy {
 namespace {
@@ -81,6 +82,7 @@ struct Relay {
   OneNodeClass node_class = OneNodeClass::kAnyNode;
   bool head_sent = false;
   bool ended = false;
+  SessionTimer stall;  // armed while reading is paused for a client that does not read
 
   void end(Outcome outcome) {
     if (ended) return;
@@ -170,8 +172,22 @@ void serve_one_node(WorkerContext& worker, const http::Request& request, http::R
         relay->writer.on_drain([weak] {
           auto r = weak.lock();
           if (!r) return;
+          r->stall.stop();
           if (auto c = r->call.lock()) c->resume();
         });
+        // A client that reads nothing for timeouts.client_write is cut, and the node's call
+        // closed, as a P/D stream is: a paused read must not hold the node forever.
+        const auto limit = relay->worker->topology()->timeouts.client_write;
+        if (limit.count() > 0) {
+          relay->stall.start(relay->worker->loop(), limit, [weak] {
+            auto r = weak.lock();
+            if (!r) return;
+            ProxyCounters::bump(r->worker->counters().client_write_stalls);
+            if (auto c = r->call.lock()) c->cancel();
+            r->end(kFailed);
+            r->writer.abort();
+          });
+        }
       }
     }
   };

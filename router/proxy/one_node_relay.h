@@ -23,7 +23,8 @@
 // ARRIVES: status, Content-Type and the body streamed chunk by chunk (Transfer-Encoding: chunked
 // to the client), with back-pressure: reading from the node pauses while the client has
 // kRelayHighWater bytes queued and resumes on drain, so a large answer (a 1 MB+ render) never sits
-// whole in the router. A node's error status is relayed as it is. A node that cannot be reached
+// whole in the router; a client that reads nothing for timeouts.client_write_ms while reading is
+// paused is cut and the node's call closed (pdrouter_client_write_stalls_total). A node's error status is relayed as it is. A node that cannot be reached
 // or fails before its head: 502 (504 on a timeout) OpenAI-style JSON; after the head, the client
 // stream is cut (no terminating chunk), as when the node dies. Each outcome is counted
 // (pdrouter_one_node_requests_total{endpoint,outcome}).

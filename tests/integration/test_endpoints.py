@@ -9,6 +9,7 @@ statuses. Which node served a request is read from the sims' request logs.
 import base64
 import json
 import os
+import socket
 import sys
 import unittest
 
@@ -201,6 +202,26 @@ class ThroughPdrouter(unittest.TestCase):
         grown_kb = proc_status_kb(pid, "VmHWM") - before
         self.assertLess(grown_kb * 1024, len(raw) // 4,
                         "pdrouter's peak RSS grew by %d kB for a %d byte answer" % (grown_kb, len(raw)))
+
+    def test_a_client_that_does_not_read_is_cut_after_client_write_ms(self):
+        feature_bytes = 12 << 20
+        c = PdCluster("nixl", prefills=1, decodes=1, kv_backends="none",
+                      topology="timeouts:\n  client_write_ms: 300\n",
+                      prefill_flags=("--render-feature-bytes", str(feature_bytes)),
+                      decode_flags=("--render-feature-bytes", str(feature_bytes)))
+        self.addCleanup(c.close)
+        host, port = c.router.http.rsplit(":", 1)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(sock.close)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        body = json.dumps(IMAGE_CHAT).encode()
+        sock.sendall(b"POST /v1/chat/completions/render HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        # Nothing is read: reading from the node pauses, then the stall deadline cuts the client.
+        c.router.wait_for(lambda: c.metric("pdrouter_client_write_stalls_total") >= 1, timeout=20)
+        c.router.wait_for(lambda: c.metric('pdrouter_one_node_requests_total{endpoint_class="render",'
+                                           'outcome="failed"}') == 1, timeout=5)
 
 
 class ResetPrefixCache(unittest.TestCase):
