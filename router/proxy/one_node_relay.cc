@@ -111,7 +111,7 @@ bool serves_capability(const proto::Labels& labels, std::string_view capability)
   return false;
 }
 
-void serve_one_node(WorkerContext& worker, const http::Request& request, http::ResponseWriter writer,
+void serve_one_node(WorkerContext& worker, http::Request& request, http::ResponseWriter writer,
                     OneNodeClass node_class) {
   if (worker.shared().shutting_down.load(std::memory_order_relaxed)) {
     count(worker, node_class, kNoNode);
@@ -145,7 +145,7 @@ void serve_one_node(WorkerContext& worker, const http::Request& request, http::R
   }
   std::string auth = upstream_authorization(*topology, request.header("Authorization").value_or(std::string_view()));
   if (!auth.empty()) upstream.headers.push_back({"Authorization", std::move(auth)});
-  upstream.body = request.body;
+  upstream.body = std::move(request.body);  // the request is done with: no second copy of an upload
 
   auto relay = std::make_shared<Relay>();
   relay->writer = std::move(writer);

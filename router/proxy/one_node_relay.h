@@ -54,7 +54,7 @@ bool serves_capability(const proto::Labels& labels, std::string_view capability)
 // The client's queued bytes at which reading from the node pauses.
 inline constexpr size_t kRelayHighWater = 256 * 1024;
 
-void serve_one_node(WorkerContext& worker, const http::Request& request, http::ResponseWriter writer,
+void serve_one_node(WorkerContext& worker, http::Request& request, http::ResponseWriter writer,
                     OneNodeClass node_class);
 
 }  // namespace pdr::router::proxy

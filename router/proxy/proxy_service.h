@@ -40,10 +40,10 @@ class ProxyService {
   void ready(const http::Request& request, http::ResponseWriter writer);
   void profile(const http::Request& request, http::ResponseWriter writer);  // both profile paths
   // The one-node endpoints (render, tokenize, pooling, pass-through): one_node_relay.h.
-  void one_node(const http::Request& request, http::ResponseWriter writer, OneNodeClass node_class);
+  void one_node(http::Request& request, http::ResponseWriter writer, OneNodeClass node_class);
   // A path no route names: with routing.pass_through_unknown, relayed to one decode (takes the
   // writer, returns true); off, returns false and leaves the writer (the caller answers 404).
-  bool pass_through(const http::Request& request, http::ResponseWriter& writer);
+  bool pass_through(http::Request& request, http::ResponseWriter& writer);
   // Counts a P/D path asked with a wrong method (the route table answers the 405).
   void count_wrong_method() { shared_.counters.refuse(Refusal::kBadPath); }
 
