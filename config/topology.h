@@ -185,6 +185,12 @@ struct Topology {
     uint32_t max_entries = 100'000;
     uint32_t max_bytes = 64u << 20;  // of cached kv_transfer_params and keys
   } multi_turn;
+  // Endpoints that are not P/D (router/proxy/one_node_relay.h; which node serves what is the
+  // node's `serves` label).
+  struct Routing {
+    // A path no route names is relayed to one decode node instead of the 404.
+    bool pass_through_unknown = false;
+  } routing;
 
   std::vector<StaticInstance> static_instances;
 };

@@ -323,6 +323,12 @@ Status read_multi_turn(const Source& src, const Field& f, Topology::MultiTurn* o
   return r.finish();
 }
 
+Status read_routing(const Source& src, const Field& f, Topology::Routing* out) {
+  MapReader r(src, f);
+  r.boolean("pass_through_unknown", &out->pass_through_unknown);
+  return r.finish();
+}
+
 Status read_admin(const Source& src, const Field& f, Topology::Admin* out) {
   MapReader r(src, f);
   read_env_secret(src, r, "api_key_env", &out->api_key_env, &out->api_key);
@@ -510,6 +516,7 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   r.with("conditional_disaggregation", [&](const Field& f) {
     return read_conditional_disaggregation(src, f, &t.conditional_disaggregation);
   });
+  r.with("routing", [&](const Field& f) { return read_routing(src, f, &t.routing); });
   // After connectors: instance defaults come from there.
   r.with("instances",
          [&](const Field& f) { return read_instances(src, f, t.connectors, &t.static_instances); });

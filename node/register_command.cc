@@ -269,6 +269,10 @@ FlagError build_sidecar_options(const RegisterFlags& flags, discovery::SidecarOp
 
 }  // namespace
 
+std::string parse_label_flags(const std::vector<std::string>& items, proto::Labels* out) {
+  return parse_labels(items, out);
+}
+
 CLI::App* add_register_command(CLI::App& app, RegisterFlags* f) {
   CLI::App* cmd = app.add_subcommand(
       "register",

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace CLI {
@@ -15,6 +16,11 @@ class App;
 }
 
 namespace pdr::node {
+
+// --label KEY=VALUE items (repeatable) into sorted, unique labels within the registration limits
+// (proto/node_spec.h); "" or the error for the flag. Shared with `pdnode sim --label`.
+std::string parse_label_flags(const std::vector<std::string>& items,
+                              std::vector<std::pair<std::string, std::string>>* out);
 
 struct RegisterFlags {
   std::vector<std::string> routers;

@@ -1,4 +1,6 @@
 #include "node/sim_command.h"
+
+#include "node/register_command.h"
 #include "node/logging.h"
 
 #include <algorithm>
@@ -130,6 +132,9 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   out->prefill_us_per_token = f.prefill_us_per_token;
   out->bidirectional_kv_xfer = f.bidirectional_kv_xfer;
   out->decode_us_per_token = f.decode_us_per_token;
+  out->render_feature_bytes = f.render_feature_bytes;
+  proto::Labels labels;
+  if (FlagError e = parse_label_flags(f.labels, &labels); !e.empty()) return e;
   if (f.bootstrap_port >= 0) {
     if (dialect->bootstrap_query == nullptr || node.role != proto::Role::kPrefill) {
       return "--bootstrap-port only applies to --connector " +
@@ -158,6 +163,7 @@ proto::Registration build_registration(const SimFlags& f, const sim::SimServer& 
   in.model = f.model;
   in.moves_kv = f.kv_backends != "none";
   sim::find_sim_dialect(node)->fill_registration(in, &reg);
+  parse_label_flags(f.labels, &reg.labels);  // validated by build_options
   return reg;
 }
 
@@ -167,7 +173,8 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   CLI::App* cmd = app.add_subcommand(
       "sim",
       "Run a simulated vLLM OpenAI server (no GPU): /health, /v1/models, /v1/completions and\n"
-      "/v1/chat/completions in vLLM's formats, kv_transfer_params checked per connector, prefill\n"
+      "/v1/chat/completions in vLLM's formats (and fakes of /tokenize, /detokenize, /v1/embeddings\n"
+      "and the two /render endpoints), kv_transfer_params checked per connector, prefill\n"
       "and decode time modelled per token, deterministic text. Test endpoints: GET /sim/requests,\n"
       "POST /sim/reset, /sim/faults (below), GET /sim/kv (KV transfer counters). With\n"
       "--kv-backends (default tcp) every P/D request moves real, verified KV bytes from the\n"
@@ -200,10 +207,18 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   cmd->add_option("--decode-us-per-token", f->decode_us_per_token,
                   "Simulated decode time per output token, in microseconds.")
       ->capture_default_str()->type_name("US");
+  cmd->add_option("--render-feature-bytes", f->render_feature_bytes,
+                  "Fake feature bytes per image in a /v1/chat/completions/render answer (sent "
+                  "base64, so the answer grows by 4/3 of this per image).")
+      ->capture_default_str()->check(CLI::Range(0, 64 << 20))->type_name("BYTES");
   cmd->add_option("--register", f->register_endpoints,
                   "Router discovery endpoint (tcp://HOST:PORT) to heartbeat to, in the connector's "
                   "own format (moriio, p2p-nccl) or the pdrouter format. Repeatable.")
       ->type_name("ENDPOINT");
+  cmd->add_option("--label", f->labels,
+                  "KEY=VALUE label sent with the registration (pdrouter format: nixl, mooncake, "
+                  "sglang), e.g. serves=render,pooling. Repeatable.")
+      ->type_name("KEY=VALUE");
   cmd->add_option("--register-interval-ms", f->register_interval_ms, "Heartbeat period.")
       ->capture_default_str()->check(CLI::Range(10, 3600000))->type_name("MS");
   cmd->add_option("--handshake-port", f->handshake_port,

@@ -34,10 +34,12 @@ struct SimFlags {
   uint32_t prefill_us_per_token = 20;
   uint32_t decode_us_per_token = 1000;
   std::vector<std::string> register_endpoints;
+  std::vector<std::string> labels;  // --label KEY=VALUE, sent in pdrouter-format registrations
   uint32_t register_interval_ms = 3000;
   uint32_t handshake_port = 6301;
   uint32_t notify_port = 61005;
   int32_t kv_port = -1;  // -1: connector default (NIXL 5600, P2P-NCCL 21001, Mooncake 17000)
+  uint32_t render_feature_bytes = 4096;  // fake feature bytes per image in a render answer
   int32_t bootstrap_port = -1;  // Mooncake prefill: separate /query listener; -1 none, 0 ephemeral
   uint32_t workers = 1;
   // Real KV transfer (node/sim_kv_mover.h); "none" keeps the NullKvMover.

@@ -127,6 +127,10 @@ const char* chunk_object(const GenerationRequest& req) {
 
 }  // namespace
 
+std::string_view sim_vocabulary_word(size_t index) { return kVocabulary[index % kVocabulary.size()]; }
+
+uint64_t sim_fnv1a(std::string_view text, uint64_t hash) { return fnv1a(text, hash); }
+
 std::optional<SimError> parse_generation_request(ApiKind kind, const json& body,
                                                  const std::string& served_model,
                                                  GenerationRequest* out) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +41,12 @@ constexpr uint32_t kDefaultMaxTokens = 16;
 std::optional<SimError> parse_generation_request(ApiKind kind, const nlohmann::json& body,
                                                  const std::string& served_model,
                                                  GenerationRequest* out);
+
+// The fixed vocabulary generated tokens come from (32 words), and the FNV-1a hash used to pick
+// them; sim_aux_api.h's token ids reuse both.
+std::string_view sim_vocabulary_word(size_t index);  // index < kSimVocabularySize
+inline constexpr size_t kSimVocabularySize = 32;
+uint64_t sim_fnv1a(std::string_view text, uint64_t hash = 1469598103934665603ULL);
 
 std::vector<std::string> generate_tokens(const std::string& request_id,
                                          const std::string& prompt_text, uint32_t count);

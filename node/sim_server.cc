@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "node/sim_aux_api.h"
 #include "node/sim_dialect.h"
 #include "node/sim_faults.h"
 #include "node/sim_generation.h"
@@ -100,6 +101,8 @@ struct SimServer::Impl {
   void route(http::Request&& request, uint64_t seq, http::ResponseWriter writer,
              const FaultSpec& fault = {});
   void handle_faults_endpoint(const http::Request& request, http::ResponseWriter& writer);
+  // The endpoints of sim_aux_api.h; false when `request` is none of them.
+  bool handle_aux(const http::Request& request, uint64_t seq, http::ResponseWriter& writer);
   void handle_generation(ApiKind kind, http::Request&& request, uint64_t seq,
                          http::ResponseWriter writer, const FaultSpec& fault);
   void apply_fault(FaultSpec fault, http::Request&& request, uint64_t seq,
@@ -188,6 +191,8 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
     if (request.path == "/v1/chat/completions" && post) {
       return handle_generation(ApiKind::kChat, std::move(request), seq, std::move(writer), fault);
     }
+    if (post && handle_aux(request, seq, writer)) return;
+    if (request.path == "/reset_prefix_cache" && post) return answer(writer, seq, http::Response{200, {}, ""});
     if (request.path == "/query" && get && serves_bootstrap()) {
       return answer(writer, seq, json_response(200, dialect->bootstrap_query(options.node)));
     }
@@ -207,6 +212,36 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
     // nlohmann throws on type mismatches inside odd request bodies; the body is the client's fault.
     if (writer) answer_error(writer, seq, SimError{400, "bad_json", e.what()});
   }
+}
+
+bool SimServer::Impl::handle_aux(const http::Request& request, uint64_t seq, http::ResponseWriter& writer) {
+  using AuxFn = std::optional<SimError> (*)(const json&, const AuxContext&, std::string*);
+  AuxFn fn = nullptr;
+  if (request.path == "/tokenize") fn = &sim_tokenize;
+  else if (request.path == "/detokenize") fn = &sim_detokenize;
+  else if (request.path == "/v1/embeddings") fn = &sim_embeddings;
+  else if (request.path == "/v1/chat/completions/render") fn = &sim_render_chat;
+  else if (request.path == "/v1/completions/render") fn = &sim_render_completions;
+  if (fn == nullptr) return false;
+  const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"});
+    return true;
+  }
+  AuxContext ctx;
+  ctx.served_model = options.model;
+  ctx.max_model_len = options.max_model_len;
+  ctx.feature_bytes = options.render_feature_bytes;
+  const auto id = request.header("X-Request-Id");
+  ctx.request_id = id && !id->empty() ? std::string(*id) : random_hex32();
+  ctx.created = unix_seconds();
+  std::string out;
+  if (auto e = fn(body, ctx, &out)) {
+    answer_error(writer, seq, *e);
+  } else {
+    answer(writer, seq, json_response(200, std::move(out)));
+  }
+  return true;
 }
 
 void SimServer::Impl::handle_faults_endpoint(const http::Request& request,

@@ -11,6 +11,10 @@
 // Closing the HTTP connection aborts the request, as in vLLM: its timer is cancelled, its state
 // freed, and the abort counted.
 //
+// Also POST /tokenize, /detokenize, /v1/embeddings, /v1/chat/completions/render and
+// /v1/completions/render: deterministic fakes in vLLM's shapes (sim_aux_api.h), answered at once;
+// POST /reset_prefix_cache answers 200 with an empty body, as vLLM does.
+//
 // Test endpoints: GET /sim/requests returns the last 256 requests (method, path, headers with
 // lower-cased names, body as a string, arrival time in unix ms, status answered (0 while pending),
 // aborted flag) and counters {requests, aborts, errors_by_reason}; POST /sim/reset clears them.
@@ -76,6 +80,7 @@ struct SimOptions {
   // NIXL decode: end each answer with kv_transfer_params naming the blocks it keeps for the
   // conversation's next turn (vLLM's bidirectional_kv_xfer; the last stream chunk carries them).
   bool bidirectional_kv_xfer = false;
+  uint32_t render_feature_bytes = 4096;    // fake feature bytes per image in a render answer
 };
 
 class SimServer {

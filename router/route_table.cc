@@ -38,6 +38,22 @@ void models(const Endpoints& e, http::Request&& request, http::ResponseWriter wr
   e.proxy->models(request, std::move(writer));
 }
 
+void render(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kRender);
+}
+
+void audio(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kAudio);
+}
+
+void any_node(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kAnyNode);
+}
+
+void pooling(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kPooling);
+}
+
 void ready(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
   e.proxy->ready(request, std::move(writer));
 }
@@ -97,6 +113,30 @@ constexpr std::array kRoutes = {
           "OpenAI chat completion, split into legs the same way", &completions},
     Route{"GET", "/v1/models", kClient, Guard::kNone, Refusals::kUncounted,
           "a decode node's model list (cached 5 s)", &models},
+    Route{"POST", "/v1/chat/completions/render", kClient, Guard::kNone, Refusals::kUncounted,
+          "chat prompt to token ids + features: one node (serves=render first), streamed", &render},
+    Route{"POST", "/v1/completions/render", kClient, Guard::kNone, Refusals::kUncounted,
+          "completion prompt to token ids: one node (serves=render first), streamed", &render},
+    Route{"POST", "/tokenize", kClient, Guard::kNone, Refusals::kUncounted,
+          "vLLM's tokenizer, one node", &any_node},
+    Route{"POST", "/detokenize", kClient, Guard::kNone, Refusals::kUncounted,
+          "vLLM's detokenizer, one node", &any_node},
+    Route{"POST", "/v1/embeddings", kClient, Guard::kNone, Refusals::kUncounted,
+          "one node labelled serves=pooling, else 501", &pooling},
+    Route{"POST", "/pooling", kClient, Guard::kNone, Refusals::kUncounted,
+          "one node labelled serves=pooling, else 501", &pooling},
+    Route{"POST", "/classify", kClient, Guard::kNone, Refusals::kUncounted,
+          "one node labelled serves=pooling, else 501", &pooling},
+    Route{"POST", "/score", kClient, Guard::kNone, Refusals::kUncounted,
+          "one node labelled serves=pooling, else 501", &pooling},
+    Route{"POST", "/rerank", kClient, Guard::kNone, Refusals::kUncounted,
+          "one node labelled serves=pooling, else 501", &pooling},
+    Route{"POST", "/v1/rerank", kClient, Guard::kNone, Refusals::kUncounted,
+          "one node labelled serves=pooling, else 501", &pooling},
+    Route{"POST", "/v1/score", kClient, Guard::kNone, Refusals::kUncounted,
+          "one node labelled serves=pooling, else 501", &pooling},
+    Route{"POST", "/v1/audio/**", kClient, Guard::kNone, Refusals::kUncounted,
+          "transcriptions, translations: one node labelled serves=audio, else 501", &audio},
     Route{"GET", "/ready", kClient, Guard::kNone, Refusals::kUncounted,
           "200 only when a compatible P/D pair is up (readiness probe)", &ready},
     Route{"GET", "/health", kBoth, Guard::kNone, Refusals::kUncounted,
@@ -110,6 +150,8 @@ constexpr std::array kRoutes = {
           "start profiling on every up instance (admin key)", &profile},
     Route{"POST", "/stop_profile", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,
           "stop profiling on every up instance (admin key)", &profile},
+    Route{"POST", "/reset_prefix_cache", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,
+          "reset the prefix cache of every up instance (admin key)", &profile},
     Route{"GET", "/admin/instances", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
           "admin API: the instances", &list_instances},
     Route{"POST", "/admin/instances", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
@@ -222,6 +264,12 @@ void RouteTable::dispatch(Surface surface, const Endpoints& endpoints, http::Req
                           http::ResponseWriter writer) const {
   const Lookup found = lookup(surface, request.method, request.path);
   if (found.resource == nullptr) {
+    // routing.pass_through_unknown: a path no route of any listener names goes to one decode.
+    if (surface != Surface::kAdmin && endpoints.proxy != nullptr &&
+        lookup(Surface::kAll, request.method, request.path).resource == nullptr &&
+        endpoints.proxy->pass_through(request, writer)) {
+      return;
+    }
     writer.send(not_found(request));
     return;
   }

@@ -194,6 +194,17 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
               static_cast<double>(cs.expired));
   out.counter("pdrouter_multi_turn_evicted_total",
               "Conversation entries dropped by multi_turn.max_entries / max_bytes", static_cast<double>(cs.evicted));
+  {
+    constexpr std::array<const char*, 5> kClasses{"render", "any_node", "pooling", "audio", "pass_through"};
+    constexpr std::array<const char*, 4> kOutcomes{"relayed", "not_supported", "no_node", "failed"};
+    for (size_t k = 0; k < kClasses.size(); ++k) {
+      for (size_t o = 0; o < kOutcomes.size(); ++o) {
+        out.counter("pdrouter_one_node_requests_total",
+                    "Requests of the one-node endpoints (render, tokenize, pooling, audio, pass-through) by outcome",
+                    value(c.one_node[k][o]), {{"endpoint_class", kClasses[k]}, {"outcome", kOutcomes[o]}});
+      }
+    }
+  }
   out.counter("pdrouter_profile_fanouts_total", "start_profile/stop_profile calls fanned out to every node",
               value(c.profile_fanouts));
   out.counter("pdrouter_upstream_legs_total",

@@ -110,6 +110,8 @@ struct ProxyCounters {
   Counter held_stream_heads{0};       // decode SSE heads held until the first event (retry still possible)
   std::atomic<int64_t> buffered_bytes{0};   // gauge: request bodies + buffered answers (limits.max_buffered_bytes)
   Counter buffered_answers_over_budget{0};  // decode answers failed: buffering them would exceed the budget
+  // One-node endpoints (one_node_relay.h): [OneNodeClass: render, any_node, pooling, audio, pass_through][outcome: relayed, not_supported, no_node, failed].
+  std::array<std::array<Counter, 4>, 5> one_node{};
 
   void transition(RequestState from, RequestState to) {
     transitions[static_cast<size_t>(from)][static_cast<size_t>(to)].fetch_add(1, std::memory_order_relaxed);

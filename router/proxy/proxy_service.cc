@@ -50,6 +50,17 @@ void ProxyService::ready(const http::Request& request, http::ResponseWriter writ
   serve_ready(worker(request.worker), std::move(writer));
 }
 
+void ProxyService::one_node(http::Request& request, http::ResponseWriter writer, OneNodeClass node_class) {
+  serve_one_node(worker(request.worker), request, std::move(writer), node_class);
+}
+
+bool ProxyService::pass_through(http::Request& request, http::ResponseWriter& writer) {
+  WorkerContext& w = worker(request.worker);
+  if (!w.topology()->routing.pass_through_unknown) return false;
+  serve_one_node(w, request, std::move(writer), OneNodeClass::kPassThrough);
+  return true;
+}
+
 void ProxyService::profile(const http::Request& request, http::ResponseWriter writer) {
   serve_profile(worker(request.worker), request, std::move(writer));
 }

@@ -3,6 +3,8 @@
 //   GET  /v1/models                                   a decode's model list, cached briefly
 //   GET  /ready                                       200 only when a compatible pair exists
 //   POST /start_profile, POST /stop_profile           fanned out to every up instance
+//   render, tokenize, pooling endpoints (and unknown paths with routing.pass_through_unknown)
+//                                                     relayed to one node (one_node_relay.h)
 // Admission for P/D requests, in order: 405 (not POST; answered by the route table), 503 (shutting down), 415 (a
 // Content-Type that is not JSON: application/json or application/*+json), 429 with Retry-After
 // (limits.max_concurrent_requests requests already in flight, across all workers). A request
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "http/http_server.h"
+#include "router/proxy/one_node_relay.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr::router::proxy {
@@ -36,6 +39,11 @@ class ProxyService {
   void models(const http::Request& request, http::ResponseWriter writer);
   void ready(const http::Request& request, http::ResponseWriter writer);
   void profile(const http::Request& request, http::ResponseWriter writer);  // both profile paths
+  // The one-node endpoints (render, tokenize, pooling, pass-through): one_node_relay.h.
+  void one_node(http::Request& request, http::ResponseWriter writer, OneNodeClass node_class);
+  // A path no route names: with routing.pass_through_unknown, relayed to one decode (takes the
+  // writer, returns true); off, returns false and leaves the writer (the caller answers 404).
+  bool pass_through(http::Request& request, http::ResponseWriter& writer);
   // Counts a P/D path asked with a wrong method (the route table answers the 405).
   void count_wrong_method() { shared_.counters.refuse(Refusal::kBadPath); }
 

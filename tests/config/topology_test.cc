@@ -344,6 +344,19 @@ instances:
               HasSubstr("unknown key 'enable' in kv_events (did you mean 'enabled'?)"));
 }
 
+TEST(TopologyParse, RoutingSection) {
+  Topology defaults;
+  ASSERT_TRUE(parse("", &defaults).is_ok());
+  EXPECT_FALSE(defaults.routing.pass_through_unknown);
+
+  Topology t;
+  Status s = parse("routing:\n  pass_through_unknown: true\n", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_TRUE(t.routing.pass_through_unknown);
+  EXPECT_THAT(error_of("routing:\n  pass_through: true\n", StatusCode::kInvalidValue),
+              HasSubstr("unknown key 'pass_through' in routing"));
+}
+
 TEST(TopologyParse, UnknownPolicyListsChoices) {
   EXPECT_EQ(error_of("workers: 2\npolicies:\n  decode: fastest\n", StatusCode::kInvalidValue),
             "topo.yaml:3:11: policies.decode: unknown policy 'fastest' (expected round_robin, "

@@ -139,11 +139,17 @@ TEST(RouteTable, AnythingElseUnderAdminIsTheAdminApisOwn404) {
 
 TEST(RouteTable, ListenerPlacement) {
   const std::set<std::string> admin_only = {"/status", "/metrics", "/start_profile", "/stop_profile",
+                                            "/reset_prefix_cache",
                                             "/admin/instances", "/admin/instances/127.0.0.1:8000",
                                             "/admin/instances/127.0.0.1:8000/drain",
                                             "/admin/instances/127.0.0.1:8000/undrain", "/instances/add",
                                             "/admin", "/admin/nothing", "/debug/cache"};
-  const std::set<std::string> client_only = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/ready"};
+  const std::set<std::string> client_only = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/ready",
+                                             // one-node endpoints (router/proxy/one_node_relay.h)
+                                             "/v1/chat/completions/render", "/v1/completions/render", "/tokenize",
+                                             "/detokenize", "/v1/embeddings", "/pooling", "/classify", "/score",
+                                             "/v1/score", "/rerank", "/v1/rerank", "/v1/audio/**",
+                                             "/v1/audio/transcriptions"};
   for (const std::string& path : admin_only) {
     EXPECT_NE(table().lookup(Surface::kAll, "", path).resource, nullptr) << path;
     EXPECT_NE(table().lookup(Surface::kAdmin, "", path).resource, nullptr) << path;

@@ -1,0 +1,60 @@
+// Endpoints served by ONE node, no KV, no P/D (README "Endpoints"): the render endpoints,
+// /tokenize and /detokenize, the pooling and audio endpoints (embeddings, pooling, classify,
+// score, rerank, /v1/audio/*), and unknown paths when routing.pass_through_unknown is on.
+//
+// Which nodes are eligible: a node declares what it serves beyond generation with the label
+// `serves` (kServesLabel), a comma-separated list of kServesRender, kServesPooling, kServesAudio
+// (topology `instances[].labels`, POST /admin/instances, or a pdrouter-format registration:
+// `pdnode register --label serves=pooling`). By OneNodeClass:
+//   kRender      the up nodes that serve "render"; none: every up node (render needs no GPU)
+//   kAnyNode     every up (routable) node, prefill or decode: /tokenize, /detokenize
+//   kPooling     the up nodes that serve "pooling"; none declared: 501 not_supported
+//   kAudio       the up nodes that serve "audio"; none declared: 501 not_supported
+//   kPassThrough decode nodes (routing.pass_through_unknown; off: the route table's 404)
+// 501 is answered only when no node at all (up or not) declares the capability; declared but none
+// up is 503 no_node.
+// While pdrouter drains (shutdown) new requests get 503 shutting_down, as P/D requests do.
+// Among the eligible, the least loaded (pdrouter's in-flight count / dp_size, the number the
+// least_outstanding policy reads; ties rotate from a random start) is picked; the request counts
+// as in flight on it until the answer ends.
+//
+// The request goes out with its method, path (and query), body, Content-Type, Accept, X-Request-Id
+// and Authorization (the client's, else connectors.upstream_api_key). The answer is relayed AS IT
+// ARRIVES: status, Content-Type and the body streamed chunk by chunk (Transfer-Encoding: chunked
+// to the client), with back-pressure: reading from the node pauses while the client has
+// kRelayHighWater bytes queued and resumes on drain, so a large answer (a 1 MB+ render) never sits
+// whole in the router; a client that reads nothing for timeouts.client_write_ms while reading is
+// paused is cut and the node's call closed (pdrouter_client_write_stalls_total). A node's error status is relayed as it is. A node that cannot be reached
+// or fails before its head: 502 (504 on a timeout) OpenAI-style JSON; after the head, the client
+// stream is cut (no terminating chunk), as when the node dies. Each outcome is counted
+// (pdrouter_one_node_requests_total{endpoint,outcome}).
+//
+// Worker thread only.
+#pragma once
+
+#include <string_view>
+
+#include "http/http_message.h"
+#include "http/response_writer.h"
+#include "router/proxy/proxy_shared.h"
+
+namespace pdr::router::proxy {
+
+enum class OneNodeClass { kRender, kAnyNode, kPooling, kAudio, kPassThrough };
+inline constexpr size_t kOneNodeClassCount = 5;
+
+inline constexpr std::string_view kServesLabel = "serves";
+inline constexpr std::string_view kServesRender = "render";
+inline constexpr std::string_view kServesPooling = "pooling";
+inline constexpr std::string_view kServesAudio = "audio";
+
+// True when `labels` has `serves` naming `capability` in its comma-separated list.
+bool serves_capability(const proto::Labels& labels, std::string_view capability);
+
+// The client's queued bytes at which reading from the node pauses.
+inline constexpr size_t kRelayHighWater = 256 * 1024;
+
+void serve_one_node(WorkerContext& worker, http::Request& request, http::ResponseWriter writer,
+                    OneNodeClass node_class);
+
+}  // namespace pdr::router::proxy

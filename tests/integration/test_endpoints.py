@@ -1,0 +1,250 @@
+"""The endpoints that are not P/D (README "How each vLLM endpoint goes through pdrouter"), end to
+end with a real pdrouter and real `pdnode sim` nodes: render, /tokenize and /detokenize to one up
+node (one labelled serves=render first); the pooling and audio endpoints to a node labelled
+serves=pooling / serves=audio, else 501; unknown paths
+404 unless routing.pass_through_unknown; a 1 MB+ render answer relayed without pdrouter holding
+it (its RSS high-water mark does not grow by the answer's size); node failures as 502 / relayed
+statuses. Which node served a request is read from the sims' request logs.
+"""
+import base64
+import json
+import os
+import socket
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pd_fixture import PdCluster  # noqa: E402
+from pdrouter_fixture import Router  # noqa: E402
+from sim_fixture import SimNode  # noqa: E402
+
+MODEL = "sim-model"
+IMAGE_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": [
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    {"type": "text", "text": "What color is this image?"}]}]}
+
+
+def served(nodes, path):
+    """How many requests for `path` each node's log holds."""
+    return [sum(1 for r in n.sim_requests()["requests"] if r["path"] == path) for n in nodes]
+
+
+def proc_status_kb(pid, field):
+    with open("/proc/%d/status" % pid) as f:
+        return int(next(l for l in f if l.startswith(field + ":")).split()[1])
+
+
+class SimAuxEndpoints(unittest.TestCase):
+    """The simulator's side alone: vLLM's answer shapes."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sim = SimNode("--role", "decode", "--connector", "nixl", "--render-feature-bytes", "3000")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sim.stop()
+
+    def test_tokenize_detokenize_round_trip(self):
+        status, body = self.sim.post_json("/tokenize", {"model": MODEL, "prompt": "the quick brown fox",
+                                                        "return_token_strs": True})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["count"], 4)
+        self.assertEqual(body["tokens"], [0, 1, 2, 3])
+        self.assertEqual(body["token_strs"], ["the", "quick", "brown", "fox"])
+        self.assertIn("max_model_len", body)
+        status, body = self.sim.post_json("/detokenize", {"tokens": [0, 1, 2, 3]})
+        self.assertEqual((status, body), (200, {"prompt": "the quick brown fox"}))
+        status, body = self.sim.post_json("/detokenize", {"tokens": ["x"]})
+        self.assertEqual(status, 400, body)
+        status, body = self.sim.post_json("/tokenize", {"model": "other", "prompt": "a"})
+        self.assertEqual(status, 404, body)
+
+    def test_embeddings(self):
+        status, body = self.sim.post_json("/v1/embeddings", {"input": ["a b", "c"]})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["object"], "list")
+        self.assertEqual([d["index"] for d in body["data"]], [0, 1])
+        self.assertEqual(body["data"][0]["object"], "embedding")
+        self.assertEqual(len(body["data"][0]["embedding"]), 8)
+        self.assertEqual(body["usage"]["prompt_tokens"], 3)
+        status, again = self.sim.post_json("/v1/embeddings", {"input": ["a b", "c"]})
+        self.assertEqual(again["data"], body["data"])  # deterministic
+        status, body = self.sim.post_json("/v1/embeddings", {"input": {"x": 1}})
+        self.assertEqual(status, 400, body)
+
+    def test_render_shapes(self):
+        status, body = self.sim.post_json("/v1/chat/completions/render", IMAGE_CHAT)
+        self.assertEqual(status, 200, body)
+        for key in ("request_id", "token_ids", "features", "sampling_params", "kv_transfer_params"):
+            self.assertIn(key, body)
+        self.assertIsNone(body["kv_transfer_params"])
+        features = body["features"]
+        self.assertEqual(len(features["mm_hashes"]["image"]), 1)
+        placeholder = features["mm_placeholders"]["image"][0]
+        self.assertEqual(len(body["token_ids"]), placeholder["offset"] + placeholder["length"])
+        self.assertEqual(len(base64.b64decode(features["kwargs_data"]["image"][0])), 3000)
+        status, body = self.sim.post_json("/v1/completions/render", {"prompt": "the dog"})
+        self.assertEqual(status, 200, body)
+        self.assertIsInstance(body, list)
+        self.assertEqual(len(body), 1)
+        self.assertIsNone(body[0]["features"])
+        self.assertEqual(body[0]["token_ids"], [0, 7])
+
+
+class ThroughPdrouter(unittest.TestCase):
+    def cluster(self, topology=None, prefill_flags=(), decode_flags=()):
+        c = PdCluster("nixl", prefills=1, decodes=1, topology=topology, kv_backends="none",
+                      prefill_flags=prefill_flags, decode_flags=decode_flags)
+        self.addCleanup(c.close)
+        return c
+
+    def test_render_and_tokenize_go_to_one_node(self):
+        c = self.cluster()
+        nodes = c.prefills + c.decodes
+        for path, body in (("/tokenize", {"prompt": "the quick brown fox"}),
+                           ("/detokenize", {"tokens": [0, 1]}),
+                           ("/v1/completions/render", {"prompt": "the dog"}),
+                           ("/v1/chat/completions/render", IMAGE_CHAT)):
+            with self.subTest(path=path):
+                status, headers, raw = c.post(path, body, headers={"X-Request-Id": "rid-1"})
+                self.assertEqual(status, 200, raw)
+                self.assertTrue(headers["content-type"].startswith("application/json"), headers)
+                json.loads(raw)
+                self.assertEqual(sum(served(nodes, path)), 1)
+        self.assertEqual(c.metric('pdrouter_one_node_requests_total{endpoint_class="any_node",'
+                                  'outcome="relayed"}'), 2)
+        self.assertEqual(c.metric('pdrouter_one_node_requests_total{endpoint_class="render",'
+                                  'outcome="relayed"}'), 2)
+        # The node's own answer to a bad request is relayed as it is.
+        status, _, raw = c.post("/tokenize", {"model": "other", "prompt": "x"})
+        self.assertEqual(status, 404, raw)
+        self.assertIn("does not exist", json.loads(raw)["message"])
+
+    def test_render_prefers_a_node_labelled_serves_render(self):
+        c = self.cluster(prefill_flags=("--label", "serves=render"))
+        for _ in range(4):
+            status, _, raw = c.post("/v1/chat/completions/render", IMAGE_CHAT)
+            self.assertEqual(status, 200, raw)
+        self.assertEqual(served(c.prefills, "/v1/chat/completions/render"), [4])
+        self.assertEqual(served(c.decodes, "/v1/chat/completions/render"), [0])
+
+    def test_pooling_is_501_unless_a_node_declares_it(self):
+        c = self.cluster()
+        for path in ("/v1/embeddings", "/pooling", "/classify", "/score", "/rerank",
+                     "/v1/audio/transcriptions"):
+            with self.subTest(path=path):
+                status, _, raw = c.post(path, {"input": "a"})
+                self.assertEqual(status, 501, raw)
+                error = json.loads(raw)["error"]
+                self.assertEqual(error["code"], "not_supported")
+                self.assertIn("serves=", error["message"])
+        self.assertEqual(served(c.prefills + c.decodes, "/v1/embeddings"), [0, 0])
+        self.assertEqual(c.metric('pdrouter_one_node_requests_total{endpoint_class="pooling",'
+                                  'outcome="not_supported"}'), 5)
+
+        c = self.cluster(decode_flags=("--label", "serves=render, pooling"))
+        status, _, raw = c.post("/v1/embeddings", {"input": ["a b", "c"]})
+        self.assertEqual(status, 200, raw)
+        self.assertEqual(len(json.loads(raw)["data"]), 2)
+        self.assertEqual(served(c.prefills, "/v1/embeddings"), [0])
+        self.assertEqual(served(c.decodes, "/v1/embeddings"), [1])
+        status, _, raw = c.post("/v1/audio/transcriptions", {"file": "x"})
+        self.assertEqual(status, 501, raw)  # pooling does not imply audio
+
+    def test_unknown_paths_404_unless_pass_through(self):
+        c = self.cluster()
+        status, _, raw = c.post("/inference/v1/generate", {"token_ids": [1]})
+        self.assertEqual(status, 404, raw)
+        self.assertEqual(served(c.prefills + c.decodes, "/inference/v1/generate"), [0, 0])
+
+        c = self.cluster(topology="routing:\n  pass_through_unknown: true\n")
+        status, _, raw = c.request("GET", "/some/unknown?x=1")
+        self.assertEqual(status, 404, raw)  # the decode's own 404, relayed
+        self.assertEqual(served(c.prefills, "/some/unknown"), [0])
+        log = c.decodes[0].sim_requests()["requests"]
+        self.assertTrue(any(r["path"] == "/some/unknown" for r in log), log)
+        # Paths pdrouter routes itself are never passed through.
+        status, _, _ = c.get("/v1/models")
+        self.assertEqual(status, 200)
+        self.assertEqual(c.metric('pdrouter_one_node_requests_total{endpoint_class="pass_through",'
+                                  'outcome="relayed"}'), 1)
+
+    def test_node_failures(self):
+        c = self.cluster()
+        for node in c.prefills + c.decodes:
+            node.set_fault(path="/tokenize", status=503, count=-1)
+        status, _, raw = c.post("/tokenize", {"prompt": "a"})
+        self.assertEqual(status, 503, raw)  # the node's error, relayed
+        for node in c.prefills + c.decodes:
+            node.clear_faults()
+            node.set_fault(path="/tokenize", close_immediately=True, count=-1)
+        status, _, raw = c.post("/tokenize", {"prompt": "a"})
+        self.assertEqual(status, 502, raw)
+        self.assertEqual(json.loads(raw)["error"]["code"], "upstream_failed")
+        self.assertGreaterEqual(c.metric('pdrouter_one_node_requests_total{endpoint_class="any_node",'
+                                         'outcome="failed"}'), 1)
+
+    def test_large_render_answer_is_streamed_not_held(self):
+        feature_bytes = 12 << 20  # base64: 16 MiB of answer
+        c = PdCluster("nixl", prefills=1, decodes=1, kv_backends="none",
+                      prefill_flags=("--render-feature-bytes", str(feature_bytes)),
+                      decode_flags=("--render-feature-bytes", str(feature_bytes)))
+        self.addCleanup(c.close)
+        pid = c.router.process.proc.pid
+        before = proc_status_kb(pid, "VmRSS")
+        status, headers, raw = c.post("/v1/chat/completions/render", IMAGE_CHAT, timeout=60)
+        self.assertEqual(status, 200)
+        self.assertEqual(headers.get("transfer-encoding"), "chunked")
+        answer = json.loads(raw)
+        blob = answer["features"]["kwargs_data"]["image"][0]
+        self.assertEqual(len(base64.b64decode(blob)), feature_bytes)
+        grown_kb = proc_status_kb(pid, "VmHWM") - before
+        self.assertLess(grown_kb * 1024, len(raw) // 4,
+                        "pdrouter's peak RSS grew by %d kB for a %d byte answer" % (grown_kb, len(raw)))
+
+    def test_a_client_that_does_not_read_is_cut_after_client_write_ms(self):
+        feature_bytes = 12 << 20
+        c = PdCluster("nixl", prefills=1, decodes=1, kv_backends="none",
+                      topology="timeouts:\n  client_write_ms: 300\n",
+                      prefill_flags=("--render-feature-bytes", str(feature_bytes)),
+                      decode_flags=("--render-feature-bytes", str(feature_bytes)))
+        self.addCleanup(c.close)
+        host, port = c.router.http.rsplit(":", 1)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(sock.close)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        body = json.dumps(IMAGE_CHAT).encode()
+        sock.sendall(b"POST /v1/chat/completions/render HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        # Nothing is read: reading from the node pauses, then the stall deadline cuts the client.
+        c.router.wait_for(lambda: c.metric("pdrouter_client_write_stalls_total") >= 1, timeout=20)
+        c.router.wait_for(lambda: c.metric('pdrouter_one_node_requests_total{endpoint_class="render",'
+                                           'outcome="failed"}') == 1, timeout=5)
+
+
+class ResetPrefixCache(unittest.TestCase):
+    """POST /reset_prefix_cache: fanned out to every up node, admin key only (like /start_profile)."""
+
+    def test_fan_out_with_the_admin_key(self):
+        nodes = [SimNode(), SimNode()]
+        for node in nodes:
+            self.addCleanup(node.stop)
+        router = Router("admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\nconnectors:\n  default: nixl\n"
+                        "instances:\n  - {role: prefill, http_address: \"%s\"}\n"
+                        "  - {role: decode, http_address: \"%s\"}\n"
+                        % (nodes[0].http_address, nodes[1].http_address),
+                        env={"PDR_TEST_ADMIN_KEY": "k-123"})
+        self.addCleanup(router.stop)
+        code, _, raw = router.request("POST", "/reset_prefix_cache")
+        self.assertEqual(code, 401, raw)
+        self.assertEqual(served(nodes, "/reset_prefix_cache"), [0, 0])
+        code, _, raw = router.request("POST", "/reset_prefix_cache", headers={"Authorization": "Bearer k-123"})
+        self.assertEqual(code, 200, raw)
+        self.assertEqual(len(json.loads(raw)["results"]), 2)
+        self.assertEqual(served(nodes, "/reset_prefix_cache"), [1, 1])
+
+
+if __name__ == "__main__":
+    unittest.main()
