@@ -44,7 +44,8 @@ class SimKvEventsPublisher::Impl {
     try {
       context_ = std::make_unique<zmq::context_t>(1);
       for (uint32_t r = 0; r < options_.ranks; ++r) {
-        Rank rank;
+        // Kept in ranks_ at once, so a failure below closes every socket before the context.
+        Rank& rank = ranks_.emplace_back();
         rank.pub = zmq::socket_t(*context_, zmq::socket_type::pub);
         rank.pub.set(zmq::sockopt::linger, 0);
         rank.pub.set(zmq::sockopt::sndhwm, options_.sndhwm);
@@ -59,7 +60,6 @@ class SimKvEventsPublisher::Impl {
           }
           if (!bind(*rank.router, *options_.replay_port, r, &replay_port_)) return out_of_ports();
         }
-        ranks_.push_back(std::move(rank));
       }
     } catch (const zmq::error_t& e) {
       ranks_.clear();
@@ -87,15 +87,13 @@ class SimKvEventsPublisher::Impl {
   void stop() {
     if (!thread_.joinable()) return;
     {
+      // No publish() gets past its check (nor touches wake_fd_) from here on.
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
+      running_ = false;
     }
     wake();
     thread_.join();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      running_ = false;
-    }
     ranks_.clear();
     context_.reset();
     ::close(wake_fd_);
@@ -115,8 +113,8 @@ class SimKvEventsPublisher::Impl {
         return;
       }
       queue_.push_back({rank, std::move(payload)});
+      wake();  // under mu_: stop() closes wake_fd_ only after running_ is false
     }
-    wake();
   }
 
   void withhold(uint32_t batches) {
