@@ -174,6 +174,52 @@ class SimKvEventsTest(unittest.TestCase):
         self.assertEqual(generations(node)[-1], (tokens, 0))
 
 
+class SimKvEventsDpTest(unittest.TestCase):
+    def test_each_dp_rank_has_its_cache_and_publisher(self):
+        router = Router(TOPOLOGY, env=ENV)
+        self.addCleanup(router.dir.cleanup)
+        self.addCleanup(router.stop)
+        node = SimNode("--role", "prefill", "--connector", "nixl", "--dp-size", "2",
+                       "--register", router.discovery, "--register-interval-ms", "200",
+                       "--kv-events-endpoint", "tcp://127.0.0.1:0")
+        self.addCleanup(node.stop)
+        router.wait_for(lambda: ((router.instance(node.http_address) or {}).get("kv_events") or {})
+                        .get("subscribed_ranks") == 2, WAIT_S)
+
+        def send(rank, tokens):
+            status, body = node.post_json("/v1/completions", {"prompt": tokens, "max_tokens": 1},
+                                          {"X-data-parallel-rank": str(rank)})
+            self.assertEqual(status, 200, body)
+            return generations(node)[-1][1]
+
+        def indexed(tokens):
+            query = ",".join(str(t) for t in tokens)
+            code, _, body = router.request("GET", f"/debug/cache?tokens={query}", headers=AUTH,
+                                           admin=True)
+            return code == 200 and any(n["node"] == node.http_address
+                                       for n in json.loads(body)["nodes"])
+
+        # Rank 1 publishes on PORT + 1: probe until the router's SUB socket is connected.
+        deadline = time.monotonic() + WAIT_S * TIME_SCALE
+        seed = 0
+        while True:
+            seed += 1
+            tokens = prompt(500 + seed, BLOCK + 1)
+            send(1, tokens)
+            try:
+                router.wait_for(lambda: indexed(tokens), 0.5)
+                break
+            except AssertionError:
+                self.assertLess(time.monotonic(), deadline, "rank 1's events never arrived")
+        # Rank 0's cache does not hold what rank 1 computed; rank 1's does.
+        self.assertEqual(send(0, tokens), 0)
+        self.assertEqual(send(1, tokens), BLOCK)
+        status, raw, _ = node.request("GET", "/sim/prefix_cache")
+        ranks = json.loads(raw)["ranks"]
+        self.assertEqual(len(ranks), 2)
+        self.assertGreaterEqual(ranks[1]["hit_tokens"], BLOCK)
+
+
 class SimPrefixCacheTest(unittest.TestCase):
     def test_lru_bound_and_counters(self):
         node = SimNode("--kv-block-tokens", "4", "--prefix-cache-blocks", "2")
