@@ -3,11 +3,14 @@ map and array encodings, replay ROUTER) and register their publishers with a rea
 (kv_events.enabled, policies cache_aware). The router's index fills (GET /debug/cache), token-id
 prompts go to the sims that hold them, the sims' own hit counts go up, a gap is filled by a replay
 and a prefix cache reset (AllBlocksCleared) empties the node's entries."""
+import http.client
 import json
 import re
+import signal
 import time
 import unittest
 
+from pdr_testlib import ProcessHandle, pdnode_path
 from pdrouter_fixture import TIME_SCALE, Router
 from sim_fixture import SimNode
 
@@ -218,6 +221,64 @@ class SimKvEventsDpTest(unittest.TestCase):
         ranks = json.loads(raw)["ranks"]
         self.assertEqual(len(ranks), 2)
         self.assertGreaterEqual(ranks[1]["hit_tokens"], BLOCK)
+
+
+class SimKvEventsRestartTest(unittest.TestCase):
+    """A sim killed and started again on the same HTTP and KV events ports: its sequence numbers
+    start from 0 again, and the router drops what the old process had cached."""
+
+    def start(self, http, events):
+        proc = ProcessHandle([pdnode_path(), "sim", "--http", http, "--role", "prefill",
+                              "--connector", "nixl", "--kv-backends", "none",
+                              "--register", self.router.discovery, "--register-interval-ms", "200",
+                              "--kv-events-endpoint", events], name="pdnode-sim")
+        self.addCleanup(proc.stop)
+        line = proc.wait_for_line(r"pdnode sim listening http=", 10 * TIME_SCALE, streams=("stdout",))
+        self.assertIsNotNone(line, proc.output())
+        return (proc, re.search(r"http=(\S+)", line).group(1),
+                re.search(r" kv_events=(\S+)", line).group(1))
+
+    def send_until_indexed(self, address, seed):
+        """Sends fresh prompts straight to the sim until the router indexes one; returns it."""
+        deadline = time.monotonic() + WAIT_S * TIME_SCALE
+        while True:
+            seed += 1
+            tokens = prompt(seed, BLOCK + 1)
+            host, port = address.rsplit(":", 1)
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            conn.request("POST", "/v1/completions", json.dumps({"prompt": tokens, "max_tokens": 1}),
+                         {"Content-Type": "application/json"})
+            self.assertEqual(conn.getresponse().status, 200)
+            conn.close()
+            try:
+                self.router.wait_for(lambda: address in self.indexed(tokens), 0.5)
+                return tokens
+            except AssertionError:
+                self.assertLess(time.monotonic(), deadline, "the sim's events never arrived")
+
+    def indexed(self, tokens):
+        query = ",".join(str(t) for t in tokens)
+        code, _, body = self.router.request("GET", f"/debug/cache?tokens={query}", headers=AUTH,
+                                            admin=True)
+        self.assertEqual(code, 200, body)
+        return {n["node"] for n in json.loads(body)["nodes"]}
+
+    def test_a_restarted_publisher_drops_the_old_entries(self):
+        self.router = Router(TOPOLOGY, env=ENV)
+        self.addCleanup(self.router.dir.cleanup)
+        self.addCleanup(self.router.stop)
+        old, address, events = self.start("127.0.0.1:0", "tcp://127.0.0.1:0")
+        before = self.send_until_indexed(address, 600)
+        old.send_signal(signal.SIGKILL)  # SIGKILL: no goodbye, the registration lives on
+        self.assertIsNotNone(old.wait(5 * TIME_SCALE))
+        self.start(address, events)
+        after = self.send_until_indexed(address, 700)
+        self.assertNotIn(address, self.indexed(before))
+        self.assertIn(address, self.indexed(after))
+        metrics = self.router.metrics()
+        restarts = (metrics.get("pdrouter_kv_events_publisher_restarts_total", 0) +
+                    metrics.get("pdrouter_kv_events_node_restarts_total", 0))
+        self.assertGreaterEqual(restarts, 1, metrics)
 
 
 class SimPrefixCacheTest(unittest.TestCase):
