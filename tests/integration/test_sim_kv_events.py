@@ -313,6 +313,15 @@ class SimPrefixCacheTest(unittest.TestCase):
         status, raw, _ = node.request("POST", "/sim/prefix_cache", {"withhold_batches": 1})
         self.assertEqual(status, 400, raw)  # no publisher
         self.assertIn(b"withhold_batches", raw)
+        for flags in (["--kv-events-encoding", "json"],
+                      ["--kv-events-replay-endpoint", "tcp://127.0.0.1:0"],
+                      ["--kv-events-endpoint", "udp://127.0.0.1:0"],
+                      ["--kv-events-endpoint", "tcp://127.0.0.1:0",
+                       "--kv-events-replay-endpoint", "tcp://127.0.0.2:0"]):
+            proc = ProcessHandle([pdnode_path(), "sim", "--kv-backends", "none", *flags],
+                                 name="pdnode-sim")
+            self.assertEqual(proc.wait(10 * TIME_SCALE), 2, (flags, proc.output()))
+            self.assertIn("--kv-events", proc.output())
 
 
 if __name__ == "__main__":
