@@ -307,6 +307,24 @@ class SimPrefixCacheTest(unittest.TestCase):
         node.post_json("/v1/completions", {"prompt": text, "max_tokens": 1})
         self.assertEqual(generations(node)[-1], (text, 8))
 
+    def test_prefill_time_is_paid_on_uncached_tokens_only(self):
+        node = SimNode("--prefill-us-per-token", "5000", "--decode-us-per-token", "100")
+        self.addCleanup(node.stop)
+        tokens = prompt(3, 10 * BLOCK)
+
+        def timed():
+            started = time.monotonic()
+            status, body = node.post_json("/v1/completions", {"prompt": tokens, "max_tokens": 1})
+            self.assertEqual(status, 200, body)
+            return time.monotonic() - started
+
+        first = timed()   # 160 tokens x 5 ms
+        second = timed()  # 9 blocks cached: 16 tokens x 5 ms
+        self.assertEqual([k for _, k in generations(node)], [0, 9 * BLOCK])
+        self.assertGreaterEqual(first, 0.8)
+        # 0.72 s less simulated work; a loaded machine adds about as much to both.
+        self.assertLess(second + 0.3, first, (first, second))
+
     def test_bad_flags_and_controls_are_refused(self):
         node = SimNode()
         self.addCleanup(node.stop)
