@@ -17,8 +17,9 @@ SimCacheModel::SimCacheModel(const SimCacheOptions& options,
     : options_(options), publisher_(std::move(publisher)) {
   options_.ranks = std::max<uint32_t>(1, options_.ranks);
   for (uint32_t r = 0; r < options_.ranks; ++r) {
-    caches_.push_back(
-        std::make_unique<SimPrefixCache>(options_.block_tokens, options_.capacity_blocks));
+    auto rank = std::make_unique<Rank>();
+    rank->cache = std::make_unique<SimPrefixCache>(options_.block_tokens, options_.capacity_blocks);
+    ranks_.push_back(std::move(rank));
   }
 }
 
@@ -27,8 +28,10 @@ SimCacheModel::~SimCacheModel() {
 }
 
 PrefixCacheUpdate SimCacheModel::on_prompt(uint32_t rank, const std::vector<uint32_t>& tokens) {
-  if (rank >= caches_.size()) rank = 0;
-  PrefixCacheUpdate update = caches_[rank]->process(tokens);
+  if (rank >= ranks_.size()) rank = 0;
+  Rank& r = *ranks_[rank];
+  std::lock_guard<std::mutex> lock(r.order);
+  PrefixCacheUpdate update = r.cache->process(tokens);
   if (publisher_ && !update.changes.empty()) {
     publisher_->publish(rank, encode_sim_kv_batch(unix_seconds_now(), rank, options_.encoding,
                                                   options_.block_tokens, update.changes));
@@ -37,8 +40,9 @@ PrefixCacheUpdate SimCacheModel::on_prompt(uint32_t rank, const std::vector<uint
 }
 
 void SimCacheModel::reset() {
-  for (uint32_t r = 0; r < caches_.size(); ++r) {
-    caches_[r]->clear();
+  for (uint32_t r = 0; r < ranks_.size(); ++r) {
+    std::lock_guard<std::mutex> lock(ranks_[r]->order);
+    ranks_[r]->cache->clear();
     if (publisher_) {
       publisher_->publish(r, encode_sim_kv_cleared_batch(unix_seconds_now(), r, options_.encoding));
     }
@@ -47,8 +51,8 @@ void SimCacheModel::reset() {
 
 nlohmann::json SimCacheModel::stats_json() const {
   nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& cache : caches_) {
-    const PrefixCacheStats s = cache->stats();
+  for (const auto& rank : ranks_) {
+    const PrefixCacheStats s = rank->cache->stats();
     ranks.push_back({{"blocks", s.blocks},
                      {"queries", s.queries},
                      {"queried_tokens", s.queried_tokens},

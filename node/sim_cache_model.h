@@ -7,11 +7,13 @@
 // changes go out as one batch. reset() empties every rank's cache (vLLM's POST
 // /reset_prefix_cache) and publishes AllBlocksCleared on each.
 //
-// Threads: every method may be called from any worker.
+// Threads: every method may be called from any worker. A rank's cache changes and their batches
+// are serialised under one lock per rank, so batches go out in the order the cache changed.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -45,7 +47,11 @@ class SimCacheModel {
 
  private:
   SimCacheOptions options_;
-  std::vector<std::unique_ptr<SimPrefixCache>> caches_;
+  struct Rank {
+    std::mutex order;  // held across a cache change and queuing its batch
+    std::unique_ptr<SimPrefixCache> cache;
+  };
+  std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<SimKvEventsPublisher> publisher_;
 };
 
