@@ -326,7 +326,7 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
                   "DP rank r binds PORT+r. Advertised in pdrouter-format registrations.")
       ->type_name("tcp://HOST:PORT");
   cmd->add_option("--kv-events-replay-endpoint", f->kv_events_replay_endpoint,
-                  "Also bind vLLM's replay ROUTER socket here (last 10000 batches per rank; same "
+                  "Also bind vLLM's replay ROUTER socket here (last 10000 batches, 64 MiB, per rank; same "
                   "HOST; rank r at PORT+r; port 0: ephemeral).")
       ->type_name("tcp://HOST:PORT");
   cmd->add_option("--kv-events-encoding", f->kv_events_encoding,

@@ -108,10 +108,12 @@ class SimKvEventsPublisher::Impl {
   void publish(uint32_t rank, std::string payload) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!running_ || rank >= options_.ranks || queue_.size() >= options_.max_queue) {
+      if (!running_ || rank >= options_.ranks || queue_.size() >= options_.max_queue ||
+          queue_bytes_ + payload.size() > options_.max_queue_bytes) {
         ++dropped_;
         return;
       }
+      queue_bytes_ += payload.size();
       queue_.push_back({rank, std::move(payload)});
       wake();  // under mu_: stop() closes wake_fd_ only after running_ is false
     }
@@ -138,6 +140,7 @@ class SimKvEventsPublisher::Impl {
     zmq::socket_t pub;
     std::optional<zmq::socket_t> router;
     std::deque<std::pair<uint64_t, std::string>> buffer;  // (seq, payload), oldest first
+    size_t buffer_bytes = 0;
   };
   struct Queued {
     uint32_t rank = 0;
@@ -188,6 +191,7 @@ class SimKvEventsPublisher::Impl {
           std::lock_guard<std::mutex> lock(mu_);
           if (stopping_) return;
           batch.swap(queue_);
+          queue_bytes_ = 0;
         }
         for (Queued& q : batch) send(q.rank, std::move(q.payload));
       }
@@ -210,8 +214,13 @@ class SimKvEventsPublisher::Impl {
         hold = true;
       }
     }
+    rank.buffer_bytes += payload.size();
     rank.buffer.emplace_back(seq, std::move(payload));
-    while (rank.buffer.size() > options_.buffer_steps) rank.buffer.pop_front();
+    while (rank.buffer.size() > options_.buffer_steps ||
+           (rank.buffer.size() > 1 && rank.buffer_bytes > options_.buffer_bytes)) {
+      rank.buffer_bytes -= rank.buffer.front().second.size();
+      rank.buffer.pop_front();
+    }
     if (hold) return;
     const std::string& body = rank.buffer.back().second;
     const std::string seq_frame = proto::encode_kv_event_seq(seq);
@@ -292,6 +301,7 @@ class SimKvEventsPublisher::Impl {
   bool running_ = false;
   bool stopping_ = false;
   std::deque<Queued> queue_;
+  size_t queue_bytes_ = 0;
   uint32_t withhold_ = 0;
   std::vector<uint64_t> next_seq_;
   uint64_t published_ = 0;

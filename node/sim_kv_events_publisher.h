@@ -6,11 +6,11 @@
 // message is three frames [topic, seq (8 bytes big-endian, from 0 per rank), payload]. The
 // ROUTER answers a request [id, "", start_seq (8 bytes)] with [id, "", seq, payload] for every
 // buffered batch with seq >= start_seq, then the end marker [id, "", 0xFF x 8, ""]; the buffer
-// keeps each rank's last `buffer_steps` batches (vLLM's buffer_steps). Requests of another shape
+// keeps each rank's last `buffer_steps` batches (vLLM's buffer_steps), within `buffer_bytes`. Requests of another shape
 // are counted and ignored.
 //
-// publish() never blocks the caller: it queues the payload (bounded by max_queue; beyond it the
-// batch is dropped and counted) and wakes the thread, which numbers it, buffers it for replay and
+// publish() never blocks the caller: it queues the payload (bounded by max_queue and
+// max_queue_bytes; beyond them the batch is dropped and counted) and wakes the thread, which numbers it, buffers it for replay and
 // sends it without waiting (a send the socket refuses is dropped and counted; it stays in the
 // replay buffer, so a subscriber sees a gap it can replay). A dropped-before-numbering batch
 // leaves no gap: subscribers then miss its events silently, as with vLLM's own queue.
@@ -39,7 +39,9 @@ struct SimKvEventsPublisherOptions {
   uint32_t ranks = 1;
   std::string topic;               // vLLM's default: empty
   size_t buffer_steps = 10000;     // batches kept per rank for replay
+  size_t buffer_bytes = 64 << 20;  // and at most these payload bytes per rank
   size_t max_queue = 100000;       // batches waiting for the thread
+  size_t max_queue_bytes = 64 << 20;
   int sndhwm = 100000;             // vLLM's hwm default
 };
 
