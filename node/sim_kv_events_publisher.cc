@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -41,30 +42,23 @@ class SimKvEventsPublisher::Impl {
   Status start(const SimKvEventsPublisherOptions& options) {
     options_ = options;
     options_.ranks = std::max<uint32_t>(1, options_.ranks);
-    try {
-      context_ = std::make_unique<zmq::context_t>(1);
-      for (uint32_t r = 0; r < options_.ranks; ++r) {
-        // Kept in ranks_ at once, so a failure below closes every socket before the context.
-        Rank& rank = ranks_.emplace_back();
-        rank.pub = zmq::socket_t(*context_, zmq::socket_type::pub);
-        rank.pub.set(zmq::sockopt::linger, 0);
-        rank.pub.set(zmq::sockopt::sndhwm, options_.sndhwm);
-        if (options_.host.find(':') != std::string::npos) rank.pub.set(zmq::sockopt::ipv6, 1);
-        if (!bind(rank.pub, options_.port, r, &port_)) return out_of_ports();
-        if (options_.replay_port) {
-          rank.router = zmq::socket_t(*context_, zmq::socket_type::router);
-          rank.router->set(zmq::sockopt::linger, 0);
-          rank.router->set(zmq::sockopt::maxmsgsize, kMaxReplayRequestBytes);
-          if (options_.host.find(':') != std::string::npos) {
-            rank.router->set(zmq::sockopt::ipv6, 1);
-          }
-          if (!bind(*rank.router, *options_.replay_port, r, &replay_port_)) return out_of_ports();
-        }
+    context_ = std::make_unique<zmq::context_t>(1);
+    // With ephemeral base ports, rank r's PORT + r may be taken (or beyond 65535): try other
+    // base ports. A fixed port is not retried (its socket may not be released yet).
+    const bool ephemeral =
+        options_.port == 0 && (!options_.replay_port || *options_.replay_port == 0);
+    const int attempts = ephemeral && options_.ranks > 1 ? 32 : 1;
+    for (int attempt = 1;; ++attempt) {
+      try {
+        if (bind_all()) break;
+        if (attempt >= attempts) return out_of_ports();
+        ranks_.clear();
+      } catch (const zmq::error_t& e) {
+        ranks_.clear();
+        if (e.num() == EADDRINUSE && attempt < attempts) continue;
+        context_.reset();
+        return Status(StatusCode::kIoError, std::string("KV events publisher: ") + e.what());
       }
-    } catch (const zmq::error_t& e) {
-      ranks_.clear();
-      context_.reset();
-      return Status(StatusCode::kIoError, std::string("KV events publisher: ") + e.what());
     }
     next_seq_.assign(options_.ranks, 0);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -75,6 +69,27 @@ class SimKvEventsPublisher::Impl {
     }
     thread_ = std::thread([this] { run(); });
     return Status::ok();
+  }
+
+  // Binds every rank's sockets, kept in ranks_ at once so a failure closes them all before the
+  // context. False when a rank's port would be beyond 65535; throws zmq::error_t.
+  bool bind_all() {
+    for (uint32_t r = 0; r < options_.ranks; ++r) {
+      Rank& rank = ranks_.emplace_back();
+      rank.pub = zmq::socket_t(*context_, zmq::socket_type::pub);
+      rank.pub.set(zmq::sockopt::linger, 0);
+      rank.pub.set(zmq::sockopt::sndhwm, options_.sndhwm);
+      if (options_.host.find(':') != std::string::npos) rank.pub.set(zmq::sockopt::ipv6, 1);
+      if (!bind(rank.pub, options_.port, r, &port_)) return false;
+      if (options_.replay_port) {
+        rank.router = zmq::socket_t(*context_, zmq::socket_type::router);
+        rank.router->set(zmq::sockopt::linger, 0);
+        rank.router->set(zmq::sockopt::maxmsgsize, kMaxReplayRequestBytes);
+        if (options_.host.find(':') != std::string::npos) rank.router->set(zmq::sockopt::ipv6, 1);
+        if (!bind(*rank.router, *options_.replay_port, r, &replay_port_)) return false;
+      }
+    }
+    return true;
   }
 
   Status out_of_ports() {

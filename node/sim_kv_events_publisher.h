@@ -2,7 +2,7 @@
 // shared/API_FACTS.md 2.1) for `pdnode sim`, one per DP rank, on a thread of its own.
 //
 // Sockets: rank r binds a PUB on tcp://HOST:PORT+r (PORT 0: rank 0 takes an ephemeral port and
-// the other ranks follow it) and, with a replay port, a ROUTER on tcp://HOST:REPLAY+r. Each
+// the other ranks follow it; when one of those is taken, another ephemeral base is tried) and, with a replay port, a ROUTER on tcp://HOST:REPLAY+r. Each
 // message is three frames [topic, seq (8 bytes big-endian, from 0 per rank), payload]. The
 // ROUTER answers a request [id, "", start_seq (8 bytes)] with [id, "", seq, payload] for every
 // buffered batch with seq >= start_seq, then the end marker [id, "", 0xFF x 8, ""]; the buffer
