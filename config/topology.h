@@ -163,6 +163,29 @@ struct Topology {
     uint32_t max_index_entries = 4'000'000;  // BlockIndex budget, (node rank, block) entries
   } kv_events;
 
+  // Conditional disaggregation (router/proxy/decode_alone.h): a request is sent to its decode
+  // alone, without a prefill leg, when its prompt is short (at most max_prompt_tokens; text
+  // prompts count 4 bytes of JSON text as a token) or when the chosen decode already holds at
+  // least min_cached_percent of it (cache_aware's lookup). Only for dialects whose decode can
+  // compute a prompt itself (NIXL, MoRIIO READ). 0 turns a condition off.
+  struct ConditionalDisaggregation {
+    bool enabled = false;
+    uint32_t max_prompt_tokens = 0;
+    uint32_t min_cached_percent = 0;
+  } conditional_disaggregation;
+
+  // Multi-turn KV reuse (router/proxy/conversation_cache.h; NIXL with bidirectional_kv_xfer on
+  // the nodes): a request's top-level "conversation_id" is removed from its legs, the decode's
+  // final kv_transfer_params are kept for the conversation (single use, for ttl), and the next
+  // turn goes to that decode with a prefill that pulls the decode's blocks instead of recomputing.
+  struct MultiTurn {
+    bool enabled = false;
+    // Below the decode's block lease (vLLM decoder_kv_blocks_ttl, 480 s by default).
+    std::chrono::milliseconds ttl{450'000};
+    uint32_t max_entries = 100'000;
+    uint32_t max_bytes = 64u << 20;  // of cached kv_transfer_params and keys
+  } multi_turn;
+
   std::vector<StaticInstance> static_instances;
 };
 

@@ -306,6 +306,23 @@ Status read_kv_events(const Source& src, const Field& f, Topology::KvEvents* out
   return r.finish();
 }
 
+Status read_conditional_disaggregation(const Source& src, const Field& f, Topology::ConditionalDisaggregation* out) {
+  MapReader r(src, f);
+  r.boolean("enabled", &out->enabled);
+  r.u32("max_prompt_tokens", 0, 1u << 24, &out->max_prompt_tokens);
+  r.u32("min_cached_percent", 0, 100, &out->min_cached_percent);
+  return r.finish();
+}
+
+Status read_multi_turn(const Source& src, const Field& f, Topology::MultiTurn* out) {
+  MapReader r(src, f);
+  r.boolean("enabled", &out->enabled);
+  r.ms("ttl_ms", 1000, kDayMs, &out->ttl);
+  r.u32("max_entries", 1, 1u << 24, &out->max_entries);
+  r.u32("max_bytes", 1u << 16, 1u << 31, &out->max_bytes);
+  return r.finish();
+}
+
 Status read_admin(const Source& src, const Field& f, Topology::Admin* out) {
   MapReader r(src, f);
   read_env_secret(src, r, "api_key_env", &out->api_key_env, &out->api_key);
@@ -489,6 +506,10 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   r.with("limits", [&](const Field& f) { return read_limits(src, f, &t.limits); });
   r.with("admin", [&](const Field& f) { return read_admin(src, f, &t.admin); });
   r.with("kv_events", [&](const Field& f) { return read_kv_events(src, f, &t.kv_events); });
+  r.with("multi_turn", [&](const Field& f) { return read_multi_turn(src, f, &t.multi_turn); });
+  r.with("conditional_disaggregation", [&](const Field& f) {
+    return read_conditional_disaggregation(src, f, &t.conditional_disaggregation);
+  });
   // After connectors: instance defaults come from there.
   r.with("instances",
          [&](const Field& f) { return read_instances(src, f, t.connectors, &t.static_instances); });

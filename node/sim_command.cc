@@ -187,6 +187,7 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   out->model = f.model;
   out->max_model_len = f.max_model_len;
   out->prefill_us_per_token = f.prefill_us_per_token;
+  out->bidirectional_kv_xfer = f.bidirectional_kv_xfer;
   out->decode_us_per_token = f.decode_us_per_token;
   if (f.bootstrap_port >= 0) {
     if (dialect->bootstrap_query == nullptr || node.role != proto::Role::kPrefill) {
@@ -332,6 +333,11 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   cmd->add_option("--kv-events-encoding", f->kv_events_encoding,
                   "Event encoding: map (vLLM >= 0.26, tagged by \"type\") or array (older vLLM).")
       ->capture_default_str()->type_name("map|array");
+  cmd->add_flag("--bidirectional-kv-xfer", f->bidirectional_kv_xfer,
+                "NIXL decode: end each answer with kv_transfer_params for the conversation's next "
+                "turn (vLLM's kv_connector_extra_config.bidirectional_kv_xfer: the JSON answer's "
+                "field, or a last stream chunk before [DONE]). The block ids are synthetic: no "
+                "prefill pulls them from a sim.");
   add_log_level_option(cmd, &f->log_level);
   cmd->footer(
       "Fault injection (tests only): POST /sim/faults with a JSON object queues a fault for the\n"

@@ -232,6 +232,14 @@ std::string sse_token_chunk(const GenerationRequest& req, const std::string& id,
   return sse(chunk);
 }
 
+std::string sse_kv_params_chunk(const GenerationRequest& req, const std::string& id, int64_t created,
+                                const json& kv_params) {
+  json chunk = base_object(req, id, created, chunk_object(req));
+  chunk["choices"] = json::array();
+  chunk["kv_transfer_params"] = kv_params;
+  return sse(chunk);
+}
+
 std::string sse_usage_chunk(const GenerationRequest& req, const std::string& id, int64_t created,
                             uint32_t completion_tokens) {
   json chunk = base_object(req, id, created, chunk_object(req));

@@ -63,6 +63,10 @@ std::string full_response(const GenerationRequest& req, const std::string& id, i
 std::string sse_role_chunk(const GenerationRequest& req, const std::string& id, int64_t created);
 std::string sse_token_chunk(const GenerationRequest& req, const std::string& id, int64_t created,
                             const std::string& token, const std::string* finish_reason);
+// A last chunk with no choices carrying the decode's kv_transfer_params (vLLM's streamed
+// kv_transfer_params for bidirectional NIXL).
+std::string sse_kv_params_chunk(const GenerationRequest& req, const std::string& id, int64_t created,
+                                const nlohmann::json& kv_params);
 std::string sse_usage_chunk(const GenerationRequest& req, const std::string& id, int64_t created,
                             uint32_t completion_tokens);
 inline constexpr const char* kSseDone = "data: [DONE]\n\n";

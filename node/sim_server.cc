@@ -531,8 +531,15 @@ void SimServer::Impl::finish(Generation& g) {
       if (block_ids.empty()) block_ids = synthetic_block_ids(internal_id, g.req.prompt_tokens);
       kv_params = dialect->prefill_answer(options.node, g.kv, internal_id, block_ids);
     }
+  } else if (options.bidirectional_kv_xfer && options.node.connector == proto::Connector::kNixl &&
+             options.node.role == proto::Role::kDecode) {
+    // The blocks this decode keeps for the next turn: the same NIXL fields a prefill answers.
+    const std::string internal_id = internal_request_id(g.req.kind, g.request_id);
+    kv_params = dialect->prefill_answer(options.node, g.kv, internal_id,
+                                        synthetic_block_ids(internal_id, g.req.prompt_tokens));
   }
   if (g.req.stream) {
+    if (!kv_params.is_null()) g.writer.write(sse_kv_params_chunk(g.req, g.response_id, g.created, kv_params));
     if (g.req.include_usage) {
       g.writer.write(sse_usage_chunk(g.req, g.response_id, g.created,
                                      static_cast<uint32_t>(g.tokens.size())));

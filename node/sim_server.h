@@ -84,6 +84,9 @@ struct SimOptions {
   // The prefix caches (and KV events publisher). Null: the server makes one per DP rank with
   // SimCacheOptions' defaults and no publisher.
   std::shared_ptr<SimCacheModel> cache;
+  // NIXL decode: end each answer with kv_transfer_params naming the blocks it keeps for the
+  // conversation's next turn (vLLM's bidirectional_kv_xfer; the last stream chunk carries them).
+  bool bidirectional_kv_xfer = false;
 };
 
 class SimServer {

@@ -81,6 +81,21 @@ PairScratch& pair_scratch() {
   return s;
 }
 
+// The class holding the query's preferred decode when it is a usable candidate (not ejected);
+// null otherwise.
+const PairScratch::Class* preferred_class(const PairScratch& sc, const PairQuery& q) {
+  if (q.preferred_decode.empty()) return nullptr;
+  for (const PairScratch::Class& c : sc.classes) {
+    for (size_t i = c.decodes_begin; i < c.prefills_begin; ++i) {
+      const Instance& d = **sc.members[i];
+      if (d.key != q.preferred_decode) continue;
+      if (q.now != discovery::Clock::time_point{} && ejected(*d.liveness, q.now)) return nullptr;
+      return &c;
+    }
+  }
+  return nullptr;
+}
+
 const InstancePtr* pick(std::vector<const InstancePtr*>& pool, Policy& policy, const RequestSummary& summary,
                         std::vector<Candidate>& candidates) {
   candidates.clear();
@@ -174,6 +189,18 @@ Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefil
   if (sc.classes.size() > 1) {
     std::sort(sc.pool.begin(), sc.pool.end(),
               [](const InstancePtr* a, const InstancePtr* b) { return (*a)->key < (*b)->key; });
+  }
+  if (const PairScratch::Class* c = preferred_class(sc, q)) {
+    // The preferred decode's class only: its prefills, and that decode.
+    sc.pool.clear();
+    const auto prefills = range(c->prefills_begin, c->prefills_end);
+    sc.pool.assign(prefills.begin(), prefills.end());
+    prefer_not_ejected(sc.pool, q.now);
+    out->prefill = *pick(sc.pool, prefill_policy, q.summary, sc.candidates);
+    for (size_t i = c->decodes_begin; i < c->prefills_begin; ++i) {
+      if ((*sc.members[i])->key == q.preferred_decode) out->decode = *sc.members[i];
+    }
+    return Status::ok();
   }
   prefer_not_ejected(sc.pool, q.now);
   const InstancePtr* prefill = pick(sc.pool, prefill_policy, q.summary, sc.candidates);

@@ -48,6 +48,10 @@ struct PairQuery {
   RequestSummary summary;                           // affinity key, if any
   discovery::Clock::time_point now{};               // for ejections; the epoch: ignore them
   size_t* visited = nullptr;  // when set, incremented per instance examined (tests: cost bound)
+  // A decode to use when it is usable (routable, not excluded, not ejected, serving the model,
+  // with a compatible prefill): the one holding a conversation's KV (multi_turn). Empty, or not
+  // usable: the decode policy picks.
+  std::string_view preferred_decode;
 };
 
 struct Pair {

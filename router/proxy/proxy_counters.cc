@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "base/metrics_writer.h"
+#include "router/proxy/conversation_cache.h"
 
 namespace pdr::router::proxy {
 
@@ -62,6 +63,7 @@ constexpr std::pair<S, S> kLegalTransitions[] = {
     {S::kAccepted, S::kPaired},        {S::kAccepted, S::kFailed},
     {S::kAccepted, S::kCancelled},     {S::kPaired, S::kPrefillSent},
     {S::kPaired, S::kFailed},          {S::kPaired, S::kCancelled},
+    {S::kPaired, S::kDecodeSent},  // conditional disaggregation: the decode alone
     {S::kPrefillSent, S::kPrefillDone}, {S::kPrefillSent, S::kDecodeSent},
     {S::kPrefillSent, S::kPaired},     {S::kPrefillSent, S::kDone},
     {S::kPrefillSent, S::kFailed},     {S::kPrefillSent, S::kCancelled},
@@ -164,6 +166,34 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
                   value(cr.prompt_units[l][source]), {{"leg", leg_name}, {"source", source_name}});
     }
   }
+  for (size_t r = 0; r < c.decode_alone.size(); ++r) {
+    out.counter("pdrouter_decode_alone_total",
+                "Requests sent to the decode alone, without a prefill leg (conditional_disaggregation), by reason",
+                value(c.decode_alone[r]), {{"reason", r == 0 ? "short_prompt" : "cached"}});
+  }
+  const auto& mt = c.multi_turn;
+  for (const auto& [result, counter] : {std::pair<const char*, const ProxyCounters::Counter*>{"reused", &mt.reused},
+                                        {"no_entry", &mt.no_entry},
+                                        {"decode_unavailable", &mt.decode_unavailable}}) {
+    out.counter("pdrouter_multi_turn_turns_total",
+                "Requests with a conversation_id (multi_turn.enabled), by whether they reused the last turn's "
+                "decode KV",
+                value(*counter), {{"result", result}});
+  }
+  out.counter("pdrouter_multi_turn_stored_total", "Conversation entries stored from a decode's final kv_transfer_params",
+              value(mt.stored));
+  out.counter("pdrouter_multi_turn_no_params_total",
+              "Turns that ended well without usable kv_transfer_params from the decode (nothing stored)",
+              value(mt.no_params));
+  const ConversationCache::Stats cs = c.conversations != nullptr ? c.conversations->stats() : ConversationCache::Stats{};
+  out.gauge("pdrouter_multi_turn_entries", "Conversation entries held (multi_turn.max_entries)",
+            static_cast<double>(cs.entries));
+  out.gauge("pdrouter_multi_turn_bytes", "Bytes of conversation entries held (multi_turn.max_bytes)",
+            static_cast<double>(cs.bytes));
+  out.counter("pdrouter_multi_turn_expired_total", "Conversation entries dropped after multi_turn.ttl_ms",
+              static_cast<double>(cs.expired));
+  out.counter("pdrouter_multi_turn_evicted_total",
+              "Conversation entries dropped by multi_turn.max_entries / max_bytes", static_cast<double>(cs.evicted));
   out.counter("pdrouter_profile_fanouts_total", "start_profile/stop_profile calls fanned out to every node",
               value(c.profile_fanouts));
   out.counter("pdrouter_upstream_legs_total",

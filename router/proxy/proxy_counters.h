@@ -17,6 +17,8 @@ class MetricsWriter;
 
 namespace pdr::router::proxy {
 
+class ConversationCache;
+
 // shared/DESIGN.md, "The request state machine".
 enum class RequestState : uint8_t {
   kAccepted,     // parsed and admitted (below the concurrency limit)
@@ -85,6 +87,16 @@ struct ProxyCounters {
   struct CacheRouting {
     std::array<std::array<Counter, 2>, 2> requests{}, hits{}, matched_units{}, prompt_units{};
   } cache_routing;
+  // Multi-turn KV reuse (multi_turn.h): turns that reused the last turn's decode KV, turns whose
+  // conversation had no live entry, entries whose decode could not be paired, entries stored,
+  // and turns that ended without usable kv_transfer_params from the decode.
+  struct MultiTurn {
+    Counter reused{0}, no_entry{0}, decode_unavailable{0}, stored{0}, no_params{0};
+  } multi_turn;
+  // Requests sent to their decode alone (decode_alone.h), by DecodeAloneReason.
+  std::array<Counter, 2> decode_alone{};
+  // The conversation cache whose size /metrics shows; null: none (zeros).
+  const ConversationCache* conversations = nullptr;
   Counter profile_fanouts{0};
   Counter backpressure_pauses{0};     // decode reads paused because the client was slow
   Counter legs_on_new_connection{0};    // legs answered on a freshly connected socket

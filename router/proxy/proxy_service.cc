@@ -27,6 +27,7 @@ ProxyService::ProxyService(const discovery::SnapshotCell<discovery::RegistrySnap
     : server_(server), workers_(workers) {
   shared_.registry = &registry;
   shared_.topology = &topology;
+  shared_.counters.conversations = &shared_.conversations;
 }
 
 ProxyService::~ProxyService() = default;

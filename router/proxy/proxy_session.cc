@@ -13,7 +13,9 @@
 #include "proto/sse_boundary.h"
 #include "http/json_error.h"
 #include "router/proxy/cache_routing.h"
+#include "router/proxy/decode_alone.h"
 #include "router/proxy/ejection.h"
+#include "router/proxy/multi_turn.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/pre_step.h"
 #include "router/proxy/retry_rules.h"
@@ -156,6 +158,8 @@ struct ProxySession::State {
   std::string model;
   RequestSummary summary;
   std::optional<CacheRouting> cache;  // cache_aware only; summary.cache points into it
+  std::optional<MultiTurnRequest> multi_turn;  // multi_turn.enabled and a conversation_id
+  std::optional<DecodeAloneReason> decode_alone;  // this pair's decode serves it alone
 
   Pair pair;
   std::optional<uint32_t> prefill_rank, decode_rank;
@@ -256,6 +260,12 @@ void ProxySession::begin() {
     end(RequestState::kFailed);
     return;
   }
+  if (auto refusal = MultiTurnRequest::begin(body, *s.topo, s.w.shared().conversations, s.w.counters(), &s.multi_turn)) {
+    s.w.counters().refuse(Refusal::kBadParameter);
+    s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
+    end(RequestState::kFailed);
+    return;
+  }
   s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
   s.cache = lookup_cache(body, s.model, *s.topo, s.w.shared());
   if (s.cache) s.summary.cache = &s.cache->hits;
@@ -286,6 +296,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   const auto& snapshot = s.w.registry();
   PolicySet& policies = s.w.policies();
   PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary, discovery::Clock::now()};
+  if (s.multi_turn) query.preferred_decode = s.multi_turn->preferred_decode();
   Pair pair;
   Status st = choose_pair(*snapshot, query, *policies.prefill, *policies.decode, &pair);
   if (!st.is_ok()) {
@@ -309,7 +320,11 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   s.decode_rank = next_dp_rank(*s.pair.decode);
 
   s.dialect = proto::dialect_for(s.pair.prefill->connector, s.pair.prefill->transfer_mode);
-  if (s.dialect == nullptr || s.dialect->pre_step == proto::PreStep::kNone) {
+  s.decode_alone = decode_alone_reason(
+      s.topo->conditional_disaggregation, s.dialect,
+      s.client.get_raw("prompt").value_or(s.client.get_raw("messages").value_or(std::string_view())),
+      s.cache ? &s.cache->hits : nullptr, s.pair.decode->key);
+  if (s.dialect == nullptr || s.dialect->pre_step == proto::PreStep::kNone || s.decode_alone) {
     build_and_send();  // (no dialect: build_legs says why)
     return;
   }
@@ -360,7 +375,18 @@ void ProxySession::build_and_send() {
     }
     return;
   }
+  if (s.multi_turn) s.multi_turn->on_legs_built(s.legs, *s.pair.decode, s.w.counters());
   move_to(RequestState::kPaired);
+  if (s.decode_alone) {
+    // No prefill leg: the decode gets the dialect's plain request and computes the prompt. The
+    // prefill the pair named is released at once (it carries no load of this request).
+    proto::decode_without_kv(s.legs.plan, &s.legs.decode);
+    s.w.counters().bump(s.w.counters().decode_alone[static_cast<size_t>(*s.decode_alone)]);
+    s.pair.prefill->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
+    s.pair.prefill.reset();
+    send_decode();
+    return;
+  }
   send_prefill();
   if (!finished() && s.legs.plan.concurrent) send_decode();
 }
@@ -665,6 +691,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     // Relay whole events only, holding back a partial one, so that an error event added after a
     // failure never lands inside an event (and clients never see half an event first). Event
     // boundaries are any blank line ("\n\n", "\r\r", "\r\n\r\n": proto/sse_boundary.h).
+    if (s.multi_turn) s.multi_turn->on_decode_bytes(chunk);
     std::string_view out = chunk;
     size_t from_tail = 0;  // bytes of sse_tail in `out`, dropped from it once written
     if (!s.stream_started || !s.sse_tail.empty() || chunk.size() < 2 || chunk.substr(chunk.size() - 2) != "\n\n") {
@@ -786,6 +813,10 @@ void ProxySession::on_decode_complete() {
   s.decode_call.reset();
   const int status = s.decode_status;
   if (status >= 200 && status < 300) {
+    if (s.multi_turn) {
+      if (!s.sse) s.multi_turn->on_decode_json(s.decode_body);
+      s.multi_turn->on_done(*s.pair.decode, *s.topo, s.w.shared().conversations, s.w.counters());
+    }
     if (s.sse) {
       if (!s.stream_started && !start_client_stream()) return;
       if (!s.sse_tail.empty()) s.writer.write(s.sse_tail);
@@ -829,7 +860,10 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
   s.tried_decodes.push_back(s.pair.decode->key);
   const uint32_t budget = std::max<uint32_t>(1, s.topo->retries.decode_attempts);
   const uint32_t left = budget > s.decode_attempts ? budget - s.decode_attempts : 0;
-  switch (s.legs.plan.dialect ? decode_retry(*s.legs.plan.dialect, cause, left) : DecodeRetry::kNone) {
+  DecodeRetry retry = s.legs.plan.dialect ? decode_retry(*s.legs.plan.dialect, cause, left) : DecodeRetry::kNone;
+  // A decode serving alone has no prefill to pair another decode with: pair anew.
+  if (retry == DecodeRetry::kDecodeOnly && !s.pair.prefill) retry = DecodeRetry::kWholePair;
+  switch (retry) {
     case DecodeRetry::kNone:
       fail(failure_status(cause), "decode failed: " + s.last_detail, failure_code(Leg::kDecode, cause));
       return;

@@ -3,8 +3,11 @@
 //
 //   ACCEPTED -> PAIRED -> PREFILL_SENT -> PREFILL_DONE -> DECODE_SENT -> STREAMING -> DONE
 //   (concurrent dialects: PREFILL_SENT -> DECODE_SENT at once, the prefill answer is read and
-//   dropped); FAILED and CANCELLED from every state. Every transition is counted
-//   (ProxyCounters::transitions).
+//   dropped; conditional disaggregation, decode_alone.h: PAIRED -> DECODE_SENT, the decode
+//   alone with the dialect's no-KV request, the pair's prefill released, a decode failure
+//   re-pairing); FAILED and CANCELLED from every state. Every transition is counted
+//   (ProxyCounters::transitions). Multi-turn KV reuse (multi_turn.h) steers pairing to the
+//   conversation's decode and edits the built legs; it adds no state.
 //
 // What each event does, in every state:
 //  - client disconnect: every open leg is closed at once (that is how vLLM aborts a request and

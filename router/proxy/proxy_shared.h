@@ -23,6 +23,7 @@
 #include "config/topology.h"
 #include "http/upstream_client.h"
 #include "router/policies/policy.h"
+#include "router/proxy/conversation_cache.h"
 #include "router/proxy/mooncake_cache.h"
 #include "router/proxy/proxy_counters.h"
 #include "router/proxy/upstream_port.h"
@@ -60,6 +61,8 @@ struct ProxyShared {
   // before the first request. Null: kv_events off (block_index) / no text prefix tree.
   const cache::BlockIndex* block_index = nullptr;
   cache::PrefixTree* prefix_tree = nullptr;
+  // Multi-turn KV reuse entries (multi_turn.h), shared by every worker.
+  ConversationCache conversations;
 
   // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
   // from the current set's.

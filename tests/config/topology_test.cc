@@ -156,7 +156,7 @@ instances:
     model: m
     labels: {zone: b, rack: "1"}
   - role: decode
-    http_address: "[fd00::2]:8200"
+    http_address: "[::1]:8200"
     zmq_address: "127.0.10.2:21001"
   - role: P
     http_address: "node-3.example:8300"
@@ -230,7 +230,7 @@ instances:
 
   const StaticInstance& d = t.static_instances[1];
   EXPECT_EQ(d.role, proto::Role::kDecode);
-  EXPECT_EQ(d.http_address, (proto::HostPort{"fd00::2", 8200}));
+  EXPECT_EQ(d.http_address, (proto::HostPort{"::1", 8200}));
   EXPECT_EQ(d.connector, proto::Connector::kP2pNccl);  // connectors.default
   EXPECT_EQ(d.transfer_mode, proto::TransferMode::kNone);
   EXPECT_EQ(d.dp_size, 1u);
@@ -246,6 +246,9 @@ instances:
 }
 
 TEST(TopologyParse, ExampleFileLoads) {
+  // The shipped file's static instances are on the documentation network (10.0.0.x): parsed
+  // only, nothing connects to them (test_deploy_examples moves them to loopback before a router
+  // loads the file).
   const std::string path = std::string(PDR_SOURCE_DIR) + "/deploy/topology.example.yaml";
   Topology t;
   Status s = load_topology_file(path, &t);
@@ -314,7 +317,7 @@ instances:
     http_address: "127.0.10.4:8400"
     connector: nixl
     kv_events_endpoint: "tcp://127.0.10.4:5557"
-    kv_events_replay_endpoint: "tcp://[fd00::4]:5600"
+    kv_events_replay_endpoint: "tcp://[::1]:5600"
 )", &t);
   ASSERT_TRUE(s.is_ok()) << s.to_string();
   EXPECT_TRUE(t.kv_events.enabled);
@@ -323,7 +326,7 @@ instances:
   EXPECT_EQ(t.kv_events.max_index_entries, 1000u);
   ASSERT_EQ(t.static_instances.size(), 1u);
   EXPECT_EQ(t.static_instances[0].kv_events_endpoint, (proto::HostPort{"127.0.10.4", 5557}));
-  EXPECT_EQ(t.static_instances[0].kv_events_replay_endpoint, (proto::HostPort{"fd00::4", 5600}));
+  EXPECT_EQ(t.static_instances[0].kv_events_replay_endpoint, (proto::HostPort{"::1", 5600}));
 
   const std::string instance = "instances:\n  - {role: decode, http_address: a:1, connector: nixl, ";
   EXPECT_EQ(error_of(instance + "kv_events_endpoint: \"tcp://*:5557\"}\n", StatusCode::kBadAddress),
@@ -726,6 +729,39 @@ TEST(RestartRequiredChanges, ListsListenersAndWorkersOnly) {
   b.policies.cache_aware.min_match_percent = 80;  // applies live
   EXPECT_THAT(restart_required_changes(a, b),
               ::testing::ElementsAre("policies.cache_aware.prefix_tree_max_bytes: 67108864 -> 1048576"));
+}
+
+TEST(TopologyParse, ConditionalDisaggregation) {
+  Topology t;
+  EXPECT_FALSE(t.conditional_disaggregation.enabled);
+  ASSERT_TRUE(parse("conditional_disaggregation: {enabled: true, max_prompt_tokens: 64, min_cached_percent: 95}\n", &t)
+                  .is_ok());
+  EXPECT_TRUE(t.conditional_disaggregation.enabled);
+  EXPECT_EQ(t.conditional_disaggregation.max_prompt_tokens, 64u);
+  EXPECT_EQ(t.conditional_disaggregation.min_cached_percent, 95u);
+  Topology untouched;
+  Status s = parse("conditional_disaggregation: {min_cached_percent: 101}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), HasSubstr("min_cached_percent"));
+}
+
+TEST(TopologyParse, MultiTurn) {
+  Topology t;
+  EXPECT_FALSE(t.multi_turn.enabled);
+  EXPECT_EQ(t.multi_turn.ttl, 450000ms);
+  Status s = parse("multi_turn: {enabled: true, ttl_ms: 300000, max_entries: 10, max_bytes: 1048576}\n", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_TRUE(t.multi_turn.enabled);
+  EXPECT_EQ(t.multi_turn.ttl, 300000ms);
+  EXPECT_EQ(t.multi_turn.max_entries, 10u);
+  EXPECT_EQ(t.multi_turn.max_bytes, 1048576u);
+  Topology untouched;
+  s = parse("multi_turn: {ttl_ms: 10}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), HasSubstr("ttl_ms"));
+  s = parse("multi_turn: {enable: true}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), HasSubstr("did you mean 'enabled'"));
 }
 
 TEST(TopologyParse, CacheAwarePolicyAndItsThresholds) {

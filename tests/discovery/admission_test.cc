@@ -28,7 +28,7 @@ Cidr cidr(std::string_view text) {
 
 TEST(Cidr, ParsesAndMatchesV4AndV6) {
   EXPECT_TRUE(cidr("127.0.0.0/8").contains(ip("127.9.8.7")));
-  EXPECT_FALSE(cidr("127.0.0.0/8").contains(ip("128.0.0.1")));
+  EXPECT_FALSE(cidr("127.0.0.0/8").contains(ip("128.0.0.1")));  // first past /8; only parsed
   EXPECT_TRUE(cidr("127.0.0.7").contains(ip("127.0.0.7")));  // bare address: /32
   EXPECT_FALSE(cidr("127.0.0.7").contains(ip("127.0.0.8")));
   EXPECT_TRUE(cidr("127.0.0.0/31").contains(ip("127.0.0.1")));

@@ -233,12 +233,12 @@ TEST_F(DiscoveryServiceTest, PostedCompletionRunsAfterTheChangeIsPublished) {
   start();
   std::promise<std::pair<bool, uint64_t>> seen;  // (instance visible, snapshot version) at completion
   StaticInstance spec;
-  spec.http_address = {"10.9.0.1", 8000};
+  spec.http_address = {"127.9.0.1", 8000};
   spec.connector = proto::Connector::kNixl;
   service_.post([&](Registry& registry) { registry.add_admin(spec, Clock::now()); },
                 [&] {
                   auto snap = cell_.load();
-                  seen.set_value({snap->find("10.9.0.1:8000") != nullptr, snap->version});
+                  seen.set_value({snap->find("127.9.0.1:8000") != nullptr, snap->version});
                 });
   auto future = seen.get_future();
   ASSERT_EQ(future.wait_for(test::scaled(5000ms)), std::future_status::ready);
@@ -247,7 +247,7 @@ TEST_F(DiscoveryServiceTest, PostedCompletionRunsAfterTheChangeIsPublished) {
   // Nothing changed: the completion still runs, and no snapshot is published for it.
   std::promise<uint64_t> unchanged;
   const uint64_t before = cell_.version();
-  service_.post([](Registry& registry) { (void)registry.remove("10.9.0.2:8000"); },
+  service_.post([](Registry& registry) { (void)registry.remove("127.9.0.2:8000"); },
                 [&] { unchanged.set_value(cell_.version()); });
   auto f2 = unchanged.get_future();
   ASSERT_EQ(f2.wait_for(test::scaled(5000ms)), std::future_status::ready);

@@ -14,8 +14,8 @@ VECTORS = {
     # MoRIIO current: moriio_connector.py heartbeat dict, in its key order.
     "moriio_current": {
         "type": "P",
-        "http_address": "10.0.0.5:8000",
-        "zmq_address": "host:10.0.0.5,handshake:6301,notify:61005",
+        "http_address": "127.0.10.5:8000",
+        "zmq_address": "host:127.0.10.5,handshake:6301,notify:61005",
         "dp_size": 2,
         "tp_size": 8,
         "transfer_mode": "READ",
@@ -25,7 +25,7 @@ VECTORS = {
         "type": "register",
         "role": "P",
         "index": "7",
-        "request_address": "http://10.0.0.5:8000/v1/completions",
+        "request_address": "http://127.0.10.5:8000/v1/completions",
         "handshake_port": 6301,
         "notify_port": 61005,
         "dp_size": 1,
@@ -35,10 +35,11 @@ VECTORS = {
     # P2P-NCCL: p2p_nccl_engine.py ping dict.
     "p2p_nccl": {
         "type": "D",
-        "http_address": "10.0.0.6:8100",
-        "zmq_address": "10.0.0.6:21001",
+        "http_address": "127.0.10.6:8100",
+        "zmq_address": "127.0.10.6:21001",
     },
     "hello": {"type": "HELLO"},
+    # IPv6 form (fd00::/8, not ::1: the decoder's IPv6 handling is the point); only decoded.
     "moriio_current_ipv6": {
         "type": "D",
         "http_address": "[fd00::6]:8200",
@@ -50,7 +51,7 @@ VECTORS = {
     "pdrouter_full": {
         "type": "P",
         "http_address": "node-3.example:8000",
-        "zmq_address": "host:10.0.0.7,handshake:6301,notify:61005",
+        "zmq_address": "host:127.0.10.7,handshake:6301,notify:61005",
         "dp_size": 4,
         "tp_size": 2,
         "transfer_mode": "READ",
@@ -70,13 +71,13 @@ VECTORS = {
         "type": "HELLO",
         "pdr_v": 1,
         "role": "decode",
-        "http_address": "10.0.0.8:8000",
+        "http_address": "127.0.10.8:8000",
         "connector": "nixl",
     },
     "goodbye": {
         "type": "goodbye",
         "pdr_v": 1,
-        "http_address": "10.0.0.5:8000",
+        "http_address": "127.0.10.5:8000",
         "instance_id": "node-3-a1b2",
         "epoch": 42,
         "auth": "s3cret",

@@ -32,8 +32,9 @@ class SimNode:
         if "--kv-backends" not in flags:
             # Standalone: no prefill to fetch KV from (and made-up decode params in tests).
             flags = (*flags, "--kv-backends", "none")
-        self.proc = ProcessHandle([pdnode_path(), "sim", "--http", "127.0.0.1:0", *flags],
-                                  name="pdnode-sim", env=env)
+        # An --http among the flags (a restart on the same address) replaces the ephemeral one.
+        http = () if "--http" in flags else ("--http", "127.0.0.1:0")
+        self.proc = ProcessHandle([pdnode_path(), "sim", *http, *flags], name="pdnode-sim", env=env)
         line = self.proc.wait_for_line(r"pdnode sim listening http=", START_TIMEOUT_S,
                                        streams=("stdout",))
         if line is None:

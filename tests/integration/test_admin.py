@@ -154,11 +154,11 @@ class AdminApiTest(unittest.TestCase):
 
     def test_ipv6_address_in_path(self):
         code, _, _ = self.admin("POST", "/admin/instances",
-                                {"role": "prefill", "http_address": "[fd00::8]:8000"})
+                                {"role": "prefill", "http_address": "[::1]:8000"})
         self.assertEqual(code, 201)
-        code, _, inst = self.admin("POST", "/admin/instances/%5Bfd00::8%5D:8000/drain")
+        code, _, inst = self.admin("POST", "/admin/instances/%5B::1%5D:8000/drain")
         self.assertEqual((code, inst["state"]), (200, "draining"))
-        self.assertEqual(self.admin("DELETE", "/admin/instances/[fd00::8]:8000")[0], 200)
+        self.assertEqual(self.admin("DELETE", "/admin/instances/[::1]:8000")[0], 200)
 
     def test_seed_instances_add(self):
         address = "127.0.0.1:9301"

@@ -20,6 +20,17 @@ README = os.path.join(ROOT, "README.md")
 TOPOLOGIES = sorted(glob.glob(os.path.join(ROOT, "deploy", "topologies", "*.yaml"))) + [
     os.path.join(ROOT, "deploy", "topology.example.yaml")]
 EXPECTED_DIALECT_FILES = {"moriio", "nixl", "mooncake", "p2p-nccl", "sglang"}
+# The documentation's node network (10.0.0.0/24: router 10.0.0.1, nodes 10.0.0.1x/2x) moved onto
+# loopback (127.0.10.0/24) before a test router loads or registers it: a registered address receives
+# real traffic, so every address a test uses is in 127.0.0.0/8. Only the host part changes; ports,
+# roles and counts stay as documented.
+DOC_NETWORK = re.compile(r"\b10\.0\.0\.(\d{1,3})\b")
+
+
+def on_loopback(text):
+    return DOC_NETWORK.sub(r"127.0.10.\1", text)
+
+
 # pdnode register flags whose value /status shows under this key.
 NUMERIC_FLAGS = {"--dp-size": "dp_size", "--tp-size": "tp_size", "--bootstrap-port": "bootstrap_port"}
 
@@ -131,6 +142,7 @@ class DeclaredInstancesParserTest(unittest.TestCase):
 
 class TopologyFilesTest(unittest.TestCase):
     def check_topology(self, text, label):
+        text = on_loopback(text)
         expected = sorted(declared_instances(text))
         try:
             router = Router(topology_yaml=text)
@@ -163,7 +175,7 @@ class TopologyFilesTest(unittest.TestCase):
             with open(path, encoding="utf-8") as f:
                 text = f.read()
             self.assertTrue(declared_instances(text), path)
-            with Router(topology_yaml=text) as router:
+            with Router(topology_yaml=on_loopback(text)) as router:
                 dialects = {i["dialect"] for i in router.status()["instances"]}
                 self.assertEqual(dialects, {dialect}, path)
             router.dir.cleanup()

@@ -47,10 +47,10 @@ class Publisher:
     """vLLM's per-rank publisher: binds, sends [topic, seq (8 bytes big-endian), payload]. An XPUB,
     so the test can wait for pdrouter's subscription instead of sleeping."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, host="127.0.0.1"):
         self.sock = ctx.socket(zmq.XPUB)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind("tcp://127.0.0.1:0")
+        self.sock.bind(f"tcp://{host}:0")
         self.endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
 
     def await_subscriber(self, timeout=10.0):
@@ -171,11 +171,26 @@ class KvEventsRegistrationTest(unittest.TestCase):
         self.assertIsNone(router.instance("127.0.0.1:18553"))
 
         # A node that does not authenticate may not aim the router's sockets at another host.
+        # "Another host" needs a non-loopback address: the rule (config/admission.h
+        # may_register_address) counts every 127.0.0.0/8 address as this one machine. 192.0.2.9 is
+        # TEST-NET-1 (RFC 5737, never assigned), and nothing connects to it: the registration is
+        # refused before any socket is made, which is what this asserts.
         router.send({"type": "D", "http_address": "127.0.0.1:18555", "pdr_v": 1,
-                     "connector": "nixl", "kv_events_endpoint": "tcp://10.0.0.9:5557"})
+                     "connector": "nixl", "kv_events_endpoint": "tcp://192.0.2.9:5557"})
         router.wait_for(lambda: router.metrics().get(
             'pdrouter_registrations_rejected_total{reason="not_own_address"}') == 1)
         self.assertIsNone(router.instance("127.0.0.1:18555"))
+
+        # Another loopback address is the same host: a node registered as 127.0.0.1 may name a
+        # publisher on 127.0.0.9, and the router subscribes to it.
+        other = Publisher(ctx, host="127.0.0.9")
+        self.addCleanup(other.sock.close, 0)
+        router.send({"type": "D", "http_address": "127.0.0.1:18556", "pdr_v": 1,
+                     "connector": "nixl", "kv_events_endpoint": other.endpoint})
+        other.await_subscriber()
+        self.assertEqual(router.instance("127.0.0.1:18556")["kv_events_endpoint"], other.endpoint)
+        self.assertEqual(router.metrics().get(
+            'pdrouter_registrations_rejected_total{reason="not_own_address"}'), 1)
 
 
 if __name__ == "__main__":

@@ -43,10 +43,13 @@ from pdr_testlib import (ProcessHandle, http_get, pdnode_path, pdrouter_bench_pa
                          pdrouter_help_routes, pdrouter_path)
 from pdrouter_fixture import LISTENING, TIME_SCALE, Router
 from sim_fixture import SimNode, sse_events
-from test_deploy_examples import README, ROOT, readme_blocks, readme_pdnode_register_commands
+from test_deploy_examples import (README, ROOT, on_loopback, readme_blocks,
+                                  readme_pdnode_register_commands)
 
 TIMEOUT = 20 * TIME_SCALE
-# Where the README's deployment section puts pdrouter (HTTP 10001, discovery 36367).
+# Where the README's deployment section puts pdrouter (HTTP 10001, discovery 36367). Not loopback:
+# it is compared with the README's text only, nothing connects to it (commands that run go through
+# on_loopback or have --router/--http-address replaced).
 README_ROUTER_HOST = "10.0.0.1"
 README_DISCOVERY_PORT = "36367"
 README_HTTP = "localhost:10001"
@@ -322,7 +325,14 @@ class ReadmePdrouterCommandsTest(unittest.TestCase):
                                  "--discovery", "tcp://127.0.0.1:0")
                 config = flag_value(args, "--config")
                 if config is not None:
-                    args = with_flag(args, "--config", os.path.join(ROOT, config))
+                    # The file as documented, its node addresses moved onto loopback.
+                    with open(os.path.join(ROOT, config), encoding="utf-8") as f:
+                        text = on_loopback(f.read())
+                    copy = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+                    self.addCleanup(os.unlink, copy.name)
+                    with copy:
+                        copy.write(text)
+                    args = with_flag(args, "--config", copy.name)
                 proc = ProcessHandle([pdrouter_path()] + args + ["--workers", "2"], name="pdrouter")
                 try:
                     listening = proc.wait_for_line(LISTENING, timeout=TIMEOUT, streams=("stdout",))
@@ -554,10 +564,11 @@ def readme_curls(admin):
 
 
 def run_curl(test, line, raw, http, env):
-    """Runs a README curl command through bash with localhost:10001 pointed at `http`, plus -sS,
+    """Runs a README curl command through bash with localhost:10001 pointed at `http` and the
+    README's node addresses moved onto loopback (on_loopback), plus -sS,
     a timeout and the status code on a last line. Returns (status, body text)."""
     test.assertIn(README_HTTP, raw, "README.md:%d" % line)
-    command = raw.replace(README_HTTP, http).replace(
+    command = on_loopback(raw).replace(README_HTTP, http).replace(
         "curl ", "curl -sS --max-time %d -w '\\n%%{http_code}' " % int(TIMEOUT), 1)
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
                           timeout=TIMEOUT + 5, env=dict(os.environ, **env))

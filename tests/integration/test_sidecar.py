@@ -134,7 +134,7 @@ class SidecarTest(unittest.TestCase):
             (["--role", "decode", "--health-url", "https://x:1/health"], r"--health-url"),
             # Accepted by every individual flag, refused by the router's decoder as a whole.
             (["--role", "decode", "--connector", "moriio",
-              "--zmq-address", "host:10.0.0.1,handshake:6301,notify:61005"],
+              "--zmq-address", "host:127.0.10.1,handshake:6301,notify:61005"],
              r"router would reject.*transfer_mode"),
         ]
         for extra, expected in cases:

@@ -222,8 +222,8 @@ class KvTransferTest(SimTestBase):
             self.assertIn(key, body["message"])
 
     def test_moriio_prefill_and_decode(self):
-        prefill_zmq = "host:10.0.0.1,handshake:6301,notify:61005"
-        decode_zmq = "host:10.0.0.2,handshake:6302,notify:61006"
+        prefill_zmq = "host:127.0.10.1,handshake:6301,notify:61005"
+        decode_zmq = "host:127.0.10.2,handshake:6302,notify:61006"
         node = self.start("--role", "prefill", "--connector", "moriio", "--transfer-mode", "READ",
                           "--dp-size", "2", "--handshake-port", "7001", "--notify-port", "7002")
         rid = moriio_request_id(prefill_zmq, decode_zmq)
@@ -252,7 +252,7 @@ class KvTransferTest(SimTestBase):
             "prompt": "a", "max_tokens": 1, "kv_transfer_params": prefill_params},
             {"X-Request-Id": "plain-id"})
         self.assertEqual(status, 400)
-        explicit = dict(prefill_params, remote_host="10.0.0.2", remote_handshake_port=6302,
+        explicit = dict(prefill_params, remote_host="127.0.10.2", remote_handshake_port=6302,
                         remote_notify_port=61006)
         status, _ = node.post_json("/v1/completions", {
             "prompt": "a", "max_tokens": 1, "kv_transfer_params": explicit},

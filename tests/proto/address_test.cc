@@ -7,6 +7,10 @@
 namespace pdr::proto {
 namespace {
 
+// Addresses: IPv4 ones are in 127.0.0.0/8. The IPv6 ones (fd00::/8) are not ::1 because the IPv6
+// forms are what is checked (groups, brackets, zone ids), and the malformed text
+// (1.2.3.4.5, 256.0.0.1) is refused: all of it is only parsed here, nothing connects to it.
+
 using namespace std::string_literals;
 
 ::testing::AssertionResult BadAddress(const Status& status, std::string_view substring) {
@@ -24,8 +28,8 @@ using namespace std::string_literals;
 
 TEST(ParseHost, AcceptsIpv4DnsAndIpv6) {
   std::string host;
-  ASSERT_TRUE(parse_host("10.0.0.5", &host).is_ok());
-  EXPECT_EQ(host, "10.0.0.5");
+  ASSERT_TRUE(parse_host("127.0.10.5", &host).is_ok());
+  EXPECT_EQ(host, "127.0.10.5");
   ASSERT_TRUE(parse_host("0.0.0.0", &host).is_ok());
   ASSERT_TRUE(parse_host("255.255.255.255", &host).is_ok());
   ASSERT_TRUE(parse_host("node-3.example", &host).is_ok());
@@ -36,7 +40,7 @@ TEST(ParseHost, AcceptsIpv4DnsAndIpv6) {
   EXPECT_EQ(host, "fd00::5");
   ASSERT_TRUE(parse_host("[fd00::5]", &host).is_ok());
   EXPECT_EQ(host, "fd00::5") << "brackets are stripped";
-  ASSERT_TRUE(parse_host("::ffff:10.0.0.1", &host).is_ok());
+  ASSERT_TRUE(parse_host("::ffff:127.0.10.1", &host).is_ok());
   ASSERT_TRUE(
       parse_host(
           std::string(253, 'a').replace(63, 1, ".").replace(127, 1, ".").replace(191, 1, "."),
@@ -75,11 +79,11 @@ TEST(ParseHost, RejectsBadNamesAndIpv6) {
 
 TEST(ParseHostPort, AcceptsHostPortForms) {
   HostPort hp;
-  ASSERT_TRUE(parse_host_port("10.0.0.5:8000", &hp).is_ok());
-  EXPECT_EQ(hp.host, "10.0.0.5");
+  ASSERT_TRUE(parse_host_port("127.0.10.5:8000", &hp).is_ok());
+  EXPECT_EQ(hp.host, "127.0.10.5");
   EXPECT_EQ(hp.port, 8000);
   EXPECT_FALSE(hp.is_ipv6());
-  EXPECT_EQ(hp.to_string(), "10.0.0.5:8000");
+  EXPECT_EQ(hp.to_string(), "127.0.10.5:8000");
 
   ASSERT_TRUE(parse_host_port("node-3.example:1", &hp).is_ok());
   EXPECT_EQ(hp, (HostPort{"node-3.example", 1}));
@@ -95,22 +99,22 @@ TEST(ParseHostPort, AcceptsHostPortForms) {
 TEST(ParseHostPort, RejectsEachBadForm) {
   HostPort hp;
   EXPECT_TRUE(BadAddress(parse_host_port("", &hp), "address is empty"));
-  EXPECT_TRUE(BadAddress(parse_host_port("10.0.0.5", &hp), "missing ':port'"));
-  EXPECT_TRUE(BadAddress(parse_host_port("10.0.0.5:", &hp), "port is empty"));
+  EXPECT_TRUE(BadAddress(parse_host_port("127.0.10.5", &hp), "missing ':port'"));
+  EXPECT_TRUE(BadAddress(parse_host_port("127.0.10.5:", &hp), "port is empty"));
   EXPECT_TRUE(BadAddress(parse_host_port(":8000", &hp), "host is empty"));
-  EXPECT_TRUE(BadAddress(parse_host_port("10.0.0.5:0", &hp), "port '0' is out of range 1..65535"));
-  EXPECT_TRUE(BadAddress(parse_host_port("10.0.0.5:70000", &hp), "port '70000' is out of range"));
-  EXPECT_TRUE(BadAddress(parse_host_port("10.0.0.5:99999999999999999999", &hp), "out of range"));
-  EXPECT_TRUE(BadAddress(parse_host_port("10.0.0.5:80a", &hp), "port '80a' is not a number"));
-  EXPECT_TRUE(BadAddress(parse_host_port("10.0.0.5:-80", &hp), "is not a number"));
-  EXPECT_TRUE(BadAddress(parse_host_port("http://10.0.0.5:8000", &hp), "scheme"));
-  EXPECT_TRUE(BadAddress(parse_host_port("10.0.0.5:8000/v1", &hp), "has a path"));
+  EXPECT_TRUE(BadAddress(parse_host_port("127.0.10.5:0", &hp), "port '0' is out of range 1..65535"));
+  EXPECT_TRUE(BadAddress(parse_host_port("127.0.10.5:70000", &hp), "port '70000' is out of range"));
+  EXPECT_TRUE(BadAddress(parse_host_port("127.0.10.5:99999999999999999999", &hp), "out of range"));
+  EXPECT_TRUE(BadAddress(parse_host_port("127.0.10.5:80a", &hp), "port '80a' is not a number"));
+  EXPECT_TRUE(BadAddress(parse_host_port("127.0.10.5:-80", &hp), "is not a number"));
+  EXPECT_TRUE(BadAddress(parse_host_port("http://127.0.10.5:8000", &hp), "scheme"));
+  EXPECT_TRUE(BadAddress(parse_host_port("127.0.10.5:8000/v1", &hp), "has a path"));
   EXPECT_TRUE(BadAddress(parse_host_port("fd00::5:8000", &hp), "must be in brackets"));
   EXPECT_TRUE(BadAddress(parse_host_port("[fd00::5]8000", &hp), "missing ':port' after"));
   EXPECT_TRUE(BadAddress(parse_host_port("[fd00::5]", &hp), "missing ':port' after"));
   EXPECT_TRUE(BadAddress(parse_host_port("[fd00::5:8000", &hp), "closing ']'"));
   EXPECT_TRUE(BadAddress(parse_host_port("[zz::1]:80", &hp), "not a valid IPv6"));
-  EXPECT_TRUE(BadAddress(parse_host_port("10.0.0.5\0:80"s, &hp), "character outside"));
+  EXPECT_TRUE(BadAddress(parse_host_port("127.0.10.5\0:80"s, &hp), "character outside"));
   EXPECT_TRUE(BadAddress(parse_host_port("300.0.0.5:80", &hp), "above 255"));
 }
 
@@ -118,8 +122,8 @@ TEST(ParseHostPort, RejectsEachBadForm) {
 
 TEST(ParseHttpUrl, AcceptsHttpUrls) {
   HttpUrl url;
-  ASSERT_TRUE(parse_http_url("http://10.0.0.5:8000/v1/completions", &url).is_ok());
-  EXPECT_EQ(url.address, (HostPort{"10.0.0.5", 8000}));
+  ASSERT_TRUE(parse_http_url("http://127.0.10.5:8000/v1/completions", &url).is_ok());
+  EXPECT_EQ(url.address, (HostPort{"127.0.10.5", 8000}));
   EXPECT_EQ(url.path, "/v1/completions");
 
   ASSERT_TRUE(parse_http_url("http://node:8000", &url).is_ok());
@@ -133,7 +137,7 @@ TEST(ParseHttpUrl, AcceptsHttpUrls) {
 TEST(ParseHttpUrl, RejectsOtherSchemesAndBadAuthorities) {
   HttpUrl url;
   EXPECT_TRUE(BadAddress(parse_http_url("https://h:1/", &url), "scheme 'https' is not supported"));
-  EXPECT_TRUE(BadAddress(parse_http_url("10.0.0.5:8000/v1", &url), "missing the 'http://'"));
+  EXPECT_TRUE(BadAddress(parse_http_url("127.0.10.5:8000/v1", &url), "missing the 'http://'"));
   EXPECT_TRUE(BadAddress(parse_http_url("http://h/v1", &url), "missing ':port'"));
   EXPECT_TRUE(BadAddress(parse_http_url("http://u@h:1/", &url), "user info"));
   EXPECT_TRUE(BadAddress(parse_http_url("http://h:1/a b", &url), "space or control"));
@@ -145,9 +149,9 @@ TEST(ParseHttpUrl, RejectsOtherSchemesAndBadAuthorities) {
 
 TEST(ParseMoriioZmqAddress, AcceptsVllmFormAnyOrderAndIpv6) {
   MoriioZmqAddress zmq;
-  ASSERT_TRUE(parse_moriio_zmq_address("host:10.0.0.5,handshake:6301,notify:61005", &zmq).is_ok());
-  EXPECT_EQ(zmq, (MoriioZmqAddress{"10.0.0.5", 6301, 61005}));
-  EXPECT_EQ(zmq.to_string(), "host:10.0.0.5,handshake:6301,notify:61005");
+  ASSERT_TRUE(parse_moriio_zmq_address("host:127.0.10.5,handshake:6301,notify:61005", &zmq).is_ok());
+  EXPECT_EQ(zmq, (MoriioZmqAddress{"127.0.10.5", 6301, 61005}));
+  EXPECT_EQ(zmq.to_string(), "host:127.0.10.5,handshake:6301,notify:61005");
 
   ASSERT_TRUE(parse_moriio_zmq_address("notify:2,host:node-1,handshake:1", &zmq).is_ok());
   EXPECT_EQ(zmq, (MoriioZmqAddress{"node-1", 1, 2}));
@@ -184,14 +188,14 @@ TEST(ParseMoriioZmqAddress, RejectsEachBadForm) {
   EXPECT_TRUE(BadAddress(parse_moriio_zmq_address("host:bad host,handshake:1,notify:2", &zmq),
                          "character outside"));
   EXPECT_TRUE(
-      BadAddress(parse_moriio_zmq_address("10.0.0.5:6301", &zmq), "unknown key '10.0.0.5'"));
+      BadAddress(parse_moriio_zmq_address("127.0.10.5:6301", &zmq), "unknown key '127.0.10.5'"));
 }
 
 TEST(LooksLikeMoriioZmqAddress, TellsMoriioFromPlainHostPort) {
-  EXPECT_TRUE(looks_like_moriio_zmq_address("host:10.0.0.5,handshake:6301,notify:61005"));
+  EXPECT_TRUE(looks_like_moriio_zmq_address("host:127.0.10.5,handshake:6301,notify:61005"));
   EXPECT_TRUE(looks_like_moriio_zmq_address("notify:1,handshake:2,host:h"));
   EXPECT_TRUE(looks_like_moriio_zmq_address("host:h"));
-  EXPECT_FALSE(looks_like_moriio_zmq_address("10.0.0.6:21001"));
+  EXPECT_FALSE(looks_like_moriio_zmq_address("127.0.10.6:21001"));
   EXPECT_FALSE(looks_like_moriio_zmq_address("hostname:21001"));
   EXPECT_FALSE(looks_like_moriio_zmq_address(""));
 }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <msgpack.hpp>
 #include <string>
 #include <utility>
@@ -13,29 +15,33 @@
 namespace pdr::proto {
 namespace {
 
+// Addresses: IPv4 ones are in 127.0.0.0/8. The IPv6 ones (fd00::/8) are not ::1 because the IPv6
+// forms are what is checked (groups, brackets, zone ids), and they are only decoded and
+// encoded here: nothing connects to them.
+
 using pdr::test::from_hex;
 using pdr::test::to_hex;
 
 // ---- Vectors: /usr/bin/python3 tests/fuzz/make_corpus.py --hex (msgpack.packb of the dicts vLLM
 // builds, shared/PROTOCOLS.md sections 1 and 2). ----
 
-// {type:"P", http_address:"10.0.0.5:8000", zmq_address:"host:10.0.0.5,handshake:6301,notify:61005",
-//  dp_size:2, tp_size:8, transfer_mode:"READ"}
+// {type:"P", http_address:"127.0.10.5:8000",
+//  zmq_address:"host:127.0.10.5,handshake:6301,notify:61005", dp_size:2, tp_size:8, transfer_mode:"READ"}
 constexpr std::string_view kMoriioCurrentHex =
-    "86a474797065a150ac687474705f61646472657373ad31302e302e302e353a38303030ab7a6d715f61646472657373"
-    "d929686f73743a31302e302e302e352c68616e647368616b653a363330312c6e6f746966793a3631303035a764705f"
-    "73697a6502a774705f73697a6508ad7472616e736665725f6d6f6465a452454144";
-// {type:"register", role:"P", index:"7", request_address:"http://10.0.0.5:8000/v1/completions",
+    "86a474797065a150ac687474705f61646472657373af3132372e302e31302e353a38303030ab7a6d715f6164647265"
+    "7373d92b686f73743a3132372e302e31302e352c68616e647368616b653a363330312c6e6f746966793a3631303035"
+    "a764705f73697a6502a774705f73697a6508ad7472616e736665725f6d6f6465a452454144";
+// {type:"register", role:"P", index:"7", request_address:"http://127.0.10.5:8000/v1/completions",
 //  handshake_port:6301, notify_port:61005, dp_size:1, tp_size:4, transfer_mode:"WRITE"}
 constexpr std::string_view kMoriioLegacyHex =
     "89a474797065a87265676973746572a4726f6c65a150a5696e646578a137af726571756573745f61646472657373d9"
-    "23687474703a2f2f31302e302e302e353a383030302f76312f636f6d706c6574696f6e73ae68616e647368616b655f"
-    "706f7274cd189dab6e6f746966795f706f7274cdee4da764705f73697a6501a774705f73697a6504ad7472616e7366"
-    "65725f6d6f6465a55752495445";
-// {type:"D", http_address:"10.0.0.6:8100", zmq_address:"10.0.0.6:21001"}
+    "25687474703a2f2f3132372e302e31302e353a383030302f76312f636f6d706c6574696f6e73ae68616e647368616b"
+    "655f706f7274cd189dab6e6f746966795f706f7274cdee4da764705f73697a6501a774705f73697a6504ad7472616e"
+    "736665725f6d6f6465a55752495445";
+// {type:"D", http_address:"127.0.10.6:8100", zmq_address:"127.0.10.6:21001"}
 constexpr std::string_view kP2pNcclHex =
-    "83a474797065a144ac687474705f61646472657373ad31302e302e302e363a38313030ab7a6d715f61646472657373"
-    "ae31302e302e302e363a3231303031";
+    "83a474797065a144ac687474705f61646472657373af3132372e302e31302e363a38313030ab7a6d715f6164647265"
+    "7373b03132372e302e31302e363a3231303031";
 // {type:"HELLO"}
 constexpr std::string_view kHelloHex = "81a474797065a548454c4c4f";
 // {type:"D", http_address:"[fd00::6]:8200", zmq_address:"host:fd00::6,handshake:6301,notify:61005",
@@ -47,22 +53,22 @@ constexpr std::string_view kMoriioIpv6Hex =
 // pdrouter registration with every extension key (see make_corpus.py "pdrouter_full").
 constexpr std::string_view kPdrouterFullHex =
     "de0011a474797065a150ac687474705f61646472657373b36e6f64652d332e6578616d706c653a38303030ab7a6d71"
-    "5f61646472657373d929686f73743a31302e302e302e372c68616e647368616b653a363330312c6e6f746966793a36"
-    "31303035a764705f73697a6504a774705f73697a6502ad7472616e736665725f6d6f6465a452454144a57064725f76"
-    "01a9636f6e6e6563746f72a66d6f7269696fab696e7374616e63655f6964ab6e6f64652d332d61316232a565706f63"
-    "68cf0000018bcfe5687ba56d6f64656cd9206d6574612d6c6c616d612f4c6c616d612d332e312d38422d496e737472"
-    "756374ae626f6f7473747261705f706f7274cd2326a66c6162656c7382a47261636ba27231a3677075a66d69333030"
-    "78a46c6f616483a772756e6e696e6703a777616974696e6701ae667265655f6b765f626c6f636b73cd1000a8647261"
-    "696e696e67c3a674746c5f6d73cd2328a461757468a6733363726574";
-// {type:"HELLO", pdr_v:1, role:"decode", http_address:"10.0.0.8:8000", connector:"nixl"}
+    "5f61646472657373d92b686f73743a3132372e302e31302e372c68616e647368616b653a363330312c6e6f74696679"
+    "3a3631303035a764705f73697a6504a774705f73697a6502ad7472616e736665725f6d6f6465a452454144a5706472"
+    "5f7601a9636f6e6e6563746f72a66d6f7269696fab696e7374616e63655f6964ab6e6f64652d332d61316232a56570"
+    "6f6368cf0000018bcfe5687ba56d6f64656cd9206d6574612d6c6c616d612f4c6c616d612d332e312d38422d496e73"
+    "7472756374ae626f6f7473747261705f706f7274cd2326a66c6162656c7382a47261636ba27231a3677075a66d6933"
+    "303078a46c6f616483a772756e6e696e6703a777616974696e6701ae667265655f6b765f626c6f636b73cd1000a864"
+    "7261696e696e67c3a674746c5f6d73cd2328a461757468a6733363726574";
+// {type:"HELLO", pdr_v:1, role:"decode", http_address:"127.0.10.8:8000", connector:"nixl"}
 constexpr std::string_view kPdrouterHelloHex =
-    "85a474797065a548454c4c4fa57064725f7601a4726f6c65a66465636f6465ac687474705f61646472657373ad3130"
-    "2e302e302e383a38303030a9636f6e6e6563746f72a46e69786c";
-// {type:"goodbye", pdr_v:1, http_address:"10.0.0.5:8000", instance_id:"node-3-a1b2", epoch:42,
+    "85a474797065a548454c4c4fa57064725f7601a4726f6c65a66465636f6465ac687474705f61646472657373af3132"
+    "372e302e31302e383a38303030a9636f6e6e6563746f72a46e69786c";
+// {type:"goodbye", pdr_v:1, http_address:"127.0.10.5:8000", instance_id:"node-3-a1b2", epoch:42,
 //  auth:"s3cret"}
 constexpr std::string_view kGoodbyeHex =
-    "86a474797065a7676f6f64627965a57064725f7601ac687474705f61646472657373ad31302e302e302e353a383030"
-    "30ab696e7374616e63655f6964ab6e6f64652d332d61316232a565706f63682aa461757468a6733363726574";
+    "86a474797065a7676f6f64627965a57064725f7601ac687474705f61646472657373af3132372e302e31302e353a38"
+    "303030ab696e7374616e63655f6964ab6e6f64652d332d61316232a565706f63682aa461757468a6733363726574";
 // {type:"ack", pdr_v:1, ok:True, reason:"", ttl_ms:9000, registry_version:17}
 constexpr std::string_view kAckHex =
     "86a474797065a361636ba57064725f7601a26f6bc3a6726561736f6ea0a674746c5f6d73cd2328b072656769737472"
@@ -150,8 +156,8 @@ class MessageBuilder {
 MessageBuilder moriio_current() {
   return MessageBuilder()
       .set("type", str_value("P"))
-      .set("http_address", str_value("10.0.0.5:8000"))
-      .set("zmq_address", str_value("host:10.0.0.5,handshake:6301,notify:61005"))
+      .set("http_address", str_value("127.0.10.5:8000"))
+      .set("zmq_address", str_value("host:127.0.10.5,handshake:6301,notify:61005"))
       .set("dp_size", uint_value(2))
       .set("tp_size", uint_value(8))
       .set("transfer_mode", str_value("READ"));
@@ -162,7 +168,7 @@ MessageBuilder moriio_legacy() {
       .set("type", str_value("register"))
       .set("role", str_value("P"))
       .set("index", str_value("7"))
-      .set("request_address", str_value("http://10.0.0.5:8000/v1/completions"))
+      .set("request_address", str_value("http://127.0.10.5:8000/v1/completions"))
       .set("handshake_port", uint_value(6301))
       .set("notify_port", uint_value(61005))
       .set("dp_size", uint_value(1))
@@ -173,14 +179,14 @@ MessageBuilder moriio_legacy() {
 MessageBuilder p2p_nccl() {
   return MessageBuilder()
       .set("type", str_value("D"))
-      .set("http_address", str_value("10.0.0.6:8100"))
-      .set("zmq_address", str_value("10.0.0.6:21001"));
+      .set("http_address", str_value("127.0.10.6:8100"))
+      .set("zmq_address", str_value("127.0.10.6:21001"));
 }
 
 MessageBuilder pdrouter_minimal() {
   return MessageBuilder()
       .set("type", str_value("P"))
-      .set("http_address", str_value("10.0.0.7:8000"))
+      .set("http_address", str_value("127.0.10.7:8000"))
       .set("pdr_v", uint_value(1));
 }
 
@@ -188,7 +194,7 @@ MessageBuilder goodbye() {
   return MessageBuilder()
       .set("type", str_value("goodbye"))
       .set("pdr_v", uint_value(1))
-      .set("http_address", str_value("10.0.0.5:8000"));
+      .set("http_address", str_value("127.0.10.5:8000"));
 }
 
 Status decode(std::string_view bytes, DiscoveryMessage* out, const DecodeLimits& limits = {}) {
@@ -225,10 +231,10 @@ TEST(DiscoveryVectors, MoriioCurrentDecodes) {
   EXPECT_EQ(reg.format, RegistrationFormat::kMoriio);
   EXPECT_EQ(reg.connector, Connector::kMoriio);
   EXPECT_EQ(reg.role, Role::kPrefill);
-  EXPECT_EQ(reg.http_address, (HostPort{"10.0.0.5", 8000}));
-  EXPECT_EQ(reg.zmq_address, "host:10.0.0.5,handshake:6301,notify:61005");
+  EXPECT_EQ(reg.http_address, (HostPort{"127.0.10.5", 8000}));
+  EXPECT_EQ(reg.zmq_address, "host:127.0.10.5,handshake:6301,notify:61005");
   ASSERT_TRUE(reg.moriio_zmq.has_value());
-  EXPECT_EQ(*reg.moriio_zmq, (MoriioZmqAddress{"10.0.0.5", 6301, 61005}));
+  EXPECT_EQ(*reg.moriio_zmq, (MoriioZmqAddress{"127.0.10.5", 6301, 61005}));
   EXPECT_FALSE(reg.kv_address.has_value());
   EXPECT_EQ(reg.dp_size, 2u);
   EXPECT_EQ(reg.tp_size, 8u);
@@ -248,10 +254,10 @@ TEST(DiscoveryVectors, MoriioLegacyDecodes) {
   EXPECT_EQ(reg.connector, Connector::kMoriio);
   EXPECT_EQ(reg.role, Role::kPrefill);
   EXPECT_EQ(reg.legacy_index, "7");
-  EXPECT_EQ(reg.http_address, (HostPort{"10.0.0.5", 8000}));
+  EXPECT_EQ(reg.http_address, (HostPort{"127.0.10.5", 8000}));
   ASSERT_TRUE(reg.moriio_zmq.has_value());
-  EXPECT_EQ(*reg.moriio_zmq, (MoriioZmqAddress{"10.0.0.5", 6301, 61005}));
-  EXPECT_EQ(reg.zmq_address, "host:10.0.0.5,handshake:6301,notify:61005");
+  EXPECT_EQ(*reg.moriio_zmq, (MoriioZmqAddress{"127.0.10.5", 6301, 61005}));
+  EXPECT_EQ(reg.zmq_address, "host:127.0.10.5,handshake:6301,notify:61005");
   EXPECT_EQ(reg.dp_size, 1u);
   EXPECT_EQ(reg.tp_size, 4u);
   EXPECT_EQ(reg.transfer_mode, TransferMode::kWrite);
@@ -268,10 +274,10 @@ TEST(DiscoveryVectors, P2pNcclDecodes) {
   EXPECT_EQ(reg.format, RegistrationFormat::kP2pNccl);
   EXPECT_EQ(reg.connector, Connector::kP2pNccl);
   EXPECT_EQ(reg.role, Role::kDecode);
-  EXPECT_EQ(reg.http_address, (HostPort{"10.0.0.6", 8100}));
-  EXPECT_EQ(reg.zmq_address, "10.0.0.6:21001");
+  EXPECT_EQ(reg.http_address, (HostPort{"127.0.10.6", 8100}));
+  EXPECT_EQ(reg.zmq_address, "127.0.10.6:21001");
   ASSERT_TRUE(reg.kv_address.has_value());
-  EXPECT_EQ(*reg.kv_address, (HostPort{"10.0.0.6", 21001}));
+  EXPECT_EQ(*reg.kv_address, (HostPort{"127.0.10.6", 21001}));
   EXPECT_FALSE(reg.moriio_zmq.has_value());
   EXPECT_EQ(reg.dp_size, 1u);
   EXPECT_EQ(reg.tp_size, 1u);
@@ -306,7 +312,7 @@ TEST(DiscoveryVectors, HelloWithPdrVIsARegistration) {
   EXPECT_EQ(reg.role, Role::kDecode);
   EXPECT_EQ(reg.connector, Connector::kNixl);
   EXPECT_EQ(reg.schema_version, 1u);
-  EXPECT_EQ(reg.http_address, (HostPort{"10.0.0.8", 8000}));
+  EXPECT_EQ(reg.http_address, (HostPort{"127.0.10.8", 8000}));
   EXPECT_TRUE(reg.zmq_address.empty());
   EXPECT_EQ(decode_registration(encode_registration(reg)), reg);
 }
@@ -316,7 +322,7 @@ TEST(DiscoveryVectors, PdrouterFullDecodesEveryField) {
   EXPECT_EQ(reg.format, RegistrationFormat::kPdrouter);
   EXPECT_EQ(reg.role, Role::kPrefill);
   EXPECT_EQ(reg.http_address, (HostPort{"node-3.example", 8000}));
-  EXPECT_EQ(*reg.moriio_zmq, (MoriioZmqAddress{"10.0.0.7", 6301, 61005}));
+  EXPECT_EQ(*reg.moriio_zmq, (MoriioZmqAddress{"127.0.10.7", 6301, 61005}));
   EXPECT_EQ(reg.dp_size, 4u);
   EXPECT_EQ(reg.tp_size, 2u);
   EXPECT_EQ(reg.transfer_mode, TransferMode::kRead);
@@ -338,7 +344,7 @@ TEST(DiscoveryVectors, GoodbyeDecodesAndRoundTrips) {
   ASSERT_TRUE(decode(from_hex(kGoodbyeHex), &message).is_ok());
   ASSERT_EQ(message.kind, DiscoveryMessage::Kind::kGoodbye);
   const Goodbye& bye = message.goodbye;
-  EXPECT_EQ(bye.http_address, (HostPort{"10.0.0.5", 8000}));
+  EXPECT_EQ(bye.http_address, (HostPort{"127.0.10.5", 8000}));
   EXPECT_EQ(bye.schema_version, 1u);
   EXPECT_EQ(bye.instance_id, "node-3-a1b2");
   EXPECT_EQ(bye.epoch, 42u);
@@ -432,9 +438,9 @@ TEST(PdrouterExtension, RoundTripsEveryFieldAtItsLimits) {
 TEST(PdrouterExtension, RoundTripsP2pAndConnectorlessShapes) {
   Registration p2p;
   p2p.format = RegistrationFormat::kPdrouter;
-  p2p.http_address = {"10.0.0.1", 80};
-  p2p.zmq_address = "10.0.0.1:21001";
-  p2p.kv_address = HostPort{"10.0.0.1", 21001};
+  p2p.http_address = {"127.0.10.1", 80};
+  p2p.zmq_address = "127.0.10.1:21001";
+  p2p.kv_address = HostPort{"127.0.10.1", 21001};
   p2p.connector = Connector::kP2pNccl;
   p2p.schema_version = 1;
   EXPECT_EQ(decode_registration(encode_registration(p2p)), p2p);
@@ -479,13 +485,13 @@ TEST(PdrouterExtension, UnknownConnectorMeansInfer) {
   // What a node-side client builds without naming a connector: the router infers it.
   Registration client;
   client.format = RegistrationFormat::kPdrouter;
-  client.http_address = {"10.0.0.9", 8000};
-  client.zmq_address = "host:10.0.0.9,handshake:6301,notify:61005";
+  client.http_address = {"127.0.10.9", 8000};
+  client.zmq_address = "host:127.0.10.9,handshake:6301,notify:61005";
   client.transfer_mode = TransferMode::kRead;
   client.schema_version = 1;
   const Registration decoded = decode_registration(encode_registration(client));
   EXPECT_EQ(decoded.connector, Connector::kMoriio);
-  EXPECT_EQ(decoded.moriio_zmq, (MoriioZmqAddress{"10.0.0.9", 6301, 61005}));
+  EXPECT_EQ(decoded.moriio_zmq, (MoriioZmqAddress{"127.0.10.9", 6301, 61005}));
 }
 
 TEST(PdrouterExtension, StartsWithTheMoriioCurrentKeys) {
@@ -546,8 +552,8 @@ TEST(PdrouterExtension, RejectsEachBadExtensionValue) {
       {"bootstrap_port", uint_value(70000), StatusCode::kOutOfRange, "bootstrap_port 70000"},
       {"bootstrap_port", str_value("8998"), StatusCode::kWrongType,
        "bootstrap_port must be an integer, got str"},
-      {"kv_events_endpoint", str_value("10.0.0.5:5557"), StatusCode::kBadAddress,
-       "kv_events_endpoint '10.0.0.5:5557': missing the 'tcp://' scheme"},
+      {"kv_events_endpoint", str_value("127.0.10.5:5557"), StatusCode::kBadAddress,
+       "kv_events_endpoint '127.0.10.5:5557': missing the 'tcp://' scheme"},
       {"kv_events_endpoint", str_value("tcp://*:5557"), StatusCode::kBadAddress,
        "kv_events_endpoint 'tcp://*:5557': host '*' is the publisher's bind form"},
       {"kv_events_endpoint", str_value("tcp://0.0.0.0:5557"), StatusCode::kBadAddress,
@@ -596,8 +602,8 @@ TEST(PdrouterExtension, RejectsEachBadExtensionValue) {
       {"dp_size", uint_value(0), StatusCode::kOutOfRange, "dp_size 0 is out of range 1..1024"},
       {"transfer_mode", str_value("none"), StatusCode::kInvalidValue,
        "transfer_mode 'none' is not READ or WRITE"},
-      {"http_address", str_value("http://10.0.0.7:8000"), StatusCode::kBadAddress,
-       "http_address 'http://10.0.0.7:8000': has a URL scheme"},
+      {"http_address", str_value("http://127.0.10.7:8000"), StatusCode::kBadAddress,
+       "http_address 'http://127.0.10.7:8000': has a URL scheme"},
       {"zmq_address", str_value("host:h,handshake:1"), StatusCode::kBadAddress,
        "zmq_address 'host:h,handshake:1': missing the 'notify' key"},
       {"zmq_address", str_value("h"), StatusCode::kBadAddress, "zmq_address 'h': missing ':port'"},
@@ -651,11 +657,11 @@ TEST(PdrouterExtension, ConnectorRequirements) {
       "transfer_mode is required for a pdrouter registration with connector moriio"));
   EXPECT_TRUE(FailsWith(pdrouter_minimal()
                             .set("connector", str_value("moriio"))
-                            .set("zmq_address", str_value("10.0.0.1:5"))
+                            .set("zmq_address", str_value("127.0.10.1:5"))
                             .set("transfer_mode", str_value("READ"))
                             .bytes(),
                         StatusCode::kBadAddress,
-                        "zmq_address '10.0.0.1:5': unknown key '10.0.0.1'"));
+                        "zmq_address '127.0.10.1:5': unknown key '127.0.10.1'"));
   EXPECT_TRUE(FailsWith(pdrouter_minimal()
                             .set("connector", str_value("nixl"))
                             .set("zmq_address", str_value(std::string("a\0b", 3)))
@@ -827,27 +833,27 @@ TEST(MessageAddresses, BadAddressesNameKeyValueAndReason) {
     const char* message;
   };
   const std::vector<Case> cases = {
-      {moriio_current(), "http_address", "10.0.0.5", "http_address '10.0.0.5': missing ':port'"},
-      {moriio_current(), "http_address", "10.0.0.5:0",
-       "http_address '10.0.0.5:0': port '0' is out of range"},
-      {moriio_current(), "http_address", "10.0.0.5:70000", "port '70000' is out of range 1..65535"},
-      {moriio_current(), "http_address", "http://10.0.0.5:8000/v1",
-       "http_address 'http://10.0.0.5:8000/v1': has a URL scheme; expected host:port"},
+      {moriio_current(), "http_address", "127.0.10.5", "http_address '127.0.10.5': missing ':port'"},
+      {moriio_current(), "http_address", "127.0.10.5:0",
+       "http_address '127.0.10.5:0': port '0' is out of range"},
+      {moriio_current(), "http_address", "127.0.10.5:70000", "port '70000' is out of range 1..65535"},
+      {moriio_current(), "http_address", "http://127.0.10.5:8000/v1",
+       "http_address 'http://127.0.10.5:8000/v1': has a URL scheme; expected host:port"},
       {moriio_current(), "http_address", "fd00::5:8000", "IPv6 host must be in brackets"},
-      {moriio_current(), "zmq_address", "host:10.0.0.5,handshake:6301",
-       "zmq_address 'host:10.0.0.5,handshake:6301': missing the 'notify' key"},
-      {moriio_current(), "zmq_address", "host:10.0.0.5,handshake:6301,notify:1,qp:4",
+      {moriio_current(), "zmq_address", "host:127.0.10.5,handshake:6301",
+       "zmq_address 'host:127.0.10.5,handshake:6301': missing the 'notify' key"},
+      {moriio_current(), "zmq_address", "host:127.0.10.5,handshake:6301,notify:1,qp:4",
        "unknown key 'qp'"},
       {moriio_current(), "zmq_address", "host:1.2.3.4,handshake:x,notify:5",
        "zmq_address 'host:1.2.3.4,handshake:x,notify:5': handshake port 'x' is not a number"},
       {moriio_current(), "zmq_address", "host:,handshake:1,notify:5", "host is empty"},
-      {moriio_legacy(), "request_address", "https://10.0.0.5:8000/v1/completions",
-       "request_address 'https://10.0.0.5:8000/v1/completions': scheme 'https' is not supported"},
-      {moriio_legacy(), "request_address", "10.0.0.5:8000", "missing the 'http://' scheme"},
-      {p2p_nccl(), "zmq_address", "10.0.0.6", "zmq_address '10.0.0.6': missing ':port'"},
-      {p2p_nccl(), "zmq_address", "10.0.0.6:0", "port '0' is out of range"},
-      {p2p_nccl(), "http_address", std::string("10.0.0.6\0:8100", 14), "'10.0.0.6\\x00:8100'"},
-      {goodbye(), "http_address", "http://10.0.0.5:8000", "has a URL scheme"},
+      {moriio_legacy(), "request_address", "https://127.0.10.5:8000/v1/completions",
+       "request_address 'https://127.0.10.5:8000/v1/completions': scheme 'https' is not supported"},
+      {moriio_legacy(), "request_address", "127.0.10.5:8000", "missing the 'http://' scheme"},
+      {p2p_nccl(), "zmq_address", "127.0.10.6", "zmq_address '127.0.10.6': missing ':port'"},
+      {p2p_nccl(), "zmq_address", "127.0.10.6:0", "port '0' is out of range"},
+      {p2p_nccl(), "http_address", std::string("127.0.10.6\0:8100", 16), "'127.0.10.6\\x00:8100'"},
+      {goodbye(), "http_address", "http://127.0.10.5:8000", "has a URL scheme"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
@@ -1041,6 +1047,25 @@ TEST(EnumNames, ToStringAndParseAgree) {
   EXPECT_EQ(to_string(Connector::kP2pNccl), "p2p-nccl");
   EXPECT_EQ(to_string(RegistrationFormat::kMoriioLegacy), "moriio-legacy");
   EXPECT_EQ(to_string(TransferMode::kRead), "READ");
+}
+
+// The fuzzer's seed corpus (tests/fuzz/corpus/discovery_message/, written by make_corpus.py) is
+// byte for byte the vectors above, so a change to the script's dicts cannot leave the seeds and
+// these tests apart (e.g. the seeds' node addresses, which are in 127.0.0.0/8 like every test's).
+TEST(DiscoveryMessage, SeedCorpusIsTheVectors) {
+  const std::string dir = std::string(PDR_SOURCE_DIR) + "/tests/fuzz/corpus/discovery_message/";
+  const std::pair<const char*, std::string_view> seeds[] = {
+      {"moriio_current", kMoriioCurrentHex}, {"moriio_legacy", kMoriioLegacyHex},
+      {"p2p_nccl", kP2pNcclHex},             {"hello", kHelloHex},
+      {"moriio_current_ipv6", kMoriioIpv6Hex}, {"pdrouter_full", kPdrouterFullHex},
+      {"pdrouter_hello", kPdrouterHelloHex}, {"goodbye", kGoodbyeHex},
+      {"ack", kAckHex}};
+  for (const auto& [name, hex] : seeds) {
+    std::ifstream f(dir + name + ".msgpack", std::ios::binary);
+    ASSERT_TRUE(f) << name;
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(bytes, from_hex(hex)) << name << ": rerun /usr/bin/python3 tests/fuzz/make_corpus.py";
+  }
 }
 
 }  // namespace

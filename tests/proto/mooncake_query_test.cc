@@ -10,7 +10,7 @@ namespace {
 TEST(MooncakeQuery, ParsesEngineIdsByRankIgnoringOtherFields) {
   MooncakeEngines e;
   ASSERT_TRUE(parse_mooncake_query(R"({"1":{"engine_id":"b","tp_size":2},
-      "0":{"engine_id":"a","worker_addr":{"0":{"0":"tcp://10.0.0.1:17000"}}}})", &e).is_ok());
+      "0":{"engine_id":"a","worker_addr":{"0":{"0":"tcp://127.0.10.1:17000"}}}})", &e).is_ok());
   ASSERT_EQ(e.engine_ids.size(), 2u);
   EXPECT_EQ(e.engine_ids[0], "a");
   EXPECT_EQ(e.engine_ids[1], "b");

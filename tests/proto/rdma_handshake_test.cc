@@ -4,7 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <fstream>
+#include <iterator>
+#include <span>
 #include <string>
+#include <string_view>
 
 #include "tests/support/status_matchers.h"
 
@@ -160,6 +165,31 @@ TEST(RdmaRegionKey, RoundTripsAndRejectsBadInput) {
   v2[0] = 2;
   EXPECT_TRUE(Fails(decode_rdma_region_key(std::as_bytes(std::span(v2)), &back),
                     StatusCode::kInvalidValue, "unsupported region key version 2"));
+}
+
+// The fuzzer's seeds (tests/fuzz/corpus/rdma_handshake/) are accepted records; the RoCE ones carry
+// the IPv4-mapped GID ::ffff:127.0.10.1 (a GID is exchanged, never connected to).
+TEST(RdmaHandshake, SeedCorpusDecodes) {
+  const std::string dir = std::string(PDR_SOURCE_DIR) + "/tests/fuzz/corpus/rdma_handshake/";
+  auto read = [&](const char* name) {
+    std::ifstream f(dir + name + ".bin", std::ios::binary);
+    EXPECT_TRUE(f) << name;
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  const std::array<uint8_t, 16> mapped = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 10, 1};
+  for (const char* name : {"ib_lid", "max_qps", "roce_v2_1qp", "roce_v2_4qp"}) {
+    RdmaHandshake r;
+    const Status s = decode(read(name), &r);
+    ASSERT_TRUE(s.is_ok()) << name << ": " << s.to_string();
+    EXPECT_TRUE(validate_rdma_handshake(r).is_ok()) << name;
+    if (std::string_view(name) != "ib_lid") {
+      EXPECT_EQ(r.gid, mapped) << name;
+    }
+  }
+  const std::string key = read("region_key");
+  ASSERT_FALSE(key.empty());
+  RdmaRegionKey k;
+  EXPECT_TRUE(decode_rdma_region_key(std::as_bytes(std::span(key)).subspan(1), &k).is_ok());
 }
 
 }  // namespace

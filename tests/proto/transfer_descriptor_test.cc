@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -30,17 +32,18 @@ constexpr uint64_t kMax32 = std::numeric_limits<uint32_t>::max();
 
 // {v:1, v_minor:2, agent:"prefill-0", hostname:"node-3",
 //  boot_id:"6f1c2a9e-1b7d-4a53-9d1e-0c4f3b2a1d00",
-//  endpoints:[["tcp","10.0.0.5:7400"],["shm","/run/pdr/prefill-0.sock"],["rdma","10.0.0.5:7401"]],
+//  endpoints:[["tcp","127.0.10.5:7400"],["shm","/run/pdr/prefill-0.sock"],
+//             ["rdma","127.0.10.5:7401"]],
 //  regions:[[0,1<<30,"dram"],[1,1<<34,"vram"]],
 //  layouts:[[0,0,16384,16384,65536,1,0],[1,1,8192,8192,32768,32,1<<28]],
 //  rkeys:[[1,b"\x12\x34\x56\x78\0\0\0\x01"]]}
 constexpr std::string_view kFullHex =
     "89a17601a7765f6d696e6f7202a56167656e74a970726566696c6c2d30a8686f73746e616d65a66e6f64652d33a762"
     "6f6f745f6964d92436663163326139652d316237642d346135332d396431652d306334663362326131643030a9656e"
-    "64706f696e74739392a3746370ad31302e302e302e353a3734303092a373686db72f72756e2f7064722f7072656669"
-    "6c6c2d302e736f636b92a472646d61ad31302e302e302e353a37343031a7726567696f6e73929300ce40000000a464"
-    "72616d9301cf0000000400000000a47672616da76c61796f75747392970000cd4000cd4000ce000100000100970101"
-    "cd2000cd2000cd800020ce10000000a5726b657973919201c4081234567800000001";
+    "64706f696e74739392a3746370af3132372e302e31302e353a3734303092a373686db72f72756e2f7064722f707265"
+    "66696c6c2d302e736f636b92a472646d61af3132372e302e31302e353a37343031a7726567696f6e73929300ce4000"
+    "0000a46472616d9301cf0000000400000000a47672616da76c61796f75747392970000cd4000cd4000ce0001000001"
+    "00970101cd2000cd2000cd800020ce10000000a5726b657973919201c4081234567800000001";
 // {v:1, agent:"a", hostname:"", boot_id:"", endpoints:[], regions:[], layouts:[]}
 constexpr std::string_view kMinimalHex =
     "87a17601a56167656e74a161a8686f73746e616d65a0a7626f6f745f6964a0a9656e64706f696e747390a772656769"
@@ -52,9 +55,9 @@ TransferDescriptor full_descriptor() {
   d.agent = "prefill-0";
   d.hostname = "node-3";
   d.boot_id = "6f1c2a9e-1b7d-4a53-9d1e-0c4f3b2a1d00";
-  d.endpoints = {{EndpointBackend::kTcp, "10.0.0.5:7400"},
+  d.endpoints = {{EndpointBackend::kTcp, "127.0.10.5:7400"},
                  {EndpointBackend::kShm, "/run/pdr/prefill-0.sock"},
-                 {EndpointBackend::kRdma, "10.0.0.5:7401"}};
+                 {EndpointBackend::kRdma, "127.0.10.5:7401"}};
   d.regions = {{0, uint64_t{1} << 30, RegionKind::kDram},
                {1, uint64_t{1} << 34, RegionKind::kVram}};
   d.layouts = {{0, 0, 16384, 16384, 65536, 1, 0}, {1, 1, 8192, 8192, 32768, 32, uint64_t{1} << 28}};
@@ -68,7 +71,7 @@ TransferDescriptor base() {
   d.agent = "decode-1";
   d.hostname = "node-4";
   d.boot_id = "b00t";
-  d.endpoints = {{EndpointBackend::kTcp, "10.0.0.6:7400"}};
+  d.endpoints = {{EndpointBackend::kTcp, "127.0.10.6:7400"}};
   d.regions = {{5, 4096, RegionKind::kDram}};
   d.layouts = {{9, 5, 1024, 1024, 4, 1, 0}};
   return d;
@@ -240,14 +243,14 @@ TEST(TransferDescriptor, IgnoresUnknownKeysAndTrailingItems) {
   // (layouts: after the optional base_offset).
   const std::string future = from_hex(
       "89a17601a7765f6d696e6f7207a56167656e74a170a8686f73746e616d65a168a7626f6f745f6964a162a76e6577"
-      "5f6b657981a178920102a9656e64706f696e74739193a3746370a9312e322e332e343a31a56578747261a7726567"
-      "696f6e7391940064a46472616d09a76c61796f757473919900000a0a0a010000a178");
+      "5f6b657981a178920102a9656e64706f696e74739193a3746370ab3132372e312e322e343a31a56578747261a772"
+      "6567696f6e7391940064a46472616d09a76c61796f757473919900000a0a0a010000a178");
   TransferDescriptor out;
   ASSERT_TRUE(decode(future, &out).is_ok()) << decode(future, &out).to_string();
   EXPECT_EQ(out.version_minor, 7u);
   EXPECT_EQ(out.agent, "p");
   ASSERT_EQ(out.endpoints.size(), 1u);
-  EXPECT_EQ(out.endpoints[0].address, "1.2.3.4:1");
+  EXPECT_EQ(out.endpoints[0].address, "127.1.2.4:1");
   ASSERT_EQ(out.regions.size(), 1u);
   EXPECT_EQ(out.regions[0].length, 100u);
   ASSERT_EQ(out.layouts.size(), 1u);
@@ -427,8 +430,8 @@ TEST(TransferDescriptorErrors, Endpoints) {
                     StatusCode::kInvalidValue, "endpoints[0].address must not be empty"));
   DescriptorLimits limits;
   limits.max_string_bytes = 8;
-  EXPECT_TRUE(Fails(decode(with_key("endpoints", Strings{{"tcp", "10.0.0.1:80"}}), &out, limits),
-                    StatusCode::kTooLarge, "endpoints[0].address is 11 bytes, limit 8"));
+  EXPECT_TRUE(Fails(decode(with_key("endpoints", Strings{{"tcp", "127.0.10.1:80"}}), &out, limits),
+                    StatusCode::kTooLarge, "endpoints[0].address is 13 bytes, limit 8"));
   TransferDescriptor d = base();
   d.endpoints.assign(17, {EndpointBackend::kTcp, "a:1"});
   EXPECT_TRUE(DecodeFails(d, StatusCode::kTooLarge, "endpoints has 17 items, limit 16"));
@@ -629,6 +632,23 @@ TEST(TransferDescriptorErrors, FirstErrorWins) {
   d.agent = "x";
   d.layouts[0].region_id = 99;
   EXPECT_EQ(validate_descriptor(d, {}).message(), "regions[1].id 5 is not unique");
+}
+
+// The fuzzer's seeds (tests/fuzz/corpus/transfer_descriptor/) are the vectors above and decode.
+TEST(TransferDescriptor, SeedCorpusIsTheVectorsAndDecodes) {
+  const std::string dir = std::string(PDR_SOURCE_DIR) + "/tests/fuzz/corpus/transfer_descriptor/";
+  auto read = [&](const char* name) {
+    std::ifstream f(dir + name + ".msgpack", std::ios::binary);
+    EXPECT_TRUE(f) << name;
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(read("full"), from_hex(kFullHex));
+  EXPECT_EQ(read("minimal"), from_hex(kMinimalHex));
+  for (const char* name : {"full", "minimal", "future_minor", "tcp_only", "with_secret"}) {
+    TransferDescriptor out;
+    const Status s = decode(read(name), &out);
+    EXPECT_TRUE(s.is_ok()) << name << ": " << s.to_string();
+  }
 }
 
 }  // namespace

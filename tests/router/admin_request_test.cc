@@ -38,9 +38,9 @@ TEST(AdminRequest, FullInstance) {
 
 TEST(AdminRequest, DefaultsComeFromTheTopology) {
   discovery::StaticInstance inst;
-  ASSERT_TRUE(parse(R"({"role":"prefill","http_address":"[fd00::1]:8100","connector":"mooncake"})", &inst).is_ok());
+  ASSERT_TRUE(parse(R"({"role":"prefill","http_address":"[::1]:8100","connector":"mooncake"})", &inst).is_ok());
   EXPECT_EQ(inst.bootstrap_port, 8998);  // connectors.mooncake_bootstrap_port
-  EXPECT_EQ(inst.http_address.to_string(), "[fd00::1]:8100");
+  EXPECT_EQ(inst.http_address.to_string(), "[::1]:8100");
   expect_error(R"({"role":"prefill","http_address":"a:1"})", "connector moriio needs zmq_address");
 }
 
@@ -118,8 +118,8 @@ TEST(AdminRequest, InstanceKeyInPath) {
   std::string key;
   ASSERT_TRUE(parse_instance_key("127.0.10.1:8000", &key).is_ok());
   EXPECT_EQ(key, "127.0.10.1:8000");
-  ASSERT_TRUE(parse_instance_key("%5Bfd00::1%5d:8000", &key).is_ok());
-  EXPECT_EQ(key, "[fd00::1]:8000");
+  ASSERT_TRUE(parse_instance_key("%5B::1%5d:8000", &key).is_ok());
+  EXPECT_EQ(key, "[::1]:8000");
   EXPECT_FALSE(parse_instance_key("127.0.10.1", &key).is_ok());
   EXPECT_FALSE(parse_instance_key("a%2", &key).is_ok());
   EXPECT_FALSE(parse_instance_key("a%zz:1", &key).is_ok());

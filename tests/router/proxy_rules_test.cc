@@ -48,9 +48,9 @@ struct Policies {
 };
 
 TEST(Pairing, PairsOnlyTheSameConnectorAndMoriioMode) {
-  auto s = snapshot({node("10.0.0.1:1", Role::kPrefill, Connector::kMoriio, TransferMode::kRead),
-                     node("10.0.0.2:1", Role::kDecode, Connector::kMoriio, TransferMode::kWrite),
-                     node("10.0.0.3:1", Role::kDecode, Connector::kNixl)});
+  auto s = snapshot({node("127.0.10.1:1", Role::kPrefill, Connector::kMoriio, TransferMode::kRead),
+                     node("127.0.10.2:1", Role::kDecode, Connector::kMoriio, TransferMode::kWrite),
+                     node("127.0.10.3:1", Role::kDecode, Connector::kNixl)});
   Policies p;
   Pair pair;
   Status st = choose_pair(s, PairQuery{}, *p.prefill, *p.decode, &pair);
@@ -58,12 +58,12 @@ TEST(Pairing, PairsOnlyTheSameConnectorAndMoriioMode) {
   EXPECT_NE(st.message().find("compatible"), std::string::npos) << st.message();
   EXPECT_FALSE(any_pair(s).is_ok());
 
-  auto s2 = snapshot({node("10.0.0.1:1", Role::kPrefill, Connector::kMoriio, TransferMode::kRead),
-                      node("10.0.0.2:1", Role::kDecode, Connector::kMoriio, TransferMode::kWrite),
-                      node("10.0.0.4:1", Role::kDecode, Connector::kMoriio, TransferMode::kRead)});
+  auto s2 = snapshot({node("127.0.10.1:1", Role::kPrefill, Connector::kMoriio, TransferMode::kRead),
+                      node("127.0.10.2:1", Role::kDecode, Connector::kMoriio, TransferMode::kWrite),
+                      node("127.0.10.4:1", Role::kDecode, Connector::kMoriio, TransferMode::kRead)});
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(choose_pair(s2, PairQuery{}, *p.prefill, *p.decode, &pair).is_ok());
-    EXPECT_EQ(pair.decode->key, "10.0.0.4:1");
+    EXPECT_EQ(pair.decode->key, "127.0.10.4:1");
   }
   EXPECT_TRUE(any_pair(s2).is_ok());
 }
@@ -135,25 +135,25 @@ TEST(Pairing, RegistrySnapshotsCarryTheRoutableIndex) {
 }
 
 TEST(Pairing, PrefillChosenOnlyAmongThoseWithACompatibleDecode) {
-  auto s = snapshot({node("10.0.0.1:1", Role::kPrefill, Connector::kNixl),
-                     node("10.0.0.2:1", Role::kPrefill, Connector::kSglang),
-                     node("10.0.0.3:1", Role::kDecode, Connector::kSglang)});
+  auto s = snapshot({node("127.0.10.1:1", Role::kPrefill, Connector::kNixl),
+                     node("127.0.10.2:1", Role::kPrefill, Connector::kSglang),
+                     node("127.0.10.3:1", Role::kDecode, Connector::kSglang)});
   Policies p;
   for (int i = 0; i < 4; ++i) {
     Pair pair;
     ASSERT_TRUE(choose_pair(s, PairQuery{}, *p.prefill, *p.decode, &pair).is_ok());
-    EXPECT_EQ(pair.prefill->key, "10.0.0.2:1");
+    EXPECT_EQ(pair.prefill->key, "127.0.10.2:1");
   }
 }
 
 TEST(Pairing, SkipsDrainingExpiredUnknownExcludedAndOtherModels) {
-  auto s = snapshot({node("10.0.0.1:1", Role::kPrefill, Connector::kNixl, TransferMode::kNone, InstanceState::kDraining),
-                     node("10.0.0.2:1", Role::kPrefill, Connector::kNixl, TransferMode::kNone, InstanceState::kExpired),
-                     node("10.0.0.3:1", Role::kPrefill, Connector::kUnknown),
-                     node("10.0.0.4:1", Role::kPrefill, Connector::kNixl),
-                     node("10.0.0.5:1", Role::kPrefill, Connector::kNixl, TransferMode::kNone, InstanceState::kUp, "other"),
-                     node("10.0.0.6:1", Role::kDecode, Connector::kNixl),
-                     node("10.0.0.7:1", Role::kDecode, Connector::kNixl, TransferMode::kNone, InstanceState::kUp, "m")});
+  auto s = snapshot({node("127.0.10.1:1", Role::kPrefill, Connector::kNixl, TransferMode::kNone, InstanceState::kDraining),
+                     node("127.0.10.2:1", Role::kPrefill, Connector::kNixl, TransferMode::kNone, InstanceState::kExpired),
+                     node("127.0.10.3:1", Role::kPrefill, Connector::kUnknown),
+                     node("127.0.10.4:1", Role::kPrefill, Connector::kNixl),
+                     node("127.0.10.5:1", Role::kPrefill, Connector::kNixl, TransferMode::kNone, InstanceState::kUp, "other"),
+                     node("127.0.10.6:1", Role::kDecode, Connector::kNixl),
+                     node("127.0.10.7:1", Role::kDecode, Connector::kNixl, TransferMode::kNone, InstanceState::kUp, "m")});
   Policies p;
   std::map<std::string, int> prefills, decodes;
   for (int i = 0; i < 8; ++i) {
@@ -162,31 +162,31 @@ TEST(Pairing, SkipsDrainingExpiredUnknownExcludedAndOtherModels) {
     ++prefills[pair.prefill->key];
     ++decodes[pair.decode->key];
   }
-  EXPECT_EQ(prefills, (std::map<std::string, int>{{"10.0.0.4:1", 8}}));
-  EXPECT_EQ(decodes, (std::map<std::string, int>{{"10.0.0.6:1", 4}, {"10.0.0.7:1", 4}}));
+  EXPECT_EQ(prefills, (std::map<std::string, int>{{"127.0.10.4:1", 8}}));
+  EXPECT_EQ(decodes, (std::map<std::string, int>{{"127.0.10.6:1", 4}, {"127.0.10.7:1", 4}}));
 
-  const std::vector<std::string> tried{"10.0.0.4:1"};
+  const std::vector<std::string> tried{"127.0.10.4:1"};
   Pair pair;
   Status st = choose_pair(s, PairQuery{"m", tried, {}, {}}, *p.prefill, *p.decode, &pair);
   EXPECT_EQ(st.code(), StatusCode::kNotFound);
   EXPECT_NE(st.message().find("already tried"), std::string::npos) << st.message();
 
   InstancePtr decode;
-  const std::vector<std::string> tried_decodes{"10.0.0.6:1"};
+  const std::vector<std::string> tried_decodes{"127.0.10.6:1"};
   ASSERT_TRUE(choose_decode(s, *s.instances[3], PairQuery{"m", {}, tried_decodes, {}}, *p.decode, &decode).is_ok());
-  EXPECT_EQ(decode->key, "10.0.0.7:1");
+  EXPECT_EQ(decode->key, "127.0.10.7:1");
 }
 
 TEST(Pairing, PoliciesSeeLiveOutstandingCounts) {
-  auto busy = node("10.0.0.2:1", Role::kDecode, Connector::kSglang);
+  auto busy = node("127.0.10.2:1", Role::kDecode, Connector::kSglang);
   busy->liveness->outstanding = 5;
-  auto s = snapshot({node("10.0.0.1:1", Role::kPrefill, Connector::kSglang), busy,
-                     node("10.0.0.3:1", Role::kDecode, Connector::kSglang)});
+  auto s = snapshot({node("127.0.10.1:1", Role::kPrefill, Connector::kSglang), busy,
+                     node("127.0.10.3:1", Role::kDecode, Connector::kSglang)});
   auto prefill_policy = make_round_robin_policy();
   auto decode_policy = make_least_outstanding_policy();
   Pair pair;
   ASSERT_TRUE(choose_pair(s, PairQuery{}, *prefill_policy, *decode_policy, &pair).is_ok());
-  EXPECT_EQ(pair.decode->key, "10.0.0.3:1");
+  EXPECT_EQ(pair.decode->key, "127.0.10.3:1");
 }
 
 TEST(Ejection, AfterConnectFailuresInARowUntilTheTimeIsUp) {
@@ -222,11 +222,11 @@ void eject(const InstancePtr& node, discovery::Clock::time_point now) {
 
 TEST(Pairing, EjectedNodesAreSkippedWhileOthersRemain) {
   const auto now = discovery::Clock::now();
-  auto p1 = node("10.0.0.1:1", Role::kPrefill, Connector::kNixl);
-  auto p2 = node("10.0.0.2:1", Role::kPrefill, Connector::kNixl);
-  auto d1 = node("10.0.0.3:1", Role::kDecode, Connector::kNixl);
-  auto d2 = node("10.0.0.4:1", Role::kDecode, Connector::kNixl);
-  auto other = node("10.0.0.5:1", Role::kDecode, Connector::kSglang);  // not ejected, incompatible
+  auto p1 = node("127.0.10.1:1", Role::kPrefill, Connector::kNixl);
+  auto p2 = node("127.0.10.2:1", Role::kPrefill, Connector::kNixl);
+  auto d1 = node("127.0.10.3:1", Role::kDecode, Connector::kNixl);
+  auto d2 = node("127.0.10.4:1", Role::kDecode, Connector::kNixl);
+  auto other = node("127.0.10.5:1", Role::kDecode, Connector::kSglang);  // not ejected, incompatible
   auto s = snapshot({p1, p2, d1, d2, other});
   eject(p1, now);
   eject(d1, now);
@@ -237,7 +237,7 @@ TEST(Pairing, EjectedNodesAreSkippedWhileOthersRemain) {
     ASSERT_TRUE(choose_pair(s, PairQuery{{}, {}, {}, {}, now}, *p.prefill, *p.decode, &pair).is_ok());
     ++seen[pair.prefill->key + " " + pair.decode->key];
   }
-  EXPECT_EQ(seen, (std::map<std::string, int>{{"10.0.0.2:1 10.0.0.4:1", 6}}));
+  EXPECT_EQ(seen, (std::map<std::string, int>{{"127.0.10.2:1 127.0.10.4:1", 6}}));
   // Without a time, ejections are not looked at.
   seen.clear();
   for (int i = 0; i < 4; ++i) {
@@ -252,9 +252,9 @@ TEST(Pairing, EjectedNodesAreSkippedWhileOthersRemain) {
   InstancePtr decode;
   ASSERT_TRUE(choose_decode(s, *p2, PairQuery{{}, {}, {}, {}, now}, *p.decode, &decode).is_ok());
   EXPECT_EQ(decode->connector, Connector::kNixl);
-  const std::vector<std::string> tried{"10.0.0.3:1"};
+  const std::vector<std::string> tried{"127.0.10.3:1"};
   ASSERT_TRUE(choose_decode(s, *p2, PairQuery{{}, {}, tried, {}, now}, *p.decode, &decode).is_ok());
-  EXPECT_EQ(decode->key, "10.0.0.4:1");
+  EXPECT_EQ(decode->key, "127.0.10.4:1");
   // And once the time is up, they are candidates like any other.
   Pair pair;
   ASSERT_TRUE(choose_pair(s, PairQuery{{}, {}, {}, {}, now + kEjectFor}, *p.prefill, *p.decode, &pair).is_ok());
@@ -268,8 +268,8 @@ TEST(DpRanks, EachInstanceCyclesThroughItsOwnRanks) {
     i->dp_size = dp;
     return i;
   };
-  auto p1 = make("10.0.0.1:1", Role::kPrefill, 2), p2 = make("10.0.0.2:1", Role::kPrefill, 2);
-  auto d = make("10.0.0.3:1", Role::kDecode, 2), single = make("10.0.0.4:1", Role::kDecode, 1);
+  auto p1 = make("127.0.10.1:1", Role::kPrefill, 2), p2 = make("127.0.10.2:1", Role::kPrefill, 2);
+  auto d = make("127.0.10.3:1", Role::kDecode, 2), single = make("127.0.10.4:1", Role::kDecode, 1);
   std::map<std::string, std::vector<uint32_t>> seen;
   for (int request = 0; request < 8; ++request) {
     const auto& prefill = request % 2 == 0 ? p1 : p2;  // a round-robin policy's choice
@@ -324,6 +324,50 @@ TEST(RetryRules, ClassifiesFailuresAndStatuses) {
   EXPECT_EQ(classify(http::UpstreamFailure::kLocalResources), LegFailure::kLocalResources);
   EXPECT_EQ(failure_status(LegFailure::kLocalResources), 503);
   EXPECT_FALSE(prefill_retryable(LegFailure::kLocalResources, 1));
+}
+
+TEST(Pairing, APreferredDecodeIsUsedWhileUsable) {
+  const auto now = discovery::Clock::now();
+  auto p1 = node("127.0.31.1:1", Role::kPrefill, Connector::kNixl);
+  auto p2 = node("127.0.31.2:1", Role::kPrefill, Connector::kSglang);
+  auto d1 = node("127.0.31.3:1", Role::kDecode, Connector::kNixl);
+  auto d2 = node("127.0.31.4:1", Role::kDecode, Connector::kNixl);
+  auto d3 = node("127.0.31.5:1", Role::kDecode, Connector::kSglang);
+  auto s = snapshot({p1, p2, d1, d2, d3});
+  Policies p;
+  for (int i = 0; i < 4; ++i) {  // every time, whatever the decode policy's turn
+    PairQuery q{{}, {}, {}, {}, now};
+    q.preferred_decode = "127.0.31.4:1";
+    Pair pair;
+    ASSERT_TRUE(choose_pair(s, q, *p.prefill, *p.decode, &pair).is_ok());
+    EXPECT_EQ(pair.decode->key, "127.0.31.4:1");
+    EXPECT_EQ(pair.prefill->key, "127.0.31.1:1");  // the only prefill compatible with it
+  }
+  // Excluded (already tried), ejected or unknown: the policies choose as usual.
+  std::map<std::string, int> seen;
+  const std::vector<std::string> tried{"127.0.31.4:1"};
+  for (int i = 0; i < 4; ++i) {
+    PairQuery q{{}, {}, tried, {}, now};
+    q.preferred_decode = "127.0.31.4:1";
+    Pair pair;
+    ASSERT_TRUE(choose_pair(s, q, *p.prefill, *p.decode, &pair).is_ok());
+    ++seen[pair.decode->key];
+  }
+  EXPECT_EQ(seen.count("127.0.31.4:1"), 0u);
+  eject(d2, now);
+  seen.clear();
+  for (int i = 0; i < 8; ++i) {
+    PairQuery q{{}, {}, {}, {}, now};
+    q.preferred_decode = "127.0.31.4:1";
+    Pair pair;
+    ASSERT_TRUE(choose_pair(s, q, *p.prefill, *p.decode, &pair).is_ok());
+    ++seen[pair.decode->key];
+  }
+  EXPECT_EQ(seen.count("127.0.31.4:1"), 0u);
+  PairQuery gone{{}, {}, {}, {}, now};
+  gone.preferred_decode = "127.0.31.9:1";
+  Pair pair;
+  EXPECT_TRUE(choose_pair(s, gone, *p.prefill, *p.decode, &pair).is_ok());
 }
 
 }  // namespace

@@ -35,9 +35,9 @@ GidCandidate make(int index, std::array<std::uint8_t, 16> gid, GidType type,
 TEST(RdmaGidRank, PrefersRoceV2Ipv4OverEverythingElse) {
   const std::vector<GidCandidate> c = {
       make(0, ipv6(0xfe, 0x80), GidType::kRoceV2),
-      make(1, ipv4(10, 0, 0, 1), GidType::kRoceV1),
+      make(1, ipv4(127, 0, 10, 1), GidType::kRoceV1),
       make(2, ipv6(0xfd, 0x00), GidType::kRoceV2),
-      make(3, ipv4(10, 0, 0, 1), GidType::kRoceV2),
+      make(3, ipv4(127, 0, 10, 1), GidType::kRoceV2),
   };
   EXPECT_EQ(choose_gid(c), 3);
 }
@@ -45,7 +45,7 @@ TEST(RdmaGidRank, PrefersRoceV2Ipv4OverEverythingElse) {
 TEST(RdmaGidRank, GlobalIpv6V2BeatsV1AndLinkLocal) {
   const std::vector<GidCandidate> c = {
       make(0, ipv6(0xfe, 0x80), GidType::kRoceV2),
-      make(1, ipv4(10, 0, 0, 1), GidType::kRoceV1),
+      make(1, ipv4(127, 0, 10, 1), GidType::kRoceV1),
       make(2, ipv6(0x20, 0x01), GidType::kRoceV2),
   };
   EXPECT_EQ(choose_gid(c), 2);
@@ -58,27 +58,27 @@ TEST(RdmaGidRank, LinkLocalIpv4AndFe80AreLastResort) {
   };
   EXPECT_EQ(choose_gid(c), 0);  // same class: lowest index
   EXPECT_EQ(gid_rank(c[0]), gid_rank(c[1]));
-  const std::vector<GidCandidate> with_v1 = {c[0], make(5, ipv4(10, 1, 1, 1), GidType::kRoceV1)};
+  const std::vector<GidCandidate> with_v1 = {c[0], make(5, ipv4(127, 0, 11, 1), GidType::kRoceV1)};
   EXPECT_EQ(choose_gid(with_v1), 5);
 }
 
 TEST(RdmaGidRank, OverlayNetdevsAreDemotedWithinTheirClass) {
   const std::vector<GidCandidate> c = {
-      make(0, ipv4(172, 17, 0, 1), GidType::kRoceV2, "docker0"),
-      make(1, ipv4(10, 0, 0, 1), GidType::kRoceV2, "ens1f0"),
-      make(2, ipv4(10, 0, 0, 2), GidType::kRoceV2, "veth12"),
+      make(0, ipv4(127, 0, 17, 1), GidType::kRoceV2, "docker0"),
+      make(1, ipv4(127, 0, 10, 1), GidType::kRoceV2, "ens1f0"),
+      make(2, ipv4(127, 0, 10, 2), GidType::kRoceV2, "veth12"),
   };
   EXPECT_EQ(choose_gid(c), 1);
   // An overlay entry still beats a worse class.
   const std::vector<GidCandidate> d = {make(0, ipv6(0x20, 0x01), GidType::kRoceV2, "ens1"),
-                                       make(1, ipv4(10, 0, 0, 1), GidType::kRoceV2, "cni0")};
+                                       make(1, ipv4(127, 0, 10, 1), GidType::kRoceV2, "cni0")};
   EXPECT_EQ(choose_gid(d), 1);
 }
 
 TEST(RdmaGidRank, UnusableEntriesAreNeverChosen) {
   const std::vector<GidCandidate> c = {
       make(0, {}, GidType::kRoceV2),                                   // zero
-      make(1, ipv4(10, 0, 0, 1), GidType::kRoceV2, "eth0", false),     // netdev down
+      make(1, ipv4(127, 0, 10, 1), GidType::kRoceV2, "eth0", false),     // netdev down
       make(2, ipv6(0xfe, 0x80), GidType::kIb),                         // IB type
   };
   EXPECT_EQ(choose_gid(c), std::nullopt);
@@ -89,7 +89,7 @@ TEST(RdmaGidRank, UnusableEntriesAreNeverChosen) {
 TEST(RdmaGidRank, OverrideByIndexOrNetdev) {
   const std::vector<GidCandidate> c = {
       make(0, ipv6(0xfe, 0x80), GidType::kRoceV2, "eth1"),
-      make(1, ipv4(10, 0, 0, 1), GidType::kRoceV2, "eth0"),
+      make(1, ipv4(127, 0, 10, 1), GidType::kRoceV2, "eth0"),
       make(2, ipv6(0x20, 0x01), GidType::kRoceV2, "eth1"),
       make(3, {}, GidType::kRoceV2, "eth2"),
   };
@@ -101,7 +101,7 @@ TEST(RdmaGidRank, OverrideByIndexOrNetdev) {
 }
 
 TEST(RdmaGidRank, UnknownTypeRanksLikeV1) {
-  const std::vector<GidCandidate> c = {make(0, ipv4(10, 0, 0, 1), GidType::kUnknown),
+  const std::vector<GidCandidate> c = {make(0, ipv4(127, 0, 10, 1), GidType::kUnknown),
                                        make(1, ipv6(0x20, 0x01), GidType::kRoceV2)};
   EXPECT_EQ(choose_gid(c), 1);
 }

@@ -10,7 +10,8 @@ proto::RdmaHandshake remote_record() {
   proto::RdmaHandshake r;
   r.gid[10] = 0xff;
   r.gid[11] = 0xff;
-  r.gid[12] = 10;
+  r.gid[12] = 127;  // ::ffff:127.0.10.2
+  r.gid[14] = 10;
   r.gid[15] = 2;
   r.lid = 0;
   r.path_mtu = IBV_MTU_1024;
@@ -48,7 +49,7 @@ TEST(RdmaQpAttrs, RtrUsesPeerQpnPsnMinMtuAndMinRdAtomic) {
   EXPECT_EQ(t.attr.ah_attr.is_global, 1);
   EXPECT_EQ(t.attr.ah_attr.grh.sgid_index, 3);
   EXPECT_EQ(t.attr.ah_attr.grh.hop_limit, kHopLimit);
-  EXPECT_EQ(t.attr.ah_attr.grh.dgid.raw[12], 10);
+  EXPECT_EQ(t.attr.ah_attr.grh.dgid.raw[12], 127);
   EXPECT_EQ(t.mask, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 }

@@ -29,7 +29,7 @@ TEST(SocketOps, RefusesMalformedAddresses) {
 }
 
 TEST(SocketOps, JoinsHostAndPort) {
-  EXPECT_EQ(join_host_port("10.0.0.1", 80), "10.0.0.1:80");
+  EXPECT_EQ(join_host_port("127.0.10.1", 80), "127.0.10.1:80");
   EXPECT_EQ(join_host_port("::1", 80), "[::1]:80");
 }
 

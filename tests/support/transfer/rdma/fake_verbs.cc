@@ -346,7 +346,8 @@ int fake_query_port(ibv_context*, std::uint8_t port_num, ibv_port_attr* attr) {
   return 0;
 }
 
-// Index 0: fe80::1 (link-local, RoCE v2), index 1: ::ffff:10.0.0.1 (RoCE v2).
+// Index 0: fe80::1 (link-local, RoCE v2), index 1: ::ffff:127.0.10.1 (RoCE v2). fe80::1 must be
+// link-local (GID ranking puts it last); a GID is only ranked and exchanged, never connected to.
 int fake_gid(int index, ibv_gid* gid) {
   *gid = ibv_gid{};
   if (index == 0) {
@@ -358,7 +359,8 @@ int fake_gid(int index, ibv_gid* gid) {
   if (index == 1) {
     gid->raw[10] = 0xff;
     gid->raw[11] = 0xff;
-    gid->raw[12] = 10;
+    gid->raw[12] = 127;
+    gid->raw[14] = 10;
     gid->raw[15] = 1;
     return 0;
   }

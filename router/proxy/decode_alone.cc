@@ -1,0 +1,36 @@
+#include "router/proxy/decode_alone.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "proto/token_ids.h"
+
+namespace pdr::router::proxy {
+
+std::string_view to_string(DecodeAloneReason reason) {
+  return reason == DecodeAloneReason::kShortPrompt ? "short_prompt" : "cached";
+}
+
+uint32_t estimated_prompt_tokens(std::string_view prompt_raw) {
+  thread_local std::vector<uint32_t> tokens;
+  if (proto::parse_token_id_array(prompt_raw, 1u << 24, &tokens)) return static_cast<uint32_t>(tokens.size());
+  return static_cast<uint32_t>(std::max<size_t>(1, prompt_raw.size() / 4));
+}
+
+std::optional<DecodeAloneReason> decode_alone_reason(const discovery::Topology::ConditionalDisaggregation& config,
+                                                     const proto::Dialect* dialect, std::string_view prompt_raw,
+                                                     const CacheHits* cache, std::string_view decode_key) {
+  if (!config.enabled || dialect == nullptr || dialect->without_kv == nullptr || prompt_raw.empty()) {
+    return std::nullopt;
+  }
+  if (config.max_prompt_tokens != 0 && estimated_prompt_tokens(prompt_raw) <= config.max_prompt_tokens) {
+    return DecodeAloneReason::kShortPrompt;
+  }
+  if (config.min_cached_percent != 0 && cache != nullptr && cache->prompt_units != 0) {
+    const uint64_t matched = cache->matched(decode_key);
+    if (matched * 100 >= uint64_t{config.min_cached_percent} * cache->prompt_units) return DecodeAloneReason::kCached;
+  }
+  return std::nullopt;
+}
+
+}  // namespace pdr::router::proxy

@@ -1,0 +1,89 @@
+#include "router/proxy/multi_turn.h"
+
+#include "proto/multi_turn.h"
+
+namespace pdr::router::proxy {
+
+namespace {
+
+// A stream chunk is small; its kv_transfer_params too. The reader bounds what one event may hold.
+constexpr size_t kMaxEventBytes = 1 << 20;
+
+proto::JsonLimits params_limits() {
+  proto::JsonLimits limits;
+  limits.max_bytes = kMaxEventBytes;
+  return limits;
+}
+
+}  // namespace
+
+std::optional<std::string> MultiTurnRequest::begin(const proto::JsonObjectBody& body,
+                                                   const discovery::Topology& topology, ConversationCache& cache,
+                                                   ProxyCounters& counters, std::optional<MultiTurnRequest>* out) {
+  out->reset();
+  if (!topology.multi_turn.enabled || !body.has("conversation_id") || body.is_null("conversation_id")) {
+    return std::nullopt;
+  }
+  std::optional<std::string> id;
+  if (!body.get_string("conversation_id", &id).is_ok() || !id) return "conversation_id must be a string";
+  if (id->empty() || id->size() > kMaxConversationIdBytes) {
+    return "conversation_id must be 1 to " + std::to_string(kMaxConversationIdBytes) + " bytes";
+  }
+  MultiTurnRequest& r = out->emplace();
+  r.conversation_id_ = std::move(*id);
+  r.reuse_ = cache.take(r.conversation_id_, ConversationCache::Clock::now(), topology.multi_turn.ttl);
+  if (!r.reuse_) counters.bump(counters.multi_turn.no_entry);
+  return std::nullopt;
+}
+
+void MultiTurnRequest::on_legs_built(proto::LegBuild& legs, const discovery::Instance& decode,
+                                     ProxyCounters& counters) {
+  // Not a field vLLM knows: the reference proxy pops it before either leg.
+  legs.prefill.body.remove("conversation_id");
+  legs.decode.body.remove("conversation_id");
+  nixl_ = legs.plan.connector == proto::Connector::kNixl;
+  if (!reuse_) return;
+  if (nixl_ && decode.key == reuse_->decode_key && decode.epoch == reuse_->decode_epoch) {
+    legs.prefill.body.set_raw("kv_transfer_params", reuse_->prefill_params);
+    counters.bump(counters.multi_turn.reused);
+  } else {
+    // Gone, restarted, draining, ejected or no longer NIXL: a normal turn.
+    counters.bump(counters.multi_turn.decode_unavailable);
+  }
+  reuse_.reset();  // single use, also when a retry rebuilds the legs
+}
+
+void MultiTurnRequest::on_decode_bytes(std::string_view chunk) {
+  if (!nixl_) return;
+  if (!stream_) stream_.emplace(kMaxEventBytes);
+  // A failed reader (an event over the limit) stays failed: no params, no entry.
+  (void)stream_->feed(chunk, [this](const proto::SseEvent& event) {
+    if (event.data.find("\"kv_transfer_params\"") == std::string_view::npos) return;
+    if (auto params = proto::kv_transfer_params_of(event.data, params_limits())) final_params_.assign(*params);
+  });
+}
+
+void MultiTurnRequest::on_decode_json(std::string_view body) {
+  if (!nixl_) return;
+  if (auto params = proto::kv_transfer_params_of(body, params_limits())) final_params_.assign(*params);
+}
+
+void MultiTurnRequest::on_done(const discovery::Instance& decode, const discovery::Topology& topology,
+                               ConversationCache& cache, ProxyCounters& counters) {
+  if (!nixl_) return;
+  std::string params;
+  if (final_params_.empty() ||
+      !proto::next_turn_prefill_params(final_params_, decode.http_address.host, params_limits(), &params).is_ok()) {
+    counters.bump(counters.multi_turn.no_params);
+    return;
+  }
+  ConversationCache::Limits limits;
+  limits.ttl = topology.multi_turn.ttl;
+  limits.max_entries = topology.multi_turn.max_entries;
+  limits.max_bytes = topology.multi_turn.max_bytes;
+  cache.put(conversation_id_, ConversationCache::Entry{decode.key, decode.epoch, std::move(params)}, ConversationCache::Clock::now(),
+            limits);
+  counters.bump(counters.multi_turn.stored);
+}
+
+}  // namespace pdr::router::proxy

@@ -1,0 +1,54 @@
+// One request's side of multi-turn KV reuse (topology multi_turn:, NIXL; conversation_cache.h
+// holds the entries, proto/multi_turn.h the wire facts). The session calls, in order:
+//   begin()          after parsing: reads and checks "conversation_id", takes the entry its
+//                    last turn left (single use); preferred_decode() then steers pairing to it;
+//   on_legs_built()  removes "conversation_id" from both legs and, when the pair has the
+//                    entry's decode, gives the prefill the decode's params (it pulls the blocks);
+//   on_decode_bytes() / on_decode_json()  watch the decode's answer for its final
+//                    kv_transfer_params (the last stream chunk carrying them, or the JSON answer);
+//   on_done()        when the answer ended well: stores the next turn's entry.
+// Entries are never stored for failed answers (the session does not call on_done) or answers
+// without params; n > 1 never reaches here (refused before pairing).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "config/topology.h"
+#include "discovery/instance.h"
+#include "proto/json_splice.h"
+#include "proto/request_legs.h"
+#include "proto/sse_reader.h"
+#include "router/proxy/conversation_cache.h"
+#include "router/proxy/proxy_counters.h"
+
+namespace pdr::router::proxy {
+
+class MultiTurnRequest {
+ public:
+  static constexpr size_t kMaxConversationIdBytes = 512;
+
+  // Empty optional: no multi-turn for this request (disabled, or no conversation_id). A message:
+  // the client's conversation_id is unusable (400). Else *out is set up.
+  static std::optional<std::string> begin(const proto::JsonObjectBody& body, const discovery::Topology& topology,
+                                          ConversationCache& cache, ProxyCounters& counters,
+                                          std::optional<MultiTurnRequest>* out);
+
+  std::string_view preferred_decode() const { return reuse_ ? std::string_view(reuse_->decode_key) : std::string_view(); }
+
+  void on_legs_built(proto::LegBuild& legs, const discovery::Instance& decode, ProxyCounters& counters);
+  void on_decode_bytes(std::string_view chunk);
+  void on_decode_json(std::string_view body);
+  void on_done(const discovery::Instance& decode, const discovery::Topology& topology, ConversationCache& cache,
+               ProxyCounters& counters);
+
+ private:
+  std::string conversation_id_;
+  std::optional<ConversationCache::Entry> reuse_;  // until the first legs are built
+  std::optional<proto::SseReader> stream_;         // created on the first streamed bytes
+  std::string final_params_;                       // the decode's latest kv_transfer_params
+  bool nixl_ = false;                              // the pair speaks NIXL
+};
+
+}  // namespace pdr::router::proxy
