@@ -17,6 +17,7 @@
 
 #include "sidecar/node_client.h"
 #include "node/sim_dialect.h"
+#include "node/sim_kv_events_encode.h"
 #include "node/sim_kv_mover.h"
 #include "node/sim_server.h"
 #include "node/stop_signals.h"
@@ -71,6 +72,64 @@ FlagError parse_listen_address(const std::string& text, proto::HostPort* out) {
     return "--http '" + text + "': " + s.message();
   }
   out->port = static_cast<uint16_t>(value);
+  return "";
+}
+
+// A KV events socket to bind: tcp://HOST:PORT, HOST an address or * (every interface), port 0
+// ephemeral.
+FlagError parse_bind_endpoint(const char* flag, const std::string& text, std::string* host,
+                              uint16_t* port) {
+  const std::string scheme = "tcp://";
+  if (!text.starts_with(scheme)) return std::string(flag) + " '" + text + "': expected tcp://HOST:PORT";
+  const std::string rest = text.substr(scheme.size());
+  if (rest.starts_with("*:")) {
+    proto::HostPort any;
+    if (FlagError e = parse_listen_address("0.0.0.0" + rest.substr(1), &any); !e.empty()) {
+      return std::string(flag) + " '" + text + "': bad port";
+    }
+    *host = "*";
+    *port = any.port;
+    return "";
+  }
+  proto::HostPort address;
+  if (FlagError e = parse_listen_address(rest, &address); !e.empty()) {
+    return std::string(flag) + " '" + text + "': expected tcp://HOST:PORT";
+  }
+  *host = address.host;
+  *port = address.port;
+  return "";
+}
+
+// The publisher the flags ask for, or none.
+FlagError build_kv_events(const SimFlags& f, const sim::SimOptions& options,
+                          std::optional<sim::SimKvEventsPublisherOptions>* out) {
+  if (f.kv_events_endpoint.empty()) {
+    if (!f.kv_events_replay_endpoint.empty()) {
+      return "--kv-events-replay-endpoint needs --kv-events-endpoint";
+    }
+    return "";
+  }
+  sim::SimKvEventsPublisherOptions p;
+  if (FlagError e = parse_bind_endpoint("--kv-events-endpoint", f.kv_events_endpoint, &p.host,
+                                        &p.port);
+      !e.empty()) {
+    return e;
+  }
+  if (!f.kv_events_replay_endpoint.empty()) {
+    std::string host;
+    uint16_t port = 0;
+    if (FlagError e = parse_bind_endpoint("--kv-events-replay-endpoint",
+                                          f.kv_events_replay_endpoint, &host, &port);
+        !e.empty()) {
+      return e;
+    }
+    if (host != p.host) {
+      return "--kv-events-replay-endpoint must bind the same host as --kv-events-endpoint";
+    }
+    p.replay_port = port;
+  }
+  p.ranks = options.node.dp_size;
+  *out = p;
   return "";
 }
 
@@ -151,7 +210,9 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
 // pdrouter format for connectors that have no discovery of their own: the dialect's part
 // (SimDialect::fill_registration) on the common one.
 proto::Registration build_registration(const SimFlags& f, const sim::SimServer& server,
-                                       const sim::SimOptions& options) {
+                                       const sim::SimOptions& options,
+                                       const std::optional<proto::HostPort>& kv_events,
+                                       const std::optional<proto::HostPort>& kv_events_replay) {
   const sim::KvNodeIdentity& node = options.node;
   proto::Registration reg;
   reg.role = node.role;
@@ -164,6 +225,11 @@ proto::Registration build_registration(const SimFlags& f, const sim::SimServer& 
   in.moves_kv = f.kv_backends != "none";
   sim::find_sim_dialect(node)->fill_registration(in, &reg);
   parse_label_flags(f.labels, &reg.labels);  // validated by build_options
+  // Only the pdrouter format carries KV events endpoints.
+  if (reg.format == proto::RegistrationFormat::kPdrouter) {
+    reg.kv_events_endpoint = kv_events;
+    reg.kv_events_replay_endpoint = kv_events_replay;
+  }
   return reg;
 }
 
@@ -176,7 +242,8 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
       "/v1/chat/completions in vLLM's formats (and fakes of /tokenize, /detokenize, /v1/embeddings\n"
       "and the two /render endpoints), kv_transfer_params checked per connector, prefill\n"
       "and decode time modelled per token, deterministic text. Test endpoints: GET /sim/requests,\n"
-      "POST /sim/reset, /sim/faults (below), GET /sim/kv (KV transfer counters). With\n"
+      "POST /sim/reset, /sim/faults (below), GET /sim/kv (KV transfer counters), GET\n"
+      "/sim/prefix_cache (prefix caches, KV events counters); POST /reset_prefix_cache as vLLM. With\n"
       "--kv-backends (default tcp) every P/D request moves real, verified KV bytes from the\n"
       "prefill sim to the decode sim. Runs until SIGTERM/SIGINT. Exit codes: 0 clean stop,\n"
       "1 runtime failure, 2 bad flags.");
@@ -261,6 +328,26 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
                   "How long a decode waits for its KV (side channel, READ, or the prefill's "
                   "WRITE) before failing the request (504 kv_timeout).")
       ->capture_default_str()->check(CLI::Range(1, 86400000))->type_name("MS");
+  cmd->add_option("--kv-block-tokens", f->kv_block_tokens,
+                  "Tokens per block of the prefix cache (vLLM's --block-size).")
+      ->capture_default_str()->check(CLI::Range(1, 4096))->type_name("N");
+  cmd->add_option("--prefix-cache-blocks", f->prefix_cache_blocks,
+                  "Blocks each DP rank's prefix cache holds (LRU beyond), default --kv-blocks. A "
+                  "prompt's full blocks already cached cost no prefill time; a text prompt's "
+                  "token ids are one per word. See GET /sim/prefix_cache.")
+      ->check(CLI::Range(1, 1 << 24))->type_name("N");
+  cmd->add_option("--kv-events-endpoint", f->kv_events_endpoint,
+                  "Publish vLLM KV cache events (BlockStored, BlockRemoved, AllBlocksCleared) on a "
+                  "ZMQ PUB socket bound here, tcp://HOST:PORT (HOST may be *; port 0: ephemeral); "
+                  "DP rank r binds PORT+r. Advertised in pdrouter-format registrations.")
+      ->type_name("tcp://HOST:PORT");
+  cmd->add_option("--kv-events-replay-endpoint", f->kv_events_replay_endpoint,
+                  "Also bind vLLM's replay ROUTER socket here (last 10000 batches, 64 MiB, per rank; same "
+                  "HOST; rank r at PORT+r; port 0: ephemeral).")
+      ->type_name("tcp://HOST:PORT");
+  cmd->add_option("--kv-events-encoding", f->kv_events_encoding,
+                  "Event encoding: map (vLLM >= 0.26, tagged by \"type\") or array (older vLLM).")
+      ->capture_default_str()->type_name("map|array");
   cmd->add_flag("--bidirectional-kv-xfer", f->bidirectional_kv_xfer,
                 "NIXL decode: end each answer with kv_transfer_params for the conversation's next "
                 "turn (vLLM's kv_connector_extra_config.bidirectional_kv_xfer: the JSON answer's "
@@ -314,6 +401,38 @@ int run_sim_command(const SimFlags& flags) {
     kv_listen_port = options.node.*dialect.side_channel(options.node).front().base;
     mover = std::move(engine_mover);
   }
+  std::optional<sim::SimKvEventsPublisherOptions> events_options;
+  sim::SimCacheOptions cache_options;
+  cache_options.ranks = options.node.dp_size;
+  cache_options.block_tokens = flags.kv_block_tokens;
+  cache_options.capacity_blocks =
+      flags.prefix_cache_blocks != 0 ? flags.prefix_cache_blocks : flags.kv_blocks;
+  if (!sim::parse_kv_events_encoding(flags.kv_events_encoding, &cache_options.encoding)) {
+    std::fprintf(stderr, "pdnode sim: error: --kv-events-encoding '%s': expected map or array\n",
+                 flags.kv_events_encoding.c_str());
+    return kExitBadFlags;
+  }
+  if (FlagError e = build_kv_events(flags, options, &events_options); !e.empty()) {
+    std::fprintf(stderr, "pdnode sim: error: %s\nRun 'pdnode sim --help' for usage.\n", e.c_str());
+    return kExitBadFlags;
+  }
+  std::unique_ptr<sim::SimKvEventsPublisher> publisher;
+  std::optional<proto::HostPort> kv_events, kv_events_replay;
+  if (events_options) {
+    publisher = std::make_unique<sim::SimKvEventsPublisher>();
+    if (Status s = publisher->start(*events_options); !s.is_ok()) {
+      spdlog::error("cannot publish KV events (--kv-events-endpoint {}): {}",
+                    flags.kv_events_endpoint, s.to_string());
+      return kExitRuntime;
+    }
+    const std::string& bound = events_options->host;
+    const std::string host = bound == "*" || bound == "0.0.0.0" || bound == "::"
+                                 ? options.node.advertise_host
+                                 : bound;
+    kv_events = proto::HostPort{host, publisher->port()};
+    if (auto replay = publisher->replay_port()) kv_events_replay = proto::HostPort{host, *replay};
+  }
+  options.cache = std::make_shared<sim::SimCacheModel>(cache_options, std::move(publisher));
   sim::SimServer server(options, std::move(mover));
   if (Status s = server.start(); !s.is_ok()) {
     spdlog::error("cannot start: {}", s.to_string());
@@ -326,7 +445,8 @@ int run_sim_command(const SimFlags& flags) {
   if (!flags.register_endpoints.empty()) {
     discovery::NodeClientOptions client_options;
     client_options.router_endpoints = flags.register_endpoints;
-    client_options.registration = build_registration(flags, server, options);
+    client_options.registration =
+        build_registration(flags, server, options, kv_events, kv_events_replay);
     client_options.interval = std::chrono::milliseconds(flags.register_interval_ms);
     client = std::make_unique<discovery::NodeClient>(std::move(client_options));
     if (Status s = client->start(); !s.is_ok()) {
@@ -342,6 +462,8 @@ int run_sim_command(const SimFlags& flags) {
     line += " bootstrap=" + proto::HostPort{options.host, *port}.to_string();
   }
   if (kv_listen_port) line += " kv=" + proto::HostPort{options.host, *kv_listen_port}.to_string();
+  if (kv_events) line += " kv_events=" + proto::zmq_tcp_endpoint(*kv_events);
+  if (kv_events_replay) line += " kv_events_replay=" + proto::zmq_tcp_endpoint(*kv_events_replay);
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 

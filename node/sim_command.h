@@ -6,7 +6,8 @@
 // successful parse, run_sim_command() validates them (exit code 2 with a precise message on a bad
 // combination), starts the server, prints `pdnode sim listening http=HOST:PORT` (plus
 // ` bootstrap=HOST:PORT` when a separate Mooncake bootstrap listener runs, and ` kv=HOST:PORT`, the
-// first KV side-channel port, on a node moving real KV) on stdout, heartbeats
+// first KV side-channel port, on a node moving real KV, and ` kv_events=tcp://HOST:PORT`
+// [` kv_events_replay=tcp://HOST:PORT`], rank 0's bound KV events sockets) on stdout, heartbeats
 // its registration if --register was given, and runs until SIGTERM/SIGINT (exit 0).
 // block_stop_signals() must have run first.
 #pragma once
@@ -49,6 +50,12 @@ struct SimFlags {
   uint32_t kv_layers = 2;
   uint32_t kv_hold_ms = 60000;
   uint32_t kv_timeout_ms = 30000;
+  // Prefix cache and vLLM KV cache events (node/sim_cache_model.h).
+  uint32_t kv_block_tokens = 16;
+  uint32_t prefix_cache_blocks = 0;  // 0: kv_blocks
+  std::string kv_events_endpoint;         // tcp://HOST:PORT to bind; "" publishes nothing
+  std::string kv_events_replay_endpoint;  // tcp://HOST:PORT to bind; "" no replay socket
+  std::string kv_events_encoding = "map";
   bool bidirectional_kv_xfer = false;
   std::string log_level = "info";
 };

@@ -56,6 +56,16 @@ void SimRequestLog::count_error(std::string_view reason) {
   ++errors_by_reason_[std::string(reason)];
 }
 
+void SimRequestLog::set_prefix_cache(uint64_t seq, uint32_t cached_tokens,
+                                     uint32_t queried_tokens) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++prefix_queries_;
+  prefix_queried_tokens_ += queried_tokens;
+  prefix_hit_tokens_ += cached_tokens;
+  if (cached_tokens > 0) ++prefix_hits_;
+  if (Entry* e = find(seq)) e->cached_tokens = cached_tokens;
+}
+
 void SimRequestLog::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   // Sequence numbers keep counting so updates for requests still in flight find nothing.
@@ -63,6 +73,7 @@ void SimRequestLog::reset() {
   requests_ = 0;
   aborts_ = 0;
   faults_applied_ = 0;
+  prefix_queries_ = prefix_queried_tokens_ = prefix_hit_tokens_ = prefix_hits_ = 0;
   errors_by_reason_.clear();
 }
 
@@ -82,13 +93,19 @@ std::string SimRequestLog::to_json() const {
                         {"status", e.status},
                         {"aborted", e.aborted},
                         {"fault", e.fault.empty() ? json(nullptr)
-                                                  : json::parse(e.fault, nullptr, false)}});
+                                                  : json::parse(e.fault, nullptr, false)},
+                        {"cached_tokens",
+                         e.cached_tokens < 0 ? json(nullptr) : json(e.cached_tokens)}});
   }
   json out{{"requests", list},
            {"counters",
             {{"requests", requests_},
              {"aborts", aborts_},
              {"faults_applied", faults_applied_},
+             {"prefix_cache_queries", prefix_queries_},
+             {"prefix_cache_queried_tokens", prefix_queried_tokens_},
+             {"prefix_cache_hit_tokens", prefix_hit_tokens_},
+             {"prefix_cache_hits", prefix_hits_},
              {"errors_by_reason", errors_by_reason_}}}};
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }

@@ -26,9 +26,15 @@ class SimRequestLog {
   // Notes that an injected fault (FaultSpec::to_json(), a JSON object) applied to the request.
   void set_fault(uint64_t seq, std::string fault_json);
   void count_error(std::string_view reason);
+  // The prefix cache's answer for a generation request (sim_prefix_cache.h): its entry's
+  // "cached_tokens" (null until set) and the counters prefix_cache_queries, _queried_tokens,
+  // _hit_tokens and _hits (requests with cached tokens).
+  void set_prefix_cache(uint64_t seq, uint32_t cached_tokens, uint32_t queried_tokens);
   void reset();
   // {"requests":[...], "counters":{"requests":N,"aborts":N,"faults_applied":N,
-  //  "errors_by_reason":{...}}}; an entry's "fault" is the injected fault object, or null.
+  //  "prefix_cache_queries":N,"prefix_cache_queried_tokens":N,"prefix_cache_hit_tokens":N,
+  //  "prefix_cache_hits":N,"errors_by_reason":{...}}}; an entry's "fault" is the injected fault
+  //  object, or null; its "cached_tokens" the prompt tokens found in the prefix cache, or null.
   std::string to_json() const;
 
  private:
@@ -43,6 +49,7 @@ class SimRequestLog {
     int status = 0;
     bool aborted = false;
     std::string fault;  // FaultSpec::to_json(); empty: none
+    int64_t cached_tokens = -1;  // -1: not looked up
   };
   Entry* find(uint64_t seq);
 
@@ -52,6 +59,10 @@ class SimRequestLog {
   uint64_t requests_ = 0;
   uint64_t aborts_ = 0;
   uint64_t faults_applied_ = 0;
+  uint64_t prefix_queries_ = 0;
+  uint64_t prefix_queried_tokens_ = 0;
+  uint64_t prefix_hit_tokens_ = 0;
+  uint64_t prefix_hits_ = 0;
   std::map<std::string, uint64_t> errors_by_reason_;
 };
 

@@ -17,6 +17,7 @@
 #include "node/sim_dialect.h"
 #include "node/sim_faults.h"
 #include "node/sim_generation.h"
+#include "node/sim_prompt_tokens.h"
 #include "node/sim_request_log.h"
 #include "http/http_server.h"
 
@@ -71,6 +72,7 @@ struct Generation {
   // A decode leg's KV import (KvMover): the lease to end, and whether tokens wait for it.
   uint64_t kv_lease = 0;
   bool kv_waiting = false;
+  std::vector<uint32_t> prompt_ids;  // a decode leg's, stored in its prefix cache once imported
 };
 
 struct TimerBox {
@@ -103,6 +105,8 @@ struct SimServer::Impl {
   void handle_faults_endpoint(const http::Request& request, http::ResponseWriter& writer);
   // The endpoints of sim_aux_api.h; false when `request` is none of them.
   bool handle_aux(const http::Request& request, uint64_t seq, http::ResponseWriter& writer);
+  void handle_prefix_cache_endpoint(const http::Request& request, uint64_t seq,
+                                    http::ResponseWriter& writer);
   void handle_generation(ApiKind kind, http::Request&& request, uint64_t seq,
                          http::ResponseWriter writer, const FaultSpec& fault);
   void apply_fault(FaultSpec fault, http::Request&& request, uint64_t seq,
@@ -192,7 +196,6 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
       return handle_generation(ApiKind::kChat, std::move(request), seq, std::move(writer), fault);
     }
     if (post && handle_aux(request, seq, writer)) return;
-    if (request.path == "/reset_prefix_cache" && post) return answer(writer, seq, http::Response{200, {}, ""});
     if (request.path == "/query" && get && serves_bootstrap()) {
       return answer(writer, seq, json_response(200, dialect->bootstrap_query(options.node)));
     }
@@ -204,6 +207,9 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
       return answer(writer, seq, json_response(200, "{}"));
     }
     if (request.path == "/sim/faults") return handle_faults_endpoint(request, writer);
+    if (request.path == "/sim/prefix_cache" || (request.path == "/reset_prefix_cache" && post)) {
+      return handle_prefix_cache_endpoint(request, seq, writer);
+    }
     if (request.path == "/sim/kv" && get) {
       return answer(writer, seq, json_response(200, mover->stats().dump()));
     }
@@ -258,6 +264,29 @@ void SimServer::Impl::handle_faults_endpoint(const http::Request& request,
     return answer_error(writer, 0, SimError{405, "bad_method", "use GET, POST or DELETE"});
   }
   answer(writer, 0, json_response(200, faults.to_json()));
+}
+
+void SimServer::Impl::handle_prefix_cache_endpoint(const http::Request& request, uint64_t seq,
+                                                   http::ResponseWriter& writer) {
+  if (request.path == "/reset_prefix_cache") {
+    options.cache->reset();
+    return answer(writer, seq, http::Response{200, {}, ""});
+  }
+  if (request.method == "POST") {
+    const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+    if (!body.is_object() || !body.contains("withhold_batches") ||
+        !body["withhold_batches"].is_number_unsigned() ||
+        body["withhold_batches"].get<uint64_t>() > 1000000 || options.cache->publisher() == nullptr) {
+      return answer_error(writer, seq,
+                          SimError{400, "bad_prefix_cache_control",
+                                   "expected {\"withhold_batches\": 0..1000000} on a node "
+                                   "publishing KV events"});
+    }
+    options.cache->publisher()->withhold(body["withhold_batches"].get<uint32_t>());
+  } else if (request.method != "GET") {
+    return answer_error(writer, seq, SimError{405, "bad_method", "use GET or POST"});
+  }
+  answer(writer, seq, json_response(200, options.cache->stats_json().dump()));
 }
 
 void SimServer::Impl::apply_fault(FaultSpec fault, http::Request&& request, uint64_t seq,
@@ -359,11 +388,20 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
     g->tokens.resize(1);  // generate_tokens gives at least one (max_tokens >= 1)
     g->stopped = true;
   }
-  // A decode leg's prompt KV arrives from the prefill node, so it pays no prefill time.
-  const auto prefill = g->kv.leg == KvLeg::kDecode
-                           ? std::chrono::microseconds(0)
-                           : std::chrono::microseconds(uint64_t{options.prefill_us_per_token} *
-                                                       g->req.prompt_tokens);
+  // A decode leg's prompt KV arrives from the prefill node, so it pays no prefill time; its
+  // blocks enter its prefix cache once they arrived (on_kv_imported). Others compute what their
+  // prefix cache does not hold.
+  uint32_t uncached = 0;
+  if (g->kv.leg == KvLeg::kDecode) {
+    g->prompt_ids = prompt_token_ids(kind, body);
+  } else {
+    const PrefixCacheUpdate cached =
+        options.cache->on_prompt(g->kv.dp_rank, prompt_token_ids(kind, body));
+    log.set_prefix_cache(seq, cached.cached_tokens, cached.queried_tokens);
+    uncached = g->req.prompt_tokens - std::min(g->req.prompt_tokens, cached.cached_tokens);
+  }
+  const auto prefill =
+      std::chrono::microseconds(uint64_t{options.prefill_us_per_token} * uncached);
   g->per_token = std::chrono::microseconds(options.decode_us_per_token);
   g->first_token_at = Clock::now() + prefill;
   g->writer = std::move(writer);
@@ -408,6 +446,10 @@ void SimServer::Impl::on_kv_imported(uint32_t worker, uint64_t seq,
   Generation* g = find(worker, seq);
   if (g == nullptr || !g->kv_waiting) return;  // the leg ended (client gone) meanwhile
   g->kv_waiting = false;
+  if (!error) {
+    const PrefixCacheUpdate cached = options.cache->on_prompt(g->kv.dp_rank, g->prompt_ids);
+    log.set_prefix_cache(seq, cached.cached_tokens, cached.queried_tokens);
+  }
   if (error) {
     log.count_error(error->reason);
     spdlog::warn("sim: request {}: {}", g->request_id, error->message);
@@ -569,6 +611,11 @@ SimServer::SimServer(SimOptions options, std::unique_ptr<KvMover> mover)
   impl_->options = std::move(options);
   impl_->dialect = find_sim_dialect(impl_->options.node);
   impl_->mover = mover ? std::move(mover) : std::make_unique<NullKvMover>();
+  if (!impl_->options.cache) {
+    SimCacheOptions cache;
+    cache.ranks = impl_->options.node.dp_size;
+    impl_->options.cache = std::make_shared<SimCacheModel>(cache, nullptr);
+  }
 }
 
 SimServer::~SimServer() { stop(); }

@@ -3,8 +3,9 @@
 // POST /v1/chat/completions in vLLM's JSON and SSE formats, validates kv_transfer_params,
 // X-Request-Id and X-data-parallel-rank like the chosen connector (sim_kv.h, its dialect's file in
 // node/sim_dialects/), and paces output:
-// the first token after prefill_us_per_token x prompt tokens (a decode leg skips prefill: its KV
-// comes from the prefill node), then one token per decode_us_per_token. Non-streaming responses
+// the first token after prefill_us_per_token x the prompt tokens its DP rank's prefix cache did not
+// hold (sim_cache_model.h; a decode leg skips prefill: its KV comes from the prefill node, and
+// its blocks are stored once the KV arrived), then one token per decode_us_per_token. Non-streaming responses
 // are sent when the last token would have been produced. Pacing uses a uv timer on the request's
 // worker loop; nothing sleeps.
 //
@@ -27,6 +28,12 @@
 // non-streaming, starts its pacing) only once the import succeeded; a failed import fails the
 // request (non-stream: the error status and vLLM's body; stream: the head was sent, so an
 // {"error": ...} event, then [DONE]). The decode's blocks are freed when the leg ends, however.
+//
+// Prefix cache: each generation request's entry in /sim/requests has "cached_tokens", and its
+// counters the prefix_cache_* totals. GET /sim/prefix_cache returns SimCacheModel::stats_json();
+// POST /sim/prefix_cache {"withhold_batches": N} (test only) makes the KV events publisher keep
+// its next N batches from subscribers (they stay replayable: a gap); POST /reset_prefix_cache
+// (vLLM's) empties the caches and publishes AllBlocksCleared.
 //
 // Fault injection (test only; sim_faults.h): POST /sim/faults with a JSON object queues a fault,
 // DELETE /sim/faults clears the queue, GET /sim/faults lists it (each answers {"faults":[...]};
@@ -62,6 +69,7 @@
 #include <optional>
 #include <string>
 
+#include "node/sim_cache_model.h"
 #include "node/sim_kv.h"
 #include "base/status.h"
 
@@ -77,6 +85,9 @@ struct SimOptions {
   uint32_t decode_us_per_token = 1000;
   KvNodeIdentity node;                    // node.http_port is filled in by start()
   std::optional<uint16_t> bootstrap_port;  // bootstrap server: separate /query listener (0 ok)
+  // The prefix caches (and KV events publisher). Null: the server makes one per DP rank with
+  // SimCacheOptions' defaults and no publisher.
+  std::shared_ptr<SimCacheModel> cache;
   // NIXL decode: end each answer with kv_transfer_params naming the blocks it keeps for the
   // conversation's next turn (vLLM's bidirectional_kv_xfer; the last stream chunk carries them).
   bool bidirectional_kv_xfer = false;

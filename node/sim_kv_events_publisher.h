@@ -1,0 +1,74 @@
+// SimKvEventsPublisher: vLLM's ZMQ KV events publisher (`--kv-events-config`, publisher "zmq";
+// shared/API_FACTS.md 2.1) for `pdnode sim`, one per DP rank, on a thread of its own.
+//
+// Sockets: rank r binds a PUB on tcp://HOST:PORT+r (PORT 0: rank 0 takes an ephemeral port and
+// the other ranks follow it; when one of those is taken, another ephemeral base is tried) and, with a replay port, a ROUTER on tcp://HOST:REPLAY+r. Each
+// message is three frames [topic, seq (8 bytes big-endian, from 0 per rank), payload]. The
+// ROUTER answers a request [id, "", start_seq (8 bytes)] with [id, "", seq, payload] for every
+// buffered batch with seq >= start_seq, then the end marker [id, "", 0xFF x 8, ""]; the buffer
+// keeps each rank's last `buffer_steps` batches (vLLM's buffer_steps), within `buffer_bytes`. Requests of another shape
+// are counted and ignored.
+//
+// publish() never blocks the caller: it queues the payload (bounded by max_queue and
+// max_queue_bytes; beyond them the batch is dropped and counted) and wakes the thread, which numbers it, buffers it for replay and
+// sends it without waiting (a send the socket refuses is dropped and counted; it stays in the
+// replay buffer, so a subscriber sees a gap it can replay). A dropped-before-numbering batch
+// leaves no gap: subscribers then miss its events silently, as with vLLM's own queue.
+//
+// withhold(n) (tests only): the next n batches are numbered and buffered but not sent, which is
+// how a subscriber sees a gap to replay.
+//
+// Threads: start()/stop() from one owning thread; publish(), withhold(), stats() from any.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace pdr::node::sim {
+
+struct SimKvEventsPublisherOptions {
+  std::string host = "127.0.0.1";  // what to bind: an address, or "*" for every interface
+  uint16_t port = 0;               // rank 0's PUB port (0: ephemeral)
+  std::optional<uint16_t> replay_port;  // rank 0's ROUTER port (0: ephemeral); none: no replay
+  uint32_t ranks = 1;
+  std::string topic;               // vLLM's default: empty
+  size_t buffer_steps = 10000;     // batches kept per rank for replay
+  size_t buffer_bytes = 64 << 20;  // and at most these payload bytes per rank
+  size_t max_queue = 100000;       // batches waiting for the thread
+  size_t max_queue_bytes = 64 << 20;
+  int sndhwm = 100000;             // vLLM's hwm default
+};
+
+class SimKvEventsPublisher {
+ public:
+  SimKvEventsPublisher();
+  ~SimKvEventsPublisher();  // stop()
+  SimKvEventsPublisher(const SimKvEventsPublisher&) = delete;
+  SimKvEventsPublisher& operator=(const SimKvEventsPublisher&) = delete;
+
+  // Binds every socket and starts the thread. kIoError when a bind fails.
+  Status start(const SimKvEventsPublisherOptions& options);
+  void stop();  // idempotent
+
+  uint16_t port() const;                     // rank 0's bound PUB port
+  std::optional<uint16_t> replay_port() const;  // rank 0's bound ROUTER port
+
+  // `rank` < options.ranks (others are dropped and counted).
+  void publish(uint32_t rank, std::string payload);
+  void withhold(uint32_t batches);
+  // {"published":N,"dropped":N,"withheld":N,"replay_requests":N,"replayed_batches":N,
+  //  "bad_replay_requests":N,"next_seq":[per rank]}
+  nlohmann::json stats() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pdr::node::sim

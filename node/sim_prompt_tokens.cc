@@ -1,0 +1,72 @@
+#include "node/sim_prompt_tokens.h"
+
+namespace pdr::node::sim {
+namespace {
+
+using nlohmann::json;
+
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+void append_prompt(const json& prompt, std::vector<uint32_t>* out) {
+  if (prompt.is_string()) return append_word_token_ids(prompt.get_ref<const std::string&>(), out);
+  if (!prompt.is_array() || prompt.empty()) return;
+  if (prompt[0].is_string() || prompt[0].is_array()) return append_prompt(prompt[0], out);
+  for (const json& id : prompt) {
+    if (id.is_number_unsigned()) {
+      out->push_back(static_cast<uint32_t>(id.get<uint64_t>()));
+    } else if (id.is_number_integer()) {
+      out->push_back(static_cast<uint32_t>(id.get<int64_t>()));
+    }
+  }
+}
+
+void append_content(const json& content, std::vector<uint32_t>* out) {
+  if (content.is_string()) return append_word_token_ids(content.get_ref<const std::string&>(), out);
+  if (!content.is_array()) return;
+  for (const json& part : content) {
+    if (part.is_object() && part.contains("text") && part["text"].is_string()) {
+      append_word_token_ids(part["text"].get_ref<const std::string&>(), out);
+    }
+  }
+}
+
+}  // namespace
+
+uint32_t word_token_id(std::string_view word) {
+  uint64_t hash = 1469598103934665603ULL;
+  for (unsigned char c : word) {
+    hash ^= c;
+    hash *= 1099511628211ULL;
+  }
+  return kFirstWordTokenId + static_cast<uint32_t>(hash % (kWordTokenIdEnd - kFirstWordTokenId));
+}
+
+void append_word_token_ids(std::string_view text, std::vector<uint32_t>* out) {
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && is_space(text[i])) ++i;
+    const size_t start = i;
+    while (i < text.size() && !is_space(text[i])) ++i;
+    if (i > start) out->push_back(word_token_id(text.substr(start, i - start)));
+  }
+}
+
+std::vector<uint32_t> prompt_token_ids(ApiKind kind, const json& body) {
+  std::vector<uint32_t> ids;
+  if (!body.is_object()) return ids;
+  if (kind == ApiKind::kCompletion) {
+    if (body.contains("prompt")) append_prompt(body["prompt"], &ids);
+    return ids;
+  }
+  if (!body.contains("messages") || !body["messages"].is_array()) return ids;
+  for (const json& message : body["messages"]) {
+    if (message.is_object() && message.contains("content")) {
+      append_content(message["content"], &ids);
+    }
+  }
+  return ids;
+}
+
+}  // namespace pdr::node::sim

@@ -1,0 +1,102 @@
+// The sim's KV events, decoded by the router's decoder (proto/kv_events.h): both encodings,
+// every event type.
+#include "node/sim_kv_events_encode.h"
+
+#include <gtest/gtest.h>
+
+#include "node/sim_prompt_tokens.h"
+#include "proto/kv_events.h"
+
+namespace pdr::node::sim {
+namespace {
+
+proto::KvEventBatch decode(const std::string& payload) {
+  proto::KvEventBatch batch;
+  Status s = proto::decode_kv_event_batch(
+      {reinterpret_cast<const std::byte*>(payload.data()), payload.size()}, {}, &batch);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+  return batch;
+}
+
+class EncodeTest : public ::testing::TestWithParam<KvEventsEncoding> {};
+
+TEST_P(EncodeTest, StoredAndRemovedDecodeAsSent) {
+  PrefixCacheChange removed{.stored = false, .hashes = {0xFFFFFFFFFFFFFFF0ull, 7}};
+  PrefixCacheChange first{.stored = true, .hashes = {11, 12}, .tokens = {1, 2, 3, 4}};
+  PrefixCacheChange next{.stored = true, .hashes = {13}, .parent = 12, .tokens = {5, 6}};
+  const std::vector<PrefixCacheChange> changes = {removed, first, next};
+  const proto::KvEventBatch batch =
+      decode(encode_sim_kv_batch(1764115200.5, 3, GetParam(), 2, changes));
+  EXPECT_DOUBLE_EQ(batch.ts, 1764115200.5);
+  EXPECT_EQ(batch.dp_rank, 3);
+  EXPECT_EQ(batch.unknown_events, 0u);
+  EXPECT_EQ(batch.unknown_fields, 0u);
+  ASSERT_EQ(batch.events.size(), 3u);
+  EXPECT_EQ(batch.events[0].kind, proto::KvEventKind::kBlockRemoved);
+  EXPECT_EQ(batch.events[0].block_hashes, removed.hashes);
+  EXPECT_EQ(batch.events[0].medium, "GPU");
+  const proto::KvEvent& s1 = batch.events[1];
+  EXPECT_EQ(s1.kind, proto::KvEventKind::kBlockStored);
+  EXPECT_EQ(s1.block_hashes, first.hashes);
+  EXPECT_FALSE(s1.parent_block_hash.has_value());
+  EXPECT_EQ(s1.token_ids, first.tokens);
+  EXPECT_EQ(s1.block_size, 2u);
+  EXPECT_EQ(s1.medium, "GPU");
+  EXPECT_FALSE(s1.lora_name.has_value());
+  EXPECT_FALSE(s1.has_extra_keys);
+  EXPECT_EQ(batch.events[2].parent_block_hash, 12u);
+}
+
+TEST_P(EncodeTest, AllBlocksCleared) {
+  const proto::KvEventBatch batch = decode(encode_sim_kv_cleared_batch(2.0, 0, GetParam()));
+  ASSERT_EQ(batch.events.size(), 1u);
+  EXPECT_EQ(batch.events[0].kind, proto::KvEventKind::kAllBlocksCleared);
+  EXPECT_EQ(batch.dp_rank, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Encodings, EncodeTest,
+                         ::testing::Values(KvEventsEncoding::kMap, KvEventsEncoding::kArray));
+
+TEST(EncodeTest, MapEventsAreTaggedByType) {
+  PrefixCacheChange stored{.stored = true, .hashes = {1}, .tokens = {9}};
+  const std::string map = encode_sim_kv_batch(0, 0, KvEventsEncoding::kMap, 1, {&stored, 1});
+  const std::string array = encode_sim_kv_batch(0, 0, KvEventsEncoding::kArray, 1, {&stored, 1});
+  EXPECT_NE(map.find("\xA4type"), std::string::npos);
+  EXPECT_NE(map.find("parent_block_hash"), std::string::npos);
+  EXPECT_EQ(array.find("type"), std::string::npos);
+}
+
+TEST(EncodeTest, ParsesEncodingNames) {
+  KvEventsEncoding e = KvEventsEncoding::kArray;
+  EXPECT_TRUE(parse_kv_events_encoding("map", &e));
+  EXPECT_EQ(e, KvEventsEncoding::kMap);
+  EXPECT_TRUE(parse_kv_events_encoding("array", &e));
+  EXPECT_EQ(e, KvEventsEncoding::kArray);
+  EXPECT_FALSE(parse_kv_events_encoding("Map", &e));
+}
+
+TEST(PromptTokenIds, FollowTheSimTokenCount) {
+  using nlohmann::json;
+  EXPECT_EQ(prompt_token_ids(ApiKind::kCompletion, json::parse(R"({"prompt": [5, 6, 70000]})")),
+            (std::vector<uint32_t>{5, 6, 70000}));
+  EXPECT_EQ(prompt_token_ids(ApiKind::kCompletion, json::parse(R"({"prompt": [[1, 2], [3]]})")),
+            (std::vector<uint32_t>{1, 2}));
+  const auto words = prompt_token_ids(ApiKind::kCompletion, json{{"prompt", "  a b\ta  "}});
+  ASSERT_EQ(words.size(), 3u);
+  EXPECT_EQ(words[0], words[2]);
+  EXPECT_NE(words[0], words[1]);
+  for (uint32_t id : words) {
+    EXPECT_GE(id, kFirstWordTokenId);
+    EXPECT_LT(id, kWordTokenIdEnd);
+  }
+  const json chat = json::parse(R"({"messages": [{"role": "system", "content": "a b"},
+      {"role": "user", "content": [{"type": "text", "text": "a"}]}]})");
+  const auto chat_ids = prompt_token_ids(ApiKind::kChat, chat);
+  EXPECT_EQ(chat_ids, (std::vector<uint32_t>{words[0], words[1], words[0]}));
+  GenerationRequest req;
+  ASSERT_FALSE(parse_generation_request(ApiKind::kChat, chat, "m", &req).has_value());
+  EXPECT_EQ(req.prompt_tokens, chat_ids.size());
+}
+
+}  // namespace
+}  // namespace pdr::node::sim
