@@ -29,6 +29,7 @@
 #include "router/cache/kv_events_subscriber.h"
 #include "http/http_server.h"
 #include "router/proxy/proxy_counters.h"
+#include "router/etcd/registry_replicator.h"
 
 namespace pdr::router {
 
@@ -51,6 +52,9 @@ struct ControlContext {
   // The KV events subscriber (kv_events.enabled), else null: /status kv_events objects, /metrics
   // pdrouter_kv_events_*, GET /debug/cache.
   const cache::KvEventsSubscriber* kv_events = nullptr;
+  // The etcd registry replicator (registry.backend: etcd), else null: /status registry_backend,
+  // /metrics pdrouter_etcd_*.
+  const RegistryReplicator* replicator = nullptr;
   // GET /status is rendered once per registry snapshot (and topology reload count) and reused
   // for at most this long, so its ages, load and ejection fields are at most this old.
   std::chrono::milliseconds status_max_age{1000};
