@@ -190,12 +190,13 @@ class RegistryReplicator::Impl {
     if (gen != generation_) return;
     ++generation_;  // every callback of this attempt is now stale
     status_.failures.fetch_add(1, std::memory_order_relaxed);
-    if (status_.reachable.exchange(false, std::memory_order_relaxed)) {
-      spdlog::warn("etcd registry: etcd unreachable ({}); routing on the last view, retrying", why);
-    }
     {
+      // Before `reachable` goes false, so a /status that sees it unreachable also sees why.
       std::lock_guard<std::mutex> lock(error_mutex_);
       last_error_ = why;
+    }
+    if (status_.reachable.exchange(false, std::memory_order_relaxed)) {
+      spdlog::warn("etcd registry: etcd unreachable ({}); routing on the last view, retrying", why);
     }
     if (watch_) watch_->cancel();
     watch_.reset();

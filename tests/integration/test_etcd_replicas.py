@@ -112,7 +112,7 @@ registry:
 
 
 def completion(router):
-    body = json.dumps({"model": "m", "prompt": "Hello there", "max_tokens": 2}).encode()
+    body = json.dumps({"model": "sim-model", "prompt": "Hello there", "max_tokens": 2}).encode()
     return router.request("POST", "/v1/completions", body=body, timeout=10,
                           headers={"Content-Type": "application/json"})
 
@@ -133,7 +133,7 @@ class EtcdReplicas(unittest.TestCase):
 
     def node(self, role, router):
         node = SimNode("--role", role, "--connector", "nixl", "--handshake-port", "0",
-                       "--notify-port", "0", "--register", router.discovery,
+                       "--notify-port", "0", "--kv-port", "0", "--kv-backends", "tcp", "--register", router.discovery,
                        "--register-interval-ms", "200")
         self.addCleanup(node.kill)
         return node
@@ -185,7 +185,7 @@ class EtcdReplicas(unittest.TestCase):
         for r in (self.a, self.b):
             r.wait_for(lambda r=r: not r.status()["registry_backend"]["etcd_reachable"], timeout=10)
             self.assertEqual(r.metrics()["pdrouter_etcd_up"], 0)
-        self.assertNotEqual(self.b.status()["registry_backend"]["last_error"], "")
+        self.b.wait_for(lambda: self.b.status()["registry_backend"]["last_error"] != "", timeout=5)
         # B routes on its last view, A on what it learns itself.
         for r in (self.a, self.b):
             self.assertEqual(r.request("GET", "/ready")[0], 200)
@@ -206,7 +206,7 @@ class EtcdReplicas(unittest.TestCase):
                         and self.state_on(self.b, prefill) == ("up", "replica"), timeout=10)
         # The prefill also registers with B (as a node re-pointed at another replica would).
         moved = SimNode("--role", "prefill", "--connector", "nixl", "--handshake-port", "0",
-                        "--notify-port", "0", "--register", self.b.discovery,
+                        "--notify-port", "0", "--kv-port", "0", "--kv-backends", "tcp", "--register", self.b.discovery,
                         "--register-interval-ms", "200")
         self.addCleanup(moved.kill)
         self.b.wait_for(lambda: self.state_on(self.b, moved) == ("up", "registered"), timeout=10)
