@@ -406,8 +406,9 @@ Status RegistryReplicator::start(RegistryReplicatorOptions options) {
 }
 
 void RegistryReplicator::stop() {
+  // impl_ stays until destruction: /status may still read last_error() while the HTTP workers
+  // drain after stop().
   if (impl_) impl_->stop();
-  impl_.reset();
 }
 
 std::string RegistryReplicator::last_error() const { return impl_ ? impl_->last_error() : std::string(); }
