@@ -4,6 +4,8 @@ registering over ZMQ with one replica.
 
   * a node registering with replica A is routable from replica B within 1 s (a real request
     through B is served by the nodes); a node's goodbye removes it everywhere;
+  * three replicas: a node registered with any one is up on the other two within 1 s, and each
+    replica serves a request;
   * an admin drain on A is honoured by B;
   * etcd killed: both replicas keep routing, /status and /metrics say etcd is unreachable, and
     after etcd comes back they resync (a node registered meanwhile reaches the other replica);
@@ -125,6 +127,7 @@ class EtcdReplicas(unittest.TestCase):
         self.etcd = Etcd()
         self.addCleanup(self.etcd.close)
         prefix = f"/pdr-it-{os.getpid()}-{time.monotonic_ns()}/"
+        self.prefix = prefix
         self.a = Router(topology_yaml=topology(self.etcd, "a", prefix), env=ENV)
         self.addCleanup(self.a.stop)
         self.b = Router(topology_yaml=topology(self.etcd, "b", prefix), env=ENV)
@@ -165,6 +168,20 @@ class EtcdReplicas(unittest.TestCase):
         decode.stop()
         self.b.wait_for(lambda: self.state_on(self.b, decode) is None, timeout=5)
         self.assertIsNone(self.state_on(self.a, decode))
+
+    def test_three_replicas_see_a_node_registered_with_any_of_them(self):
+        c = Router(topology_yaml=topology(self.etcd, "c", self.prefix), env=ENV)
+        self.addCleanup(c.stop)
+        c.wait_for(lambda: c.status()["registry_backend"].get("etcd_reachable"), timeout=10)
+        on_a, on_c = self.node("decode", self.a), self.node("prefill", c)
+        c.wait_for(lambda: self.state_on(c, on_c) == ("up", "registered"), timeout=10)
+        self.a.wait_for(lambda: self.state_on(self.a, on_a) == ("up", "registered"), timeout=10)
+        for r, node in ((self.b, on_a), (c, on_a), (self.a, on_c), (self.b, on_c)):
+            r.wait_for(lambda r=r, node=node: self.state_on(r, node) == ("up", "replica"),
+                       timeout=1.0)
+        for r in (self.a, self.b, c):
+            code, _, body = completion(r)
+            self.assertEqual(code, 200, body)
 
     def test_admin_drain_on_one_replica_is_honoured_by_the_other(self):
         decode = self.node("decode", self.a)
