@@ -191,6 +191,19 @@ struct Topology {
     // A path no route names is relayed to one decode node instead of the 404.
     bool pass_through_unknown = false;
   } routing;
+  // Where the registry lives (router/etcd/registry_replicator.h). "memory": this process only
+  // (the default). "etcd": replicas share it through etcd's v3 JSON gateway (plain HTTP; TLS is
+  // not supported yet: front etcd with a local TLS proxy or keep it on a private network).
+  struct Registry {
+    std::string backend = "memory";               // memory | etcd
+    std::vector<proto::HostPort> etcd_endpoints;  // host:port of etcd's client URLs; etcd needs one
+    std::string etcd_prefix = "/pdrouter/";       // every key pdrouter writes starts with it
+    std::string replica_id;                       // "" = hostname-pid; unique per running replica
+    std::chrono::seconds lease_ttl{10};           // a dead replica's entries go after this
+    std::string etcd_user;                        // "" = no authentication
+    std::string etcd_password;                    // resolved secret
+    std::string etcd_password_env;                // source: environment variable name
+  } registry;
 
   std::vector<StaticInstance> static_instances;
 };

@@ -327,6 +327,61 @@ Status read_routing(const Source& src, const Field& f, Topology::Routing* out) {
   MapReader r(src, f);
   r.boolean("pass_through_unknown", &out->pass_through_unknown);
   return r.finish();
+Status read_registry(const Source& src, const Field& f, Topology::Registry* out) {
+  MapReader r(src, f);
+  r.with("backend", [&](const Field& v) {
+    Status s = read_string(src, v, 16, &out->backend);
+    if (s && out->backend != "memory" && out->backend != "etcd") {
+      return fail(src, v, StatusCode::kInvalidValue, "expected memory or etcd");
+    }
+    return s;
+  });
+  r.with("etcd_endpoints", [&](const Field& v) {
+    if (!v.value.IsSequence()) {
+      return fail(src, v, StatusCode::kWrongType, fmt::format("expected a list of host:port, got {}", describe(v.value)));
+    }
+    size_t i = 0;
+    for (auto it = v.value.begin(); it != v.value.end(); ++it, ++i) {
+      Field item{YAML::Node(), *it, fmt::format("{}[{}]", v.path, i)};
+      std::string text;
+      Status s = read_string(src, item, 512, &text);
+      if (!s) return s;
+      if (text.starts_with("http://")) text = text.substr(7);
+      if (text.starts_with("https://")) {
+        return fail(src, item, StatusCode::kInvalidValue, "https endpoints are not supported (plain host:port)");
+      }
+      proto::HostPort hp;
+      s = proto::parse_host_port(text, &hp);
+      if (!s) return at_value(src, item, s);
+      out->etcd_endpoints.push_back(hp);
+    }
+    return Status::ok();
+  });
+  r.with("etcd_prefix", [&](const Field& v) {
+    Status s = read_string(src, v, 256, &out->etcd_prefix);
+    if (s && out->etcd_prefix.empty()) return fail(src, v, StatusCode::kInvalidValue, "must not be empty");
+    return s;
+  });
+  r.with("replica_id", [&](const Field& v) {
+    Status s = read_string(src, v, 128, &out->replica_id);
+    if (s && out->replica_id.find('/') != std::string::npos) {
+      return fail(src, v, StatusCode::kInvalidValue, "must not contain '/'");
+    }
+    return s;
+  });
+  r.with("lease_ttl_s", [&](const Field& v) {
+    uint64_t ttl = 0;
+    Status s = read_uint(src, v, 2, 3600, &ttl, "seconds");
+    if (s) out->lease_ttl = std::chrono::seconds(ttl);
+    return s;
+  });
+  r.str("etcd_user", 256, &out->etcd_user);
+  read_env_secret(src, r, "etcd_password_env", &out->etcd_password_env, &out->etcd_password);
+  Status s = r.finish();
+  if (s && out->backend == "etcd" && out->etcd_endpoints.empty()) {
+    return fail(src, f, StatusCode::kMissingKey, "backend etcd needs etcd_endpoints");
+  }
+  return s;
 }
 
 Status read_admin(const Source& src, const Field& f, Topology::Admin* out) {
@@ -517,6 +572,7 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
     return read_conditional_disaggregation(src, f, &t.conditional_disaggregation);
   });
   r.with("routing", [&](const Field& f) { return read_routing(src, f, &t.routing); });
+  r.with("registry", [&](const Field& f) { return read_registry(src, f, &t.registry); });
   // After connectors: instance defaults come from there.
   r.with("instances",
          [&](const Field& f) { return read_instances(src, f, t.connectors, &t.static_instances); });

@@ -18,6 +18,7 @@ std::string_view to_string(InstanceSource source) {
     case InstanceSource::kRegistered: return "registered";
     case InstanceSource::kStatic: return "static";
     case InstanceSource::kAdmin: return "admin";
+    case InstanceSource::kReplica: return "replica";
   }
   return "unknown";
 }

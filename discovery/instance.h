@@ -22,10 +22,12 @@ namespace pdr::discovery {
 using Clock = std::chrono::steady_clock;
 
 enum class InstanceState : uint8_t { kUp, kDraining, kExpired };
-enum class InstanceSource : uint8_t { kRegistered, kStatic, kAdmin };
+// kReplica: learnt from another pdrouter replica through the shared registry (registry.backend:
+// etcd, router/etcd/registry_replicator.h); that replica's etcd lease, not a local TTL, ends it.
+enum class InstanceSource : uint8_t { kRegistered, kStatic, kAdmin, kReplica };
 
 std::string_view to_string(InstanceState);   // "up", "draining", "expired"
-std::string_view to_string(InstanceSource);  // "registered", "static", "admin"
+std::string_view to_string(InstanceSource);  // "registered", "static", "admin", "replica"
 
 // What changes with every heartbeat. One cell per registered node, shared by every copy of its
 // Instance across snapshots, so a heartbeat that changes nothing else costs a few atomic stores

@@ -166,6 +166,12 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
                                          AdmissionClass sender) {
   const std::chrono::milliseconds ttl = effective_ttl(reg);
   auto it = entries_.find(reg.http_address.to_string());
+  // The node now talks to this replica: its entry becomes a local registered one (one snapshot,
+  // no gap in routing).
+  if (it != entries_.end() && it->second.instance->source == InstanceSource::kReplica) {
+    erase(it);
+    it = entries_.end();
+  }
 
   if (it == entries_.end()) {
     if (const UpsertResult room = make_room(sender); room != UpsertResult::kAdded) return {room, ttl};
@@ -405,6 +411,54 @@ RegistrySnapshotPtr Registry::snapshot(Clock::time_point now) {
   snap->routable = RoutableIndex::build(snap->instances);  // pairing's index, once per snapshot
   dirty_ = false;
   return snap;
+}
+
+AdminOutcome Registry::upsert_replica(const proto::Registration& reg, Clock::time_point now) {
+  const std::string key = reg.http_address.to_string();
+  auto it = entries_.find(key);
+  if (it != entries_.end() && it->second.instance->source != InstanceSource::kReplica) {
+    return {AdminResult::kConflict, it->second.instance, "a local entry owns " + key};
+  }
+  if (it == entries_.end()) {
+    if (entries_.size() >= options_.max_instances && !evict_one_expired()) {
+      return {AdminResult::kRejectedFull, nullptr, "registry full"};
+    }
+    auto inst = std::make_shared<Instance>();
+    apply_registration(reg, inst.get());
+    inst->source = InstanceSource::kReplica;
+    inst->node_draining = reg.draining;
+    inst->state = live_state(reg.draining, false);
+    inst->first_seen = now;
+    inst->liveness->set_last_seen(now);
+    inst->liveness->set_load(reg.load);
+    it = entries_.emplace(key, Entry{std::move(inst)}).first;
+    set_deadline(it, kNever);
+    dirty_ = true;
+    return {AdminResult::kCreated, it->second.instance, ""};
+  }
+  const Instance& current = *it->second.instance;
+  const InstanceState state = live_state(reg.draining, current.operator_drain);
+  if (!registration_matches(reg, current) || current.node_draining != reg.draining || current.state != state ||
+      current.epoch != reg.epoch) {
+    Instance& inst = mutable_instance(it->second);
+    apply_registration(reg, &inst);
+    inst.node_draining = reg.draining;
+    inst.state = state;
+    dirty_ = true;
+  }
+  it->second.instance->liveness->set_last_seen(now);
+  it->second.instance->liveness->set_load(reg.load);
+  return {AdminResult::kOk, it->second.instance, ""};
+}
+
+AdminOutcome Registry::remove_replica(std::string_view key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.instance->source != InstanceSource::kReplica) {
+    return {AdminResult::kNotFound, nullptr, "no replica entry " + std::string(key)};
+  }
+  auto removed = it->second.instance;
+  erase(it);
+  return {AdminResult::kOk, std::move(removed), ""};
 }
 
 }  // namespace pdr::discovery

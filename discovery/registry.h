@@ -141,6 +141,15 @@ class Registry {
   // stays expired (and comes back draining). Idempotent.
   AdminOutcome set_operator_drain(std::string_view key, bool drain);
 
+  // Entries another replica owns (registry.backend: etcd; router/etcd/registry_replicator.h).
+  // upsert_replica creates or refreshes a kReplica entry from that replica's registration (its
+  // drain flag included); it never expires here (the owner's etcd lease does that) and keeps a
+  // local operator drain. A local entry (registered, static, admin) at the key wins: kConflict.
+  // A local registration for a kReplica key takes the entry over (upsert), so a node moving to
+  // this replica stays routable. remove_replica drops a kReplica entry (kNotFound otherwise).
+  AdminOutcome upsert_replica(const proto::Registration& reg, Clock::time_point now);
+  AdminOutcome remove_replica(std::string_view key);
+
   struct ExpireResult {
     size_t expired = 0;  // up/draining -> expired
     size_t removed = 0;  // expired entries past retention, dropped

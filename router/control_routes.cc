@@ -5,6 +5,7 @@
 #include "router/admin_metrics.h"
 #include "router/debug_cache.h"
 #include "router/kv_events_metrics.h"
+#include "router/etcd_metrics.h"
 #include "router/metrics_page.h"
 #include "router/status_page.h"
 
@@ -62,6 +63,14 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     kv_events = context_.kv_events->node_stats();
     sc.kv_events = &kv_events;
   }
+  if (context_.replicator != nullptr) {
+    const ReplicatorStatus& rs = context_.replicator->status();
+    sc.registry_backend.backend = "etcd";
+    sc.registry_backend.etcd_reachable = rs.reachable.load(std::memory_order_relaxed);
+    sc.registry_backend.replica_id = context_.replicator->options().replica_id;
+    sc.registry_backend.replica_entries = rs.replica_entries.load(std::memory_order_relaxed);
+    sc.registry_backend.last_error = context_.replicator->last_error();
+  }
   cache.body = render_status_json(snapshot, now, sc);
   cache.valid = true;
   cache.registry_version = snapshot.version;
@@ -89,6 +98,7 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   write_admin_metrics(out, admin_.counters());
   write_kv_events_metrics(out, context_.kv_events);
   write_prefix_tree_metrics(out, context_.prefix_tree);
+  write_etcd_metrics(out, context_.replicator);
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 

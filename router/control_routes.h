@@ -30,6 +30,7 @@
 #include "router/cache/prefix_tree.h"
 #include "http/http_server.h"
 #include "router/proxy/proxy_counters.h"
+#include "router/etcd/registry_replicator.h"
 
 namespace pdr::router {
 
@@ -55,6 +56,9 @@ struct ControlContext {
   // The prefix tree of cache-aware routing (router/proxy/cache_routing.h), else null: /metrics
   // pdrouter_prefix_tree_*.
   const cache::PrefixTree* prefix_tree = nullptr;
+  // The etcd registry replicator (registry.backend: etcd), else null: /status registry_backend,
+  // /metrics pdrouter_etcd_*.
+  const RegistryReplicator* replicator = nullptr;
   // GET /status is rendered once per registry snapshot (and topology reload count) and reused
   // for at most this long, so its ages, load and ejection fields are at most this old.
   std::chrono::milliseconds status_max_age{1000};

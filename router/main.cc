@@ -5,6 +5,7 @@
 //   N HTTP workers   P/D proxying (router/proxy/), /health, /status, /metrics, admin API
 #include <pthread.h>
 #include <sys/resource.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "http/json_error.h"
 #include "router/cache/kv_events_subscriber.h"
 #include "router/cache/prefix_tree.h"
+#include "router/etcd/registry_replicator.h"
 #include "router/proxy/proxy_service.h"
 #include "router/route_table.h"
 #include "router/topology_watcher.h"
@@ -155,6 +157,8 @@ struct Process {
   std::unique_ptr<router::cache::KvEventsSubscriber> kv_events;
   // Where pdrouter routed earlier text prompts (cache_aware); made at start, empty until used.
   std::unique_ptr<router::cache::PrefixTree> prefix_tree;
+  // registry.backend: etcd only; destroyed before the discovery service it posts to.
+  std::unique_ptr<router::RegistryReplicator> replicator;
   // Declared before the server so it outlives the worker threads (their on_worker_stop uses it).
   std::unique_ptr<router::proxy::ProxyService> proxy;
   http::Server server;
@@ -178,6 +182,7 @@ void on_stop_signal(uv_signal_t* handle, int signum) {
   if (p->admin_proxy) p->admin_proxy->begin_shutdown();
   p->server.stop(drain);
   p->admin_server.stop(std::min(drain, std::chrono::milliseconds(2000)));
+  if (p->replicator) p->replicator->stop();  // revokes its lease: other replicas drop its entries
   p->discovery.stop();
   if (p->kv_events) p->kv_events->stop();
   if (p->watcher) p->watcher->close();
@@ -245,6 +250,29 @@ int run(Process& p) {
       return 1;
     }
   }
+  if (topology.registry.backend == "etcd") {
+    // Endpoints, prefix, replica id and lease are read once here.
+    router::RegistryReplicatorOptions etcd_options;
+    etcd_options.etcd.endpoints = topology.registry.etcd_endpoints;
+    etcd_options.etcd.user = topology.registry.etcd_user;
+    etcd_options.etcd.password = topology.registry.etcd_password;
+    etcd_options.prefix = topology.registry.etcd_prefix;
+    etcd_options.lease_ttl = topology.registry.lease_ttl;
+    etcd_options.replica_id = topology.registry.replica_id;
+    if (etcd_options.replica_id.empty()) {
+      char host[256] = {};
+      if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "pdrouter");
+      etcd_options.replica_id = std::string(host) + "-" + std::to_string(getpid());
+    }
+    p.replicator = std::make_unique<router::RegistryReplicator>(p.registry, p.discovery);
+    if (Status est = p.replicator->start(etcd_options); !est.is_ok()) {
+      spdlog::critical("{}", est.message());
+      p.discovery.stop();
+      return 1;
+    }
+    spdlog::info("registry shared through etcd at {} (prefix {}, replica {})",
+                 topology.registry.etcd_endpoints.front().to_string(), etcd_options.prefix, etcd_options.replica_id);
+  }
   http::ServerOptions server_opts = server_options(topology);
   fit_fd_limit(topology, &server_opts);
   p.proxy = std::make_unique<router::proxy::ProxyService>(p.registry, p.topology.cell(), p.server,
@@ -268,6 +296,7 @@ int run(Process& p) {
   control.workers = server_opts.workers;
   control.kv_events = p.kv_events.get();
   control.prefix_tree = p.prefix_tree.get();
+  control.replicator = p.replicator.get();
   // The routes show the bound port, known only after start(): they are published just after it,
   // and a request that races in before (fixed port, eager client) gets a clear 503.
   std::atomic<const router::ControlRoutes*> routes_ptr{nullptr};

@@ -125,6 +125,17 @@ std::string render_instances_json(const discovery::RegistrySnapshot& snapshot, C
   return dump({{"registry_version", snapshot.version}, {"instances", instances_json(snapshot, now)}});
 }
 
+namespace {
+nlohmann::json registry_backend_json(const StatusContext::RegistryBackend& b) {
+  if (b.backend != "etcd") return {{"backend", b.backend}};
+  return {{"backend", b.backend},
+          {"etcd_reachable", b.etcd_reachable},
+          {"replica_id", b.replica_id},
+          {"replica_entries", b.replica_entries},
+          {"last_error", b.last_error}};
+}
+}  // namespace
+
 std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Clock::time_point now,
                                const StatusContext& context) {
   nlohmann::json counts = nlohmann::json::object();
@@ -153,6 +164,7 @@ std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Cloc
         {"reloads_failed", context.topology_reloads_failed},
         {"last_error", context.topology_last_error}}},
       {"registry_version", snapshot.version},
+      {"registry_backend", registry_backend_json(context.registry_backend)},
       {"counts", std::move(counts)},
       {"instances", std::move(instances)},
   };

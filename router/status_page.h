@@ -24,6 +24,15 @@ struct StatusContext {
   std::array<uint32_t, discovery::kAdmissionClasses> class_caps{};  // max_instances_per_class
   // The KV events subscriber's per-node counters, sorted by node (kv_events.enabled), else null.
   const std::vector<cache::KvEventsNodeStats>* kv_events = nullptr;
+  // /status "registry_backend": {"backend": "memory"} or, with etcd, also etcd_reachable,
+  // replica_id, replica_entries (nodes learnt from other replicas), last_error.
+  struct RegistryBackend {
+    std::string backend = "memory";
+    bool etcd_reachable = false;
+    std::string replica_id;
+    uint64_t replica_entries = 0;
+    std::string last_error;
+  } registry_backend;
 };
 
 // {"version", "uptime_ms", "listeners", "topology", "registry_version", "counts":{role:{state:n}},

@@ -928,3 +928,48 @@ TEST(TopologyStore, InitialLoadErrorIsReturned) {
 
 }  // namespace
 }  // namespace pdr::discovery
+
+namespace pdr::discovery {
+namespace {
+
+TEST(TopologyParse, RegistrySectionForTheEtcdBackend) {
+  Topology defaults;
+  ASSERT_TRUE(parse("", &defaults).is_ok());
+  EXPECT_EQ(defaults.registry.backend, "memory");
+  EXPECT_TRUE(defaults.registry.etcd_endpoints.empty());
+  EXPECT_EQ(defaults.registry.etcd_prefix, "/pdrouter/");
+  EXPECT_EQ(defaults.registry.lease_ttl, std::chrono::seconds(10));
+
+  Topology t;
+  Status s = parse(R"(
+registry:
+  backend: etcd
+  etcd_endpoints: ["127.0.0.1:2379", "http://127.0.30.2:2379"]
+  etcd_prefix: "/prod/"
+  replica_id: "router-0"
+  lease_ttl_s: 4
+  etcd_user: pdr
+)", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.registry.backend, "etcd");
+  ASSERT_EQ(t.registry.etcd_endpoints.size(), 2u);
+  EXPECT_EQ(t.registry.etcd_endpoints[1], (proto::HostPort{"127.0.30.2", 2379}));
+  EXPECT_EQ(t.registry.etcd_prefix, "/prod/");
+  EXPECT_EQ(t.registry.replica_id, "router-0");
+  EXPECT_EQ(t.registry.lease_ttl, std::chrono::seconds(4));
+  EXPECT_EQ(t.registry.etcd_user, "pdr");
+
+  EXPECT_THAT(error_of("registry:\n  backend: zookeeper\n", StatusCode::kInvalidValue),
+              HasSubstr("registry.backend: expected memory or etcd"));
+  EXPECT_THAT(error_of("registry:\n  backend: etcd\n", StatusCode::kMissingKey),
+              HasSubstr("backend etcd needs etcd_endpoints"));
+  EXPECT_THAT(error_of("registry:\n  etcd_endpoints: [\"https://127.0.0.1:2379\"]\n", StatusCode::kInvalidValue),
+              HasSubstr("https endpoints are not supported"));
+  EXPECT_THAT(error_of("registry:\n  replica_id: \"a/b\"\n", StatusCode::kInvalidValue),
+              HasSubstr("must not contain '/'"));
+  EXPECT_THAT(error_of("registry:\n  lease_ttl_s: 1\n", StatusCode::kOutOfRange),
+              HasSubstr("registry.lease_ttl_s: 1 is out of range"));
+}
+
+}  // namespace
+}  // namespace pdr::discovery

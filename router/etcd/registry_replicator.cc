@@ -1,0 +1,416 @@
+#include "router/etcd/registry_replicator.h"
+
+#include <spdlog/spdlog.h>
+#include <uv.h>
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "proto/discovery_message.h"
+
+namespace pdr::router {
+
+using discovery::Clock;
+using discovery::Instance;
+using discovery::InstanceSource;
+using discovery::InstanceState;
+
+proto::Registration replica_registration(const Instance& inst) {
+  proto::Registration reg;
+  static_cast<proto::NodeSpec&>(reg) = inst;
+  reg.format = proto::RegistrationFormat::kPdrouter;
+  reg.schema_version = 1;
+  reg.instance_id = inst.instance_id;
+  reg.epoch = inst.epoch;
+  reg.draining = inst.node_draining || inst.operator_drain;
+  return reg;
+}
+
+std::string replica_key(const std::string& prefix, const std::string& replica_id, const std::string& node_key) {
+  return prefix + "nodes/" + replica_id + "/" + node_key;
+}
+
+bool parse_replica_key(const std::string& prefix, std::string_view key, std::string* replica_id,
+                       std::string* node_key) {
+  const std::string head = prefix + "nodes/";
+  if (key.size() <= head.size() || key.substr(0, head.size()) != head) return false;
+  key.remove_prefix(head.size());
+  const size_t slash = key.find('/');
+  if (slash == 0 || slash == std::string_view::npos || slash + 1 == key.size()) return false;
+  *replica_id = std::string(key.substr(0, slash));
+  *node_key = std::string(key.substr(slash + 1));
+  return true;
+}
+
+namespace {
+
+struct RemoteEntry {
+  int64_t mod_revision = 0;
+  proto::Registration reg;
+};
+// node key -> replica id -> its entry
+using RemoteMap = std::map<std::string, std::map<std::string, RemoteEntry>>;
+
+// The newest of the replicas' entries for one node, or none.
+std::optional<proto::Registration> effective(const RemoteMap& remote, const std::string& node) {
+  auto it = remote.find(node);
+  if (it == remote.end() || it->second.empty()) return std::nullopt;
+  const RemoteEntry* best = nullptr;
+  for (const auto& [replica, entry] : it->second) {
+    if (best == nullptr || entry.mod_revision > best->mod_revision) best = &entry;
+  }
+  return best->reg;
+}
+
+// A change for the registry: upsert (reg set) or remove.
+struct Change {
+  std::string node;
+  std::optional<proto::Registration> reg;
+};
+
+}  // namespace
+
+class RegistryReplicator::Impl {
+ public:
+  Impl(RegistryReplicator& owner) : owner_(owner), status_(owner.status_), options_(owner.options_) {}
+
+  Status start() {
+    if (uv_loop_init(&loop_) != 0) return Status(StatusCode::kInternal, "etcd replicator: uv_loop_init failed");
+    uv_async_init(&loop_, &stop_async_, &Impl::on_stop);
+    stop_async_.data = this;
+    for (uv_timer_t* t : {&scan_timer_, &keepalive_timer_, &retry_timer_, &stop_timer_}) {
+      uv_timer_init(&loop_, t);
+      t->data = this;
+    }
+    client_ = std::make_unique<EtcdClient>(&loop_, options_.etcd);
+    thread_ = std::thread([this] { run(); });
+    return Status::ok();
+  }
+
+  void stop() {
+    if (!thread_.joinable()) return;
+    uv_async_send(&stop_async_);
+    thread_.join();
+    uv_loop_close(&loop_);
+  }
+
+  std::string last_error() const {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    return last_error_;
+  }
+
+ private:
+  void run() {
+    connect();
+    uv_timer_start(&scan_timer_, &Impl::on_scan, options_.scan_interval.count(), options_.scan_interval.count());
+    uv_run(&loop_, UV_RUN_DEFAULT);
+  }
+
+  // --- connection and resync ---
+
+  void connect() {
+    const uint64_t gen = ++generation_;
+    if (lease_ != 0) return sync_range(gen);
+    client_->lease_grant(options_.lease_ttl.count(), [this, gen](const Status& st, const proto::EtcdLeaseAnswer& l) {
+      if (gen != generation_) return;
+      if (!st) return fail(gen, "lease grant: " + st.message());
+      lease_ = l.id;
+      sync_range(gen);
+    });
+  }
+
+  void sync_range(uint64_t gen) {
+    client_->range_prefix(options_.prefix + "nodes/", [this, gen](const Status& st, const proto::EtcdRangeAnswer& r) {
+      if (gen != generation_) return;
+      if (!st) return fail(gen, "range: " + st.message());
+      RemoteMap fresh;
+      written_.clear();
+      std::vector<std::string> own_stale;
+      for (const auto& kv : r.kvs) {
+        std::string replica, node;
+        if (!parse_replica_key(options_.prefix, kv.key, &replica, &node)) {
+          status_.bad_entries.fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
+        if (replica == options_.replica_id) {
+          // Ours from before: kept only if it rides on the current lease (else it dies with
+          // the old one and is written again).
+          if (kv.lease == lease_) {
+            written_[node] = kv.value;
+          } else {
+            own_stale.push_back(kv.key);
+          }
+          continue;
+        }
+        proto::Registration reg;
+        if (!decode_value(kv.value, &reg)) continue;
+        fresh[node][replica] = RemoteEntry{kv.mod_revision, std::move(reg)};
+      }
+      std::vector<Change> changes;
+      for (const auto& [node, replicas] : remote_) {
+        if (!fresh.contains(node)) changes.push_back({node, std::nullopt});
+      }
+      for (const auto& [node, replicas] : fresh) changes.push_back({node, effective(fresh, node)});
+      remote_ = std::move(fresh);
+      apply(std::move(changes));
+      for (const std::string& key : own_stale) {
+        client_->delete_key(key, [](const Status&, const proto::EtcdAnswer&) {});
+      }
+      status_.resyncs.fetch_add(1, std::memory_order_relaxed);
+      start_watch(gen, r.answer.revision + 1);
+    });
+  }
+
+  void start_watch(uint64_t gen, int64_t from) {
+    watch_ = client_->watch_prefix(
+        options_.prefix + "nodes/", from,
+        [this, gen](const proto::EtcdWatchAnswer& a) {
+          if (gen != generation_) return;
+          if (a.canceled) return fail(gen, "watch canceled (compacted at " + std::to_string(a.compact_revision) + ")");
+          if (a.created) {
+            status_.reachable.store(true, std::memory_order_relaxed);
+            force_scan_ = true;
+            const uint64_t every = std::max<uint64_t>(1000, options_.lease_ttl.count() * 1000 / 3);
+            uv_timer_start(&keepalive_timer_, &Impl::on_keepalive, every, every);
+            spdlog::info("etcd registry: in sync with {} (replica {}, lease {})", client_->endpoint().to_string(),
+                         options_.replica_id, lease_);
+          }
+          on_events(a.events);
+        },
+        [this, gen](const Status& st) {
+          if (gen != generation_) return;
+          fail(gen, "watch: " + st.message());
+        });
+  }
+
+  void fail(uint64_t gen, const std::string& why) {
+    if (gen != generation_) return;
+    ++generation_;  // every callback of this attempt is now stale
+    status_.failures.fetch_add(1, std::memory_order_relaxed);
+    {
+      // Before `reachable` goes false, so a /status that sees it unreachable also sees why.
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      last_error_ = why;
+    }
+    if (status_.reachable.exchange(false, std::memory_order_relaxed)) {
+      spdlog::warn("etcd registry: etcd unreachable ({}); routing on the last view, retrying", why);
+    }
+    if (watch_) watch_->cancel();
+    watch_.reset();
+    uv_timer_stop(&keepalive_timer_);
+    if (!stopping_) uv_timer_start(&retry_timer_, &Impl::on_retry, options_.retry_interval.count(), 0);
+  }
+
+  // --- the other replicas' entries ---
+
+  bool decode_value(const std::string& value, proto::Registration* out) {
+    proto::DiscoveryMessage message;
+    const Status st = proto::decode_discovery_message(proto::as_bytes(value), proto::DecodeLimits{}, &message);
+    if (!st || message.kind != proto::DiscoveryMessage::Kind::kRegistration) {
+      status_.bad_entries.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    *out = std::move(message.registration);
+    return true;
+  }
+
+  void on_events(const std::vector<proto::EtcdEvent>& events) {
+    std::vector<Change> changes;
+    for (const auto& e : events) {
+      status_.watch_events.fetch_add(1, std::memory_order_relaxed);
+      std::string replica, node;
+      if (!parse_replica_key(options_.prefix, e.kv.key, &replica, &node)) {
+        status_.bad_entries.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      if (replica == options_.replica_id) continue;
+      if (e.is_delete) {
+        auto it = remote_.find(node);
+        if (it == remote_.end()) continue;
+        it->second.erase(replica);
+        if (it->second.empty()) remote_.erase(it);
+      } else {
+        proto::Registration reg;
+        if (!decode_value(e.kv.value, &reg)) continue;
+        remote_[node][replica] = RemoteEntry{e.kv.mod_revision, std::move(reg)};
+      }
+      changes.push_back({node, effective(remote_, node)});
+    }
+    apply(std::move(changes));
+  }
+
+  void apply(std::vector<Change> changes) {
+    status_.replica_entries.store(remote_.size(), std::memory_order_relaxed);
+    if (changes.empty()) return;
+    owner_.discovery_.post([changes = std::move(changes)](discovery::Registry& registry) {
+      const auto now = Clock::now();
+      for (const Change& c : changes) {
+        if (c.reg) {
+          (void)registry.upsert_replica(*c.reg, now);
+        } else {
+          (void)registry.remove_replica(c.node);
+        }
+      }
+    });
+  }
+
+  // --- this replica's entries ---
+
+  void scan() {
+    if (!status_.reachable.load(std::memory_order_relaxed) || lease_ == 0) return;
+    const uint64_t version = owner_.snapshots_.version();
+    if (version == seen_version_ && !force_scan_) return;
+    seen_version_ = version;
+    force_scan_ = false;
+    const auto snapshot = owner_.snapshots_.load();
+    std::map<std::string, std::string> desired;
+    for (const auto& inst : snapshot->instances) {
+      if (inst->source == InstanceSource::kReplica || inst->state == InstanceState::kExpired) continue;
+      desired.emplace(inst->key, proto::encode_registration(replica_registration(*inst)));
+    }
+    const uint64_t gen = generation_;
+    for (auto& [node, value] : desired) {
+      auto it = written_.find(node);
+      if (it != written_.end() && it->second == value) continue;
+      written_[node] = value;
+      status_.puts.fetch_add(1, std::memory_order_relaxed);
+      client_->put(replica_key(options_.prefix, options_.replica_id, node), value, lease_,
+                   [this, gen, node](const Status& st, const proto::EtcdAnswer&) {
+                     if (st) return;
+                     written_.erase(node);  // written again after the resync
+                     fail(gen, "put: " + st.message());
+                   });
+    }
+    for (auto it = written_.begin(); it != written_.end();) {
+      if (desired.contains(it->first)) {
+        ++it;
+        continue;
+      }
+      status_.deletes.fetch_add(1, std::memory_order_relaxed);
+      client_->delete_key(replica_key(options_.prefix, options_.replica_id, it->first),
+                          [this, gen](const Status& st, const proto::EtcdAnswer&) {
+                            if (!st) fail(gen, "delete: " + st.message());
+                          });
+      it = written_.erase(it);
+    }
+  }
+
+  void keepalive() {
+    const uint64_t gen = generation_;
+    client_->lease_keepalive(lease_, [this, gen](const Status& st, const proto::EtcdLeaseAnswer&) {
+      if (gen != generation_) return;
+      if (st) {
+        status_.keepalives.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      if (st.code() == StatusCode::kNotFound) lease_ = 0;  // gone: a new lease, everything rewritten
+      fail(gen, "lease keepalive: " + st.message());
+    });
+  }
+
+  // --- shutdown ---
+
+  void begin_stop() {
+    stopping_ = true;
+    uv_timer_stop(&scan_timer_);
+    uv_timer_stop(&retry_timer_);
+    uv_timer_stop(&keepalive_timer_);
+    if (watch_) watch_->cancel();
+    watch_.reset();
+    if (lease_ != 0 && status_.reachable.load(std::memory_order_relaxed)) {
+      client_->lease_revoke(lease_, [this](const Status&, const proto::EtcdAnswer&) { finish_stop(); });
+      uv_timer_start(&stop_timer_, &Impl::on_stop_timer, 1000, 0);
+      return;
+    }
+    finish_stop();
+  }
+
+  void finish_stop() {
+    if (closed_) return;
+    closed_ = true;
+    ++generation_;
+    client_.reset();  // closes its connections; no callback fires after this
+    uv_close(reinterpret_cast<uv_handle_t*>(&stop_async_), nullptr);
+    for (uv_timer_t* t : {&scan_timer_, &keepalive_timer_, &retry_timer_, &stop_timer_}) {
+      uv_timer_stop(t);
+      uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
+    }
+  }
+
+  // libuv callbacks: nothing may propagate out of them.
+  template <typename Fn>
+  static void guarded(const char* what, Fn&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      spdlog::error("etcd registry: {} threw: {}", what, e.what());
+    } catch (...) {
+      spdlog::error("etcd registry: {} threw", what);
+    }
+  }
+  static Impl* self(uv_handle_t* h) { return static_cast<Impl*>(h->data); }
+  static void on_stop(uv_async_t* a) {
+    guarded("stop", [&] { self(reinterpret_cast<uv_handle_t*>(a))->begin_stop(); });
+  }
+  static void on_stop_timer(uv_timer_t* t) {
+    guarded("stop", [&] { self(reinterpret_cast<uv_handle_t*>(t))->finish_stop(); });
+  }
+  static void on_scan(uv_timer_t* t) {
+    guarded("scan", [&] { self(reinterpret_cast<uv_handle_t*>(t))->scan(); });
+  }
+  static void on_keepalive(uv_timer_t* t) {
+    guarded("keepalive", [&] { self(reinterpret_cast<uv_handle_t*>(t))->keepalive(); });
+  }
+  static void on_retry(uv_timer_t* t) {
+    guarded("retry", [&] { self(reinterpret_cast<uv_handle_t*>(t))->connect(); });
+  }
+
+  RegistryReplicator& owner_;
+  ReplicatorStatus& status_;
+  const RegistryReplicatorOptions& options_;
+  uv_loop_t loop_{};
+  uv_async_t stop_async_{};
+  uv_timer_t scan_timer_{}, keepalive_timer_{}, retry_timer_{}, stop_timer_{};
+  std::thread thread_;
+  std::unique_ptr<EtcdClient> client_;
+  std::shared_ptr<EtcdWatch> watch_;
+  int64_t lease_ = 0;
+  uint64_t generation_ = 0;
+  uint64_t seen_version_ = 0;
+  bool force_scan_ = true;
+  bool stopping_ = false;
+  bool closed_ = false;
+  std::map<std::string, std::string> written_;  // node key -> value this replica wrote
+  RemoteMap remote_;
+  mutable std::mutex error_mutex_;
+  std::string last_error_;
+};
+
+RegistryReplicator::RegistryReplicator(discovery::SnapshotCell<discovery::RegistrySnapshot>& snapshots,
+                                       discovery::DiscoveryService& discovery)
+    : snapshots_(snapshots), discovery_(discovery) {}
+
+RegistryReplicator::~RegistryReplicator() { stop(); }
+
+Status RegistryReplicator::start(RegistryReplicatorOptions options) {
+  if (options.etcd.endpoints.empty()) return Status(StatusCode::kInvalidValue, "etcd registry: no endpoint");
+  if (options.replica_id.empty() || options.replica_id.find('/') != std::string::npos) {
+    return Status(StatusCode::kInvalidValue, "etcd registry: replica id empty or with '/'");
+  }
+  options_ = std::move(options);
+  impl_ = std::make_unique<Impl>(*this);
+  return impl_->start();
+}
+
+void RegistryReplicator::stop() {
+  // impl_ stays until destruction: /status may still read last_error() while the HTTP workers
+  // drain after stop().
+  if (impl_) impl_->stop();
+}
+
+std::string RegistryReplicator::last_error() const { return impl_ ? impl_->last_error() : std::string(); }
+
+}  // namespace pdr::router

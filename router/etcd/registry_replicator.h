@@ -1,0 +1,99 @@
+// RegistryReplicator: replicas sharing one registry through etcd (registry.backend: etcd).
+//
+// Each replica publishes what it alone learnt (its local entries: registered on its discovery
+// socket, static, admin; not the ones it learnt from other replicas) under
+//   <prefix>nodes/<replica_id>/<node key>   value: the entry as a pdrouter registration (msgpack)
+// attached to one etcd lease of this replica (TTL lease_ttl). It writes ON CHANGE only: a
+// heartbeat that changes nothing of what /status or routing reads does not publish a registry
+// snapshot, so it writes nothing; liveness stays local (lease keepalives, one per lease_ttl / 3,
+// keep the entries alive). An entry that expires locally, says goodbye or is removed is deleted.
+//
+// It watches <prefix>nodes/ (from the revision of a full range, so nothing is missed) and merges
+// the other replicas' entries into the registry as InstanceSource::kReplica entries
+// (Registry::upsert_replica / remove_replica, posted to the discovery thread like admin
+// changes). When two replicas publish the same node, the newest write wins. A deleted key or an
+// expired lease (a dead replica) removes the entry.
+//
+// etcd unreachable (a failed keepalive, a watch that ends, a failed write): the registry keeps
+// its last view plus what this replica learns itself; status() says so; every retry_interval the
+// replicator tries again and, once etcd answers, resyncs: new lease if the old one is gone,
+// full range (entries that vanished meanwhile are removed), watch from that revision, every
+// local entry written again.
+//
+// Threads: start() and stop() from the owner's thread; everything else runs on the replicator's
+// own thread and libuv loop. status() from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/snapshot_cell.h"
+#include "base/status.h"
+#include "discovery/discovery_service.h"
+#include "discovery/instance.h"
+#include "router/etcd/etcd_client.h"
+
+namespace pdr::router {
+
+struct RegistryReplicatorOptions {
+  EtcdClientOptions etcd;
+  std::string prefix = "/pdrouter/";
+  std::string replica_id;  // unique per running replica
+  std::chrono::seconds lease_ttl{10};
+  std::chrono::milliseconds retry_interval{500};
+  // How often the registry snapshot is checked for changes to publish.
+  std::chrono::milliseconds scan_interval{50};
+};
+
+// Counters (any thread; relaxed).
+struct ReplicatorStatus {
+  std::atomic<bool> reachable{false};
+  std::atomic<uint64_t> puts{0};
+  std::atomic<uint64_t> deletes{0};
+  std::atomic<uint64_t> keepalives{0};
+  std::atomic<uint64_t> watch_events{0};
+  std::atomic<uint64_t> resyncs{0};        // full range + watch restarts
+  std::atomic<uint64_t> failures{0};       // calls that failed (etcd unreachable or refusing)
+  std::atomic<uint64_t> bad_entries{0};    // values or keys under the prefix that do not decode
+  std::atomic<uint64_t> replica_entries{0};  // entries learnt from other replicas (gauge)
+};
+
+class RegistryReplicator {
+ public:
+  RegistryReplicator(discovery::SnapshotCell<discovery::RegistrySnapshot>& snapshots,
+                     discovery::DiscoveryService& discovery);
+  ~RegistryReplicator();  // stop()
+  RegistryReplicator(const RegistryReplicator&) = delete;
+  RegistryReplicator& operator=(const RegistryReplicator&) = delete;
+
+  Status start(RegistryReplicatorOptions options);
+  // Revokes the lease when etcd answers within a second (the other replicas drop this one's
+  // entries at once instead of after lease_ttl), then joins the thread. Idempotent.
+  void stop();
+
+  const ReplicatorStatus& status() const { return status_; }
+  const RegistryReplicatorOptions& options() const { return options_; }
+  std::string last_error() const;
+
+ private:
+  class Impl;
+  discovery::SnapshotCell<discovery::RegistrySnapshot>& snapshots_;
+  discovery::DiscoveryService& discovery_;
+  RegistryReplicatorOptions options_;
+  ReplicatorStatus status_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The registration a replica publishes for one of its entries (pdrouter format, no load, drain
+// flag = node or operator drain) and its etcd key.
+proto::Registration replica_registration(const discovery::Instance& inst);
+std::string replica_key(const std::string& prefix, const std::string& replica_id, const std::string& node_key);
+// Splits a key under <prefix>nodes/ into replica id and node key; false for anything else.
+bool parse_replica_key(const std::string& prefix, std::string_view key, std::string* replica_id,
+                       std::string* node_key);
+
+}  // namespace pdr::router

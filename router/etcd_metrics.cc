@@ -1,0 +1,22 @@
+#include "router/etcd_metrics.h"
+
+namespace pdr::router {
+
+void write_etcd_metrics(MetricsWriter& out, const RegistryReplicator* replicator) {
+  const ReplicatorStatus empty;
+  const ReplicatorStatus& s = replicator != nullptr ? replicator->status() : empty;
+  auto d = [](const std::atomic<uint64_t>& v) { return static_cast<double>(v.load(std::memory_order_relaxed)); };
+  out.gauge("pdrouter_etcd_up", "1 while etcd answers (registry.backend etcd), else 0",
+            s.reachable.load(std::memory_order_relaxed) ? 1.0 : 0.0);
+  out.counter("pdrouter_etcd_puts_total", "Entries this replica wrote to etcd (on change only)", d(s.puts));
+  out.counter("pdrouter_etcd_deletes_total", "Entries this replica deleted from etcd", d(s.deletes));
+  out.counter("pdrouter_etcd_keepalives_total", "Lease keepalives etcd acknowledged", d(s.keepalives));
+  out.counter("pdrouter_etcd_watch_events_total", "Watch events received from etcd", d(s.watch_events));
+  out.counter("pdrouter_etcd_resyncs_total", "Full resyncs (range, then watch) with etcd", d(s.resyncs));
+  out.counter("pdrouter_etcd_failures_total", "etcd calls that failed (unreachable or refused)", d(s.failures));
+  out.counter("pdrouter_etcd_bad_entries_total", "Keys or values under the prefix that did not decode",
+              d(s.bad_entries));
+  out.gauge("pdrouter_etcd_replica_entries", "Nodes learnt from other replicas through etcd", d(s.replica_entries));
+}
+
+}  // namespace pdr::router
