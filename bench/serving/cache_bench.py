@@ -375,7 +375,7 @@ def main():
                     status = 1
     except KeyboardInterrupt:
         status = 130
-    except RuntimeError as e:
+    except (RuntimeError, OSError) as e:
         print("cache_bench.py: %s" % e, file=sys.stderr)
         status = 1
     finally:
