@@ -63,11 +63,16 @@ def workloads(smoke):
                  "--multi-turn-num-conversations", "3", "--multi-turn-num-turns", "3",
                  "--multi-turn-input-len", "48", "--multi-turn-output-len", "4"]
     else:
+        # Sized against the sims' prefix caches (--prefix-cache-blocks, default 1024 blocks of 16
+        # tokens per node): 16 prefixes of 2,000 tokens are 2,000 blocks, 4 per node (500 blocks)
+        # when each prefix stays on one node, all 16 on every node under round robin; 24
+        # conversations end at ~2,100 tokens (~130 blocks), 6 per node (~790 blocks) when each
+        # stays on one node. A cache that holds everything would make every policy hit.
         prefix = ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "2000",
-                  "--prefix-repetition-suffix-len", "100", "--prefix-repetition-num-prefixes", "8",
-                  "--prefix-repetition-output-len", "16", "--num-prompts", "200"]
+                  "--prefix-repetition-suffix-len", "100", "--prefix-repetition-num-prefixes", "16",
+                  "--prefix-repetition-output-len", "16", "--num-prompts", "240"]
         multi = ["--dataset-name", "multi_turn", "--backend", "openai-chat",
-                 "--multi-turn-num-conversations", "32", "--multi-turn-num-turns", "5",
+                 "--multi-turn-num-conversations", "24", "--multi-turn-num-turns", "5",
                  "--multi-turn-input-len", "400", "--multi-turn-output-len", "32"]
     return {
         "shared_prefix": (prefix, "prefix_repetition, text prompts, /v1/completions"),
@@ -163,6 +168,8 @@ class Deployment:
                  "--register-interval-ms", "500", "--log-level", "warn"] + args.sim_flag
         if args.kv_backends != "none":
             flags += ["--kv-port", "0"]
+        if args.sim_has_prefix_cache:
+            flags += ["--prefix-cache-blocks", str(args.prefix_cache_blocks)]
         self.prefills = []
         for role in ("prefill", "decode"):
             for i in range(NODES_PER_ROLE):
@@ -264,7 +271,9 @@ def render(args, results, kv_events, started):
       "the workload's own reuse: prompt tokens, in whole %d-token blocks, already sent in an "
       "earlier request (every cache known, none evicted)."
       % (NODES_PER_ROLE, NODES_PER_ROLE, args.kv_backends, args.prefill_us, args.decode_us,
-         ", KV events published and subscribed to" if kv_events else "",
+         (", KV events published and subscribed to" if kv_events else "") +
+         (", prefix cache of %d blocks per node" % args.prefix_cache_blocks
+          if args.sim_has_prefix_cache else ", no prefix cache in these sims"),
          (", sim flags `%s`" % " ".join(args.sim_flag)) if args.sim_flag else "", 16))
     w("")
     w("**Machine**: %s, %d cores, %s, load %s." % (m["cpu"], m["nproc"], m["kernel"], m["load"]))
@@ -331,6 +340,10 @@ def main():
                         "small machine would cost CPU that is not the subject here)")
     parser.add_argument("--sim-flag", action="append", default=[],
                         help="extra pdnode sim flag, repeatable (e.g. --sim-flag=--kv-block-tokens=16)")
+    parser.add_argument("--prefix-cache-blocks", type=int, default=1024,
+                        help="each sim's prefix cache, in 16-token blocks, when the sims have one "
+                        "(default 1024: a node holds half a GPU's worth of a small model's cache, "
+                        "less than the whole workload, as on a real fleet)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     args.policies = [p for p in args.policies.split(",") if p]
@@ -351,7 +364,9 @@ def main():
                   % (b, args.bin_dir), file=sys.stderr)
             return 2
     # The sims' KV events publisher (the simcache work): subscribe when the sims have it.
-    kv_events = "--kv-events-endpoint" in sim_help(args.pdnode)
+    help_text = sim_help(args.pdnode)
+    kv_events = "--kv-events-endpoint" in help_text
+    args.sim_has_prefix_cache = "--prefix-cache-blocks" in help_text
 
     work = tempfile.mkdtemp(prefix="pdr-cache-bench.")
     procs = Processes(work)
