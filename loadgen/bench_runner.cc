@@ -7,9 +7,9 @@
 #include <memory>
 #include <unordered_map>
 
-#include "loadgen/cache_workloads.h"
-
 #include <fmt/format.h>
+
+#include "loadgen/cache_workloads.h"
 
 namespace pdr::loadgen {
 namespace {
@@ -42,7 +42,9 @@ class Run {
         oracle_(schedule.oracle_block_tokens),
         slots_(requests.size()), has_next_turn_(requests.size(), false) {
     for (const BenchRequest& r : requests) {
-      if (r.previous_turn && *r.previous_turn < requests.size()) has_next_turn_[*r.previous_turn] = true;
+      if (r.previous_turn && *r.previous_turn < requests.size()) {
+        has_next_turn_[*r.previous_turn] = true;
+      }
     }
     uv_loop_init(&loop_);
     pool_ = std::make_unique<http::UpstreamPool>(&loop_);

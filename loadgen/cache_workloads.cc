@@ -1,9 +1,9 @@
 #include "loadgen/cache_workloads.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <iterator>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 namespace pdr::loadgen {
@@ -84,9 +84,10 @@ Status validate(const WorkloadOptions& workload, const PrefixRepetitionOptions& 
     return {StatusCode::kOutOfRange, "--prefix-repetition-prefix-len must be >= 1"};
   }
   if (options.num_prefixes == 0 || options.num_prefixes > workload.num_prompts) {
-    return {StatusCode::kOutOfRange,
-            fmt::format("--prefix-repetition-num-prefixes must be in [1, --num-prompts = {}], got {}",
-                        workload.num_prompts, options.num_prefixes)};
+    return {
+        StatusCode::kOutOfRange,
+        fmt::format("--prefix-repetition-num-prefixes must be in [1, --num-prompts = {}], got {}",
+                    workload.num_prompts, options.num_prefixes)};
   }
   if (options.output_len == 0) {
     return {StatusCode::kOutOfRange, "--prefix-repetition-output-len must be >= 1"};
@@ -101,8 +102,10 @@ Status validate(const WorkloadOptions& workload, const MultiTurnOptions& options
   if (options.num_conversations == 0) {
     return {StatusCode::kOutOfRange, "--multi-turn-num-conversations must be >= 1"};
   }
-  if (options.num_turns == 0) return {StatusCode::kOutOfRange, "--multi-turn-num-turns must be >= 1"};
-  if (options.input_len == 0) return {StatusCode::kOutOfRange, "--multi-turn-input-len must be >= 1"};
+  if (options.num_turns == 0)
+    return {StatusCode::kOutOfRange, "--multi-turn-num-turns must be >= 1"};
+  if (options.input_len == 0)
+    return {StatusCode::kOutOfRange, "--multi-turn-input-len must be >= 1"};
   if (options.output_len == 0) {
     return {StatusCode::kOutOfRange, "--multi-turn-output-len must be >= 1"};
   }
@@ -110,8 +113,8 @@ Status validate(const WorkloadOptions& workload, const MultiTurnOptions& options
   // Turn k's prompt is (k + 1) messages and k answers; summed over the turns of a conversation:
   // turns * (turns + 1) / 2 messages and turns * (turns - 1) / 2 answers.
   const double turns = options.num_turns;
-  const double per_conversation = turns * (turns + 1) / 2 * options.input_len +
-                                  turns * (turns - 1) / 2 * options.output_len;
+  const double per_conversation =
+      turns * (turns + 1) / 2 * options.input_len + turns * (turns - 1) / 2 * options.output_len;
   return check_total(options.num_conversations * per_conversation,
                      "--multi-turn-num-conversations x -num-turns x (-input-len + -output-len)");
 }

@@ -429,7 +429,8 @@ int main(int argc, char** argv) {
       "prompts (prefix_repetition) or multi-turn conversations, Poisson "
       "(gamma) arrivals or a fixed concurrency, streamed answers; reports request and token "
       "throughput, TTFT, TPOT, ITL and end-to-end latency (mean, median, percentiles) and the "
-      "failures with their reasons, and the prefix-cache hit rate an oracle would reach on the workload, as a table on stdout and optionally JSON (--json). Progress "
+      "failures with their reasons, and the prefix-cache hit rate an oracle would reach on the "
+      "workload, as a table on stdout and optionally JSON (--json). Progress "
       "goes to stderr. Exit codes: 0 every request succeeded, 1 some failed (or the initial test "
       "request, the model lookup or writing --json did), 2 bad flags, 130 interrupted "
       "(SIGINT/SIGTERM: in-flight requests are cancelled and the table covers what finished).",

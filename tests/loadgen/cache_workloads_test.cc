@@ -24,8 +24,8 @@ std::vector<uint32_t> ids(const std::string& json) {
 
 TEST(PrefixRepetition, RequestsShareOneOfTheFewPrefixesAndEndInDistinctSuffixes) {
   const WorkloadOptions workload{.num_prompts = 40, .seed = 3};
-  const PrefixRepetitionOptions options{.prefix_len = 50, .suffix_len = 10, .num_prefixes = 4,
-                                        .output_len = 7};
+  const PrefixRepetitionOptions options{
+      .prefix_len = 50, .suffix_len = 10, .num_prefixes = 4, .output_len = 7};
   ASSERT_TRUE(validate(workload, options));
   const auto requests = make_prefix_repetition_requests(workload, options);
   ASSERT_EQ(requests.size(), 40u);
@@ -50,14 +50,15 @@ TEST(PrefixRepetition, RequestsShareOneOfTheFewPrefixesAndEndInDistinctSuffixes)
   // time; at least the sequence differs from a round robin somewhere.
   bool round_robin = true;
   for (size_t i = 4; i < requests.size(); ++i) {
-    round_robin &= requests[i].prompt_text.substr(0, 200) == requests[i - 4].prompt_text.substr(0, 200);
+    round_robin &=
+        requests[i].prompt_text.substr(0, 200) == requests[i - 4].prompt_text.substr(0, 200);
   }
   EXPECT_FALSE(round_robin);
 }
 
 TEST(PrefixRepetition, TokenIdsAndDeterminism) {
-  const WorkloadOptions workload{.num_prompts = 6, .seed = 9, .format = PromptFormat::kTokenIds,
-                                 .vocab_size = 5000};
+  const WorkloadOptions workload{
+      .num_prompts = 6, .seed = 9, .format = PromptFormat::kTokenIds, .vocab_size = 5000};
   const PrefixRepetitionOptions options{.prefix_len = 32, .suffix_len = 8, .num_prefixes = 2};
   const auto a = make_prefix_repetition_requests(workload, options);
   const auto b = make_prefix_repetition_requests(workload, options);
@@ -80,23 +81,28 @@ TEST(PrefixRepetition, TokenIdsAndDeterminism) {
 
 TEST(PrefixRepetition, ValidateNamesTheBadFlag) {
   const WorkloadOptions workload{.num_prompts = 10};
-  EXPECT_NE(validate(workload, PrefixRepetitionOptions{.prefix_len = 0}).message().find("prefix-len"),
-            std::string::npos);
-  EXPECT_NE(validate(workload, PrefixRepetitionOptions{.num_prefixes = 11}).message().find("num-prefixes"),
-            std::string::npos);
-  EXPECT_NE(validate(workload, PrefixRepetitionOptions{.output_len = 0}).message().find("output-len"),
-            std::string::npos);
-  EXPECT_NE(validate(WorkloadOptions{.num_prompts = 1'000'000},
-                     PrefixRepetitionOptions{.prefix_len = 1000, .suffix_len = 0, .num_prefixes = 1})
+  EXPECT_NE(
+      validate(workload, PrefixRepetitionOptions{.prefix_len = 0}).message().find("prefix-len"),
+      std::string::npos);
+  EXPECT_NE(validate(workload, PrefixRepetitionOptions{.num_prefixes = 11})
                 .message()
-                .find("at most"),
+                .find("num-prefixes"),
             std::string::npos);
+  EXPECT_NE(
+      validate(workload, PrefixRepetitionOptions{.output_len = 0}).message().find("output-len"),
+      std::string::npos);
+  EXPECT_NE(
+      validate(WorkloadOptions{.num_prompts = 1'000'000},
+               PrefixRepetitionOptions{.prefix_len = 1000, .suffix_len = 0, .num_prefixes = 1})
+          .message()
+          .find("at most"),
+      std::string::npos);
 }
 
 TEST(MultiTurn, TurnsAreOrderedTurnByTurnAndPointAtTheirPreviousTurn) {
   const WorkloadOptions workload{.seed = 5};
-  const MultiTurnOptions options{.num_conversations = 3, .num_turns = 4, .input_len = 12,
-                                 .output_len = 6};
+  const MultiTurnOptions options{
+      .num_conversations = 3, .num_turns = 4, .input_len = 12, .output_len = 6};
   ASSERT_TRUE(validate(workload, options));
   const auto requests = make_multi_turn_requests(workload, options);
   ASSERT_EQ(requests.size(), 12u);
@@ -116,17 +122,24 @@ TEST(MultiTurn, TurnsAreOrderedTurnByTurnAndPointAtTheirPreviousTurn) {
   }
   EXPECT_EQ(messages.size(), 12u);
   // A conversation's messages do not depend on how many conversations follow it.
-  const auto fewer = make_multi_turn_requests(workload, {.num_conversations = 1, .num_turns = 4,
-                                                         .input_len = 12, .output_len = 6});
+  const auto fewer = make_multi_turn_requests(
+      workload, {.num_conversations = 1, .num_turns = 4, .input_len = 12, .output_len = 6});
   EXPECT_EQ(fewer[0].prompt_text, requests[0].prompt_text);
   EXPECT_EQ(fewer[1].prompt_text, requests[3].prompt_text);
 }
 
 TEST(MultiTurn, CompletionsTextGrowsByTheAnswerAndTheNewMessage) {
-  BenchRequest first{.index = 0, .prompt_json = "\"a b c\"", .prompt_text = "a b c", .input_len = 3,
+  BenchRequest first{.index = 0,
+                     .prompt_json = "\"a b c\"",
+                     .prompt_text = "a b c",
+                     .input_len = 3,
                      .output_len = 2};
-  BenchRequest turn{.index = 1, .prompt_json = "\"d e\"", .prompt_text = "d e", .input_len = 2,
-                    .output_len = 2, .previous_turn = 0};
+  BenchRequest turn{.index = 1,
+                    .prompt_json = "\"d e\"",
+                    .prompt_text = "d e",
+                    .input_len = 2,
+                    .output_len = 2,
+                    .previous_turn = 0};
   const BenchRequest sent = compose_turn(first, "x \"y\"", turn, PromptFormat::kWords, false, 0);
   EXPECT_EQ(sent.prompt_text, "a b c x \"y\" d e");
   EXPECT_EQ(nlohmann::json::parse(sent.prompt_json).get<std::string>(), sent.prompt_text);
@@ -140,7 +153,8 @@ TEST(MultiTurn, CompletionsTextGrowsByTheAnswerAndTheNewMessage) {
 }
 
 TEST(MultiTurn, ChatMessagesGrowAndTheRequestCarriesThem) {
-  BenchRequest first{.prompt_json = "\"hello there\"", .prompt_text = "hello there", .input_len = 2};
+  BenchRequest first{
+      .prompt_json = "\"hello there\"", .prompt_text = "hello there", .input_len = 2};
   BenchRequest second{.index = 1, .prompt_text = "and more", .input_len = 2, .previous_turn = 0};
   BenchRequest third{.index = 2, .prompt_text = "last one", .input_len = 2, .previous_turn = 1};
   const BenchRequest s2 = compose_turn(first, "hi", second, PromptFormat::kWords, true, 0);
@@ -162,8 +176,10 @@ TEST(MultiTurn, ChatMessagesGrowAndTheRequestCarriesThem) {
 TEST(MultiTurn, TokenIdsAppendAStableStandInForTheAnswer) {
   BenchRequest first{.prompt_json = "[1001,1002]", .input_len = 2};
   BenchRequest turn{.index = 1, .prompt_json = "[1003]", .input_len = 1, .previous_turn = 0};
-  const BenchRequest a = compose_turn(first, "two words", turn, PromptFormat::kTokenIds, false, 2000);
-  const BenchRequest b = compose_turn(first, "two words", turn, PromptFormat::kTokenIds, false, 2000);
+  const BenchRequest a =
+      compose_turn(first, "two words", turn, PromptFormat::kTokenIds, false, 2000);
+  const BenchRequest b =
+      compose_turn(first, "two words", turn, PromptFormat::kTokenIds, false, 2000);
   EXPECT_EQ(a.prompt_json, b.prompt_json);
   const auto v = ids(a.prompt_json);
   ASSERT_EQ(v.size(), 5u);
@@ -181,15 +197,18 @@ TEST(MultiTurn, TokenIdsAppendAStableStandInForTheAnswer) {
 
 TEST(MultiTurn, ValidateNamesTheBadFlagAndBoundsTheGrowingPrompts) {
   const WorkloadOptions workload;
-  EXPECT_NE(validate(workload, MultiTurnOptions{.num_conversations = 0}).message().find("conversations"),
-            std::string::npos);
+  EXPECT_NE(
+      validate(workload, MultiTurnOptions{.num_conversations = 0}).message().find("conversations"),
+      std::string::npos);
   EXPECT_NE(validate(workload, MultiTurnOptions{.num_turns = 0}).message().find("num-turns"),
             std::string::npos);
   EXPECT_NE(validate(workload, MultiTurnOptions{.input_len = 0}).message().find("input-len"),
             std::string::npos);
   // 1000 turns of 1000 + 1000 tokens: ~1e9 tokens per conversation.
-  EXPECT_NE(validate(workload, MultiTurnOptions{.num_conversations = 1, .num_turns = 1000,
-                                                .input_len = 1000, .output_len = 1000})
+  EXPECT_NE(validate(workload, MultiTurnOptions{.num_conversations = 1,
+                                                .num_turns = 1000,
+                                                .input_len = 1000,
+                                                .output_len = 1000})
                 .message()
                 .find("at most"),
             std::string::npos);
