@@ -23,7 +23,8 @@ where round robin is not saturated, and its sim hit rate is within 10 points of 
 
   bench/serving/cache_bench.py [--bin-dir DIR] [--smoke] [--results FILE] [--request-rate R]
       [--prefill-us-per-token US] [--decode-us-per-token US] [--policies a,b,c]
-      [--workloads a,b] [--kv-backends LIST] [--sim-flag=FLAG ...]
+      [--workloads a,b] [--kv-backends LIST] [--prefix-cache-blocks N] [--sim-flag=FLAG ...]
+      [--note TEXT]
 
 --smoke (CTest bench.serving_cache): tiny workloads, results in a temporary file; fails if any
 request fails or a number is missing. Every process started here is stopped on exit.
@@ -276,6 +277,9 @@ def render(args, results, kv_events, started):
           if args.sim_has_prefix_cache else ", no prefix cache in these sims"),
          (", sim flags `%s`" % " ".join(args.sim_flag)) if args.sim_flag else "", 16))
     w("")
+    if args.note:
+        w("**Note**: %s" % args.note)
+        w("")
     w("**Machine**: %s, %d cores, %s, load %s." % (m["cpu"], m["nproc"], m["kernel"], m["load"]))
     w("")
     w("| workload | policy | ok | failed | mean TTFT (ms) | P99 TTFT (ms) | %s mean TTFT / this "
@@ -345,6 +349,8 @@ def main():
                         "(default 1024: a node holds half a GPU's worth of a small model's cache, "
                         "less than the whole workload, as on a real fleet)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--note", default="",
+                        help="a sentence added to the results (e.g. where the binaries came from)")
     args = parser.parse_args()
     args.policies = [p for p in args.policies.split(",") if p]
     args.workloads = [w for w in args.workloads.split(",") if w]
