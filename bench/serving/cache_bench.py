@@ -66,14 +66,16 @@ def workloads(smoke):
     else:
         # Sized against the sims' prefix caches (--prefix-cache-blocks, default 1024 blocks of 16
         # tokens per node): 16 prefixes of 2,000 tokens are 2,000 blocks, 4 per node (500 blocks)
-        # when each prefix stays on one node, all 16 on every node under round robin; 24
-        # conversations end at ~2,100 tokens (~130 blocks), 6 per node (~790 blocks) when each
-        # stays on one node. A cache that holds everything would make every policy hit.
+        # when each prefix stays on one node, all 16 on every node under round robin; 23
+        # conversations end at ~2,100 tokens (~130 blocks), 6 per node (~780 blocks) when each
+        # stays on one node. A cache that holds everything would make every policy hit. 23, not
+        # 24: turns go out turn by turn, so with a multiple of the 4 nodes round robin would
+        # keep every conversation on one node by accident.
         prefix = ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "2000",
                   "--prefix-repetition-suffix-len", "100", "--prefix-repetition-num-prefixes", "16",
                   "--prefix-repetition-output-len", "16", "--num-prompts", "240"]
         multi = ["--dataset-name", "multi_turn", "--backend", "openai-chat",
-                 "--multi-turn-num-conversations", "24", "--multi-turn-num-turns", "5",
+                 "--multi-turn-num-conversations", "23", "--multi-turn-num-turns", "5",
                  "--multi-turn-input-len", "400", "--multi-turn-output-len", "32"]
     return {
         "shared_prefix": (prefix, "prefix_repetition, text prompts, /v1/completions"),
