@@ -5,8 +5,11 @@
 #include <csignal>
 #include <deque>
 #include <memory>
+#include <unordered_map>
 
 #include <fmt/format.h>
+
+#include "loadgen/cache_workloads.h"
 
 namespace pdr::loadgen {
 namespace {
@@ -36,7 +39,13 @@ class Run {
         progress_(progress),
         offsets_(arrival_offsets(static_cast<uint32_t>(requests.size()), schedule.request_rate,
                                  schedule.burstiness, schedule.seed)),
-        slots_(requests.size()) {
+        oracle_(schedule.oracle_block_tokens),
+        slots_(requests.size()), has_next_turn_(requests.size(), false) {
+    for (const BenchRequest& r : requests) {
+      if (r.previous_turn && *r.previous_turn < requests.size()) {
+        has_next_turn_[*r.previous_turn] = true;
+      }
+    }
     uv_loop_init(&loop_);
     pool_ = std::make_unique<http::UpstreamPool>(&loop_);
     for (uv_timer_t* t : {&arrival_timer_, &progress_timer_}) {
@@ -76,6 +85,8 @@ class Run {
     outcome.duration_s = seconds_since_start(last_end_);
     outcome.max_in_flight = max_in_flight_;
     outcome.interrupted = interrupted_;
+    outcome.oracle_prompt_tokens = oracle_.prompt_tokens();
+    outcome.oracle_hit_tokens = oracle_.hit_tokens();
     for (Slot& slot : slots_) {
       if (slot.measurement) outcome.results.push_back(slot.measurement->take_result());
     }
@@ -86,7 +97,16 @@ class Run {
   struct Slot {
     std::unique_ptr<StreamMeasurement> measurement;
     std::shared_ptr<http::UpstreamCall> call;
+    bool done = false;
+    // A conversation's turn: the request as sent (prompt composed with the earlier turns), and
+    // the answer it got, both kept until the next turn is composed from them.
+    std::optional<BenchRequest> composed;
+    std::string answer;
   };
+
+  const BenchRequest& as_sent(size_t index) const {
+    return slots_[index].composed ? *slots_[index].composed : requests_[index];
+  }
 
   std::vector<uv_handle_t*> handles() {
     return {reinterpret_cast<uv_handle_t*>(&arrival_timer_),
@@ -99,14 +119,22 @@ class Run {
   }
   double now_s() const { return seconds_since_start(Clock::now()); }
 
-  bool finished() const { return done_ == sent_ && (next_ == requests_.size() || interrupted_); }
+  bool finished() const {
+    return done_ == sent_ &&
+           (interrupted_ || (next_ == requests_.size() && waiting_.empty() && blocked_.empty()));
+  }
 
   // Queues every request whose arrival time has come, sends what the concurrency cap allows and
   // arms the timer for the next arrival.
   void send_due() {
     const double now = now_s();
     while (next_ < requests_.size() && offsets_[next_] <= now && !interrupted_) {
-      waiting_.push_back(next_++);
+      const std::optional<uint32_t> previous = requests_[next_].previous_turn;
+      if (previous && *previous < slots_.size() && !slots_[*previous].done) {
+        blocked_[*previous] = next_++;  // sent when the previous turn answers
+      } else {
+        waiting_.push_back(next_++);
+      }
     }
     while (!waiting_.empty() && !interrupted_ &&
            (!schedule_.max_concurrency || in_flight_ < *schedule_.max_concurrency)) {
@@ -122,7 +150,19 @@ class Run {
 
   void send(size_t index) {
     Slot& slot = slots_[index];
-    slot.measurement = std::make_unique<StreamMeasurement>(requests_[index], now_s());
+    if (const std::optional<uint32_t> previous = requests_[index].previous_turn;
+        previous && *previous < slots_.size()) {
+      Slot& earlier = slots_[*previous];
+      slot.composed = compose_turn(as_sent(*previous), earlier.answer, requests_[index],
+                                   schedule_.format, endpoint_.chat, schedule_.vocab_size);
+      earlier.composed.reset();  // only the latest turn of a conversation is kept
+      earlier.answer.clear();
+      earlier.answer.shrink_to_fit();
+    }
+    const BenchRequest& request = as_sent(index);
+    oracle_.add(prompt_token_keys(request, schedule_.format));
+    slot.measurement =
+        std::make_unique<StreamMeasurement>(request, now_s(), has_next_turn_[index]);
     ++sent_;
     ++in_flight_;
     max_in_flight_ = std::max(max_in_flight_, in_flight_);
@@ -146,7 +186,7 @@ class Run {
                   now_s());
       finish(index, nullptr);
     };
-    slot.call = pool_->start(target_, build_request(endpoint_, requests_[index]),
+    slot.call = pool_->start(target_, build_request(endpoint_, request),
                              schedule_.timeouts, std::move(callbacks));
   }
 
@@ -163,6 +203,12 @@ class Run {
     last_end_ = Clock::now();
     --in_flight_;
     ++done_;
+    slot.done = true;
+    if (has_next_turn_[index]) slot.answer = slot.measurement->answer();
+    if (const auto next = blocked_.find(index); next != blocked_.end()) {
+      waiting_.push_back(next->second);
+      blocked_.erase(next);
+    }
     send_due();
   }
 
@@ -171,6 +217,7 @@ class Run {
     interrupted_ = true;
     uv_timer_stop(&arrival_timer_);
     waiting_.clear();
+    blocked_.clear();
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (slots_[i].call) finish(i, "interrupted");
     }
@@ -225,8 +272,11 @@ class Run {
   uv_signal_t sigint_;
   uv_signal_t sigterm_;
 
+  PrefixOracle oracle_;
   std::vector<Slot> slots_;
+  std::vector<bool> has_next_turn_;  // a later turn is composed from this request's answer
   std::deque<size_t> waiting_;  // arrived, held back by the concurrency cap
+  std::unordered_map<size_t, size_t> blocked_;  // previous turn -> its next turn, arrived
   size_t next_ = 0;             // next request to arrive
   uint32_t sent_ = 0, done_ = 0, in_flight_ = 0, max_in_flight_ = 0;
   bool interrupted_ = false;

@@ -19,6 +19,7 @@
 
 #include "loadgen/bench_report.h"
 #include "loadgen/bench_runner.h"
+#include "loadgen/cache_workloads.h"
 #include "http/host_resolver.h"
 
 namespace {
@@ -50,7 +51,10 @@ struct Flags {
   bool no_progress = false;
   double progress_interval_s = 1.0;
   std::string json_path;
+  uint32_t oracle_block_tokens = 16;
   WorkloadOptions workload;
+  PrefixRepetitionOptions prefix;
+  MultiTurnOptions multi_turn;
 };
 
 void add_flags(CLI::App& app, Flags& f) {
@@ -65,8 +69,45 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--endpoint", f.endpoint,
                  "Request path (default /v1/completions, or /v1/chat/completions for openai-chat).");
   app.add_option("--model", f.model, "Model name sent in every request (default: the first id of GET /v1/models).");
-  app.add_option("--dataset-name", f.dataset, "Prompt source; only 'random' (random prompts of a set length).")
-      ->check(CLI::IsMember({"random"}))
+  app.add_option("--dataset-name", f.dataset,
+                 "Prompt source: random (distinct random prompts, --random-*), prefix_repetition (a few shared prefixes + random suffixes, --prefix-repetition-*), multi_turn (conversations whose turns extend the last prompt and answer, --multi-turn-*).")
+      ->check(CLI::IsMember({"random", "prefix_repetition", "multi_turn"}))
+      ->capture_default_str();
+  app.add_option("--prefix-repetition-prefix-len", f.prefix.prefix_len,
+                 "prefix_repetition: tokens of each shared prefix.")
+      ->check(CLI::Range(1u, 10'000'000u))
+      ->capture_default_str();
+  app.add_option("--prefix-repetition-suffix-len", f.prefix.suffix_len,
+                 "prefix_repetition: tokens of each request's random suffix (prompt = prefix + suffix).")
+      ->check(CLI::Range(0u, 10'000'000u))
+      ->capture_default_str();
+  app.add_option("--prefix-repetition-num-prefixes", f.prefix.num_prefixes,
+                 "prefix_repetition: distinct prefixes; --num-prompts are spread evenly over them, shuffled.")
+      ->check(CLI::Range(1u, 10'000'000u))
+      ->capture_default_str();
+  app.add_option("--prefix-repetition-output-len", f.prefix.output_len,
+                 "prefix_repetition: max_tokens of each request.")
+      ->check(CLI::Range(1u, 10'000'000u))
+      ->capture_default_str();
+  app.add_option("--multi-turn-num-conversations", f.multi_turn.num_conversations,
+                 "multi_turn: conversations, run concurrently (--num-prompts is ignored: conversations x turns requests).")
+      ->check(CLI::Range(1u, 1'000'000u))
+      ->capture_default_str();
+  app.add_option("--multi-turn-num-turns", f.multi_turn.num_turns,
+                 "multi_turn: turns per conversation, sent in order, each once the previous one answered.")
+      ->check(CLI::Range(1u, 10'000u))
+      ->capture_default_str();
+  app.add_option("--multi-turn-input-len", f.multi_turn.input_len,
+                 "multi_turn: tokens of each new user message (a turn's prompt: the previous prompt + its answer + this).")
+      ->check(CLI::Range(1u, 10'000'000u))
+      ->capture_default_str();
+  app.add_option("--multi-turn-output-len", f.multi_turn.output_len,
+                 "multi_turn: max_tokens of each turn.")
+      ->check(CLI::Range(1u, 10'000'000u))
+      ->capture_default_str();
+  app.add_option("--oracle-block-tokens", f.oracle_block_tokens,
+                 "Block size, in tokens, of the oracle prefix-cache hit rate reported (share of prompt tokens, in whole blocks, already sent in an earlier request).")
+      ->check(CLI::Range(1u, 1'000'000u))
       ->capture_default_str();
   app.add_option("--random-input-len", f.workload.input_len, "Prompt length in tokens.")
       ->check(CLI::Range(1u, 10'000'000u))
@@ -236,7 +277,22 @@ int run(const Flags& f) {
   };
   WorkloadOptions workload = f.workload;
   workload.format = f.prompt_format == "token-ids" ? PromptFormat::kTokenIds : PromptFormat::kWords;
-  if (Status s = validate(workload); !s) return fail_flags(s);
+  std::vector<BenchRequest> requests;
+  if (f.dataset == "prefix_repetition") {
+    if (Status s = validate(workload, f.prefix); !s) return fail_flags(s);
+    requests = make_prefix_repetition_requests(workload, f.prefix);
+    workload.input_len = f.prefix.prefix_len + f.prefix.suffix_len;
+    workload.output_len = f.prefix.output_len;
+  } else if (f.dataset == "multi_turn") {
+    if (Status s = validate(workload, f.multi_turn); !s) return fail_flags(s);
+    requests = make_multi_turn_requests(workload, f.multi_turn);
+    workload.num_prompts = static_cast<uint32_t>(requests.size());
+    workload.input_len = f.multi_turn.input_len;  // the first turn's; later turns grow
+    workload.output_len = f.multi_turn.output_len;
+  } else {
+    if (Status s = validate(workload); !s) return fail_flags(s);
+    requests = make_random_requests(workload);
+  }
   const bool chat = f.backend == "openai-chat";
   if (chat && workload.format == PromptFormat::kTokenIds) {
     return fail_flags({StatusCode::kInvalidValue, "--prompt-format token-ids needs a completions backend"});
@@ -245,6 +301,9 @@ int run(const Flags& f) {
   if (Status s = parse_rate(f.request_rate, &schedule.request_rate); !s) return fail_flags(s);
   schedule.burstiness = f.burstiness;
   schedule.seed = workload.seed;
+  schedule.format = workload.format;
+  schedule.vocab_size = workload.vocab_size;
+  schedule.oracle_block_tokens = f.oracle_block_tokens;
   if (f.max_concurrency != 0) schedule.max_concurrency = f.max_concurrency;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1e3));
   schedule.timeouts = {.connect = std::chrono::milliseconds(10'000), .first_byte = timeout,
@@ -287,9 +346,9 @@ int run(const Flags& f) {
     }
   }
 
-  const std::vector<BenchRequest> requests = make_random_requests(workload);
-  fmt::print(stderr, "pdrouter-bench: {} {} requests of {} -> {} tokens to {}{} (model {})\n",
-             requests.size(), f.backend, workload.input_len, workload.output_len, base_url,
+  fmt::print(stderr, "pdrouter-bench: {} {} {} requests of {}{} -> {} tokens to {}{} (model {})\n",
+             requests.size(), f.dataset, f.backend, workload.input_len,
+             f.dataset == "multi_turn" ? "+ earlier turns" : "", workload.output_len, base_url,
              endpoint.path, endpoint.model);
   if (!f.no_test_request) {
     const RunOutcome test = run_benchmark(target, endpoint, {requests.front()},
@@ -325,9 +384,24 @@ int run(const Flags& f) {
   const BenchSummary summary =
       summarize(outcome.results, outcome.duration_s, percentiles, outcome.max_in_flight);
   const bool json_on_stdout = f.json_path == "-";
+  const double oracle_rate =
+      outcome.oracle_prompt_tokens == 0
+          ? 0.0
+          : static_cast<double>(outcome.oracle_hit_tokens) / outcome.oracle_prompt_tokens;
   fmt::print(json_on_stdout ? stderr : stdout, "{}", render_table(info, summary));
+  // The workload's own reuse, what no router can beat: see prefix_oracle.h.
+  fmt::print(json_on_stdout ? stderr : stdout,
+             "{:<40}{:<10}\n{:<40}{:<10}\n{:<40}{:<10.2f}\n", "Dataset:", f.dataset,
+             "Oracle block size (tokens):", f.oracle_block_tokens, "Oracle prefix hit rate (%):",
+             oracle_rate * 100);
   if (!f.json_path.empty()) {
-    const std::string json = result_json(info, summary, outcome.results).dump(2) + "\n";
+    nlohmann::json result = result_json(info, summary, outcome.results);
+    result["dataset_name"] = f.dataset;
+    result["oracle_block_tokens"] = f.oracle_block_tokens;
+    result["oracle_prompt_tokens"] = outcome.oracle_prompt_tokens;
+    result["oracle_hit_tokens"] = outcome.oracle_hit_tokens;
+    result["oracle_prefix_hit_rate"] = oracle_rate;
+    const std::string json = result.dump(2) + "\n";
     if (json_on_stdout) {
       fmt::print(stdout, "{}", json);
     } else {
@@ -351,10 +425,12 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
   CLI::App app{
       "pdrouter-bench: load benchmark for OpenAI-compatible servers (pdrouter, vLLM, pdnode sim), "
-      "measuring what `vllm bench serve` measures, with its flag names: random prompts, Poisson "
+      "measuring what `vllm bench serve` measures, with its flag names: random prompts, shared-prefix "
+      "prompts (prefix_repetition) or multi-turn conversations, Poisson "
       "(gamma) arrivals or a fixed concurrency, streamed answers; reports request and token "
       "throughput, TTFT, TPOT, ITL and end-to-end latency (mean, median, percentiles) and the "
-      "failures with their reasons, as a table on stdout and optionally JSON (--json). Progress "
+      "failures with their reasons, and the prefix-cache hit rate an oracle would reach on the "
+      "workload, as a table on stdout and optionally JSON (--json). Progress "
       "goes to stderr. Exit codes: 0 every request succeeded, 1 some failed (or the initial test "
       "request, the model lookup or writing --json did), 2 bad flags, 130 interrupted "
       "(SIGINT/SIGTERM: in-flight requests are cancelled and the table covers what finished).",

@@ -1,5 +1,7 @@
 #include "loadgen/stream_request.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -27,7 +29,12 @@ http::UpstreamRequest build_request(const EndpointOptions& endpoint, const Bench
   nlohmann::json body;
   body["model"] = endpoint.model;
   if (endpoint.chat) {
-    body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", request.prompt_text}}});
+    if (request.messages_json.empty()) {
+      body["messages"] =
+          nlohmann::json::array({{{"role", "user"}, {"content", request.prompt_text}}});
+    } else {
+      body["messages"] = nullptr;  // spliced below: a conversation so far
+    }
     body["max_completion_tokens"] = request.output_len;
   } else {
     body["prompt"] = nullptr;
@@ -42,6 +49,10 @@ http::UpstreamRequest build_request(const EndpointOptions& endpoint, const Bench
     static constexpr std::string_view kPlaceholder = "\"prompt\":null";
     const size_t at = text.find(kPlaceholder);
     text.replace(at, kPlaceholder.size(), "\"prompt\":" + request.prompt_json);
+  } else if (!request.messages_json.empty()) {
+    static constexpr std::string_view kPlaceholder = "\"messages\":null";
+    const size_t at = text.find(kPlaceholder);
+    text.replace(at, kPlaceholder.size(), "\"messages\":" + request.messages_json);
   }
   http::UpstreamRequest out;
   out.method = "POST";
@@ -53,7 +64,9 @@ http::UpstreamRequest build_request(const EndpointOptions& endpoint, const Bench
   return out;
 }
 
-StreamMeasurement::StreamMeasurement(const BenchRequest& request, double start_s) {
+StreamMeasurement::StreamMeasurement(const BenchRequest& request, double start_s,
+                                     bool keep_answer)
+    : keep_answer_(keep_answer) {
   result_.input_len = request.input_len;
   result_.start_s = start_s;
 }
@@ -96,6 +109,7 @@ void StreamMeasurement::on_event(const proto::SseEvent& event, double now_s) {
   if (chunk.prompt_tokens) usage_prompt_ = chunk.prompt_tokens;
   if (chunk.completion_tokens) usage_completion_ = chunk.completion_tokens;
   if (chunk.content_bytes == 0) return;  // role-only first chat chunk, usage-only last chunk
+  if (keep_answer_) keep_text_of(event.data);
   if (!saw_text_) {
     saw_text_ = true;
     result_.ttft_s = now_s - result_.start_s;
@@ -104,6 +118,27 @@ void StreamMeasurement::on_event(const proto::SseEvent& event, double now_s) {
   }
   last_text_s_ = now_s;
   ++text_chunks_;
+}
+
+// The chunk decoded above (parse_stream_chunk checked its shape); only the first choice's text
+// is kept, as a chat client keeps the answer it shows.
+void StreamMeasurement::keep_text_of(std::string_view data) {
+  const nlohmann::json chunk = nlohmann::json::parse(data, nullptr, /*allow_exceptions=*/false);
+  if (!chunk.is_object() || !chunk.contains("choices") || !chunk["choices"].is_array() ||
+      chunk["choices"].empty() || !chunk["choices"][0].is_object()) {
+    return;
+  }
+  const nlohmann::json& choice = chunk["choices"][0];
+  const nlohmann::json* text = nullptr;
+  if (choice.contains("text")) {
+    text = &choice["text"];
+  } else if (choice.contains("delta") && choice["delta"].is_object() &&
+             choice["delta"].contains("content")) {
+    text = &choice["delta"]["content"];
+  }
+  if (text == nullptr || !text->is_string()) return;
+  const std::string& piece = text->get_ref<const std::string&>();
+  answer_.append(piece, 0, kMaxAnswerBytes - std::min(kMaxAnswerBytes, answer_.size()));
 }
 
 void StreamMeasurement::on_complete(double now_s) {

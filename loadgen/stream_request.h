@@ -39,7 +39,12 @@ class StreamMeasurement {
   // Bodies of error answers are kept up to this size, for their message.
   static constexpr size_t kMaxErrorBody = 64 * 1024;
 
-  StreamMeasurement(const BenchRequest& request, double start_s);
+  // The generated text kept by keep_answer, at most this many bytes.
+  static constexpr size_t kMaxAnswerBytes = 1 << 20;
+
+  // keep_answer: also keep the generated text (choices[0].text or delta.content), for a
+  // conversation's next turn.
+  StreamMeasurement(const BenchRequest& request, double start_s, bool keep_answer = false);
 
   void on_head(int status, const std::vector<http::Header>& headers);
   void on_body(std::string_view bytes, double now_s);
@@ -52,10 +57,12 @@ class StreamMeasurement {
   bool failed_early() const { return !result_.error.empty(); }
   const RequestResult& result() const { return result_; }
   RequestResult take_result() { return std::move(result_); }
+  const std::string& answer() const { return answer_; }
 
  private:
   void on_event(const proto::SseEvent& event, double now_s);
   void fail(std::string error);
+  void keep_text_of(std::string_view data);
 
   RequestResult result_;
   proto::SseReader sse_;
@@ -66,6 +73,8 @@ class StreamMeasurement {
   double last_text_s_ = 0;
   std::optional<uint64_t> usage_prompt_, usage_completion_;
   std::string error_body_;
+  bool keep_answer_ = false;
+  std::string answer_;
 };
 
 }  // namespace pdr::loadgen

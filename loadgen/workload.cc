@@ -61,10 +61,36 @@ Status validate(const WorkloadOptions& options) {
   return {};
 }
 
+void append_random_words(std::mt19937_64& rng, uint32_t count, std::string* text) {
+  std::uniform_int_distribution<size_t> pick_word(0, std::size(kWords) - 1);
+  text->reserve(text->size() + count * 6);
+  for (uint32_t t = 0; t < count; ++t) {
+    if (t != 0) text->push_back(' ');
+    text->append(kWords[pick_word(rng)]);
+  }
+}
+
+void append_random_ids(std::mt19937_64& rng, uint32_t count, uint32_t vocab_size,
+                       std::vector<uint32_t>* ids) {
+  std::uniform_int_distribution<uint32_t> pick_id(kFirstTokenId, vocab_size - 1);
+  ids->reserve(ids->size() + count);
+  for (uint32_t t = 0; t < count; ++t) ids->push_back(pick_id(rng));
+}
+
+std::string token_ids_json(const std::vector<uint32_t>& ids) {
+  std::string json;
+  json.reserve(ids.size() * 7 + 2);
+  json.push_back('[');
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (t != 0) json.push_back(',');
+    fmt::format_to(std::back_inserter(json), "{}", ids[t]);
+  }
+  json.push_back(']');
+  return json;
+}
+
 std::vector<BenchRequest> make_random_requests(const WorkloadOptions& options) {
   std::mt19937_64 rng(options.seed);
-  std::uniform_int_distribution<size_t> pick_word(0, std::size(kWords) - 1);
-  std::uniform_int_distribution<uint32_t> pick_id(kFirstTokenId, options.vocab_size - 1);
   std::vector<BenchRequest> requests(options.num_prompts);
   for (uint32_t i = 0; i < options.num_prompts; ++i) {
     BenchRequest& request = requests[i];
@@ -72,23 +98,13 @@ std::vector<BenchRequest> make_random_requests(const WorkloadOptions& options) {
     request.input_len = draw_length(rng, options.input_len, options.range_ratio);
     request.output_len = draw_length(rng, options.output_len, options.range_ratio);
     if (options.format == PromptFormat::kWords) {
-      std::string& text = request.prompt_text;
-      text.reserve(request.input_len * 6);
-      for (uint32_t t = 0; t < request.input_len; ++t) {
-        if (t != 0) text.push_back(' ');
-        text.append(kWords[pick_word(rng)]);
-      }
+      append_random_words(rng, request.input_len, &request.prompt_text);
       // Plain lowercase ASCII words: quoting is the whole JSON encoding.
-      request.prompt_json = fmt::format("\"{}\"", text);
+      request.prompt_json = fmt::format("\"{}\"", request.prompt_text);
     } else {
-      std::string& json = request.prompt_json;
-      json.reserve(request.input_len * 7 + 2);
-      json.push_back('[');
-      for (uint32_t t = 0; t < request.input_len; ++t) {
-        if (t != 0) json.push_back(',');
-        fmt::format_to(std::back_inserter(json), "{}", pick_id(rng));
-      }
-      json.push_back(']');
+      std::vector<uint32_t> ids;
+      append_random_ids(rng, request.input_len, options.vocab_size, &ids);
+      request.prompt_json = token_ids_json(ids);
     }
   }
   return requests;

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,12 @@ struct BenchRequest {
   std::string prompt_text;  // the words (kWords; chat sends them as the message content)
   uint32_t input_len = 0;   // tokens in the prompt as generated
   uint32_t output_len = 0;  // max_tokens asked for
+  // Multi-turn (cache_workloads.h): the request whose prompt and answer this turn extends. Its
+  // prompt fields then hold only the new user message; the runner composes the prompt as sent
+  // (compose_turn) once that request has answered.
+  std::optional<uint32_t> previous_turn;
+  // Chat: the messages array as sent (JSON), when it is more than one user message.
+  std::string messages_json;
 };
 
 // All prompts of a run are generated before it starts: at most this many tokens in total.
@@ -49,6 +57,15 @@ Status validate(const WorkloadOptions& options);
 // options must be valid. Every prompt is distinct (a random prompt shares no prefix with
 // another beyond chance), so a prefix cache does not flatter the numbers.
 std::vector<BenchRequest> make_random_requests(const WorkloadOptions& options);
+
+// The generators' building blocks, shared with cache_workloads.cc: `count` random words (with
+// single spaces between, none around) appended to *text, or `count` random ids in
+// [kFirstTokenId, vocab_size) appended to *ids.
+void append_random_words(std::mt19937_64& rng, uint32_t count, std::string* text);
+void append_random_ids(std::mt19937_64& rng, uint32_t count, uint32_t vocab_size,
+                       std::vector<uint32_t>* ids);
+// "[1,2,3]"
+std::string token_ids_json(const std::vector<uint32_t>& ids);
 
 // Send times, in seconds from the start, of `count` requests: the first at 0, then gaps drawn
 // from a gamma distribution with shape `burstiness` and mean 1/`rate` (vLLM's model:

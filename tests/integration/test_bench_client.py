@@ -10,6 +10,10 @@
     GET /v1/models.
   * Failures are counted with their reasons and exit 1: HTTP errors from the node, a stream cut
     by a dying decode behind pdrouter (an error event, never a silent short success).
+  * Cache workloads: multi_turn chat sends a conversation's turns in order, each turn's messages
+    the previous turn's plus the answer the sim streamed back plus a new user message;
+    prefix_repetition (token ids) shares exactly --prefix-repetition-num-prefixes prefixes; both
+    report the oracle prefix hit rate the workload implies.
   * SIGINT cancels what is in flight (the node sees the aborts) and prints the partial table,
     exit 130. Bad flags exit 2 and an unreachable server exits 1, each with a message.
 """
@@ -171,6 +175,47 @@ class AgainstOneSim(unittest.TestCase):
         prompt = json.loads(generation_requests(self.node)[-1]["body"])["prompt"]
         self.assertEqual(len(prompt), 64)
         self.assertTrue(all(isinstance(t, int) for t in prompt))
+
+    def test_multi_turn_chat_extends_each_conversation_with_its_answers(self):
+        result, stdout, _ = run_bench(self.node.port, "--dataset-name", "multi_turn", "--backend",
+                                      "openai-chat", "--multi-turn-num-conversations", "3",
+                                      "--multi-turn-num-turns", "3", "--multi-turn-input-len", "20",
+                                      "--multi-turn-output-len", "4", "--no-test-request")
+        self.assertEqual(result["completed"], 9)
+        self.assertEqual(result["dataset_name"], "multi_turn")
+        self.assertIn("Oracle prefix hit rate (%):", stdout)
+        requests = sorted(generation_requests(self.node), key=lambda r: r["arrival_unix_ms"])
+        bodies = [json.loads(r["body"])["messages"] for r in requests]
+        self.assertEqual(sorted(len(m) for m in bodies), [1, 1, 1, 3, 3, 3, 5, 5, 5])
+        for i, messages in enumerate(bodies):
+            self.assertEqual([m["role"] for m in messages],
+                             ["user", "assistant"] * (len(messages) // 2) + ["user"])
+            if len(messages) == 1:
+                continue
+            # The previous turn was sent earlier, and its answer (4 tokens of the sim's text) is
+            # the assistant message.
+            earlier = [m for m in bodies[:i] if m == messages[:-2]]
+            self.assertEqual(len(earlier), 1, "turn %d has no earlier turn" % i)
+            self.assertEqual(len(messages[-2]["content"].split()), 4)
+        # Prompt words: 20, then 20 + 4 + 20, then 44 + 4 + 20; turn 1 reuses the one full
+        # 16-token block of the 20 sent before, turn 2 the two full blocks of the 44.
+        self.assertAlmostEqual(result["oracle_prefix_hit_rate"],
+                               3 * (16 + 32) / (3 * (20 + 44 + 68)), places=6)
+
+    def test_prefix_repetition_token_ids_share_the_prefixes(self):
+        result, _, _ = run_bench(self.node.port, "--dataset-name", "prefix_repetition",
+                                 "--prompt-format", "token-ids", "--prefix-repetition-prefix-len",
+                                 "32", "--prefix-repetition-suffix-len", "8",
+                                 "--prefix-repetition-num-prefixes", "2",
+                                 "--prefix-repetition-output-len", "2", "--num-prompts", "6",
+                                 "--no-test-request")
+        self.assertEqual(result["completed"], 6)
+        self.assertEqual(result["total_input_tokens"], 6 * 40)
+        prompts = [json.loads(r["body"])["prompt"] for r in generation_requests(self.node)]
+        self.assertEqual(len({tuple(p[:32]) for p in prompts}), 2)
+        self.assertEqual(len({tuple(p[32:]) for p in prompts}), 6)
+        # 4 of the 6 requests find their prefix's 2 blocks already sent.
+        self.assertAlmostEqual(result["oracle_prefix_hit_rate"], 4 * 32 / (6 * 40), places=6)
 
     def test_http_errors_are_counted_with_their_reason(self):
         self.node.set_fault(status=503, count=2)
