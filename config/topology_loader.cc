@@ -327,6 +327,8 @@ Status read_routing(const Source& src, const Field& f, Topology::Routing* out) {
   MapReader r(src, f);
   r.boolean("pass_through_unknown", &out->pass_through_unknown);
   return r.finish();
+}
+
 Status read_registry(const Source& src, const Field& f, Topology::Registry* out) {
   MapReader r(src, f);
   r.with("backend", [&](const Field& v) {
