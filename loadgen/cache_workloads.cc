@@ -6,6 +6,8 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "loadgen/prefix_oracle.h"
+
 namespace pdr::loadgen {
 namespace {
 
@@ -45,20 +47,6 @@ Status check_total(double total_tokens, std::string_view what) {
                         what, total_tokens, kMaxTotalPromptTokens)};
   }
   return {};
-}
-
-std::vector<std::string_view> words_of(std::string_view text) {
-  std::vector<std::string_view> words;
-  size_t at = 0;
-  while (at < text.size()) {
-    const size_t start = text.find_first_not_of(" \t\r\n", at);
-    if (start == std::string_view::npos) break;
-    size_t end = text.find_first_of(" \t\r\n", start);
-    if (end == std::string_view::npos) end = text.size();
-    words.push_back(text.substr(start, end - start));
-    at = end;
-  }
-  return words;
 }
 
 // FNV-1a: a stable stand-in id for a word of an answer.

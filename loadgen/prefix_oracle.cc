@@ -25,6 +25,20 @@ uint64_t hash_word(std::string_view word) {
 
 }  // namespace
 
+std::vector<std::string_view> words_of(std::string_view text) {
+  std::vector<std::string_view> words;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t start = text.find_first_not_of(" \t\r\n", at);
+    if (start == std::string_view::npos) break;
+    size_t end = text.find_first_of(" \t\r\n", start);
+    if (end == std::string_view::npos) end = text.size();
+    words.push_back(text.substr(start, end - start));
+    at = end;
+  }
+  return words;
+}
+
 std::vector<uint64_t> prompt_token_keys(const BenchRequest& request, PromptFormat format) {
   std::vector<uint64_t> keys;
   if (format == PromptFormat::kTokenIds) {
@@ -43,16 +57,7 @@ std::vector<uint64_t> prompt_token_keys(const BenchRequest& request, PromptForma
     }
     return keys;
   }
-  const std::string_view text = request.prompt_text;
-  size_t at = 0;
-  while (at < text.size()) {
-    const size_t start = text.find_first_not_of(" \t\r\n", at);
-    if (start == std::string_view::npos) break;
-    size_t end = text.find_first_of(" \t\r\n", start);
-    if (end == std::string_view::npos) end = text.size();
-    keys.push_back(hash_word(text.substr(start, end - start)));
-    at = end;
-  }
+  for (std::string_view word : words_of(request.prompt_text)) keys.push_back(hash_word(word));
   return keys;
 }
 

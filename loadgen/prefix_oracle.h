@@ -10,12 +10,16 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
 #include "loadgen/workload.h"
 
 namespace pdr::loadgen {
+
+// The whitespace-separated words of `text` (views into it): pdnode sim's tokens.
+std::vector<std::string_view> words_of(std::string_view text);
 
 // A prompt's tokens as 64-bit keys: token ids as they are, words hashed.
 std::vector<uint64_t> prompt_token_keys(const BenchRequest& request, PromptFormat format);

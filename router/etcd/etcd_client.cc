@@ -142,31 +142,25 @@ void EtcdClient::authenticate_then(std::function<void(const Status&)> next) {
        });
 }
 
+EtcdClient::BodyFn EtcdClient::plain_answer(AnswerFn done) {
+  return [this, done = std::move(done)](const Status& st, int, const std::string& body) {
+    proto::EtcdAnswer answer;
+    if (!st) return done(st, answer);
+    if (Status parsed = proto::parse_etcd_answer(body, &answer); !parsed) {
+      ++stats_.bad_answers;
+      return done(parsed, answer);
+    }
+    done(check_answer(answer), answer);
+  };
+}
+
 void EtcdClient::put(const std::string& key, const std::string& value, int64_t lease, AnswerFn done) {
   ++stats_.puts;
-  call("/v3/kv/put", proto::encode_etcd_put(key, value, lease),
-       [this, done = std::move(done)](const Status& st, int, const std::string& body) {
-         proto::EtcdAnswer answer;
-         if (!st) return done(st, answer);
-         if (Status parsed = proto::parse_etcd_answer(body, &answer); !parsed) {
-           ++stats_.bad_answers;
-           return done(parsed, answer);
-         }
-         done(check_answer(answer), answer);
-       });
+  call("/v3/kv/put", proto::encode_etcd_put(key, value, lease), plain_answer(std::move(done)));
 }
 
 void EtcdClient::delete_key(const std::string& key, AnswerFn done) {
-  call("/v3/kv/deleterange", proto::encode_etcd_delete_range(key, ""),
-       [this, done = std::move(done)](const Status& st, int, const std::string& body) {
-         proto::EtcdAnswer answer;
-         if (!st) return done(st, answer);
-         if (Status parsed = proto::parse_etcd_answer(body, &answer); !parsed) {
-           ++stats_.bad_answers;
-           return done(parsed, answer);
-         }
-         done(check_answer(answer), answer);
-       });
+  call("/v3/kv/deleterange", proto::encode_etcd_delete_range(key, ""), plain_answer(std::move(done)));
 }
 
 void EtcdClient::range_prefix(const std::string& prefix, RangeFn done) {
@@ -182,16 +176,20 @@ void EtcdClient::range_prefix(const std::string& prefix, RangeFn done) {
        });
 }
 
+Status EtcdClient::lease_answer(const Status& st, const std::string& body, proto::EtcdLeaseAnswer* lease) {
+  if (!st) return st;
+  if (Status parsed = proto::parse_etcd_lease(body, lease); !parsed) {
+    ++stats_.bad_answers;
+    return parsed;
+  }
+  return check_answer(lease->answer);
+}
+
 void EtcdClient::lease_grant(int64_t ttl_seconds, LeaseFn done) {
   call("/v3/lease/grant", proto::encode_etcd_lease_grant(ttl_seconds),
        [this, done = std::move(done)](const Status& st, int, const std::string& body) {
          proto::EtcdLeaseAnswer lease;
-         if (!st) return done(st, lease);
-         if (Status parsed = proto::parse_etcd_lease(body, &lease); !parsed) {
-           ++stats_.bad_answers;
-           return done(parsed, lease);
-         }
-         if (Status checked = check_answer(lease.answer); !checked) return done(checked, lease);
+         if (Status decoded = lease_answer(st, body, &lease); !decoded) return done(decoded, lease);
          if (lease.id == 0 || lease.ttl <= 0) {
            ++stats_.bad_answers;
            return done(Status(StatusCode::kInvalidValue, "etcd granted no lease"), lease);
@@ -204,12 +202,7 @@ void EtcdClient::lease_keepalive(int64_t id, LeaseFn done) {
   call("/v3/lease/keepalive", proto::encode_etcd_lease_id(id),
        [this, id, done = std::move(done)](const Status& st, int, const std::string& body) {
          proto::EtcdLeaseAnswer lease;
-         if (!st) return done(st, lease);
-         if (Status parsed = proto::parse_etcd_lease(body, &lease); !parsed) {
-           ++stats_.bad_answers;
-           return done(parsed, lease);
-         }
-         if (Status checked = check_answer(lease.answer); !checked) return done(checked, lease);
+         if (Status decoded = lease_answer(st, body, &lease); !decoded) return done(decoded, lease);
          if (lease.ttl <= 0) {
            return done(Status(StatusCode::kNotFound, "etcd lease " + std::to_string(id) + " is gone"), lease);
          }
@@ -218,16 +211,7 @@ void EtcdClient::lease_keepalive(int64_t id, LeaseFn done) {
 }
 
 void EtcdClient::lease_revoke(int64_t id, AnswerFn done) {
-  call("/v3/lease/revoke", proto::encode_etcd_lease_id(id),
-       [this, done = std::move(done)](const Status& st, int, const std::string& body) {
-         proto::EtcdAnswer answer;
-         if (!st) return done(st, answer);
-         if (Status parsed = proto::parse_etcd_answer(body, &answer); !parsed) {
-           ++stats_.bad_answers;
-           return done(parsed, answer);
-         }
-         done(check_answer(answer), answer);
-       });
+  call("/v3/lease/revoke", proto::encode_etcd_lease_id(id), plain_answer(std::move(done)));
 }
 
 std::shared_ptr<EtcdWatch> EtcdClient::watch_prefix(const std::string& prefix, int64_t start_revision,

@@ -96,6 +96,10 @@ class EtcdClient {
   using BodyFn = std::function<void(const Status&, int http_status, const std::string& body)>;
   // One POST of `body` to `path`; `done` gets the whole answer body (bounded).
   void call(std::string path, std::string body, BodyFn done);
+  // The answer of a put, delete or lease revoke: decoded, checked, handed to `done`.
+  BodyFn plain_answer(AnswerFn done);
+  // A lease grant's or keepalive's answer decoded into *lease and checked (bad ones counted).
+  Status lease_answer(const Status& st, const std::string& body, proto::EtcdLeaseAnswer* lease);
   void send(std::string path, std::string body, BodyFn done);
   void authenticate_then(std::function<void(const Status&)> next);
   void note_unreachable();
