@@ -20,8 +20,8 @@ README = os.path.join(ROOT, "README.md")
 TOPOLOGIES = sorted(glob.glob(os.path.join(ROOT, "deploy", "topologies", "*.yaml"))) + [
     os.path.join(ROOT, "deploy", "topology.example.yaml")]
 EXPECTED_DIALECT_FILES = {"moriio", "nixl", "mooncake", "p2p-nccl", "sglang"}
-# The documentation's node network (10.0.0.0/24: router 10.0.0.1, nodes 10.0.0.1x/2x) moved onto
-# loopback (127.0.10.0/24) before a test router loads or registers it: a registered address receives
+# The documentation's node network (the README's and deploy/'s private /24 that DOC_NETWORK matches)
+# is moved onto loopback (127.0.10.0/24) before a test router loads or registers it: a registered address receives
 # real traffic, so every address a test uses is in 127.0.0.0/8. Only the host part changes; ports,
 # roles and counts stay as documented.
 DOC_NETWORK = re.compile(r"\b10\.0\.0\.(\d{1,3})\b")
