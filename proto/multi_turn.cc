@@ -7,8 +7,11 @@ std::optional<std::string_view> kv_transfer_params_of(std::string_view json_obje
   if (!JsonObjectBody::parse_borrowed(json_object, limits, &body).is_ok()) return std::nullopt;
   std::optional<std::string_view> raw = body.get_raw("kv_transfer_params");
   if (!raw || raw->empty() || raw->front() != '{') return std::nullopt;
+  // A member of a document validated just above: indexed, not validated again.
   JsonObjectBody params;
-  if (!JsonObjectBody::parse_borrowed(*raw, limits, &params).is_ok() || params.size() == 0) return std::nullopt;
+  if (!JsonObjectBody::parse_member_borrowed(*raw, limits, &params).is_ok() || params.size() == 0) {
+    return std::nullopt;
+  }
   return raw;
 }
 

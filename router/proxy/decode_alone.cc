@@ -31,8 +31,12 @@ std::optional<DecodeAloneReason> decode_alone_reason(const discovery::Topology::
   if (!config.enabled || dialect == nullptr || dialect->without_kv == nullptr || prompt_raw.empty()) {
     return std::nullopt;
   }
-  if (config.max_prompt_tokens != 0 && estimated_prompt_tokens(prompt_raw) <= config.max_prompt_tokens) {
-    return DecodeAloneReason::kShortPrompt;
+  if (config.max_prompt_tokens != 0) {
+    // A KV-events lookup already counted the prompt's token ids: no second parse of them.
+    const uint32_t tokens = cache != nullptr && cache->source == CacheHits::Source::kKvEvents
+                                ? cache->prompt_units
+                                : estimated_prompt_tokens(prompt_raw);
+    if (tokens <= config.max_prompt_tokens) return DecodeAloneReason::kShortPrompt;
   }
   if (config.min_cached_percent != 0 && cache != nullptr && cache->prompt_units != 0) {
     const uint64_t matched = cache->matched(decode_key);
