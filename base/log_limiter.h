@@ -5,7 +5,7 @@
 // discovery thread has one, each HTTP worker has its own).
 #pragma once
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include <chrono>
 #include <cstdint>
@@ -23,7 +23,7 @@ class LogLimiter {
   // True when the caller may log now.
   bool allow(std::chrono::steady_clock::time_point now) {
     if (now - window_start_ >= std::chrono::seconds(1)) {
-      if (suppressed_ > 0) spdlog::warn("{}: {} similar messages suppressed", what_, suppressed_);
+      if (suppressed_ > 0) pdr::log::warn("{}: {} similar messages suppressed", what_, suppressed_);
       window_start_ = now;
       in_window_ = 0;
       suppressed_ = 0;

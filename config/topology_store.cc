@@ -1,7 +1,7 @@
 #include "config/topology_store.h"
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include <cctype>
 #include <fstream>
@@ -61,7 +61,7 @@ Status TopologyStore::reload() {
   if (!s) {
     reloads_failed_.fetch_add(1, std::memory_order_relaxed);
     record_outcome(s);
-    spdlog::warn("topology reload rejected, keeping the current one: {}", s.message());
+    pdr::log::warn("topology reload rejected, keeping the current one: {}", s.message());
     return s;
   }
   std::shared_ptr<const Topology> old = cell_.load();
@@ -69,7 +69,7 @@ Status TopologyStore::reload() {
   cell_.publish(published);
   reloads_ok_.fetch_add(1, std::memory_order_relaxed);
   record_outcome(s);
-  spdlog::info("topology reloaded from {} ({} static instances)", path_,
+  pdr::log::info("topology reloaded from {} ({} static instances)", path_,
                published->static_instances.size());
 
   // Copied so a listener may take its time without holding the lock add_listener() needs.

@@ -6,7 +6,7 @@
 //     is safe but still runs listeners on that thread.
 //   * cell(), current(), path(), the counters, last_error(), last_reload(): any thread.
 // A reload validates the whole file first (see load_topology_file). Only a valid topology is
-// published; a bad one leaves the current value in place, is logged (spdlog warn), counted in
+// published; a bad one leaves the current value in place, is logged (a warning), counted in
 // reloads_failed, and its message kept in last_error(). The store never decides what a change
 // means: listeners receive (old, new) and restart_required_changes() lists what cannot apply live.
 #pragma once

@@ -1,6 +1,6 @@
 #include "discovery/discovery_service.h"
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -178,7 +178,7 @@ class DiscoveryService::Impl {
       loop();
     } catch (const std::exception& e) {
       // Nothing on this thread should throw; if it does, the registry freezes visibly.
-      spdlog::critical("discovery thread stopped: {}", e.what());
+      pdr::log::critical("discovery thread stopped: {}", e.what());
     }
     router_.close();
     monitor_.close();
@@ -241,7 +241,7 @@ class DiscoveryService::Impl {
       const auto expired = registry_.expire_due(after);
       if (expired.expired > 0) {
         counters_.expiries.fetch_add(expired.expired, std::memory_order_relaxed);
-        spdlog::info("discovery: {} instance(s) expired (no heartbeat within TTL)", expired.expired);
+        pdr::log::info("discovery: {} instance(s) expired (no heartbeat within TTL)", expired.expired);
       }
       counters_.removed_after_retention.fetch_add(expired.removed, std::memory_order_relaxed);
       maybe_publish(after);
@@ -270,7 +270,7 @@ class DiscoveryService::Impl {
       } else {
         counters_.refuse_handshake(decision.refusal);
         if (log_limiter_.allow(Clock::now())) {
-          spdlog::warn("discovery: refused connection ({}): {}", to_string(decision.refusal), decision.status_text);
+          pdr::log::warn("discovery: refused connection ({}): {}", to_string(decision.refusal), decision.status_text);
         }
       }
       const auto reply = zap_reply(frames.size() > 1 ? frames[1] : "", decision);
@@ -279,7 +279,7 @@ class DiscoveryService::Impl {
           zap_.send(zmq::buffer(reply[f]), f + 1 < reply.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
         }
       } catch (const zmq::error_t& e) {
-        spdlog::warn("discovery: ZAP reply not sent: {}", e.what());
+        pdr::log::warn("discovery: ZAP reply not sent: {}", e.what());
       }
     }
   }
@@ -318,12 +318,12 @@ class DiscoveryService::Impl {
     }
     if (options) {
       if (options->bind_endpoint != options_.bind_endpoint) {
-        spdlog::warn("discovery: listener endpoint change to '{}' needs a restart; still on '{}'",
+        pdr::log::warn("discovery: listener endpoint change to '{}' needs a restart; still on '{}'",
                      options->bind_endpoint, bound_endpoint_);
       }
       if (options->curve_endpoint != options_.curve_endpoint ||
           options->curve_keys.secret_z85 != options_.curve_keys.secret_z85) {
-        spdlog::warn("discovery: CURVE endpoint or server key changes need a restart; keeping '{}'",
+        pdr::log::warn("discovery: CURVE endpoint or server key changes need a restart; keeping '{}'",
                      bound_curve_endpoint_);
       }
       options->bind_endpoint = options_.bind_endpoint;
@@ -515,16 +515,16 @@ class DiscoveryService::Impl {
         return;
       case UpsertResult::kAdded:
         counters_.added.fetch_add(1, std::memory_order_relaxed);
-        spdlog::info("discovery: registered {} {} ({} via {}, admitted by {})", proto::to_string(reg.role), key,
+        pdr::log::info("discovery: registered {} {} ({} via {}, admitted by {})", proto::to_string(reg.role), key,
                      proto::to_string(reg.connector), proto::to_string(reg.format), to_string(cls));
         break;
       case UpsertResult::kRestarted:
         counters_.restarts.fetch_add(1, std::memory_order_relaxed);
-        spdlog::info("discovery: {} restarted (epoch {})", key, reg.epoch);
+        pdr::log::info("discovery: {} restarted (epoch {})", key, reg.epoch);
         break;
       case UpsertResult::kRevived:
         counters_.revived.fetch_add(1, std::memory_order_relaxed);
-        spdlog::info("discovery: {} is back", key);
+        pdr::log::info("discovery: {} is back", key);
         break;
       case UpsertResult::kUpdated:
         break;
@@ -544,7 +544,7 @@ class DiscoveryService::Impl {
     switch (registry_.goodbye(goodbye, Clock::now(), cls)) {
       case GoodbyeResult::kRemoved:
         counters_.goodbyes.fetch_add(1, std::memory_order_relaxed);
-        spdlog::info("discovery: {} said goodbye", key);
+        pdr::log::info("discovery: {} said goodbye", key);
         send_ack(identity, *sender.socket, {true, "", 0, 0});
         return;
       case GoodbyeResult::kUnknown:
@@ -587,7 +587,7 @@ class DiscoveryService::Impl {
           counters_.acks_sent.fetch_add(1, std::memory_order_relaxed);
         }
       } catch (const zmq::error_t& e) {
-        spdlog::debug("discovery: ack not sent: {}", e.what());
+        pdr::log::debug("discovery: ack not sent: {}", e.what());
       }
     }
     pending_acks_.clear();
@@ -596,7 +596,7 @@ class DiscoveryService::Impl {
   void reject(RejectReason reason, const std::string& detail) {
     counters_.reject(reason);
     if (log_limiter_.allow(Clock::now())) {
-      spdlog::warn("discovery: rejected message ({}): {}", to_string(reason), detail);
+      pdr::log::warn("discovery: rejected message ({}): {}", to_string(reason), detail);
     }
   }
 

@@ -1,7 +1,7 @@
 #include "http/http_connection.h"
 
 #include <linux/sockios.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <sys/ioctl.h>
 
 #include <algorithm>
@@ -41,9 +41,9 @@ void invoke_guarded(Fn& fn, const char* what) {
   try {
     fn();
   } catch (const std::exception& e) {
-    spdlog::error("http: {} callback threw: {}", what, e.what());
+    pdr::log::error("http: {} callback threw: {}", what, e.what());
   } catch (...) {
-    spdlog::error("http: {} callback threw a non-std exception", what);
+    pdr::log::error("http: {} callback threw a non-std exception", what);
   }
 }
 
@@ -166,7 +166,7 @@ void HttpConnection::on_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf)
 void HttpConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
   if (nread == 0) return;
   if (nread < 0) {
-    if (nread != UV_EOF) spdlog::debug("http {}: read error: {}", peer_, uv_strerror(static_cast<int>(nread)));
+    if (nread != UV_EOF) pdr::log::debug("http {}: read error: {}", peer_, uv_strerror(static_cast<int>(nread)));
     close_now();
     return;
   }
@@ -418,7 +418,7 @@ void HttpConnection::dispatch() {
   if (failure != nullptr) {
     // The writer passed to the handler was destroyed during unwinding (answering 500) unless the
     // handler had moved it elsewhere; then its new holder still owns the response.
-    spdlog::error("http {}: handler threw ({}) on \"{}\": {}", peer_, failure, request_line_, what);
+    pdr::log::error("http {}: handler threw ({}) on \"{}\": {}", peer_, failure, request_line_, what);
   }
 }
 
@@ -432,7 +432,7 @@ bool HttpConnection::writer_send(uint64_t seq, Response&& response) {
     if (!head_request_) out += response.body;
   });
   count_response(response.status);
-  spdlog::debug("http {} \"{}\" {} {}B", peer_, request_line_, response.status, response.body.size());
+  pdr::log::debug("http {} \"{}\" {} {}B", peer_, request_line_, response.status, response.body.size());
   finish_response();
   return true;
 }
@@ -448,7 +448,7 @@ bool HttpConnection::writer_start_stream(uint64_t seq, int status, std::vector<H
     append_head(out, status, headers, !raw_stream_, 0, true);
   });
   count_response(status);
-  spdlog::debug("http {} \"{}\" {} (stream)", peer_, request_line_, status);
+  pdr::log::debug("http {} \"{}\" {} (stream)", peer_, request_line_, status);
   return phase_ == Phase::kDispatched;
 }
 
@@ -503,11 +503,11 @@ void HttpConnection::writer_dropped(uint64_t seq) {
   if (!active(seq) || response_ == ResponseState::kDone) return;
   worker_.stats().handler_errors.fetch_add(1, std::memory_order_relaxed);
   if (response_ == ResponseState::kNone) {
-    spdlog::warn("http {}: handler dropped \"{}\" without a response; answering 500", peer_, request_line_);
+    pdr::log::warn("http {}: handler dropped \"{}\" without a response; answering 500", peer_, request_line_);
     writer_send(seq, error_response(500, "the server produced no response for this request",
                                     "server_error", "internal_error"));
   } else {
-    spdlog::warn("http {}: stream for \"{}\" abandoned before its end; closing", peer_, request_line_);
+    pdr::log::warn("http {}: stream for \"{}\" abandoned before its end; closing", peer_, request_line_);
     clear_callbacks();
     close_now();
   }
@@ -517,7 +517,7 @@ void HttpConnection::writer_abort(uint64_t seq) {
   if (!active(seq) || response_ == ResponseState::kDone) return;
   clear_callbacks();
   response_ = ResponseState::kDone;  // the handler chose this: not a client abort
-  spdlog::debug("http {}: \"{}\" aborted by its handler", peer_, request_line_);
+  pdr::log::debug("http {}: \"{}\" aborted by its handler", peer_, request_line_);
   close_now();
 }
 
@@ -578,7 +578,7 @@ void HttpConnection::send_error_and_close(int status, std::string_view message, 
   append_head(out, r.status, r.headers, false, r.body.size(), false);
   out += r.body;
   count_response(status);
-  spdlog::debug("http {}: {} {}", peer_, status, message);
+  pdr::log::debug("http {}: {} {}", peer_, status, message);
   inbuf_.clear();
   inbuf_off_ = 0;
   queue_write(std::move(out));
@@ -651,7 +651,7 @@ void HttpConnection::close_now() {
   if (pending) {
     client_gone_ = true;
     worker_.stats().client_aborts.fetch_add(1, std::memory_order_relaxed);
-    spdlog::debug("http {}: connection closed with \"{}\" pending", peer_, request_line_);
+    pdr::log::debug("http {}: connection closed with \"{}\" pending", peer_, request_line_);
     std::function<void()> cb = std::move(on_client_close_);
     on_client_close_ = nullptr;
     std::function<void()> drain = std::move(on_drain_);
@@ -681,7 +681,7 @@ void HttpConnection::append_head(std::string& out, int status, const std::vector
   for (const Header& h : headers) {
     if (is_server_managed_header(h.name)) continue;
     if (h.name.empty() || has_crlf_or_nul(h.name) || has_crlf_or_nul(h.value)) {
-      spdlog::warn("http {}: dropping response header with CR/LF/NUL: {}", peer_, h.name);
+      pdr::log::warn("http {}: dropping response header with CR/LF/NUL: {}", peer_, h.name);
       continue;
     }
     out += h.name;
@@ -758,7 +758,7 @@ void HttpConnection::flush_output() {
       delete w;
       buffered_ -= rest;
       worker_.stats().output_buffered_bytes.fetch_sub(rest, std::memory_order_relaxed);
-      spdlog::debug("http {}: write failed: {}", peer_, uv_strerror(rc));
+      pdr::log::debug("http {}: write failed: {}", peer_, uv_strerror(rc));
       close_now();
       return;
     }
@@ -781,7 +781,7 @@ void HttpConnection::on_write(uv_write_t* req, int status) {
     c->buffered_ -= n;
     c->worker_.stats().output_buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
     if (c->phase_ != Phase::kClosed) {
-      spdlog::debug("http {}: write error: {}", c->peer_, uv_strerror(status));
+      pdr::log::debug("http {}: write error: {}", c->peer_, uv_strerror(status));
       c->close_now();
     }
     return;
@@ -834,7 +834,7 @@ void HttpConnection::on_timer(uv_timer_t* t) {
       return;
     case TimerMode::kIdle:
       c->worker_.stats().idle_timeouts.fetch_add(1, std::memory_order_relaxed);
-      spdlog::debug("http {}: keep-alive idle timeout", c->peer_);
+      pdr::log::debug("http {}: keep-alive idle timeout", c->peer_);
       c->close_now();
       return;
     case TimerMode::kFlush:
@@ -938,7 +938,7 @@ void HttpConnection::flush_timer_fired() {
     return;
   }
   worker_.stats().write_stalls.fetch_add(1, std::memory_order_relaxed);
-  spdlog::debug("http {}: client read nothing of {} queued bytes for {} ms; closing", peer_, buffered_,
+  pdr::log::debug("http {}: client read nothing of {} queued bytes for {} ms; closing", peer_, buffered_,
                 worker_.options().keep_alive_idle.count());
   close_now();
 }

@@ -1,7 +1,7 @@
 #include "http/http_server.h"
 
 #include <netinet/in.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
@@ -96,7 +96,7 @@ Status Server::start(const ServerOptions& options, Handler handler) {
   for (auto& w : impl_->workers) w->start_thread();
   impl_->started = true;
   impl_->running = true;
-  spdlog::info("http: listening on {}:{} with {} worker(s)", options.host, port, options.workers);
+  pdr::log::info("http: listening on {}:{} with {} worker(s)", options.host, port, options.workers);
   return Status::ok();
 }
 
@@ -114,7 +114,7 @@ void Server::stop(std::chrono::milliseconds drain) {
   if (!impl_->running) return;
   for (auto& w : impl_->workers) {
     if (HttpWorker::current() == w.get()) {
-      spdlog::error("http: Server::stop called from its own worker thread; ignored");
+      pdr::log::error("http: Server::stop called from its own worker thread; ignored");
       return;
     }
   }
@@ -131,7 +131,7 @@ void Server::stop(std::chrono::milliseconds drain) {
     const bool drained = shared.drain_cv.wait_until(
         l, deadline, [&] { return shared.stats.connections_active.load() == 0; });
     if (!drained) {
-      spdlog::warn("http: drain deadline passed with {} connection(s) open; closing them",
+      pdr::log::warn("http: drain deadline passed with {} connection(s) open; closing them",
                    shared.stats.connections_active.load());
     }
   }
@@ -140,7 +140,7 @@ void Server::stop(std::chrono::milliseconds drain) {
     wp->post([wp] { wp->shutdown(); });
   }
   for (auto& w : impl_->workers) w->join();
-  spdlog::info("http: server on port {} stopped", impl_->port);
+  pdr::log::info("http: server on port {} stopped", impl_->port);
 }
 
 const ServerStats& Server::stats() const { return impl_->shared.stats; }

@@ -1,7 +1,7 @@
 #include "http/http_worker.h"
 
 #include <pthread.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -42,7 +42,7 @@ HttpWorker::~HttpWorker() {
   close_flush_handles();
   uv_run(&loop_, UV_RUN_DEFAULT);
   const int rc = uv_loop_close(&loop_);
-  if (rc != 0) spdlog::error("http worker {}: uv_loop_close: {}", index_, uv_strerror(rc));
+  if (rc != 0) pdr::log::error("http worker {}: uv_loop_close: {}", index_, uv_strerror(rc));
 }
 
 Status HttpWorker::listen(const std::string& host, uint16_t* port) {
@@ -107,7 +107,7 @@ Status HttpWorker::open_listener() {
 void HttpWorker::accept_failed(int status) {
   shared_.stats.accept_errors.fetch_add(1, std::memory_order_relaxed);
   if (accept_log_.allow(std::chrono::steady_clock::now())) {
-    spdlog::warn("http worker {}: accept error: {}; not accepting for {} ms", index_, uv_strerror(status),
+    pdr::log::warn("http worker {}: accept error: {}; not accepting for {} ms", index_, uv_strerror(status),
                  kAcceptBackoffMs);
   }
   if (accept_paused_ || draining_) return;
@@ -128,7 +128,7 @@ void HttpWorker::on_accept_backoff(uv_timer_t* timer) {
   if (!s.is_ok()) {
     w->shared_.stats.accept_errors.fetch_add(1, std::memory_order_relaxed);
     if (w->accept_log_.allow(std::chrono::steady_clock::now())) {
-      spdlog::warn("http worker {}: cannot reopen the listener: {}; retrying in {} ms", w->index_, s.message(),
+      pdr::log::warn("http worker {}: cannot reopen the listener: {}; retrying in {} ms", w->index_, s.message(),
                    kAcceptBackoffMs);
     }
     w->listener_.close();
@@ -180,9 +180,9 @@ void HttpWorker::run_posted() {
     try {
       fn();
     } catch (const std::exception& e) {
-      spdlog::error("http worker {}: posted task threw: {}", index_, e.what());
+      pdr::log::error("http worker {}: posted task threw: {}", index_, e.what());
     } catch (...) {
-      spdlog::error("http worker {}: posted task threw a non-std exception", index_);
+      pdr::log::error("http worker {}: posted task threw a non-std exception", index_);
     }
   }
 }
@@ -291,7 +291,7 @@ void HttpWorker::shutdown() {
     try {
       fn();
     } catch (...) {
-      spdlog::error("http worker {}: posted task threw during shutdown", index_);
+      pdr::log::error("http worker {}: posted task threw during shutdown", index_);
     }
   }
   // Last: posted tasks above may still have used per-worker state.
@@ -299,7 +299,7 @@ void HttpWorker::shutdown() {
     try {
       shared_.options.on_worker_stop(index_);
     } catch (...) {
-      spdlog::error("http worker {}: on_worker_stop threw", index_);
+      pdr::log::error("http worker {}: on_worker_stop threw", index_);
     }
   }
 }

@@ -1,7 +1,7 @@
 #include "http/upstream_client.h"
 
 #include <llhttp.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <uv.h>
 
 #include <algorithm>
@@ -524,7 +524,7 @@ void UpstreamConnection::fail(UpstreamFailure failure, Status error) {
     call->retried_ = true;
     call->reused_ = false;
     ++core_->stats.retries;
-    spdlog::debug("upstream {}: pooled connection was closed ({}); retrying on a fresh one", key_,
+    pdr::log::debug("upstream {}: pooled connection was closed ({}); retrying on a fresh one", key_,
                   error.message());
     core_->launch(call, /*allow_reuse=*/false);
     return;
@@ -801,10 +801,10 @@ void UpstreamCall::fire(Fn& fn, const char* what, Args&&... args) {
   try {
     fn(std::forward<Args>(args)...);
   } catch (const std::exception& e) {
-    spdlog::error("upstream {}: {} callback threw: {}", key_, what, e.what());
+    pdr::log::error("upstream {}: {} callback threw: {}", key_, what, e.what());
     cancel();
   } catch (...) {
-    spdlog::error("upstream {}: {} callback threw a non-std exception", key_, what);
+    pdr::log::error("upstream {}: {} callback threw a non-std exception", key_, what);
     cancel();
   }
   --in_callback_;
@@ -836,7 +836,7 @@ void UpstreamCall::finish_error(UpstreamFailure failure, Status error) {
   if (state_ == State::kDone) return;
   failure_ = failure;
   end(false, true);
-  spdlog::debug("upstream {}: call failed: {}", key_, error.to_string());
+  pdr::log::debug("upstream {}: call failed: {}", key_, error.to_string());
   fire(callbacks_.on_error, "on_error", error);
 }
 
@@ -868,7 +868,7 @@ UpstreamPool::UpstreamPool(uv_loop_s* loop, PoolOptions options)
   core_->options = options;
   core_->resolver = std::make_unique<HostResolver>(loop, options.dns_ttl, options.resolve_timeout);
   const int rc = core_->deferred_timer.init(core_.get(), [&](uv_timer_t* t) { return uv_timer_init(loop, t); });
-  if (rc < 0) spdlog::error("upstream pool: uv_timer_init failed: {}", uv_strerror(rc));
+  if (rc < 0) pdr::log::error("upstream pool: uv_timer_init failed: {}", uv_strerror(rc));
 }
 
 UpstreamPool::~UpstreamPool() {

@@ -15,7 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include "loadgen/bench_report.h"
 #include "loadgen/bench_runner.h"
@@ -422,7 +422,7 @@ int run(const Flags& f) {
 int main(int argc, char** argv) {
   // A server closing a stream mid-write must not kill the benchmark.
   std::signal(SIGPIPE, SIG_IGN);
-  spdlog::set_level(spdlog::level::warn);
+  pdr::log::set_level(pdr::log::Level::kWarn);
   CLI::App app{
       "pdrouter-bench: load benchmark for OpenAI-compatible servers (pdrouter, vLLM, pdnode sim), "
       "measuring what `vllm bench serve` measures, with its flag names: random prompts, shared-prefix "

@@ -1,16 +1,13 @@
 #include "node/logging.h"
 
 #include <CLI/CLI.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 namespace pdr::node {
 
 void configure_logging(const std::string& level) {
-  auto logger = spdlog::stderr_color_mt("pdnode");
-  logger->set_level(spdlog::level::from_str(level));
-  logger->flush_on(spdlog::level::trace);
-  spdlog::set_default_logger(logger);
+  pdr::log::log_to_stderr("pdnode", pdr::log::level_from_name(level).value_or(pdr::log::Level::kInfo),
+                          /*timestamps=*/false);
 }
 
 void add_log_level_option(CLI::App* command, std::string* level) {

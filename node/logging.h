@@ -10,7 +10,7 @@ class App;
 
 namespace pdr::node {
 
-// `level` is one of spdlog's names (trace, debug, info, warn, error, critical, off).
+// `level` is one of the names of pdr::log::level_from_name (trace, debug, info, warn, error, critical, off).
 void configure_logging(const std::string& level);
 
 // Adds the shared `--log-level LEVEL` option (validated against those names) to a subcommand.

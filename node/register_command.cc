@@ -7,8 +7,7 @@
 #include <string_view>
 
 #include <CLI/CLI.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include "proto/curve_keys.h"
 #include "sidecar/sidecar.h"
@@ -385,7 +384,7 @@ int run_register_command(const RegisterFlags& flags) {
   configure_logging(flags.log_level);
   discovery::Sidecar sidecar(std::move(options));
   StopSignals signals([&sidecar](std::string_view name) {
-    spdlog::info("received {}, stopping", name);
+    pdr::log::info("received {}, stopping", name);
     sidecar.stop();
   });
   return sidecar.run();

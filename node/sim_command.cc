@@ -12,8 +12,7 @@
 #include <stdexcept>
 
 #include <CLI/CLI.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include "sidecar/node_client.h"
 #include "node/sim_dialect.h"
@@ -390,7 +389,7 @@ int run_sim_command(const SimFlags& flags) {
     kv.transfer_timeout = std::chrono::milliseconds(flags.kv_timeout_ms);
     std::unique_ptr<sim::EngineKvMover> engine_mover;
     if (Status s = sim::EngineKvMover::create(kv, &engine_mover); !s.is_ok()) {
-      spdlog::error("cannot start the KV transfer engine (--kv-backends {}): {}", flags.kv_backends,
+      pdr::log::error("cannot start the KV transfer engine (--kv-backends {}): {}", flags.kv_backends,
                     s.to_string());
       return kExitRuntime;
     }
@@ -421,7 +420,7 @@ int run_sim_command(const SimFlags& flags) {
   if (events_options) {
     publisher = std::make_unique<sim::SimKvEventsPublisher>();
     if (Status s = publisher->start(*events_options); !s.is_ok()) {
-      spdlog::error("cannot publish KV events (--kv-events-endpoint {}): {}",
+      pdr::log::error("cannot publish KV events (--kv-events-endpoint {}): {}",
                     flags.kv_events_endpoint, s.to_string());
       return kExitRuntime;
     }
@@ -435,7 +434,7 @@ int run_sim_command(const SimFlags& flags) {
   options.cache = std::make_shared<sim::SimCacheModel>(cache_options, std::move(publisher));
   sim::SimServer server(options, std::move(mover));
   if (Status s = server.start(); !s.is_ok()) {
-    spdlog::error("cannot start: {}", s.to_string());
+    pdr::log::error("cannot start: {}", s.to_string());
     return kExitRuntime;
   }
   // start() filled in the port; keep the identity the server uses for the registration.
@@ -450,7 +449,7 @@ int run_sim_command(const SimFlags& flags) {
     client_options.interval = std::chrono::milliseconds(flags.register_interval_ms);
     client = std::make_unique<discovery::NodeClient>(std::move(client_options));
     if (Status s = client->start(); !s.is_ok()) {
-      spdlog::error("cannot register: {}", s.to_string());
+      pdr::log::error("cannot register: {}", s.to_string());
       server.stop();
       return kExitRuntime;
     }
@@ -471,7 +470,7 @@ int run_sim_command(const SimFlags& flags) {
   std::condition_variable stopped_cv;
   bool stopped = false;
   StopSignals signals([&](std::string_view name) {
-    spdlog::info("received {}, stopping", name);
+    pdr::log::info("received {}, stopping", name);
     std::lock_guard<std::mutex> lock(mutex);
     stopped = true;
     stopped_cv.notify_all();

@@ -1,6 +1,6 @@
 #include "node/sim_kv_channel.h"
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include "node/sim_kv_wire.h"
 
@@ -87,7 +87,7 @@ void KvChannelServer::run() {
         handlers_.on_watch_fd();
       }
     } catch (const zmq::error_t& e) {
-      spdlog::warn("sim KV side channel: {}", e.what());
+      pdr::log::warn("sim KV side channel: {}", e.what());
     }
     if (std::chrono::steady_clock::now() >= next_tick) {
       if (handlers_.on_tick) handlers_.on_tick();

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -195,7 +195,7 @@ class SimKvEventsPublisher::Impl {
         zmq::poll(items.data(), items.size(), std::chrono::milliseconds(-1));
       } catch (const zmq::error_t& e) {
         if (e.num() == EINTR) continue;
-        spdlog::error("KV events publisher: poll: {}", e.what());
+        pdr::log::error("KV events publisher: poll: {}", e.what());
         return;
       }
       if (items[0].revents & ZMQ_POLLIN) {
@@ -249,7 +249,7 @@ class SimKvEventsPublisher::Impl {
                  .has_value() &&
              rank.pub.send(zmq::buffer(body), zmq::send_flags::dontwait).has_value();
     } catch (const zmq::error_t& e) {
-      spdlog::debug("KV events publisher: send: {}", e.what());
+      pdr::log::debug("KV events publisher: send: {}", e.what());
     }
     std::lock_guard<std::mutex> lock(mu_);
     ++(sent ? published_ : dropped_);
@@ -265,7 +265,7 @@ class SimKvEventsPublisher::Impl {
           return;
         }
       } catch (const zmq::error_t& e) {
-        spdlog::debug("KV events publisher: replay recv: {}", e.what());
+        pdr::log::debug("KV events publisher: replay recv: {}", e.what());
         return;
       }
       uint64_t start = 0;
@@ -287,7 +287,7 @@ class SimKvEventsPublisher::Impl {
         }
         reply(*rank.router, id, proto::encode_kv_event_seq(proto::kKvReplayEnd), "");
       } catch (const zmq::error_t& e) {
-        spdlog::debug("KV events publisher: replay send: {}", e.what());
+        pdr::log::debug("KV events publisher: replay send: {}", e.what());
       }
       std::lock_guard<std::mutex> lock(mu_);
       ++replay_requests_;

@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <zmq.hpp>
 
 #include "node/sim_dialect.h"
@@ -331,10 +331,10 @@ void EngineKvMover::Impl::reap() {
         continue;
       }
       if (it->second.exported) {
-        spdlog::warn("sim KV: reaping {} blocks of '{}' nobody pulled", it->second.blocks.size(),
+        pdr::log::warn("sim KV: reaping {} blocks of '{}' nobody pulled", it->second.blocks.size(),
                      it->first);
       } else {
-        spdlog::warn("sim KV: dropping the write request for '{}': no prefill leg exported it",
+        pdr::log::warn("sim KV: dropping the write request for '{}': no prefill leg exported it",
                      it->first);
       }
       freed.insert(freed.end(), it->second.blocks.begin(), it->second.blocks.end());
@@ -374,14 +374,14 @@ void EngineKvMover::Impl::do_write(const std::string& key, const std::vector<uin
   transfer::XferId id = 0;
   bool ok = false;
   if (is_stopping()) {
-    spdlog::warn("sim KV: stopping, not writing '{}'", key);
+    pdr::log::warn("sim KV: stopping, not writing '{}'", key);
   } else if (Status s = engine->submit(xfer, &done, &id); !s.is_ok()) {
-    spdlog::warn("sim KV: cannot write '{}': {}", key, s.to_string());
+    pdr::log::warn("sim KV: cannot write '{}': {}", key, s.to_string());
   } else {
     const transfer::XferResult r = wait_transfer(done, id);
     ok = r.state == transfer::XferState::kDone;
     if (!ok) {
-      spdlog::warn("sim KV: writing '{}' {}: {}", key, transfer::xfer_state_label(r.state),
+      pdr::log::warn("sim KV: writing '{}' {}: {}", key, transfer::xfer_state_label(r.state),
                    transfer::xfer_cause_label(r.cause));
     }
   }
@@ -407,7 +407,7 @@ transfer::XferResult EngineKvMover::Impl::wait_transfer(transfer::Completion& do
   while (true) {
     transfer::XferResult r = done.wait_for(std::chrono::seconds(1));
     if (r.state != transfer::XferState::kPending) return r;
-    spdlog::warn("sim KV: waiting for a cancelled transfer to let go of its blocks");
+    pdr::log::warn("sim KV: waiting for a cancelled transfer to let go of its blocks");
   }
 }
 
@@ -626,7 +626,7 @@ void EngineKvMover::Impl::run_import(const KvBlocks& blocks, DecodeOp& op,
   *error = push ? import_write(blocks, op, deadline) : import_read(blocks, op, deadline);
   if (*error) {
     errors.fetch_add((*error)->reason == "kv_mismatch" ? 0 : 1, std::memory_order_relaxed);
-    spdlog::warn("sim KV: decode import for '{}' failed: {}", kv_transfer_key(blocks),
+    pdr::log::warn("sim KV: decode import for '{}' failed: {}", kv_transfer_key(blocks),
                  (*error)->message);
   } else {
     transfers.fetch_add(1, std::memory_order_relaxed);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include "node/sim_aux_api.h"
 #include "node/sim_dialect.h"
@@ -155,7 +155,7 @@ void SimServer::Impl::answer(http::ResponseWriter& writer, uint64_t seq, http::R
 void SimServer::Impl::answer_error(http::ResponseWriter& writer, uint64_t seq,
                                    const SimError& error) {
   log.count_error(error.reason);
-  spdlog::debug("sim: {} {}: {}", error.status, error.reason, error.message);
+  pdr::log::debug("sim: {} {}: {}", error.status, error.reason, error.message);
   answer(writer, seq, json_response(error.status, vllm_error_body(error)));
 }
 
@@ -452,7 +452,7 @@ void SimServer::Impl::on_kv_imported(uint32_t worker, uint64_t seq,
   }
   if (error) {
     log.count_error(error->reason);
-    spdlog::warn("sim: request {}: {}", g->request_id, error->message);
+    pdr::log::warn("sim: request {}: {}", g->request_id, error->message);
     if (!g->req.stream) {
       answer(g->writer, seq, json_response(error->status, vllm_error_body(*error)));
     } else {
@@ -529,7 +529,7 @@ void SimServer::Impl::on_timer(uint32_t worker, uint64_t seq) {
     }
     emit_due_tokens(*g);
   } catch (const std::exception& e) {
-    spdlog::error("sim: request {} failed: {}", g->request_id, e.what());
+    pdr::log::error("sim: request {} failed: {}", g->request_id, e.what());
     erase(worker, seq);
   }
 }
@@ -559,7 +559,7 @@ void SimServer::Impl::finish(Generation& g) {
     std::vector<int64_t> block_ids;
     if (auto e = mover->export_prefill_blocks(blocks_of(g), &block_ids)) {
       log.count_error(e->reason);
-      spdlog::warn("sim: exporting KV for {} failed: {}", g.request_id, e->message);
+      pdr::log::warn("sim: exporting KV for {} failed: {}", g.request_id, e->message);
     } else {
       const std::string internal_id = internal_request_id(g.req.kind, g.request_id);
       if (block_ids.empty()) block_ids = synthetic_block_ids(internal_id, g.req.prompt_tokens);

@@ -1,7 +1,7 @@
 // The admin API; endpoints, authentication and threading are described in admin_routes.h.
 #include "router/admin_routes.h"
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include <algorithm>
 #include <memory>
@@ -98,7 +98,7 @@ AdminRoutes::Auth AdminRoutes::authorize(const http::Request& request) const {
   if (!presented.empty() && secure_equals(presented, topology->admin.api_key)) return Auth::kOk;
   throttle_.failed(address, now);
   if (workers_.at(request.worker).auth_log.allow(now)) {
-    spdlog::warn("admin: failed authentication for {} {} from {}", request.method,
+    pdr::log::warn("admin: failed authentication for {} {} from {}", request.method,
                  std::string_view(request.path).substr(0, 200), request.peer);
   }
   return Auth::kUnauthorized;
@@ -214,7 +214,7 @@ void AdminRoutes::change_instance(const http::Request& request, http::ResponseWr
   change_registry(request.worker, std::move(writer), std::move(operation),
                   [peer = request.peer, what = std::move(what)](const AdminOutcome& outcome) {
                     if (outcome.result == AdminResult::kOk) {
-                      spdlog::info("admin: {} {} (from {})", what, outcome.instance->key, peer);
+                      pdr::log::info("admin: {} {} (from {})", what, outcome.instance->key, peer);
                     }
                     return refusal(outcome);
                   });
@@ -275,7 +275,7 @@ void AdminRoutes::add_parsed(http::Request&& request, http::ResponseWriter write
       [spec](discovery::Registry& registry) { return registry.add_admin(spec, discovery::Clock::now()); },
       [via = request.path, peer = request.peer, answer = std::move(answer)](const AdminOutcome& outcome) {
         if (added(outcome)) {
-          spdlog::info("admin: {} {} {} via {} (from {})",
+          pdr::log::info("admin: {} {} {} via {} (from {})",
                        outcome.result == AdminResult::kCreated ? "added" : "took over registered",
                        proto::to_string(outcome.instance->role), outcome.instance->key, via, peer);
         }

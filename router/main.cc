@@ -12,8 +12,7 @@
 #include <csignal>
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <thread>
 
 #include "discovery/discovery_service.h"
@@ -109,7 +108,7 @@ void raise_fd_limit() {
   const rlim_t before = limit.rlim_cur;
   limit.rlim_cur = limit.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
-    spdlog::debug("open-file limit raised from {} to {}", before, limit.rlim_cur);
+    pdr::log::debug("open-file limit raised from {} to {}", before, limit.rlim_cur);
   }
 }
 
@@ -122,7 +121,7 @@ void fit_fd_limit(const discovery::Topology& t, http::ServerOptions* o) {
   const http::FdBudget b =
       http::fit_fd_limit(limit.rlim_cur, t.limits.max_connections, t.limits.max_concurrent_requests);
   if (!b.clamped) return;
-  spdlog::warn(
+  pdr::log::warn(
       "open-file limit {} cannot hold limits.max_connections {} plus 2 upstream sockets for each of "
       "limits.max_concurrent_requests {} (about {} descriptors): accepting at most {} connections; "
       "raise the limit (ulimit -n, systemd LimitNOFILE=) to {} or lower those limits",
@@ -132,10 +131,8 @@ void fit_fd_limit(const discovery::Topology& t, http::ServerOptions* o) {
 }
 
 void setup_logging(const std::string& level) {
-  auto logger = spdlog::stderr_color_mt("pdrouter");
-  spdlog::set_default_logger(logger);
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
-  spdlog::set_level(spdlog::level::from_str(level));
+  pdr::log::log_to_stderr("pdrouter", pdr::log::level_from_name(level).value_or(pdr::log::Level::kInfo),
+                          /*timestamps=*/true);
 }
 
 // One request on a listener of `surface`: routed by the route table.
@@ -176,7 +173,7 @@ void on_stop_signal(uv_signal_t* handle, int signum) {
   if (p->stopping) return;
   p->stopping = true;
   const auto drain = p->topology.current()->timeouts.drain;
-  spdlog::info("{} received: draining for up to {} ms, then stopping", signum == SIGINT ? "SIGINT" : "SIGTERM",
+  pdr::log::info("{} received: draining for up to {} ms, then stopping", signum == SIGINT ? "SIGINT" : "SIGTERM",
                drain.count());
   p->proxy->begin_shutdown();  // new P/D requests get 503 while in-flight ones finish
   if (p->admin_proxy) p->admin_proxy->begin_shutdown();
@@ -213,7 +210,7 @@ int run(Process& p) {
                    topology.listeners.discovery.c_str());
       return 2;
     }
-    spdlog::warn("discovery is OPEN to the network on {} (discovery.allow_open): any host that reaches it "
+    pdr::log::warn("discovery is OPEN to the network on {} (discovery.allow_open): any host that reaches it "
                  "can register nodes that receive client traffic", topology.listeners.discovery);
   }
 
@@ -233,7 +230,7 @@ int run(Process& p) {
   pthread_sigmask(SIG_BLOCK, &control_signals, &previous_mask);
 
   if (Status st = p.discovery.start(discovery::DiscoveryServiceOptions::from(topology)); !st.is_ok()) {
-    spdlog::critical("{}", st.message());
+    pdr::log::critical("{}", st.message());
     return 1;
   }
   if (topology.kv_events.enabled) {
@@ -245,7 +242,7 @@ int run(Process& p) {
     kv_options.topic = topology.kv_events.topic;
     kv_options.default_port = topology.kv_events.default_port;
     if (Status kst = p.kv_events->start(kv_options); !kst.is_ok()) {
-      spdlog::critical("{}", kst.message());
+      pdr::log::critical("{}", kst.message());
       p.discovery.stop();
       return 1;
     }
@@ -266,11 +263,11 @@ int run(Process& p) {
     }
     p.replicator = std::make_unique<router::RegistryReplicator>(p.registry, p.discovery);
     if (Status est = p.replicator->start(etcd_options); !est.is_ok()) {
-      spdlog::critical("{}", est.message());
+      pdr::log::critical("{}", est.message());
       p.discovery.stop();
       return 1;
     }
-    spdlog::info("registry shared through etcd at {} (prefix {}, replica {})",
+    pdr::log::info("registry shared through etcd at {} (prefix {}, replica {})",
                  topology.registry.etcd_endpoints.front().to_string(), etcd_options.prefix, etcd_options.replica_id);
   }
   http::ServerOptions server_opts = server_options(topology);
@@ -313,7 +310,7 @@ int run(Process& p) {
     dispatch(client_surface, *routes, *proxy, std::move(req), std::move(w));
   });
   if (!st.is_ok()) {
-    spdlog::critical("cannot listen on {}: {}", topology.listeners.http.to_string(), st.message());
+    pdr::log::critical("cannot listen on {}: {}", topology.listeners.http.to_string(), st.message());
     p.discovery.stop();
     return 1;
   }
@@ -349,7 +346,7 @@ int run(Process& p) {
       dispatch(router::Surface::kAdmin, *r, *admin_proxy, std::move(req), std::move(w));
     });
     if (!st.is_ok()) {
-      spdlog::critical("cannot listen on {} (listeners.admin): {}", topology.listeners.admin->to_string(),
+      pdr::log::critical("cannot listen on {} (listeners.admin): {}", topology.listeners.admin->to_string(),
                        st.message());
       p.server.stop(std::chrono::milliseconds(0));
       p.discovery.stop();
@@ -365,12 +362,12 @@ int run(Process& p) {
 
   p.topology.add_listener([&p](const discovery::Topology& old_t, const discovery::Topology& new_t) {
     for (const auto& change : discovery::restart_required_changes(old_t, new_t)) {
-      spdlog::warn("topology: {} takes effect only after a restart", change);
+      pdr::log::warn("topology: {} takes effect only after a restart", change);
     }
     discovery::Topology effective = new_t;
     (void)apply_overrides(p.cli, &effective);  // validated at start-up
     p.discovery.apply_topology(effective);
-    spdlog::info("topology reloaded from {} ({} static instances)", p.topology.path(),
+    pdr::log::info("topology reloaded from {} ({} static instances)", p.topology.path(),
                  new_t.static_instances.size());
   });
 
@@ -383,7 +380,7 @@ int run(Process& p) {
   p.watcher = std::make_unique<router::TopologyWatcher>(p.loop, p.topology);
   if (Status wst = p.watcher->start(); !wst.is_ok()) {
     // Still serving; SIGHUP-free operation only loses live reload, which the log says.
-    spdlog::error("topology: live reload disabled: {}", wst.message());
+    pdr::log::error("topology: live reload disabled: {}", wst.message());
   }
   pthread_sigmask(SIG_SETMASK, &previous_mask, nullptr);  // handlers are in place: let them in
   // Announce readiness last: once this line is out, every listener, the reload watcher and the
@@ -392,13 +389,13 @@ int run(Process& p) {
               control.discovery_listener.c_str(), admin_listener.empty() ? "" : " admin=",
               admin_listener.c_str());
   std::fflush(stdout);
-  spdlog::info("pdrouter {} up: http {} ({} workers), admin {}, discovery {}, topology {}", PDR_VERSION,
+  pdr::log::info("pdrouter {} up: http {} ({} workers), admin {}, discovery {}, topology {}", PDR_VERSION,
                control.http_listener, server_opts.workers,
                admin_listener.empty() ? "on the http listener" : admin_listener, control.discovery_listener,
                p.topology.path().empty() ? "defaults" : p.topology.path());
   uv_run(p.loop, UV_RUN_DEFAULT);
   uv_loop_close(p.loop);
-  spdlog::info("pdrouter stopped");
+  pdr::log::info("pdrouter stopped");
   return 0;
 }
 

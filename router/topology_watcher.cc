@@ -1,6 +1,6 @@
 #include "router/topology_watcher.h"
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <uv.h>
 
 #include <csignal>
@@ -83,7 +83,7 @@ struct TopologyWatcher::Impl {
       return;
     }
     if (settle_rounds >= options.max_settle_rounds) {
-      spdlog::warn("topology: {} kept changing for {} settle checks; reading it now", store.path(),
+      pdr::log::warn("topology: {} kept changing for {} settle checks; reading it now", store.path(),
                    settle_rounds);
     }
     reload();
@@ -105,9 +105,9 @@ struct TopologyWatcher::Impl {
       Status s = store.reload();
       if (options.after_reload) options.after_reload(s);
     } catch (const std::exception& e) {
-      spdlog::error("topology reload threw: {}", e.what());
+      pdr::log::error("topology reload threw: {}", e.what());
     } catch (...) {
-      spdlog::error("topology reload threw a non-standard exception");
+      pdr::log::error("topology reload threw a non-standard exception");
     }
   }
 
@@ -124,7 +124,7 @@ struct TopologyWatcher::Impl {
                                  int status) {
     auto* impl = static_cast<Impl*>(handle->data);
     if (status < 0) {
-      spdlog::warn("topology watch on {} reported an error: {}", impl->directory,
+      pdr::log::warn("topology watch on {} reported an error: {}", impl->directory,
                    uv_strerror(status));
       return;
     }
@@ -135,7 +135,7 @@ struct TopologyWatcher::Impl {
   }
 
   static void on_sighup(uv_signal_t* handle, int /*signum*/) {
-    spdlog::info("SIGHUP: reloading topology");
+    pdr::log::info("SIGHUP: reloading topology");
     static_cast<Impl*>(handle->data)->reload();
   }
 

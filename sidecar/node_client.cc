@@ -9,7 +9,7 @@
 #include <climits>
 #include <utility>
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <zmq.hpp>
 
 namespace pdr::discovery {
@@ -239,7 +239,7 @@ class NodeClient::Worker {
     if (!ack.ok) {
       owner_->acks_rejected_.fetch_add(1, std::memory_order_relaxed);
       owner_->last_ack_reason_ = ack.reason;
-      spdlog::warn("router {} rejected registration: {}",
+      pdr::log::warn("router {} rejected registration: {}",
                    owner_->options_.router_endpoints[endpoint], ack.reason);
     }
     owner_->acks_[endpoint] = std::move(ack);

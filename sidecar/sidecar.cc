@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 namespace pdr::discovery {
 
@@ -11,7 +11,7 @@ Sidecar::Sidecar(SidecarOptions options)
     : options_(std::move(options)), client_(options_.client) {}
 
 int Sidecar::run() {
-  spdlog::info("waiting for {} to answer 200 before registering", options_.health.url());
+  pdr::log::info("waiting for {} to answer 200 before registering", options_.health.url());
   auto next_probe = std::chrono::steady_clock::now();
   while (true) {
     next_probe += options_.health_interval;
@@ -38,28 +38,28 @@ void Sidecar::on_health(const HealthProbeResult& result) {
   switch (state_) {
     case State::kWaitingForHealth:
       if (!healthy) {
-        spdlog::debug("target not healthy yet ({})", result.describe());
+        pdr::log::debug("target not healthy yet ({})", result.describe());
         return;
       }
       if (Status s = client_.start(); !s.is_ok()) {
-        spdlog::error("cannot start heartbeats: {}", s.to_string());
+        pdr::log::error("cannot start heartbeats: {}", s.to_string());
         client_failed_ = true;
         return;
       }
-      spdlog::info("target healthy, registering with {} routers",
+      pdr::log::info("target healthy, registering with {} routers",
                    options_.client.router_endpoints.size());
       state_ = State::kRegistered;
       return;
     case State::kRegistered:
       if (healthy) return;
       client_.pause();
-      spdlog::info("health failed ({}), pausing heartbeats", result.describe());
+      pdr::log::info("health failed ({}), pausing heartbeats", result.describe());
       state_ = State::kPaused;
       return;
     case State::kPaused:
       if (!healthy) return;
       client_.resume();
-      spdlog::info("target healthy again, resuming heartbeats");
+      pdr::log::info("target healthy again, resuming heartbeats");
       state_ = State::kRegistered;
       return;
   }
@@ -72,16 +72,16 @@ bool Sidecar::wait_until(std::chrono::steady_clock::time_point deadline) {
 
 void Sidecar::say_goodbye() {
   if (state_ == State::kWaitingForHealth) {
-    spdlog::info("stopping before registration; nothing to say goodbye to");
+    pdr::log::info("stopping before registration; nothing to say goodbye to");
     return;
   }
   client_.stop(/*send_goodbye=*/true);
   const NodeClientStats stats = client_.stats();
   if (options_.client.registration.format == proto::RegistrationFormat::kPdrouter) {
-    spdlog::info("goodbye sent to {} of {} routers", stats.goodbyes_sent,
+    pdr::log::info("goodbye sent to {} of {} routers", stats.goodbyes_sent,
                  options_.client.router_endpoints.size());
   } else {
-    spdlog::info("heartbeats stopped ({} format has no goodbye message)",
+    pdr::log::info("heartbeats stopped ({} format has no goodbye message)",
                  proto::to_string(options_.client.registration.format));
   }
 }

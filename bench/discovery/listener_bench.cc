@@ -42,7 +42,7 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <zmq.hpp>
 
 #include "discovery/discovery_counters.h"
@@ -880,7 +880,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  spdlog::set_level(spdlog::level::warn);  // one info line per new node would swamp the table
+  pdr::log::set_level(pdr::log::Level::kWarn);  // one info line per new node would swamp the table
   raise_fd_limit();
   const Machine machine = describe_machine();
   std::printf("listener_bench%s: nproc %ld, CPU %s, kernel %s, build %s\n", config.smoke ? " (smoke)" : "",

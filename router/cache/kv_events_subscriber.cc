@@ -7,7 +7,7 @@
 #include <mutex>
 #include <span>
 #include <thread>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <zmq.hpp>
 
 namespace pdr::router::cache {
@@ -161,7 +161,7 @@ class KvEventsSubscriber::Impl {
         zmq::poll(items.data(), items.size(), std::max(timeout, std::chrono::milliseconds(0)));
       } catch (const zmq::error_t& e) {
         if (e.num() == EINTR) continue;
-        spdlog::error("kv_events: poll failed: {}", e.what());
+        pdr::log::error("kv_events: poll failed: {}", e.what());
         break;
       }
       if (items[0].revents & ZMQ_POLLIN) break;  // stop()
@@ -184,7 +184,7 @@ class KvEventsSubscriber::Impl {
     }
     for (auto it = nodes_.begin(); it != nodes_.end();) {
       if (wanted.count(it->first) == 0) {
-        spdlog::info("kv_events: {} unsubscribed (gone, expired or without an endpoint)", it->first);
+        pdr::log::info("kv_events: {} unsubscribed (gone, expired or without an endpoint)", it->first);
         index_.drop_node(it->first);
         {
           std::lock_guard<std::mutex> lock(stats_mu_);
@@ -205,7 +205,7 @@ class KvEventsSubscriber::Impl {
         index_.drop_node(key);
         if (same_place) {
           // A restart: the node's cache is empty and its publishers count from 0 again.
-          spdlog::info("kv_events: {} restarted: its entries dropped", key);
+          pdr::log::info("kv_events: {} restarted: its entries dropped", key);
           had = w;
           for (Rank& r : it->second.ranks) r.last_seq.reset();
           count(key, [](KvEventsNodeStats& s) { ++s.node_restarts; });
@@ -230,7 +230,7 @@ class KvEventsSubscriber::Impl {
     for (uint32_t rank = 0; rank < w.dp_size; ++rank) {
       const std::string endpoint = proto::zmq_tcp_endpoint(w.endpoint, rank);
       if (endpoint.empty()) {
-        spdlog::warn("kv_events: {} DP rank {}: port {} + {} passes 65535, not subscribed", key,
+        pdr::log::warn("kv_events: {} DP rank {}: port {} + {} passes 65535, not subscribed", key,
                      rank, w.endpoint.port, rank);
         break;
       }
@@ -248,7 +248,7 @@ class KvEventsSubscriber::Impl {
         r.socket.connect(endpoint);
       } catch (const zmq::error_t& e) {
         // DNS names are resolved by libzmq at connect; a name it refuses outright lands here.
-        spdlog::warn("kv_events: {} DP rank {}: cannot connect to {}: {}", key, rank, endpoint,
+        pdr::log::warn("kv_events: {} DP rank {}: cannot connect to {}: {}", key, rank, endpoint,
                      e.what());
         continue;
       }
@@ -263,7 +263,7 @@ class KvEventsSubscriber::Impl {
       std::lock_guard<std::mutex> lock(stats_mu_);
       stats_[key] = s;
     }
-    spdlog::info("kv_events: {} subscribed to {} ({} DP rank(s)){}", key, s.endpoint,
+    pdr::log::info("kv_events: {} subscribed to {} ({} DP rank(s)){}", key, s.endpoint,
                  s.subscribed_ranks, s.replay_endpoint.empty() ? "" : ", replay " + s.replay_endpoint);
     nodes_[key] = std::move(node);
   }
@@ -310,7 +310,7 @@ class KvEventsSubscriber::Impl {
       auto it = stats_.find(key);
       if (it != stats_.end()) ++it->second.ranks_seen;
     } else if (seq <= *rank.last_seq) {
-      spdlog::info("kv_events: {} DP rank {}: seq went back from {} to {} (publisher restart): "
+      pdr::log::info("kv_events: {} DP rank {}: seq went back from {} to {} (publisher restart): "
                    "entries dropped", key, rank.rank, *rank.last_seq, seq);
       index_.drop_node(key);
       count(key, [](KvEventsNodeStats& s) { ++s.publisher_restarts; });
@@ -325,7 +325,7 @@ class KvEventsSubscriber::Impl {
   bool apply(const std::string& key, uint32_t dp_rank, std::span<const std::byte> payload) {
     proto::KvEventBatch batch;
     if (Status s = proto::decode_kv_event_batch(payload, options_.limits, &batch); !s) {
-      spdlog::debug("kv_events: {} DP rank {}: undecodable batch: {}", key, dp_rank, s.message());
+      pdr::log::debug("kv_events: {} DP rank {}: undecodable batch: {}", key, dp_rank, s.message());
       index_.drop_node(key);
       count(key, [](KvEventsNodeStats& st) { ++st.decode_errors; });
       return false;
@@ -348,7 +348,7 @@ class KvEventsSubscriber::Impl {
       }
       count(key, [](KvEventsNodeStats& s) { ++s.replay_failures; });
     }
-    spdlog::info("kv_events: {} DP rank {}: batches {}..{} missed: entries dropped", key,
+    pdr::log::info("kv_events: {} DP rank {}: batches {}..{} missed: entries dropped", key,
                  rank.rank, from, until - 1);
     index_.drop_node(key);
     count(key, [](KvEventsNodeStats& s) { ++s.gaps; });
@@ -390,9 +390,9 @@ class KvEventsSubscriber::Impl {
         if (!apply(key, rank.rank, bytes_of(frames[2]))) return false;
         ++expected;
       }
-      spdlog::info("kv_events: {} DP rank {}: replay from {} timed out", key, rank.rank, from);
+      pdr::log::info("kv_events: {} DP rank {}: replay from {} timed out", key, rank.rank, from);
     } catch (const zmq::error_t& e) {
-      spdlog::warn("kv_events: {} DP rank {}: replay from {} failed: {}", key, rank.rank,
+      pdr::log::warn("kv_events: {} DP rank {}: replay from {} failed: {}", key, rank.rank,
                    rank.replay_endpoint, e.what());
     }
     return false;

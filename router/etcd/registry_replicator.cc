@@ -1,6 +1,6 @@
 #include "router/etcd/registry_replicator.h"
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <uv.h>
 
 #include <map>
@@ -175,7 +175,7 @@ class RegistryReplicator::Impl {
             force_scan_ = true;
             const uint64_t every = std::max<uint64_t>(1000, options_.lease_ttl.count() * 1000 / 3);
             uv_timer_start(&keepalive_timer_, &Impl::on_keepalive, every, every);
-            spdlog::info("etcd registry: in sync with {} (replica {}, lease {})", client_->endpoint().to_string(),
+            pdr::log::info("etcd registry: in sync with {} (replica {}, lease {})", client_->endpoint().to_string(),
                          options_.replica_id, lease_);
           }
           on_events(a.events);
@@ -196,7 +196,7 @@ class RegistryReplicator::Impl {
       last_error_ = why;
     }
     if (status_.reachable.exchange(false, std::memory_order_relaxed)) {
-      spdlog::warn("etcd registry: etcd unreachable ({}); routing on the last view, retrying", why);
+      pdr::log::warn("etcd registry: etcd unreachable ({}); routing on the last view, retrying", why);
     }
     if (watch_) watch_->cancel();
     watch_.reset();
@@ -346,9 +346,9 @@ class RegistryReplicator::Impl {
     try {
       fn();
     } catch (const std::exception& e) {
-      spdlog::error("etcd registry: {} threw: {}", what, e.what());
+      pdr::log::error("etcd registry: {} threw: {}", what, e.what());
     } catch (...) {
-      spdlog::error("etcd registry: {} threw", what);
+      pdr::log::error("etcd registry: {} threw", what);
     }
   }
   static Impl* self(uv_handle_t* h) { return static_cast<Impl*>(h->data); }

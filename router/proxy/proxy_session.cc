@@ -1,6 +1,6 @@
 #include "router/proxy/proxy_session.h"
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include <algorithm>
 #include <optional>
@@ -285,7 +285,7 @@ void ProxySession::on_request_deadline() {
   if (finished()) return;
   s.w.counters().bump(s.w.counters().request_deadlines);
   if (may_log(s.w)) {
-    spdlog::warn("request {}: still running at timeouts.request_ms = {} ms; ended", s.legs.plan.request_id,
+    pdr::log::warn("request {}: still running at timeouts.request_ms = {} ms; ended", s.legs.plan.request_id,
                  s.topo->timeouts.request.count());
   }
   close_legs();
@@ -449,7 +449,7 @@ void ProxySession::send_prefill() {
     State& s = *self->s_;
     if (self->finished()) {  // a concurrent prefill outliving its answered request
       if (may_log(s.w)) {
-        spdlog::warn("request {}: prefill {} failed after the answer was complete: {}", s.legs.plan.request_id,
+        pdr::log::warn("request {}: prefill {} failed after the answer was complete: {}", s.legs.plan.request_id,
                      s.prefill_key, error.message());
       }
       s.prefill_call.reset();
@@ -506,7 +506,7 @@ void ProxySession::on_prefill_complete() {
     // nothing but is worth a log line (PROTOCOLS.md Implications 8).
     if (status < 200 || status >= 300) {
       if (may_log(s.w)) {
-        spdlog::warn("request {}: prefill {} answered {} after the decode started: {}", s.legs.plan.request_id,
+        pdr::log::warn("request {}: prefill {} answered {} after the decode started: {}", s.legs.plan.request_id,
                      s.prefill_key, status, excerpt(s.prefill_body));
       }
     }
@@ -522,7 +522,7 @@ void ProxySession::on_prefill_complete() {
         // token). A decode waiting for remote blocks would hang: the dialect's no-KV fallback
         // sends it as a plain request.
         s.w.counters().bump(s.w.counters().local_prefill_fallbacks);
-        spdlog::info("request {}: prefill {} exported no KV ({}); decode recomputes the prompt",
+        pdr::log::info("request {}: prefill {} exported no KV ({}); decode recomputes the prompt",
                      s.legs.plan.request_id, s.pair.prefill->key, st.message());
       } else if (!st.is_ok()) {
         prefill_failed(LegFailure::kBadResponse, "prefill " + s.pair.prefill->key + " answer: " + st.message());
@@ -557,10 +557,10 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   if (s.pair.prefill && s.dialect) forget_pre_step(*s.dialect, s.w, *s.pair.prefill);
   if (s.state == RequestState::kStreaming) {
     // Concurrent dialect whose decode already answered: its KV arrived; nothing to undo.
-    if (may_log(s.w)) spdlog::warn("request {}: {} (decode already streaming)", s.legs.plan.request_id, detail);
+    if (may_log(s.w)) pdr::log::warn("request {}: {} (decode already streaming)", s.legs.plan.request_id, detail);
     return;
   }
-  if (may_log(s.w)) spdlog::warn("request {}: {}", s.legs.plan.request_id, detail);
+  if (may_log(s.w)) pdr::log::warn("request {}: {}", s.legs.plan.request_id, detail);
   if (s.decode_call) {  // concurrent dialects: the decode waits for KV that will not come
     s.decode_call->cancel();
     s.decode_call.reset();
@@ -615,7 +615,7 @@ void ProxySession::send_decode() {
     if (s.stream_started || s.state == RequestState::kStreaming) {
       // The answer already started reaching the client: no retry can hide this.
       s.w.counters().leg_failed(Leg::kDecode, cause);
-      if (may_log(s.w)) spdlog::warn("request {}: {} (mid-answer)", s.legs.plan.request_id, detail);
+      if (may_log(s.w)) pdr::log::warn("request {}: {} (mid-answer)", s.legs.plan.request_id, detail);
       s.decode_call.reset();
       self->fail(failure_status(cause), detail + " (the answer was cut short)", failure_code(Leg::kDecode, cause));
       return;
@@ -650,7 +650,7 @@ void ProxySession::node_failed(Leg leg, const UpstreamPort::Call* call) {
   const EjectionRule rule{s_->topo->retries.eject_after_connect_failures, s_->topo->retries.eject};
   if (note_connect_failure(*node->liveness, discovery::Clock::now(), rule)) {
     s_->w.counters().ejected(leg);
-    spdlog::warn("{} {} ejected for {} ms: {} legs in a row could not connect to it", to_string(leg), node->key,
+    pdr::log::warn("{} {} ejected for {} ms: {} legs in a row could not connect to it", to_string(leg), node->key,
                  rule.duration.count(), rule.after);
   }
 }
@@ -765,7 +765,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
   if (ok_status && !reserve_answer_budget(chunk.size())) {
     s.w.counters().bump(s.w.counters().buffered_answers_over_budget);
     if (may_log(s.w)) {
-      spdlog::warn("request {}: decode answer not buffered: limits.max_buffered_bytes = {} reached",
+      pdr::log::warn("request {}: decode answer not buffered: limits.max_buffered_bytes = {} reached",
                    s.legs.plan.request_id, s.topo->limits.max_buffered_bytes);
     }
     fail(503,
@@ -814,7 +814,7 @@ void ProxySession::on_write_stalled() {
   State& s = *s_;
   s.w.counters().bump(s.w.counters().client_write_stalls);
   if (may_log(s.w)) {
-    spdlog::warn("request {}: client read nothing for timeouts.client_write_ms = {} ms ({} bytes queued); aborted",
+    pdr::log::warn("request {}: client read nothing for timeouts.client_write_ms = {} ms ({} bytes queued); aborted",
                  s.legs.plan.request_id, s.topo->timeouts.client_write.count(), s.writer.buffered_bytes());
   }
   // Closing the legs is how vLLM is told to abort (its KV blocks are freed); the client, who
@@ -866,7 +866,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
   State& s = *s_;
   if (finished()) return;
   s.w.counters().leg_failed(Leg::kDecode, cause);
-  if (may_log(s.w)) spdlog::warn("request {}: {}", s.legs.plan.request_id, detail);
+  if (may_log(s.w)) pdr::log::warn("request {}: {}", s.legs.plan.request_id, detail);
   if (s.decode_call) {
     s.decode_call->cancel();
     s.decode_call.reset();
