@@ -39,7 +39,9 @@ def make_pki(directory):
     for ca in ("ca", "other-ca"):
         openssl(directory, "req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.crt",
                 "-days", "2", "-subj", f"/CN=pdrouter test {ca}")
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+    # etcd's JSON gateway dials etcd's own gRPC with the server certificate as a client
+    # certificate (--client-cert-auth checks it too): the server certificate needs clientAuth.
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"),
                       ("client", "extendedKeyUsage=clientAuth\n")):
         with open(os.path.join(directory, f"{name}.ext"), "w") as f:
             f.write(ext)
