@@ -334,9 +334,12 @@ TEST_F(TlsUpstreamTest, ExpiredCertificateFails) {
 TEST_F(TlsUpstreamTest, MutualTlsNeedsTheClientCertificate) {
   TlsServer server(server_, &ca_);
   make_pool({.ca_pem = cert_pem(ca_)});
+  // In TLS 1.3 the server refuses the missing certificate after the client's handshake is done:
+  // the call fails on the alert ("tls: ...") or, if the request was still being written, on the
+  // write ("broken pipe", "connection reset").
   Outcome without = get(server.port());
   ASSERT_TRUE(without.failed);
-  EXPECT_NE(without.error.message().find("tls: "), std::string::npos) << without.error.message();
+  EXPECT_EQ(server.handshakes_ok(), 0);
   make_pool({.ca_pem = cert_pem(ca_), .cert_pem = cert_pem(client_), .key_pem = key_pem(client_)});
   Outcome with = get(server.port());
   ASSERT_TRUE(with.completed) << with.error.to_string();
