@@ -192,8 +192,8 @@ struct Topology {
     bool pass_through_unknown = false;
   } routing;
   // Where the registry lives (router/etcd/registry_replicator.h). "memory": this process only
-  // (the default). "etcd": replicas share it through etcd's v3 JSON gateway (plain HTTP; TLS is
-  // not supported yet: front etcd with a local TLS proxy or keep it on a private network).
+  // (the default). "etcd": replicas share it through etcd's v3 JSON gateway (plain HTTP, or TLS
+  // with https:// endpoints, optionally with a client certificate).
   struct Registry {
     std::string backend = "memory";               // memory | etcd
     std::vector<proto::HostPort> etcd_endpoints;  // host:port of etcd's client URLs; etcd needs one
@@ -203,6 +203,15 @@ struct Topology {
     std::string etcd_user;                        // "" = no authentication
     std::string etcd_password;                    // resolved secret
     std::string etcd_password_env;                // source: environment variable name
+    // TLS to etcd: endpoints written https://host:port (all of them, or none). The PEM files are
+    // read (size-capped, checked to hold PEM) at load; their content is kept for the client.
+    bool etcd_tls = false;
+    std::string etcd_ca_file;    // "" = the system's CA store
+    std::string etcd_ca_pem;
+    std::string etcd_cert_file;  // client certificate (etcd --client-cert-auth); with etcd_key_file
+    std::string etcd_cert_pem;
+    std::string etcd_key_file;
+    std::string etcd_key_pem;    // secret
   } registry;
 
   std::vector<StaticInstance> static_instances;

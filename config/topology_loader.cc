@@ -329,6 +329,10 @@ Status read_routing(const Source& src, const Field& f, Topology::Routing* out) {
   return r.finish();
 }
 
+// A CA bundle or a certificate chain is a few KiB; the cap keeps a wrong path (a log, a disk
+// image) from being read whole.
+constexpr size_t kMaxEtcdPemBytes = 1 << 20;
+
 Status read_registry(const Source& src, const Field& f, Topology::Registry* out) {
   MapReader r(src, f);
   r.with("backend", [&](const Field& v) {
@@ -348,10 +352,13 @@ Status read_registry(const Source& src, const Field& f, Topology::Registry* out)
       std::string text;
       Status s = read_string(src, item, 512, &text);
       if (!s) return s;
+      const bool https = text.starts_with("https://");
       if (text.starts_with("http://")) text = text.substr(7);
-      if (text.starts_with("https://")) {
-        return fail(src, item, StatusCode::kInvalidValue, "https endpoints are not supported (plain host:port)");
+      if (https) text = text.substr(8);
+      if (i > 0 && https != out->etcd_tls) {
+        return fail(src, item, StatusCode::kInvalidValue, "mixes https and plain endpoints (all or none use TLS)");
       }
+      out->etcd_tls = https;
       proto::HostPort hp;
       s = proto::parse_host_port(text, &hp);
       if (!s) return at_value(src, item, s);
@@ -379,9 +386,31 @@ Status read_registry(const Source& src, const Field& f, Topology::Registry* out)
   });
   r.str("etcd_user", 256, &out->etcd_user);
   read_env_secret(src, r, "etcd_password_env", &out->etcd_password_env, &out->etcd_password);
+  // PEM files for TLS to etcd: untrusted like every file, so capped and checked to hold the
+  // right PEM block here; OpenSSL parses them fully when the client starts.
+  auto pem = [&](std::string_view key, std::string_view block, std::string* file, std::string* content) {
+    read_text_file(src, r, key, kMaxEtcdPemBytes, file, [&, block](const Field& at, std::string_view text) {
+      if (text.find(block) == std::string_view::npos) {
+        return fail(src, at, StatusCode::kInvalidValue, fmt::format("'{}' holds no PEM {}", *file, block));
+      }
+      *content = std::string(text);
+      return Status::ok();
+    });
+  };
+  pem("etcd_ca_file", "CERTIFICATE-----", &out->etcd_ca_file, &out->etcd_ca_pem);
+  pem("etcd_cert_file", "CERTIFICATE-----", &out->etcd_cert_file, &out->etcd_cert_pem);
+  pem("etcd_key_file", "PRIVATE KEY-----", &out->etcd_key_file, &out->etcd_key_pem);
   Status s = r.finish();
   if (s && out->backend == "etcd" && out->etcd_endpoints.empty()) {
     return fail(src, f, StatusCode::kMissingKey, "backend etcd needs etcd_endpoints");
+  }
+  if (s && out->etcd_cert_file.empty() != out->etcd_key_file.empty()) {
+    return fail(src, f, StatusCode::kInvalidValue, "etcd_cert_file and etcd_key_file go together (mutual TLS)");
+  }
+  const bool tls_files = !out->etcd_ca_file.empty() || !out->etcd_cert_file.empty();
+  if (s && tls_files && !out->etcd_tls) {
+    return fail(src, f, StatusCode::kInvalidValue,
+                "etcd_ca_file / etcd_cert_file / etcd_key_file need https:// etcd_endpoints");
   }
   return s;
 }

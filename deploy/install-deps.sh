@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build pkg-config g++
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libuv1-dev node-llhttp libyaml-cpp-dev libsodium-dev
+  libssl-dev
   libibverbs-dev librdmacm-dev
   prometheus-cpp-dev nlohmann-json3-dev libsimdjson-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
@@ -31,6 +32,8 @@ if [[ "${1:-}" == "--tests" ]]; then
   # tests/router/etcd_client_test.cc and tests/integration/test_etcd_*.py start a real etcd
   # (registry.backend: etcd); etcdctl is handy for looking at what the replicas wrote.
   packages+=(etcd-server etcd-client)
+  # tests/integration/test_etcd_tls.py makes a throwaway CA and certificates with the openssl CLI.
+  packages+=(openssl)
   if ! command -v kubectl >/dev/null 2>&1; then
     packages+=(kubernetes-client)
   fi

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "http/host_resolver.h"
+#include "http/tls_client.h"
 #include "http/uv_handle.h"
 #include "http/write_now.h"
 
@@ -167,6 +168,12 @@ class UpstreamConnection {
     UpstreamConnection* conn = nullptr;
     std::shared_ptr<UpstreamCall> call;  // owns the bytes being written (call->wire_)
   };
+  // A TLS connection's ciphertext on its way to the socket (owned here, not by the call).
+  struct TlsWriteReq {
+    uv_write_t req{};
+    UpstreamConnection* conn = nullptr;
+    std::string bytes;
+  };
 
   UpstreamConnection(std::shared_ptr<UpstreamPoolCore> core, std::string key)
       : core_(std::move(core)), key_(std::move(key)) {}
@@ -175,6 +182,7 @@ class UpstreamConnection {
   static void on_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
   static void on_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
   static void on_write(uv_write_t* req, int status);
+  static void on_tls_write(uv_write_t* req, int status);
   static void on_timer(uv_timer_t* t);
   static int on_message_begin(llhttp_t* p);
   static int on_header_field(llhttp_t* p, const char* at, size_t len);
@@ -203,6 +211,14 @@ class UpstreamConnection {
 
   void begin_exchange();
   void handle_read(ssize_t nread, const uv_buf_t* buf);
+  // The response bytes (plaintext) of one read, or its error/EOF (nread < 0, data unused).
+  void handle_plain(ssize_t nread, const char* data);
+  // TLS only: starts the handshake once TCP is connected; decrypts one socket read; sends
+  // whatever ciphertext the session produced.
+  void start_tls();
+  void handle_tls_read(ssize_t nread, const uv_buf_t* buf);
+  void flush_tls();
+  void fail_tls(UpstreamFailure failure, const Status& error);
   void handle_timeout();
   void complete(bool extra_bytes);
   void fail(UpstreamFailure failure, Status error);
@@ -224,6 +240,10 @@ class UpstreamConnection {
   uint64_t last_read_ms_ = 0;
   bool reading_ = false;
   bool writing_ = false;
+  // TLS connections only (the pool has a TlsClientContext); null on the plain data path.
+  std::unique_ptr<TlsSession> tls_;
+  bool handshaking_ = false;
+  size_t tls_writes_ = 0;  // TlsWriteReqs in flight
 
   std::shared_ptr<UpstreamCall> call_;
   llhttp_t parser_{};
@@ -289,6 +309,10 @@ void UpstreamConnection::on_connect(uv_connect_t* req, int status) {
     return;
   }
   uv_tcp_nodelay(c->tcp_.get(), 1);
+  if (c->core_->options.tls) {
+    c->start_tls();
+    return;
+  }
   c->phase_ = Phase::kActive;
   c->begin_exchange();
 }
@@ -315,6 +339,18 @@ void UpstreamConnection::begin_exchange() {
   interim_count_ = 0;
   limit_error_ = nullptr;
 
+  if (tls_) {
+    // Encrypted as a copy: the wire bytes stay in the call for the one retry, as below.
+    if (Status st = tls_->write(call_->wire_); !st) {
+      fail_tls(UpstreamFailure::kConnectionLost, st);
+      return;
+    }
+    flush_tls();
+    if (phase_ != Phase::kActive) return;
+    arm_timer(TimerMode::kFirstByte, to_ms(call_->timeouts_.first_byte));
+    update_reading();
+    return;
+  }
   // Most requests fit the socket buffer: written at once, no uv_write (write_now.h). The wire
   // bytes stay in the call either way (a stale pooled connection is retried once with them).
   const size_t taken = detail::write_now(tcp_.stream(), call_->wire_);
@@ -360,6 +396,7 @@ void UpstreamConnection::update_reading() {
   if (phase_ == Phase::kClosed) return;
   bool want = false;
   if (phase_ == Phase::kIdle) want = true;  // notice the upstream closing a pooled connection
+  if (handshaking_) want = true;            // the handshake runs whatever the call wants
   if (phase_ == Phase::kActive) want = !(call_ && call_->paused_);
   if (want && !reading_) {
     if (uv_read_start(tcp_.stream(), &UpstreamConnection::on_alloc, &UpstreamConnection::on_read) == 0) {
@@ -394,6 +431,14 @@ void UpstreamConnection::on_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* 
 
 void UpstreamConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
   if (nread == 0 || phase_ == Phase::kClosed) return;
+  if (tls_) {
+    handle_tls_read(nread, buf);
+    return;
+  }
+  handle_plain(nread, nread > 0 ? buf->base : nullptr);
+}
+
+void UpstreamConnection::handle_plain(ssize_t nread, const char* data) {
   if (phase_ == Phase::kIdle) {
     // The upstream closed (or sent unsolicited bytes on) a pooled connection: drop it.
     close();
@@ -425,11 +470,11 @@ void UpstreamConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
   } else {
     arm_timer(TimerMode::kBodyIdle, to_ms(call->timeouts_.idle));
   }
-  const llhttp_errno_t err = llhttp_execute(&parser_, buf->base, static_cast<size_t>(nread));
+  const llhttp_errno_t err = llhttp_execute(&parser_, data, static_cast<size_t>(nread));
   if (!attached(call)) return;  // a callback cancelled the call (or the pool closed)
   if (err == HPE_PAUSED && message_done_) {
     const char* pos = llhttp_get_error_pos(&parser_);
-    complete(pos != nullptr && pos < buf->base + nread);
+    complete(pos != nullptr && pos < data + nread);
     return;
   }
   if (err != HPE_OK && limit_error_ != nullptr) {
@@ -444,6 +489,114 @@ void UpstreamConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
          Status(StatusCode::kMalformed, std::string("malformed response from ") + key_ + " (" +
                                             llhttp_errno_name(err) + "): " + (reason ? reason : "")));
   }
+}
+
+// TLS -----------------------------------------------------------------------------------------
+
+void UpstreamConnection::start_tls() {
+  // The connect timer keeps running: it covers the handshake too.
+  if (Status st = TlsSession::create(*core_->options.tls, call_->target_.host, &tls_); !st) {
+    fail_tls(UpstreamFailure::kConnect, st);
+    return;
+  }
+  handshaking_ = true;
+  Status error;
+  if (tls_->handshake(&error) == TlsSession::Step::kFailed) {  // writes the ClientHello
+    fail_tls(UpstreamFailure::kConnect, error);
+    return;
+  }
+  flush_tls();
+  update_reading();
+}
+
+void UpstreamConnection::handle_tls_read(ssize_t nread, const uv_buf_t* buf) {
+  if (nread < 0) {
+    if (handshaking_) {
+      count_tls_error(TlsErrorReason::kHandshake);
+      fail_tls(UpstreamFailure::kConnect,
+               Status(StatusCode::kIoError, std::string("tls: handshake failed: connection closed by the peer") +
+                                                (nread == UV_EOF ? "" : std::string(" (") +
+                                                                            uv_strerror(static_cast<int>(nread)) + ")")));
+      return;
+    }
+    handle_plain(nread, nullptr);
+    return;
+  }
+  tls_->feed(std::string_view(buf->base, static_cast<size_t>(nread)));
+  if (handshaking_) {
+    Status error;
+    const TlsSession::Step step = tls_->handshake(&error);
+    if (step == TlsSession::Step::kFailed) {
+      flush_tls();  // the alert tells the peer why
+      fail_tls(UpstreamFailure::kConnect, error);
+      return;
+    }
+    flush_tls();
+    if (step == TlsSession::Step::kPending || phase_ == Phase::kClosed) return;
+    handshaking_ = false;
+    phase_ = Phase::kActive;
+    begin_exchange();
+    if (phase_ == Phase::kClosed) return;
+  }
+  // The socket read is in the session now, so the pool's read buffer takes the plaintext. One
+  // read's records are all decrypted here (about one read of plaintext, as for plain TCP).
+  std::vector<char>& plain = core_->read_buffer;
+  for (;;) {
+    size_t n = 0;
+    Status error;
+    const TlsSession::Read r = tls_->read(std::span<char>(plain.data(), plain.size()), &n, &error);
+    if (r == TlsSession::Read::kWantMore) break;
+    if (r == TlsSession::Read::kFailed) {
+      fail_tls(UpstreamFailure::kConnectionLost, error);
+      return;
+    }
+    if (r == TlsSession::Read::kClosed) {  // close_notify: an end of stream like EOF
+      handle_plain(UV_EOF, nullptr);
+      return;
+    }
+    handle_plain(static_cast<ssize_t>(n), plain.data());
+    if (phase_ == Phase::kClosed) return;
+  }
+  flush_tls();  // post-handshake messages may need an answer
+}
+
+void UpstreamConnection::flush_tls() {
+  if (phase_ == Phase::kClosed || !tls_->has_output()) return;
+  std::string bytes = tls_->take_output();
+  const size_t taken = detail::write_now(tcp_.stream(), bytes);
+  if (taken == bytes.size()) return;
+  auto* w = new TlsWriteReq;
+  w->conn = this;
+  w->req.data = w;
+  w->bytes = bytes.substr(taken);
+  uv_buf_t buf = uv_buf_init(w->bytes.data(), static_cast<unsigned>(w->bytes.size()));
+  const int rc = uv_write(&w->req, tcp_.stream(), &buf, 1, &UpstreamConnection::on_tls_write);
+  if (rc < 0) {
+    delete w;
+    fail(handshaking_ ? UpstreamFailure::kConnect : UpstreamFailure::kConnectionLost,
+         Status(StatusCode::kIoError, "write to " + key_ + ": " + uv_strerror(rc)));
+    return;
+  }
+  ++tls_writes_;
+  writing_ = true;
+}
+
+void UpstreamConnection::on_tls_write(uv_write_t* req, int status) {
+  auto* w = static_cast<TlsWriteReq*>(req->data);
+  UpstreamConnection* c = w->conn;
+  delete w;
+  if (status == UV_ECANCELED || c->phase_ == Phase::kClosed) return;
+  if (--c->tls_writes_ == 0) c->writing_ = false;
+  if (status < 0) {
+    c->fail(c->handshaking_ ? UpstreamFailure::kConnect : UpstreamFailure::kConnectionLost,
+            Status(StatusCode::kIoError, "write to " + c->key_ + ": " + uv_strerror(status)));
+    return;
+  }
+  if (!c->writing_ && c->got_bytes_ && c->call_) std::string().swap(c->call_->wire_);  // no retry any more
+}
+
+void UpstreamConnection::fail_tls(UpstreamFailure failure, const Status& error) {
+  fail(failure, Status(error.code(), "upstream " + key_ + ": " + error.message()));
 }
 
 void UpstreamConnection::arm_timer(TimerMode mode, uint64_t ms) {

@@ -56,6 +56,8 @@ struct uv_loop_s;
 
 namespace pdr::http {
 
+class TlsClientContext;
+
 namespace detail {
 class UpstreamConnection;
 struct UpstreamPoolCore;
@@ -134,6 +136,12 @@ struct PoolOptions {
   // up again, and how long a lookup may take.
   std::chrono::milliseconds dns_ttl{5000};
   std::chrono::milliseconds resolve_timeout{2000};
+  // Set: every connection of this pool speaks TLS (http/tls_client.h) to its upstream, the peer
+  // checked against the context's server_name or else the target's host; the connect timeout
+  // then covers the TCP connect and the TLS handshake. A handshake that fails (certificate not
+  // verified, protocol) fails the call with kConnect and a "tls: ..." message, counted in
+  // tls_error_count(). Null (the default, the data path to nodes): plain TCP, no TLS code runs.
+  std::shared_ptr<const TlsClientContext> tls;
 };
 
 // Counters since construction. Plain values: read on the loop thread.

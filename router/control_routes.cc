@@ -6,6 +6,7 @@
 #include "router/debug_cache.h"
 #include "router/kv_events_metrics.h"
 #include "router/etcd_metrics.h"
+#include "router/upstream_tls_metrics.h"
 #include "router/metrics_page.h"
 #include "router/status_page.h"
 
@@ -99,6 +100,7 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   write_kv_events_metrics(out, context_.kv_events);
   write_prefix_tree_metrics(out, context_.prefix_tree);
   write_etcd_metrics(out, context_.replicator);
+  write_upstream_tls_metrics(out);
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 

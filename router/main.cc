@@ -21,6 +21,7 @@
 #include "http/fd_budget.h"
 #include "http/http_server.h"
 #include "http/json_error.h"
+#include "http/tls_client.h"
 #include "router/cache/kv_events_subscriber.h"
 #include "router/cache/prefix_tree.h"
 #include "router/etcd/registry_replicator.h"
@@ -253,6 +254,17 @@ int run(Process& p) {
     etcd_options.etcd.endpoints = topology.registry.etcd_endpoints;
     etcd_options.etcd.user = topology.registry.etcd_user;
     etcd_options.etcd.password = topology.registry.etcd_password;
+    if (topology.registry.etcd_tls) {
+      http::TlsClientOptions tls;
+      tls.ca_pem = topology.registry.etcd_ca_pem;
+      tls.cert_pem = topology.registry.etcd_cert_pem;
+      tls.key_pem = topology.registry.etcd_key_pem;
+      if (Status tst = http::TlsClientContext::create(tls, &etcd_options.etcd.tls); !tst.is_ok()) {
+        spdlog::critical("registry: etcd TLS files unusable: {}", tst.message());
+        p.discovery.stop();
+        return 1;
+      }
+    }
     etcd_options.prefix = topology.registry.etcd_prefix;
     etcd_options.lease_ttl = topology.registry.lease_ttl;
     etcd_options.replica_id = topology.registry.replica_id;

@@ -23,8 +23,18 @@ http::UpstreamRequest post(std::string path, std::string body, const std::string
 
 }  // namespace
 
+namespace {
+
+http::PoolOptions pool_options(const EtcdClientOptions& options) {
+  http::PoolOptions pool;
+  pool.tls = options.tls;
+  return pool;
+}
+
+}  // namespace
+
 EtcdClient::EtcdClient(uv_loop_s* loop, EtcdClientOptions options)
-    : pool_(std::make_unique<http::UpstreamPool>(loop, http::PoolOptions{})),
+    : pool_(std::make_unique<http::UpstreamPool>(loop, pool_options(options))),
       options_(std::move(options)),
       alive_(std::make_shared<bool>(true)) {}
 

@@ -14,8 +14,11 @@
 //
 // Authentication: with a user name, the client asks /v3/auth/authenticate for a token before
 // its first call and sends it as the Authorization header; an answer saying the token is invalid
-// drops it, and the next call authenticates again. TLS is not supported by the upstream client;
-// the topology loader refuses https endpoints.
+// drops it, and the next call authenticates again.
+//
+// TLS: with options.tls every connection to etcd is TLS (http/tls_client.h: the CA, the client
+// certificate etcd's --client-cert-auth asks for, the endpoint's host checked against etcd's
+// certificate). A handshake that fails is an unreachable endpoint (kIoError, "... tls: ...").
 #pragma once
 
 #include <chrono>
@@ -32,6 +35,7 @@
 struct uv_loop_s;
 
 namespace pdr::http {
+class TlsClientContext;
 class UpstreamPool;
 class UpstreamCall;
 }  // namespace pdr::http
@@ -42,7 +46,8 @@ struct EtcdClientOptions {
   std::vector<proto::HostPort> endpoints;  // at least one
   std::string user;                        // empty: no authentication
   std::string password;
-  std::chrono::milliseconds timeout{2000};  // connect, and first byte of a unary answer
+  std::chrono::milliseconds timeout{2000};  // connect (and TLS handshake), first byte of a unary answer
+  std::shared_ptr<const http::TlsClientContext> tls;  // null: plain HTTP
 };
 
 // Counters since construction (loop thread).

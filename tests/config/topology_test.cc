@@ -963,12 +963,56 @@ registry:
               HasSubstr("registry.backend: expected memory or etcd"));
   EXPECT_THAT(error_of("registry:\n  backend: etcd\n", StatusCode::kMissingKey),
               HasSubstr("backend etcd needs etcd_endpoints"));
-  EXPECT_THAT(error_of("registry:\n  etcd_endpoints: [\"https://127.0.0.1:2379\"]\n", StatusCode::kInvalidValue),
-              HasSubstr("https endpoints are not supported"));
+  EXPECT_THAT(error_of("registry:\n  etcd_endpoints: [\"https://127.0.0.1:2379\", \"127.0.0.2:2379\"]\n",
+                       StatusCode::kInvalidValue),
+              HasSubstr("mixes https and plain endpoints"));
   EXPECT_THAT(error_of("registry:\n  replica_id: \"a/b\"\n", StatusCode::kInvalidValue),
               HasSubstr("must not contain '/'"));
   EXPECT_THAT(error_of("registry:\n  lease_ttl_s: 1\n", StatusCode::kOutOfRange),
               HasSubstr("registry.lease_ttl_s: 1 is out of range"));
+}
+
+TEST(TopologyParse, RegistryEtcdOverTls) {
+  TempDir dir;
+  const std::string cert = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+  const std::string key = "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n";
+  const std::string ca_path = dir.write("ca.crt", cert);
+  const std::string cert_path = dir.write("client.crt", cert);
+  const std::string key_path = dir.write("client.key", key);
+  const std::string endpoints = "  etcd_endpoints: [\"https://127.0.0.1:2379\", \"https://127.0.0.2:2379\"]\n";
+  Topology t;
+  Status s = parse("registry:\n  backend: etcd\n" + endpoints + "  etcd_ca_file: " + ca_path +
+                       "\n  etcd_cert_file: " + cert_path + "\n  etcd_key_file: " + key_path + "\n",
+                   &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_TRUE(t.registry.etcd_tls);
+  EXPECT_EQ(t.registry.etcd_endpoints[1], (proto::HostPort{"127.0.0.2", 2379}));
+  EXPECT_EQ(t.registry.etcd_ca_file, ca_path);
+  EXPECT_EQ(t.registry.etcd_ca_pem, cert);
+  EXPECT_EQ(t.registry.etcd_cert_pem, cert);
+  EXPECT_EQ(t.registry.etcd_key_pem, key);
+
+  // Untrusted files: PEM of the right kind, size-capped, readable.
+  const std::string junk = dir.write("junk.pem", "hello\n");
+  EXPECT_THAT(error_of("registry:\n" + endpoints + "  etcd_ca_file: " + junk + "\n", StatusCode::kInvalidValue),
+              HasSubstr("registry.etcd_ca_file: '" + junk + "' holds no PEM CERTIFICATE-----"));
+  EXPECT_THAT(error_of("registry:\n" + endpoints + "  etcd_cert_file: " + cert_path + "\n  etcd_key_file: " +
+                           cert_path + "\n",
+                       StatusCode::kInvalidValue),
+              HasSubstr("holds no PEM PRIVATE KEY-----"));
+  const std::string big = dir.write("big.pem", cert + std::string(2 << 20, 'x'));
+  EXPECT_THAT(error_of("registry:\n" + endpoints + "  etcd_ca_file: " + big + "\n", StatusCode::kTooLarge),
+              HasSubstr("registry.etcd_ca_file"));
+  EXPECT_THAT(error_of("registry:\n" + endpoints + "  etcd_ca_file: " + dir.file("missing.crt") + "\n",
+                       StatusCode::kIoError),
+              HasSubstr("cannot open"));
+  // Together, and only with https.
+  EXPECT_THAT(error_of("registry:\n" + endpoints + "  etcd_cert_file: " + cert_path + "\n",
+                       StatusCode::kInvalidValue),
+              HasSubstr("etcd_cert_file and etcd_key_file go together"));
+  EXPECT_THAT(error_of("registry:\n  etcd_endpoints: [\"127.0.0.1:2379\"]\n  etcd_ca_file: " + ca_path + "\n",
+                       StatusCode::kInvalidValue),
+              HasSubstr("need https:// etcd_endpoints"));
 }
 
 }  // namespace

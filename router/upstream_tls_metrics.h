@@ -1,0 +1,13 @@
+// GET /metrics: pdrouter_upstream_tls_errors_total{reason}, the TLS failures of every upstream
+// client that speaks TLS (etcd over https, http/tls_client.h). README.md's metrics reference
+// lists it.
+#pragma once
+
+#include "base/metrics_writer.h"
+
+namespace pdr::router {
+
+// Every reason is written, at 0 too, so dashboards see the same series with or without TLS.
+void write_upstream_tls_metrics(MetricsWriter& out);
+
+}  // namespace pdr::router
