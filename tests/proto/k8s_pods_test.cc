@@ -47,8 +47,8 @@ TEST(K8sPods, EveryEventTypeDecodes) {
       R"({"type":"BOOKMARK","object":{"kind":"Pod","metadata":{"resourceVersion":"12746"}}})", &event));
   EXPECT_EQ(event.type, PodEventType::kBookmark);
   EXPECT_EQ(event.pod.resource_version, "12746");
-  ASSERT_TRUE(parse_pod_watch_event(R"({"type":"ERROR","object":{"kind":"Status","status":"Failure",
-      "message":"too old resource version: 1 (2)","reason":"Expired","code":410}})", &event));
+  ASSERT_TRUE(parse_pod_watch_event(R"J({"type":"ERROR","object":{"kind":"Status","status":"Failure",
+      "message":"too old resource version: 1 (2)","reason":"Expired","code":410}})J", &event));
   EXPECT_EQ(event.type, PodEventType::kError);
   EXPECT_EQ(event.error_code, 410);
   EXPECT_EQ(event.error_reason, "Expired");
