@@ -200,6 +200,7 @@ class PodWatcher::Impl {
   }
 
   void on_list(const proto::PodList& list) {
+    last_list_at_ = std::chrono::steady_clock::now();
     status_.lists.fetch_add(1, std::memory_order_relaxed);
     if (relist_pending_) status_.relists.fetch_add(1, std::memory_order_relaxed);
     relist_pending_ = false;
@@ -385,6 +386,14 @@ class PodWatcher::Impl {
     status_.watching.store(false, std::memory_order_relaxed);
     if (call_) call_->cancel();
     relist_pending_ = true;
+    // A server that answers 410 right after a list would make a busy loop: at most one list
+    // per retry interval.
+    if (std::chrono::steady_clock::now() - last_list_at_ < k8s_.retry) {
+      ++generation_;
+      set_state("retrying");
+      uv_timer_start(&retry_timer_, &Impl::on_retry, k8s_.retry.count(), 0);
+      return;
+    }
     list();
   }
 
@@ -402,7 +411,7 @@ class PodWatcher::Impl {
 
   void retry() {
     // From the last resourceVersion when there is one (a 410 then makes it list again).
-    if (current_rv().empty()) return list();
+    if (relist_pending_ || current_rv().empty()) return list();
     ++generation_;
     watch(generation_);
   }
@@ -451,7 +460,8 @@ class PodWatcher::Impl {
   std::unique_ptr<proto::EtcdLineSplitter> splitter_;
   std::string base_path_;
   uint64_t generation_ = 0;
-  bool relist_pending_ = false;
+  bool relist_pending_ = false;  // a 410 asked for a list; counted as a relist once it answers
+  std::chrono::steady_clock::time_point last_list_at_{};
   bool stopping_ = false;
   std::string token_;
   bool token_read_ = false;

@@ -116,7 +116,6 @@ class FakeKubeApi:
 
     def gone_event(self):
         with self.cond:
-            self.compacted_below = self.rv + 1
             obj = status_object(410, "Expired", "too old resource version")
             self._append(None, None, self._event("ERROR", obj))
 
@@ -125,9 +124,9 @@ class FakeKubeApi:
             self._append(None, None, data)
 
     def compact(self):
-        """Every resourceVersion up to now is too old for a watch (410 Gone)."""
+        """Every resourceVersion before the current one is too old for a watch (410 Gone)."""
         with self.cond:
-            self.compacted_below = self.rv + 1
+            self.compacted_below = self.rv
 
     def close_watches(self):
         with self.cond:

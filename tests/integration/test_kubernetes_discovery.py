@@ -215,11 +215,11 @@ class KubernetesDiscovery(unittest.TestCase):
         self.assertEqual(router.metrics()["pdrouter_kubernetes_bookmarks_total"], 1)
 
         # HTTP 410 on the re-watch: pdrouter lists again and sees that decode-0 went meanwhile.
-        self.api.compact()
         with self.api.cond:
-            # Deleted while nobody watches: only the list can tell.
+            # Deleted, and the event compacted away: only a list can tell.
             self.api.pods.pop("decode-0")
             self.api.rv += 1
+        self.api.compact()
         self.api.close_watches()
         router.wait_for(lambda: self.state(router, self.decode.http_address) is None, timeout=10)
         self.assertGreaterEqual(router.metrics()["pdrouter_kubernetes_relists_total"], 1)
