@@ -105,6 +105,7 @@ class KubernetesDiscovery(unittest.TestCase):
 
     def start_router(self, extra=""):
         router = Router(topology(self.api, self.port, self.token_file, extra))
+        self.addCleanup(router.dir.cleanup)
         self.addCleanup(router.stop)
         return router
 
