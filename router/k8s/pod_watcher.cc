@@ -242,7 +242,11 @@ class PodWatcher::Impl {
     callbacks.on_head = [this, gen, state](int status, const std::vector<http::Header>&) {
       if (gen != generation_) return;
       state->status = status;
-      if (status == 200) status_.watching.store(true, std::memory_order_relaxed);
+      if (status == 200) {
+        status_.watching.store(true, std::memory_order_relaxed);
+        if (!last_warned_.empty()) spdlog::info("kubernetes: watching pods again");
+        last_warned_.clear();
+      }
     };
     callbacks.on_body = [this, gen, state](std::string_view chunk) {
       if (gen != generation_) return;
@@ -403,7 +407,11 @@ class PodWatcher::Impl {
     status_.errors.fetch_add(1, std::memory_order_relaxed);
     status_.watching.store(false, std::memory_order_relaxed);
     note_error(why);
-    spdlog::warn("kubernetes: {}; routing on the last view, retrying in {} ms", why, k8s_.retry.count());
+    // Once per distinct reason: an API server that stays down does not flood the log.
+    if (why != last_warned_) {
+      spdlog::warn("kubernetes: {}; routing on the last view, retrying every {} ms", why, k8s_.retry.count());
+      last_warned_ = why;
+    }
     if (call_) call_->cancel();
     set_state("retrying");
     if (!stopping_) uv_timer_start(&retry_timer_, &Impl::on_retry, k8s_.retry.count(), 0);
@@ -462,6 +470,7 @@ class PodWatcher::Impl {
   uint64_t generation_ = 0;
   bool relist_pending_ = false;  // a 410 asked for a list; counted as a relist once it answers
   std::chrono::steady_clock::time_point last_list_at_{};
+  std::string last_warned_;  // the failure last logged, "" once a watch is open again
   bool stopping_ = false;
   std::string token_;
   bool token_read_ = false;

@@ -22,6 +22,7 @@ import tempfile
 import unittest
 
 from fake_kube_api import FakeKubeApi, pod
+from test_etcd_replicas import ETCD, Etcd
 from pdr_testlib import ProcessHandle, pdnode_path, pdrouter_path
 from pdrouter_fixture import Router
 
@@ -263,6 +264,33 @@ class KubernetesDiscovery(unittest.TestCase):
         router.wait_for(lambda: self.state(router, self.decode.http_address) == ("up", "kubernetes"),
                         timeout=10)
         self.assertNotIn("wrong-token", router.log())
+
+    @unittest.skipUnless(os.access(ETCD, os.X_OK), "etcd-server is not installed")
+    def test_replicas_sharing_etcd_each_watch_the_pods(self):
+        # Pods are not published to etcd: every replica sees them from the API itself.
+        etcd = Etcd()
+        self.addCleanup(etcd.close)
+        self.api.put_pod(pod("prefill-0", self.ips[0], "prefill"))
+        self.api.put_pod(pod("decode-0", self.ips[1], "decode"))
+        routers = []
+        for replica in ("a", "b"):
+            routers.append(self.start_router(
+                f'registry:\n  backend: etcd\n  etcd_endpoints: ["127.0.0.1:{etcd.client_port}"]\n'
+                f'  etcd_prefix: "/pdr-k8s-{os.getpid()}/"\n  replica_id: "{replica}"\n'))
+        for router in routers:
+            router.wait_for(lambda r=router: r.status()["registry_backend"]["etcd_reachable"]
+                            and self.state(r, self.decode.http_address) == ("up", "kubernetes")
+                            and self.state(r, self.prefill.http_address) == ("up", "kubernetes"),
+                            timeout=10)
+            code, _, body = self.completion(router)
+            self.assertEqual(code, 200, body)
+        for router in routers:
+            metrics = router.metrics()
+            self.assertEqual((metrics["pdrouter_etcd_puts_total"], metrics["pdrouter_etcd_replica_entries"]),
+                             (0, 0))
+        self.api.delete_pod("decode-0")
+        for router in routers:
+            router.wait_for(lambda r=router: self.state(r, self.decode.http_address) is None, timeout=5)
 
     def test_https_api_server_is_refused_at_start(self):
         path = os.path.join(self.dir.name, "https.yaml")
