@@ -211,9 +211,10 @@ class PodWatcher::Impl {
       std::optional<PodEntry> entry = entry_of(pod, false);
       if (entry) fresh[pod.name] = std::move(*entry);
     }
+    std::map<std::string, bool> fresh_keys;
+    for (const auto& [name, entry] : fresh) fresh_keys[entry.key] = true;
     for (const auto& [name, old] : pods_) {
-      auto it = fresh.find(name);
-      if (it == fresh.end() || it->second.key != old.key) changes.push_back({old.key, std::nullopt});
+      if (!fresh_keys.contains(old.key)) changes.push_back({old.key, std::nullopt});
     }
     for (const auto& [name, entry] : fresh) {
       auto it = pods_.find(name);
@@ -325,7 +326,14 @@ class PodWatcher::Impl {
     std::vector<Change> changes;
     auto it = pods_.find(pod.name);
     if (it != pods_.end() && (!entry || entry->key != it->second.key)) {
-      changes.push_back({it->second.key, std::nullopt});
+      // Pod IPs are reused: another pod may stand at this address now (its ADDED can come
+      // before this one's DELETED). Then the entry becomes that pod's instead of going.
+      const PodEntry* other = other_pod_at(it->second.key, pod.name);
+      if (other != nullptr) {
+        changes.push_back({other->key, other->reg});
+      } else {
+        changes.push_back({it->second.key, std::nullopt});
+      }
     }
     if (entry && (it == pods_.end() || it->second.key != entry->key || !(it->second.reg == entry->reg))) {
       changes.push_back({entry->key, entry->reg});
@@ -336,6 +344,13 @@ class PodWatcher::Impl {
       pods_.erase(it);
     }
     apply(std::move(changes));
+  }
+
+  const PodEntry* other_pod_at(const std::string& key, const std::string& except) const {
+    for (const auto& [name, entry] : pods_) {
+      if (name != except && entry.key == key) return &entry;
+    }
+    return nullptr;
   }
 
   // The registry entry `pod` stands for now, or none.

@@ -174,7 +174,13 @@ class KubernetesDiscovery(unittest.TestCase):
         self.api.put_pod(pod("prefill-0", self.ips[0], "prefill", deleting=True))
         router.wait_for(lambda: self.state(router, self.prefill.http_address) == ("draining", "kubernetes"),
                         timeout=5)
+        # A new pod got the IP before the old one's DELETED arrived: the entry stays, the new pod's.
+        self.api.put_pod(pod("prefill-1", self.ips[0], "prefill", uid="uid-new"))
         self.api.delete_pod("prefill-0")
+        router.wait_for(lambda: (router.instance(self.prefill.http_address) or {}).get("instance_id") == "uid-new",
+                        timeout=5)
+        self.assertEqual(self.state(router, self.prefill.http_address), ("up", "kubernetes"))
+        self.api.delete_pod("prefill-1")
         router.wait_for(lambda: self.state(router, self.prefill.http_address) is None, timeout=5)
         self.assertGreaterEqual(router.metrics()["pdrouter_kubernetes_events_total"], 6)
         self.assertNotIn(TOKEN, router.log())
