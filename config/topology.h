@@ -214,6 +214,24 @@ struct Topology {
     std::string etcd_key_pem;    // secret
   } registry;
 
+  // Kubernetes pod discovery (router/k8s/pod_watcher.h): pods matching label_selector in
+  // `namespace` become nodes while Running and Ready with a pod IP. Off by default. Read once at
+  // start (a reload that changes it needs a restart).
+  struct Kubernetes {
+    bool enabled = false;
+    proto::HostPort api_server;     // from "http://host:port" (https: not yet, see the loader)
+    std::string api_server_url;     // as written
+    std::string namespace_name;     // required when enabled
+    std::string label_selector;     // "" = every pod of the namespace
+    // Bearer token, read at start and again every token_refresh; "" = send none (kubectl proxy).
+    std::string token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+    std::chrono::milliseconds token_refresh{60000};
+    std::string role_label = "pdrouter.io/role";  // its value: prefill | decode
+    uint16_t port = 8000;  // the pods' HTTP port unless annotation pdrouter.io/port says otherwise
+    std::chrono::seconds watch_timeout{300};   // a watch is re-opened (from its resourceVersion) after this
+    std::chrono::milliseconds retry{1000};     // after a failed list or watch
+  } kubernetes;
+
   std::vector<StaticInstance> static_instances;
 };
 

@@ -415,6 +415,56 @@ Status read_registry(const Source& src, const Field& f, Topology::Registry* out)
   return s;
 }
 
+Status read_kubernetes(const Source& src, const Field& f, Topology::Kubernetes* out) {
+  MapReader r(src, f);
+  r.boolean("enabled", &out->enabled);
+  r.with("api_server", [&](const Field& v) {
+    Status s = read_string(src, v, 512, &out->api_server_url);
+    if (!s) return s;
+    std::string text = out->api_server_url;
+    if (text.starts_with("https://")) {
+      return fail(src, v, StatusCode::kInvalidValue,
+                  "https API servers are not supported yet (the HTTP client has no TLS): run `kubectl proxy` "
+                  "next to pdrouter and give its http://127.0.0.1:PORT");
+    }
+    if (!text.starts_with("http://")) {
+      return fail(src, v, StatusCode::kInvalidValue, "expected http://host:port");
+    }
+    text = text.substr(7);
+    if (!text.empty() && text.back() == '/') text.pop_back();
+    s = proto::parse_host_port(text, &out->api_server);
+    return s ? s : at_value(src, v, s);
+  });
+  r.with("namespace", [&](const Field& v) {
+    Status s = read_string(src, v, 63, &out->namespace_name);
+    if (s && out->namespace_name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos) {
+      return fail(src, v, StatusCode::kInvalidValue, "expected a namespace name (a-z, 0-9, '-')");
+    }
+    return s;
+  });
+  r.str("label_selector", 1024, &out->label_selector);
+  r.str("token_file", 1024, &out->token_file);
+  r.ms("token_refresh_ms", 1000, kDayMs, &out->token_refresh);
+  r.with("role_label", [&](const Field& v) {
+    Status s = read_string(src, v, 317, &out->role_label);
+    if (s && out->role_label.empty()) return fail(src, v, StatusCode::kInvalidValue, "must not be empty");
+    return s;
+  });
+  r.port("port", &out->port);
+  r.with("watch_timeout_s", [&](const Field& v) {
+    uint64_t seconds = 0;
+    Status s = read_uint(src, v, 1, 3600, &seconds, "seconds");
+    if (s) out->watch_timeout = std::chrono::seconds(seconds);
+    return s;
+  });
+  r.ms("retry_ms", 10, 10 * 60 * 1000, &out->retry);
+  Status s = r.finish();
+  if (s && out->enabled && (out->api_server_url.empty() || out->namespace_name.empty())) {
+    return fail(src, f, StatusCode::kMissingKey, "kubernetes.enabled needs api_server and namespace");
+  }
+  return s;
+}
+
 Status read_admin(const Source& src, const Field& f, Topology::Admin* out) {
   MapReader r(src, f);
   read_env_secret(src, r, "api_key_env", &out->api_key_env, &out->api_key);
@@ -604,6 +654,7 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   });
   r.with("routing", [&](const Field& f) { return read_routing(src, f, &t.routing); });
   r.with("registry", [&](const Field& f) { return read_registry(src, f, &t.registry); });
+  r.with("kubernetes", [&](const Field& f) { return read_kubernetes(src, f, &t.kubernetes); });
   // After connectors: instance defaults come from there.
   r.with("instances",
          [&](const Field& f) { return read_instances(src, f, t.connectors, &t.static_instances); });

@@ -139,6 +139,15 @@ std::vector<std::string> restart_required_changes(const Topology& a, const Topol
   const uint32_t ta = a.policies.cache_aware.prefix_tree_max_bytes;
   const uint32_t tb = b.policies.cache_aware.prefix_tree_max_bytes;
   if (ta != tb) changes.push_back(fmt::format("policies.cache_aware.prefix_tree_max_bytes: {} -> {}", ta, tb));
+  // Pod discovery reads its section once at start (router/main.cc).
+  const auto& ea = a.kubernetes;
+  const auto& eb = b.kubernetes;
+  if (ea.enabled != eb.enabled || ea.api_server_url != eb.api_server_url || ea.namespace_name != eb.namespace_name ||
+      ea.label_selector != eb.label_selector || ea.token_file != eb.token_file || ea.role_label != eb.role_label ||
+      ea.port != eb.port || ea.token_refresh != eb.token_refresh || ea.watch_timeout != eb.watch_timeout ||
+      ea.retry != eb.retry) {
+    changes.push_back("kubernetes: a setting changed");
+  }
   return changes;
 }
 

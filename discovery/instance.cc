@@ -19,6 +19,7 @@ std::string_view to_string(InstanceSource source) {
     case InstanceSource::kStatic: return "static";
     case InstanceSource::kAdmin: return "admin";
     case InstanceSource::kReplica: return "replica";
+    case InstanceSource::kKubernetes: return "kubernetes";
   }
   return "unknown";
 }

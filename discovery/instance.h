@@ -24,10 +24,12 @@ using Clock = std::chrono::steady_clock;
 enum class InstanceState : uint8_t { kUp, kDraining, kExpired };
 // kReplica: learnt from another pdrouter replica through the shared registry (registry.backend:
 // etcd, router/etcd/registry_replicator.h); that replica's etcd lease, not a local TTL, ends it.
-enum class InstanceSource : uint8_t { kRegistered, kStatic, kAdmin, kReplica };
+// kKubernetes: a pod found by Kubernetes pod discovery (router/k8s/pod_watcher.h); the pod's
+// deletion or loss of readiness, not a local TTL, ends it. Every replica watches the API itself.
+enum class InstanceSource : uint8_t { kRegistered, kStatic, kAdmin, kReplica, kKubernetes };
 
 std::string_view to_string(InstanceState);   // "up", "draining", "expired"
-std::string_view to_string(InstanceSource);  // "registered", "static", "admin", "replica"
+std::string_view to_string(InstanceSource);  // "registered", "static", "admin", "replica", "kubernetes"
 
 // What changes with every heartbeat. One cell per registered node, shared by every copy of its
 // Instance across snapshots, so a heartbeat that changes nothing else costs a few atomic stores

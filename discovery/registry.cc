@@ -414,9 +414,29 @@ RegistrySnapshotPtr Registry::snapshot(Clock::time_point now) {
 }
 
 AdminOutcome Registry::upsert_replica(const proto::Registration& reg, Clock::time_point now) {
+  return upsert_owned(reg, InstanceSource::kReplica, now);
+}
+
+AdminOutcome Registry::upsert_kubernetes(const proto::Registration& reg, Clock::time_point now) {
+  return upsert_owned(reg, InstanceSource::kKubernetes, now);
+}
+
+AdminOutcome Registry::remove_replica(std::string_view key) { return remove_owned(key, InstanceSource::kReplica); }
+
+AdminOutcome Registry::remove_kubernetes(std::string_view key) {
+  return remove_owned(key, InstanceSource::kKubernetes);
+}
+
+AdminOutcome Registry::upsert_owned(const proto::Registration& reg, InstanceSource source, Clock::time_point now) {
   const std::string key = reg.http_address.to_string();
   auto it = entries_.find(key);
-  if (it != entries_.end() && it->second.instance->source != InstanceSource::kReplica) {
+  // What another replica published gives way to what this replica sees itself.
+  if (it != entries_.end() && source == InstanceSource::kKubernetes &&
+      it->second.instance->source == InstanceSource::kReplica) {
+    erase(it);
+    it = entries_.end();
+  }
+  if (it != entries_.end() && it->second.instance->source != source) {
     return {AdminResult::kConflict, it->second.instance, "a local entry owns " + key};
   }
   if (it == entries_.end()) {
@@ -425,7 +445,7 @@ AdminOutcome Registry::upsert_replica(const proto::Registration& reg, Clock::tim
     }
     auto inst = std::make_shared<Instance>();
     apply_registration(reg, inst.get());
-    inst->source = InstanceSource::kReplica;
+    inst->source = source;
     inst->node_draining = reg.draining;
     inst->state = live_state(reg.draining, false);
     inst->first_seen = now;
@@ -451,10 +471,10 @@ AdminOutcome Registry::upsert_replica(const proto::Registration& reg, Clock::tim
   return {AdminResult::kOk, it->second.instance, ""};
 }
 
-AdminOutcome Registry::remove_replica(std::string_view key) {
+AdminOutcome Registry::remove_owned(std::string_view key, InstanceSource source) {
   auto it = entries_.find(key);
-  if (it == entries_.end() || it->second.instance->source != InstanceSource::kReplica) {
-    return {AdminResult::kNotFound, nullptr, "no replica entry " + std::string(key)};
+  if (it == entries_.end() || it->second.instance->source != source) {
+    return {AdminResult::kNotFound, nullptr, "no " + std::string(to_string(source)) + " entry " + std::string(key)};
   }
   auto removed = it->second.instance;
   erase(it);

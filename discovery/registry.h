@@ -150,6 +150,14 @@ class Registry {
   AdminOutcome upsert_replica(const proto::Registration& reg, Clock::time_point now);
   AdminOutcome remove_replica(std::string_view key);
 
+  // Pods found by Kubernetes pod discovery (router/k8s/pod_watcher.h): kKubernetes entries, with
+  // the rules of replica entries (never expire here, keep a local operator drain, a local entry
+  // at the key wins with kConflict), but a node's own registration at the key only refreshes its
+  // liveness and identity, as for static entries. A kReplica entry at the key is replaced: this
+  // replica sees the pod itself.
+  AdminOutcome upsert_kubernetes(const proto::Registration& reg, Clock::time_point now);
+  AdminOutcome remove_kubernetes(std::string_view key);
+
   struct ExpireResult {
     size_t expired = 0;  // up/draining -> expired
     size_t removed = 0;  // expired entries past retention, dropped
@@ -201,6 +209,9 @@ class Registry {
   // Room for a new registered entry of class `c`: evicts an expired entry if that makes room.
   UpsertResult make_room(AdmissionClass c);
   std::chrono::milliseconds effective_ttl(const proto::Registration& reg) const;
+  // upsert_replica / upsert_kubernetes: entries another owner (`source`) ends.
+  AdminOutcome upsert_owned(const proto::Registration& reg, InstanceSource source, Clock::time_point now);
+  AdminOutcome remove_owned(std::string_view key, InstanceSource source);
 
   RegistryOptions options_;
   EntryMap entries_;

@@ -7,6 +7,7 @@
 #include "router/kv_events_metrics.h"
 #include "router/etcd_metrics.h"
 #include "router/upstream_tls_metrics.h"
+#include "router/kubernetes_metrics.h"
 #include "router/metrics_page.h"
 #include "router/status_page.h"
 
@@ -72,6 +73,18 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     sc.registry_backend.replica_entries = rs.replica_entries.load(std::memory_order_relaxed);
     sc.registry_backend.last_error = context_.replicator->last_error();
   }
+  if (context_.pod_watcher != nullptr) {
+    const PodWatcher& w = *context_.pod_watcher;
+    sc.kubernetes.enabled = true;
+    sc.kubernetes.api_server = w.options().kubernetes.api_server_url;
+    sc.kubernetes.namespace_name = w.options().kubernetes.namespace_name;
+    sc.kubernetes.label_selector = w.options().kubernetes.label_selector;
+    sc.kubernetes.state = w.state();
+    sc.kubernetes.watching = w.status().watching.load(std::memory_order_relaxed);
+    sc.kubernetes.resource_version = w.resource_version();
+    sc.kubernetes.pods = w.status().pods.load(std::memory_order_relaxed);
+    sc.kubernetes.last_error = w.last_error();
+  }
   cache.body = render_status_json(snapshot, now, sc);
   cache.valid = true;
   cache.registry_version = snapshot.version;
@@ -101,6 +114,7 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   write_prefix_tree_metrics(out, context_.prefix_tree);
   write_etcd_metrics(out, context_.replicator);
   write_upstream_tls_metrics(out);
+  write_kubernetes_metrics(out, context_.pod_watcher);
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 

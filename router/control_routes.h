@@ -31,6 +31,7 @@
 #include "http/http_server.h"
 #include "router/proxy/proxy_counters.h"
 #include "router/etcd/registry_replicator.h"
+#include "router/k8s/pod_watcher.h"
 
 namespace pdr::router {
 
@@ -59,6 +60,9 @@ struct ControlContext {
   // The etcd registry replicator (registry.backend: etcd), else null: /status registry_backend,
   // /metrics pdrouter_etcd_*.
   const RegistryReplicator* replicator = nullptr;
+  // Kubernetes pod discovery (kubernetes.enabled), else null: /status kubernetes, /metrics
+  // pdrouter_kubernetes_*.
+  const PodWatcher* pod_watcher = nullptr;
   // GET /status is rendered once per registry snapshot (and topology reload count) and reused
   // for at most this long, so its ages, load and ejection fields are at most this old.
   std::chrono::milliseconds status_max_age{1000};

@@ -25,6 +25,7 @@
 #include "router/cache/kv_events_subscriber.h"
 #include "router/cache/prefix_tree.h"
 #include "router/etcd/registry_replicator.h"
+#include "router/k8s/pod_watcher.h"
 #include "router/proxy/proxy_service.h"
 #include "router/route_table.h"
 #include "router/topology_watcher.h"
@@ -157,6 +158,8 @@ struct Process {
   std::unique_ptr<router::cache::PrefixTree> prefix_tree;
   // registry.backend: etcd only; destroyed before the discovery service it posts to.
   std::unique_ptr<router::RegistryReplicator> replicator;
+  // kubernetes.enabled only; destroyed before the discovery service it posts to.
+  std::unique_ptr<router::PodWatcher> pod_watcher;
   // Declared before the server so it outlives the worker threads (their on_worker_stop uses it).
   std::unique_ptr<router::proxy::ProxyService> proxy;
   http::Server server;
@@ -181,6 +184,7 @@ void on_stop_signal(uv_signal_t* handle, int signum) {
   p->server.stop(drain);
   p->admin_server.stop(std::min(drain, std::chrono::milliseconds(2000)));
   if (p->replicator) p->replicator->stop();  // revokes its lease: other replicas drop its entries
+  if (p->pod_watcher) p->pod_watcher->stop();
   p->discovery.stop();
   if (p->kv_events) p->kv_events->stop();
   if (p->watcher) p->watcher->close();
@@ -282,6 +286,21 @@ int run(Process& p) {
     pdr::log::info("registry shared through etcd at {} (prefix {}, replica {})",
                  topology.registry.etcd_endpoints.front().to_string(), etcd_options.prefix, etcd_options.replica_id);
   }
+  if (topology.kubernetes.enabled) {
+    // Read once here (a reload that changes the kubernetes section needs a restart).
+    router::PodWatcherOptions k8s_options;
+    k8s_options.kubernetes = topology.kubernetes;
+    k8s_options.connectors = topology.connectors;
+    p.pod_watcher = std::make_unique<router::PodWatcher>(p.discovery);
+    if (Status kst = p.pod_watcher->start(k8s_options); !kst.is_ok()) {
+      spdlog::critical("{}", kst.message());
+      if (p.replicator) p.replicator->stop();
+      p.discovery.stop();
+      return 1;
+    }
+    spdlog::info("kubernetes pod discovery: {} namespace {} selector '{}'", topology.kubernetes.api_server_url,
+                 topology.kubernetes.namespace_name, topology.kubernetes.label_selector);
+  }
   http::ServerOptions server_opts = server_options(topology);
   fit_fd_limit(topology, &server_opts);
   p.proxy = std::make_unique<router::proxy::ProxyService>(p.registry, p.topology.cell(), p.server,
@@ -306,6 +325,7 @@ int run(Process& p) {
   control.kv_events = p.kv_events.get();
   control.prefix_tree = p.prefix_tree.get();
   control.replicator = p.replicator.get();
+  control.pod_watcher = p.pod_watcher.get();
   // The routes show the bound port, known only after start(): they are published just after it,
   // and a request that races in before (fixed port, eager client) gets a clear 503.
   std::atomic<const router::ControlRoutes*> routes_ptr{nullptr};

@@ -134,6 +134,18 @@ nlohmann::json registry_backend_json(const StatusContext::RegistryBackend& b) {
           {"replica_entries", b.replica_entries},
           {"last_error", b.last_error}};
 }
+nlohmann::json kubernetes_json(const StatusContext::Kubernetes& k) {
+  if (!k.enabled) return {{"enabled", false}};
+  return {{"enabled", true},
+          {"api_server", k.api_server},
+          {"namespace", k.namespace_name},
+          {"label_selector", k.label_selector},
+          {"state", k.state},
+          {"watching", k.watching},
+          {"resource_version", k.resource_version},
+          {"pods", k.pods},
+          {"last_error", k.last_error}};
+}
 }  // namespace
 
 std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Clock::time_point now,
@@ -165,6 +177,7 @@ std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Cloc
         {"last_error", context.topology_last_error}}},
       {"registry_version", snapshot.version},
       {"registry_backend", registry_backend_json(context.registry_backend)},
+      {"kubernetes", kubernetes_json(context.kubernetes)},
       {"counts", std::move(counts)},
       {"instances", std::move(instances)},
   };

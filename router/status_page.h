@@ -33,6 +33,20 @@ struct StatusContext {
     uint64_t replica_entries = 0;
     std::string last_error;
   } registry_backend;
+  // /status "kubernetes": {"enabled": false} or, with pod discovery, also api_server, namespace,
+  // label_selector, state (listing, watching, retrying), watching, resource_version, pods (pods
+  // that are registry entries) and last_error.
+  struct Kubernetes {
+    bool enabled = false;
+    std::string api_server;
+    std::string namespace_name;
+    std::string label_selector;
+    std::string state;
+    bool watching = false;
+    std::string resource_version;
+    uint64_t pods = 0;
+    std::string last_error;
+  } kubernetes;
 };
 
 // {"version", "uptime_ms", "listeners", "topology", "registry_version", "counts":{role:{state:n}},

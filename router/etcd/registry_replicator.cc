@@ -268,7 +268,11 @@ class RegistryReplicator::Impl {
     const auto snapshot = owner_.snapshots_.load();
     std::map<std::string, std::string> desired;
     for (const auto& inst : snapshot->instances) {
-      if (inst->source == InstanceSource::kReplica || inst->state == InstanceState::kExpired) continue;
+      // Pods found through Kubernetes: every replica watches the API server itself.
+      if (inst->source == InstanceSource::kReplica || inst->source == InstanceSource::kKubernetes ||
+          inst->state == InstanceState::kExpired) {
+        continue;
+      }
       desired.emplace(inst->key, proto::encode_registration(replica_registration(*inst)));
     }
     const uint64_t gen = generation_;

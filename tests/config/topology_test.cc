@@ -1017,3 +1017,56 @@ TEST(TopologyParse, RegistryEtcdOverTls) {
 
 }  // namespace
 }  // namespace pdr::discovery
+
+namespace pdr::discovery {
+namespace {
+
+TEST(TopologyParse, KubernetesSectionForPodDiscovery) {
+  Topology defaults;
+  ASSERT_TRUE(parse("", &defaults).is_ok());
+  EXPECT_FALSE(defaults.kubernetes.enabled);
+  EXPECT_EQ(defaults.kubernetes.token_file, "/var/run/secrets/kubernetes.io/serviceaccount/token");
+  EXPECT_EQ(defaults.kubernetes.role_label, "pdrouter.io/role");
+  EXPECT_EQ(defaults.kubernetes.port, 8000);
+
+  Topology t;
+  Status s = parse(R"(
+kubernetes:
+  enabled: true
+  api_server: "http://127.0.0.1:8001/"
+  namespace: llm-prod
+  label_selector: "app=vllm"
+  token_file: ""
+  token_refresh_ms: 5000
+  role_label: "example.com/role"
+  port: 9000
+  watch_timeout_s: 60
+  retry_ms: 250
+)", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_TRUE(t.kubernetes.enabled);
+  EXPECT_EQ(t.kubernetes.api_server, (proto::HostPort{"127.0.0.1", 8001}));
+  EXPECT_EQ(t.kubernetes.namespace_name, "llm-prod");
+  EXPECT_EQ(t.kubernetes.label_selector, "app=vllm");
+  EXPECT_EQ(t.kubernetes.token_file, "");
+  EXPECT_EQ(t.kubernetes.token_refresh, 5000ms);
+  EXPECT_EQ(t.kubernetes.role_label, "example.com/role");
+  EXPECT_EQ(t.kubernetes.port, 9000);
+  EXPECT_EQ(t.kubernetes.watch_timeout, std::chrono::seconds(60));
+  EXPECT_EQ(t.kubernetes.retry, 250ms);
+
+  EXPECT_THAT(error_of("kubernetes:\n  api_server: https://127.0.0.1:6443\n", StatusCode::kInvalidValue),
+              HasSubstr("kubernetes.api_server: https API servers are not supported yet"));
+  EXPECT_THAT(error_of("kubernetes:\n  api_server: 127.0.0.1:6443\n", StatusCode::kInvalidValue),
+              HasSubstr("expected http://host:port"));
+  EXPECT_THAT(error_of("kubernetes:\n  enabled: true\n  namespace: llm\n", StatusCode::kMissingKey),
+              HasSubstr("kubernetes.enabled needs api_server and namespace"));
+  EXPECT_THAT(error_of("kubernetes:\n  namespace: Bad_NS\n", StatusCode::kInvalidValue),
+              HasSubstr("expected a namespace name"));
+  EXPECT_THAT(error_of("kubernetes:\n  role_label: \"\"\n", StatusCode::kInvalidValue), HasSubstr("must not be empty"));
+  EXPECT_THAT(error_of("kubernetes:\n  label: x\n", StatusCode::kInvalidValue),
+              HasSubstr("unknown key 'label' in kubernetes"));
+}
+
+}  // namespace
+}  // namespace pdr::discovery

@@ -195,17 +195,32 @@ class KubernetesManifestsTest(unittest.TestCase):
     def test_every_object_is_there_in_one_namespace(self):
         kinds = sorted(kind for kind, _ in self.objects)
         self.assertEqual(kinds, ["ConfigMap", "Deployment", "Namespace", "PodDisruptionBudget", "Role",
-                                 "RoleBinding", "Service", "Service", "Service", "ServiceAccount"])
+                                 "RoleBinding", "Service", "Service", "Service", "Service", "ServiceAccount",
+                                 "StatefulSet"])
         for (kind, name), obj in self.objects.items():
             if kind != "Namespace":
                 self.assertEqual(obj["metadata"].get("namespace"), "pdrouter", (kind, name))
 
-    def test_single_replica_recreated(self):
-        # Registries are per process until registry.backend: etcd exists (issue 15).
-        self.assertEqual(self.deployment["spec"]["replicas"], 1)
-        self.assertEqual(self.deployment["spec"]["strategy"]["type"], "Recreate")
+    def test_two_replicas_share_the_registry_through_etcd(self):
+        # Both replicas see the same nodes only through the etcd registry (issue 15): a node
+        # registering through the discovery Service reaches one pod.
+        self.assertEqual(self.deployment["spec"]["replicas"], 2)
+        registry = self.topology["registry"]
+        self.assertEqual(registry["backend"], "etcd")
+        host, port = registry["etcd_endpoints"][0].rsplit(":", 1)
+        etcd_service = self.objects[("Service", host)]["spec"]
+        self.assertIn(int(port), [p["port"] for p in etcd_service["ports"]])
+        etcd = self.objects[("StatefulSet", host)]["spec"]
+        self.assertTrue(set(etcd_service["selector"].items())
+                        <= set(etcd["template"]["metadata"]["labels"].items()))
+        self.assertNotIn("replica_id", registry)  # default hostname-pid: the pod name, unique
+        # A new pod is ready from etcd's view at once: roll one at a time, never below 2.
+        strategy = self.deployment["spec"]["strategy"]
+        self.assertEqual(strategy["type"], "RollingUpdate")
+        self.assertEqual(strategy["rollingUpdate"]["maxUnavailable"], 0)
         pdb = self.objects[("PodDisruptionBudget", "pdrouter")]["spec"]
-        self.assertEqual(pdb.get("maxUnavailable"), 1, "a PDB allowing no eviction blocks node drains")
+        self.assertEqual(pdb.get("minAvailable"), 1, "one replica keeps serving through a node drain")
+        self.assertLess(pdb["minAvailable"], self.deployment["spec"]["replicas"], "a PDB allowing no eviction blocks node drains")
         self.assertEqual(pdb["selector"]["matchLabels"], self.deployment["spec"]["selector"]["matchLabels"])
 
     def test_container_ports_are_the_topology_listeners(self):
@@ -248,7 +263,8 @@ class KubernetesManifestsTest(unittest.TestCase):
 
     def test_services_point_at_named_container_ports(self):
         labels = self.deployment["spec"]["template"]["metadata"]["labels"]
-        services = {name: o["spec"] for (kind, name), o in self.objects.items() if kind == "Service"}
+        services = {name: o["spec"] for (kind, name), o in self.objects.items()
+                    if kind == "Service" and name != "pdrouter-etcd"}
         self.assertEqual(set(services), {"pdrouter", "pdrouter-discovery", "pdrouter-admin"})
         for name, spec in services.items():
             self.assertTrue(set(spec["selector"].items()) <= set(labels.items()), name)
@@ -267,6 +283,8 @@ class KubernetesManifestsTest(unittest.TestCase):
         self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": "pdrouter",
                                                 "namespace": "pdrouter"}])
         self.assertEqual(self.pod["serviceAccountName"], "pdrouter")
+        # Pod discovery reads the mounted service-account token (kubernetes.token_file default).
+        self.assertTrue(self.pod.get("automountServiceAccountToken", True))
 
     def test_servicemonitor_scrapes_the_admin_service(self):
         with open(os.path.join(KUBE, "servicemonitor.yaml"), encoding="utf-8") as f:
