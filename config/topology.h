@@ -219,7 +219,10 @@ struct Topology {
   // start (a reload that changes it needs a restart).
   struct Kubernetes {
     bool enabled = false;
-    proto::HostPort api_server;     // from "http://host:port" (https: not yet, see the loader)
+    proto::HostPort api_server;     // from "http://host:port" or "https://host:port"
+    bool api_server_tls = false;    // https://: TLS, the certificate verified for api_server's host
+    std::string ca_file;            // CA bundle for https (in a pod: the service account's ca.crt);
+    std::string ca_pem;             //   "" = the system's CAs. Its content, read at load
     std::string api_server_url;     // as written
     std::string namespace_name;     // required when enabled
     std::string label_selector;     // "" = every pod of the namespace

@@ -422,15 +422,11 @@ Status read_kubernetes(const Source& src, const Field& f, Topology::Kubernetes* 
     Status s = read_string(src, v, 512, &out->api_server_url);
     if (!s) return s;
     std::string text = out->api_server_url;
-    if (text.starts_with("https://")) {
-      return fail(src, v, StatusCode::kInvalidValue,
-                  "https API servers are not supported yet (the HTTP client has no TLS): run `kubectl proxy` "
-                  "next to pdrouter and give its http://127.0.0.1:PORT");
+    out->api_server_tls = text.starts_with("https://");
+    if (!out->api_server_tls && !text.starts_with("http://")) {
+      return fail(src, v, StatusCode::kInvalidValue, "expected http://host:port or https://host:port");
     }
-    if (!text.starts_with("http://")) {
-      return fail(src, v, StatusCode::kInvalidValue, "expected http://host:port");
-    }
-    text = text.substr(7);
+    text = text.substr(out->api_server_tls ? 8 : 7);
     if (!text.empty() && text.back() == '/') text.pop_back();
     s = proto::parse_host_port(text, &out->api_server);
     return s ? s : at_value(src, v, s);
@@ -458,7 +454,17 @@ Status read_kubernetes(const Source& src, const Field& f, Topology::Kubernetes* 
     return s;
   });
   r.ms("retry_ms", 10, 10 * 60 * 1000, &out->retry);
+  read_text_file(src, r, "ca_file", kMaxEtcdPemBytes, &out->ca_file, [&](const Field& at, std::string_view text) {
+    if (text.find("CERTIFICATE-----") == std::string_view::npos) {
+      return fail(src, at, StatusCode::kInvalidValue, fmt::format("'{}' holds no PEM CERTIFICATE", out->ca_file));
+    }
+    out->ca_pem = std::string(text);
+    return Status::ok();
+  });
   Status s = r.finish();
+  if (s && !out->ca_file.empty() && !out->api_server_tls) {
+    return fail(src, f, StatusCode::kInvalidValue, "ca_file needs an https:// api_server");
+  }
   if (s && out->enabled && (out->api_server_url.empty() || out->namespace_name.empty())) {
     return fail(src, f, StatusCode::kMissingKey, "kubernetes.enabled needs api_server and namespace");
   }

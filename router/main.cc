@@ -291,6 +291,16 @@ int run(Process& p) {
     router::PodWatcherOptions k8s_options;
     k8s_options.kubernetes = topology.kubernetes;
     k8s_options.connectors = topology.connectors;
+    if (topology.kubernetes.api_server_tls) {
+      http::TlsClientOptions tls;
+      tls.ca_pem = topology.kubernetes.ca_pem;  // "" = the system's CAs
+      if (Status tst = http::TlsClientContext::create(tls, &k8s_options.tls); !tst.is_ok()) {
+        pdr::log::critical("kubernetes: ca_file unusable: {}", tst.message());
+        if (p.replicator) p.replicator->stop();
+        p.discovery.stop();
+        return 1;
+      }
+    }
     p.pod_watcher = std::make_unique<router::PodWatcher>(p.discovery);
     if (Status kst = p.pod_watcher->start(k8s_options); !kst.is_ok()) {
       spdlog::critical("{}", kst.message());

@@ -43,13 +43,19 @@ class PodWatcher::Impl {
   explicit Impl(PodWatcher& owner)
       : owner_(owner), status_(owner.status_), k8s_(owner.options_.kubernetes) {}
 
+  http::PoolOptions pool_options() const {
+    http::PoolOptions pool;
+    pool.tls = owner_.options_.tls;
+    return pool;
+  }
+
   Status start() {
     if (uv_loop_init(&loop_) != 0) return Status(StatusCode::kInternal, "kubernetes: uv_loop_init failed");
     uv_async_init(&loop_, &stop_async_, &Impl::on_stop);
     stop_async_.data = this;
     uv_timer_init(&loop_, &retry_timer_);
     retry_timer_.data = this;
-    pool_ = std::make_unique<http::UpstreamPool>(&loop_, http::PoolOptions{});
+    pool_ = std::make_unique<http::UpstreamPool>(&loop_, pool_options());
     base_path_ = "/api/v1/namespaces/" + k8s_.namespace_name + "/pods";
     thread_ = std::thread([this] { run(); });
     return Status::ok();

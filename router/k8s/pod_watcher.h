@@ -18,8 +18,9 @@
 // The bearer token is read from kubernetes.token_file at start and again, when older than
 // token_refresh, before each request. It is never logged.
 //
-// Transport: http/upstream_client (plain HTTP: `kubectl proxy`, or any http:// API server; the
-// topology loader refuses https until the client has TLS).
+// Transport: http/upstream_client, plain HTTP (`kubectl proxy`, the tests' fake API server) or TLS
+// for an https:// API server (options.tls; in a pod, kubernetes.ca_file names the service
+// account's ca.crt).
 //
 // Threads: start() and stop() from the owner's thread; everything else runs on the watcher's
 // own thread and libuv loop. status(), last_error(), state() from any thread.
@@ -33,6 +34,7 @@
 
 #include "base/status.h"
 #include "config/topology.h"
+#include "http/tls_client.h"
 #include "discovery/discovery_service.h"
 
 namespace pdr::router {
@@ -41,6 +43,9 @@ struct PodWatcherOptions {
   discovery::Topology::Kubernetes kubernetes;
   discovery::Topology::Connectors connectors;  // defaults for what a pod's annotations leave out
   std::chrono::milliseconds request_timeout{10000};  // connect, and first byte of an answer
+  // Set for an https:// API server (kubernetes.ca_file, else the system's CAs): every connection
+  // is TLS and the server's certificate is verified against the API server's host.
+  std::shared_ptr<const http::TlsClientContext> tls;
 };
 
 // Counters (any thread; relaxed).

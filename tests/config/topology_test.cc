@@ -1055,10 +1055,15 @@ kubernetes:
   EXPECT_EQ(t.kubernetes.watch_timeout, std::chrono::seconds(60));
   EXPECT_EQ(t.kubernetes.retry, 250ms);
 
-  EXPECT_THAT(error_of("kubernetes:\n  api_server: https://127.0.0.1:6443\n", StatusCode::kInvalidValue),
-              HasSubstr("kubernetes.api_server: https API servers are not supported yet"));
+  {
+    Topology https;
+    ASSERT_TRUE(parse("kubernetes:\n  api_server: https://127.0.0.1:6443\n", &https).is_ok());
+    EXPECT_TRUE(https.kubernetes.api_server_tls);
+    EXPECT_EQ(https.kubernetes.api_server.port, 6443);
+    EXPECT_TRUE(https.kubernetes.ca_pem.empty());  // no ca_file: the system's CAs
+  }
   EXPECT_THAT(error_of("kubernetes:\n  api_server: 127.0.0.1:6443\n", StatusCode::kInvalidValue),
-              HasSubstr("expected http://host:port"));
+              HasSubstr("expected http://host:port or https://host:port"));
   EXPECT_THAT(error_of("kubernetes:\n  enabled: true\n  namespace: llm\n", StatusCode::kMissingKey),
               HasSubstr("kubernetes.enabled needs api_server and namespace"));
   EXPECT_THAT(error_of("kubernetes:\n  namespace: Bad_NS\n", StatusCode::kInvalidValue),

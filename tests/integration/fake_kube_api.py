@@ -51,7 +51,10 @@ def status_object(code, reason, message):
 
 
 class FakeKubeApi:
-    def __init__(self, namespace="llm", token=None):
+    def __init__(self, namespace="llm", token=None, tls=None):
+        """tls: None for plain HTTP, or (certificate file, key file) to serve https like a real
+        API server (the handshake runs in the accepting thread; a client that refuses the
+        certificate only ends its own connection)."""
         self.namespace = namespace
         self.token = token
         self.cond = threading.Condition()
@@ -79,6 +82,12 @@ class FakeKubeApi:
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        if tls is not None:
+            import ssl
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            self.url = f"https://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

@@ -10,7 +10,9 @@ connects to them).
   * the watch is opened again from its resourceVersion when the server ends it; 410 Gone (HTTP
     status or ERROR event) makes pdrouter list again, and a pod deleted meanwhile goes;
   * bookmarks move the resourceVersion; lines that do not decode are counted and skipped;
-  * an https api_server is refused at start with a clear message.
+  * an https api_server (the fake served over TLS with a certificate made by the openssl CLI) is
+    verified against kubernetes.ca_file: the right CA discovers the pods, another CA fails with
+    a clear error and a counter, and no pod becomes a node.
 """
 
 import json
@@ -23,6 +25,7 @@ import unittest
 
 from fake_kube_api import FakeKubeApi, pod
 from test_etcd_replicas import ETCD, Etcd
+from test_etcd_tls import OPENSSL, VERIFY_ERRORS, make_pki
 from pdr_testlib import ProcessHandle, pdnode_path, pdrouter_path
 from pdrouter_fixture import Router
 
@@ -298,15 +301,58 @@ class KubernetesDiscovery(unittest.TestCase):
         for router in routers:
             router.wait_for(lambda r=router: self.state(r, self.decode.http_address) is None, timeout=5)
 
-    def test_https_api_server_is_refused_at_start(self):
-        path = os.path.join(self.dir.name, "https.yaml")
+    def https_api(self):
+        """A second fake API server, over TLS with a certificate for 127.0.0.1 signed by ca.crt."""
+        make_pki(self.dir.name)
+        api = FakeKubeApi(token=TOKEN, tls=(os.path.join(self.dir.name, "server.crt"),
+                                            os.path.join(self.dir.name, "server.key")))
+        self.addCleanup(api.close)
+        api.put_pod(pod("prefill-0", self.ips[0], "prefill"))
+        api.put_pod(pod("decode-0", self.ips[1], "decode"))
+        return api
+
+    def https_router(self, api, ca):
+        router = Router(topology(api, self.port, self.token_file,
+                                 f'  ca_file: "{os.path.join(self.dir.name, ca)}"\n'))
+        self.addCleanup(router.dir.cleanup)
+        self.addCleanup(router.stop)
+        return router
+
+    @unittest.skipUnless(OPENSSL, "the openssl CLI is not installed")
+    def test_https_api_server_is_verified_against_ca_file(self):
+        api = self.https_api()
+        self.assertTrue(api.url.startswith("https://"))
+        router = self.https_router(api, "ca.crt")
+        router.wait_for(lambda: self.state(router, self.prefill.http_address) == ("up", "kubernetes")
+                        and self.state(router, self.decode.http_address) == ("up", "kubernetes"),
+                        timeout=10)
+        code, _, body = self.completion(router)
+        self.assertEqual(code, 200, body)
+        self.assertTrue(all(auth == "Bearer " + TOKEN for _, auth in api.requests), api.requests)
+
+    @unittest.skipUnless(OPENSSL, "the openssl CLI is not installed")
+    def test_https_api_server_with_another_ca_fails_clearly(self):
+        api = self.https_api()
+        router = self.https_router(api, "other-ca.crt")
+        router.wait_for(lambda: "certificate verify failed" in (self.k8s(router).get("last_error") or ""),
+                        timeout=10)
+        self.assertGreater(router.metrics()[VERIFY_ERRORS], 0)
+        self.assertGreater(router.metrics()["pdrouter_kubernetes_errors_total"], 0)
+        self.assertEqual(router.status()["instances"], [])
+        self.assertEqual(api.requests, [])
+
+    def test_ca_file_without_https_is_refused_at_load(self):
+        path = os.path.join(self.dir.name, "plain.yaml")
+        ca = os.path.join(self.dir.name, "looks-like-a.crt")
+        with open(ca, "w") as f:
+            f.write("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
         with open(path, "w") as f:
-            f.write("kubernetes:\n  enabled: true\n  api_server: https://127.0.0.1:6443\n  namespace: llm\n")
+            f.write(f"kubernetes:\n  enabled: true\n  api_server: {self.api.url}\n  namespace: llm\n"
+                    f"  ca_file: {ca}\n")
         result = subprocess.run([pdrouter_path(), "--config", path, "--http", "127.0.0.1:0"],
                                 capture_output=True, text=True, timeout=20)
         self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertTrue(re.search(r"kubernetes\.api_server: https API servers are not supported", result.stderr),
-                        result.stderr)
+        self.assertIn("kubernetes: ca_file needs an https:// api_server", result.stderr)
 
 
 if __name__ == "__main__":
