@@ -110,7 +110,39 @@ std::optional<SimError> read_max_tokens(const json& body, GenerationRequest* out
 
 json base_object(const GenerationRequest& req, const std::string& id, int64_t created,
                  const char* object) {
+  if (req.kind == ApiKind::kGenerate) return json{{"request_id", id}};
   return json{{"id", id}, {"object", object}, {"created", created}, {"model", req.model}};
+}
+
+// vLLM's GenerateRequest: token_ids, sampling_params (max_tokens inside), and the KV parameters
+// the engine reads from sampling_params.extra_args (the top level as a fallback here).
+std::optional<SimError> read_generate(const json& body, GenerationRequest* out) {
+  if (!body.contains("token_ids") || !body["token_ids"].is_array() || body["token_ids"].empty()) {
+    return bad_request("bad_token_ids", "token_ids must be a non-empty list of token ids");
+  }
+  for (const json& id : body["token_ids"]) {
+    if (!id.is_number_unsigned()) {
+      return bad_request("bad_token_ids", "token_ids must hold non-negative integers, got " + id.dump());
+    }
+  }
+  out->prompt_text = body["token_ids"].dump();
+  out->prompt_tokens = static_cast<uint32_t>(body["token_ids"].size());
+  if (!body.contains("sampling_params") || !body["sampling_params"].is_object()) {
+    return bad_request("bad_sampling_params", "sampling_params is required and must be an object");
+  }
+  const json& sp = body["sampling_params"];
+  if (auto e = read_max_tokens(sp, out)) return e;
+  json top = body.contains("kv_transfer_params") ? body["kv_transfer_params"] : json();
+  json nested;
+  if (sp.contains("extra_args") && sp["extra_args"].is_object() && sp["extra_args"].contains("kv_transfer_params")) {
+    nested = sp["extra_args"]["kv_transfer_params"];
+  }
+  if (!top.is_null() && !nested.is_null() && top != nested) {
+    return bad_request("bad_kv_transfer_params",
+                       "kv_transfer_params differ between the top level and sampling_params.extra_args");
+  }
+  out->kv_transfer_params = nested.is_null() ? top : nested;
+  return std::nullopt;
 }
 
 json usage_json(const GenerationRequest& req, uint32_t completion_tokens) {
@@ -144,7 +176,9 @@ std::optional<SimError> parse_generation_request(ApiKind kind, const json& body,
                       "The model `" + body["model"].get<std::string>() + "` does not exist."};
     }
   }
-  if (kind == ApiKind::kCompletion) {
+  if (kind == ApiKind::kGenerate) {
+    if (auto e = read_generate(body, out)) return e;
+  } else if (kind == ApiKind::kCompletion) {
     if (!body.contains("prompt")) return bad_request("bad_prompt", "prompt is required");
     if (auto e = read_prompt(body["prompt"], out)) return e;
   } else {
@@ -153,7 +187,9 @@ std::optional<SimError> parse_generation_request(ApiKind kind, const json& body,
     if (auto e = read_messages(body["messages"], out)) return e;
   }
   if (out->prompt_tokens == 0) out->prompt_tokens = 1;
-  if (auto e = read_max_tokens(body, out)) return e;
+  if (kind != ApiKind::kGenerate) {
+    if (auto e = read_max_tokens(body, out)) return e;
+  }
   if (body.contains("stream") && !body["stream"].is_null()) {
     if (!body["stream"].is_boolean()) return bad_request("bad_stream", "stream must be a boolean");
     out->stream = body["stream"].get<bool>();
@@ -180,13 +216,23 @@ std::vector<std::string> generate_tokens(const std::string& request_id,
   return tokens;
 }
 
+int64_t generated_token_id(const std::string& token) {
+  const std::string_view word = std::string_view(token).substr(token.starts_with(' ') ? 1 : 0);
+  for (size_t i = 0; i < kVocabulary.size(); ++i) {
+    if (kVocabulary[i] == word) return static_cast<int64_t>(i);
+  }
+  return 0;  // generate_tokens only makes vocabulary words
+}
+
 std::string response_id(ApiKind kind, const std::string& request_id) {
+  if (kind == ApiKind::kGenerate) return "generate-tokens-" + request_id;
   return (kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + request_id;
 }
 
 std::string internal_request_id(ApiKind kind, const std::string& request_id) {
   char suffix[9];
   std::snprintf(suffix, sizeof(suffix), "%08x", static_cast<uint32_t>(fnv1a(request_id)));
+  if (kind == ApiKind::kGenerate) return "generate-tokens-" + request_id + "-" + suffix;
   return kind == ApiKind::kChat ? "chatcmpl-" + request_id + "-" + suffix
                                 : "cmpl-" + request_id + "-0-" + suffix;
 }
@@ -198,7 +244,13 @@ std::string full_response(const GenerationRequest& req, const std::string& id, i
   for (const std::string& t : tokens) text += t;
   json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
   json body;
-  if (req.kind == ApiKind::kChat) {
+  if (req.kind == ApiKind::kGenerate) {
+    body = base_object(req, id, created, nullptr);
+    json ids = json::array();
+    for (const std::string& t : tokens) ids.push_back(generated_token_id(t));
+    choice["token_ids"] = ids;
+    body["prompt_logprobs"] = nullptr;
+  } else if (req.kind == ApiKind::kChat) {
     body = base_object(req, id, created, "chat.completion");
     choice["message"] = json{{"role", "assistant"}, {"content", text}};
   } else {
@@ -225,7 +277,9 @@ std::string sse_token_chunk(const GenerationRequest& req, const std::string& id,
                             const std::string& token, const std::string* finish_reason) {
   json chunk = base_object(req, id, created, chunk_object(req));
   json choice{{"index", 0}, {"logprobs", nullptr}};
-  if (req.kind == ApiKind::kChat) {
+  if (req.kind == ApiKind::kGenerate) {
+    choice["token_ids"] = json::array({generated_token_id(token)});
+  } else if (req.kind == ApiKind::kChat) {
     choice["delta"] = json{{"content", token}};
   } else {
     choice["text"] = token;

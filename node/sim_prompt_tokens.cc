@@ -60,6 +60,10 @@ std::vector<uint32_t> prompt_token_ids(ApiKind kind, const json& body) {
     if (body.contains("prompt")) append_prompt(body["prompt"], &ids);
     return ids;
   }
+  if (kind == ApiKind::kGenerate) {
+    if (body.contains("token_ids")) append_prompt(body["token_ids"], &ids);
+    return ids;
+  }
   if (!body.contains("messages") || !body["messages"].is_array()) return ids;
   for (const json& message : body["messages"]) {
     if (message.is_object() && message.contains("content")) {

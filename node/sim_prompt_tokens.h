@@ -1,6 +1,7 @@
 // The token ids `pdnode sim` attributes to a request's prompt, for its prefix cache
 // (sim_prefix_cache.h). They follow the sim's token count (sim_generation.h): a token-id prompt
-// is its ids as given (the first of a list of lists; each id taken modulo 2^32); a text prompt
+// is its ids as given (the first of a list of lists; each id taken modulo 2^32; /inference/v1/
+// generate's token_ids the same); a text prompt
 // (the first of a list of strings) is one id per whitespace-separated word; a chat request one id
 // per word of every message's text content, in order. A word's id is FNV-1a-64 of its bytes
 // folded into [1000, 32000), so equal texts give equal ids on every node, and a text prompt that

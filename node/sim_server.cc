@@ -195,6 +195,9 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
     if (request.path == "/v1/chat/completions" && post) {
       return handle_generation(ApiKind::kChat, std::move(request), seq, std::move(writer), fault);
     }
+    if (request.path == "/inference/v1/generate" && post) {
+      return handle_generation(ApiKind::kGenerate, std::move(request), seq, std::move(writer), fault);
+    }
     if (post && handle_aux(request, seq, writer)) return;
     if (request.path == "/query" && get && serves_bootstrap()) {
       return answer(writer, seq, json_response(200, dialect->bootstrap_query(options.node)));
@@ -325,7 +328,8 @@ void SimServer::Impl::apply_fault(FaultSpec fault, http::Request&& request, uint
     case FaultSpec::Action::kCloseImmediately:
       return close_unanswered(std::move(writer));
     case FaultSpec::Action::kCloseAfterTokens:
-      if (request.path == "/v1/completions" || request.path == "/v1/chat/completions") {
+      if (request.path == "/v1/completions" || request.path == "/v1/chat/completions" ||
+          request.path == "/inference/v1/generate") {
         return route(std::move(request), seq, std::move(writer), fault);
       }
       return close_unanswered(std::move(writer));  // no tokens to count
@@ -369,7 +373,19 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
                                                                    : random_hex32();
   std::optional<std::string> dp_rank;
   if (auto h = request.header("X-data-parallel-rank")) dp_rank = std::string(*h);
-  if (auto e = check_kv_request(*dialect, options.node, g->request_id, dp_rank, body, &g->kv)) {
+  if (g->req.kind == ApiKind::kGenerate) {
+    // The connector sees the parameters the generate handler passes on (GenerationRequest).
+    json kv_body = json::object();
+    for (auto it = body.begin(); it != body.end(); ++it) {
+      if (it.key() != "token_ids" && it.key() != "features" && it.key() != "sampling_params") {
+        kv_body[it.key()] = it.value();
+      }
+    }
+    kv_body["kv_transfer_params"] = g->req.kv_transfer_params;
+    if (auto e = check_kv_request(*dialect, options.node, g->request_id, dp_rank, kv_body, &g->kv)) {
+      return answer_error(writer, seq, *e);
+    }
+  } else if (auto e = check_kv_request(*dialect, options.node, g->request_id, dp_rank, body, &g->kv)) {
     return answer_error(writer, seq, *e);
   }
   if (g->req.prompt_tokens + g->req.max_tokens > options.max_model_len) {

@@ -6,6 +6,7 @@
 #include "base/ascii.h"
 #include "proto/dialects/dialect.h"
 #include "proto/dialects/leg_edits.h"
+#include "proto/generate_request.h"
 
 namespace pdr::proto {
 namespace {
@@ -64,9 +65,10 @@ void add_header(HeaderList& headers, std::string_view name, std::string_view val
 
 void add_common_headers(const ClientRequest& request, const LegOptions& options,
                         const std::string& request_id, LegRequest* leg) {
-  // The two paths build_legs serves, as static text (no copy per leg).
-  leg->path = request.path == "/v1/completions" ? std::string_view("/v1/completions")
-                                                : std::string_view("/v1/chat/completions");
+  // The paths build_legs serves, as static text (no copy per leg).
+  leg->path = request.path == "/v1/completions"       ? std::string_view("/v1/completions")
+              : request.path == kGeneratePath ? kGeneratePath
+                                                      : std::string_view("/v1/chat/completions");
   HeaderSpares* spares = header_spares();
   if (leg->headers.capacity() == 0 && spares != nullptr && !spares->lists.empty()) {
     leg->headers = std::move(spares->lists.back());
@@ -177,9 +179,10 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
                   std::optional<uint32_t> p_rank, std::optional<uint32_t> d_rank,
                   const LegOptions& options, const RandomSource& random, LegBuild* out) {
   *out = LegBuild();
-  if (request.path != "/v1/completions" && request.path != "/v1/chat/completions") {
-    return Status(StatusCode::kNotFound, "P/D routing serves /v1/completions and "
-                                         "/v1/chat/completions only, not " +
+  const bool tokens_in = request.path == kGeneratePath;
+  if (request.path != "/v1/completions" && request.path != "/v1/chat/completions" && !tokens_in) {
+    return Status(StatusCode::kNotFound, "P/D routing serves /v1/completions, "
+                                         "/v1/chat/completions and /inference/v1/generate only, not " +
                                              std::string(request.path.substr(0, 64)));
   }
   if (p.connector != d.connector) {
@@ -207,12 +210,20 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
     if (Status st = JsonObjectBody::parse(request.body, options.limits, &parsed_here); !st) return st;
     client = &parsed_here;
   }
-  if (Status st = check_token_fields(*client); !st) return st;
+  if (tokens_in) {
+    int64_t choices = 1;
+    if (Status st = check_generate_request(*client, options.limits, &choices); !st) return st;
+  } else if (Status st = check_token_fields(*client); !st) {
+    return st;
+  }
   const Dialect* dialect = dialect_for(p.connector, p.transfer_mode);
   if (dialect == nullptr) {
     return Status(StatusCode::kRejected,
                   "no connector dialect for " + std::string(to_string(p.connector)) + " with transfer mode " +
                       std::string(to_string(p.transfer_mode)) + " (MoRIIO needs READ or WRITE)");
+  }
+  if (tokens_in && !dialect->tokens_in_unsupported.empty()) {
+    return Status(StatusCode::kRejected, std::string(dialect->tokens_in_unsupported));
   }
   LegPlan& plan = out->plan;
   plan.dialect = dialect;
@@ -222,8 +233,17 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
   plan.decode_needs_prefill_params = dialect->decode_needs_prefill_params;
   out->prefill.body = *client;  // shares the client's bytes; the dialect adds its edits
   out->decode.body = *client;
+  plan.tokens_in = tokens_in;
+  if (tokens_in) {  // the dialect edits token counts at the top level (generate_request.h)
+    if (Status st = generate_leg_view(*client, options.limits, &out->prefill.body); !st) return st;
+    if (Status st = generate_leg_view(*client, options.limits, &out->decode.body); !st) return st;
+  }
   const DialectInput input{p, d, p_rank, options, random};
   if (Status st = dialect->build(input, &plan, &out->prefill.body, &out->decode.body); !st) return st;
+  if (tokens_in) {
+    if (Status st = finish_generate_leg(*client, options.limits, &out->prefill.body); !st) return st;
+    if (Status st = finish_generate_leg(*client, options.limits, &out->decode.body); !st) return st;
+  }
 
   add_common_headers(request, options, plan.request_id, &out->prefill);
   add_common_headers(request, options, plan.request_id, &out->decode);
@@ -266,12 +286,16 @@ Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
     return Status(StatusCode::kMissingKey, "prefill response kv_transfer_params is empty");
   }
   // In place: the dialect leaves the body unchanged when it fails (dialect.h).
-  return plan.dialect->finish_decode(*raw, params, limits, &decode->body);
+  Status st = plan.dialect->finish_decode(*raw, params, limits, &decode->body);
+  if (st.is_ok() && plan.tokens_in) st = mirror_generate_kv_params(limits, &decode->body);
+  return st;
 }
 
 bool decode_without_kv(const LegPlan& plan, LegRequest* decode) {
   if (plan.dialect == nullptr || plan.dialect->without_kv == nullptr) return false;
   plan.dialect->without_kv(&decode->body);
+  // Only fails on a body build_legs did not check (the view of sampling_params it made is valid).
+  if (plan.tokens_in) (void)mirror_generate_kv_params(JsonLimits(), &decode->body);
   return true;
 }
 

@@ -15,12 +15,14 @@
 //       not an object, has duplicate keys, or max_tokens / max_completion_tokens is neither an
 //       integer nor null
 //   kOutOfRange   max_tokens outside int64, or a DP rank not below the instance's dp_size
-//   kNotFound     the path is not /v1/completions or /v1/chat/completions
+//   kNotFound     the path is not /v1/completions, /v1/chat/completions or
+//                 /inference/v1/generate (whose body errors are check_generate_request's)
 //   kRejected     the pair is not buildable: connectors differ, unknown connector or no dialect
 //       for it (dialect_for), MoRIIO modes
 //       differ or are unset, a MoRIIO/P2P instance without zmq_address, a MoRIIO/Mooncake prefill
 //       with dp_size > 1 but no chosen rank, Mooncake without an engine id (router-side problems:
-//       answer 503, not 400)
+//       answer 503, not 400), or /inference/v1/generate for a dialect with
+//       tokens_in_unsupported (the router answers 501 before building)
 #pragma once
 
 #include <cstdint>
@@ -51,7 +53,7 @@ struct LegInstance : NodeEndpoint {
 };
 
 struct ClientRequest {
-  std::string_view path;           // "/v1/completions" or "/v1/chat/completions"
+  std::string_view path;  // "/v1/completions", "/v1/chat/completions" or "/inference/v1/generate"
   std::string_view body;           // the client's JSON bytes
   std::string_view authorization;  // the client's Authorization header value; empty if none
   // The body already parsed (the session parses it once for admission and every build); null:
@@ -108,6 +110,10 @@ struct LegPlan {
   std::string request_id;   // X-Request-Id on both legs
   std::string transfer_id;  // MoRIIO "tx-<uuid>", Mooncake "xfer-<request id>"; else empty
   std::optional<uint64_t> bootstrap_room;  // SGLang
+  // POST /inference/v1/generate (proto/generate_request.h): token counts and a copy of
+  // kv_transfer_params live in sampling_params; finish_decode_leg and decode_without_kv keep
+  // the copy in step.
+  bool tokens_in = false;
 };
 
 struct LegBuild {

@@ -104,6 +104,11 @@ struct Dialect {
   // The no-KV fallback: what the decode body becomes when the prefill exported no KV (its answer
   // had no kv_transfer_params, e.g. EOS on the first token). nullptr: the prefill failed.
   void (*without_kv)(JsonObjectBody* decode) = nullptr;
+
+  // ---- endpoints ----
+  // Empty: the pair serves vLLM's tokens-in POST /inference/v1/generate (proto/generate_request.h)
+  // through P/D like completions. Else why it cannot, for the client's 501.
+  std::string_view tokens_in_unsupported;
 };
 
 // The dialect instances of `connector` with `transfer_mode` speak, or nullptr (unknown connector,

@@ -40,5 +40,9 @@ const Dialect kSglangDialect{
     .build = &dialects::build,
     .finish_decode = nullptr,
     .without_kv = nullptr,
+    // SGLang servers have no /inference/v1/generate: their tokens-in endpoint is /generate with
+    // input_ids and the bootstrap fields in another body, which this dialect does not build.
+    .tokens_in_unsupported = "SGLang nodes do not serve /inference/v1/generate (their tokens-in "
+                             "endpoint is /generate, with another body)",
 };
 }  // namespace pdr::proto

@@ -43,10 +43,17 @@ size_t source_index(CacheHits::Source source) { return source == CacheHits::Sour
 
 }  // namespace
 
+std::string_view request_prompt(const proto::JsonObjectBody& body) {
+  for (std::string_view key : {"prompt", "messages", "token_ids"}) {
+    if (auto raw = body.get_raw(key)) return *raw;
+  }
+  return {};
+}
+
 std::optional<CacheRouting> lookup_cache(const proto::JsonObjectBody& body, std::string_view model,
                                          const discovery::Topology& topology, const ProxyShared& shared) {
   if (!cache_aware(topology)) return std::nullopt;
-  std::string_view prompt = body.get_raw("prompt").value_or(body.get_raw("messages").value_or(std::string_view()));
+  std::string_view prompt = request_prompt(body);
   if (prompt.empty() || prompt == "null") return std::nullopt;
   CacheRouting routing;
   routing.tree_key = prompt.substr(0, topology.policies.cache_aware.prefix_tree_prompt_bytes);

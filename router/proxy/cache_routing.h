@@ -1,7 +1,8 @@
 // Cache-aware routing around one request's pairing (policies.prefill / decode: cache_aware).
 //
 // Before pairing, lookup_cache() says how much of the prompt each node holds:
-//   - a prompt of token ids (`/v1/completions` with an integer array) with kv_events on: exactly,
+//   - a prompt of token ids (`/v1/completions` with an integer array, `/inference/v1/generate`'s
+//     token_ids) with kv_events on: exactly,
 //     from the nodes' KV events (router/cache/block_index.h), in tokens;
 //   - otherwise (text, chat messages, or no KV events): approximately, from the prefix tree of
 //     where pdrouter routed earlier prompts (router/cache/prefix_tree.h), in bytes of the prompt's
@@ -28,7 +29,11 @@ struct CacheRouting {
   std::string_view tree_key;  // the prompt's text for the prefix tree (views the client body)
 };
 
-// Empty when neither policy is cache_aware or the body has no prompt/messages. `body` must
+// The raw JSON text of a request's prompt: "prompt" (/v1/completions), else "messages" (chat),
+// else "token_ids" (/inference/v1/generate); empty when the body has none. Views `body`.
+std::string_view request_prompt(const proto::JsonObjectBody& body);
+
+// Empty when neither policy is cache_aware or the body has no prompt/messages/token_ids. `body` must
 // outlive the result.
 std::optional<CacheRouting> lookup_cache(const proto::JsonObjectBody& body, std::string_view model,
                                          const discovery::Topology& topology, const ProxyShared& shared);

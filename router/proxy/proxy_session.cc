@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "proto/dialects/dialect.h"
+#include "proto/generate_request.h"
 #include "proto/json_splice.h"
 #include "proto/request_legs.h"
 #include "proto/sse_boundary.h"
@@ -106,7 +107,7 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view hea
   // Raw JSON text of the fields: hashing bytes as sent is stable for equal values.
   in.conversation_id = body.get_raw("conversation_id").value_or(std::string_view());
   in.user = body.get_raw("user").value_or(std::string_view());
-  in.prompt = body.get_raw("prompt").value_or(body.get_raw("messages").value_or(std::string_view()));
+  in.prompt = request_prompt(body);
   if (in.conversation_id == "null") in.conversation_id = {};
   if (in.user == "null") in.user = {};
   return summarize_affinity(in, topology.policies.affinity_prefix_bytes);
@@ -256,7 +257,15 @@ void ProxySession::begin() {
     end(RequestState::kFailed);
     return;
   }
-  if (auto refusal = check_parameters(body, &s.choices)) {
+  if (s.req.path == proto::kGeneratePath) {
+    // Tokens in: token_ids and sampling_params, with the token counts inside the latter.
+    if (Status checked = proto::check_generate_request(body, limits, &s.choices); !checked.is_ok()) {
+      s.w.counters().refuse(Refusal::kBadParameter);
+      s.writer.send(http::error_response(400, checked.message(), "invalid_request_error", "invalid_parameter"));
+      end(RequestState::kFailed);
+      return;
+    }
+  } else if (auto refusal = check_parameters(body, &s.choices)) {
     s.w.counters().refuse(Refusal::kBadParameter);
     s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
     end(RequestState::kFailed);
@@ -323,6 +332,15 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   s.decode_rank = next_dp_rank(*s.pair.decode);
 
   s.dialect = proto::dialect_for(s.pair.prefill->connector, s.pair.prefill->transfer_mode);
+  if (s.dialect != nullptr && !s.dialect->tokens_in_unsupported.empty() && s.req.path == proto::kGeneratePath) {
+    // Not a fault of the client's body nor of the nodes: this connector has no such endpoint.
+    s.w.counters().refuse(Refusal::kNoPair);
+    fail(501,
+         "/inference/v1/generate is not supported with the " + std::string(s.dialect->name) +
+             " connector dialect: " + std::string(s.dialect->tokens_in_unsupported),
+         "not_supported");
+    return;
+  }
   if (s.choices > 1) {
     if (s.dialect == nullptr || s.dialect->without_kv == nullptr) {
       s.w.counters().refuse(Refusal::kBadParameter);
@@ -338,7 +356,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   } else {
     s.decode_alone = decode_alone_reason(
         s.topo->conditional_disaggregation, s.dialect,
-        s.client.get_raw("prompt").value_or(s.client.get_raw("messages").value_or(std::string_view())),
+        request_prompt(s.client),
         s.cache ? &s.cache->hits : nullptr, s.pair.decode->key);
   }
   if (s.dialect == nullptr || s.dialect->pre_step == proto::PreStep::kNone || s.decode_alone) {
@@ -392,7 +410,13 @@ void ProxySession::build_and_send() {
     }
     return;
   }
-  if (s.multi_turn) s.multi_turn->on_legs_built(s.legs, *s.pair.decode, s.w.counters());
+  if (s.multi_turn) {
+    s.multi_turn->on_legs_built(s.legs, *s.pair.decode, s.w.counters());
+    if (s.legs.plan.tokens_in) {  // the prefill may have got the decode's params at the top level
+      (void)proto::mirror_generate_kv_params(options.limits, &s.legs.prefill.body);
+      (void)proto::mirror_generate_kv_params(options.limits, &s.legs.decode.body);
+    }
+  }
   move_to(RequestState::kPaired);
   if (s.decode_alone) {
     // No prefill leg: the decode gets the dialect's plain request and computes the prompt. The

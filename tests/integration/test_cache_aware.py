@@ -19,12 +19,14 @@ WAIT_S = 15.0 * TIME_SCALE
 
 
 def served_prompts(node):
-    """The prompts (or messages) of the generation requests `node` received, in order."""
+    """The prompts (or messages, or generate's token_ids) of the generation requests `node`
+    received, in order."""
     out = []
     for r in node.sim_requests()["requests"]:
-        if r["method"] == "POST" and r["path"] in ("/v1/completions", "/v1/chat/completions"):
+        if r["method"] == "POST" and r["path"] in ("/v1/completions", "/v1/chat/completions",
+                                                   "/inference/v1/generate"):
             body = json.loads(r["body"])
-            out.append(json.dumps(body.get("prompt", body.get("messages"))))
+            out.append(json.dumps(body.get("prompt", body.get("messages", body.get("token_ids")))))
     return out
 
 
@@ -116,6 +118,13 @@ class CacheAwareTest(unittest.TestCase):
         # The decodes publish no events here: none holds the prompt as far as the index knows, so
         # load picked them (one source per request: token counts and text bytes do not mix).
         self.assertEqual(self.metric("decode", "kv_events", "miss"), 4)
+        # /inference/v1/generate's token_ids are matched against the events the same way.
+        for i in range(2):
+            ids = tokens + [9, i]
+            self.post("/inference/v1/generate", {"model": "sim-model", "token_ids": ids,
+                                                 "sampling_params": {"max_tokens": 2}})
+            self.assertEqual(self.holder(self.prefills, ids), 1, f"generate request {i}")
+        self.assertEqual(self.metric("prefill", "kv_events", "hit"), 6)
 
 
 if __name__ == "__main__":

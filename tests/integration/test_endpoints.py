@@ -154,9 +154,10 @@ class ThroughPdrouter(unittest.TestCase):
 
     def test_unknown_paths_404_unless_pass_through(self):
         c = self.cluster()
-        status, _, raw = c.post("/inference/v1/generate", {"token_ids": [1]})
+        # (/inference/v1/generate, once this path, is P/D now: test_generate.py.)
+        status, _, raw = c.post("/v1/not_a_vllm_endpoint", {"token_ids": [1]})
         self.assertEqual(status, 404, raw)
-        self.assertEqual(served(c.prefills + c.decodes, "/inference/v1/generate"), [0, 0])
+        self.assertEqual(served(c.prefills + c.decodes, "/v1/not_a_vllm_endpoint"), [0, 0])
 
         c = self.cluster(topology="routing:\n  pass_through_unknown: true\n")
         status, _, raw = c.request("GET", "/some/unknown?x=1")
