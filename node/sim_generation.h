@@ -21,7 +21,8 @@
 
 namespace pdr::node::sim {
 
-enum class ApiKind { kCompletion, kChat };
+// kResponses: POST /v1/responses (its shapes are in sim_responses.h).
+enum class ApiKind { kCompletion, kChat, kResponses };
 
 struct GenerationRequest {
   ApiKind kind = ApiKind::kCompletion;
@@ -29,14 +30,15 @@ struct GenerationRequest {
   std::string prompt_text;   // what the tokens are derived from
   uint32_t prompt_tokens = 1;
   uint32_t max_tokens = 16;  // max_completion_tokens wins over max_tokens; default 16
+                             // (kResponses: max_output_tokens; max_tokens is ignored, as vLLM does)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 };
 
 constexpr uint32_t kDefaultMaxTokens = 16;
 
-// Validates the fields vLLM validates (prompt / messages present, max_tokens >= 1 and an int,
-// stream a bool). `served_model` is what an absent "model" defaults to; a different model name is
+// Validates the fields vLLM validates (prompt / messages / input present, max_tokens >= 1 and an
+// int, stream a bool). `served_model` is what an absent "model" defaults to; a different model name is
 // refused with 404 as vLLM does.
 std::optional<SimError> parse_generation_request(ApiKind kind, const nlohmann::json& body,
                                                  const std::string& served_model,

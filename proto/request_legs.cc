@@ -6,6 +6,7 @@
 #include "base/ascii.h"
 #include "proto/dialects/dialect.h"
 #include "proto/dialects/leg_edits.h"
+#include "proto/responses_legs.h"
 
 namespace pdr::proto {
 namespace {
@@ -66,7 +67,8 @@ void add_common_headers(const ClientRequest& request, const LegOptions& options,
                         const std::string& request_id, LegRequest* leg) {
   // The two paths build_legs serves, as static text (no copy per leg).
   leg->path = request.path == "/v1/completions" ? std::string_view("/v1/completions")
-                                                : std::string_view("/v1/chat/completions");
+              : request.path == kResponsesPath ? kResponsesPath
+                                               : std::string_view("/v1/chat/completions");
   HeaderSpares* spares = header_spares();
   if (leg->headers.capacity() == 0 && spares != nullptr && !spares->lists.empty()) {
     leg->headers = std::move(spares->lists.back());
@@ -177,9 +179,10 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
                   std::optional<uint32_t> p_rank, std::optional<uint32_t> d_rank,
                   const LegOptions& options, const RandomSource& random, LegBuild* out) {
   *out = LegBuild();
-  if (request.path != "/v1/completions" && request.path != "/v1/chat/completions") {
-    return Status(StatusCode::kNotFound, "P/D routing serves /v1/completions and "
-                                         "/v1/chat/completions only, not " +
+  const bool responses = request.path == kResponsesPath;
+  if (request.path != "/v1/completions" && request.path != "/v1/chat/completions" && !responses) {
+    return Status(StatusCode::kNotFound, "P/D routing serves /v1/completions, "
+                                         "/v1/chat/completions and /v1/responses only, not " +
                                              std::string(request.path.substr(0, 64)));
   }
   if (p.connector != d.connector) {
@@ -208,6 +211,9 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
     client = &parsed_here;
   }
   if (Status st = check_token_fields(*client); !st) return st;
+  if (responses) {
+    if (Status st = check_responses_fields(*client); !st) return st;
+  }
   const Dialect* dialect = dialect_for(p.connector, p.transfer_mode);
   if (dialect == nullptr) {
     return Status(StatusCode::kRejected,
@@ -224,6 +230,7 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
   out->decode.body = *client;
   const DialectInput input{p, d, p_rank, options, random};
   if (Status st = dialect->build(input, &plan, &out->prefill.body, &out->decode.body); !st) return st;
+  if (responses) respell_prefill_for_responses(*client, &out->prefill.body);
 
   add_common_headers(request, options, plan.request_id, &out->prefill);
   add_common_headers(request, options, plan.request_id, &out->decode);

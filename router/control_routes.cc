@@ -8,6 +8,8 @@
 #include "router/etcd_metrics.h"
 #include "router/metrics_page.h"
 #include "router/status_page.h"
+#include "router/proxy/engine_metrics.h"
+#include "router/proxy/health_generate.h"
 
 namespace pdr::router {
 
@@ -99,6 +101,8 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   write_kv_events_metrics(out, context_.kv_events);
   write_prefix_tree_metrics(out, context_.prefix_tree);
   write_etcd_metrics(out, context_.replicator);
+  proxy::write_engine_metrics_metrics(out);
+  proxy::write_health_generate_metrics(out);
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 
