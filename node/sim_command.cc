@@ -238,9 +238,10 @@ proto::Registration build_registration(const SimFlags& f, const sim::SimServer& 
 CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   CLI::App* cmd = app.add_subcommand(
       "sim",
-      "Run a simulated vLLM OpenAI server (no GPU): /health, /v1/models, /v1/completions and\n"
-      "/v1/chat/completions in vLLM's formats (and fakes of /tokenize, /detokenize, /v1/embeddings\n"
-      "and the two /render endpoints), kv_transfer_params checked per connector, prefill\n"
+      "Run a simulated vLLM OpenAI server (no GPU): /health, /v1/models, /v1/completions,\n"
+      "/v1/chat/completions and /v1/responses in vLLM's formats (and fakes of /tokenize, /detokenize,\n"
+      "/v1/embeddings, the two /render endpoints and a small /metrics), kv_transfer_params checked\n"
+      "per connector, prefill\n"
       "and decode time modelled per token, deterministic text. Test endpoints: GET /sim/requests,\n"
       "POST /sim/reset, /sim/faults (below), GET /sim/kv (KV transfer counters), GET\n"
       "/sim/prefix_cache (prefix caches, KV events counters); POST /reset_prefix_cache as vLLM. With\n"
