@@ -25,6 +25,17 @@ def counted(cluster, result):
     return cluster.metric('pdrouter_health_generate_total{result="%s"}' % result)
 
 
+def fresh_probe(cluster):
+    """GET /health_generate until an answer comes from a new probe (one reaching the prefill), not
+    from one reused for 1 s; returns (status, body). Polled, bounded."""
+    sent = len(completions(cluster.prefills[0]))
+
+    def fresh():
+        code, _, raw = cluster.get("/health_generate", timeout=TIMEOUT_S)
+        return (code, raw) if len(completions(cluster.prefills[0])) > sent else None
+    return cluster.router.wait_for(fresh, timeout=10, interval=0.2)[0]
+
+
 class HealthGenerateOk(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -35,7 +46,9 @@ class HealthGenerateOk(unittest.TestCase):
         cls.cluster.close()
 
     def test_one_token_through_one_pair(self):
-        code, _, raw = self.cluster.get("/health_generate", timeout=TIMEOUT_S)
+        for node in self.cluster.prefills + self.cluster.decodes:
+            node.reset()
+        code, raw = fresh_probe(self.cluster)
         self.assertEqual(code, 200, raw)
         body = json.loads(raw)
         self.assertEqual(body["status"], "ok")
@@ -79,13 +92,7 @@ class HealthGenerateFailures(unittest.TestCase):
         cls.cluster.close()
 
     def wait_past_reuse(self):
-        """An answer is reused for 1 s: wait until a new probe is sent (polled, bounded)."""
-        sent = len(completions(self.cluster.prefills[0]))
-
-        def fresh():
-            code, _, raw = self.cluster.get("/health_generate", timeout=TIMEOUT_S)
-            return (code, raw) if len(completions(self.cluster.prefills[0])) > sent else None
-        return self.cluster.router.wait_for(fresh, timeout=10, interval=0.2)[0]
+        return fresh_probe(self.cluster)
 
     def test_a_failing_leg_is_named(self):
         self.cluster.decodes[0].set_fault(status=500, count=-1)
