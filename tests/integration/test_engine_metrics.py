@@ -65,8 +65,7 @@ class EngineMetrics(unittest.TestCase):
             "connectors:\n  default: nixl\ninstances:\n"
             "  - {role: prefill, http_address: \"%s\"}\n  - {role: decode, http_address: \"%s\"}\n"
             "  - {role: decode, http_address: \"%s\"}\n  - {role: decode, http_address: \"%s\"}\n"
-            % (cls.prefill.http_address, cls.decode.http_address, cls.hostile_address, cls.dead_address),
-            extra_args=("--workers", "1"))
+            % (cls.prefill.http_address, cls.decode.http_address, cls.hostile_address, cls.dead_address))
 
     @classmethod
     def tearDownClass(cls):

@@ -39,7 +39,7 @@ def fresh_probe(cluster):
 class HealthGenerateOk(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.cluster = PdCluster("nixl", prefills=1, decodes=1, router_args=("--workers", "2"))
+        cls.cluster = PdCluster("nixl", prefills=1, decodes=1)  # the fixture runs pdrouter with 2 workers
 
     @classmethod
     def tearDownClass(cls):
@@ -85,7 +85,7 @@ class HealthGenerateOk(unittest.TestCase):
 class HealthGenerateFailures(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.cluster = PdCluster("nixl", prefills=1, decodes=1, router_args=("--workers", "1"))
+        cls.cluster = PdCluster("nixl", prefills=1, decodes=1)
 
     @classmethod
     def tearDownClass(cls):
