@@ -157,7 +157,7 @@ constexpr std::array kRoutes = {
           "the live registry as JSON (admin key with admin.protect_status)", &status},
     Route{"GET", "/metrics", kAdmin, Guard::kNone, Refusals::kUncounted, "Prometheus text", &metrics},
     Route{"GET", "/engine_metrics", kAdmin, Guard::kNone, Refusals::kUncounted,
-          "every up node's /metrics merged, labelled pdrouter_node/pdrouter_role", &engine_metrics},
+          "every up node's Prometheus page merged, samples labelled pdrouter_node, pdrouter_role", &engine_metrics},
     Route{"GET", "/debug/cache", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
           "which nodes hold the longest prefix of ?tokens=1,2,3[&lora=NAME] (admin key)", &debug_cache},
     Route{"POST", "/start_profile", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,
