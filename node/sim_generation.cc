@@ -108,6 +108,39 @@ std::optional<SimError> read_max_tokens(const json& body, GenerationRequest* out
   return std::nullopt;
 }
 
+// /v1/responses: `input` is a string or a list of items; message items ({role, content}) count
+// like chat messages, other items (function outputs, ...) add nothing.
+std::optional<SimError> read_responses_input(const json& body, GenerationRequest* out) {
+  if (!body.contains("input")) return bad_request("bad_input", "input is required");
+  const json& input = body["input"];
+  if (input.is_string()) {
+    out->prompt_text = input.get<std::string>();
+    out->prompt_tokens = count_words(out->prompt_text);
+    return std::nullopt;
+  }
+  if (!input.is_array() || input.empty()) {
+    return bad_request("bad_input", "input must be a string or a non-empty list of items");
+  }
+  out->prompt_tokens = 0;
+  json messages = json::array();
+  for (const json& item : input) {
+    if (item.is_object() && item.contains("role")) messages.push_back(item);
+  }
+  if (messages.empty()) return std::nullopt;
+  return read_messages(messages, out);
+}
+
+std::optional<SimError> read_max_output_tokens(const json& body, GenerationRequest* out) {
+  out->max_tokens = kDefaultMaxTokens;
+  if (!body.contains("max_output_tokens") || body["max_output_tokens"].is_null()) return std::nullopt;
+  const json& value = body["max_output_tokens"];
+  if (!value.is_number_integer() || value.get<int64_t>() < 1 || value.get<int64_t>() > 1000000) {
+    return bad_request("bad_max_output_tokens", "max_output_tokens must be an integer >= 1");
+  }
+  out->max_tokens = static_cast<uint32_t>(value.get<int64_t>());
+  return std::nullopt;
+}
+
 json base_object(const GenerationRequest& req, const std::string& id, int64_t created,
                  const char* object) {
   if (req.kind == ApiKind::kGenerate) return json{{"request_id", id}};
@@ -181,13 +214,17 @@ std::optional<SimError> parse_generation_request(ApiKind kind, const json& body,
   } else if (kind == ApiKind::kCompletion) {
     if (!body.contains("prompt")) return bad_request("bad_prompt", "prompt is required");
     if (auto e = read_prompt(body["prompt"], out)) return e;
+  } else if (kind == ApiKind::kResponses) {
+    if (auto e = read_responses_input(body, out)) return e;
   } else {
     out->prompt_tokens = 0;
     if (!body.contains("messages")) return bad_request("bad_messages", "messages is required");
     if (auto e = read_messages(body["messages"], out)) return e;
   }
   if (out->prompt_tokens == 0) out->prompt_tokens = 1;
-  if (kind != ApiKind::kGenerate) {
+  if (kind == ApiKind::kResponses) {
+    if (auto e = read_max_output_tokens(body, out)) return e;
+  } else if (kind != ApiKind::kGenerate) {
     if (auto e = read_max_tokens(body, out)) return e;
   }
   if (body.contains("stream") && !body["stream"].is_null()) {
@@ -226,6 +263,7 @@ int64_t generated_token_id(const std::string& token) {
 
 std::string response_id(ApiKind kind, const std::string& request_id) {
   if (kind == ApiKind::kGenerate) return "generate-tokens-" + request_id;
+  if (kind == ApiKind::kResponses) return "resp_" + request_id;
   return (kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + request_id;
 }
 
@@ -233,6 +271,7 @@ std::string internal_request_id(ApiKind kind, const std::string& request_id) {
   char suffix[9];
   std::snprintf(suffix, sizeof(suffix), "%08x", static_cast<uint32_t>(fnv1a(request_id)));
   if (kind == ApiKind::kGenerate) return "generate-tokens-" + request_id + "-" + suffix;
+  if (kind == ApiKind::kResponses) return "resp_" + request_id + "_0-" + suffix;
   return kind == ApiKind::kChat ? "chatcmpl-" + request_id + "-" + suffix
                                 : "cmpl-" + request_id + "-0-" + suffix;
 }

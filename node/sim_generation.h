@@ -24,7 +24,8 @@ namespace pdr::node::sim {
 // kGenerate: vLLM's tokens-in POST /inference/v1/generate ({token_ids, sampling_params{...},
 // stream?}); its answers carry token ids (the vocabulary index of each generated word, as
 // sim_aux_api.h's /detokenize reads them) instead of text.
-enum class ApiKind { kCompletion, kChat, kGenerate };
+// kResponses: POST /v1/responses (its shapes are in sim_responses.h).
+enum class ApiKind { kCompletion, kChat, kGenerate, kResponses };
 
 struct GenerationRequest {
   ApiKind kind = ApiKind::kCompletion;
@@ -32,6 +33,7 @@ struct GenerationRequest {
   std::string prompt_text;   // what the tokens are derived from
   uint32_t prompt_tokens = 1;
   uint32_t max_tokens = 16;  // max_completion_tokens wins over max_tokens; default 16
+                             // (kResponses: max_output_tokens; max_tokens is ignored, as vLLM does)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // kGenerate: the kv_transfer_params the engine gets, from sampling_params.extra_args (where
@@ -41,9 +43,10 @@ struct GenerationRequest {
 
 constexpr uint32_t kDefaultMaxTokens = 16;
 
-// Validates the fields vLLM validates (prompt / messages present, max_tokens >= 1 and an int,
-// stream a bool; for kGenerate token_ids an array of non-negative ints, sampling_params an
-// object holding max_tokens, and kv_transfer_params that agree where both places have them). `served_model` is what an absent "model" defaults to; a different model name is
+// Validates the fields vLLM validates (prompt / messages / input present, max_tokens >= 1 and an
+// int, stream a bool; for kGenerate token_ids an array of non-negative ints, sampling_params an
+// object holding max_tokens, and kv_transfer_params that agree where both places have them).
+// `served_model` is what an absent "model" defaults to; a different model name is
 // refused with 404 as vLLM does.
 std::optional<SimError> parse_generation_request(ApiKind kind, const nlohmann::json& body,
                                                  const std::string& served_model,

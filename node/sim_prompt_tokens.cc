@@ -64,6 +64,19 @@ std::vector<uint32_t> prompt_token_ids(ApiKind kind, const json& body) {
     if (body.contains("token_ids")) append_prompt(body["token_ids"], &ids);
     return ids;
   }
+  if (kind == ApiKind::kResponses && body.contains("input")) {
+    const json& input = body["input"];
+    if (input.is_string()) {
+      append_word_token_ids(input.get_ref<const std::string&>(), &ids);
+    } else if (input.is_array()) {
+      for (const json& item : input) {
+        if (item.is_object() && item.contains("role") && item.contains("content")) {
+          append_content(item["content"], &ids);
+        }
+      }
+    }
+    return ids;
+  }
   if (!body.contains("messages") || !body["messages"].is_array()) return ids;
   for (const json& message : body["messages"]) {
     if (message.is_object() && message.contains("content")) {

@@ -18,6 +18,7 @@
 #include "node/sim_faults.h"
 #include "node/sim_generation.h"
 #include "node/sim_prompt_tokens.h"
+#include "node/sim_responses.h"
 #include "node/sim_request_log.h"
 #include "http/http_server.h"
 
@@ -73,6 +74,7 @@ struct Generation {
   uint64_t kv_lease = 0;
   bool kv_waiting = false;
   std::vector<uint32_t> prompt_ids;  // a decode leg's, stored in its prefix cache once imported
+  bool counted_running = false;  // in Impl::generations_running until erased
 };
 
 struct TimerBox {
@@ -97,6 +99,10 @@ struct SimServer::Impl {
   // Set (release) once the node identity (bound port, engine id) is final; workers check it
   // (acquire) before reading `options`, since they start serving before the port is known.
   std::atomic<bool> identity_ready{false};
+  // What GET /metrics reports (any worker writes them).
+  std::atomic<int64_t> generations_running{0};
+  std::atomic<uint64_t> generations_finished{0}, prompt_tokens_total{0}, generated_tokens_total{0};
+  std::string metrics_text() const;
 
   void handle(http::Request&& request, http::ResponseWriter writer);
   // `fault`: the fault shaping the answer (close_after_tokens, stop_after_first_token), or none.
@@ -159,6 +165,24 @@ void SimServer::Impl::answer_error(http::ResponseWriter& writer, uint64_t seq,
   answer(writer, seq, json_response(error.status, vllm_error_body(error)));
 }
 
+std::string SimServer::Impl::metrics_text() const {
+  const std::string labels = "{engine=\"0\",model_name=\"" + options.model + "\"}";
+  std::string out;
+  auto family = [&](const char* name, const char* type, const char* help, const std::string& value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    out += std::string(name) + labels + " " + value + "\n";
+  };
+  family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+         std::to_string(generations_running.load(std::memory_order_relaxed)));
+  family("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+         std::to_string(generations_finished.load(std::memory_order_relaxed)));
+  family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+         std::to_string(prompt_tokens_total.load(std::memory_order_relaxed)));
+  family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+         std::to_string(generated_tokens_total.load(std::memory_order_relaxed)));
+  return out;
+}
+
 std::string SimServer::Impl::models_json() const {
   json model{{"id", options.model},         {"object", "model"},
              {"created", started_unix},     {"owned_by", "vllm"},
@@ -185,6 +209,9 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
     const bool get = request.method == "GET";
     const bool post = request.method == "POST";
     if (request.path == "/health" && get) return answer(writer, seq, http::Response{200, {}, ""});
+    if (request.path == "/metrics" && get) {
+      return answer(writer, seq, http::Response{200, {{"Content-Type", "text/plain; version=0.0.4"}}, metrics_text()});
+    }
     if (request.path == "/v1/models" && get) {
       return answer(writer, seq, json_response(200, models_json()));
     }
@@ -197,6 +224,9 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
     }
     if (request.path == "/inference/v1/generate" && post) {
       return handle_generation(ApiKind::kGenerate, std::move(request), seq, std::move(writer), fault);
+    }
+    if (request.path == "/v1/responses" && post) {
+      return handle_generation(ApiKind::kResponses, std::move(request), seq, std::move(writer), fault);
     }
     if (post && handle_aux(request, seq, writer)) return;
     if (request.path == "/query" && get && serves_bootstrap()) {
@@ -426,10 +456,14 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
     g->writer.start_stream(200, {{"Content-Type", "text/event-stream; charset=utf-8"}});
     if (kind == ApiKind::kChat) {
       g->writer.write(sse_role_chunk(g->req, g->response_id, g->created));
+    } else if (kind == ApiKind::kResponses) {
+      g->writer.write(responses_open_events(g->req, g->response_id, g->created));
     }
   }
   const uint32_t worker = g->worker;
   g->writer.on_client_close([this, worker, seq] { abort(worker, seq); });
+  g->counted_running = true;
+  generations_running.fetch_add(1, std::memory_order_relaxed);
   Generation& ref = *g;
   in_flight[worker][seq] = std::move(g);
   // A decode leg produces nothing before its prompt's KV has arrived.
@@ -559,8 +593,12 @@ void SimServer::Impl::emit_due_tokens(Generation& g) {
     if (due > now) return arm_timer(g, due);
     if (g.close_after_tokens && g.next_token == *g.close_after_tokens) return cut(g);
     const bool last = g.next_token + 1 == g.tokens.size();
-    g.writer.write(sse_token_chunk(g.req, g.response_id, g.created, g.tokens[g.next_token],
-                                   last ? &finish_reason : nullptr));
+    if (g.req.kind == ApiKind::kResponses) {
+      g.writer.write(responses_delta_event(g.response_id, g.tokens[g.next_token], g.next_token));
+    } else {
+      g.writer.write(sse_token_chunk(g.req, g.response_id, g.created, g.tokens[g.next_token],
+                                     last ? &finish_reason : nullptr));
+    }
     ++g.next_token;
   }
   finish(g);
@@ -569,6 +607,9 @@ void SimServer::Impl::emit_due_tokens(Generation& g) {
 void SimServer::Impl::finish(Generation& g) {
   const uint32_t worker = g.worker;
   const uint64_t seq = g.seq;
+  generations_finished.fetch_add(1, std::memory_order_relaxed);
+  prompt_tokens_total.fetch_add(g.req.prompt_tokens, std::memory_order_relaxed);
+  generated_tokens_total.fetch_add(g.tokens.size(), std::memory_order_relaxed);
   json kv_params = nullptr;
   if (g.kv.leg == KvLeg::kPrefill && !g.stopped) {  // stopped by EOS: vLLM exports no KV
     // Seam: a finished prefill hands its blocks to the transfer layer.
@@ -588,7 +629,14 @@ void SimServer::Impl::finish(Generation& g) {
     kv_params = dialect->prefill_answer(options.node, g.kv, internal_id,
                                         synthetic_block_ids(internal_id, g.req.prompt_tokens));
   }
-  if (g.req.stream) {
+  if (g.req.stream && g.req.kind == ApiKind::kResponses) {
+    g.writer.write(responses_close_events(g.req, g.response_id, g.created, g.tokens, g.stopped, kv_params));
+    g.writer.end_stream();
+    log.set_status(seq, 200);
+  } else if (!g.req.stream && g.req.kind == ApiKind::kResponses) {
+    answer(g.writer, seq,
+           json_response(200, responses_full(g.req, g.response_id, g.created, g.tokens, g.stopped, kv_params)));
+  } else if (g.req.stream) {
     if (!kv_params.is_null()) g.writer.write(sse_kv_params_chunk(g.req, g.response_id, g.created, kv_params));
     if (g.req.include_usage) {
       g.writer.write(sse_usage_chunk(g.req, g.response_id, g.created,
@@ -618,6 +666,7 @@ void SimServer::Impl::erase(uint32_t worker, uint64_t seq) {
   if (it == table.end()) return;
   std::unique_ptr<Generation> g = std::move(it->second);
   table.erase(it);
+  if (g->counted_running) generations_running.fetch_sub(1, std::memory_order_relaxed);
   if (g->timer != nullptr) close_timer(std::exchange(g->timer, nullptr));
   if (g->kv_lease != 0) mover->end_decode(g->kv_lease);  // frees the decode's KV blocks
 }

@@ -1,6 +1,6 @@
 // SimServer: the simulated vLLM OpenAI server behind `pdnode sim` (shared/DESIGN.md, "Simulated
-// vLLM node"). It answers GET /health, GET /v1/models, POST /v1/completions and
-// POST /v1/chat/completions in vLLM's JSON and SSE formats, validates kv_transfer_params,
+// vLLM node"). It answers GET /health, GET /v1/models, POST /v1/completions,
+// POST /v1/chat/completions and POST /v1/responses (sim_responses.h) in vLLM's JSON and SSE formats, validates kv_transfer_params,
 // X-Request-Id and X-data-parallel-rank like the chosen connector (sim_kv.h, its dialect's file in
 // node/sim_dialects/), and paces output:
 // the first token after prefill_us_per_token x the prompt tokens its DP rank's prefix cache did not
@@ -14,7 +14,10 @@
 //
 // Also POST /tokenize, /detokenize, /v1/embeddings, /v1/chat/completions/render and
 // /v1/completions/render: deterministic fakes in vLLM's shapes (sim_aux_api.h), answered at once;
-// POST /reset_prefix_cache answers 200 with an empty body, as vLLM does.
+// POST /reset_prefix_cache answers 200 with an empty body, as vLLM does. GET /metrics answers a
+// small vLLM-like Prometheus page (vllm:num_requests_running gauge, vllm:request_success_total,
+// vllm:prompt_tokens_total and vllm:generation_tokens_total counters, labelled model_name and
+// engine="0"), enough for pdrouter's /engine_metrics.
 //
 // Test endpoints: GET /sim/requests returns the last 256 requests (method, path, headers with
 // lower-cased names, body as a string, arrival time in unix ms, status answered (0 while pending),

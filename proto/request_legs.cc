@@ -7,6 +7,7 @@
 #include "proto/dialects/dialect.h"
 #include "proto/dialects/leg_edits.h"
 #include "proto/generate_request.h"
+#include "proto/responses_legs.h"
 
 namespace pdr::proto {
 namespace {
@@ -66,9 +67,10 @@ void add_header(HeaderList& headers, std::string_view name, std::string_view val
 void add_common_headers(const ClientRequest& request, const LegOptions& options,
                         const std::string& request_id, LegRequest* leg) {
   // The paths build_legs serves, as static text (no copy per leg).
-  leg->path = request.path == "/v1/completions"       ? std::string_view("/v1/completions")
-              : request.path == kGeneratePath ? kGeneratePath
-                                                      : std::string_view("/v1/chat/completions");
+  leg->path = request.path == "/v1/completions" ? std::string_view("/v1/completions")
+              : request.path == kGeneratePath  ? kGeneratePath
+              : request.path == kResponsesPath ? kResponsesPath
+                                               : std::string_view("/v1/chat/completions");
   HeaderSpares* spares = header_spares();
   if (leg->headers.capacity() == 0 && spares != nullptr && !spares->lists.empty()) {
     leg->headers = std::move(spares->lists.back());
@@ -180,9 +182,10 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
                   const LegOptions& options, const RandomSource& random, LegBuild* out) {
   *out = LegBuild();
   const bool tokens_in = request.path == kGeneratePath;
-  if (request.path != "/v1/completions" && request.path != "/v1/chat/completions" && !tokens_in) {
-    return Status(StatusCode::kNotFound, "P/D routing serves /v1/completions, "
-                                         "/v1/chat/completions and /inference/v1/generate only, not " +
+  const bool responses = request.path == kResponsesPath;
+  if (request.path != "/v1/completions" && request.path != "/v1/chat/completions" && !tokens_in && !responses) {
+    return Status(StatusCode::kNotFound, "P/D routing serves /v1/completions, /v1/chat/completions, "
+                                         "/v1/responses and /inference/v1/generate only, not " +
                                              std::string(request.path.substr(0, 64)));
   }
   if (p.connector != d.connector) {
@@ -215,6 +218,8 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
     if (Status st = check_generate_request(*client, options.limits, &choices); !st) return st;
   } else if (Status st = check_token_fields(*client); !st) {
     return st;
+  } else if (responses) {
+    if (Status st = check_responses_fields(*client); !st) return st;
   }
   const Dialect* dialect = dialect_for(p.connector, p.transfer_mode);
   if (dialect == nullptr) {
@@ -244,6 +249,7 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
     if (Status st = finish_generate_leg(*client, options.limits, &out->prefill.body); !st) return st;
     if (Status st = finish_generate_leg(*client, options.limits, &out->decode.body); !st) return st;
   }
+  if (responses) respell_prefill_for_responses(*client, &out->prefill.body);
 
   add_common_headers(request, options, plan.request_id, &out->prefill);
   add_common_headers(request, options, plan.request_id, &out->decode);

@@ -10,6 +10,8 @@
 #include "router/kubernetes_metrics.h"
 #include "router/metrics_page.h"
 #include "router/status_page.h"
+#include "router/proxy/engine_metrics.h"
+#include "router/proxy/health_generate.h"
 
 namespace pdr::router {
 
@@ -115,6 +117,8 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   write_etcd_metrics(out, context_.replicator);
   write_upstream_tls_metrics(out);
   write_kubernetes_metrics(out, context_.pod_watcher);
+  proxy::write_engine_metrics_metrics(out);
+  proxy::write_health_generate_metrics(out);
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 

@@ -264,7 +264,7 @@ int run(Process& p) {
       tls.cert_pem = topology.registry.etcd_cert_pem;
       tls.key_pem = topology.registry.etcd_key_pem;
       if (Status tst = http::TlsClientContext::create(tls, &etcd_options.etcd.tls); !tst.is_ok()) {
-        spdlog::critical("registry: etcd TLS files unusable: {}", tst.message());
+        pdr::log::critical("registry: etcd TLS files unusable: {}", tst.message());
         p.discovery.stop();
         return 1;
       }
@@ -303,12 +303,12 @@ int run(Process& p) {
     }
     p.pod_watcher = std::make_unique<router::PodWatcher>(p.discovery);
     if (Status kst = p.pod_watcher->start(k8s_options); !kst.is_ok()) {
-      spdlog::critical("{}", kst.message());
+      pdr::log::critical("{}", kst.message());
       if (p.replicator) p.replicator->stop();
       p.discovery.stop();
       return 1;
     }
-    spdlog::info("kubernetes pod discovery: {} namespace {} selector '{}'", topology.kubernetes.api_server_url,
+    pdr::log::info("kubernetes pod discovery: {} namespace {} selector '{}'", topology.kubernetes.api_server_url,
                  topology.kubernetes.namespace_name, topology.kubernetes.label_selector);
   }
   http::ServerOptions server_opts = server_options(topology);

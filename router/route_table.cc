@@ -62,6 +62,14 @@ void profile(const Endpoints& e, http::Request&& request, http::ResponseWriter w
   e.proxy->profile(request, std::move(writer));
 }
 
+void engine_metrics(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.proxy->engine_metrics(request, std::move(writer));
+}
+
+void health_generate(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  e.proxy->health_generate(request, std::move(writer));
+}
+
 void list_instances(const Endpoints& e, http::Request&& request, http::ResponseWriter writer,
                     std::string_view) {
   e.control->admin().list_instances(request, std::move(writer), e.control->registry(request.worker));
@@ -140,13 +148,19 @@ constexpr std::array kRoutes = {
           "one node labelled serves=pooling, else 501", &pooling},
     Route{"POST", "/v1/audio/**", kClient, Guard::kNone, Refusals::kUncounted,
           "transcriptions, translations: one node labelled serves=audio, else 501", &audio},
+    Route{"POST", "/v1/responses", kClient, Guard::kNone, Refusals::kProxy,
+          "OpenAI Responses API, split into legs (prefill max_output_tokens 1)", &completions},
     Route{"GET", "/ready", kClient, Guard::kNone, Refusals::kUncounted,
           "200 only when a compatible P/D pair is up (readiness probe)", &ready},
     Route{"GET", "/health", kBoth, Guard::kNone, Refusals::kUncounted,
           "200 while the process is up (liveness probe)", &health},
+    Route{"GET", "/health_generate", kClient, Guard::kNone, Refusals::kUncounted,
+          "one 1-token completion through one real pair: 200, or 503 naming the failing leg", &health_generate},
     Route{"GET", "/status", kAdmin, Guard::kNone, Refusals::kUncounted,
           "the live registry as JSON (admin key with admin.protect_status)", &status},
     Route{"GET", "/metrics", kAdmin, Guard::kNone, Refusals::kUncounted, "Prometheus text", &metrics},
+    Route{"GET", "/engine_metrics", kAdmin, Guard::kNone, Refusals::kUncounted,
+          "every up node's Prometheus page merged, samples labelled pdrouter_node, pdrouter_role", &engine_metrics},
     Route{"GET", "/debug/cache", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
           "which nodes hold the longest prefix of ?tokens=1,2,3[&lora=NAME] (admin key)", &debug_cache},
     Route{"POST", "/start_profile", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,

@@ -1,6 +1,6 @@
 #include "router/k8s/pod_watcher.h"
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 #include <uv.h>
 
 #include <fstream>
@@ -121,7 +121,7 @@ class PodWatcher::Impl {
                         text.find_first_of("\r\n") == std::string::npos;
     if (!usable) {
       if (!token_warned_) {
-        spdlog::warn("kubernetes: no usable token in {} (sending requests without one)", k8s_.token_file);
+        pdr::log::warn("kubernetes: no usable token in {} (sending requests without one)", k8s_.token_file);
         token_warned_ = true;
       }
       token_.clear();
@@ -251,7 +251,7 @@ class PodWatcher::Impl {
       state->status = status;
       if (status == 200) {
         status_.watching.store(true, std::memory_order_relaxed);
-        if (!last_warned_.empty()) spdlog::info("kubernetes: watching pods again");
+        if (!last_warned_.empty()) pdr::log::info("kubernetes: watching pods again");
         last_warned_.clear();
       }
     };
@@ -367,7 +367,7 @@ class PodWatcher::Impl {
       status_.bad_pods.fetch_add(1, std::memory_order_relaxed);
       std::string& seen = pod_errors_[pod.name];
       if (seen != st.message()) {
-        spdlog::warn("kubernetes: pod {} is not a node: {}", pod.name, st.message());
+        pdr::log::warn("kubernetes: pod {} is not a node: {}", pod.name, st.message());
         seen = st.message();
       }
       return std::nullopt;
@@ -388,7 +388,7 @@ class PodWatcher::Impl {
           const auto outcome = registry.upsert_kubernetes(*c.reg, now);
           if (outcome.result == discovery::AdminResult::kConflict ||
               outcome.result == discovery::AdminResult::kRejectedFull) {
-            spdlog::warn("kubernetes: pod at {} not added: {}", c.key, outcome.message);
+            pdr::log::warn("kubernetes: pod at {} not added: {}", c.key, outcome.message);
           }
         } else {
           (void)registry.remove_kubernetes(c.key);
@@ -406,7 +406,7 @@ class PodWatcher::Impl {
 
   void relist(uint64_t gen, const std::string& why) {
     if (gen != generation_) return;
-    spdlog::info("kubernetes: {}; listing again", why);
+    pdr::log::info("kubernetes: {}; listing again", why);
     note_error(why);
     status_.watching.store(false, std::memory_order_relaxed);
     if (call_) call_->cancel();
@@ -430,7 +430,7 @@ class PodWatcher::Impl {
     note_error(why);
     // Once per distinct reason: an API server that stays down does not flood the log.
     if (why != last_warned_) {
-      spdlog::warn("kubernetes: {}; routing on the last view, retrying every {} ms", why, k8s_.retry.count());
+      pdr::log::warn("kubernetes: {}; routing on the last view, retrying every {} ms", why, k8s_.retry.count());
       last_warned_ = why;
     }
     if (call_) call_->cancel();
@@ -464,9 +464,9 @@ class PodWatcher::Impl {
     try {
       fn();
     } catch (const std::exception& e) {
-      spdlog::error("kubernetes: {} threw: {}", what, e.what());
+      pdr::log::error("kubernetes: {} threw: {}", what, e.what());
     } catch (...) {
-      spdlog::error("kubernetes: {} threw", what);
+      pdr::log::error("kubernetes: {} threw", what);
     }
   }
   static Impl* self(uv_handle_t* h) { return static_cast<Impl*>(h->data); }

@@ -1,6 +1,7 @@
 #include "router/proxy/proxy_service.h"
 
 #include "http/json_error.h"
+#include "router/proxy/engine_metrics.h"
 #include "router/proxy/node_endpoints.h"
 #include "router/proxy/proxy_session.h"
 
@@ -24,7 +25,7 @@ bool is_json_content_type(std::string_view value) {
 ProxyService::ProxyService(const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry,
                            const discovery::SnapshotCell<discovery::Topology>& topology, http::Server& server,
                            uint32_t workers)
-    : server_(server), workers_(workers) {
+    : server_(server), workers_(workers), health_probes_(workers) {
   shared_.registry = &registry;
   shared_.topology = &topology;
   shared_.counters.conversations = &shared_.conversations;
@@ -39,7 +40,18 @@ WorkerContext& ProxyService::worker(uint32_t index) {
 }
 
 void ProxyService::worker_stopped(uint32_t index) {
+  if (index < health_probes_.size()) health_probes_[index].reset();
   if (index < workers_.size()) workers_[index].reset();
+}
+
+void ProxyService::engine_metrics(const http::Request& request, http::ResponseWriter writer) {
+  serve_engine_metrics(worker(request.worker), request, std::move(writer));
+}
+
+void ProxyService::health_generate(const http::Request& request, http::ResponseWriter writer) {
+  auto& slot = health_probes_.at(request.worker);
+  if (!slot) slot = std::make_unique<HealthGenerate>();
+  slot->serve(worker(request.worker), request, std::move(writer), server_.port());
 }
 
 void ProxyService::models(const http::Request& request, http::ResponseWriter writer) {

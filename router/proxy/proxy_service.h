@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "http/http_server.h"
+#include "router/proxy/health_generate.h"
 #include "router/proxy/one_node_relay.h"
 #include "router/proxy/proxy_shared.h"
 
@@ -39,6 +40,10 @@ class ProxyService {
   void models(const http::Request& request, http::ResponseWriter writer);
   void ready(const http::Request& request, http::ResponseWriter writer);
   void profile(const http::Request& request, http::ResponseWriter writer);  // both profile paths
+  // GET /engine_metrics (engine_metrics.h) and GET /health_generate (health_generate.h; on the
+  // client listener only: the probe goes to this service's own port).
+  void engine_metrics(const http::Request& request, http::ResponseWriter writer);
+  void health_generate(const http::Request& request, http::ResponseWriter writer);
   // The one-node endpoints (render, tokenize, pooling, pass-through): one_node_relay.h.
   void one_node(http::Request& request, http::ResponseWriter writer, OneNodeClass node_class);
   // A path no route names: with routing.pass_through_unknown, relayed to one decode (takes the
@@ -68,6 +73,7 @@ class ProxyService {
   ProxyShared shared_;
   http::Server& server_;
   std::vector<std::unique_ptr<WorkerContext>> workers_;  // [i] touched only by worker i
+  std::vector<std::unique_ptr<HealthGenerate>> health_probes_;  // [i] touched only by worker i
 };
 
 }  // namespace pdr::router::proxy

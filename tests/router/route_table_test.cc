@@ -99,6 +99,9 @@ TEST(RouteTable, WrongMethodFindsThePathAndAllowListsItsMethods) {
       {"/v1/models", "GET"},
       {"/v1/completions", "POST"},
       {"/v1/chat/completions", "POST"},
+      {"/v1/responses", "POST"},
+      {"/health_generate", "GET"},
+      {"/engine_metrics", "GET"},
       {"/start_profile", "POST"},
       {"/stop_profile", "POST"},
       {"/admin/instances", "GET, POST"},
@@ -143,13 +146,13 @@ TEST(RouteTable, ListenerPlacement) {
                                             "/admin/instances", "/admin/instances/127.0.0.1:8000",
                                             "/admin/instances/127.0.0.1:8000/drain",
                                             "/admin/instances/127.0.0.1:8000/undrain", "/instances/add",
-                                            "/admin", "/admin/nothing", "/debug/cache"};
+                                            "/admin", "/admin/nothing", "/debug/cache", "/engine_metrics"};
   const std::set<std::string> client_only = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/ready",
                                              // one-node endpoints (router/proxy/one_node_relay.h)
                                              "/v1/chat/completions/render", "/v1/completions/render", "/tokenize",
                                              "/detokenize", "/v1/embeddings", "/pooling", "/classify", "/score",
                                              "/v1/score", "/rerank", "/v1/rerank", "/v1/audio/**",
-                                             "/v1/audio/transcriptions"};
+                                             "/v1/audio/transcriptions", "/v1/responses", "/health_generate"};
   for (const std::string& path : admin_only) {
     EXPECT_NE(table().lookup(Surface::kAll, "", path).resource, nullptr) << path;
     EXPECT_NE(table().lookup(Surface::kAdmin, "", path).resource, nullptr) << path;
