@@ -95,6 +95,13 @@ struct Topology {
       uint32_t balance_rel_percent = 150;
       uint32_t prefix_tree_max_bytes = 64u << 20;
       uint32_t prefix_tree_prompt_bytes = 16u << 10;
+      // Text prompts and chat messages: `node` asks one up node serving the model for the
+      // prompt's token ids (vLLM's POST /tokenize, router/proxy/cache_tokenize.h) and matches
+      // them exactly on the KV events' block index; `off` (default: it costs a hop) uses the
+      // prefix tree only. Any failure falls back to the prefix tree.
+      bool tokenize_by_node = false;
+      std::chrono::milliseconds tokenize_timeout{250};   // the whole /tokenize call
+      uint32_t tokenize_max_answer_bytes = 4u << 20;      // a larger /tokenize answer is dropped
       bool operator==(const CacheAware&) const = default;
     } cache_aware;
   } policies;

@@ -229,6 +229,19 @@ Status read_policies(const Source& src, const Field& f, Topology::Policies* out)
     c.u32("balance_rel_percent", 100, 100'000, &ca.balance_rel_percent);
     c.u32("prefix_tree_max_bytes", 1u << 16, 1u << 31, &ca.prefix_tree_max_bytes);
     c.u32("prefix_tree_prompt_bytes", 64, 1u << 20, &ca.prefix_tree_prompt_bytes);
+    c.with("tokenize", [&](const Field& t) {
+      std::string text;
+      Status s = read_string(src, t, kMaxStringBytes, &text);
+      if (!s) return s;
+      if (text != "off" && text != "node") {
+        return fail(src, t, StatusCode::kInvalidValue,
+                    fmt::format("unknown tokenize mode {} (expected off or node)", quoted_excerpt(text)));
+      }
+      ca.tokenize_by_node = text == "node";
+      return s;
+    });
+    c.ms("tokenize_timeout_ms", 1, 60'000, &ca.tokenize_timeout);
+    c.u32("tokenize_max_answer_bytes", 1024, 64u << 20, &ca.tokenize_max_answer_bytes);
     return c.finish();
   });
   return r.finish();

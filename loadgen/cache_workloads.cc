@@ -152,6 +152,7 @@ std::vector<BenchRequest> make_multi_turn_requests(const WorkloadOptions& worklo
       request.input_len = options.input_len;
       request.output_len = options.output_len;
       if (k > 0) request.previous_turn = i - n;
+      if (options.conversation_ids) request.conversation_id = "conv-" + std::to_string(c);
       std::string text;
       std::vector<uint32_t> ids;
       fill_prompt(rng, workload, options.input_len, &text, &ids);
@@ -168,6 +169,7 @@ BenchRequest compose_turn(const BenchRequest& previous, std::string_view answer,
   out.index = turn.index;
   out.previous_turn = turn.previous_turn;
   out.output_len = turn.output_len;
+  out.conversation_id = turn.conversation_id;
   const std::vector<std::string_view> answer_words = words_of(answer);
   out.input_len = previous.input_len + static_cast<uint32_t>(answer_words.size()) + turn.input_len;
   if (format == PromptFormat::kTokenIds) {

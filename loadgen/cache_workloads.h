@@ -35,6 +35,7 @@ struct MultiTurnOptions {
   uint32_t num_turns = 4;
   uint32_t input_len = 256;  // tokens of each new user message (the first turn's whole prompt)
   uint32_t output_len = 64;  // max_tokens of every turn
+  bool conversation_ids = false;  // each turn carries conversation_id "conv-<c>"
 };
 
 // Ranges and the total prompt size (every prompt as sent, answers counted at output_len); names

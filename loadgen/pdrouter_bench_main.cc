@@ -101,6 +101,9 @@ void add_flags(CLI::App& app, Flags& f) {
                  "multi_turn: tokens of each new user message (a turn's prompt: the previous prompt + its answer + this).")
       ->check(CLI::Range(1u, 10'000'000u))
       ->capture_default_str();
+  app.add_flag("--multi-turn-conversation-id", f.multi_turn.conversation_ids,
+               "multi_turn: send each turn with a top-level conversation_id (\"conv-N\"), for pdrouter's "
+               "multi-turn KV reuse (multi_turn.enabled).");
   app.add_option("--multi-turn-output-len", f.multi_turn.output_len,
                  "multi_turn: max_tokens of each turn.")
       ->check(CLI::Range(1u, 10'000'000u))

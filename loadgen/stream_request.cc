@@ -44,6 +44,7 @@ http::UpstreamRequest build_request(const EndpointOptions& endpoint, const Bench
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
   if (endpoint.ignore_eos) body["ignore_eos"] = true;
+  if (!request.conversation_id.empty()) body["conversation_id"] = request.conversation_id;
   std::string text = body.dump();
   if (!endpoint.chat) {
     static constexpr std::string_view kPlaceholder = "\"prompt\":null";

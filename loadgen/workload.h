@@ -45,6 +45,9 @@ struct BenchRequest {
   std::optional<uint32_t> previous_turn;
   // Chat: the messages array as sent (JSON), when it is more than one user message.
   std::string messages_json;
+  // Sent as the body's top-level "conversation_id" when not empty (multi_turn with
+  // --multi-turn-conversation-id: pdrouter's multi-turn KV reuse keys on it).
+  std::string conversation_id;
 };
 
 // All prompts of a run are generated before it starts: at most this many tokens in total.

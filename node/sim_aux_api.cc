@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "node/sim_generation.h"
+#include "node/sim_prompt_tokens.h"
 
 namespace pdr::node::sim {
 namespace {
@@ -31,13 +32,6 @@ std::optional<SimError> check_model(const json& body, const AuxContext& ctx, std
     return SimError{404, "model_not_found", "The model `" + body["model"].get<std::string>() + "` does not exist."};
   }
   return std::nullopt;
-}
-
-int64_t word_id(std::string_view word) {
-  for (size_t i = 0; i < kSimVocabularySize; ++i) {
-    if (sim_vocabulary_word(i) == word) return static_cast<int64_t>(i);
-  }
-  return static_cast<int64_t>(kSimVocabularySize + sim_fnv1a(word) % 100000);
 }
 
 std::string id_text(int64_t id) {
@@ -139,7 +133,7 @@ std::vector<int64_t> sim_token_ids(std::string_view text) {
     while (i < text.size() && space(text[i])) ++i;
     const size_t start = i;
     while (i < text.size() && !space(text[i])) ++i;
-    if (i > start) ids.push_back(word_id(text.substr(start, i - start)));
+    if (i > start) ids.push_back(word_token_id(text.substr(start, i - start)));
   }
   return ids;
 }
@@ -147,24 +141,24 @@ std::vector<int64_t> sim_token_ids(std::string_view text) {
 std::optional<SimError> sim_tokenize(const json& body, const AuxContext& ctx, std::string* out) {
   std::string model;
   if (auto e = check_model(body, ctx, &model)) return e;
-  std::string text;
+  // The ids the prefix cache hashes (sim_prompt_tokens.h): a chat's are its messages' words.
+  std::vector<uint32_t> ids;
   if (body.contains("prompt")) {
     if (!body["prompt"].is_string()) return bad_request("bad_prompt", "prompt must be a string");
-    text = body["prompt"].get<std::string>();
+    ids = prompt_token_ids(ApiKind::kCompletion, body);
   } else if (body.contains("messages")) {
     GenerationRequest req;
     if (auto e = parse_generation_request(ApiKind::kChat, json{{"messages", body["messages"]}}, ctx.served_model, &req)) {
       return e;
     }
-    text = req.prompt_text;
+    ids = prompt_token_ids(ApiKind::kChat, body);
   } else {
     return bad_request("bad_prompt", "prompt or messages is required");
   }
-  const std::vector<int64_t> ids = sim_token_ids(text);
   json answer{{"count", ids.size()}, {"max_model_len", ctx.max_model_len}, {"tokens", ids}, {"token_strs", nullptr}};
   if (body.value("return_token_strs", false) == true) {
     json strs = json::array();
-    for (int64_t id : ids) strs.push_back(id_text(id));
+    for (uint32_t id : ids) strs.push_back(id_text(id));
     answer["token_strs"] = std::move(strs);
   }
   *out = answer.dump();

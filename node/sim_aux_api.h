@@ -2,11 +2,13 @@
 // POST /v1/embeddings, POST /v1/chat/completions/render and POST /v1/completions/render. Pure
 // functions from a parsed body to vLLM's answer body (no I/O, no clocks: `created` comes in).
 //
-// Token model (the same words as sim_generation.h counts): a text's tokens are its
-// whitespace-separated words; a word of the sim's fixed vocabulary (sim_vocabulary()) has its
-// index there as id, any other word 32 + (FNV-1a of the word mod 100000). /detokenize maps ids
-// below 32 back to their word and any other id to "<id>", joined by spaces, so a text made of
-// vocabulary words survives a /tokenize -> /detokenize round trip.
+// Token model (the same words as sim_generation.h counts, the same ids as the prefix cache
+// hashes, sim_prompt_tokens.h): a text's tokens are its whitespace-separated words; a word of the
+// sim's fixed vocabulary (sim_vocabulary()) has its index there as id, any other word an id in
+// [1000, 32000) (word_token_id). /tokenize of chat messages answers the ids of the messages' text
+// (what the prefix cache hashes for a chat request). /detokenize maps ids below 32 back to their
+// word and any other id to "<id>", joined by spaces, so a text made of vocabulary words survives
+// a /tokenize -> /detokenize round trip.
 //
 // Answer shapes (vLLM's serving_tokenization and render endpoints; API_FACTS.md section 3):
 //   /tokenize      {"count","max_model_len","tokens",["token_strs" when return_token_strs]}

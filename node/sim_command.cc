@@ -349,10 +349,13 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
                   "Event encoding: map (vLLM >= 0.26, tagged by \"type\") or array (older vLLM).")
       ->capture_default_str()->type_name("map|array");
   cmd->add_flag("--bidirectional-kv-xfer", f->bidirectional_kv_xfer,
-                "NIXL decode: end each answer with kv_transfer_params for the conversation's next "
-                "turn (vLLM's kv_connector_extra_config.bidirectional_kv_xfer: the JSON answer's "
-                "field, or a last stream chunk before [DONE]). The block ids are synthetic: no "
-                "prefill pulls them from a sim.");
+                "NIXL (vLLM's kv_connector_extra_config.bidirectional_kv_xfer, on both roles): a "
+                "decode ends each answer with kv_transfer_params for the conversation's next turn "
+                "(the JSON answer's field, or a last stream chunk before [DONE]) naming blocks of "
+                "its KV pool that it keeps; a prefill given such params (do_remote_decode with "
+                "remote_block_ids) pulls those blocks over the KV side channel before computing, "
+                "and computes only the tokens neither they nor its prefix cache hold "
+                "(/sim/requests: kv_reused_tokens).");
   add_log_level_option(cmd, &f->log_level);
   cmd->footer(
       "Fault injection (tests only): POST /sim/faults with a JSON object queues a fault for the\n"

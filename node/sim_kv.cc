@@ -10,7 +10,7 @@ namespace {
 using nlohmann::json;
 using proto::Role;
 
-constexpr uint32_t kTokensPerBlock = 16;
+constexpr uint32_t kTokensPerBlock = kKvBlockTokens;
 
 SimError bad(std::string reason, std::string message) {
   return SimError{400, std::move(reason), std::move(message)};

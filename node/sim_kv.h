@@ -83,7 +83,8 @@ inline const std::string& kv_transfer_key(const KvBlocks& blocks) {
   return blocks.transfer_id.empty() ? blocks.request_id : blocks.transfer_id;
 }
 
-// Number of KV blocks a prompt occupies (16 tokens per block).
+// Tokens per synthetic KV block, and the number of blocks a prompt occupies.
+inline constexpr uint32_t kKvBlockTokens = 16;
 uint32_t kv_block_count(uint32_t prompt_tokens);
 
 // Threads: export_prefill_blocks() and import_decode_blocks() are called on the worker thread

@@ -219,8 +219,10 @@ Status EngineKvMover::Impl::start_side_channel() {
   }
   KvChannelHandlers handlers;
   handlers.on_request = [this](std::string_view bytes) { return on_request(bytes); };
-  // A decode's notifications are consumed by its WRITE waits (import_write), not here.
-  if (o.node.role == proto::Role::kPrefill) {
+  // A decode's notifications are consumed by its WRITE waits (import_write), not here; a READ
+  // (pull) decode gets one only when a prefill pulled the blocks it kept for a conversation's
+  // next turn (bidirectional NIXL), which frees them as a prefill's are.
+  if (o.node.role == proto::Role::kPrefill || !push) {
     handlers.watch_fd = engine->notification_fd();
     handlers.on_watch_fd = [this] { on_notifications(); };
   }

@@ -24,6 +24,10 @@
 //   blocks there with notify = key as soon as both its leg has finished and the request is there
 //   (either may come first), then frees its blocks; the decode waits for the notification (until
 //   `transfer_timeout`) and verifies.
+// Bidirectional NIXL (--bidirectional-kv-xfer): a decode exports the blocks it keeps for a
+//   conversation's next turn with export_prefill_blocks(), and that turn's prefill pulls them with
+//   import_decode_blocks(), both as above with the roles swapped (the puller's READ notification
+//   frees the decode's blocks).
 // The decode frees its blocks at end_decode(). Blocks that a late WRITE may still land in (the
 // decode gave up waiting) are quarantined for `hold` instead of being reused at once.
 //

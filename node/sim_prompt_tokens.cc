@@ -35,6 +35,9 @@ void append_content(const json& content, std::vector<uint32_t>* out) {
 }  // namespace
 
 uint32_t word_token_id(std::string_view word) {
+  for (size_t i = 0; i < kSimVocabularySize; ++i) {
+    if (sim_vocabulary_word(i) == word) return static_cast<uint32_t>(i);
+  }
   uint64_t hash = 1469598103934665603ULL;
   for (unsigned char c : word) {
     hash ^= c;

@@ -66,6 +66,12 @@ void SimRequestLog::set_prefix_cache(uint64_t seq, uint32_t cached_tokens,
   if (Entry* e = find(seq)) e->cached_tokens = cached_tokens;
 }
 
+void SimRequestLog::set_kv_reused(uint64_t seq, uint32_t tokens) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  kv_reused_tokens_ += tokens;
+  if (Entry* e = find(seq)) e->kv_reused_tokens = tokens;
+}
+
 void SimRequestLog::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   // Sequence numbers keep counting so updates for requests still in flight find nothing.
@@ -95,7 +101,9 @@ std::string SimRequestLog::to_json() const {
                         {"fault", e.fault.empty() ? json(nullptr)
                                                   : json::parse(e.fault, nullptr, false)},
                         {"cached_tokens",
-                         e.cached_tokens < 0 ? json(nullptr) : json(e.cached_tokens)}});
+                         e.cached_tokens < 0 ? json(nullptr) : json(e.cached_tokens)},
+                        {"kv_reused_tokens",
+                         e.kv_reused_tokens < 0 ? json(nullptr) : json(e.kv_reused_tokens)}});
   }
   json out{{"requests", list},
            {"counters",
@@ -106,6 +114,7 @@ std::string SimRequestLog::to_json() const {
              {"prefix_cache_queried_tokens", prefix_queried_tokens_},
              {"prefix_cache_hit_tokens", prefix_hit_tokens_},
              {"prefix_cache_hits", prefix_hits_},
+             {"kv_reused_tokens", kv_reused_tokens_},
              {"errors_by_reason", errors_by_reason_}}}};
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }

@@ -30,6 +30,10 @@ class SimRequestLog {
   // "cached_tokens" (null until set) and the counters prefix_cache_queries, _queried_tokens,
   // _hit_tokens and _hits (requests with cached tokens).
   void set_prefix_cache(uint64_t seq, uint32_t cached_tokens, uint32_t queried_tokens);
+  // A prefill leg that pulled a conversation's KV from the decode that served its last turn
+  // (--bidirectional-kv-xfer on both): its entry's "kv_reused_tokens" (the tokens of the blocks
+  // pulled; null when none) and the counter kv_reused_tokens.
+  void set_kv_reused(uint64_t seq, uint32_t tokens);
   void reset();
   // {"requests":[...], "counters":{"requests":N,"aborts":N,"faults_applied":N,
   //  "prefix_cache_queries":N,"prefix_cache_queried_tokens":N,"prefix_cache_hit_tokens":N,
@@ -50,6 +54,7 @@ class SimRequestLog {
     bool aborted = false;
     std::string fault;  // FaultSpec::to_json(); empty: none
     int64_t cached_tokens = -1;  // -1: not looked up
+    int64_t kv_reused_tokens = -1;  // -1: nothing pulled from a decode
   };
   Entry* find(uint64_t seq);
 
@@ -63,6 +68,7 @@ class SimRequestLog {
   uint64_t prefix_queried_tokens_ = 0;
   uint64_t prefix_hit_tokens_ = 0;
   uint64_t prefix_hits_ = 0;
+  uint64_t kv_reused_tokens_ = 0;
   std::map<std::string, uint64_t> errors_by_reason_;
 };
 

@@ -15,6 +15,7 @@
 
 #include "node/sim_aux_api.h"
 #include "node/sim_dialect.h"
+#include "node/sim_dialects/common.h"
 #include "node/sim_faults.h"
 #include "node/sim_generation.h"
 #include "node/sim_prompt_tokens.h"
@@ -75,6 +76,10 @@ struct Generation {
   bool kv_waiting = false;
   std::vector<uint32_t> prompt_ids;  // a decode leg's, stored in its prefix cache once imported
   bool counted_running = false;  // in Impl::generations_running until erased
+  // A prefill leg reusing the last turn's decode KV (reuse_blocks_of): the prompt tokens its own
+  // prefix cache held; the prefill then computes only what neither holds.
+  bool reusing = false;
+  uint32_t cached_tokens = 0;
 };
 
 struct TimerBox {
@@ -140,6 +145,12 @@ struct SimServer::Impl {
   void erase(uint32_t worker, uint64_t seq);
   Generation* find(uint32_t worker, uint64_t seq);
   KvBlocks blocks_of(const Generation& g) const;
+  // Bidirectional NIXL (--bidirectional-kv-xfer): the blocks of the last turn a prefill leg pulls
+  // from that turn's decode, when its kv_transfer_params name them (do_remote_decode with
+  // remote_block_ids, as the router rewrites a decode's final params); nullopt otherwise.
+  std::optional<KvBlocks> reuse_blocks_of(const Generation& g) const;
+  void start_kv_reuse(Generation& g, KvBlocks blocks);
+  void on_kv_reused(uint32_t worker, uint64_t seq, uint32_t tokens, std::optional<SimError> error);
 };
 
 namespace {
@@ -444,6 +455,7 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
     const PrefixCacheUpdate cached =
         options.cache->on_prompt(g->kv.dp_rank, prompt_token_ids(kind, body));
     log.set_prefix_cache(seq, cached.cached_tokens, cached.queried_tokens);
+    g->cached_tokens = cached.cached_tokens;
     uncached = g->req.prompt_tokens - std::min(g->req.prompt_tokens, cached.cached_tokens);
   }
   const auto prefill =
@@ -468,7 +480,72 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
   in_flight[worker][seq] = std::move(g);
   // A decode leg produces nothing before its prompt's KV has arrived.
   if (ref.kv.leg == KvLeg::kDecode) return start_kv_import(ref);
+  // Nor does a prefill reusing the last turn's decode KV before it pulled those blocks.
+  if (auto reuse = reuse_blocks_of(ref)) return start_kv_reuse(ref, std::move(*reuse));
   arm_first_timer(ref);
+}
+
+std::optional<KvBlocks> SimServer::Impl::reuse_blocks_of(const Generation& g) const {
+  if (!options.bidirectional_kv_xfer || options.node.connector != proto::Connector::kNixl ||
+      g.kv.leg != KvLeg::kPrefill) {
+    return std::nullopt;
+  }
+  const json& p = g.kv.params;
+  if (!p.is_object() || !p.contains("remote_block_ids") || !p["remote_block_ids"].is_array() ||
+      p["remote_block_ids"].empty() || !p.contains("remote_request_id") || !p["remote_request_id"].is_string() ||
+      !p.contains("remote_host") || !p.contains("remote_port")) {
+    return std::nullopt;
+  }
+  KvBlocks blocks;
+  // The decode exported them under its internal request id, with content seeded by that id alone
+  // (finish(): it does not know the next turn's prompt).
+  blocks.request_id = p["remote_request_id"].get<std::string>();
+  blocks.peer_address = dialect::scalar_text(p["remote_host"]) + ":" + dialect::scalar_text(p["remote_port"]);
+  blocks.dp_rank = g.kv.dp_rank;
+  blocks.params = p;
+  for (const json& id : p["remote_block_ids"]) {
+    if (!id.is_number_integer()) return std::nullopt;
+    blocks.block_ids.push_back(id.get<int64_t>());
+  }
+  if (blocks.block_ids.size() > kv_block_count(g.req.prompt_tokens) + kv_block_count(options.max_model_len)) {
+    return std::nullopt;  // more blocks than any sequence this node accepts: not ours to pull
+  }
+  blocks.prompt_tokens = static_cast<uint32_t>(blocks.block_ids.size()) * kKvBlockTokens;
+  return blocks;
+}
+
+void SimServer::Impl::start_kv_reuse(Generation& g, KvBlocks blocks) {
+  const uint32_t worker = g.worker;
+  const uint64_t seq = g.seq;
+  const uint32_t tokens = blocks.prompt_tokens;
+  g.kv_waiting = true;
+  g.reusing = true;
+  // The same path a decode takes to pull a prefill's blocks; `done` may run on any thread.
+  g.kv_lease = mover->import_decode_blocks(
+      blocks, [this, worker, seq, tokens](std::optional<SimError> error) {
+        server.post(worker, [this, worker, seq, tokens, error = std::move(error)]() mutable {
+          on_kv_reused(worker, seq, tokens, std::move(error));
+        });
+      });
+}
+
+void SimServer::Impl::on_kv_reused(uint32_t worker, uint64_t seq, uint32_t tokens,
+                                   std::optional<SimError> error) {
+  Generation* g = find(worker, seq);
+  if (g == nullptr || !g->kv_waiting) return;  // the leg ended (client gone) meanwhile
+  g->kv_waiting = false;
+  uint32_t held = g->cached_tokens;
+  if (error) {
+    // vLLM's prefill recomputes what it could not pull; the request does not fail.
+    log.count_error(error->reason);
+    pdr::log::warn("sim: request {}: reusing the decode's KV failed, recomputing: {}", g->request_id, error->message);
+  } else {
+    log.set_kv_reused(seq, tokens);
+    held = std::max(held, tokens);
+  }
+  const uint32_t uncached = g->req.prompt_tokens - std::min(g->req.prompt_tokens, held);
+  g->first_token_at = Clock::now() + std::chrono::microseconds(uint64_t{options.prefill_us_per_token} * uncached);
+  arm_first_timer(*g);
 }
 
 void SimServer::Impl::arm_first_timer(Generation& g) {
@@ -624,10 +701,24 @@ void SimServer::Impl::finish(Generation& g) {
     }
   } else if (options.bidirectional_kv_xfer && options.node.connector == proto::Connector::kNixl &&
              options.node.role == proto::Role::kDecode) {
-    // The blocks this decode keeps for the next turn: the same NIXL fields a prefill answers.
+    // The blocks this decode keeps for the next turn: the same NIXL fields a prefill answers,
+    // naming blocks of its KV pool that hold the prompt's and the answer's KV (the next turn's
+    // prompt starts with both) under its internal request id (a
+    // mover holds them until pulled or `hold` passes), so the next turn's prefill really pulls
+    // them. Their content is seeded by that id alone: the puller does not know this prompt.
     const std::string internal_id = internal_request_id(g.req.kind, g.request_id);
-    kv_params = dialect->prefill_answer(options.node, g.kv, internal_id,
-                                        synthetic_block_ids(internal_id, g.req.prompt_tokens));
+    KvBlocks held;
+    held.request_id = internal_id;
+    held.prompt_tokens = g.req.prompt_tokens + static_cast<uint32_t>(g.tokens.size());  // and its answer's
+    held.dp_rank = g.kv.dp_rank;
+    std::vector<int64_t> block_ids;
+    if (auto e = mover->export_prefill_blocks(held, &block_ids)) {
+      log.count_error(e->reason);
+      pdr::log::warn("sim: keeping KV of {} for the next turn failed: {}", g.request_id, e->message);
+    } else {
+      if (block_ids.empty()) block_ids = synthetic_block_ids(internal_id, held.prompt_tokens);
+      kv_params = dialect->prefill_answer(options.node, g.kv, internal_id, block_ids);
+    }
   }
   if (g.req.stream && g.req.kind == ApiKind::kResponses) {
     g.writer.write(responses_close_events(g.req, g.response_id, g.created, g.tokens, g.stopped, kv_params));

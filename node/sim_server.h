@@ -91,8 +91,10 @@ struct SimOptions {
   // The prefix caches (and KV events publisher). Null: the server makes one per DP rank with
   // SimCacheOptions' defaults and no publisher.
   std::shared_ptr<SimCacheModel> cache;
-  // NIXL decode: end each answer with kv_transfer_params naming the blocks it keeps for the
-  // conversation's next turn (vLLM's bidirectional_kv_xfer; the last stream chunk carries them).
+  // NIXL (vLLM's bidirectional_kv_xfer): a decode ends each answer with kv_transfer_params naming
+  // the blocks of its KV pool it keeps for the conversation's next turn (the last stream chunk
+  // carries them); a prefill given them (do_remote_decode + remote_block_ids) pulls those blocks
+  // through the KvMover before computing, and computes only the tokens they do not cover.
   bool bidirectional_kv_xfer = false;
   uint32_t render_feature_bytes = 4096;    // fake feature bytes per image in a render answer
 };

@@ -7,6 +7,10 @@ Workloads (pdrouter-bench --dataset-name, deterministic by --seed):
   shared_prefix       prefix_repetition: a few long shared prefixes + random suffixes, text
   shared_prefix_ids   the same with token-id prompts (/v1/completions with an integer array)
   multi_turn          chat conversations whose turns extend the previous prompt and answer
+  multi_turn_reuse    the same conversations with a conversation_id, under cache_aware, with
+                      pdrouter's multi-turn KV reuse (multi_turn.enabled) off and on: the sims run
+                      --bidirectional-kv-xfer, so with reuse on each turn's prefill pulls the
+                      blocks (prompt and answer) the last turn's decode kept
 
 For each (workload, policy) a fresh pdrouter and fresh sims (cold caches) are started, the workload
 is run, and the table reports mean and P99 TTFT, throughput, failures and three prefix-hit rates:
@@ -50,6 +54,9 @@ from machine import machine  # noqa: E402
 
 POLICIES = ["round_robin", "least_outstanding", "cache_aware"]
 BASELINE = "round_robin"
+# The multi-turn reuse comparison: its own rows, cache_aware with multi_turn.enabled off / on.
+REUSE_WORKLOAD = "multi_turn_reuse"
+REUSE_VARIANTS = [("reuse off", False), ("reuse on", True)]
 NODES_PER_ROLE = 4
 START_TIMEOUT_S = 20.0 * float(os.environ.get("PDR_TIME_SCALE", "1"))
 
@@ -82,6 +89,8 @@ def workloads(smoke):
         "shared_prefix_ids": (prefix + ["--prompt-format", "token-ids"],
                               "prefix_repetition, token-id prompts, /v1/completions"),
         "multi_turn": (multi, "multi_turn, chat messages, /v1/chat/completions"),
+        REUSE_WORKLOAD: (multi + ["--multi-turn-conversation-id"],
+                         "multi_turn with conversation_id, cache_aware, multi-turn KV reuse off vs on"),
     }
 
 
@@ -154,12 +163,16 @@ def sim_help(pdnode):
 class Deployment:
     """One pdrouter with the policy on both roles and 4 prefill + 4 decode NIXL sims registered."""
 
-    def __init__(self, procs, args, policy, kv_events):
+    def __init__(self, procs, args, policy, kv_events, reuse=None):
+        """reuse: None (no multi-turn setting), False / True: multi_turn.enabled, with sims that
+        play bidirectional NIXL (--bidirectional-kv-xfer) either way."""
         self.procs, self.args = procs, args
         topo = os.path.join(procs.work, "topology-%s.yaml" % policy)
         with open(topo, "w") as f:
             f.write("policies:\n  prefill: %s\n  decode: %s\n" % (policy, policy))
             f.write("kv_events:\n  enabled: %s\n" % ("true" if kv_events else "false"))
+            if reuse is not None:
+                f.write("multi_turn:\n  enabled: %s\n" % ("true" if reuse else "false"))
         line = procs.start("pdrouter-" + policy, [args.pdrouter, "-c", topo, "--http", "127.0.0.1:0",
                                                   "--discovery", "tcp://127.0.0.1:0",
                                                   "--log-level", "warn"])
@@ -173,6 +186,8 @@ class Deployment:
             flags += ["--kv-port", "0"]
         if args.sim_has_prefix_cache:
             flags += ["--prefix-cache-blocks", str(args.prefix_cache_blocks)]
+        if reuse is not None:
+            flags += ["--bidirectional-kv-xfer"]
         self.prefills = []
         for role in ("prefill", "decode"):
             for i in range(NODES_PER_ROLE):
@@ -223,19 +238,42 @@ class Deployment:
                 return None
         return hit / queried if queried > 0 else None
 
+    def reuse_rates(self):
+        """(share of turns that reused the last turn's decode KV, per pdrouter's
+        pdrouter_multi_turn_turns_total; share of the prefill sims' prompt tokens pulled from a
+        decode instead of computed, per their kv_reused_tokens / prefix_cache_queried_tokens)."""
+        text = get("http://%s/metrics" % self.http)
+        turns = {}
+        for line in text.splitlines():
+            m = re.match(r'pdrouter_multi_turn_turns_total\{result="(\w+)"\}\s+(\S+)', line)
+            if m:
+                turns[m.group(1)] = float(m.group(2))
+        total = sum(turns.values())
+        reused = turns.get("reused", 0.0) / total if total > 0 else None
+        pulled = queried = 0
+        for node in self.prefills:
+            counters = (get_json("http://%s/sim/requests" % node) or {}).get("counters", {})
+            pulled += counters.get("kv_reused_tokens", 0)
+            queried += counters.get("prefix_cache_queried_tokens", 0)
+        return reused, (min(pulled, queried) / queried if queried > 0 else None)
 
-def run_one(args, procs, workload, flags, policy, kv_events):
-    dep = Deployment(procs, args, policy, kv_events)
+
+def run_one(args, procs, workload, flags, policy, kv_events, reuse=None):
+    dep = Deployment(procs, args, policy, kv_events, reuse)
     out = os.path.join(procs.work, "%s-%s.json" % (workload, policy))
     cmd = [args.bench, "--base-url", "http://" + dep.http, "--seed", str(args.seed),
            "--request-rate", str(args.request_rate), "--no-test-request", "--no-progress",
            "--json", out, "--timeout", "120"] + flags
-    print("=== %s, policy %s: %s" % (workload, policy, " ".join(cmd[1:])), flush=True)
+    print("=== %s, policy %s%s: %s" % (workload, policy, "" if reuse is None else
+                                        ", multi-turn reuse %s" % ("on" if reuse else "off"),
+                                        " ".join(cmd[1:])), flush=True)
     rc = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode
     result = json.load(open(out)) if os.path.exists(out) else {}
     result["bench_rc"] = rc
     result["router_hit_rate"] = dep.router_hit_rate()
     result["sim_hit_rate"] = dep.sim_hit_rate()
+    if reuse is not None:
+        result["turns_reused"], result["kv_reused"] = dep.reuse_rates()
     procs.stop_all()
     return result
 
@@ -288,6 +326,8 @@ def render(args, results, kv_events, started):
       "| req/s | output tok/s | router hit %% | sims hit %% | oracle hit %% |" % BASELINE)
     w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.workloads:
+        if name == REUSE_WORKLOAD:
+            continue
         base = results.get((name, BASELINE), {}).get("mean_ttft_ms")
         for policy in args.policies:
             r = results.get((name, policy))
@@ -303,6 +343,31 @@ def render(args, results, kv_events, started):
                 r.get("output_throughput", 0), pct(r.get("router_hit_rate")),
                 pct(r.get("sim_hit_rate")), pct(r.get("oracle_prefix_hit_rate"))))
     w("")
+    if REUSE_WORKLOAD in args.workloads:
+        w("**Multi-turn KV reuse** (`%s`: the `multi_turn` conversations sent with a "
+          "`conversation_id`, policy cache_aware, sims with `--bidirectional-kv-xfer`; "
+          "`multi_turn.enabled` off, then on). *turns reused* = pdrouter's "
+          "`pdrouter_multi_turn_turns_total{result=\"reused\"}` / all turns; *sims KV pulled* = "
+          "the prefill sims' prompt tokens pulled from the last turn's decode (`kv_reused_tokens`) "
+          "/ prompt tokens; *sims hit* = their own prefix caches, as above. A prefill computes only "
+          "what neither it nor the pulled blocks hold." % REUSE_WORKLOAD)
+        w("")
+        w("| workload | multi-turn reuse | ok | failed | mean TTFT (ms) | P99 TTFT (ms) | off mean TTFT / this "
+          "| turns reused % | sims KV pulled % | sims hit % | oracle hit % |")
+        w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        off = results.get((REUSE_WORKLOAD, REUSE_VARIANTS[0][0]), {}).get("mean_ttft_ms")
+        for label, _ in REUSE_VARIANTS:
+            r = results.get((REUSE_WORKLOAD, label))
+            if r is None:
+                continue
+            ttft = r.get("mean_ttft_ms")
+            ratio = "baseline" if label == REUSE_VARIANTS[0][0] else (
+                "%.2fx" % (off / ttft) if off and ttft else "n/a")
+            w("| %s | %s | %s | %s | %.2f | %.2f | %s | %s | %s | %s | %s |" % (
+                REUSE_WORKLOAD, label.split()[1], r.get("completed", 0), r.get("failed", "?"), ttft or 0,
+                r.get("p99_ttft_ms", 0), ratio, pct(r.get("turns_reused")), pct(r.get("kv_reused")),
+                pct(r.get("sim_hit_rate")), pct(r.get("oracle_prefix_hit_rate"))))
+        w("")
     if all(r.get("sim_hit_rate") is None for r in results.values()):
         w("**Read this first**: the sims in this build have no prefix cache (GET /sim/prefix_cache "
           "and prefix-cache counters in /sim/requests are absent): their prefill time does not "
@@ -340,7 +405,7 @@ def main():
     parser.add_argument("--prefill-us-per-token", dest="prefill_us", type=int, default=50)
     parser.add_argument("--decode-us-per-token", dest="decode_us", type=int, default=2000)
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--workloads", default="shared_prefix,shared_prefix_ids,multi_turn")
+    parser.add_argument("--workloads", default="shared_prefix,shared_prefix_ids,multi_turn," + REUSE_WORKLOAD)
     parser.add_argument("--kv-backends", default="none",
                         help="the sims' --kv-backends (default none: no KV bytes move, which on a "
                         "small machine would cost CPU that is not the subject here)")
@@ -385,12 +450,17 @@ def main():
     try:
         for name in args.workloads:
             flags = workloads(args.smoke)[name][0]
-            for policy in args.policies:
-                r = run_one(args, procs, name, flags, policy, kv_events)
-                results[(name, policy)] = r
+            runs = ([(label, "cache_aware", reuse) for label, reuse in REUSE_VARIANTS]
+                    if name == REUSE_WORKLOAD else [(policy, policy, None) for policy in args.policies])
+            for key, policy, reuse in runs:
+                r = run_one(args, procs, name, flags, policy, kv_events, reuse)
+                results[(name, key)] = r
                 if r["bench_rc"] != 0 or r.get("failed", 1) != 0 or not r.get("completed"):
                     print("cache_bench.py: %s under %s: pdrouter-bench exit %d, %s failed"
                           % (name, policy, r["bench_rc"], r.get("failed", "?")), file=sys.stderr)
+                    status = 1
+                if args.smoke and reuse and not r.get("turns_reused"):
+                    print("cache_bench.py: %s: no turn reused the decode's KV" % name, file=sys.stderr)
                     status = 1
                 if args.smoke and policy == "cache_aware" and r.get("router_hit_rate") is None:
                     print("cache_bench.py: %s under cache_aware: no cache lookups in /metrics" % name,

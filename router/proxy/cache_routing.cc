@@ -19,24 +19,32 @@ bool cache_aware(const discovery::Topology& t) {
   return t.policies.prefill == PolicyName::kCacheAware || t.policies.decode == PolicyName::kCacheAware;
 }
 
+// Exact hits of `tokens` from the KV events; false when no node holds their first block.
+bool match_blocks(const std::vector<uint32_t>& tokens, std::string_view model, const cache::BlockIndex& index,
+                  CacheHits* hits) {
+  // The engine chains a LoRA adapter's blocks from the adapter's name; a request names either the
+  // base model or an adapter, which only the events tell apart: base first.
+  std::vector<cache::PrefixMatch> matches = index.longest_prefix(tokens);
+  if (matches.empty() && !model.empty()) matches = index.longest_prefix(tokens, model);
+  if (matches.empty()) return false;
+  CacheHits exact;
+  exact.source = CacheHits::Source::kKvEvents;
+  exact.prompt_units = static_cast<uint32_t>(tokens.size());
+  for (const cache::PrefixMatch& m : matches) {
+    const uint64_t matched = uint64_t{m.matched_blocks} * m.block_size;
+    exact.nodes.push_back({m.node, static_cast<uint32_t>(std::min<uint64_t>(matched, tokens.size()))});
+  }
+  *hits = std::move(exact);
+  return true;
+}
+
 // Exact hits from the KV events; false when the prompt is not token ids or no node holds its first
 // block (the prefix tree may still know where it went).
 bool lookup_blocks(std::string_view prompt, std::string_view model, const cache::BlockIndex& index,
                    CacheHits* hits) {
   thread_local std::vector<uint32_t> tokens;
   if (!proto::parse_token_id_array(prompt, kMaxPromptTokens, &tokens)) return false;
-  // The engine chains a LoRA adapter's blocks from the adapter's name; a request names either the
-  // base model or an adapter, which only the events tell apart: base first.
-  std::vector<cache::PrefixMatch> matches = index.longest_prefix(tokens);
-  if (matches.empty() && !model.empty()) matches = index.longest_prefix(tokens, model);
-  if (matches.empty()) return false;
-  hits->source = CacheHits::Source::kKvEvents;
-  hits->prompt_units = static_cast<uint32_t>(tokens.size());
-  for (const cache::PrefixMatch& m : matches) {
-    const uint64_t matched = uint64_t{m.matched_blocks} * m.block_size;
-    hits->nodes.push_back({m.node, static_cast<uint32_t>(std::min<uint64_t>(matched, tokens.size()))});
-  }
-  return true;
+  return match_blocks(tokens, model, index, hits);
 }
 
 size_t source_index(CacheHits::Source source) { return source == CacheHits::Source::kKvEvents ? 0 : 1; }
@@ -68,6 +76,12 @@ std::optional<CacheRouting> lookup_cache(const proto::JsonObjectBody& body, std:
     }
   }
   return routing;
+}
+
+bool match_token_ids(const std::vector<uint32_t>& tokens, std::string_view model, const ProxyShared& shared,
+                     CacheRouting* routing) {
+  return shared.block_index != nullptr && !tokens.empty() &&
+         match_blocks(tokens, model, *shared.block_index, &routing->hits);
 }
 
 void record_routing(const CacheRouting& routing, const Pair& pair, ProxyShared& shared) {

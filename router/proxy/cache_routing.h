@@ -6,7 +6,9 @@
 //     from the nodes' KV events (router/cache/block_index.h), in tokens;
 //   - otherwise (text, chat messages, or no KV events): approximately, from the prefix tree of
 //     where pdrouter routed earlier prompts (router/cache/prefix_tree.h), in bytes of the prompt's
-//     JSON text as sent (for chat, the messages array: a conversation's next turn extends it).
+//     JSON text as sent (for chat, the messages array: a conversation's next turn extends it);
+//     with policies.cache_aware.tokenize: node, the session then asks a node for the text's token
+//     ids (cache_tokenize.h) and match_token_ids() makes the answer exact.
 // The cache_aware policy (router/policies/cache_aware.h) picks from that. After pairing,
 // record_routing() teaches the prefix tree where this prompt went (prefill and decode both hold
 // its KV afterwards) and counts whether the chosen nodes held part of it.
@@ -16,6 +18,7 @@
 
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "proto/json_splice.h"
 #include "router/policies/policy.h"
@@ -37,6 +40,12 @@ std::string_view request_prompt(const proto::JsonObjectBody& body);
 // outlive the result.
 std::optional<CacheRouting> lookup_cache(const proto::JsonObjectBody& body, std::string_view model,
                                          const discovery::Topology& topology, const ProxyShared& shared);
+
+// Text prompts tokenized by a node (cache_tokenize.h): when some node holds the first block of
+// `tokens`, replaces routing->hits with the exact answer (source kv_events) and returns true; else
+// leaves the prefix tree's answer as it was. routing->tree_key is kept either way.
+bool match_token_ids(const std::vector<uint32_t>& tokens, std::string_view model, const ProxyShared& shared,
+                     CacheRouting* routing);
 
 // After a pair was chosen for a request with a lookup.
 void record_routing(const CacheRouting& routing, const Pair& pair, ProxyShared& shared);

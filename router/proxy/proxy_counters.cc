@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "base/metrics_writer.h"
+#include "router/proxy/cache_tokenize.h"
 #include "router/proxy/conversation_cache.h"
 
 namespace pdr::router::proxy {
@@ -165,6 +166,12 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
                   "lookup; matched / prompt is the prefix hit rate",
                   value(cr.prompt_units[l][source]), {{"leg", leg_name}, {"source", source_name}});
     }
+  }
+  for (size_t r = 0; r < c.cache_tokenize.size(); ++r) {
+    out.counter("pdrouter_cache_tokenize_total",
+                "Text prompts sent to a node's /tokenize for an exact cache lookup (policies.cache_aware.tokenize: "
+                "node), by result; every result but matched fell back to the prefix tree",
+                value(c.cache_tokenize[r]), {{"result", std::string(to_string(static_cast<TokenizeResult>(r)))}});
   }
   for (size_t r = 0; r < c.decode_alone.size(); ++r) {
     out.counter("pdrouter_decode_alone_total",

@@ -14,6 +14,7 @@
 #include "proto/sse_boundary.h"
 #include "http/json_error.h"
 #include "router/proxy/cache_routing.h"
+#include "router/proxy/cache_tokenize.h"
 #include "router/proxy/decode_alone.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/multi_turn.h"
@@ -177,6 +178,8 @@ struct ProxySession::State {
   Leg last_leg = Leg::kPrefill;
   std::string last_detail;
 
+  UpstreamPort::CallPtr tokenize_call;  // a node's /tokenize for the cache lookup (cache_tokenize.h)
+
   UpstreamPort::CallPtr prefill_call;
   std::string prefill_key;  // of the prefill leg in flight (kept after the pair is released)
   int prefill_status = 0;
@@ -286,7 +289,37 @@ void ProxySession::begin() {
       shared_from_this()->on_request_deadline();
     });
   }
+  if (s.cache && s.cache->hits.source == CacheHits::Source::kPrefixTree && wants_tokenize(body, *s.topo, s.w.shared())) {
+    tokenize_then_pair();
+    return;
+  }
   pair_and_send();
+}
+
+void ProxySession::tokenize_then_pair() {
+  State& s = *s_;
+  auto count = [&w = s.w](TokenizeResult r) { w.counters().bump(w.counters().cache_tokenize[static_cast<size_t>(r)]); };
+  // The call's callbacks keep the session alive, as a leg's do; cancelling the call (close_legs)
+  // releases them.
+  s.tokenize_call = start_tokenize(
+      s.w, s.client, s.model, s.req.authorization,
+      [self = shared_from_this(), count](bool ok, TokenizeResult why_not, std::vector<uint32_t>&& tokens) {
+        if (self->finished()) return;
+        State& s = *self->s_;
+        s.tokenize_call.reset();
+        if (!ok) {
+          count(why_not);
+        } else if (match_token_ids(tokens, s.model, s.w.shared(), &*s.cache)) {
+          count(TokenizeResult::kMatched);
+        } else {
+          count(TokenizeResult::kNoMatch);
+        }
+        self->pair_and_send();
+      });
+  if (!s.tokenize_call) {
+    count(TokenizeResult::kNoNode);
+    pair_and_send();
+  }
 }
 
 void ProxySession::on_request_deadline() {
@@ -991,6 +1024,11 @@ void ProxySession::end_stream_with_error(std::string_view message, std::string_v
 
 void ProxySession::close_legs() {
   State& s = *s_;
+  if (s.tokenize_call) {  // the request ended before its cache lookup did
+    s.tokenize_call->cancel();
+    s.tokenize_call.reset();
+    s.w.counters().bump(s.w.counters().cache_tokenize[static_cast<size_t>(TokenizeResult::kCancelled)]);
+  }
   if (s.prefill_call) {
     s.prefill_call->cancel();
     s.prefill_call.reset();

@@ -6,7 +6,9 @@
 //   dropped; conditional disaggregation, decode_alone.h: PAIRED -> DECODE_SENT, the decode
 //   alone with the dialect's no-KV request, the pair's prefill released, a decode failure
 //   re-pairing); FAILED and CANCELLED from every state. Every transition is counted
-//   (ProxyCounters::transitions). Multi-turn KV reuse (multi_turn.h) steers pairing to the
+//   (ProxyCounters::transitions). With policies.cache_aware.tokenize: node, a text prompt waits in
+//   ACCEPTED for one node's /tokenize (cache_tokenize.h) before pairing; a client disconnect or
+//   the request deadline cancels that call like a leg. Multi-turn KV reuse (multi_turn.h) steers pairing to the
 //   conversation's decode and edits the built legs; it adds no state.
 //
 // What each event does, in every state:
@@ -96,6 +98,8 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
 
  private:
   void begin();
+  // policies.cache_aware.tokenize: node: a node's /tokenize before pairing (cache_tokenize.h).
+  void tokenize_then_pair();
   // `retry_of`: the leg whose failure this new pair retries (counted once a pair is found).
   void pair_and_send(std::optional<Leg> retry_of = std::nullopt);
   void send_prefill();

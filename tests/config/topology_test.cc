@@ -812,6 +812,29 @@ TEST(TopologyParse, CacheAwarePolicyAndItsThresholds) {
   EXPECT_THAT(s.message(), HasSubstr("cache_aware"));
 }
 
+TEST(TopologyParse, CacheAwareTokenizeByNode) {
+  Topology t;
+  EXPECT_FALSE(Topology{}.policies.cache_aware.tokenize_by_node);  // off by default: it costs a hop
+  Status s = parse(
+      "policies:\n"
+      "  cache_aware: {tokenize: node, tokenize_timeout_ms: 80, tokenize_max_answer_bytes: 65536}\n",
+      &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_TRUE(t.policies.cache_aware.tokenize_by_node);
+  EXPECT_EQ(t.policies.cache_aware.tokenize_timeout, std::chrono::milliseconds(80));
+  EXPECT_EQ(t.policies.cache_aware.tokenize_max_answer_bytes, 65536u);
+  ASSERT_TRUE(parse("policies: {cache_aware: {tokenize: off}}\n", &t).is_ok());
+  EXPECT_FALSE(t.policies.cache_aware.tokenize_by_node);
+  Topology untouched;
+  s = parse("policies: {cache_aware: {tokenize: render}}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_THAT(s.message(), HasSubstr("expected off or node"));
+  s = parse("policies: {cache_aware: {tokenize_timeout_ms: 0}}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+  s = parse("policies: {cache_aware: {tokenize_max_answer_bytes: 10}}\n", &untouched);
+  EXPECT_FALSE(s.is_ok());
+}
+
 TEST(TopologyParse, AdminListenerAndProtectStatus) {
   Topology t;
   ASSERT_TRUE(parse("admin: {}\n", &t).is_ok());

@@ -3,7 +3,8 @@ pdrouter and registered `pdnode sim` nodes (two NIXL prefills, two NIXL decodes 
 --bidirectional-kv-xfer, real KV bytes between them for the first turn). Checked from the sims'
 request logs: conversation_id never reaches a node, the next turn goes to the decode that served
 the last one, and its prefill gets that decode's kv_transfer_params rewritten for pulling
-(do_remote_decode true, do_remote_prefill false, remote_host the decode's host)."""
+(do_remote_decode true, do_remote_prefill false, remote_host the decode's host), and pulls the
+blocks the decode kept over the sims' KV side channel (bytes counted on both ends)."""
 import json
 import unittest
 
@@ -23,6 +24,7 @@ class MultiTurnTest(unittest.TestCase):
     def setUp(self):
         self.cluster = PdCluster("nixl", prefills=2, decodes=2,
                                  topology="multi_turn:\n  enabled: true\n",
+                                 prefill_flags=("--bidirectional-kv-xfer",),
                                  decode_flags=("--bidirectional-kv-xfer",))
         self.addCleanup(self.cluster.close)
 
@@ -74,6 +76,38 @@ class MultiTurnTest(unittest.TestCase):
         self.assertEqual(self.turns("reused"), 3)
         self.assertEqual(self.cluster.metric("pdrouter_multi_turn_stored_total"), 4)
         self.assertEqual(self.cluster.metric("pdrouter_multi_turn_entries"), 1)
+
+    def test_the_next_turns_prefill_pulls_the_decodes_blocks(self):
+        if self.cluster.kv_backends == "none":
+            self.skipTest("PDR_SIM_KV_BACKENDS=none: the sims move no KV bytes")
+        text1 = "first turn " + "word " * 40  # 42 tokens: 3 blocks kept by the decode
+        self.turn("conv-k", text1, stream=False)
+        d, _ = self.served_by(self.cluster.decodes, text1)
+        decode = self.cluster.decodes[d]
+        decode_before = decode.kv_stats()
+        prefill_moved = {i: p.kv_stats()["kv_bytes_moved"] for i, p in enumerate(self.cluster.prefills)}
+        text2 = "second turn"
+        self.turn("conv-k", text2, stream=False)
+        self.assertEqual(self.turns("reused"), 1)
+        p, prefill_body = self.served_by(self.cluster.prefills, text2)
+        block_ids = prefill_body["kv_transfer_params"]["remote_block_ids"]
+        self.assertEqual(len(block_ids), 3)
+        prefill = self.cluster.prefills[p]
+        entry = [r for r in prefill.sim_requests()["requests"]
+                 if r["path"] in GEN_PATHS and json.loads(r["body"])["messages"][0]["content"] == text2][0]
+        self.assertEqual(entry["kv_reused_tokens"], 48)  # 3 blocks of 16 tokens, pulled
+        # The bytes really moved decode -> prefill: the prefill's mover imported them, the
+        # decode's engine served them and its READ notification freed the kept blocks.
+        moved = prefill.kv_stats()["kv_bytes_moved"] - prefill_moved[p]
+        block_bytes = decode_before["kv_block_bytes"] * decode_before["kv_layers"]
+        self.assertGreaterEqual(moved, 3 * block_bytes)
+        self.assertEqual(prefill.kv_stats()["kv_mismatches"], 0)
+
+        def served():
+            after = decode.kv_stats()
+            return (after["engine"]["bytes_served"] - decode_before["engine"]["bytes_served"] >= 3 * block_bytes
+                    and after["kv_bytes_moved"] - decode_before["kv_bytes_moved"] >= 3 * block_bytes)
+        self.cluster.router.wait_for(served, timeout=WAIT_S)
 
     def test_conversations_are_kept_apart_and_a_gone_decode_means_a_normal_turn(self):
         self.turn("conv-a", "a1", stream=False)

@@ -128,6 +128,23 @@ TEST(MultiTurn, TurnsAreOrderedTurnByTurnAndPointAtTheirPreviousTurn) {
   EXPECT_EQ(fewer[1].prompt_text, requests[3].prompt_text);
 }
 
+TEST(MultiTurn, ConversationIdsAreSentWhenAskedFor) {
+  const WorkloadOptions workload{.seed = 5};
+  MultiTurnOptions options{.num_conversations = 2, .num_turns = 2, .input_len = 4, .output_len = 2};
+  for (const BenchRequest& r : make_multi_turn_requests(workload, options)) EXPECT_EQ(r.conversation_id, "");
+  options.conversation_ids = true;
+  const auto requests = make_multi_turn_requests(workload, options);
+  EXPECT_EQ(requests[0].conversation_id, "conv-0");
+  EXPECT_EQ(requests[3].conversation_id, "conv-1");  // turn 1 of conversation 1
+  const BenchRequest sent = compose_turn(requests[1], "ok", requests[3], PromptFormat::kWords, true, 0);
+  EXPECT_EQ(sent.conversation_id, "conv-1");
+  const nlohmann::json body = nlohmann::json::parse(
+      build_request({.path = "/v1/chat/completions", .chat = true, .model = "m"}, sent).body);
+  EXPECT_EQ(body["conversation_id"], "conv-1");
+  const BenchRequest plain{.prompt_json = "\"a\"", .prompt_text = "a"};
+  EXPECT_FALSE(nlohmann::json::parse(build_request({.model = "m"}, plain).body).contains("conversation_id"));
+}
+
 TEST(MultiTurn, CompletionsTextGrowsByTheAnswerAndTheNewMessage) {
   BenchRequest first{.index = 0,
                      .prompt_json = "\"a b c\"",

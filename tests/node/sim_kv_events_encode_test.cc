@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "node/sim_aux_api.h"
 #include "node/sim_prompt_tokens.h"
 #include "proto/kv_events.h"
 
@@ -96,6 +97,26 @@ TEST(PromptTokenIds, FollowTheSimTokenCount) {
   GenerationRequest req;
   ASSERT_FALSE(parse_generation_request(ApiKind::kChat, chat, "m", &req).has_value());
   EXPECT_EQ(req.prompt_tokens, chat_ids.size());
+}
+
+// A router that tokenizes text through a node (policies.cache_aware.tokenize: node) matches the
+// blocks the sim's prefix cache hashes only if /tokenize answers the same ids.
+TEST(PromptTokenIds, AreWhatTokenizeAnswers) {
+  using nlohmann::json;
+  EXPECT_EQ(word_token_id("the"), 0u);  // a vocabulary word: its index
+  AuxContext ctx;
+  ctx.served_model = "m";
+  const json completion = json{{"model", "m"}, {"prompt", "the quick zebra brown"}};
+  std::string out;
+  ASSERT_FALSE(sim_tokenize(completion, ctx, &out).has_value());
+  EXPECT_EQ(json::parse(out)["tokens"].get<std::vector<uint32_t>>(),
+            prompt_token_ids(ApiKind::kCompletion, completion));
+  const json chat = json::parse(R"({"messages": [{"role": "system", "content": "be brief"},
+      {"role": "user", "content": [{"type": "text", "text": "the fox"}]}]})");
+  ASSERT_FALSE(sim_tokenize(chat, ctx, &out).has_value());
+  const json answer = json::parse(out);
+  EXPECT_EQ(answer["tokens"].get<std::vector<uint32_t>>(), prompt_token_ids(ApiKind::kChat, chat));
+  EXPECT_EQ(answer["count"], 4);
 }
 
 }  // namespace

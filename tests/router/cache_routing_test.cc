@@ -145,5 +145,35 @@ TEST(CacheRouting, TheTreeKeyIsCappedAtThePromptBudget) {
   EXPECT_EQ(routing->hits.prompt_units, 64u);
 }
 
+// policies.cache_aware.tokenize: node: a text prompt's ids from a node replace the prefix tree's
+// answer only when some node holds their first block; the tree key stays for record_routing.
+TEST(CacheRouting, TokenizedTextMatchesExactlyOrKeepsThePrefixTree) {
+  ProxyShared shared;
+  cache::BlockIndex index;
+  cache::PrefixTree tree;
+  shared.block_index = &index;
+  shared.prefix_tree = &tree;
+  store(index, kPrefillB, 3);
+  const auto body = parse(R"({"model":"m","prompt":"some text"})");
+  const auto t = cache_aware_topology();
+  auto routing = lookup_cache(body, "m", t, shared);
+  ASSERT_TRUE(routing.has_value());
+  EXPECT_EQ(routing->hits.source, CacheHits::Source::kPrefixTree);
+  const std::string_view key = routing->tree_key;
+  EXPECT_FALSE(match_token_ids({100, 101, 102, 103}, "m", shared, &*routing));  // nobody holds it
+  EXPECT_EQ(routing->hits.source, CacheHits::Source::kPrefixTree);
+  EXPECT_FALSE(match_token_ids({}, "m", shared, &*routing));
+  std::vector<uint32_t> tokens;
+  for (uint32_t i = 0; i < 14; ++i) tokens.push_back(i);  // 3 blocks of 4 held, 2 tokens more
+  ASSERT_TRUE(match_token_ids(tokens, "m", shared, &*routing));
+  EXPECT_EQ(routing->hits.source, CacheHits::Source::kKvEvents);
+  EXPECT_EQ(routing->hits.prompt_units, 14u);
+  EXPECT_EQ(routing->hits.matched(kPrefillB), 12u);
+  EXPECT_EQ(routing->hits.matched(kPrefillA), 0u);
+  EXPECT_EQ(routing->tree_key, key);
+  ProxyShared no_index;
+  EXPECT_FALSE(match_token_ids(tokens, "m", no_index, &*routing));  // kv_events off
+}
+
 }  // namespace
 }  // namespace pdr::router::proxy
