@@ -44,12 +44,12 @@ proto::LegInstance to_leg_instance(const Instance& i) {
 // std::function on the heap, and SessionTimer copies it to run it); each takes a reference for
 // its own run, as it may end the session.
 //
-// KeepAlive: a leg's callbacks keep its session alive while the call may still call back. Only
-// on_error holds the session (a std::function stores a shared_ptr capture on the heap; a raw
-// pointer fits inline): an upstream port releases a call's four callbacks together and never
-// while one runs (upstream_port.h), so the others, which only run while on_error is held,
-// capture the plain pointer and take a reference for their own duration (they may end the
-// call, which releases its callbacks once they return).
+// KeepAlive: a leg's callbacks keep its session alive while the call may still call back. The
+// session is held by UpstreamCallbacks::keep_alive, not by a capture (a std::function stores a
+// shared_ptr capture on the heap; a raw pointer fits inline): an upstream port releases a call's
+// callbacks and keep_alive together and never while one runs (upstream_port.h), so the
+// callbacks capture the plain pointer and take a reference for their own duration (they may end
+// the call, which releases its callbacks once they return).
 
 // The upstream request of a leg. Its body is not rendered here: the upstream client writes it
 // straight into the wire buffer (UpstreamRequest::append_body, called inside start()), the only
@@ -60,6 +60,7 @@ http::UpstreamRequest to_upstream(const proto::LegRequest& leg) {
   r.method = "POST";
   r.path = leg.path;
   r.borrowed_headers = leg.headers;
+  r.only_content_type = true;  // the session reads no other header of a leg's answer
   const proto::JsonObjectBody* body = &leg.body;
   r.body_size = body->rendered_size();
   r.append_body = [body](std::string* wire) { body->render_into(wire); };
@@ -445,7 +446,9 @@ void ProxySession::send_prefill() {
     }
   };
   cb.on_complete = [session] { session->shared_from_this()->on_prefill_complete(); };
-  cb.on_error = [self](const Status& error) {  // holds the session (KeepAlive)
+  cb.keep_alive = self;  // see KeepAlive
+  cb.on_error = [session](const Status& error) {
+    const auto self = session->shared_from_this();
     State& s = *self->s_;
     if (self->finished()) {  // a concurrent prefill outliving its answered request
       if (may_log(s.w)) {
@@ -606,7 +609,9 @@ void ProxySession::send_decode() {
   };
   cb.on_body = [session](std::string_view chunk) { session->shared_from_this()->on_decode_body(chunk); };
   cb.on_complete = [session] { session->shared_from_this()->on_decode_complete(); };
-  cb.on_error = [self](const Status& error) {  // holds the session (KeepAlive)
+  cb.keep_alive = self;  // see KeepAlive
+  cb.on_error = [session](const Status& error) {
+    const auto self = session->shared_from_this();
     State& s = *self->s_;
     if (self->finished()) return;
     self->node_failed(Leg::kDecode, s.decode_call.get());
