@@ -69,6 +69,42 @@ http::UpstreamRequest to_upstream(const proto::LegRequest& leg) {
 
 using SteadyClock = std::chrono::steady_clock;
 
+// Buffers of prefill answers (a serial dialect's prefill JSON is read whole before the decode is
+// sent), reused per worker thread: no allocation per request for it once warm. Bounded in number
+// and in the size of a buffer kept. Set when the thread's spares are destroyed (thread exit).
+thread_local bool answer_spares_gone = false;
+struct AnswerSpares {
+  static constexpr size_t kMaxBuffers = 256, kMaxBufferBytes = 16 * 1024;
+  ~AnswerSpares() { answer_spares_gone = true; }
+  std::vector<std::string> buffers;
+};
+AnswerSpares* answer_spares() {
+  if (answer_spares_gone) return nullptr;
+  thread_local AnswerSpares spares;
+  return &spares;
+}
+constexpr size_t kInlineStringBytes = 15;  // std::string's inline buffer (no storage of its own)
+
+// An emptied `buffer` gets a spare's storage if it has none of its own.
+void take_answer_buffer(std::string& buffer) {
+  buffer.clear();
+  AnswerSpares* spares = answer_spares();
+  if (buffer.capacity() > kInlineStringBytes || spares == nullptr || spares->buffers.empty()) return;
+  buffer = std::move(spares->buffers.back());
+  spares->buffers.pop_back();
+}
+
+// `buffer`'s storage goes to the spares (within the caps) or is freed; it is left empty.
+void give_answer_buffer(std::string& buffer) {
+  AnswerSpares* spares = answer_spares();
+  if (spares != nullptr && buffer.capacity() > kInlineStringBytes &&
+      buffer.capacity() <= AnswerSpares::kMaxBufferBytes && spares->buffers.size() < AnswerSpares::kMaxBuffers) {
+    buffer.clear();
+    spares->buffers.push_back(std::move(buffer));
+  }
+  std::string().swap(buffer);
+}
+
 std::chrono::milliseconds until(SteadyClock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
   return std::max(left, std::chrono::milliseconds(0));
@@ -415,7 +451,7 @@ void ProxySession::send_prefill() {
   s.prefill_key = s.pair.prefill->key;
   s.prefill_status = 0;
   s.prefill_content_type.clear();
-  s.prefill_body.clear();
+  take_answer_buffer(s.prefill_body);
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.prefill, s.topo->timeouts.prefill};
   auto self = shared_from_this();
   ProxySession* session = this;  // see KeepAlive
@@ -1009,8 +1045,7 @@ void ProxySession::end(RequestState final_state) {
       s.decode_call->cancel();
       s.decode_call.reset();
     }
-    s.prefill_body.clear();
-    s.prefill_body.shrink_to_fit();
+    give_answer_buffer(s.prefill_body);
     s.orphan = true;
     s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
     const auto grace = std::min(until(s.prefill_deadline), std::chrono::milliseconds(kOrphanGrace));
@@ -1025,6 +1060,7 @@ void ProxySession::end(RequestState final_state) {
   // Nothing can retry any more: the bodies go now, not when the last callback lets go of the
   // session (an orphaned prefill keeps it for up to kOrphanGrace).
   s.req.body = std::string();
+  give_answer_buffer(s.prefill_body);
   s.client = proto::JsonObjectBody();
   s.legs.prefill.body = proto::JsonObjectBody();
   s.legs.decode.body = proto::JsonObjectBody();
