@@ -71,7 +71,8 @@ using SteadyClock = std::chrono::steady_clock;
 
 // Buffers of prefill answers (a serial dialect's prefill JSON is read whole before the decode is
 // sent), reused per worker thread: no allocation per request for it once warm. Bounded in number
-// and in the size of a buffer kept. Set when the thread's spares are destroyed (thread exit).
+// and in the size of a buffer kept.
+// Set when the thread's spares are destroyed (thread exit): a buffer given later is freed.
 thread_local bool answer_spares_gone = false;
 struct AnswerSpares {
   static constexpr size_t kMaxBuffers = 256, kMaxBufferBytes = 16 * 1024;
