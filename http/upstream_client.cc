@@ -5,6 +5,7 @@
 #include <uv.h>
 
 #include <algorithm>
+#include <array>
 #include <exception>
 #include <unordered_map>
 #include <unordered_set>
@@ -25,15 +26,21 @@ constexpr size_t kReadBufferSize = 64 * 1024;
 
 uint64_t to_ms(std::chrono::milliseconds d) { return d.count() > 0 ? static_cast<uint64_t>(d.count()) : 0; }
 
+// RFC 9110 tchar, as a table: checked for every header name of every request.
+constexpr std::array<bool, 256> kTokenChar = [] {
+  std::array<bool, 256> t{};
+  for (int c = 0x21; c < 0x7f; ++c) t[c] = true;
+  for (char c : std::string_view(":(),;\"/[]{}\\")) t[static_cast<unsigned char>(c)] = false;
+  return t;
+}();
+
 bool is_token(std::string_view s) {
   if (s.empty()) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return c > 0x20 && c < 0x7f && c != ':' && c != '(' && c != ')' && c != ',' && c != ';' &&
-           c != '"' && c != '/' && c != '[' && c != ']' && c != '{' && c != '}' && c != '\\';
-  });
+  return std::all_of(s.begin(), s.end(), [](char c) { return kTokenChar[static_cast<unsigned char>(c)]; });
 }
 
-Status build_wire(const proto::HostPort& target, const UpstreamRequest& r, std::string* out) {
+// `host` is target.to_string(), made once per call (UpstreamCall::key_).
+Status build_wire(std::string_view host, const UpstreamRequest& r, std::string* out) {
   if (!is_token(r.method)) return Status(StatusCode::kInvalidValue, "invalid HTTP method '" + r.method + "'");
   if (r.path.empty() || has_crlf_or_nul(r.path) || r.path.find(' ') != std::string::npos) {
     return Status(StatusCode::kInvalidValue, "invalid request path '" + r.path + "'");
@@ -61,7 +68,7 @@ Status build_wire(const proto::HostPort& target, const UpstreamRequest& r, std::
   w += ' ';
   w += r.path;
   w += " HTTP/1.1\r\nHost: ";
-  w += target.to_string();
+  w += host;
   w += "\r\n";
   auto put = [&w](const std::string& name, const std::string& value) {
     if (is_server_managed_header(name) || iequals(name, "host")) return;
@@ -130,6 +137,22 @@ struct UpstreamPoolCore : std::enable_shared_from_this<UpstreamPoolCore> {
   UvHandle<uv_timer_t> deferred_timer;
   std::vector<std::shared_ptr<UpstreamCall>> deferred;
   std::unique_ptr<HostResolver> resolver;  // upstreams named by hostname
+  // Wire buffers of ended calls, reused by the next start(): no allocation per request for its
+  // bytes once warm. Bounded in number and in the size of a buffer kept.
+  static constexpr size_t kMaxSpareWires = 128, kMaxSpareWireBytes = 32 * 1024;
+  std::vector<std::string> spare_wires;
+
+  // Takes a call's wire buffer (emptied) for reuse, or frees it.
+  void recycle_wire(std::string& wire) {
+    if (wire.capacity() <= std::string().capacity()) return;  // no storage of its own (or given already)
+    if (wire.capacity() > kMaxSpareWireBytes || spare_wires.size() >= kMaxSpareWires) {
+      std::string().swap(wire);
+      return;
+    }
+    wire.clear();
+    spare_wires.push_back(std::move(wire));
+    wire = std::string();
+  }
 
   void launch(const std::shared_ptr<UpstreamCall>& call, bool allow_reuse);
   void connect_fresh(const std::shared_ptr<UpstreamCall>& call, const sockaddr_storage& address);
@@ -253,6 +276,9 @@ class UpstreamConnection {
   // next response from the same node usually has the same headers (no allocation per head).
   std::vector<Header> spare_headers_;
   bool in_header_value_ = false;
+  // The header being parsed is one the call does not read (only_content_type): its value is not
+  // copied and its entry is reused by the next header.
+  bool skip_header_ = false;
   bool interim_ = false;      // parsing a 1xx response
   bool message_done_ = false;
   bool got_bytes_ = false;    // a byte of this call's response arrived
@@ -330,6 +356,7 @@ void UpstreamConnection::begin_exchange() {
   status_ = 0;
   recycle_headers();
   in_header_value_ = false;
+  skip_header_ = false;
   interim_ = false;
   message_done_ = false;
   got_bytes_ = false;
@@ -389,7 +416,7 @@ void UpstreamConnection::on_write(uv_write_t* req, int status) {
             Status(StatusCode::kIoError, "write to " + c->key_ + ": " + uv_strerror(status)));
     return;
   }
-  if (c->got_bytes_ && c->attached(call)) std::string().swap(call->wire_);  // no retry any more
+  if (c->got_bytes_ && c->attached(call)) c->core_->recycle_wire(call->wire_);  // no retry any more
 }
 
 void UpstreamConnection::update_reading() {
@@ -462,7 +489,7 @@ void UpstreamConnection::handle_plain(ssize_t nread, const char* data) {
                     (nread == UV_EOF ? std::string() : std::string(" (") + uv_strerror(static_cast<int>(nread)) + ")")));
     return;
   }
-  if (!got_bytes_ && !writing_) std::string().swap(call->wire_);  // the retry is over: free the copy
+  if (!got_bytes_ && !writing_) core_->recycle_wire(call->wire_);  // the retry is over: the copy is not needed
   got_bytes_ = true;
   if (timer_mode_ == TimerMode::kBodyIdle) {
     uv_update_time(core_->loop);  // fresh, as arm_timer() would take it
@@ -751,6 +778,7 @@ int UpstreamConnection::on_message_begin(llhttp_t* p) {
   UpstreamConnection* c = from_parser(p);
   c->recycle_headers();
   c->in_header_value_ = false;
+  c->skip_header_ = false;
   c->interim_ = false;
   c->head_bytes_ = 0;
   c->head_fields_ = 0;
@@ -773,7 +801,12 @@ int UpstreamConnection::on_header_field(llhttp_t* p, const char* at, size_t len)
       c->limit_error_ = "more than 100 response header fields";
       return HPE_USER;
     }
-    c->add_header();
+    if (c->skip_header_) {
+      c->headers_.back().name.clear();  // the skipped header's entry, reused
+      c->skip_header_ = false;
+    } else {
+      c->add_header();
+    }
     c->in_header_value_ = false;
   }
   if (!add_head_bytes(&c->head_bytes_, len + 4, &c->limit_error_)) return HPE_USER;
@@ -784,9 +817,12 @@ int UpstreamConnection::on_header_field(llhttp_t* p, const char* at, size_t len)
 int UpstreamConnection::on_header_value(llhttp_t* p, const char* at, size_t len) {
   UpstreamConnection* c = from_parser(p);
   if (!add_head_bytes(&c->head_bytes_, len, &c->limit_error_)) return HPE_USER;
-  c->in_header_value_ = true;
-  if (c->headers_.empty()) c->add_header();
-  c->headers_.back().value.append(at, len);
+  if (!c->in_header_value_) {  // the value's first piece: the name is complete
+    c->in_header_value_ = true;
+    if (c->headers_.empty()) c->add_header();
+    c->skip_header_ = c->call_ && c->call_->only_content_type_ && !iequals(c->headers_.back().name, "content-type");
+  }
+  if (!c->skip_header_) c->headers_.back().value.append(at, len);
   return 0;
 }
 
@@ -804,6 +840,12 @@ int UpstreamConnection::on_headers_complete(llhttp_t* p) {
     }
     c->interim_ = true;  // 100 Continue / 103 Early Hints: the final response follows
     return 0;
+  }
+  if (c->skip_header_) {  // the last header was one the call does not read
+    c->headers_.back().name.clear();
+    c->spare_headers_.push_back(std::move(c->headers_.back()));
+    c->headers_.pop_back();
+    c->skip_header_ = false;
   }
   c->status_ = status;
   std::shared_ptr<UpstreamCall> call = c->call_;
@@ -967,8 +1009,13 @@ void UpstreamCall::fire(Fn& fn, const char* what, Args&&... args) {
 void UpstreamCall::end(bool cancelled, bool error) {
   state_ = State::kDone;
   // Its connection is closed or back in the pool by now: no write can still read the copy.
-  std::string().swap(wire_);
-  if (auto core = core_.lock()) {
+  auto core = core_.lock();
+  if (core) {
+    core->recycle_wire(wire_);
+  } else {
+    std::string().swap(wire_);
+  }
+  if (core) {
     --core->stats.active;
     if (cancelled) ++core->stats.cancels;
     if (error) {
@@ -1036,10 +1083,15 @@ std::shared_ptr<UpstreamCall> UpstreamPool::start(const proto::HostPort& target,
   call->target_ = target;
   call->key_ = target.to_string();
   call->timeouts_ = timeouts;
+  call->only_content_type_ = request.only_content_type;
   call->callbacks_ = std::move(callbacks);
   call->state_ = UpstreamCall::State::kRunning;
   ++core_->stats.active;
-  if (Status s = detail::build_wire(target, request, &call->wire_); !s) {
+  if (!core_->spare_wires.empty()) {
+    call->wire_ = std::move(core_->spare_wires.back());
+    core_->spare_wires.pop_back();
+  }
+  if (Status s = detail::build_wire(call->key_, request, &call->wire_); !s) {
     core_->fail_later(call, UpstreamFailure::kBadRequest, std::move(s));
     return call;
   }

@@ -80,6 +80,10 @@ struct UpstreamRequest {
   // the call with kBadRequest.
   std::function<void(std::string* wire)> append_body;
   size_t body_size = 0;
+  // true: on_head gets the response's Content-Type header only (if any), the others are not
+  // copied out of the read buffer (the parser reads the framing headers itself either way; the
+  // head limits count every header). For callers that read nothing else (the router's legs).
+  bool only_content_type = false;
 };
 
 struct UpstreamCallbacks {
@@ -87,6 +91,9 @@ struct UpstreamCallbacks {
   std::function<void(std::string_view chunk)> on_body;  // the view is valid during the call only
   std::function<void()> on_complete;
   std::function<void(const Status& error)> on_error;
+  // Held with the four and released with them: what they need alive (the caller's session)
+  // without capturing an owning pointer, which a std::function would put on the heap.
+  std::shared_ptr<void> keep_alive;
 };
 
 // Zero disables a timeout.
@@ -226,6 +233,7 @@ class UpstreamCall final : public UpstreamCallControl {
   UpstreamFailure failure_ = UpstreamFailure::kNone;
   Status pending_error_;  // reported from the deferred queue (see start())
   detail::UpstreamConnection* conn_ = nullptr;
+  bool only_content_type_ = false;  // UpstreamRequest::only_content_type
   bool reused_ = false;
   bool retried_ = false;
   bool paused_ = false;

@@ -26,7 +26,10 @@ namespace {
 // or when the document is not valid UTF-8; everything else simdjson would accept.
 class Scanner {
  public:
-  Scanner(std::string_view text, size_t max_depth) : s_(text), max_depth_(max_depth) {}
+  // `known_valid`: the text is a value of a document validated earlier (parse_member_borrowed),
+  // so the members' values are skipped by their brackets and quotes, not checked again.
+  Scanner(std::string_view text, size_t max_depth, bool known_valid = false)
+      : s_(text), max_depth_(max_depth), known_valid_(known_valid) {}
 
   struct Span {
     size_t key_begin, key_end, value_begin, value_end;
@@ -84,6 +87,37 @@ class Scanner {
     }
   }
 
+  // Skips one value of known-valid JSON: a string by its closing quote, an object or array by
+  // its matching bracket (brackets inside strings skipped with the strings), a number or literal
+  // up to the next delimiter.
+  void skip_valid_value() {
+    if (at('"')) {
+      string();
+      return;
+    }
+    if (!at('{') && !at('[')) {
+      while (pos_ < s_.size() && !is_delimiter(s_[pos_])) ++pos_;
+      return;
+    }
+    size_t depth = 0;
+    while (pos_ < s_.size()) {
+      const char c = s_[pos_];
+      if (c == '"') {
+        string();
+        continue;
+      }
+      ++pos_;
+      if (c == '{' || c == '[') {
+        ++depth;
+      } else if ((c == '}' || c == ']') && --depth == 0) {
+        return;
+      }
+    }
+  }
+  static bool is_delimiter(char c) {
+    return c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r';
+  }
+
   bool check_depth(size_t depth) {
     max_depth_seen_ = std::max(max_depth_seen_, depth);
     if (depth > max_depth_) {
@@ -114,7 +148,11 @@ class Scanner {
       ++pos_;
       skip_ws();
       span.value_begin = pos_;
-      if (!value(depth)) return false;
+      if (known_valid_) {
+        skip_valid_value();
+      } else if (!value(depth)) {
+        return false;
+      }
       span.value_end = pos_;
       if (members) members->push_back(span);
       skip_ws();
@@ -291,6 +329,7 @@ class Scanner {
 
   std::string_view s_;
   size_t max_depth_;
+  bool known_valid_ = false;
   size_t pos_ = 0;
   std::string error_;
   size_t error_pos_ = 0;
@@ -442,13 +481,78 @@ Status JsonObjectBody::parse_member_borrowed(std::string_view raw_value, const J
   return st;
 }
 
+namespace {
+
+// Set when the thread's spares are destroyed (thread exit): a body destroyed later on that thread
+// (held by another thread_local or static object) frees its storage as usual.
+thread_local bool body_spares_gone = false;
+
+// Tables kept for usual bodies only: one with very many members does not pin its storage.
+constexpr size_t kKeptMembers = 64, kKeptEditBytes = 4096;
+constexpr size_t kInlineEditBytes = 15;  // std::string's inline buffer (no storage of its own)
+
+}  // namespace
+
+// Emptied tables of destroyed bodies, per thread. A request makes and drops the same few bodies
+// (the client's, a copy per leg, their edits), each a member table and an edits buffer: reused,
+// they cost no allocation per request once warm. Bounded: beyond the caps storage is freed as
+// usual.
+struct JsonObjectBody::Spares {
+  static constexpr size_t kMaxEach = 256;
+  ~Spares() { body_spares_gone = true; }
+  std::vector<std::vector<Member>> members;
+  std::vector<std::string> edits;
+};
+
+JsonObjectBody::Spares* JsonObjectBody::spares() {
+  if (body_spares_gone) return nullptr;
+  thread_local Spares spares;
+  return &spares;
+}
+
+JsonObjectBody::~JsonObjectBody() {
+  const bool members = members_.capacity() != 0 && members_.capacity() <= kKeptMembers;
+  const bool edits = edits_.capacity() > kInlineEditBytes && edits_.capacity() <= kKeptEditBytes;
+  if (!members && !edits) return;
+  Spares* s = spares();
+  if (s == nullptr) return;
+  if (members && s->members.size() < Spares::kMaxEach) {
+    members_.clear();
+    s->members.push_back(std::move(members_));
+  }
+  if (edits && s->edits.size() < Spares::kMaxEach) {
+    edits_.clear();
+    s->edits.push_back(std::move(edits_));
+  }
+}
+
+void JsonObjectBody::take_spare_members() {
+  if (members_.capacity() != 0) return;
+  Spares* s = spares();
+  if (s == nullptr || s->members.empty()) return;
+  members_ = std::move(s->members.back());
+  s->members.pop_back();
+}
+
+void JsonObjectBody::take_spare_edits() {
+  if (edits_.capacity() > kInlineEditBytes) return;
+  Spares* s = spares();
+  if (s == nullptr || s->edits.empty()) return;
+  edits_ = std::move(s->edits.back());
+  s->edits.pop_back();
+}
+
 JsonObjectBody::JsonObjectBody(const JsonObjectBody& other)
     : owner_(other.owner_),
       doc_(other.doc_),
       close_brace_(other.close_brace_),
-      original_count_(other.original_count_),
-      edits_(other.edits_) {
+      original_count_(other.original_count_) {
+  if (!other.edits_.empty()) {
+    take_spare_edits();
+    edits_.assign(other.edits_);
+  }
   // A copy is made to be edited (a leg from the client's body): room for its appends at once.
+  take_spare_members();
   members_.reserve(other.members_.size() + kAppendRoom);
   members_.insert(members_.end(), other.members_.begin(), other.members_.end());
 }
@@ -460,6 +564,12 @@ JsonObjectBody& JsonObjectBody::operator=(const JsonObjectBody& other) {
 
 JsonObjectBody& JsonObjectBody::operator=(JsonObjectBody&& other) noexcept {
   if (this == &other) return *this;
+  if (members_.capacity() != 0 || edits_.capacity() > kInlineEditBytes) {
+    // This body's storage goes to the spares (a session drops its legs by assigning empty ones).
+    JsonObjectBody dropped;
+    dropped.members_.swap(members_);
+    dropped.edits_.swap(edits_);
+  }
   owner_ = std::move(other.owner_);
   doc_ = std::exchange(other.doc_, std::string_view());
   close_brace_ = std::exchange(other.close_brace_, 0);
@@ -477,7 +587,6 @@ void JsonObjectBody::clear() {
   close_brace_ = 0;
   original_count_ = 0;
   // Capacity is kept for usual bodies only: one with very many members does not pin its table.
-  constexpr size_t kKeptMembers = 64, kKeptEditBytes = 4096;
   if (members_.capacity() > kKeptMembers) std::vector<Member>().swap(members_);
   if (edits_.capacity() > kKeptEditBytes) std::string().swap(edits_);
   members_.clear();
@@ -551,7 +660,7 @@ Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limit
                                              " bytes exceeds the limit of " +
                                              std::to_string(limits.max_bytes) + " bytes");
   }
-  Scanner scanner(text, limits.max_depth);
+  Scanner scanner(text, limits.max_depth, validation == Validation::kInsideValidated);
   // Scratch reused per thread (like the simdjson parser below): no allocation per parse.
   thread_local std::vector<Scanner::Span> spans;
   reset_scratch(spans);
@@ -608,6 +717,7 @@ Status JsonObjectBody::parse_view(std::string_view text, const JsonLimits& limit
 
   out->close_brace_ = close_brace;
   out->original_count_ = spans.size();
+  out->take_spare_members();
   out->members_.resize(spans.size());
   for (size_t i = 0; i < spans.size(); ++i) {
     const Scanner::Span& span = spans[i];
@@ -721,6 +831,7 @@ size_t JsonObjectBody::add_edit(std::string_view bytes) {
   const bool ours = !bytes.empty() && !before(bytes.data(), edits_.data()) && before(bytes.data(), edits_.data() + at);
   const size_t from = ours ? static_cast<size_t>(bytes.data() - edits_.data()) : 0;  // before it may move
   // A leg's edits take a few hundred bytes: one allocation instead of several doublings.
+  if (at == 0) take_spare_edits();
   if (edits_.capacity() < at + bytes.size()) edits_.reserve(std::max<size_t>(256, 2 * (at + bytes.size())));
   if (ours) {
     edits_.append(edits_, from, bytes.size());  // a value of this body (get_raw of an edited key)
@@ -737,6 +848,7 @@ void JsonObjectBody::set_raw(std::string_view key, std::string_view raw_json_val
     m->replaced = true;
     return;
   }
+  if (members_.capacity() == 0) take_spare_members();
   if (members_.size() == members_.capacity()) members_.reserve(members_.size() + kAppendRoom);
   Member& m = members_.emplace_back();
   m.appended = true;

@@ -46,12 +46,12 @@ proto::LegInstance to_leg_instance(const Instance& i) {
 // std::function on the heap, and SessionTimer copies it to run it); each takes a reference for
 // its own run, as it may end the session.
 //
-// KeepAlive: a leg's callbacks keep its session alive while the call may still call back. Only
-// on_error holds the session (a std::function stores a shared_ptr capture on the heap; a raw
-// pointer fits inline): an upstream port releases a call's four callbacks together and never
-// while one runs (upstream_port.h), so the others, which only run while on_error is held,
-// capture the plain pointer and take a reference for their own duration (they may end the
-// call, which releases its callbacks once they return).
+// KeepAlive: a leg's callbacks keep its session alive while the call may still call back. The
+// session is held by UpstreamCallbacks::keep_alive, not by a capture (a std::function stores a
+// shared_ptr capture on the heap; a raw pointer fits inline): an upstream port releases a call's
+// callbacks and keep_alive together and never while one runs (upstream_port.h), so the
+// callbacks capture the plain pointer and take a reference for their own duration (they may end
+// the call, which releases its callbacks once they return).
 
 // The upstream request of a leg. Its body is not rendered here: the upstream client writes it
 // straight into the wire buffer (UpstreamRequest::append_body, called inside start()), the only
@@ -62,6 +62,7 @@ http::UpstreamRequest to_upstream(const proto::LegRequest& leg) {
   r.method = "POST";
   r.path = leg.path;
   r.borrowed_headers = leg.headers;
+  r.only_content_type = true;  // the session reads no other header of a leg's answer
   const proto::JsonObjectBody* body = &leg.body;
   r.body_size = body->rendered_size();
   r.append_body = [body](std::string* wire) { body->render_into(wire); };
@@ -69,6 +70,43 @@ http::UpstreamRequest to_upstream(const proto::LegRequest& leg) {
 }
 
 using SteadyClock = std::chrono::steady_clock;
+
+// Buffers of prefill answers (a serial dialect's prefill JSON is read whole before the decode is
+// sent), reused per worker thread: no allocation per request for it once warm. Bounded in number
+// and in the size of a buffer kept.
+// Set when the thread's spares are destroyed (thread exit): a buffer given later is freed.
+thread_local bool answer_spares_gone = false;
+struct AnswerSpares {
+  static constexpr size_t kMaxBuffers = 256, kMaxBufferBytes = 16 * 1024;
+  ~AnswerSpares() { answer_spares_gone = true; }
+  std::vector<std::string> buffers;
+};
+AnswerSpares* answer_spares() {
+  if (answer_spares_gone) return nullptr;
+  thread_local AnswerSpares spares;
+  return &spares;
+}
+constexpr size_t kInlineStringBytes = 15;  // std::string's inline buffer (no storage of its own)
+
+// An emptied `buffer` gets a spare's storage if it has none of its own.
+void take_answer_buffer(std::string& buffer) {
+  buffer.clear();
+  AnswerSpares* spares = answer_spares();
+  if (buffer.capacity() > kInlineStringBytes || spares == nullptr || spares->buffers.empty()) return;
+  buffer = std::move(spares->buffers.back());
+  spares->buffers.pop_back();
+}
+
+// `buffer`'s storage goes to the spares (within the caps) or is freed; it is left empty.
+void give_answer_buffer(std::string& buffer) {
+  AnswerSpares* spares = answer_spares();
+  if (spares != nullptr && buffer.capacity() > kInlineStringBytes &&
+      buffer.capacity() <= AnswerSpares::kMaxBufferBytes && spares->buffers.size() < AnswerSpares::kMaxBuffers) {
+    buffer.clear();
+    spares->buffers.push_back(std::move(buffer));
+  }
+  std::string().swap(buffer);
+}
 
 std::chrono::milliseconds until(SteadyClock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
@@ -471,7 +509,7 @@ void ProxySession::send_prefill() {
   s.prefill_key = s.pair.prefill->key;
   s.prefill_status = 0;
   s.prefill_content_type.clear();
-  s.prefill_body.clear();
+  take_answer_buffer(s.prefill_body);
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.prefill, s.topo->timeouts.prefill};
   auto self = shared_from_this();
   ProxySession* session = this;  // see KeepAlive
@@ -502,7 +540,9 @@ void ProxySession::send_prefill() {
     }
   };
   cb.on_complete = [session] { session->shared_from_this()->on_prefill_complete(); };
-  cb.on_error = [self](const Status& error) {  // holds the session (KeepAlive)
+  cb.keep_alive = self;  // see KeepAlive
+  cb.on_error = [session](const Status& error) {
+    const auto self = session->shared_from_this();
     State& s = *self->s_;
     if (self->finished()) {  // a concurrent prefill outliving its answered request
       if (may_log(s.w)) {
@@ -663,7 +703,9 @@ void ProxySession::send_decode() {
   };
   cb.on_body = [session](std::string_view chunk) { session->shared_from_this()->on_decode_body(chunk); };
   cb.on_complete = [session] { session->shared_from_this()->on_decode_complete(); };
-  cb.on_error = [self](const Status& error) {  // holds the session (KeepAlive)
+  cb.keep_alive = self;  // see KeepAlive
+  cb.on_error = [session](const Status& error) {
+    const auto self = session->shared_from_this();
     State& s = *self->s_;
     if (self->finished()) return;
     self->node_failed(Leg::kDecode, s.decode_call.get());
@@ -1066,8 +1108,7 @@ void ProxySession::end(RequestState final_state) {
       s.decode_call->cancel();
       s.decode_call.reset();
     }
-    s.prefill_body.clear();
-    s.prefill_body.shrink_to_fit();
+    give_answer_buffer(s.prefill_body);
     s.orphan = true;
     s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
     const auto grace = std::min(until(s.prefill_deadline), std::chrono::milliseconds(kOrphanGrace));
@@ -1082,6 +1123,7 @@ void ProxySession::end(RequestState final_state) {
   // Nothing can retry any more: the bodies go now, not when the last callback lets go of the
   // session (an orphaned prefill keeps it for up to kOrphanGrace).
   s.req.body = std::string();
+  give_answer_buffer(s.prefill_body);
   s.client = proto::JsonObjectBody();
   s.legs.prefill.body = proto::JsonObjectBody();
   s.legs.decode.body = proto::JsonObjectBody();

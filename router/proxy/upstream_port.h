@@ -6,7 +6,8 @@
 // on_head once, on_body zero or more times, then exactly one of on_complete / on_error (which may
 // come before on_head); no callback inside start(); none after cancel(); everything on the
 // worker's loop thread. UpstreamCall::failure() is set before on_error fires. A call's callbacks
-// are released together (once it is done or cancelled), never while one of them runs.
+// (and UpstreamCallbacks::keep_alive) are released together (once it is done or cancelled),
+// never while one of them runs.
 //
 // PoolUpstreamPort is the production implementation: the worker's http::UpstreamPool, whose call
 // handles are UpstreamPort::Call themselves (no allocation of its own per call).

@@ -550,6 +550,46 @@ TEST_F(UpstreamClientTest, InterimResponseSkippedAndConnectionCloseHonoured) {
   EXPECT_EQ(pool_->stats().idle, 0u);
 }
 
+// only_content_type: on_head gets the Content-Type header alone, wherever it is in the head and
+// however its value is spelled; the framing headers still work (the parser reads them itself).
+TEST_F(UpstreamClientTest, OnlyContentTypeHeaderIsKept) {
+  const std::string heads[] = {
+      "HTTP/1.1 200 OK\r\nServer: raw\r\nCONTENT-type: text/event-stream; charset=utf-8\r\n"
+      "X-Other: 1\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+      "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\nDate: today\r\n"
+      "Content-Type: application/json\r\n\r\nhello",
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\nX-A: b\r\n\r\n"
+      "5\r\nhello\r\n0\r\n\r\n",
+  };
+  const std::string types[] = {"text/event-stream; charset=utf-8", "application/json", ""};
+  for (size_t i = 0; i < 3; ++i) {
+    RawUpstream raw(heads[i]);
+    target_ = proto::HostPort{"127.0.0.1", raw.port()};
+    Outcome o;
+    UpstreamRequest req;
+    req.path = "/raw";
+    req.only_content_type = true;
+    auto c = pool_->start(target_, std::move(req), {}, record_into(&o));
+    ASSERT_TRUE(run_until([&] { return o.done(); })) << i;
+    ASSERT_TRUE(o.completed) << i << ": " << o.error.to_string();
+    EXPECT_EQ(o.body, "hello") << i;
+    if (types[i].empty()) {
+      EXPECT_TRUE(o.headers.empty()) << i;
+    } else {
+      ASSERT_EQ(o.headers.size(), 1u) << i;
+      EXPECT_TRUE(iequals(o.headers[0].name, "content-type")) << i;
+      EXPECT_EQ(o.headers[0].value, types[i]) << i;
+    }
+  }
+  // Without it every header is there.
+  RawUpstream raw(heads[0]);
+  target_ = proto::HostPort{"127.0.0.1", raw.port()};
+  Outcome o;
+  auto c = call("/raw", &o);
+  ASSERT_TRUE(run_until([&] { return o.done(); }));
+  EXPECT_EQ(o.headers.size(), 5u);
+}
+
 TEST_F(UpstreamClientTest, TruncatedResponseIsAnError) {
   RawUpstream raw("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly a part");
   target_ = proto::HostPort{"127.0.0.1", raw.port()};

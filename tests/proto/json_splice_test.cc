@@ -478,6 +478,52 @@ TEST(JsonSplice, MemberOfParsedBodyIsIndexedWithoutValidation) {
             StatusCode::kWrongType);
 }
 
+// Values of an indexed member are skipped by brackets and quotes: brackets inside strings,
+// escaped quotes, nested containers and bare scalars end where parse_borrowed says they do.
+TEST(JsonSplice, MemberIndexSkipsNestedValuesLikeTheFullScan) {
+  const std::string docs[] = {
+      R"({"kv":{"a":"x]}\"{[","b":[1,{"c":"]"},[[]],"}"],"d":-1.5e3,"e":true,"f":null,"g":{}}})",
+      R"({"kv":{ "a" : [ 1 , 2 ] , "b" :"\\" ,"c":{ "x" : { "y" : "\"}" } } }})",
+      R"({"kv":{"only":0}})",
+      R"({"kv":{}})",
+  };
+  for (const std::string& doc : docs) {
+    JsonObjectBody answer, indexed, reference;
+    ASSERT_TRUE(JsonObjectBody::parse(doc, JsonLimits(), &answer).is_ok()) << doc;
+    const std::string_view kv = *answer.get_raw("kv");
+    ASSERT_TRUE(JsonObjectBody::parse_member_borrowed(kv, JsonLimits(), &indexed).is_ok()) << doc;
+    ASSERT_TRUE(JsonObjectBody::parse_borrowed(kv, JsonLimits(), &reference).is_ok()) << doc;
+    EXPECT_EQ(indexed.size(), reference.size()) << doc;
+    for (const char* key : {"a", "b", "c", "d", "e", "f", "g", "only"}) {
+      EXPECT_EQ(indexed.get_raw(key), reference.get_raw(key)) << doc << " " << key;
+    }
+    EXPECT_EQ(indexed.render(), reference.render()) << doc;
+  }
+}
+
+// Bodies reuse the tables of bodies gone (per-thread spares): copies, edits and parses after one
+// another stay independent.
+TEST(JsonSplice, BodiesReusingStorageStayIndependent) {
+  JsonObjectBody client;
+  ASSERT_TRUE(JsonObjectBody::parse(R"({"a":1,"b":"x"})", JsonLimits(), &client).is_ok());
+  for (int round = 0; round < 3; ++round) {
+    std::vector<JsonObjectBody> legs(3, client);
+    legs[0].set_raw("a", "2");
+    legs[1].set_raw("c", "[3]");
+    legs[2].remove("b");
+    EXPECT_EQ(legs[0].render(), R"({"a":2,"b":"x"})");
+    EXPECT_EQ(legs[1].render(), R"({"a":1,"b":"x","c":[3]})");
+    EXPECT_EQ(legs[2].render(), R"({"a":1})");
+    JsonObjectBody copy = legs[1];
+    legs.clear();  // their storage goes to the spares
+    EXPECT_EQ(copy.render(), R"({"a":1,"b":"x","c":[3]})");
+    JsonObjectBody fresh;
+    fresh.set_raw("z", "0");  // a body built from nothing takes spare storage too
+    EXPECT_EQ(fresh.get_raw("z"), "0");
+  }
+  EXPECT_EQ(client.render(), R"({"a":1,"b":"x"})");
+}
+
 TEST(JsonSplice, StringBuilderEscapesEveryByteAsBefore) {
   // The escaping rules byte by byte (the builder copies unescaped bytes in runs).
   auto reference = [](std::string_view s) {
