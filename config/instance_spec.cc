@@ -26,6 +26,20 @@ Status parse_instance_connector(std::string_view text, proto::Connector* out) {
                                                        quoted_excerpt(text), kConnectorNames));
 }
 
+Status parse_node_connector(std::string_view text, proto::Connector* out) {
+  if (text == "none") {
+    *out = proto::Connector::kUnknown;
+    return Status::ok();
+  }
+  proto::Connector parsed;
+  if (proto::parse_connector(text, &parsed) && parsed != proto::Connector::kUnknown) {
+    *out = parsed;
+    return Status::ok();
+  }
+  return Status(StatusCode::kInvalidValue,
+                fmt::format("unknown connector {} (expected {} or none)", quoted_excerpt(text), kConnectorNames));
+}
+
 Status parse_instance_transfer_mode(std::string_view text, proto::TransferMode* out) {
   if (proto::parse_transfer_mode(text, out)) return Status::ok();
   return Status(StatusCode::kInvalidValue,

@@ -26,6 +26,11 @@ inline constexpr std::string_view kConnectorNames = "moriio, p2p-nccl, nixl, moo
 // A connector must be a real one ("unknown" is refused).
 Status parse_instance_role(std::string_view text, proto::Role* out);
 Status parse_instance_connector(std::string_view text, proto::Connector* out);
+// A node's own connector: one of those, or "none" (Connector::kUnknown) for a node with no KV
+// connector (a GPU-less `vllm launch render` node, a pooling model): it is never paired for P/D
+// (discovery/routable_index.cc skips it) and serves only the one-node endpoints its `serves`
+// label names (router/proxy/one_node_relay.h).
+Status parse_node_connector(std::string_view text, proto::Connector* out);
 Status parse_instance_transfer_mode(std::string_view text, proto::TransferMode* out);
 
 // Which optional keys the operator wrote (a written default differs from an absent key).

@@ -558,7 +558,7 @@ Status read_instance(const Source& src, const Field& f, const Topology::Connecto
     return read_parsed(src, v, &proto::parse_host_port, &inst.http_address);
   });
   r.with("connector", [&](const Field& v) {
-    return read_parsed(src, v, &parse_instance_connector, &inst.connector);
+    return read_parsed(src, v, &parse_node_connector, &inst.connector);
   });
   r.with("transfer_mode", [&](const Field& v) {
     return read_parsed(src, v, &parse_instance_transfer_mode, &inst.transfer_mode);

@@ -221,7 +221,7 @@ Status parse_admin_instance(std::string_view body, const discovery::Topology::Co
   for (auto read : std::initializer_list<std::function<Status()>>{
            [&] { return read_named(doc, "role", &discovery::parse_instance_role, &inst.role, &has_role); },
            [&] { return read_named(doc, "http_address", &parse_address, &inst.http_address, &has_http); },
-           [&] { return read_named(doc, "connector", &discovery::parse_instance_connector, &inst.connector); },
+           [&] { return read_named(doc, "connector", &discovery::parse_node_connector, &inst.connector); },
            [&] {
              return read_named(doc, "transfer_mode", &discovery::parse_instance_transfer_mode,
                                &inst.transfer_mode, &given.transfer_mode);

@@ -53,7 +53,7 @@ Status pod_registration(const proto::PodInfo& pod, const discovery::Topology::Ku
   node.connector = defaults.default_connector;
   discovery::InstanceKeysGiven given;
   if (const std::string* text = pod.annotation(kPodConnectorAnnotation)) {
-    if (Status st = discovery::parse_instance_connector(*text, &node.connector); !st) {
+    if (Status st = discovery::parse_node_connector(*text, &node.connector); !st) {
       return with_annotation(kPodConnectorAnnotation, st);
     }
   }

@@ -129,6 +129,23 @@ class ThroughPdrouter(unittest.TestCase):
         self.assertEqual(served(c.prefills, "/v1/chat/completions/render"), [4])
         self.assertEqual(served(c.decodes, "/v1/chat/completions/render"), [0])
 
+    def test_a_node_without_connector_serves_render_and_is_never_paired(self):
+        # A GPU-less render node (`vllm launch render`) has no KV connector: `connector: none`.
+        render = SimNode("--role", "decode", "--connector", "nixl")
+        self.addCleanup(render.stop)
+        address = "127.0.0.1:%d" % render.port
+        c = self.cluster(topology="instances:\n  - role: decode\n    http_address: \"%s\"\n"
+                                  "    connector: none\n    labels:\n      serves: render\n" % address)
+        self.assertNotIn("connector", c.router.instance(address))  # /status: no KV connector
+        for _ in range(3):
+            status, _, raw = c.post("/v1/chat/completions/render", IMAGE_CHAT)
+            self.assertEqual(status, 200, raw)
+            status, _, raw = c.post("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+            self.assertEqual(status, 200, raw)
+        self.assertEqual(served([render], "/v1/chat/completions/render"), [3])
+        self.assertEqual(served([render], "/v1/completions"), [0])
+        self.assertEqual(served(c.decodes, "/v1/completions"), [3])
+
     def test_pooling_is_501_unless_a_node_declares_it(self):
         c = self.cluster()
         for path in ("/v1/embeddings", "/pooling", "/classify", "/score", "/rerank",

@@ -152,7 +152,8 @@ TEST(RouteTable, ListenerPlacement) {
                                              "/v1/chat/completions/render", "/v1/completions/render", "/tokenize",
                                              "/detokenize", "/v1/embeddings", "/pooling", "/classify", "/score",
                                              "/v1/score", "/rerank", "/v1/rerank", "/v1/audio/**",
-                                             "/v1/audio/transcriptions", "/v1/responses", "/health_generate"};
+                                             "/v1/audio/transcriptions", "/v1/responses", "/health_generate",
+                                             "/inference/v1/generate"};
   for (const std::string& path : admin_only) {
     EXPECT_NE(table().lookup(Surface::kAll, "", path).resource, nullptr) << path;
     EXPECT_NE(table().lookup(Surface::kAdmin, "", path).resource, nullptr) << path;
