@@ -1,6 +1,7 @@
 #include "http/http_connection.h"
 
 #include <linux/sockios.h>
+#include "base/guarded.h"
 #include "base/log.h"
 #include <sys/ioctl.h>
 
@@ -38,13 +39,7 @@ struct WriteReq {
 
 template <typename Fn>
 void invoke_guarded(Fn& fn, const char* what) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    pdr::log::error("http: {} callback threw: {}", what, e.what());
-  } catch (...) {
-    pdr::log::error("http: {} callback threw a non-std exception", what);
-  }
+  run_guarded("http", what, fn);
 }
 
 

@@ -1,4 +1,5 @@
 #include "router/etcd/registry_replicator.h"
+#include "base/guarded.h"
 
 #include "base/log.h"
 #include <uv.h>
@@ -347,13 +348,7 @@ class RegistryReplicator::Impl {
   // libuv callbacks: nothing may propagate out of them.
   template <typename Fn>
   static void guarded(const char* what, Fn&& fn) {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      pdr::log::error("etcd registry: {} threw: {}", what, e.what());
-    } catch (...) {
-      pdr::log::error("etcd registry: {} threw", what);
-    }
+    run_guarded("etcd registry", what, std::forward<Fn>(fn));
   }
   static Impl* self(uv_handle_t* h) { return static_cast<Impl*>(h->data); }
   static void on_stop(uv_async_t* a) {

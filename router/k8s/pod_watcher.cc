@@ -1,4 +1,5 @@
 #include "router/k8s/pod_watcher.h"
+#include "base/guarded.h"
 
 #include "base/log.h"
 #include <uv.h>
@@ -461,13 +462,7 @@ class PodWatcher::Impl {
   // libuv callbacks: nothing may propagate out of them.
   template <typename Fn>
   static void guarded(const char* what, Fn&& fn) {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      pdr::log::error("kubernetes: {} threw: {}", what, e.what());
-    } catch (...) {
-      pdr::log::error("kubernetes: {} threw", what);
-    }
+    run_guarded("kubernetes", what, std::forward<Fn>(fn));
   }
   static Impl* self(uv_handle_t* h) { return static_cast<Impl*>(h->data); }
   static void on_stop(uv_async_t* a) {

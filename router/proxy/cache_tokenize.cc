@@ -30,19 +30,7 @@ InstancePtr pick_node(WorkerContext& worker, std::string_view model) {
     if (routable(*inst) && serves_model(*inst, model)) nodes.push_back(&inst);
   }
   if (nodes.empty()) return nullptr;
-  const size_t start = worker.random() % nodes.size();
-  const InstancePtr* best = nullptr;
-  Candidate best_load;
-  for (size_t n = 0; n < nodes.size(); ++n) {
-    const InstancePtr& inst = *nodes[(start + n) % nodes.size()];
-    const Candidate load{inst->key, inst->liveness->outstanding.load(std::memory_order_relaxed),
-                         std::max<uint32_t>(1, inst->dp_size)};
-    if (best == nullptr || less_loaded(load, best_load)) {
-      best = nodes[(start + n) % nodes.size()];
-      best_load = load;
-    }
-  }
-  return *best;
+  return *least_loaded_node(nodes, worker.random() % nodes.size());
 }
 
 // {"model":..,"prompt":..} or {"model":..,"messages":..,<chat fields>}: raw values of the client's

@@ -58,19 +58,7 @@ InstancePtr pick(WorkerContext& worker, OneNodeClass node_class, bool* declared)
     if (routable(*inst) && eligible(*inst, node_class, up_declared)) nodes.push_back(&inst);
   }
   if (nodes.empty()) return nullptr;
-  const size_t start = worker.random() % nodes.size();
-  const InstancePtr* best = nullptr;
-  Candidate best_load;
-  for (size_t n = 0; n < nodes.size(); ++n) {
-    const InstancePtr& inst = *nodes[(start + n) % nodes.size()];
-    const Candidate load{inst->key, inst->liveness->outstanding.load(std::memory_order_relaxed),
-                         std::max<uint32_t>(1, inst->dp_size)};
-    if (best == nullptr || less_loaded(load, best_load)) {
-      best = nodes[(start + n) % nodes.size()];
-      best_load = load;
-    }
-  }
-  return *best;
+  return *least_loaded_node(nodes, worker.random() % nodes.size());
 }
 
 // The relay of one answer: the writer, the call, and the node's in-flight count held until the end.

@@ -29,6 +29,21 @@ bool serves_model(const Instance& i, std::string_view model) {
   return i.model.empty() || model.empty() || i.model == model;
 }
 
+const InstancePtr* least_loaded_node(const std::vector<const InstancePtr*>& nodes, size_t start) {
+  const InstancePtr* best = nullptr;
+  Candidate best_load;
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    const InstancePtr* node = nodes[(start + n) % nodes.size()];
+    const Candidate load{(*node)->key, (*node)->liveness->outstanding.load(std::memory_order_relaxed),
+                         std::max<uint32_t>(1, (*node)->dp_size)};
+    if (best == nullptr || less_loaded(load, best_load)) {
+      best = node;
+      best_load = load;
+    }
+  }
+  return best;
+}
+
 namespace {
 
 bool contains(std::span<const std::string> keys, std::string_view key) {

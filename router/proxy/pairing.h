@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "discovery/instance.h"
 #include "base/status.h"
@@ -40,6 +41,10 @@ using InstancePtr = std::shared_ptr<const discovery::Instance>;
 bool compatible(const discovery::Instance& prefill, const discovery::Instance& decode);
 bool routable(const discovery::Instance& instance);
 bool serves_model(const discovery::Instance& instance, std::string_view model);
+// The least loaded of `nodes` (pdrouter's in-flight count / dp_size, as least_outstanding reads
+// it), ties going to the first from `start` on (callers pass a random start so ties rotate);
+// null when `nodes` is empty. The one-node endpoints and cache_aware's tokenize call pick with it.
+const InstancePtr* least_loaded_node(const std::vector<const InstancePtr*>& nodes, size_t start);
 
 struct PairQuery {
   std::string_view model;                           // the client's "model"; empty: any
