@@ -43,6 +43,8 @@ def probe_port():
 class Etcd:
     """etcd on two free loopback ports (etcd cannot take port 0: bind-probe, retry on a clash)."""
 
+    SCHEME = "http"
+
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="pdr-etcd-it-")
         self.proc = None
@@ -61,23 +63,32 @@ class Etcd:
         except OSError:
             return ""
 
+    def extra_args(self):
+        """etcd flags a subclass adds (TLS)."""
+        return []
+
+    def ssl_context(self):
+        """The context the health probe uses (None: plain HTTP)."""
+        return None
+
     def start(self, timeout=20):
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = f"{self.SCHEME}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         log = open(os.path.join(self.dir, "etcd.log"), "a")
         self.proc = subprocess.Popen(
             [ETCD, "--data-dir", os.path.join(self.dir, "data"), "--listen-client-urls", client,
              "--advertise-client-urls", client, "--listen-peer-urls", peer,
              "--initial-advertise-peer-urls", peer, "--initial-cluster", "default=" + peer,
-             "--log-level", "warn"], stdout=log, stderr=log)
+             *self.extra_args(), "--log-level", "warn"], stdout=log, stderr=log)
         log.close()
+        context = self.ssl_context()
         deadline = time.monotonic() + timeout * TIME_SCALE
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.proc = None
                 return False
             try:
-                with urllib.request.urlopen(client + "/health", timeout=0.5) as resp:
+                with urllib.request.urlopen(client + "/health", timeout=0.5, context=context) as resp:
                     if b"true" in resp.read():
                         return True
             except OSError:

@@ -12,17 +12,15 @@ test's temporary directory; etcd runs with --client-cert-auth.
 
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import tempfile
 import time
 import unittest
-import urllib.request
 
 from pdrouter_fixture import Router, TIME_SCALE, pdrouter_path
 from sim_fixture import SimNode
-from test_etcd_replicas import ETCD, completion, probe_port
+from test_etcd_replicas import ETCD, Etcd, completion
 
 OPENSSL = shutil.which("openssl")
 VERIFY_ERRORS = 'pdrouter_upstream_tls_errors_total{reason="verify"}'
@@ -51,67 +49,26 @@ def make_pki(directory):
                 "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
 
 
-class TlsEtcd:
+class TlsEtcd(Etcd):
     """etcd serving clients over https with --client-cert-auth, on bind-probed loopback ports."""
+
+    SCHEME = "https"
 
     def __init__(self, pki):
         self.pki = pki
-        self.dir = tempfile.mkdtemp(prefix="pdr-etcd-tls-it-")
-        self.proc = None
-        for _ in range(5):
-            self.client_port, self.peer_port = probe_port(), probe_port()
-            if self.client_port != self.peer_port and self.start():
-                return
-        raise AssertionError("etcd did not start:\n" + self.log())
+        super().__init__()
 
     def path(self, name):
         return os.path.join(self.pki, name)
 
-    def log(self):
-        try:
-            with open(os.path.join(self.dir, "etcd.log")) as f:
-                return f.read()[-3000:]
-        except OSError:
-            return ""
+    def extra_args(self):
+        return ["--cert-file", self.path("server.crt"), "--key-file", self.path("server.key"),
+                "--client-cert-auth", "--trusted-ca-file", self.path("ca.crt")]
 
-    def start(self, timeout=20):
-        client = f"https://127.0.0.1:{self.client_port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        log = open(os.path.join(self.dir, "etcd.log"), "a")
-        self.proc = subprocess.Popen(
-            [ETCD, "--data-dir", os.path.join(self.dir, "data"), "--listen-client-urls", client,
-             "--advertise-client-urls", client, "--listen-peer-urls", peer,
-             "--initial-advertise-peer-urls", peer, "--initial-cluster", "default=" + peer,
-             "--cert-file", self.path("server.crt"), "--key-file", self.path("server.key"),
-             "--client-cert-auth", "--trusted-ca-file", self.path("ca.crt"),
-             "--log-level", "warn"], stdout=log, stderr=log)
-        log.close()
+    def ssl_context(self):
         context = ssl.create_default_context(cafile=self.path("ca.crt"))
         context.load_cert_chain(self.path("client.crt"), self.path("client.key"))
-        deadline = time.monotonic() + timeout * TIME_SCALE
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.proc = None
-                return False
-            try:
-                with urllib.request.urlopen(client + "/health", timeout=0.5, context=context) as resp:
-                    if b"true" in resp.read():
-                        return True
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.kill()
-        return False
-
-    def kill(self):
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-            self.proc = None
-
-    def close(self):
-        self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        return context
 
 
 def topology(etcd, replica, prefix, ca="ca.crt"):
