@@ -101,4 +101,15 @@ void record_routing(const CacheRouting& routing, const Pair& pair, ProxyShared& 
   }
 }
 
+void forget_departed_nodes(const std::vector<InstancePtr>& before, const std::vector<InstancePtr>& after,
+                           cache::PrefixTree& tree) {
+  auto a = after.begin();
+  for (const InstancePtr& old : before) {
+    while (a != after.end() && (*a)->key < old->key) ++a;
+    const bool same = a != after.end() && (*a)->key == old->key && (*a)->epoch == old->epoch &&
+                      (*a)->restarts == old->restarts;
+    if (!same) tree.remove_tenant(old->key);
+  }
+}
+
 }  // namespace pdr::router::proxy

@@ -50,4 +50,10 @@ bool match_token_ids(const std::vector<uint32_t>& tokens, std::string_view model
 // After a pair was chosen for a request with a lookup.
 void record_routing(const CacheRouting& routing, const Pair& pair, ProxyShared& shared);
 
+// Between two registry snapshots (both sorted by key): every node of `before` that is gone from
+// `after`, or came back with another epoch (a restart: its cache is empty), is forgotten by the
+// prefix tree, so cache_aware does not prefer it for prompts it no longer holds.
+void forget_departed_nodes(const std::vector<InstancePtr>& before, const std::vector<InstancePtr>& after,
+                           cache::PrefixTree& tree);
+
 }  // namespace pdr::router::proxy

@@ -1,3 +1,4 @@
+#include "router/proxy/cache_routing.h"
 #include "router/proxy/proxy_shared.h"
 
 #include <random>
@@ -36,6 +37,15 @@ WorkerContext::WorkerContext(ProxyShared& shared, uint32_t index, uv_loop_s* loo
 WorkerContext::~WorkerContext() {
   if (upstream_ != &pool_port_) upstream_->close_all();
   pool_.close_all();
+}
+
+void WorkerContext::on_new_registry(const std::shared_ptr<const discovery::RegistrySnapshot>& now) {
+  // Every worker sees every snapshot and forgets the same nodes; forgetting is idempotent, and
+  // snapshots change on registration events, not per request.
+  if (seen_registry_ && now && shared_.prefix_tree != nullptr) {
+    forget_departed_nodes(seen_registry_->instances, now->instances, *shared_.prefix_tree);
+  }
+  seen_registry_ = now;
 }
 
 PolicySet& WorkerContext::policies() {

@@ -96,7 +96,11 @@ class WorkerContext {
   discovery::LogLimiter& leg_log() { return leg_log_; }
 
   // Newest snapshot / topology (one atomic load when unchanged). Valid until the next call.
-  const std::shared_ptr<const discovery::RegistrySnapshot>& registry() { return registry_.get(); }
+  const std::shared_ptr<const discovery::RegistrySnapshot>& registry() {
+    const auto& now = registry_.get();
+    if (now != seen_registry_) on_new_registry(now);
+    return now;
+  }
   const std::shared_ptr<const discovery::Topology>& topology() { return topology_.get(); }
   PolicySet& policies();
 
@@ -113,6 +117,10 @@ class WorkerContext {
   ModelsCache models_;
   discovery::LogLimiter leg_log_{"proxy"};
   discovery::SnapshotReader<discovery::RegistrySnapshot> registry_;
+  // The snapshot this worker last saw: on a new one, nodes that left or restarted since are
+  // forgotten by the prefix tree (their caches are gone).
+  std::shared_ptr<const discovery::RegistrySnapshot> seen_registry_;
+  void on_new_registry(const std::shared_ptr<const discovery::RegistrySnapshot>& now);
   discovery::SnapshotReader<discovery::Topology> topology_;
   std::shared_ptr<const discovery::Topology> policies_topology_;
   std::shared_ptr<PolicySet> policies_;

@@ -176,4 +176,28 @@ TEST(CacheRouting, TokenizedTextMatchesExactlyOrKeepsThePrefixTree) {
 }
 
 }  // namespace
+TEST(CacheRouting, NodesThatLeftOrRestartedAreForgottenByThePrefixTree) {
+  cache::PrefixTree tree;
+  const auto now = cache::PrefixTree::Clock::now();
+  for (const char* node : {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"}) {
+    tree.insert("the same long system prompt", node, now);
+  }
+  auto node = [](const char* key, uint64_t epoch, uint64_t restarts = 0) {
+    InstancePtr i = instance(key, proto::Role::kPrefill);
+    auto* mutable_i = const_cast<discovery::Instance*>(i.get());
+    mutable_i->epoch = epoch;
+    mutable_i->restarts = restarts;
+    return i;
+  };
+  const std::vector<InstancePtr> before = {node("127.0.0.1:1", 7), node("127.0.0.1:2", 7), node("127.0.0.1:3", 7),
+                                           node("127.0.0.1:4", 7, 1)};
+  // :1 unchanged, :2 restarted (new epoch), :3 gone, :4 restarted (same epoch reported, counted).
+  const std::vector<InstancePtr> after = {node("127.0.0.1:1", 7), node("127.0.0.1:2", 8), node("127.0.0.1:4", 7, 2),
+                                          node("127.0.0.1:5", 1)};
+  forget_departed_nodes(before, after, tree);
+  std::vector<std::string> left;
+  for (const auto& m : tree.match("the same long system prompt")) left.push_back(m.tenant);
+  EXPECT_EQ(left, std::vector<std::string>{"127.0.0.1:1"});
+}
+
 }  // namespace pdr::router::proxy
