@@ -222,6 +222,8 @@ def main():
         pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
         a_metrics = http_get(f"http://{a_http}/metrics").decode()
         puts = [l for l in a_metrics.splitlines() if l.startswith("pdrouter_etcd_puts_total")]
+        backend = {n: json.loads(http_get(f"http://{h}/status", 10)).get("registry_backend")
+                   for n, h in (("a", a_http), ("b", b_http))}
         print(json.dumps({
             "nodes": args.nodes, "heartbeat_interval_s": args.interval, "senders": args.senders,
             "visible_on_b": len(seen_at), "all_visible_after_s": round(visible_after, 1),
@@ -231,7 +233,7 @@ def main():
             "window_s": round(elapsed, 1), "heartbeats_per_s": round(nbeats / elapsed, 1),
             "heartbeats_late_0_5s_in_window": nlate, "up_on_b_at_end": up_end,
             "etcd_writes_per_s": round(writes / elapsed, 2),
-            "replica_a": puts[0] if puts else None,
+            "replica_a": puts[0] if puts else None, "registry_backend_at_end": backend,
             "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs",
             "loadavg": os.getloadavg(),
         }, indent=1))

@@ -280,10 +280,16 @@ class RegistryReplicator::Impl {
     for (auto& [node, value] : desired) {
       auto it = written_.find(node);
       if (it != written_.end() && it->second == value) continue;
+      if (in_flight_ >= kMaxInFlight) {
+        force_scan_ = true;  // the rest on the next scan
+        break;
+      }
       written_[node] = value;
       status_.puts.fetch_add(1, std::memory_order_relaxed);
+      ++in_flight_;
       client_->put(replica_key(options_.prefix, options_.replica_id, node), value, lease_,
                    [this, gen, node](const Status& st, const proto::EtcdAnswer&) {
+                     --in_flight_;
                      if (st) return;
                      written_.erase(node);  // written again after the resync
                      fail(gen, "put: " + st.message());
@@ -294,9 +300,15 @@ class RegistryReplicator::Impl {
         ++it;
         continue;
       }
+      if (in_flight_ >= kMaxInFlight) {
+        force_scan_ = true;
+        break;
+      }
       status_.deletes.fetch_add(1, std::memory_order_relaxed);
+      ++in_flight_;
       client_->delete_key(replica_key(options_.prefix, options_.replica_id, it->first),
                           [this, gen](const Status& st, const proto::EtcdAnswer&) {
+                            --in_flight_;
                             if (!st) fail(gen, "delete: " + st.message());
                           });
       it = written_.erase(it);
@@ -384,6 +396,12 @@ class RegistryReplicator::Impl {
   bool closed_ = false;
   std::map<std::string, std::string> written_;  // node key -> value this replica wrote
   RemoteMap remote_;
+  // Puts and deletes in flight, at most kMaxInFlight: a burst of thousands of registrations
+  // would otherwise start thousands of requests at once; on a loaded etcd some time out, each
+  // failure resyncs and rewrites every entry, and the replica never catches up (seen at 10,000
+  // nodes, bench/etcd/RESULTS.md). What does not fit waits for the next scan.
+  static constexpr size_t kMaxInFlight = 256;
+  size_t in_flight_ = 0;
   mutable std::mutex error_mutex_;
   std::string last_error_;
 };
