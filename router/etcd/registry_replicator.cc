@@ -291,6 +291,9 @@ class RegistryReplicator::Impl {
                    [this, gen, node](const Status& st, const proto::EtcdAnswer&) {
                      --in_flight_;
                      if (st) return;
+                     // The lease expired under us (its keepalives were late): a new one, or every
+                     // resync would put on the dead lease again and never recover.
+                     if (gen == generation_ && st.message().find("lease not found") != std::string::npos) lease_ = 0;
                      written_.erase(node);  // written again after the resync
                      fail(gen, "put: " + st.message());
                    });
