@@ -20,7 +20,7 @@ HOSTILE_PAGE = (
     "# HELP vllm:num_requests_running Some other help text.\n"
     "# TYPE vllm:num_requests_running gauge\n"
     "vllm:num_requests_running{engine=\"0\",model_name=\"sim-model\"} 7\n"
-    "vllm:forged{pdrouter_node=\"10.9.9.9:1\"} 1\n"          # pdrouter's own label: refused
+    "vllm:forged{pdrouter_node=\"127.9.9.9:1\"} 1\n"          # pdrouter's own label: refused
     "vllm:broken{model_name=\"unterminated} 1\n"            # refused
     "vllm:notanumber 12abc\n"                               # refused
     "vllm:too_long{x=\"" + "y" * 5000 + "\"} 1\n"           # label value over the limit
@@ -100,7 +100,7 @@ class EngineMetrics(unittest.TestCase):
         self.assertIn('vllm:num_requests_running{pdrouter_node="%s",pdrouter_role="decode",engine="0",'
                       'model_name="sim-model"} 7' % self.hostile_address, lines)
         self.assertIn('fake_up{pdrouter_node="%s",pdrouter_role="decode"} 1' % self.hostile_address, lines)
-        for dropped in ("forged", "broken", "notanumber", "too_long", "10.9.9.9"):
+        for dropped in ("forged", "broken", "notanumber", "too_long", "127.9.9.9"):
             self.assertNotIn(dropped, page)
         self.assertNotIn("fake_conflicted 5", page)
         self.assertIn('pdrouter_engine_metrics_scrape_ok{node="%s",role="decode"} 1' % self.hostile_address, lines)
