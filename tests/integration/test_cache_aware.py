@@ -30,28 +30,37 @@ def served_prompts(node):
     return out
 
 
+def start_cache_cluster(test, cache_aware_options="", env=None):
+    """On `test`: a KV events publisher (test.pub) standing for prefill 1, 2 prefill and 2 decode
+    NIXL sims (test.prefills, test.decodes) and a cache_aware router (test.router) subscribed to
+    it; `cache_aware_options` is a flow map's content for policies.cache_aware; `env` holds
+    PDR_TEST_ADMIN_KEY (default this module's ENV)."""
+    test.ctx = zmq.Context()
+    test.addCleanup(test.ctx.destroy, 0)
+    test.pub = Publisher(test.ctx)
+    test.addCleanup(test.pub.sock.close, 0)
+    test.prefills = [SimNode("--role", "prefill", "--connector", "nixl") for _ in range(2)]
+    test.decodes = [SimNode("--role", "decode", "--connector", "nixl") for _ in range(2)]
+    for node in test.prefills + test.decodes:
+        test.addCleanup(node.stop)
+    instances = []
+    for i, node in enumerate(test.prefills):
+        extra = f', kv_events_endpoint: "{test.pub.endpoint}"' if i == 1 else ""
+        instances.append(f'  - {{role: prefill, http_address: "{node.http_address}", connector: nixl{extra}}}')
+    for node in test.decodes:
+        instances.append(f'  - {{role: decode, http_address: "{node.http_address}", connector: nixl}}')
+    topology = ("admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\nkv_events:\n  enabled: true\n"
+                "policies:\n  prefill: cache_aware\n  decode: cache_aware\n"
+                + (f"  cache_aware: {{{cache_aware_options}}}\n" if cache_aware_options else "")
+                + "instances:\n" + "\n".join(instances) + "\n")
+    test.router = Router(topology, env=env or ENV)
+    test.addCleanup(test.router.stop)
+    test.pub.await_subscriber()
+
+
 class CacheAwareTest(unittest.TestCase):
     def setUp(self):
-        self.ctx = zmq.Context()
-        self.addCleanup(self.ctx.destroy, 0)
-        self.pub = Publisher(self.ctx)
-        self.addCleanup(self.pub.sock.close, 0)
-        self.prefills = [SimNode("--role", "prefill", "--connector", "nixl") for _ in range(2)]
-        self.decodes = [SimNode("--role", "decode", "--connector", "nixl") for _ in range(2)]
-        for node in self.prefills + self.decodes:
-            self.addCleanup(node.stop)
-        instances = []
-        for i, node in enumerate(self.prefills):
-            extra = f', kv_events_endpoint: "{self.pub.endpoint}"' if i == 1 else ""
-            instances.append(f'  - {{role: prefill, http_address: "{node.http_address}", connector: nixl{extra}}}')
-        for node in self.decodes:
-            instances.append(f'  - {{role: decode, http_address: "{node.http_address}", connector: nixl}}')
-        topology = ("admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\nkv_events:\n  enabled: true\n"
-                    "policies:\n  prefill: cache_aware\n  decode: cache_aware\n"
-                    "instances:\n" + "\n".join(instances) + "\n")
-        self.router = Router(topology, env=ENV)
-        self.addCleanup(self.router.stop)
-        self.pub.await_subscriber()
+        start_cache_cluster(self)
 
     def post(self, path, body):
         code, _, raw = self.router.request("POST", path, body=json.dumps(body).encode(),

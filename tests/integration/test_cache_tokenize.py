@@ -10,12 +10,9 @@ import socket
 import time
 import unittest
 
-import zmq
-
-from pdrouter_fixture import TIME_SCALE, Router
-from sim_fixture import SimNode
-from test_cache_aware import served_prompts
-from test_kv_events import BLOCK, Publisher, batch, stored_map
+from pdrouter_fixture import TIME_SCALE
+from test_cache_aware import served_prompts, start_cache_cluster
+from test_kv_events import BLOCK, batch, stored_map
 
 KEY = "cache-tokenize-test-key"
 ENV = {"PDR_TEST_ADMIN_KEY": KEY}
@@ -32,27 +29,7 @@ class CacheTokenizeBase:
     TIMEOUT_MS = int(5000 * TIME_SCALE)
 
     def setUp(self):
-        self.ctx = zmq.Context()
-        self.addCleanup(self.ctx.destroy, 0)
-        self.pub = Publisher(self.ctx)
-        self.addCleanup(self.pub.sock.close, 0)
-        self.prefills = [SimNode("--role", "prefill", "--connector", "nixl") for _ in range(2)]
-        self.decodes = [SimNode("--role", "decode", "--connector", "nixl") for _ in range(2)]
-        for node in self.prefills + self.decodes:
-            self.addCleanup(node.stop)
-        instances = []
-        for i, node in enumerate(self.prefills):
-            extra = f', kv_events_endpoint: "{self.pub.endpoint}"' if i == 1 else ""
-            instances.append(f'  - {{role: prefill, http_address: "{node.http_address}", connector: nixl{extra}}}')
-        for node in self.decodes:
-            instances.append(f'  - {{role: decode, http_address: "{node.http_address}", connector: nixl}}')
-        topology = ("admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\nkv_events:\n  enabled: true\n"
-                    "policies:\n  prefill: cache_aware\n  decode: cache_aware\n"
-                    f"  cache_aware: {{tokenize: {self.TOKENIZE}, tokenize_timeout_ms: {self.TIMEOUT_MS}}}\n"
-                    "instances:\n" + "\n".join(instances) + "\n")
-        self.router = Router(topology, env=ENV)
-        self.addCleanup(self.router.stop)
-        self.pub.await_subscriber()
+        start_cache_cluster(self, f"tokenize: {self.TOKENIZE}, tokenize_timeout_ms: {self.TIMEOUT_MS}", ENV)
         tokens = list(range(len(HELD_WORDS)))
         self.pub.publish(0, batch(stored_map([61, 62, 63, 64], None, tokens)))
         query = ",".join(str(t) for t in tokens)
