@@ -7,10 +7,11 @@
 // decode/epoch: the decode that holds the conversation's KV and its epoch then; expires_ms: wall
 // clock (Unix ms) after which the entry must not be used (replicas' steady clocks differ);
 // params: the next turn's prefill kv_transfer_params (proto/multi_turn.h), a JSON object.
-// Intended flow (issue 15; the replication is not implemented yet): the writer puts the entry on
-// the replicator's thread with a lease of etcd_conversation_lease_seconds(multi_turn ttl); every
-// replica mirrors the prefix into its ConversationCache (entries of other writers marked remote);
-// taking an entry removes it locally and deletes the key. Two replicas taking the same entry at
+// Flow (router/etcd/conversation_mirror.h, router/etcd/registry_replicator.h): the writer puts
+// the entry on the replicator's thread with a lease covering etcd_conversation_lease_seconds(
+// multi_turn ttl); every replica mirrors the prefix into its ConversationCache (entries of other
+// writers marked remote); taking an entry removes it locally and deletes the key (the delete
+// removes it on the other replicas). Two replicas taking the same entry at
 // once both hand it to a prefill: one pull of the decode's blocks fails and that prefill
 // recomputes (vLLM and the sims handle it), so the race costs a recompute, never an error.
 // Pure: no I/O. Values and keys come from etcd (untrusted): every decoder bounds what it accepts
