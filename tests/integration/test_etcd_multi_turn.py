@@ -96,9 +96,13 @@ class EtcdMultiTurn(unittest.TestCase):
     def assert_ordinary(self, text):
         self.assertIsNone(self.prefill_params(text)["remote_block_ids"])
 
-    @staticmethod
-    def entries(router):
-        return router.status()["registry_backend"]["conversation_entries"]
+    def wait_entries(self, router, local, mirrored):
+        """Polls until `router` holds `local` entries it stored and `mirrored` ones from the other
+        replica. /status is reused for up to 1 s, so a render from before the change could match:
+        /metrics (live) must agree on the total."""
+        router.wait_for(lambda: router.metrics()["pdrouter_multi_turn_entries"] == local + mirrored
+                        and router.status()["registry_backend"]["conversation_entries"]
+                        == {"local": local, "mirrored": mirrored}, timeout=10)
 
     @staticmethod
     def turns(router, result):
@@ -108,8 +112,8 @@ class EtcdMultiTurn(unittest.TestCase):
         self.ok_turn(self.a, "conv-1", "turn 1")
         self.assert_ordinary("turn 1")
         self.a.wait_for(lambda: self.a.metrics()["pdrouter_etcd_conversation_puts_total"] == 1, timeout=10)
-        self.b.wait_for(lambda: self.entries(self.b) == {"local": 0, "mirrored": 1}, timeout=10)
-        self.assertEqual(self.entries(self.a), {"local": 1, "mirrored": 0})
+        self.wait_entries(self.b, 0, 1)
+        self.wait_entries(self.a, 1, 0)
 
         self.ok_turn(self.b, "conv-1", "turn 2")
         self.assert_reused("turn 2")
@@ -117,7 +121,7 @@ class EtcdMultiTurn(unittest.TestCase):
         self.b.wait_for(lambda: self.b.metrics()["pdrouter_etcd_conversation_deletes_total"] == 1, timeout=10)
         # A's entry went with B's delete; B's own entry for turn 3 replaced it there.
         self.b.wait_for(lambda: self.b.metrics()["pdrouter_etcd_conversation_puts_total"] == 1, timeout=10)
-        self.a.wait_for(lambda: self.entries(self.a) == {"local": 0, "mirrored": 1}, timeout=10)
+        self.wait_entries(self.a, 0, 1)
 
         self.ok_turn(self.a, "conv-1", "turn 3")
         self.assert_reused("turn 3")
@@ -129,14 +133,14 @@ class EtcdMultiTurn(unittest.TestCase):
 
     def test_an_entry_taken_on_one_replica_is_gone_on_the_other(self):
         self.ok_turn(self.a, "conv-2", "first")
-        self.b.wait_for(lambda: self.entries(self.b)["mirrored"] == 1, timeout=10)
+        self.wait_entries(self.b, 0, 1)
         # B takes the entry; the decode then fails the turn, so no new entry is stored anywhere.
         self.decode.set_fault(status=400)
         code, _, raw = self.turn(self.b, "conv-2", "second")
         self.assertNotEqual(code, 200, raw)
         self.assert_reused("second")
-        self.a.wait_for(lambda: self.entries(self.a) == {"local": 0, "mirrored": 0}, timeout=10)
-        self.assertEqual(self.entries(self.b), {"local": 0, "mirrored": 0})
+        self.wait_entries(self.a, 0, 0)
+        self.wait_entries(self.b, 0, 0)
         # Replayed through A: an ordinary turn, not a second use of the blocks B's prefill pulled.
         self.ok_turn(self.a, "conv-2", "second again")
         self.assert_ordinary("second again")
