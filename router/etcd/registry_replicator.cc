@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -276,10 +277,16 @@ class RegistryReplicator::Impl {
     }
     while (!conv_pending_.empty() && in_flight_ < kMaxInFlight) {
       ConversationOp& op = conv_pending_.front();
+      // One operation per key at a time, in order: a take's delete and the put of the turn
+      // after it must reach etcd in that order (else the put is lost and every replica's watch
+      // ends with the delete). The rest waits until that one is answered.
+      if (conv_keys_in_flight_.contains(op.key)) return;
       if (op.is_delete) {
         ++in_flight_;
-        client_->delete_key(op.key, [this](const Status& st, const proto::EtcdAnswer&) {
+        conv_keys_in_flight_.insert(op.key);
+        client_->delete_key(op.key, [this, key = op.key](const Status& st, const proto::EtcdAnswer&) {
           --in_flight_;
+          conv_keys_in_flight_.erase(key);
           (st ? status_.conversation_deletes : status_.conversation_failures).fetch_add(1, std::memory_order_relaxed);
           drain_conversations();
         });
@@ -289,8 +296,11 @@ class RegistryReplicator::Impl {
           return;  // the rest after the grant
         }
         ++in_flight_;
-        client_->put(op.key, op.value, conv_lease_, [this, lease = conv_lease_](const Status& st, const proto::EtcdAnswer&) {
+        conv_keys_in_flight_.insert(op.key);
+        client_->put(op.key, op.value, conv_lease_, [this, key = op.key, lease = conv_lease_](const Status& st,
+                                                                                             const proto::EtcdAnswer&) {
           --in_flight_;
+          conv_keys_in_flight_.erase(key);
           if (st) {
             status_.conversation_puts.fetch_add(1, std::memory_order_relaxed);
           } else {
@@ -576,6 +586,7 @@ class RegistryReplicator::Impl {
   uint64_t conv_gen_ = 0;
   std::shared_ptr<EtcdWatch> conv_watch_;
   std::deque<ConversationOp> conv_pending_;
+  std::set<std::string> conv_keys_in_flight_;
   int64_t conv_lease_ = 0;
   int64_t conv_lease_cover_ = 0;
   Clock::time_point conv_lease_granted_at_{};
