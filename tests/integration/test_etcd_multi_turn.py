@@ -9,13 +9,16 @@ to B through etcd.
   * an entry taken on B whose turn leaves no new entry: replaying that turn through A is an
     ordinary turn (A no longer holds it);
   * etcd killed: each replica still reuses its own entries, and the writes it could not make are
-    counted.
+    counted; etcd back: entries are shared again;
+  * a malformed or expired entry written to etcd by someone else is rejected and counted.
 """
 
+import base64
 import json
 import os
 import time
 import unittest
+import urllib.request
 
 from pdrouter_fixture import Router
 from sim_fixture import SimNode
@@ -52,6 +55,7 @@ class EtcdMultiTurn(unittest.TestCase):
         self.etcd = Etcd()
         self.addCleanup(self.etcd.close)
         prefix = f"/pdr-mt-{os.getpid()}-{time.monotonic_ns()}/"
+        self.prefix = prefix
         self.a = Router(topology_yaml=topology(self.etcd, "a", prefix))
         self.addCleanup(self.a.stop)
         self.b = Router(topology_yaml=topology(self.etcd, "b", prefix))
@@ -160,6 +164,30 @@ class EtcdMultiTurn(unittest.TestCase):
             # The put of each turn's entry and the delete of the taken one were not made.
             r.wait_for(lambda r=r: r.metrics()["pdrouter_etcd_conversation_failures_total"] >= 3, timeout=10)
             self.assertEqual(r.metrics()["pdrouter_etcd_conversation_puts_total"], 0)
+        # etcd back: both resync, and entries are shared again.
+        self.assertTrue(self.etcd.start(), self.etcd.log())
+        for r in (self.a, self.b):
+            r.wait_for(lambda r=r: r.status()["registry_backend"]["etcd_reachable"], timeout=15)
+        self.ok_turn(self.a, "conv-c", "conv-c 1")
+        self.wait_entries(self.b, 1, 1)  # conv-b's own entry, and conv-c's from A
+        self.ok_turn(self.b, "conv-c", "conv-c 2")
+        self.assert_reused("conv-c 2")
+
+    def test_a_malformed_entry_in_etcd_is_rejected_and_counted(self):
+        key = self.prefix + "conversations/Zm9v"  # id "foo"
+        for value in (b"{not json", json.dumps({"writer": "x", "decode": "127.0.0.1:1", "epoch": 1,
+                                                 "expires_ms": 1, "params": {}}).encode()):  # expired
+            body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
+                               "value": base64.b64encode(value).decode()}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{self.etcd.client_port}/v3/kv/put", data=body,
+                                         method="POST", headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                self.assertEqual(resp.status, 200)
+        for r in (self.a, self.b):
+            r.wait_for(lambda r=r: r.metrics()["pdrouter_etcd_conversation_rejected_total"] == 2, timeout=10)
+            self.assertEqual(r.metrics()["pdrouter_multi_turn_entries"], 0)
+        self.ok_turn(self.a, "foo", "foo 1")  # an ordinary turn
+        self.assert_ordinary("foo 1")
 
 
 if __name__ == "__main__":
