@@ -17,6 +17,17 @@ void write_etcd_metrics(MetricsWriter& out, const RegistryReplicator* replicator
   out.counter("pdrouter_etcd_bad_entries_total", "Keys or values under the prefix that did not decode",
               d(s.bad_entries));
   out.gauge("pdrouter_etcd_replica_entries", "Nodes learnt from other replicas through etcd", d(s.replica_entries));
+  out.counter("pdrouter_etcd_conversation_puts_total", "Multi-turn entries of this replica written to etcd",
+              d(s.conversation_puts));
+  out.counter("pdrouter_etcd_conversation_deletes_total",
+              "Multi-turn entries taken on this replica and deleted from etcd", d(s.conversation_deletes));
+  out.counter("pdrouter_etcd_conversation_failures_total",
+              "Multi-turn entry writes or deletes that failed or were dropped (etcd unreachable or behind)",
+              d(s.conversation_failures));
+  out.counter("pdrouter_etcd_conversation_mirrored_total", "Multi-turn entries of other replicas mirrored from etcd",
+              d(s.conversation_mirrored));
+  out.counter("pdrouter_etcd_conversation_rejected_total",
+              "Multi-turn entries from etcd refused (malformed, oversized or expired)", d(s.conversation_rejected));
 }
 
 }  // namespace pdr::router
