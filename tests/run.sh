@@ -25,7 +25,7 @@ deploy/install-deps.sh --tests
 launcher=()
 if command -v ccache > /dev/null; then
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  # The builds use precompiled headers (PDR_PCH, cmake/pch/); ccache caches such compiles only
+  # The sanitizer builds use precompiled headers (PDR_PCH, cmake/pch/); ccache caches such compiles only
   # with these sloppiness settings.
   export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 fi
@@ -50,13 +50,13 @@ PDR_TIME_SCALE=1 run_suite release -DCMAKE_BUILD_TYPE=Release -DPDR_UNIT_TESTS=O
 
 if [[ "${PDR_SKIP_ASAN:-0}" != 1 ]]; then
   PDR_TIME_SCALE=4 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_suite asan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=address -DPDR_BENCHMARKS=OFF ||
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_suite asan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=address -DPDR_BENCHMARKS=OFF -DPDR_PCH=ON ||
     failures=$((failures + 1))
 fi
 
 if [[ "${PDR_SKIP_TSAN:-0}" != 1 ]]; then
   PDR_TIME_SCALE=10 TSAN_OPTIONS="suppressions=$root/tests/tsan.supp halt_on_error=1" \
-    run_suite tsan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=thread -DPDR_BENCHMARKS=OFF ||
+    run_suite tsan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=thread -DPDR_BENCHMARKS=OFF -DPDR_PCH=ON ||
     failures=$((failures + 1))
 fi
 

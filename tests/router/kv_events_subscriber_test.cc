@@ -134,6 +134,8 @@ TEST_F(KvEventsSubscriberTest, EventsFlowIntoTheIndex) {
   publish(7, stored_batch({101, 102}, std::nullopt, tokens(0, 8)));  // first seq: accepted as is
   publish(8, stored_batch({103}, 102, tokens(8, 4)));
   ASSERT_TRUE(eventually([&] { return matched(tokens(0, 12)) == 3; }));
+  // The subscriber counts a batch just after applying it to the index: wait for the count too.
+  ASSERT_TRUE(eventually([&] { return node().batches >= 2u; }));
   const KvEventsNodeStats s = node();
   EXPECT_EQ(s.node, kNode);
   EXPECT_EQ(s.endpoint, bound(pub_));
@@ -207,6 +209,8 @@ TEST_F(KvEventsSubscriberTest, GapWithReplayIsFilled) {
   reply(proto::kKvReplayEnd, "");
 
   ASSERT_TRUE(eventually([&] { return matched(tokens(0, 16)) == 4; }));
+  // The subscriber counts a batch just after applying it to the index: wait for the count too.
+  ASSERT_TRUE(eventually([&] { return node().batches >= 4u; }));
   const KvEventsNodeStats s = node();
   EXPECT_EQ(s.replays, 1u);
   EXPECT_EQ(s.gaps, 0u);

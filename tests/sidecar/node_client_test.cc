@@ -2,6 +2,8 @@
 // cadence, acks, pause/resume, goodbye, several endpoints, and a dead endpoint at shutdown.
 #include "sidecar/node_client.h"
 
+#include "tests/support/time_scale.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -126,10 +128,11 @@ NodeClientOptions options_for(const std::vector<std::string>& endpoints, proto::
   return options;
 }
 
-// For state the client thread updates (stats): checks `predicate` until it holds or 2 s pass.
+// For state the client thread updates (stats): checks `predicate` until it holds or 2 s pass
+// (scaled by the build's slowdown).
 template <typename Predicate>
 bool eventually(Predicate predicate) {
-  const auto deadline = Clock::now() + 2s;
+  const auto deadline = Clock::now() + test::scaled(2s);
   while (Clock::now() < deadline) {
     if (predicate()) return true;
     std::this_thread::sleep_for(5ms);
@@ -145,11 +148,12 @@ TEST_P(NodeClientFormatTest, HeartbeatsArriveDecodedAtTheInterval) {
   NodeClient client(options_for({router.endpoint()}, sent, 100ms));
   ASSERT_TRUE(client.start().is_ok());
 
-  const auto deadline = Clock::now() + 1s;
+  // Three 100 ms heartbeats within 1 s (scaled: a sanitizer build on a loaded machine is slower).
+  const auto deadline = Clock::now() + test::scaled(1s);
   int received = 0;
   while (received < 3) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    ASSERT_GT(left.count(), 0) << "only " << received << " heartbeats within 1 s";
+    ASSERT_GT(left.count(), 0) << "only " << received << " heartbeats within the deadline";
     std::string identity;
     auto message = router.receive_decoded(left, &identity);
     ASSERT_TRUE(message.has_value());
