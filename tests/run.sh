@@ -6,7 +6,9 @@
 #   3. TSan: the unit tests of code that runs threads or event loops, and the integration modules
 #      that exercise the multi-threaded router (tests/CMakeLists.txt and tests/integration/
 #      CMakeLists.txt list what is left to the other stages, and why); libzmq, not TSan-built, is
-#      suppressed: tests/tsan.supp
+#      suppressed: tests/tsan.supp. The simulated nodes and the bench client (test tools) come
+#      from stage 1's build (PDR_NODE_FROM): TSan watches the router, and the sims' -O3 build
+#      leaves it more of the two cores
 #   4. each libFuzzer target for a short run (PDR_FUZZ_SECONDS, default 20), PDR_JOBS at a time
 # Every test thus runs in at least one stage; the split keeps the run within CI's time budget
 # (the unit tests' -O3 build cost as much as the product's).
@@ -56,7 +58,8 @@ fi
 
 if [[ "${PDR_SKIP_TSAN:-0}" != 1 ]]; then
   PDR_TIME_SCALE=10 TSAN_OPTIONS="suppressions=$root/tests/tsan.supp halt_on_error=1" \
-    run_suite tsan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=thread -DPDR_BENCHMARKS=OFF -DPDR_PCH=ON ||
+    run_suite tsan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=thread -DPDR_BENCHMARKS=OFF -DPDR_PCH=ON \
+      -DPDR_NODE_FROM="$build_root/release" ||
     failures=$((failures + 1))
 fi
 

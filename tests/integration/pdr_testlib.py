@@ -50,11 +50,17 @@ def pdrouter_path():
 
 
 def pdnode_path():
-    # pdrouter lives in <build>/router, pdnode in <build>/node; also accept a flat install.
+    # $PDR_NODE_BIN: another build's pdnode (tests/run.sh's TSan stage runs the simulated nodes
+    # from the release build). Else pdrouter lives in <build>/router, pdnode in <build>/node; also
+    # accept a flat install.
+    if os.environ.get("PDR_NODE_BIN"):
+        return os.environ["PDR_NODE_BIN"]
     return find_binary("pdnode", ["../node/pdnode", "pdnode", "node/pdnode"])
 
 
 def pdrouter_bench_path():
+    if os.environ.get("PDR_BENCH_BIN"):  # as $PDR_NODE_BIN
+        return os.environ["PDR_BENCH_BIN"]
     return find_binary("pdrouter-bench", ["../loadgen/pdrouter-bench", "pdrouter-bench",
                                           "loadgen/pdrouter-bench"])
 
