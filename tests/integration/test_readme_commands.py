@@ -151,6 +151,10 @@ def kind(argv, env):
         return "build-image"
     if program == "kubectl" and argv[1:2] == ["apply"]:
         return "kubectl-apply"
+    # The etcd replicas' example: etcd itself is started by test_etcd_replicas.py; here its flags
+    # are checked against `etcd --help` (test_etcd_commands_name_real_flags).
+    if program == "etcd":
+        return "etcd"
     return "unknown"
 
 
@@ -233,6 +237,15 @@ class ReadmeCommandInventoryTest(unittest.TestCase):
                 continue
             for flag in flags_in(argv):
                 self.assertIn(flag, script_help, "README.md:%d" % line)
+
+    def test_etcd_commands_name_real_flags(self):
+        commands = [(line, argv) for line, env, argv, _, _ in readme_commands()
+                    if kind(argv, env) == "etcd"]
+        self.assertTrue(commands, "README.md's replicas example starts no etcd")
+        etcd_help = help_text("/usr/bin/etcd")
+        for line, argv in commands:
+            for flag in flags_in(argv):
+                self.assertIn(flag, etcd_help, "README.md:%d" % line)
 
     def test_quickstart_and_run_sh_exist(self):
         for path in ("deploy/quickstart.sh", "tests/run.sh"):
