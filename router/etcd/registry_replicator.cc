@@ -14,6 +14,10 @@
 
 namespace pdr::router {
 
+namespace {
+constexpr int kGrpcNotFound = 5;  // google.golang.org/grpc/codes.NotFound
+}  // namespace
+
 using discovery::Clock;
 using discovery::Instance;
 using discovery::InstanceSource;
@@ -119,6 +123,7 @@ class RegistryReplicator::Impl {
       if (gen != generation_) return;
       if (!st) return fail(gen, "lease grant: " + st.message());
       lease_ = l.id;
+      status_.lease_grants.fetch_add(1, std::memory_order_relaxed);
       sync_range(gen);
     });
   }
@@ -280,20 +285,22 @@ class RegistryReplicator::Impl {
     for (auto& [node, value] : desired) {
       auto it = written_.find(node);
       if (it != written_.end() && it->second == value) continue;
-      if (in_flight_ >= kMaxInFlight) {
+      if (in_flight_ >= kMaxReplicatorInFlight) {
         force_scan_ = true;  // the rest on the next scan
         break;
       }
       written_[node] = value;
       status_.puts.fetch_add(1, std::memory_order_relaxed);
-      ++in_flight_;
+      begin_call();
       client_->put(replica_key(options_.prefix, options_.replica_id, node), value, lease_,
-                   [this, gen, node](const Status& st, const proto::EtcdAnswer&) {
-                     --in_flight_;
+                   [this, gen, node](const Status& st, const proto::EtcdAnswer& answer) {
+                     end_call();
                      if (st) return;
-                     // The lease expired under us (its keepalives were late): a new one, or every
-                     // resync would put on the dead lease again and never recover.
-                     if (gen == generation_ && st.message().find("lease not found") != std::string::npos) lease_ = 0;
+                     // The lease expired or was revoked under us: a new one, or every resync
+                     // would put on the dead lease again and never recover. etcd answers
+                     // {"error":"etcdserver: requested lease not found","code":5} (gRPC
+                     // NotFound; HTTP 404 from the gateway): the code, not the text, says so.
+                     if (gen == generation_ && answer.is_error && answer.grpc_code == kGrpcNotFound) lose_lease();
                      written_.erase(node);  // written again after the resync
                      fail(gen, "put: " + st.message());
                    });
@@ -303,15 +310,15 @@ class RegistryReplicator::Impl {
         ++it;
         continue;
       }
-      if (in_flight_ >= kMaxInFlight) {
+      if (in_flight_ >= kMaxReplicatorInFlight) {
         force_scan_ = true;
         break;
       }
       status_.deletes.fetch_add(1, std::memory_order_relaxed);
-      ++in_flight_;
+      begin_call();
       client_->delete_key(replica_key(options_.prefix, options_.replica_id, it->first),
                           [this, gen](const Status& st, const proto::EtcdAnswer&) {
-                            --in_flight_;
+                            end_call();
                             if (!st) fail(gen, "delete: " + st.message());
                           });
       it = written_.erase(it);
@@ -326,9 +333,29 @@ class RegistryReplicator::Impl {
         status_.keepalives.fetch_add(1, std::memory_order_relaxed);
         return;
       }
-      if (st.code() == StatusCode::kNotFound) lease_ = 0;  // gone: a new lease, everything rewritten
+      if (st.code() == StatusCode::kNotFound) lose_lease();  // gone: a new lease, everything rewritten
       fail(gen, "lease keepalive: " + st.message());
     });
+  }
+
+  void begin_call() {
+    ++in_flight_;
+    status_.in_flight.store(in_flight_, std::memory_order_relaxed);
+    if (in_flight_ > status_.in_flight_max.load(std::memory_order_relaxed)) {
+      status_.in_flight_max.store(in_flight_, std::memory_order_relaxed);
+    }
+  }
+  void end_call() {
+    --in_flight_;
+    status_.in_flight.store(in_flight_, std::memory_order_relaxed);
+  }
+
+  void lose_lease() {
+    if (lease_ == 0) return;
+    pdr::log::warn("etcd registry: lease {} is gone (expired or revoked); a new lease, every entry written again",
+                   lease_);
+    lease_ = 0;
+    status_.leases_lost.fetch_add(1, std::memory_order_relaxed);
   }
 
   // --- shutdown ---
@@ -403,7 +430,7 @@ class RegistryReplicator::Impl {
   // would otherwise start thousands of requests at once; on a loaded etcd some time out, each
   // failure resyncs and rewrites every entry, and the replica never catches up (seen at 10,000
   // nodes, bench/etcd/RESULTS.md). What does not fit waits for the next scan.
-  static constexpr size_t kMaxInFlight = 256;
+  // (kMaxReplicatorInFlight, registry_replicator.h.)
   size_t in_flight_ = 0;
   mutable std::mutex error_mutex_;
   std::string last_error_;

@@ -14,6 +14,12 @@
 // changes). When two replicas publish the same node, the newest write wins. A deleted key or an
 // expired lease (a dead replica) removes the entry.
 //
+// At most kMaxReplicatorInFlight (256) puts and deletes are in flight at once; what does not
+// fit waits for the next scan. A lease found gone (a keepalive answering TTL 0, or a put
+// answering gRPC NotFound: "requested lease not found", e.g. revoked by an operator or
+// expired while etcd was slow) is dropped: the resync grants a new one and writes every local
+// entry again, instead of retrying on the dead lease forever.
+//
 // etcd unreachable (a failed keepalive, a watch that ends, a failed write): the registry keeps
 // its last view plus what this replica learns itself; status() says so; every retry_interval the
 // replicator tries again and, once etcd answers, resyncs: new lease if the old one is gone,
@@ -26,6 +32,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,6 +45,8 @@
 #include "router/etcd/etcd_client.h"
 
 namespace pdr::router {
+
+inline constexpr size_t kMaxReplicatorInFlight = 256;
 
 struct RegistryReplicatorOptions {
   EtcdClientOptions etcd;
@@ -60,6 +69,10 @@ struct ReplicatorStatus {
   std::atomic<uint64_t> failures{0};       // calls that failed (etcd unreachable or refusing)
   std::atomic<uint64_t> bad_entries{0};    // values or keys under the prefix that do not decode
   std::atomic<uint64_t> replica_entries{0};  // entries learnt from other replicas (gauge)
+  std::atomic<uint64_t> in_flight{0};        // puts and deletes sent, not yet answered (gauge)
+  std::atomic<uint64_t> in_flight_max{0};    // the most ever in flight at once (at most 256)
+  std::atomic<uint64_t> lease_grants{0};     // leases granted (the first one included)
+  std::atomic<uint64_t> leases_lost{0};      // leases found gone (expired or revoked): a new one
 };
 
 class RegistryReplicator {
