@@ -5,8 +5,8 @@
 //   <prefix>nodes/<replica_id>/<node key>   value: the entry as a pdrouter registration (msgpack)
 // attached to one etcd lease of this replica (TTL lease_ttl). It writes ON CHANGE only: a
 // heartbeat that changes nothing of what /status or routing reads does not publish a registry
-// snapshot, so it writes nothing; liveness stays local (lease keepalives, one per lease_ttl / 3,
-// keep the entries alive). An entry that expires locally, says goodbye or is removed is deleted.
+// snapshot, so it writes nothing; liveness stays local (lease keepalives, one per lease_ttl / 3
+// and one at each resync, keep the entries alive). An entry that expires locally, says goodbye or is removed is deleted.
 //
 // It watches <prefix>nodes/ (from the revision of a full range, so nothing is missed) and merges
 // the other replicas' entries into the registry as InstanceSource::kReplica entries
