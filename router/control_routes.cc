@@ -74,6 +74,11 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     sc.registry_backend.replica_id = context_.replicator->options().replica_id;
     sc.registry_backend.replica_entries = rs.replica_entries.load(std::memory_order_relaxed);
     sc.registry_backend.last_error = context_.replicator->last_error();
+    if (context_.proxy_counters != nullptr && context_.proxy_counters->conversations != nullptr) {
+      const auto cs = context_.proxy_counters->conversations->stats();
+      sc.registry_backend.conversation_entries_local = cs.entries - cs.remote_entries;
+      sc.registry_backend.conversation_entries_mirrored = cs.remote_entries;
+    }
   }
   if (context_.pod_watcher != nullptr) {
     const PodWatcher& w = *context_.pod_watcher;

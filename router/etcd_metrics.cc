@@ -24,6 +24,17 @@ void write_etcd_metrics(MetricsWriter& out, const RegistryReplicator* replicator
               d(s.lease_grants));
   out.counter("pdrouter_etcd_leases_lost_total",
               "Leases found gone (expired or revoked): a new lease, every entry written again", d(s.leases_lost));
+  out.counter("pdrouter_etcd_conversation_puts_total", "Multi-turn entries of this replica written to etcd",
+              d(s.conversation_puts));
+  out.counter("pdrouter_etcd_conversation_deletes_total",
+              "Multi-turn entries taken on this replica and deleted from etcd", d(s.conversation_deletes));
+  out.counter("pdrouter_etcd_conversation_failures_total",
+              "Multi-turn entry writes or deletes that failed or were dropped (etcd unreachable or behind)",
+              d(s.conversation_failures));
+  out.counter("pdrouter_etcd_conversation_mirrored_total", "Multi-turn entries of other replicas mirrored from etcd",
+              d(s.conversation_mirrored));
+  out.counter("pdrouter_etcd_conversation_rejected_total",
+              "Multi-turn entries from etcd refused (malformed, oversized or expired)", d(s.conversation_rejected));
 }
 
 }  // namespace pdr::router

@@ -401,6 +401,9 @@ int run(Process& p) {
     admin_routes = std::make_unique<router::ControlRoutes>(admin_control);
     admin_routes_ptr.store(admin_routes.get(), std::memory_order_release);
   }
+  // Multi-turn entries shared with the other replicas (registry.backend: etcd). Here, past the
+  // last early return: from now on the stop signal stops the replicator before the cache goes.
+  if (p.replicator) p.replicator->mirror_conversations(p.proxy->conversations(), p.topology.cell());
 
   p.topology.add_listener([&p](const discovery::Topology& old_t, const discovery::Topology& new_t) {
     for (const auto& change : discovery::restart_required_changes(old_t, new_t)) {

@@ -132,7 +132,9 @@ nlohmann::json registry_backend_json(const StatusContext::RegistryBackend& b) {
           {"etcd_reachable", b.etcd_reachable},
           {"replica_id", b.replica_id},
           {"replica_entries", b.replica_entries},
-          {"last_error", b.last_error}};
+          {"last_error", b.last_error},
+          {"conversation_entries",
+           {{"local", b.conversation_entries_local}, {"mirrored", b.conversation_entries_mirrored}}}};
 }
 nlohmann::json kubernetes_json(const StatusContext::Kubernetes& k) {
   if (!k.enabled) return {{"enabled", false}};

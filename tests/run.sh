@@ -25,6 +25,9 @@ deploy/install-deps.sh --tests
 launcher=()
 if command -v ccache > /dev/null; then
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # The builds use precompiled headers (PDR_PCH, cmake/pch/); ccache caches such compiles only
+  # with these sloppiness settings.
+  export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 fi
 
 failures=0

@@ -4,13 +4,18 @@
 #include "base/log.h"
 #include <uv.h>
 
+#include <algorithm>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
 #include "proto/discovery_message.h"
+#include "proto/etcd_conversation.h"
+#include "router/etcd/conversation_mirror.h"
 
 namespace pdr::router {
 
@@ -86,6 +91,8 @@ class RegistryReplicator::Impl {
     if (uv_loop_init(&loop_) != 0) return Status(StatusCode::kInternal, "etcd replicator: uv_loop_init failed");
     uv_async_init(&loop_, &stop_async_, &Impl::on_stop);
     stop_async_.data = this;
+    uv_async_init(&loop_, &conv_async_, &Impl::on_conversations);
+    conv_async_.data = this;
     for (uv_timer_t* t : {&scan_timer_, &keepalive_timer_, &retry_timer_, &stop_timer_}) {
       uv_timer_init(&loop_, t);
       t->data = this;
@@ -105,6 +112,16 @@ class RegistryReplicator::Impl {
   std::string last_error() const {
     std::lock_guard<std::mutex> lock(error_mutex_);
     return last_error_;
+  }
+
+  // Owner's thread, once, after start().
+  void attach(proxy::ConversationCache& cache, const discovery::SnapshotCell<discovery::Topology>& topology) {
+    if (mirror_owned_) return;
+    mirror_owned_ = std::make_unique<ConversationMirror>(cache, topology, options_.prefix, options_.replica_id, status_,
+                                                        [this] { uv_async_send(&conv_async_); });
+    mirror_.store(mirror_owned_.get(), std::memory_order_release);
+    cache.set_replication(mirror_owned_.get());
+    uv_async_send(&conv_async_);
   }
 
  private:
@@ -167,7 +184,147 @@ class RegistryReplicator::Impl {
       }
       status_.resyncs.fetch_add(1, std::memory_order_relaxed);
       start_watch(gen, r.answer.revision + 1);
+      synced_gen_ = gen;
+      if (mirror() != nullptr) sync_conversations(gen);
     });
+  }
+
+  // --- multi-turn conversation entries (conversation_mirror.h) ---
+
+  ConversationMirror* mirror() const { return mirror_.load(std::memory_order_acquire); }
+
+  void sync_conversations(uint64_t gen) {
+    conv_gen_ = gen;
+    client_->range_prefix(
+        proto::etcd_conversations_prefix(options_.prefix), [this, gen](const Status& st, const proto::EtcdRangeAnswer& r) {
+          if (gen != generation_) return;
+          if (!st) {
+            if (st.code() == StatusCode::kIoError) return fail(gen, "conversations range: " + st.message());
+            // An answer pdrouter refuses (too large, say): the entries stored until now are not
+            // mirrored; the registry stays in sync and new entries still arrive.
+            status_.conversation_failures.fetch_add(1, std::memory_order_relaxed);
+            pdr::log::warn("etcd registry: conversations range refused ({}); mirroring new entries only", st.message());
+            return start_conversation_watch(gen, 0);
+          }
+          mirror()->resync(r.kvs, ConversationMirror::WallClock::now(), proxy::ConversationCache::Clock::now());
+          start_conversation_watch(gen, r.answer.revision + 1);
+        });
+  }
+
+  void start_conversation_watch(uint64_t gen, int64_t from) {
+    conv_watch_ = client_->watch_prefix(
+        proto::etcd_conversations_prefix(options_.prefix), from,
+        [this, gen](const proto::EtcdWatchAnswer& a) {
+          if (gen != generation_) return;
+          if (a.canceled) {
+            return fail(gen, "conversations watch canceled (compacted at " + std::to_string(a.compact_revision) + ")");
+          }
+          status_.watch_events.fetch_add(a.events.size(), std::memory_order_relaxed);
+          mirror()->apply(a.events, ConversationMirror::WallClock::now(), proxy::ConversationCache::Clock::now());
+        },
+        [this, gen](const Status& st) {
+          if (gen != generation_) return;
+          fail(gen, "conversations watch: " + st.message());
+        });
+  }
+
+  // A lease usable for a put whose entry must live `seconds`: granted less than a rotation
+  // period ago with a TTL of (its cover + that period), so it outlives every entry put on it.
+  static int64_t rotation_seconds(int64_t cover) { return std::clamp<int64_t>(cover, 1, 60); }
+  bool conversation_lease_fits(int64_t seconds) const {
+    return conv_lease_ != 0 && seconds <= conv_lease_cover_ &&
+           Clock::now() - conv_lease_granted_at_ < std::chrono::seconds(rotation_seconds(conv_lease_cover_));
+  }
+
+  void grant_conversation_lease(int64_t cover) {
+    conv_granting_ = true;
+    const auto asked_at = Clock::now();  // before etcd starts the TTL: on the safe side
+    client_->lease_grant(cover + rotation_seconds(cover),
+                         [this, cover, asked_at](const Status& st, const proto::EtcdLeaseAnswer& l) {
+                           conv_granting_ = false;
+                           if (stopping_) return;
+                           if (!st) {
+                             // The puts waiting for it are not shared (counted); later ones ask again.
+                             status_.conversation_failures.fetch_add(1, std::memory_order_relaxed);
+                             drop_pending(/*puts_only=*/true);
+                             return drain_conversations();
+                           }
+                           conv_lease_ = l.id;
+                           conv_lease_cover_ = cover;
+                           conv_lease_granted_at_ = asked_at;
+                           drain_conversations();
+                         });
+  }
+
+  void drop_pending(bool puts_only) {
+    for (auto it = conv_pending_.begin(); it != conv_pending_.end();) {
+      if (puts_only && it->is_delete) {
+        ++it;
+        continue;
+      }
+      status_.conversation_failures.fetch_add(1, std::memory_order_relaxed);
+      it = conv_pending_.erase(it);
+    }
+  }
+
+  // Starts the queued puts and deletes that fit under the in-flight cap.
+  void drain_conversations() {
+    ConversationMirror* m = mirror();
+    if (m == nullptr || stopping_) return;
+    if (!status_.reachable.load(std::memory_order_relaxed)) {
+      // Never queued for later: a request's entry is worth little once its turn is over.
+      m->drop_queued();
+      drop_pending(/*puts_only=*/false);
+      return;
+    }
+    if (conv_pending_.size() < kMaxReplicatorInFlight) {
+      for (auto& op : m->pop(kMaxReplicatorInFlight - conv_pending_.size())) conv_pending_.push_back(std::move(op));
+    }
+    while (!conv_pending_.empty() && in_flight_ < kMaxReplicatorInFlight) {
+      ConversationOp& op = conv_pending_.front();
+      // One operation per key at a time, in order: a take's delete and the put of the turn
+      // after it must reach etcd in that order (else the put is lost and every replica's watch
+      // ends with the delete). The rest waits until that one is answered.
+      if (conv_keys_in_flight_.contains(op.key)) return;
+      if (op.is_delete) {
+        begin_call();
+        conv_keys_in_flight_.insert(op.key);
+        client_->delete_key(op.key, [this, key = op.key](const Status& st, const proto::EtcdAnswer&) {
+          end_call();
+          conv_keys_in_flight_.erase(key);
+          (st ? status_.conversation_deletes : status_.conversation_failures).fetch_add(1, std::memory_order_relaxed);
+          drain_conversations();
+        });
+      } else {
+        if (!conversation_lease_fits(op.lease_seconds)) {
+          if (!conv_granting_) grant_conversation_lease(op.lease_seconds);
+          return;  // the rest after the grant
+        }
+        begin_call();
+        conv_keys_in_flight_.insert(op.key);
+        client_->put(op.key, op.value, conv_lease_, [this, key = op.key, lease = conv_lease_](
+                                                        const Status& st, const proto::EtcdAnswer& answer) {
+          end_call();
+          conv_keys_in_flight_.erase(key);
+          if (st) {
+            status_.conversation_puts.fetch_add(1, std::memory_order_relaxed);
+          } else {
+            status_.conversation_failures.fetch_add(1, std::memory_order_relaxed);
+            // etcd's gRPC NotFound ("requested lease not found"): a new lease for the next put.
+            if (lease == conv_lease_ && answer.is_error && answer.grpc_code == kGrpcNotFound) conv_lease_ = 0;
+          }
+          drain_conversations();
+        });
+      }
+      conv_pending_.pop_front();
+    }
+  }
+
+  void on_conversations_wake() {
+    if (stopping_ || mirror() == nullptr) return;
+    // Attached after this generation's resync: range and watch the conversations now.
+    if (synced_gen_ == generation_ && conv_gen_ != generation_) sync_conversations(generation_);
+    drain_conversations();
   }
 
   void start_watch(uint64_t gen, int64_t from) {
@@ -212,6 +369,8 @@ class RegistryReplicator::Impl {
     }
     if (watch_) watch_->cancel();
     watch_.reset();
+    if (conv_watch_) conv_watch_->cancel();
+    conv_watch_.reset();
     uv_timer_stop(&keepalive_timer_);
     if (!stopping_) uv_timer_start(&retry_timer_, &Impl::on_retry, options_.retry_interval.count(), 0);
   }
@@ -368,11 +527,16 @@ class RegistryReplicator::Impl {
 
   void begin_stop() {
     stopping_ = true;
+    // No wake after this returns. The conversations' lease is not revoked: the entries stay
+    // usable on the other replicas until they expire.
+    if (ConversationMirror* m = mirror()) m->close();
     uv_timer_stop(&scan_timer_);
     uv_timer_stop(&retry_timer_);
     uv_timer_stop(&keepalive_timer_);
     if (watch_) watch_->cancel();
     watch_.reset();
+    if (conv_watch_) conv_watch_->cancel();
+    conv_watch_.reset();
     if (lease_ != 0 && status_.reachable.load(std::memory_order_relaxed)) {
       client_->lease_revoke(lease_, [this](const Status&, const proto::EtcdAnswer&) { finish_stop(); });
       uv_timer_start(&stop_timer_, &Impl::on_stop_timer, 1000, 0);
@@ -387,6 +551,7 @@ class RegistryReplicator::Impl {
     ++generation_;
     client_.reset();  // closes its connections; no callback fires after this
     uv_close(reinterpret_cast<uv_handle_t*>(&stop_async_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&conv_async_), nullptr);
     for (uv_timer_t* t : {&scan_timer_, &keepalive_timer_, &retry_timer_, &stop_timer_}) {
       uv_timer_stop(t);
       uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
@@ -406,7 +571,14 @@ class RegistryReplicator::Impl {
     guarded("stop", [&] { self(reinterpret_cast<uv_handle_t*>(t))->finish_stop(); });
   }
   static void on_scan(uv_timer_t* t) {
-    guarded("scan", [&] { self(reinterpret_cast<uv_handle_t*>(t))->scan(); });
+    guarded("scan", [&] {
+      Impl* impl = self(reinterpret_cast<uv_handle_t*>(t));
+      impl->scan();
+      impl->drain_conversations();
+    });
+  }
+  static void on_conversations(uv_async_t* a) {
+    guarded("conversations", [&] { self(reinterpret_cast<uv_handle_t*>(a))->on_conversations_wake(); });
   }
   static void on_keepalive(uv_timer_t* t) {
     guarded("keepalive", [&] { self(reinterpret_cast<uv_handle_t*>(t))->keepalive(); });
@@ -420,6 +592,7 @@ class RegistryReplicator::Impl {
   const RegistryReplicatorOptions& options_;
   uv_loop_t loop_{};
   uv_async_t stop_async_{};
+  uv_async_t conv_async_{};  // conversation operations queued, or the mirror attached
   uv_timer_t scan_timer_{}, keepalive_timer_{}, retry_timer_{}, stop_timer_{};
   std::thread thread_;
   std::unique_ptr<EtcdClient> client_;
@@ -432,12 +605,26 @@ class RegistryReplicator::Impl {
   bool closed_ = false;
   std::map<std::string, std::string> written_;  // node key -> value this replica wrote
   RemoteMap remote_;
-  // Puts and deletes in flight, at most kMaxInFlight: a burst of thousands of registrations
+  // Puts and deletes in flight (registry entries and conversations together), at most
+  // kMaxReplicatorInFlight (registry_replicator.h): a burst of thousands of registrations
   // would otherwise start thousands of requests at once; on a loaded etcd some time out, each
   // failure resyncs and rewrites every entry, and the replica never catches up (seen at 10,000
   // nodes, bench/etcd/RESULTS.md). What does not fit waits for the next scan.
-  // (kMaxReplicatorInFlight, registry_replicator.h.)
   size_t in_flight_ = 0;
+  // Conversations (conversation_mirror.h): the mirror (set once by attach()), the generation whose
+  // resync finished and the one whose conversations were ranged, their watch, the operations
+  // popped but not started, and the current conversations' lease.
+  std::unique_ptr<ConversationMirror> mirror_owned_;
+  std::atomic<ConversationMirror*> mirror_{nullptr};
+  uint64_t synced_gen_ = 0;
+  uint64_t conv_gen_ = 0;
+  std::shared_ptr<EtcdWatch> conv_watch_;
+  std::deque<ConversationOp> conv_pending_;
+  std::set<std::string> conv_keys_in_flight_;
+  int64_t conv_lease_ = 0;
+  int64_t conv_lease_cover_ = 0;
+  Clock::time_point conv_lease_granted_at_{};
+  bool conv_granting_ = false;
   mutable std::mutex error_mutex_;
   std::string last_error_;
 };
@@ -462,6 +649,11 @@ void RegistryReplicator::stop() {
   // impl_ stays until destruction: /status may still read last_error() while the HTTP workers
   // drain after stop().
   if (impl_) impl_->stop();
+}
+
+void RegistryReplicator::mirror_conversations(proxy::ConversationCache& cache,
+                                              const discovery::SnapshotCell<discovery::Topology>& topology) {
+  if (impl_) impl_->attach(cache, topology);
 }
 
 std::string RegistryReplicator::last_error() const { return impl_ ? impl_->last_error() : std::string(); }

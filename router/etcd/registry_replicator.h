@@ -26,6 +26,15 @@
 // full range (entries that vanished meanwhile are removed), watch from that revision, every
 // local entry written again.
 //
+// Multi-turn entries (mirror_conversations(); conversation_mirror.h): the same thread writes the
+// entries of this replica under <prefix>conversations/ (each on a lease that covers multi_turn's
+// TTL: leases of that TTL plus a rotation period, a new one per period, so no keepalives and no
+// key outlives its entry by more than the period), deletes the keys of entries taken here, and
+// mirrors the prefix (full range after the nodes' range on every resync, then a watch) into the
+// cache. Those puts and deletes share the in-flight cap and go out in order, one at a time per
+// key; a failed one is counted and never fails the connection or a request. While etcd is
+// unreachable they are dropped and counted.
+//
 // Threads: start() and stop() from the owner's thread; everything else runs on the replicator's
 // own thread and libuv loop. status() from any thread.
 #pragma once
@@ -42,7 +51,9 @@
 #include "base/status.h"
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
+#include "config/topology.h"
 #include "router/etcd/etcd_client.h"
+#include "router/proxy/conversation_cache.h"
 
 namespace pdr::router {
 
@@ -69,10 +80,17 @@ struct ReplicatorStatus {
   std::atomic<uint64_t> failures{0};       // calls that failed (etcd unreachable or refusing)
   std::atomic<uint64_t> bad_entries{0};    // values or keys under the prefix that do not decode
   std::atomic<uint64_t> replica_entries{0};  // entries learnt from other replicas (gauge)
-  std::atomic<uint64_t> in_flight{0};        // puts and deletes sent, not yet answered (gauge)
+  std::atomic<uint64_t> in_flight{0};        // puts and deletes sent, not yet answered (gauge;
+                                             // registry entries and conversations together)
   std::atomic<uint64_t> in_flight_max{0};    // the most ever in flight at once (at most 256)
   std::atomic<uint64_t> lease_grants{0};     // leases granted (the first one included)
   std::atomic<uint64_t> leases_lost{0};      // leases found gone (expired or revoked): a new one
+  // Multi-turn conversation entries (conversation_mirror.h).
+  std::atomic<uint64_t> conversation_puts{0};      // entries of this replica written
+  std::atomic<uint64_t> conversation_deletes{0};   // keys deleted (entries taken here)
+  std::atomic<uint64_t> conversation_failures{0};  // puts/deletes that failed or were dropped
+  std::atomic<uint64_t> conversation_mirrored{0};  // entries of other replicas mirrored
+  std::atomic<uint64_t> conversation_rejected{0};  // keys/values that did not decode, or expired
 };
 
 class RegistryReplicator {
@@ -87,6 +105,12 @@ class RegistryReplicator {
   // Revokes the lease when etcd answers within a second (the other replicas drop this one's
   // entries at once instead of after lease_ttl), then joins the thread. Idempotent.
   void stop();
+
+  // Shares `cache`'s entries through etcd from now on (once, after start(); `cache` and
+  // `topology` outlive stop()). The conversations prefix is ranged and watched from the next
+  // point the replicator is in sync (at once if it is).
+  void mirror_conversations(proxy::ConversationCache& cache,
+                            const discovery::SnapshotCell<discovery::Topology>& topology);
 
   const ReplicatorStatus& status() const { return status_; }
   const RegistryReplicatorOptions& options() const { return options_; }

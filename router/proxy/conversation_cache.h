@@ -7,9 +7,16 @@
 // oldest stored entries go first. An entry older than `ttl` is never handed out (vLLM frees the
 // decode's blocks after decoder_kv_blocks_ttl, 480 s by default, so ttl must stay below it).
 //
-// Threading: thread-safe (one mutex; each call is O(1) plus the evictions it makes).
+// Replication (registry.backend: etcd, router/etcd/conversation_mirror.h): with a replication
+// attached, every local put() and every successful take() is also handed to it, outside the lock,
+// so the entries can be shared with other replicas; entries that come from other replicas are
+// stored with mirror() (marked remote) and removed with forget(), neither of which is handed back.
+//
+// Threading: thread-safe (one mutex; each call is O(1) plus the evictions it makes, except
+// drop_remote_except, O(entries)).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -19,8 +26,10 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace pdr::router::proxy {
+
 
 class ConversationCache {
  public:
@@ -30,6 +39,18 @@ class ConversationCache {
     std::string decode_key;      // the decode instance that holds the conversation's KV
     uint64_t decode_epoch = 0;   // and its epoch then: a restarted decode has lost the blocks
     std::string prefill_params;  // kv_transfer_params JSON object for the next turn's prefill
+    bool remote = false;         // stored by another replica (mirror())
+  };
+
+  // Where local changes go to be shared (router/etcd/conversation_mirror.h). Both calls come
+  // from request threads and must not block (queue the work elsewhere).
+  class Replication {
+   public:
+    virtual ~Replication() = default;
+    // A local put() kept `entry`, valid for `ttl` from now.
+    virtual void stored(std::string_view conversation_id, const Entry& entry, std::chrono::milliseconds ttl) = 0;
+    // take() handed out the conversation's entry (single use: gone everywhere).
+    virtual void taken(std::string_view conversation_id) = 0;
   };
   struct Stats {
     uint64_t entries = 0;
@@ -39,6 +60,7 @@ class ConversationCache {
     uint64_t missing = 0;  // a conversation_id with no entry
     uint64_t expired = 0;  // found but older than ttl
     uint64_t evicted = 0;  // dropped by max_entries / max_bytes
+    uint64_t remote_entries = 0;  // of `entries`, mirrored from other replicas
   };
 
   struct Limits {
@@ -54,6 +76,23 @@ class ConversationCache {
   // Removes and returns the conversation's entry if it is younger than `ttl`.
   std::optional<Entry> take(std::string_view conversation_id, Clock::time_point now, std::chrono::milliseconds ttl);
 
+  // Replication (null: none). Set before the entries are shared; `replication` outlives its use.
+  void set_replication(Replication* replication) { replication_.store(replication, std::memory_order_release); }
+
+  // An entry another replica stored (entry.remote is set here), stored at `stored_at` (the
+  // caller maps the writer's wall-clock expiry onto this clock). Replaces the conversation's
+  // entry, then evicts like put(). False (nothing kept) when it is already expired or larger than
+  // max_bytes. Not handed to the replication. A mirrored entry stored at an older time than the
+  // newest one is evicted by age only once it reaches the front of the order (take() checks
+  // the age of every entry it hands out).
+  bool mirror(std::string_view conversation_id, Entry entry, Clock::time_point stored_at, Clock::time_point now,
+              const Limits& limits);
+  // Removes the conversation's entry (local or remote; another replica took it). Not handed to
+  // the replication. True if there was one.
+  bool forget(std::string_view conversation_id);
+  // Removes every remote entry whose id is not in `keep` (a resync with etcd); returns how many.
+  size_t drop_remote_except(const std::unordered_set<std::string>& keep);
+
   Stats stats() const;
 
  private:
@@ -66,12 +105,17 @@ class ConversationCache {
   };
   void erase_locked(std::unordered_map<std::string, Slot>::iterator it);
   void evict_locked(Clock::time_point now, const Limits& limits);
+  // Stores under the lock (replacing the conversation's entry); false if over max_bytes.
+  bool insert_locked(std::string_view conversation_id, Entry entry, Clock::time_point stored_at,
+                     Clock::time_point now, const Limits& limits);
 
   mutable std::mutex mu_;
   std::unordered_map<std::string, Slot> slots_;
   Order order_;
   size_t bytes_ = 0;
+  size_t remote_ = 0;
   Stats stats_;
+  std::atomic<Replication*> replication_{nullptr};
 };
 
 }  // namespace pdr::router::proxy

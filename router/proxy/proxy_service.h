@@ -64,6 +64,8 @@ class ProxyService {
   void worker_stopped(uint32_t worker);
 
   const ProxyCounters& counters() const { return shared_.counters; }
+  // The multi-turn entries every worker shares (registry.backend etcd mirrors them).
+  ConversationCache& conversations() { return shared_.conversations; }
   // listeners.admin: this service's profile fan-outs are counted in `other`'s counters.
   void count_profiles_in(ProxyService& other) { shared_.profile_fanouts = &other.shared_.counters.profile_fanouts; }
 

@@ -1,0 +1,66 @@
+// Multi-turn entries shared through etcd (issue 15): when registry.backend is etcd and
+// multi_turn is on, a stored conversation entry (router/proxy/conversation_cache.h) is also put
+// under <prefix>conversations/<conversation id in unpadded base64url>, so the next turn of the
+// conversation can take it on any replica. The value is a small JSON object:
+//   {"writer":"<replica id>","decode":"<decode key>","epoch":N,"expires_ms":N,"params":{...}}
+// writer: the replica that stored it (a replica marks entries it did not write as remote);
+// decode/epoch: the decode that holds the conversation's KV and its epoch then; expires_ms: wall
+// clock (Unix ms) after which the entry must not be used (replicas' steady clocks differ);
+// params: the next turn's prefill kv_transfer_params (proto/multi_turn.h), a JSON object.
+// Flow (router/etcd/conversation_mirror.h, router/etcd/registry_replicator.h): the writer puts
+// the entry on the replicator's thread with a lease covering etcd_conversation_lease_seconds(
+// multi_turn ttl); every replica mirrors the prefix into its ConversationCache (entries of other
+// writers marked remote); taking an entry removes it locally and deletes the key (the delete
+// removes it on the other replicas). Two replicas taking the same entry at
+// once both hand it to a prefill: one pull of the decode's blocks fails and that prefill
+// recomputes (vLLM and the sims handle it), so the race costs a recompute, never an error.
+// Pure: no I/O. Values and keys come from etcd (untrusted): every decoder bounds what it accepts
+// and leaves `out` untouched on error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace pdr::proto {
+
+// Limits on what a conversation entry may hold (the cache's max_bytes bounds the total).
+inline constexpr size_t kMaxConversationIdBytes = 1024;
+inline constexpr size_t kMaxConversationValueBytes = 256 * 1024;
+
+struct EtcdConversationEntry {
+  std::string writer;          // replica id of the replica that stored the entry
+  std::string decode_key;      // the decode instance that holds the conversation's KV
+  uint64_t decode_epoch = 0;   // its epoch when the entry was stored
+  int64_t expires_unix_ms = 0; // not usable at or after this wall-clock time
+  std::string prefill_params;  // raw JSON object text
+};
+
+// Unpadded base64url (RFC 4648 section 5): an id of any bytes becomes one safe key segment.
+std::string base64url_encode(std::string_view bytes);
+// Strict: base64url alphabet, no padding, no whitespace, no non-zero trailing bits. False else.
+bool base64url_decode(std::string_view text, std::string* out);
+
+// "<prefix>conversations/" and the key of one conversation under it.
+std::string etcd_conversations_prefix(std::string_view prefix);
+std::string etcd_conversation_key(std::string_view prefix, std::string_view conversation_id);
+// The conversation id of a key under etcd_conversations_prefix(prefix). kInvalidValue for a key
+// outside it, kMalformed for a segment that is not base64url, kTooLarge for an id over the limit.
+Status parse_etcd_conversation_key(std::string_view prefix, std::string_view key, std::string* conversation_id);
+
+std::string encode_etcd_conversation(const EtcdConversationEntry& entry);
+// kTooLarge (value over kMaxConversationValueBytes, or a field over its limit), kMalformed (not
+// a JSON object, or a number beyond what JSON parsing accepts), kTooDeep, kMissingKey,
+// kWrongType (params not an object, epoch not an unsigned integer), kInvalidValue (empty
+// decode), kOutOfRange (expires_ms not positive).
+Status parse_etcd_conversation(std::string_view value, EtcdConversationEntry* out);
+
+// The TTL, in whole seconds, of an etcd lease that keeps an entry at least `ttl_ms` (rounded up,
+// at least 1 s, etcd's own minimum aside): the conversation keys' lease must cover multi_turn's
+// TTL, so a replica's own lease is reusable only when its TTL is at least this.
+int64_t etcd_conversation_lease_seconds(int64_t ttl_ms);
+
+}  // namespace pdr::proto

@@ -1,0 +1,164 @@
+#include "router/etcd/conversation_mirror.h"
+
+#include <unordered_set>
+#include <utility>
+
+#include "proto/etcd_conversation.h"
+#include "router/etcd/registry_replicator.h"
+
+namespace pdr::router {
+
+namespace {
+
+int64_t unix_ms(ConversationMirror::WallClock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+void bump(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
+
+}  // namespace
+
+ConversationMirror::ConversationMirror(proxy::ConversationCache& cache,
+                                       const discovery::SnapshotCell<discovery::Topology>& topology,
+                                       std::string prefix, std::string replica_id, ReplicatorStatus& status,
+                                       std::function<void()> wake)
+    : cache_(cache),
+      topology_(topology),
+      prefix_(std::move(prefix)),
+      replica_id_(std::move(replica_id)),
+      status_(status),
+      wake_(std::move(wake)) {}
+
+proxy::ConversationCache::Limits ConversationMirror::limits() const {
+  const auto topology = topology_.load();
+  proxy::ConversationCache::Limits limits;
+  limits.ttl = topology->multi_turn.ttl;
+  limits.max_entries = topology->multi_turn.max_entries;
+  limits.max_bytes = topology->multi_turn.max_bytes;
+  return limits;
+}
+
+void ConversationMirror::push(ConversationOp op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  if (queue_.size() >= kMaxQueued) {
+    bump(status_.conversation_failures);  // etcd is far behind: this one is not shared
+    return;
+  }
+  queue_.push_back(std::move(op));
+  // Under the lock, so close() returning means no wake is under way (the replicator's wake
+  // handle closes after it).
+  wake_();
+}
+
+void ConversationMirror::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+}
+
+void ConversationMirror::stored(std::string_view conversation_id, const proxy::ConversationCache::Entry& entry,
+                                std::chrono::milliseconds ttl) {
+  if (conversation_id.size() > proto::kMaxConversationIdBytes) return;  // the request path bounds it lower
+  proto::EtcdConversationEntry e;
+  e.writer = replica_id_;
+  e.decode_key = entry.decode_key;
+  e.decode_epoch = entry.decode_epoch;
+  e.expires_unix_ms = unix_ms(WallClock::now() + ttl);
+  e.prefill_params = entry.prefill_params;
+  ConversationOp op;
+  op.key = proto::etcd_conversation_key(prefix_, conversation_id);
+  op.value = proto::encode_etcd_conversation(e);
+  if (op.value.size() > proto::kMaxConversationValueBytes) {
+    bump(status_.conversation_failures);  // other replicas would refuse it
+    return;
+  }
+  op.lease_seconds = proto::etcd_conversation_lease_seconds(ttl.count());
+  push(std::move(op));
+}
+
+void ConversationMirror::taken(std::string_view conversation_id) {
+  if (conversation_id.size() > proto::kMaxConversationIdBytes) return;
+  ConversationOp op;
+  op.key = proto::etcd_conversation_key(prefix_, conversation_id);
+  op.is_delete = true;
+  push(std::move(op));
+}
+
+std::vector<ConversationOp> ConversationMirror::pop(size_t max) {
+  std::vector<ConversationOp> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  while (out.size() < max && !queue_.empty()) {
+    out.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+  return out;
+}
+
+size_t ConversationMirror::drop_queued() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t n = queue_.size();
+  queue_.clear();
+  status_.conversation_failures.fetch_add(n, std::memory_order_relaxed);
+  return n;
+}
+
+bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_point now_wall,
+                                    proxy::ConversationCache::Clock::time_point now, std::string* id_out) {
+  std::string id;
+  proto::EtcdConversationEntry entry;
+  if (!proto::parse_etcd_conversation_key(prefix_, kv.key, &id).is_ok() ||
+      !proto::parse_etcd_conversation(kv.value, &entry).is_ok()) {
+    bump(status_.conversation_rejected);
+    return false;
+  }
+  *id_out = id;
+  if (entry.writer == replica_id_) return true;  // this replica's own: the cache has it already
+  // The writer's wall-clock expiry mapped onto this replica's steady clock: stored_at is when an
+  // entry of the current ttl would reach it. An entry past its expiry is refused.
+  const auto limits = this->limits();
+  const auto left = std::chrono::milliseconds(entry.expires_unix_ms - unix_ms(now_wall));
+  if (left <= std::chrono::milliseconds(0)) {
+    bump(status_.conversation_rejected);
+    return false;
+  }
+  const auto stored_at = now - (left >= limits.ttl ? std::chrono::milliseconds(0) : limits.ttl - left);
+  proxy::ConversationCache::Entry local{std::move(entry.decode_key), entry.decode_epoch,
+                                        std::move(entry.prefill_params), true};
+  if (!cache_.mirror(id, std::move(local), stored_at, now, limits)) {
+    bump(status_.conversation_rejected);  // larger than multi_turn.max_bytes
+    return false;
+  }
+  bump(status_.conversation_mirrored);
+  return true;
+}
+
+void ConversationMirror::resync(const std::vector<proto::EtcdKeyValue>& kvs, WallClock::time_point now_wall,
+                                proxy::ConversationCache::Clock::time_point now) {
+  std::unordered_set<std::string> present;
+  for (const auto& kv : kvs) {
+    std::string id;
+    if (mirror_one(kv, now_wall, now, &id)) present.insert(std::move(id));
+  }
+  // Remote entries deleted (taken) or expired in etcd while the watch was down.
+  cache_.drop_remote_except(present);
+}
+
+void ConversationMirror::apply(const std::vector<proto::EtcdEvent>& events, WallClock::time_point now_wall,
+                               proxy::ConversationCache::Clock::time_point now) {
+  for (const auto& e : events) {
+    if (!e.is_delete) {
+      std::string id;
+      (void)mirror_one(e.kv, now_wall, now, &id);
+      continue;
+    }
+    std::string id;
+    if (!proto::parse_etcd_conversation_key(prefix_, e.kv.key, &id).is_ok()) {
+      bump(status_.conversation_rejected);
+      continue;
+    }
+    // Taken on some replica (or its lease ended): gone here too, whoever wrote it.
+    (void)cache_.forget(id);
+  }
+}
+
+}  // namespace pdr::router

@@ -1,0 +1,99 @@
+// ConversationMirror: the multi-turn entries (router/proxy/conversation_cache.h) shared through
+// etcd (registry.backend: etcd; key and value: proto/etcd_conversation.h).
+//
+// Two halves:
+//  - request threads: the cache hands every local put and every take to it (Replication);
+//    it turns them into etcd operations (put with the writer's wall-clock expiry, or delete) in a
+//    bounded queue and wakes the replicator's thread. A full queue drops the operation and
+//    counts it as a failure: a request never waits for etcd and never fails because of it.
+//  - the replicator's thread (router/etcd/registry_replicator.h) pops the operations (under its
+//    in-flight cap) and feeds what etcd holds back: resync() with a full range of the prefix,
+//    apply() with watch events. Entries of other writers are mirrored into the cache (marked
+//    remote, bounded by the cache's limits from the current topology); a deleted key removes the
+//    local entry whoever wrote it (another replica took it). A key or value that does not decode,
+//    is over its limit, or is already expired is rejected and counted; never stored.
+//
+// The take race: two replicas taking the same entry before either sees the other's delete both
+// hand the decode's params to a prefill; one pull fails and that prefill recomputes, so the race
+// costs a recompute, never an error.
+//
+// Threading: stored()/taken() from any thread; pop(), resync(), apply() from one thread (the
+// replicator's). Counters are the replicator's (ReplicatorStatus, relaxed atomics).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "config/topology.h"
+#include "base/snapshot_cell.h"
+#include "proto/etcd_json.h"
+#include "router/proxy/conversation_cache.h"
+
+namespace pdr::router {
+
+struct ReplicatorStatus;
+
+// One etcd operation for a conversation key.
+struct ConversationOp {
+  std::string key;
+  bool is_delete = false;
+  std::string value;      // put only
+  int64_t lease_seconds = 0;  // put only: the lease must last at least this long
+};
+
+class ConversationMirror : public proxy::ConversationCache::Replication {
+ public:
+  using WallClock = std::chrono::system_clock;
+  static constexpr size_t kMaxQueued = 4096;
+
+  // `wake` is called (from any thread) after an operation was queued; `status` receives the
+  // conversation counters. All outlive the mirror.
+  ConversationMirror(proxy::ConversationCache& cache, const discovery::SnapshotCell<discovery::Topology>& topology,
+                     std::string prefix, std::string replica_id, ReplicatorStatus& status,
+                     std::function<void()> wake);
+
+  void stored(std::string_view conversation_id, const proxy::ConversationCache::Entry& entry,
+              std::chrono::milliseconds ttl) override;
+  void taken(std::string_view conversation_id) override;
+
+  // No more wakes (the replicator's thread is stopping): later operations are dropped.
+  void close();
+
+  // Up to `max` queued operations, oldest first.
+  std::vector<ConversationOp> pop(size_t max);
+  // Drops every queued operation, counting each as a failure (etcd unreachable); returns how many.
+  size_t drop_queued();
+
+  // A full range of the prefix: mirrors every valid entry of another writer and removes the
+  // remote entries etcd no longer holds. `now_wall` / `now` are the two clocks at this moment.
+  void resync(const std::vector<proto::EtcdKeyValue>& kvs, WallClock::time_point now_wall,
+              proxy::ConversationCache::Clock::time_point now);
+  void apply(const std::vector<proto::EtcdEvent>& events, WallClock::time_point now_wall,
+             proxy::ConversationCache::Clock::time_point now);
+
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  // Mirrors one put; false (counted) when rejected. Own entries are skipped (true).
+  bool mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_point now_wall,
+                  proxy::ConversationCache::Clock::time_point now, std::string* id_out);
+  void push(ConversationOp op);
+  proxy::ConversationCache::Limits limits() const;
+
+  proxy::ConversationCache& cache_;
+  const discovery::SnapshotCell<discovery::Topology>& topology_;
+  std::string prefix_;
+  std::string replica_id_;
+  ReplicatorStatus& status_;
+  std::function<void()> wake_;
+  std::mutex mu_;
+  std::deque<ConversationOp> queue_;
+  bool closed_ = false;
+};
+
+}  // namespace pdr::router

@@ -1,0 +1,194 @@
+"""Multi-turn KV entries shared through etcd (registry.backend: etcd with multi_turn.enabled), end
+to end: a real etcd (Debian's etcd-server) on loopback ports, two pdrouter replicas, a NIXL
+prefill and a decode (`pdnode sim --bidirectional-kv-xfer`) registered with replica A and known
+to B through etcd.
+
+  * turn 1 through A, turn 2 through B: B's prefill leg gets the decode's params (it pulls the
+    blocks the decode kept) and the entry taken on B is gone on A; turn 3 through A reuses the
+    entry B stored;
+  * an entry taken on B whose turn leaves no new entry: replaying that turn through A is an
+    ordinary turn (A no longer holds it);
+  * etcd killed: each replica still reuses its own entries, and the writes it could not make are
+    counted; etcd back: entries are shared again;
+  * a malformed or expired entry written to etcd by someone else is rejected and counted.
+"""
+
+import base64
+import json
+import os
+import time
+import unittest
+import urllib.request
+
+from pdrouter_fixture import Router
+from sim_fixture import SimNode
+from test_etcd_replicas import ETCD, Etcd
+
+GEN_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def topology(etcd, replica, prefix):
+    return f"""
+connectors:
+  default: nixl
+discovery:
+  ttl_ms: 3000
+multi_turn:
+  enabled: true
+registry:
+  backend: etcd
+  etcd_endpoints: ["127.0.0.1:{etcd.client_port}"]
+  etcd_prefix: "{prefix}"
+  replica_id: "{replica}"
+  lease_ttl_s: 2
+"""
+
+
+def gen_bodies(node):
+    return [json.loads(r["body"]) for r in node.sim_requests()["requests"]
+            if r["method"] == "POST" and r["path"] in GEN_PATHS]
+
+
+@unittest.skipUnless(os.access(ETCD, os.X_OK), "etcd-server is not installed")
+class EtcdMultiTurn(unittest.TestCase):
+    def setUp(self):
+        self.etcd = Etcd()
+        self.addCleanup(self.etcd.close)
+        prefix = f"/pdr-mt-{os.getpid()}-{time.monotonic_ns()}/"
+        self.prefix = prefix
+        self.a = Router(topology_yaml=topology(self.etcd, "a", prefix))
+        self.addCleanup(self.a.stop)
+        self.b = Router(topology_yaml=topology(self.etcd, "b", prefix))
+        self.addCleanup(self.b.stop)
+        kv = os.environ.get("PDR_SIM_KV_BACKENDS", "tcp")
+        self.prefill, self.decode = (
+            SimNode("--role", role, "--connector", "nixl", "--handshake-port", "0", "--notify-port", "0",
+                    "--kv-port", "0", "--kv-backends", kv, "--bidirectional-kv-xfer",
+                    "--register", self.a.discovery, "--register-interval-ms", "200")
+            for role in ("prefill", "decode"))
+        self.addCleanup(self.prefill.kill)
+        self.addCleanup(self.decode.kill)
+        for r, source in ((self.a, "registered"), (self.b, "replica")):
+            r.wait_for(lambda r=r, source=source: all(
+                (r.instance(n.http_address) or {}).get("state") == "up"
+                and r.instance(n.http_address)["source"] == source for n in (self.prefill, self.decode))
+                and r.request("GET", "/ready")[0] == 200, timeout=15)
+
+    def turn(self, router, conversation, text):
+        body = json.dumps({"model": "sim-model", "conversation_id": conversation, "max_tokens": 3,
+                           "messages": [{"role": "user", "content": text}]}).encode()
+        return router.request("POST", "/v1/chat/completions", body=body, timeout=10,
+                              headers={"Content-Type": "application/json"})
+
+    def ok_turn(self, router, conversation, text):
+        code, _, raw = self.turn(router, conversation, text)
+        self.assertEqual(code, 200, raw)
+
+    def prefill_params(self, text):
+        found = [b for b in gen_bodies(self.prefill) if b["messages"][0]["content"] == text]
+        self.assertEqual(len(found), 1, (text, found))
+        self.assertNotIn("conversation_id", found[0])
+        return found[0]["kv_transfer_params"]
+
+    def assert_reused(self, text):
+        params = self.prefill_params(text)
+        self.assertIs(params["do_remote_decode"], True)
+        self.assertIs(params["do_remote_prefill"], False)
+        self.assertEqual(params["remote_host"], "127.0.0.1")
+        self.assertTrue(params["remote_block_ids"])
+
+    def assert_ordinary(self, text):
+        self.assertIsNone(self.prefill_params(text)["remote_block_ids"])
+
+    def wait_entries(self, router, local, mirrored):
+        """Polls until `router` holds `local` entries it stored and `mirrored` ones from the other
+        replica. /status is reused for up to 1 s, so a render from before the change could match:
+        /metrics (live) must agree on the total."""
+        router.wait_for(lambda: router.metrics()["pdrouter_multi_turn_entries"] == local + mirrored
+                        and router.status()["registry_backend"]["conversation_entries"]
+                        == {"local": local, "mirrored": mirrored}, timeout=10)
+
+    @staticmethod
+    def turns(router, result):
+        return router.metrics().get('pdrouter_multi_turn_turns_total{result="%s"}' % result, 0)
+
+    def test_the_next_turn_works_on_the_other_replica(self):
+        self.ok_turn(self.a, "conv-1", "turn 1")
+        self.assert_ordinary("turn 1")
+        self.a.wait_for(lambda: self.a.metrics()["pdrouter_etcd_conversation_puts_total"] == 1, timeout=10)
+        self.wait_entries(self.b, 0, 1)
+        self.wait_entries(self.a, 1, 0)
+
+        self.ok_turn(self.b, "conv-1", "turn 2")
+        self.assert_reused("turn 2")
+        self.assertEqual(self.turns(self.b, "reused"), 1)
+        self.b.wait_for(lambda: self.b.metrics()["pdrouter_etcd_conversation_deletes_total"] == 1, timeout=10)
+        # A's entry went with B's delete; B's own entry for turn 3 replaced it there.
+        self.b.wait_for(lambda: self.b.metrics()["pdrouter_etcd_conversation_puts_total"] == 1, timeout=10)
+        self.wait_entries(self.a, 0, 1)
+
+        self.ok_turn(self.a, "conv-1", "turn 3")
+        self.assert_reused("turn 3")
+        self.assertEqual(self.turns(self.a, "reused"), 1)
+        for r in (self.a, self.b):
+            m = r.metrics()
+            self.assertEqual(m["pdrouter_etcd_conversation_failures_total"], 0)
+            self.assertEqual(m["pdrouter_etcd_conversation_rejected_total"], 0)
+
+    def test_an_entry_taken_on_one_replica_is_gone_on_the_other(self):
+        self.ok_turn(self.a, "conv-2", "first")
+        self.wait_entries(self.b, 0, 1)
+        # B takes the entry; the decode then fails the turn, so no new entry is stored anywhere.
+        self.decode.set_fault(status=400)
+        code, _, raw = self.turn(self.b, "conv-2", "second")
+        self.assertNotEqual(code, 200, raw)
+        self.assert_reused("second")
+        self.wait_entries(self.a, 0, 0)
+        self.wait_entries(self.b, 0, 0)
+        # Replayed through A: an ordinary turn, not a second use of the blocks B's prefill pulled.
+        self.ok_turn(self.a, "conv-2", "second again")
+        self.assert_ordinary("second again")
+        self.assertEqual(self.turns(self.a, "reused"), 0)
+        self.assertEqual(self.turns(self.a, "no_entry"), 2)
+
+    def test_etcd_killed_each_replica_still_does_multi_turn_locally(self):
+        self.etcd.kill()
+        for r in (self.a, self.b):
+            r.wait_for(lambda r=r: not r.status()["registry_backend"]["etcd_reachable"], timeout=15)
+        for r, conversation in ((self.a, "conv-a"), (self.b, "conv-b")):
+            self.ok_turn(r, conversation, conversation + " 1")
+            self.assert_ordinary(conversation + " 1")
+            self.ok_turn(r, conversation, conversation + " 2")
+            self.assert_reused(conversation + " 2")
+            self.assertEqual(self.turns(r, "reused"), 1)
+            # The put of each turn's entry and the delete of the taken one were not made.
+            r.wait_for(lambda r=r: r.metrics()["pdrouter_etcd_conversation_failures_total"] >= 3, timeout=10)
+            self.assertEqual(r.metrics()["pdrouter_etcd_conversation_puts_total"], 0)
+        # etcd back: both resync, and entries are shared again.
+        self.assertTrue(self.etcd.start(), self.etcd.log())
+        for r in (self.a, self.b):
+            r.wait_for(lambda r=r: r.status()["registry_backend"]["etcd_reachable"], timeout=15)
+        self.ok_turn(self.a, "conv-c", "conv-c 1")
+        self.wait_entries(self.b, 1, 1)  # conv-b's own entry, and conv-c's from A
+        self.ok_turn(self.b, "conv-c", "conv-c 2")
+        self.assert_reused("conv-c 2")
+
+    def test_a_malformed_entry_in_etcd_is_rejected_and_counted(self):
+        key = self.prefix + "conversations/Zm9v"  # id "foo"
+        for value in (b"{not json", json.dumps({"writer": "x", "decode": "127.0.0.1:1", "epoch": 1,
+                                                 "expires_ms": 1, "params": {}}).encode()):  # expired
+            body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
+                               "value": base64.b64encode(value).decode()}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{self.etcd.client_port}/v3/kv/put", data=body,
+                                         method="POST", headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                self.assertEqual(resp.status, 200)
+        for r in (self.a, self.b):
+            r.wait_for(lambda r=r: r.metrics()["pdrouter_etcd_conversation_rejected_total"] == 2, timeout=10)
+            self.assertEqual(r.metrics()["pdrouter_multi_turn_entries"], 0)
+        self.ok_turn(self.a, "foo", "foo 1")  # an ordinary turn
+        self.assert_ordinary("foo 1")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,191 @@
+// ConversationMirror without etcd: what it queues for the replicator's thread, and what a range
+// or watch events from etcd do to the cache (proto/etcd_conversation.h's codec on both sides).
+#include "router/etcd/conversation_mirror.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "proto/etcd_conversation.h"
+#include "router/etcd/registry_replicator.h"
+
+namespace pdr::router {
+namespace {
+
+using namespace std::chrono_literals;
+using proxy::ConversationCache;
+using WallClock = ConversationMirror::WallClock;
+
+constexpr const char* kPrefix = "/pdr/";
+
+struct Fixture {
+  Fixture() {
+    auto t = std::make_shared<discovery::Topology>();
+    t->multi_turn.enabled = true;
+    t->multi_turn.ttl = std::chrono::milliseconds(450'000);
+    t->multi_turn.max_entries = 3;
+    topology.publish(std::move(t));
+    cache.set_replication(&mirror);
+  }
+  ConversationCache cache;
+  discovery::SnapshotCell<discovery::Topology> topology;
+  ReplicatorStatus status;
+  int wakes = 0;
+  ConversationMirror mirror{cache, topology, kPrefix, "replica-a", status, [this] { ++wakes; }};
+};
+
+int64_t unix_ms(WallClock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+proto::EtcdKeyValue kv(const std::string& id, const std::string& writer, int64_t expires_ms,
+                       const std::string& decode = "127.0.40.1:8000") {
+  proto::EtcdConversationEntry e;
+  e.writer = writer;
+  e.decode_key = decode;
+  e.decode_epoch = 9;
+  e.expires_unix_ms = expires_ms;
+  e.prefill_params = R"({"remote_block_ids":[1,2],"do_remote_decode":true})";
+  proto::EtcdKeyValue out;
+  out.key = proto::etcd_conversation_key(kPrefix, id);
+  out.value = proto::encode_etcd_conversation(e);
+  return out;
+}
+
+ConversationCache::Limits limits() {
+  ConversationCache::Limits l;
+  l.ttl = 450s;
+  l.max_entries = 3;
+  return l;
+}
+
+TEST(ConversationMirror, LocalPutsAndTakesBecomeEtcdOperations) {
+  Fixture f;
+  const auto wall_before = WallClock::now();
+  f.cache.put("conv/1", ConversationCache::Entry{"127.0.40.1:8000", 4, R"({"x":1})"}, ConversationCache::Clock::now(),
+              limits());
+  ASSERT_TRUE(f.cache.take("conv/1", ConversationCache::Clock::now(), 450s).has_value());
+  EXPECT_EQ(f.wakes, 2);
+  auto ops = f.mirror.pop(10);
+  ASSERT_EQ(ops.size(), 2u);
+  EXPECT_FALSE(ops[0].is_delete);
+  EXPECT_EQ(ops[0].key, proto::etcd_conversation_key(kPrefix, "conv/1"));
+  EXPECT_EQ(ops[0].lease_seconds, 450);
+  proto::EtcdConversationEntry e;
+  ASSERT_TRUE(proto::parse_etcd_conversation(ops[0].value, &e).is_ok());
+  EXPECT_EQ(e.writer, "replica-a");
+  EXPECT_EQ(e.decode_key, "127.0.40.1:8000");
+  EXPECT_EQ(e.decode_epoch, 4u);
+  EXPECT_EQ(e.prefill_params, R"({"x":1})");
+  EXPECT_GE(e.expires_unix_ms, unix_ms(wall_before) + 450'000);
+  EXPECT_LE(e.expires_unix_ms, unix_ms(WallClock::now()) + 450'000);
+  EXPECT_TRUE(ops[1].is_delete);
+  EXPECT_EQ(ops[1].key, ops[0].key);
+  EXPECT_TRUE(f.mirror.pop(10).empty());
+}
+
+TEST(ConversationMirror, TheQueueIsBoundedAndDroppingCountsFailures) {
+  Fixture f;
+  for (size_t i = 0; i < ConversationMirror::kMaxQueued + 5; ++i) f.mirror.taken("c" + std::to_string(i));
+  EXPECT_EQ(f.status.conversation_failures.load(), 5u);
+  EXPECT_EQ(f.mirror.drop_queued(), ConversationMirror::kMaxQueued);
+  EXPECT_EQ(f.status.conversation_failures.load(), 5u + ConversationMirror::kMaxQueued);
+  f.mirror.close();
+  f.mirror.taken("after-close");
+  EXPECT_TRUE(f.mirror.pop(10).empty());
+}
+
+TEST(ConversationMirror, AResyncMirrorsOtherWritersEntriesAsRemote) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  f.mirror.resync({kv("theirs", "replica-b", unix_ms(wall) + 100'000), kv("mine", "replica-a", unix_ms(wall) + 100'000)},
+                  wall, now);
+  EXPECT_EQ(f.status.conversation_mirrored.load(), 1u);
+  auto st = f.cache.stats();
+  EXPECT_EQ(st.entries, 1u);
+  EXPECT_EQ(st.remote_entries, 1u);
+  // 100 s left of its 450 s: gone 100 s from now, whatever the two replicas' clocks say.
+  EXPECT_FALSE(f.cache.take("theirs", now + 101s, 450s).has_value());
+  f.mirror.resync({kv("theirs", "replica-b", unix_ms(wall) + 100'000)}, wall, now);
+  auto got = f.cache.take("theirs", now + 99s, 450s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(got->remote);
+  EXPECT_EQ(got->decode_key, "127.0.40.1:8000");
+  EXPECT_EQ(got->decode_epoch, 9u);
+  EXPECT_EQ(got->prefill_params, R"({"remote_block_ids":[1,2],"do_remote_decode":true})");
+  // Taking a mirrored entry deletes its key too (the put of "theirs" was never ours to write).
+  auto ops = f.mirror.pop(10);
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_TRUE(ops[0].is_delete);
+}
+
+TEST(ConversationMirror, AResyncDropsRemoteEntriesEtcdNoLongerHoldsButKeepsLocalOnes) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  f.mirror.resync({kv("r1", "replica-b", unix_ms(wall) + 100'000), kv("r2", "replica-b", unix_ms(wall) + 100'000)}, wall,
+                  now);
+  f.cache.put("local", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  f.mirror.resync({kv("r2", "replica-b", unix_ms(wall) + 100'000)}, wall, now);
+  EXPECT_FALSE(f.cache.take("r1", now, 450s).has_value());
+  EXPECT_TRUE(f.cache.take("r2", now, 450s).has_value());
+  EXPECT_TRUE(f.cache.take("local", now, 450s).has_value());
+}
+
+TEST(ConversationMirror, BadExpiredOrForeignValuesAreRejectedAndCounted) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  proto::EtcdKeyValue not_json = kv("a", "replica-b", unix_ms(wall) + 1000);
+  not_json.value = "{not json";
+  proto::EtcdKeyValue bad_key = kv("b", "replica-b", unix_ms(wall) + 1000);
+  bad_key.key = std::string(kPrefix) + "conversations/***";
+  proto::EtcdKeyValue huge = kv("c", "replica-b", unix_ms(wall) + 1000);
+  huge.value = std::string(proto::kMaxConversationValueBytes + 1, ' ');
+  proto::EtcdKeyValue foreign = kv("d", "replica-b", unix_ms(wall) + 1000);
+  foreign.key = "/other/conversations/ZA";
+  f.mirror.resync({not_json, bad_key, huge, foreign, kv("expired", "replica-b", unix_ms(wall) - 1)}, wall, now);
+  EXPECT_EQ(f.status.conversation_rejected.load(), 5u);
+  EXPECT_EQ(f.status.conversation_mirrored.load(), 0u);
+  EXPECT_EQ(f.cache.stats().entries, 0u);
+}
+
+TEST(ConversationMirror, WatchEventsMirrorPutsAndADeleteRemovesTheEntryWhoeverWroteIt) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  f.cache.put("mine", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  (void)f.mirror.pop(10);
+  proto::EtcdEvent put;
+  put.kv = kv("theirs", "replica-b", unix_ms(wall) + 100'000);
+  proto::EtcdEvent del_mine;
+  del_mine.is_delete = true;
+  del_mine.kv.key = proto::etcd_conversation_key(kPrefix, "mine");  // taken on another replica
+  proto::EtcdEvent del_bad;
+  del_bad.is_delete = true;
+  del_bad.kv.key = std::string(kPrefix) + "conversations/!";
+  f.mirror.apply({put, del_mine, del_bad}, wall, now);
+  EXPECT_EQ(f.status.conversation_rejected.load(), 1u);
+  EXPECT_FALSE(f.cache.take("mine", now, 450s).has_value());
+  EXPECT_TRUE(f.cache.take("theirs", now, 450s).has_value());
+  // Neither the mirrored put nor the remote delete is written back.
+  auto ops = f.mirror.pop(10);
+  ASSERT_EQ(ops.size(), 1u);  // the take of "theirs"
+  EXPECT_TRUE(ops[0].is_delete);
+  EXPECT_EQ(ops[0].key, proto::etcd_conversation_key(kPrefix, "theirs"));
+}
+
+TEST(ConversationMirror, MirroredEntriesAreBoundedByTheTopologysLimits) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  std::vector<proto::EtcdKeyValue> kvs;
+  for (int i = 0; i < 10; ++i) kvs.push_back(kv("c" + std::to_string(i), "replica-b", unix_ms(wall) + 100'000));
+  f.mirror.resync(kvs, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 3u);  // multi_turn.max_entries
+}
+
+}  // namespace
+}  // namespace pdr::router
