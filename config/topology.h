@@ -13,6 +13,7 @@
 #include "proto/curve_keys.h"
 #include "proto/address.h"
 #include "proto/discovery_message.h"
+#include "proto/k8s_label_selector.h"
 #include "proto/node_spec.h"
 #include "base/status.h"
 
@@ -237,6 +238,13 @@ struct Topology {
     std::string token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token";
     std::chrono::milliseconds token_refresh{60000};
     std::string role_label = "pdrouter.io/role";  // its value: prefill | decode
+    // The other way to give pods their role: Kubernetes label selectors (proto/k8s_label_selector.h),
+    // both set or neither, and then role_label is not set. A pod matching both is no node
+    // (counted, router/k8s/pod_node.h). Empty text = not set.
+    proto::LabelSelector prefill_selector;
+    proto::LabelSelector decode_selector;
+    bool role_label_set = false;  // role_label was written in the file
+    bool uses_selectors() const { return !prefill_selector.text.empty(); }
     uint16_t port = 8000;  // the pods' HTTP port unless annotation pdrouter.io/port says otherwise
     std::chrono::seconds watch_timeout{300};   // a watch is re-opened (from its resourceVersion) after this
     std::chrono::milliseconds retry{1000};     // after a failed list or watch

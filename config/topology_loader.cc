@@ -457,8 +457,23 @@ Status read_kubernetes(const Source& src, const Field& f, Topology::Kubernetes* 
   r.with("role_label", [&](const Field& v) {
     Status s = read_string(src, v, 317, &out->role_label);
     if (s && out->role_label.empty()) return fail(src, v, StatusCode::kInvalidValue, "must not be empty");
+    out->role_label_set = true;
     return s;
   });
+  auto selector = [&](const char* key, proto::LabelSelector* sel) {
+    r.with(key, [&src, sel](const Field& v) {
+      std::string text;
+      Status s = read_string(src, v, proto::kMaxLabelSelectorBytes, &text);
+      if (!s) return s;
+      if (text.find_first_not_of(" \t") == std::string::npos) {
+        return fail(src, v, StatusCode::kInvalidValue, "must not be empty (an empty selector matches every pod)");
+      }
+      s = proto::parse_label_selector(text, sel);
+      return s ? s : at_value(src, v, s);
+    });
+  };
+  selector("prefill_selector", &out->prefill_selector);
+  selector("decode_selector", &out->decode_selector);
   r.port("port", &out->port);
   r.with("watch_timeout_s", [&](const Field& v) {
     uint64_t seconds = 0;
@@ -477,6 +492,13 @@ Status read_kubernetes(const Source& src, const Field& f, Topology::Kubernetes* 
   Status s = r.finish();
   if (s && !out->ca_file.empty() && !out->api_server_tls) {
     return fail(src, f, StatusCode::kInvalidValue, "ca_file needs an https:// api_server");
+  }
+  if (s && out->prefill_selector.text.empty() != out->decode_selector.text.empty()) {
+    return fail(src, f, StatusCode::kMissingKey, "prefill_selector and decode_selector go together");
+  }
+  if (s && out->uses_selectors() && out->role_label_set) {
+    return fail(src, f, StatusCode::kInvalidValue,
+                "set role_label or prefill_selector/decode_selector, not both (two ways to give a pod its role)");
   }
   if (s && out->enabled && (out->api_server_url.empty() || out->namespace_name.empty())) {
     return fail(src, f, StatusCode::kMissingKey, "kubernetes.enabled needs api_server and namespace");

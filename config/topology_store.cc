@@ -145,7 +145,7 @@ std::vector<std::string> restart_required_changes(const Topology& a, const Topol
   if (ea.enabled != eb.enabled || ea.api_server_url != eb.api_server_url || ea.namespace_name != eb.namespace_name ||
       ea.label_selector != eb.label_selector || ea.token_file != eb.token_file || ea.role_label != eb.role_label ||
       ea.port != eb.port || ea.token_refresh != eb.token_refresh || ea.watch_timeout != eb.watch_timeout ||
-      ea.retry != eb.retry) {
+      ea.retry != eb.retry || ea.prefill_selector != eb.prefill_selector || ea.decode_selector != eb.decode_selector) {
     changes.push_back("kubernetes: a setting changed");
   }
   return changes;

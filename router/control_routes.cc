@@ -86,6 +86,8 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     sc.kubernetes.api_server = w.options().kubernetes.api_server_url;
     sc.kubernetes.namespace_name = w.options().kubernetes.namespace_name;
     sc.kubernetes.label_selector = w.options().kubernetes.label_selector;
+    sc.kubernetes.prefill_selector = w.options().kubernetes.prefill_selector.text;
+    sc.kubernetes.decode_selector = w.options().kubernetes.decode_selector.text;
     sc.kubernetes.state = w.state();
     sc.kubernetes.watching = w.status().watching.load(std::memory_order_relaxed);
     sc.kubernetes.resource_version = w.resource_version();

@@ -17,6 +17,13 @@ void write_etcd_metrics(MetricsWriter& out, const RegistryReplicator* replicator
   out.counter("pdrouter_etcd_bad_entries_total", "Keys or values under the prefix that did not decode",
               d(s.bad_entries));
   out.gauge("pdrouter_etcd_replica_entries", "Nodes learnt from other replicas through etcd", d(s.replica_entries));
+  out.gauge("pdrouter_etcd_inflight", "Puts and deletes sent to etcd and not yet answered", d(s.in_flight));
+  out.gauge("pdrouter_etcd_inflight_max", "The most puts and deletes ever in flight at once (capped at 256)",
+            d(s.in_flight_max));
+  out.counter("pdrouter_etcd_lease_grants_total", "etcd leases this replica was granted (the first included)",
+              d(s.lease_grants));
+  out.counter("pdrouter_etcd_leases_lost_total",
+              "Leases found gone (expired or revoked): a new lease, every entry written again", d(s.leases_lost));
   out.counter("pdrouter_etcd_conversation_puts_total", "Multi-turn entries of this replica written to etcd",
               d(s.conversation_puts));
   out.counter("pdrouter_etcd_conversation_deletes_total",

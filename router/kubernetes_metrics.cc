@@ -21,6 +21,9 @@ void write_kubernetes_metrics(MetricsWriter& out, const PodWatcher* watcher) {
               d(s.bad_events));
   out.counter("pdrouter_kubernetes_bad_pods_total", "Pods whose labels or annotations describe no node",
               d(s.bad_pods));
+  out.counter("pdrouter_kubernetes_ambiguous_pods_total",
+              "Pods refused because their labels match both prefill_selector and decode_selector",
+              d(s.ambiguous_pods));
 }
 
 }  // namespace pdr::router

@@ -142,6 +142,8 @@ nlohmann::json kubernetes_json(const StatusContext::Kubernetes& k) {
           {"api_server", k.api_server},
           {"namespace", k.namespace_name},
           {"label_selector", k.label_selector},
+          {"prefill_selector", k.prefill_selector.empty() ? nlohmann::json() : nlohmann::json(k.prefill_selector)},
+          {"decode_selector", k.decode_selector.empty() ? nlohmann::json() : nlohmann::json(k.decode_selector)},
           {"state", k.state},
           {"watching", k.watching},
           {"resource_version", k.resource_version},

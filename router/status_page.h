@@ -38,13 +38,15 @@ struct StatusContext {
     uint64_t conversation_entries_mirrored = 0;
   } registry_backend;
   // /status "kubernetes": {"enabled": false} or, with pod discovery, also api_server, namespace,
-  // label_selector, state (listing, watching, retrying), watching, resource_version, pods (pods
+  // label_selector, prefill_selector and decode_selector (null unless set), state (listing, watching, retrying), watching, resource_version, pods (pods
   // that are registry entries) and last_error.
   struct Kubernetes {
     bool enabled = false;
     std::string api_server;
     std::string namespace_name;
     std::string label_selector;
+    std::string prefill_selector;  // "" (null in the JSON) unless pod roles come from selectors
+    std::string decode_selector;
     std::string state;
     bool watching = false;
     std::string resource_version;

@@ -16,7 +16,7 @@ topology raises discovery.max_instances and the token class cap to N + 100. Meas
     interval after all nodes are visible on B, next to the heartbeat rate the senders achieved and
     how many heartbeats were sent more than 0.5 s late (0 = the senders kept up).
 Usage: bench/etcd/write_rate.py --bin-dir BUILD [--nodes 1000] [--interval 3] [--window 15]
-       [--senders 4] [--poll-ms 20]
+       [--senders 4] [--poll-ms 20] [--lease-ttl 10] [--etcd-tmpfs]
 """
 import argparse
 import json
@@ -49,12 +49,12 @@ def http_get(url, timeout=5):
         return resp.read()
 
 
-def start_etcd(workdir):
+def start_etcd(workdir, data_dir):
     for _ in range(5):
         client, peer = probe_port(), probe_port()
         c, p = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
         log = open(os.path.join(workdir, "etcd.log"), "a")
-        proc = subprocess.Popen(["/usr/bin/etcd", "--data-dir", os.path.join(workdir, "etcd"),
+        proc = subprocess.Popen(["/usr/bin/etcd", "--data-dir", data_dir,
                                  "--listen-client-urls", c, "--advertise-client-urls", c,
                                  "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
                                  "--initial-cluster", "default=" + p, "--log-level", "warn"],
@@ -71,7 +71,7 @@ def start_etcd(workdir):
     sys.exit("etcd did not start")
 
 
-def start_router(bin_dir, workdir, name, etcd_port, nodes):
+def start_router(bin_dir, workdir, name, etcd_port, nodes, lease_ttl_s):
     path = os.path.join(workdir, name + ".yaml")
     with open(path, "w") as f:
         f.write(f"""
@@ -86,6 +86,7 @@ registry:
   backend: etcd
   etcd_endpoints: ["127.0.0.1:{etcd_port}"]
   replica_id: "{name}"
+  lease_ttl_s: {lease_ttl_s}
 """)
     env = dict(os.environ, PDR_BENCH_TOKEN=TOKEN)
     proc = subprocess.Popen([os.path.join(bin_dir, "router", "pdrouter"), "--config", path, "--http",
@@ -167,9 +168,16 @@ def main():
     ap.add_argument("--window", type=float, default=15.0)
     ap.add_argument("--senders", type=int, default=4, help="sender processes")
     ap.add_argument("--poll-ms", type=float, default=20.0, help="pause between /status polls of B")
+    ap.add_argument("--lease-ttl", type=int, default=10, help="registry.lease_ttl_s of both replicas")
+    ap.add_argument("--etcd-tmpfs", action="store_true",
+                    help="etcd's data dir on tmpfs (/dev/shm): its WAL fsyncs cost ~nothing; the number "
+                         "of writes is the same, only their latency changes")
     args = ap.parse_args()
     args.senders = max(1, min(args.senders, args.nodes))
     workdir = tempfile.mkdtemp(prefix="pdr-etcd-bench-")
+    etcd_dir = (tempfile.mkdtemp(prefix="pdr-etcd-bench-", dir="/dev/shm") if args.etcd_tmpfs
+                else os.path.join(workdir, "etcd"))
+    load_at_start = os.getloadavg()
     procs, workers = [], []
     mp = multiprocessing.get_context("spawn")  # no ZMQ context inherited by the senders
     stop = mp.Event()
@@ -178,11 +186,11 @@ def main():
     late = [mp.Value("q", 0) for _ in range(args.senders)]
     total = lambda vs: sum(v.value for v in vs)
     try:
-        etcd, etcd_port = start_etcd(workdir)
+        etcd, etcd_port = start_etcd(workdir, etcd_dir)
         procs.append(etcd)
-        a, a_http, a_disc = start_router(args.bin_dir, workdir, "a", etcd_port, args.nodes)
+        a, a_http, a_disc = start_router(args.bin_dir, workdir, "a", etcd_port, args.nodes, args.lease_ttl)
         procs.append(a)
-        b, b_http, _ = start_router(args.bin_dir, workdir, "b", etcd_port, args.nodes)
+        b, b_http, _ = start_router(args.bin_dir, workdir, "b", etcd_port, args.nodes, args.lease_ttl)
         procs.append(b)
         time.sleep(1.0)  # both replicas in sync with etcd (their /status says so; kept simple)
         addresses = [f"127.2.{i // 250}.{i % 250 + 1}:8000" for i in range(args.nodes)]
@@ -222,6 +230,9 @@ def main():
         pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
         a_metrics = http_get(f"http://{a_http}/metrics").decode()
         puts = [l for l in a_metrics.splitlines() if l.startswith("pdrouter_etcd_puts_total")]
+        a_etcd = {l.split()[0]: float(l.split()[1]) for l in a_metrics.splitlines()
+                  if l.startswith(("pdrouter_etcd_inflight_max", "pdrouter_etcd_lease_grants_total",
+                                   "pdrouter_etcd_leases_lost_total", "pdrouter_etcd_failures_total"))}
         backend = {n: json.loads(http_get(f"http://{h}/status", 10)).get("registry_backend")
                    for n, h in (("a", a_http), ("b", b_http))}
         print(json.dumps({
@@ -233,9 +244,10 @@ def main():
             "window_s": round(elapsed, 1), "heartbeats_per_s": round(nbeats / elapsed, 1),
             "heartbeats_late_0_5s_in_window": nlate, "up_on_b_at_end": up_end,
             "etcd_writes_per_s": round(writes / elapsed, 2),
-            "replica_a": puts[0] if puts else None, "registry_backend_at_end": backend,
+            "replica_a": puts[0] if puts else None, "replica_a_etcd": a_etcd, "lease_ttl_s": args.lease_ttl, "registry_backend_at_end": backend,
             "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs",
-            "loadavg": os.getloadavg(),
+            "loadavg_at_start": load_at_start, "loadavg": os.getloadavg(),
+            "etcd_data_dir": "tmpfs (/dev/shm)" if args.etcd_tmpfs else "disk (" + tempfile.gettempdir() + ")",
         }, indent=1))
     finally:
         stop.set()
@@ -247,6 +259,8 @@ def main():
             p.send_signal(signal.SIGKILL)
             p.wait()
         shutil.rmtree(workdir, ignore_errors=True)
+        if args.etcd_tmpfs:
+            shutil.rmtree(etcd_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,10 @@
 
 namespace pdr::router {
 
+namespace {
+constexpr int kGrpcNotFound = 5;  // google.golang.org/grpc/codes.NotFound
+}  // namespace
+
 using discovery::Clock;
 using discovery::Instance;
 using discovery::InstanceSource;
@@ -136,6 +140,7 @@ class RegistryReplicator::Impl {
       if (gen != generation_) return;
       if (!st) return fail(gen, "lease grant: " + st.message());
       lease_ = l.id;
+      status_.lease_grants.fetch_add(1, std::memory_order_relaxed);
       sync_range(gen);
     });
   }
@@ -272,20 +277,20 @@ class RegistryReplicator::Impl {
       drop_pending(/*puts_only=*/false);
       return;
     }
-    if (conv_pending_.size() < kMaxInFlight) {
-      for (auto& op : m->pop(kMaxInFlight - conv_pending_.size())) conv_pending_.push_back(std::move(op));
+    if (conv_pending_.size() < kMaxReplicatorInFlight) {
+      for (auto& op : m->pop(kMaxReplicatorInFlight - conv_pending_.size())) conv_pending_.push_back(std::move(op));
     }
-    while (!conv_pending_.empty() && in_flight_ < kMaxInFlight) {
+    while (!conv_pending_.empty() && in_flight_ < kMaxReplicatorInFlight) {
       ConversationOp& op = conv_pending_.front();
       // One operation per key at a time, in order: a take's delete and the put of the turn
       // after it must reach etcd in that order (else the put is lost and every replica's watch
       // ends with the delete). The rest waits until that one is answered.
       if (conv_keys_in_flight_.contains(op.key)) return;
       if (op.is_delete) {
-        ++in_flight_;
+        begin_call();
         conv_keys_in_flight_.insert(op.key);
         client_->delete_key(op.key, [this, key = op.key](const Status& st, const proto::EtcdAnswer&) {
-          --in_flight_;
+          end_call();
           conv_keys_in_flight_.erase(key);
           (st ? status_.conversation_deletes : status_.conversation_failures).fetch_add(1, std::memory_order_relaxed);
           drain_conversations();
@@ -295,17 +300,18 @@ class RegistryReplicator::Impl {
           if (!conv_granting_) grant_conversation_lease(op.lease_seconds);
           return;  // the rest after the grant
         }
-        ++in_flight_;
+        begin_call();
         conv_keys_in_flight_.insert(op.key);
-        client_->put(op.key, op.value, conv_lease_, [this, key = op.key, lease = conv_lease_](const Status& st,
-                                                                                             const proto::EtcdAnswer&) {
-          --in_flight_;
+        client_->put(op.key, op.value, conv_lease_, [this, key = op.key, lease = conv_lease_](
+                                                        const Status& st, const proto::EtcdAnswer& answer) {
+          end_call();
           conv_keys_in_flight_.erase(key);
           if (st) {
             status_.conversation_puts.fetch_add(1, std::memory_order_relaxed);
           } else {
             status_.conversation_failures.fetch_add(1, std::memory_order_relaxed);
-            if (lease == conv_lease_ && st.message().find("lease not found") != std::string::npos) conv_lease_ = 0;
+            // etcd's gRPC NotFound ("requested lease not found"): a new lease for the next put.
+            if (lease == conv_lease_ && answer.is_error && answer.grpc_code == kGrpcNotFound) conv_lease_ = 0;
           }
           drain_conversations();
         });
@@ -332,6 +338,12 @@ class RegistryReplicator::Impl {
             force_scan_ = true;
             const uint64_t every = std::max<uint64_t>(1000, options_.lease_ttl.count() * 1000 / 3);
             uv_timer_start(&keepalive_timer_, &Impl::on_keepalive, every, every);
+            // Renewed at once too: every failure stops the keepalive timer and every resync
+            // restarts it, so when failures come more often than every lease_ttl / 3 (puts
+            // timing out on an overloaded etcd) no keepalive would ever be sent and the lease
+            // would expire under a replica that is in sync (seen at 10,000 nodes with a 60 s
+            // lease, bench/etcd/RESULTS.md).
+            keepalive();
             pdr::log::info("etcd registry: in sync with {} (replica {}, lease {})", client_->endpoint().to_string(),
                          options_.replica_id, lease_);
           }
@@ -438,20 +450,22 @@ class RegistryReplicator::Impl {
     for (auto& [node, value] : desired) {
       auto it = written_.find(node);
       if (it != written_.end() && it->second == value) continue;
-      if (in_flight_ >= kMaxInFlight) {
+      if (in_flight_ >= kMaxReplicatorInFlight) {
         force_scan_ = true;  // the rest on the next scan
         break;
       }
       written_[node] = value;
       status_.puts.fetch_add(1, std::memory_order_relaxed);
-      ++in_flight_;
+      begin_call();
       client_->put(replica_key(options_.prefix, options_.replica_id, node), value, lease_,
-                   [this, gen, node](const Status& st, const proto::EtcdAnswer&) {
-                     --in_flight_;
+                   [this, gen, node](const Status& st, const proto::EtcdAnswer& answer) {
+                     end_call();
                      if (st) return;
-                     // The lease expired under us (its keepalives were late): a new one, or every
-                     // resync would put on the dead lease again and never recover.
-                     if (gen == generation_ && st.message().find("lease not found") != std::string::npos) lease_ = 0;
+                     // The lease expired or was revoked under us: a new one, or every resync
+                     // would put on the dead lease again and never recover. etcd answers
+                     // {"error":"etcdserver: requested lease not found","code":5} (gRPC
+                     // NotFound; HTTP 404 from the gateway): the code, not the text, says so.
+                     if (gen == generation_ && answer.is_error && answer.grpc_code == kGrpcNotFound) lose_lease();
                      written_.erase(node);  // written again after the resync
                      fail(gen, "put: " + st.message());
                    });
@@ -461,15 +475,15 @@ class RegistryReplicator::Impl {
         ++it;
         continue;
       }
-      if (in_flight_ >= kMaxInFlight) {
+      if (in_flight_ >= kMaxReplicatorInFlight) {
         force_scan_ = true;
         break;
       }
       status_.deletes.fetch_add(1, std::memory_order_relaxed);
-      ++in_flight_;
+      begin_call();
       client_->delete_key(replica_key(options_.prefix, options_.replica_id, it->first),
                           [this, gen](const Status& st, const proto::EtcdAnswer&) {
-                            --in_flight_;
+                            end_call();
                             if (!st) fail(gen, "delete: " + st.message());
                           });
       it = written_.erase(it);
@@ -484,9 +498,29 @@ class RegistryReplicator::Impl {
         status_.keepalives.fetch_add(1, std::memory_order_relaxed);
         return;
       }
-      if (st.code() == StatusCode::kNotFound) lease_ = 0;  // gone: a new lease, everything rewritten
+      if (st.code() == StatusCode::kNotFound) lose_lease();  // gone: a new lease, everything rewritten
       fail(gen, "lease keepalive: " + st.message());
     });
+  }
+
+  void begin_call() {
+    ++in_flight_;
+    status_.in_flight.store(in_flight_, std::memory_order_relaxed);
+    if (in_flight_ > status_.in_flight_max.load(std::memory_order_relaxed)) {
+      status_.in_flight_max.store(in_flight_, std::memory_order_relaxed);
+    }
+  }
+  void end_call() {
+    --in_flight_;
+    status_.in_flight.store(in_flight_, std::memory_order_relaxed);
+  }
+
+  void lose_lease() {
+    if (lease_ == 0) return;
+    pdr::log::warn("etcd registry: lease {} is gone (expired or revoked); a new lease, every entry written again",
+                   lease_);
+    lease_ = 0;
+    status_.leases_lost.fetch_add(1, std::memory_order_relaxed);
   }
 
   // --- shutdown ---
@@ -571,11 +605,11 @@ class RegistryReplicator::Impl {
   bool closed_ = false;
   std::map<std::string, std::string> written_;  // node key -> value this replica wrote
   RemoteMap remote_;
-  // Puts and deletes in flight, at most kMaxInFlight: a burst of thousands of registrations
+  // Puts and deletes in flight (registry entries and conversations together), at most
+  // kMaxReplicatorInFlight (registry_replicator.h): a burst of thousands of registrations
   // would otherwise start thousands of requests at once; on a loaded etcd some time out, each
   // failure resyncs and rewrites every entry, and the replica never catches up (seen at 10,000
   // nodes, bench/etcd/RESULTS.md). What does not fit waits for the next scan.
-  static constexpr size_t kMaxInFlight = 256;
   size_t in_flight_ = 0;
   // Conversations (conversation_mirror.h): the mirror (set once by attach()), the generation whose
   // resync finished and the one whose conversations were ranged, their watch, the operations

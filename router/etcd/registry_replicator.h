@@ -5,14 +5,20 @@
 //   <prefix>nodes/<replica_id>/<node key>   value: the entry as a pdrouter registration (msgpack)
 // attached to one etcd lease of this replica (TTL lease_ttl). It writes ON CHANGE only: a
 // heartbeat that changes nothing of what /status or routing reads does not publish a registry
-// snapshot, so it writes nothing; liveness stays local (lease keepalives, one per lease_ttl / 3,
-// keep the entries alive). An entry that expires locally, says goodbye or is removed is deleted.
+// snapshot, so it writes nothing; liveness stays local (lease keepalives, one per lease_ttl / 3
+// and one at each resync, keep the entries alive). An entry that expires locally, says goodbye or is removed is deleted.
 //
 // It watches <prefix>nodes/ (from the revision of a full range, so nothing is missed) and merges
 // the other replicas' entries into the registry as InstanceSource::kReplica entries
 // (Registry::upsert_replica / remove_replica, posted to the discovery thread like admin
 // changes). When two replicas publish the same node, the newest write wins. A deleted key or an
 // expired lease (a dead replica) removes the entry.
+//
+// At most kMaxReplicatorInFlight (256) puts and deletes are in flight at once; what does not
+// fit waits for the next scan. A lease found gone (a keepalive answering TTL 0, or a put
+// answering gRPC NotFound: "requested lease not found", e.g. revoked by an operator or
+// expired while etcd was slow) is dropped: the resync grants a new one and writes every local
+// entry again, instead of retrying on the dead lease forever.
 //
 // etcd unreachable (a failed keepalive, a watch that ends, a failed write): the registry keeps
 // its last view plus what this replica learns itself; status() says so; every retry_interval the
@@ -35,6 +41,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -49,6 +56,8 @@
 #include "router/proxy/conversation_cache.h"
 
 namespace pdr::router {
+
+inline constexpr size_t kMaxReplicatorInFlight = 256;
 
 struct RegistryReplicatorOptions {
   EtcdClientOptions etcd;
@@ -71,6 +80,11 @@ struct ReplicatorStatus {
   std::atomic<uint64_t> failures{0};       // calls that failed (etcd unreachable or refusing)
   std::atomic<uint64_t> bad_entries{0};    // values or keys under the prefix that do not decode
   std::atomic<uint64_t> replica_entries{0};  // entries learnt from other replicas (gauge)
+  std::atomic<uint64_t> in_flight{0};        // puts and deletes sent, not yet answered (gauge;
+                                             // registry entries and conversations together)
+  std::atomic<uint64_t> in_flight_max{0};    // the most ever in flight at once (at most 256)
+  std::atomic<uint64_t> lease_grants{0};     // leases granted (the first one included)
+  std::atomic<uint64_t> leases_lost{0};      // leases found gone (expired or revoked): a new one
   // Multi-turn conversation entries (conversation_mirror.h).
   std::atomic<uint64_t> conversation_puts{0};      // entries of this replica written
   std::atomic<uint64_t> conversation_deletes{0};   // keys deleted (entries taken here)

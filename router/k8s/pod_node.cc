@@ -34,14 +34,31 @@ bool pod_is_serving(const proto::PodInfo& pod) {
   return pod.phase == "Running" && pod.ready && !pod.pod_ip.empty();
 }
 
+Status pod_role(const proto::PodInfo& pod, const discovery::Topology::Kubernetes& k8s, proto::Role* out) {
+  if (k8s.uses_selectors()) {
+    const bool prefill = proto::label_selector_matches(k8s.prefill_selector, pod.labels);
+    const bool decode = proto::label_selector_matches(k8s.decode_selector, pod.labels);
+    if (prefill && decode) {
+      // One pod is one HTTP address, and the registry holds one role per address: guessing
+      // would route prefill legs to a decode server or the other way round.
+      return Status(StatusCode::kRejected, "its labels match both prefill_selector and decode_selector");
+    }
+    if (!prefill && !decode) return Status(StatusCode::kNotFound, "its labels match neither selector");
+    *out = prefill ? proto::Role::kPrefill : proto::Role::kDecode;
+    return Status::ok();
+  }
+  const std::string* role = pod.label(k8s.role_label);
+  if (role == nullptr) return Status(StatusCode::kMissingKey, "no label " + k8s.role_label);
+  if (Status st = discovery::parse_instance_role(*role, out); !st) {
+    return Status(st.code(), "label " + k8s.role_label + ": " + st.message());
+  }
+  return Status::ok();
+}
+
 Status pod_registration(const proto::PodInfo& pod, const discovery::Topology::Kubernetes& k8s,
                         const discovery::Topology::Connectors& defaults, proto::Registration* out) {
   discovery::StaticInstance node;
-  const std::string* role = pod.label(k8s.role_label);
-  if (role == nullptr) return Status(StatusCode::kMissingKey, "no label " + k8s.role_label);
-  if (Status st = discovery::parse_instance_role(*role, &node.role); !st) {
-    return Status(st.code(), "label " + k8s.role_label + ": " + st.message());
-  }
+  if (Status st = pod_role(pod, k8s, &node.role); !st) return st;
   uint32_t port = k8s.port;
   if (Status st = annotation_uint(pod, kPodPortAnnotation, 1, 65535, &port); !st) return st;
   if (Status st = proto::parse_host_port(pod.pod_ip + ":" + std::to_string(port), &node.http_address); !st) {

@@ -2,8 +2,12 @@
 // router/k8s/pod_watcher.h). Pure: no I/O.
 //
 // A pod serves when its phase is Running, its Ready condition is True, it has a pod IP, and
-// its role label (kubernetes.role_label, default pdrouter.io/role) says prefill or decode. Its
-// node is described by annotations (all optional):
+// it has a role: by default its role label (kubernetes.role_label, default pdrouter.io/role)
+// says prefill or decode; with kubernetes.prefill_selector / decode_selector set, the selector
+// its labels match says it. A pod matching both selectors is refused (kRejected: one address
+// holds one role in the registry, and a guess would send legs to the wrong kind of server);
+// one matching neither is not a node (kNotFound, not an error: e.g. the router's own pods).
+// Its node is described by annotations (all optional):
 //   pdrouter.io/port             HTTP port (default kubernetes.port)
 //   pdrouter.io/connector        moriio | p2p-nccl | nixl | mooncake | sglang
 //                                (default connectors.default_connector)
@@ -39,6 +43,10 @@ inline constexpr std::string_view kPodTpSizeAnnotation = "pdrouter.io/tp-size";
 
 // Running, Ready and with a pod IP.
 bool pod_is_serving(const proto::PodInfo& pod);
+
+// The role of a pod (see above). Errors: kRejected (both selectors match), kNotFound (neither),
+// kMissingKey / kInvalidValue (role label absent or not prefill | decode).
+Status pod_role(const proto::PodInfo& pod, const discovery::Topology::Kubernetes& k8s, proto::Role* out);
 
 // The registration a serving pod stands for (format pdrouter, draining when the pod is being
 // deleted, instance_id the pod's uid). Errors (kInvalidValue, kMissingKey, kBadAddress, ...)

@@ -365,7 +365,12 @@ class PodWatcher::Impl {
     if (deleted || !proto_pod_serving(pod)) return std::nullopt;
     proto::Registration reg;
     if (Status st = pod_registration(pod, k8s_, owner_.options_.connectors, &reg); !st) {
+      if (st.code() == StatusCode::kNotFound) {  // matches neither selector: not ours, no error
+        pod_errors_.erase(pod.name);
+        return std::nullopt;
+      }
       status_.bad_pods.fetch_add(1, std::memory_order_relaxed);
+      if (st.code() == StatusCode::kRejected) status_.ambiguous_pods.fetch_add(1, std::memory_order_relaxed);
       std::string& seen = pod_errors_[pod.name];
       if (seen != st.message()) {
         pdr::log::warn("kubernetes: pod {} is not a node: {}", pod.name, st.message());

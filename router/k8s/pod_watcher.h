@@ -2,6 +2,12 @@
 // selector in one namespace become registry entries (InstanceSource::kKubernetes) while they
 // serve (router/k8s/pod_node.h says when, and what node a pod is).
 //
+// With kubernetes.prefill_selector / decode_selector, there is still ONE list and ONE watch (with
+// label_selector, if set, sent to the server) and the two selectors are matched here, locally:
+// Kubernetes selectors cannot say "A or B", and two watches would be two resourceVersions whose
+// events interleave arbitrarily; a pod relabelled from prefill to decode would then be DELETED on
+// one stream and ADDED on the other in either order. One stream gives each pod's changes in order.
+//
 // The API, as documented for core/v1 pods (proto/k8s_pods.h):
 //   list   GET /api/v1/namespaces/NS/pods?labelSelector=SEL
 //   watch  GET ...&watch=1&resourceVersion=RV&allowWatchBookmarks=true&timeoutSeconds=T
@@ -59,6 +65,7 @@ struct PodWatcherStatus {
   std::atomic<uint64_t> errors{0};      // failed lists and watches (unreachable, HTTP errors)
   std::atomic<uint64_t> bad_events{0};  // watch lines or list answers that did not decode
   std::atomic<uint64_t> bad_pods{0};    // pods whose labels or annotations describe no node
+  std::atomic<uint64_t> ambiguous_pods{0};  // of those: pods matching prefill_ and decode_selector
   std::atomic<uint64_t> pods{0};        // pods that are registry entries now (gauge)
 };
 

@@ -1044,6 +1044,49 @@ TEST(TopologyParse, RegistryEtcdOverTls) {
 namespace pdr::discovery {
 namespace {
 
+TEST(TopologyParse, KubernetesPodRolesFromLabelSelectors) {
+  Topology t;
+  Status s = parse(R"yaml(
+kubernetes:
+  enabled: true
+  api_server: "http://127.0.0.1:8001"
+  namespace: llm
+  label_selector: "app in (vllm,sglang)"
+  prefill_selector: "llm-d.ai/role in (prefill, prefill-decode), !canary"
+  decode_selector: "llm-d.ai/role=decode"
+)yaml", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_TRUE(t.kubernetes.uses_selectors());
+  EXPECT_EQ(t.kubernetes.prefill_selector.text, "llm-d.ai/role in (prefill, prefill-decode), !canary");
+  ASSERT_EQ(t.kubernetes.prefill_selector.requirements.size(), 2u);
+  EXPECT_EQ(t.kubernetes.decode_selector.requirements.size(), 1u);
+  EXPECT_FALSE(t.kubernetes.role_label_set);
+
+  Topology plain;  // the role-label way loads as before
+  ASSERT_TRUE(parse("kubernetes:\n  role_label: example.com/role\n", &plain).is_ok());
+  EXPECT_FALSE(plain.kubernetes.uses_selectors());
+  EXPECT_TRUE(plain.kubernetes.role_label_set);
+
+  EXPECT_THAT(error_of("kubernetes:\n  prefill_selector: \"a=b\"\n  decode_selector: \"a=c\"\n"
+                       "  role_label: example.com/role\n",
+                       StatusCode::kInvalidValue),
+              HasSubstr("kubernetes: set role_label or prefill_selector/decode_selector, not both"));
+  EXPECT_THAT(error_of("kubernetes:\n  prefill_selector: \"a=b\"\n", StatusCode::kMissingKey),
+              HasSubstr("prefill_selector and decode_selector go together"));
+  EXPECT_THAT(error_of("kubernetes:\n  decode_selector: \"a=b\"\n", StatusCode::kMissingKey),
+              HasSubstr("prefill_selector and decode_selector go together"));
+  EXPECT_THAT(error_of("kubernetes:\n  prefill_selector: \"a in (x,\"\n  decode_selector: \"a=c\"\n",
+                       StatusCode::kInvalidValue),
+              HasSubstr("topo.yaml:2:21: kubernetes.prefill_selector: label selector at 8: expected a label value in the set, "
+                        "found the end"));
+  EXPECT_THAT(error_of("kubernetes:\n  prefill_selector: \"a=b\"\n  decode_selector: \"a>1\"\n",
+                       StatusCode::kInvalidValue),
+              HasSubstr("kubernetes.decode_selector: label selector at 1: the comparison operators"));
+  EXPECT_THAT(error_of("kubernetes:\n  prefill_selector: \" \"\n  decode_selector: \"a=c\"\n",
+                       StatusCode::kInvalidValue),
+              HasSubstr("must not be empty"));
+}
+
 TEST(TopologyParse, KubernetesSectionForPodDiscovery) {
   Topology defaults;
   ASSERT_TRUE(parse("", &defaults).is_ok());

@@ -1,8 +1,9 @@
 """A fake Kubernetes API server for pod discovery tests: real HTTP/1.1 on 127.0.0.1:0, serving
 core/v1 pods as the API documents them:
 
-  * GET /api/v1/namespaces/NS/pods?labelSelector=k=v,...  -> a PodList with
-    metadata.resourceVersion;
+  * GET /api/v1/namespaces/NS/pods?labelSelector=SEL  -> a PodList with
+    metadata.resourceVersion; SEL as the API reads it (parse_selector: k, !k, k=v, k==v, k!=v,
+    k in (a,b), k notin (a,b), ',' = AND), 400 BadRequest when it does not parse;
   * the same with watch=1&resourceVersion=RV[&allowWatchBookmarks=true][&timeoutSeconds=T] -> a
     chunked stream of JSON lines {"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": ...}:
     first every change after RV, then changes as the test makes them; HTTP 410 (a Status body)
@@ -16,6 +17,7 @@ path and Authorization header.
 """
 
 import json
+import re
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,6 +45,88 @@ def pod(name, ip, role=None, ready=True, phase="Running", labels=None, annotatio
     return {"kind": "Pod", "apiVersion": "v1", "metadata": metadata,
             "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]},
             "status": status}
+
+
+class SelectorError(ValueError):
+    pass
+
+
+_SELECTOR_TOKEN = re.compile(r"\s*(!=|==|=|!|\(|\)|,|[^\s!=(),<>]+|[<>])")
+
+
+def parse_selector(text):
+    """A label selector as the API server reads labelSelector (apimachinery labels.Parse): terms
+    joined by ',' (AND), each `k`, `!k`, `k=v`, `k==v`, `k!=v` (true without k), `k in (a,b)` or
+    `k notin (a,b)` (true without k). Returns a list of predicates over a labels dict; raises
+    SelectorError where the API answers 400 BadRequest."""
+    tokens = []
+    pos = 0
+    while pos < len(text):
+        m = _SELECTOR_TOKEN.match(text, pos)
+        if m is None:
+            if text[pos:].strip() == "":
+                break
+            raise SelectorError(f"unexpected {text[pos:]!r}")
+        tokens.append(m.group(1))
+        pos = m.end()
+    out = []
+    i = 0
+
+    def take():
+        nonlocal i
+        if i >= len(tokens):
+            raise SelectorError("unexpected end")
+        i += 1
+        return tokens[i - 1]
+
+    def word(t):
+        if t in ("!=", "==", "=", "!", "(", ")", ",", "<", ">"):
+            raise SelectorError(f"expected a word, found {t!r}")
+        return t
+
+    while tokens and i < len(tokens):
+        t = take()
+        if t == "!":
+            key = word(take())
+            out.append(lambda labels, k=key: k not in labels)
+        else:
+            key = word(t)
+            op = tokens[i] if i < len(tokens) else ","
+            if op == ",":
+                out.append(lambda labels, k=key: k in labels)
+            else:
+                take()
+                if op in ("=", "==", "!="):
+                    value = ""
+                    if i < len(tokens) and tokens[i] != ",":
+                        value = word(take())
+                    if op == "!=":
+                        out.append(lambda labels, k=key, v=value: labels.get(k) != v)
+                    else:
+                        out.append(lambda labels, k=key, v=value: labels.get(k) == v)
+                elif op in ("in", "notin"):
+                    if take() != "(":
+                        raise SelectorError("expected (")
+                    values = set()
+                    while True:
+                        values.add(word(take()))
+                        sep = take()
+                        if sep == ")":
+                            break
+                        if sep != ",":
+                            raise SelectorError("expected , or )")
+                    if op == "in":
+                        out.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
+                    else:
+                        out.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+                else:
+                    raise SelectorError(f"unsupported operator {op!r}")
+        if i < len(tokens):
+            if take() != ",":
+                raise SelectorError("expected ,")
+            if i >= len(tokens):
+                raise SelectorError("a selector cannot end with ','")
+    return out
 
 
 def status_object(code, reason, message):
@@ -158,11 +242,7 @@ class FakeKubeApi:
     def _matches(selector, labels):
         if labels is None:
             return True
-        for term in filter(None, (selector or "").split(",")):
-            key, _, value = term.partition("=")
-            if labels.get(key) != value:
-                return False
-        return True
+        return all(test(labels) for test in parse_selector(selector or ""))
 
     def _send_json(self, handler, code, obj):
         body = json.dumps(obj).encode()
@@ -183,6 +263,11 @@ class FakeKubeApi:
         if self.token is not None and auth != f"Bearer {self.token}":
             return self._send_json(handler, 401, status_object(401, "Unauthorized", "Unauthorized"))
         selector = query.get("labelSelector", [""])[0]
+        try:
+            parse_selector(selector)
+        except SelectorError as e:
+            return self._send_json(handler, 400, status_object(400, "BadRequest",
+                                                               f"unable to parse requirement: {e}"))
         if query.get("watch", ["0"])[0] not in ("1", "true"):
             with self.cond:
                 items = [p for p in self.pods.values()

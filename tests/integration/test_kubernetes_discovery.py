@@ -10,6 +10,10 @@ connects to them).
   * the watch is opened again from its resourceVersion when the server ends it; 410 Gone (HTTP
     status or ERROR event) makes pdrouter list again, and a pod deleted meanwhile goes;
   * bookmarks move the resourceVersion; lines that do not decode are counted and skipped;
+  * with prefill_selector / decode_selector, the selectors (not the role label) give pods their
+    role, matched locally on one list+watch; a pod in both is refused and counted; relabelling
+    moves a pod in, out, or to the other role; setting both ways, or a bad selector, fails at load;
+    the fake filters by labelSelector as the API does (equality, !=, in, notin, exists, !exists);
   * an https api_server (the fake served over TLS with a certificate made by the openssl CLI) is
     verified against kubernetes.ca_file: the right CA discovers the pods, another CA fails with
     a clear error and a counter, and no pod becomes a node.
@@ -76,7 +80,7 @@ class PodSim:
         self.proc.stop()
 
 
-def topology(api, port, token_file, extra=""):
+def topology(api, port, token_file, extra="", label_selector="app=vllm"):
     return f"""
 connectors:
   default: nixl
@@ -84,7 +88,7 @@ kubernetes:
   enabled: true
   api_server: "{api.url}"
   namespace: llm
-  label_selector: "app=vllm"
+  label_selector: "{label_selector}"
   token_file: "{token_file}"
   port: {port}
   retry_ms: 100
@@ -107,8 +111,8 @@ class KubernetesDiscovery(unittest.TestCase):
         self.decode = PodSim(self.ips[1], self.port, "decode")
         self.addCleanup(self.decode.stop)
 
-    def start_router(self, extra=""):
-        router = Router(topology(self.api, self.port, self.token_file, extra))
+    def start_router(self, extra="", label_selector="app=vllm"):
+        router = Router(topology(self.api, self.port, self.token_file, extra, label_selector))
         self.addCleanup(router.dir.cleanup)
         self.addCleanup(router.stop)
         return router
@@ -273,6 +277,112 @@ class KubernetesDiscovery(unittest.TestCase):
         router.wait_for(lambda: self.state(router, self.decode.http_address) == ("up", "kubernetes"),
                         timeout=10)
         self.assertNotIn("wrong-token", router.log())
+
+    def test_fake_api_filters_by_label_selector_as_the_api_does(self):
+        # The selector syntax pod discovery relies on, answered by the fake like the real API.
+        self.api.put_pod(pod("a", "127.0.0.2", labels={"llm-d.ai/role": "prefill", "tier": "gpu"}))
+        self.api.put_pod(pod("b", "127.0.0.3", labels={"llm-d.ai/role": "decode"}))
+        self.api.put_pod(pod("c", "127.0.0.4", labels={"app": "other"}))
+
+        def names(selector):
+            import http.client
+            import urllib.parse
+            conn = http.client.HTTPConnection("127.0.0.1", self.api.port, timeout=5)
+            try:
+                conn.request("GET", "/api/v1/namespaces/llm/pods?labelSelector=" + urllib.parse.quote(selector),
+                             headers={"Authorization": f"Bearer {TOKEN}"})
+                response = conn.getresponse()
+                body = json.loads(response.read())
+                if response.status != 200:
+                    return response.status
+                return sorted(p["metadata"]["name"] for p in body["items"])
+            finally:
+                conn.close()
+
+        self.assertEqual(names(""), ["a", "b", "c"])
+        self.assertEqual(names("app=vllm"), ["a", "b"])
+        self.assertEqual(names("app==other"), ["c"])
+        self.assertEqual(names("app!=vllm"), ["c"])
+        self.assertEqual(names("llm-d.ai/role!=decode"), ["a", "c"])  # != holds without the label
+        self.assertEqual(names("llm-d.ai/role in (prefill, decode)"), ["a", "b"])
+        self.assertEqual(names("llm-d.ai/role notin (decode)"), ["a", "c"])
+        self.assertEqual(names("tier"), ["a"])
+        self.assertEqual(names("!tier"), ["b", "c"])
+        self.assertEqual(names("app=vllm,llm-d.ai/role in (decode),!tier"), ["b"])
+        self.assertEqual(names("app in (vllm"), 400)
+        self.assertEqual(names("app=vllm,"), 400)
+
+    def test_prefill_and_decode_selectors_give_pods_their_role(self):
+        extra = ('  prefill_selector: "llm-d.ai/role in (prefill, both)"\n'
+                 '  decode_selector: "llm-d.ai/role in (decode, both), !canary"\n')
+
+        def labeled(name, ip, **labels):
+            return pod(name, ip, labels=dict(labels))
+
+        self.api.put_pod(labeled("prefill-0", self.ips[0], **{"llm-d.ai/role": "prefill"}))
+        self.api.put_pod(labeled("decode-0", self.ips[1], **{"llm-d.ai/role": "decode"}))
+        # In both selectors: refused and counted. In neither (canary; only the old role label; not
+        # selected by the server-side label_selector): not nodes, not errors.
+        self.api.put_pod(labeled("both-0", self.ips[2], **{"llm-d.ai/role": "both"}))
+        self.api.put_pod(labeled("canary-0", "127.0.0.5", **{"llm-d.ai/role": "decode", "canary": "yes"}))
+        self.api.put_pod(pod("legacy-0", "127.0.0.6", "decode"))
+        self.api.put_pod(pod("other-0", "127.0.0.7", labels={"app": "other", "llm-d.ai/role": "decode"}))
+        router = self.start_router(extra, label_selector="app in (vllm)")
+        router.wait_for(lambda: self.state(router, self.prefill.http_address) == ("up", "kubernetes")
+                        and self.state(router, self.decode.http_address) == ("up", "kubernetes"),
+                        timeout=10)
+        self.assertEqual(router.instance(self.prefill.http_address)["role"], "prefill")
+        self.assertEqual(router.instance(self.decode.http_address)["role"], "decode")
+        code, _, body = self.completion(router)
+        self.assertEqual(code, 200, body)
+        self.assertEqual(len(self.prefill.requests_served()), 1)
+        self.assertEqual(len(self.decode.requests_served()), 1)
+        router.wait_for(lambda: "both-0" in router.log() and "match both prefill_selector" in router.log(),
+                        timeout=5)
+        self.assertEqual(len(router.status()["instances"]), 2)
+        metrics = router.metrics()
+        self.assertGreaterEqual(metrics["pdrouter_kubernetes_ambiguous_pods_total"], 1)
+        # Only the ambiguous pod was an error: canary-0 and legacy-0 are just not selected.
+        self.assertEqual(metrics["pdrouter_kubernetes_bad_pods_total"],
+                         metrics["pdrouter_kubernetes_ambiguous_pods_total"])
+        status = self.k8s(router)
+        self.assertEqual((status["label_selector"], status["prefill_selector"], status["decode_selector"]),
+                         ("app in (vllm)", "llm-d.ai/role in (prefill, both)",
+                          "llm-d.ai/role in (decode, both), !canary"))
+        # One list and one watch, each with the server-side label_selector only.
+        for path, _ in list(self.api.requests):
+            self.assertIn("labelSelector=app%20in%20%28vllm%29", path)
+            self.assertNotIn("llm-d.ai", path)
+        self.assertEqual(router.metrics()["pdrouter_kubernetes_lists_total"], 1)
+
+        # Relabelled out of the decode selector: it leaves; relabelled to prefill: it returns so.
+        self.api.put_pod(labeled("decode-0", self.ips[1], **{"llm-d.ai/role": "decode", "canary": "yes"}))
+        router.wait_for(lambda: self.state(router, self.decode.http_address) is None, timeout=5)
+        self.api.put_pod(labeled("decode-0", self.ips[1], **{"llm-d.ai/role": "prefill"}))
+        router.wait_for(lambda: (router.instance(self.decode.http_address) or {}).get("role") == "prefill",
+                        timeout=5)
+        # The ambiguous pod relabelled to decode becomes a node.
+        self.api.put_pod(labeled("both-0", self.ips[2], **{"llm-d.ai/role": "decode"}))
+        router.wait_for(lambda: (router.instance(f"{self.ips[2]}:{self.port}") or {}).get("role") == "decode",
+                        timeout=5)
+
+    def test_selectors_and_role_label_together_are_refused_at_load(self):
+        path = os.path.join(self.dir.name, "both.yaml")
+        cases = [
+            ('  role_label: example.com/role\n  prefill_selector: "a=b"\n  decode_selector: "a=c"\n',
+             "kubernetes: set role_label or prefill_selector/decode_selector, not both"),
+            ('  prefill_selector: "a=b"\n', "kubernetes: prefill_selector and decode_selector go together"),
+            ('  prefill_selector: "a in (b"\n  decode_selector: "a=c"\n',
+             "kubernetes.prefill_selector: label selector at 7: expected ',' or ')', found the end"),
+        ]
+        for extra, message in cases:
+            with open(path, "w") as f:
+                f.write(f"kubernetes:\n  enabled: true\n  api_server: {self.api.url}\n  namespace: llm\n"
+                        + extra)
+            result = subprocess.run([pdrouter_path(), "--config", path, "--http", "127.0.0.1:0"],
+                                    capture_output=True, text=True, timeout=20)
+            self.assertEqual(result.returncode, 2, result.stderr)
+            self.assertIn(message, result.stderr)
 
     @unittest.skipUnless(os.access(ETCD, os.X_OK), "etcd-server is not installed")
     def test_replicas_sharing_etcd_each_watch_the_pods(self):

@@ -98,5 +98,28 @@ TEST_F(PodNode, BadLabelsAndAnnotationsAreNamed) {
   EXPECT_EQ(reg.model, "untouched");
 }
 
+TEST_F(PodNode, SelectorsGiveTheRoleInsteadOfTheRoleLabel) {
+  ASSERT_TRUE(proto::parse_label_selector("app=vllm,llm-d.ai/role in (prefill)", &k8s.prefill_selector));
+  ASSERT_TRUE(proto::parse_label_selector("app=vllm,llm-d.ai/role=decode", &k8s.decode_selector));
+  proto::Registration reg;
+  proto::PodInfo pod = serving_pod("");
+  pod.labels = {{"app", "vllm"}, {"llm-d.ai/role", "prefill"}};
+  ASSERT_TRUE(pod_registration(pod, k8s, connectors, &reg));
+  EXPECT_EQ(reg.role, proto::Role::kPrefill);
+  pod.labels = {{"app", "vllm"}, {"llm-d.ai/role", "decode"}, {"pdrouter.io/role", "prefill"}};
+  ASSERT_TRUE(pod_registration(pod, k8s, connectors, &reg));
+  EXPECT_EQ(reg.role, proto::Role::kDecode);  // the role label means nothing with selectors
+
+  pod.labels = {{"app", "vllm"}};
+  Status st = pod_registration(pod, k8s, connectors, &reg);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);  // neither: not a node, not an error
+
+  ASSERT_TRUE(proto::parse_label_selector("app=vllm", &k8s.prefill_selector));
+  pod.labels = {{"app", "vllm"}, {"llm-d.ai/role", "decode"}};
+  st = pod_registration(pod, k8s, connectors, &reg);
+  EXPECT_EQ(st.code(), StatusCode::kRejected);
+  EXPECT_EQ(st.message(), "its labels match both prefill_selector and decode_selector");
+}
+
 }  // namespace
 }  // namespace pdr::router
