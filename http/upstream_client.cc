@@ -247,6 +247,7 @@ class UpstreamConnection {
   void fail(UpstreamFailure failure, Status error);
   void return_to_pool();
   void arm_timer(TimerMode mode, uint64_t ms);
+  void start_timer(uint64_t ms);
   bool attached(const std::shared_ptr<UpstreamCall>& call) const {
     return phase_ == Phase::kActive && call_ == call;
   }
@@ -258,9 +259,15 @@ class UpstreamConnection {
   uv_connect_t connect_req_{};
   Phase phase_ = Phase::kConnecting;
   TimerMode timer_mode_ = TimerMode::kNone;
-  // kBodyIdle: loop time of the last read. A read while the idle timer runs only moves this (no
-  // timer-heap work per read of a stream); the timer, when it fires, re-arms for what is left.
-  uint64_t last_read_ms_ = 0;
+  // The timer is lazy: a mode's timeout is due at deadline_ms_ (loop time), and the libuv timer
+  // runs with a due time (timer_due_ms_) at or before every pending deadline. A new deadline
+  // later than the running timer's only moves deadline_ms_ (no timer-heap work: a leg's first
+  // byte, body and pool idle periods follow each other on every call); the timer, when it fires
+  // early, re-arms for what is left. kBodyIdle: each read moves the deadline the same way.
+  // Mode kNone leaves the timer running; it fires once and finds nothing to do.
+  uint64_t deadline_ms_ = 0;
+  uint64_t timer_due_ms_ = 0;
+  bool timer_running_ = false;
   bool reading_ = false;
   bool writing_ = false;
   // TLS connections only (the pool has a TlsClientContext); null on the plain data path.
@@ -493,7 +500,7 @@ void UpstreamConnection::handle_plain(ssize_t nread, const char* data) {
   got_bytes_ = true;
   if (timer_mode_ == TimerMode::kBodyIdle) {
     uv_update_time(core_->loop);  // fresh, as arm_timer() would take it
-    last_read_ms_ = uv_now(core_->loop);
+    deadline_ms_ = uv_now(core_->loop) + to_ms(call->timeouts_.idle);
   } else {
     arm_timer(TimerMode::kBodyIdle, to_ms(call->timeouts_.idle));
   }
@@ -628,15 +635,21 @@ void UpstreamConnection::fail_tls(UpstreamFailure failure, const Status& error) 
 
 void UpstreamConnection::arm_timer(TimerMode mode, uint64_t ms) {
   if (!timer_) return;
-  uv_timer_stop(timer_.get());
-  timer_mode_ = TimerMode::kNone;
+  timer_mode_ = TimerMode::kNone;  // a running timer stays: see deadline_ms_
   if (mode == TimerMode::kNone || ms == 0) return;
   timer_mode_ = mode;
   // The loop clock is cached per iteration; refresh it so a timeout armed late in a busy
   // iteration (or from start() outside a callback) is not cut short by the stale time.
   uv_update_time(core_->loop);
-  last_read_ms_ = uv_now(core_->loop);
-  uv_timer_start(timer_.get(), &UpstreamConnection::on_timer, ms, 0);
+  deadline_ms_ = uv_now(core_->loop) + ms;
+  if (timer_running_ && timer_due_ms_ <= deadline_ms_) return;  // fires first, re-arms for the rest
+  start_timer(ms);
+}
+
+void UpstreamConnection::start_timer(uint64_t ms) {
+  uv_timer_start(timer_.get(), &UpstreamConnection::on_timer, ms, 0);  // replaces a running one
+  timer_running_ = true;
+  timer_due_ms_ = uv_now(core_->loop) + ms;  // libuv's own due time: loop time + ms
 }
 
 void UpstreamConnection::on_timer(uv_timer_t* t) {
@@ -644,6 +657,12 @@ void UpstreamConnection::on_timer(uv_timer_t* t) {
 }
 
 void UpstreamConnection::handle_timeout() {
+  timer_running_ = false;
+  if (timer_mode_ == TimerMode::kNone) return;
+  if (const uint64_t now = uv_now(core_->loop); now < deadline_ms_) {
+    start_timer(deadline_ms_ - now);  // armed before the deadline moved on: wait for the rest
+    return;
+  }
   const TimerMode mode = std::exchange(timer_mode_, TimerMode::kNone);
   switch (mode) {
     case TimerMode::kNone:
@@ -661,19 +680,11 @@ void UpstreamConnection::handle_timeout() {
            Status(StatusCode::kIoError, "upstream " + key_ + ": no response byte within " +
                                             std::to_string(call_->timeouts_.first_byte.count()) + " ms (timeout)"));
       return;
-    case TimerMode::kBodyIdle: {
-      const uint64_t idle = to_ms(call_->timeouts_.idle);
-      const uint64_t quiet = uv_now(core_->loop) - last_read_ms_;
-      if (quiet < idle) {  // bytes arrived since it was armed: wait for the rest of the period
-        timer_mode_ = TimerMode::kBodyIdle;
-        uv_timer_start(timer_.get(), &UpstreamConnection::on_timer, idle - quiet, 0);
-        return;
-      }
+    case TimerMode::kBodyIdle:
       fail(UpstreamFailure::kIdleTimeout,
            Status(StatusCode::kIoError, "upstream " + key_ + ": response idle for " +
                                             std::to_string(call_->timeouts_.idle.count()) + " ms (timeout)"));
       return;
-    }
   }
 }
 
@@ -752,6 +763,7 @@ void UpstreamConnection::close() {
   phase_ = Phase::kClosed;
   reading_ = false;
   timer_mode_ = TimerMode::kNone;
+  timer_running_ = false;
   core_->live.erase(this);
   timer_.close();
   tcp_.close([this] { delete this; });
