@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <exception>
 #include <unordered_map>
 #include <unordered_set>
@@ -210,6 +211,10 @@ class UpstreamConnection {
   static int on_message_begin(llhttp_t* p);
   static int on_header_field(llhttp_t* p, const char* at, size_t len);
   static int on_header_value(llhttp_t* p, const char* at, size_t len);
+  // The same two for a call that reads only Content-Type (only_content_type): other names are
+  // matched against "content-type" as they arrive, not copied, and take no header entry.
+  static int on_header_field_ct(llhttp_t* p, const char* at, size_t len);
+  static int on_header_value_ct(llhttp_t* p, const char* at, size_t len);
   static int on_headers_complete(llhttp_t* p);
   void recycle_headers() {
     for (auto h = headers_.rbegin(); h != headers_.rend(); ++h) {  // reversed: add_header pops in order
@@ -229,7 +234,8 @@ class UpstreamConnection {
   }
   static int on_body(llhttp_t* p, const char* at, size_t len);
   static int on_message_complete(llhttp_t* p);
-  static const llhttp_settings_t* parser_settings();
+  static const llhttp_settings_t* parser_settings(bool only_content_type);
+  static llhttp_settings_t make_parser_settings(bool only_content_type);
   static UpstreamConnection* from_parser(llhttp_t* p) { return static_cast<UpstreamConnection*>(p->data); }
 
   void begin_exchange();
@@ -283,9 +289,14 @@ class UpstreamConnection {
   // next response from the same node usually has the same headers (no allocation per head).
   std::vector<Header> spare_headers_;
   bool in_header_value_ = false;
-  // The header being parsed is one the call does not read (only_content_type): its value is not
-  // copied and its entry is reused by the next header.
-  bool skip_header_ = false;
+  // only_content_type: a field name of this head has begun; how many bytes of the current name
+  // match "content-type" (kNameMismatch: it does not), those bytes as sent, and whether the
+  // current value is Content-Type's (kept).
+  static constexpr uint8_t kNameMismatch = 0xff;
+  bool field_seen_ = false;
+  uint8_t ct_matched_ = 0;
+  char ct_name_[12] = {};
+  bool keep_value_ = false;
   bool interim_ = false;      // parsing a 1xx response
   bool message_done_ = false;
   bool got_bytes_ = false;    // a byte of this call's response arrived
@@ -358,12 +369,12 @@ void UpstreamConnection::attach(const std::shared_ptr<UpstreamCall>& call) {
 }
 
 void UpstreamConnection::begin_exchange() {
-  llhttp_init(&parser_, HTTP_RESPONSE, parser_settings());
+  llhttp_init(&parser_, HTTP_RESPONSE, parser_settings(call_->only_content_type_));
   parser_.data = this;
   status_ = 0;
   recycle_headers();
   in_header_value_ = false;
-  skip_header_ = false;
+  field_seen_ = false;
   interim_ = false;
   message_done_ = false;
   got_bytes_ = false;
@@ -771,26 +782,29 @@ void UpstreamConnection::close() {
 
 // llhttp glue ---------------------------------------------------------------------------------
 
-const llhttp_settings_t* UpstreamConnection::parser_settings() {
-  static const llhttp_settings_t settings = [] {
-    llhttp_settings_t s;
-    llhttp_settings_init(&s);
-    s.on_message_begin = &UpstreamConnection::on_message_begin;
-    s.on_header_field = &UpstreamConnection::on_header_field;
-    s.on_header_value = &UpstreamConnection::on_header_value;
-    s.on_headers_complete = &UpstreamConnection::on_headers_complete;
-    s.on_body = &UpstreamConnection::on_body;
-    s.on_message_complete = &UpstreamConnection::on_message_complete;
-    return s;
-  }();
-  return &settings;
+const llhttp_settings_t* UpstreamConnection::parser_settings(bool only_content_type) {
+  static const llhttp_settings_t all = make_parser_settings(false);
+  static const llhttp_settings_t content_type = make_parser_settings(true);
+  return only_content_type ? &content_type : &all;
+}
+
+llhttp_settings_t UpstreamConnection::make_parser_settings(bool only_content_type) {
+  llhttp_settings_t s;
+  llhttp_settings_init(&s);
+  s.on_message_begin = &UpstreamConnection::on_message_begin;
+  s.on_header_field = only_content_type ? &UpstreamConnection::on_header_field_ct : &UpstreamConnection::on_header_field;
+  s.on_header_value = only_content_type ? &UpstreamConnection::on_header_value_ct : &UpstreamConnection::on_header_value;
+  s.on_headers_complete = &UpstreamConnection::on_headers_complete;
+  s.on_body = &UpstreamConnection::on_body;
+  s.on_message_complete = &UpstreamConnection::on_message_complete;
+  return s;
 }
 
 int UpstreamConnection::on_message_begin(llhttp_t* p) {
   UpstreamConnection* c = from_parser(p);
   c->recycle_headers();
   c->in_header_value_ = false;
-  c->skip_header_ = false;
+  c->field_seen_ = false;
   c->interim_ = false;
   c->head_bytes_ = 0;
   c->head_fields_ = 0;
@@ -813,12 +827,7 @@ int UpstreamConnection::on_header_field(llhttp_t* p, const char* at, size_t len)
       c->limit_error_ = "more than 100 response header fields";
       return HPE_USER;
     }
-    if (c->skip_header_) {
-      c->headers_.back().name.clear();  // the skipped header's entry, reused
-      c->skip_header_ = false;
-    } else {
-      c->add_header();
-    }
+    c->add_header();
     c->in_header_value_ = false;
   }
   if (!add_head_bytes(&c->head_bytes_, len + 4, &c->limit_error_)) return HPE_USER;
@@ -832,9 +841,49 @@ int UpstreamConnection::on_header_value(llhttp_t* p, const char* at, size_t len)
   if (!c->in_header_value_) {  // the value's first piece: the name is complete
     c->in_header_value_ = true;
     if (c->headers_.empty()) c->add_header();
-    c->skip_header_ = c->call_ && c->call_->only_content_type_ && !iequals(c->headers_.back().name, "content-type");
   }
-  if (!c->skip_header_) c->headers_.back().value.append(at, len);
+  c->headers_.back().value.append(at, len);
+  return 0;
+}
+
+int UpstreamConnection::on_header_field_ct(llhttp_t* p, const char* at, size_t len) {
+  static constexpr std::string_view kName = "content-type";
+  UpstreamConnection* c = from_parser(p);
+  if (c->in_header_value_ || !c->field_seen_) {  // a new field, as on_header_field counts them
+    if (++c->head_fields_ > kMaxResponseHeaders) {
+      c->limit_error_ = "more than 100 response header fields";
+      return HPE_USER;
+    }
+    c->field_seen_ = true;
+    c->in_header_value_ = false;
+    c->ct_matched_ = 0;
+  }
+  if (!add_head_bytes(&c->head_bytes_, len + 4, &c->limit_error_)) return HPE_USER;
+  const size_t matched = c->ct_matched_;
+  if (matched != kNameMismatch) {
+    if (len <= kName.size() - matched && iequals(std::string_view(at, len), kName.substr(matched, len))) {
+      std::memcpy(c->ct_name_ + matched, at, len);
+      c->ct_matched_ = static_cast<uint8_t>(matched + len);
+    } else {
+      c->ct_matched_ = kNameMismatch;
+    }
+  }
+  return 0;
+}
+
+int UpstreamConnection::on_header_value_ct(llhttp_t* p, const char* at, size_t len) {
+  UpstreamConnection* c = from_parser(p);
+  if (!add_head_bytes(&c->head_bytes_, len, &c->limit_error_)) return HPE_USER;
+  if (!c->in_header_value_) {  // the value's first piece: the name is complete
+    c->in_header_value_ = true;
+    c->field_seen_ = true;
+    c->keep_value_ = c->ct_matched_ == sizeof(c->ct_name_);
+    if (c->keep_value_) {
+      c->add_header();
+      c->headers_.back().name.assign(c->ct_name_, sizeof(c->ct_name_));
+    }
+  }
+  if (c->keep_value_) c->headers_.back().value.append(at, len);
   return 0;
 }
 
@@ -852,12 +901,6 @@ int UpstreamConnection::on_headers_complete(llhttp_t* p) {
     }
     c->interim_ = true;  // 100 Continue / 103 Early Hints: the final response follows
     return 0;
-  }
-  if (c->skip_header_) {  // the last header was one the call does not read
-    c->headers_.back().name.clear();
-    c->spare_headers_.push_back(std::move(c->headers_.back()));
-    c->headers_.pop_back();
-    c->skip_header_ = false;
   }
   c->status_ = status;
   std::shared_ptr<UpstreamCall> call = c->call_;
