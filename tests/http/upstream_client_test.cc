@@ -336,6 +336,36 @@ TEST_F(UpstreamClientTest, FirstByteTimeout) {
   EXPECT_TRUE(run_until([&] { return hang_closed_.load() == 1; }));
 }
 
+// A connection's timer runs lazily (a later deadline does not re-arm libuv's timer): a first-byte
+// timeout on a pooled connection fires at its own deadline whether the pool idle time armed
+// before it is shorter (the timer fires early and re-arms for the rest) or longer (the timer is
+// re-armed earlier).
+TEST_F(UpstreamClientTest, FirstByteTimeoutOnAPooledConnectionKeepsItsDeadline) {
+  start_server();
+  for (const auto& [pool_idle, first_byte] : {std::pair{150ms, 500ms}, std::pair{20000ms, 100ms}}) {
+    PoolOptions options;
+    options.idle_timeout = pool_idle;
+    pool_ = std::make_unique<UpstreamPool>(&loop_, options);
+    Outcome first;
+    auto c1 = call("/json", &first);
+    ASSERT_TRUE(run_until([&] { return first.done(); }));
+    ASSERT_TRUE(first.completed) << first.error.to_string();
+    ASSERT_EQ(pool_->stats().idle, 1u);
+    Outcome o;
+    UpstreamTimeouts t;
+    t.first_byte = first_byte;
+    const auto t0 = Clock::now();
+    auto c2 = call("/hang", &o, t);
+    ASSERT_TRUE(run_until([&] { return o.done(); }));
+    EXPECT_TRUE(c2->reused_connection());
+    EXPECT_EQ(c2->failure(), UpstreamFailure::kFirstByteTimeout) << o.error.to_string();
+    EXPECT_GE(o.done_at - t0, first_byte - 1ms);  // libuv's loop clock has millisecond granularity
+    if (pool_idle > first_byte) {
+      EXPECT_LT(o.done_at - t0, pool_idle / 4) << "the timeout waited for the pool idle timer";
+    }
+  }
+}
+
 TEST_F(UpstreamClientTest, CancelClosesTheConnectionAndSilencesCallbacks) {
   start_server();
   Outcome o;
