@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstring>
 #include <exception>
 #include <unordered_map>
@@ -62,27 +63,29 @@ Status build_wire(std::string_view host, const UpstreamRequest& r, std::string* 
   for (const auto& [name, value] : r.borrowed_headers) {
     if (Status st = check(name, value); !st) return st;
   }
+  using namespace std::string_view_literals;  // literals with their length: no strlen per append
   std::string& w = *out;
   w.clear();
   w.reserve(size);
   w += r.method;
   w += ' ';
   w += r.path;
-  w += " HTTP/1.1\r\nHost: ";
+  w += " HTTP/1.1\r\nHost: "sv;
   w += host;
-  w += "\r\n";
+  w += "\r\n"sv;
   auto put = [&w](const std::string& name, const std::string& value) {
     if (is_server_managed_header(name) || iequals(name, "host")) return;
     w += name;
-    w += ": ";
+    w += ": "sv;
     w += value;
-    w += "\r\n";
+    w += "\r\n"sv;
   };
   for (const Header& h : r.headers) put(h.name, h.value);
   for (const auto& [name, value] : r.borrowed_headers) put(name, value);
-  w += "Content-Length: ";
-  w += std::to_string(body_size);
-  w += "\r\nConnection: keep-alive\r\n\r\n";
+  w += "Content-Length: "sv;
+  char digits[24];
+  w.append(digits, static_cast<size_t>(std::to_chars(digits, digits + sizeof digits, body_size).ptr - digits));
+  w += "\r\nConnection: keep-alive\r\n\r\n"sv;
   if (!r.append_body) {
     w += r.body;
     return Status::ok();
