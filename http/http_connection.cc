@@ -633,6 +633,7 @@ void HttpConnection::close_now() {
   }
   phase_ = Phase::kClosed;
   timer_mode_ = TimerMode::kNone;
+  timer_running_ = false;
   timer_.close();
   reading_ = false;
   inbuf_.clear();
@@ -812,16 +813,28 @@ void HttpConnection::output_taken(size_t n, size_t before) {
 
 void HttpConnection::arm_timer(TimerMode mode, uint64_t ms) {
   timer_mode_ = mode;
-  if (!timer_) return;
-  if (mode == TimerMode::kNone) {
-    uv_timer_stop(timer_.get());
-    return;
-  }
-  uv_timer_start(timer_.get(), &HttpConnection::on_timer, ms, 0);
+  deadline_ms_ = kNoDeadline;  // a running timer stays: see deadline_ms_
+  if (!timer_ || mode == TimerMode::kNone) return;
+  // Loop time, as uv_timer_start counts from it.
+  deadline_ms_ = uv_now(worker_.loop()) + ms;
+  if (timer_running_ && timer_due_ms_ <= deadline_ms_) return;  // fires first, re-arms for the rest
+  start_timer(ms);
+}
+
+void HttpConnection::start_timer(uint64_t ms) {
+  uv_timer_start(timer_.get(), &HttpConnection::on_timer, ms, 0);  // replaces a running one
+  timer_running_ = true;
+  timer_due_ms_ = uv_now(worker_.loop()) + ms;
 }
 
 void HttpConnection::on_timer(uv_timer_t* t) {
   auto* c = detail::UvHandle<uv_timer_t>::owner_of<HttpConnection>(t);
+  c->timer_running_ = false;
+  if (c->timer_mode_ == TimerMode::kNone || c->deadline_ms_ == kNoDeadline) return;
+  if (const uint64_t now = uv_now(c->worker_.loop()); now < c->deadline_ms_) {
+    c->start_timer(c->deadline_ms_ - now);  // armed before the deadline moved on: wait for the rest
+    return;
+  }
   const TimerMode mode = c->timer_mode_;
   c->timer_mode_ = TimerMode::kNone;
   switch (mode) {
@@ -889,8 +902,8 @@ void HttpConnection::arm_flush_timer() {
   // and only when something is left (flush_output).
   const bool only_pending = !pending_.empty() && (!tcp_ || uv_stream_get_write_queue_size(tcp_.stream()) == 0);
   if (only_pending) {
-    if (timer_) uv_timer_stop(timer_.get());
     timer_mode_ = TimerMode::kFlush;  // the timer itself is started by flush_output if needed
+    deadline_ms_ = kNoDeadline;       // until then a running timer finds nothing to do
     flush_mark_ = kMarkAtFlush;
     return;
   }

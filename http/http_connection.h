@@ -96,6 +96,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void begin_close_after_flush();
   void start_lingering();
   void arm_timer(TimerMode mode, uint64_t ms);
+  void start_timer(uint64_t ms);
   void update_reading();
   bool output_blocked() const { return buffered_ >= kOutputHighWater; }
   void arm_flush_timer();
@@ -133,6 +134,15 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
   Phase phase_ = Phase::kReading;
   TimerMode timer_mode_ = TimerMode::kNone;
+  // The timer is lazy (as the upstream connections' one): the mode's timeout is due at
+  // deadline_ms_ (loop time; kNoDeadline: the mode has none running), and the libuv timer, when
+  // running, is due at timer_due_ms_, at or before that deadline. A later deadline (the idle time
+  // after each answer, after the stop at each dispatch) only moves deadline_ms_; the timer, when
+  // it fires early, re-arms for what is left.
+  static constexpr uint64_t kNoDeadline = UINT64_MAX;
+  uint64_t deadline_ms_ = kNoDeadline;
+  uint64_t timer_due_ms_ = 0;
+  bool timer_running_ = false;
   bool reading_ = false;
   bool processing_ = false;
   bool counted_active_ = false;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
+#include <cstring>
 #include <exception>
 #include <unordered_map>
 #include <unordered_set>
@@ -61,27 +63,29 @@ Status build_wire(std::string_view host, const UpstreamRequest& r, std::string* 
   for (const auto& [name, value] : r.borrowed_headers) {
     if (Status st = check(name, value); !st) return st;
   }
+  using namespace std::string_view_literals;  // literals with their length: no strlen per append
   std::string& w = *out;
   w.clear();
   w.reserve(size);
   w += r.method;
   w += ' ';
   w += r.path;
-  w += " HTTP/1.1\r\nHost: ";
+  w += " HTTP/1.1\r\nHost: "sv;
   w += host;
-  w += "\r\n";
+  w += "\r\n"sv;
   auto put = [&w](const std::string& name, const std::string& value) {
     if (is_server_managed_header(name) || iequals(name, "host")) return;
     w += name;
-    w += ": ";
+    w += ": "sv;
     w += value;
-    w += "\r\n";
+    w += "\r\n"sv;
   };
   for (const Header& h : r.headers) put(h.name, h.value);
   for (const auto& [name, value] : r.borrowed_headers) put(name, value);
-  w += "Content-Length: ";
-  w += std::to_string(body_size);
-  w += "\r\nConnection: keep-alive\r\n\r\n";
+  w += "Content-Length: "sv;
+  char digits[24];
+  w.append(digits, static_cast<size_t>(std::to_chars(digits, digits + sizeof digits, body_size).ptr - digits));
+  w += "\r\nConnection: keep-alive\r\n\r\n"sv;
   if (!r.append_body) {
     w += r.body;
     return Status::ok();
@@ -210,6 +214,10 @@ class UpstreamConnection {
   static int on_message_begin(llhttp_t* p);
   static int on_header_field(llhttp_t* p, const char* at, size_t len);
   static int on_header_value(llhttp_t* p, const char* at, size_t len);
+  // The same two for a call that reads only Content-Type (only_content_type): other names are
+  // matched against "content-type" as they arrive, not copied, and take no header entry.
+  static int on_header_field_ct(llhttp_t* p, const char* at, size_t len);
+  static int on_header_value_ct(llhttp_t* p, const char* at, size_t len);
   static int on_headers_complete(llhttp_t* p);
   void recycle_headers() {
     for (auto h = headers_.rbegin(); h != headers_.rend(); ++h) {  // reversed: add_header pops in order
@@ -229,7 +237,8 @@ class UpstreamConnection {
   }
   static int on_body(llhttp_t* p, const char* at, size_t len);
   static int on_message_complete(llhttp_t* p);
-  static const llhttp_settings_t* parser_settings();
+  static const llhttp_settings_t* parser_settings(bool only_content_type);
+  static llhttp_settings_t make_parser_settings(bool only_content_type);
   static UpstreamConnection* from_parser(llhttp_t* p) { return static_cast<UpstreamConnection*>(p->data); }
 
   void begin_exchange();
@@ -247,6 +256,7 @@ class UpstreamConnection {
   void fail(UpstreamFailure failure, Status error);
   void return_to_pool();
   void arm_timer(TimerMode mode, uint64_t ms);
+  void start_timer(uint64_t ms);
   bool attached(const std::shared_ptr<UpstreamCall>& call) const {
     return phase_ == Phase::kActive && call_ == call;
   }
@@ -258,9 +268,15 @@ class UpstreamConnection {
   uv_connect_t connect_req_{};
   Phase phase_ = Phase::kConnecting;
   TimerMode timer_mode_ = TimerMode::kNone;
-  // kBodyIdle: loop time of the last read. A read while the idle timer runs only moves this (no
-  // timer-heap work per read of a stream); the timer, when it fires, re-arms for what is left.
-  uint64_t last_read_ms_ = 0;
+  // The timer is lazy: a mode's timeout is due at deadline_ms_ (loop time), and the libuv timer
+  // runs with a due time (timer_due_ms_) at or before every pending deadline. A new deadline
+  // later than the running timer's only moves deadline_ms_ (no timer-heap work: a leg's first
+  // byte, body and pool idle periods follow each other on every call); the timer, when it fires
+  // early, re-arms for what is left. kBodyIdle: each read moves the deadline the same way.
+  // Mode kNone leaves the timer running; it fires once and finds nothing to do.
+  uint64_t deadline_ms_ = 0;
+  uint64_t timer_due_ms_ = 0;
+  bool timer_running_ = false;
   bool reading_ = false;
   bool writing_ = false;
   // TLS connections only (the pool has a TlsClientContext); null on the plain data path.
@@ -276,9 +292,14 @@ class UpstreamConnection {
   // next response from the same node usually has the same headers (no allocation per head).
   std::vector<Header> spare_headers_;
   bool in_header_value_ = false;
-  // The header being parsed is one the call does not read (only_content_type): its value is not
-  // copied and its entry is reused by the next header.
-  bool skip_header_ = false;
+  // only_content_type: a field name of this head has begun; how many bytes of the current name
+  // match "content-type" (kNameMismatch: it does not), those bytes as sent, and whether the
+  // current value is Content-Type's (kept).
+  static constexpr uint8_t kNameMismatch = 0xff;
+  bool field_seen_ = false;
+  uint8_t ct_matched_ = 0;
+  char ct_name_[12] = {};
+  bool keep_value_ = false;
   bool interim_ = false;      // parsing a 1xx response
   bool message_done_ = false;
   bool got_bytes_ = false;    // a byte of this call's response arrived
@@ -351,12 +372,12 @@ void UpstreamConnection::attach(const std::shared_ptr<UpstreamCall>& call) {
 }
 
 void UpstreamConnection::begin_exchange() {
-  llhttp_init(&parser_, HTTP_RESPONSE, parser_settings());
+  llhttp_init(&parser_, HTTP_RESPONSE, parser_settings(call_->only_content_type_));
   parser_.data = this;
   status_ = 0;
   recycle_headers();
   in_header_value_ = false;
-  skip_header_ = false;
+  field_seen_ = false;
   interim_ = false;
   message_done_ = false;
   got_bytes_ = false;
@@ -493,7 +514,7 @@ void UpstreamConnection::handle_plain(ssize_t nread, const char* data) {
   got_bytes_ = true;
   if (timer_mode_ == TimerMode::kBodyIdle) {
     uv_update_time(core_->loop);  // fresh, as arm_timer() would take it
-    last_read_ms_ = uv_now(core_->loop);
+    deadline_ms_ = uv_now(core_->loop) + to_ms(call->timeouts_.idle);
   } else {
     arm_timer(TimerMode::kBodyIdle, to_ms(call->timeouts_.idle));
   }
@@ -628,15 +649,21 @@ void UpstreamConnection::fail_tls(UpstreamFailure failure, const Status& error) 
 
 void UpstreamConnection::arm_timer(TimerMode mode, uint64_t ms) {
   if (!timer_) return;
-  uv_timer_stop(timer_.get());
-  timer_mode_ = TimerMode::kNone;
+  timer_mode_ = TimerMode::kNone;  // a running timer stays: see deadline_ms_
   if (mode == TimerMode::kNone || ms == 0) return;
   timer_mode_ = mode;
   // The loop clock is cached per iteration; refresh it so a timeout armed late in a busy
   // iteration (or from start() outside a callback) is not cut short by the stale time.
   uv_update_time(core_->loop);
-  last_read_ms_ = uv_now(core_->loop);
-  uv_timer_start(timer_.get(), &UpstreamConnection::on_timer, ms, 0);
+  deadline_ms_ = uv_now(core_->loop) + ms;
+  if (timer_running_ && timer_due_ms_ <= deadline_ms_) return;  // fires first, re-arms for the rest
+  start_timer(ms);
+}
+
+void UpstreamConnection::start_timer(uint64_t ms) {
+  uv_timer_start(timer_.get(), &UpstreamConnection::on_timer, ms, 0);  // replaces a running one
+  timer_running_ = true;
+  timer_due_ms_ = uv_now(core_->loop) + ms;  // libuv's own due time: loop time + ms
 }
 
 void UpstreamConnection::on_timer(uv_timer_t* t) {
@@ -644,6 +671,12 @@ void UpstreamConnection::on_timer(uv_timer_t* t) {
 }
 
 void UpstreamConnection::handle_timeout() {
+  timer_running_ = false;
+  if (timer_mode_ == TimerMode::kNone) return;
+  if (const uint64_t now = uv_now(core_->loop); now < deadline_ms_) {
+    start_timer(deadline_ms_ - now);  // armed before the deadline moved on: wait for the rest
+    return;
+  }
   const TimerMode mode = std::exchange(timer_mode_, TimerMode::kNone);
   switch (mode) {
     case TimerMode::kNone:
@@ -661,19 +694,11 @@ void UpstreamConnection::handle_timeout() {
            Status(StatusCode::kIoError, "upstream " + key_ + ": no response byte within " +
                                             std::to_string(call_->timeouts_.first_byte.count()) + " ms (timeout)"));
       return;
-    case TimerMode::kBodyIdle: {
-      const uint64_t idle = to_ms(call_->timeouts_.idle);
-      const uint64_t quiet = uv_now(core_->loop) - last_read_ms_;
-      if (quiet < idle) {  // bytes arrived since it was armed: wait for the rest of the period
-        timer_mode_ = TimerMode::kBodyIdle;
-        uv_timer_start(timer_.get(), &UpstreamConnection::on_timer, idle - quiet, 0);
-        return;
-      }
+    case TimerMode::kBodyIdle:
       fail(UpstreamFailure::kIdleTimeout,
            Status(StatusCode::kIoError, "upstream " + key_ + ": response idle for " +
                                             std::to_string(call_->timeouts_.idle.count()) + " ms (timeout)"));
       return;
-    }
   }
 }
 
@@ -752,6 +777,7 @@ void UpstreamConnection::close() {
   phase_ = Phase::kClosed;
   reading_ = false;
   timer_mode_ = TimerMode::kNone;
+  timer_running_ = false;
   core_->live.erase(this);
   timer_.close();
   tcp_.close([this] { delete this; });
@@ -759,26 +785,29 @@ void UpstreamConnection::close() {
 
 // llhttp glue ---------------------------------------------------------------------------------
 
-const llhttp_settings_t* UpstreamConnection::parser_settings() {
-  static const llhttp_settings_t settings = [] {
-    llhttp_settings_t s;
-    llhttp_settings_init(&s);
-    s.on_message_begin = &UpstreamConnection::on_message_begin;
-    s.on_header_field = &UpstreamConnection::on_header_field;
-    s.on_header_value = &UpstreamConnection::on_header_value;
-    s.on_headers_complete = &UpstreamConnection::on_headers_complete;
-    s.on_body = &UpstreamConnection::on_body;
-    s.on_message_complete = &UpstreamConnection::on_message_complete;
-    return s;
-  }();
-  return &settings;
+const llhttp_settings_t* UpstreamConnection::parser_settings(bool only_content_type) {
+  static const llhttp_settings_t all = make_parser_settings(false);
+  static const llhttp_settings_t content_type = make_parser_settings(true);
+  return only_content_type ? &content_type : &all;
+}
+
+llhttp_settings_t UpstreamConnection::make_parser_settings(bool only_content_type) {
+  llhttp_settings_t s;
+  llhttp_settings_init(&s);
+  s.on_message_begin = &UpstreamConnection::on_message_begin;
+  s.on_header_field = only_content_type ? &UpstreamConnection::on_header_field_ct : &UpstreamConnection::on_header_field;
+  s.on_header_value = only_content_type ? &UpstreamConnection::on_header_value_ct : &UpstreamConnection::on_header_value;
+  s.on_headers_complete = &UpstreamConnection::on_headers_complete;
+  s.on_body = &UpstreamConnection::on_body;
+  s.on_message_complete = &UpstreamConnection::on_message_complete;
+  return s;
 }
 
 int UpstreamConnection::on_message_begin(llhttp_t* p) {
   UpstreamConnection* c = from_parser(p);
   c->recycle_headers();
   c->in_header_value_ = false;
-  c->skip_header_ = false;
+  c->field_seen_ = false;
   c->interim_ = false;
   c->head_bytes_ = 0;
   c->head_fields_ = 0;
@@ -801,12 +830,7 @@ int UpstreamConnection::on_header_field(llhttp_t* p, const char* at, size_t len)
       c->limit_error_ = "more than 100 response header fields";
       return HPE_USER;
     }
-    if (c->skip_header_) {
-      c->headers_.back().name.clear();  // the skipped header's entry, reused
-      c->skip_header_ = false;
-    } else {
-      c->add_header();
-    }
+    c->add_header();
     c->in_header_value_ = false;
   }
   if (!add_head_bytes(&c->head_bytes_, len + 4, &c->limit_error_)) return HPE_USER;
@@ -820,9 +844,49 @@ int UpstreamConnection::on_header_value(llhttp_t* p, const char* at, size_t len)
   if (!c->in_header_value_) {  // the value's first piece: the name is complete
     c->in_header_value_ = true;
     if (c->headers_.empty()) c->add_header();
-    c->skip_header_ = c->call_ && c->call_->only_content_type_ && !iequals(c->headers_.back().name, "content-type");
   }
-  if (!c->skip_header_) c->headers_.back().value.append(at, len);
+  c->headers_.back().value.append(at, len);
+  return 0;
+}
+
+int UpstreamConnection::on_header_field_ct(llhttp_t* p, const char* at, size_t len) {
+  static constexpr std::string_view kName = "content-type";
+  UpstreamConnection* c = from_parser(p);
+  if (c->in_header_value_ || !c->field_seen_) {  // a new field, as on_header_field counts them
+    if (++c->head_fields_ > kMaxResponseHeaders) {
+      c->limit_error_ = "more than 100 response header fields";
+      return HPE_USER;
+    }
+    c->field_seen_ = true;
+    c->in_header_value_ = false;
+    c->ct_matched_ = 0;
+  }
+  if (!add_head_bytes(&c->head_bytes_, len + 4, &c->limit_error_)) return HPE_USER;
+  const size_t matched = c->ct_matched_;
+  if (matched != kNameMismatch) {
+    if (len <= kName.size() - matched && iequals(std::string_view(at, len), kName.substr(matched, len))) {
+      std::memcpy(c->ct_name_ + matched, at, len);
+      c->ct_matched_ = static_cast<uint8_t>(matched + len);
+    } else {
+      c->ct_matched_ = kNameMismatch;
+    }
+  }
+  return 0;
+}
+
+int UpstreamConnection::on_header_value_ct(llhttp_t* p, const char* at, size_t len) {
+  UpstreamConnection* c = from_parser(p);
+  if (!add_head_bytes(&c->head_bytes_, len, &c->limit_error_)) return HPE_USER;
+  if (!c->in_header_value_) {  // the value's first piece: the name is complete
+    c->in_header_value_ = true;
+    c->field_seen_ = true;
+    c->keep_value_ = c->ct_matched_ == sizeof(c->ct_name_);
+    if (c->keep_value_) {
+      c->add_header();
+      c->headers_.back().name.assign(c->ct_name_, sizeof(c->ct_name_));
+    }
+  }
+  if (c->keep_value_) c->headers_.back().value.append(at, len);
   return 0;
 }
 
@@ -840,12 +904,6 @@ int UpstreamConnection::on_headers_complete(llhttp_t* p) {
     }
     c->interim_ = true;  // 100 Continue / 103 Early Hints: the final response follows
     return 0;
-  }
-  if (c->skip_header_) {  // the last header was one the call does not read
-    c->headers_.back().name.clear();
-    c->spare_headers_.push_back(std::move(c->headers_.back()));
-    c->headers_.pop_back();
-    c->skip_header_ = false;
   }
   c->status_ = status;
   std::shared_ptr<UpstreamCall> call = c->call_;

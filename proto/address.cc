@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 
 #include <array>
+#include <charconv>
 #include <cstring>
 
 #include "base/ascii.h"
@@ -120,8 +121,21 @@ bool is_url_path_char(char c) { return static_cast<unsigned char>(c) > 0x20 && c
 }  // namespace
 
 std::string HostPort::to_string() const {
-  if (is_ipv6()) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
+  // Built in one buffer (a call per upstream leg: the pool's key and the Host header).
+  // Sized exactly: "host:port" usually fits std::string's inline buffer (no allocation).
+  const bool v6 = is_ipv6();
+  char digits[8];
+  const auto [end, ec] = std::to_chars(digits, digits + sizeof(digits), port);
+  (void)ec;  // a uint16_t always fits
+  const size_t n = static_cast<size_t>(end - digits);
+  std::string out;
+  out.reserve(host.size() + (v6 ? 2 : 0) + 1 + n);
+  if (v6) out += '[';
+  out += host;
+  if (v6) out += ']';
+  out += ':';
+  out.append(digits, n);
+  return out;
 }
 
 std::string MoriioZmqAddress::to_string() const {

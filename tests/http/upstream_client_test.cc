@@ -336,6 +336,36 @@ TEST_F(UpstreamClientTest, FirstByteTimeout) {
   EXPECT_TRUE(run_until([&] { return hang_closed_.load() == 1; }));
 }
 
+// A connection's timer runs lazily (a later deadline does not re-arm libuv's timer): a first-byte
+// timeout on a pooled connection fires at its own deadline whether the pool idle time armed
+// before it is shorter (the timer fires early and re-arms for the rest) or longer (the timer is
+// re-armed earlier).
+TEST_F(UpstreamClientTest, FirstByteTimeoutOnAPooledConnectionKeepsItsDeadline) {
+  start_server();
+  for (const auto& [pool_idle, first_byte] : {std::pair{150ms, 500ms}, std::pair{20000ms, 100ms}}) {
+    PoolOptions options;
+    options.idle_timeout = pool_idle;
+    pool_ = std::make_unique<UpstreamPool>(&loop_, options);
+    Outcome first;
+    auto c1 = call("/json", &first);
+    ASSERT_TRUE(run_until([&] { return first.done(); }));
+    ASSERT_TRUE(first.completed) << first.error.to_string();
+    ASSERT_EQ(pool_->stats().idle, 1u);
+    Outcome o;
+    UpstreamTimeouts t;
+    t.first_byte = first_byte;
+    const auto t0 = Clock::now();
+    auto c2 = call("/hang", &o, t);
+    ASSERT_TRUE(run_until([&] { return o.done(); }));
+    EXPECT_TRUE(c2->reused_connection());
+    EXPECT_EQ(c2->failure(), UpstreamFailure::kFirstByteTimeout) << o.error.to_string();
+    EXPECT_GE(o.done_at - t0, first_byte - 1ms);  // libuv's loop clock has millisecond granularity
+    if (pool_idle > first_byte) {
+      EXPECT_LT(o.done_at - t0, pool_idle / 4) << "the timeout waited for the pool idle timer";
+    }
+  }
+}
+
 TEST_F(UpstreamClientTest, CancelClosesTheConnectionAndSilencesCallbacks) {
   start_server();
   Outcome o;
@@ -588,6 +618,59 @@ TEST_F(UpstreamClientTest, OnlyContentTypeHeaderIsKept) {
   auto c = call("/raw", &o);
   ASSERT_TRUE(run_until([&] { return o.done(); }));
   EXPECT_EQ(o.headers.size(), 5u);
+}
+
+// only_content_type matches names as they arrive, without copying them: a name sharing a prefix
+// with Content-Type, or containing it, is not it; the header is passed on as spelled; the
+// response-head limits count the skipped headers as before.
+TEST_F(UpstreamClientTest, OnlyContentTypeMatchesWholeNamesAndKeepsTheHeadLimits) {
+  auto start = [&](const std::string& response, Outcome* o) {
+    auto raw = std::make_unique<RawUpstream>(response);
+    target_ = proto::HostPort{"127.0.0.1", raw->port()};
+    UpstreamRequest req;
+    req.path = "/raw";
+    req.only_content_type = true;
+    auto c = pool_->start(target_, std::move(req), {}, record_into(o));
+    EXPECT_TRUE(run_until([&] { return o->done(); }));
+    return std::make_pair(std::move(raw), c);
+  };
+  {
+    Outcome o;
+    auto [raw, c] = start(
+        "HTTP/1.1 200 OK\r\nContent-Typ: a\r\nContent-Types: b\r\nX-Content-Type: c\r\n"
+        "content-TYPE: d\r\nContent-Type-2: e\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+        &o);
+    ASSERT_TRUE(o.completed) << o.error.to_string();
+    ASSERT_EQ(o.headers.size(), 1u);
+    EXPECT_EQ(o.headers[0].name, "content-TYPE");
+    EXPECT_EQ(o.headers[0].value, "d");
+    EXPECT_EQ(o.body, "ok");
+  }
+  std::string flood = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n";
+  for (int i = 0; i < 20; ++i) flood += "X-Flood: " + std::string(10000, 'a') + "\r\n";
+  std::string many = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n";
+  for (int i = 0; i < 150; ++i) many += "X-N" + std::to_string(i) + ": 1\r\n";
+  std::string long_names = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n";
+  for (int i = 0; i < 20; ++i) long_names += std::string(10000, 'N') + std::to_string(i) + ": 1\r\n";
+  const std::pair<std::string, const char*> refused[] = {
+      {flood + "\r\nok", "response headers over 65536 bytes"},
+      {long_names + "\r\nok", "response headers over 65536 bytes"},
+      {many + "\r\nok", "more than 100 response header fields"},
+  };
+  for (const auto& [response, message] : refused) {
+    Outcome o;
+    auto [raw, c] = start(response, &o);
+    EXPECT_TRUE(o.failed) << message;
+    EXPECT_EQ(c->failure(), UpstreamFailure::kBadResponse) << message;
+    EXPECT_NE(o.error.message().find(message), std::string::npos) << o.error.message();
+  }
+  std::string hundred = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n";
+  for (int i = 0; i < 98; ++i) hundred += "X-N" + std::to_string(i) + ": 1\r\n";
+  Outcome o;
+  auto [raw, c] = start(hundred + "\r\nok", &o);
+  ASSERT_TRUE(o.completed) << o.error.to_string();
+  ASSERT_EQ(o.headers.size(), 1u);
+  EXPECT_EQ(o.headers[0].value, "text/plain");
 }
 
 TEST_F(UpstreamClientTest, TruncatedResponseIsAnError) {
