@@ -34,6 +34,10 @@ if [[ "${1:-}" == "--tests" ]]; then
   packages+=(etcd-server etcd-client)
   # tests/integration/test_etcd_tls.py makes a throwaway CA and certificates with the openssl CLI.
   packages+=(openssl)
+  # tests/integration/test_prometheus.py starts its own Prometheus (private config, loopback port,
+  # temporary TSDB) scraping pdrouter and runs the Grafana dashboard's queries on it; the packaged
+  # service is not used (stopped and disabled below when this script installed it).
+  packages+=(prometheus)
   if ! command -v kubectl >/dev/null 2>&1; then
     packages+=(kubernetes-client)
   fi
@@ -54,6 +58,11 @@ if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
 for attempt in 1 2 3 4 5 6; do
   if $sudo apt-get update -qq &&
      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+    # Debian starts an installed prometheus as a service listening on 0.0.0.0:9090; the tests do
+    # not need it.
+    if [[ " ${missing[*]} " == *" prometheus "* ]] && [[ -d /run/systemd/system ]]; then
+      $sudo systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
     exit 0
   fi
   echo "install-deps: apt-get failed (attempt $attempt), retrying in 10 s" >&2
