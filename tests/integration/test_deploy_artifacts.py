@@ -2,7 +2,8 @@
 `systemd-analyze verify` (and its offline security review), the Kubernetes manifests render with
 `kubectl kustomize` and agree with pdrouter (probe paths and ports, the topology in the ConfigMap
 loads in the real binary), and the container image builds offline and serves /health when its
-file system is run with chroot. Every address the tests use is on loopback."""
+file system is run with chroot, and the Grafana dashboard takes its data source from a variable.
+Every address the tests use is on loopback."""
 
 import http.client
 import json
@@ -25,6 +26,7 @@ DEPLOY = os.path.join(ROOT, "deploy")
 UNIT = os.path.join(DEPLOY, "systemd", "pdrouter.service")
 KUBE = os.path.join(DEPLOY, "kubernetes")
 CONTAINER = os.path.join(DEPLOY, "container")
+DASHBOARD = os.path.join(DEPLOY, "grafana", "pdrouter.json")
 # Default timeouts.drain_ms (deploy/topology.example.yaml).
 DEFAULT_DRAIN_MS = 30000
 
@@ -314,6 +316,50 @@ class KubernetesManifestsTest(unittest.TestCase):
             status = router.status()
             self.assertFalse(status.get("discovery_open", False))
         router.dir.cleanup()
+
+
+class GrafanaDashboardTest(unittest.TestCase):
+    """deploy/grafana/pdrouter.json imports into any Grafana with a Prometheus data source: every
+    panel and query takes its data source from the ${datasource} variable, ids and query refIds are
+    unique, panels fit the 24-column grid. test_prometheus.py runs its queries on a real Prometheus
+    against a live pdrouter."""
+
+    @classmethod
+    def setUpClass(cls):
+        with open(DASHBOARD, encoding="utf-8") as f:
+            cls.dashboard = json.load(f)
+
+    def panels(self):
+        def walk(panels):
+            for panel in panels:
+                yield panel
+                yield from walk(panel.get("panels", []))
+        return list(walk(self.dashboard["panels"]))
+
+    def test_datasource_is_a_prometheus_variable(self):
+        self.assertGreaterEqual(self.dashboard["schemaVersion"], 37)
+        (variable,) = [v for v in self.dashboard["templating"]["list"] if v["name"] == "datasource"]
+        self.assertEqual((variable["type"], variable["query"]), ("datasource", "prometheus"))
+        for panel in self.panels():
+            if panel["type"] == "row":
+                continue
+            self.assertEqual(panel["datasource"], {"type": "prometheus", "uid": "${datasource}"},
+                             panel["title"])
+            self.assertTrue(panel["targets"], panel["title"])
+            for target in panel["targets"]:
+                self.assertEqual(target["datasource"], panel["datasource"], panel["title"])
+                self.assertTrue(target["expr"].strip(), panel["title"])
+
+    def test_ids_refids_and_layout(self):
+        panels = self.panels()
+        ids = [p["id"] for p in panels]
+        self.assertEqual(len(ids), len(set(ids)))
+        for panel in panels:
+            self.assertIn(panel["type"], ("row", "timeseries", "stat"))
+            grid = panel["gridPos"]
+            self.assertLessEqual(grid["x"] + grid["w"], 24, panel["title"])
+            refs = [t["refId"] for t in panel.get("targets", [])]
+            self.assertEqual(len(refs), len(set(refs)), panel["title"])
 
 
 class ContainerImageTest(unittest.TestCase):
