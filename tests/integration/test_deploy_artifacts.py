@@ -354,10 +354,16 @@ class GrafanaDashboardTest(unittest.TestCase):
         panels = self.panels()
         ids = [p["id"] for p in panels]
         self.assertEqual(len(ids), len(set(ids)))
+        taken = {}  # grid cell -> the panel covering it: no two panels overlap
         for panel in panels:
             self.assertIn(panel["type"], ("row", "timeseries", "stat"))
             grid = panel["gridPos"]
             self.assertLessEqual(grid["x"] + grid["w"], 24, panel["title"])
+            for x in range(grid["x"], grid["x"] + grid["w"]):
+                for y in range(grid["y"], grid["y"] + grid["h"]):
+                    self.assertFalse((x, y) in taken, "%r overlaps %r" % (panel["title"],
+                                                                          taken.get((x, y))))
+                    taken[(x, y)] = panel["title"]
             refs = [t["refId"] for t in panel.get("targets", [])]
             self.assertEqual(len(refs), len(set(refs)), panel["title"])
 
