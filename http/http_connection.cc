@@ -329,6 +329,7 @@ int HttpConnection::on_headers_complete(llhttp_t* p) {
   Request& r = c->req_;
   const ServerOptions& opt = c->worker_.options();
   c->headers_done_ = true;
+  r.head_at = std::chrono::steady_clock::now();
   r.method = llhttp_method_name(static_cast<llhttp_method_t>(p->method));
   r.http_major = p->http_major;
   r.http_minor = p->http_minor;

@@ -3,6 +3,7 @@
 // No libuv or llhttp types here: handlers and policies include this header freely.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -34,6 +35,8 @@ struct Request {
   uint8_t http_minor = 1;
   std::string peer;             // "127.0.0.1:53412" or "[::1]:53412"
   uint32_t worker = 0;          // index of the worker (thread, loop) running the handler
+  // When the request head was parsed (steady clock): where latency histograms start.
+  std::chrono::steady_clock::time_point head_at{};
 
   // First header with this name (case-insensitive). The view points into `headers`.
   std::optional<std::string_view> header(std::string_view name) const;

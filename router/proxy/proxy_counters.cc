@@ -79,6 +79,12 @@ constexpr std::pair<S, S> kLegalTransitions[] = {
 
 double value(const std::atomic<uint64_t>& c) { return static_cast<double>(c.load(std::memory_order_relaxed)); }
 
+void write_histogram(MetricsWriter& out, std::string_view name, std::string_view help, const LatencyHistogram& h,
+                     MetricsWriter::Labels labels = {}) {
+  const LatencyHistogram::Snapshot s = h.snapshot();
+  out.histogram(name, help, LatencyHistogram::kBoundSeconds, s.cumulative, s.sum_seconds, s.count, std::move(labels));
+}
+
 }  // namespace
 
 void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
@@ -105,6 +111,24 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
     }
     out.counter("pdrouter_requests_total", "P/D requests by final state", static_cast<double>(total),
                 {{"outcome", std::string(to_string(end))}});
+  }
+  {
+    size_t i = 0;
+    for (S end : {S::kDone, S::kFailed, S::kCancelled}) {
+      write_histogram(out, "pdrouter_request_duration_seconds",
+                      "P/D requests from their arrival (head parsed) to their end (answer handed to the client, "
+                      "failure or cancel), by final state",
+                      c.request_duration[i++], {{"outcome", std::string(to_string(end))}});
+    }
+  }
+  write_histogram(out, "pdrouter_time_to_first_byte_seconds",
+                  "P/D requests from their arrival to the first byte of the answer's body sent to the client "
+                  "(a stream's first data event; a JSON answer when it is written)",
+                  c.time_to_first_byte);
+  for (Leg leg : {Leg::kPrefill, Leg::kDecode}) {
+    write_histogram(out, "pdrouter_leg_duration_seconds",
+                    "Upstream leg attempts from the request sent to the answer complete or the leg failing, by leg",
+                    c.leg_duration[static_cast<size_t>(leg)], {{"leg", std::string(to_string(leg))}});
   }
   for (size_t r = 0; r < kRefusalCount; ++r) {
     out.counter("pdrouter_requests_refused_total", "Requests refused before any upstream work, by reason",

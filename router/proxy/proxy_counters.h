@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "base/latency_histogram.h"
+
 namespace pdr {
 class MetricsWriter;
 }
@@ -112,6 +114,13 @@ struct ProxyCounters {
   Counter held_stream_heads{0};       // decode SSE heads held until the first event (retry still possible)
   std::atomic<int64_t> buffered_bytes{0};   // gauge: request bodies + buffered answers (limits.max_buffered_bytes)
   Counter buffered_answers_over_budget{0};  // decode answers failed: buffering them would exceed the budget
+  // Latencies (base/latency_histogram.h): the whole P/D request by outcome [done, failed,
+  // cancelled] (arrival = request head parsed, to its end), arrival to the first byte of the
+  // answer's body sent to the client, and each leg attempt by [Leg] (sent to its answer complete
+  // or its failure, counted in leg_failures).
+  std::array<LatencyHistogram, 3> request_duration{};
+  LatencyHistogram time_to_first_byte;
+  std::array<LatencyHistogram, 2> leg_duration{};
   // One-node endpoints (one_node_relay.h): [OneNodeClass: render, any_node, pooling, audio, pass_through][outcome: relayed, not_supported, no_node, failed].
   std::array<std::array<Counter, 4>, 5> one_node{};
 

@@ -121,6 +121,7 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
   }
   AdmittedRequest admitted;
   admitted.budget_bytes = request.body.size();
+  admitted.arrived_at = request.head_at;
   admitted.path = std::move(request.path);
   admitted.body = std::move(request.body);
   admitted.authorization = std::string(request.header("Authorization").value_or(std::string_view()));

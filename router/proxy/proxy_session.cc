@@ -234,7 +234,10 @@ struct ProxySession::State {
   bool paused = false;          // decode reads paused for back-pressure
   size_t stall_mark = 0;        // client bytes queued when the write-stall check was armed
   SteadyClock::time_point decode_sent_at{};
+  SteadyClock::time_point prefill_sent_at{};
   SteadyClock::time_point prefill_deadline{};
+  bool prefill_timed = false;   // the prefill attempt in flight is not yet in leg_duration
+  bool decode_timed = false;    // the decode attempt in flight is not yet in leg_duration
   bool orphan = false;          // counted in orphan_prefills: the prefill leg outlives the request
   int64_t budget_held = 0;      // bytes of limits.max_buffered_bytes this request holds (body + answer)
   int64_t answer_budget = 0;    // of which the buffered decode answer's
@@ -258,6 +261,7 @@ void ProxySession::start(WorkerContext& worker, AdmittedRequest request, http::R
 ProxySession::ProxySession(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer)
     : s_(std::make_unique<State>(worker, std::move(request), std::move(writer))) {
   s_->budget_held = static_cast<int64_t>(s_->req.budget_bytes);
+  if (s_->req.arrived_at == SteadyClock::time_point{}) s_->req.arrived_at = SteadyClock::now();
 }
 
 ProxySession::~ProxySession() {
@@ -544,6 +548,7 @@ void ProxySession::send_prefill() {
   cb.on_error = [session](const Status& error) {
     const auto self = session->shared_from_this();
     State& s = *self->s_;
+    self->leg_ended(Leg::kPrefill);
     if (self->finished()) {  // a concurrent prefill outliving its answered request
       if (may_log(s.w)) {
         pdr::log::warn("request {}: prefill {} failed after the answer was complete: {}", s.legs.plan.request_id,
@@ -559,11 +564,14 @@ void ProxySession::send_prefill() {
     self->prefill_failed(cause, "prefill " + s.pair.prefill->key + ": " + error.message());
   };
   move_to(RequestState::kPrefillSent);
+  const SteadyClock::time_point sent_at = SteadyClock::now();
+  s.prefill_sent_at = sent_at;
+  s.prefill_timed = true;
   s.prefill_call = s.w.upstream().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill), timeouts,
                                        std::move(cb));
   // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
   // trickling bytes is cut there too (security review #19).
-  s.prefill_deadline = SteadyClock::now() + s.topo->timeouts.prefill;
+  s.prefill_deadline = sent_at + s.topo->timeouts.prefill;
   s.prefill_timer.start(s.w.loop(), s.topo->timeouts.prefill, [this] {  // see SessionTimers
     shared_from_this()->on_prefill_deadline();
   });
@@ -594,6 +602,7 @@ void ProxySession::orphan_done() {
 
 void ProxySession::on_prefill_complete() {
   State& s = *s_;
+  leg_ended(Leg::kPrefill);
   s.prefill_call.reset();
   s.prefill_timer.stop();
   orphan_done();
@@ -645,6 +654,7 @@ void ProxySession::on_prefill_complete() {
 void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   State& s = *s_;
   if (finished()) return;
+  leg_ended(Leg::kPrefill);
   s.w.counters().leg_failed(Leg::kPrefill, cause);
   if (s.prefill_call) {
     s.prefill_call->cancel();
@@ -691,6 +701,7 @@ void ProxySession::send_decode() {
   s.stall_timer.stop();
   s.head_timer.stop();
   s.decode_sent_at = SteadyClock::now();
+  s.decode_timed = true;
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.first_byte,
                                   s.topo->timeouts.stream_idle};
   auto self = shared_from_this();
@@ -708,6 +719,7 @@ void ProxySession::send_decode() {
     const auto self = session->shared_from_this();
     State& s = *self->s_;
     if (self->finished()) return;
+    self->leg_ended(Leg::kDecode);
     self->node_failed(Leg::kDecode, s.decode_call.get());
     const LegFailure cause = s.decode_call ? classify(s.decode_call->failure()) : LegFailure::kConnectionLost;
     const std::string detail = "decode " + s.pair.decode->key + ": " + error.message();
@@ -725,6 +737,15 @@ void ProxySession::send_decode() {
   // The leg stays as it is (unrendered): a kDecodeOnly retry resends it to another decode.
   s.decode_call = s.w.upstream().start(s.pair.decode->http_address, to_upstream(s.legs.decode), timeouts,
                                       std::move(cb));
+}
+
+void ProxySession::leg_ended(Leg leg) {
+  State& s = *s_;
+  bool& open = leg == Leg::kPrefill ? s.prefill_timed : s.decode_timed;
+  if (!open) return;
+  open = false;
+  const SteadyClock::time_point sent_at = leg == Leg::kPrefill ? s.prefill_sent_at : s.decode_sent_at;
+  s.w.counters().leg_duration[static_cast<size_t>(leg)].record(SteadyClock::now() - sent_at);
 }
 
 void ProxySession::count_connection(const UpstreamPort::Call* call) {
@@ -797,6 +818,8 @@ bool ProxySession::start_client_stream() {
     on_client_gone();
     return false;
   }
+  // The client's first answer bytes (the head with the first data event, written right after).
+  s.w.counters().time_to_first_byte.record(SteadyClock::now() - s.req.arrived_at);
   return true;
 }
 
@@ -857,6 +880,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
   const size_t cap = ok_status ? kMaxBufferedAnswer : kMaxErrorAnswer;
   if (s.decode_body.size() + chunk.size() > cap) {
     if (!ok_status) return;  // enough of the error to relay; the rest is dropped
+    leg_ended(Leg::kDecode);
     s.w.counters().leg_failed(Leg::kDecode, LegFailure::kBadResponse);
     fail(502, "decode " + s.pair.decode->key + " answer is over " + std::to_string(cap) + " bytes", "decode_failed");
     return;
@@ -926,6 +950,7 @@ void ProxySession::on_write_stalled() {
 void ProxySession::on_decode_complete() {
   State& s = *s_;
   if (finished()) return;
+  leg_ended(Leg::kDecode);
   s.decode_call.reset();
   const int status = s.decode_status;
   if (status >= 200 && status < 300) {
@@ -945,6 +970,7 @@ void ProxySession::on_decode_complete() {
           {"Content-Type", s.decode_content_type.empty() ? "application/json" : std::move(s.decode_content_type)});
       response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
       response.body = std::move(s.decode_body);
+      s.w.counters().time_to_first_byte.record(SteadyClock::now() - s.req.arrived_at);
       s.writer.send(std::move(response));
     }
     end(RequestState::kDone);
@@ -964,6 +990,7 @@ void ProxySession::on_decode_complete() {
 void ProxySession::decode_failed(LegFailure cause, std::string detail) {
   State& s = *s_;
   if (finished()) return;
+  leg_ended(Leg::kDecode);
   s.w.counters().leg_failed(Leg::kDecode, cause);
   if (may_log(s.w)) pdr::log::warn("request {}: {}", s.legs.plan.request_id, detail);
   if (s.decode_call) {
@@ -1094,6 +1121,8 @@ void ProxySession::end(RequestState final_state) {
   if (s.ended) return;
   s.ended = true;
   move_to(final_state);
+  const size_t outcome = final_state == RequestState::kDone ? 0 : final_state == RequestState::kFailed ? 1 : 2;
+  s.w.counters().request_duration[outcome].record(SteadyClock::now() - s.req.arrived_at);
   s.stall_timer.stop();
   s.head_timer.stop();
   s.request_timer.stop();

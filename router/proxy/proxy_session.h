@@ -77,6 +77,9 @@ struct AdmittedRequest {
   // Bytes of limits.max_buffered_bytes reserved for `body` by ProxyService (ProxyCounters::
   // reserve_buffered); the session gives them back when it is destroyed.
   size_t budget_bytes = 0;
+  // When the request head was parsed (http::Request::head_at): the latency histograms start
+  // there. Unset (epoch): the session's creation.
+  std::chrono::steady_clock::time_point arrived_at{};
 };
 
 class ProxySession : public std::enable_shared_from_this<ProxySession> {
@@ -120,6 +123,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void on_decode_complete();
   void on_client_gone();
   void count_connection(const UpstreamPort::Call* call);
+  // The leg attempt's latency (ProxyCounters::leg_duration), once per attempt: its answer is
+  // complete or it failed. A leg pdrouter cancels is not recorded.
+  void leg_ended(Leg leg);
   // Passive health (ejection.h): a leg's node answered, or could not be connected to.
   void node_answered(Leg leg, const UpstreamPort::Call* call);
   void node_failed(Leg leg, const UpstreamPort::Call* call);

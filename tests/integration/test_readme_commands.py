@@ -668,16 +668,24 @@ class ReadmeClientCurlAndMetricsTest(unittest.TestCase):
         code, _, body = self.cluster.get("/metrics")
         self.assertEqual(code, 200)
         exported = {}
+        histograms = set()  # their samples (_bucket, _sum, _count) count as the family; `le` is implied
         for line in body.decode().splitlines():
-            m = re.match(r"# TYPE (\S+) ", line)
+            m = re.match(r"# TYPE (\S+) (\S+)", line)
             if m:
                 exported.setdefault(m.group(1), set())
+                if m.group(2) == "histogram":
+                    histograms.add(m.group(1))
                 continue
             if line.startswith("#") or not line:
                 continue
             m = re.match(r"([a-z_]+)(?:\{(.*)\})? ", line)
+            name = m.group(1)
             labels = set(re.findall(r'([a-z_]+)="', m.group(2) or ""))
-            exported.setdefault(m.group(1), set()).update(labels)
+            stem = re.sub(r"_(bucket|sum|count)$", "", name)
+            if stem != name and stem in histograms:
+                name = stem
+                labels.discard("le")
+            exported.setdefault(name, set()).update(labels)
         return exported
 
     def test_metrics_table_matches_what_pdrouter_exports(self):

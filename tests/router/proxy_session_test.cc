@@ -819,6 +819,29 @@ TEST_P(ProxySessionStates, EventInState) {
     case Event::kRequestDeadline: break;
   }
   EXPECT_EQ(h.counters().mid_stream_errors.load(), c.error_event ? 1u : 0u);
+  // Latency histograms: the request once, under its final state; the first answer byte at most
+  // once (always once a stream reached the client); every leg failure is a leg observation, and
+  // no more legs are observed than were sent.
+  const size_t outcome = c.final_state == RS::kDone ? 0 : c.final_state == RS::kFailed ? 1 : 2;
+  for (size_t o = 0; o < 3; ++o) {
+    EXPECT_EQ(h.counters().request_duration[o].snapshot().count, o == outcome ? 1u : 0u) << "outcome " << o;
+  }
+  const uint64_t ttfb = h.counters().time_to_first_byte.snapshot().count;
+  EXPECT_LE(ttfb, 1u);
+  if (c.at == At::kStreaming) {
+    EXPECT_EQ(ttfb, 1u);
+  }
+  uint64_t observed = 0;
+  for (Leg leg : {Leg::kPrefill, Leg::kDecode}) {
+    const uint64_t n = h.counters().leg_duration[static_cast<size_t>(leg)].snapshot().count;
+    uint64_t failed = 0;
+    for (size_t f = 0; f < kLegFailureCount; ++f) {
+      if (static_cast<LegFailure>(f) != LegFailure::kBootstrap) failed += h.failures(leg, static_cast<LegFailure>(f));
+    }
+    EXPECT_GE(n, failed) << to_string(leg);
+    observed += n;
+  }
+  EXPECT_LE(observed, fake.calls.size());
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ProxySessionStates, ::testing::ValuesIn(all_cases()),

@@ -1,0 +1,129 @@
+"""Latency histograms in /metrics, end to end through pdrouter with `pdnode sim` nodes (NIXL):
+
+  * pdrouter_request_duration_seconds{outcome}: one observation per P/D request, under the
+    outcome pdrouter_requests_total counts it in (a decode failing everywhere: "failed");
+  * pdrouter_time_to_first_byte_seconds: one per answer that reached the client (JSON and streams);
+  * pdrouter_leg_duration_seconds{leg}: one per leg attempt (answered or failed);
+  * every series has the 18 finite buckets plus +Inf, cumulative counts never go down, +Inf equals
+    _count, and _sum is positive once something was observed.
+"""
+import re
+import unittest
+
+from pd_fixture import PdCluster
+from pdrouter_fixture import TIME_SCALE
+
+WAIT_S = 15.0 * TIME_SCALE
+LE = ["0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1",
+      "2.5", "5", "10", "30", "60", "120", "300", "+Inf"]
+OUTCOMES = ("done", "failed", "cancelled")
+
+
+def completion(max_tokens=3, **extra):
+    body = {"model": "sim-model", "prompt": "Hello there, how are you?", "max_tokens": max_tokens}
+    body.update(extra)
+    return body
+
+
+def series(metrics, family, labels=""):
+    """(buckets {le: count} in LE order, sum, count) of one histogram series; `labels` is the
+    series' own labels as exported ('outcome="done"'), "" for none."""
+    prefix = labels + "," if labels else ""
+    buckets = {}
+    for le in LE:
+        key = '%s_bucket{%sle="%s"}' % (family, prefix, le)
+        assert key in metrics, "missing %s" % key
+        buckets[le] = metrics[key]
+    suffix = "{%s}" % labels if labels else ""
+    return buckets, metrics["%s_sum%s" % (family, suffix)], metrics["%s_count%s" % (family, suffix)]
+
+
+class LatencyHistograms(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = PdCluster("nixl", prefills=1, decodes=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.close()
+
+    def metrics(self):
+        return self.cluster.router.metrics()
+
+    def assert_well_formed(self, metrics, family, labels=""):
+        buckets, total, count = series(metrics, family, labels)
+        values = [buckets[le] for le in LE]
+        self.assertEqual(values, sorted(values), "%s{%s} buckets go down: %s" % (family, labels, values))
+        self.assertEqual(buckets["+Inf"], count, "%s{%s}: +Inf != _count" % (family, labels))
+        if count > 0:
+            self.assertGreater(total, 0, "%s{%s}: _sum" % (family, labels))
+        return count
+
+    def counts(self):
+        """The observation counts pdrouter exports, after checking every series' shape."""
+        m = self.metrics()
+        out = {o: self.assert_well_formed(m, "pdrouter_request_duration_seconds", 'outcome="%s"' % o)
+               for o in OUTCOMES}
+        out["ttfb"] = self.assert_well_formed(m, "pdrouter_time_to_first_byte_seconds")
+        for leg in ("prefill", "decode"):
+            out[leg] = self.assert_well_formed(m, "pdrouter_leg_duration_seconds", 'leg="%s"' % leg)
+        for o in OUTCOMES:  # the histogram counts what pdrouter_requests_total counts
+            self.assertEqual(out[o], m['pdrouter_requests_total{outcome="%s"}' % o], o)
+        out["decode_failures"] = sum(v for k, v in m.items()
+                                     if k.startswith('pdrouter_leg_failures_total{leg="decode"'))
+        return out
+
+    def wait_counts(self, predicate):
+        """Polls /metrics until predicate(counts) (a request is recorded as it ends, which can be
+        just after its client got the answer); returns the counts."""
+        found, _ = self.cluster.router.wait_for(lambda: (lambda c: c if predicate(c) else None)(self.counts()),
+                                                timeout=WAIT_S)
+        return found
+
+    def test_requests_ttfb_and_legs_are_counted_and_a_failed_decode_lands_in_failed(self):
+        c = self.cluster
+        before = self.counts()
+        json_requests, streams = 3, 2
+        for _ in range(json_requests):
+            status, _, body = c.post("/v1/completions", completion(), timeout=WAIT_S)
+            self.assertEqual(status, 200, body)
+        for _ in range(streams):
+            with c.stream("/v1/completions", completion(stream=True), timeout=WAIT_S) as events:
+                self.assertEqual(events.status, 200)
+                self.assertEqual(list(events)[-1], "[DONE]")
+        n = json_requests + streams
+        after = self.wait_counts(lambda k: k["done"] == before["done"] + n and k["decode"] == before["decode"] + n)
+        self.assertEqual(after["ttfb"], before["ttfb"] + n)
+        self.assertEqual(after["prefill"], before["prefill"] + n)
+        self.assertEqual(after["failed"], before["failed"])
+
+        # A decode answering 500 to every attempt: the request fails (502), each failed decode
+        # attempt is a leg observation, and no answer byte reached the client.
+        c.decodes[0].set_fault(status=500, count=-1)
+        try:
+            status, _, body = c.post("/v1/completions", completion(), timeout=WAIT_S)
+        finally:
+            c.decodes[0].clear_faults()
+        self.assertEqual(status, 502, body)
+        final = self.wait_counts(lambda k: k["failed"] == after["failed"] + 1)
+        self.assertEqual(final["done"], after["done"])
+        self.assertEqual(final["ttfb"], after["ttfb"])
+        self.assertGreaterEqual(final["decode_failures"], after["decode_failures"] + 1)
+        self.assertEqual(final["decode"] - after["decode"], final["decode_failures"] - after["decode_failures"])
+        self.assertGreaterEqual(final["prefill"], after["prefill"] + 1)
+
+    def test_metric_text_declares_three_histogram_families(self):
+        _, _, body = self.cluster.router.request("GET", "/metrics", admin=True)
+        text = body.decode()
+        for family in ("pdrouter_request_duration_seconds", "pdrouter_time_to_first_byte_seconds",
+                       "pdrouter_leg_duration_seconds"):
+            self.assertEqual(len(re.findall(r"^# TYPE %s histogram$" % family, text, re.M)), 1, family)
+            self.assertEqual(len(re.findall(r"^# HELP %s " % family, text, re.M)), 1, family)
+        # le is the last label of every bucket.
+        for line in text.splitlines():
+            if "_bucket{" in line and line.startswith("pdrouter_"):
+                self.assertRegex(line, r',?le="[^"]+"\} \d+$')
+
+
+if __name__ == "__main__":
+    unittest.main()
