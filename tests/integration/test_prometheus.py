@@ -2,8 +2,9 @@
 
 A P/D cluster (pdrouter and simulated nodes, pd_fixture) and Debian's `prometheus` scraping the
 router's /metrics every second, all on loopback. While requests flow, PromQL over the scraped
-series must return the request rate and the per-outcome counts, and Prometheus must report the
-target up with no scrape error (a malformed exposition shows there). Then every query of
+series must return the request rate, the per-outcome counts and finite latency quantiles from the
+histograms, and Prometheus must report the target up with no scrape error (a malformed exposition
+shows there). Then every query of
 deploy/grafana/pdrouter.json must use only metrics this router exports (its # TYPE lines) and be
 PromQL that Prometheus accepts.
 """
@@ -238,6 +239,21 @@ class PrometheusScrapeTest(unittest.TestCase):
         self.assertEqual(targets[0]["lastError"], "", targets)
         self.assertEqual(targets[0]["scrapeUrl"],
                          "http://%s/metrics" % self.cluster.router.admin_http)
+
+    def test_latency_quantiles_from_promql(self):
+        # The histograms' _bucket series as Prometheus reads them: a quantile over the last
+        # seconds is a finite positive duration (NaN without buckets, +Inf if le were misordered).
+        for expr in ("histogram_quantile(0.5, sum by (le) (rate("
+                     'pdrouter_request_duration_seconds_bucket{outcome="done"}[10s])))',
+                     "histogram_quantile(0.5, sum by (le) (rate("
+                     "pdrouter_time_to_first_byte_seconds_bucket[10s])))",
+                     "histogram_quantile(0.5, sum by (le, leg) (rate("
+                     "pdrouter_leg_duration_seconds_bucket[10s])))"):
+            result = self.poll_while_sending(
+                expr, lambda r: r and all(0 < float(s["value"][1]) < float("inf") for s in r))
+            if "by (le, leg)" in expr:
+                self.assertEqual(sorted(s["metric"].get("leg") for s in result),
+                                 ["decode", "prefill"], result)
 
     def test_dashboard_queries_use_exported_metrics_and_are_valid_promql(self):
         with open(DASHBOARD, encoding="utf-8") as f:
