@@ -1,7 +1,8 @@
 """Latency histograms in /metrics, end to end through pdrouter with `pdnode sim` nodes (NIXL):
 
   * pdrouter_request_duration_seconds{outcome}: one observation per P/D request, under the
-    outcome pdrouter_requests_total counts it in (a decode failing everywhere: "failed");
+    outcome pdrouter_requests_total counts it in (a decode failing everywhere: "failed"; a
+    client leaving mid-stream: "cancelled");
   * pdrouter_time_to_first_byte_seconds: one per answer that reached the client (JSON and streams);
   * pdrouter_leg_duration_seconds{leg}: one per leg attempt (answered or failed);
   * every series has the 18 finite buckets plus +Inf, cumulative counts never go down, +Inf equals
@@ -38,10 +39,13 @@ def series(metrics, family, labels=""):
     return buckets, metrics["%s_sum%s" % (family, suffix)], metrics["%s_count%s" % (family, suffix)]
 
 
-class LatencyHistograms(unittest.TestCase):
+class HistogramCase(unittest.TestCase):
+    """A cluster per class and the /metrics readers; no tests of its own."""
+    DECODE_FLAGS = ()
+
     @classmethod
     def setUpClass(cls):
-        cls.cluster = PdCluster("nixl", prefills=1, decodes=1)
+        cls.cluster = PdCluster("nixl", prefills=1, decodes=1, decode_flags=cls.DECODE_FLAGS)
 
     @classmethod
     def tearDownClass(cls):
@@ -80,6 +84,8 @@ class LatencyHistograms(unittest.TestCase):
                                                 timeout=WAIT_S)
         return found
 
+
+class LatencyHistograms(HistogramCase):
     def test_requests_ttfb_and_legs_are_counted_and_a_failed_decode_lands_in_failed(self):
         c = self.cluster
         before = self.counts()
@@ -123,6 +129,29 @@ class LatencyHistograms(unittest.TestCase):
         for line in text.splitlines():
             if "_bucket{" in line and line.startswith("pdrouter_"):
                 self.assertRegex(line, r',?le="[^"]+"\} \d+$')
+
+
+class CancelledStream(HistogramCase):
+    """A client that leaves after the first event of a slow stream: its request is observed once
+    under "cancelled", its first byte once, and its decode leg (closed by pdrouter) not at all."""
+    DECODE_FLAGS = ("--decode-us-per-token", "100000")
+
+    def test_client_leaving_mid_stream_is_cancelled(self):
+        c = self.cluster
+        before = self.counts()
+        stream = c.stream("/v1/completions", completion(max_tokens=50, stream=True), timeout=WAIT_S)
+        try:
+            self.assertEqual(stream.status, 200)
+            next(iter(stream))
+        finally:
+            stream.close()
+        after = self.wait_counts(lambda k: k["cancelled"] == before["cancelled"] + 1)
+        self.assertEqual(after["ttfb"], before["ttfb"] + 1)
+        self.assertEqual(after["done"], before["done"])
+        self.assertEqual(after["prefill"], before["prefill"] + 1)
+        self.assertEqual(after["decode"], before["decode"], "a leg pdrouter closed is not observed")
+        _, total, _ = series(self.metrics(), "pdrouter_request_duration_seconds", 'outcome="cancelled"')
+        self.assertGreater(total, 0)
 
 
 if __name__ == "__main__":
