@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import tempfile
 import time
 import unittest
@@ -21,7 +20,7 @@ import urllib.parse
 import urllib.request
 
 from pd_fixture import PdCluster
-from pdr_testlib import ProcessHandle
+from pdr_testlib import ProcessHandle, free_port
 from pdrouter_fixture import TIME_SCALE
 
 PROMETHEUS = "/usr/bin/prometheus"  # deploy/install-deps.sh --tests
@@ -39,12 +38,6 @@ PROMQL_WORDS = {
     "histogram_quantile", "clamp_min", "clamp_max", "abs", "vector", "scalar", "time", "offset",
     "e", "inf", "nan",
 }
-
-
-def probe_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get_json(url, timeout=5):
@@ -74,7 +67,7 @@ scrape_configs:
 """)
         try:
             for attempt in range(5):
-                self.port = probe_port()
+                self.port = free_port()
                 self.proc = ProcessHandle(
                     [PROMETHEUS, "--config.file", config,
                      "--storage.tsdb.path", os.path.join(self.dir, "data-%d" % attempt),
