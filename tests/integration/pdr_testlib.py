@@ -9,6 +9,7 @@ never on a fixed sleep:
   * free_port, http_get: small network utilities.
 """
 
+import functools
 import http.client
 import http.server
 import os
@@ -43,6 +44,28 @@ def find_binary(name, candidates):
             return path
     raise RuntimeError("cannot find %s; looked in %s" % (
         name, ", ".join(os.path.normpath(os.path.join(bin_dir(), c)) for c in candidates)))
+
+
+def requires(available, what):
+    """Decorator of a test class or method that needs a tool the test machine must have (etcd,
+    Prometheus, the openssl CLI): without it the test FAILS, saying what to install. It never
+    skips: deploy/install-deps.sh --tests installs every such tool, and a skipped test would let a
+    machine that lacks one look green. (Only hardware tests skip themselves.)"""
+    def decorate(obj):
+        if available:
+            return obj
+        message = "%s is not installed: run deploy/install-deps.sh --tests" % what
+        if isinstance(obj, type):
+            def fail_class(cls):
+                raise AssertionError(message)
+            obj.setUpClass = classmethod(fail_class)
+            return obj
+
+        @functools.wraps(obj)
+        def fail(*args, **kwargs):
+            raise AssertionError(message)
+        return fail
+    return decorate
 
 
 def pdrouter_path():

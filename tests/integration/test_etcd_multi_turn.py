@@ -20,6 +20,7 @@ import time
 import unittest
 import urllib.request
 
+from pdr_testlib import requires
 from pdrouter_fixture import Router
 from sim_fixture import SimNode
 from test_etcd_replicas import ETCD, Etcd
@@ -49,7 +50,7 @@ def gen_bodies(node):
             if r["method"] == "POST" and r["path"] in GEN_PATHS]
 
 
-@unittest.skipUnless(os.access(ETCD, os.X_OK), "etcd-server is not installed")
+@requires(os.access(ETCD, os.X_OK), "etcd-server")
 class EtcdMultiTurn(unittest.TestCase):
     def setUp(self):
         self.etcd = Etcd()

@@ -25,7 +25,7 @@ import unittest
 import urllib.request
 
 from pdrouter_fixture import Router, TIME_SCALE
-from pdr_testlib import ProcessHandle, pdnode_path
+from pdr_testlib import ProcessHandle, pdnode_path, requires
 from sim_fixture import SimNode
 
 ETCD = "/usr/bin/etcd"
@@ -131,7 +131,7 @@ def completion(router):
                           headers={"Content-Type": "application/json"})
 
 
-@unittest.skipUnless(os.access(ETCD, os.X_OK), "etcd-server is not installed")
+@requires(os.access(ETCD, os.X_OK), "etcd-server")
 class EtcdReplicas(unittest.TestCase):
     def setUp(self):
         self.cleanup = []

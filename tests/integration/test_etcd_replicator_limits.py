@@ -17,6 +17,7 @@ import time
 import unittest
 import urllib.request
 
+from pdr_testlib import requires
 from pdrouter_fixture import Router
 from test_etcd_replicas import ETCD, Etcd
 
@@ -56,7 +57,7 @@ registry:
 {static_instances(instances)}"""
 
 
-@unittest.skipUnless(os.access(ETCD, os.X_OK), "etcd-server is not installed")
+@requires(os.access(ETCD, os.X_OK), "etcd-server")
 class ReplicatorLimits(unittest.TestCase):
     def setUp(self):
         self.etcd = Etcd()

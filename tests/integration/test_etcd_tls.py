@@ -18,6 +18,7 @@ import tempfile
 import time
 import unittest
 
+from pdr_testlib import requires
 from pdrouter_fixture import Router, TIME_SCALE, pdrouter_path
 from sim_fixture import SimNode
 from test_etcd_replicas import ETCD, Etcd, completion
@@ -89,7 +90,7 @@ registry:
 """
 
 
-@unittest.skipUnless(os.access(ETCD, os.X_OK) and OPENSSL, "etcd-server or openssl is not installed")
+@requires(os.access(ETCD, os.X_OK) and OPENSSL, "etcd-server or the openssl CLI")
 class EtcdOverTls(unittest.TestCase):
     def setUp(self):
         self.pki = tempfile.mkdtemp(prefix="pdr-pki-it-")

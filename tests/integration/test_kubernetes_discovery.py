@@ -30,7 +30,7 @@ import unittest
 from fake_kube_api import FakeKubeApi, pod
 from test_etcd_replicas import ETCD, Etcd
 from test_etcd_tls import OPENSSL, VERIFY_ERRORS, make_pki
-from pdr_testlib import ProcessHandle, pdnode_path, pdrouter_path
+from pdr_testlib import ProcessHandle, pdnode_path, pdrouter_path, requires
 from pdrouter_fixture import Router
 
 TOKEN = "k8s-test-token-3f9a1c"
@@ -384,7 +384,7 @@ class KubernetesDiscovery(unittest.TestCase):
             self.assertEqual(result.returncode, 2, result.stderr)
             self.assertIn(message, result.stderr)
 
-    @unittest.skipUnless(os.access(ETCD, os.X_OK), "etcd-server is not installed")
+    @requires(os.access(ETCD, os.X_OK), "etcd-server")
     def test_replicas_sharing_etcd_each_watch_the_pods(self):
         # Pods are not published to etcd: every replica sees them from the API itself.
         etcd = Etcd()
@@ -428,7 +428,7 @@ class KubernetesDiscovery(unittest.TestCase):
         self.addCleanup(router.stop)
         return router
 
-    @unittest.skipUnless(OPENSSL, "the openssl CLI is not installed")
+    @requires(OPENSSL, "the openssl CLI")
     def test_https_api_server_is_verified_against_ca_file(self):
         api = self.https_api()
         self.assertTrue(api.url.startswith("https://"))
@@ -440,7 +440,7 @@ class KubernetesDiscovery(unittest.TestCase):
         self.assertEqual(code, 200, body)
         self.assertTrue(all(auth == "Bearer " + TOKEN for _, auth in api.requests), api.requests)
 
-    @unittest.skipUnless(OPENSSL, "the openssl CLI is not installed")
+    @requires(OPENSSL, "the openssl CLI")
     def test_https_api_server_with_another_ca_fails_clearly(self):
         api = self.https_api()
         router = self.https_router(api, "other-ca.crt")

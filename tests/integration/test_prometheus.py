@@ -20,7 +20,7 @@ import urllib.parse
 import urllib.request
 
 from pd_fixture import PdCluster
-from pdr_testlib import ProcessHandle, free_port
+from pdr_testlib import ProcessHandle, free_port, requires
 from pdrouter_fixture import TIME_SCALE
 
 PROMETHEUS = "/usr/bin/prometheus"  # deploy/install-deps.sh --tests
@@ -175,8 +175,7 @@ def family_of(name, types):
     return None
 
 
-@unittest.skipUnless(os.access(PROMETHEUS, os.X_OK), "prometheus is not installed "
-                     "(deploy/install-deps.sh --tests)")
+@requires(os.access(PROMETHEUS, os.X_OK), "prometheus")
 class PrometheusScrapeTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

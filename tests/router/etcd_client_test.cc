@@ -25,7 +25,9 @@ using Clock = std::chrono::steady_clock;
 class EtcdClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!test::EtcdServer::available()) GTEST_SKIP() << "etcd-server is not installed (/usr/bin/etcd)";
+    // A missing etcd fails the test, never skips it: deploy/install-deps.sh --tests installs it.
+    ASSERT_TRUE(test::EtcdServer::available())
+        << "etcd-server is not installed (/usr/bin/etcd): run deploy/install-deps.sh --tests";
     const std::string why = etcd_.start();
     ASSERT_EQ(why, "");
     ASSERT_EQ(uv_loop_init(&loop_), 0);
