@@ -814,6 +814,14 @@ int UpstreamConnection::on_message_begin(llhttp_t* p) {
   return 0;
 }
 
+// One more header field in the response head (both callback sets count fields alike).
+static bool add_head_field(size_t* fields, const char** error) {
+  static_assert(kMaxResponseHeaders == 100, "update the message below");
+  if (++*fields <= kMaxResponseHeaders) return true;
+  *error = "more than 100 response header fields";
+  return false;
+}
+
 // Counts `len` head bytes; false (and the reason set) once over kMaxResponseHeaderBytes.
 static bool add_head_bytes(size_t* bytes, size_t len, const char** error) {
   static_assert(kMaxResponseHeaderBytes == 65536, "update the message below");
@@ -826,10 +834,7 @@ static bool add_head_bytes(size_t* bytes, size_t len, const char** error) {
 int UpstreamConnection::on_header_field(llhttp_t* p, const char* at, size_t len) {
   UpstreamConnection* c = from_parser(p);
   if (c->in_header_value_ || c->headers_.empty()) {
-    if (++c->head_fields_ > kMaxResponseHeaders) {
-      c->limit_error_ = "more than 100 response header fields";
-      return HPE_USER;
-    }
+    if (!add_head_field(&c->head_fields_, &c->limit_error_)) return HPE_USER;
     c->add_header();
     c->in_header_value_ = false;
   }
@@ -853,10 +858,7 @@ int UpstreamConnection::on_header_field_ct(llhttp_t* p, const char* at, size_t l
   static constexpr std::string_view kName = "content-type";
   UpstreamConnection* c = from_parser(p);
   if (c->in_header_value_ || !c->field_seen_) {  // a new field, as on_header_field counts them
-    if (++c->head_fields_ > kMaxResponseHeaders) {
-      c->limit_error_ = "more than 100 response header fields";
-      return HPE_USER;
-    }
+    if (!add_head_field(&c->head_fields_, &c->limit_error_)) return HPE_USER;
     c->field_seen_ = true;
     c->in_header_value_ = false;
     c->ct_matched_ = 0;
