@@ -231,6 +231,47 @@ TEST_F(TopologyWatcherTest, EmptiedFileIsAFailedReload) {
   EXPECT_EQ(store.current()->retries.prefill_attempts, 3u);
 }
 
+// A Kubernetes ConfigMap volume: the file is a symlink through "..data", itself a symlink to a
+// timestamped directory; an update writes a new directory and renames a new "..data" over the old
+// one, so neither the file's name nor its directory entry ever changes. The watcher must still
+// see the swap (the "..data" rename) and read the new content through the links.
+TEST_F(TopologyWatcherTest, ConfigMapSymlinkSwapIsReloaded) {
+  namespace fs = std::filesystem;
+  const fs::path dir(dir_);
+  fs::create_directory(dir / "..2026_11_26_00_00_00.1");
+  std::ofstream(dir / "..2026_11_26_00_00_00.1" / "topo.yaml") << "retries: {prefill_attempts: 3}\n";
+  fs::create_directory_symlink("..2026_11_26_00_00_00.1", dir / "..data");
+  fs::create_symlink("..data/topo.yaml", dir / "topo.yaml");
+  TopologyStore store;
+  ASSERT_TRUE(store.load_initial(path_).is_ok());
+  ASSERT_EQ(store.current()->retries.prefill_attempts, 3u);
+  std::vector<Status> outcomes;
+  TopologyWatcher::Options options;
+  options.debounce = 20ms;
+  options.settle = 50ms;
+  options.after_reload = [&](const Status& s) {
+    outcomes.push_back(s);
+    stop();
+  };
+  TopologyWatcher watcher(&loop_, store, options);
+  ASSERT_TRUE(watcher.start().is_ok());
+
+  // What the kubelet does: new data directory, a temporary link to it renamed over "..data",
+  // then the old directory removed.
+  fs::create_directory(dir / "..2026_11_26_00_01_00.2");
+  std::ofstream(dir / "..2026_11_26_00_01_00.2" / "topo.yaml") << "retries: {prefill_attempts: 5}\n";
+  fs::create_directory_symlink("..2026_11_26_00_01_00.2", dir / "..data_tmp");
+  fs::rename(dir / "..data_tmp", dir / "..data");
+  fs::remove_all(dir / "..2026_11_26_00_00_00.1");
+  run_until_stopped();
+
+  EXPECT_FALSE(timed_out_) << "the ConfigMap swap was not seen within 10 s";
+  ASSERT_EQ(outcomes.size(), 1u);
+  EXPECT_TRUE(outcomes[0].is_ok()) << outcomes[0].to_string();
+  EXPECT_EQ(store.current()->retries.prefill_attempts, 5u);
+  EXPECT_EQ(store.reloads_ok(), 1u);
+}
+
 TEST_F(TopologyWatcherTest, MissingDirectoryFailsToStart) {
   TopologyStore store;
   ASSERT_TRUE(store.load_initial("").is_ok());
