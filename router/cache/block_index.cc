@@ -47,11 +47,18 @@ BlockIndex::BlockIndex(size_t max_entries) : max_entries_(max_entries == 0 ? 1 :
 BlockIndex::HolderId BlockIndex::holder_for(std::string_view node, uint32_t dp_rank) {
   const auto key = std::make_pair(std::string(node), dp_rank);
   if (auto it = holder_ids_.find(key); it != holder_ids_.end()) return it->second;
-  const auto id = static_cast<HolderId>(holders_.size());
   Holder h;
   h.node = std::string(node);
   h.dp_rank = dp_rank;
-  holders_.emplace_back(std::move(h));
+  HolderId id;
+  if (!free_ids_.empty()) {  // a node that came and went leaves its slot to the next one
+    id = free_ids_.back();
+    free_ids_.pop_back();
+    holders_[id].emplace(std::move(h));
+  } else {
+    id = static_cast<HolderId>(holders_.size());
+    holders_.emplace_back(std::move(h));
+  }
   holder_ids_.emplace(key, id);
   return id;
 }
@@ -205,7 +212,8 @@ void BlockIndex::drop_node(std::string_view node) {
     for (const auto& [engine, entry] : h.blocks) unlink(id, entry.hash);
     totals_.blocks_removed += h.blocks.size();
     entries_ -= h.blocks.size();
-    holders_[id].reset();  // the id is not reused: budget records naming it are skipped
+    holders_[id].reset();  // budget records naming it are skipped, now and after reuse
+    free_ids_.push_back(id);
     it = holder_ids_.erase(it);
   }
   if (order_.size() > 2 * entries_ + 1024) compact_order();
@@ -278,6 +286,11 @@ BlockIndex::Stats BlockIndex::node_stats(std::string_view node) const {
     s.blocks_skipped += h->skipped;
   }
   return s;
+}
+
+size_t BlockIndex::holder_slots() const {
+  std::shared_lock lock(mu_);
+  return holders_.size();
 }
 
 }  // namespace pdr::router::cache

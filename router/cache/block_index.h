@@ -78,6 +78,9 @@ class BlockIndex {
   Stats stats() const;
   // Stats of one node (entries summed over its ranks); zeros for an unknown node.
   Stats node_stats(std::string_view node) const;
+  // Holder slots allocated (live (node, rank) holders plus freed slots awaiting reuse): bounded by
+  // the most holders ever live at once, however many nodes come and go.
+  size_t holder_slots() const;
 
  private:
   using HolderId = uint32_t;
@@ -113,6 +116,10 @@ class BlockIndex {
   const size_t max_entries_;
   mutable std::shared_mutex mu_;
   std::vector<std::optional<Holder>> holders_;            // by HolderId; nullopt once dropped
+  // Dropped slots, reused by the next new holder. Safe because every budget record carries the
+  // generation of its store and generations are unique across holders: a record left by a slot's
+  // previous holder never matches an entry of the next one, so it is skipped as stale.
+  std::vector<HolderId> free_ids_;
   std::map<std::pair<std::string, uint32_t>, HolderId, std::less<>> holder_ids_;
   // router hash -> holders that hold it (usually one or two: a short vector beats a set).
   std::unordered_map<RouterHash, std::vector<Holding>> holders_of_;

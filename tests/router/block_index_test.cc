@@ -135,6 +135,36 @@ TEST(BlockIndex, DroppingANodeForgetsOnlyIt) {
   EXPECT_EQ(matched(index, "n1", tokens(0, 8)), 1u);
 }
 
+// Nodes that come and go (pod churn, restarts, gaps without replay) reuse the slots of those
+// that left: the index's bookkeeping is bounded by the nodes live at once, not by churn. A reused
+// slot inherits nothing: the budget's old records for it are stale and evict nothing of the new
+// holder's.
+TEST(BlockIndex, SlotsOfDroppedNodesAreReusedWithoutInheritingTheirRecords) {
+  BlockIndex index(/*max_entries=*/3);
+  for (int i = 0; i < 1000; ++i) {
+    const std::string node = "churn-" + std::to_string(i);
+    index.apply(node, 0, batch({stored({1, 2}, tokens(0, 8))}));
+    index.drop_node(node);
+  }
+  EXPECT_EQ(index.holder_slots(), 1u);  // one slot passed from node to node
+  EXPECT_EQ(index.stats().entries, 0u);
+  // The slot goes to "fresh" while the budget's records of the slot's earlier holders (engine
+  // hashes 1 and 2) are still queued ahead of everything stored from here on.
+  index.apply("fresh", 0, batch({stored({7}, tokens(200, 4))}));
+  index.apply("keep", 0, batch({stored({9}, tokens(100, 4))}));
+  index.apply("fresh", 0, batch({stored({1}, tokens(0, 4))}));
+  EXPECT_EQ(index.holder_slots(), 2u);
+  EXPECT_EQ(index.stats().entries, 3u);
+  // Over budget by one: the least recently stored live entry (fresh's block 7) goes. A stale
+  // record taken for a live one would have evicted fresh's block 1, stored last.
+  index.apply("keep", 0, batch({stored({10}, tokens(104, 4), /*parent=*/9)}));
+  EXPECT_EQ(index.stats().entries, 3u);
+  EXPECT_EQ(index.stats().blocks_evicted, 1u);
+  EXPECT_EQ(matched(index, "fresh", tokens(200, 4)), 0u);
+  EXPECT_EQ(matched(index, "fresh", tokens(0, 4)), 1u);
+  EXPECT_EQ(matched(index, "keep", tokens(100, 8)), 2u);
+}
+
 TEST(BlockIndex, ExtraKeysAndBadTokenCountsAreNotIndexed) {
   BlockIndex index;
   KvEvent image = stored({1}, tokens(0, 4));
