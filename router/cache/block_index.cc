@@ -202,8 +202,17 @@ void BlockIndex::apply(std::string_view node, uint32_t dp_rank, const proto::KvE
 
 void BlockIndex::drop_node(std::string_view node) {
   std::unique_lock lock(mu_);
+  drop_holders(node, std::nullopt);
+}
+
+void BlockIndex::drop_rank(std::string_view node, uint32_t dp_rank) {
+  std::unique_lock lock(mu_);
+  drop_holders(node, dp_rank);
+}
+
+void BlockIndex::drop_holders(std::string_view node, std::optional<uint32_t> dp_rank) {
   for (auto it = holder_ids_.begin(); it != holder_ids_.end();) {
-    if (it->first.first != node) {
+    if (it->first.first != node || (dp_rank && it->first.second != *dp_rank)) {
       ++it;
       continue;
     }

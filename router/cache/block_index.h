@@ -67,8 +67,11 @@ class BlockIndex {
 
   // Applies one decoded batch from `node`'s publisher for `dp_rank` (0 when the batch names none).
   void apply(std::string_view node, uint32_t dp_rank, const proto::KvEventBatch& batch);
-  // Forgets everything one node holds (gap without replay, restart, expiry, removal).
+  // Forgets everything one node holds, every DP rank (restart, expiry, removal).
   void drop_node(std::string_view node);
+  // Forgets what one DP rank of a node holds (that rank's gap without replay, undecodable batch or
+  // publisher restart): its other ranks' publishers are separate streams and stay exact.
+  void drop_rank(std::string_view node, uint32_t dp_rank);
 
   // Per node that holds at least the first block of `tokens`, how many leading blocks it holds;
   // longest first (ties by key). Nodes with another block size are matched with their own.
@@ -112,6 +115,8 @@ class BlockIndex {
   void unlink(HolderId id, RouterHash hash);
   void enforce_budget();
   void compact_order();
+  // Drops the holders of `node` (all ranks, or only `dp_rank`); caller holds mu_ exclusively.
+  void drop_holders(std::string_view node, std::optional<uint32_t> dp_rank);
 
   const size_t max_entries_;
   mutable std::shared_mutex mu_;

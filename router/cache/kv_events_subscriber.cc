@@ -311,8 +311,8 @@ class KvEventsSubscriber::Impl {
       if (it != stats_.end()) ++it->second.ranks_seen;
     } else if (seq <= *rank.last_seq) {
       pdr::log::info("kv_events: {} DP rank {}: seq went back from {} to {} (publisher restart): "
-                   "entries dropped", key, rank.rank, *rank.last_seq, seq);
-      index_.drop_node(key);
+                   "the rank's entries dropped", key, rank.rank, *rank.last_seq, seq);
+      index_.drop_rank(key, rank.rank);
       count(key, [](KvEventsNodeStats& s) { ++s.publisher_restarts; });
     } else if (seq != *rank.last_seq + 1) {
       fill_gap(key, rank, *rank.last_seq + 1, seq);
@@ -321,12 +321,12 @@ class KvEventsSubscriber::Impl {
     apply(key, rank.rank, payload);
   }
 
-  // Decodes and applies one batch; a batch that does not decode drops the node's entries.
+  // Decodes and applies one batch; a batch that does not decode drops the rank's entries.
   bool apply(const std::string& key, uint32_t dp_rank, std::span<const std::byte> payload) {
     proto::KvEventBatch batch;
     if (Status s = proto::decode_kv_event_batch(payload, options_.limits, &batch); !s) {
       pdr::log::debug("kv_events: {} DP rank {}: undecodable batch: {}", key, dp_rank, s.message());
-      index_.drop_node(key);
+      index_.drop_rank(key, dp_rank);
       count(key, [](KvEventsNodeStats& st) { ++st.decode_errors; });
       return false;
     }
@@ -339,7 +339,7 @@ class KvEventsSubscriber::Impl {
     return true;
   }
 
-  // Batches [from, until) are missing: replay them, or drop the node's entries.
+  // Batches [from, until) are missing: replay them, or drop the rank's entries.
   void fill_gap(const std::string& key, Rank& rank, uint64_t from, uint64_t until) {
     if (!rank.replay_endpoint.empty()) {
       if (replay(key, rank, from, until)) {
@@ -348,9 +348,9 @@ class KvEventsSubscriber::Impl {
       }
       count(key, [](KvEventsNodeStats& s) { ++s.replay_failures; });
     }
-    pdr::log::info("kv_events: {} DP rank {}: batches {}..{} missed: entries dropped", key,
-                 rank.rank, from, until - 1);
-    index_.drop_node(key);
+    pdr::log::info("kv_events: {} DP rank {}: batches {}..{} missed: the rank's entries dropped",
+                 key, rank.rank, from, until - 1);
+    index_.drop_rank(key, rank.rank);
     count(key, [](KvEventsNodeStats& s) { ++s.gaps; });
   }
 

@@ -15,15 +15,18 @@
 // counted (bad_messages) and ignored. Sequence per (node, rank):
 //   - the first message after (re)subscribing is accepted as it comes;
 //   - seq == last + 1: applied;
-//   - seq <= last: the publisher restarted (its counter starts at 0): entries dropped, accepted;
+//   - seq <= last: the publisher restarted (its counter starts at 0): the rank's entries dropped,
+//     accepted;
 //   - seq > last + 1, a gap (the SUB socket's high-water mark dropped messages, or the publisher
 //     was unreachable): with a replay endpoint, a DEALER asks it for the batches from last + 1
 //     (["", start_seq]) and applies those before seq as they come back, until the end marker or
 //     `replay_timeout`; replayed batches at or after seq are ignored (the SUB socket delivers
-//     them). An incomplete or failed replay, or no replay endpoint, drops the node's entries
+//     them). An incomplete or failed replay, or no replay endpoint, drops the rank's entries
 //     (counted in gaps; replays counts the replays that filled a gap), then seq is accepted.
-//   - a payload that does not decode: counted (decode_errors), entries dropped (the index must not
-//     miss a removal), seq accepted as the new position.
+//   - a payload that does not decode: counted (decode_errors), the rank's entries dropped (the
+//     index must not miss a removal), seq accepted as the new position.
+// Each DP rank is its own publisher and sequence, so only the rank that lost track is dropped; a
+// node that restarted, expired or left drops every rank.
 // A replay runs on this thread and blocks it for at most replay_timeout; other nodes' messages
 // wait in their sockets meanwhile (bounded by rcvhwm).
 //

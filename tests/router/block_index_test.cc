@@ -165,6 +165,18 @@ TEST(BlockIndex, SlotsOfDroppedNodesAreReusedWithoutInheritingTheirRecords) {
   EXPECT_EQ(matched(index, "keep", tokens(100, 8)), 2u);
 }
 
+TEST(BlockIndex, DroppingARankKeepsTheNodesOtherRanks) {
+  BlockIndex index;
+  index.apply("n1", 0, batch({stored({1, 2}, tokens(0, 8))}));
+  index.apply("n1", 1, batch({stored({1}, tokens(100, 4))}));
+  index.drop_rank("n1", 1);
+  EXPECT_EQ(matched(index, "n1", tokens(0, 8)), 2u);
+  EXPECT_EQ(matched(index, "n1", tokens(100, 4)), 0u);
+  EXPECT_EQ(index.node_stats("n1").entries, 2u);
+  index.drop_rank("n1", 7);  // a rank never seen: nothing happens
+  EXPECT_EQ(index.stats().entries, 2u);
+}
+
 TEST(BlockIndex, ExtraKeysAndBadTokenCountsAreNotIndexed) {
   BlockIndex index;
   KvEvent image = stored({1}, tokens(0, 4));

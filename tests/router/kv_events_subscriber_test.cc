@@ -324,6 +324,29 @@ TEST(KvEventsSubscriberRanks, EachDpRankOnItsOwnPort) {
   ASSERT_EQ(stats.size(), 1u);
   EXPECT_EQ(stats[0].subscribed_ranks, 2u);
   EXPECT_EQ(stats[0].ranks_seen, 1u);
+
+  // A gap on rank 0 (seq 0, then 2) drops what rank 0 held, not rank 1's entries: each rank is
+  // its own publisher and sequence.
+  auto send = [](zmq::socket_t& s, uint64_t n, const std::string& body) {
+    const std::string seq_bytes = proto::encode_kv_event_seq(n);
+    s.send(zmq::message_t(), zmq::send_flags::sndmore);
+    s.send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
+    s.send(zmq::buffer(body), zmq::send_flags::none);
+  };
+  send(rank0, 0, stored_batch({7}, std::nullopt, tokens(100, 4)));
+  ASSERT_TRUE(eventually([&] { return index.node_stats(kNode).entries == 3; }));
+  send(rank0, 2, stored_batch({8}, std::nullopt, tokens(200, 4)));  // seq 1 never came
+  ASSERT_TRUE(eventually([&] {
+    const auto s = subscriber.node_stats();
+    return s.size() == 1 && s[0].gaps == 1 && index.node_stats(kNode).entries == 3;
+  }));
+  const auto held = [&](std::vector<uint32_t> toks) {
+    const auto m = index.longest_prefix(toks);
+    return m.empty() ? 0u : m[0].matched_blocks;
+  };
+  EXPECT_EQ(held(tokens(0, 8)), 2u) << "rank 1's entries survive rank 0's gap";
+  EXPECT_EQ(held(tokens(100, 4)), 0u) << "rank 0's entry from before the gap is gone";
+  EXPECT_EQ(held(tokens(200, 4)), 1u) << "the batch after the gap is applied";
   subscriber.stop();
 }
 
