@@ -12,6 +12,9 @@ packages=(
   prometheus-cpp-dev nlohmann-json3-dev libsimdjson-dev libspdlog-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-zmq python3-msgpack curl
+  # The system CA bundle: https etcd / Kubernetes API servers verified without a ca_file, and the
+  # copy deploy/container/build-image.sh puts in the image.
+  ca-certificates
 )
 if [[ "${1:-}" == "--tests" ]]; then
   packages+=(clang libclang-rt-14-dev)

@@ -43,6 +43,15 @@ ldd "${binaries[@]}" | awk '/=> \// {print $3} /^\t\/[^ ]+ \(/ {print $1}' | sor
 # glibc >= 2.34 has the files and dns name services built in; nsswitch.conf only sets the order
 # (/etc/hosts before DNS, as on a normal host: instance addresses may be names). Kubernetes and
 # podman mount /etc/hosts and /etc/resolv.conf. passwd/group name the user the image runs as.
+# The system CA bundle where OpenSSL's default paths find it (OPENSSLDIR /usr/lib/ssl, cert.pem ->
+# the Debian bundle), so https etcd endpoints and Kubernetes API servers with publicly or
+# system-trusted certificates verify without registry.etcd_ca_file / kubernetes.ca_file.
+bundle=/etc/ssl/certs/ca-certificates.crt
+[[ -s "$bundle" ]] || { echo "build-image: $bundle missing (apt-get install ca-certificates)" >&2; exit 1; }
+mkdir -p "$rootfs/etc/ssl/certs" "$rootfs/usr/lib/ssl"
+install -m 0644 "$bundle" "$rootfs$bundle"
+ln -s "$bundle" "$rootfs/usr/lib/ssl/cert.pem"
+
 cat > "$rootfs/etc/nsswitch.conf" <<'NSS'
 hosts: files dns
 NSS

@@ -454,14 +454,25 @@ class ContainerImageTest(unittest.TestCase):
         self.assertEqual(self.config["Cmd"], ["--config", "/etc/pdrouter/topology.yaml"])
         self.assertEqual(set(self.config["ExposedPorts"]), {"10001/tcp", "36367/tcp", "10002/tcp"})
         # Exactly the two binaries, the libraries the loader resolves for them (ldd, as the
-        # build script; here from the test's side), and four /etc files: no shell, nothing else.
+        # build script; here from the test's side), four /etc files and the system CA bundle
+        # with OpenSSL's default link to it: no shell, nothing else.
         binaries = [pdrouter_path(), os.path.join(os.path.dirname(pdrouter_path()), "..", "node", "pdnode")]
         done = run(["ldd"] + binaries, timeout=30)
         self.assertEqual(done.returncode, 0, done.stderr)
         libraries = set(re.findall(r"=> (/\S+)", done.stdout)) | set(re.findall(r"^\t(/\S+) \(", done.stdout, re.M))
         expected = {"usr/local/bin/pdrouter", "usr/local/bin/pdnode", "etc/pdrouter/topology.yaml",
-                    "etc/nsswitch.conf", "etc/passwd", "etc/group"} | {lib[1:] for lib in libraries}
+                    "etc/nsswitch.conf", "etc/passwd", "etc/group",
+                    "etc/ssl/certs/ca-certificates.crt", "usr/lib/ssl/cert.pem"} | {lib[1:] for lib in libraries}
         self.assertEqual(set(self.files), expected)
+        # OpenSSL in the image finds the bundle through its default path (https etcd and API
+        # servers verify without a ca_file): the link resolves inside the image to the host's bundle.
+        self.assertEqual(os.readlink(os.path.join(self.rootfs, "usr/lib/ssl/cert.pem")),
+                         "/etc/ssl/certs/ca-certificates.crt")
+        with open(os.path.join(self.rootfs, "etc/ssl/certs/ca-certificates.crt"), "rb") as f:
+            bundle = f.read()
+        with open("/etc/ssl/certs/ca-certificates.crt", "rb") as f:
+            self.assertEqual(bundle, f.read())
+        self.assertIn(b"-----BEGIN CERTIFICATE-----", bundle)
         # One layer of those files (~15 MB in a Release build): no base, no leftovers.
         self.assertLess(self.size, self.files_bytes + 1024 * 1024)
 
