@@ -103,11 +103,29 @@ class KvEventsSubscriber::Impl {
   }
 
  private:
+  // A replay in flight: batches [expected, until) asked of the rank's replay socket. The live
+  // batch that revealed the gap (seq `until`) waits here and is applied once the replay ends;
+  // meanwhile the rank's SUB socket is not read (its messages wait there, bounded by rcvhwm), so
+  // batches are applied in order, and every other rank and node goes on being served.
+  struct Replay {
+    zmq::socket_t dealer;
+    uint64_t from = 0, expected = 0, until = 0;
+    uint64_t received = 0;
+    Clock::time_point deadline;
+    std::vector<std::byte> held;  // the live batch at seq `until`
+  };
   struct Rank {
     uint32_t rank = 0;
     zmq::socket_t socket;
     std::string replay_endpoint;  // "" = none
     std::optional<uint64_t> last_seq;
+    std::unique_ptr<Replay> replay;  // set while a replay is in flight
+  };
+  // Where a poll item points: a rank's SUB socket, or its replay DEALER.
+  struct Owner {
+    std::string node;
+    size_t rank;
+    bool replay;
   };
   struct Node {
     Wanted wanted;
@@ -130,8 +148,8 @@ class KvEventsSubscriber::Impl {
     std::shared_ptr<const discovery::RegistrySnapshot> seen;
     auto next_registry_check = Clock::now();
     std::vector<zmq::pollitem_t> items;
-    std::vector<std::pair<std::string, size_t>> owners;  // poll item i+1 -> (node, rank index)
-    bool rebuild = true;
+    std::vector<Owner> owners;  // poll item i+1 -> its socket's owner
+    rebuild_ = true;
     while (true) {
       const auto now = Clock::now();
       if (now >= next_registry_check) {
@@ -139,24 +157,34 @@ class KvEventsSubscriber::Impl {
         if (snapshot && snapshot != seen) {
           seen = snapshot;
           sync(*snapshot);
-          rebuild = true;
+          rebuild_ = true;
         }
         next_registry_check = now + options_.registry_poll;
       }
-      if (rebuild) {
+      expire_replays();
+      if (rebuild_) {
         items.clear();
         owners.clear();
         items.push_back(zmq::pollitem_t{nullptr, wake_fd_, ZMQ_POLLIN, 0});
         for (auto& [key, node] : nodes_) {
           for (size_t r = 0; r < node.ranks.size(); ++r) {
-            items.push_back(zmq::pollitem_t{node.ranks[r].socket.handle(), 0, ZMQ_POLLIN, 0});
-            owners.emplace_back(key, r);
+            Rank& rank = node.ranks[r];
+            // A replaying rank's SUB socket is left alone until its replay ends (Replay above).
+            zmq::socket_t& socket = rank.replay ? rank.replay->dealer : rank.socket;
+            items.push_back(zmq::pollitem_t{socket.handle(), 0, ZMQ_POLLIN, 0});
+            owners.push_back(Owner{key, r, rank.replay != nullptr});
           }
         }
-        rebuild = false;
+        rebuild_ = false;
+      }
+      auto wake_at = next_registry_check;
+      for (auto& [key, node] : nodes_) {
+        for (Rank& rank : node.ranks) {
+          if (rank.replay) wake_at = std::min(wake_at, rank.replay->deadline);
+        }
       }
       const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-          next_registry_check - Clock::now());
+          wake_at - Clock::now() + std::chrono::microseconds(999));  // not a spin just before it
       try {
         zmq::poll(items.data(), items.size(), std::max(timeout, std::chrono::milliseconds(0)));
       } catch (const zmq::error_t& e) {
@@ -167,9 +195,16 @@ class KvEventsSubscriber::Impl {
       if (items[0].revents & ZMQ_POLLIN) break;  // stop()
       for (size_t i = 1; i < items.size(); ++i) {
         if (!(items[i].revents & ZMQ_POLLIN)) continue;
-        auto it = nodes_.find(owners[i - 1].first);
+        const Owner& owner = owners[i - 1];
+        auto it = nodes_.find(owner.node);
         if (it == nodes_.end()) continue;
-        drain(it->first, it->second.ranks[owners[i - 1].second]);
+        Rank& rank = it->second.ranks[owner.rank];
+        if (owner.replay != (rank.replay != nullptr)) continue;  // changed since the poll began
+        if (owner.replay) {
+          read_replay(it->first, rank);
+        } else {
+          drain(it->first, rank);
+        }
       }
     }
     nodes_.clear();  // sockets close before the context
@@ -207,7 +242,11 @@ class KvEventsSubscriber::Impl {
           // A restart: the node's cache is empty and its publishers count from 0 again.
           pdr::log::info("kv_events: {} restarted: its entries dropped", key);
           had = w;
-          for (Rank& r : it->second.ranks) r.last_seq.reset();
+          for (Rank& r : it->second.ranks) {
+            r.last_seq.reset();
+            r.replay.reset();  // its batches belong to the old run
+          }
+          rebuild_ = true;
           count(key, [](KvEventsNodeStats& s) { ++s.node_restarts; });
           reset_ranks_seen(key);
           continue;
@@ -279,6 +318,7 @@ class KvEventsSubscriber::Impl {
         continue;
       }
       on_message(key, rank, seq, bytes_of(frames[2]));
+      if (rank.replay) return;  // the rest waits in the socket until the replay ends
     }
   }
 
@@ -315,7 +355,8 @@ class KvEventsSubscriber::Impl {
       index_.drop_rank(key, rank.rank);
       count(key, [](KvEventsNodeStats& s) { ++s.publisher_restarts; });
     } else if (seq != *rank.last_seq + 1) {
-      fill_gap(key, rank, *rank.last_seq + 1, seq);
+      if (start_replay(key, rank, *rank.last_seq + 1, seq, payload)) return;
+      drop_for_gap(key, rank, *rank.last_seq + 1, seq);
     }
     rank.last_seq = seq;
     apply(key, rank.rank, payload);
@@ -339,63 +380,97 @@ class KvEventsSubscriber::Impl {
     return true;
   }
 
-  // Batches [from, until) are missing: replay them, or drop the rank's entries.
-  void fill_gap(const std::string& key, Rank& rank, uint64_t from, uint64_t until) {
-    if (!rank.replay_endpoint.empty()) {
-      if (replay(key, rank, from, until)) {
-        count(key, [](KvEventsNodeStats& s) { ++s.replays; });
-        return;
-      }
-      count(key, [](KvEventsNodeStats& s) { ++s.replay_failures; });
-    }
+  // Batches [from, until) are missing and will not be replayed: the rank's entries go.
+  void drop_for_gap(const std::string& key, Rank& rank, uint64_t from, uint64_t until) {
     pdr::log::info("kv_events: {} DP rank {}: batches {}..{} missed: the rank's entries dropped",
                  key, rank.rank, from, until - 1);
     index_.drop_rank(key, rank.rank);
     count(key, [](KvEventsNodeStats& s) { ++s.gaps; });
   }
 
-  // Asks the rank's replay socket for the batches from `from` and applies those before `until`.
-  // True when every one of them came back, in order, and decoded.
-  bool replay(const std::string& key, Rank& rank, uint64_t from, uint64_t until) {
-    const auto deadline = Clock::now() + options_.replay_timeout;
+  // Batches [from, until) are missing: asks the rank's replay socket for them (["", from]) and
+  // holds `payload` (batch `until`) until the answers are in. False when the rank has no replay
+  // socket or the request cannot be sent (the caller drops the rank's entries).
+  bool start_replay(const std::string& key, Rank& rank, uint64_t from, uint64_t until,
+                    std::span<const std::byte> payload) {
+    if (rank.replay_endpoint.empty()) return false;
     try {
-      zmq::socket_t dealer(*context_, zmq::socket_type::dealer);
-      dealer.set(zmq::sockopt::linger, 0);
-      dealer.set(zmq::sockopt::ipv6, 1);
-      dealer.set(zmq::sockopt::maxmsgsize,
-                 static_cast<int64_t>(options_.limits.max_payload_bytes) + kFrameSlack);
-      dealer.connect(rank.replay_endpoint);
+      auto r = std::make_unique<Replay>();
+      r->dealer = zmq::socket_t(*context_, zmq::socket_type::dealer);
+      r->dealer.set(zmq::sockopt::linger, 0);
+      r->dealer.set(zmq::sockopt::ipv6, 1);
+      r->dealer.set(zmq::sockopt::maxmsgsize,
+                    static_cast<int64_t>(options_.limits.max_payload_bytes) + kFrameSlack);
+      r->dealer.connect(rank.replay_endpoint);
       const std::string start = proto::encode_kv_event_seq(from);
-      dealer.send(zmq::message_t(), zmq::send_flags::sndmore);
-      dealer.send(zmq::buffer(start), zmq::send_flags::none);
-      uint64_t expected = from;
-      std::vector<zmq::message_t> frames;
-      for (uint64_t received = 0; received < kMaxReplayMessages; ++received) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        if (left.count() <= 0) break;
-        zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
-        zmq::poll(&item, 1, left);
-        if (!(item.revents & ZMQ_POLLIN)) break;
-        if (!recv_message(dealer, &frames)) break;
-        uint64_t seq = 0;
-        if (frames.size() != 3 || frames[0].size() != 0 ||
-            !proto::decode_kv_event_seq(bytes_of(frames[1]), &seq)) {
-          count(key, [](KvEventsNodeStats& s) { ++s.bad_messages; });
-          return false;
-        }
-        if (seq == proto::kKvReplayEnd) return expected >= until;
-        if (seq >= until) continue;  // the SUB socket delivers these itself
-        if (seq != expected) return false;  // the publisher's buffer no longer holds the gap
-        if (!apply(key, rank.rank, bytes_of(frames[2]))) return false;
-        ++expected;
-      }
-      pdr::log::info("kv_events: {} DP rank {}: replay from {} timed out", key, rank.rank, from);
+      r->dealer.send(zmq::message_t(), zmq::send_flags::sndmore);
+      r->dealer.send(zmq::buffer(start), zmq::send_flags::none);
+      r->from = r->expected = from;
+      r->until = until;
+      r->deadline = Clock::now() + options_.replay_timeout;
+      r->held.assign(payload.begin(), payload.end());
+      rank.replay = std::move(r);
+      rebuild_ = true;
+      return true;
     } catch (const zmq::error_t& e) {
       pdr::log::warn("kv_events: {} DP rank {}: replay from {} failed: {}", key, rank.rank,
                    rank.replay_endpoint, e.what());
+      count(key, [](KvEventsNodeStats& s) { ++s.replay_failures; });
+      return false;
     }
-    return false;
+  }
+
+  // Reads what the replay socket has sent (at most max_messages_per_wake), applying batches in
+  // order; ends the replay on its end marker, a batch out of order or a bad message.
+  void read_replay(const std::string& key, Rank& rank) {
+    Replay& r = *rank.replay;
+    std::vector<zmq::message_t> frames;
+    for (uint32_t n = 0; n < options_.max_messages_per_wake; ++n) {
+      if (!recv_message(r.dealer, &frames)) return;
+      uint64_t seq = 0;
+      if (frames.size() != 3 || frames[0].size() != 0 ||
+          !proto::decode_kv_event_seq(bytes_of(frames[1]), &seq)) {
+        count(key, [](KvEventsNodeStats& s) { ++s.bad_messages; });
+        return end_replay(key, rank, false);
+      }
+      if (seq == proto::kKvReplayEnd) return end_replay(key, rank, r.expected >= r.until);
+      if (++r.received > kMaxReplayMessages) return end_replay(key, rank, false);
+      if (seq >= r.until) continue;  // the SUB socket delivers these itself
+      // Out of order: the publisher's buffer no longer holds the start of the gap.
+      if (seq != r.expected) return end_replay(key, rank, false);
+      if (!apply(key, rank.rank, bytes_of(frames[2]))) return end_replay(key, rank, false);
+      ++r.expected;
+    }
+  }
+
+  // Replays past their deadline end as failures.
+  void expire_replays() {
+    const auto now = Clock::now();
+    for (auto& [key, node] : nodes_) {
+      for (Rank& rank : node.ranks) {
+        if (rank.replay && now >= rank.replay->deadline) {
+          pdr::log::info("kv_events: {} DP rank {}: replay from {} timed out", key, rank.rank,
+                       rank.replay->from);
+          end_replay(key, rank, false);
+        }
+      }
+    }
+  }
+
+  // Counts the outcome (a failed replay drops the rank's entries), applies the held live batch
+  // and lets the rank's SUB socket be read again, starting with what queued meanwhile.
+  void end_replay(const std::string& key, Rank& rank, bool filled) {
+    std::unique_ptr<Replay> r = std::move(rank.replay);
+    if (filled) {
+      count(key, [](KvEventsNodeStats& s) { ++s.replays; });
+    } else {
+      count(key, [](KvEventsNodeStats& s) { ++s.replay_failures; });
+      drop_for_gap(key, rank, r->from, r->until);
+    }
+    rank.last_seq = r->until;
+    apply(key, rank.rank, r->held);
+    rebuild_ = true;
+    drain(key, rank);
   }
 
   const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry_;
@@ -406,6 +481,7 @@ class KvEventsSubscriber::Impl {
   // Subscriber thread only.
   std::unique_ptr<zmq::context_t> context_;
   std::map<std::string, Node> nodes_;
+  bool rebuild_ = true;  // the poll set no longer matches nodes_ (subscriptions, replays)
   // Any thread, under stats_mu_.
   mutable std::mutex stats_mu_;
   std::map<std::string, KvEventsNodeStats> stats_;

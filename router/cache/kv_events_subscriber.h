@@ -27,8 +27,9 @@
 //     index must not miss a removal), seq accepted as the new position.
 // Each DP rank is its own publisher and sequence, so only the rank that lost track is dropped; a
 // node that restarted, expired or left drops every rank.
-// A replay runs on this thread and blocks it for at most replay_timeout; other nodes' messages
-// wait in their sockets meanwhile (bounded by rcvhwm).
+// A replay runs in this thread's poll loop beside everything else: while it is in flight (at most
+// replay_timeout) only that rank's SUB socket waits (bounded by rcvhwm), holding the batch that
+// revealed the gap; every other rank and node is served as usual.
 //
 // Bounds: every socket has ZMQ_MAXMSGSIZE = limits.max_payload_bytes + 4 KiB (libzmq drops the
 // peer's connection beyond it) and ZMQ_RCVHWM = rcvhwm; a wake reads at most 1024 messages per

@@ -218,6 +218,94 @@ TEST_F(KvEventsSubscriberTest, GapWithReplayIsFilled) {
   EXPECT_EQ(s.replay_endpoint, bound(replay_));
 }
 
+// A replay in flight holds only its own rank: another node's events are indexed meanwhile, and
+// the rank's own live batches (the one that revealed the gap and those queued behind it) are
+// applied after the replayed ones, in order. Before, the replay blocked the whole subscriber
+// thread until it ended (up to replay_timeout).
+TEST_F(KvEventsSubscriberTest, AReplayInFlightHoldsOnlyItsRank) {
+  zmq::socket_t pub_b(ctx_, zmq::socket_type::xpub);
+  pub_b.set(zmq::sockopt::linger, 0);
+  pub_b.bind("tcp://127.0.0.1:0");
+  const std::string node_b = "127.0.0.1:8200";
+  auto inst_a = std::make_shared<discovery::Instance>();
+  inst_a->key = kNode;
+  inst_a->http_address = {"127.0.0.1", 8100};
+  inst_a->kv_events_endpoint = proto::HostPort{"127.0.0.1", port_of(bound(pub_))};
+  inst_a->kv_events_replay_endpoint = proto::HostPort{"127.0.0.1", port_of(bound(replay_))};
+  auto inst_b = std::make_shared<discovery::Instance>();
+  inst_b->key = node_b;
+  inst_b->http_address = {"127.0.0.1", 8200};
+  inst_b->kv_events_endpoint = proto::HostPort{"127.0.0.1", port_of(bound(pub_b))};
+  auto snap = std::make_shared<discovery::RegistrySnapshot>();
+  snap->version = ++version_;
+  snap->instances = {inst_a, inst_b};
+  registry_.publish(snap);
+  KvEventsSubscriberOptions options;
+  options.replay_timeout = 3 * kDeadline;  // never the end of this replay: the test answers it
+  start(options);
+  await_subscription();
+  {
+    zmq::pollitem_t item{pub_b.handle(), 0, ZMQ_POLLIN, 0};
+    ASSERT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(kDeadline)), 1);
+    zmq::message_t sub;
+    ASSERT_TRUE(pub_b.recv(sub));
+  }
+  publish(0, stored_batch({101}, std::nullopt, tokens(0, 4)));
+  ASSERT_TRUE(eventually([&] { return matched(tokens(0, 20)) == 1; }));
+  publish(3, stored_batch({104}, 103, tokens(12, 4)));  // 1 and 2 missed: a replay starts
+  zmq::pollitem_t item{replay_.handle(), 0, ZMQ_POLLIN, 0};
+  ASSERT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(kDeadline)), 1);
+  std::vector<zmq::message_t> request;
+  ASSERT_TRUE(zmq::recv_multipart(replay_, std::back_inserter(request)));
+  ASSERT_EQ(request.size(), 3u);
+  publish(4, stored_batch({105}, 104, tokens(16, 4)));  // queued behind the replay
+
+  // Node B is served while A's replay is unanswered.
+  const std::string seq0 = proto::encode_kv_event_seq(0);
+  const std::string b_batch = stored_batch({201}, std::nullopt, tokens(100, 4));
+  pub_b.send(zmq::message_t(), zmq::send_flags::sndmore);
+  pub_b.send(zmq::buffer(seq0), zmq::send_flags::sndmore);
+  pub_b.send(zmq::buffer(b_batch), zmq::send_flags::none);
+  auto b_holds = [&] {
+    for (const PrefixMatch& m : index_.longest_prefix(tokens(100, 4))) {
+      if (m.node == node_b) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(eventually(b_holds)) << "node B's batch waited for node A's replay";
+  KvEventsNodeStats a;
+  for (const KvEventsNodeStats& s : subscriber_.node_stats()) {
+    if (s.node == kNode) a = s;
+  }
+  EXPECT_EQ(a.replays + a.replay_failures + a.gaps, 0u) << "A's replay is still in flight";
+  EXPECT_EQ(matched(tokens(0, 20)), 1u) << "A's live batches wait for the replayed ones";
+
+  const std::string id = request[0].to_string();
+  auto reply = [&](uint64_t seq, const std::string& payload) {
+    const std::string seq_frame = proto::encode_kv_event_seq(seq);
+    replay_.send(zmq::buffer(id), zmq::send_flags::sndmore);
+    replay_.send(zmq::message_t(), zmq::send_flags::sndmore);
+    replay_.send(zmq::buffer(seq_frame), zmq::send_flags::sndmore);
+    replay_.send(zmq::buffer(payload), zmq::send_flags::none);
+  };
+  reply(1, stored_batch({102}, 101, tokens(4, 4)));
+  reply(2, stored_batch({103}, 102, tokens(8, 4)));
+  reply(proto::kKvReplayEnd, "");
+  ASSERT_TRUE(eventually([&] { return matched(tokens(0, 20)) == 5; }));
+  ASSERT_TRUE(eventually([&] {
+    for (const KvEventsNodeStats& s : subscriber_.node_stats()) {
+      if (s.node == kNode) return s.batches >= 5u;
+    }
+    return false;
+  }));
+  for (const KvEventsNodeStats& s : subscriber_.node_stats()) {
+    if (s.node != kNode) continue;
+    EXPECT_EQ(s.replays, 1u);
+    EXPECT_EQ(s.gaps, 0u);
+    EXPECT_EQ(s.batches, 5u);
+  }
+}
+
 TEST_F(KvEventsSubscriberTest, ReplayThatNeverAnswersFallsBackToDropping) {
   register_node(true);
   KvEventsSubscriberOptions options;
