@@ -36,6 +36,10 @@ proto::Registration replica_registration(const Instance& inst) {
   reg.instance_id = inst.instance_id;
   reg.epoch = inst.epoch;
   reg.draining = inst.node_draining || inst.operator_drain;
+  // A registry entry without a connector is one that has none (a `connector: none` node, or a
+  // registration that named none and gave no zmq_address to infer one from): said explicitly, or
+  // another replica would infer one from its zmq_address and pair it.
+  reg.no_connector = inst.connector == proto::Connector::kUnknown;
   return reg;
 }
 
