@@ -1,5 +1,6 @@
 #include "router/etcd/conversation_mirror.h"
 
+#include <algorithm>
 #include <unordered_set>
 #include <utility>
 
@@ -156,9 +157,57 @@ void ConversationMirror::apply(const std::vector<proto::EtcdEvent>& events, Wall
       bump(status_.conversation_rejected);
       continue;
     }
-    // Taken on some replica (or its lease ended): gone here too, whoever wrote it.
-    (void)cache_.forget(id);
+    // Taken on some replica (or its lease ended): gone here too, whoever wrote it, unless this
+    // replica has put a newer entry since.
+    auto own = own_puts_.find(e.kv.key);
+    const auto verdict = own == own_puts_.end()
+                             ? proto::ConversationDeleteVerdict::kApply
+                             : proto::etcd_conversation_delete_verdict(e.kv.mod_revision, own->second.revision,
+                                                                       own->second.in_flight);
+    switch (verdict) {
+      case proto::ConversationDeleteVerdict::kApply:
+        if (own != own_puts_.end()) own_puts_.erase(own);
+        (void)cache_.forget(id);
+        break;
+      case proto::ConversationDeleteVerdict::kIgnore:
+        break;
+      case proto::ConversationDeleteVerdict::kDefer:
+        own->second.deferred_delete = std::max(own->second.deferred_delete, e.kv.mod_revision);
+        break;
+    }
   }
+}
+
+void ConversationMirror::put_sent(const std::string& key) {
+  if (own_puts_.size() >= kMaxTrackedPuts && !own_puts_.contains(key)) {
+    std::erase_if(own_puts_, [](const auto& item) { return !item.second.in_flight; });
+    if (own_puts_.size() >= kMaxTrackedPuts) return;  // (not reached: puts in flight are capped lower)
+  }
+  own_puts_[key].in_flight = true;
+}
+
+void ConversationMirror::put_answered(const std::string& key, bool ok, int64_t revision) {
+  auto it = own_puts_.find(key);
+  if (it == own_puts_.end()) return;
+  OwnPut& own = it->second;
+  own.in_flight = false;
+  const int64_t deferred = std::exchange(own.deferred_delete, 0);
+  if (ok) own.revision = revision;
+  // A failed put: etcd holds no newer entry of this replica; a delete seen meanwhile applies.
+  if (deferred != 0 && (!ok || proto::etcd_conversation_delete_verdict(deferred, own.revision, false) ==
+                                   proto::ConversationDeleteVerdict::kApply)) {
+    own_puts_.erase(it);
+    forget_key(key);
+  } else if (!ok && own.revision == 0) {
+    own_puts_.erase(it);
+  }
+}
+
+void ConversationMirror::delete_sent(const std::string& key) { own_puts_.erase(key); }
+
+void ConversationMirror::forget_key(const std::string& key) {
+  std::string id;
+  if (proto::parse_etcd_conversation_key(prefix_, key, &id).is_ok()) (void)cache_.forget(id);
 }
 
 }  // namespace pdr::router

@@ -53,6 +53,14 @@ proto::EtcdKeyValue kv(const std::string& id, const std::string& writer, int64_t
   return out;
 }
 
+proto::EtcdEvent delete_event(const std::string& id, int64_t revision) {
+  proto::EtcdEvent e;
+  e.is_delete = true;
+  e.kv.key = proto::etcd_conversation_key(kPrefix, id);
+  e.kv.mod_revision = revision;
+  return e;
+}
+
 ConversationCache::Limits limits() {
   ConversationCache::Limits l;
   l.ttl = 450s;
@@ -175,6 +183,66 @@ TEST(ConversationMirror, WatchEventsMirrorPutsAndADeleteRemovesTheEntryWhoeverWr
   ASSERT_EQ(ops.size(), 1u);  // the take of "theirs"
   EXPECT_TRUE(ops[0].is_delete);
   EXPECT_EQ(ops[0].key, proto::etcd_conversation_key(kPrefix, "theirs"));
+}
+
+TEST(ConversationMirror, ALateDeleteOfAnotherReplicasTakeKeepsTheNewerLocalEntry) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
+  // This replica stored x; etcd applied the put at revision 50.
+  f.cache.put("x", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  (void)f.mirror.pop(10);
+  f.mirror.put_sent(key);
+  f.mirror.put_answered(key, true, 50);
+  // Another replica's take deleted the previous entry at 40; the event arrives now: ignored.
+  f.mirror.apply({delete_event("x", 40)}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 1u);
+  // A take of this very entry (after 50) removes it.
+  f.mirror.apply({delete_event("x", 60)}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 0u);
+}
+
+TEST(ConversationMirror, ADeleteSeenWhileThePutIsInFlightIsDecidedByThePutsRevision) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
+  f.cache.put("x", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  f.mirror.put_sent(key);
+  f.mirror.apply({delete_event("x", 40)}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 1u);  // deferred
+  f.mirror.put_answered(key, true, 50);   // the put came after the delete: kept
+  EXPECT_EQ(f.cache.stats().entries, 1u);
+
+  f.mirror.put_sent(key);
+  f.mirror.apply({delete_event("x", 70)}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 1u);
+  f.mirror.put_answered(key, true, 60);   // the delete took this put's entry: gone
+  EXPECT_EQ(f.cache.stats().entries, 0u);
+
+  f.cache.put("y", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  const std::string key_y = proto::etcd_conversation_key(kPrefix, "y");
+  f.mirror.put_sent(key_y);
+  f.mirror.apply({delete_event("y", 80)}, wall, now);
+  f.mirror.put_answered(key_y, false, 0);  // failed put: nothing newer in etcd, the delete applies
+  EXPECT_EQ(f.cache.stats().entries, 0u);
+}
+
+TEST(ConversationMirror, ThisReplicasOwnTakeForgetsItsPutRevision) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
+  f.mirror.put_sent(key);
+  f.mirror.put_answered(key, true, 50);
+  f.mirror.delete_sent(key);
+  // x stored again by another replica (mirrored), then taken there at 45 (before 50: only the
+  // forgotten revision would have kept it).
+  proto::EtcdEvent put;
+  put.kv = kv("x", "replica-b", unix_ms(wall) + 100'000);
+  f.mirror.apply({put, delete_event("x", 45)}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 0u);
 }
 
 TEST(ConversationMirror, MirroredEntriesAreBoundedByTheTopologysLimits) {
