@@ -104,7 +104,8 @@ size_t ConversationMirror::drop_queued() {
 }
 
 bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_point now_wall,
-                                    proxy::ConversationCache::Clock::time_point now, std::string* id_out) {
+                                    proxy::ConversationCache::Clock::time_point now, bool restore_own,
+                                    std::string* id_out) {
   std::string id;
   proto::EtcdConversationEntry entry;
   if (!proto::parse_etcd_conversation_key(prefix_, kv.key, &id).is_ok() ||
@@ -113,7 +114,9 @@ bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::ti
     return false;
   }
   *id_out = id;
-  if (entry.writer == replica_id_) return true;  // this replica's own: the cache has it already
+  const bool own = entry.writer == replica_id_;
+  // This replica's own, seen on the watch: the cache has it already (or took it meanwhile).
+  if (own && !restore_own) return true;
   // The writer's wall-clock expiry mapped onto this replica's steady clock: stored_at is when an
   // entry of the current ttl would reach it. An entry past its expiry is refused.
   const auto limits = this->limits();
@@ -125,6 +128,21 @@ bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::ti
   const auto stored_at = now - (left >= limits.ttl ? std::chrono::milliseconds(0) : limits.ttl - left);
   proxy::ConversationCache::Entry local{std::move(entry.decode_key), entry.decode_epoch,
                                         std::move(entry.prefill_params), true};
+  if (own) {
+    // Stored by this replica id before a restart (or an entry this process lost): the next turn
+    // may come here again. A later delete older than this put must not remove it either.
+    if (!cache_.restore(id, std::move(local), stored_at, now, limits)) {
+      bump(status_.conversation_rejected);
+      return false;
+    }
+    if (auto it = own_puts_.find(kv.key); it == own_puts_.end() || !it->second.in_flight) {
+      if (it != own_puts_.end() || own_puts_.size() < kMaxTrackedPuts) {
+        OwnPut& tracked = own_puts_[kv.key];
+        tracked.revision = std::max(tracked.revision, kv.mod_revision);
+      }
+    }
+    return true;
+  }
   if (!cache_.mirror(id, std::move(local), stored_at, now, limits)) {
     bump(status_.conversation_rejected);  // larger than multi_turn.max_bytes
     return false;
@@ -138,7 +156,7 @@ void ConversationMirror::resync(const std::vector<proto::EtcdKeyValue>& kvs, Wal
   std::unordered_set<std::string> present;
   for (const auto& kv : kvs) {
     std::string id;
-    if (mirror_one(kv, now_wall, now, &id)) present.insert(std::move(id));
+    if (mirror_one(kv, now_wall, now, /*restore_own=*/true, &id)) present.insert(std::move(id));
   }
   // Remote entries deleted (taken) or expired in etcd while the watch was down.
   cache_.drop_remote_except(present);
@@ -149,7 +167,7 @@ void ConversationMirror::apply(const std::vector<proto::EtcdEvent>& events, Wall
   for (const auto& e : events) {
     if (!e.is_delete) {
       std::string id;
-      (void)mirror_one(e.kv, now_wall, now, &id);
+      (void)mirror_one(e.kv, now_wall, now, /*restore_own=*/false, &id);
       continue;
     }
     std::string id;

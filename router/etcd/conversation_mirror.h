@@ -72,8 +72,9 @@ class ConversationMirror : public proxy::ConversationCache::Replication {
   // Drops every queued operation, counting each as a failure (etcd unreachable); returns how many.
   size_t drop_queued();
 
-  // A full range of the prefix: mirrors every valid entry of another writer and removes the
-  // remote entries etcd no longer holds. `now_wall` / `now` are the two clocks at this moment.
+  // A full range of the prefix: mirrors every valid entry of another writer, restores this
+  // replica id's own entries the cache does not hold (a restart with the same replica_id), and
+  // removes the remote entries etcd no longer holds. `now_wall` / `now` are the two clocks at this moment.
   void resync(const std::vector<proto::EtcdKeyValue>& kvs, WallClock::time_point now_wall,
               proxy::ConversationCache::Clock::time_point now);
   void apply(const std::vector<proto::EtcdEvent>& events, WallClock::time_point now_wall,
@@ -99,9 +100,11 @@ class ConversationMirror : public proxy::ConversationCache::Replication {
   };
   static constexpr size_t kMaxTrackedPuts = 1 << 16;
   void forget_key(const std::string& key);
-  // Mirrors one put; false (counted) when rejected. Own entries are skipped (true).
+  // Mirrors one put; false (counted) when rejected. Own entries (this replica id's) are skipped
+  // (true), or with `restore_own` (a range: after a restart with the same replica_id) restored
+  // into the cache unless it holds the conversation already (ConversationCache::restore).
   bool mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_point now_wall,
-                  proxy::ConversationCache::Clock::time_point now, std::string* id_out);
+                  proxy::ConversationCache::Clock::time_point now, bool restore_own, std::string* id_out);
   void push(ConversationOp op);
   proxy::ConversationCache::Limits limits() const;
 

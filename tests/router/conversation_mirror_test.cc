@@ -110,10 +110,10 @@ TEST(ConversationMirror, AResyncMirrorsOtherWritersEntriesAsRemote) {
   const auto now = ConversationCache::Clock::now();
   f.mirror.resync({kv("theirs", "replica-b", unix_ms(wall) + 100'000), kv("mine", "replica-a", unix_ms(wall) + 100'000)},
                   wall, now);
-  EXPECT_EQ(f.status.conversation_mirrored.load(), 1u);
+  EXPECT_EQ(f.status.conversation_mirrored.load(), 1u);  // of other writers
   auto st = f.cache.stats();
-  EXPECT_EQ(st.entries, 1u);
-  EXPECT_EQ(st.remote_entries, 1u);
+  EXPECT_EQ(st.entries, 2u);  // "mine" too: this replica id's, restored (see RestoresOwnEntries...)
+  EXPECT_EQ(st.remote_entries, 2u);
   // 100 s left of its 450 s: gone 100 s from now, whatever the two replicas' clocks say.
   EXPECT_FALSE(f.cache.take("theirs", now + 101s, 450s).has_value());
   f.mirror.resync({kv("theirs", "replica-b", unix_ms(wall) + 100'000)}, wall, now);
@@ -127,6 +127,36 @@ TEST(ConversationMirror, AResyncMirrorsOtherWritersEntriesAsRemote) {
   auto ops = f.mirror.pop(10);
   ASSERT_EQ(ops.size(), 1u);
   EXPECT_TRUE(ops[0].is_delete);
+}
+
+TEST(ConversationMirror, RestoresOwnEntriesAfterARestartWithTheSameReplicaId) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  // Stored here (this process) and in etcd: the local entry stays as it is.
+  f.cache.put("kept", ConversationCache::Entry{"127.0.40.2:8000", 1, R"({"here":1})"}, now, limits());
+  (void)f.mirror.pop(10);
+  proto::EtcdKeyValue restored = kv("restored", "replica-a", unix_ms(wall) + 100'000);
+  restored.mod_revision = 50;
+  f.mirror.resync({restored, kv("kept", "replica-a", unix_ms(wall) + 100'000)}, wall, now);
+  auto st = f.cache.stats();
+  EXPECT_EQ(st.entries, 2u);
+  EXPECT_EQ(st.remote_entries, 1u);  // "restored": etcd holds it
+  EXPECT_EQ(f.status.conversation_mirrored.load(), 0u);
+  // A late delete of an older take does not remove it; its expiry maps like a mirrored one.
+  f.mirror.apply({delete_event("restored", 40)}, wall, now);
+  EXPECT_FALSE(f.cache.take("restored", now + 101s, 450s).has_value());
+  f.mirror.resync({restored}, wall, now);
+  auto got = f.cache.take("restored", now + 99s, 450s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->decode_key, "127.0.40.1:8000");
+  got = f.cache.take("kept", now, 450s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->prefill_params, R"({"here":1})");
+  EXPECT_FALSE(got->remote);
+  // Its own put seen on the watch is not restored (taken here meanwhile: stays taken).
+  f.mirror.apply({proto::EtcdEvent{false, kv("kept", "replica-a", unix_ms(wall) + 100'000)}}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 0u);
 }
 
 TEST(ConversationMirror, AResyncDropsRemoteEntriesEtcdNoLongerHoldsButKeepsLocalOnes) {
