@@ -183,4 +183,8 @@ ConversationDeleteVerdict etcd_conversation_delete_verdict(int64_t delete_revisi
   return ConversationDeleteVerdict::kApply;
 }
 
+bool etcd_conversation_put_is_stale(int64_t put_event_revision, int64_t put_revision) {
+  return put_revision != 0 && put_event_revision < put_revision;
+}
+
 }  // namespace pdr::proto

@@ -72,6 +72,9 @@ enum class ConversationDeleteVerdict : uint8_t {
 };
 ConversationDeleteVerdict etcd_conversation_delete_verdict(int64_t delete_revision, int64_t put_revision,
                                                            bool put_in_flight);
+// The same rule for a watch PUT of another writer: one made before this replica's own answered
+// put of the key (`put_revision`, 0: none) is stale and must not replace the newer local entry.
+bool etcd_conversation_put_is_stale(int64_t put_event_revision, int64_t put_revision);
 
 // The TTL, in whole seconds, of an etcd lease that keeps an entry at least `ttl_ms` (rounded up,
 // at least 1 s, etcd's own minimum aside): the conversation keys' lease must cover multi_turn's

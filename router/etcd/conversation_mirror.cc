@@ -117,6 +117,13 @@ bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::ti
   const bool own = entry.writer == replica_id_;
   // This replica's own, seen on the watch: the cache has it already (or took it meanwhile).
   if (own && !restore_own) return true;
+  // Another writer's put made before this replica's own answered put of the key (the watch
+  // delivers it late): the local entry is the newer one.
+  if (auto it = own_puts_.find(kv.key);
+      !own && it != own_puts_.end() && !it->second.in_flight &&
+      proto::etcd_conversation_put_is_stale(kv.mod_revision, it->second.revision)) {
+    return true;
+  }
   // The writer's wall-clock expiry mapped onto this replica's steady clock: stored_at is when an
   // entry of the current ttl would reach it. An entry past its expiry is refused.
   const auto limits = this->limits();

@@ -12,7 +12,8 @@
 //    remote, bounded by the cache's limits from the current topology); a deleted key removes the
 //    local entry whoever wrote it (another replica took it), unless the delete is older than
 //    this replica's own put of the key (proto::etcd_conversation_delete_verdict: the replicator
-//    reports each own put's revision with put_answered()). A key or value that does not decode,
+//    reports each own put's revision with put_answered()); a put of another writer older than
+//    it does not replace the local entry either. A key or value that does not decode,
 //    is over its limit, or is already expired is rejected and counted; never stored.
 //
 // The take race: two replicas taking the same entry before either sees the other's delete both

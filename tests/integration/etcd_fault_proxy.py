@@ -5,23 +5,30 @@ It reads each HTTP/1.1 request pdrouter sends (request line, headers, a Content-
 pdrouter's etcd client sends) and either forwards it to etcd or fails it:
   * put_fail_every=N: every Nth POST /v3/kv/put is answered 503 by the proxy (never reaches etcd);
   * watch_close_after_s=T: a connection that carries a POST /v3/watch is closed T seconds after
-    the watch was forwarded (both sides: pdrouter sees the watch stream end).
-etcd's answers are relayed as they arrive (pdrouter sends one request at a time per connection,
+    the watch was forwarded (both sides: pdrouter sees the watch stream end);
+  * watch_delay_s=D: what etcd streams on a watch connection after its first read (the answer's
+    head and the watch's creation) reaches pdrouter D seconds after it reached the proxy (a slow
+    watch: its events arrive after the answers of later calls).
+Other answers of etcd are relayed as they arrive (pdrouter sends one request at a time per connection,
 so an injected answer never interleaves with a relayed one).
 """
 
+import queue
 import socket
 import threading
+import time
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 class EtcdFaultProxy:
-    def __init__(self, etcd_port, put_fail_every=0, watch_close_after_s=None):
+    def __init__(self, etcd_port, put_fail_every=0, watch_close_after_s=None, watch_delay_s=0):
         self.etcd_port = etcd_port
         self.put_fail_every = put_fail_every
         self.watch_close_after_s = watch_close_after_s
+        self.watch_delay_s = watch_delay_s
+        self.watch_pairs = set()  # connections that carry a watch
         self.lock = threading.Lock()
         self.puts = 0
         self.puts_failed = 0
@@ -89,14 +96,43 @@ class EtcdFaultProxy:
             s.close()
         with self.lock:
             self.conns.discard(pair)
+            self.watch_pairs.discard(pair)
 
     def _answers(self, pair):
         client, upstream = pair
+        delayed = None  # (due time, bytes) for the sender thread of a delayed watch
+        watch_reads = 0
         try:
             while True:
                 data = upstream.recv(65536)
                 if not data:
                     break
+                with self.lock:
+                    delay = self.watch_delay_s if pair in self.watch_pairs else 0
+                if delay > 0:
+                    watch_reads += 1
+                if delay <= 0 or watch_reads == 1:
+                    client.sendall(data)
+                    continue
+                if delayed is None:
+                    delayed = queue.Queue()
+                    threading.Thread(target=self._send_delayed, args=(pair, delayed), daemon=True).start()
+                delayed.put((time.monotonic() + delay, data))
+        except OSError:
+            pass
+        if delayed is not None:
+            delayed.put((0, None))  # the sender closes once everything before is sent
+            return
+        self._close_pair(pair)
+
+    def _send_delayed(self, pair, delayed):
+        client, _ = pair
+        try:
+            while True:
+                due, data = delayed.get()
+                if data is None:
+                    break
+                time.sleep(max(0.0, due - time.monotonic()))  # the injected latency itself
                 client.sendall(data)
         except OSError:
             pass
@@ -148,6 +184,7 @@ class EtcdFaultProxy:
             is_watch = method == "POST" and path == "/v3/watch"
             if is_watch:
                 self.watches += 1
+                self.watch_pairs.add(pair)
         if fail_put:
             body = b'{"error":"injected by etcd_fault_proxy","code":14,"message":"unavailable"}'
             client.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"

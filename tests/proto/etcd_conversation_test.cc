@@ -128,6 +128,10 @@ TEST(EtcdConversation, ALateDeleteNeverRemovesANewerLocalEntry) {
   // A put in flight: its revision decides, later.
   EXPECT_EQ(etcd_conversation_delete_verdict(40, 0, true), V::kDefer);
   EXPECT_EQ(etcd_conversation_delete_verdict(60, 50, true), V::kDefer);
+  // A put of another writer: stale only when older than this replica's own put.
+  EXPECT_FALSE(etcd_conversation_put_is_stale(40, 0));
+  EXPECT_TRUE(etcd_conversation_put_is_stale(40, 50));
+  EXPECT_FALSE(etcd_conversation_put_is_stale(60, 50));
 }
 
 TEST(EtcdConversation, TheLeaseCoversTheTtl) {

@@ -233,6 +233,26 @@ TEST(ConversationMirror, ALateDeleteOfAnotherReplicasTakeKeepsTheNewerLocalEntry
   EXPECT_EQ(f.cache.stats().entries, 0u);
 }
 
+TEST(ConversationMirror, ALatePutOfAnotherWriterKeepsTheNewerLocalEntry) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
+  f.cache.put("x", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  f.mirror.put_sent(key);
+  f.mirror.put_answered(key, true, 50);
+  proto::EtcdEvent older;
+  older.kv = kv("x", "replica-b", unix_ms(wall) + 100'000);
+  older.kv.mod_revision = 45;
+  f.mirror.apply({older}, wall, now);
+  EXPECT_EQ(f.cache.stats().remote_entries, 0u);  // still this replica's entry
+  proto::EtcdEvent newer = older;
+  newer.kv.mod_revision = 55;
+  f.mirror.apply({newer}, wall, now);
+  EXPECT_EQ(f.cache.stats().remote_entries, 1u);  // replaced by the newer one
+  EXPECT_EQ(f.cache.stats().entries, 1u);
+}
+
 TEST(ConversationMirror, ADeleteSeenWhileThePutIsInFlightIsDecidedByThePutsRevision) {
   Fixture f;
   const auto wall = WallClock::now();
