@@ -122,6 +122,7 @@ bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::ti
   if (auto it = own_puts_.find(kv.key);
       !own && it != own_puts_.end() && !it->second.in_flight &&
       proto::etcd_conversation_put_is_stale(kv.mod_revision, it->second.revision)) {
+    bump(status_.conversation_stale);
     return true;
   }
   // The writer's wall-clock expiry mapped onto this replica's steady clock: stored_at is when an
@@ -195,6 +196,7 @@ void ConversationMirror::apply(const std::vector<proto::EtcdEvent>& events, Wall
         (void)cache_.forget(id);
         break;
       case proto::ConversationDeleteVerdict::kIgnore:
+        bump(status_.conversation_stale);
         break;
       case proto::ConversationDeleteVerdict::kDefer:
         own->second.deferred_delete = std::max(own->second.deferred_delete, e.kv.mod_revision);
@@ -223,8 +225,9 @@ void ConversationMirror::put_answered(const std::string& key, bool ok, int64_t r
                                    proto::ConversationDeleteVerdict::kApply)) {
     own_puts_.erase(it);
     forget_key(key);
-  } else if (!ok && own.revision == 0) {
-    own_puts_.erase(it);
+  } else {
+    if (deferred != 0) bump(status_.conversation_stale);
+    if (!ok && own.revision == 0) own_puts_.erase(it);
   }
 }
 

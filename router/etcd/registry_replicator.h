@@ -91,6 +91,7 @@ struct ReplicatorStatus {
   std::atomic<uint64_t> conversation_failures{0};  // puts/deletes that failed or were dropped
   std::atomic<uint64_t> conversation_mirrored{0};  // entries of other replicas mirrored
   std::atomic<uint64_t> conversation_rejected{0};  // keys/values that did not decode, or expired
+  std::atomic<uint64_t> conversation_stale{0};     // deletes/puts older than this replica's own put, ignored
 };
 
 class RegistryReplicator {

@@ -158,6 +158,8 @@ class EtcdSlowWatch(unittest.TestCase):
         self.wait_metric(self.a, "pdrouter_etcd_conversation_rejected_total", 1)
         self.assertEqual(self.a.metrics()["pdrouter_multi_turn_entries"], 1)
         self.a.wait_for(lambda: self.entries(self.a) == {"local": 1, "mirrored": 0}, timeout=5)
+        # B's delete and put, and A's own take's delete: older than A's last put.
+        self.assertGreaterEqual(self.a.metrics()["pdrouter_etcd_conversation_stale_total"], 2)
         # etcd holds A's entry, and B mirrors it.
         self.b.wait_for(lambda: self.entries(self.b) == {"local": 0, "mirrored": 1}, timeout=10)
 

@@ -228,6 +228,7 @@ TEST(ConversationMirror, ALateDeleteOfAnotherReplicasTakeKeepsTheNewerLocalEntry
   // Another replica's take deleted the previous entry at 40; the event arrives now: ignored.
   f.mirror.apply({delete_event("x", 40)}, wall, now);
   EXPECT_EQ(f.cache.stats().entries, 1u);
+  EXPECT_EQ(f.status.conversation_stale.load(), 1u);
   // A take of this very entry (after 50) removes it.
   f.mirror.apply({delete_event("x", 60)}, wall, now);
   EXPECT_EQ(f.cache.stats().entries, 0u);
@@ -246,6 +247,8 @@ TEST(ConversationMirror, ALatePutOfAnotherWriterKeepsTheNewerLocalEntry) {
   older.kv.mod_revision = 45;
   f.mirror.apply({older}, wall, now);
   EXPECT_EQ(f.cache.stats().remote_entries, 0u);  // still this replica's entry
+  EXPECT_EQ(f.status.conversation_stale.load(), 1u);
+  EXPECT_EQ(f.status.conversation_mirrored.load(), 0u);
   proto::EtcdEvent newer = older;
   newer.kv.mod_revision = 55;
   f.mirror.apply({newer}, wall, now);
@@ -264,6 +267,7 @@ TEST(ConversationMirror, ADeleteSeenWhileThePutIsInFlightIsDecidedByThePutsRevis
   EXPECT_EQ(f.cache.stats().entries, 1u);  // deferred
   f.mirror.put_answered(key, true, 50);   // the put came after the delete: kept
   EXPECT_EQ(f.cache.stats().entries, 1u);
+  EXPECT_EQ(f.status.conversation_stale.load(), 1u);
 
   f.mirror.put_sent(key);
   f.mirror.apply({delete_event("x", 70)}, wall, now);
