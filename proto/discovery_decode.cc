@@ -195,16 +195,22 @@ Status decode_moriio_legacy(const FieldMap& fields, Registration* reg) {
   return Status::ok();
 }
 
-Status read_connector(const FieldReader& reader, Connector* out, bool* present) {
+// "none" (exactly, as the encoder writes it) sets *none: the node has no KV connector.
+Status read_connector(const FieldReader& reader, Connector* out, bool* present, bool* none) {
   std::string text;
   if (Status s = reader.string("connector", Need::kOptional, kNoExtraStringLimit, &text, present);
       !s) {
     return s;
   }
+  *none = *present && text == "none";
+  if (*none) {
+    *out = Connector::kUnknown;
+    return Status::ok();
+  }
   if (*present && !parse_connector(text, out)) {
     return Status(StatusCode::kInvalidValue,
                   "connector " + quote_untrusted(text) +
-                      " is not one of moriio, p2p-nccl, nixl, mooncake, sglang, unknown");
+                      " is not one of moriio, p2p-nccl, nixl, mooncake, sglang, unknown, none");
   }
   return Status::ok();
 }
@@ -227,9 +233,9 @@ Status decode_pdrouter_base(const FieldReader& reader, Registration* reg) {
     return s;
   }
   bool has_connector = false;
-  if (Status s = read_connector(reader, &reg->connector, &has_connector); !s) return s;
-  // "unknown" means "not stated": infer, exactly as when the key is absent.
-  if (!has_connector || reg->connector == Connector::kUnknown) {
+  if (Status s = read_connector(reader, &reg->connector, &has_connector, &reg->no_connector); !s) return s;
+  // "unknown" means "not stated": infer, exactly as when the key is absent ("none" is stated).
+  if (!reg->no_connector && (!has_connector || reg->connector == Connector::kUnknown)) {
     reg->connector = infer_connector(has_zmq, zmq_text);
   }
 

@@ -117,8 +117,12 @@ uint64_t wire_schema_version(uint32_t version) { return version == 0 ? 1 : versi
 void add_extension(const Registration& reg, MapWriter* map) {
   map->add("pdr_v", wire_schema_version(reg.schema_version));
   // kUnknown is left out so the router infers the connector from zmq_address, as it does for a
-  // node that never names one.
-  if (reg.connector != Connector::kUnknown) map->add("connector", to_string(reg.connector));
+  // node that never names one, unless the node has none (no_connector): that is said.
+  if (reg.connector != Connector::kUnknown) {
+    map->add("connector", to_string(reg.connector));
+  } else if (reg.no_connector) {
+    map->add("connector", std::string_view("none"));
+  }
   if (!reg.instance_id.empty()) map->add("instance_id", reg.instance_id);
   if (reg.epoch != 0) map->add("epoch", reg.epoch);
   if (!reg.model.empty()) map->add("model", reg.model);

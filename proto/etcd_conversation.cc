@@ -175,4 +175,16 @@ int64_t etcd_conversation_lease_seconds(int64_t ttl_ms) {
   return (ttl_ms + 999) / 1000;
 }
 
+ConversationDeleteVerdict etcd_conversation_delete_verdict(int64_t delete_revision, int64_t put_revision,
+                                                           bool put_in_flight) {
+  if (put_in_flight) return ConversationDeleteVerdict::kDefer;
+  // Revisions are unique per operation: a delete is never at its put's revision.
+  if (put_revision != 0 && delete_revision < put_revision) return ConversationDeleteVerdict::kIgnore;
+  return ConversationDeleteVerdict::kApply;
+}
+
+bool etcd_conversation_put_is_stale(int64_t put_event_revision, int64_t put_revision) {
+  return put_revision != 0 && put_event_revision < put_revision;
+}
+
 }  // namespace pdr::proto

@@ -58,6 +58,24 @@ std::string encode_etcd_conversation(const EtcdConversationEntry& entry);
 // decode), kOutOfRange (expires_ms not positive).
 Status parse_etcd_conversation(std::string_view value, EtcdConversationEntry* out);
 
+// What a watch DELETE of a conversation key does to this replica's own entry for it. A take on
+// another replica deletes the key; if this replica stored a newer entry for the conversation
+// meanwhile, that delete can reach its watch after its own put was applied, and must not remove
+// the newer entry. etcd revisions order them: `delete_revision` is the delete event's
+// mod_revision, `put_revision` the revision etcd answered this replica's last put of the key with
+// (0: none known, e.g. an entry of another writer), `put_in_flight` whether a put of the key is
+// sent and not yet answered (its revision unknown: decided when it is).
+enum class ConversationDeleteVerdict : uint8_t {
+  kApply,   // remove the entry (a take of this entry, or of one nobody knows newer)
+  kIgnore,  // older than this replica's put: the entry it removed is not the one held here
+  kDefer,   // a put in flight: apply once its revision is known and older than the delete
+};
+ConversationDeleteVerdict etcd_conversation_delete_verdict(int64_t delete_revision, int64_t put_revision,
+                                                           bool put_in_flight);
+// The same rule for a watch PUT of another writer: one made before this replica's own answered
+// put of the key (`put_revision`, 0: none) is stale and must not replace the newer local entry.
+bool etcd_conversation_put_is_stale(int64_t put_event_revision, int64_t put_revision);
+
 // The TTL, in whole seconds, of an etcd lease that keeps an entry at least `ttl_ms` (rounded up,
 // at least 1 s, etcd's own minimum aside): the conversation keys' lease must cover multi_turn's
 // TTL, so a replica's own lease is reusable only when its TTL is at least this.

@@ -35,6 +35,10 @@ void write_etcd_metrics(MetricsWriter& out, const RegistryReplicator* replicator
               d(s.conversation_mirrored));
   out.counter("pdrouter_etcd_conversation_rejected_total",
               "Multi-turn entries from etcd refused (malformed, oversized or expired)", d(s.conversation_rejected));
+  out.counter("pdrouter_etcd_conversation_stale_total",
+              "Deletes or puts of other replicas seen after this replica stored a newer entry for the "
+              "conversation: ignored",
+              d(s.conversation_stale));
 }
 
 }  // namespace pdr::router

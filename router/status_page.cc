@@ -21,7 +21,9 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
   nlohmann::json j = {
       {"role", proto::to_string(inst.role)},
       {"http_address", inst.key},
-      {"dialect", proto::to_string(inst.connector)},
+      // A node without a KV connector (never paired) shows "none", as the operator declares it.
+      {"dialect", inst.connector == proto::Connector::kUnknown ? std::string_view("none")
+                                                                 : proto::to_string(inst.connector)},
       {"registration_format", proto::to_string(inst.format)},
       {"transfer_mode", proto::to_string(inst.transfer_mode)},
       {"zmq_address", inst.zmq_address},

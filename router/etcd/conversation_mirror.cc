@@ -1,5 +1,6 @@
 #include "router/etcd/conversation_mirror.h"
 
+#include <algorithm>
 #include <unordered_set>
 #include <utility>
 
@@ -103,7 +104,8 @@ size_t ConversationMirror::drop_queued() {
 }
 
 bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_point now_wall,
-                                    proxy::ConversationCache::Clock::time_point now, std::string* id_out) {
+                                    proxy::ConversationCache::Clock::time_point now, bool restore_own,
+                                    std::string* id_out) {
   std::string id;
   proto::EtcdConversationEntry entry;
   if (!proto::parse_etcd_conversation_key(prefix_, kv.key, &id).is_ok() ||
@@ -112,7 +114,17 @@ bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::ti
     return false;
   }
   *id_out = id;
-  if (entry.writer == replica_id_) return true;  // this replica's own: the cache has it already
+  const bool own = entry.writer == replica_id_;
+  // This replica's own, seen on the watch: the cache has it already (or took it meanwhile).
+  if (own && !restore_own) return true;
+  // Another writer's put made before this replica's own answered put of the key (the watch
+  // delivers it late): the local entry is the newer one.
+  if (auto it = own_puts_.find(kv.key);
+      !own && it != own_puts_.end() && !it->second.in_flight &&
+      proto::etcd_conversation_put_is_stale(kv.mod_revision, it->second.revision)) {
+    bump(status_.conversation_stale);
+    return true;
+  }
   // The writer's wall-clock expiry mapped onto this replica's steady clock: stored_at is when an
   // entry of the current ttl would reach it. An entry past its expiry is refused.
   const auto limits = this->limits();
@@ -124,6 +136,21 @@ bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::ti
   const auto stored_at = now - (left >= limits.ttl ? std::chrono::milliseconds(0) : limits.ttl - left);
   proxy::ConversationCache::Entry local{std::move(entry.decode_key), entry.decode_epoch,
                                         std::move(entry.prefill_params), true};
+  if (own) {
+    // Stored by this replica id before a restart (or an entry this process lost): the next turn
+    // may come here again. A later delete older than this put must not remove it either.
+    if (!cache_.restore(id, std::move(local), stored_at, now, limits)) {
+      bump(status_.conversation_rejected);
+      return false;
+    }
+    if (auto it = own_puts_.find(kv.key); it == own_puts_.end() || !it->second.in_flight) {
+      if (it != own_puts_.end() || own_puts_.size() < kMaxTrackedPuts) {
+        OwnPut& tracked = own_puts_[kv.key];
+        tracked.revision = std::max(tracked.revision, kv.mod_revision);
+      }
+    }
+    return true;
+  }
   if (!cache_.mirror(id, std::move(local), stored_at, now, limits)) {
     bump(status_.conversation_rejected);  // larger than multi_turn.max_bytes
     return false;
@@ -137,7 +164,7 @@ void ConversationMirror::resync(const std::vector<proto::EtcdKeyValue>& kvs, Wal
   std::unordered_set<std::string> present;
   for (const auto& kv : kvs) {
     std::string id;
-    if (mirror_one(kv, now_wall, now, &id)) present.insert(std::move(id));
+    if (mirror_one(kv, now_wall, now, /*restore_own=*/true, &id)) present.insert(std::move(id));
   }
   // Remote entries deleted (taken) or expired in etcd while the watch was down.
   cache_.drop_remote_except(present);
@@ -148,7 +175,7 @@ void ConversationMirror::apply(const std::vector<proto::EtcdEvent>& events, Wall
   for (const auto& e : events) {
     if (!e.is_delete) {
       std::string id;
-      (void)mirror_one(e.kv, now_wall, now, &id);
+      (void)mirror_one(e.kv, now_wall, now, /*restore_own=*/false, &id);
       continue;
     }
     std::string id;
@@ -156,9 +183,59 @@ void ConversationMirror::apply(const std::vector<proto::EtcdEvent>& events, Wall
       bump(status_.conversation_rejected);
       continue;
     }
-    // Taken on some replica (or its lease ended): gone here too, whoever wrote it.
-    (void)cache_.forget(id);
+    // Taken on some replica (or its lease ended): gone here too, whoever wrote it, unless this
+    // replica has put a newer entry since.
+    auto own = own_puts_.find(e.kv.key);
+    const auto verdict = own == own_puts_.end()
+                             ? proto::ConversationDeleteVerdict::kApply
+                             : proto::etcd_conversation_delete_verdict(e.kv.mod_revision, own->second.revision,
+                                                                       own->second.in_flight);
+    switch (verdict) {
+      case proto::ConversationDeleteVerdict::kApply:
+        if (own != own_puts_.end()) own_puts_.erase(own);
+        (void)cache_.forget(id);
+        break;
+      case proto::ConversationDeleteVerdict::kIgnore:
+        bump(status_.conversation_stale);
+        break;
+      case proto::ConversationDeleteVerdict::kDefer:
+        own->second.deferred_delete = std::max(own->second.deferred_delete, e.kv.mod_revision);
+        break;
+    }
   }
+}
+
+void ConversationMirror::put_sent(const std::string& key) {
+  if (own_puts_.size() >= kMaxTrackedPuts && !own_puts_.contains(key)) {
+    std::erase_if(own_puts_, [](const auto& item) { return !item.second.in_flight; });
+    if (own_puts_.size() >= kMaxTrackedPuts) return;  // (not reached: puts in flight are capped lower)
+  }
+  own_puts_[key].in_flight = true;
+}
+
+void ConversationMirror::put_answered(const std::string& key, bool ok, int64_t revision) {
+  auto it = own_puts_.find(key);
+  if (it == own_puts_.end()) return;
+  OwnPut& own = it->second;
+  own.in_flight = false;
+  const int64_t deferred = std::exchange(own.deferred_delete, 0);
+  if (ok) own.revision = revision;
+  // A failed put: etcd holds no newer entry of this replica; a delete seen meanwhile applies.
+  if (deferred != 0 && (!ok || proto::etcd_conversation_delete_verdict(deferred, own.revision, false) ==
+                                   proto::ConversationDeleteVerdict::kApply)) {
+    own_puts_.erase(it);
+    forget_key(key);
+  } else {
+    if (deferred != 0) bump(status_.conversation_stale);
+    if (!ok && own.revision == 0) own_puts_.erase(it);
+  }
+}
+
+void ConversationMirror::delete_sent(const std::string& key) { own_puts_.erase(key); }
+
+void ConversationMirror::forget_key(const std::string& key) {
+  std::string id;
+  if (proto::parse_etcd_conversation_key(prefix_, key, &id).is_ok()) (void)cache_.forget(id);
 }
 
 }  // namespace pdr::router

@@ -10,7 +10,10 @@
 //    in-flight cap) and feeds what etcd holds back: resync() with a full range of the prefix,
 //    apply() with watch events. Entries of other writers are mirrored into the cache (marked
 //    remote, bounded by the cache's limits from the current topology); a deleted key removes the
-//    local entry whoever wrote it (another replica took it). A key or value that does not decode,
+//    local entry whoever wrote it (another replica took it), unless the delete is older than
+//    this replica's own put of the key (proto::etcd_conversation_delete_verdict: the replicator
+//    reports each own put's revision with put_answered()); a put of another writer older than
+//    it does not replace the local entry either. A key or value that does not decode,
 //    is over its limit, or is already expired is rejected and counted; never stored.
 //
 // The take race: two replicas taking the same entry before either sees the other's delete both
@@ -27,6 +30,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "config/topology.h"
@@ -69,19 +73,39 @@ class ConversationMirror : public proxy::ConversationCache::Replication {
   // Drops every queued operation, counting each as a failure (etcd unreachable); returns how many.
   size_t drop_queued();
 
-  // A full range of the prefix: mirrors every valid entry of another writer and removes the
-  // remote entries etcd no longer holds. `now_wall` / `now` are the two clocks at this moment.
+  // A full range of the prefix: mirrors every valid entry of another writer, restores this
+  // replica id's own entries the cache does not hold (a restart with the same replica_id), and
+  // removes the remote entries etcd no longer holds. `now_wall` / `now` are the two clocks at this moment.
   void resync(const std::vector<proto::EtcdKeyValue>& kvs, WallClock::time_point now_wall,
               proxy::ConversationCache::Clock::time_point now);
   void apply(const std::vector<proto::EtcdEvent>& events, WallClock::time_point now_wall,
              proxy::ConversationCache::Clock::time_point now);
 
+  // The replicator's own operations on a key, so a late delete of another replica's take never
+  // removes a newer entry stored here: a put sent, its answer (etcd's revision when `ok`), a
+  // delete sent (this replica took the entry). A delete event that came while the put was in
+  // flight is applied here, once the put's revision shows it is newer.
+  void put_sent(const std::string& key);
+  void put_answered(const std::string& key, bool ok, int64_t revision);
+  void delete_sent(const std::string& key);
+
   const std::string& prefix() const { return prefix_; }
 
  private:
-  // Mirrors one put; false (counted) when rejected. Own entries are skipped (true).
+  // This replica's last put of a key as etcd knows it (replicator's thread only). At most
+  // kMaxTrackedPuts; beyond, the answered ones are forgotten (their late deletes apply as before).
+  struct OwnPut {
+    int64_t revision = 0;         // of the last answered put (0: none yet)
+    bool in_flight = false;
+    int64_t deferred_delete = 0;  // a delete event's revision seen while the put was in flight
+  };
+  static constexpr size_t kMaxTrackedPuts = 1 << 16;
+  void forget_key(const std::string& key);
+  // Mirrors one put; false (counted) when rejected. Own entries (this replica id's) are skipped
+  // (true), or with `restore_own` (a range: after a restart with the same replica_id) restored
+  // into the cache unless it holds the conversation already (ConversationCache::restore).
   bool mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_point now_wall,
-                  proxy::ConversationCache::Clock::time_point now, std::string* id_out);
+                  proxy::ConversationCache::Clock::time_point now, bool restore_own, std::string* id_out);
   void push(ConversationOp op);
   proxy::ConversationCache::Limits limits() const;
 
@@ -94,6 +118,7 @@ class ConversationMirror : public proxy::ConversationCache::Replication {
   std::mutex mu_;
   std::deque<ConversationOp> queue_;
   bool closed_ = false;
+  std::unordered_map<std::string, OwnPut> own_puts_;  // etcd key -> this replica's put
 };
 
 }  // namespace pdr::router

@@ -36,6 +36,10 @@ proto::Registration replica_registration(const Instance& inst) {
   reg.instance_id = inst.instance_id;
   reg.epoch = inst.epoch;
   reg.draining = inst.node_draining || inst.operator_drain;
+  // A registry entry without a connector is one that has none (a `connector: none` node, or a
+  // registration that named none and gave no zmq_address to infer one from): said explicitly, or
+  // another replica would infer one from its zmq_address and pair it.
+  reg.no_connector = inst.connector == proto::Connector::kUnknown;
   return reg;
 }
 
@@ -289,6 +293,7 @@ class RegistryReplicator::Impl {
       if (op.is_delete) {
         begin_call();
         conv_keys_in_flight_.insert(op.key);
+        m->delete_sent(op.key);
         client_->delete_key(op.key, [this, key = op.key](const Status& st, const proto::EtcdAnswer&) {
           end_call();
           conv_keys_in_flight_.erase(key);
@@ -302,10 +307,12 @@ class RegistryReplicator::Impl {
         }
         begin_call();
         conv_keys_in_flight_.insert(op.key);
+        m->put_sent(op.key);
         client_->put(op.key, op.value, conv_lease_, [this, key = op.key, lease = conv_lease_](
                                                         const Status& st, const proto::EtcdAnswer& answer) {
           end_call();
           conv_keys_in_flight_.erase(key);
+          if (ConversationMirror* mirror = this->mirror()) mirror->put_answered(key, st.is_ok(), answer.revision);
           if (st) {
             status_.conversation_puts.fetch_add(1, std::memory_order_relaxed);
           } else {

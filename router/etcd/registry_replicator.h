@@ -31,7 +31,8 @@
 // TTL: leases of that TTL plus a rotation period, a new one per period, so no keepalives and no
 // key outlives its entry by more than the period), deletes the keys of entries taken here, and
 // mirrors the prefix (full range after the nodes' range on every resync, then a watch) into the
-// cache. Those puts and deletes share the in-flight cap and go out in order, one at a time per
+// cache; the range also restores the entries written under this replica's own id (a restart with
+// the same replica_id), and revisions keep a late delete or put from replacing a newer own entry. Those puts and deletes share the in-flight cap and go out in order, one at a time per
 // key; a failed one is counted and never fails the connection or a request. While etcd is
 // unreachable they are dropped and counted.
 //
@@ -91,6 +92,7 @@ struct ReplicatorStatus {
   std::atomic<uint64_t> conversation_failures{0};  // puts/deletes that failed or were dropped
   std::atomic<uint64_t> conversation_mirrored{0};  // entries of other replicas mirrored
   std::atomic<uint64_t> conversation_rejected{0};  // keys/values that did not decode, or expired
+  std::atomic<uint64_t> conversation_stale{0};     // deletes/puts older than this replica's own put, ignored
 };
 
 class RegistryReplicator {

@@ -71,6 +71,15 @@ bool ConversationCache::mirror(std::string_view conversation_id, Entry entry, Cl
   return insert_locked(conversation_id, std::move(entry), stored_at, now, limits);
 }
 
+bool ConversationCache::restore(std::string_view conversation_id, Entry entry, Clock::time_point stored_at,
+                                Clock::time_point now, const Limits& limits) {
+  entry.remote = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (slots_.contains(std::string(conversation_id))) return true;
+  if (now - stored_at >= limits.ttl) return false;
+  return insert_locked(conversation_id, std::move(entry), stored_at, now, limits);
+}
+
 bool ConversationCache::forget(std::string_view conversation_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = slots_.find(std::string(conversation_id));

@@ -87,6 +87,13 @@ class ConversationCache {
   // the age of every entry it hands out).
   bool mirror(std::string_view conversation_id, Entry entry, Clock::time_point stored_at, Clock::time_point now,
               const Limits& limits);
+  // Like mirror(), for an entry this replica's id wrote before it restarted (found in etcd under
+  // its own replica id): stored as mirrored (etcd holds it, so a resync that no longer finds it
+  // drops it, and a take deletes its key like any other), unless the cache already holds an
+  // entry for the conversation (this process stored it: that one stays). True if the
+  // conversation has an entry afterwards.
+  bool restore(std::string_view conversation_id, Entry entry, Clock::time_point stored_at, Clock::time_point now,
+               const Limits& limits);
   // Removes the conversation's entry (local or remote; another replica took it). Not handed to
   // the replication. True if there was one.
   bool forget(std::string_view conversation_id);

@@ -27,13 +27,15 @@ TIME_SCALE = max(1.0, float(os.environ.get("PDR_TIME_SCALE", "1")))
 class Router:
     """One pdrouter process. Use as a context manager, or call stop()."""
 
-    def __init__(self, topology_yaml=None, extra_args=(), env=None, nofile=None):
+    def __init__(self, topology_yaml=None, extra_args=(), env=None, nofile=None,
+                 discovery="tcp://127.0.0.1:0"):
         self.dir = tempfile.TemporaryDirectory(prefix="pdr-it-")
         self.config = None
         if topology_yaml is not None:
             self.config = os.path.join(self.dir.name, "topology.yaml")
             self.write_topology(topology_yaml)
-        args = [pdrouter_path(), "--http", "127.0.0.1:0", "--discovery", "tcp://127.0.0.1:0",
+        # discovery: a restarted router may take its predecessor's address (nodes reconnect).
+        args = [pdrouter_path(), "--http", "127.0.0.1:0", "--discovery", discovery,
                 "--workers", "2", "--log-level", "debug"]
         if self.config:
             args += ["--config", self.config]

@@ -137,6 +137,7 @@ class ThroughPdrouter(unittest.TestCase):
         c = self.cluster(topology="instances:\n  - role: decode\n    http_address: \"%s\"\n"
                                   "    connector: none\n    labels:\n      serves: render\n" % address)
         self.assertNotIn("connector", c.router.instance(address))  # /status: no KV connector
+        self.assertEqual(c.router.instance(address)["dialect"], "none")
         for _ in range(3):
             status, _, raw = c.post("/v1/chat/completions/render", IMAGE_CHAT)
             self.assertEqual(status, 200, raw)

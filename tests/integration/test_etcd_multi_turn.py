@@ -10,7 +10,9 @@ to B through etcd.
     ordinary turn (A no longer holds it);
   * etcd killed: each replica still reuses its own entries, and the writes it could not make are
     counted; etcd back: entries are shared again;
-  * a malformed or expired entry written to etcd by someone else is rejected and counted.
+  * a malformed or expired entry written to etcd by someone else is rejected and counted;
+  * replica A restarted with the same replica_id reloads the entries it stored before: turn 2
+    on A reuses the entry of turn 1.
 """
 
 import base64
@@ -135,6 +137,28 @@ class EtcdMultiTurn(unittest.TestCase):
             m = r.metrics()
             self.assertEqual(m["pdrouter_etcd_conversation_failures_total"], 0)
             self.assertEqual(m["pdrouter_etcd_conversation_rejected_total"], 0)
+
+    def test_a_replica_restarted_with_the_same_id_reuses_its_entries(self):
+        self.ok_turn(self.a, "conv-r", "before restart")
+        self.assert_ordinary("before restart")
+        self.a.wait_for(lambda: self.a.metrics()["pdrouter_etcd_conversation_puts_total"] == 1, timeout=10)
+        self.wait_entries(self.b, 0, 1)
+        discovery = self.a.discovery
+        self.a.stop()
+        # The same replica_id, and the same discovery address: the nodes' registrations reach
+        # the new process (same node processes, same epochs).
+        self.a = Router(topology_yaml=topology(self.etcd, "a", self.prefix), discovery=discovery)
+        self.addCleanup(self.a.stop)
+        self.a.wait_for(lambda: all((self.a.instance(n.http_address) or {}).get("state") == "up"
+                                    for n in (self.prefill, self.decode))
+                        and self.a.request("GET", "/ready")[0] == 200, timeout=15)
+        self.wait_entries(self.a, 0, 1)  # restored from etcd (held there, like a mirrored one)
+        self.ok_turn(self.a, "conv-r", "after restart")
+        self.assert_reused("after restart")
+        self.assertEqual(self.turns(self.a, "reused"), 1)
+        # Taken: its key is deleted, so B no longer holds it either (only turn 2's own entry).
+        self.a.wait_for(lambda: self.a.metrics()["pdrouter_etcd_conversation_deletes_total"] == 1, timeout=10)
+        self.wait_entries(self.b, 0, 1)
 
     def test_an_entry_taken_on_one_replica_is_gone_on_the_other(self):
         self.ok_turn(self.a, "conv-2", "first")

@@ -10,7 +10,9 @@ registering over ZMQ with one replica.
   * etcd killed: both replicas keep routing, /status and /metrics say etcd is unreachable, and
     after etcd comes back they resync (a node registered meanwhile reaches the other replica);
   * replica A killed: the entries of a node that talked to A only expire with A's lease on B;
-    nodes that re-register with B (`pdnode register`) stay up on B throughout and serve.
+    nodes that re-register with B (`pdnode register`) stay up on B throughout and serve;
+  * a `connector: none` render node added on A (admin API) is a none node on B too: it serves
+    render calls through B and is never paired for P/D there.
 """
 
 import json
@@ -257,6 +259,41 @@ class EtcdReplicas(unittest.TestCase):
             time.sleep(0.05)
         code, _, body = completion(self.b)
         self.assertEqual(code, 200, body)
+
+    def test_a_node_without_connector_added_on_one_replica_is_one_on_the_other(self):
+        prefill, decode = self.node("prefill", self.a), self.node("decode", self.a)
+        render = SimNode("--role", "decode", "--connector", "nixl")
+        self.addCleanup(render.stop)
+        address = "127.0.0.1:%d" % render.port
+        # A zmq_address too: without "none" on the wire, B would infer P2P-NCCL from it.
+        body = json.dumps({"role": "decode", "http_address": address, "connector": "none",
+                           "zmq_address": "127.0.0.1:1", "labels": {"serves": "render"}}).encode()
+        code, _, raw = self.a.request("POST", "/admin/instances", body=body, admin=True,
+                                      headers={**AUTH, "Content-Type": "application/json"})
+        self.assertEqual(code, 201, raw)
+        self.b.wait_for(lambda: all(self.state_on(self.b, n) == ("up", "replica")
+                                    for n in (prefill, decode))
+                        and self.b.instance(address) is not None, timeout=10)
+        for r in (self.a, self.b):
+            inst = r.instance(address)
+            self.assertEqual((inst["dialect"], inst["zmq_address"], inst["labels"]),
+                             ("none", "127.0.0.1:1", {"serves": "render"}), r)
+        self.assertEqual(self.b.instance(address)["source"], "replica")
+        image_chat = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "text", "text": "What color is this image?"}]}]}).encode()
+        for _ in range(3):
+            code, _, raw = self.b.request("POST", "/v1/chat/completions/render", body=image_chat,
+                                          timeout=10, headers={"Content-Type": "application/json"})
+            self.assertEqual(code, 200, raw)
+            code, _, raw = completion(self.b)
+            self.assertEqual(code, 200, raw)
+
+        def served(node, path):
+            return sum(1 for r in node.sim_requests()["requests"] if r["path"] == path)
+        self.assertEqual(served(render, "/v1/chat/completions/render"), 3)
+        self.assertEqual(served(render, "/v1/completions"), 0)
+        self.assertEqual(served(decode, "/v1/completions"), 3)
 
 if __name__ == "__main__":
     unittest.main()

@@ -455,6 +455,42 @@ TEST(PdrouterExtension, RoundTripsP2pAndConnectorlessShapes) {
   EXPECT_EQ(decode_registration(encode_registration(bare)), bare);
 }
 
+TEST(PdrouterExtension, ConnectorNoneIsSaidAndNeverInferred) {
+  // A node with no KV connector (a render node): "none" goes on the wire, and a zmq_address it
+  // happens to carry is kept verbatim instead of turning it into a P2P-NCCL or MoRIIO node.
+  Registration none;
+  none.format = RegistrationFormat::kPdrouter;
+  none.http_address = {"127.0.10.9", 8000};
+  none.zmq_address = "127.0.10.9:21001";
+  none.schema_version = 1;
+  none.no_connector = true;
+  const std::string bytes = encode_registration(none);
+  EXPECT_NE(bytes.find("none"), std::string::npos);
+  const Registration decoded = decode_registration(bytes);
+  EXPECT_EQ(decoded.connector, Connector::kUnknown);
+  EXPECT_TRUE(decoded.no_connector);
+  EXPECT_FALSE(decoded.kv_address);
+  EXPECT_EQ(decoded, none);
+  EXPECT_EQ(encode_registration(decoded), bytes) << "encoding is stable";
+
+  // What an older replica wrote for the same node (no connector key) still decodes, inferred.
+  none.no_connector = false;
+  const Registration old = decode_registration(encode_registration(none));
+  EXPECT_EQ(old.connector, Connector::kP2pNccl);
+  EXPECT_FALSE(old.no_connector);
+  // Without a zmq_address the old form was already connectorless.
+  EXPECT_EQ(decode_registration(pdrouter_minimal().bytes()).no_connector, false);
+
+  // Exactly "none": another spelling is refused like any unknown name.
+  DiscoveryMessage message;
+  const Status st = decode(pdrouter_minimal().set("connector", str_value("None")).bytes(), &message);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidValue);
+  EXPECT_NE(st.message().find("none"), std::string::npos) << st.message();
+  Registration stated = decode_registration(pdrouter_minimal().set("connector", str_value("none")).bytes());
+  EXPECT_EQ(stated.connector, Connector::kUnknown);
+  EXPECT_TRUE(stated.no_connector);
+}
+
 TEST(PdrouterExtension, InfersConnectorFromZmqAddressShape) {
   Registration reg =
       decode_registration(pdrouter_minimal()

@@ -115,6 +115,25 @@ TEST(EtcdConversation, DeepParamsAreRefused) {
                    .is_ok());
 }
 
+TEST(EtcdConversation, ALateDeleteNeverRemovesANewerLocalEntry) {
+  using V = ConversationDeleteVerdict;
+  // No put of this replica known (another writer's entry, or none): the delete applies.
+  EXPECT_EQ(etcd_conversation_delete_verdict(50, 0, false), V::kApply);
+  // Another replica took the entry this replica put at 40: gone here too.
+  EXPECT_EQ(etcd_conversation_delete_verdict(50, 40, false), V::kApply);
+  // The take's delete (40) was made before this replica's newer put (50): ignored.
+  EXPECT_EQ(etcd_conversation_delete_verdict(40, 50, false), V::kIgnore);
+  // A delete event without a revision cannot be newer than a known put.
+  EXPECT_EQ(etcd_conversation_delete_verdict(0, 50, false), V::kIgnore);
+  // A put in flight: its revision decides, later.
+  EXPECT_EQ(etcd_conversation_delete_verdict(40, 0, true), V::kDefer);
+  EXPECT_EQ(etcd_conversation_delete_verdict(60, 50, true), V::kDefer);
+  // A put of another writer: stale only when older than this replica's own put.
+  EXPECT_FALSE(etcd_conversation_put_is_stale(40, 0));
+  EXPECT_TRUE(etcd_conversation_put_is_stale(40, 50));
+  EXPECT_FALSE(etcd_conversation_put_is_stale(60, 50));
+}
+
 TEST(EtcdConversation, TheLeaseCoversTheTtl) {
   EXPECT_EQ(etcd_conversation_lease_seconds(450'000), 450);
   EXPECT_EQ(etcd_conversation_lease_seconds(450'001), 451);

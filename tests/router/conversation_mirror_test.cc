@@ -53,6 +53,14 @@ proto::EtcdKeyValue kv(const std::string& id, const std::string& writer, int64_t
   return out;
 }
 
+proto::EtcdEvent delete_event(const std::string& id, int64_t revision) {
+  proto::EtcdEvent e;
+  e.is_delete = true;
+  e.kv.key = proto::etcd_conversation_key(kPrefix, id);
+  e.kv.mod_revision = revision;
+  return e;
+}
+
 ConversationCache::Limits limits() {
   ConversationCache::Limits l;
   l.ttl = 450s;
@@ -102,10 +110,10 @@ TEST(ConversationMirror, AResyncMirrorsOtherWritersEntriesAsRemote) {
   const auto now = ConversationCache::Clock::now();
   f.mirror.resync({kv("theirs", "replica-b", unix_ms(wall) + 100'000), kv("mine", "replica-a", unix_ms(wall) + 100'000)},
                   wall, now);
-  EXPECT_EQ(f.status.conversation_mirrored.load(), 1u);
+  EXPECT_EQ(f.status.conversation_mirrored.load(), 1u);  // of other writers
   auto st = f.cache.stats();
-  EXPECT_EQ(st.entries, 1u);
-  EXPECT_EQ(st.remote_entries, 1u);
+  EXPECT_EQ(st.entries, 2u);  // "mine" too: this replica id's, restored (see RestoresOwnEntries...)
+  EXPECT_EQ(st.remote_entries, 2u);
   // 100 s left of its 450 s: gone 100 s from now, whatever the two replicas' clocks say.
   EXPECT_FALSE(f.cache.take("theirs", now + 101s, 450s).has_value());
   f.mirror.resync({kv("theirs", "replica-b", unix_ms(wall) + 100'000)}, wall, now);
@@ -119,6 +127,36 @@ TEST(ConversationMirror, AResyncMirrorsOtherWritersEntriesAsRemote) {
   auto ops = f.mirror.pop(10);
   ASSERT_EQ(ops.size(), 1u);
   EXPECT_TRUE(ops[0].is_delete);
+}
+
+TEST(ConversationMirror, RestoresOwnEntriesAfterARestartWithTheSameReplicaId) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  // Stored here (this process) and in etcd: the local entry stays as it is.
+  f.cache.put("kept", ConversationCache::Entry{"127.0.40.2:8000", 1, R"({"here":1})"}, now, limits());
+  (void)f.mirror.pop(10);
+  proto::EtcdKeyValue restored = kv("restored", "replica-a", unix_ms(wall) + 100'000);
+  restored.mod_revision = 50;
+  f.mirror.resync({restored, kv("kept", "replica-a", unix_ms(wall) + 100'000)}, wall, now);
+  auto st = f.cache.stats();
+  EXPECT_EQ(st.entries, 2u);
+  EXPECT_EQ(st.remote_entries, 1u);  // "restored": etcd holds it
+  EXPECT_EQ(f.status.conversation_mirrored.load(), 0u);
+  // A late delete of an older take does not remove it; its expiry maps like a mirrored one.
+  f.mirror.apply({delete_event("restored", 40)}, wall, now);
+  EXPECT_FALSE(f.cache.take("restored", now + 101s, 450s).has_value());
+  f.mirror.resync({restored}, wall, now);
+  auto got = f.cache.take("restored", now + 99s, 450s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->decode_key, "127.0.40.1:8000");
+  got = f.cache.take("kept", now, 450s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->prefill_params, R"({"here":1})");
+  EXPECT_FALSE(got->remote);
+  // Its own put seen on the watch is not restored (taken here meanwhile: stays taken).
+  f.mirror.apply({proto::EtcdEvent{false, kv("kept", "replica-a", unix_ms(wall) + 100'000)}}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 0u);
 }
 
 TEST(ConversationMirror, AResyncDropsRemoteEntriesEtcdNoLongerHoldsButKeepsLocalOnes) {
@@ -175,6 +213,90 @@ TEST(ConversationMirror, WatchEventsMirrorPutsAndADeleteRemovesTheEntryWhoeverWr
   ASSERT_EQ(ops.size(), 1u);  // the take of "theirs"
   EXPECT_TRUE(ops[0].is_delete);
   EXPECT_EQ(ops[0].key, proto::etcd_conversation_key(kPrefix, "theirs"));
+}
+
+TEST(ConversationMirror, ALateDeleteOfAnotherReplicasTakeKeepsTheNewerLocalEntry) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
+  // This replica stored x; etcd applied the put at revision 50.
+  f.cache.put("x", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  (void)f.mirror.pop(10);
+  f.mirror.put_sent(key);
+  f.mirror.put_answered(key, true, 50);
+  // Another replica's take deleted the previous entry at 40; the event arrives now: ignored.
+  f.mirror.apply({delete_event("x", 40)}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 1u);
+  EXPECT_EQ(f.status.conversation_stale.load(), 1u);
+  // A take of this very entry (after 50) removes it.
+  f.mirror.apply({delete_event("x", 60)}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 0u);
+}
+
+TEST(ConversationMirror, ALatePutOfAnotherWriterKeepsTheNewerLocalEntry) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
+  f.cache.put("x", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  f.mirror.put_sent(key);
+  f.mirror.put_answered(key, true, 50);
+  proto::EtcdEvent older;
+  older.kv = kv("x", "replica-b", unix_ms(wall) + 100'000);
+  older.kv.mod_revision = 45;
+  f.mirror.apply({older}, wall, now);
+  EXPECT_EQ(f.cache.stats().remote_entries, 0u);  // still this replica's entry
+  EXPECT_EQ(f.status.conversation_stale.load(), 1u);
+  EXPECT_EQ(f.status.conversation_mirrored.load(), 0u);
+  proto::EtcdEvent newer = older;
+  newer.kv.mod_revision = 55;
+  f.mirror.apply({newer}, wall, now);
+  EXPECT_EQ(f.cache.stats().remote_entries, 1u);  // replaced by the newer one
+  EXPECT_EQ(f.cache.stats().entries, 1u);
+}
+
+TEST(ConversationMirror, ADeleteSeenWhileThePutIsInFlightIsDecidedByThePutsRevision) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
+  f.cache.put("x", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  f.mirror.put_sent(key);
+  f.mirror.apply({delete_event("x", 40)}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 1u);  // deferred
+  f.mirror.put_answered(key, true, 50);   // the put came after the delete: kept
+  EXPECT_EQ(f.cache.stats().entries, 1u);
+  EXPECT_EQ(f.status.conversation_stale.load(), 1u);
+
+  f.mirror.put_sent(key);
+  f.mirror.apply({delete_event("x", 70)}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 1u);
+  f.mirror.put_answered(key, true, 60);   // the delete took this put's entry: gone
+  EXPECT_EQ(f.cache.stats().entries, 0u);
+
+  f.cache.put("y", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  const std::string key_y = proto::etcd_conversation_key(kPrefix, "y");
+  f.mirror.put_sent(key_y);
+  f.mirror.apply({delete_event("y", 80)}, wall, now);
+  f.mirror.put_answered(key_y, false, 0);  // failed put: nothing newer in etcd, the delete applies
+  EXPECT_EQ(f.cache.stats().entries, 0u);
+}
+
+TEST(ConversationMirror, ThisReplicasOwnTakeForgetsItsPutRevision) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
+  f.mirror.put_sent(key);
+  f.mirror.put_answered(key, true, 50);
+  f.mirror.delete_sent(key);
+  // x stored again by another replica (mirrored), then taken there at 45 (before 50: only the
+  // forgotten revision would have kept it).
+  proto::EtcdEvent put;
+  put.kv = kv("x", "replica-b", unix_ms(wall) + 100'000);
+  f.mirror.apply({put, delete_event("x", 45)}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 0u);
 }
 
 TEST(ConversationMirror, MirroredEntriesAreBoundedByTheTopologysLimits) {
