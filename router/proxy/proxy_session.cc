@@ -207,6 +207,9 @@ struct ProxySession::State {
   std::optional<uint32_t> prefill_rank, decode_rank;
   // The client's body, parsed once (begin()); admission, affinity and every leg build read it.
   proto::JsonObjectBody client;
+  // /inference/v1/generate: the body's check (begin()), which every leg build reads (its
+  // sampling_params indexed once; borrows client's document).
+  proto::GenerateView generate;
   const proto::Dialect* dialect = nullptr;  // of the pair (proto/dialects/dialect.h)
   PrefillFacts prefill_facts;               // what the dialect's pre-step learned (pre_step.h)
   proto::LegBuild legs;
@@ -304,12 +307,13 @@ void ProxySession::begin() {
   }
   if (s.req.path == proto::kGeneratePath) {
     // Tokens in: token_ids and sampling_params, with the token counts inside the latter.
-    if (Status checked = proto::check_generate_request(body, limits, &s.choices); !checked.is_ok()) {
+    if (Status checked = proto::check_generate_request(body, limits, &s.generate); !checked.is_ok()) {
       s.w.counters().refuse(Refusal::kBadParameter);
       s.writer.send(http::error_response(400, checked.message(), "invalid_request_error", "invalid_parameter"));
       end(RequestState::kFailed);
       return;
     }
+    s.choices = s.generate.choices;
   } else if (auto refusal = check_parameters(body, &s.choices)) {
     s.w.counters().refuse(Refusal::kBadParameter);
     s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
@@ -469,7 +473,7 @@ void ProxySession::build_and_send() {
   if (!s.topo->connectors.upstream_api_key.empty()) {
     options.upstream_api_key = s.topo->connectors.upstream_api_key;
   }
-  proto::ClientRequest client{s.req.path, s.client.original(), s.req.authorization, &s.client};
+  proto::ClientRequest client{s.req.path, s.client.original(), s.req.authorization, &s.client, &s.generate};
   WorkerContext& w = s.w;
   Status st = proto::build_legs(client, prefill, decode, s.prefill_rank, s.decode_rank, options,
                                 [&w] { return w.random(); }, &s.legs);
