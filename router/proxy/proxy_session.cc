@@ -1158,6 +1158,7 @@ void ProxySession::end(RequestState final_state) {
   s.req.body = std::string();
   give_answer_buffer(s.prefill_body);
   s.client = proto::JsonObjectBody();
+  s.generate = proto::GenerateView();  // its views were into the client's body
   s.legs.prefill.body = proto::JsonObjectBody();
   s.legs.decode.body = proto::JsonObjectBody();
   s.decode_body = std::string();

@@ -44,7 +44,7 @@ class TimerQueue {
   static constexpr size_t kUnlinked = SIZE_MAX;
   static constexpr uint64_t kNotArmed = UINT64_MAX;
 
-  // False when the loop refused the timer handle (construction) .
+  // False when the loop refused the timer handle (at construction).
   bool usable() const { return static_cast<bool>(timer_); }
   // `t` (unlinked, its due_ set) joins the heap; the libuv timer is re-armed if it is the earliest.
   void link(SessionTimer* t);
