@@ -1047,6 +1047,18 @@ bool is_timeout(UpstreamFailure failure) {
          failure == UpstreamFailure::kIdleTimeout;
 }
 
+namespace {
+// Releases the four callbacks and keep_alive, in that order (what `cb = UpstreamCallbacks{}`
+// does, without building and moving from a temporary per call).
+void release_callbacks(UpstreamCallbacks& cb) {
+  cb.on_head = nullptr;
+  cb.on_body = nullptr;
+  cb.on_complete = nullptr;
+  cb.on_error = nullptr;
+  cb.keep_alive.reset();
+}
+}  // namespace
+
 UpstreamCall::~UpstreamCall() = default;
 
 template <typename Fn, typename... Args>
@@ -1063,7 +1075,7 @@ void UpstreamCall::fire(Fn& fn, const char* what, Args&&... args) {
     cancel();
   }
   --in_callback_;
-  if (state_ == State::kDone && in_callback_ == 0) callbacks_ = UpstreamCallbacks{};
+  if (state_ == State::kDone && in_callback_ == 0) release_callbacks(callbacks_);
 }
 
 void UpstreamCall::end(bool cancelled, bool error) {
@@ -1104,7 +1116,7 @@ void UpstreamCall::cancel() {
   if (state_ == State::kDone) return;
   end(true, false);
   if (conn_ != nullptr) conn_->abandon();
-  if (in_callback_ == 0) callbacks_ = UpstreamCallbacks{};
+  if (in_callback_ == 0) release_callbacks(callbacks_);
 }
 
 void UpstreamCall::pause() {
@@ -1136,15 +1148,15 @@ UpstreamPool::~UpstreamPool() {
   core_->deferred_timer.close();
 }
 
-std::shared_ptr<UpstreamCall> UpstreamPool::start(const proto::HostPort& target, UpstreamRequest request,
-                                                  UpstreamTimeouts timeouts, UpstreamCallbacks callbacks) {
-  auto call = std::make_shared<UpstreamCall>(UpstreamCall::Key{});  // one allocation with its count
+std::shared_ptr<UpstreamCall> UpstreamPool::start(const proto::HostPort& target, UpstreamRequest&& request,
+                                                  UpstreamTimeouts timeouts, UpstreamCallbacks&& callbacks) {
+  // One allocation with its count; the callbacks moved straight into it.
+  auto call = std::make_shared<UpstreamCall>(UpstreamCall::Key{}, std::move(callbacks));
   call->core_ = core_;
   call->target_ = target;
   call->key_ = target.to_string();
   call->timeouts_ = timeouts;
   call->only_content_type_ = request.only_content_type;
-  call->callbacks_ = std::move(callbacks);
   call->state_ = UpstreamCall::State::kRunning;
   ++core_->stats.active;
   if (!core_->spare_wires.empty()) {

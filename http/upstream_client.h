@@ -186,7 +186,8 @@ class UpstreamCall final : public UpstreamCallControl {
   };
 
  public:
-  explicit UpstreamCall(Key) {}  // UpstreamPool::start() only (the key is private)
+  // UpstreamPool::start() only (the key is private); the callbacks are moved in once.
+  UpstreamCall(Key, UpstreamCallbacks&& callbacks) : callbacks_(std::move(callbacks)) {}
   UpstreamCall(const UpstreamCall&) = delete;
   UpstreamCall& operator=(const UpstreamCall&) = delete;
   ~UpstreamCall() override;
@@ -251,8 +252,8 @@ class UpstreamPool {
 
   // Starts one request to `target`, on a pooled connection if one is idle, else a fresh one.
   // Never calls back synchronously. Returns the call's handle (never null).
-  std::shared_ptr<UpstreamCall> start(const proto::HostPort& target, UpstreamRequest request,
-                                      UpstreamTimeouts timeouts, UpstreamCallbacks callbacks);
+  std::shared_ptr<UpstreamCall> start(const proto::HostPort& target, UpstreamRequest&& request,
+                                      UpstreamTimeouts timeouts, UpstreamCallbacks&& callbacks);
 
   // Shutdown: closes idle and active connections; active calls get on_error (kPoolClosed)
   // synchronously from here. Later start() calls fail the same way (from the loop).

@@ -74,7 +74,10 @@ Status check_object_or_null(std::optional<std::string_view> raw, std::string_vie
   return Status(StatusCode::kWrongType, std::string(name) + " must be an object, got " + excerpt(*raw));
 }
 
-Status check_sampling_params(const JsonObjectBody& sp, const JsonLimits& limits, int64_t* choices) {
+// Checks the indexed sampling_params `view->sampling_params` and indexes its extra_args into
+// `view`.
+Status check_sampling_params(const JsonLimits& limits, GenerateView* view) {
+  const JsonObjectBody& sp = view->sampling_params;
   for (std::string_view key : {"max_tokens", "min_tokens", "n"}) {
     if (!sp.has(key) || sp.is_null(key)) continue;
     std::optional<int64_t> v;
@@ -84,16 +87,16 @@ Status check_sampling_params(const JsonObjectBody& sp, const JsonLimits& limits,
       return Status(StatusCode::kOutOfRange, "sampling_params." + std::string(key) + " must be at least " +
                                                  std::to_string(least) + ", got " + std::to_string(*v));
     }
-    if (key == "n") *choices = *v;
+    if (key == "n") view->choices = *v;
   }
   const auto extra = sp.get_raw("extra_args");
   if (Status st = check_object_or_null(extra, "sampling_params.extra_args"); !st) return st;
   if (is_null_raw(extra)) return Status::ok();
-  JsonObjectBody extra_args;
-  if (Status st = JsonObjectBody::parse_member_borrowed(*extra, limits, &extra_args); !st) {
+  if (Status st = JsonObjectBody::parse_member_borrowed(*extra, limits, &view->extra_args); !st) {
     return prefixed(st, "sampling_params.extra_args: ");
   }
-  return check_object_or_null(extra_args.get_raw("kv_transfer_params"),
+  view->has_extra_args = true;
+  return check_object_or_null(view->extra_args.get_raw("kv_transfer_params"),
                               "sampling_params.extra_args.kv_transfer_params");
 }
 
@@ -107,16 +110,37 @@ Status sampling_params_of(const JsonObjectBody& body, const JsonLimits& limits, 
   return prefixed(JsonObjectBody::parse_member_borrowed(*raw, limits, out), "sampling_params: ");
 }
 
+// Mirrors `params` (a leg's top-level kv_transfer_params) into `sp`, a leg's sampling_params whose
+// extra_args is indexed in `extra_args` (null when absent or null). True when `sp` changed.
+bool mirror_into(std::optional<std::string_view> params, const JsonObjectBody* extra_args, JsonObjectBody* sp) {
+  if (extra_args == nullptr) {
+    if (is_null_raw(params)) return false;  // nothing to mirror, nothing to remove
+    sp->set_raw("extra_args", JsonObjectWriter().raw("kv_transfer_params", *params).finish());
+    return true;
+  }
+  if (is_null_raw(params) && !extra_args->has("kv_transfer_params")) return false;
+  JsonObjectBody edited = *extra_args;
+  if (is_null_raw(params)) {
+    edited.remove("kv_transfer_params");
+  } else {
+    edited.set_raw("kv_transfer_params", *params);
+  }
+  sp->set_raw("extra_args", edited.render());
+  return true;
+}
+
 }  // namespace
 
-Status check_generate_request(const JsonObjectBody& body, const JsonLimits& limits, int64_t* choices) {
-  *choices = 1;
+Status check_generate_request(const JsonObjectBody& body, const JsonLimits& limits, GenerateView* view) {
+  view->sampling_params.clear();
+  view->extra_args.clear();
+  view->has_extra_args = false;
+  view->choices = 1;
   const auto token_ids = body.get_raw("token_ids");
   if (is_null_raw(token_ids)) return Status(StatusCode::kMissingKey, "token_ids is required (an array of token ids)");
   if (Status st = check_token_ids(*token_ids); !st) return st;
-  JsonObjectBody sp;
-  if (Status st = sampling_params_of(body, limits, &sp); !st) return st;
-  if (Status st = check_sampling_params(sp, limits, choices); !st) return st;
+  if (Status st = sampling_params_of(body, limits, &view->sampling_params); !st) return st;
+  if (Status st = check_sampling_params(limits, view); !st) return st;
   if (const auto model = body.get_raw("model"); !is_null_raw(model) && model->front() != '"') {
     return Status(StatusCode::kWrongType, "model must be a string, got " + excerpt(*model));
   }
@@ -126,31 +150,43 @@ Status check_generate_request(const JsonObjectBody& body, const JsonLimits& limi
   return check_object_or_null(body.get_raw("kv_transfer_params"), "kv_transfer_params");
 }
 
+Status check_generate_request(const JsonObjectBody& body, const JsonLimits& limits, int64_t* choices) {
+  GenerateView view;
+  Status st = check_generate_request(body, limits, &view);
+  *choices = st.is_ok() ? view.choices : 1;
+  return st;
+}
+
 std::string_view generate_token_ids(const JsonObjectBody& body) {
   return body.get_raw("token_ids").value_or(std::string_view());
 }
 
-Status generate_leg_view(const JsonObjectBody& client, const JsonLimits& limits, JsonObjectBody* leg) {
-  JsonObjectBody sp;
-  if (Status st = sampling_params_of(client, limits, &sp); !st) return st;
+void generate_leg_view(const GenerateView& view, JsonObjectBody* leg) {
   for (std::string_view key : kTokenCounts) {
-    if (const auto value = sp.get_raw(key)) {
+    if (const auto value = view.sampling_params.get_raw(key)) {
       leg->set_raw(key, *value);
     } else {
       leg->remove(key);
     }
   }
-  return Status::ok();
 }
 
-Status finish_generate_leg(const JsonObjectBody& client, const JsonLimits& limits, JsonObjectBody* leg) {
-  JsonObjectBody sp;
-  if (Status st = sampling_params_of(client, limits, &sp); !st) return st;
+void finish_generate_leg(const JsonObjectBody& client, const GenerateView& view, JsonObjectBody* leg) {
+  // A copy of the client's indexed sampling_params (its member table; the bytes stay the
+  // client's). Rendered into the leg only when an edit changed it: an unchanged one renders to
+  // the client's bytes, which the leg holds already.
+  JsonObjectBody sp = view.sampling_params;
+  bool changed = false;
   for (std::string_view key : kTokenCounts) {
+    const auto before = sp.get_raw(key);
     if (const auto value = leg->get_raw(key)) {
-      sp.set_raw(key, *value);
-    } else {
+      if (!before || *before != *value) {
+        sp.set_raw(key, *value);
+        changed = true;
+      }
+    } else if (before) {
       sp.remove(key);
+      changed = true;
     }
     if (const auto original = client.get_raw(key)) {
       leg->set_raw(key, *original);
@@ -158,8 +194,11 @@ Status finish_generate_leg(const JsonObjectBody& client, const JsonLimits& limit
       leg->remove(key);
     }
   }
-  leg->set_raw("sampling_params", sp.render());
-  return mirror_generate_kv_params(limits, leg);
+  // sp's extra_args is the client's (the edits above touch only the token counts).
+  if (mirror_into(leg->get_raw("kv_transfer_params"), view.has_extra_args ? &view.extra_args : nullptr, &sp)) {
+    changed = true;
+  }
+  if (changed) leg->set_raw("sampling_params", sp.render());
 }
 
 Status mirror_generate_kv_params(const JsonLimits& limits, JsonObjectBody* leg) {
@@ -167,24 +206,15 @@ Status mirror_generate_kv_params(const JsonLimits& limits, JsonObjectBody* leg) 
   {
     JsonObjectBody sp;
     if (Status st = sampling_params_of(*leg, limits, &sp); !st) return st;
-    const auto params = leg->get_raw("kv_transfer_params");
     const auto extra = sp.get_raw("extra_args");
-    if (is_null_raw(extra)) {
-      if (is_null_raw(params)) return Status::ok();  // nothing to mirror, nothing to remove
-      std::string extra_args = JsonObjectWriter().raw("kv_transfer_params", *params).finish();
-      sp.set_raw("extra_args", extra_args);
-    } else {
-      JsonObjectBody extra_args;
+    JsonObjectBody extra_args;
+    if (!is_null_raw(extra)) {
       if (Status st = JsonObjectBody::parse_member_borrowed(*extra, limits, &extra_args); !st) {
         return prefixed(st, "sampling_params.extra_args: ");
       }
-      if (is_null_raw(params)) {
-        if (!extra_args.has("kv_transfer_params")) return Status::ok();
-        extra_args.remove("kv_transfer_params");
-      } else {
-        extra_args.set_raw("kv_transfer_params", *params);
-      }
-      sp.set_raw("extra_args", extra_args.render());
+    }
+    if (!mirror_into(leg->get_raw("kv_transfer_params"), is_null_raw(extra) ? nullptr : &extra_args, &sp)) {
+      return Status::ok();
     }
     rendered = sp.render();
   }

@@ -213,9 +213,14 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
     if (Status st = JsonObjectBody::parse(request.body, options.limits, &parsed_here); !st) return st;
     client = &parsed_here;
   }
+  // Tokens in: the caller's check of its parse (ClientRequest::generate), else one made here.
+  const GenerateView* generate = request.parsed != nullptr ? request.generate : nullptr;
+  GenerateView checked_here;  // borrows *client's document, which outlives it
   if (tokens_in) {
-    int64_t choices = 1;
-    if (Status st = check_generate_request(*client, options.limits, &choices); !st) return st;
+    if (generate == nullptr) {
+      if (Status st = check_generate_request(*client, options.limits, &checked_here); !st) return st;
+      generate = &checked_here;
+    }
   } else if (Status st = check_token_fields(*client); !st) {
     return st;
   } else if (responses) {
@@ -240,14 +245,14 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
   out->decode.body = *client;
   plan.tokens_in = tokens_in;
   if (tokens_in) {  // the dialect edits token counts at the top level (generate_request.h)
-    if (Status st = generate_leg_view(*client, options.limits, &out->prefill.body); !st) return st;
-    if (Status st = generate_leg_view(*client, options.limits, &out->decode.body); !st) return st;
+    generate_leg_view(*generate, &out->prefill.body);
+    generate_leg_view(*generate, &out->decode.body);
   }
   const DialectInput input{p, d, p_rank, options, random};
   if (Status st = dialect->build(input, &plan, &out->prefill.body, &out->decode.body); !st) return st;
   if (tokens_in) {
-    if (Status st = finish_generate_leg(*client, options.limits, &out->prefill.body); !st) return st;
-    if (Status st = finish_generate_leg(*client, options.limits, &out->decode.body); !st) return st;
+    finish_generate_leg(*client, *generate, &out->prefill.body);
+    finish_generate_leg(*client, *generate, &out->decode.body);
   }
   if (responses) respell_prefill_for_responses(*client, &out->prefill.body);
 

@@ -36,6 +36,7 @@
 #include "proto/address.h"
 #include "proto/dialects/dialect.h"
 #include "proto/discovery_message.h"
+#include "proto/generate_request.h"
 #include "proto/json_splice.h"
 #include "proto/node_spec.h"
 #include "base/status.h"
@@ -59,6 +60,11 @@ struct ClientRequest {
   // The body already parsed (the session parses it once for admission and every build); null:
   // build_legs parses `body` itself.
   const JsonObjectBody* parsed = nullptr;
+  // /inference/v1/generate: check_generate_request's view of `parsed` (the session checks the
+  // body once at admission); build_legs then neither checks nor parses its sampling_params
+  // again. Null: build_legs checks the body itself. Ignored for the other paths and when
+  // `parsed` is null.
+  const GenerateView* generate = nullptr;
 };
 
 struct LegOptions {

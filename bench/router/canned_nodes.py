@@ -4,11 +4,12 @@ every request with a fixed body (`return 200`). No tokenizer, no KV, no timing m
 is HTTP, so pdrouter's and the nginx baseline's CPU per request are not blurred by the sims' cost.
 
 What each answer must carry (shared/PROTOCOLS.md):
-- prefill (POST /v1/completions, /v1/chat/completions): a vLLM JSON answer whose top-level
+- prefill (POST /v1/completions, /v1/chat/completions, /inference/v1/generate): a vLLM JSON answer whose top-level
   `kv_transfer_params` is what a NIXL prefill returns (serial dialects copy it into the decode leg;
   a null one would send pdrouter down the no-KV fallback). Concurrent dialects (MoRIIO WRITE,
   Mooncake) only look at its status.
-- decode: /v1/completions a JSON completion (non-streaming); /v1/chat/completions an SSE stream of
+- decode: /v1/completions a JSON completion (non-streaming); /inference/v1/generate a JSON
+  GenerateResponse (token ids); /v1/chat/completions an SSE stream of
   a role chunk, four content chunks, a finish chunk and `data: [DONE]` (`default_type
   text/event-stream`; `return` cannot stream, so the events arrive in one body, which pdrouter and
   nginx relay the same way).
@@ -59,6 +60,20 @@ def decode_completion():
             "usage": _usage(4), "kv_transfer_params": None}
 
 
+def prefill_generate():
+    """vLLM's GenerateResponse (POST /inference/v1/generate) of a prefill capped at one token."""
+    return {"request_id": "generate-tokens-canned-prefill",
+            "choices": [{"index": 0, "logprobs": None, "finish_reason": "length", "token_ids": [464]}],
+            "prompt_logprobs": None, "kv_transfer_params": NIXL_PARAMS}
+
+
+def decode_generate():
+    return {"request_id": "generate-tokens-canned-decode",
+            "choices": [{"index": 0, "logprobs": None, "finish_reason": "length",
+                         "token_ids": [2068, 7586, 21831, 18045]}],
+            "prompt_logprobs": None, "kv_transfer_params": None}
+
+
 def decode_chat_stream():
     def chunk(delta, finish=None):
         return {"id": "chatcmpl-canned-decode", "object": "chat.completion.chunk",
@@ -99,10 +114,12 @@ def nginx_conf(directory, ports, workers=1):
         bootstrap="%s:%d" % (PREFILL_HOST, ports["bootstrap"]),
         prefill_locations=health
         + answer("/v1/completions", "application/json", _compact(prefill_completion()))
-        + answer("/v1/chat/completions", "application/json", _compact(prefill_chat())),
+        + answer("/v1/chat/completions", "application/json", _compact(prefill_chat()))
+        + answer("/inference/v1/generate", "application/json", _compact(prefill_generate())),
         decode_locations=health
         + answer("/v1/completions", "application/json", _compact(decode_completion()))
-        + answer("/v1/chat/completions", "text/event-stream", decode_chat_stream()),
+        + answer("/v1/chat/completions", "text/event-stream", decode_chat_stream())
+        + answer("/inference/v1/generate", "application/json", _compact(decode_generate())),
         bootstrap_locations=answer("/query", "application/json", _compact(bootstrap_query())))
 
 

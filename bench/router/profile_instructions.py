@@ -9,7 +9,7 @@ canned-answer nginx nodes of canned_nodes.py; after a warm-up its counters are z
 count_syscalls.py), and the counters are dumped. Printed: total instructions per request and the
 functions with the most self instructions (callgrind's "Ir", exclusive), per request.
 
-  bench/router/profile_instructions.py --bin-dir build/release [--dialect nixl] [--stream]
+  bench/router/profile_instructions.py --bin-dir build/release [--dialect nixl] [--stream | --generate]
 
 Needs valgrind (Debian `valgrind`), nginx and a built pdrouter. Kernel time (the syscalls) is
 not counted: see count_syscalls.sh for those.
@@ -65,7 +65,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bin-dir", default=os.environ.get("PDR_BUILD_DIR", "build/release"))
     parser.add_argument("--dialect", default="nixl", choices=[d[0] for d in rb.DIALECTS])
-    parser.add_argument("--stream", action="store_true", help="streaming chat instead of completions")
+    workload = parser.add_mutually_exclusive_group()
+    workload.add_argument("--stream", action="store_true", help="streaming chat instead of completions")
+    workload.add_argument("--generate", action="store_true",
+                          help="tokens-in POST /inference/v1/generate instead of completions")
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--top", type=int, default=30)
@@ -89,7 +92,12 @@ def main():
     os.symlink(os.path.abspath(os.path.join(args.bin_dir, "node", "pdnode")), os.path.join(wrapped, "node", "pdnode"))
     setup_args = argparse.Namespace(work_dir=work, bin_dir=wrapped, router_workers=1, sim_workers=1,
                                     wrk_threads=1, smoke=False)
-    path, body = ("/v1/chat/completions", rb.CHAT_STREAM) if args.stream else ("/v1/completions", rb.COMPLETION)
+    if args.stream:
+        label, path, body = "streaming chat", "/v1/chat/completions", rb.CHAT_STREAM
+    elif args.generate:
+        label, path, body = "generate", "/inference/v1/generate", rb.GENERATE
+    else:
+        label, path, body = "completions", "/v1/completions", rb.COMPLETION
     try:
         setup = rb.DialectSetup(setup_args, "canned", args.dialect)
         pid = setup.router.pid
@@ -111,7 +119,7 @@ def main():
     total = sum(costs.values())
     n = args.requests
     print("pdrouter, %s %s, %d requests over %d connections: %d user-space instructions per P/D request"
-          % (args.dialect, "streaming chat" if args.stream else "completions", n, args.connections, total // n))
+          % (args.dialect, label, n, args.connections, total // n))
     for name, cost in sorted(costs.items(), key=lambda kv: -kv[1])[:args.top]:
         print("%8d  %5.1f%%  %s" % (cost // n, 100.0 * cost / total, name[:140]))
 

@@ -39,6 +39,9 @@ KEEP_MARKER = "<!-- Everything below this line is hand-written and kept when run
 
 COMPLETION = {"model": "sim-model", "prompt": "The quick brown fox jumps over the lazy dog",
               "max_tokens": 4}
+# vLLM's tokens-in endpoint (POST /inference/v1/generate): token counts inside sampling_params.
+GENERATE = {"model": "sim-model", "token_ids": [464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290],
+            "sampling_params": {"max_tokens": 4, "temperature": 0}}
 CHAT_STREAM = {"model": "sim-model", "messages": [{"role": "user", "content": "Say hello"}],
                "max_tokens": 4, "stream": True}
 

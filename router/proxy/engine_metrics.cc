@@ -86,7 +86,7 @@ void serve_engine_metrics(WorkerContext& worker, const http::Request&, http::Res
   scrape->pending = targets.size();
   std::weak_ptr<EngineScrape> weak = scrape;
   // The deadline holds the scrape weakly: the calls' callbacks keep it alive until they end.
-  scrape->deadline.start(worker.loop(), kEngineMetricsDeadline, [weak] {
+  scrape->deadline.start(worker.timers(), kEngineMetricsDeadline, [weak] {
     if (auto s = weak.lock()) {
       for (NodeFetch& n : s->nodes) n.failed = n.failed || !n.done;
       s->answer();

@@ -139,7 +139,7 @@ void HealthGenerate::serve(WorkerContext& worker, const http::Request& request, 
                   "health_generate_failed");
   };
   std::weak_ptr<Probe> weak = probe;
-  probe->deadline.start(worker.loop(), kHealthGenerateDeadline, [weak] {
+  probe->deadline.start(worker.timers(), kHealthGenerateDeadline, [weak] {
     if (auto p = weak.lock()) {
       p->failed("health_generate: no answer within " + std::to_string(kHealthGenerateDeadline.count()) + " ms",
                 "health_generate_timeout");

@@ -167,7 +167,7 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
         // closed, as a P/D stream is: a paused read must not hold the node forever.
         const auto limit = relay->worker->topology()->timeouts.client_write;
         if (limit.count() > 0) {
-          relay->stall.start(relay->worker->loop(), limit, [weak] {
+          relay->stall.start(relay->worker->timers(), limit, [weak] {
             auto r = weak.lock();
             if (!r) return;
             ProxyCounters::bump(r->worker->counters().client_write_stalls);

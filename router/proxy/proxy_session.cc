@@ -43,7 +43,7 @@ proto::LegInstance to_leg_instance(const Instance& i) {
 
 // SessionTimers: the timers are the session's own (State), and a SessionTimer never calls back
 // once destroyed, so their callbacks capture the plain pointer (a weak_ptr capture puts the
-// std::function on the heap, and SessionTimer copies it to run it); each takes a reference for
+// std::function on the heap, and SessionTimer moves it out to run it); each takes a reference for
 // its own run, as it may end the session.
 //
 // KeepAlive: a leg's callbacks keep its session alive while the call may still call back. The
@@ -207,6 +207,9 @@ struct ProxySession::State {
   std::optional<uint32_t> prefill_rank, decode_rank;
   // The client's body, parsed once (begin()); admission, affinity and every leg build read it.
   proto::JsonObjectBody client;
+  // /inference/v1/generate: the body's check (begin()), which every leg build reads (its
+  // sampling_params indexed once; borrows client's document).
+  proto::GenerateView generate;
   const proto::Dialect* dialect = nullptr;  // of the pair (proto/dialects/dialect.h)
   PrefillFacts prefill_facts;               // what the dialect's pre-step learned (pre_step.h)
   proto::LegBuild legs;
@@ -304,12 +307,13 @@ void ProxySession::begin() {
   }
   if (s.req.path == proto::kGeneratePath) {
     // Tokens in: token_ids and sampling_params, with the token counts inside the latter.
-    if (Status checked = proto::check_generate_request(body, limits, &s.choices); !checked.is_ok()) {
+    if (Status checked = proto::check_generate_request(body, limits, &s.generate); !checked.is_ok()) {
       s.w.counters().refuse(Refusal::kBadParameter);
       s.writer.send(http::error_response(400, checked.message(), "invalid_request_error", "invalid_parameter"));
       end(RequestState::kFailed);
       return;
     }
+    s.choices = s.generate.choices;
   } else if (auto refusal = check_parameters(body, &s.choices)) {
     s.w.counters().refuse(Refusal::kBadParameter);
     s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
@@ -327,7 +331,7 @@ void ProxySession::begin() {
   s.cache = lookup_cache(body, s.model, *s.topo, s.w.shared());
   if (s.cache) s.summary.cache = &s.cache->hits;
   if (s.topo->timeouts.request.count() > 0) {
-    s.request_timer.start(s.w.loop(), s.topo->timeouts.request, [this] {  // see SessionTimers
+    s.request_timer.start(s.w.timers(), s.topo->timeouts.request, [this] {  // see SessionTimers
       shared_from_this()->on_request_deadline();
     });
   }
@@ -469,7 +473,7 @@ void ProxySession::build_and_send() {
   if (!s.topo->connectors.upstream_api_key.empty()) {
     options.upstream_api_key = s.topo->connectors.upstream_api_key;
   }
-  proto::ClientRequest client{s.req.path, s.client.original(), s.req.authorization, &s.client};
+  proto::ClientRequest client{s.req.path, s.client.original(), s.req.authorization, &s.client, &s.generate};
   WorkerContext& w = s.w;
   Status st = proto::build_legs(client, prefill, decode, s.prefill_rank, s.decode_rank, options,
                                 [&w] { return w.random(); }, &s.legs);
@@ -572,7 +576,7 @@ void ProxySession::send_prefill() {
   // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
   // trickling bytes is cut there too (security review #19).
   s.prefill_deadline = sent_at + s.topo->timeouts.prefill;
-  s.prefill_timer.start(s.w.loop(), s.topo->timeouts.prefill, [this] {  // see SessionTimers
+  s.prefill_timer.start(s.w.timers(), s.topo->timeouts.prefill, [this] {  // see SessionTimers
     shared_from_this()->on_prefill_deadline();
   });
 }
@@ -792,7 +796,7 @@ void ProxySession::on_decode_head(int status, const std::vector<http::Header>& h
   s.sse = true;
   s.w.counters().bump(s.w.counters().held_stream_heads);
   const auto due = s.decode_sent_at + s.topo->timeouts.first_byte;
-  s.head_timer.start(s.w.loop(), until(due), [this] {  // see SessionTimers
+  s.head_timer.start(s.w.timers(), until(due), [this] {  // see SessionTimers
     auto self = shared_from_this();
     if (self->finished() || self->s_->stream_started || !self->s_->decode_call) return;
     State& st = *self->s_;
@@ -919,7 +923,7 @@ void ProxySession::release_answer_budget() {
 void ProxySession::arm_write_stall_check() {
   State& s = *s_;
   s.stall_mark = s.writer.buffered_bytes();
-  s.stall_timer.start(s.w.loop(), s.topo->timeouts.client_write, [this] {  // see SessionTimers
+  s.stall_timer.start(s.w.timers(), s.topo->timeouts.client_write, [this] {  // see SessionTimers
     auto self = shared_from_this();
     if (self->finished() || !self->s_->paused) return;
     State& st = *self->s_;
@@ -1141,7 +1145,7 @@ void ProxySession::end(RequestState final_state) {
     s.orphan = true;
     s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
     const auto grace = std::min(until(s.prefill_deadline), std::chrono::milliseconds(kOrphanGrace));
-    s.prefill_timer.start(s.w.loop(), grace, [this] {  // see SessionTimers
+    s.prefill_timer.start(s.w.timers(), grace, [this] {  // see SessionTimers
       shared_from_this()->on_prefill_deadline();
     });
   } else {
@@ -1154,6 +1158,7 @@ void ProxySession::end(RequestState final_state) {
   s.req.body = std::string();
   give_answer_buffer(s.prefill_body);
   s.client = proto::JsonObjectBody();
+  s.generate = proto::GenerateView();  // its views were into the client's body
   s.legs.prefill.body = proto::JsonObjectBody();
   s.legs.decode.body = proto::JsonObjectBody();
   s.decode_body = std::string();

@@ -25,6 +25,7 @@ WorkerContext::WorkerContext(ProxyShared& shared, uint32_t index, uv_loop_s* loo
     : shared_(shared),
       index_(index),
       loop_(loop),
+      timers_(loop),
       pool_(loop),
       upstream_(upstream != nullptr ? upstream : &pool_port_),
       mooncake_(*upstream_),

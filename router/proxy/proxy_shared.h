@@ -26,6 +26,7 @@
 #include "router/proxy/conversation_cache.h"
 #include "router/proxy/mooncake_cache.h"
 #include "router/proxy/proxy_counters.h"
+#include "router/proxy/timer_queue.h"
 #include "router/proxy/upstream_port.h"
 
 struct uv_loop_s;
@@ -88,6 +89,8 @@ class WorkerContext {
   ProxyCounters& counters() { return shared_.counters; }
   uint32_t index() const { return index_; }
   uv_loop_s* loop() { return loop_; }
+  // The deadlines of this worker's sessions and relays (SessionTimer::start).
+  TimerQueue& timers() { return timers_; }
   http::UpstreamPool& pool() { return pool_; }
   UpstreamPort& upstream() { return *upstream_; }
   MooncakeEngineCache& mooncake() { return mooncake_; }
@@ -110,6 +113,7 @@ class WorkerContext {
   ProxyShared& shared_;
   const uint32_t index_;
   uv_loop_s* loop_;
+  TimerQueue timers_;
   http::UpstreamPool pool_;
   PoolUpstreamPort pool_port_{pool_};
   UpstreamPort* upstream_;

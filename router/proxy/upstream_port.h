@@ -33,8 +33,10 @@ class UpstreamPort {
 
   virtual ~UpstreamPort() = default;
   // Starts one request to `target`; never calls back synchronously. Never returns null.
-  virtual CallPtr start(const proto::HostPort& target, http::UpstreamRequest request,
-                        http::UpstreamTimeouts timeouts, http::UpstreamCallbacks callbacks) = 0;
+  // `request` and `callbacks` are taken by reference and moved from once, where they end up (a
+  // leg's four callbacks and keep_alive are moved once, into the call, not once per layer).
+  virtual CallPtr start(const proto::HostPort& target, http::UpstreamRequest&& request,
+                        http::UpstreamTimeouts timeouts, http::UpstreamCallbacks&& callbacks) = 0;
   // Shutdown: every call still in flight gets on_error (UpstreamFailure::kPoolClosed) from here.
   virtual void close_all() = 0;
 };
@@ -43,8 +45,8 @@ class PoolUpstreamPort final : public UpstreamPort {
  public:
   explicit PoolUpstreamPort(http::UpstreamPool& pool) : pool_(pool) {}
 
-  CallPtr start(const proto::HostPort& target, http::UpstreamRequest request, http::UpstreamTimeouts timeouts,
-                http::UpstreamCallbacks callbacks) override;
+  CallPtr start(const proto::HostPort& target, http::UpstreamRequest&& request, http::UpstreamTimeouts timeouts,
+                http::UpstreamCallbacks&& callbacks) override;
   void close_all() override { pool_.close_all(); }
 
  private:

@@ -267,7 +267,7 @@ class TlsUpstreamTest : public ::testing::Test {
     t.connect = std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(5s));
     t.first_byte = t.connect;
     t.idle = t.connect;
-    auto call = pool_->start(proto::HostPort{"127.0.0.1", port}, req, t, cb);
+    auto call = pool_->start(proto::HostPort{"127.0.0.1", port}, std::move(req), t, std::move(cb));
     const auto until = Clock::now() + test::scaled(20s);
     while (!o.done() && Clock::now() < until) uv_run(&loop_, UV_RUN_ONCE);  // the call's timers bound each wait
     EXPECT_TRUE(o.done()) << "the call did not end";

@@ -237,5 +237,61 @@ TEST(GenerateLegs, BadBodiesAreTheClientsFault) {
   EXPECT_EQ(st.code(), StatusCode::kWrongType);
 }
 
+// Parse once (#12): admission's check (check_generate_request into a GenerateView) indexes the
+// client's sampling_params and its extra_args; building the legs from that view (and rebuilding
+// them for a retry) parses nothing, and gives exactly the legs build_legs makes on its own.
+TEST(GenerateParseOnce, LegsAreBuiltFromTheAdmissionCheck) {
+  const LegInstance pairs[][2] = {
+      {Node(Connector::kNixl, "127.0.20.1", 8100), Node(Connector::kNixl, "127.0.20.2", 8200)},
+      {Moriio("127.0.20.1", 8100), Moriio("127.0.20.2", 8200)},
+      {Node(Connector::kP2pNccl, "127.0.20.1", 8100), Node(Connector::kP2pNccl, "127.0.20.2", 8200)},
+  };
+  const std::string bodies[] = {
+      kBody,
+      R"({"token_ids":[1,2],"sampling_params":{"max_tokens":9}})",
+      R"({"token_ids":[1],"sampling_params":{ "min_tokens" : 3 , "temperature":0 },"max_tokens":5})",
+      R"({"token_ids":[1],"kv_transfer_params":{"x":1},"sampling_params":{"extra_args":{"kv_transfer_params":{"x":1}}}})",
+      R"({"token_ids":[1],"sampling_params":{"max_tokens":null,"extra_args":null}})",
+  };
+  for (const std::string& body : bodies) {
+    for (const auto& pair : pairs) {
+      SCOPED_TRACE(body + " " + std::string(to_string(pair[0].connector)));
+      JsonObjectBody client;
+      ASSERT_TRUE(JsonObjectBody::parse(body, JsonLimits(), &client).is_ok());
+      GenerateView view;
+      const uint64_t before_check = json_object_parses();
+      ASSERT_TRUE(check_generate_request(client, JsonLimits(), &view).is_ok());
+      EXPECT_EQ(json_object_parses() - before_check, view.has_extra_args ? 2u : 1u)
+          << "sampling_params, and extra_args when it is an object";
+
+      const uint64_t before = json_object_parses();
+      LegBuild built, again;
+      const ClientRequest request{kGeneratePath, body, "", &client, &view};
+      ASSERT_TRUE(build_legs(request, pair[0], pair[1], std::nullopt, std::nullopt, LegOptions(), Rng(), &built)
+                      .is_ok());
+      ASSERT_TRUE(build_legs(request, pair[0], pair[1], std::nullopt, std::nullopt, LegOptions(), Rng(), &again)
+                      .is_ok());
+      EXPECT_EQ(json_object_parses(), before) << "no parse when building the legs from the view";
+
+      LegBuild alone;
+      ASSERT_TRUE(Build(body, pair[0], pair[1], &alone).is_ok());
+      EXPECT_EQ(built.prefill.body_text(), alone.prefill.body_text());
+      EXPECT_EQ(built.decode.body_text(), alone.decode.body_text());
+      EXPECT_EQ(again.decode.body_text(), alone.decode.body_text());
+    }
+  }
+}
+
+TEST(GenerateParseOnce, AnUnchangedSamplingParamsKeepsTheClientsBytes) {
+  // The NIXL decode leg carries the client's sampling_params as it came (spacing and all): it is
+  // not rendered again when no edit touched it.
+  const std::string body = R"({"token_ids":[1], "sampling_params" : { "max_tokens" : 7 ,"seed":3 } })";
+  LegBuild b;
+  ASSERT_TRUE(Build(body, Node(Connector::kNixl, "127.0.20.1", 8100), Node(Connector::kNixl, "127.0.20.2", 8200), &b)
+                  .is_ok());
+  EXPECT_EQ(b.decode.body_text(), body);
+  EXPECT_EQ(b.decode.body.get_raw("sampling_params"), R"({ "max_tokens" : 7 ,"seed":3 })");
+}
+
 }  // namespace
 }  // namespace pdr::proto

@@ -137,8 +137,8 @@ class FakeCall final : public UpstreamPort::Call {
 // tells a waiting test thread that something changed.
 class FakeUpstream final : public UpstreamPort {
  public:
-  CallPtr start(const proto::HostPort& target, http::UpstreamRequest request, http::UpstreamTimeouts,
-                http::UpstreamCallbacks callbacks) override {
+  CallPtr start(const proto::HostPort& target, http::UpstreamRequest&& request, http::UpstreamTimeouts,
+                http::UpstreamCallbacks&& callbacks) override {
     // A leg's body is rendered only inside start() (UpstreamRequest::append_body points at the
     // session's unrendered leg): render it now, as the real client renders it into its wire
     // buffer, and check the announced size.
