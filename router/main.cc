@@ -52,6 +52,9 @@ from admin.api_key_env or admin.api_key_file, as Bearer or X-API-Key. Unknown pa
 a method a path does not accept 405 with Allow. With listeners.admin set, the routes marked admin
 are served only on that listener and those marked client only on listeners.http (404 on the
 other); both serve the ones marked both. Without it, listeners.http serves every route.
+limits.max_concurrent_requests (429 with Retry-After) and limits.max_buffered_bytes cover the
+P/D endpoints and the one-node ones (render, tokenize, detokenize, pooling, audio, pass-through)
+together.
 
 Nodes register over ZMQ (DEALER -> our ROUTER) with vLLM's MoRIIO or P2P-NCCL messages, or
 pdrouter's extended format (see proto/DISCOVERY.md); `pdnode register` does it for any node.
