@@ -49,7 +49,8 @@ std::string help_footer() {
 The P/D endpoints split each request into a prefill and a decode leg for the pair's connector
 (NIXL, MoRIIO READ/WRITE, Mooncake, P2P-NCCL, SGLang). The admin API (/admin/...) takes the key
 from admin.api_key_env or admin.api_key_file, as Bearer or X-API-Key. Unknown paths answer 404,
-a method a path does not accept 405 with Allow. With listeners.admin set, the routes marked admin
+a method a path does not accept 405 with Allow. HEAD is answered on every GET route (the GET
+answer's status and headers, no body). With listeners.admin set, the routes marked admin
 are served only on that listener and those marked client only on listeners.http (404 on the
 other); both serve the ones marked both. Without it, listeners.http serves every route.
 limits.max_concurrent_requests (429 with Retry-After) and limits.max_buffered_bytes cover the
