@@ -312,8 +312,13 @@ int run(Process& p) {
       p.discovery.stop();
       return 1;
     }
-    pdr::log::info("kubernetes pod discovery: {} namespace {} selector '{}'", topology.kubernetes.api_server_url,
-                 topology.kubernetes.namespace_name, topology.kubernetes.label_selector);
+    const auto& k8s = topology.kubernetes;
+    // With role selectors the role comes from them, not from role_label: the line says which.
+    const std::string roles = k8s.uses_selectors() ? " prefill_selector '" + k8s.prefill_selector.text +
+                                                         "' decode_selector '" + k8s.decode_selector.text + "'"
+                                                   : std::string();
+    pdr::log::info("kubernetes pod discovery: {} namespace {} selector '{}'{}", k8s.api_server_url,
+                   k8s.namespace_name, k8s.label_selector, roles);
   }
   http::ServerOptions server_opts = server_options(topology);
   fit_fd_limit(topology, &server_opts);
