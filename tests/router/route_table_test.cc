@@ -278,7 +278,7 @@ TEST_F(RouteDispatchTest, NotFoundAndMethodNotAllowedAreJsonWithAllow) {
 
   r = request("POST", "/status", "{}");
   EXPECT_EQ(r.status, 405);
-  EXPECT_EQ(r.header("Allow"), "GET");
+  EXPECT_EQ(r.header("Allow"), "GET, HEAD");
   EXPECT_EQ(error_code(r), "method_not_allowed");
 
   r = request("HEAD", "/v1/chat/completions");
@@ -335,7 +335,7 @@ TEST_F(RouteDispatchTest, WrongMethodOnAPdPathIsCountedAsBadPath) {
   EXPECT_EQ(bad_path.load(), before + 1);
   r = request("POST", "/v1/models");  // not a P/D path: not counted there
   EXPECT_EQ(r.status, 405);
-  EXPECT_EQ(r.header("Allow"), "GET");
+  EXPECT_EQ(r.header("Allow"), "GET, HEAD");
   EXPECT_EQ(bad_path.load(), before + 1);
 }
 
