@@ -172,6 +172,28 @@ class ResponsesThroughPd(unittest.TestCase):
         self.assertEqual(names.count("response.output_text.delta"), 4)
         self.check_legs(body)
 
+    def test_bad_max_output_tokens_is_the_routers_400(self):
+        status, _, raw = self.cluster.post("/v1/responses", responses_body(max_output_tokens=2.5))
+        self.assertEqual(status, 400, raw)
+        self.assertIn("max_output_tokens", json.loads(raw)["error"]["message"])
+        self.assertEqual(entries(self.cluster.prefills[0]), [])
+
+    def test_get_is_405(self):
+        status, headers, _ = self.cluster.get("/v1/responses")
+        self.assertEqual(status, 405)
+        self.assertEqual(headers["allow"], "POST")
+
+
+class ResponsesMidStreamFailure(unittest.TestCase):
+    """A Responses stream whose decode dies after the client's stream began."""
+
+    def setUp(self):
+        # Tokens 100 ms apart: the events before the cut reach pdrouter before the sim closes
+        # (a cut in the same loop turn as the first events would drop them with the connection).
+        self.cluster = PdCluster("nixl", prefills=1, decodes=1,
+                                 decode_flags=("--decode-us-per-token", "100000"))
+        self.addCleanup(self.cluster.close)
+
     def test_decode_dying_mid_stream_ends_the_responses_way(self):
         # The decode is cut after two tokens: the client's stream had begun, so pdrouter ends it
         # with the Responses API's error and response.failed events (proto/responses_stream.h),
@@ -205,17 +227,6 @@ class ResponsesThroughPd(unittest.TestCase):
         self.assertEqual(failed["error"]["message"], error["message"])
         self.cluster.router.wait_for(
             lambda: self.cluster.metric("pdrouter_stream_errors_total") == errors_before + 1, timeout=5 * TIME_SCALE)
-
-    def test_bad_max_output_tokens_is_the_routers_400(self):
-        status, _, raw = self.cluster.post("/v1/responses", responses_body(max_output_tokens=2.5))
-        self.assertEqual(status, 400, raw)
-        self.assertIn("max_output_tokens", json.loads(raw)["error"]["message"])
-        self.assertEqual(entries(self.cluster.prefills[0]), [])
-
-    def test_get_is_405(self):
-        status, headers, _ = self.cluster.get("/v1/responses")
-        self.assertEqual(status, 405)
-        self.assertEqual(headers["allow"], "POST")
 
 
 if __name__ == "__main__":
