@@ -16,10 +16,12 @@
 #include <utility>
 #include <vector>
 
+#include "base/log.h"
 #include "config/instance_spec.h"
 #include "config/topology.h"
 #include "config/topology_addresses.h"
 #include "config/topology_secrets.h"
+#include "config/topology_warnings.h"
 #include "config/yaml_reader.h"
 
 namespace pdr::discovery {
@@ -761,6 +763,7 @@ Status load_topology_file(const std::string& path, Topology* out) {
   s = parse_topology(text, path, &t);
   if (!s) return s;
   t.source_path = path;
+  for (const std::string& warning : topology_warnings(t)) pdr::log::warn("topology {}: {}", path, warning);
   *out = std::move(t);
   return Status::ok();
 }

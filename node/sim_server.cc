@@ -370,7 +370,7 @@ void SimServer::Impl::apply_fault(FaultSpec fault, http::Request&& request, uint
       return close_unanswered(std::move(writer));
     case FaultSpec::Action::kCloseAfterTokens:
       if (request.path == "/v1/completions" || request.path == "/v1/chat/completions" ||
-          request.path == "/inference/v1/generate") {
+          request.path == "/inference/v1/generate" || request.path == "/v1/responses") {
         return route(std::move(request), seq, std::move(writer), fault);
       }
       return close_unanswered(std::move(writer));  // no tokens to count

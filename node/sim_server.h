@@ -46,7 +46,8 @@
 //   "close_after_tokens": N   stream: N token events, then the connection is cut (no terminating
 //                             chunk; a generation of <= N tokens completes normally);
 //                             non-stream: the connection is closed unanswered when the answer
-//                             would have been sent
+//                             would have been sent (the generation paths, /v1/responses
+//                             included; any other path is closed unanswered at once)
 //   "close_immediately": true close the connection, unanswered, as soon as the request arrives
 //   "stop_after_first_token": true   one token, then finish_reason "stop" (an EOS); a prefill
 //                             leg exports no KV and answers kv_transfer_params null, as vLLM

@@ -49,9 +49,13 @@ std::string help_footer() {
 The P/D endpoints split each request into a prefill and a decode leg for the pair's connector
 (NIXL, MoRIIO READ/WRITE, Mooncake, P2P-NCCL, SGLang). The admin API (/admin/...) takes the key
 from admin.api_key_env or admin.api_key_file, as Bearer or X-API-Key. Unknown paths answer 404,
-a method a path does not accept 405 with Allow. With listeners.admin set, the routes marked admin
+a method a path does not accept 405 with Allow. HEAD is answered on every GET route (the GET
+answer's status and headers, no body). With listeners.admin set, the routes marked admin
 are served only on that listener and those marked client only on listeners.http (404 on the
 other); both serve the ones marked both. Without it, listeners.http serves every route.
+limits.max_concurrent_requests (429 with Retry-After) and limits.max_buffered_bytes cover the
+P/D endpoints and the one-node ones (render, tokenize, detokenize, pooling, audio, pass-through)
+together.
 
 Nodes register over ZMQ (DEALER -> our ROUTER) with vLLM's MoRIIO or P2P-NCCL messages, or
 pdrouter's extended format (see proto/DISCOVERY.md); `pdnode register` does it for any node.
@@ -308,8 +312,13 @@ int run(Process& p) {
       p.discovery.stop();
       return 1;
     }
-    pdr::log::info("kubernetes pod discovery: {} namespace {} selector '{}'", topology.kubernetes.api_server_url,
-                 topology.kubernetes.namespace_name, topology.kubernetes.label_selector);
+    const auto& k8s = topology.kubernetes;
+    // With role selectors the role comes from them, not from role_label: the line says which.
+    const std::string roles = k8s.uses_selectors() ? " prefill_selector '" + k8s.prefill_selector.text +
+                                                         "' decode_selector '" + k8s.decode_selector.text + "'"
+                                                   : std::string();
+    pdr::log::info("kubernetes pod discovery: {} namespace {} selector '{}'{}", k8s.api_server_url,
+                   k8s.namespace_name, k8s.label_selector, roles);
   }
   http::ServerOptions server_opts = server_options(topology);
   fit_fd_limit(topology, &server_opts);

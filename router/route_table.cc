@@ -190,7 +190,12 @@ constexpr std::array kRoutes = {
 
 constexpr RouteTable kPdrouter{kRoutes};
 
-bool accepts(const Route& route, std::string_view method) { return route.method == "*" || route.method == method; }
+// HEAD is GET without the body (RFC 9110 9.3.2): every route that takes GET takes HEAD and runs
+// the GET handler; the HTTP layer (http_connection.cc) sends the head of its answer only, with
+// the Content-Length the body would have had, so the connection stays usable.
+bool accepts(const Route& route, std::string_view method) {
+  return route.method == "*" || route.method == method || (method == "HEAD" && route.method == "GET");
+}
 
 // Runs the resource's guard; false once it has answered.
 bool admitted(Guard guard, const Endpoints& e, const http::Request& request, http::ResponseWriter& writer) {
@@ -273,6 +278,7 @@ std::string RouteTable::allow(Surface surface, std::string_view path) const {
     if (route.path != found.resource->path || !serves(surface, route.listener)) continue;
     if (!methods.empty()) methods += ", ";
     methods += route.method;
+    if (route.method == "GET") methods += ", HEAD";  // see accepts()
   }
   return methods;
 }

@@ -13,7 +13,8 @@
 // which only exist to answer the admin API's own 404 after the key check).
 //
 // 404 and 405 are OpenAI-style JSON errors (codes "not_found" and "method_not_allowed"). HEAD
-// is not served: it is answered like any other method the path does not accept (405).
+// is served wherever GET is (the GET handler runs; the HTTP layer sends the head only, with its
+// Content-Length) and `Allow` lists it after GET.
 //
 // Threads: dispatch() runs on HTTP workers concurrently; the table is immutable.
 #pragma once
@@ -102,8 +103,8 @@ class RouteTable {
   };
   Lookup lookup(Surface surface, std::string_view method, std::string_view path) const;
 
-  // The methods `path` accepts on `surface`, in table order: "GET, POST". "" for an unknown
-  // path.
+  // The methods `path` accepts on `surface`, in table order, HEAD after GET: "GET, HEAD, POST".
+  // "" for an unknown path.
   std::string allow(Surface surface, std::string_view path) const;
 
   // Answers one request: 404, the resource's guard, 405 (counted as the resource says), or the

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "http/json_error.h"
+#include "router/proxy/admission.h"
 #include "router/policies/policy.h"
 #include "router/proxy/node_endpoints.h"
 #include "router/proxy/pairing.h"
@@ -14,7 +15,7 @@
 namespace pdr::router::proxy {
 namespace {
 
-enum Outcome : size_t { kRelayed = 0, kNotSupported = 1, kNoNode = 2, kFailed = 3 };
+enum Outcome : size_t { kRelayed = 0, kNotSupported = 1, kNoNode = 2, kFailed = 3, kRefused = 4 };
 
 void count(WorkerContext& worker, OneNodeClass node_class, Outcome outcome) {
   ProxyCounters::bump(worker.counters().one_node[static_cast<size_t>(node_class)][outcome]);
@@ -61,11 +62,13 @@ InstancePtr pick(WorkerContext& worker, OneNodeClass node_class, bool* declared)
   return *least_loaded_node(nodes, worker.random() % nodes.size());
 }
 
-// The relay of one answer: the writer, the call, and the node's in-flight count held until the end.
+// The relay of one answer: the writer, the call, the node's in-flight count and the request's
+// admission slot, held until the end.
 struct Relay {
   http::ResponseWriter writer;
   std::weak_ptr<http::UpstreamCall> call;
   InstancePtr node;
+  AdmissionSlot admission;
   WorkerContext* worker = nullptr;
   OneNodeClass node_class = OneNodeClass::kAnyNode;
   bool head_sent = false;
@@ -76,6 +79,7 @@ struct Relay {
     if (ended) return;
     ended = true;
     node->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
+    admission.release();
     count(*worker, node_class, outcome);
   }
 };
@@ -101,9 +105,16 @@ bool serves_capability(const proto::Labels& labels, std::string_view capability)
 
 void serve_one_node(WorkerContext& worker, http::Request& request, http::ResponseWriter writer,
                     OneNodeClass node_class) {
-  if (worker.shared().shutting_down.load(std::memory_order_relaxed)) {
-    count(worker, node_class, kNoNode);
-    writer.send(http::error_response(503, "pdrouter is shutting down", "server_error", "shutting_down"));
+  // The same admission as a P/D request (admission.h): a flood of render calls, each answered
+  // with megabytes, is bounded by limits.max_concurrent_requests like generation. The slot is
+  // given back when this function returns without relaying, else when the relay ends.
+  if (refuse_while_shutting_down(worker.shared(), writer)) {
+    count(worker, node_class, kRefused);
+    return;
+  }
+  std::optional<AdmissionSlot> admission = take_admission_slot(worker, request.body.size(), writer);
+  if (!admission) {
+    count(worker, node_class, kRefused);
     return;
   }
   const auto& topology = worker.topology();
@@ -138,6 +149,7 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   auto relay = std::make_shared<Relay>();
   relay->writer = std::move(writer);
   relay->node = node;
+  relay->admission = *std::move(admission);
   relay->worker = &worker;
   relay->node_class = node_class;
   node->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);

@@ -13,7 +13,12 @@
 //   kPassThrough decode nodes (routing.pass_through_unknown; off: the route table's 404)
 // 501 is answered only when no node at all (up or not) declares the capability; declared but none
 // up is 503 no_node.
-// While pdrouter drains (shutdown) new requests get 503 shutting_down, as P/D requests do.
+// Admission is a P/D request's (admission.h): 503 shutting_down while pdrouter drains, 429 beyond
+// limits.max_concurrent_requests (one-node and P/D requests count together in
+// pdrouter_requests_in_flight), 503 memory_budget when the body would take
+// limits.max_buffered_bytes over; each refusal is counted as outcome `refused` too. The slot
+// and the body's bytes are held until the answer ends (relayed, failed, client gone) and given
+// back at once for a 501 or 503 no_node.
 // Among the eligible, the least loaded (pdrouter's in-flight count / dp_size, the number the
 // least_outstanding policy reads; ties rotate from a random start) is picked; the request counts
 // as in flight on it until the answer ends.

@@ -147,7 +147,7 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
                 "Nodes skipped for a while after legs in a row could not connect to them, by role",
                 value(c.ejections[static_cast<size_t>(leg)]), {{"role", std::string(to_string(leg))}});
   }
-  out.gauge("pdrouter_requests_in_flight", "P/D requests admitted and not yet finished",
+  out.gauge("pdrouter_requests_in_flight", "Client requests (P/D and one-node) admitted and not yet finished",
             static_cast<double>(c.in_flight.load(std::memory_order_relaxed)));
   out.counter("pdrouter_stream_errors_total", "Responses ended with an OpenAI-style error event mid-stream",
               value(c.mid_stream_errors));
@@ -227,7 +227,7 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
               "Conversation entries dropped by multi_turn.max_entries / max_bytes", static_cast<double>(cs.evicted));
   {
     constexpr std::array<const char*, 5> kClasses{"render", "any_node", "pooling", "audio", "pass_through"};
-    constexpr std::array<const char*, 4> kOutcomes{"relayed", "not_supported", "no_node", "failed"};
+    constexpr std::array<const char*, 5> kOutcomes{"relayed", "not_supported", "no_node", "failed", "refused"};
     for (size_t k = 0; k < kClasses.size(); ++k) {
       for (size_t o = 0; o < kOutcomes.size(); ++o) {
         out.counter("pdrouter_one_node_requests_total",

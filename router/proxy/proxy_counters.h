@@ -121,8 +121,8 @@ struct ProxyCounters {
   std::array<LatencyHistogram, 3> request_duration{};
   LatencyHistogram time_to_first_byte;
   std::array<LatencyHistogram, 2> leg_duration{};
-  // One-node endpoints (one_node_relay.h): [OneNodeClass: render, any_node, pooling, audio, pass_through][outcome: relayed, not_supported, no_node, failed].
-  std::array<std::array<Counter, 4>, 5> one_node{};
+  // One-node endpoints (one_node_relay.h): [OneNodeClass: render, any_node, pooling, audio, pass_through][outcome: relayed, not_supported, no_node, failed, refused].
+  std::array<std::array<Counter, 5>, 5> one_node{};
 
   void transition(RequestState from, RequestState to) {
     transitions[static_cast<size_t>(from)][static_cast<size_t>(to)].fetch_add(1, std::memory_order_relaxed);

@@ -1,6 +1,7 @@
 #include "router/proxy/proxy_service.h"
 
 #include "http/json_error.h"
+#include "router/proxy/admission.h"
 #include "router/proxy/engine_metrics.h"
 #include "router/proxy/node_endpoints.h"
 #include "router/proxy/proxy_session.h"
@@ -79,11 +80,7 @@ void ProxyService::profile(const http::Request& request, http::ResponseWriter wr
 
 void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
   ProxyCounters& counters = shared_.counters;
-  if (shared_.shutting_down.load(std::memory_order_relaxed)) {
-    counters.refuse(Refusal::kShuttingDown);
-    writer.send(http::error_response(503, "pdrouter is shutting down", "server_error", "shutting_down"));
-    return;
-  }
+  if (refuse_while_shutting_down(shared_, writer)) return;
   if (auto type = request.header("Content-Type"); type && !is_json_content_type(*type)) {
     counters.refuse(Refusal::kBadContentType);
     writer.send(http::error_response(415, "Content-Type must be application/json, got '" + std::string(*type) + "'",
@@ -91,34 +88,9 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
     return;
   }
   WorkerContext& w = worker(request.worker);
-  const auto limit = static_cast<int64_t>(w.topology()->limits.max_concurrent_requests);
-  // Orphaned prefill legs (proxy_session.h) still hold a node's work and an fd: they count too.
-  const int64_t orphans = counters.orphan_prefills.load(std::memory_order_relaxed);
-  // Both admission refusals give the slot back and ask the client to retry in a second.
-  auto refuse_for_now = [&](Refusal why, int status, const std::string& message, const char* type,
-                            const char* code) {
-    counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
-    counters.refuse(why);
-    http::Response r = http::error_response(status, message, type, code);
-    r.headers.push_back({"Retry-After", "1"});
-    writer.send(std::move(r));
-  };
-  if (counters.in_flight.fetch_add(1, std::memory_order_relaxed) + orphans >= limit) {
-    refuse_for_now(Refusal::kTooBusy, 429,
-                   "too many requests in flight (limits.max_concurrent_requests = " + std::to_string(limit) + ")",
-                   "rate_limit_error", "too_many_requests");
-    return;
-  }
-  // The body stays in memory for the whole request (retries render legs from it): it takes its
-  // share of limits.max_buffered_bytes, shared by every worker (security review #11, attacks bug 6).
-  const uint32_t budget = w.topology()->limits.max_buffered_bytes;
-  if (!counters.reserve_buffered(request.body.size(), budget)) {
-    refuse_for_now(Refusal::kMemoryBudget, 503,
-                   "pdrouter is holding too many request bytes (limits.max_buffered_bytes = " +
-                       std::to_string(budget) + ")",
-                   "server_error", "memory_budget");
-    return;
-  }
+  std::optional<AdmissionSlot> slot = take_admission_slot(w, request.body.size(), writer);
+  if (!slot) return;
+  slot->hand_over();  // the session gives both back when it ends (its budget grows with its answer)
   AdmittedRequest admitted;
   admitted.budget_bytes = request.body.size();
   admitted.arrived_at = request.head_at;

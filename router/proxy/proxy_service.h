@@ -7,8 +7,9 @@
 //                                                     relayed to one node (one_node_relay.h)
 // Admission for P/D requests, in order: 405 (not POST; answered by the route table), 503 (shutting down), 415 (a
 // Content-Type that is not JSON: application/json or application/*+json), 429 with Retry-After
-// (limits.max_concurrent_requests requests already in flight, across all workers). A request
-// without Content-Type is read as JSON. Body-size
+// (limits.max_concurrent_requests requests already in flight, P/D and one-node together, across
+// all workers), 503 memory_budget (limits.max_buffered_bytes). The one-node endpoints take the
+// same 503/429/503 (admission.h, one_node_relay.h). A request without Content-Type is read as JSON. Body-size
 // (413) and header limits are enforced earlier by the HTTP server.
 //
 // Threads: handle() runs on every worker concurrently; per-worker state is created on the worker

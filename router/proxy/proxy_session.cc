@@ -11,6 +11,8 @@
 #include "proto/generate_request.h"
 #include "proto/json_splice.h"
 #include "proto/request_legs.h"
+#include "proto/responses_legs.h"
+#include "proto/responses_stream.h"
 #include "proto/sse_boundary.h"
 #include "http/json_error.h"
 #include "router/proxy/cache_routing.h"
@@ -234,6 +236,9 @@ struct ProxySession::State {
   std::string sse_tail;         // bytes of an event not yet complete (or held with the head)
   proto::SseBoundaryScanner sse_scan;  // event boundaries in sse_tail
   bool partial_flushed = false; // a partial event went out (forced flush): an error event needs a new line first
+  // POST /v1/responses: what a failure mid-stream needs to end the stream the Responses way
+  // (proto/responses_stream.h), learnt from the events relayed.
+  std::optional<proto::ResponsesStreamFollower> responses;
   bool paused = false;          // decode reads paused for back-pressure
   size_t stall_mark = 0;        // client bytes queued when the write-stall check was armed
   SteadyClock::time_point decode_sent_at{};
@@ -264,6 +269,7 @@ void ProxySession::start(WorkerContext& worker, AdmittedRequest request, http::R
 ProxySession::ProxySession(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer)
     : s_(std::make_unique<State>(worker, std::move(request), std::move(writer))) {
   s_->budget_held = static_cast<int64_t>(s_->req.budget_bytes);
+  if (s_->req.path == proto::kResponsesPath) s_->responses.emplace();
   if (s_->req.arrived_at == SteadyClock::time_point{}) s_->req.arrived_at = SteadyClock::now();
 }
 
@@ -856,6 +862,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
       s.partial_flushed = false;
     }
     const bool written = s.writer.write(out);
+    if (s.responses) s.responses->observe(out);
     if (from_tail != 0) {
       s.sse_tail.erase(0, from_tail);
       s.sse_scan.consumed(from_tail);
@@ -1081,12 +1088,22 @@ void ProxySession::fail(int status, std::string_view message, std::string_view c
 
 void ProxySession::end_stream_with_error(std::string_view message, std::string_view code) {
   State& s = *s_;
-  // vLLM's own shape for an error inside a stream: one data event with an OpenAI error object,
-  // then [DONE]. Only whole events were relayed (a partial one held back is dropped), unless a
-  // partial event was forced out at kMaxPartialEvent: then a blank line closes it first.
-  std::string event = s.partial_flushed ? "\n\ndata: " : "data: ";
-  event += http::error_body(message, "server_error", code);
-  event += "\n\ndata: [DONE]\n\n";
+  // Only whole events were relayed (a partial one held back is dropped), unless a partial event
+  // was forced out at kMaxPartialEvent: then a blank line closes it first.
+  std::string event = s.partial_flushed ? "\n\n" : "";
+  if (s.responses) {
+    // The Responses API's named failure events, numbered after the relayed ones; no [DONE]
+    // (proto/responses_stream.h).
+    const std::string& id = s.responses->response_id();
+    event += proto::responses_failure_events(id.empty() ? "resp_" + s.legs.plan.request_id : id,
+                                             s.responses->next_sequence_number(), message, code);
+  } else {
+    // vLLM's own shape for an error inside a chat or completions stream: one data event with an
+    // OpenAI error object, then [DONE].
+    event += "data: ";
+    event += http::error_body(message, "server_error", code);
+    event += "\n\ndata: [DONE]\n\n";
+  }
   // Counted before the client can see the event: a client reading /metrics right after its
   // stream ended must find it (the flaky test_decode_dying_mid_stream_ends_with_an_error_event).
   s.w.counters().bump(s.w.counters().mid_stream_errors);

@@ -31,7 +31,9 @@
 // the retry scope and the pre-step (pre_step.h) run before the legs are built. The client's body
 // is parsed once (begin()); legs stay unrendered until the upstream client writes them out.
 //  - decode failure after the head reached the client: an SSE stream ends with an OpenAI-style
-//    error event and data: [DONE] (never a silent truncation); a buffered JSON answer becomes 502.
+//    error event and data: [DONE] (never a silent truncation), a /v1/responses stream with the
+//    Responses API's error and response.failed events and no [DONE] (proto/responses_stream.h);
+//    a buffered JSON answer becomes 502.
 //  - timeouts (topology timeouts.*): connect, prefill (whole prefill leg, a deadline from its
 //    start), first_byte (decode leg sent -> first byte; in concurrent dialects this includes the
 //    prefill; an event stream's head is held back until its first data event, which is due

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "config/topology_store.h"
+#include "config/topology_warnings.h"
 
 namespace pdr::discovery {
 namespace {
@@ -833,6 +834,22 @@ TEST(TopologyParse, CacheAwareTokenizeByNode) {
   EXPECT_FALSE(s.is_ok());
   s = parse("policies: {cache_aware: {tokenize_max_answer_bytes: 10}}\n", &untouched);
   EXPECT_FALSE(s.is_ok());
+}
+
+// tokenize: node matches token ids on the KV events' block index: without KV events it does
+// nothing, which the file is warned about (config/topology_warnings.h), not refused.
+TEST(TopologyWarnings, TokenizeByNodeWithoutKvEvents) {
+  EXPECT_TRUE(topology_warnings(Topology{}).empty());
+  Topology t;
+  ASSERT_TRUE(parse("policies: {cache_aware: {tokenize: node}}\n", &t).is_ok());
+  const auto warnings = topology_warnings(t);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("policies.cache_aware.tokenize"));
+  EXPECT_THAT(warnings[0], HasSubstr("kv_events.enabled"));
+  ASSERT_TRUE(parse("policies: {cache_aware: {tokenize: node}}\nkv_events: {enabled: true}\n", &t).is_ok());
+  EXPECT_TRUE(topology_warnings(t).empty());
+  ASSERT_TRUE(parse("policies: {cache_aware: {tokenize: off}}\n", &t).is_ok());
+  EXPECT_TRUE(topology_warnings(t).empty());
 }
 
 TEST(TopologyParse, AdminListenerAndProtectStatus) {

@@ -103,9 +103,12 @@ def pdrouter_help_routes():
 
 
 def allow_by_path(routes):
-    """{path: "GET, POST"} from pdrouter_help_routes(): the Allow header each path's 405 carries."""
+    """{path: "GET, HEAD, POST"} from pdrouter_help_routes(): the Allow header each path's 405
+    carries (HEAD is served wherever GET is, and named right after it)."""
     allow = {}
     for method, path, _ in routes:
+        if method == "GET":
+            method = "GET, HEAD"
         allow[path] = allow[path] + ", " + method if path in allow else method
     return allow
 

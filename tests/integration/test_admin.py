@@ -211,11 +211,11 @@ class AdminApiTest(unittest.TestCase):
 
     def test_wrong_methods_and_unknown_paths(self):
         code, hdrs, _ = self.admin("PUT", "/admin/instances", {})
-        self.assertEqual((code, hdrs["allow"]), (405, "GET, POST"))
+        self.assertEqual((code, hdrs["allow"]), (405, "GET, HEAD, POST"))
         code, hdrs, _ = self.admin("GET", f"/admin/instances/{STATIC}/drain")
         self.assertEqual((code, hdrs["allow"]), (405, "POST"))
         code, hdrs, _ = self.admin("POST", f"/admin/instances/{STATIC}")
-        self.assertEqual((code, hdrs["allow"]), (405, "GET, DELETE"))
+        self.assertEqual((code, hdrs["allow"]), (405, "GET, HEAD, DELETE"))
         code, hdrs, _ = self.admin("GET", "/instances/add")
         self.assertEqual((code, hdrs["allow"]), (405, "POST"))
         self.assertEqual(self.admin("GET", "/admin/nothing")[0], 404)

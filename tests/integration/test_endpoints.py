@@ -11,11 +11,12 @@ import json
 import os
 import socket
 import sys
+import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pd_fixture import PdCluster  # noqa: E402
-from pdrouter_fixture import Router  # noqa: E402
+from pdrouter_fixture import Router, TIME_SCALE  # noqa: E402
 from sim_fixture import SimNode  # noqa: E402
 
 MODEL = "sim-model"
@@ -250,6 +251,100 @@ class ThroughPdrouter(unittest.TestCase):
         c.router.wait_for(lambda: c.metric("pdrouter_client_write_stalls_total") >= 1, timeout=20)
         c.router.wait_for(lambda: c.metric('pdrouter_one_node_requests_total{endpoint_class="render",'
                                            'outcome="failed"}') == 1, timeout=5)
+
+
+class OneNodeAdmission(unittest.TestCase):
+    """The one-node endpoints take a P/D request's admission (router/proxy/admission.h): they count
+    against limits.max_concurrent_requests (429 with Retry-After beyond it) and give their slot
+    back however they end."""
+
+    LIMIT = 2
+    RENDER = "/v1/chat/completions/render"
+
+    def cluster(self, **flags):
+        c = PdCluster("nixl", prefills=1, decodes=1, kv_backends="none",
+                      topology="limits:\n  max_concurrent_requests: %d\n" % self.LIMIT, **flags)
+        self.addCleanup(c.close)
+        return c
+
+    def test_render_calls_beyond_the_limit_get_429_and_the_slots_come_back(self):
+        c = self.cluster()
+        nodes = c.prefills + c.decodes
+        # Slow renders: held by the nodes long enough for the checks below on a loaded machine
+        # (each step waits on a condition; the delay only has to outlast them).
+        delay_ms = int(4000 * TIME_SCALE)
+        for node in nodes:
+            node.set_fault(path=self.RENDER, delay_ms=delay_ms, count=-1)
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(
+            c.post(self.RENDER, IMAGE_CHAT, timeout=30))) for _ in range(self.LIMIT)]
+        for t in threads:
+            t.start()
+        try:
+            c.router.wait_for(lambda: c.metric("pdrouter_requests_in_flight") == self.LIMIT,
+                              timeout=10 * TIME_SCALE)
+            refused_before = c.metric('pdrouter_requests_refused_total{reason="too_busy"}')
+            for path, body in ((self.RENDER, IMAGE_CHAT), ("/tokenize", {"prompt": "a b"}),
+                               ("/v1/chat/completions", {"model": MODEL, "max_tokens": 2,
+                                                         "messages": [{"role": "user", "content": "hi"}]})):
+                with self.subTest(path=path):
+                    status, headers, raw = c.post(path, body)
+                    self.assertEqual(status, 429, raw)
+                    self.assertEqual(headers.get("retry-after"), "1")
+                    error = json.loads(raw)["error"]
+                    self.assertEqual(error["code"], "too_many_requests")
+                    self.assertEqual(error["type"], "rate_limit_error")
+                    self.assertIn("max_concurrent_requests", error["message"])
+            self.assertEqual(c.metric('pdrouter_requests_refused_total{reason="too_busy"}'), refused_before + 3)
+            self.assertEqual(c.metric('pdrouter_one_node_requests_total{endpoint_class="render",'
+                                      'outcome="refused"}'), 1)
+            self.assertEqual(c.metric('pdrouter_one_node_requests_total{endpoint_class="any_node",'
+                                      'outcome="refused"}'), 1)
+        finally:
+            for t in threads:
+                t.join(60 * TIME_SCALE)
+        self.assertEqual([r[0] for r in results], [200] * self.LIMIT, results)
+        c.router.wait_for(lambda: c.metric("pdrouter_requests_in_flight") == 0, timeout=5 * TIME_SCALE)
+        self.assertEqual(c.metric("pdrouter_buffered_bytes"), 0)
+        for node in nodes:
+            node.clear_faults()
+        for _ in range(self.LIMIT + 1):  # more than the limit, one after the other: all served
+            status, _, raw = c.post(self.RENDER, IMAGE_CHAT)
+            self.assertEqual(status, 200, raw)
+        self.assertEqual(c.metric('pdrouter_one_node_requests_total{endpoint_class="render",'
+                                  'outcome="relayed"}'), self.LIMIT + self.LIMIT + 1)
+        c.router.wait_for(lambda: c.metric("pdrouter_requests_in_flight") == 0, timeout=5 * TIME_SCALE)
+
+    def test_a_client_closing_mid_answer_gives_its_slot_back(self):
+        feature_bytes = 12 << 20  # far more than pdrouter relays before it pauses for the client
+        c = self.cluster(prefill_flags=("--render-feature-bytes", str(feature_bytes)),
+                         decode_flags=("--render-feature-bytes", str(feature_bytes)))
+        host, port = c.router.http.rsplit(":", 1)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(sock.close)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(10 * TIME_SCALE)
+        sock.connect((host, int(port)))
+        body = json.dumps(IMAGE_CHAT).encode()
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (self.RENDER.encode(), len(body)) + body)
+        head = sock.recv(4096)  # the answer has begun
+        self.assertTrue(head.startswith(b"HTTP/1.1 200"), head)
+        self.assertEqual(c.metric("pdrouter_requests_in_flight"), 1)
+        sock.close()
+        c.router.wait_for(lambda: c.metric('pdrouter_one_node_requests_total{endpoint_class="render",'
+                                           'outcome="failed"}') == 1, timeout=5 * TIME_SCALE)
+        c.router.wait_for(lambda: c.metric("pdrouter_requests_in_flight") == 0, timeout=5 * TIME_SCALE)
+        self.assertEqual(c.metric("pdrouter_buffered_bytes"), 0)
+        # The limit is whole again: as many renders at once as it allows are served.
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(
+            c.post("/v1/completions/render", {"prompt": "the dog"}, timeout=30))) for _ in range(self.LIMIT)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60 * TIME_SCALE)
+        self.assertEqual([r[0] for r in results], [200] * self.LIMIT, results)
 
 
 class ResetPrefixCache(unittest.TestCase):

@@ -72,8 +72,49 @@ class HttpEndpointsTest(unittest.TestCase):
     def test_wrong_method_is_405_json_with_allow(self):
         code, headers, body = self.router.request("POST", "/status", body=b"{}")
         self.assertEqual(code, 405)
-        self.assertEqual(headers["allow"], "GET")
+        self.assertEqual(headers["allow"], "GET, HEAD")
         self.assert_openai_error(body, "method_not_allowed")
+
+    def test_head_is_get_without_the_body_and_keeps_the_connection(self):
+        # Raw bytes on one socket: a HEAD answer that carried its body would be read as the start
+        # of the next answer.
+        host, port = self.router.http.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            reader = sock.makefile("rb")
+
+            def exchange(method, path):
+                sock.sendall(b"%s %s HTTP/1.1\r\nHost: x\r\n\r\n" % (method.encode(), path.encode()))
+                status = reader.readline()
+                headers = {}
+                while (line := reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.decode().partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                body = b""
+                if method != "HEAD":
+                    body = reader.read(int(headers["content-length"]))
+                return int(status.split()[1]), headers, body
+
+            for path in ("/health", "/ready", "/metrics", "/v1/models"):
+                with self.subTest(path=path):
+                    get_status, get_headers, get_body = exchange("GET", path)
+                    status, headers, _ = exchange("HEAD", path)
+                    self.assertEqual(status, get_status)
+                    self.assertEqual(headers.get("content-type"), get_headers.get("content-type"))
+                    self.assertIn("content-length", headers)
+                    if path in ("/health", "/ready"):  # the others may move between two answers
+                        self.assertEqual(headers["content-length"], str(len(get_body)))
+                    self.assertNotEqual(headers.get("connection"), "close")
+            # Nothing of a HEAD body is left on the socket: the next answer is read whole.
+            status, _, body = exchange("GET", "/health")
+            self.assertEqual(status, 200)
+            self.assertEqual(json.loads(body), {"status": "ok"})
+            # HEAD on a path without GET is still a wrong method.
+            status, headers, _ = exchange("HEAD", "/v1/completions")
+            self.assertEqual(status, 405)
+            self.assertEqual(headers["allow"], "POST")
+            status, _, body = exchange("GET", "/health")
+            self.assertEqual(status, 200)
+            reader.close()
 
     def test_keep_alive(self):
         conn = http.client.HTTPConnection(*self.router.http.rsplit(":", 1), timeout=5)

@@ -349,6 +349,9 @@ class KubernetesDiscovery(unittest.TestCase):
         self.assertEqual((status["label_selector"], status["prefill_selector"], status["decode_selector"]),
                          ("app in (vllm)", "llm-d.ai/role in (prefill, both)",
                           "llm-d.ai/role in (decode, both), !canary"))
+        # The start-up line names the role selectors beside the server-side one.
+        self.assertIn("selector 'app in (vllm)' prefill_selector 'llm-d.ai/role in (prefill, both)' "
+                      "decode_selector 'llm-d.ai/role in (decode, both), !canary'", router.log())
         # One list and one watch, each with the server-side label_selector only.
         for path, _ in list(self.api.requests):
             self.assertIn("labelSelector=app%20in%20%28vllm%29", path)

@@ -184,5 +184,50 @@ class ResponsesThroughPd(unittest.TestCase):
         self.assertEqual(headers["allow"], "POST")
 
 
+class ResponsesMidStreamFailure(unittest.TestCase):
+    """A Responses stream whose decode dies after the client's stream began."""
+
+    def setUp(self):
+        # Tokens 100 ms apart: the events before the cut reach pdrouter before the sim closes
+        # (a cut in the same loop turn as the first events would drop them with the connection).
+        self.cluster = PdCluster("nixl", prefills=1, decodes=1,
+                                 decode_flags=("--decode-us-per-token", "100000"))
+        self.addCleanup(self.cluster.close)
+
+    def test_decode_dying_mid_stream_ends_the_responses_way(self):
+        # The decode is cut after two tokens: the client's stream had begun, so pdrouter ends it
+        # with the Responses API's error and response.failed events (proto/responses_stream.h),
+        # numbered after the relayed ones, and no [DONE] (vLLM's Responses stream has none).
+        errors_before = self.cluster.metric("pdrouter_stream_errors_total")
+        self.cluster.decodes[0].set_fault(path="/v1/responses", close_after_tokens=2)
+        host, port = self.cluster._host_port()
+        status, ctype, raw = raw_stream(host, port, "/v1/responses", responses_body(stream=True, max_output_tokens=8),
+                                        TIMEOUT_S)
+        self.assertEqual(status, 200, raw)
+        self.assertTrue(ctype.startswith("text/event-stream"), ctype)
+        self.assertNotIn(b"[DONE]", raw)
+        events = named_events(raw)
+        names = [name for name, _ in events]
+        self.assertEqual(names[0], "response.created")
+        self.assertEqual(names.count("response.output_text.delta"), 2)
+        self.assertEqual(names[-2:], ["error", "response.failed"], names)
+        self.assertNotIn("response.completed", names)
+        for name, data in events:
+            self.assertEqual(data["type"], name)
+        self.assertEqual([data["sequence_number"] for _, data in events], list(range(len(events))))
+        error = events[-2][1]
+        self.assertEqual(error["code"], "decode_failed")
+        self.assertIn("decode", error["message"])
+        self.assertIn("param", error)
+        failed = events[-1][1]["response"]
+        self.assertEqual(failed["id"], events[0][1]["response"]["id"])
+        self.assertEqual(failed["object"], "response")
+        self.assertEqual(failed["status"], "failed")
+        self.assertEqual(failed["error"]["code"], "server_error")
+        self.assertEqual(failed["error"]["message"], error["message"])
+        self.cluster.router.wait_for(
+            lambda: self.cluster.metric("pdrouter_stream_errors_total") == errors_before + 1, timeout=5 * TIME_SCALE)
+
+
 if __name__ == "__main__":
     unittest.main()

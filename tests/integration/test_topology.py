@@ -68,6 +68,14 @@ class TopologyReloadTest(unittest.TestCase):
         self.router.process.send_signal(signal.SIGHUP)
         self.router.wait_for(lambda: reloads(self.router, "ok") == 2)
 
+    def test_tokenize_by_node_without_kv_events_is_warned_about_on_reload(self):
+        warning = "policies.cache_aware.tokenize is node but kv_events.enabled is false"
+        self.assertNotIn(warning, self.router.log())
+        self.router.write_topology(topology(("prefill", "127.5.0.1:8000"))
+                                   + "policies:\n  cache_aware: {tokenize: node}\n")
+        self.router.wait_for(lambda: warning in self.router.log())
+        self.assertGreaterEqual(reloads(self.router, "ok"), 1)  # a warning, not a refusal
+
     def test_unknown_policy_rejected_on_reload(self):
         self.router.write_topology("policies:\n  decode: fastest\n")
         self.router.wait_for(lambda: reloads(self.router, "failed") >= 1)

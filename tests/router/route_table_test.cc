@@ -92,20 +92,20 @@ TEST(RouteTable, UnknownPathsHaveNoResource) {
 
 TEST(RouteTable, WrongMethodFindsThePathAndAllowListsItsMethods) {
   const std::map<std::string, std::string> allow = {
-      {"/health", "GET"},
-      {"/status", "GET"},
-      {"/metrics", "GET"},
-      {"/ready", "GET"},
-      {"/v1/models", "GET"},
+      {"/health", "GET, HEAD"},
+      {"/status", "GET, HEAD"},
+      {"/metrics", "GET, HEAD"},
+      {"/ready", "GET, HEAD"},
+      {"/v1/models", "GET, HEAD"},
       {"/v1/completions", "POST"},
       {"/v1/chat/completions", "POST"},
       {"/v1/responses", "POST"},
-      {"/health_generate", "GET"},
-      {"/engine_metrics", "GET"},
+      {"/health_generate", "GET, HEAD"},
+      {"/engine_metrics", "GET, HEAD"},
       {"/start_profile", "POST"},
       {"/stop_profile", "POST"},
-      {"/admin/instances", "GET, POST"},
-      {"/admin/instances/127.0.0.1:8000", "GET, DELETE"},
+      {"/admin/instances", "GET, HEAD, POST"},
+      {"/admin/instances/127.0.0.1:8000", "GET, HEAD, DELETE"},
       {"/admin/instances/127.0.0.1:8000/drain", "POST"},
       {"/admin/instances/127.0.0.1:8000/undrain", "POST"},
       {"/instances/add", "POST"},
@@ -116,12 +116,30 @@ TEST(RouteTable, WrongMethodFindsThePathAndAllowListsItsMethods) {
     ASSERT_NE(found.resource, nullptr) << path;
     EXPECT_EQ(found.route, nullptr) << path;
   }
-  // HEAD is not served today: a GET path answers it 405 with Allow: GET.
-  const auto head = table().lookup(Surface::kAll, "HEAD", "/health");
-  EXPECT_NE(head.resource, nullptr);
-  EXPECT_EQ(head.route, nullptr);
+  // HEAD on a POST-only path is a wrong method like any other.
+  EXPECT_EQ(table().lookup(Surface::kAll, "HEAD", "/v1/completions").route, nullptr);
   // Methods are case-sensitive (RFC 9110 9.1).
   EXPECT_EQ(table().lookup(Surface::kAll, "get", "/health").route, nullptr);
+}
+
+TEST(RouteTable, HeadRunsTheGetRouteOfEveryGetPath) {
+  size_t get_routes = 0;
+  for (const Route& route : table().routes()) {
+    if (route.method != "GET") continue;
+    ++get_routes;
+    const std::string path = concrete(route.path);
+    const auto found = table().lookup(Surface::kAll, "HEAD", path);
+    EXPECT_EQ(found.route, &route) << path;
+    const std::string allow = table().allow(Surface::kAll, path);
+    EXPECT_NE(allow.find("GET, HEAD"), std::string::npos) << path << ": " << allow;
+  }
+  EXPECT_GE(get_routes, 8u);
+  // Only where GET is: the Allow of a path without GET never names HEAD.
+  for (const Route& route : table().routes()) {
+    if (route.method == "*") continue;
+    const std::string allow = table().allow(Surface::kAll, concrete(route.path));
+    EXPECT_EQ(allow.find("HEAD") != std::string::npos, allow.find("GET") != std::string::npos) << route.path;
+  }
 }
 
 TEST(RouteTable, DebugCacheNeedsTheAdminKey) {
@@ -260,16 +278,51 @@ TEST_F(RouteDispatchTest, NotFoundAndMethodNotAllowedAreJsonWithAllow) {
 
   r = request("POST", "/status", "{}");
   EXPECT_EQ(r.status, 405);
-  EXPECT_EQ(r.header("Allow"), "GET");
+  EXPECT_EQ(r.header("Allow"), "GET, HEAD");
   EXPECT_EQ(error_code(r), "method_not_allowed");
 
-  r = request("HEAD", "/health");
+  r = request("HEAD", "/v1/chat/completions");
   EXPECT_EQ(r.status, 405);
-  EXPECT_EQ(r.header("Allow"), "GET");
+  EXPECT_EQ(r.header("Allow"), "POST");
+  EXPECT_EQ(r.body, "");  // a HEAD answer never has a body, an error's neither
 
   r = request("GET", "/health");
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body, R"({"status":"ok"})");
+}
+
+// HEAD is GET's answer without the body: same status, same headers (Content-Length included),
+// and no body bytes on the wire, so the next request on the connection is read correctly.
+TEST_F(RouteDispatchTest, HeadAnswersTheGetHeadOnAKeptAliveConnection) {
+  start(Surface::kAll);
+  test::HttpClient client;
+  ASSERT_EQ(client.connect("127.0.0.1", server_.port()), "");
+  for (const char* path : {"/health", "/ready", "/status"}) {
+    SCOPED_TRACE(path);
+    ASSERT_EQ(client.send_request("GET", path), "");
+    const auto get = client.read_response();
+    ASSERT_TRUE(get.ok()) << get.error;
+    ASSERT_EQ(client.send_request("HEAD", path), "");
+    const auto head = client.read_response(test::HttpClient::kDefaultTimeout, true);
+    ASSERT_TRUE(head.ok()) << head.error;
+    EXPECT_EQ(head.status, get.status);
+    EXPECT_EQ(head.header("Content-Type"), get.header("Content-Type"));
+    ASSERT_TRUE(get.header("Content-Length").has_value());
+    // /status carries the uptime: its length may move by a digit between the two.
+    if (std::string_view(path) != "/status") {
+      EXPECT_EQ(head.header("Content-Length"), get.header("Content-Length"));
+    } else {
+      EXPECT_TRUE(head.header("Content-Length").has_value());
+    }
+    EXPECT_EQ(head.body, "");
+    EXPECT_TRUE(head.keep_alive);
+  }
+  // Nothing of a body was sent after the heads: the next answer on the connection parses whole.
+  ASSERT_EQ(client.send_request("GET", "/health"), "");
+  const auto after = client.read_response();
+  ASSERT_TRUE(after.ok()) << after.error;
+  EXPECT_EQ(after.status, 200);
+  EXPECT_EQ(after.body, R"({"status":"ok"})");
 }
 
 TEST_F(RouteDispatchTest, WrongMethodOnAPdPathIsCountedAsBadPath) {
@@ -282,7 +335,7 @@ TEST_F(RouteDispatchTest, WrongMethodOnAPdPathIsCountedAsBadPath) {
   EXPECT_EQ(bad_path.load(), before + 1);
   r = request("POST", "/v1/models");  // not a P/D path: not counted there
   EXPECT_EQ(r.status, 405);
-  EXPECT_EQ(r.header("Allow"), "GET");
+  EXPECT_EQ(r.header("Allow"), "GET, HEAD");
   EXPECT_EQ(bad_path.load(), before + 1);
 }
 

@@ -1,0 +1,20 @@
+// Settings a topology accepts but that cannot do what they say with the rest of the file: the
+// file is valid (nothing is refused), so these are warnings, logged by load_topology_file on
+// start-up and on every reload (pdr::log::warn, one line each, prefixed with the file name).
+//
+//   policies.cache_aware.tokenize: node without kv_events.enabled: the token ids a node's
+//   /tokenize returns are matched on the KV events' block index, which is empty without KV
+//   events, so the extra hop buys nothing.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config/topology.h"
+
+namespace pdr::discovery {
+
+// One message per setting above that applies to `topology`, naming the keys; empty if none.
+std::vector<std::string> topology_warnings(const Topology& topology);
+
+}  // namespace pdr::discovery

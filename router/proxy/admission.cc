@@ -1,0 +1,69 @@
+#include "router/proxy/admission.h"
+
+#include <string>
+
+#include "http/json_error.h"
+
+namespace pdr::router::proxy {
+
+AdmissionSlot& AdmissionSlot::operator=(AdmissionSlot&& other) noexcept {
+  if (this != &other) {
+    release();
+    counters_ = other.counters_;
+    bytes_ = other.bytes_;
+    other.counters_ = nullptr;
+  }
+  return *this;
+}
+
+void AdmissionSlot::release() {
+  if (counters_ == nullptr) return;
+  if (bytes_ != 0) counters_->buffered_bytes.fetch_sub(bytes_, std::memory_order_relaxed);
+  counters_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+  counters_ = nullptr;
+}
+
+bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& writer) {
+  if (!shared.shutting_down.load(std::memory_order_relaxed)) return false;
+  shared.counters.refuse(Refusal::kShuttingDown);
+  writer.send(http::error_response(503, "pdrouter is shutting down", "server_error", "shutting_down"));
+  return true;
+}
+
+std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, size_t body_bytes,
+                                                 http::ResponseWriter& writer) {
+  ProxyCounters& counters = worker.counters();
+  const auto& limits = worker.topology()->limits;
+  const auto limit = static_cast<int64_t>(limits.max_concurrent_requests);
+  // Orphaned prefill legs (proxy_session.h) still hold a node's work and an fd: they count too.
+  const int64_t orphans = counters.orphan_prefills.load(std::memory_order_relaxed);
+  // Both refusals give the slot back and ask the client to retry in a second.
+  auto refuse_for_now = [&](Refusal why, int status, const std::string& message, const char* type,
+                            const char* code) {
+    counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
+    counters.refuse(why);
+    http::Response r = http::error_response(status, message, type, code);
+    r.headers.push_back({"Retry-After", "1"});
+    writer.send(std::move(r));
+    return std::nullopt;
+  };
+  if (counters.in_flight.fetch_add(1, std::memory_order_relaxed) + orphans >= limit) {
+    return refuse_for_now(Refusal::kTooBusy, 429,
+                          "too many requests in flight (limits.max_concurrent_requests = " +
+                              std::to_string(limit) + ")",
+                          "rate_limit_error", "too_many_requests");
+  }
+  // The body stays in memory while the request is served (a P/D request renders retries from it;
+  // a one-node request holds it until the node has it): it takes its share of
+  // limits.max_buffered_bytes, shared by every worker (security review #11, attacks bug 6).
+  const uint32_t budget = limits.max_buffered_bytes;
+  if (!counters.reserve_buffered(body_bytes, budget)) {
+    return refuse_for_now(Refusal::kMemoryBudget, 503,
+                          "pdrouter is holding too many request bytes (limits.max_buffered_bytes = " +
+                              std::to_string(budget) + ")",
+                          "server_error", "memory_budget");
+  }
+  return AdmissionSlot(counters, body_bytes);
+}
+
+}  // namespace pdr::router::proxy
