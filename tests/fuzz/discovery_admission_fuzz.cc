@@ -13,6 +13,7 @@
 #include "proto/curve_keys.h"
 #include "discovery/zap_policy.h"
 
+using namespace pdr;
 using namespace pdr::discovery;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
