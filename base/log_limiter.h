@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-namespace pdr::discovery {
+namespace pdr {
 
 class LogLimiter {
  public:
@@ -43,4 +43,4 @@ class LogLimiter {
   uint64_t suppressed_ = 0;
 };
 
-}  // namespace pdr::discovery
+}  // namespace pdr

@@ -16,7 +16,7 @@
 #include <mutex>
 #include <utility>
 
-namespace pdr::discovery {
+namespace pdr {
 
 template <typename T>
 class SnapshotCell {
@@ -71,4 +71,4 @@ class SnapshotReader {
   std::shared_ptr<const T> cached_;
 };
 
-}  // namespace pdr::discovery
+}  // namespace pdr

@@ -7,7 +7,7 @@
 #include <charconv>
 #include <cstring>
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 std::string_view to_string(AdmissionClass c) {
   switch (c) {
@@ -142,4 +142,4 @@ bool may_register_address(AdmissionClass sender, const std::optional<IpAddress>&
   return *registered == *peer;
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

@@ -19,7 +19,7 @@
 
 #include "base/status.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 enum class AdmissionClass : uint8_t { kOpen, kAddress, kToken, kCurve, kCount };
 std::string_view to_string(AdmissionClass);  // "open", "address", "token", "curve"
@@ -64,4 +64,4 @@ struct AllowList {
 bool may_register_address(AdmissionClass sender, const std::optional<IpAddress>& peer,
                           std::string_view http_host);
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

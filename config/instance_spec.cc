@@ -6,7 +6,7 @@
 #include "config/yaml_reader.h"
 #include "proto/dialects/dialect.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 using yaml::quoted_excerpt;
 
@@ -103,4 +103,4 @@ Status check_instance_connector_fields(const Topology::Connectors& defaults, Ins
   return Status::ok();
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

@@ -14,7 +14,7 @@
 #include "config/topology.h"
 #include "base/status.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 inline constexpr uint32_t kMaxParallelSize = 1024;  // dp_size and tp_size: 1..kMaxParallelSize
 inline constexpr size_t kMaxLabels = 32;
@@ -47,4 +47,4 @@ struct InstanceKeysGiven {
 Status check_instance_connector_fields(const Topology::Connectors& defaults, InstanceKeysGiven given,
                                        StaticInstance* inst, std::string_view* field);
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

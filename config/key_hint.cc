@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);
@@ -35,4 +35,4 @@ std::string unknown_key_hint(std::string_view key, const std::vector<std::string
   return fmt::format("expected one of: {}", fmt::join(known, ", "));
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

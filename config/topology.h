@@ -17,7 +17,7 @@
 #include "proto/node_spec.h"
 #include "base/status.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 enum class PolicyName : uint8_t { kRoundRobin, kLeastOutstanding, kPowerOfTwo, kAffinity, kCacheAware };
 // "round_robin", "least_outstanding", "power_of_two", "affinity", "cache_aware"
@@ -70,7 +70,7 @@ struct Topology {
     std::array<uint32_t, kAdmissionClasses> max_instances_per_class{256, 4096, 4096, 4096};
     struct Curve {
       std::string secret_key_file;   // server key (bare Z85 secret or a ZPL certificate)
-      CurveKeyPair server_keys;      // resolved from secret_key_file
+      proto::CurveKeyPair server_keys;      // resolved from secret_key_file
       std::string allowed_client_keys_file;          // one public key per line / certificates
       std::vector<std::string> allowed_client_keys;  // resolved, Z85; empty = admit by address
     } curve;
@@ -261,4 +261,4 @@ Status parse_topology(std::string_view yaml_text, std::string_view filename, Top
 // Reads the file (size limit 1 MiB) then parse_topology.
 Status load_topology_file(const std::string& path, Topology* out);
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

@@ -11,7 +11,7 @@
 #include "config/topology.h"
 #include "config/yaml_reader.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 using yaml::quoted_excerpt;
 
@@ -97,9 +97,9 @@ Status validate_zmq_endpoint(std::string_view text) {
   return proto::parse_host(host, &parsed);
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 AllowList loopback_allow_list() {
   AllowList list;
@@ -128,4 +128,4 @@ bool Topology::Discovery::open_to_network(const std::string& plain_endpoint,
   return !curve_endpoint.empty() && !endpoint_is_local(curve_endpoint) && curve.allowed_client_keys.empty();
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

@@ -7,7 +7,7 @@
 #include "proto/address.h"
 #include "base/status.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 // "host:port" for the HTTP listener, where port 0 means "any free port" (tests bind ephemeral
 // ports). Fills *out on success; kOutOfRange for a port above 65535, else proto::parse_host_port's
@@ -18,4 +18,4 @@ Status parse_listen_address(std::string_view text, proto::HostPort* out);
 // ipc://PATH (at most 107 bytes). kBadAddress or kOutOfRange when it is none of those.
 Status validate_zmq_endpoint(std::string_view text);
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

@@ -24,7 +24,7 @@
 #include "config/topology_warnings.h"
 #include "config/yaml_reader.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 std::string_view to_string(PolicyName policy) {
   switch (policy) {
@@ -152,12 +152,12 @@ Status read_class_caps(const Source& src, const Field& f, std::array<uint32_t, k
 Status read_curve(const Source& src, const Field& f, Topology::Discovery::Curve* out) {
   MapReader r(src, f);
   read_text_file(src, r, "secret_key_file", 64 * 1024, &out->secret_key_file, [&](const Field& at, std::string_view text) {
-    Status s = parse_curve_secret_key(text, &out->server_keys);
+    Status s = proto::parse_curve_secret_key(text, &out->server_keys);
     return s ? s : fail(src, at, s.code(), fmt::format("'{}': {}", out->secret_key_file, s.message()));
   });
   read_text_file(src, r, "allowed_client_keys_file", 8 << 20, &out->allowed_client_keys_file,
                  [&](const Field& at, std::string_view text) {
-                   Status s = parse_curve_public_keys(text, &out->allowed_client_keys);
+                   Status s = proto::parse_curve_public_keys(text, &out->allowed_client_keys);
                    if (s && out->allowed_client_keys.empty()) {
                      s = Status(StatusCode::kInvalidValue, "holds no key (an empty list would admit no sidecar)");
                    }
@@ -768,4 +768,4 @@ Status load_topology_file(const std::string& path, Topology* out) {
   return Status::ok();
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

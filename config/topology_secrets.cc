@@ -12,7 +12,7 @@
 #include <cstring>
 #include <utility>
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 using yaml::fail;
 using yaml::Field;
@@ -140,4 +140,4 @@ void read_text_file(const Source& src, MapReader& r, std::string_view key, size_
   });
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

@@ -11,7 +11,7 @@
 #include "config/yaml_reader.h"
 #include "base/status.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 // Reads a regular file of at most `limit` bytes into *out without blocking on a FIFO. kIoError
 // ("cannot open: ...", "not a regular file", "cannot read: ...") or kTooLarge; the message does not
@@ -39,4 +39,4 @@ void read_text_file(const yaml::Source& src, yaml::MapReader& r, std::string_vie
                     std::string* file,
                     const std::function<Status(const yaml::Field&, std::string_view)>& use);
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

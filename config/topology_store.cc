@@ -7,7 +7,7 @@
 #include <fstream>
 #include <utility>
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 namespace {
 
@@ -151,4 +151,4 @@ std::vector<std::string> restart_required_changes(const Topology& a, const Topol
   return changes;
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

@@ -25,7 +25,7 @@
 #include "config/topology.h"
 #include "base/status.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 class TopologyStore {
  public:
@@ -84,4 +84,4 @@ class TopologyStore {
 // all.
 std::vector<std::string> restart_required_changes(const Topology& a, const Topology& b);
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

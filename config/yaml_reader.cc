@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace pdr::discovery::yaml {
+namespace pdr::config::yaml {
 
 namespace {
 
@@ -356,4 +356,4 @@ Status check_tree_size(const Source& src, const YAML::Node& n, size_t depth, siz
   return Status::ok();
 }
 
-}  // namespace pdr::discovery::yaml
+}  // namespace pdr::config::yaml

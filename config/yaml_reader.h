@@ -19,7 +19,7 @@
 #include "base/ascii.h"
 #include "base/status.h"
 
-namespace pdr::discovery::yaml {
+namespace pdr::config::yaml {
 
 // Default byte limit for a string value that has no tighter one of its own.
 inline constexpr size_t kMaxStringBytes = 1024;
@@ -58,8 +58,8 @@ bool is_quoted_or_tagged_string(const YAML::Node& n);
 // What a node is, for "expected X, got <describe>": "null", "a map", "the string 'x'", "'12'", ...
 std::string describe(const YAML::Node& n);
 using pdr::has_control_chars;  // base/ascii.h
-using discovery::edit_distance;     // config/key_hint.h
-using discovery::unknown_key_hint;  // config/key_hint.h
+using config::edit_distance;     // config/key_hint.h
+using config::unknown_key_hint;  // config/key_hint.h
 
 // ---- scalar readers ---------------------------------------------------------------------------
 // On error *out is untouched and the Status points at `f`.
@@ -160,4 +160,4 @@ Status check_event_budget(const Source& src, const std::string& text);
 // Second pass over a built tree, `n` being at nesting `depth`; `*nodes` counts visits across calls.
 Status check_tree_size(const Source& src, const YAML::Node& n, size_t depth, size_t* nodes);
 
-}  // namespace pdr::discovery::yaml
+}  // namespace pdr::config::yaml

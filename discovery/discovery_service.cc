@@ -37,7 +37,7 @@ std::string zmq_bind_spelling(const std::string& endpoint) {
 
 }  // namespace
 
-DiscoveryServiceOptions DiscoveryServiceOptions::from(const Topology& t) {
+DiscoveryServiceOptions DiscoveryServiceOptions::from(const config::Topology& t) {
   DiscoveryServiceOptions o;
   o.bind_endpoint = t.listeners.discovery;
   o.registry = RegistryOptions::from(t.discovery);
@@ -59,8 +59,8 @@ class DiscoveryService::Impl {
   // Who sent a message: its admission class from the handshake, its peer address (nullopt over
   // ipc://) and the socket to answer on.
   struct Sender {
-    AdmissionClass admission;
-    std::optional<IpAddress> peer;
+    config::AdmissionClass admission;
+    std::optional<config::IpAddress> peer;
     zmq::socket_t* socket;
   };
 
@@ -120,7 +120,7 @@ class DiscoveryService::Impl {
     wake();
   }
 
-  void apply_topology(const Topology& t) {
+  void apply_topology(const config::Topology& t) {
     DiscoveryServiceOptions next = DiscoveryServiceOptions::from(t);
     {
       std::lock_guard<std::mutex> lock(commands_mutex_);
@@ -137,7 +137,7 @@ class DiscoveryService::Impl {
 
  private:
   zmq::socket_t open_router(std::string_view zap_domain, const char* monitor_endpoint, zmq::socket_t* monitor,
-                            const CurveKeyPair* curve) {
+                            const proto::CurveKeyPair* curve) {
     zmq::socket_t router(context_, zmq::socket_type::router);
     router.set(zmq::sockopt::linger, 0);
     router.set(zmq::sockopt::maxmsgsize, options_.hard_frame_limit);
@@ -392,7 +392,7 @@ class DiscoveryService::Impl {
     const char* user_id = zmq_msg_gets(payload.handle(), "User-Id");
     if (user_id != nullptr) sender.admission = user_id_class(user_id, sender.admission);
     const char* peer = zmq_msg_gets(payload.handle(), "Peer-Address");
-    if (peer != nullptr) sender.peer = parse_ip_address(peer);
+    if (peer != nullptr) sender.peer = config::parse_ip_address(peer);
     return sender;
   }
 
@@ -418,22 +418,22 @@ class DiscoveryService::Impl {
   }
 
   // The message's admission class after the auth token, or nullopt when the token check refuses it.
-  std::optional<AdmissionClass> message_class(uint32_t schema_version, const std::string& token,
-                                              AdmissionClass connection) const {
+  std::optional<config::AdmissionClass> message_class(uint32_t schema_version, const std::string& token,
+                                              config::AdmissionClass connection) const {
     if (options_.auth_token.empty()) return connection;
     if (schema_version == 0) {
       if (!options_.allow_unauthenticated_vllm) return std::nullopt;
       return connection;
     }
     if (!secure_equals(token, options_.auth_token)) return std::nullopt;
-    return std::max(connection, AdmissionClass::kToken);
+    return std::max(connection, config::AdmissionClass::kToken);
   }
 
   // Admission checks common to registrations and goodbyes; false (and the refusal handled) when
   // the message must change nothing.
   bool admit(const zmq::message_t& identity, const Sender& sender, uint32_t schema_version,
              const std::string& token, const proto::HostPort& address, bool ack_refusal,
-             AdmissionClass* out) {
+             config::AdmissionClass* out) {
     const std::string key = address.to_string();
     auto cls = message_class(schema_version, token, sender.admission);
     if (!cls) {
@@ -441,7 +441,7 @@ class DiscoveryService::Impl {
       if (ack_refusal) send_ack(identity, *sender.socket, {false, "unauthenticated: missing or wrong auth token", 0, 0});
       return false;
     }
-    if (!may_register_address(*cls, sender.peer, address.host)) {
+    if (!config::may_register_address(*cls, sender.peer, address.host)) {
       reject(RejectReason::kNotSelf,
              fmt::format("message for {} came from {}: a node that does not authenticate may speak only "
                          "for its own address", key, sender.peer ? peer_text(*sender.peer) : "?"));
@@ -455,21 +455,21 @@ class DiscoveryService::Impl {
     return true;
   }
 
-  static std::string peer_text(const IpAddress& a) {
-    Cidr c{a, static_cast<uint8_t>(a.size * 8)};
+  static std::string peer_text(const config::IpAddress& a) {
+    config::Cidr c{a, static_cast<uint8_t>(a.size * 8)};
     std::string text = c.to_string();
     return text.substr(0, text.rfind('/'));
   }
 
   void handle_registration(const zmq::message_t& identity, const proto::Registration& reg, const Sender& sender) {
     const bool wants_ack = reg.schema_version > 0;
-    AdmissionClass cls;
+    config::AdmissionClass cls;
     if (!admit(identity, sender, reg.schema_version, reg.auth_token, reg.http_address, wants_ack, &cls)) return;
     // The router connects out to the KV events endpoints: a node that does not authenticate may
     // point them only at itself, as its http_address, or any registrant could aim the router's
     // sockets at a third host.
     for (const std::optional<proto::HostPort>* endpoint : {&reg.kv_events_endpoint, &reg.kv_events_replay_endpoint}) {
-      if (*endpoint && !may_register_address(cls, sender.peer, (*endpoint)->host)) {
+      if (*endpoint && !config::may_register_address(cls, sender.peer, (*endpoint)->host)) {
         reject(RejectReason::kNotSelf,
                fmt::format("registration of {} from {} names a KV events endpoint on {}: a node that does not "
                            "authenticate may name only its own address",
@@ -534,7 +534,7 @@ class DiscoveryService::Impl {
   }
 
   void handle_goodbye(const zmq::message_t& identity, const proto::Goodbye& goodbye, const Sender& sender) {
-    AdmissionClass cls;
+    config::AdmissionClass cls;
     if (!admit(identity, sender, goodbye.schema_version, goodbye.auth_token, goodbye.http_address, true, &cls)) return;
     const std::string key = goodbye.http_address.to_string();
     auto refuse = [&](RejectReason why, const std::string& detail, const std::string& ack_reason) {
@@ -639,7 +639,7 @@ DiscoveryService::~DiscoveryService() = default;
 Status DiscoveryService::start(const DiscoveryServiceOptions& o) { return impl_->start(o); }
 std::string DiscoveryService::bound_endpoint() const { return impl_->bound_endpoint(); }
 std::string DiscoveryService::bound_curve_endpoint() const { return impl_->bound_curve_endpoint(); }
-void DiscoveryService::apply_topology(const Topology& t) { impl_->apply_topology(t); }
+void DiscoveryService::apply_topology(const config::Topology& t) { impl_->apply_topology(t); }
 void DiscoveryService::post(std::function<void(Registry&)> fn, std::function<void()> on_published) {
   impl_->post(std::move(fn), std::move(on_published));
 }

@@ -39,15 +39,15 @@ struct DiscoveryServiceOptions {
   std::string bind_endpoint = "tcp://*:36367";  // "tcp://host:0" means an ephemeral port
   // The CURVE endpoint ("" = none) and its server keys. Like bind_endpoint, fixed at start().
   std::string curve_endpoint;
-  CurveKeyPair curve_keys;
+  proto::CurveKeyPair curve_keys;
   // Handshake admission for both endpoints (allowed peers, allowed CURVE client keys). The
   // default admits loopback peers only.
-  ZapPolicy zap{loopback_allow_list(), {}, false};
+  ZapPolicy zap{config::loopback_allow_list(), {}, false};
   RegistryOptions registry;
   proto::DecodeLimits limits;
   std::string auth_token;                        // "" = no authentication
   bool allow_unauthenticated_vllm = true;
-  std::vector<StaticInstance> static_instances;
+  std::vector<config::StaticInstance> static_instances;
   // Frames above this are dropped by libzmq itself (the peer is disconnected) before they are
   // buffered; frames between limits.max_message_bytes and this are read and counted too_large.
   int64_t hard_frame_limit = 1024 * 1024;
@@ -55,7 +55,7 @@ struct DiscoveryServiceOptions {
   // next wake takes a batch (CPU at 10k nodes vs at most this much added latency). 0 disables.
   std::chrono::milliseconds batch_window{2};
 
-  static DiscoveryServiceOptions from(const Topology& topology);
+  static DiscoveryServiceOptions from(const config::Topology& topology);
 };
 
 class DiscoveryService {
@@ -75,7 +75,7 @@ class DiscoveryService {
 
   // Applies a reloaded topology: TTL bounds, limits, authentication and static instances. The
   // bind endpoint cannot change live (the caller logs that a restart is needed).
-  void apply_topology(const Topology& topology);
+  void apply_topology(const config::Topology& topology);
   // Runs `fn` on the discovery thread with the registry; a snapshot follows if it changed anything.
   // `on_published`, if given, then runs on the discovery thread once that snapshot is published
   // (right after `fn` when nothing changed), so whoever it notifies reads the change from the

@@ -79,7 +79,7 @@ struct Instance : proto::NodeSpec {
   InstanceSource source = InstanceSource::kRegistered;
   // How the node that created (or last took over) a registered entry was admitted; meaningless
   // for static and admin entries, which the operator owns.
-  AdmissionClass admission = AdmissionClass::kAddress;
+  config::AdmissionClass admission = config::AdmissionClass::kAddress;
   Clock::time_point first_seen{};
   std::chrono::milliseconds ttl{0};  // 0 for static/admin
   uint64_t restarts = 0;             // epoch changes seen
@@ -133,7 +133,7 @@ struct RegistrySnapshot {
   uint64_t version = 0;               // increases by one per published snapshot
   Clock::time_point taken_at{};
   std::vector<std::shared_ptr<const Instance>> instances;  // sorted by key
-  std::array<uint32_t, kAdmissionClasses> count_by_class{};  // registered entries per admission
+  std::array<uint32_t, config::kAdmissionClasses> count_by_class{};  // registered entries per admission
   RoutableIndex routable;  // built by Registry::snapshot()
 
   const Instance* find(std::string_view key) const;

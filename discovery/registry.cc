@@ -11,7 +11,7 @@ InstanceState live_state(bool node_draining, bool operator_drain) {
   return node_draining || operator_drain ? InstanceState::kDraining : InstanceState::kUp;
 }
 
-Instance instance_from_spec(const StaticInstance& spec, InstanceSource source) {
+Instance instance_from_spec(const config::StaticInstance& spec, InstanceSource source) {
   Instance inst;
   static_cast<proto::NodeSpec&>(inst) = spec;
   proto::fill_parsed_zmq_address(&inst);
@@ -23,7 +23,7 @@ Instance instance_from_spec(const StaticInstance& spec, InstanceSource source) {
 
 }  // namespace
 
-RegistryOptions RegistryOptions::from(const Topology::Discovery& d) {
+RegistryOptions RegistryOptions::from(const config::Topology::Discovery& d) {
   RegistryOptions o;
   o.default_ttl = d.ttl;
   o.min_ttl = d.min_ttl;
@@ -137,10 +137,10 @@ void Registry::unmark_expired(EntryMap::iterator it) {
   e.expired_at = kNever;
 }
 
-bool Registry::evict_one_expired(std::optional<AdmissionClass> only) {
+bool Registry::evict_one_expired(std::optional<config::AdmissionClass> only) {
   // Only expired entries are evictable; take the one that has been expired longest.
   const ExpiredIndex::value_type* oldest = nullptr;
-  for (size_t c = 0; c < kAdmissionClasses; ++c) {
+  for (size_t c = 0; c < config::kAdmissionClasses; ++c) {
     if (only && static_cast<size_t>(*only) != c) continue;
     if (expired_[c].empty()) continue;
     const auto& head = *expired_[c].begin();
@@ -153,7 +153,7 @@ bool Registry::evict_one_expired(std::optional<AdmissionClass> only) {
   return true;
 }
 
-UpsertResult Registry::make_room(AdmissionClass c) {
+UpsertResult Registry::make_room(config::AdmissionClass c) {
   const size_t cls = static_cast<size_t>(c);
   if (count_by_class_[cls] >= options_.max_per_class[cls] && !evict_one_expired(c)) {
     return UpsertResult::kRejectedClassFull;
@@ -163,7 +163,7 @@ UpsertResult Registry::make_room(AdmissionClass c) {
 }
 
 Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::time_point now,
-                                         AdmissionClass sender) {
+                                         config::AdmissionClass sender) {
   const std::chrono::milliseconds ttl = effective_ttl(reg);
   auto it = entries_.find(reg.http_address.to_string());
   // The node now talks to this replica: its entry becomes a local registered one (one snapshot,
@@ -254,7 +254,7 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
   return {result, ttl};
 }
 
-GoodbyeResult Registry::goodbye(const proto::Goodbye& goodbye, Clock::time_point, AdmissionClass sender) {
+GoodbyeResult Registry::goodbye(const proto::Goodbye& goodbye, Clock::time_point, config::AdmissionClass sender) {
   auto it = entries_.find(goodbye.http_address.to_string());
   if (it == entries_.end()) return GoodbyeResult::kUnknown;
   const Instance& current = *it->second.instance;
@@ -296,9 +296,9 @@ bool Registry::take_over(EntryMap::iterator it, Instance fresh) {
   return changed;
 }
 
-void Registry::replace_static(const std::vector<StaticInstance>& instances, Clock::time_point now) {
+void Registry::replace_static(const std::vector<config::StaticInstance>& instances, Clock::time_point now) {
   std::set<std::string, std::less<>> wanted;
-  for (const StaticInstance& s : instances) {
+  for (const config::StaticInstance& s : instances) {
     Instance fresh = instance_from_spec(s, InstanceSource::kStatic);
     wanted.insert(fresh.key);
     auto it = entries_.find(fresh.key);
@@ -317,7 +317,7 @@ void Registry::replace_static(const std::vector<StaticInstance>& instances, Cloc
   }
 }
 
-AdminOutcome Registry::add_admin(const StaticInstance& spec, Clock::time_point now) {
+AdminOutcome Registry::add_admin(const config::StaticInstance& spec, Clock::time_point now) {
   Instance fresh = instance_from_spec(spec, InstanceSource::kAdmin);
   auto it = entries_.find(fresh.key);
   if (it == entries_.end()) {

@@ -44,9 +44,9 @@ struct RegistryOptions {
   uint32_t max_instances = 4096;
   // Registered entries per admission class (discovery.max_instances_per_class), within
   // max_instances: a flood of weakly admitted senders cannot take the room of stronger ones.
-  std::array<uint32_t, kAdmissionClasses> max_per_class{4096, 4096, 4096, 4096};
+  std::array<uint32_t, config::kAdmissionClasses> max_per_class{4096, 4096, 4096, 4096};
 
-  static RegistryOptions from(const Topology::Discovery& d);
+  static RegistryOptions from(const config::Topology::Discovery& d);
 };
 
 enum class UpsertResult : uint8_t {
@@ -108,19 +108,19 @@ class Registry {
   // authenticated one. A registration with an older epoch than the entry's is refused: an older
   // epoch is a stale message, not a restart.
   UpsertOutcome upsert(const proto::Registration& reg, Clock::time_point now,
-                       AdmissionClass sender = AdmissionClass::kAddress);
+                       config::AdmissionClass sender = config::AdmissionClass::kAddress);
 
   // Goodbye: a registered instance is removed at once. Refused when the sender's class is weaker
   // than the entry's, when the entry has an epoch and the goodbye does not carry exactly that
   // epoch (a late goodbye cannot remove a restarted node), and always for static and admin
   // entries (the operator's; only the operator removes them).
   GoodbyeResult goodbye(const proto::Goodbye& goodbye, Clock::time_point now,
-                        AdmissionClass sender = AdmissionClass::kAddress);
+                        config::AdmissionClass sender = config::AdmissionClass::kAddress);
 
   // Replaces every static instance with `instances` (topology load or reload). Registered
   // instances at the same address become static (the operator's word wins); static instances no
   // longer listed are removed.
-  void replace_static(const std::vector<StaticInstance>& instances, Clock::time_point now);
+  void replace_static(const std::vector<config::StaticInstance>& instances, Clock::time_point now);
 
   // Admin instances: described by the operator like static ones and, like them, they never expire
   // and nodes' heartbeats only refresh their liveness and identity. They live in memory only
@@ -131,7 +131,7 @@ class Registry {
   // silently overwritten. A node-registered key (live or expired) is taken over (kReplaced), as
   // replace_static does: the operator's description wins, the node's liveness, identity and
   // drain flags are kept, and the entry stops expiring.
-  AdminOutcome add_admin(const StaticInstance& spec, Clock::time_point now);
+  AdminOutcome add_admin(const config::StaticInstance& spec, Clock::time_point now);
   // Removes an admin or registered entry at once. A registered node that is still running comes
   // back with its next heartbeat (drain it to stop traffic instead). Static entries are refused
   // (kConflict): the topology file owns them and the next reload would bring them back.
@@ -176,7 +176,7 @@ class Registry {
   size_t size() const { return entries_.size(); }
   uint64_t version() const { return version_; }
   // Registered entries (live or expired) per admission class.
-  const std::array<uint32_t, kAdmissionClasses>& count_by_class() const { return count_by_class_; }
+  const std::array<uint32_t, config::kAdmissionClasses>& count_by_class() const { return count_by_class_; }
 
  private:
   struct Entry {
@@ -205,9 +205,9 @@ class Registry {
   void mark_expired(EntryMap::iterator it, Clock::time_point now);
   void unmark_expired(EntryMap::iterator it);
   // Evicts the longest-expired registered entry: of class `only` if given, else of any class.
-  bool evict_one_expired(std::optional<AdmissionClass> only = std::nullopt);
+  bool evict_one_expired(std::optional<config::AdmissionClass> only = std::nullopt);
   // Room for a new registered entry of class `c`: evicts an expired entry if that makes room.
-  UpsertResult make_room(AdmissionClass c);
+  UpsertResult make_room(config::AdmissionClass c);
   std::chrono::milliseconds effective_ttl(const proto::Registration& reg) const;
   // upsert_replica / upsert_kubernetes: entries another owner (`source`) ends.
   AdminOutcome upsert_owned(const proto::Registration& reg, InstanceSource source, Clock::time_point now);
@@ -216,8 +216,8 @@ class Registry {
   RegistryOptions options_;
   EntryMap entries_;
   std::vector<HeapItem> heap_;  // min-heap on time (std::greater)
-  std::array<ExpiredIndex, kAdmissionClasses> expired_;
-  std::array<uint32_t, kAdmissionClasses> count_by_class_{};
+  std::array<ExpiredIndex, config::kAdmissionClasses> expired_;
+  std::array<uint32_t, config::kAdmissionClasses> count_by_class_{};
   uint64_t version_ = 0;
   bool dirty_ = true;  // the first snapshot is always wanted
 };

@@ -14,7 +14,7 @@ ZapDecision refuse(HandshakeRefusal why, std::string text) {
 }
 
 ZapDecision admit_by_address(const ZapPolicy& policy, std::string_view address) {
-  auto ip = parse_ip_address(address);
+  auto ip = config::parse_ip_address(address);
   if (!ip) return refuse(HandshakeRefusal::kAddressNotAllowed, fmt::format("unparseable peer address '{}'", address));
   if (!policy.allowed_peers.contains(*ip)) {
     return refuse(HandshakeRefusal::kAddressNotAllowed,
@@ -53,7 +53,7 @@ ZapDecision decide_zap(const ZapPolicy& policy, const std::vector<std::string>& 
       return refuse(HandshakeRefusal::kWrongMechanism, fmt::format("mechanism {} on the CURVE endpoint", mechanism));
     }
     if (policy.allowed_client_keys.empty()) return admit_by_address(policy, address);
-    std::string key = curve_key_z85(frames[6]);
+    std::string key = proto::curve_key_z85(frames[6]);
     if (key.empty()) return refuse(HandshakeRefusal::kMalformed, "CURVE credential is not a 32-byte key");
     if (!policy.allowed_client_keys.contains(key)) {
       return refuse(HandshakeRefusal::kKeyNotAllowed,
@@ -70,8 +70,8 @@ std::array<std::string, 6> zap_reply(std::string_view request_id, const ZapDecis
           d.allow ? d.user_id : "", ""};
 }
 
-AdmissionClass user_id_class(std::string_view user_id, AdmissionClass address_class) {
-  return user_id.substr(0, kCurveUserPrefix.size()) == kCurveUserPrefix ? AdmissionClass::kCurve : address_class;
+config::AdmissionClass user_id_class(std::string_view user_id, config::AdmissionClass address_class) {
+  return user_id.substr(0, kCurveUserPrefix.size()) == kCurveUserPrefix ? config::AdmissionClass::kCurve : address_class;
 }
 
 }  // namespace pdr::discovery

@@ -34,13 +34,13 @@ std::string_view to_string(HandshakeRefusal);  // "address_not_allowed", "key_no
 constexpr size_t kHandshakeRefusals = static_cast<size_t>(HandshakeRefusal::kCount);
 
 struct ZapPolicy {
-  AllowList allowed_peers;
+  config::AllowList allowed_peers;
   std::set<std::string> allowed_client_keys;  // Z85; empty = CURVE clients admitted by address
   bool plain_is_local = false;  // the plain endpoint is ipc://: no address to check, admit
 
   // The class a connection admitted by address gets: kOpen when the list admits everyone.
-  AdmissionClass address_class() const {
-    return allowed_peers.matches_everything() ? AdmissionClass::kOpen : AdmissionClass::kAddress;
+  config::AdmissionClass address_class() const {
+    return allowed_peers.matches_everything() ? config::AdmissionClass::kOpen : config::AdmissionClass::kAddress;
   }
 };
 
@@ -61,6 +61,6 @@ std::array<std::string, 6> zap_reply(std::string_view request_id, const ZapDecis
 
 // How a message's sender was admitted, from its connection's user id (the "User-Id" message
 // property libzmq attaches after ZAP): kCurve for "curve:..."; otherwise `address_class`.
-AdmissionClass user_id_class(std::string_view user_id, AdmissionClass address_class);
+config::AdmissionClass user_id_class(std::string_view user_id, config::AdmissionClass address_class);
 
 }  // namespace pdr::discovery

@@ -112,7 +112,7 @@ class HttpWorker {
   sockaddr_storage addr_{};
   std::string where_;  // "host:port" for messages
   bool accept_paused_ = false;
-  discovery::LogLimiter accept_log_{"http accept errors"};
+  LogLimiter accept_log_{"http accept errors"};
   std::thread thread_;
   bool draining_ = false;
   std::unordered_set<HttpConnection*> connections_;

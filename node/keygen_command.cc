@@ -62,13 +62,13 @@ CLI::App* add_keygen_command(CLI::App& app, KeygenFlags* f) {
 }
 
 int run_keygen_command(const KeygenFlags& flags) {
-  discovery::CurveKeyPair keys;
-  if (Status s = discovery::generate_curve_key_pair(&keys); !s.is_ok()) {
+  proto::CurveKeyPair keys;
+  if (Status s = proto::generate_curve_key_pair(&keys); !s.is_ok()) {
     std::fprintf(stderr, "pdnode keygen: %s\n", s.message().c_str());
     return kExitFailure;
   }
-  if (!write_new_file(flags.prefix + ".key", discovery::curve_certificate(keys, true), 0600, flags.force) ||
-      !write_new_file(flags.prefix + ".pub", discovery::curve_certificate(keys, false), 0644, flags.force)) {
+  if (!write_new_file(flags.prefix + ".key", proto::curve_certificate(keys, true), 0600, flags.force) ||
+      !write_new_file(flags.prefix + ".pub", proto::curve_certificate(keys, false), 0644, flags.force)) {
     return kExitFailure;
   }
   std::printf("%s.key (secret) and %s.pub (public key %s)\n", flags.prefix.c_str(), flags.prefix.c_str(),

@@ -222,23 +222,23 @@ FlagError build_registration(const RegisterFlags& flags, proto::Registration* re
 
 // Reads a key file given on the command line (at most 64 KiB).
 FlagError read_key_file(const std::string& flag, const std::string& path, std::string* text) {
-  Status s = discovery::read_small_file(path, 64 * 1024, text);
+  Status s = config::read_small_file(path, 64 * 1024, text);
   return s ? "" : flag + " '" + path + "': " + s.message();
 }
 
-FlagError load_curve_flags(const RegisterFlags& flags, discovery::NodeClientOptions* client) {
+FlagError load_curve_flags(const RegisterFlags& flags, sidecar::NodeClientOptions* client) {
   if (flags.curve_server_key_file.empty()) {
     return flags.curve_key_file.empty() ? "" : "--curve-key needs --curve-server-key";
   }
   std::string text;
   if (FlagError e = read_key_file("--curve-server-key", flags.curve_server_key_file, &text); !e.empty()) return e;
-  if (Status s = discovery::parse_curve_public_key(text, &client->curve_server_key); !s.is_ok()) {
+  if (Status s = proto::parse_curve_public_key(text, &client->curve_server_key); !s.is_ok()) {
     return "--curve-server-key '" + flags.curve_server_key_file + "': " + s.message();
   }
   if (flags.curve_key_file.empty()) return "";  // ephemeral client key: encrypted, address-admitted
   if (FlagError e = read_key_file("--curve-key", flags.curve_key_file, &text); !e.empty()) return e;
-  discovery::CurveKeyPair keys;
-  if (Status s = discovery::parse_curve_secret_key(text, &keys); !s.is_ok()) {
+  proto::CurveKeyPair keys;
+  if (Status s = proto::parse_curve_secret_key(text, &keys); !s.is_ok()) {
     return "--curve-key '" + flags.curve_key_file + "': " + s.message();
   }
   client->curve_public_key = keys.public_z85;
@@ -246,7 +246,7 @@ FlagError load_curve_flags(const RegisterFlags& flags, discovery::NodeClientOpti
   return "";
 }
 
-FlagError build_sidecar_options(const RegisterFlags& flags, discovery::SidecarOptions* options) {
+FlagError build_sidecar_options(const RegisterFlags& flags, sidecar::SidecarOptions* options) {
   for (const std::string& endpoint : flags.routers) {
     if (FlagError e = check_router_endpoint(endpoint); !e.empty()) return e;
   }
@@ -258,7 +258,7 @@ FlagError build_sidecar_options(const RegisterFlags& flags, discovery::SidecarOp
   const std::string url =
       flags.health_url.empty() ? "http://" + flags.http_address + "/health" : flags.health_url;
   // One probe may use the whole slot between probes, no more.
-  if (Status s = discovery::HealthProbe::from_url(url, options->health_interval, &options->health);
+  if (Status s = sidecar::HealthProbe::from_url(url, options->health_interval, &options->health);
       !s.is_ok()) {
     return "--health-url '" + url + "': " + s.message();
   }
@@ -375,14 +375,14 @@ CLI::App* add_register_command(CLI::App& app, RegisterFlags* f) {
 }
 
 int run_register_command(const RegisterFlags& flags) {
-  discovery::SidecarOptions options;
+  sidecar::SidecarOptions options;
   if (FlagError e = build_sidecar_options(flags, &options); !e.empty()) {
     std::fprintf(stderr, "pdnode register: error: %s\nRun 'pdnode register --help' for usage.\n",
                  e.c_str());
     return kExitBadFlags;
   }
   configure_logging(flags.log_level);
-  discovery::Sidecar sidecar(std::move(options));
+  sidecar::Sidecar sidecar(std::move(options));
   StopSignals signals([&sidecar](std::string_view name) {
     pdr::log::info("received {}, stopping", name);
     sidecar.stop();

@@ -444,14 +444,14 @@ int run_sim_command(const SimFlags& flags) {
   // start() filled in the port; keep the identity the server uses for the registration.
   options.node.http_port = server.port();
 
-  std::unique_ptr<discovery::NodeClient> client;
+  std::unique_ptr<sidecar::NodeClient> client;
   if (!flags.register_endpoints.empty()) {
-    discovery::NodeClientOptions client_options;
+    sidecar::NodeClientOptions client_options;
     client_options.router_endpoints = flags.register_endpoints;
     client_options.registration =
         build_registration(flags, server, options, kv_events, kv_events_replay);
     client_options.interval = std::chrono::milliseconds(flags.register_interval_ms);
-    client = std::make_unique<discovery::NodeClient>(std::move(client_options));
+    client = std::make_unique<sidecar::NodeClient>(std::move(client_options));
     if (Status s = client->start(); !s.is_ok()) {
       pdr::log::error("cannot register: {}", s.to_string());
       server.stop();

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <set>
 
-namespace pdr::discovery {
+namespace pdr::proto {
 namespace {
 
 constexpr size_t kZ85KeyChars = 40;
@@ -156,4 +156,4 @@ std::string curve_key_z85(std::string_view bytes) {
   return text;
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::proto

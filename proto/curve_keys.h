@@ -14,7 +14,7 @@
 
 #include "base/status.h"
 
-namespace pdr::discovery {
+namespace pdr::proto {
 
 struct CurveKeyPair {
   std::string public_z85;  // 40 characters
@@ -39,4 +39,4 @@ std::string curve_certificate(const CurveKeyPair& keys, bool include_secret);
 // Z85 text of a 32-byte key (as a ZAP request carries it), or "" if `bytes` is not 32 bytes.
 std::string curve_key_z85(std::string_view bytes);
 
-}  // namespace pdr::discovery
+}  // namespace pdr::proto

@@ -97,7 +97,7 @@ Status check_known_keys(const json& obj, const std::vector<std::string_view>& kn
     if (!found) {
       return Status(StatusCode::kInvalidValue,
                     fmt::format("unknown key {} ({})", proto::quote_untrusted(key, 40),
-                                discovery::unknown_key_hint(key, known)));
+                                config::unknown_key_hint(key, known)));
     }
   }
   return Status::ok();
@@ -172,19 +172,19 @@ Status read_labels(const json& obj, proto::Labels* out) {
     return Status(StatusCode::kWrongType,
                   fmt::format("labels: expected an object of strings, got {}", describe(*it)));
   }
-  if (it->size() > discovery::kMaxLabels) {
+  if (it->size() > config::kMaxLabels) {
     return Status(StatusCode::kTooLarge,
-                  fmt::format("labels: {} labels (limit {})", it->size(), discovery::kMaxLabels));
+                  fmt::format("labels: {} labels (limit {})", it->size(), config::kMaxLabels));
   }
   proto::Labels labels;
   for (const auto& [key, value] : it->items()) {  // an object iterates in key order: sorted
-    if (key.empty() || key.size() > discovery::kMaxLabelKeyBytes || has_control_chars(key)) {
+    if (key.empty() || key.size() > config::kMaxLabelKeyBytes || has_control_chars(key)) {
       return Status(StatusCode::kInvalidValue,
                     fmt::format("labels: label key must be 1..{} printable bytes",
-                                discovery::kMaxLabelKeyBytes));
+                                config::kMaxLabelKeyBytes));
     }
     std::string text;
-    Status s = read_string(*it, key, discovery::kMaxLabelValueBytes, &text);
+    Status s = read_string(*it, key, config::kMaxLabelValueBytes, &text);
     if (!s) return field_error("labels", s);
     labels.emplace_back(key, std::move(text));
   }
@@ -201,8 +201,8 @@ Status read_u32(const json& obj, std::string_view key, uint64_t min, uint64_t ma
 
 }  // namespace
 
-Status parse_admin_instance(std::string_view body, const discovery::Topology::Connectors& defaults,
-                            discovery::StaticInstance* out) {
+Status parse_admin_instance(std::string_view body, const config::Topology::Connectors& defaults,
+                            config::StaticInstance* out) {
   static const std::vector<std::string_view> kKeys = {
       "role", "http_address", "connector", "transfer_mode", "zmq_address",
       "dp_size", "tp_size", "bootstrap_port", "kv_events_endpoint", "kv_events_replay_endpoint",
@@ -212,23 +212,23 @@ Status parse_admin_instance(std::string_view body, const discovery::Topology::Co
   if (s) s = check_known_keys(doc, kKeys);
   if (!s) return s;
 
-  discovery::StaticInstance inst;
+  config::StaticInstance inst;
   inst.connector = defaults.default_connector;
   bool has_role = false, has_http = false;
-  discovery::InstanceKeysGiven given;
+  config::InstanceKeysGiven given;
   uint64_t bootstrap_port = 0;
   // Each read runs only while everything before it succeeded: the first error is the answer.
   for (auto read : std::initializer_list<std::function<Status()>>{
-           [&] { return read_named(doc, "role", &discovery::parse_instance_role, &inst.role, &has_role); },
+           [&] { return read_named(doc, "role", &config::parse_instance_role, &inst.role, &has_role); },
            [&] { return read_named(doc, "http_address", &parse_address, &inst.http_address, &has_http); },
-           [&] { return read_named(doc, "connector", &discovery::parse_node_connector, &inst.connector); },
+           [&] { return read_named(doc, "connector", &config::parse_node_connector, &inst.connector); },
            [&] {
-             return read_named(doc, "transfer_mode", &discovery::parse_instance_transfer_mode,
+             return read_named(doc, "transfer_mode", &config::parse_instance_transfer_mode,
                                &inst.transfer_mode, &given.transfer_mode);
            },
            [&] { return read_string(doc, "zmq_address", kMaxStringBytes, &inst.zmq_address, &given.zmq_address); },
-           [&] { return read_u32(doc, "dp_size", 1, discovery::kMaxParallelSize, &inst.dp_size); },
-           [&] { return read_u32(doc, "tp_size", 1, discovery::kMaxParallelSize, &inst.tp_size); },
+           [&] { return read_u32(doc, "dp_size", 1, config::kMaxParallelSize, &inst.dp_size); },
+           [&] { return read_u32(doc, "tp_size", 1, config::kMaxParallelSize, &inst.tp_size); },
            [&] { return read_uint(doc, "bootstrap_port", 1, 65535, &bootstrap_port); },
            [&] { return read_zmq_endpoint(doc, "kv_events_endpoint", &inst.kv_events_endpoint); },
            [&] {
@@ -243,19 +243,19 @@ Status parse_admin_instance(std::string_view body, const discovery::Topology::Co
   if (!has_http) return Status(StatusCode::kMissingKey, "missing key 'http_address' (host:port)");
   if (bootstrap_port != 0) inst.bootstrap_port = static_cast<uint16_t>(bootstrap_port);
   std::string_view field;
-  s = discovery::check_instance_connector_fields(defaults, given, &inst, &field);
+  s = config::check_instance_connector_fields(defaults, given, &inst, &field);
   if (!s) return field.empty() ? s : field_error(field, s);
   *out = std::move(inst);
   return Status::ok();
 }
 
-Status parse_seed_add_instance(std::string_view body, const discovery::Topology::Connectors& defaults,
-                               discovery::StaticInstance* out) {
+Status parse_seed_add_instance(std::string_view body, const config::Topology::Connectors& defaults,
+                               config::StaticInstance* out) {
   json doc;
   Status s = parse_object(body, &doc);
   if (s) s = check_known_keys(doc, {"type", "instance"});
   if (!s) return s;
-  discovery::StaticInstance inst;
+  config::StaticInstance inst;
   // The demo proxy accepts exactly these two spellings.
   std::string type;
   s = read_string(doc, "type", kMaxStringBytes, &type);
@@ -273,7 +273,7 @@ Status parse_seed_add_instance(std::string_view body, const discovery::Topology:
   }
   inst.connector = defaults.default_connector;
   std::string_view field;
-  s = discovery::check_instance_connector_fields(defaults, {}, &inst, &field);
+  s = config::check_instance_connector_fields(defaults, {}, &inst, &field);
   if (!s) {
     return Status(s.code(),
                   fmt::format("the default connector (connectors.default: {}) needs more than an "

@@ -25,8 +25,8 @@ inline constexpr size_t kMaxAdminBodyBytes = 16 * 1024;
 // "kv_events_replay_endpoint" (tcp://host:port, proto::parse_zmq_tcp_endpoint), "model",
 // "labels"}. Absent keys take the
 // topology's defaults (`defaults`), exactly as an entry of the file's `instances:` list.
-Status parse_admin_instance(std::string_view body, const discovery::Topology::Connectors& defaults,
-                            discovery::StaticInstance* out);
+Status parse_admin_instance(std::string_view body, const config::Topology::Connectors& defaults,
+                            config::StaticInstance* out);
 
 // POST /instances/add, vLLM's demo proxy body: {"type": "prefill"|"decode", "instance":
 // "host:port"}. The instance gets the topology's connector defaults; a default connector that
@@ -34,8 +34,8 @@ Status parse_admin_instance(std::string_view body, const discovery::Topology::Co
 // pointing at POST /admin/instances. Messages start with the demo proxy's own sentences
 // ("Invalid instance type.", "Invalid instance format.", "Invalid instance address.") so scripts
 // matching them keep working.
-Status parse_seed_add_instance(std::string_view body, const discovery::Topology::Connectors& defaults,
-                               discovery::StaticInstance* out);
+Status parse_seed_add_instance(std::string_view body, const config::Topology::Connectors& defaults,
+                               config::StaticInstance* out);
 
 // The {host:port} segment of /admin/instances/{host:port}[/...], percent-decoded ("%5B::1%5D:80"
 // is "[::1]:80"), to the registry's canonical key. kBadAddress when it is not an address.

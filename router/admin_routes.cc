@@ -265,7 +265,7 @@ void AdminRoutes::seed_add(http::Request&& request, http::ResponseWriter writer)
 void AdminRoutes::add_parsed(http::Request&& request, http::ResponseWriter writer, SpecParser parse,
                              Answer answer) const {
   const auto topology = context_.topology->current();
-  discovery::StaticInstance spec;
+  config::StaticInstance spec;
   if (Status s = parse(request.body, topology->connectors, &spec); !s) {
     send(writer, {Result::kBadRequest, bad_request(s)});
     return;

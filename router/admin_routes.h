@@ -81,7 +81,7 @@ struct AdminCounters {
 inline constexpr size_t kMaxProfileBodyBytes = 4096;
 
 struct AdminContext {
-  const discovery::TopologyStore* topology = nullptr;  // null: no key, API disabled
+  const config::TopologyStore* topology = nullptr;  // null: no key, API disabled
   discovery::DiscoveryService* discovery = nullptr;    // null (or server null): 503
   http::Server* server = nullptr;
   uint32_t workers = 1;
@@ -137,8 +137,8 @@ class AdminRoutes {
 
   Auth authorize(const http::Request& request) const;
   Reply throttled_reply() const;  // 429 auth_throttled, counted
-  using SpecParser = Status (*)(std::string_view body, const discovery::Topology::Connectors& defaults,
-                                discovery::StaticInstance* out);
+  using SpecParser = Status (*)(std::string_view body, const config::Topology::Connectors& defaults,
+                                config::StaticInstance* out);
   // Parses the body with `parse` (400/413 at once on error), then adds the instance; `answer`
   // gets every outcome (successes are logged here).
   void add_parsed(http::Request&& request, http::ResponseWriter writer, SpecParser parse,
@@ -157,7 +157,7 @@ class AdminRoutes {
   struct WorkerState {  // touched only by its own worker thread
     uint64_t next_id = 0;
     std::unordered_map<uint64_t, http::ResponseWriter> pending;
-    discovery::LogLimiter auth_log{"admin: failed authentications"};
+    LogLimiter auth_log{"admin: failed authentications"};
   };
 
   AdminContext context_;

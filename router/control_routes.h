@@ -36,9 +36,9 @@
 namespace pdr::router {
 
 struct ControlContext {
-  const discovery::SnapshotCell<discovery::RegistrySnapshot>* registry = nullptr;
+  const SnapshotCell<discovery::RegistrySnapshot>* registry = nullptr;
   const discovery::DiscoveryCounters* discovery_counters = nullptr;
-  const discovery::TopologyStore* topology = nullptr;  // may be null (tests)
+  const config::TopologyStore* topology = nullptr;  // may be null (tests)
   const http::ServerStats* http_stats = nullptr;       // may be null (tests)
   const proxy::ProxyCounters* proxy_counters = nullptr;  // may be null (tests)
   // For the admin API: registry changes go to the discovery thread, answers come back to the
@@ -101,7 +101,7 @@ class ControlRoutes {
   ControlContext context_;
   AdminRoutes admin_;
   // One per worker; a worker only ever touches its own (hence mutable behind const handle()).
-  mutable std::vector<discovery::SnapshotReader<discovery::RegistrySnapshot>> readers_;
+  mutable std::vector<SnapshotReader<discovery::RegistrySnapshot>> readers_;
   mutable std::vector<StatusCache> status_cache_;  // one per worker, as readers_
   mutable std::atomic<uint64_t> status_renders_{0};
 };

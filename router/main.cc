@@ -69,7 +69,7 @@ On start pdrouter prints one line to stdout:
 Exit codes: 0 after a graceful stop, 1 on a start-up failure, 2 on bad flags or topology.)";
 }
 
-Status apply_overrides(const CommandLine& cli, discovery::Topology* t) {
+Status apply_overrides(const CommandLine& cli, config::Topology* t) {
   if (!cli.http.empty()) {
     proto::HostPort hp;
     if (cli.http.size() > 2 && cli.http.compare(cli.http.size() - 2, 2, ":0") == 0) {
@@ -86,12 +86,12 @@ Status apply_overrides(const CommandLine& cli, discovery::Topology* t) {
   return Status::ok();
 }
 
-uint32_t worker_count(const discovery::Topology& t) {
+uint32_t worker_count(const config::Topology& t) {
   if (t.workers > 0) return t.workers;
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-http::ServerOptions server_options(const discovery::Topology& t) {
+http::ServerOptions server_options(const config::Topology& t) {
   http::ServerOptions o;
   o.host = t.listeners.http.host;
   o.port = t.listeners.http.port;
@@ -121,7 +121,7 @@ void raise_fd_limit() {
 // Client connections beyond what RLIMIT_NOFILE can hold (with two upstream legs per request
 // in flight) would fail with EMFILE at random places, and used to get healthy nodes ejected:
 // accept fewer and say what to raise.
-void fit_fd_limit(const discovery::Topology& t, http::ServerOptions* o) {
+void fit_fd_limit(const config::Topology& t, http::ServerOptions* o) {
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
   const http::FdBudget b =
@@ -151,8 +151,8 @@ void dispatch(router::Surface surface, const router::ControlRoutes& routes, rout
 // Everything the control loop's callbacks need.
 struct Process {
   CommandLine cli;
-  discovery::TopologyStore topology;
-  discovery::SnapshotCell<discovery::RegistrySnapshot> registry;
+  config::TopologyStore topology;
+  SnapshotCell<discovery::RegistrySnapshot> registry;
   discovery::DiscoveryCounters discovery_counters;
   discovery::DiscoveryService discovery{registry, discovery_counters};
   // kv_events.enabled only; declared before the servers so it outlives their workers.
@@ -203,7 +203,7 @@ int run(Process& p) {
     std::fprintf(stderr, "pdrouter: %s\n", st.message().c_str());
     return 2;
   }
-  discovery::Topology topology = *p.topology.current();
+  config::Topology topology = *p.topology.current();
   if (Status st = apply_overrides(p.cli, &topology); !st.is_ok()) {
     std::fprintf(stderr, "pdrouter: %s\n", st.message().c_str());
     return 2;
@@ -414,11 +414,11 @@ int run(Process& p) {
   // last early return: from now on the stop signal stops the replicator before the cache goes.
   if (p.replicator) p.replicator->mirror_conversations(p.proxy->conversations(), p.topology.cell());
 
-  p.topology.add_listener([&p](const discovery::Topology& old_t, const discovery::Topology& new_t) {
-    for (const auto& change : discovery::restart_required_changes(old_t, new_t)) {
+  p.topology.add_listener([&p](const config::Topology& old_t, const config::Topology& new_t) {
+    for (const auto& change : config::restart_required_changes(old_t, new_t)) {
       pdr::log::warn("topology: {} takes effect only after a restart", change);
     }
-    discovery::Topology effective = new_t;
+    config::Topology effective = new_t;
     (void)apply_overrides(p.cli, &effective);  // validated at start-up
     p.discovery.apply_topology(effective);
     pdr::log::info("topology reloaded from {} ({} static instances)", p.topology.path(),

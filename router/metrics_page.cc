@@ -42,10 +42,10 @@ void write_discovery_metrics(MetricsWriter& out, const discovery::DiscoveryCount
                 "Discovery connections refused at the handshake, by reason", v(c.handshakes_refused[r]),
                 {{"reason", std::string(discovery::to_string(static_cast<discovery::HandshakeRefusal>(r)))}});
   }
-  for (size_t k = 0; k < discovery::kAdmissionClasses; ++k) {
+  for (size_t k = 0; k < config::kAdmissionClasses; ++k) {
     out.gauge("pdrouter_registered_instances", "Registered (node-sent) entries by admission class",
               static_cast<double>(snapshot.count_by_class[k]),
-              {{"admission", std::string(discovery::to_string(static_cast<discovery::AdmissionClass>(k)))}});
+              {{"admission", std::string(config::to_string(static_cast<config::AdmissionClass>(k)))}});
   }
   for (proto::Role role : {proto::Role::kPrefill, proto::Role::kDecode}) {
     for (auto state : {discovery::InstanceState::kUp, discovery::InstanceState::kDraining,

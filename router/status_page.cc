@@ -34,7 +34,7 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
       {"operator_drain", inst.operator_drain},
       {"source", discovery::to_string(inst.source)},
       {"admission", inst.source == discovery::InstanceSource::kRegistered
-                        ? std::string(discovery::to_string(inst.admission))
+                        ? std::string(config::to_string(inst.admission))
                         : std::string("operator")},
       {"instance_id", inst.instance_id},
       {"epoch", inst.epoch},
@@ -112,8 +112,8 @@ std::string dump(const nlohmann::json& doc) { return doc.dump(-1, ' ', false, nl
 // Registered entries and caps per admission class: {"address": {"instances": n, "max": m}, ...}.
 nlohmann::json admission_json(const discovery::RegistrySnapshot& snapshot, const StatusContext& context) {
   nlohmann::json by_class = nlohmann::json::object();
-  for (size_t c = 0; c < discovery::kAdmissionClasses; ++c) {
-    by_class[std::string(discovery::to_string(static_cast<discovery::AdmissionClass>(c)))] = {
+  for (size_t c = 0; c < config::kAdmissionClasses; ++c) {
+    by_class[std::string(config::to_string(static_cast<config::AdmissionClass>(c)))] = {
         {"instances", snapshot.count_by_class[c]}, {"max", context.class_caps[c]}};
   }
   return by_class;

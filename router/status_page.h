@@ -21,7 +21,7 @@ struct StatusContext {
   uint32_t workers = 0;
   std::string discovery_curve_listener;  // "" when there is no CURVE endpoint
   bool discovery_open = false;
-  std::array<uint32_t, discovery::kAdmissionClasses> class_caps{};  // max_instances_per_class
+  std::array<uint32_t, config::kAdmissionClasses> class_caps{};  // max_instances_per_class
   // The KV events subscriber's per-node counters, sorted by node (kv_events.enabled), else null.
   const std::vector<cache::KvEventsNodeStats>* kv_events = nullptr;
   // /status "registry_backend": {"backend": "memory"} or, with etcd, also etcd_reachable,

@@ -32,11 +32,11 @@ void split_path(const std::string& path, std::string* directory, std::string* fi
 
 // Callbacks are static members so they may name this private type.
 struct TopologyWatcher::Impl {
-  Impl(uv_loop_t* l, discovery::TopologyStore& s, Options o)
+  Impl(uv_loop_t* l, config::TopologyStore& s, Options o)
       : loop(l), store(s), options(std::move(o)) {}
 
   uv_loop_t* loop;
-  discovery::TopologyStore& store;
+  config::TopologyStore& store;
   Options options;
   std::string directory;
   std::string file_name;
@@ -185,10 +185,10 @@ struct TopologyWatcher::Impl {
   }
 };
 
-TopologyWatcher::TopologyWatcher(uv_loop_t* loop, discovery::TopologyStore& store, Options options)
+TopologyWatcher::TopologyWatcher(uv_loop_t* loop, config::TopologyStore& store, Options options)
     : impl_(new Impl(loop, store, std::move(options))) {}
 
-TopologyWatcher::TopologyWatcher(uv_loop_t* loop, discovery::TopologyStore& store)
+TopologyWatcher::TopologyWatcher(uv_loop_t* loop, config::TopologyStore& store)
     : TopologyWatcher(loop, store, Options{}) {}
 
 TopologyWatcher::~TopologyWatcher() { close(); }

@@ -23,7 +23,7 @@
 
 typedef struct uv_loop_s uv_loop_t;
 
-namespace pdr::discovery {
+namespace pdr::config {
 class TopologyStore;
 }
 
@@ -41,8 +41,8 @@ class TopologyWatcher {
   };
 
   // `store` must outlive the watcher and have been given its path by load_initial().
-  TopologyWatcher(uv_loop_t* loop, discovery::TopologyStore& store, Options options);
-  TopologyWatcher(uv_loop_t* loop, discovery::TopologyStore& store);
+  TopologyWatcher(uv_loop_t* loop, config::TopologyStore& store, Options options);
+  TopologyWatcher(uv_loop_t* loop, config::TopologyStore& store);
   ~TopologyWatcher();  // close()s if still open
   TopologyWatcher(const TopologyWatcher&) = delete;
   TopologyWatcher& operator=(const TopologyWatcher&) = delete;

@@ -10,7 +10,7 @@
 
 #include <llhttp.h>
 
-namespace pdr::discovery {
+namespace pdr::sidecar {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -184,4 +184,4 @@ HealthProbeResult HealthProbe::probe() const {
   return read_response(fd.get(), deadline);
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::sidecar

@@ -16,7 +16,7 @@
 #include "proto/address.h"
 #include "base/status.h"
 
-namespace pdr::discovery {
+namespace pdr::sidecar {
 
 struct HealthProbeResult {
   int status_code = 0;  // HTTP status when a complete response head was read, else 0
@@ -51,4 +51,4 @@ class HealthProbe {
   std::chrono::milliseconds timeout_{1000};
 };
 
-}  // namespace pdr::discovery
+}  // namespace pdr::sidecar

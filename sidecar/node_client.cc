@@ -12,7 +12,7 @@
 #include "base/log.h"
 #include <zmq.hpp>
 
-namespace pdr::discovery {
+namespace pdr::sidecar {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -288,8 +288,8 @@ Status NodeClient::start() {
                                                  std::string(to_string(initial_registration_.format)));
   }
   if (!options_.curve_server_key.empty() && options_.curve_secret_key.empty()) {
-    CurveKeyPair ephemeral;
-    if (Status s = generate_curve_key_pair(&ephemeral); !s.is_ok()) return s;
+    proto::CurveKeyPair ephemeral;
+    if (Status s = proto::generate_curve_key_pair(&ephemeral); !s.is_ok()) return s;
     options_.curve_public_key = ephemeral.public_z85;
     options_.curve_secret_key = ephemeral.secret_z85;
   }
@@ -350,4 +350,4 @@ std::optional<proto::Ack> NodeClient::last_ack(size_t endpoint_index) const {
   return acks_[endpoint_index];
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::sidecar

@@ -40,7 +40,7 @@
 #include "proto/discovery_message.h"
 #include "base/status.h"
 
-namespace pdr::discovery {
+namespace pdr::sidecar {
 
 struct NodeClientOptions {
   std::vector<std::string> router_endpoints;  // ZMQ endpoints, e.g. "tcp://10.0.0.1:36367"
@@ -138,4 +138,4 @@ class NodeClient {
 // Fills the defaults described at NodeClient::effective_registration(). Exposed for tests.
 proto::Registration with_registration_defaults(proto::Registration registration);
 
-}  // namespace pdr::discovery
+}  // namespace pdr::sidecar

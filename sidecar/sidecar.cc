@@ -5,7 +5,7 @@
 
 #include "base/log.h"
 
-namespace pdr::discovery {
+namespace pdr::sidecar {
 
 Sidecar::Sidecar(SidecarOptions options)
     : options_(std::move(options)), client_(options_.client) {}
@@ -86,4 +86,4 @@ void Sidecar::say_goodbye() {
   }
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::sidecar

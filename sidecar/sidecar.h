@@ -22,7 +22,7 @@
 #include "sidecar/health_probe.h"
 #include "sidecar/node_client.h"
 
-namespace pdr::discovery {
+namespace pdr::sidecar {
 
 struct SidecarOptions {
   NodeClientOptions client;  // endpoints, registration, heartbeat interval
@@ -57,4 +57,4 @@ class Sidecar {
   bool stop_requested_ = false;
 };
 
-}  // namespace pdr::discovery
+}  // namespace pdr::sidecar

@@ -56,7 +56,7 @@ using pdr::discovery::DiscoveryCounters;
 using pdr::discovery::DiscoveryService;
 using pdr::discovery::DiscoveryServiceOptions;
 using pdr::discovery::RegistrySnapshot;
-using pdr::discovery::SnapshotCell;
+using pdr::SnapshotCell;
 using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using std::chrono::seconds;

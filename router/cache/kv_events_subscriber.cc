@@ -55,7 +55,7 @@ std::optional<Wanted> wanted_for(const discovery::Instance& inst,
 
 class KvEventsSubscriber::Impl {
  public:
-  Impl(const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry, BlockIndex& index)
+  Impl(const SnapshotCell<discovery::RegistrySnapshot>& registry, BlockIndex& index)
       : registry_(registry), index_(index) {}
 
   ~Impl() { stop(); }
@@ -143,7 +143,7 @@ class KvEventsSubscriber::Impl {
 
   void run() {
     context_ = std::make_unique<zmq::context_t>(1);
-    discovery::SnapshotReader<discovery::RegistrySnapshot> reader(registry_);
+    SnapshotReader<discovery::RegistrySnapshot> reader(registry_);
     // Held, not just its address: a freed snapshot's address may come back for a new one.
     std::shared_ptr<const discovery::RegistrySnapshot> seen;
     auto next_registry_check = Clock::now();
@@ -473,7 +473,7 @@ class KvEventsSubscriber::Impl {
     drain(key, rank);
   }
 
-  const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry_;
+  const SnapshotCell<discovery::RegistrySnapshot>& registry_;
   BlockIndex& index_;
   KvEventsSubscriberOptions options_;
   int wake_fd_ = -1;
@@ -489,7 +489,7 @@ class KvEventsSubscriber::Impl {
 };
 
 KvEventsSubscriber::KvEventsSubscriber(
-    const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry, BlockIndex& index)
+    const SnapshotCell<discovery::RegistrySnapshot>& registry, BlockIndex& index)
     : index_(index), impl_(std::make_unique<Impl>(registry, index)) {}
 
 KvEventsSubscriber::~KvEventsSubscriber() { stop(); }

@@ -86,7 +86,7 @@ struct KvEventsNodeStats {
 class KvEventsSubscriber {
  public:
   // Both must outlive the subscriber.
-  KvEventsSubscriber(const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry,
+  KvEventsSubscriber(const SnapshotCell<discovery::RegistrySnapshot>& registry,
                      BlockIndex& index);
   ~KvEventsSubscriber();  // stop()
   KvEventsSubscriber(const KvEventsSubscriber&) = delete;

@@ -20,7 +20,7 @@ void bump(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_ord
 }  // namespace
 
 ConversationMirror::ConversationMirror(proxy::ConversationCache& cache,
-                                       const discovery::SnapshotCell<discovery::Topology>& topology,
+                                       const SnapshotCell<config::Topology>& topology,
                                        std::string prefix, std::string replica_id, ReplicatorStatus& status,
                                        std::function<void()> wake)
     : cache_(cache),

@@ -57,7 +57,7 @@ class ConversationMirror : public proxy::ConversationCache::Replication {
 
   // `wake` is called (from any thread) after an operation was queued; `status` receives the
   // conversation counters. All outlive the mirror.
-  ConversationMirror(proxy::ConversationCache& cache, const discovery::SnapshotCell<discovery::Topology>& topology,
+  ConversationMirror(proxy::ConversationCache& cache, const SnapshotCell<config::Topology>& topology,
                      std::string prefix, std::string replica_id, ReplicatorStatus& status,
                      std::function<void()> wake);
 
@@ -110,7 +110,7 @@ class ConversationMirror : public proxy::ConversationCache::Replication {
   proxy::ConversationCache::Limits limits() const;
 
   proxy::ConversationCache& cache_;
-  const discovery::SnapshotCell<discovery::Topology>& topology_;
+  const SnapshotCell<config::Topology>& topology_;
   std::string prefix_;
   std::string replica_id_;
   ReplicatorStatus& status_;

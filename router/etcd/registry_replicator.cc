@@ -119,7 +119,7 @@ class RegistryReplicator::Impl {
   }
 
   // Owner's thread, once, after start().
-  void attach(proxy::ConversationCache& cache, const discovery::SnapshotCell<discovery::Topology>& topology) {
+  void attach(proxy::ConversationCache& cache, const SnapshotCell<config::Topology>& topology) {
     if (mirror_owned_) return;
     mirror_owned_ = std::make_unique<ConversationMirror>(cache, topology, options_.prefix, options_.replica_id, status_,
                                                         [this] { uv_async_send(&conv_async_); });
@@ -636,7 +636,7 @@ class RegistryReplicator::Impl {
   std::string last_error_;
 };
 
-RegistryReplicator::RegistryReplicator(discovery::SnapshotCell<discovery::RegistrySnapshot>& snapshots,
+RegistryReplicator::RegistryReplicator(SnapshotCell<discovery::RegistrySnapshot>& snapshots,
                                        discovery::DiscoveryService& discovery)
     : snapshots_(snapshots), discovery_(discovery) {}
 
@@ -659,7 +659,7 @@ void RegistryReplicator::stop() {
 }
 
 void RegistryReplicator::mirror_conversations(proxy::ConversationCache& cache,
-                                              const discovery::SnapshotCell<discovery::Topology>& topology) {
+                                              const SnapshotCell<config::Topology>& topology) {
   if (impl_) impl_->attach(cache, topology);
 }
 

@@ -97,7 +97,7 @@ struct ReplicatorStatus {
 
 class RegistryReplicator {
  public:
-  RegistryReplicator(discovery::SnapshotCell<discovery::RegistrySnapshot>& snapshots,
+  RegistryReplicator(SnapshotCell<discovery::RegistrySnapshot>& snapshots,
                      discovery::DiscoveryService& discovery);
   ~RegistryReplicator();  // stop()
   RegistryReplicator(const RegistryReplicator&) = delete;
@@ -112,7 +112,7 @@ class RegistryReplicator {
   // `topology` outlive stop()). The conversations prefix is ranged and watched from the next
   // point the replicator is in sync (at once if it is).
   void mirror_conversations(proxy::ConversationCache& cache,
-                            const discovery::SnapshotCell<discovery::Topology>& topology);
+                            const SnapshotCell<config::Topology>& topology);
 
   const ReplicatorStatus& status() const { return status_; }
   const RegistryReplicatorOptions& options() const { return options_; }
@@ -120,7 +120,7 @@ class RegistryReplicator {
 
  private:
   class Impl;
-  discovery::SnapshotCell<discovery::RegistrySnapshot>& snapshots_;
+  SnapshotCell<discovery::RegistrySnapshot>& snapshots_;
   discovery::DiscoveryService& discovery_;
   RegistryReplicatorOptions options_;
   ReplicatorStatus status_;

@@ -34,7 +34,7 @@ bool pod_is_serving(const proto::PodInfo& pod) {
   return pod.phase == "Running" && pod.ready && !pod.pod_ip.empty();
 }
 
-Status pod_role(const proto::PodInfo& pod, const discovery::Topology::Kubernetes& k8s, proto::Role* out) {
+Status pod_role(const proto::PodInfo& pod, const config::Topology::Kubernetes& k8s, proto::Role* out) {
   if (k8s.uses_selectors()) {
     const bool prefill = proto::label_selector_matches(k8s.prefill_selector, pod.labels);
     const bool decode = proto::label_selector_matches(k8s.decode_selector, pod.labels);
@@ -49,15 +49,15 @@ Status pod_role(const proto::PodInfo& pod, const discovery::Topology::Kubernetes
   }
   const std::string* role = pod.label(k8s.role_label);
   if (role == nullptr) return Status(StatusCode::kMissingKey, "no label " + k8s.role_label);
-  if (Status st = discovery::parse_instance_role(*role, out); !st) {
+  if (Status st = config::parse_instance_role(*role, out); !st) {
     return Status(st.code(), "label " + k8s.role_label + ": " + st.message());
   }
   return Status::ok();
 }
 
-Status pod_registration(const proto::PodInfo& pod, const discovery::Topology::Kubernetes& k8s,
-                        const discovery::Topology::Connectors& defaults, proto::Registration* out) {
-  discovery::StaticInstance node;
+Status pod_registration(const proto::PodInfo& pod, const config::Topology::Kubernetes& k8s,
+                        const config::Topology::Connectors& defaults, proto::Registration* out) {
+  config::StaticInstance node;
   if (Status st = pod_role(pod, k8s, &node.role); !st) return st;
   uint32_t port = k8s.port;
   if (Status st = annotation_uint(pod, kPodPortAnnotation, 1, 65535, &port); !st) return st;
@@ -68,14 +68,14 @@ Status pod_registration(const proto::PodInfo& pod, const discovery::Topology::Ku
     }
   }
   node.connector = defaults.default_connector;
-  discovery::InstanceKeysGiven given;
+  config::InstanceKeysGiven given;
   if (const std::string* text = pod.annotation(kPodConnectorAnnotation)) {
-    if (Status st = discovery::parse_node_connector(*text, &node.connector); !st) {
+    if (Status st = config::parse_node_connector(*text, &node.connector); !st) {
       return with_annotation(kPodConnectorAnnotation, st);
     }
   }
   if (const std::string* text = pod.annotation(kPodTransferModeAnnotation)) {
-    if (Status st = discovery::parse_instance_transfer_mode(*text, &node.transfer_mode); !st) {
+    if (Status st = config::parse_instance_transfer_mode(*text, &node.transfer_mode); !st) {
       return with_annotation(kPodTransferModeAnnotation, st);
     }
     given.transfer_mode = true;
@@ -99,14 +99,14 @@ Status pod_registration(const proto::PodInfo& pod, const discovery::Topology::Ku
     if (Status st = annotation_uint(pod, kPodKvEventsPortAnnotation, 1, 65535, &kv_port); !st) return st;
     node.kv_events_endpoint = proto::HostPort{node.http_address.host, static_cast<uint16_t>(kv_port)};
   }
-  if (Status st = annotation_uint(pod, kPodDpSizeAnnotation, 1, discovery::kMaxParallelSize, &node.dp_size); !st) {
+  if (Status st = annotation_uint(pod, kPodDpSizeAnnotation, 1, config::kMaxParallelSize, &node.dp_size); !st) {
     return st;
   }
-  if (Status st = annotation_uint(pod, kPodTpSizeAnnotation, 1, discovery::kMaxParallelSize, &node.tp_size); !st) {
+  if (Status st = annotation_uint(pod, kPodTpSizeAnnotation, 1, config::kMaxParallelSize, &node.tp_size); !st) {
     return st;
   }
   std::string_view field;
-  if (Status st = discovery::check_instance_connector_fields(defaults, given, &node, &field); !st) {
+  if (Status st = config::check_instance_connector_fields(defaults, given, &node, &field); !st) {
     if (field == "zmq_address") return with_annotation(kPodZmqAddressAnnotation, st);
     if (field == "transfer_mode") return with_annotation(kPodTransferModeAnnotation, st);
     return st;

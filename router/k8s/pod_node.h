@@ -46,12 +46,12 @@ bool pod_is_serving(const proto::PodInfo& pod);
 
 // The role of a pod (see above). Errors: kRejected (both selectors match), kNotFound (neither),
 // kMissingKey / kInvalidValue (role label absent or not prefill | decode).
-Status pod_role(const proto::PodInfo& pod, const discovery::Topology::Kubernetes& k8s, proto::Role* out);
+Status pod_role(const proto::PodInfo& pod, const config::Topology::Kubernetes& k8s, proto::Role* out);
 
 // The registration a serving pod stands for (format pdrouter, draining when the pod is being
 // deleted, instance_id the pod's uid). Errors (kInvalidValue, kMissingKey, kBadAddress, ...)
 // name the label or annotation at fault; the pod is then not a node.
-Status pod_registration(const proto::PodInfo& pod, const discovery::Topology::Kubernetes& k8s,
-                        const discovery::Topology::Connectors& defaults, proto::Registration* out);
+Status pod_registration(const proto::PodInfo& pod, const config::Topology::Kubernetes& k8s,
+                        const config::Topology::Connectors& defaults, proto::Registration* out);
 
 }  // namespace pdr::router

@@ -479,7 +479,7 @@ class PodWatcher::Impl {
 
   PodWatcher& owner_;
   PodWatcherStatus& status_;
-  const discovery::Topology::Kubernetes& k8s_;
+  const config::Topology::Kubernetes& k8s_;
   uv_loop_t loop_{};
   uv_async_t stop_async_{};
   uv_timer_t retry_timer_{};

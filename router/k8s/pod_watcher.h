@@ -46,8 +46,8 @@
 namespace pdr::router {
 
 struct PodWatcherOptions {
-  discovery::Topology::Kubernetes kubernetes;
-  discovery::Topology::Connectors connectors;  // defaults for what a pod's annotations leave out
+  config::Topology::Kubernetes kubernetes;
+  config::Topology::Connectors connectors;  // defaults for what a pod's annotations leave out
   std::chrono::milliseconds request_timeout{10000};  // connect, and first byte of an answer
   // Set for an https:// API server (kubernetes.ca_file, else the system's CAs): every connection
   // is TLS and the server's certificate is verified against the API server's host.

@@ -62,7 +62,7 @@ class AffinityPolicy final : public Policy {
       return weighted_score(node_score(request_hash, c.key), c.weight);
     });
   }
-  discovery::PolicyName name() const override { return discovery::PolicyName::kAffinity; }
+  config::PolicyName name() const override { return config::PolicyName::kAffinity; }
 
  private:
   std::unique_ptr<Policy> fallback_ = make_least_outstanding_policy();

@@ -47,7 +47,7 @@ namespace {
 
 class CacheAwarePolicy final : public Policy {
  public:
-  explicit CacheAwarePolicy(const discovery::Topology::Policies::CacheAware& config)
+  explicit CacheAwarePolicy(const config::Topology::Policies::CacheAware& config)
       : rule_{config.min_match_percent / 100.0, config.balance_abs_threshold, config.balance_rel_percent / 100.0},
         by_load_(make_least_outstanding_policy()) {}
 
@@ -62,7 +62,7 @@ class CacheAwarePolicy final : public Policy {
     }
     return by_load_->pick(candidates, request);
   }
-  discovery::PolicyName name() const override { return discovery::PolicyName::kCacheAware; }
+  config::PolicyName name() const override { return config::PolicyName::kCacheAware; }
 
  private:
   const CacheAwareRule rule_;
@@ -71,7 +71,7 @@ class CacheAwarePolicy final : public Policy {
 
 }  // namespace
 
-std::unique_ptr<Policy> make_cache_aware_policy(const discovery::Topology::Policies::CacheAware& config) {
+std::unique_ptr<Policy> make_cache_aware_policy(const config::Topology::Policies::CacheAware& config) {
   return std::make_unique<CacheAwarePolicy>(config);
 }
 

@@ -29,7 +29,7 @@ class LeastOutstandingPolicy final : public Policy {
     }
     return best;  // unreachable: `ties` candidates at or after `best` are tied with it
   }
-  discovery::PolicyName name() const override { return discovery::PolicyName::kLeastOutstanding; }
+  config::PolicyName name() const override { return config::PolicyName::kLeastOutstanding; }
 
  private:
   std::atomic<uint64_t> tie_counter_{0};

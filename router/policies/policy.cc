@@ -2,18 +2,18 @@
 
 namespace pdr::router {
 
-std::unique_ptr<Policy> make_policy(discovery::PolicyName name, uint64_t seed,
-                                    const discovery::Topology::Policies& config) {
+std::unique_ptr<Policy> make_policy(config::PolicyName name, uint64_t seed,
+                                    const config::Topology::Policies& config) {
   switch (name) {
-    case discovery::PolicyName::kRoundRobin:
+    case config::PolicyName::kRoundRobin:
       return make_round_robin_policy();
-    case discovery::PolicyName::kLeastOutstanding:
+    case config::PolicyName::kLeastOutstanding:
       return make_least_outstanding_policy();
-    case discovery::PolicyName::kPowerOfTwo:
+    case config::PolicyName::kPowerOfTwo:
       return make_power_of_two_policy(seed);
-    case discovery::PolicyName::kAffinity:
+    case config::PolicyName::kAffinity:
       return make_affinity_policy();
-    case discovery::PolicyName::kCacheAware:
+    case config::PolicyName::kCacheAware:
       return make_cache_aware_policy(config.cache_aware);
   }
   // Out-of-range enum value: the topology loader never produces one. Round-robin is always safe.

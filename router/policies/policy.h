@@ -63,7 +63,7 @@ class Policy {
   // instance qualifies). A single candidate always yields 0. Thread-safe; never blocks.
   virtual size_t pick(std::span<const Candidate> candidates, const RequestSummary& request) = 0;
 
-  virtual discovery::PolicyName name() const = 0;
+  virtual config::PolicyName name() const = 0;
 };
 
 // Fair rotation: one shared counter, index = counter % size. A change in the candidate list only
@@ -83,12 +83,12 @@ std::unique_ptr<Policy> make_affinity_policy();
 // Cache affinity that yields to load (cache_aware.h's rule, its thresholds from `config`): the
 // candidate holding the most of the prompt (request.cache) when the rule keeps it, else
 // least_outstanding.
-std::unique_ptr<Policy> make_cache_aware_policy(const discovery::Topology::Policies::CacheAware& config);
+std::unique_ptr<Policy> make_cache_aware_policy(const config::Topology::Policies::CacheAware& config);
 
 // Factory used with the topology's policies. `seed` feeds the policies that randomise
 // (power_of_two); `config` the cache-aware one; the others ignore them.
-std::unique_ptr<Policy> make_policy(discovery::PolicyName name, uint64_t seed,
-                                    const discovery::Topology::Policies& config = {});
+std::unique_ptr<Policy> make_policy(config::PolicyName name, uint64_t seed,
+                                    const config::Topology::Policies& config = {});
 
 // True when `a` carries strictly less load than `b`, i.e. a.outstanding / a.weight <
 // b.outstanding / b.weight, computed exactly in integers.

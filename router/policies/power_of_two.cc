@@ -26,7 +26,7 @@ class PowerOfTwoPolicy final : public Policy {
     if (second >= first) ++second;  // distinct from `first`, still uniform over the rest
     return less_loaded(candidates[second], candidates[first]) ? second : first;
   }
-  discovery::PolicyName name() const override { return discovery::PolicyName::kPowerOfTwo; }
+  config::PolicyName name() const override { return config::PolicyName::kPowerOfTwo; }
 
  private:
   // splitmix64: the state is a Weyl sequence, so a relaxed fetch_add makes the generator

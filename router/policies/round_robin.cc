@@ -13,7 +13,7 @@ class RoundRobinPolicy final : public Policy {
     // A 64-bit counter never wraps in practice, so the modulo stays fair forever.
     return static_cast<size_t>(next_.fetch_add(1, std::memory_order_relaxed) % candidates.size());
   }
-  discovery::PolicyName name() const override { return discovery::PolicyName::kRoundRobin; }
+  config::PolicyName name() const override { return config::PolicyName::kRoundRobin; }
 
  private:
   std::atomic<uint64_t> next_{0};

@@ -14,8 +14,8 @@ namespace {
 // Longest token prompt matched exactly; longer prompts still match on their first blocks.
 constexpr size_t kMaxPromptTokens = 1 << 20;
 
-bool cache_aware(const discovery::Topology& t) {
-  using discovery::PolicyName;
+bool cache_aware(const config::Topology& t) {
+  using config::PolicyName;
   return t.policies.prefill == PolicyName::kCacheAware || t.policies.decode == PolicyName::kCacheAware;
 }
 
@@ -59,7 +59,7 @@ std::string_view request_prompt(const proto::JsonObjectBody& body) {
 }
 
 std::optional<CacheRouting> lookup_cache(const proto::JsonObjectBody& body, std::string_view model,
-                                         const discovery::Topology& topology, const ProxyShared& shared) {
+                                         const config::Topology& topology, const ProxyShared& shared) {
   if (!cache_aware(topology)) return std::nullopt;
   std::string_view prompt = request_prompt(body);
   if (prompt.empty() || prompt == "null") return std::nullopt;

@@ -39,7 +39,7 @@ std::string_view request_prompt(const proto::JsonObjectBody& body);
 // Empty when neither policy is cache_aware or the body has no prompt/messages/token_ids. `body` must
 // outlive the result.
 std::optional<CacheRouting> lookup_cache(const proto::JsonObjectBody& body, std::string_view model,
-                                         const discovery::Topology& topology, const ProxyShared& shared);
+                                         const config::Topology& topology, const ProxyShared& shared);
 
 // Text prompts tokenized by a node (cache_tokenize.h): when some node holds the first block of
 // `tokens`, replaces routing->hits with the exact answer (source kv_events) and returns true; else

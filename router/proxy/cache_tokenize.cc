@@ -89,7 +89,7 @@ std::string_view to_string(TokenizeResult result) {
   return "unknown";
 }
 
-bool wants_tokenize(const proto::JsonObjectBody& body, const discovery::Topology& topology,
+bool wants_tokenize(const proto::JsonObjectBody& body, const config::Topology& topology,
                     const ProxyShared& shared) {
   if (!topology.policies.cache_aware.tokenize_by_node || shared.block_index == nullptr) return false;
   if (auto prompt = body.get_raw("prompt")) return !prompt->empty() && prompt->front() == '"';
@@ -101,7 +101,7 @@ UpstreamPort::CallPtr start_tokenize(WorkerContext& worker, const proto::JsonObj
                                      std::string_view authorization, TokenizeDone done) {
   InstancePtr node = pick_node(worker, model);
   if (!node) return nullptr;
-  const discovery::Topology& topology = *worker.topology();
+  const config::Topology& topology = *worker.topology();
   const auto& config = topology.policies.cache_aware;
 
   http::UpstreamRequest request;

@@ -44,7 +44,7 @@ std::string_view to_string(TokenizeResult result);
 
 // True when the request's prompt can be tokenized by a node: tokenize_by_node is on, the KV
 // events index exists, and the body has a string `prompt` or an array `messages`.
-bool wants_tokenize(const proto::JsonObjectBody& body, const discovery::Topology& topology,
+bool wants_tokenize(const proto::JsonObjectBody& body, const config::Topology& topology,
                     const ProxyShared& shared);
 
 // `ok`: `tokens` holds the prompt's ids (1..kMaxTokenizedIds); else `why_not` says why not (never

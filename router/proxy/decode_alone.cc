@@ -25,7 +25,7 @@ uint32_t estimated_prompt_tokens(std::string_view prompt_raw) {
   return static_cast<uint32_t>(std::max<size_t>(1, prompt_raw.size() / 4));
 }
 
-std::optional<DecodeAloneReason> decode_alone_reason(const discovery::Topology::ConditionalDisaggregation& config,
+std::optional<DecodeAloneReason> decode_alone_reason(const config::Topology::ConditionalDisaggregation& config,
                                                      const proto::Dialect* dialect, std::string_view prompt_raw,
                                                      const CacheHits* cache, std::string_view decode_key) {
   if (!config.enabled || dialect == nullptr || dialect->without_kv == nullptr || prompt_raw.empty()) {

@@ -23,7 +23,7 @@ std::string_view to_string(DecodeAloneReason reason);  // "short_prompt", "cache
 // cache lookup (null without one); `decode_key`: the chosen decode. Nullopt: the usual P/D.
 // Never for a dialect without a no-KV request (Dialect::without_kv): its decode would wait for
 // KV that never comes.
-std::optional<DecodeAloneReason> decode_alone_reason(const discovery::Topology::ConditionalDisaggregation& config,
+std::optional<DecodeAloneReason> decode_alone_reason(const config::Topology::ConditionalDisaggregation& config,
                                                      const proto::Dialect* dialect, std::string_view prompt_raw,
                                                      const CacheHits* cache, std::string_view decode_key);
 

@@ -18,7 +18,7 @@ proto::JsonLimits params_limits() {
 }  // namespace
 
 std::optional<std::string> MultiTurnRequest::begin(const proto::JsonObjectBody& body,
-                                                   const discovery::Topology& topology, bool single_choice,
+                                                   const config::Topology& topology, bool single_choice,
                                                    ConversationCache& cache, ProxyCounters& counters,
                                                    std::optional<MultiTurnRequest>* out) {
   out->reset();
@@ -71,7 +71,7 @@ void MultiTurnRequest::on_decode_json(std::string_view body) {
   if (auto params = proto::kv_transfer_params_of(body, params_limits())) final_params_.assign(*params);
 }
 
-void MultiTurnRequest::on_done(const discovery::Instance& decode, const discovery::Topology& topology,
+void MultiTurnRequest::on_done(const discovery::Instance& decode, const config::Topology& topology,
                                ConversationCache& cache, ProxyCounters& counters) {
   if (!nixl_) return;
   std::string params;

@@ -33,7 +33,7 @@ class MultiTurnRequest {
   // the client's conversation_id is unusable (400). Else *out is set up. `single_choice` false
   // (n > 1: served by a decode alone, several answers): conversation_id is still removed from
   // the legs, but the conversation's entry is neither used nor replaced.
-  static std::optional<std::string> begin(const proto::JsonObjectBody& body, const discovery::Topology& topology,
+  static std::optional<std::string> begin(const proto::JsonObjectBody& body, const config::Topology& topology,
                                           bool single_choice, ConversationCache& cache, ProxyCounters& counters,
                                           std::optional<MultiTurnRequest>* out);
 
@@ -42,7 +42,7 @@ class MultiTurnRequest {
   void on_legs_built(proto::LegBuild& legs, const discovery::Instance& decode, ProxyCounters& counters);
   void on_decode_bytes(std::string_view chunk);
   void on_decode_json(std::string_view body);
-  void on_done(const discovery::Instance& decode, const discovery::Topology& topology, ConversationCache& cache,
+  void on_done(const discovery::Instance& decode, const config::Topology& topology, ConversationCache& cache,
                ProxyCounters& counters);
 
  private:

@@ -17,11 +17,11 @@ namespace {
 constexpr size_t kMaxModelsAnswer = 1024 * 1024;
 constexpr size_t kMaxProfileAnswer = 64 * 1024;
 
-http::UpstreamTimeouts control_timeouts(const discovery::Topology& t) {
+http::UpstreamTimeouts control_timeouts(const config::Topology& t) {
   return {t.timeouts.connect, t.timeouts.first_byte, t.timeouts.stream_idle};
 }
 
-std::vector<http::Header> auth_headers(const discovery::Topology& t, const http::Request& request) {
+std::vector<http::Header> auth_headers(const config::Topology& t, const http::Request& request) {
   std::vector<http::Header> out;
   std::string auth = upstream_authorization(t, request.header("Authorization").value_or(std::string_view()));
   if (!auth.empty()) out.push_back({"Authorization", std::move(auth)});
@@ -30,7 +30,7 @@ std::vector<http::Header> auth_headers(const discovery::Topology& t, const http:
 
 }  // namespace
 
-std::string upstream_authorization(const discovery::Topology& topology, std::string_view client_value) {
+std::string upstream_authorization(const config::Topology& topology, std::string_view client_value) {
   if (!client_value.empty()) return std::string(client_value);
   if (!topology.connectors.upstream_api_key.empty()) return "Bearer " + topology.connectors.upstream_api_key;
   return {};

@@ -25,6 +25,6 @@ void serve_profile(WorkerContext& worker, const http::Request& request, http::Re
 
 // The Authorization value for an upstream call made on a client's behalf: the client's own, else
 // "Bearer <connectors.upstream_api_key>", else empty.
-std::string upstream_authorization(const discovery::Topology& topology, std::string_view client_value);
+std::string upstream_authorization(const config::Topology& topology, std::string_view client_value);
 
 }  // namespace pdr::router::proxy

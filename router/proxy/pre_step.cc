@@ -8,7 +8,7 @@ namespace pdr::router::proxy {
 
 namespace {
 
-void query_prefill_engines(WorkerContext& w, const discovery::Topology& topology,
+void query_prefill_engines(WorkerContext& w, const config::Topology& topology,
                            std::shared_ptr<const discovery::Instance> instance, std::optional<uint32_t> prefill_rank,
                            PreStepDone done) {
   const uint16_t port = instance->bootstrap_port.value_or(topology.connectors.mooncake_bootstrap_port);
@@ -43,7 +43,7 @@ void query_prefill_engines(WorkerContext& w, const discovery::Topology& topology
 
 }  // namespace
 
-void run_pre_step(const proto::Dialect& dialect, WorkerContext& worker, const discovery::Topology& topology,
+void run_pre_step(const proto::Dialect& dialect, WorkerContext& worker, const config::Topology& topology,
                   std::shared_ptr<const discovery::Instance> prefill, std::optional<uint32_t> prefill_rank,
                   PreStepDone done) {
   switch (dialect.pre_step) {

@@ -38,7 +38,7 @@ struct PrefillFacts {
 // LegFailure::kBootstrap).
 using PreStepDone = std::function<void(const Status& status, const PrefillFacts& facts)>;
 
-void run_pre_step(const proto::Dialect& dialect, WorkerContext& worker, const discovery::Topology& topology,
+void run_pre_step(const proto::Dialect& dialect, WorkerContext& worker, const config::Topology& topology,
                   std::shared_ptr<const discovery::Instance> prefill, std::optional<uint32_t> prefill_rank,
                   PreStepDone done);
 

@@ -23,8 +23,8 @@ bool is_json_content_type(std::string_view value) {
 
 }  // namespace
 
-ProxyService::ProxyService(const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry,
-                           const discovery::SnapshotCell<discovery::Topology>& topology, http::Server& server,
+ProxyService::ProxyService(const SnapshotCell<discovery::RegistrySnapshot>& registry,
+                           const SnapshotCell<config::Topology>& topology, http::Server& server,
                            uint32_t workers)
     : server_(server), workers_(workers), health_probes_(workers) {
   shared_.registry = &registry;

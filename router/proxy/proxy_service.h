@@ -30,8 +30,8 @@ namespace pdr::router::proxy {
 class ProxyService {
  public:
   // `server` provides each worker's loop; `workers` is its worker count.
-  ProxyService(const discovery::SnapshotCell<discovery::RegistrySnapshot>& registry,
-               const discovery::SnapshotCell<discovery::Topology>& topology, http::Server& server,
+  ProxyService(const SnapshotCell<discovery::RegistrySnapshot>& registry,
+               const SnapshotCell<config::Topology>& topology, http::Server& server,
                uint32_t workers);
   ~ProxyService();
 

@@ -138,8 +138,8 @@ std::string excerpt(std::string_view body) {
 
 // The affinity inputs of the body, only computed when a policy uses them.
 RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view header_value,
-                         const discovery::Topology& topology) {
-  using discovery::PolicyName;
+                         const config::Topology& topology) {
+  using config::PolicyName;
   if (topology.policies.prefill != PolicyName::kAffinity && topology.policies.decode != PolicyName::kAffinity) {
     return {};
   }
@@ -194,7 +194,7 @@ struct ProxySession::State {
   WorkerContext& w;
   AdmittedRequest req;
   http::ResponseWriter writer;
-  std::shared_ptr<const discovery::Topology> topo;  // pinned for the whole request
+  std::shared_ptr<const config::Topology> topo;  // pinned for the whole request
   RequestState state = RequestState::kAccepted;
   bool ended = false;
 

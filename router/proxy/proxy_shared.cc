@@ -5,7 +5,7 @@
 
 namespace pdr::router::proxy {
 
-std::shared_ptr<PolicySet> ProxyShared::policies_for(const discovery::Topology& topology) {
+std::shared_ptr<PolicySet> ProxyShared::policies_for(const config::Topology& topology) {
   std::lock_guard<std::mutex> lock(policies_mutex_);
   if (!policies_ || prefill_name_ != topology.policies.prefill || decode_name_ != topology.policies.decode ||
       cache_aware_ != topology.policies.cache_aware) {

@@ -51,8 +51,8 @@ struct PolicySet {
 };
 
 struct ProxyShared {
-  const discovery::SnapshotCell<discovery::RegistrySnapshot>* registry = nullptr;
-  const discovery::SnapshotCell<discovery::Topology>* topology = nullptr;
+  const SnapshotCell<discovery::RegistrySnapshot>* registry = nullptr;
+  const SnapshotCell<config::Topology>* topology = nullptr;
   ProxyCounters counters;
   std::atomic<bool> shutting_down{false};  // set when the drain starts: new requests get 503
   // Where profile fan-outs are counted; null: counters.profile_fanouts. The admin listener's
@@ -67,13 +67,13 @@ struct ProxyShared {
 
   // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
   // from the current set's.
-  std::shared_ptr<PolicySet> policies_for(const discovery::Topology& topology);
+  std::shared_ptr<PolicySet> policies_for(const config::Topology& topology);
 
  private:
   std::mutex policies_mutex_;
   std::shared_ptr<PolicySet> policies_;
-  discovery::PolicyName prefill_name_{}, decode_name_{};
-  discovery::Topology::Policies::CacheAware cache_aware_{};
+  config::PolicyName prefill_name_{}, decode_name_{};
+  config::Topology::Policies::CacheAware cache_aware_{};
 };
 
 class WorkerContext {
@@ -96,7 +96,7 @@ class WorkerContext {
   MooncakeEngineCache& mooncake() { return mooncake_; }
   ModelsCache& models() { return models_; }
   // Leg failures are logged through this: a node down under load fails every request.
-  discovery::LogLimiter& leg_log() { return leg_log_; }
+  LogLimiter& leg_log() { return leg_log_; }
 
   // Newest snapshot / topology (one atomic load when unchanged). Valid until the next call.
   const std::shared_ptr<const discovery::RegistrySnapshot>& registry() {
@@ -104,7 +104,7 @@ class WorkerContext {
     if (now != seen_registry_) on_new_registry(now);
     return now;
   }
-  const std::shared_ptr<const discovery::Topology>& topology() { return topology_.get(); }
+  const std::shared_ptr<const config::Topology>& topology() { return topology_.get(); }
   PolicySet& policies();
 
   uint64_t random();  // splitmix64, seeded per worker from std::random_device
@@ -119,14 +119,14 @@ class WorkerContext {
   UpstreamPort* upstream_;
   MooncakeEngineCache mooncake_;
   ModelsCache models_;
-  discovery::LogLimiter leg_log_{"proxy"};
-  discovery::SnapshotReader<discovery::RegistrySnapshot> registry_;
+  LogLimiter leg_log_{"proxy"};
+  SnapshotReader<discovery::RegistrySnapshot> registry_;
   // The snapshot this worker last saw: on a new one, nodes that left or restarted since are
   // forgotten by the prefix tree (their caches are gone).
   std::shared_ptr<const discovery::RegistrySnapshot> seen_registry_;
   void on_new_registry(const std::shared_ptr<const discovery::RegistrySnapshot>& now);
-  discovery::SnapshotReader<discovery::Topology> topology_;
-  std::shared_ptr<const discovery::Topology> policies_topology_;
+  SnapshotReader<config::Topology> topology_;
+  std::shared_ptr<const config::Topology> policies_topology_;
   std::shared_ptr<PolicySet> policies_;
   uint64_t rng_state_;
 };

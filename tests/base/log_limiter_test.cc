@@ -8,7 +8,7 @@
 #include <memory>
 #include <sstream>
 
-namespace pdr::discovery {
+namespace pdr {
 namespace {
 
 using namespace std::chrono_literals;
@@ -43,4 +43,4 @@ TEST(LogLimiter, BurstThenSilenceThenASummary) {
 }
 
 }  // namespace
-}  // namespace pdr::discovery
+}  // namespace pdr

@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-namespace pdr::discovery {
+namespace pdr {
 namespace {
 
 struct Value {
@@ -67,4 +67,4 @@ TEST(SnapshotCell, ReaderKeepsItsSnapshotAliveAfterNewerPublishes) {
 }
 
 }  // namespace
-}  // namespace pdr::discovery
+}  // namespace pdr

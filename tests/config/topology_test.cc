@@ -12,7 +12,7 @@
 #include "config/topology_store.h"
 #include "config/topology_warnings.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 namespace {
 
 using ::testing::Eq;
@@ -671,10 +671,10 @@ TEST(TopologyParse, DiscoveryOpenToTheNetworkNeedsAnOptIn) {
 
 TEST(TopologyParse, DiscoveryCurveKeysFromFiles) {
   TempDir dir;
-  CurveKeyPair server, client;
-  ASSERT_TRUE(generate_curve_key_pair(&server).is_ok());
-  ASSERT_TRUE(generate_curve_key_pair(&client).is_ok());
-  dir.write("router.key", curve_certificate(server, true));
+  proto::CurveKeyPair server, client;
+  ASSERT_TRUE(proto::generate_curve_key_pair(&server).is_ok());
+  ASSERT_TRUE(proto::generate_curve_key_pair(&client).is_ok());
+  dir.write("router.key", proto::curve_certificate(server, true));
   dir.write("clients.txt", "# sidecars\n" + client.public_z85 + "\n");
   dir.write("empty.txt", "# nobody yet\n");
   const std::string topo = dir.write("topo.yaml",
@@ -967,9 +967,9 @@ TEST(TopologyStore, InitialLoadErrorIsReturned) {
 }
 
 }  // namespace
-}  // namespace pdr::discovery
+}  // namespace pdr::config
 
-namespace pdr::discovery {
+namespace pdr::config {
 namespace {
 
 TEST(TopologyParse, RegistrySectionForTheEtcdBackend) {
@@ -1056,9 +1056,9 @@ TEST(TopologyParse, RegistryEtcdOverTls) {
 }
 
 }  // namespace
-}  // namespace pdr::discovery
+}  // namespace pdr::config
 
-namespace pdr::discovery {
+namespace pdr::config {
 namespace {
 
 TEST(TopologyParse, KubernetesPodRolesFromLabelSelectors) {
@@ -1157,4 +1157,4 @@ kubernetes:
 }
 
 }  // namespace
-}  // namespace pdr::discovery
+}  // namespace pdr::config

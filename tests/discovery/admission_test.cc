@@ -13,15 +13,15 @@
 namespace pdr::discovery {
 namespace {
 
-IpAddress ip(std::string_view text) {
-  auto a = parse_ip_address(text);
+config::IpAddress ip(std::string_view text) {
+  auto a = config::parse_ip_address(text);
   EXPECT_TRUE(a.has_value()) << text;
-  return a.value_or(IpAddress{});
+  return a.value_or(config::IpAddress{});
 }
 
-Cidr cidr(std::string_view text) {
-  Cidr c;
-  Status s = parse_cidr(text, &c);
+config::Cidr cidr(std::string_view text) {
+  config::Cidr c;
+  Status s = config::parse_cidr(text, &c);
   EXPECT_TRUE(s.is_ok()) << text << ": " << s.to_string();
   return c;
 }
@@ -43,18 +43,18 @@ TEST(Cidr, ParsesAndMatchesV4AndV6) {
 }
 
 TEST(Cidr, RefusesWhatIsNotOne) {
-  Cidr c;
+  config::Cidr c;
   for (std::string_view bad : {"", "localhost", "127.0.0.0/", "127.0.0.0/33", "::1/129", "127.0.0.0/8x",
                                "127.0.0.0/-1", "1.2.3.4.5", "/8"}) {
-    EXPECT_FALSE(parse_cidr(bad, &c).is_ok()) << bad;
+    EXPECT_FALSE(config::parse_cidr(bad, &c).is_ok()) << bad;
   }
-  const Status s = parse_cidr("127.1.2.3/8", &c);
+  const Status s = config::parse_cidr("127.1.2.3/8", &c);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("did you mean 127.0.0.0/8"), std::string::npos) << s.message();
 }
 
 TEST(AllowList, DefaultIsThisMachineOnly) {
-  AllowList loopback;
+  config::AllowList loopback;
   loopback.cidrs = {cidr("127.0.0.0/8"), cidr("::1/128")};
   EXPECT_TRUE(loopback.contains(ip("127.0.0.1")));
   EXPECT_TRUE(loopback.contains(ip("::1")));
@@ -65,19 +65,19 @@ TEST(AllowList, DefaultIsThisMachineOnly) {
 }
 
 TEST(MayRegisterAddress, UnauthenticatedSendersSpeakOnlyForThemselves) {
-  const auto peer = parse_ip_address("192.0.2.10");
-  EXPECT_TRUE(may_register_address(AdmissionClass::kAddress, peer, "192.0.2.10"));
-  EXPECT_FALSE(may_register_address(AdmissionClass::kAddress, peer, "192.0.2.11"));
-  EXPECT_FALSE(may_register_address(AdmissionClass::kOpen, peer, "127.0.0.1"));
+  const auto peer = config::parse_ip_address("192.0.2.10");
+  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kAddress, peer, "192.0.2.10"));
+  EXPECT_FALSE(config::may_register_address(config::AdmissionClass::kAddress, peer, "192.0.2.11"));
+  EXPECT_FALSE(config::may_register_address(config::AdmissionClass::kOpen, peer, "127.0.0.1"));
   // Authenticated senders (a sidecar may register the vLLM server beside it) may name any.
-  EXPECT_TRUE(may_register_address(AdmissionClass::kToken, peer, "192.0.2.11"));
-  EXPECT_TRUE(may_register_address(AdmissionClass::kCurve, peer, "192.0.2.11"));
+  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kToken, peer, "192.0.2.11"));
+  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kCurve, peer, "192.0.2.11"));
   // Host names cannot be checked without resolving them; ipc:// peers have no address.
-  EXPECT_TRUE(may_register_address(AdmissionClass::kAddress, peer, "node-7.example"));
-  EXPECT_TRUE(may_register_address(AdmissionClass::kAddress, std::nullopt, "192.0.2.11"));
+  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kAddress, peer, "node-7.example"));
+  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kAddress, std::nullopt, "192.0.2.11"));
   // One machine: every loopback address is the same host.
-  EXPECT_TRUE(may_register_address(AdmissionClass::kAddress, parse_ip_address("127.0.0.1"), "127.0.0.5"));
-  EXPECT_TRUE(may_register_address(AdmissionClass::kAddress, parse_ip_address("::ffff:127.0.0.1"), "127.0.0.1"));
+  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kAddress, config::parse_ip_address("127.0.0.1"), "127.0.0.5"));
+  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kAddress, config::parse_ip_address("::ffff:127.0.0.1"), "127.0.0.1"));
 }
 
 std::vector<std::string> zap_request(std::string domain, std::string address, std::string mechanism,
@@ -92,7 +92,7 @@ TEST(ZapPolicy, PlainEndpointAdmitsByAddress) {
   policy.allowed_peers.cidrs = {cidr("127.0.0.7/32")};
   ZapDecision d = decide_zap(policy, zap_request("pdr-plain", "127.0.0.7", "NULL"));
   EXPECT_TRUE(d.allow);
-  EXPECT_EQ(user_id_class(d.user_id, policy.address_class()), AdmissionClass::kAddress);
+  EXPECT_EQ(user_id_class(d.user_id, policy.address_class()), config::AdmissionClass::kAddress);
   d = decide_zap(policy, zap_request("pdr-plain", "127.0.0.1", "NULL"));
   EXPECT_FALSE(d.allow);
   EXPECT_EQ(d.refusal, HandshakeRefusal::kAddressNotAllowed);
@@ -105,24 +105,24 @@ TEST(ZapPolicy, PlainEndpointAdmitsByAddress) {
   EXPECT_EQ(reply[1], "7");
   EXPECT_EQ(reply[2], "400");
   policy.allowed_peers.cidrs.push_back(cidr("0.0.0.0/0"));
-  EXPECT_EQ(policy.address_class(), AdmissionClass::kOpen);
+  EXPECT_EQ(policy.address_class(), config::AdmissionClass::kOpen);
 }
 
 TEST(ZapPolicy, CurveEndpointAdmitsListedKeysFromAnywhere) {
-  CurveKeyPair client, other;
-  ASSERT_TRUE(generate_curve_key_pair(&client).is_ok());
-  ASSERT_TRUE(generate_curve_key_pair(&other).is_ok());
+  proto::CurveKeyPair client, other;
+  ASSERT_TRUE(proto::generate_curve_key_pair(&client).is_ok());
+  ASSERT_TRUE(proto::generate_curve_key_pair(&other).is_ok());
   auto raw = [](const std::string& z85) {
     std::string bytes(32, '\0');
     EXPECT_NE(zmq_z85_decode(reinterpret_cast<uint8_t*>(bytes.data()), z85.c_str()), nullptr);
     return bytes;
   };
-  EXPECT_EQ(curve_key_z85(raw(client.public_z85)), client.public_z85);
+  EXPECT_EQ(proto::curve_key_z85(raw(client.public_z85)), client.public_z85);
   ZapPolicy policy;  // no allowed peers at all: keys alone decide
   policy.allowed_client_keys = {client.public_z85};
   ZapDecision d = decide_zap(policy, zap_request("pdr-curve", "127.0.0.1", "CURVE", raw(client.public_z85)));
   ASSERT_TRUE(d.allow) << d.status_text;
-  EXPECT_EQ(user_id_class(d.user_id, AdmissionClass::kAddress), AdmissionClass::kCurve);
+  EXPECT_EQ(user_id_class(d.user_id, config::AdmissionClass::kAddress), config::AdmissionClass::kCurve);
   d = decide_zap(policy, zap_request("pdr-curve", "127.0.0.1", "CURVE", raw(other.public_z85)));
   EXPECT_FALSE(d.allow);
   EXPECT_EQ(d.refusal, HandshakeRefusal::kKeyNotAllowed);
@@ -133,43 +133,43 @@ TEST(ZapPolicy, CurveEndpointAdmitsListedKeysFromAnywhere) {
   policy.allowed_peers.cidrs = {cidr("127.0.0.0/8")};
   d = decide_zap(policy, zap_request("pdr-curve", "127.0.0.1", "CURVE", raw(other.public_z85)));
   ASSERT_TRUE(d.allow);
-  EXPECT_EQ(user_id_class(d.user_id, policy.address_class()), AdmissionClass::kAddress);
+  EXPECT_EQ(user_id_class(d.user_id, policy.address_class()), config::AdmissionClass::kAddress);
 }
 
 TEST(CurveKeys, CertificateRoundTripAndBareKeys) {
-  CurveKeyPair keys;
-  ASSERT_TRUE(generate_curve_key_pair(&keys).is_ok());
-  CurveKeyPair parsed;
-  ASSERT_TRUE(parse_curve_secret_key(curve_certificate(keys, true), &parsed).is_ok());
+  proto::CurveKeyPair keys;
+  ASSERT_TRUE(proto::generate_curve_key_pair(&keys).is_ok());
+  proto::CurveKeyPair parsed;
+  ASSERT_TRUE(proto::parse_curve_secret_key(proto::curve_certificate(keys, true), &parsed).is_ok());
   EXPECT_EQ(parsed.public_z85, keys.public_z85);  // derived from the secret
   EXPECT_EQ(parsed.secret_z85, keys.secret_z85);
-  ASSERT_TRUE(parse_curve_secret_key(keys.secret_z85 + "\n", &parsed).is_ok());
+  ASSERT_TRUE(proto::parse_curve_secret_key(keys.secret_z85 + "\n", &parsed).is_ok());
   EXPECT_EQ(parsed.public_z85, keys.public_z85);
   std::string pub;
-  ASSERT_TRUE(parse_curve_public_key(curve_certificate(keys, false), &pub).is_ok());
+  ASSERT_TRUE(proto::parse_curve_public_key(proto::curve_certificate(keys, false), &pub).is_ok());
   EXPECT_EQ(pub, keys.public_z85);
   // The public certificate has no secret in it.
-  EXPECT_EQ(curve_certificate(keys, false).find(keys.secret_z85), std::string::npos);
-  EXPECT_FALSE(parse_curve_secret_key(curve_certificate(keys, false), &parsed).is_ok());
+  EXPECT_EQ(proto::curve_certificate(keys, false).find(keys.secret_z85), std::string::npos);
+  EXPECT_FALSE(proto::parse_curve_secret_key(proto::curve_certificate(keys, false), &parsed).is_ok());
 }
 
 TEST(CurveKeys, KeyListsAndBadFiles) {
-  CurveKeyPair a, b;
-  ASSERT_TRUE(generate_curve_key_pair(&a).is_ok());
-  ASSERT_TRUE(generate_curve_key_pair(&b).is_ok());
+  proto::CurveKeyPair a, b;
+  ASSERT_TRUE(proto::generate_curve_key_pair(&a).is_ok());
+  ASSERT_TRUE(proto::generate_curve_key_pair(&b).is_ok());
   std::vector<std::string> keys;
-  ASSERT_TRUE(parse_curve_public_keys("# sidecars\n" + a.public_z85 + "\n\n" + curve_certificate(b, false) +
+  ASSERT_TRUE(proto::parse_curve_public_keys("# sidecars\n" + a.public_z85 + "\n\n" + proto::curve_certificate(b, false) +
                                           a.public_z85 + "\n",
                                       &keys)
                   .is_ok());
   EXPECT_EQ(keys.size(), 2u);  // duplicates dropped
-  EXPECT_FALSE(parse_curve_public_keys("not a key, but exactly forty characters!\n", &keys).is_ok());
+  EXPECT_FALSE(proto::parse_curve_public_keys("not a key, but exactly forty characters!\n", &keys).is_ok());
   std::string pub;
-  const Status s = parse_curve_public_key("", &pub);
+  const Status s = proto::parse_curve_public_key("", &pub);
   EXPECT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("no CURVE key"), std::string::npos);
-  CurveKeyPair kp;
-  EXPECT_FALSE(parse_curve_secret_key(std::string(40, '~'), &kp).is_ok());
+  proto::CurveKeyPair kp;
+  EXPECT_FALSE(proto::parse_curve_secret_key(std::string(40, '~'), &kp).is_ok());
 }
 
 }  // namespace

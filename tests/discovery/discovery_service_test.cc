@@ -190,8 +190,8 @@ TEST_F(DiscoveryServiceTest, WrongFrameCountsAreRejectedAndChangeNothing) {
 
 TEST_F(DiscoveryServiceTest, TopologyChangesApplyLive) {
   start();
-  Topology t;
-  StaticInstance s;
+  config::Topology t;
+  config::StaticInstance s;
   s.role = proto::Role::kPrefill;
   s.http_address = {"127.0.1.1", 9000};
   s.connector = proto::Connector::kNixl;
@@ -232,7 +232,7 @@ TEST_F(DiscoveryServiceTest, InstanceExpiresOnItsOwnDeadline) {
 TEST_F(DiscoveryServiceTest, PostedCompletionRunsAfterTheChangeIsPublished) {
   start();
   std::promise<std::pair<bool, uint64_t>> seen;  // (instance visible, snapshot version) at completion
-  StaticInstance spec;
+  config::StaticInstance spec;
   spec.http_address = {"127.9.0.1", 8000};
   spec.connector = proto::Connector::kNixl;
   service_.post([&](Registry& registry) { registry.add_admin(spec, Clock::now()); },
@@ -268,9 +268,9 @@ TEST_F(DiscoveryServiceTest, BindFailureIsReported) {
 
 // ---- admission control (security review finding 1, 2, 12; attacks 4e, 4f, 4h, 4i) ---------------
 
-Cidr cidr(std::string_view text) {
-  Cidr c;
-  EXPECT_TRUE(parse_cidr(text, &c).is_ok()) << text;
+config::Cidr cidr(std::string_view text) {
+  config::Cidr c;
+  EXPECT_TRUE(config::parse_cidr(text, &c).is_ok()) << text;
   return c;
 }
 
@@ -294,7 +294,7 @@ TEST_F(DiscoveryServiceTest, PeerOutsideTheAllowListNeverGetsAMessageIn) {
   wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.7:8000") != nullptr; });
   EXPECT_EQ(cell_.load()->find("127.0.0.1:8000"), nullptr);
   EXPECT_EQ(counters_.frames_received.load(), 1u);  // the refused peer's frame never arrived
-  EXPECT_EQ(cell_.load()->find("127.0.0.7:8000")->admission, AdmissionClass::kAddress);
+  EXPECT_EQ(cell_.load()->find("127.0.0.7:8000")->admission, config::AdmissionClass::kAddress);
 }
 
 TEST_F(DiscoveryServiceTest, UnauthenticatedNodeMayRegisterOnlyItsOwnAddress) {
@@ -317,7 +317,7 @@ TEST_F(DiscoveryServiceTest, TokenlessVllmMessageCannotOverwriteATokenEntry) {
   legit.auth_token = "s3cret";
   send(node, proto::encode_registration(legit));
   wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.1:8000") != nullptr; });
-  EXPECT_EQ(cell_.load()->find("127.0.0.1:8000")->admission, AdmissionClass::kToken);
+  EXPECT_EQ(cell_.load()->find("127.0.0.1:8000")->admission, config::AdmissionClass::kToken);
   auto rogue = dealer();
   auto takeover = registration(proto::RegistrationFormat::kMoriio, "127.0.0.1", 8000);
   takeover.role = proto::Role::kPrefill;
@@ -337,7 +337,7 @@ TEST_F(DiscoveryServiceTest, TokenlessVllmMessageCannotOverwriteATokenEntry) {
 
 TEST_F(DiscoveryServiceTest, SpoofedGoodbyeLeavesAStaticInstanceUp) {
   DiscoveryServiceOptions options;
-  StaticInstance s;
+  config::StaticInstance s;
   s.role = proto::Role::kDecode;
   s.http_address = {"127.0.0.1", 9000};
   s.connector = proto::Connector::kNixl;
@@ -359,9 +359,9 @@ TEST_F(DiscoveryServiceTest, SpoofedGoodbyeLeavesAStaticInstanceUp) {
 class CurveDiscoveryTest : public DiscoveryServiceTest {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(generate_curve_key_pair(&server_).is_ok());
-    ASSERT_TRUE(generate_curve_key_pair(&sidecar_).is_ok());
-    ASSERT_TRUE(generate_curve_key_pair(&stranger_).is_ok());
+    ASSERT_TRUE(proto::generate_curve_key_pair(&server_).is_ok());
+    ASSERT_TRUE(proto::generate_curve_key_pair(&sidecar_).is_ok());
+    ASSERT_TRUE(proto::generate_curve_key_pair(&stranger_).is_ok());
     DiscoveryServiceOptions options;
     options.curve_endpoint = "tcp://127.0.0.1:0";
     options.curve_keys = server_;
@@ -371,18 +371,18 @@ class CurveDiscoveryTest : public DiscoveryServiceTest {
     ASSERT_NE(curve_endpoint_.find("tcp://127.0.0.1:"), std::string::npos) << curve_endpoint_;
   }
 
-  std::unique_ptr<NodeClient> client(const CurveKeyPair& keys, const std::string& host) {
-    NodeClientOptions o;
+  std::unique_ptr<sidecar::NodeClient> client(const proto::CurveKeyPair& keys, const std::string& host) {
+    sidecar::NodeClientOptions o;
     o.router_endpoints = {curve_endpoint_};
     o.registration = registration(proto::RegistrationFormat::kPdrouter, host, 8000);
     o.interval = 50ms;
     o.curve_server_key = server_.public_z85;
     o.curve_public_key = keys.public_z85;
     o.curve_secret_key = keys.secret_z85;
-    return std::make_unique<NodeClient>(std::move(o));
+    return std::make_unique<sidecar::NodeClient>(std::move(o));
   }
 
-  CurveKeyPair server_, sidecar_, stranger_;
+  proto::CurveKeyPair server_, sidecar_, stranger_;
   std::string curve_endpoint_;
 };
 
@@ -391,7 +391,7 @@ TEST_F(CurveDiscoveryTest, ListedKeyRegistersAnyAddressAndAnUnlistedKeyIsRefused
   auto good = client(sidecar_, "127.0.0.9");
   ASSERT_TRUE(good->start().is_ok());
   wait_until([](const RegistrySnapshot& s) { return s.find("127.0.0.9:8000") != nullptr; });
-  EXPECT_EQ(cell_.load()->find("127.0.0.9:8000")->admission, AdmissionClass::kCurve);
+  EXPECT_EQ(cell_.load()->find("127.0.0.9:8000")->admission, config::AdmissionClass::kCurve);
   auto bad = client(stranger_, "127.0.0.10");
   ASSERT_TRUE(bad->start().is_ok());
   wait_counter(counters_.handshakes_refused[static_cast<size_t>(HandshakeRefusal::kKeyNotAllowed)], 1);

@@ -19,8 +19,8 @@ RegistryOptions opts() {
   return o;
 }
 
-StaticInstance spec(std::string host, uint16_t port, proto::Role role = proto::Role::kDecode) {
-  StaticInstance s;
+config::StaticInstance spec(std::string host, uint16_t port, proto::Role role = proto::Role::kDecode) {
+  config::StaticInstance s;
   s.role = role;
   s.http_address = {std::move(host), port};
   s.connector = proto::Connector::kNixl;

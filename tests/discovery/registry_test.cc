@@ -190,7 +190,7 @@ TEST(Registry, FullRegistryEvictsExpiredFirstThenRejects) {
 
 TEST(Registry, StaticInstancesNeverExpireAndTakeLivenessFromHeartbeats) {
   Registry reg(opts());
-  StaticInstance s;
+  config::StaticInstance s;
   s.role = proto::Role::kDecode;
   s.http_address = {"127.0.10.9", 8000};
   s.connector = proto::Connector::kMoriio;
@@ -237,7 +237,7 @@ TEST(Registry, RepeatedRegistrationPublishesNothingAnyChangedFieldDoes) {
 
 TEST(Registry, ReloadingTheSameStaticListPublishesNothingAChangedEntryDoes) {
   Registry reg(opts());
-  StaticInstance s;
+  config::StaticInstance s;
   s.role = proto::Role::kDecode;
   s.http_address = {"127.0.10.9", 8000};
   s.connector = proto::Connector::kP2pNccl;
@@ -269,8 +269,8 @@ TEST(Registry, DrainingFlagSetsState) {
 
 // ---- admission (config/admission.h) ---------------------------------------------------------
 
-StaticInstance static_decode(std::string host, uint16_t port) {
-  StaticInstance s;
+config::StaticInstance static_decode(std::string host, uint16_t port) {
+  config::StaticInstance s;
   s.role = proto::Role::kDecode;
   s.http_address = {std::move(host), port};
   s.connector = proto::Connector::kNixl;
@@ -281,12 +281,12 @@ TEST(RegistryAdmission, WeakerSenderCannotChangeOrRemoveAStrongerEntry) {
   Registry reg(opts());
   auto legit = moriio("127.0.0.1", 8000, proto::Role::kDecode);
   legit.epoch = 7;
-  ASSERT_EQ(reg.upsert(legit, t0, AdmissionClass::kToken).result, UpsertResult::kAdded);
+  ASSERT_EQ(reg.upsert(legit, t0, config::AdmissionClass::kToken).result, UpsertResult::kAdded);
   reg.snapshot(t0);
   // The attack from the review (finding 2): a token-less vLLM message for the same address.
   auto rogue = moriio("127.0.0.1", 8000, proto::Role::kPrefill);
   rogue.zmq_address = "host:127.0.0.66,handshake:1,notify:2";
-  EXPECT_EQ(reg.upsert(rogue, t0 + 1s, AdmissionClass::kAddress).result, UpsertResult::kRejectedWeaker);
+  EXPECT_EQ(reg.upsert(rogue, t0 + 1s, config::AdmissionClass::kAddress).result, UpsertResult::kRejectedWeaker);
   EXPECT_FALSE(reg.dirty());
   const auto snap = reg.snapshot(t0 + 1s);
   ASSERT_EQ(snap->instances.size(), 1u);
@@ -294,20 +294,20 @@ TEST(RegistryAdmission, WeakerSenderCannotChangeOrRemoveAStrongerEntry) {
   EXPECT_EQ(snap->instances[0]->zmq_address, legit.zmq_address);
   EXPECT_EQ(snap->instances[0]->last_seen(), t0);  // not even its liveness
   proto::Goodbye bye{{"127.0.0.1", 8000}, 1, "", 7, ""};
-  EXPECT_EQ(reg.goodbye(bye, t0 + 1s, AdmissionClass::kAddress), GoodbyeResult::kWeaker);
-  EXPECT_EQ(reg.goodbye(bye, t0 + 1s, AdmissionClass::kCurve), GoodbyeResult::kRemoved);
+  EXPECT_EQ(reg.goodbye(bye, t0 + 1s, config::AdmissionClass::kAddress), GoodbyeResult::kWeaker);
+  EXPECT_EQ(reg.goodbye(bye, t0 + 1s, config::AdmissionClass::kCurve), GoodbyeResult::kRemoved);
 }
 
 TEST(RegistryAdmission, StrongerSenderTakesTheEntryOver) {
   Registry reg(opts());
-  reg.upsert(moriio("127.0.0.1", 8000), t0, AdmissionClass::kAddress);
-  EXPECT_EQ(reg.count_by_class()[static_cast<size_t>(AdmissionClass::kAddress)], 1u);
-  reg.upsert(moriio("127.0.0.1", 8000), t0 + 1s, AdmissionClass::kCurve);
+  reg.upsert(moriio("127.0.0.1", 8000), t0, config::AdmissionClass::kAddress);
+  EXPECT_EQ(reg.count_by_class()[static_cast<size_t>(config::AdmissionClass::kAddress)], 1u);
+  reg.upsert(moriio("127.0.0.1", 8000), t0 + 1s, config::AdmissionClass::kCurve);
   const auto snap = reg.snapshot(t0 + 1s);
-  EXPECT_EQ(snap->instances[0]->admission, AdmissionClass::kCurve);
-  EXPECT_EQ(snap->count_by_class[static_cast<size_t>(AdmissionClass::kAddress)], 0u);
-  EXPECT_EQ(snap->count_by_class[static_cast<size_t>(AdmissionClass::kCurve)], 1u);
-  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 8000), t0 + 2s, AdmissionClass::kAddress).result,
+  EXPECT_EQ(snap->instances[0]->admission, config::AdmissionClass::kCurve);
+  EXPECT_EQ(snap->count_by_class[static_cast<size_t>(config::AdmissionClass::kAddress)], 0u);
+  EXPECT_EQ(snap->count_by_class[static_cast<size_t>(config::AdmissionClass::kCurve)], 1u);
+  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 8000), t0 + 2s, config::AdmissionClass::kAddress).result,
             UpsertResult::kRejectedWeaker);
 }
 
@@ -315,7 +315,7 @@ TEST(RegistryAdmission, GoodbyesNeverTouchOperatorEntries) {
   Registry reg(opts());
   reg.replace_static({static_decode("127.0.0.1", 8000)}, t0);
   proto::Goodbye bye{{"127.0.0.1", 8000}, 1, "", 0, ""};
-  EXPECT_EQ(reg.goodbye(bye, t0, AdmissionClass::kCurve), GoodbyeResult::kOperatorOwned);
+  EXPECT_EQ(reg.goodbye(bye, t0, config::AdmissionClass::kCurve), GoodbyeResult::kOperatorOwned);
   EXPECT_EQ(reg.snapshot(t0)->instances[0]->state, InstanceState::kUp);
 }
 
@@ -324,10 +324,10 @@ TEST(RegistryAdmission, OnlyAnAuthenticatedNodeDrainsAnOperatorEntry) {
   reg.replace_static({static_decode("127.0.0.1", 8000)}, t0);
   auto hb = moriio("127.0.0.1", 8000, proto::Role::kDecode);
   hb.draining = true;
-  reg.upsert(hb, t0 + 1s, AdmissionClass::kAddress);
+  reg.upsert(hb, t0 + 1s, config::AdmissionClass::kAddress);
   EXPECT_EQ(reg.snapshot(t0 + 1s)->instances[0]->state, InstanceState::kUp);
   EXPECT_EQ(reg.snapshot(t0 + 1s)->instances[0]->last_seen(), t0 + 1s);  // liveness still counts
-  reg.upsert(hb, t0 + 2s, AdmissionClass::kToken);
+  reg.upsert(hb, t0 + 2s, config::AdmissionClass::kToken);
   EXPECT_EQ(reg.snapshot(t0 + 2s)->instances[0]->state, InstanceState::kDraining);
 }
 
@@ -352,18 +352,18 @@ TEST(RegistryAdmission, CapPerClassKeepsRoomForStrongerSenders) {
   o.max_instances = 100;
   o.max_per_class = {2, 2, 2, 2};
   Registry reg(o);
-  reg.upsert(moriio("127.0.0.1", 1), t0, AdmissionClass::kOpen);
-  reg.upsert(moriio("127.0.0.1", 2), t0 + 1s, AdmissionClass::kOpen);
-  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 3), t0 + 1s, AdmissionClass::kOpen).result,
+  reg.upsert(moriio("127.0.0.1", 1), t0, config::AdmissionClass::kOpen);
+  reg.upsert(moriio("127.0.0.1", 2), t0 + 1s, config::AdmissionClass::kOpen);
+  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 3), t0 + 1s, config::AdmissionClass::kOpen).result,
             UpsertResult::kRejectedClassFull);
-  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 3), t0 + 1s, AdmissionClass::kCurve).result, UpsertResult::kAdded);
+  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 3), t0 + 1s, config::AdmissionClass::kCurve).result, UpsertResult::kAdded);
   // An expired entry of the full class makes room (the one expired longest goes).
   reg.expire_due(t0 + 5s);  // :1 expired
-  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 4), t0 + 5s, AdmissionClass::kOpen).result, UpsertResult::kAdded);
+  EXPECT_EQ(reg.upsert(moriio("127.0.0.1", 4), t0 + 5s, config::AdmissionClass::kOpen).result, UpsertResult::kAdded);
   const auto snap = reg.snapshot(t0 + 5s);
   EXPECT_EQ(snap->find("127.0.0.1:1"), nullptr);
   EXPECT_NE(snap->find("127.0.0.1:2"), nullptr);
-  EXPECT_EQ(snap->count_by_class[static_cast<size_t>(AdmissionClass::kOpen)], 2u);
+  EXPECT_EQ(snap->count_by_class[static_cast<size_t>(config::AdmissionClass::kOpen)], 2u);
 }
 
 TEST(RegistryAdmission, RevivedAndRemovedEntriesLeaveTheEvictionIndex) {

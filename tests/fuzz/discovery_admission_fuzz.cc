@@ -13,6 +13,7 @@
 #include "proto/curve_keys.h"
 #include "discovery/zap_policy.h"
 
+using namespace pdr;
 using namespace pdr::discovery;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -28,30 +29,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   ZapPolicy policy;
-  Cidr only;
-  if (!parse_cidr("127.0.0.7/32", &only)) std::abort();
+  config::Cidr only;
+  if (!config::parse_cidr("127.0.0.7/32", &only)) std::abort();
   policy.allowed_peers.cidrs = {only};
   policy.allowed_client_keys = {"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"};
   const ZapDecision d = decide_zap(policy, frames);
   if (d.allow) {
-    const bool by_address = frames.size() > 3 && parse_ip_address(frames[3]) &&
-                            only.contains(*parse_ip_address(frames[3]));
-    const bool by_key = frames.size() == 7 && policy.allowed_client_keys.contains(curve_key_z85(frames[6]));
+    const bool by_address = frames.size() > 3 && config::parse_ip_address(frames[3]) &&
+                            only.contains(*config::parse_ip_address(frames[3]));
+    const bool by_key = frames.size() == 7 && policy.allowed_client_keys.contains(proto::curve_key_z85(frames[6]));
     if (!by_address && !by_key) std::abort();
   }
 
   std::vector<std::string> keys;
-  if (parse_curve_public_keys(text, &keys)) {
+  if (proto::parse_curve_public_keys(text, &keys)) {
     for (const std::string& k : keys) {
       if (k.size() != 40) std::abort();
     }
   }
-  CurveKeyPair pair;
-  if (parse_curve_secret_key(text, &pair) && pair.public_z85.size() != 40) std::abort();
+  proto::CurveKeyPair pair;
+  if (proto::parse_curve_secret_key(text, &pair) && pair.public_z85.size() != 40) std::abort();
 
-  Cidr c;
-  if (size < 128 && parse_cidr(text, &c) && !c.contains(c.network)) std::abort();
-  (void)may_register_address(AdmissionClass::kAddress, parse_ip_address(text.substr(0, size / 2)),
+  config::Cidr c;
+  if (size < 128 && config::parse_cidr(text, &c) && !c.contains(c.network)) std::abort();
+  (void)config::may_register_address(config::AdmissionClass::kAddress, config::parse_ip_address(text.substr(0, size / 2)),
                              text.substr(size / 2));
   return 0;
 }

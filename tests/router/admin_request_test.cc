@@ -7,10 +7,10 @@
 namespace pdr::router {
 namespace {
 
-discovery::Topology::Connectors defaults() { return {}; }  // moriio, WRITE, bootstrap 8998
+config::Topology::Connectors defaults() { return {}; }  // moriio, WRITE, bootstrap 8998
 
-Status parse(std::string_view body, discovery::StaticInstance* out = nullptr) {
-  discovery::StaticInstance ignored;
+Status parse(std::string_view body, config::StaticInstance* out = nullptr) {
+  config::StaticInstance ignored;
   return parse_admin_instance(body, defaults(), out != nullptr ? out : &ignored);
 }
 
@@ -21,7 +21,7 @@ void expect_error(std::string_view body, std::string_view message) {
 }
 
 TEST(AdminRequest, FullInstance) {
-  discovery::StaticInstance inst;
+  config::StaticInstance inst;
   ASSERT_TRUE(parse(R"({"role":"decode","http_address":"127.0.10.1:8200","connector":"moriio",
       "transfer_mode":"READ","zmq_address":"host:127.0.10.1,handshake:6301,notify:61005",
       "dp_size":2,"tp_size":8,"model":"m","labels":{"zone":"a","gpu":"x"}})",
@@ -37,7 +37,7 @@ TEST(AdminRequest, FullInstance) {
 }
 
 TEST(AdminRequest, DefaultsComeFromTheTopology) {
-  discovery::StaticInstance inst;
+  config::StaticInstance inst;
   ASSERT_TRUE(parse(R"({"role":"prefill","http_address":"[::1]:8100","connector":"mooncake"})", &inst).is_ok());
   EXPECT_EQ(inst.bootstrap_port, 8998);  // connectors.mooncake_bootstrap_port
   EXPECT_EQ(inst.http_address.to_string(), "[::1]:8100");
@@ -45,7 +45,7 @@ TEST(AdminRequest, DefaultsComeFromTheTopology) {
 }
 
 TEST(AdminRequest, KvEventsEndpoints) {
-  discovery::StaticInstance inst;
+  config::StaticInstance inst;
   ASSERT_TRUE(parse(R"({"role":"decode","http_address":"127.0.10.1:8200","connector":"nixl",
       "kv_events_endpoint":"tcp://127.0.10.1:5557","kv_events_replay_endpoint":"tcp://127.0.10.1:5600"})",
                     &inst)
@@ -92,16 +92,16 @@ TEST(AdminRequest, StrictBodies) {
 }
 
 TEST(AdminRequest, SeedAddBody) {
-  discovery::Topology::Connectors nixl;
+  config::Topology::Connectors nixl;
   nixl.default_connector = proto::Connector::kNixl;
-  discovery::StaticInstance inst;
+  config::StaticInstance inst;
   ASSERT_TRUE(parse_seed_add_instance(R"({"type":"prefill","instance":"localhost:8102"})", nixl, &inst).is_ok());
   EXPECT_EQ(inst.role, proto::Role::kPrefill);
   EXPECT_EQ(inst.http_address.to_string(), "localhost:8102");
   EXPECT_EQ(inst.connector, proto::Connector::kNixl);
 
-  auto message = [&](std::string_view body, const discovery::Topology::Connectors& d) {
-    discovery::StaticInstance out;
+  auto message = [&](std::string_view body, const config::Topology::Connectors& d) {
+    config::StaticInstance out;
     Status s = parse_seed_add_instance(body, d, &out);
     EXPECT_FALSE(s.is_ok()) << body;
     return s.message();

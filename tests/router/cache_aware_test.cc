@@ -55,8 +55,8 @@ TEST(CacheAware, EqualMatchesGoToTheLessLoaded) {
 
 // ---- the cache_aware policy (make_policy) ---------------------------------------------------
 
-discovery::Topology::Policies cache_aware_config() {
-  discovery::Topology::Policies p;
+config::Topology::Policies cache_aware_config() {
+  config::Topology::Policies p;
   p.cache_aware.min_match_percent = 50;
   p.cache_aware.balance_abs_threshold = 8;
   p.cache_aware.balance_rel_percent = 200;
@@ -70,8 +70,8 @@ RequestSummary with(const CacheHits& hits) {
 }
 
 TEST(CacheAwarePolicy, PicksTheNodeHoldingThePromptByKey) {
-  auto policy = make_policy(discovery::PolicyName::kCacheAware, 1, cache_aware_config());
-  EXPECT_EQ(policy->name(), discovery::PolicyName::kCacheAware);
+  auto policy = make_policy(config::PolicyName::kCacheAware, 1, cache_aware_config());
+  EXPECT_EQ(policy->name(), config::PolicyName::kCacheAware);
   const auto c = nodes({3, 0, 1});
   CacheHits hits;
   hits.prompt_units = 100;
@@ -81,7 +81,7 @@ TEST(CacheAwarePolicy, PicksTheNodeHoldingThePromptByKey) {
 }
 
 TEST(CacheAwarePolicy, WithoutUsefulCacheItPicksTheLeastLoaded) {
-  auto policy = make_policy(discovery::PolicyName::kCacheAware, 1, cache_aware_config());
+  auto policy = make_policy(config::PolicyName::kCacheAware, 1, cache_aware_config());
   const auto c = nodes({3, 0, 1});
   EXPECT_EQ(policy->pick(c, RequestSummary{}), 1u);  // no lookup at all
   CacheHits hits;

@@ -22,10 +22,10 @@ proto::JsonObjectBody parse(std::string text) {
   return body;
 }
 
-discovery::Topology cache_aware_topology() {
-  discovery::Topology t;
-  t.policies.prefill = discovery::PolicyName::kCacheAware;
-  t.policies.decode = discovery::PolicyName::kCacheAware;
+config::Topology cache_aware_topology() {
+  config::Topology t;
+  t.policies.prefill = config::PolicyName::kCacheAware;
+  t.policies.decode = config::PolicyName::kCacheAware;
   return t;
 }
 
@@ -62,9 +62,9 @@ TEST(CacheRouting, NothingWithoutACacheAwarePolicy) {
   cache::PrefixTree tree;
   shared.prefix_tree = &tree;
   const auto body = parse(R"({"prompt":"hello"})");
-  EXPECT_FALSE(lookup_cache(body, "", discovery::Topology{}, shared).has_value());
+  EXPECT_FALSE(lookup_cache(body, "", config::Topology{}, shared).has_value());
   auto t = cache_aware_topology();
-  t.policies.decode = discovery::PolicyName::kRoundRobin;  // one role is enough
+  t.policies.decode = config::PolicyName::kRoundRobin;  // one role is enough
   EXPECT_TRUE(lookup_cache(body, "", t, shared).has_value());
   EXPECT_FALSE(lookup_cache(parse(R"({"model":"m"})"), "", t, shared).has_value());  // no prompt
 }

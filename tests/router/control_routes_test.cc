@@ -29,7 +29,7 @@ std::shared_ptr<const RegistrySnapshot> snapshot_with(uint64_t version, int inst
 }
 
 struct Fixture {
-  discovery::SnapshotCell<RegistrySnapshot> registry{snapshot_with(1, 3)};
+  SnapshotCell<RegistrySnapshot> registry{snapshot_with(1, 3)};
   discovery::DiscoveryCounters counters;
   ControlContext context(std::chrono::milliseconds max_age) {
     ControlContext c;

@@ -21,7 +21,7 @@ constexpr const char* kPrefix = "/pdr/";
 
 struct Fixture {
   Fixture() {
-    auto t = std::make_shared<discovery::Topology>();
+    auto t = std::make_shared<config::Topology>();
     t->multi_turn.enabled = true;
     t->multi_turn.ttl = std::chrono::milliseconds(450'000);
     t->multi_turn.max_entries = 3;
@@ -29,7 +29,7 @@ struct Fixture {
     cache.set_replication(&mirror);
   }
   ConversationCache cache;
-  discovery::SnapshotCell<discovery::Topology> topology;
+  SnapshotCell<config::Topology> topology;
   ReplicatorStatus status;
   int wakes = 0;
   ConversationMirror mirror{cache, topology, kPrefix, "replica-a", status, [this] { ++wakes; }};

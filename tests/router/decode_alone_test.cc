@@ -12,8 +12,8 @@ const proto::Dialect* mooncake() {
   return proto::dialect_for(proto::Connector::kMooncake, proto::TransferMode::kNone);
 }
 
-discovery::Topology::ConditionalDisaggregation config(uint32_t max_prompt_tokens, uint32_t min_cached_percent) {
-  discovery::Topology::ConditionalDisaggregation c;
+config::Topology::ConditionalDisaggregation config(uint32_t max_prompt_tokens, uint32_t min_cached_percent) {
+  config::Topology::ConditionalDisaggregation c;
   c.enabled = true;
   c.max_prompt_tokens = max_prompt_tokens;
   c.min_cached_percent = min_cached_percent;

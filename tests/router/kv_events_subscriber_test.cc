@@ -121,7 +121,7 @@ class KvEventsSubscriberTest : public ::testing::Test {
   zmq::context_t ctx_{1};
   zmq::socket_t pub_;
   zmq::socket_t replay_;
-  discovery::SnapshotCell<discovery::RegistrySnapshot> registry_;
+  SnapshotCell<discovery::RegistrySnapshot> registry_;
   uint64_t version_ = 0;
   BlockIndex index_;
   KvEventsSubscriber subscriber_{registry_, index_};
@@ -382,7 +382,7 @@ TEST(KvEventsSubscriberRanks, EachDpRankOnItsOwnPort) {
   }
   ASSERT_NE(base, 0) << "no two consecutive free ports";
 
-  discovery::SnapshotCell<discovery::RegistrySnapshot> registry;
+  SnapshotCell<discovery::RegistrySnapshot> registry;
   auto inst = std::make_shared<discovery::Instance>();
   inst->key = kNode;
   inst->http_address = {"127.0.0.1", 8100};

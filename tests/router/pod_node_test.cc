@@ -17,8 +17,8 @@ proto::PodInfo serving_pod(std::string role) {
 }
 
 struct PodNode : testing::Test {
-  discovery::Topology::Kubernetes k8s;
-  discovery::Topology::Connectors connectors;
+  config::Topology::Kubernetes k8s;
+  config::Topology::Connectors connectors;
   PodNode() { connectors.default_connector = proto::Connector::kNixl; }
 };
 

@@ -13,7 +13,7 @@
 namespace pdr::router {
 namespace {
 
-using discovery::PolicyName;
+using config::PolicyName;
 
 // Owns the key strings the Candidate views point into.
 struct Pool {
@@ -358,7 +358,7 @@ TEST(Policies, ConcurrentPicksStayInRange) {
       });
     }
     for (auto& th : threads) th.join();
-    for (bool b : ok) EXPECT_TRUE(b) << discovery::to_string(name);
+    for (bool b : ok) EXPECT_TRUE(b) << config::to_string(name);
   }
 }
 

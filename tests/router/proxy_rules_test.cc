@@ -119,7 +119,7 @@ TEST(Pairing, RegistrySnapshotsCarryTheRoutableIndex) {
   discovery::Registry registry(options);
   const auto now = discovery::Clock::now();
   for (auto [port, role] : {std::pair{8001, Role::kPrefill}, std::pair{8002, Role::kDecode}}) {
-    discovery::StaticInstance spec;
+    config::StaticInstance spec;
     spec.role = role;
     spec.http_address = {"127.0.0.1", static_cast<uint16_t>(port)};
     spec.connector = Connector::kNixl;

@@ -277,8 +277,8 @@ constexpr std::string_view kLastEvent = "data: {\"choices\":[{\"text\":\"B\"}]}\
 // decodes of one dialect.
 class Harness {
  public:
-  explicit Harness(Dialect dialect, const std::function<void(discovery::Topology&)>& tweak = {}) {
-    auto topology = std::make_shared<discovery::Topology>();
+  explicit Harness(Dialect dialect, const std::function<void(config::Topology&)>& tweak = {}) {
+    auto topology = std::make_shared<config::Topology>();
     topology->timeouts.connect = 1000ms;
     topology->timeouts.prefill = scaled_ms(20s);
     topology->timeouts.first_byte = scaled_ms(20s);
@@ -391,8 +391,8 @@ class Harness {
   test::HttpClient client;
 
  private:
-  discovery::SnapshotCell<discovery::RegistrySnapshot> registry_cell_;
-  discovery::SnapshotCell<discovery::Topology> topology_cell_;
+  SnapshotCell<discovery::RegistrySnapshot> registry_cell_;
+  SnapshotCell<config::Topology> topology_cell_;
   ProxyShared shared_;
   std::unique_ptr<WorkerContext> context_;  // worker thread only
   http::Server server_;
@@ -544,7 +544,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 class ProxySessionStates : public ::testing::TestWithParam<Case> {};
 
 // The timeouts a case waits for are short; every other one is long enough never to fire.
-void tweak_for(const Case& c, discovery::Topology& t) {
+void tweak_for(const Case& c, config::Topology& t) {
   // Short, but long enough for the test to reach the state first on a loaded machine.
   const auto short_timeout = scaled_ms(1000ms);
   if (c.event == Event::kPrefillTimeout) t.timeouts.prefill = short_timeout;
@@ -563,7 +563,7 @@ void answer_prefill(FakeCall& p, Dialect d) {
 
 TEST_P(ProxySessionStates, EventInState) {
   const Case& c = GetParam();
-  Harness h(c.dialect, [&](discovery::Topology& t) { tweak_for(c, t); });
+  Harness h(c.dialect, [&](config::Topology& t) { tweak_for(c, t); });
   FakeUpstream& fake = h.fake;
   const bool serial = c.dialect == Dialect::kNixl;
 
@@ -852,7 +852,7 @@ INSTANTIATE_TEST_SUITE_P(All, ProxySessionStates, ::testing::ValuesIn(all_cases(
 
 // The decode answered first; the prefill is read to its end, or closed at its deadline.
 TEST(ProxySessionOrphan, ClosedAtThePrefillDeadline) {
-  Harness h(Dialect::kMoriioWrite, [](discovery::Topology& t) {
+  Harness h(Dialect::kMoriioWrite, [](config::Topology& t) {
     t.timeouts.prefill = scaled_ms(1000ms);
   });
   ASSERT_EQ(h.connect_and_send(), "");
@@ -1014,7 +1014,7 @@ TEST(ProxySessionBackPressure, PausedAboveTheHighWaterResumedOnDrain) {
 // A client that reads nothing: once the kernel's buffers are full the queue stops going down, and
 // after timeouts.client_write the stream is aborted, the decode closed, the client cut off.
 TEST(ProxySessionBackPressure, ClientReadingNothingIsCutOff) {
-  Harness h(Dialect::kNixl, [](discovery::Topology& t) { t.timeouts.client_write = scaled_ms(300ms); });
+  Harness h(Dialect::kNixl, [](config::Topology& t) { t.timeouts.client_write = scaled_ms(300ms); });
   const int fd = slow_client(h.port());
   ASSERT_GE(fd, 0);
   auto decode = reach_decode(h);

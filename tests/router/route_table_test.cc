@@ -260,8 +260,8 @@ class RouteDispatchTest : public ::testing::Test {
     return doc["error"]["code"].get<std::string>();
   }
 
-  discovery::SnapshotCell<discovery::RegistrySnapshot> registry_;
-  discovery::SnapshotCell<discovery::Topology> topology_;
+  SnapshotCell<discovery::RegistrySnapshot> registry_;
+  SnapshotCell<config::Topology> topology_;
   discovery::DiscoveryCounters discovery_counters_;
   std::unique_ptr<proxy::ProxyService> proxy_;  // outlives the server's workers
   std::unique_ptr<ControlRoutes> control_;

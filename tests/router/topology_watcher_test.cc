@@ -17,9 +17,9 @@
 namespace pdr::router {
 namespace {
 
-using discovery::PolicyName;
-using discovery::Topology;
-using discovery::TopologyStore;
+using config::PolicyName;
+using config::Topology;
+using config::TopologyStore;
 using ::testing::StartsWith;
 using namespace std::chrono_literals;
 

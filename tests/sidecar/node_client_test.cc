@@ -13,7 +13,7 @@
 #include <vector>
 #include <zmq.hpp>
 
-namespace pdr::discovery {
+namespace pdr::sidecar {
 namespace {
 
 using namespace std::chrono_literals;
@@ -403,4 +403,4 @@ TEST(NodeClientDefaultsTest, ExplicitValuesAreKept) {
 }
 
 }  // namespace
-}  // namespace pdr::discovery
+}  // namespace pdr::sidecar
