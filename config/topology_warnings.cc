@@ -1,6 +1,6 @@
 #include "config/topology_warnings.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 std::vector<std::string> topology_warnings(const Topology& topology) {
   std::vector<std::string> out;
@@ -13,4 +13,4 @@ std::vector<std::string> topology_warnings(const Topology& topology) {
   return out;
 }
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config

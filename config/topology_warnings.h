@@ -12,9 +12,9 @@
 
 #include "config/topology.h"
 
-namespace pdr::discovery {
+namespace pdr::config {
 
 // One message per setting above that applies to `topology`, naming the keys; empty if none.
 std::vector<std::string> topology_warnings(const Topology& topology);
 
-}  // namespace pdr::discovery
+}  // namespace pdr::config
