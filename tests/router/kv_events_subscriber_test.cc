@@ -106,6 +106,15 @@ class KvEventsSubscriberTest : public ::testing::Test {
     pub_.send(zmq::buffer(payload), zmq::send_flags::none);
   }
 
+  // One answer of the replay ROUTER, as vLLM's: [id, "", seq, payload].
+  void reply_replay(const std::string& id, uint64_t seq, const std::string& payload) {
+    const std::string seq_frame = proto::encode_kv_event_seq(seq);
+    replay_.send(zmq::buffer(id), zmq::send_flags::sndmore);
+    replay_.send(zmq::message_t(), zmq::send_flags::sndmore);
+    replay_.send(zmq::buffer(seq_frame), zmq::send_flags::sndmore);
+    replay_.send(zmq::buffer(payload), zmq::send_flags::none);
+  }
+
   uint32_t matched(const std::vector<uint32_t>& request) const {
     for (const PrefixMatch& m : index_.longest_prefix(request)) {
       if (m.node == kNode) return m.matched_blocks;
@@ -196,13 +205,7 @@ TEST_F(KvEventsSubscriberTest, GapWithReplayIsFilled) {
       {static_cast<const std::byte*>(request[2].data()), request[2].size()}, &start_seq));
   EXPECT_EQ(start_seq, 1u);
   const std::string id = request[0].to_string();
-  auto reply = [&](uint64_t seq, const std::string& payload) {
-    const std::string seq_frame = proto::encode_kv_event_seq(seq);
-    replay_.send(zmq::buffer(id), zmq::send_flags::sndmore);
-    replay_.send(zmq::message_t(), zmq::send_flags::sndmore);
-    replay_.send(zmq::buffer(seq_frame), zmq::send_flags::sndmore);
-    replay_.send(zmq::buffer(payload), zmq::send_flags::none);
-  };
+  auto reply = [&](uint64_t seq, const std::string& payload) { reply_replay(id, seq, payload); };
   reply(1, stored_batch({102}, 101, tokens(4, 4)));
   reply(2, stored_batch({103}, 102, tokens(8, 4)));
   reply(3, stored_batch({104}, 103, tokens(12, 4)));  // also live: ignored here
@@ -281,13 +284,7 @@ TEST_F(KvEventsSubscriberTest, AReplayInFlightHoldsOnlyItsRank) {
   EXPECT_EQ(matched(tokens(0, 20)), 1u) << "A's live batches wait for the replayed ones";
 
   const std::string id = request[0].to_string();
-  auto reply = [&](uint64_t seq, const std::string& payload) {
-    const std::string seq_frame = proto::encode_kv_event_seq(seq);
-    replay_.send(zmq::buffer(id), zmq::send_flags::sndmore);
-    replay_.send(zmq::message_t(), zmq::send_flags::sndmore);
-    replay_.send(zmq::buffer(seq_frame), zmq::send_flags::sndmore);
-    replay_.send(zmq::buffer(payload), zmq::send_flags::none);
-  };
+  auto reply = [&](uint64_t seq, const std::string& payload) { reply_replay(id, seq, payload); };
   reply(1, stored_batch({102}, 101, tokens(4, 4)));
   reply(2, stored_batch({103}, 102, tokens(8, 4)));
   reply(proto::kKvReplayEnd, "");
