@@ -165,6 +165,7 @@ class KvEventsSubscriber::Impl {
       if (rebuild_) {
         items.clear();
         owners.clear();
+        replaying_ = false;
         items.push_back(zmq::pollitem_t{nullptr, wake_fd_, ZMQ_POLLIN, 0});
         for (auto& [key, node] : nodes_) {
           for (size_t r = 0; r < node.ranks.size(); ++r) {
@@ -173,14 +174,17 @@ class KvEventsSubscriber::Impl {
             zmq::socket_t& socket = rank.replay ? rank.replay->dealer : rank.socket;
             items.push_back(zmq::pollitem_t{socket.handle(), 0, ZMQ_POLLIN, 0});
             owners.push_back(Owner{key, r, rank.replay != nullptr});
+            replaying_ = replaying_ || rank.replay != nullptr;
           }
         }
         rebuild_ = false;
       }
       auto wake_at = next_registry_check;
-      for (auto& [key, node] : nodes_) {
-        for (Rank& rank : node.ranks) {
-          if (rank.replay) wake_at = std::min(wake_at, rank.replay->deadline);
+      if (replaying_) {
+        for (auto& [key, node] : nodes_) {
+          for (const Rank& rank : node.ranks) {
+            if (rank.replay) wake_at = std::min(wake_at, rank.replay->deadline);
+          }
         }
       }
       const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -445,6 +449,7 @@ class KvEventsSubscriber::Impl {
 
   // Replays past their deadline end as failures.
   void expire_replays() {
+    if (!replaying_) return;
     const auto now = Clock::now();
     for (auto& [key, node] : nodes_) {
       for (Rank& rank : node.ranks) {
@@ -482,6 +487,9 @@ class KvEventsSubscriber::Impl {
   std::unique_ptr<zmq::context_t> context_;
   std::map<std::string, Node> nodes_;
   bool rebuild_ = true;  // the poll set no longer matches nodes_ (subscriptions, replays)
+  // Some rank had a replay in flight at the last rebuild (every start and end of one rebuilds):
+  // without one, the per-iteration scans for replay deadlines are skipped.
+  bool replaying_ = false;
   // Any thread, under stats_mu_.
   mutable std::mutex stats_mu_;
   std::map<std::string, KvEventsNodeStats> stats_;
