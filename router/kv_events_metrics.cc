@@ -42,7 +42,8 @@ void write_kv_events_metrics(MetricsWriter& out, const cache::KvEventsSubscriber
 void write_prefix_tree_metrics(MetricsWriter& out, const cache::PrefixTree* tree) {
   const cache::PrefixTree::Stats st = tree != nullptr ? tree->stats() : cache::PrefixTree::Stats{};
   out.gauge("pdrouter_prefix_tree_bytes",
-            "Prompt text held by the cache-aware prefix tree (budget policies.cache_aware.prefix_tree_max_bytes)",
+            "Memory held by the cache-aware prefix tree: its nodes, node marks and prompt text (budget "
+            "policies.cache_aware.prefix_tree_max_bytes)",
             static_cast<double>(st.bytes));
   out.gauge("pdrouter_prefix_tree_nodes", "Nodes of the cache-aware prefix tree", static_cast<double>(st.tree_nodes));
   out.counter("pdrouter_prefix_tree_evictions_total", "Node marks dropped from the prefix tree by its budget",

@@ -40,12 +40,17 @@ WorkerContext::~WorkerContext() {
   pool_.close_all();
 }
 
+void ProxyShared::forget_departed_nodes(const std::shared_ptr<const discovery::RegistrySnapshot>& now) {
+  if (prefix_tree == nullptr || !now) return;
+  std::lock_guard<std::mutex> lock(departures_mutex_);
+  // Snapshots change on registration events, not per request: the mutex is not contended.
+  if (departures_seen_ == now || (departures_seen_ && now->version < departures_seen_->version)) return;
+  if (departures_seen_) proxy::forget_departed_nodes(departures_seen_->instances, now->instances, *prefix_tree);
+  departures_seen_ = now;
+}
+
 void WorkerContext::on_new_registry(const std::shared_ptr<const discovery::RegistrySnapshot>& now) {
-  // Every worker sees every snapshot and forgets the same nodes; forgetting is idempotent, and
-  // snapshots change on registration events, not per request.
-  if (seen_registry_ && now && shared_.prefix_tree != nullptr) {
-    forget_departed_nodes(seen_registry_->instances, now->instances, *shared_.prefix_tree);
-  }
+  shared_.forget_departed_nodes(now);
   seen_registry_ = now;
 }
 

@@ -69,7 +69,15 @@ struct ProxyShared {
   // from the current set's.
   std::shared_ptr<PolicySet> policies_for(const config::Topology& topology);
 
+  // A worker saw registry snapshot `now`: the prefix tree forgets the nodes that left or
+  // restarted since the last snapshot handled here. Each snapshot is handled once, by the first
+  // worker to see it; an older one than the last handled is ignored, so a worker late to a
+  // snapshot cannot forget a node that restarted and has been learnt again since.
+  void forget_departed_nodes(const std::shared_ptr<const discovery::RegistrySnapshot>& now);
+
  private:
+  std::mutex departures_mutex_;
+  std::shared_ptr<const discovery::RegistrySnapshot> departures_seen_;
   std::mutex policies_mutex_;
   std::shared_ptr<PolicySet> policies_;
   config::PolicyName prefill_name_{}, decode_name_{};
@@ -122,7 +130,7 @@ class WorkerContext {
   LogLimiter leg_log_{"proxy"};
   SnapshotReader<discovery::RegistrySnapshot> registry_;
   // The snapshot this worker last saw: on a new one, nodes that left or restarted since are
-  // forgotten by the prefix tree (their caches are gone).
+  // forgotten by the prefix tree (their caches are gone; ProxyShared::forget_departed_nodes).
   std::shared_ptr<const discovery::RegistrySnapshot> seen_registry_;
   void on_new_registry(const std::shared_ptr<const discovery::RegistrySnapshot>& now);
   SnapshotReader<config::Topology> topology_;

@@ -201,3 +201,44 @@ TEST(CacheRouting, NodesThatLeftOrRestartedAreForgottenByThePrefixTree) {
 }
 
 }  // namespace pdr::router::proxy
+
+namespace pdr::router::proxy {
+namespace {
+
+// Every worker reports each registry snapshot it sees; each is diffed once, and a worker late to
+// an older snapshot cannot forget a node that restarted and has been learnt again since.
+TEST(CacheRouting, EachSnapshotsDeparturesAreForgottenOnce) {
+  cache::PrefixTree tree;
+  ProxyShared shared;
+  shared.prefix_tree = &tree;
+  auto snapshot = [](uint64_t version, std::vector<InstancePtr> instances) {
+    auto s = std::make_shared<discovery::RegistrySnapshot>();
+    s->version = version;
+    s->instances = std::move(instances);
+    return std::shared_ptr<const discovery::RegistrySnapshot>(s);
+  };
+  auto node = [](const char* key, uint64_t epoch) {
+    auto i = std::make_shared<discovery::Instance>();
+    i->key = key;
+    i->epoch = epoch;
+    return InstancePtr(i);
+  };
+  const auto now = cache::PrefixTree::Clock::now();
+  const auto v1 = snapshot(1, {node("127.0.0.1:1", 1), node("127.0.0.1:2", 1)});
+  const auto v2 = snapshot(2, {node("127.0.0.1:1", 1)});                         // :2 left
+  const auto v3 = snapshot(3, {node("127.0.0.1:1", 1), node("127.0.0.1:2", 2)});  // :2 is back, restarted
+  tree.insert("prompt", "127.0.0.1:1", now);
+  tree.insert("prompt", "127.0.0.1:2", now);
+  shared.forget_departed_nodes(v1);  // worker 0
+  shared.forget_departed_nodes(v1);  // worker 1
+  shared.forget_departed_nodes(v2);  // worker 0
+  EXPECT_EQ(tree.match("prompt").size(), 1u);
+  shared.forget_departed_nodes(v3);  // worker 0
+  tree.insert("prompt", "127.0.0.1:2", now);  // routed to the restarted node: learnt again
+  shared.forget_departed_nodes(v2);  // worker 1, late: v3 was handled already
+  shared.forget_departed_nodes(v3);
+  EXPECT_EQ(tree.match("prompt").size(), 2u);
+}
+
+}  // namespace
+}  // namespace pdr::router::proxy
