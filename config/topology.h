@@ -88,18 +88,20 @@ struct Topology {
     // balance_abs_threshold requests beyond the least loaded node AND more than
     // balance_rel_percent of its load); otherwise least outstanding. Prompts with token ids are
     // matched against the nodes' KV events (kv_events:), text prompts against a prefix tree of
-    // where pdrouter routed earlier prompts, bounded by prefix_tree_max_bytes of prompt text
-    // (read at start) and prefix_tree_prompt_bytes per prompt.
+    // where pdrouter routed earlier prompts, bounded by prefix_tree_max_bytes of memory (its
+    // nodes as allocated, not only their text; read at start) and prefix_tree_prompt_bytes per
+    // prompt.
     struct CacheAware {
       uint32_t min_match_percent = 50;
       uint32_t balance_abs_threshold = 32;
       uint32_t balance_rel_percent = 150;
       uint32_t prefix_tree_max_bytes = 64u << 20;
       uint32_t prefix_tree_prompt_bytes = 16u << 10;
-      // Text prompts and chat messages: `node` asks one up node serving the model for the
-      // prompt's token ids (vLLM's POST /tokenize, router/proxy/cache_tokenize.h) and matches
-      // them exactly on the KV events' block index; `off` (default: it costs a hop) uses the
-      // prefix tree only. Any failure falls back to the prefix tree.
+      // Text prompts and chat messages: `node` asks one node (labelled `serves: tokenize`, else a
+      // prefill the request could pair with) for the prompt's token ids (vLLM's POST /tokenize,
+      // router/proxy/cache_tokenize.h) and matches them exactly on the KV events' block index;
+      // `off` (default: it costs a hop) uses the prefix tree only. Any failure falls back to the
+      // prefix tree.
       bool tokenize_by_node = false;
       std::chrono::milliseconds tokenize_timeout{250};   // the whole /tokenize call
       uint32_t tokenize_max_answer_bytes = 4u << 20;      // a larger /tokenize answer is dropped

@@ -6,10 +6,14 @@
 #include <string>
 #include <utility>
 
+#include "proto/dialects/dialect.h"
 #include "proto/token_ids.h"
 #include "router/policies/policy.h"
+#include "router/proxy/ejection.h"
 #include "router/proxy/node_endpoints.h"
+#include "router/proxy/one_node_relay.h"
 #include "router/proxy/pairing.h"
+#include "router/proxy/session_timer.h"
 
 namespace pdr::router::proxy {
 
@@ -22,12 +26,41 @@ namespace {
 constexpr std::string_view kChatFields[] = {"tools",         "add_generation_prompt", "continue_final_message",
                                             "chat_template", "chat_template_kwargs",  "add_special_tokens"};
 
-// The least loaded up node serving `model`, any role (every vLLM node tokenizes); ties rotate.
+// Appends the prefills a request for `model` could be paired with (pairing.h: up, a known
+// connector whose dialect has a compatible decode up, both serving the model).
+void pairable_prefills(const discovery::RoutableIndex& index, std::string_view model,
+                       std::vector<const InstancePtr*>* out) {
+  thread_local std::vector<const InstancePtr*> decodes;
+  for (const discovery::RoutableGroup& prefills : index.groups) {
+    if (prefills.role != proto::Role::kPrefill || proto::dialect_for(prefills.connector, prefills.transfer_mode) == nullptr) {
+      continue;
+    }
+    const discovery::RoutableGroup* dg = index.find(proto::Role::kDecode, prefills.connector, prefills.transfer_mode);
+    if (dg == nullptr) continue;
+    decodes.clear();
+    dg->serving(model, &decodes);
+    if (!decodes.empty()) prefills.serving(model, out);
+  }
+}
+
+// The node that tokenizes (see the header): labelled for it, else a prefill this request could
+// be paired with; the least loaded, ties rotating from a random start.
 InstancePtr pick_node(WorkerContext& worker, std::string_view model) {
   const auto& snapshot = worker.registry();
-  std::vector<const InstancePtr*> nodes;
+  thread_local std::vector<const InstancePtr*> nodes;
+  nodes.clear();
   for (const auto& inst : snapshot->instances) {
-    if (routable(*inst) && serves_model(*inst, model)) nodes.push_back(&inst);
+    if (routable(*inst) && serves_model(*inst, model) && serves_capability(inst->labels, kServesTokenize)) {
+      nodes.push_back(&inst);
+    }
+  }
+  discovery::RoutableIndex local;  // a hand-made snapshot (tests) has none built
+  if (nodes.empty()) {
+    if (!snapshot->routable.built) local = discovery::RoutableIndex::build(snapshot->instances);
+    pairable_prefills(snapshot->routable.built ? snapshot->routable : local, model, &nodes);
+    const auto now = discovery::Clock::now();
+    auto is_ejected = [now](const InstancePtr* i) { return ejected(*(*i)->liveness, now); };
+    if (!std::all_of(nodes.begin(), nodes.end(), is_ejected)) std::erase_if(nodes, is_ejected);
   }
   if (nodes.empty()) return nullptr;
   return *least_loaded_node(nodes, worker.random() % nodes.size());
@@ -58,14 +91,44 @@ std::string tokenize_body(const proto::JsonObjectBody& body) {
   return out;
 }
 
+// One call's state, shared by its callbacks; what it holds (the node's outstanding count, the
+// answer's bytes of the buffered-bytes budget, the deadline) is given back by release(), at the
+// latest when the call lets go of its callbacks (done or cancelled).
 struct TokenizeCall {
   TokenizeDone done;
+  InstancePtr node;
+  ProxyCounters* counters = nullptr;
   size_t max_bytes = 0;
+  uint64_t budget = 0;  // limits.max_buffered_bytes (0: none)
   int status = 0;
   std::string answer;
+  size_t reserved = 0;  // answer bytes counted in counters->buffered_bytes
   std::weak_ptr<UpstreamPort::Call> call;
+  SessionTimer deadline;
+
+  ~TokenizeCall() { release(); }
+
+  void release() {
+    deadline.stop();
+    if (node) {
+      node->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
+      node.reset();
+    }
+    if (reserved != 0) {
+      counters->buffered_bytes.fetch_sub(static_cast<int64_t>(reserved), std::memory_order_relaxed);
+      reserved = 0;
+    }
+    answer = std::string();
+  }
+
+  // Ends the call early (deadline, size, budget): the connection is closed, `done` told why.
+  void abandon(TokenizeResult why) {
+    if (auto c = call.lock()) c->cancel();
+    finish(false, why, {});
+  }
 
   void finish(bool ok, TokenizeResult why_not, std::vector<uint32_t>&& tokens) {
+    release();
     if (!done) return;
     TokenizeDone d = std::move(done);
     done = nullptr;
@@ -85,6 +148,7 @@ std::string_view to_string(TokenizeResult result) {
     case TokenizeResult::kTooLarge: return "too_large";
     case TokenizeResult::kBadAnswer: return "bad_answer";
     case TokenizeResult::kCancelled: return "cancelled";
+    case TokenizeResult::kMemoryBudget: return "memory_budget";
   }
   return "unknown";
 }
@@ -115,16 +179,19 @@ UpstreamPort::CallPtr start_tokenize(WorkerContext& worker, const proto::JsonObj
   auto state = std::make_shared<TokenizeCall>();
   state->done = std::move(done);
   state->max_bytes = config.tokenize_max_answer_bytes;
+  state->counters = &worker.counters();
+  state->budget = topology.limits.max_buffered_bytes;
   http::UpstreamCallbacks cb;
   cb.on_head = [state](int status, const std::vector<http::Header>&) { state->status = status; };
   cb.on_body = [state](std::string_view chunk) {
     if (!state->done) return;
-    if (state->answer.size() + chunk.size() > state->max_bytes) {
-      if (auto call = state->call.lock()) call->cancel();
-      state->answer = std::string();
-      state->finish(false, TokenizeResult::kTooLarge, {});
-      return;
+    if (state->answer.size() + chunk.size() > state->max_bytes) return state->abandon(TokenizeResult::kTooLarge);
+    // The answer is held in memory until it is whole: it takes its share of the budget every
+    // request body and buffered answer shares.
+    if (!state->counters->reserve_buffered(chunk.size(), state->budget)) {
+      return state->abandon(TokenizeResult::kMemoryBudget);
     }
+    state->reserved += chunk.size();
     state->answer.append(chunk);
   };
   cb.on_complete = [state] {
@@ -148,11 +215,19 @@ UpstreamPort::CallPtr start_tokenize(WorkerContext& worker, const proto::JsonObj
     const bool timeout = call && http::is_timeout(call->failure());
     state->finish(false, timeout ? TokenizeResult::kTimeout : TokenizeResult::kFailed, {});
   };
+  // Each step is bounded by the whole call's time too; the deadline below bounds their sum (a
+  // node answering a byte at a time never trips a per-read timeout).
   const http::UpstreamTimeouts timeouts{std::min(topology.timeouts.connect, config.tokenize_timeout),
                                         config.tokenize_timeout, config.tokenize_timeout};
+  node->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
+  state->node = std::move(node);
   UpstreamPort::CallPtr call =
-      worker.upstream().start(node->http_address, std::move(request), timeouts, std::move(cb));
+      worker.upstream().start(state->node->http_address, std::move(request), timeouts, std::move(cb));
   state->call = call;
+  std::weak_ptr<TokenizeCall> weak = state;
+  state->deadline.start(worker.timers(), config.tokenize_timeout, [weak] {
+    if (auto self = weak.lock()) self->abandon(TokenizeResult::kTimeout);
+  });
   return call;
 }
 

@@ -90,7 +90,7 @@ struct ProxyCounters {
     std::array<std::array<Counter, 2>, 2> requests{}, hits{}, matched_units{}, prompt_units{};
   } cache_routing;
   // Text prompts tokenized by a node for the cache lookup (cache_tokenize.h), by TokenizeResult.
-  std::array<Counter, 8> cache_tokenize{};
+  std::array<Counter, 9> cache_tokenize{};
   // Multi-turn KV reuse (multi_turn.h): turns that reused the last turn's decode KV, turns whose
   // conversation had no live entry, entries whose decode could not be paired, entries stored,
   // and turns that ended without usable kv_transfer_params from the decode.

@@ -14,9 +14,13 @@ Modes:
   "sse_crlf":              200 text/event-stream whose events end in "\r\n\r\n" (valid SSE):
                            one completion chunk, then waits for `release` (a threading.Event
                            the test sets), then a second one and "data: [DONE]".
+  "tokenize_trickle":      200 application/json, a valid vLLM /tokenize answer padded to
+                           `trickle_bytes` bytes, sent one byte every `interval` seconds (a node
+                           whose answer never trips a per-read timeout but takes seconds).
 
   node = FakeNode("sse_head_then_silence"); node.http_address -> "127.0.0.1:PORT"
   node.requests, node.closed: how many requests arrived / connections the peer closed.
+  node.received: (path, body bytes) of every request, in order of arrival.
   node.close()
 """
 import socket
@@ -25,9 +29,11 @@ import time
 
 
 class FakeNode:
-    def __init__(self, mode, interval=0.2):
+    def __init__(self, mode, interval=0.2, trickle_bytes=80):
         self.mode = mode
         self.interval = interval
+        self.trickle_bytes = trickle_bytes
+        self.received = []
         self.requests = 0
         self.closed = 0
         self.bytes_sent = 0
@@ -54,8 +60,7 @@ class FakeNode:
             t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
             t.start()
 
-    @staticmethod
-    def _read_request(conn):
+    def _read_request(self, conn):
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = conn.recv(65536)
@@ -73,6 +78,9 @@ class FakeNode:
             if not chunk:
                 return False
             body += chunk
+        path = head.split(b"\r\n", 1)[0].split(b" ")[1].decode()
+        with self._lock:
+            self.received.append((path, body[:length]))
         return True
 
     def _wait_closed(self, conn):
@@ -135,6 +143,19 @@ class FakeNode:
                 send_chunk(event % b"two")
                 send_chunk(b"data: [DONE]\r\n\r\n")
                 conn.sendall(b"0\r\n\r\n")
+                self._wait_closed(conn)
+            elif self.mode == "tokenize_trickle":
+                answer = b'{"count":1,"max_model_len":4096,"tokens":[1]}'
+                answer += b" " * max(0, self.trickle_bytes - len(answer))
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(answer))
+                for i in range(len(answer)):
+                    if self._stop.is_set():
+                        return
+                    conn.sendall(answer[i:i + 1])
+                    with self._lock:
+                        self.bytes_sent += 1
+                    time.sleep(self.interval)
                 self._wait_closed(conn)
             else:
                 raise ValueError(self.mode)

@@ -30,11 +30,12 @@ def served_prompts(node):
     return out
 
 
-def start_cache_cluster(test, cache_aware_options="", env=None):
+def start_cache_cluster(test, cache_aware_options="", env=None, extra_instances=()):
     """On `test`: a KV events publisher (test.pub) standing for prefill 1, 2 prefill and 2 decode
     NIXL sims (test.prefills, test.decodes) and a cache_aware router (test.router) subscribed to
     it; `cache_aware_options` is a flow map's content for policies.cache_aware; `env` holds
-    PDR_TEST_ADMIN_KEY (default this module's ENV)."""
+    PDR_TEST_ADMIN_KEY (default this module's ENV); `extra_instances`: more static instances,
+    each a flow map's content (`role: decode, http_address: "...", ...`)."""
     test.ctx = zmq.Context()
     test.addCleanup(test.ctx.destroy, 0)
     test.pub = Publisher(test.ctx)
@@ -49,6 +50,7 @@ def start_cache_cluster(test, cache_aware_options="", env=None):
         instances.append(f'  - {{role: prefill, http_address: "{node.http_address}", connector: nixl{extra}}}')
     for node in test.decodes:
         instances.append(f'  - {{role: decode, http_address: "{node.http_address}", connector: nixl}}')
+    instances += [f"  - {{{extra}}}" for extra in extra_instances]
     topology = ("admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\nkv_events:\n  enabled: true\n"
                 "policies:\n  prefill: cache_aware\n  decode: cache_aware\n"
                 + (f"  cache_aware: {{{cache_aware_options}}}\n" if cache_aware_options else "")

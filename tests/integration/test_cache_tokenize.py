@@ -4,13 +4,18 @@ two decodes), a fake vLLM KV events publisher for prefill 1 that announces the b
 token ids as the sims' /tokenize answers them (a vocabulary word's id is its index). With the KV
 events as the only signal, tokenize: node sends the text to the prefill holding it; tokenize: off
 cannot see it (the prefix tree knows nothing yet). A failing or slow /tokenize falls back to the
-prefix tree, counted; a client that goes away during the call cancels it."""
+prefix tree, counted; a client that goes away during the call cancels it. The call has a whole-call
+deadline (a node trickling its answer a byte at a time is cut at tokenize_timeout_ms), and the
+prompt goes only to a node labelled `serves: tokenize` or, without one, to a prefill the request
+could be paired with: a render node (`connector: none`) beside the fleet never sees it."""
 import json
 import socket
 import time
 import unittest
 
+from fake_node import FakeNode
 from pdrouter_fixture import TIME_SCALE
+from sim_fixture import SimNode
 from test_cache_aware import served_prompts, start_cache_cluster
 from test_kv_events import BLOCK, batch, stored_map
 
@@ -28,8 +33,13 @@ class CacheTokenizeBase:
     TOKENIZE = "node"
     TIMEOUT_MS = int(5000 * TIME_SCALE)
 
+    def extra_instances(self):
+        """Static instances beside the P/D fleet (flow map contents)."""
+        return ()
+
     def setUp(self):
-        start_cache_cluster(self, f"tokenize: {self.TOKENIZE}, tokenize_timeout_ms: {self.TIMEOUT_MS}", ENV)
+        start_cache_cluster(self, f"tokenize: {self.TOKENIZE}, tokenize_timeout_ms: {self.TIMEOUT_MS}", ENV,
+                            self.extra_instances())
         tokens = list(range(len(HELD_WORDS)))
         self.pub.publish(0, batch(stored_map([61, 62, 63, 64], None, tokens)))
         query = ",".join(str(t) for t in tokens)
@@ -121,6 +131,60 @@ class TokenizeTimeoutTest(CacheTokenizeBase, unittest.TestCase):
         self.post({"model": "sim-model", "prompt": self.prompt(0), "max_tokens": 2}, timeout=10 * TIME_SCALE)
         self.assertLess(time.monotonic() - started, 3.0 * TIME_SCALE)
         self.assertEqual(self.metric("pdrouter_cache_tokenize_total", result="timeout"), 1)
+
+
+class TokenizeTrickleTest(CacheTokenizeBase, unittest.TestCase):
+    """The node labelled for tokenisation answers /tokenize one byte every 100 ms (8 s in all):
+    no per-read timeout ever fires, the whole-call deadline does."""
+    TIMEOUT_MS = 1000
+
+    def extra_instances(self):
+        self.trickler = FakeNode("tokenize_trickle", interval=0.1, trickle_bytes=80)
+        self.addCleanup(self.trickler.close)
+        return [f'role: decode, http_address: "{self.trickler.http_address}", connector: none, '
+                'labels: {serves: tokenize}']
+
+    def test_a_trickling_tokenize_is_cut_at_the_whole_call_deadline(self):
+        sent = 0
+        while len(self.trickler.received) < 3 and sent < 40:
+            calls = len(self.trickler.received)
+            started = time.monotonic()
+            self.post({"model": "sim-model", "prompt": self.prompt(sent), "max_tokens": 2}, timeout=30 * TIME_SCALE)
+            took = time.monotonic() - started
+            sent += 1
+            if len(self.trickler.received) == calls:
+                continue
+            # The request waited for the trickling node up to the deadline, not beyond.
+            self.assertLess(took, self.TIMEOUT_MS / 1000 + 1.5 * TIME_SCALE, f"request {sent}")
+            self.assertGreaterEqual(took, 0.9 * self.TIMEOUT_MS / 1000, f"request {sent}")
+        # Every call went to the node labelled for it, and each fell back to the prefix tree.
+        self.assertEqual(sent, 3)
+        self.assertEqual([path for path, _ in self.trickler.received], ["/tokenize"] * 3)
+        self.assertEqual(self.metric("pdrouter_cache_tokenize_total", result="timeout"), 3)
+        self.assertEqual(self.metric("pdrouter_cache_routing_requests_total", leg="prefill", source="kv_events",
+                                     result="hit"), 0)
+
+
+class TokenizeEligibilityTest(CacheTokenizeBase, unittest.TestCase):
+    """A render node (`connector: none`, `serves: render`, never paired) beside the fleet, and no
+    node labelled for tokenisation: the prompts go to the prefills only."""
+
+    def extra_instances(self):
+        self.render = SimNode("--role", "decode", "--connector", "nixl")
+        self.addCleanup(self.render.stop)
+        return [f'role: decode, http_address: "{self.render.http_address}", connector: none, '
+                'labels: {serves: render}']
+
+    def test_only_a_prefill_the_request_may_pair_with_sees_the_prompt(self):
+        for i in range(20):
+            self.post({"model": "sim-model", "prompt": self.prompt(i), "max_tokens": 2})
+        self.assertEqual([r["path"] for r in self.render.sim_requests()["requests"]], [])
+        tokenized = {name: [json.loads(r["body"])["prompt"] for n in nodes for r in n.sim_requests()["requests"]
+                            if r["path"] == "/tokenize"]
+                     for name, nodes in (("prefills", self.prefills), ("decodes", self.decodes))}
+        self.assertEqual(len(tokenized["prefills"]), 20)
+        self.assertEqual(tokenized["decodes"], [])
+        self.assertEqual(self.metric("pdrouter_cache_tokenize_total", result="matched"), 20)
 
 
 class TokenizeOffTest(CacheTokenizeBase, unittest.TestCase):
