@@ -86,6 +86,10 @@ struct Generation {
   bool engine_done = false;
   bool remote_logged = false;
   std::optional<KvBlocks> pending_reuse;
+  // A completion or chat stream's token chunk but the last, around the token's JSON text
+  // (write_token), built on the first token: the same bytes sse_token_chunk() gives, without
+  // building a JSON object per token.
+  std::string chunk_head, chunk_tail;
 };
 
 struct TimerBox {
@@ -804,6 +808,21 @@ void SimServer::Impl::emit_due_tokens(Generation& g) {
 void SimServer::Impl::write_token(Generation& g) {
   const std::string finish_reason = g.stopped ? "stop" : "length";
   const bool last = g.next_token + 1 == g.tokens.size();
+  if (!last && (g.req.kind == ApiKind::kCompletion || g.req.kind == ApiKind::kChat)) {
+    if (g.chunk_head.empty()) {
+      // The token's text is the first string value of the chunk ("choices" sorts first), so the
+      // first occurrence of the marker is where each token goes.
+      const std::string marker = "\x01pdr-token\x01";
+      const std::string chunk = sse_token_chunk(g.req, g.response_id, g.created, marker, nullptr);
+      const std::string quoted = json(marker).dump();
+      const size_t at = chunk.find(quoted);
+      g.chunk_head = chunk.substr(0, at);
+      g.chunk_tail = chunk.substr(at + quoted.size());
+    }
+    g.writer.write(g.chunk_head + json(g.tokens[g.next_token]).dump() + g.chunk_tail);
+    ++g.next_token;
+    return;
+  }
   if (g.req.kind == ApiKind::kResponses) {
     g.writer.write(responses_delta_event(g.response_id, g.tokens[g.next_token], g.next_token));
   } else {
