@@ -85,6 +85,7 @@ struct Generation {
   bool in_engine = false;
   bool engine_done = false;
   bool remote_logged = false;
+  bool hold_handed_over = false;  // its engine blocks wait for the KV mover (release_blocks)
   std::optional<KvBlocks> pending_reuse;
   // A completion or chat stream's token chunk but the last, around the token's JSON text
   // (write_token), built on the first token: the same bytes sse_token_chunk() gives, without
@@ -121,6 +122,25 @@ struct SimServer::Impl {
   // Engine mode (options.engine): created by start(), stopped by stop() after the workers.
   std::unique_ptr<SimEngine> engine;
   // A modelled duration of `us` microseconds in wall-clock time (options.time_scale).
+  // Engine mode: P/D prefill legs whose finished request keeps its engine blocks until the KV
+  // mover says the decode has the KV (by transfer key; any thread).
+  std::mutex holds_mu;
+  std::unordered_map<std::string, std::vector<uint64_t>> holds;
+  void hold_blocks(const std::string& key, uint64_t seq) {
+    std::lock_guard<std::mutex> lock(holds_mu);
+    holds[key].push_back(seq);
+  }
+  void release_blocks(const std::string& key) {
+    std::vector<uint64_t> seqs;
+    {
+      std::lock_guard<std::mutex> lock(holds_mu);
+      auto it = holds.find(key);
+      if (it == holds.end()) return;
+      seqs = std::move(it->second);
+      holds.erase(it);
+    }
+    for (uint64_t seq : seqs) engine->cancel(seq);
+  }
   std::chrono::nanoseconds scaled_us(double us) const {
     return std::chrono::nanoseconds(static_cast<int64_t>(us * 1000.0 * options.time_scale));
   }
@@ -545,6 +565,8 @@ void SimServer::Impl::submit_to_engine(Generation& g, const json& body) {
   for (const std::string& token : g.tokens) {
     a.spec.outputs.push_back(static_cast<uint32_t>(generated_token_id(token)));
   }
+  // A prefill keeps its KV until the decode has read it, as vLLM's connectors delay freeing.
+  a.spec.hold_blocks_after_finish = g.kv.leg == KvLeg::kPrefill && !g.stopped;
   if (g.kv.leg == KvLeg::kDecode) {
     a.spec.remote_tokens = g.req.prompt_tokens;
   } else if (auto reuse = reuse_blocks_of(g)) {
@@ -841,13 +863,24 @@ void SimServer::Impl::finish(Generation& g) {
   json kv_params = nullptr;
   if (g.kv.leg == KvLeg::kPrefill && !g.stopped) {  // stopped by EOS: vLLM exports no KV
     // Seam: a finished prefill hands its blocks to the transfer layer.
+    const KvBlocks blocks = blocks_of(g);
+    const std::string& key = kv_transfer_key(blocks);
+    // Before the export: a decode may take the blocks (and the mover say so) before it returns.
+    if (g.in_engine) {
+      hold_blocks(key, g.seq);
+      g.hold_handed_over = true;
+    }
     std::vector<int64_t> block_ids;
-    if (auto e = mover->export_prefill_blocks(blocks_of(g), &block_ids)) {
+    if (auto e = mover->export_prefill_blocks(blocks, &block_ids)) {
       log.count_error(e->reason);
       pdr::log::warn("sim: exporting KV for {} failed: {}", g.request_id, e->message);
+      if (g.in_engine) release_blocks(key);
     } else {
       const std::string internal_id = internal_request_id(g.req.kind, g.request_id);
-      if (block_ids.empty()) block_ids = synthetic_block_ids(internal_id, g.req.prompt_tokens);
+      if (block_ids.empty()) {
+        if (g.in_engine) release_blocks(key);  // the mover holds nothing: nothing to wait for
+        block_ids = synthetic_block_ids(internal_id, g.req.prompt_tokens);
+      }
       kv_params = dialect->prefill_answer(options.node, g.kv, internal_id, block_ids);
     }
   } else if (options.bidirectional_kv_xfer && options.node.connector == proto::Connector::kNixl &&
@@ -909,7 +942,8 @@ void SimServer::Impl::erase(uint32_t worker, uint64_t seq) {
   std::unique_ptr<Generation> g = std::move(it->second);
   table.erase(it);
   if (g->counted_running) generations_running.fetch_sub(1, std::memory_order_relaxed);
-  if (g->in_engine && !g->engine_done) engine->cancel(seq);
+  // A finished request is gone from the engine already (a no-op), unless its blocks are held.
+  if (g->in_engine && !g->hold_handed_over) engine->cancel(seq);
   if (g->timer != nullptr) close_timer(std::exchange(g->timer, nullptr));
   if (g->kv_lease != 0) mover->end_decode(g->kv_lease);  // frees the decode's KV blocks
 }
@@ -944,6 +978,7 @@ Status SimServer::start() {
   }
   impl.in_flight.resize(std::max<uint32_t>(1, impl.options.workers));
   if (impl.options.engine) {
+    impl.mover->set_export_released([&impl](const std::string& key) { impl.release_blocks(key); });
     SimEngineOptions engine_options = *impl.options.engine;
     engine_options.ranks = impl.options.node.dp_size;
     engine_options.model = impl.options.model;

@@ -52,6 +52,7 @@ struct SimEngine::Impl {
     Clock::time_point last_token;
     bool any_token = false;
     uint32_t remote_tokens = 0;
+    bool hold = false;  // finished, its blocks kept until cancel()
     // Remote KV: both the real pull and the modelled transfer must end.
     bool loading = false;
     bool real_done = false;
@@ -151,6 +152,7 @@ void SimEngine::Impl::apply(Command& command, Clock::time_point now) {
     info.route = a.route;
     info.arrival = a.arrival;
     info.remote_tokens = a.spec.remote_tokens;
+    info.hold = a.spec.hold_blocks_after_finish;
     a.spec.id = a.key;
     if (!ranks[rank].scheduler->add(std::move(a.spec))) {
       // The server checks lengths first; a refusal here leaves the request without tokens, so
@@ -254,7 +256,7 @@ void SimEngine::Impl::end_step(uint32_t rank, Clock::time_point at) {
     if (it == requests.end()) continue;
     notices.push_back({.kind = EngineNotice::Kind::kToken, .key = t.id, .route = it->second.route,
                        .index = t.index, .finished = t.finished});
-    if (t.finished) requests.erase(it);
+    if (t.finished && !it->second.hold) requests.erase(it);  // a held one waits for cancel()
   }
   publish_events(rank);
 }

@@ -92,7 +92,9 @@ class SimEngine {
   void stop();  // idempotent; requests still in the engine are dropped without notices
 
   void submit(EngineArrival arrival);
-  // The request is gone (client closed, failed, answered): its blocks are freed at once.
+  // The request is gone (client closed, failed, answered), or a finished request that holds its
+  // blocks (EngineRequestSpec::hold_blocks_after_finish: a P/D prefill's KV until the decode read
+  // it) may let them go: its blocks are freed at once. Unknown keys are ignored.
   void cancel(uint64_t key);
   // The real pull of a request's remote KV (after its kLoadRemote) ended.
   void remote_kv_ready(uint64_t key, bool ok);

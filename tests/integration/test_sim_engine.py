@@ -175,6 +175,11 @@ class EngineQueueingTest(unittest.TestCase):
         self.assertEqual(sample(d, "vllm:prefix_cache_queries_total"), count * self.PROMPT)
         self.assertEqual(sample(d, "vllm:prefix_cache_hits_total"), 0)
         self.assertEqual(decode.kv_stats()["kv_transfers"], count)
+        # The prefill kept each prompt's blocks until the decode had read them, then let go.
+        deadline = time.monotonic() + 10 * TIME_SCALE
+        while sample(metrics(prefill), "vllm:kv_cache_usage_perc") != 0:
+            self.assertLess(time.monotonic(), deadline, "the prefill still holds KV blocks")
+            time.sleep(0.02)
 
 
 class EngineBehaviourTest(unittest.TestCase):
@@ -265,6 +270,28 @@ class EngineBehaviourTest(unittest.TestCase):
         cache = json.loads(body)
         self.assertEqual(cache["engine"], "vllm")
         self.assertGreaterEqual(cache["ranks"][0]["evicted_blocks"], len(removed))
+
+    def test_a_prefill_keeps_its_kv_blocks_until_the_decode_reads_them_or_they_expire(self):
+        # 64 blocks of 16 tokens; nobody pulls, so the mover reaps the export after 300 ms.
+        node = self.start("--connector", "nixl", "--kv-backends", "tcp", "--kv-port", "0",
+                          "--kv-hold-ms", str(int(300 * TIME_SCALE)), "--num-gpu-blocks-override", "65",
+                          "--max-model-len", "1024", "--time-scale", "0.05")
+        status, body = node.post_json("/v1/completions", {
+            "prompt": words(1, 160), "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False,
+                                   "remote_engine_id": None, "remote_block_ids": None,
+                                   "remote_host": None, "remote_port": None}})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(len(body["kv_transfer_params"]["remote_block_ids"]), 10)
+        # Answered, yet its 10 blocks are still in use (vLLM's connectors delay freeing them).
+        m = metrics(node)
+        self.assertEqual(sample(m, "vllm:kv_cache_usage_perc"), 10 / 64)
+        self.assertEqual(sample(m, "vllm:num_requests_running"), 0)
+        deadline = time.monotonic() + 10 * TIME_SCALE
+        while sample(metrics(node), "vllm:kv_cache_usage_perc") != 0:
+            self.assertLess(time.monotonic(), deadline, "the expired export still holds blocks")
+            time.sleep(0.05)
+        self.assertEqual(node.kv_stats()["kv_blocks_reaped"], 10)
 
     def test_prompts_longer_than_max_model_len_get_vllms_400(self):
         node = self.start("--max-model-len", "64")
