@@ -67,7 +67,9 @@
 // rank (node/sim_engine/engine_driver.h) times every generation instead: the request joins its
 // rank's scheduler, each token goes out at the end of the engine step that sampled it, a decode
 // leg's KV import starts once its rank has blocks for the prompt (and ends with the modelled
-// transfer time too), a prefill leg reusing the last turn's KV pulls it likewise. GET /metrics then
+// transfer time too), a prefill leg reusing the last turn's KV pulls it likewise, and a prefill
+// leg's blocks stay in use after its answer until the KV mover reports the decode read them (or
+// the export expired: KvMover::set_export_released). GET /metrics then
 // answers the engine's vLLM families (node/sim_engine/engine_metrics.h), GET /sim/prefix_cache the
 // engine's caches, POST /reset_prefix_cache resets them, and the KV events publisher announces the
 // engine's blocks. The per-token prefix caches are not used.
