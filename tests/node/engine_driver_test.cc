@@ -138,9 +138,10 @@ TEST_F(EngineFixture, StepsTakeTheirModelledTimeScaled) {
   ASSERT_TRUE(rec.wait([](const auto& n) { return finished(n, 1); }));
   const std::vector<Clock::time_point> times = rec.token_times();
   ASSERT_EQ(times.size(), 11u);
-  // 11 steps of about 7.5 ms each, doubled: never faster than the model.
+  // 11 steps of at least 7.5 ms each, doubled: the engine never runs ahead of its model. (Gaps
+  // between single tokens may be shorter: a late wake-up is made up by the next steps.)
   EXPECT_GE(times.back() - t0, 11 * 15ms);
-  EXPECT_GE(times.back() - times.front(), 10 * 15ms);
+  EXPECT_LT(times.back() - t0, 11 * 15ms + 1s * test::time_scale());
 }
 
 TEST_F(EngineFixture, RemoteKvWaitsForTheRealPullAndTheModelledTransfer) {
