@@ -879,6 +879,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     if (!forced) {
       const proto::KvParamsEdit edit = proto::redact_kv_params_events(out, continues_event, &redacted);
       if (edit == proto::KvParamsEdit::kRefused) {
+        s.partial_flushed = continues_event;  // none of `out` went out
         refuse_kv_params();
         return;
       }
@@ -988,10 +989,7 @@ void ProxySession::on_decode_complete() {
   s.decode_call.reset();
   const int status = s.decode_status;
   if (status >= 200 && status < 300) {
-    if (s.multi_turn) {
-      if (!s.sse) s.multi_turn->on_decode_json(s.decode_body);
-      s.multi_turn->on_done(*s.pair.decode, *s.topo, s.w.shared().conversations, s.w.counters());
-    }
+    if (s.multi_turn && !s.sse) s.multi_turn->on_decode_json(s.decode_body);
     // The decode's kv_transfer_params (read by multi_turn above) never reach the client.
     std::string redacted;
     const proto::KvParamsEdit edit = s.sse ? proto::redact_kv_params_events(s.sse_tail, s.partial_flushed, &redacted)
@@ -1001,6 +999,7 @@ void ProxySession::on_decode_complete() {
       return;
     }
     if (edit == proto::KvParamsEdit::kRedacted) (s.sse ? s.sse_tail : s.decode_body) = std::move(redacted);
+    if (s.multi_turn) s.multi_turn->on_done(*s.pair.decode, *s.topo, s.w.shared().conversations, s.w.counters());
     if (s.sse) {
       if (!s.stream_started && !start_client_stream()) return;
       if (!s.sse_tail.empty()) s.writer.write(s.sse_tail);
