@@ -71,8 +71,10 @@ size_t event_end(std::string_view bytes, size_t pos) {
 }
 
 // The value of a "data" field line (SSE: "data" alone, or "data:" and the value with one
-// leading space dropped); false for any other line.
+// leading space dropped); false for any other line. A UTF-8 byte order mark before it is
+// skipped (SSE readers drop one at the start of a stream).
 bool data_value(std::string_view line, std::string_view* value) {
+  if (line.starts_with("\xEF\xBB\xBF")) line.remove_prefix(3);
   if (!line.starts_with("data")) return false;
   if (line.size() == 4) {
     *value = {};

@@ -105,6 +105,10 @@ TEST(AnswerKvParams, NamedEventsCrLfAndSplitDataLinesKeepTheirShape) {
   const std::string split = with_params("id: 7\ndata: {\"id\":\"c1\",\ndata:\"kv_transfer_params\":\ndata: ", "}\n\n");
   ASSERT_EQ(redact_kv_params_events(split, false, &out), KvParamsEdit::kRedacted);
   EXPECT_EQ(out, "id: 7\ndata: {\"id\":\"c1\",\ndata: \"kv_transfer_params\":\ndata: null}\n\n");
+  // A byte order mark before the data line (SSE readers drop one at the stream's start).
+  ASSERT_EQ(redact_kv_params_events(with_params("\xEF\xBB\xBF" "data: {\"kv_transfer_params\":", "}\n\n"), false, &out),
+            KvParamsEdit::kRedacted);
+  EXPECT_EQ(out, "data: {\"kv_transfer_params\":null}\n\n");
   // The stream's last event without its blank line (the stream ended there).
   ASSERT_EQ(redact_kv_params_events(with_params("data: {\"kv_transfer_params\":", "}"), false, &out),
             KvParamsEdit::kRedacted);
