@@ -194,6 +194,19 @@ struct Topology {
     std::chrono::milliseconds ttl{450'000};
     uint32_t max_entries = 100'000;
     uint32_t max_bytes = 64u << 20;  // of cached kv_transfer_params and keys
+    // Whose entry a turn may use (router/proxy/conversation_binding.h): each entry belongs to a
+    // digest of the client's Authorization header (kAuthorization), of the value of the header
+    // `bind_header` (kHeader: a tenant header a gateway in front sets), or to nobody (kNone: one
+    // shared namespace of conversation ids, for single-tenant deployments). A request without
+    // that credential has the anonymous binding, shared by all such requests.
+    enum class BindTo : uint8_t { kAuthorization, kHeader, kNone };
+    BindTo bind_to = BindTo::kAuthorization;
+    std::string bind_header;      // kHeader: the header's name, lower case
+    bool allow_anonymous = true;  // false: requests with the anonymous binding get no reuse
+    // HMAC-SHA256 key of the binding digests ("" = plain SHA-256). Replicas sharing entries
+    // through etcd must all use the same one.
+    std::string binding_secret;      // resolved secret
+    std::string binding_secret_env;  // source: environment variable name
   } multi_turn;
   // Endpoints that are not P/D (router/proxy/one_node_relay.h; which node serves what is the
   // node's `serves` label).

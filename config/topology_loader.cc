@@ -335,6 +335,33 @@ Status read_multi_turn(const Source& src, const Field& f, Topology::MultiTurn* o
   r.ms("ttl_ms", 1000, kDayMs, &out->ttl);
   r.u32("max_entries", 1, 1u << 24, &out->max_entries);
   r.u32("max_bytes", 1u << 16, 1u << 31, &out->max_bytes);
+  r.with("bind_to", [&](const Field& v) {
+    std::string text;
+    Status s = read_string(src, v, 256, &text);
+    if (!s) return s;
+    using BindTo = Topology::MultiTurn::BindTo;
+    if (text == "authorization" || text == "none") {
+      out->bind_to = text == "none" ? BindTo::kNone : BindTo::kAuthorization;
+      out->bind_header.clear();
+      return s;
+    }
+    const std::string_view name = std::string_view(text).substr(std::min<size_t>(text.size(), 7));
+    if (!text.starts_with("header:") || name.empty() || !is_http_token(name)) {
+      return fail(src, v, StatusCode::kInvalidValue,
+                  fmt::format("expected authorization, header:<header name> or none, got {}", quoted_excerpt(text)));
+    }
+    out->bind_to = BindTo::kHeader;
+    out->bind_header.clear();
+    for (char c : name) out->bind_header += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    return s;
+  });
+  r.boolean("allow_anonymous", &out->allow_anonymous);
+  read_env_secret(src, r, "binding_secret_env", &out->binding_secret_env, &out->binding_secret);
+  if (r.ok() && out->bind_to == Topology::MultiTurn::BindTo::kNone && !out->allow_anonymous) {
+    const Field* at = r.take("allow_anonymous");
+    r.record(fail(src, at ? *at : f, StatusCode::kInvalidValue,
+                  "allow_anonymous: false with bind_to: none leaves no request multi-turn reuse"));
+  }
   return r.finish();
 }
 

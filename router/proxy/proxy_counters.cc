@@ -205,7 +205,9 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
   const auto& mt = c.multi_turn;
   for (const auto& [result, counter] : {std::pair<const char*, const ProxyCounters::Counter*>{"reused", &mt.reused},
                                         {"no_entry", &mt.no_entry},
-                                        {"decode_unavailable", &mt.decode_unavailable}}) {
+                                        {"decode_unavailable", &mt.decode_unavailable},
+                                        {"binding_mismatch", &mt.binding_mismatch},
+                                        {"anonymous", &mt.anonymous}}) {
     out.counter("pdrouter_multi_turn_turns_total",
                 "Requests with a conversation_id (multi_turn.enabled), by whether they reused the last turn's "
                 "decode KV",

@@ -101,6 +101,9 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
   if (!affinity_header.empty()) {
     admitted.affinity_header_value = std::string(request.header(affinity_header).value_or(std::string_view()));
   }
+  if (const auto& mt = w.topology()->multi_turn; mt.enabled && mt.bind_to == config::Topology::MultiTurn::BindTo::kHeader) {
+    admitted.bind_header_value = std::string(request.header(mt.bind_header).value_or(std::string_view()));
+  }
   ProxySession::start(w, std::move(admitted), std::move(writer));
 }
 

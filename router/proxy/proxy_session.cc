@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "proto/answer_kv_params.h"
 #include "proto/dialects/dialect.h"
 #include "proto/generate_request.h"
 #include "proto/json_splice.h"
@@ -326,8 +327,9 @@ void ProxySession::begin() {
     end(RequestState::kFailed);
     return;
   }
-  if (auto refusal = MultiTurnRequest::begin(body, *s.topo, s.choices == 1, s.w.shared().conversations,
-                                             s.w.counters(), &s.multi_turn)) {
+  if (auto refusal = MultiTurnRequest::begin(body, *s.topo, s.choices == 1, s.req.authorization,
+                                             s.req.bind_header_value, s.w.shared().conversations, s.w.counters(),
+                                             &s.multi_turn)) {
     s.w.counters().refuse(Refusal::kBadParameter);
     s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
     end(RequestState::kFailed);
@@ -843,6 +845,8 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     if (s.multi_turn) s.multi_turn->on_decode_bytes(chunk);
     std::string_view out = chunk;
     size_t from_tail = 0;  // bytes of sse_tail in `out`, dropped from it once written
+    const bool continues_event = s.partial_flushed;  // the last write ended inside an event
+    bool forced = false;
     if (!s.stream_started || !s.sse_tail.empty() || chunk.size() < 2 || chunk.substr(chunk.size() - 2) != "\n\n") {
       s.sse_tail.append(chunk);
       size_t cut = s.sse_scan.scan(s.sse_tail);
@@ -851,15 +855,35 @@ void ProxySession::on_decode_body(std::string_view chunk) {
         if (!first_event && s.sse_tail.size() < kMaxPartialEvent) return;  // head still held
         if (!start_client_stream()) return;
       }
-      const bool forced = cut == 0;
+      forced = cut == 0;
       if (forced && s.sse_tail.size() < kMaxPartialEvent) return;
-      if (forced) cut = s.sse_tail.size();
+      if (forced) {
+        // One event goes out in parts. Node-internal kv_transfer_params can only be removed
+        // from a whole event, so an event carrying them is refused; the last bytes are held
+        // back, so a key cut here is seen whole in the next part's check.
+        if (proto::carries_kv_params(s.sse_tail)) {
+          refuse_kv_params();
+          return;
+        }
+        cut = s.sse_tail.size() - (proto::kKvParamsKeyBytes - 1);
+      }
       s.partial_flushed = forced;
       from_tail = cut;
       out = std::string_view(s.sse_tail).substr(0, cut);  // the writer copies it (no scratch copy)
     } else {
       s.sse_scan.at_boundary();
       s.partial_flushed = false;
+    }
+    // The decode's kv_transfer_params never reach the client (multi_turn read them above).
+    std::string redacted;
+    if (!forced) {
+      const proto::KvParamsEdit edit = proto::redact_kv_params_events(out, continues_event, &redacted);
+      if (edit == proto::KvParamsEdit::kRefused) {
+        s.partial_flushed = continues_event;  // none of `out` went out
+        refuse_kv_params();
+        return;
+      }
+      if (edit == proto::KvParamsEdit::kRedacted) out = redacted;
     }
     const bool written = s.writer.write(out);
     if (s.responses) s.responses->observe(out);
@@ -965,10 +989,17 @@ void ProxySession::on_decode_complete() {
   s.decode_call.reset();
   const int status = s.decode_status;
   if (status >= 200 && status < 300) {
-    if (s.multi_turn) {
-      if (!s.sse) s.multi_turn->on_decode_json(s.decode_body);
-      s.multi_turn->on_done(*s.pair.decode, *s.topo, s.w.shared().conversations, s.w.counters());
+    if (s.multi_turn && !s.sse) s.multi_turn->on_decode_json(s.decode_body);
+    // The decode's kv_transfer_params (read by multi_turn above) never reach the client.
+    std::string redacted;
+    const proto::KvParamsEdit edit = s.sse ? proto::redact_kv_params_events(s.sse_tail, s.partial_flushed, &redacted)
+                                           : proto::redact_kv_params_json(s.decode_body, &redacted);
+    if (edit == proto::KvParamsEdit::kRefused) {
+      refuse_kv_params();
+      return;
     }
+    if (edit == proto::KvParamsEdit::kRedacted) (s.sse ? s.sse_tail : s.decode_body) = std::move(redacted);
+    if (s.multi_turn) s.multi_turn->on_done(*s.pair.decode, *s.topo, s.w.shared().conversations, s.w.counters());
     if (s.sse) {
       if (!s.stream_started && !start_client_stream()) return;
       if (!s.sse_tail.empty()) s.writer.write(s.sse_tail);
@@ -996,6 +1027,16 @@ void ProxySession::on_decode_complete() {
   }
   decode_failed(cause, "decode " + s.pair.decode->key + " answered " + std::to_string(status) + ": " +
                            excerpt(s.decode_body));
+}
+
+void ProxySession::refuse_kv_params() {
+  State& s = *s_;
+  leg_ended(Leg::kDecode);
+  s.w.counters().leg_failed(Leg::kDecode, LegFailure::kBadResponse);
+  fail(502,
+       "decode " + s.pair.decode->key + " answered kv_transfer_params that could not be removed from the answer "
+       "(not valid JSON, or in an event of over " + std::to_string(kMaxPartialEvent) + " bytes)",
+       "decode_failed");
 }
 
 void ProxySession::decode_failed(LegFailure cause, std::string detail) {

@@ -76,6 +76,7 @@ struct AdmittedRequest {
   std::string body;
   std::string authorization;  // client's Authorization header, "" if none
   std::string affinity_header_value;
+  std::string bind_header_value;  // multi_turn.bind_to header:<name>: that header's value
   // Bytes of limits.max_buffered_bytes reserved for `body` by ProxyService (ProxyCounters::
   // reserve_buffered); the session gives them back when it is destroyed.
   size_t budget_bytes = 0;
@@ -123,6 +124,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void on_write_stalled();
   void on_decode_body(std::string_view chunk);
   void on_decode_complete();
+  // The decode's answer carries kv_transfer_params that cannot be removed from it
+  // (proto/answer_kv_params.h): the answer fails (502, or an error event mid-stream).
+  void refuse_kv_params();
   void on_client_gone();
   void count_connection(const UpstreamPort::Call* call);
   // The leg attempt's latency (ProxyCounters::leg_duration), once per attempt: its answer is

@@ -778,6 +778,39 @@ TEST(TopologyParse, MultiTurn) {
   EXPECT_THAT(s.message(), HasSubstr("did you mean 'enabled'"));
 }
 
+TEST(TopologyParse, MultiTurnBindsEntriesToTheClientsCredential) {
+  using BindTo = Topology::MultiTurn::BindTo;
+  Topology t;
+  EXPECT_EQ(t.multi_turn.bind_to, BindTo::kAuthorization);
+  EXPECT_TRUE(t.multi_turn.allow_anonymous);
+  EXPECT_EQ(t.multi_turn.binding_secret, "");
+  ScopedEnv secret("PDR_TEST_BINDING_SECRET", "s3cret");
+  Status s = parse("multi_turn: {bind_to: 'header:X-Tenant-Id', allow_anonymous: false, "
+                   "binding_secret_env: PDR_TEST_BINDING_SECRET}\n",
+                   &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.multi_turn.bind_to, BindTo::kHeader);
+  EXPECT_EQ(t.multi_turn.bind_header, "x-tenant-id");
+  EXPECT_FALSE(t.multi_turn.allow_anonymous);
+  EXPECT_EQ(t.multi_turn.binding_secret, "s3cret");
+  EXPECT_EQ(t.multi_turn.binding_secret_env, "PDR_TEST_BINDING_SECRET");
+  ASSERT_TRUE(parse("multi_turn: {bind_to: none}\n", &t).is_ok());
+  EXPECT_EQ(t.multi_turn.bind_to, BindTo::kNone);
+  ASSERT_TRUE(parse("multi_turn: {bind_to: authorization}\n", &t).is_ok());
+  EXPECT_EQ(t.multi_turn.bind_to, BindTo::kAuthorization);
+  for (const char* bad : {"multi_turn: {bind_to: header}\n", "multi_turn: {bind_to: 'header:'}\n",
+                          "multi_turn: {bind_to: 'header:x tenant'}\n", "multi_turn: {bind_to: address}\n",
+                          "multi_turn: {bind_to: none, allow_anonymous: false}\n",
+                          "multi_turn: {binding_secret_env: PDR_TEST_NOT_SET_ANYWHERE}\n"}) {
+    Topology untouched;
+    s = parse(bad, &untouched);
+    EXPECT_FALSE(s.is_ok()) << bad;
+    EXPECT_EQ(untouched.multi_turn.bind_to, BindTo::kAuthorization) << bad;
+  }
+  s = parse("multi_turn: {bind_to: 'header:x tenant'}\n", &t);
+  EXPECT_THAT(s.message(), HasSubstr("header:<header name>"));
+}
+
 TEST(TopologyParse, CacheAwarePolicyAndItsThresholds) {
   Topology t;
   Status s = parse(
