@@ -56,6 +56,7 @@ struct SimFlags {
   std::string kv_events_endpoint;         // tcp://HOST:PORT to bind; "" publishes nothing
   std::string kv_events_replay_endpoint;  // tcp://HOST:PORT to bind; "" no replay socket
   std::string kv_events_encoding = "map";
+  std::string kv_events_replay_layout = "topic";  // topic (vLLM >= 0.26) or no-topic
   bool bidirectional_kv_xfer = false;
   std::string log_level = "info";
 };
