@@ -1,8 +1,9 @@
 // KvEventsSubscriber: the thread that subscribes to every node's vLLM KV cache events publisher
 // and feeds a BlockIndex (block_index.h). Wire facts: shared/API_FACTS.md section 2.
 //
-// Which nodes: it follows the registry (the SnapshotCell the discovery thread publishes), looking
-// for a new snapshot every `registry_poll`. A node that is not expired and has a
+// Which nodes: it follows the registry (the SnapshotCell the discovery thread publishes), taking
+// each new snapshot within `registry_poll` (at once when it sees the cell's version move between
+// two messages). A node that is not expired and has a
 // kv_events_endpoint (or, failing that, `default_port` on its HTTP host) gets one ZMQ SUB socket
 // per DP rank, rank r connected to port + r (vLLM offsets each rank's publisher so), subscribed to
 // the `topic` prefix. On a new snapshot:
