@@ -171,6 +171,17 @@ struct Topology {
     std::optional<uint16_t> default_port;
     std::string topic;  // subscription prefix ("" = every topic), <= 256 bytes
     uint32_t max_index_entries = 4'000'000;  // BlockIndex budget, (node rank, block) entries
+    // Allowance per node over all its DP ranks, live and replayed: batches beyond either rate are
+    // discarded undecoded and that DP rank's entries dropped (pdrouter_kv_events_rate_limited_total);
+    // no batch larger than max_node_bytes_per_sec is accepted at all. 1..10,000,000 and
+    // 65,536..1,073,741,824.
+    uint32_t max_node_batches_per_sec = 10'000;
+    uint32_t max_node_bytes_per_sec = 8u << 20;
+    // DP ranks of one node subscribed to (a larger dp_size: ranks 0..N-1 only, the rest counted in
+    // pdrouter_kv_events_ranks_over_cap_total), 1..1024; SUB sockets over every node, 1..1,000,000
+    // (and at most a quarter of the open-file limit at 4 descriptors each).
+    uint32_t max_ranks_per_node = 64;
+    uint32_t max_subscriptions = 1024;
   } kv_events;
 
   // Conditional disaggregation (router/proxy/decode_alone.h): a request is sent to its decode

@@ -318,6 +318,10 @@ Status read_kv_events(const Source& src, const Field& f, Topology::KvEvents* out
   });
   r.str("topic", 256, &out->topic);
   r.u32("max_index_entries", 1, 1u << 30, &out->max_index_entries);
+  r.u32("max_node_batches_per_sec", 1, 10'000'000, &out->max_node_batches_per_sec);
+  r.u32("max_node_bytes_per_sec", 1u << 16, 1u << 30, &out->max_node_bytes_per_sec);
+  r.u32("max_ranks_per_node", 1, 1024, &out->max_ranks_per_node);
+  r.u32("max_subscriptions", 1, 1'000'000, &out->max_subscriptions);
   return r.finish();
 }
 

@@ -105,6 +105,9 @@ FlagError parse_bind_endpoint(const char* flag, const std::string& text, std::st
 // The publisher the flags ask for, or none.
 FlagError build_kv_events(const SimFlags& f, const sim::SimOptions& options,
                           std::optional<sim::SimKvEventsPublisherOptions>* out) {
+  if (f.kv_events_replay_layout != "topic" && f.kv_events_replay_layout != "no-topic") {
+    return "--kv-events-replay-layout '" + f.kv_events_replay_layout + "': expected topic or no-topic";
+  }
   if (f.kv_events_endpoint.empty()) {
     if (!f.kv_events_replay_endpoint.empty()) {
       return "--kv-events-replay-endpoint needs --kv-events-endpoint";
@@ -130,6 +133,7 @@ FlagError build_kv_events(const SimFlags& f, const sim::SimOptions& options,
     }
     p.replay_port = port;
   }
+  p.replay_with_topic = f.kv_events_replay_layout == "topic";
   p.ranks = options.node.dp_size;
   *out = p;
   return "";
@@ -431,6 +435,11 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   cmd->add_option("--kv-events-encoding", f->kv_events_encoding,
                   "Event encoding: map (vLLM >= 0.26, tagged by \"type\") or array (older vLLM).")
       ->capture_default_str()->type_name("map|array");
+  cmd->add_option("--kv-events-replay-layout", f->kv_events_replay_layout,
+                  "Frames of the replay socket's answers: topic = [topic, seq, payload] like live "
+                  "messages, end marker [\"\", END, \"\"] (vLLM >= 0.26); no-topic = [seq, "
+                  "payload], end marker [END, \"\"] (older vLLM, SGLang). END is seq -1.")
+      ->capture_default_str()->type_name("topic|no-topic");
   cmd->add_flag("--bidirectional-kv-xfer", f->bidirectional_kv_xfer,
                 "NIXL (vLLM's kv_connector_extra_config.bidirectional_kv_xfer, on both roles): a "
                 "decode ends each answer with kv_transfer_params for the conversation's next turn "

@@ -243,13 +243,17 @@ int run(Process& p) {
     return 1;
   }
   if (topology.kv_events.enabled) {
-    // The subscription list follows the registry; topic, default port and the index budget are
-    // read once here (restart_required_changes lists a reload that changes them).
+    // The subscription list follows the registry; topic, default port, the index budget and the
+    // per-node bounds are read once here (restart_required_changes lists a reload that changes them).
     p.block_index = std::make_unique<router::cache::BlockIndex>(topology.kv_events.max_index_entries);
     p.kv_events = std::make_unique<router::cache::KvEventsSubscriber>(p.registry, *p.block_index);
     router::cache::KvEventsSubscriberOptions kv_options;
     kv_options.topic = topology.kv_events.topic;
     kv_options.default_port = topology.kv_events.default_port;
+    kv_options.max_node_batches_per_sec = topology.kv_events.max_node_batches_per_sec;
+    kv_options.max_node_bytes_per_sec = topology.kv_events.max_node_bytes_per_sec;
+    kv_options.max_ranks_per_node = topology.kv_events.max_ranks_per_node;
+    kv_options.max_subscriptions = topology.kv_events.max_subscriptions;
     if (Status kst = p.kv_events->start(kv_options); !kst.is_ok()) {
       pdr::log::critical("{}", kst.message());
       p.discovery.stop();

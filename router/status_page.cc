@@ -80,6 +80,7 @@ nlohmann::json instances_json(const discovery::RegistrySnapshot& snapshot, Clock
 nlohmann::json kv_events_json(const cache::KvEventsNodeStats& s) {
   return {{"endpoint", s.endpoint},
           {"replay_endpoint", s.replay_endpoint.empty() ? nlohmann::json() : nlohmann::json(s.replay_endpoint)},
+          {"wanted_ranks", s.wanted_ranks},
           {"subscribed_ranks", s.subscribed_ranks},
           {"ranks_seen", s.ranks_seen},
           {"blocks_indexed", s.blocks_indexed},
@@ -91,7 +92,9 @@ nlohmann::json kv_events_json(const cache::KvEventsNodeStats& s) {
           {"decode_errors", s.decode_errors},
           {"bad_messages", s.bad_messages},
           {"publisher_restarts", s.publisher_restarts},
-          {"node_restarts", s.node_restarts}};
+          {"node_restarts", s.node_restarts},
+          {"rate_limited", s.rate_limited},
+          {"ranks_over_cap", s.ranks_over_cap}};
 }
 
 // Adds each instance's "kv_events" object (null for a node not subscribed to).

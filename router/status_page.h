@@ -62,8 +62,9 @@ struct StatusContext {
 //  restarts, kv_events_endpoint, kv_events_replay_endpoint, kv_events}]}
 // kv_events_endpoint / kv_events_replay_endpoint: what the node (or operator) named, "tcp://..."
 // or null. kv_events (present only with kv_events.enabled; null for a node not subscribed to):
-// {endpoint, replay_endpoint, subscribed_ranks, ranks_seen, blocks_indexed, batches, events, gaps,
-// replays, replay_failures, decode_errors, bad_messages, publisher_restarts, node_restarts}.
+// {endpoint, replay_endpoint, wanted_ranks, subscribed_ranks, ranks_seen, blocks_indexed, batches,
+// events, gaps, replays, replay_failures, decode_errors, bad_messages, publisher_restarts,
+// node_restarts, rate_limited, ranks_over_cap}.
 // `dialect` is the KV connector dialect ("moriio", "p2p-nccl", ...); registration_format is the
 // wire shape the node registered with. Times are relative to `now` (steady clock);
 // last_seen_ms_ago is null for an instance never heard from (static, no heartbeat yet) and

@@ -305,6 +305,10 @@ TEST(TopologyParse, KvEventsSectionAndInstanceEndpoints) {
   EXPECT_FALSE(defaults.kv_events.default_port.has_value());
   EXPECT_EQ(defaults.kv_events.topic, "");
   EXPECT_EQ(defaults.kv_events.max_index_entries, 4'000'000u);
+  EXPECT_EQ(defaults.kv_events.max_node_batches_per_sec, 10'000u);
+  EXPECT_EQ(defaults.kv_events.max_node_bytes_per_sec, 8u << 20);
+  EXPECT_EQ(defaults.kv_events.max_ranks_per_node, 64u);
+  EXPECT_EQ(defaults.kv_events.max_subscriptions, 1024u);
 
   Topology t;
   Status s = parse(R"(
@@ -313,6 +317,10 @@ kv_events:
   default_port: 5557
   topic: "kv@"
   max_index_entries: 1000
+  max_node_batches_per_sec: 500
+  max_node_bytes_per_sec: 1048576
+  max_ranks_per_node: 8
+  max_subscriptions: 256
 instances:
   - role: decode
     http_address: "127.0.10.4:8400"
@@ -325,6 +333,10 @@ instances:
   EXPECT_EQ(t.kv_events.default_port, std::optional<uint16_t>(5557));
   EXPECT_EQ(t.kv_events.topic, "kv@");
   EXPECT_EQ(t.kv_events.max_index_entries, 1000u);
+  EXPECT_EQ(t.kv_events.max_node_batches_per_sec, 500u);
+  EXPECT_EQ(t.kv_events.max_node_bytes_per_sec, 1048576u);
+  EXPECT_EQ(t.kv_events.max_ranks_per_node, 8u);
+  EXPECT_EQ(t.kv_events.max_subscriptions, 256u);
   ASSERT_EQ(t.static_instances.size(), 1u);
   EXPECT_EQ(t.static_instances[0].kv_events_endpoint, (proto::HostPort{"127.0.10.4", 5557}));
   EXPECT_EQ(t.static_instances[0].kv_events_replay_endpoint, (proto::HostPort{"::1", 5600}));
@@ -341,6 +353,14 @@ instances:
               HasSubstr("kv_events.default_port: 0 is out of range (1..65535)"));
   EXPECT_THAT(error_of("kv_events:\n  max_index_entries: 0\n", StatusCode::kOutOfRange),
               HasSubstr("kv_events.max_index_entries: 0 is out of range"));
+  for (const char* bad : {"max_node_batches_per_sec: 0", "max_node_batches_per_sec: 10000001",
+                          "max_node_bytes_per_sec: 65535", "max_node_bytes_per_sec: 1073741825",
+                          "max_ranks_per_node: 0", "max_ranks_per_node: 1025", "max_subscriptions: 0",
+                          "max_subscriptions: 1000001"}) {
+    const std::string key(bad, std::string_view(bad).find(':'));
+    EXPECT_THAT(error_of(std::string("kv_events:\n  ") + bad + "\n", StatusCode::kOutOfRange),
+                HasSubstr("kv_events." + key + ": ")) << bad;
+  }
   EXPECT_THAT(error_of("kv_events:\n  enable: true\n", StatusCode::kInvalidValue),
               HasSubstr("unknown key 'enable' in kv_events (did you mean 'enabled'?)"));
 }
@@ -733,11 +753,19 @@ TEST(RestartRequiredChanges, ListsListenersAndWorkersOnly) {
   b.kv_events.default_port = 5557;
   b.kv_events.topic = "kv@";
   b.kv_events.max_index_entries = 10;
+  b.kv_events.max_node_batches_per_sec = 5;
+  b.kv_events.max_node_bytes_per_sec = 65536;
+  b.kv_events.max_ranks_per_node = 2;
+  b.kv_events.max_subscriptions = 3;
   EXPECT_THAT(restart_required_changes(a, b),
               ::testing::ElementsAre("kv_events.enabled: false -> true",
                                      "kv_events.default_port: (unset) -> 5557",
                                      "kv_events.topic: '' -> 'kv@'",
-                                     "kv_events.max_index_entries: 4000000 -> 10"));
+                                     "kv_events.max_index_entries: 4000000 -> 10",
+                                     "kv_events.max_node_batches_per_sec: 10000 -> 5",
+                                     "kv_events.max_node_bytes_per_sec: 8388608 -> 65536",
+                                     "kv_events.max_ranks_per_node: 64 -> 2",
+                                     "kv_events.max_subscriptions: 1024 -> 3"));
   b = a;
   b.policies.cache_aware.prefix_tree_max_bytes = 1 << 20;
   b.policies.cache_aware.min_match_percent = 80;  // applies live
