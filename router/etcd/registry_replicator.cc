@@ -15,6 +15,7 @@
 
 #include "proto/discovery_message.h"
 #include "proto/etcd_conversation.h"
+#include "proto/etcd_registry_entry.h"
 #include "router/etcd/conversation_mirror.h"
 
 namespace pdr::router {
@@ -27,6 +28,14 @@ using discovery::Clock;
 using discovery::Instance;
 using discovery::InstanceSource;
 using discovery::InstanceState;
+
+discovery::ReplicaOrigin replica_origin(const Instance& inst) {
+  switch (inst.source) {
+    case InstanceSource::kRegistered: return {inst.admission, false};
+    case InstanceSource::kReplica: return {inst.admission, inst.replica_of_operator_entry};
+    default: return {config::AdmissionClass::kOpen, true};  // static, admin (Kubernetes: not published)
+  }
+}
 
 proto::Registration replica_registration(const Instance& inst) {
   proto::Registration reg;
@@ -64,25 +73,36 @@ namespace {
 struct RemoteEntry {
   int64_t mod_revision = 0;
   proto::Registration reg;
+  discovery::ReplicaOrigin origin;
 };
 // node key -> replica id -> its entry
 using RemoteMap = std::map<std::string, std::map<std::string, RemoteEntry>>;
 
-// The newest of the replicas' entries for one node, or none.
-std::optional<proto::Registration> effective(const RemoteMap& remote, const std::string& node) {
+// Rank of an origin for the weaker-sender rule: the admission classes in order, the operator's
+// entries above them all.
+int rank(const discovery::ReplicaOrigin& o) {
+  return o.operator_entry ? static_cast<int>(config::kAdmissionClasses) : static_cast<int>(o.admission);
+}
+
+// Of the replicas' entries for one node, the one from the strongest sender (a weaker sender on
+// another replica must not win by writing last), the newest among equals; or none.
+std::optional<RemoteEntry> effective(const RemoteMap& remote, const std::string& node) {
   auto it = remote.find(node);
   if (it == remote.end() || it->second.empty()) return std::nullopt;
   const RemoteEntry* best = nullptr;
   for (const auto& [replica, entry] : it->second) {
-    if (best == nullptr || entry.mod_revision > best->mod_revision) best = &entry;
+    if (best == nullptr || rank(entry.origin) > rank(best->origin) ||
+        (rank(entry.origin) == rank(best->origin) && entry.mod_revision > best->mod_revision)) {
+      best = &entry;
+    }
   }
-  return best->reg;
+  return *best;
 }
 
-// A change for the registry: upsert (reg set) or remove.
+// A change for the registry: upsert (entry set) or remove.
 struct Change {
   std::string node;
-  std::optional<proto::Registration> reg;
+  std::optional<RemoteEntry> entry;
 };
 
 }  // namespace
@@ -172,9 +192,10 @@ class RegistryReplicator::Impl {
           }
           continue;
         }
-        proto::Registration reg;
-        if (!decode_value(kv.value, &reg)) continue;
-        fresh[node][replica] = RemoteEntry{kv.mod_revision, std::move(reg)};
+        RemoteEntry entry;
+        if (!decode_value(kv.value, &entry)) continue;
+        entry.mod_revision = kv.mod_revision;
+        fresh[node][replica] = std::move(entry);
       }
       std::vector<Change> changes;
       for (const auto& [node, replicas] : remote_) {
@@ -384,14 +405,14 @@ class RegistryReplicator::Impl {
 
   // --- the other replicas' entries ---
 
-  bool decode_value(const std::string& value, proto::Registration* out) {
-    proto::DiscoveryMessage message;
-    const Status st = proto::decode_discovery_message(proto::as_bytes(value), proto::DecodeLimits{}, &message);
-    if (!st || message.kind != proto::DiscoveryMessage::Kind::kRegistration) {
+  bool decode_value(const std::string& value, RemoteEntry* out) {
+    proto::EtcdRegistryEntry entry;
+    if (!proto::decode_etcd_registry_entry(proto::as_bytes(value), proto::DecodeLimits{}, &entry)) {
       status_.bad_entries.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
-    *out = std::move(message.registration);
+    out->reg = std::move(entry.registration);
+    out->origin = discovery::parse_replica_origin(entry.admission);
     return true;
   }
 
@@ -411,9 +432,10 @@ class RegistryReplicator::Impl {
         it->second.erase(replica);
         if (it->second.empty()) remote_.erase(it);
       } else {
-        proto::Registration reg;
-        if (!decode_value(e.kv.value, &reg)) continue;
-        remote_[node][replica] = RemoteEntry{e.kv.mod_revision, std::move(reg)};
+        RemoteEntry entry;
+        if (!decode_value(e.kv.value, &entry)) continue;
+        entry.mod_revision = e.kv.mod_revision;
+        remote_[node][replica] = std::move(entry);
       }
       changes.push_back({node, effective(remote_, node)});
     }
@@ -426,8 +448,8 @@ class RegistryReplicator::Impl {
     owner_.discovery_.post([changes = std::move(changes)](discovery::Registry& registry) {
       const auto now = Clock::now();
       for (const Change& c : changes) {
-        if (c.reg) {
-          (void)registry.upsert_replica(*c.reg, now);
+        if (c.entry) {
+          (void)registry.upsert_replica(c.entry->reg, c.entry->origin, now);
         } else {
           (void)registry.remove_replica(c.node);
         }
@@ -451,7 +473,8 @@ class RegistryReplicator::Impl {
           inst->state == InstanceState::kExpired) {
         continue;
       }
-      desired.emplace(inst->key, proto::encode_registration(replica_registration(*inst)));
+      desired.emplace(inst->key, proto::encode_etcd_registry_entry(replica_registration(*inst),
+                                                                   discovery::to_string(replica_origin(*inst))));
     }
     const uint64_t gen = generation_;
     for (auto& [node, value] : desired) {

@@ -3,6 +3,7 @@
 // Each replica publishes what it alone learnt (its local entries: registered on its discovery
 // socket, static, admin; not the ones it learnt from other replicas) under
 //   <prefix>nodes/<replica_id>/<node key>   value: the entry as a pdrouter registration (msgpack)
+//                                           plus its admission class (proto/etcd_registry_entry.h)
 // attached to one etcd lease of this replica (TTL lease_ttl). It writes ON CHANGE only: a
 // heartbeat that changes nothing of what /status or routing reads does not publish a registry
 // snapshot, so it writes nothing; liveness stays local (lease keepalives, one per lease_ttl / 3
@@ -11,8 +12,10 @@
 // It watches <prefix>nodes/ (from the revision of a full range, so nothing is missed) and merges
 // the other replicas' entries into the registry as InstanceSource::kReplica entries
 // (Registry::upsert_replica / remove_replica, posted to the discovery thread like admin
-// changes). When two replicas publish the same node, the newest write wins. A deleted key or an
-// expired lease (a dead replica) removes the entry.
+// changes), with the class each was admitted with on its replica: the weaker-sender rule holds
+// across replicas. When two replicas publish the same node, the entry of the stronger sender
+// wins, then the newest write. A deleted key or an expired lease (a dead replica) removes the
+// entry.
 //
 // At most kMaxReplicatorInFlight (256) puts and deletes are in flight at once; what does not
 // fit waits for the next scan. A lease found gone (a keepalive answering TTL 0, or a put
@@ -128,8 +131,11 @@ class RegistryReplicator {
 };
 
 // The registration a replica publishes for one of its entries (pdrouter format, no load, drain
-// flag = node or operator drain) and its etcd key.
+// flag = node or operator drain), published with replica_origin() (proto/etcd_registry_entry.h),
+// and its etcd key.
 proto::Registration replica_registration(const discovery::Instance& inst);
+// How the entry's node proved who it is here: its admission class, or the operator's entry.
+discovery::ReplicaOrigin replica_origin(const discovery::Instance& inst);
 std::string replica_key(const std::string& prefix, const std::string& replica_id, const std::string& node_key);
 // Splits a key under <prefix>nodes/ into replica id and node key; false for anything else.
 bool parse_replica_key(const std::string& prefix, std::string_view key, std::string* replica_id,
