@@ -146,6 +146,8 @@ nlohmann::json registry_backend_json(const StatusContext::RegistryBackend& b) {
           {"replica_id", b.replica_id},
           {"replica_entries", b.replica_entries},
           {"last_error", b.last_error},
+          {"bad_entries", b.bad_entries},
+          {"last_bad_entry", b.last_bad_entry},
           {"conversation_entries",
            {{"local", b.conversation_entries_local}, {"mirrored", b.conversation_entries_mirrored}}}};
 }

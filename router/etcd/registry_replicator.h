@@ -24,10 +24,16 @@
 // entry again, instead of retrying on the dead lease forever.
 //
 // etcd unreachable (a failed keepalive, a watch that ends, a failed write): the registry keeps
-// its last view plus what this replica learns itself; status() says so; every retry_interval the
-// replicator tries again and, once etcd answers, resyncs: new lease if the old one is gone,
-// full range (entries that vanished meanwhile are removed), watch from that revision, every
-// local entry written again.
+// its last view plus what this replica learns itself; status() says so; the replicator tries
+// again after retry_interval, doubling up to max_retry_interval while the failures go on, and,
+// once etcd answers, resyncs: new lease if the old one is gone, full range (read in pages at one
+// revision; entries that vanished meanwhile are removed), watch from that revision, every local
+// entry written again.
+//
+// Bad data is not unreachability: a key-value under <prefix>nodes/ whose key or value is over
+// its limit, not base64, or not a registry entry is skipped and counted (bad_entries,
+// last_bad_entry()); an entry another replica held under that key is dropped, as etcd no
+// longer holds it. Nothing any writer stores there can stop replication.
 //
 // Multi-turn entries (mirror_conversations(); conversation_mirror.h): the same thread writes the
 // entries of this replica under <prefix>conversations/ (each on a lease that covers multi_turn's
@@ -68,7 +74,10 @@ struct RegistryReplicatorOptions {
   std::string prefix = "/pdrouter/";
   std::string replica_id;  // unique per running replica
   std::chrono::seconds lease_ttl{10};
+  // After a failure the replicator tries again after retry_interval, doubling with each failure
+  // in a row up to max_retry_interval, and back to retry_interval once in sync.
   std::chrono::milliseconds retry_interval{500};
+  std::chrono::milliseconds max_retry_interval{8000};
   // How often the registry snapshot is checked for changes to publish.
   std::chrono::milliseconds scan_interval{50};
 };
@@ -82,7 +91,11 @@ struct ReplicatorStatus {
   std::atomic<uint64_t> watch_events{0};
   std::atomic<uint64_t> resyncs{0};        // full range + watch restarts
   std::atomic<uint64_t> failures{0};       // calls that failed (etcd unreachable or refusing)
-  std::atomic<uint64_t> bad_entries{0};    // values or keys under the prefix that do not decode
+  // Key-values under <prefix>nodes/ refused one by one (a key or value over its limit, not
+  // base64, not a registry entry): data someone wrote to etcd, never a reason to call etcd
+  // unreachable; the rest of the range or watch answer is read as usual.
+  std::atomic<uint64_t> bad_entries{0};
+  std::atomic<uint64_t> retry_delay_ms{0};  // the wait before the next retry while out of sync (gauge)
   std::atomic<uint64_t> replica_entries{0};  // entries learnt from other replicas (gauge)
   std::atomic<uint64_t> in_flight{0};        // puts and deletes sent, not yet answered (gauge;
                                              // registry entries and conversations together)
@@ -120,6 +133,8 @@ class RegistryReplicator {
   const ReplicatorStatus& status() const { return status_; }
   const RegistryReplicatorOptions& options() const { return options_; }
   std::string last_error() const;
+  // Why the latest bad entry was refused, with its key ("" if none so far).
+  std::string last_bad_entry() const;
 
  private:
   class Impl;

@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 #include <msgpack.hpp>
 
+#include <fstream>
+#include <iterator>
+#include <string>
+
 #include "proto/etcd_registry_entry.h"
 
 namespace pdr::proto {
@@ -83,6 +87,19 @@ TEST(EtcdRegistryEntry, RefusesWhatIsNotARegistrationOrABadClassField) {
                                          &entry)
                   .is_ok());
   EXPECT_EQ(entry.admission, "token");
+}
+
+// The fuzzer's seed (tests/fuzz/make_corpus.py "etcd_registry_entry") is such a value.
+TEST(EtcdRegistryEntry, TheSeedCorpusValueDecodes) {
+  std::ifstream f(std::string(PDR_SOURCE_DIR) + "/tests/fuzz/corpus/discovery_message/etcd_registry_entry.msgpack",
+                  std::ios::binary);
+  ASSERT_TRUE(f);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EtcdRegistryEntry entry;
+  ASSERT_TRUE(decode_etcd_registry_entry(as_bytes(bytes), DecodeLimits{}, &entry).is_ok());
+  EXPECT_EQ(entry.admission, "curve");
+  EXPECT_EQ(entry.registration.http_address.to_string(), "127.0.10.9:8000");
+  EXPECT_EQ(entry.registration.connector, Connector::kNixl);
 }
 
 }  // namespace

@@ -41,10 +41,11 @@ class EtcdClientTest : public ::testing::Test {
     EXPECT_EQ(uv_loop_close(&loop_), 0);
   }
 
-  std::unique_ptr<EtcdClient> make_client(uint16_t port) {
+  std::unique_ptr<EtcdClient> make_client(uint16_t port, int64_t range_page_limit = 256) {
     EtcdClientOptions options;
     options.endpoints.push_back({"127.0.0.1", port});
     options.timeout = std::chrono::milliseconds(1000);
+    options.range_page_limit = range_page_limit;
     return std::make_unique<EtcdClient>(&loop_, options);
   }
 
@@ -96,6 +97,25 @@ TEST_F(EtcdClientTest, PutRangeAndDeleteUnderAPrefix) {
   EXPECT_TRUE(deleted->is_ok());
   EXPECT_EQ(range("pdr/").kvs.size(), 1u);
   EXPECT_EQ(client_->stats().puts, 3u);
+}
+
+// A range is read in pages (etcd's limit), all at the first page's revision, and a value over
+// the codec's limit is refused alone: the range still succeeds with every other key.
+TEST_F(EtcdClientTest, RangesArePagedAtOneRevisionAndAnOversizedValueIsRefusedAlone) {
+  for (char c = 'a'; c <= 'e'; ++c) ASSERT_TRUE(put(std::string("pdr/") + c, std::string(1, c)).is_ok());
+  // 1.2 MiB: over pdrouter's 1 MiB value limit, under etcd's default 1.5 MiB request limit.
+  ASSERT_TRUE(put("pdr/big", std::string(1200 * 1024, 'x')).is_ok());
+  client_ = make_client(etcd_.client_port(), /*range_page_limit=*/2);
+  const std::optional<proto::EtcdRangeAnswer> result = range("pdr/");
+  std::vector<std::string> keys;
+  for (const auto& kv : result->kvs) keys.push_back(kv.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"pdr/a", "pdr/b", "pdr/big", "pdr/c", "pdr/d", "pdr/e"}));
+  EXPECT_EQ(result->kvs[2].value, "");
+  EXPECT_EQ(result->kvs[2].refused, "etcd answer: value over 1048576 bytes");
+  EXPECT_EQ(result->kvs[1].value, "b");
+  EXPECT_FALSE(result->more);
+  EXPECT_EQ(client_->stats().range_pages, 3u);
+  EXPECT_EQ(client_->stats().failures, 0u);
 }
 
 TEST_F(EtcdClientTest, LeaseGrantKeepaliveRevokeAndExpiry) {
