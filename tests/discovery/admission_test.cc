@@ -152,6 +152,16 @@ std::vector<std::string> zap_request(std::string domain, std::string address, st
   return frames;
 }
 
+// Handshakes libzmq fails before it asks the ZAP handler, read from the sockets' monitors.
+TEST(ZapPolicy, HandshakeFailuresBeforeZapCountAsRefusals) {
+  EXPECT_EQ(handshake_failure_refusal(ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH), HandshakeRefusal::kWrongMechanism);
+  EXPECT_EQ(handshake_failure_refusal(ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC), HandshakeRefusal::kWrongServerKey);
+  EXPECT_EQ(handshake_failure_refusal(ZMQ_PROTOCOL_ERROR_ZMTP_MALFORMED_COMMAND_HELLO), HandshakeRefusal::kProtocolError);
+  EXPECT_EQ(handshake_failure_refusal(0), HandshakeRefusal::kProtocolError);
+  EXPECT_EQ(to_string(HandshakeRefusal::kWrongServerKey), "wrong_server_key");
+  EXPECT_EQ(to_string(HandshakeRefusal::kProtocolError), "protocol_error");
+}
+
 TEST(ZapPolicy, PlainEndpointAdmitsByAddress) {
   ZapPolicy policy;
   policy.allowed_peers.cidrs = {cidr("127.0.0.7/32")};
