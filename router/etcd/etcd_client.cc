@@ -91,20 +91,20 @@ void EtcdClient::send(std::string path, std::string body, BodyFn done) {
   auto shared_done = std::make_shared<BodyFn>(std::move(done));
   http::UpstreamCallbacks callbacks;
   callbacks.on_head = [state](int status, const std::vector<http::Header>&) { state->status = status; };
-  callbacks.on_body = [state](std::string_view chunk) {
-    if (state->body.size() + chunk.size() > proto::kMaxEtcdAnswerBytes) {
+  const size_t max_answer = std::min(options_.max_answer_bytes, proto::kMaxEtcdAnswerBytes);
+  callbacks.on_body = [state, max_answer](std::string_view chunk) {
+    if (state->body.size() + chunk.size() > max_answer) {
       state->over = true;
       return;
     }
     state->body.append(chunk);
   };
-  callbacks.on_complete = [this, alive, state, shared_done] {
+  callbacks.on_complete = [this, alive, state, shared_done, max_answer] {
     if (!*alive) return;
     if (state->over) {
       ++stats_.failures;
       ++stats_.bad_answers;
-      (*shared_done)(Status(StatusCode::kTooLarge, "etcd answer over " +
-                                                       std::to_string(proto::kMaxEtcdAnswerBytes) + " bytes"),
+      (*shared_done)(Status(StatusCode::kTooLarge, "etcd answer over " + std::to_string(max_answer) + " bytes"),
                      state->status, {});
       return;
     }
@@ -227,7 +227,8 @@ void EtcdClient::range_page(std::shared_ptr<RangeState> state) {
            if (!page.kvs.empty()) {
              proto::EtcdKeyValue& kv = result.kvs.emplace_back(std::move(page.kvs.front()));
              kv.value.clear();
-             kv.refused = "etcd answer: key-value over " + std::to_string(proto::kMaxEtcdAnswerBytes) + " bytes";
+             kv.refused = "etcd answer: key-value over " +
+                          std::to_string(std::min(options_.max_answer_bytes, proto::kMaxEtcdAnswerBytes)) + " bytes";
            }
          } else {
            for (auto& kv : page.kvs) result.kvs.push_back(std::move(kv));

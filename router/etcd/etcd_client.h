@@ -50,6 +50,8 @@ struct EtcdClientOptions {
   std::shared_ptr<const http::TlsClientContext> tls;  // null: plain HTTP
   // range_prefix() reads at most this many key-values per call (etcd's `limit`), page after page.
   int64_t range_page_limit = 256;
+  // A unary answer over this is refused (kTooLarge); at most proto::kMaxEtcdAnswerBytes.
+  size_t max_answer_bytes = proto::kMaxEtcdAnswerBytes;
 };
 
 // Counters since construction (loop thread).
@@ -81,7 +83,7 @@ class EtcdClient {
   void delete_key(const std::string& key, AnswerFn done);
   // Every key starting with `prefix`, read in pages of at most options.range_page_limit
   // key-values, all at the first page's revision (one consistent view; `done` gets them together,
-  // with that revision and more = false). A page whose answer is over proto::kMaxEtcdAnswerBytes is
+  // with that revision and more = false). A page whose answer is over options.max_answer_bytes is
   // asked again with half the limit; a single key-value over it alone is skipped, its key read
   // with keys_only and handed back refused (EtcdKeyValue::refused), so no stored value can make
   // the range fail. Keys and values the codec refuses come back refused or counted in `skipped`
