@@ -10,6 +10,15 @@ std::vector<std::string> topology_warnings(const Topology& topology) {
         "matched on the KV events' block index, which stays empty, so tokenize does nothing; "
         "enable kv_events or set tokenize: off");
   }
+  const Topology::Kubernetes& k8s = topology.kubernetes;
+  if (k8s.enabled && !k8s.api_server_tls && !k8s.token_file.empty()) {
+    out.push_back(
+        "kubernetes.api_server is " + k8s.api_server_url + " (http://) and kubernetes.token_file is '" +
+        k8s.token_file +
+        "': the token (by default the pod's service-account token) is sent in clear on every call to the "
+        "API server; use https:// (with kubernetes.ca_file), or token_file: \"\" when a local kubectl proxy "
+        "adds the credentials");
+  }
   return out;
 }
 

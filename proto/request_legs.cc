@@ -241,6 +241,8 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
   plan.transfer_mode = p.transfer_mode;
   plan.concurrent = dialect->concurrent;
   plan.decode_needs_prefill_params = dialect->decode_needs_prefill_params;
+  plan.prefill_host = p.http_address.host;
+  plan.decode_host = d.http_address.host;
   out->prefill.body = *client;  // shares the client's bytes; the dialect adds its edits
   out->decode.body = *client;
   plan.tokens_in = tokens_in;
@@ -297,7 +299,7 @@ Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
     return Status(StatusCode::kMissingKey, "prefill response kv_transfer_params is empty");
   }
   // In place: the dialect leaves the body unchanged when it fails (dialect.h).
-  Status st = plan.dialect->finish_decode(*raw, params, limits, &decode->body);
+  Status st = plan.dialect->finish_decode(plan, *raw, params, limits, &decode->body);
   if (st.is_ok() && plan.tokens_in) st = mirror_generate_kv_params(limits, &decode->body);
   return st;
 }

@@ -113,6 +113,10 @@ struct LegPlan {
   // Serial dialects whose decode body must be completed from the prefill response with
   // finish_decode_leg() before sending (NIXL, MoRIIO READ). P2P-NCCL is serial but false here.
   bool decode_needs_prefill_params = false;
+  // The hosts of the pair's http_address: what the prefill's answer may name as its own side
+  // channel (Dialect::finish_decode checks it against them).
+  std::string prefill_host;
+  std::string decode_host;
   std::string request_id;   // X-Request-Id on both legs
   std::string transfer_id;  // MoRIIO "tx-<uuid>", Mooncake "xfer-<request id>"; else empty
   std::optional<uint64_t> bootstrap_room;  // SGLang
@@ -138,7 +142,8 @@ Status build_legs(const ClientRequest& request, const LegInstance& prefill,
 
 // Completes the decode body from the prefill's JSON response (serial dialects with
 // decode_needs_prefill_params: Dialect::finish_decode). NIXL: copies the response's top-level
-// kv_transfer_params bytes verbatim into the decode body. MoRIIO READ: copies remote_engine_id,
+// kv_transfer_params bytes verbatim into the decode body, once its remote_host names the prefill
+// itself (kRejected otherwise, see proto/dialects/nixl.cc). MoRIIO READ: copies remote_engine_id,
 // remote_block_ids, transfer_id and tp_size (if present) from it into the decode's
 // kv_transfer_params.
 // Errors leave *decode unchanged:
@@ -148,6 +153,8 @@ Status build_legs(const ClientRequest& request, const LegInstance& prefill,
 //                   and lets it recompute; for MoRIIO READ that would hang, so fail/retry)
 //   kWrongType      kv_transfer_params is not an object
 //   kMissingKey     MoRIIO READ: remote_block_ids or remote_engine_id missing
+//   kRejected       NIXL: remote_host is not the prefill's registered host (nor loopback with
+//                   both nodes on one host); kWrongType: remote_host is not a string
 // For other dialects it does nothing and returns OK.
 Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
                          std::string_view prefill_response_json,

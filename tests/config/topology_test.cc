@@ -913,6 +913,28 @@ TEST(TopologyWarnings, TokenizeByNodeWithoutKvEvents) {
   EXPECT_TRUE(topology_warnings(t).empty());
 }
 
+// The Kubernetes API server's bearer token must not travel in clear: warned about, not refused
+// (a kubectl proxy on loopback is http:// and needs no token).
+TEST(TopologyWarnings, KubernetesTokenOverPlainHttp) {
+  Topology t;
+  ASSERT_TRUE(parse("kubernetes: {enabled: true, api_server: \"http://127.0.0.1:8001\", namespace: ns}\n", &t).is_ok());
+  auto warnings = topology_warnings(t);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("kubernetes.api_server is http://127.0.0.1:8001 (http://)"));
+  EXPECT_THAT(warnings[0], HasSubstr("/var/run/secrets/kubernetes.io/serviceaccount/token"));
+  EXPECT_THAT(warnings[0], HasSubstr("sent in clear"));
+  // No token sent, https, or discovery off: nothing to warn about.
+  ASSERT_TRUE(parse("kubernetes: {enabled: true, api_server: \"http://127.0.0.1:8001\", namespace: ns, "
+                    "token_file: \"\"}\n",
+                    &t)
+                  .is_ok());
+  EXPECT_TRUE(topology_warnings(t).empty());
+  ASSERT_TRUE(parse("kubernetes: {enabled: true, api_server: \"https://127.0.0.1:6443\", namespace: ns}\n", &t).is_ok());
+  EXPECT_TRUE(topology_warnings(t).empty());
+  ASSERT_TRUE(parse("kubernetes: {enabled: false, api_server: \"http://127.0.0.1:8001\", namespace: ns}\n", &t).is_ok());
+  EXPECT_TRUE(topology_warnings(t).empty());
+}
+
 TEST(TopologyParse, AdminListenerAndProtectStatus) {
   Topology t;
   ASSERT_TRUE(parse("admin: {}\n", &t).is_ok());
