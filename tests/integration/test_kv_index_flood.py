@@ -161,7 +161,13 @@ instances:
                                  timeout=10)
         longest = {p.name: round(p.longest(), 3) for p in probes}
         stop_probes()
-        figures = (f"{total} crafted blocks in {len(payloads)} batches; indexed={indexed} after "
+        try:
+            metrics = self.router.metrics()
+            kv = {k.removeprefix("pdrouter_kv_events_"): v for k, v in metrics.items()
+                  if k.startswith("pdrouter_kv_events_") and v}
+        except OSError as e:
+            kv = repr(e)
+        figures = (f"{total} crafted blocks in {len(payloads)} batches; kv_events metrics {kv}; indexed={indexed} after "
                    f"{applied_s:.2f} s; longest probe per kind (s): {longest}; probes done: "
                    f"{ {p.name: len(p.latencies) for p in probes} }")
         print(figures)
