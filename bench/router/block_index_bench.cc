@@ -11,8 +11,7 @@
 // During 2 and 3 (and the fill of 1) a reader thread runs longest_prefix in a loop, as the HTTP
 // workers do, and the longest single lookup is reported: how long routing can stall behind the
 // writer. `--smoke` runs tiny sizes (CTest) and fails only if the index ends in a wrong state.
-// Figures and machine: the header comment of router/cache/block_index.h and the README's
-// kv_events section quote them.
+// Method, machine and figures: bench/router/BLOCK_INDEX_RESULTS.md.
 #include <malloc.h>
 #include <time.h>
 #include <unistd.h>

@@ -23,7 +23,7 @@
 // (glibc malloc, chunk headers included): a 64-byte node and ~11 bytes of buckets in its holder's
 // map, and when no other holder has the block a 48-byte node and ~11 bytes of buckets in
 // holders_of_ (shared blocks share those: about 120 bytes an entry when two nodes hold the same
-// blocks). bench/router/block_index_bench.cc measures it.
+// blocks). Measured by bench/router/block_index_bench.cc (bench/router/BLOCK_INDEX_RESULTS.md).
 //
 // Threading: thread-safe. Writers (apply, drop_node, drop_rank: the subscriber thread) run one
 // at a time and take the exclusive lock in slices; lookups (longest_prefix on any HTTP worker)
@@ -33,7 +33,7 @@
 // A node chooses its engine block hashes, and steers the router hashes through its token ids:
 //   - both maps hash keys with a per-process secret key (SipHash-2-4, base/keyed_hash.h): no
 //     choice of keys piles them into one bucket, so each insert costs O(1) expected (keyed by the
-//     plain value, ~170k crafted hashes took minutes of the exclusive lock);
+//     plain value, 172,933 crafted hashes held the exclusive lock for over a minute);
 //   - each map is split 64 ways (sharded_hash_map.h): growing a bucket array relinks one shard,
 //     never the whole map;
 //   - a batch is applied in slices: per exclusive-lock hold at most kSliceBlocks block
@@ -46,10 +46,10 @@
 //   - a dropped holder (drop_node, drop_rank) disappears from lookups and node_stats in one short
 //     hold, then its entries are erased in slices of kSliceBlocks and its emptied tables freed
 //     with no lock held.
-// So a lookup waits for at most the lookups ahead of it and one slice: on the 2-core development
-// machine, under a load average of 13, the longest hold measured was 11 ms of CPU time (one
-// slice of 4,096 stores into a 1M-entry index), 6.5 ms for the crafted hashes, 8 ms while
-// dropping a 1M-entry node (bench/router/block_index_bench.cc prints these figures).
+// So a lookup waits for at most the lookups ahead of it and one slice, whatever the node sends:
+// on the 2-core development machine under a load average of 10 to 14, the longest hold was
+// 11.4 ms of CPU time (4,096 stores into a 1M-entry index), 5.3 ms for the crafted hashes and
+// 7.6 ms while dropping a 1M-entry node (bench/router/BLOCK_INDEX_RESULTS.md).
 #pragma once
 
 #include <cstddef>
