@@ -30,19 +30,33 @@ inline void sip_round(uint64_t& v0, uint64_t& v1, uint64_t& v2, uint64_t& v3) {
   v2 = rotl(v2, 32);
 }
 
-SipKey draw_key() {
-  unsigned char bytes[16];
+// 16 bytes from the kernel: getrandom(2), or /dev/urandom where a seccomp filter or an old
+// kernel refuses the system call (ENOSYS).
+bool kernel_random(unsigned char* out, size_t size) {
   size_t have = 0;
-  while (have < sizeof bytes) {
+  while (have < size) {
     // Blocks only until the kernel's pool is first initialised (early boot), never afterwards.
-    const ssize_t n = getrandom(bytes + have, sizeof bytes - have, 0);
+    const ssize_t n = getrandom(out + have, size - have, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
-      std::fprintf(stderr, "pdrouter: getrandom failed (%s): no secret for the keyed hash\n",
-                   std::strerror(errno));
-      std::abort();
+      break;
     }
     have += static_cast<size_t>(n);
+  }
+  if (have == size) return true;
+  std::FILE* f = std::fopen("/dev/urandom", "rb");
+  if (f == nullptr) return false;
+  const bool ok = std::fread(out, 1, size, f) == size;
+  std::fclose(f);
+  return ok;
+}
+
+SipKey draw_key() {
+  unsigned char bytes[16];
+  if (!kernel_random(bytes, sizeof bytes)) {
+    std::fprintf(stderr, "pdrouter: no random bytes from getrandom or /dev/urandom (%s): no secret for the keyed hash\n",
+                 std::strerror(errno));
+    std::abort();
   }
   SipKey key;
   std::memcpy(&key.k0, bytes, 8);

@@ -26,8 +26,9 @@ struct SipKey {
 // message of length 8) under `key`.
 uint64_t siphash24_u64(uint64_t value, const SipKey& key) noexcept;
 
-// This process's secret: 16 bytes from getrandom(2), drawn on the first call. Aborts the process
-// if the kernel cannot supply them (no silent fallback to a guessable key).
+// This process's secret: 16 bytes from getrandom(2) (or /dev/urandom), drawn on the first call.
+// Aborts the process if the kernel supplies neither (no silent fallback to a guessable key); an
+// owner may call it at start-up so that happens before any traffic.
 const SipKey& process_hash_key();
 
 // The hasher for std::unordered_map<uint64_t, ...> (and sets) keyed by untrusted 64-bit values.

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "base/keyed_hash.h"
 #include "router/policies/policy.h"
 
 namespace pdr::router::cache {
@@ -43,7 +44,9 @@ std::vector<RouterHash> chain_hashes(std::span<const uint32_t> tokens, uint32_t 
   return out;
 }
 
-BlockIndex::BlockIndex(size_t max_entries) : max_entries_(max_entries == 0 ? 1 : max_entries) {}
+BlockIndex::BlockIndex(size_t max_entries) : max_entries_(max_entries == 0 ? 1 : max_entries) {
+  process_hash_key();  // drawn now, at start-up, rather than on the first event
+}
 
 BlockIndex::~BlockIndex() = default;
 
