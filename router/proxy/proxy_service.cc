@@ -95,9 +95,9 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
   AdmittedRequest admitted;
   admitted.budget_bytes = request.body.size();
   admitted.arrived_at = request.head_at;
+  admitted.authorization = client_authorization(request);  // Anthropic's x-api-key too (client_api.h)
   admitted.path = std::move(request.path);
   admitted.body = std::move(request.body);
-  admitted.authorization = client_authorization(request);  // Anthropic's x-api-key too (client_api.h)
   const std::string& affinity_header = w.topology()->policies.affinity_header;
   if (!affinity_header.empty()) {
     admitted.affinity_header_value = std::string(request.header(affinity_header).value_or(std::string_view()));
