@@ -9,8 +9,10 @@
 // chat, and a non-streamed answer carries the engine's at its top level (dropped when null). So
 // the dialects build the legs exactly as for chat: the prefill gets max_tokens 1 and stream false
 // (the field names are chat's), the decode the client's body plus the dialect's parameters, and
-// MoRIIO's decode decrement reads max_tokens as on chat. A streamed answer carries no
-// kv_transfer_params (vLLM's stream converter does not write them).
+// MoRIIO's decode decrement reads max_tokens as on chat. A client's max_completion_tokens (no
+// field of this API; vLLM ignores it) is dropped from both legs, so that no dialect edits it in
+// place of max_tokens. A streamed answer carries no kv_transfer_params (vLLM's stream converter
+// does not write them).
 //
 // pdrouter's own refusals and failures on these paths are Anthropic's error shape
 // ({"type":"error","error":{"type":...,"message":...}}, one error type per HTTP status, as

@@ -225,12 +225,12 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
       if (Status st = check_generate_request(*client, options.limits, &checked_here); !st) return st;
       generate = &checked_here;
     }
+  } else if (messages) {  // its one cap is max_tokens (proto/anthropic_messages.h)
+    if (Status st = check_messages_request(*client); !st) return st;
   } else if (Status st = check_token_fields(*client); !st) {
     return st;
   } else if (responses) {
     if (Status st = check_responses_fields(*client); !st) return st;
-  } else if (messages) {
-    if (Status st = check_messages_request(*client); !st) return st;
   }
   const Dialect* dialect = dialect_for(p.connector, p.transfer_mode);
   if (dialect == nullptr) {
@@ -253,6 +253,12 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
   if (tokens_in) {  // the dialect edits token counts at the top level (generate_request.h)
     generate_leg_view(*generate, &out->prefill.body);
     generate_leg_view(*generate, &out->decode.body);
+  }
+  if (messages) {
+    // No field of Anthropic's API (vLLM ignores it there), but the dialects would cap or
+    // decrement it instead of max_tokens (MoRIIO's decode would then ask for one token too many).
+    out->prefill.body.remove("max_completion_tokens");
+    out->decode.body.remove("max_completion_tokens");
   }
   const DialectInput input{p, d, p_rank, options, random};
   if (Status st = dialect->build(input, &plan, &out->prefill.body, &out->decode.body); !st) return st;

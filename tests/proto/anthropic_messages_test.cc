@@ -178,6 +178,25 @@ TEST(MessagesLegs, MoriioDecrementsTheDecodesMaxTokens) {
   }
 }
 
+TEST(MessagesLegs, AMaxCompletionTokensIsDroppedSoEveryDialectCapsMaxTokens) {
+  // Not a field of this API: vLLM ignores it, but MoRIIO would decrement it instead of max_tokens
+  // (and a non-integer one is no reason to refuse the request).
+  const char* body = R"({"model":"m","max_tokens":6,"max_completion_tokens":4,"messages":[1]})";
+  for (TransferMode mode : {TransferMode::kRead, TransferMode::kWrite}) {
+    LegBuild b;
+    ASSERT_TRUE(Build(Moriio(mode, "127.0.21.1", 8100), Moriio(mode, "127.0.21.2", 8200), &b, body).is_ok());
+    const json p = json::parse(b.prefill.body_text()), d = json::parse(b.decode.body_text());
+    EXPECT_EQ(p["max_tokens"], 1);
+    EXPECT_EQ(d["max_tokens"], 5);
+    EXPECT_FALSE(p.contains("max_completion_tokens"));
+    EXPECT_FALSE(d.contains("max_completion_tokens"));
+  }
+  LegBuild b;
+  EXPECT_TRUE(Build(Node(Connector::kNixl, "127.0.21.1", 8100), Node(Connector::kNixl, "127.0.21.2", 8200), &b,
+                    R"({"model":"m","max_tokens":6,"max_completion_tokens":"x","messages":[1]})")
+                  .is_ok());
+}
+
 TEST(MessagesLegs, MooncakeAndP2pNcclServeIt) {
   LegBuild m;
   ASSERT_TRUE(
