@@ -394,20 +394,26 @@ class MessagesEdges(unittest.TestCase):
 
 class MessagesWithoutNodes(unittest.TestCase):
     def test_no_pair_is_503_overloaded(self):
-        with Router() as router:
-            host, port = router.http.rsplit(":", 1)
-            status, _, raw = raw_post(host, int(port), "/v1/messages", messages_body(), ANTHROPIC_HEADERS)
-            self.assertEqual(status, 503, raw)
-            self.assertIn("no prefill/decode pair", anthropic_error(self, raw, "overloaded_error"))
-            status, _, raw = raw_post(host, int(port), "/v1/messages/count_tokens",
-                                      {"model": MODEL, "messages": messages_body()["messages"]})
-            self.assertEqual(status, 503, raw)
-            anthropic_error(self, raw, "overloaded_error")
-            # The OpenAI paths keep OpenAI's shape.
-            status, _, raw = raw_post(host, int(port), "/v1/chat/completions",
-                                      {"model": MODEL, "messages": messages_body()["messages"]})
-            self.assertEqual(status, 503, raw)
-            self.assertEqual(json.loads(raw)["error"]["code"], "no_pair")
+        router = Router()
+
+        def stop():
+            code = router.stop()
+            router.dir.cleanup()
+            self.assertEqual(code, 0, router.log()[-3000:])
+        self.addCleanup(stop)
+        host, port = router.http.rsplit(":", 1)
+        status, _, raw = raw_post(host, int(port), "/v1/messages", messages_body(), ANTHROPIC_HEADERS)
+        self.assertEqual(status, 503, raw)
+        self.assertIn("no prefill/decode pair", anthropic_error(self, raw, "overloaded_error"))
+        status, _, raw = raw_post(host, int(port), "/v1/messages/count_tokens",
+                                  {"model": MODEL, "messages": messages_body()["messages"]})
+        self.assertEqual(status, 503, raw)
+        anthropic_error(self, raw, "overloaded_error")
+        # The OpenAI paths keep OpenAI's shape.
+        status, _, raw = raw_post(host, int(port), "/v1/chat/completions",
+                                  {"model": MODEL, "messages": messages_body()["messages"]})
+        self.assertEqual(status, 503, raw)
+        self.assertEqual(json.loads(raw)["error"]["code"], "no_pair")
 
 
 class MessagesMidStreamFailure(unittest.TestCase):
