@@ -370,6 +370,14 @@ class MessagesEdges(unittest.TestCase):
         self.assertEqual(status, 400, raw)
         anthropic_error(self, raw, "BadRequestError")
 
+    def test_count_tokens_node_failing_is_a_502_in_anthropic_shape(self):
+        for node in self.nodes():  # whichever node is picked closes without answering
+            node.set_fault(path="/v1/messages/count_tokens", close_immediately=True, count=-1)
+        status, _, raw = self.cluster.post("/v1/messages/count_tokens",
+                                           {"model": MODEL, "messages": messages_body()["messages"]})
+        self.assertEqual(status, 502, raw)
+        self.assertIn("instance", anthropic_error(self, raw, "api_error"))
+
     def test_client_authorization_wins_over_x_api_key(self):
         headers = dict(ANTHROPIC_HEADERS, Authorization="Bearer own-token")
         status, _, raw = self.cluster.post("/v1/messages", messages_body(), headers=headers)
