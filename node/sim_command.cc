@@ -322,9 +322,10 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   CLI::App* cmd = app.add_subcommand(
       "sim",
       "Run a simulated vLLM OpenAI server (no GPU): /health, /v1/models, /v1/completions,\n"
-      "/v1/chat/completions, /v1/responses and /inference/v1/generate (token ids in and out) in\n"
-      "vLLM's formats (and fakes of /tokenize, /detokenize, /v1/embeddings, the two /render\n"
-      "endpoints and a small /metrics), kv_transfer_params checked per connector, prefill\n"
+      "/v1/chat/completions, /v1/responses, Anthropic's /v1/messages (and its count_tokens) and\n"
+      "/inference/v1/generate (token ids in and out) in vLLM's formats (and fakes of /tokenize,\n"
+      "/detokenize, /v1/embeddings, the two /render endpoints and a small /metrics),\n"
+      "kv_transfer_params checked per connector, prefill\n"
       "and decode time modelled per token, deterministic text. Test endpoints: GET /sim/requests,\n"
       "POST /sim/reset, /sim/faults (below), GET /sim/kv (KV transfer counters), GET\n"
       "/sim/prefix_cache (prefix caches, KV events counters); POST /reset_prefix_cache as vLLM. With\n"

@@ -6,7 +6,7 @@
 // vLLM without P/D answers "kv_transfer_params": null, so clients see the same shape.
 //
 // Where vLLM puts them (and where they are nulled): the top level of a JSON answer (completions,
-// chat, /inference/v1/generate, /v1/responses) and of a stream chunk (the last one, vLLM PR
+// chat, /inference/v1/generate, /v1/responses, /v1/messages) and of a stream chunk (the last one, vLLM PR
 // #40186), and the "response" object of a Responses stream event (response.completed). A
 // non-null kv_transfer_params anywhere else is not one vLLM writes and is left alone.
 //

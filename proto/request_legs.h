@@ -15,14 +15,15 @@
 //       not an object, has duplicate keys, or max_tokens / max_completion_tokens is neither an
 //       integer nor null
 //   kOutOfRange   max_tokens outside int64, or a DP rank not below the instance's dp_size
-//   kNotFound     the path is not /v1/completions, /v1/chat/completions or
-//                 /inference/v1/generate (whose body errors are check_generate_request's)
+//   kNotFound     the path is not /v1/completions, /v1/chat/completions, /v1/responses,
+//                 /v1/messages or /inference/v1/generate (whose body errors are
+//                 check_generate_request's; /v1/messages's are check_messages_request's)
 //   kRejected     the pair is not buildable: connectors differ, unknown connector or no dialect
 //       for it (dialect_for), MoRIIO modes
 //       differ or are unset, a MoRIIO/P2P instance without zmq_address, a MoRIIO/Mooncake prefill
 //       with dp_size > 1 but no chosen rank, Mooncake without an engine id (router-side problems:
-//       answer 503, not 400), or /inference/v1/generate for a dialect with
-//       tokens_in_unsupported (the router answers 501 before building)
+//       answer 503, not 400), or an endpoint the dialect does not serve (unsupported_endpoint:
+//       the router answers 501 before building)
 #pragma once
 
 #include <cstdint>
@@ -54,7 +55,9 @@ struct LegInstance : NodeEndpoint {
 };
 
 struct ClientRequest {
-  std::string_view path;  // "/v1/completions", "/v1/chat/completions" or "/inference/v1/generate"
+  // "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages" or
+  // "/inference/v1/generate"
+  std::string_view path;
   std::string_view body;           // the client's JSON bytes
   std::string_view authorization;  // the client's Authorization header value; empty if none
   // The body already parsed (the session parses it once for admission and every build); null:
@@ -159,6 +162,10 @@ Status build_legs(const ClientRequest& request, const LegInstance& prefill,
 Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
                          std::string_view prefill_response_json,
                          const JsonLimits& limits = JsonLimits());
+
+// Why `dialect` cannot serve the P/D path `path` (its tokens_in_unsupported for
+// /inference/v1/generate, its messages_unsupported for /v1/messages), or "" when it can.
+std::string_view unsupported_endpoint(const Dialect& dialect, std::string_view path);
 
 // The no-KV fallback (Dialect::without_kv): after finish_decode_leg answered kMissingKey, turns
 // the decode into the dialect's plain request. False when the dialect has none (the prefill's

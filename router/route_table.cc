@@ -7,6 +7,7 @@
 
 #include "http/json_error.h"
 #include "router/control_routes.h"
+#include "router/proxy/client_api.h"
 #include "router/proxy/proxy_service.h"
 
 namespace pdr::router {
@@ -150,6 +151,10 @@ constexpr std::array kRoutes = {
           "transcriptions, translations: one node labelled serves=audio, else 501", &audio},
     Route{"POST", "/v1/responses", kClient, Guard::kNone, Refusals::kProxy,
           "OpenAI Responses API, split into legs (prefill max_output_tokens 1)", &completions},
+    Route{"POST", "/v1/messages", kClient, Guard::kNone, Refusals::kProxy,
+          "Anthropic Messages API, split into legs like chat (501 with SGLang)", &completions},
+    Route{"POST", "/v1/messages/count_tokens", kClient, Guard::kNone, Refusals::kUncounted,
+          "Anthropic Messages API token count, one node", &any_node},
     Route{"GET", "/ready", kClient, Guard::kNone, Refusals::kUncounted,
           "200 only when a compatible P/D pair is up (readiness probe)", &ready},
     Route{"GET", "/health", kBoth, Guard::kNone, Refusals::kUncounted,
@@ -341,8 +346,8 @@ http::Response not_found(const http::Request& request) {
 }
 
 http::Response method_not_allowed(const http::Request& request, std::string_view allow) {
-  http::Response response = http::error_response(
-      405, "method " + request.method + " is not allowed on " + request.path + "; use " + std::string(allow),
+  http::Response response = proxy::api_error_response(  // Anthropic's shape on its paths
+      request.path, 405, "method " + request.method + " is not allowed on " + request.path + "; use " + std::string(allow),
       "invalid_request_error", "method_not_allowed");
   response.headers.push_back({"Allow", std::string(allow)});
   return response;

@@ -12,7 +12,8 @@
 // before the catch-alls. A route with an empty help line is not listed (the /admin catch-alls,
 // which only exist to answer the admin API's own 404 after the key check).
 //
-// 404 and 405 are OpenAI-style JSON errors (codes "not_found" and "method_not_allowed"). HEAD
+// 404 and 405 are OpenAI-style JSON errors (codes "not_found" and "method_not_allowed"; a 405 on
+// Anthropic's paths is Anthropic's error shape, router/proxy/client_api.h). HEAD
 // is served wherever GET is (the GET handler runs; the HTTP layer sends the head only, with its
 // Content-Length) and `Allow` lists it after GET.
 //

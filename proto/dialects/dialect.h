@@ -111,6 +111,9 @@ struct Dialect {
   // Empty: the pair serves vLLM's tokens-in POST /inference/v1/generate (proto/generate_request.h)
   // through P/D like completions. Else why it cannot, for the client's 501.
   std::string_view tokens_in_unsupported;
+  // Empty: the pair serves Anthropic's POST /v1/messages (proto/anthropic_messages.h) through P/D
+  // like chat completions. Else why it cannot, for the client's 501.
+  std::string_view messages_unsupported;
 };
 
 // The dialect instances of `connector` with `transfer_mode` speak, or nullptr (unknown connector,

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "http/json_error.h"
+#include "router/proxy/client_api.h"
 
 namespace pdr::router::proxy {
 
@@ -23,15 +23,15 @@ void AdmissionSlot::release() {
   counters_ = nullptr;
 }
 
-bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& writer) {
+bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& writer, std::string_view path) {
   if (!shared.shutting_down.load(std::memory_order_relaxed)) return false;
   shared.counters.refuse(Refusal::kShuttingDown);
-  writer.send(http::error_response(503, "pdrouter is shutting down", "server_error", "shutting_down"));
+  writer.send(api_error_response(path, 503, "pdrouter is shutting down", "server_error", "shutting_down"));
   return true;
 }
 
 std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, size_t body_bytes,
-                                                 http::ResponseWriter& writer) {
+                                                 http::ResponseWriter& writer, std::string_view path) {
   ProxyCounters& counters = worker.counters();
   const auto& limits = worker.topology()->limits;
   const auto limit = static_cast<int64_t>(limits.max_concurrent_requests);
@@ -42,7 +42,7 @@ std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, size_t b
                             const char* code) {
     counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
     counters.refuse(why);
-    http::Response r = http::error_response(status, message, type, code);
+    http::Response r = api_error_response(path, status, message, type, code);
     r.headers.push_back({"Retry-After", "1"});
     writer.send(std::move(r));
     return std::nullopt;

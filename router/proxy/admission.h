@@ -5,8 +5,9 @@
 //                          one-node together, plus orphaned prefill legs), with Retry-After: 1
 //   503 memory_budget      the request body would take limits.max_buffered_bytes over its budget,
 //                          with Retry-After: 1
-// Each refusal is counted in pdrouter_requests_refused_total{reason}. What a request holds once
-// admitted (one in-flight slot and its body's bytes of the budget) is an AdmissionSlot.
+// Each refusal is counted in pdrouter_requests_refused_total{reason}, and answered in the error
+// shape of the request's path (client_api.h). What a request holds once admitted (one in-flight
+// slot and its body's bytes of the budget) is an AdmissionSlot.
 //
 // Worker thread (the counters are atomics shared by every worker).
 #pragma once
@@ -14,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
 #include "http/response_writer.h"
 #include "router/proxy/proxy_shared.h"
@@ -49,12 +51,12 @@ class AdmissionSlot {
 };
 
 // While pdrouter drains: answers 503 shutting_down, counts it and returns true.
-bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& writer);
+bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& writer, std::string_view path = {});
 
 // Takes an in-flight slot and `body_bytes` of the buffered-bytes budget under `worker`'s current
 // limits. Over either: answers 429 too_many_requests / 503 memory_budget (both with
 // Retry-After: 1), counts the refusal, takes nothing and returns no slot.
 std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, size_t body_bytes,
-                                                 http::ResponseWriter& writer);
+                                                 http::ResponseWriter& writer, std::string_view path = {});
 
 }  // namespace pdr::router::proxy

@@ -1,7 +1,7 @@
 #include "router/proxy/proxy_service.h"
 
-#include "http/json_error.h"
 #include "router/proxy/admission.h"
+#include "router/proxy/client_api.h"
 #include "router/proxy/engine_metrics.h"
 #include "router/proxy/node_endpoints.h"
 #include "router/proxy/proxy_session.h"
@@ -80,23 +80,24 @@ void ProxyService::profile(const http::Request& request, http::ResponseWriter wr
 
 void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
   ProxyCounters& counters = shared_.counters;
-  if (refuse_while_shutting_down(shared_, writer)) return;
+  if (refuse_while_shutting_down(shared_, writer, request.path)) return;
   if (auto type = request.header("Content-Type"); type && !is_json_content_type(*type)) {
     counters.refuse(Refusal::kBadContentType);
-    writer.send(http::error_response(415, "Content-Type must be application/json, got '" + std::string(*type) + "'",
-                                     "invalid_request_error", "unsupported_media_type"));
+    writer.send(api_error_response(request.path, 415,
+                                   "Content-Type must be application/json, got '" + std::string(*type) + "'",
+                                   "invalid_request_error", "unsupported_media_type"));
     return;
   }
   WorkerContext& w = worker(request.worker);
-  std::optional<AdmissionSlot> slot = take_admission_slot(w, request.body.size(), writer);
+  std::optional<AdmissionSlot> slot = take_admission_slot(w, request.body.size(), writer, request.path);
   if (!slot) return;
   slot->hand_over();  // the session gives both back when it ends (its budget grows with its answer)
   AdmittedRequest admitted;
   admitted.budget_bytes = request.body.size();
   admitted.arrived_at = request.head_at;
+  admitted.authorization = client_authorization(request);  // Anthropic's x-api-key too (client_api.h)
   admitted.path = std::move(request.path);
   admitted.body = std::move(request.body);
-  admitted.authorization = std::string(request.header("Authorization").value_or(std::string_view()));
   const std::string& affinity_header = w.topology()->policies.affinity_header;
   if (!affinity_header.empty()) {
     admitted.affinity_header_value = std::string(request.header(affinity_header).value_or(std::string_view()));

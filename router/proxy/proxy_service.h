@@ -1,5 +1,7 @@
 // ProxyService: the router's client-facing API on every HTTP worker.
-//   POST /v1/completions, POST /v1/chat/completions   P/D requests (proxy_session.h)
+//   POST /v1/completions, POST /v1/chat/completions   P/D requests (proxy_session.h), and so are
+//   /inference/v1/generate, /v1/responses and /v1/messages (Anthropic's: its errors and
+//   credential as client_api.h says)
 //   GET  /v1/models                                   a decode's model list, cached briefly
 //   GET  /ready                                       200 only when a compatible pair exists
 //   POST /start_profile, POST /stop_profile           fanned out to every up instance

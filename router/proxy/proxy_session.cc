@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "proto/anthropic_messages.h"
 #include "proto/answer_kv_params.h"
 #include "proto/dialects/dialect.h"
 #include "proto/generate_request.h"
@@ -18,6 +19,7 @@
 #include "http/json_error.h"
 #include "router/proxy/cache_routing.h"
 #include "router/proxy/cache_tokenize.h"
+#include "router/proxy/client_api.h"
 #include "router/proxy/decode_alone.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/multi_turn.h"
@@ -240,6 +242,8 @@ struct ProxySession::State {
   // POST /v1/responses: what a failure mid-stream needs to end the stream the Responses way
   // (proto/responses_stream.h), learnt from the events relayed.
   std::optional<proto::ResponsesStreamFollower> responses;
+  // POST /v1/messages: pdrouter's errors take Anthropic's shape (proto/anthropic_messages.h).
+  bool anthropic = false;
   bool paused = false;          // decode reads paused for back-pressure
   size_t stall_mark = 0;        // client bytes queued when the write-stall check was armed
   SteadyClock::time_point decode_sent_at{};
@@ -271,6 +275,7 @@ ProxySession::ProxySession(WorkerContext& worker, AdmittedRequest request, http:
     : s_(std::make_unique<State>(worker, std::move(request), std::move(writer))) {
   s_->budget_held = static_cast<int64_t>(s_->req.budget_bytes);
   if (s_->req.path == proto::kResponsesPath) s_->responses.emplace();
+  s_->anthropic = proto::is_anthropic_path(s_->req.path);
   if (s_->req.arrived_at == SteadyClock::time_point{}) s_->req.arrived_at = SteadyClock::now();
 }
 
@@ -308,7 +313,7 @@ void ProxySession::begin() {
   }
   if (!st.is_ok()) {
     s.w.counters().refuse(Refusal::kBadJson);
-    s.writer.send(http::error_response(400, st.message(), "invalid_request_error", "invalid_json"));
+    s.writer.send(api_error_response(s.req.path, 400, st.message(), "invalid_request_error", "invalid_json"));
     end(RequestState::kFailed);
     return;
   }
@@ -316,14 +321,22 @@ void ProxySession::begin() {
     // Tokens in: token_ids and sampling_params, with the token counts inside the latter.
     if (Status checked = proto::check_generate_request(body, limits, &s.generate); !checked.is_ok()) {
       s.w.counters().refuse(Refusal::kBadParameter);
-      s.writer.send(http::error_response(400, checked.message(), "invalid_request_error", "invalid_parameter"));
+      s.writer.send(api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"));
       end(RequestState::kFailed);
       return;
     }
     s.choices = s.generate.choices;
+  } else if (s.anthropic) {
+    // Anthropic's Messages API: its required fields; it has no `n` (one choice).
+    if (Status checked = proto::check_messages_request(body); !checked.is_ok()) {
+      s.w.counters().refuse(Refusal::kBadParameter);
+      s.writer.send(api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"));
+      end(RequestState::kFailed);
+      return;
+    }
   } else if (auto refusal = check_parameters(body, &s.choices)) {
     s.w.counters().refuse(Refusal::kBadParameter);
-    s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
+    s.writer.send(api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"));
     end(RequestState::kFailed);
     return;
   }
@@ -331,7 +344,7 @@ void ProxySession::begin() {
                                              s.req.bind_header_value, s.w.shared().conversations, s.w.counters(),
                                              &s.multi_turn)) {
     s.w.counters().refuse(Refusal::kBadParameter);
-    s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
+    s.writer.send(api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"));
     end(RequestState::kFailed);
     return;
   }
@@ -419,12 +432,13 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   s.decode_rank = next_dp_rank(*s.pair.decode);
 
   s.dialect = proto::dialect_for(s.pair.prefill->connector, s.pair.prefill->transfer_mode);
-  if (s.dialect != nullptr && !s.dialect->tokens_in_unsupported.empty() && s.req.path == proto::kGeneratePath) {
+  if (const std::string_view why = s.dialect != nullptr ? proto::unsupported_endpoint(*s.dialect, s.req.path) : "";
+      !why.empty()) {
     // Not a fault of the client's body nor of the nodes: this connector has no such endpoint.
     s.w.counters().refuse(Refusal::kNoPair);
     fail(501,
-         "/inference/v1/generate is not supported with the " + std::string(s.dialect->name) +
-             " connector dialect: " + std::string(s.dialect->tokens_in_unsupported),
+         s.req.path + " is not supported with the " + std::string(s.dialect->name) + " connector dialect: " +
+             std::string(why),
          "not_supported");
     return;
   }
@@ -1117,17 +1131,17 @@ void ProxySession::fail(int status, std::string_view message, std::string_view c
   State& s = *s_;
   if (finished()) return;
   if (s.stream_started) {
-    end_stream_with_error(message, code);
+    end_stream_with_error(status, message, code);
     return;
   }
   http::Response response =
-      http::error_response(status, message, status == 400 ? "invalid_request_error" : "server_error", code);
+      api_error_response(s.req.path, status, message, status == 400 ? "invalid_request_error" : "server_error", code);
   if (!s.legs.plan.request_id.empty()) response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
   s.writer.send(std::move(response));
   end(RequestState::kFailed);
 }
 
-void ProxySession::end_stream_with_error(std::string_view message, std::string_view code) {
+void ProxySession::end_stream_with_error(int status, std::string_view message, std::string_view code) {
   State& s = *s_;
   // Only whole events were relayed (a partial one held back is dropped), unless a partial event
   // was forced out at kMaxPartialEvent: then a blank line closes it first.
@@ -1138,6 +1152,9 @@ void ProxySession::end_stream_with_error(std::string_view message, std::string_v
     const std::string& id = s.responses->response_id();
     event += proto::responses_failure_events(id.empty() ? "resp_" + s.legs.plan.request_id : id,
                                              s.responses->next_sequence_number(), message, code);
+  } else if (s.anthropic) {
+    // Anthropic's streams end with an `event: error` of its error shape, no [DONE].
+    event += proto::anthropic_error_event(status, message);
   } else {
     // vLLM's own shape for an error inside a chat or completions stream: one data event with an
     // OpenAI error object, then [DONE].

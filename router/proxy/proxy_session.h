@@ -32,8 +32,10 @@
 // is parsed once (begin()); legs stay unrendered until the upstream client writes them out.
 //  - decode failure after the head reached the client: an SSE stream ends with an OpenAI-style
 //    error event and data: [DONE] (never a silent truncation), a /v1/responses stream with the
-//    Responses API's error and response.failed events and no [DONE] (proto/responses_stream.h);
-//    a buffered JSON answer becomes 502.
+//    Responses API's error and response.failed events and no [DONE] (proto/responses_stream.h),
+//    a /v1/messages stream with Anthropic's `event: error` (proto/anthropic_messages.h);
+//    a buffered JSON answer becomes 502. pdrouter's error answers on /v1/messages are Anthropic's
+//    shape (client_api.h).
 //  - timeouts (topology timeouts.*): connect, prefill (whole prefill leg, a deadline from its
 //    start), first_byte (decode leg sent -> first byte; in concurrent dialects this includes the
 //    prefill; an event stream's head is held back until its first data event, which is due
@@ -138,7 +140,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void relay_upstream_error(int status, const std::string& content_type, const std::string& body);
   void build_and_send();
   void fail(int status, std::string_view message, std::string_view code);
-  void end_stream_with_error(std::string_view message, std::string_view code);
+  void end_stream_with_error(int status, std::string_view message, std::string_view code);
   void end(RequestState final_state);
   void move_to(RequestState next);
   void release_pair();
