@@ -512,6 +512,8 @@ int run(const Flags& f) {
                .request_rate = schedule.request_rate, .burstiness = schedule.burstiness,
                .max_concurrency = schedule.max_concurrency, .seed = workload.seed,
                .interrupted = outcome.interrupted};
+  // A trace's own rate, as sent: its requests over its span after the speed-up.
+  if (trace && trace_span_s > 0) info.request_rate = (requests.size() - 1) / trace_span_s;
   const BenchSummary summary =
       summarize(outcome.results, outcome.duration_s, percentiles, outcome.max_in_flight);
   const SloSummary slo_summary = summarize_slo(outcome.results, outcome.duration_s, slo, percentiles);

@@ -143,7 +143,7 @@ class LineHandler : public json::json_sax_t {
     return true;
   }
   bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) override {
-    return fail(fmt::format("invalid JSON at byte {}", position), StatusCode::kMalformed);
+    return fail(fmt::format("invalid JSON (the parser stopped at byte {})", position), StatusCode::kMalformed);
   }
 
  private:
