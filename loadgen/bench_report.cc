@@ -203,9 +203,11 @@ std::string render_cache_table(const CacheReport& cache) {
   if (!cache.router_scraped && !cache.engine_scraped && cache.scrape_errors.empty()) return out;
   heading(out, "Prefix cache hit rate", '-');
   if (cache.router_scraped) {
-    row(out, "Router, prefill leg (%):", rate_text(router_headline_rate(cache.router)));
+    const RouterRate headline = router_headline_rate(cache.router, cache.prompt_tokens);
+    row(out, fmt::format("Router, {} (%):", headline.source.empty() ? "no lookup" : headline.source),
+        rate_text(headline.rate));
     for (const auto& [key, r] : cache.router) {
-      if (r.prompt > 0) row(out, fmt::format("Router {} (%):", key), rate_text(r));
+      if (r.prompt > 0) row(out, fmt::format("Router {}, own lookups (%):", key), rate_text(r));
     }
   }
   if (cache.engine_scraped) row(out, "Engines (%):", rate_text(total_rate(cache.engine)));
@@ -217,10 +219,11 @@ std::string render_cache_table(const CacheReport& cache) {
 
 void add_cache_json(const CacheReport& cache, nlohmann::json* out) {
   nlohmann::json& o = *out;
-  const CacheRate router = router_headline_rate(cache.router);
+  const RouterRate router = router_headline_rate(cache.router, cache.prompt_tokens);
   const CacheRate engine = total_rate(cache.engine);
   o["router_prefix_hit_rate"] =
-      cache.router_scraped && router.rate ? nlohmann::json(*router.rate) : nlohmann::json();
+      cache.router_scraped && router.rate.rate ? nlohmann::json(*router.rate.rate) : nlohmann::json();
+  o["router_prefix_hit_source"] = router.source;
   o["engine_prefix_hit_rate"] =
       cache.engine_scraped && engine.rate ? nlohmann::json(*engine.rate) : nlohmann::json();
   nlohmann::json router_rates = nlohmann::json::object(), engine_rates = nlohmann::json::object();

@@ -53,7 +53,8 @@ void add_slo_json(const SloSummary& slo, const std::vector<RequestResult>& resul
 
 // Prefix-cache hit rates over the run (metrics_scrape.h), a row each; "n/a" without lookups.
 std::string render_cache_table(const CacheReport& cache);
-// Adds router_prefix_hit_rate and engine_prefix_hit_rate (null when not scraped or no lookup),
+// Adds router_prefix_hit_rate (router_headline_rate) with router_prefix_hit_source, and
+// engine_prefix_hit_rate (null when not scraped or no lookup),
 // router_cache / engine_cache ({key: {matched, prompt, hit_rate}}) and scrape_errors.
 void add_cache_json(const CacheReport& cache, nlohmann::json* out);
 

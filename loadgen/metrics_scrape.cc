@@ -1,5 +1,6 @@
 #include "loadgen/metrics_scrape.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -171,11 +172,15 @@ CacheRate total_rate(const std::map<std::string, CacheRate>& rates) {
   return rate_of(matched, prompt);
 }
 
-CacheRate router_headline_rate(const std::map<std::string, CacheRate>& rates) {
+RouterRate router_headline_rate(const std::map<std::string, CacheRate>& rates, double prompt_tokens) {
   for (const char* leg : {"prefill", "decode"}) {
-    for (const char* source : {"kv_events", "prefix_tree"}) {
-      const auto it = rates.find(fmt::format("{}/{}", leg, source));
-      if (it != rates.end() && it->second.prompt > 0) return it->second;
+    const std::string events = fmt::format("{}/kv_events", leg);
+    if (const auto it = rates.find(events); it != rates.end() && it->second.prompt > 0 && prompt_tokens > 0) {
+      return {rate_of(std::min(it->second.matched, prompt_tokens), prompt_tokens), events};
+    }
+    const std::string tree = fmt::format("{}/prefix_tree", leg);
+    if (const auto it = rates.find(tree); it != rates.end() && it->second.prompt > 0) {
+      return {it->second, tree};
     }
   }
   return {};

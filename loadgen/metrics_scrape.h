@@ -54,9 +54,18 @@ struct CacheRate {
 // after - before per key, and over every key.
 std::map<std::string, CacheRate> cache_rates(const CacheCounters& before, const CacheCounters& after);
 CacheRate total_rate(const std::map<std::string, CacheRate>& rates);
-// The router's headline rate: the prefill leg's (tokens when the kv_events source counted any,
-// else the prefix tree's bytes), else the decode leg's the same way; none without lookups.
-CacheRate router_headline_rate(const std::map<std::string, CacheRate>& rates);
+// The router's headline rate, the prefill leg's (else the decode leg's the same way; none
+// without lookups):
+//   when the kv_events source counted lookups: its matched tokens over `prompt_tokens`, every
+//     prompt token the run sent. pdrouter looks a prompt up in its KV block index only when some
+//     node is known to hold part of it and sends the rest to its prefix tree, so the source's own
+//     ratio would leave out every miss;
+//   else the prefix tree's own ratio (bytes of prompt text).
+struct RouterRate {
+  CacheRate rate;
+  std::string source;  // "prefill/kv_events", ... ; empty without lookups
+};
+RouterRate router_headline_rate(const std::map<std::string, CacheRate>& rates, double prompt_tokens);
 
 // Both kinds of counters from every page, taken before and after a run.
 struct CacheSnapshot {
@@ -69,6 +78,7 @@ CacheSnapshot take_snapshot(const std::vector<ScrapeTarget>& routers,
 
 // The run's hit rates (after - before).
 struct CacheReport {
+  double prompt_tokens = 0;                 // every prompt token the run sent (its client count)
   bool router_scraped = false;              // router pages were given
   std::map<std::string, CacheRate> router;  // by "leg/source"
   bool engine_scraped = false;

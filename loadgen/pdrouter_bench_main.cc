@@ -504,6 +504,7 @@ int run(const Flags& f) {
   if (scraping) {
     cache = compare_snapshots(!router_pages.empty(), !engine_pages.empty(), before,
                               take_snapshot(router_pages, engine_pages, scrape_timeouts));
+    cache.prompt_tokens = static_cast<double>(outcome.oracle_prompt_tokens);
   }
   RunInfo info{.date = local_date(), .backend = f.backend, .base_url = base_url,
                .endpoint = endpoint.path, .model = endpoint.model,

@@ -51,7 +51,17 @@ TEST(CacheRates, RouterDifferenceOverTheRun) {
   EXPECT_DOUBLE_EQ(*rates.at("prefill/kv_events").rate, 0.6);
   EXPECT_FALSE(rates.at("prefill/prefix_tree").rate.has_value());
   EXPECT_DOUBLE_EQ(*rates.at("decode/kv_events").rate, 0.1);
-  EXPECT_DOUBLE_EQ(*router_headline_rate(rates).rate, 0.6);
+  // kv_events matched 600 of the 3,000 tokens the run sent (the rest had no lookup there).
+  const RouterRate headline = router_headline_rate(rates, 3000);
+  EXPECT_DOUBLE_EQ(*headline.rate.rate, 0.2);
+  EXPECT_EQ(headline.source, "prefill/kv_events");
+  // Only the prefix tree counted: its own ratio.
+  CacheCounters tree;
+  tree.prompt["prefill/prefix_tree"] = 400;
+  tree.matched["prefill/prefix_tree"] = 100;
+  const RouterRate bytes = router_headline_rate(cache_rates({}, tree), 3000);
+  EXPECT_DOUBLE_EQ(*bytes.rate.rate, 0.25);
+  EXPECT_EQ(bytes.source, "prefill/prefix_tree");
   // Two replicas' pages are summed.
   const CacheCounters both = router_cache_counters({std::string(kRouterAfter), std::string(kRouterAfter)});
   EXPECT_DOUBLE_EQ(both.prompt.at("prefill/kv_events"), 4000);
@@ -83,7 +93,8 @@ TEST(CacheRates, EnginesByPageAndTogether) {
 
 TEST(CacheRates, NoLookupsIsNotAZeroRate) {
   const auto rates = cache_rates({}, router_cache_counters({"pdrouter_up 1\n"}));
-  EXPECT_FALSE(router_headline_rate(rates).rate.has_value());
+  EXPECT_FALSE(router_headline_rate(rates, 100).rate.rate.has_value());
+  EXPECT_TRUE(router_headline_rate(rates, 100).source.empty());
   EXPECT_FALSE(total_rate({}).rate.has_value());
 }
 
