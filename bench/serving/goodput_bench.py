@@ -188,7 +188,7 @@ def run_one(args, procs, variant, speedup):
     try:
         dep = Deployment(procs, args, policy, replicas, etcd, tag)
         out = os.path.join(procs.work, "%s.json" % tag)
-        cmd = [args.bench, "--trace", args.trace, "--num-prompts", str(args.num_prompts),
+        cmd = [args.bench, "--trace", args.window_file, "--num-prompts", str(args.num_prompts),
                "--trace-speedup", "%g" % (speedup / args.time_scale),
                "--slo-ttft-ms", "%g" % args.slo_ttft_ms, "--slo-tbt-ms", "%g" % args.slo_tbt_ms,
                "--slo-scale", "%g" % args.time_scale, "--timeout", str(args.request_timeout),
@@ -256,8 +256,8 @@ def render(args, variants, results, started):
       "%s build." % (" --smoke" if args.smoke else "", started.strftime("%Y-%m-%d %H:%M"), commit,
                      build_type))
     w("")
-    w("**What**: the first %d requests of `%s` (Mooncake's synthetic trace: arrival times, prompt "
-      "and output lengths, shared 512-token prefix blocks) replayed with `pdrouter-bench --trace` "
+    w("**What**: requests %d to %d of the %d in `%s` (Mooncake's synthetic trace: arrival times, "
+      "prompt and output lengths, shared 512-token prefix blocks; %s) replayed with `pdrouter-bench --trace` "
       "(token-id prompts whose shared blocks are identical, `%s`, streamed, `ignore_eos`) at "
       "speed-ups %s of the trace's own rate, through pdrouter under each variant below. A request "
       "meets the SLO when its TTFT is at most %g ms and its TBT (the mean of its slowest 10%% "
@@ -265,7 +265,8 @@ def render(args, variants, results, started):
       "count as misses), *goodput* the requests/s that do. A variant's **goodput speed-up** is the "
       "highest speed-up up to which every swept one kept at least %d%% attainment: where it "
       "saturates."
-      % (args.num_prompts, os.path.relpath(args.trace, ROOT), "/inference/v1/generate"
+      % (args.first + 1, args.first + args.num_prompts, args.trace_lines,
+         os.path.relpath(args.trace, ROOT), args.window_text, "/inference/v1/generate"
          if args.backend == "generate" else "/v1/completions",
          ", ".join("%g" % s for s in args.speedups), args.slo_ttft_ms, args.slo_tbt_ms,
          round(100 * args.target)))
@@ -353,6 +354,42 @@ def render(args, variants, results, started):
     return "\n".join(out) + "\n"
 
 
+def write_window(args, work):
+    """The replayed requests as a trace file of their own (pdrouter-bench times arrivals from its
+    first line), and a sentence on what the window holds: its span, rate, prompts and the share of
+    its prompt tokens an oracle cache (cold at its start) would hold."""
+    with open(args.trace) as f:
+        lines = [line for line in f if line.strip()]
+    args.trace_lines = len(lines)
+    if args.first is None:
+        args.first = max(0, len(lines) - args.num_prompts)
+    window = lines[args.first:args.first + args.num_prompts]
+    if not window:
+        raise SystemExit("goodput_bench.py: --first %d is past the trace's %d requests"
+                         % (args.first, len(lines)))
+    args.num_prompts = len(window)
+    args.window_file = os.path.join(work, "window.jsonl")
+    with open(args.window_file, "w") as f:
+        f.writelines(window)
+    rows = [json.loads(line) for line in window]
+    seen, hit, total = set(), 0, 0
+    for r in rows:
+        ids, hitting = r["hash_ids"], True
+        total += r["input_length"]
+        for i in range(min(len(ids), r["input_length"] // 512)):
+            key = tuple(ids[:i + 1])
+            if hitting and key in seen:
+                hit += 512
+            else:
+                hitting = False
+                seen.add(key)
+    span = (rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000.0
+    args.window_text = ("%.0f s of trace, %.2f requests/s, prompts of %.0f tokens on average, "
+                        "%.0f%% of prompt tokens in blocks an earlier request of the window shared"
+                        % (span, (len(rows) - 1) / span if span > 0 else 0.0,
+                           total / len(rows), 100.0 * hit / total))
+
+
 def variants_of(args):
     out = [{"name": p, "policy": p, "replicas": 1, "what": "`%s`, one pdrouter" % p}
            for p in args.policies]
@@ -374,7 +411,10 @@ def main():
     parser.add_argument("--results", default=os.path.join(HERE, "GOODPUT_RESULTS.md"))
     parser.add_argument("--trace", default=TRACE)
     parser.add_argument("--num-prompts", type=int, default=None,
-                        help="replay the trace's first N requests (default 400: 109 s of trace; smoke 24)")
+                        help="requests replayed (default 400; smoke 24)")
+    parser.add_argument("--first", type=int, default=None,
+                        help="index of the first request replayed (default: the last --num-prompts "
+                        "of the trace, where its prompts reuse the most)")
     parser.add_argument("--speedups", default=None,
                         help="comma-separated speed-ups of the trace's rate (default 0.5,1,1.5,2,3,4,6; smoke 2,8)")
     parser.add_argument("--policies", default=",".join(POLICIES),
@@ -438,6 +478,7 @@ def main():
 
     variants = variants_of(args)
     work = tempfile.mkdtemp(prefix="pdr-goodput-bench.")
+    write_window(args, work)
     procs = Processes(work)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
     started = datetime.datetime.now(datetime.timezone.utc)
