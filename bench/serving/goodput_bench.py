@@ -161,23 +161,26 @@ class Deployment:
         m = re.search(r"^pdrouter_kv_events_subscribed_ranks (\S+)$", text, re.M)
         return int(float(m.group(1))) if m else 0
 
+    FAMILIES = ("vllm:request_success_total", "vllm:num_preemptions_total",
+                "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
     def prefill_loads(self):
-        """Per prefill node: (requests it completed, preemptions), from its /metrics."""
+        """Per prefill node, from its /metrics (summed over labels; None where absent): requests
+        completed, preemptions, and prompt tokens it computed (prefix-cache queries - hits)."""
         loads = []
         for node in self.prefills:
             try:
                 text = get("http://%s/metrics" % node)
             except OSError:
-                loads.append((None, None))
-                continue
+                text = ""
             sums = {}
             for line in text.splitlines():
-                m = re.match(r"(vllm:request_success_total|vllm:num_preemptions_total)(\{[^}]*\})?\s+(\S+)",
-                             line)
-                if m:
+                m = re.match(r"([a-z_:]+)(\{[^}]*\})?\s+(\S+)", line)
+                if m and m.group(1) in self.FAMILIES:
                     sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(3))
-            loads.append((sums.get("vllm:request_success_total"),
-                          sums.get("vllm:num_preemptions_total")))
+            queries, hits = sums.get(self.FAMILIES[2]), sums.get(self.FAMILIES[3])
+            loads.append({"requests": sums.get(self.FAMILIES[0]), "preemptions": sums.get(self.FAMILIES[1]),
+                          "computed": None if queries is None or hits is None else queries - hits})
         return loads
 
 
@@ -286,8 +289,9 @@ def render(args, variants, results, started):
       "pdrouter's own prefix estimate for the prefill leg (KV-event matches over every prompt "
       "token sent, else its prefix tree's share of bytes); *engine* = the prefill sims' "
       "`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`; *oracle* = the share of "
-      "prompt tokens an infinite cache with perfect routing would hold. *Prefill spread* = "
-      "requests completed by each prefill node (a hot spot shows as one node taking most); "
+      "prompt tokens an infinite cache with perfect routing would hold. *Prefill requests* and "
+      "*prefill computed* = requests each prefill node completed and the prompt tokens it "
+      "computed (its prefix-cache queries minus hits): a hot spot shows as one node taking most; "
       "*lag* = how late pdrouter-bench sent its latest request (wall s; a lagging client "
       "understates the load)."
       % (args.prefills, args.decodes, engine_text,
@@ -322,8 +326,8 @@ def render(args, variants, results, started):
     w("")
     w("| variant | speed-up | requests | failed (429/503/other) | attainment % | goodput req/s "
       "| TTFT p50 / p99 (ms) | TBT p50 / p99 (ms) | router hit % | engine hit % | oracle hit % "
-      "| prefill spread | preemptions | lag (s) |")
-    w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+      "| prefill requests | prefill computed (k tokens) | preemptions | lag (s) |")
+    w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |")
     for v in variants:
         runs = results.get(v["name"], {})
         for speedup in sorted(runs):
@@ -331,16 +335,18 @@ def render(args, variants, results, started):
             failed = r.get("failed", 0)
             other = failed - r.get("http_429", 0) - r.get("http_503", 0)
             loads = r.get("prefill_loads", [])
-            spread = "/".join("?" if n is None else "%d" % n for n, _ in loads) or "n/a"
-            preempt = [p for _, p in loads if p is not None]
-            w("| %s | %g | %s | %s (%s/%s/%s) | %s | %.2f | %s / %s | %s / %s | %s | %s | %s | %s | %s | %.2f |" % (
+            spread = "/".join("?" if l["requests"] is None else "%d" % l["requests"] for l in loads) or "n/a"
+            work = ("/".join("%.0f" % (l["computed"] / 1000.0) for l in loads)
+                    if loads and all(l["computed"] is not None for l in loads) else "n/a")
+            preempt = [l["preemptions"] for l in loads if l["preemptions"] is not None]
+            w("| %s | %g | %s | %s (%s/%s/%s) | %s | %.2f | %s / %s | %s / %s | %s | %s | %s | %s | %s | %s | %.2f |" % (
                 v["name"], speedup, r.get("slo_requests", "?"), failed, r.get("http_429", 0),
                 r.get("http_503", 0), other, pct(r.get("slo_attainment")),
                 r.get("goodput", 0) * t,
                 modelled_ms(r, "median_ttft_ms", t), modelled_ms(r, "p99_ttft_ms", t),
                 modelled_ms(r, "median_tbt_ms", t), modelled_ms(r, "p99_tbt_ms", t),
                 pct(r.get("router_prefix_hit_rate")), pct(r.get("engine_prefix_hit_rate")),
-                pct(r.get("oracle_prefix_hit_rate")), spread,
+                pct(r.get("oracle_prefix_hit_rate")), spread, work,
                 "%d" % sum(preempt) if preempt else "n/a", r.get("max_send_lag_s", 0)))
     w("")
     errors = {}
