@@ -12,7 +12,7 @@ with `pdnode sim --engine vllm` (a vLLM V1 scheduler model: token budget, seats,
 preemption, prefix cache) a node contends like a GPU and a bad route costs queueing; the default
 per-token sims time each request on its own and never saturate, so the sweep then shows the
 machine, not the policy. --engine auto (default) uses the engine model when `pdnode sim --help`
-lists it. The engine runs at --time-scale (wall seconds per modelled second, default 0.1: ten
+lists it. The engine runs at --time-scale (wall seconds per modelled second, default 0.2: five
 times faster than a GPU); arrivals are compressed by the same factor and the SLOs scaled by it, so
 every figure below is in modelled (GPU) time.
 
@@ -48,11 +48,13 @@ sys.path.insert(0, HERE)
 from machine import machine  # noqa: E402
 from cache_bench import Processes, field, free_port, get, get_json  # noqa: E402
 
-POLICIES = ["round_robin", "least_outstanding", "cache_aware"]
+# "a/b": policy a for prefill, b for decode; "a": a for both.
+POLICIES = ["round_robin", "least_outstanding", "cache_aware", "cache_aware/least_outstanding"]
 ETCD = "/usr/bin/etcd"
 START_TIMEOUT_S = 20.0 * float(os.environ.get("PDR_TIME_SCALE", "1"))
 STOP_BELOW = 0.5  # a sweep stops after a speed-up under this attainment
 TRACE = os.path.join(HERE, "traces", "mooncake_synthetic_trace.jsonl")
+MAX_MODEL_LEN = 131072  # the engine model's default (an 8B model's context), set on per-token sims too
 
 
 def sim_help(pdnode):
@@ -109,10 +111,12 @@ class Deployment:
         self.procs, self.args = procs, args
         self.routers, discoveries = [], []
         prefix = "/pdr-goodput-%d-%s/" % (os.getpid(), tag)
+        prefill_policy, _, decode_policy = policy.partition("/")
         for r in range(replicas):
             topo = os.path.join(procs.work, "topology-%s-%d.yaml" % (tag, r))
             with open(topo, "w") as f:
-                f.write("policies:\n  prefill: %s\n  decode: %s\n" % (policy, policy))
+                f.write("policies:\n  prefill: %s\n  decode: %s\n"
+                        % (prefill_policy, decode_policy or prefill_policy))
                 f.write("kv_events:\n  enabled: true\n")
                 if etcd is not None:
                     f.write("registry:\n  backend: etcd\n  etcd_endpoints: [\"127.0.0.1:%d\"]\n"
@@ -164,11 +168,12 @@ class Deployment:
     FAMILIES = ("vllm:request_success_total", "vllm:num_preemptions_total",
                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
-    def prefill_loads(self):
-        """Per prefill node, from its /metrics (summed over labels; None where absent): requests
+    @classmethod
+    def loads(cls, nodes):
+        """Per node, from its /metrics (summed over labels; None where absent): requests
         completed, preemptions, and prompt tokens it computed (prefix-cache queries - hits)."""
         loads = []
-        for node in self.prefills:
+        for node in nodes:
             try:
                 text = get("http://%s/metrics" % node)
             except OSError:
@@ -176,17 +181,17 @@ class Deployment:
             sums = {}
             for line in text.splitlines():
                 m = re.match(r"([a-z_:]+)(\{[^}]*\})?\s+(\S+)", line)
-                if m and m.group(1) in self.FAMILIES:
+                if m and m.group(1) in cls.FAMILIES:
                     sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(3))
-            queries, hits = sums.get(self.FAMILIES[2]), sums.get(self.FAMILIES[3])
-            loads.append({"requests": sums.get(self.FAMILIES[0]), "preemptions": sums.get(self.FAMILIES[1]),
+            queries, hits = sums.get(cls.FAMILIES[2]), sums.get(cls.FAMILIES[3])
+            loads.append({"requests": sums.get(cls.FAMILIES[0]), "preemptions": sums.get(cls.FAMILIES[1]),
                           "computed": None if queries is None or hits is None else queries - hits})
         return loads
 
 
 def run_one(args, procs, variant, speedup):
     policy, replicas = variant["policy"], variant["replicas"]
-    tag = "%s-x%d-%s" % (policy, replicas, speedup)
+    tag = "%s-x%d-%s" % (policy.replace("/", "-"), replicas, speedup)
     etcd = Etcd(procs.work) if replicas > 1 else None
     try:
         dep = Deployment(procs, args, policy, replicas, etcd, tag)
@@ -209,7 +214,8 @@ def run_one(args, procs, variant, speedup):
         result = json.load(open(out)) if os.path.exists(out) else {}
         result["bench_rc"] = rc
         result["wall_s"] = time.monotonic() - started
-        result["prefill_loads"] = dep.prefill_loads()
+        result["prefill_loads"] = dep.loads(dep.prefills)
+        result["decode_loads"] = dep.loads(dep.decodes)
         return result
     finally:
         procs.stop_all()
@@ -281,7 +287,7 @@ def render(args, variants, results, started):
         "node ever saturates and the sweep measures this machine, not the policies"
         % " ".join(args.engine_flags))
     w("**How**: for every (variant, speed-up) a fresh deployment on this machine's loopback: "
-      "pdrouter with the variant's policy on both roles and `kv_events.enabled`, %d prefill + %d "
+      "pdrouter with the variant's policies and `kv_events.enabled`, %d prefill + %d "
       "decode `pdnode sim` nodes (connector nixl, no KV bytes moved, KV events published), timed "
       "by %s%s. Times are modelled (GPU) time: the sims run %gx faster than the modelled GPU, "
       "the trace is replayed %gx faster on top of the speed-up and the SLOs are scaled by %g, so "
@@ -291,7 +297,9 @@ def render(args, variants, results, started):
       "`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`; *oracle* = the share of "
       "prompt tokens an infinite cache with perfect routing would hold. *Prefill requests* and "
       "*prefill computed* = requests each prefill node completed and the prompt tokens it "
-      "computed (its prefix-cache queries minus hits): a hot spot shows as one node taking most; "
+      "computed (its prefix-cache queries minus hits), and *decode requests* the same for each "
+      "decode node: a hot spot shows as one node taking most; *preemptions* per node, prefill "
+      "nodes first; "
       "*lag* = how late pdrouter-bench sent its latest request (wall s; a lagging client "
       "understates the load)."
       % (args.prefills, args.decodes, engine_text,
@@ -326,8 +334,8 @@ def render(args, variants, results, started):
     w("")
     w("| variant | speed-up | requests | failed (429/503/other) | attainment % | goodput req/s "
       "| TTFT p50 / p99 (ms) | TBT p50 / p99 (ms) | router hit % | engine hit % | oracle hit % "
-      "| prefill requests | prefill computed (k tokens) | preemptions | lag (s) |")
-    w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |")
+      "| prefill requests | prefill computed (k tokens) | decode requests | preemptions | lag (s) |")
+    w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | ---: |")
     for v in variants:
         runs = results.get(v["name"], {})
         for speedup in sorted(runs):
@@ -338,24 +346,35 @@ def render(args, variants, results, started):
             spread = "/".join("?" if l["requests"] is None else "%d" % l["requests"] for l in loads) or "n/a"
             work = ("/".join("%.0f" % (l["computed"] / 1000.0) for l in loads)
                     if loads and all(l["computed"] is not None for l in loads) else "n/a")
-            preempt = [l["preemptions"] for l in loads if l["preemptions"] is not None]
-            w("| %s | %g | %s | %s (%s/%s/%s) | %s | %.2f | %s / %s | %s / %s | %s | %s | %s | %s | %s | %s | %.2f |" % (
+            decodes = r.get("decode_loads", [])
+            decode_spread = "/".join("?" if l["requests"] is None else "%d" % l["requests"]
+                                     for l in decodes) or "n/a"
+            preempt = ["?" if l["preemptions"] is None else "%d" % l["preemptions"]
+                       for l in loads + decodes]
+            w("| %s | %g | %s | %s (%s/%s/%s) | %s | %.2f | %s / %s | %s / %s | %s | %s | %s | %s | %s | %s | %s | %.2f |" % (
                 v["name"], speedup, r.get("slo_requests", "?"), failed, r.get("http_429", 0),
                 r.get("http_503", 0), other, pct(r.get("slo_attainment")),
                 r.get("goodput", 0) * t,
                 modelled_ms(r, "median_ttft_ms", t), modelled_ms(r, "p99_ttft_ms", t),
                 modelled_ms(r, "median_tbt_ms", t), modelled_ms(r, "p99_tbt_ms", t),
                 pct(r.get("router_prefix_hit_rate")), pct(r.get("engine_prefix_hit_rate")),
-                pct(r.get("oracle_prefix_hit_rate")), spread, work,
-                "%d" % sum(preempt) if preempt else "n/a", r.get("max_send_lag_s", 0)))
+                pct(r.get("oracle_prefix_hit_rate")), spread, work, decode_spread,
+                "/".join(preempt) or "n/a", r.get("max_send_lag_s", 0)))
     w("")
-    errors = {}
+    errors, runs_total = {}, 0
     for v in variants:
         for speedup, r in results.get(v["name"], {}).items():
+            runs_total += 1
             for message, count in r.get("error_counts", {}).items():
-                errors.setdefault(message[:160], []).append("%s at %g: %d" % (v["name"], speedup, count))
+                # One reason per kind: messages that differ only in numbers are one.
+                key = re.sub(r"\d+", "N", message)[:200]
+                entry = errors.setdefault(key, {"requests": 0, "runs": set()})
+                entry["requests"] += count
+                entry["runs"].add((v["name"], speedup))
     if errors:
-        w("Failures by reason: " + "; ".join("`%s` (%s)" % (k, ", ".join(v)) for k, v in errors.items()))
+        w("Failures by reason (numbers in a message shown as N), over the %d runs: " % runs_total
+          + "; ".join("`%s`: %d requests in %d runs" % (k, e["requests"], len(e["runs"]))
+                      for k, e in errors.items()) + ".")
         w("")
     return "\n".join(out) + "\n"
 
@@ -390,23 +409,34 @@ def write_window(args, work):
                 hitting = False
                 seen.add(key)
     span = (rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000.0
+    too_long = sum(1 for r in rows if r["input_length"] + r["output_length"] > MAX_MODEL_LEN)
     args.window_text = ("%.0f s of trace, %.2f requests/s, prompts of %.0f tokens on average, "
-                        "%.0f%% of prompt tokens in blocks an earlier request of the window shared"
+                        "%.0f%% of prompt tokens in blocks an earlier request of the window shared%s"
                         % (span, (len(rows) - 1) / span if span > 0 else 0.0,
-                           total / len(rows), 100.0 * hit / total))
+                           total / len(rows), 100.0 * hit / total,
+                           "; %d of its requests exceed a max_model_len of %d tokens and are refused "
+                           "(HTTP 400), so attainment tops out at %.1f%%"
+                           % (too_long, MAX_MODEL_LEN, 100.0 * (len(rows) - too_long) / len(rows))
+                           if too_long else ""))
+
+
+def policy_text(policy):
+    prefill, _, decode = policy.partition("/")
+    return ("`%s` on both roles" % prefill if not decode else
+            "`%s` for prefill, `%s` for decode" % (prefill, decode))
 
 
 def variants_of(args):
-    out = [{"name": p, "policy": p, "replicas": 1, "what": "`%s`, one pdrouter" % p}
+    out = [{"name": p, "policy": p, "replicas": 1, "what": "%s, one pdrouter" % policy_text(p)}
            for p in args.policies]
     if args.etcd_policies and not os.access(ETCD, os.X_OK):
         print("goodput_bench.py: %s not found: no two-replica variant" % ETCD, file=sys.stderr)
         return out
     for p in args.etcd_policies:
         out.append({"name": "%s x2 etcd" % p, "policy": p, "replicas": 2,
-                    "what": "`%s`, two pdrouter replicas sharing the registry through etcd "
+                    "what": "%s, two pdrouter replicas sharing the registry through etcd "
                             "(`registry.backend: etcd`), each node registered with one of them, "
-                            "requests sent to each replica in turn" % p})
+                            "requests sent to each replica in turn" % policy_text(p)})
     return out
 
 
@@ -422,16 +452,17 @@ def main():
                         help="index of the first request replayed (default: the last --num-prompts "
                         "of the trace, where its prompts reuse the most)")
     parser.add_argument("--speedups", default=None,
-                        help="comma-separated speed-ups of the trace's rate (default 0.5,1,1.5,2,3,4,6; smoke 2,8)")
+                        help="comma-separated speed-ups of the trace's rate (default 0.5,0.75,0.875,1,1.125,1.25,1.5,2; smoke 2,8)")
     parser.add_argument("--policies", default=",".join(POLICIES),
-                        help="routing policies by name, one variant each (any policy pdrouter knows)")
+                        help="routing policies by name, one variant each (any policy pdrouter knows; "
+                        "PREFILL/DECODE for a different decode policy)")
     parser.add_argument("--etcd-policies", default="cache_aware",
                         help="policies also run with two replicas sharing an etcd registry ('' for none)")
     parser.add_argument("--prefills", type=int, default=None, help="prefill sims (default 2; smoke 1)")
     parser.add_argument("--decodes", type=int, default=None, help="decode sims (default 2; smoke 1)")
     parser.add_argument("--engine", choices=["auto", "vllm", "per-token"], default="auto")
-    parser.add_argument("--time-scale", type=float, default=0.1,
-                        help="wall seconds per modelled second (sims, arrivals, SLOs); default 0.1")
+    parser.add_argument("--time-scale", type=float, default=0.2,
+                        help="wall seconds per modelled second (sims, arrivals, SLOs); default 0.2")
     parser.add_argument("--sim-flag", action="append", default=[],
                         help="extra pdnode sim flag, repeatable (e.g. --sim-flag=--num-gpu-blocks-override=4000)")
     parser.add_argument("--backend", choices=["completions", "generate"], default="completions")
@@ -445,7 +476,7 @@ def main():
     if args.num_prompts is None:
         args.num_prompts = 24 if args.smoke else 400
     if args.speedups is None:
-        args.speedups = "2,8" if args.smoke else "0.5,1,1.5,2,3,4,6"
+        args.speedups = "2,8" if args.smoke else "0.5,0.75,0.875,1,1.125,1.25,1.5,2"
     args.speedups = sorted(float(s) for s in args.speedups.split(",") if s)
     args.policies = [p for p in args.policies.split(",") if p]
     args.etcd_policies = [p for p in args.etcd_policies.split(",") if p]
@@ -479,7 +510,7 @@ def main():
         # 20 us/token and 7.5 ms per decoded token: an 8B model on one H100, one request alone.
         args.engine_flags = ["--prefill-us-per-token", "%d" % max(1, round(20 * args.time_scale)),
                              "--decode-us-per-token", "%d" % max(1, round(7500 * args.time_scale)),
-                             "--max-model-len", "131072"]
+                             "--max-model-len", str(MAX_MODEL_LEN)]
     args.node_flags = args.engine_flags + args.sim_flag
 
     variants = variants_of(args)
