@@ -210,10 +210,12 @@ def run_one(args, procs, variant, speedup):
             cmd += ["--engine-metrics-url", "http://%s/metrics" % node]
         print("=== %s, speed-up %g: %s" % (variant["name"], speedup, " ".join(cmd[1:])), flush=True)
         started = time.monotonic()
+        load_before = os.getloadavg()[0]
         rc = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode
         result = json.load(open(out)) if os.path.exists(out) else {}
         result["bench_rc"] = rc
         result["wall_s"] = time.monotonic() - started
+        result["load"] = (load_before, os.getloadavg()[0])
         result["prefill_loads"] = dep.loads(dep.prefills)
         result["decode_loads"] = dep.loads(dep.decodes)
         return result
@@ -280,8 +282,9 @@ def render(args, variants, results, started):
          ", ".join("%g" % s for s in args.speedups), args.slo_ttft_ms, args.slo_tbt_ms,
          round(100 * args.target)))
     w("")
-    engine_text = ("`--engine vllm` (vLLM V1's scheduler: %s), at `--time-scale %g`" % (
-        "the profile's defaults" if not args.engine_flags else " ".join(args.engine_flags), t)
+    engine_text = ("`--engine vllm` (the simulated vLLM V1 engine with its default profile: an 8B "
+                   "model on one H100, 8192-token steps, 1024 seats, 29,000 KV blocks of 16 tokens, "
+                   "prefix cache, recompute preemption) at `--time-scale %g`" % t
         if args.engine == "vllm" else
         "the per-token model (`%s`): each request timed on its own, no batch, no queue, so no "
         "node ever saturates and the sweep measures this machine, not the policies"
@@ -311,8 +314,11 @@ def render(args, variants, results, started):
     if args.note:
         w("**Note**: %s" % args.note)
         w("")
-    w("**Machine**: %s, %d cores, %s, load %s (sampled at the end)." % (m["cpu"], m["nproc"],
-                                                                         m["kernel"], m["load"]))
+    loads = [x for runs in results.values() for r in runs.values() for x in r.get("load", ())]
+    w("**Machine**: %s, %d cores, %s; 1-minute load average %s over the runs (sampled at the start "
+      "and end of each), %s at the end."
+      % (m["cpu"], m["nproc"], m["kernel"],
+         "%.1f to %.1f" % (min(loads), max(loads)) if loads else "unknown", m["load"]))
     w("")
     w("## Where each variant saturates")
     w("")
@@ -330,6 +336,14 @@ def render(args, variants, results, started):
             ("%g" % best if best is not None else "n/a"),
             "%.2f" % (runs[best].get("goodput", 0) * t) if best is not None else "n/a", nxt))
     w("")
+    base = goodput_speedup(results.get(variants[0]["name"], {}), args.target) if variants else None
+    if base:
+        w("Against *%s* (goodput speed-up %g): %s." % (
+            variants[0]["name"], base, "; ".join(
+                "*%s* %s" % (v["name"], "%.2fx" % (goodput_speedup(results.get(v["name"], {}), args.target) / base)
+                             if goodput_speedup(results.get(v["name"], {}), args.target) else "below the sweep")
+                for v in variants[1:])))
+        w("")
     w("## Every run")
     w("")
     w("| variant | speed-up | requests | failed (429/503/other) | attainment % | goodput req/s "
