@@ -22,7 +22,8 @@ every figure below is in modelled (GPU) time.
       [--sim-flag=FLAG ...] [--backend completions|generate] [--slo-ttft-ms MS] [--slo-tbt-ms MS]
       [--target 0.9] [--note TEXT]
 
-Every (variant, speed-up) starts a fresh deployment (cold caches). A variant's sweep stops after a
+Every (variant, speed-up) starts a fresh deployment (cold caches). Runs go speed-up by speed-up,
+every variant at each (a machine whose load drifts weighs on all alike); a variant stops after a
 speed-up below 50% attainment (higher ones would only queue longer). --smoke (CTest
 bench.serving_goodput): a few dozen requests at two speed-ups, round_robin and cache_aware and,
 when /usr/bin/etcd exists, the two-replica variant; results in a temporary file; fails if a run
@@ -304,10 +305,12 @@ def render(args, variants, results, started):
       "decode node: a hot spot shows as one node taking most; *preemptions* per node, prefill "
       "nodes first; "
       "*lag* = how late pdrouter-bench sent its latest request (wall s; a lagging client "
-      "understates the load)."
+      "understates the load); *load* = the machine's 1-minute load average at the run's start and "
+      "end. Runs go speed-up by speed-up, every variant at each, so a busy spell on the machine "
+      "weighs on all variants alike; a variant stops after a speed-up below %d%% attainment."
       % (args.prefills, args.decodes, engine_text,
          (", extra sim flags `%s`" % " ".join(args.sim_flag)) if args.sim_flag else "",
-         1 / t, 1 / t, t, t))
+         1 / t, 1 / t, t, t, round(100 * STOP_BELOW)))
     w("")
     w("Variants: " + "; ".join("*%s*: %s" % (v["name"], v["what"]) for v in variants) + ".")
     w("")
@@ -348,8 +351,8 @@ def render(args, variants, results, started):
     w("")
     w("| variant | speed-up | requests | failed (429/503/other) | attainment % | goodput req/s "
       "| TTFT p50 / p99 (ms) | TBT p50 / p99 (ms) | router hit % | engine hit % | oracle hit % "
-      "| prefill requests | prefill computed (k tokens) | decode requests | preemptions | lag (s) |")
-    w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | ---: |")
+      "| prefill requests | prefill computed (k tokens) | decode requests | preemptions | lag (s) | load |")
+    w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | ---: | ---: |")
     for v in variants:
         runs = results.get(v["name"], {})
         for speedup in sorted(runs):
@@ -365,7 +368,7 @@ def render(args, variants, results, started):
                                      for l in decodes) or "n/a"
             preempt = ["?" if l["preemptions"] is None else "%d" % l["preemptions"]
                        for l in loads + decodes]
-            w("| %s | %g | %s | %s (%s/%s/%s) | %s | %.2f | %s / %s | %s / %s | %s | %s | %s | %s | %s | %s | %s | %.2f |" % (
+            w("| %s | %g | %s | %s (%s/%s/%s) | %s | %.2f | %s / %s | %s / %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %s |" % (
                 v["name"], speedup, r.get("slo_requests", "?"), failed, r.get("http_429", 0),
                 r.get("http_503", 0), other, pct(r.get("slo_attainment")),
                 r.get("goodput", 0) * t,
@@ -373,7 +376,8 @@ def render(args, variants, results, started):
                 modelled_ms(r, "median_tbt_ms", t), modelled_ms(r, "p99_tbt_ms", t),
                 pct(r.get("router_prefix_hit_rate")), pct(r.get("engine_prefix_hit_rate")),
                 pct(r.get("oracle_prefix_hit_rate")), spread, work, decode_spread,
-                "/".join(preempt) or "n/a", r.get("max_send_lag_s", 0)))
+                "/".join(preempt) or "n/a", r.get("max_send_lag_s", 0),
+                "%.0f-%.0f" % tuple(r["load"]) if r.get("load") else "?"))
     w("")
     errors, runs_total = {}, 0
     for v in variants:
@@ -535,10 +539,15 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc)
     results = {}
     status = 0
+    # Speed-up by speed-up, every variant at each: a machine whose load changes over the sweep
+    # then weighs on every variant alike, not on whichever ran during a busy spell.
+    saturated = set()
     try:
-        for v in variants:
-            runs = results.setdefault(v["name"], {})
-            for speedup in args.speedups:
+        for speedup in args.speedups:
+            for v in variants:
+                if v["name"] in saturated:
+                    continue
+                runs = results.setdefault(v["name"], {})
                 r = run_one(args, procs, v, speedup)
                 runs[speedup] = r
                 lost = r.get("failed", 0) - sum(r.get("failed_http_status", {}).values())
@@ -554,7 +563,7 @@ def main():
                       % (pct(r.get("slo_attainment")), r.get("goodput", 0) * args.time_scale,
                          r["wall_s"]), flush=True)
                 if not args.smoke and r.get("slo_attainment", 0) < STOP_BELOW:
-                    break
+                    saturated.add(v["name"])
     except KeyboardInterrupt:
         status = 130
     except (RuntimeError, OSError) as e:
