@@ -7,20 +7,20 @@ TBT <= 100 ms, TBT being the mean of a request's slowest 10% token gaps, as Moon
 judges) and goodput (requests/s meeting both); a policy's goodput is the highest speed-up at which
 it keeps >= 90% attainment (DistServe's definition), i.e. where it saturates.
 
-The sims are the subject's stand-in for GPUs, so how they are timed decides what this measures:
+The sims stand in for GPUs, so how they are timed decides what this measures:
 with `pdnode sim --engine vllm` (a vLLM V1 scheduler model: token budget, seats, KV blocks,
 preemption, prefix cache) a node contends like a GPU and a bad route costs queueing; the default
 per-token sims time each request on its own and never saturate, so the sweep then shows the
 machine, not the policy. --engine auto (default) uses the engine model when `pdnode sim --help`
 lists it. The engine runs at --time-scale (wall seconds per modelled second, default 0.2: five
 times faster than a GPU); arrivals are compressed by the same factor and the SLOs scaled by it, so
-every figure below is in modelled (GPU) time.
+every figure in the results is in modelled (GPU) time.
 
   bench/serving/goodput_bench.py [--bin-dir DIR] [--smoke] [--results FILE] [--trace FILE]
-      [--num-prompts N] [--speedups LIST] [--policies LIST] [--etcd-policies LIST]
+      [--num-prompts N] [--first I] [--speedups LIST] [--policies LIST] [--etcd-policies LIST]
       [--prefills P] [--decodes D] [--engine auto|vllm|per-token] [--time-scale T]
       [--sim-flag=FLAG ...] [--backend completions|generate] [--slo-ttft-ms MS] [--slo-tbt-ms MS]
-      [--target 0.9] [--note TEXT]
+      [--target 0.9] [--request-timeout S] [--note TEXT]
 
 Every (variant, speed-up) starts a fresh deployment (cold caches). Runs go speed-up by speed-up,
 every variant at each (a machine whose load drifts weighs on all alike); a variant stops after a
