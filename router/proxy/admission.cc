@@ -35,8 +35,9 @@ std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, size_t b
   ProxyCounters& counters = worker.counters();
   const auto& limits = worker.topology()->limits;
   const auto limit = static_cast<int64_t>(limits.max_concurrent_requests);
-  // Orphaned prefill legs (proxy_session.h) still hold a node's work and an fd: they count too.
-  const int64_t orphans = counters.orphan_prefills.load(std::memory_order_relaxed);
+  // Orphaned prefill legs (orphan_legs.h) are not counted here: a prefill that never answers
+  // would turn every request into an orphan holding a client's slot, and a handful of clients
+  // would be refused most of the time. limits.max_orphan_legs_per_node bounds them instead.
   // Both refusals give the slot back and ask the client to retry in a second.
   auto refuse_for_now = [&](Refusal why, int status, const std::string& message, const char* type,
                             const char* code) {
@@ -47,7 +48,7 @@ std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, size_t b
     writer.send(std::move(r));
     return std::nullopt;
   };
-  if (counters.in_flight.fetch_add(1, std::memory_order_relaxed) + orphans >= limit) {
+  if (counters.in_flight.fetch_add(1, std::memory_order_relaxed) >= limit) {
     return refuse_for_now(Refusal::kTooBusy, 429,
                           "too many requests in flight (limits.max_concurrent_requests = " +
                               std::to_string(limit) + ")",

@@ -2,7 +2,8 @@
 // (ProxyService::admit) and the one-node endpoints (one_node_relay.h). Both refuse the same way:
 //   503 shutting_down      pdrouter drains (begin_shutdown)
 //   429 too_many_requests  limits.max_concurrent_requests requests already in flight (P/D and
-//                          one-node together, plus orphaned prefill legs), with Retry-After: 1
+//                          one-node together; orphaned prefill legs never count: orphan_legs.h),
+//                          with Retry-After: 1
 //   503 memory_budget      the request body would take limits.max_buffered_bytes over its budget,
 //                          with Retry-After: 1
 // Each refusal is counted in pdrouter_requests_refused_total{reason}. What a request holds once

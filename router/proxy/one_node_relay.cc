@@ -142,7 +142,12 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   for (const char* name : {"Content-Type", "Accept", "X-Request-Id"}) {
     if (auto value = request.header(name)) upstream.headers.push_back({name, std::string(*value)});
   }
-  std::string auth = upstream_authorization(*topology, request.header("Authorization").value_or(std::string_view()));
+  const std::string_view client_auth = request.header("Authorization").value_or(std::string_view());
+  // A pass-through path is one pdrouter knows nothing about: the router's own upstream key never
+  // goes with it (it would let any client call what the node guards with that key); the
+  // client's own credentials do.
+  std::string auth = node_class == OneNodeClass::kPassThrough ? std::string(client_auth)
+                                                               : upstream_authorization(*topology, client_auth);
   if (!auth.empty()) upstream.headers.push_back({"Authorization", std::move(auth)});
   upstream.body = std::move(request.body);  // the request is done with: no second copy of an upload
 

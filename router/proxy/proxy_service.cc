@@ -4,6 +4,7 @@
 #include "router/proxy/admission.h"
 #include "router/proxy/engine_metrics.h"
 #include "router/proxy/node_endpoints.h"
+#include "router/proxy/pass_through.h"
 #include "router/proxy/proxy_session.h"
 
 namespace pdr::router::proxy {
@@ -30,6 +31,7 @@ ProxyService::ProxyService(const SnapshotCell<discovery::RegistrySnapshot>& regi
   shared_.registry = &registry;
   shared_.topology = &topology;
   shared_.counters.conversations = &shared_.conversations;
+  shared_.workers = workers;
 }
 
 ProxyService::~ProxyService() = default;
@@ -69,9 +71,30 @@ void ProxyService::one_node(http::Request& request, http::ResponseWriter writer,
 
 bool ProxyService::pass_through(http::Request& request, http::ResponseWriter& writer) {
   WorkerContext& w = worker(request.worker);
-  if (!w.topology()->routing.pass_through_unknown) return false;
-  serve_one_node(w, request, std::move(writer), OneNodeClass::kPassThrough);
-  return true;
+  const auto& routing = w.topology()->routing;
+  if (!routing.pass_through_unknown) return false;
+  switch (check_pass_through(request.path, routing.pass_through_paths)) {
+    case PassThroughVerdict::kAllowed:
+      serve_one_node(w, request, std::move(writer), OneNodeClass::kPassThrough);
+      return true;
+    case PassThroughVerdict::kNodeAdmin:
+      shared_.counters.refuse(Refusal::kPassThroughDenied);
+      writer.send(http::error_response(403,
+                                       request.path + " is a node operator endpoint: pdrouter does not relay it "
+                                                      "(routing.pass_through_unknown relays client endpoints only)",
+                                       "invalid_request_error", "forbidden"));
+      return true;
+    case PassThroughVerdict::kNotListed:
+      shared_.counters.refuse(Refusal::kPassThroughDenied);
+      writer.send(http::error_response(404, "no route for " + request.method + " " + request.path,
+                                       "invalid_request_error", "not_found"));
+      return true;
+  }
+  return false;
+}
+
+void ProxyService::count_pass_through_refused(const http::Request& request) {
+  if (worker(request.worker).topology()->routing.pass_through_unknown) shared_.counters.refuse(Refusal::kPassThroughDenied);
 }
 
 void ProxyService::profile(const http::Request& request, http::ResponseWriter writer) {

@@ -247,6 +247,7 @@ struct ProxySession::State {
   bool prefill_timed = false;   // the prefill attempt in flight is not yet in leg_duration
   bool decode_timed = false;    // the decode attempt in flight is not yet in leg_duration
   bool orphan = false;          // counted in orphan_prefills: the prefill leg outlives the request
+  uint64_t orphan_id = 0;       // its entry in the worker's OrphanLegs (orphan_legs.h)
   int64_t budget_held = 0;      // bytes of limits.max_buffered_bytes this request holds (body + answer)
   int64_t answer_budget = 0;    // of which the buffered decode answer's
 
@@ -591,10 +592,7 @@ void ProxySession::on_prefill_deadline() {
   State& s = *s_;
   if (!s.prefill_call) return;
   if (finished()) {  // an orphan (end()): its grace period or its deadline is over
-    s.prefill_call->cancel();
-    s.prefill_call.reset();
-    s.w.counters().bump(s.w.counters().orphan_prefills_closed);
-    orphan_done();
+    close_orphan();
     return;
   }
   s.w.counters().bump(s.w.counters().prefill_deadlines);
@@ -603,11 +601,23 @@ void ProxySession::on_prefill_deadline() {
                                            std::to_string(s.topo->timeouts.prefill.count()) + " ms");
 }
 
+void ProxySession::close_orphan() {
+  State& s = *s_;
+  s.prefill_timer.stop();
+  if (s.prefill_call) {
+    s.prefill_call->cancel();
+    s.prefill_call.reset();
+    s.w.counters().bump(s.w.counters().orphan_prefills_closed);
+  }
+  orphan_done();
+}
+
 void ProxySession::orphan_done() {
   State& s = *s_;
   if (!s.orphan) return;
   s.orphan = false;
   s.w.counters().orphan_prefills.fetch_sub(1, std::memory_order_relaxed);
+  s.w.orphans().remove(s.prefill_key, s.orphan_id);
 }
 
 void ProxySession::on_prefill_complete() {
@@ -1147,13 +1157,17 @@ void ProxySession::end(RequestState final_state) {
   s.stall_timer.stop();
   s.head_timer.stop();
   s.request_timer.stop();
-  if (final_state == RequestState::kDone && s.legs.plan.concurrent && s.prefill_call) {
+  const size_t orphan_limit =
+      OrphanLegs::per_worker_limit(s.topo->limits.max_orphan_legs_per_node, s.w.shared().workers);
+  if (final_state == RequestState::kDone && s.legs.plan.concurrent && s.prefill_call && orphan_limit > 0 &&
+      s.topo->timeouts.orphan_grace.count() > 0) {
     // Concurrent dialects: the decode answered, the prefill may still be finishing (and, on a
     // fast decode, its request may not even have been written yet). Closing it would abort a
     // prefill whose KV already went out; it is read to its end and dropped instead
-    // (PROTOCOLS.md Implications 8). Its answer is no longer buffered, it counts against
-    // limits.max_concurrent_requests as an orphan, and it is closed after kOrphanGrace or at its
-    // timeouts.prefill deadline, whichever comes first (attacks bug 5).
+    // (PROTOCOLS.md Implications 8). Its answer is no longer buffered and it is closed after
+    // timeouts.orphan_grace_ms or at its timeouts.prefill deadline, whichever comes first. It
+    // holds no admission slot (a prefill that never answers must not make pdrouter refuse
+    // clients): limits.max_orphan_legs_per_node bounds orphans per node, closing the oldest.
     if (s.decode_call) {
       s.decode_call->cancel();
       s.decode_call.reset();
@@ -1161,17 +1175,23 @@ void ProxySession::end(RequestState final_state) {
     give_answer_buffer(s.prefill_body);
     s.orphan = true;
     s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
-    const auto grace = std::min(until(s.prefill_deadline), std::chrono::milliseconds(kOrphanGrace));
+    const auto grace = std::min(until(s.prefill_deadline), s.topo->timeouts.orphan_grace);
     s.prefill_timer.start(s.w.timers(), grace, [this] {  // see SessionTimers
       shared_from_this()->on_prefill_deadline();
     });
+    std::weak_ptr<ProxySession> evicted;
+    s.orphan_id = s.w.orphans().add(s.prefill_key, weak_from_this(), orphan_limit, &evicted);
+    if (auto oldest = evicted.lock()) {
+      s.w.counters().bump(s.w.counters().orphan_prefills_evicted);
+      oldest->close_orphan();
+    }
   } else {
     close_legs();
     s.prefill_timer.stop();
   }
   release_pair();
   // Nothing can retry any more: the bodies go now, not when the last callback lets go of the
-  // session (an orphaned prefill keeps it for up to kOrphanGrace).
+  // session (an orphaned prefill keeps it for up to timeouts.orphan_grace_ms).
   s.req.body = std::string();
   give_answer_buffer(s.prefill_body);
   s.client = proto::JsonObjectBody();
