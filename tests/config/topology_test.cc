@@ -887,6 +887,18 @@ TEST(TopologyWarnings, TokenizeByNodeWithoutKvEvents) {
   EXPECT_TRUE(topology_warnings(t).empty());
 }
 
+// A right admin key passes the throttle even while its source is throttled, so a short key is
+// warned about.
+TEST(TopologyWarnings, ShortAdminKey) {
+  Topology t;
+  t.admin.api_key = "adm1n";
+  auto warnings = topology_warnings(t);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("admin.api_key is 5 characters long"));
+  t.admin.api_key = "0123456789abcdef";
+  EXPECT_TRUE(topology_warnings(t).empty());
+}
+
 TEST(TopologyParse, AdminListenerAndProtectStatus) {
   Topology t;
   ASSERT_TRUE(parse("admin: {}\n", &t).is_ok());
