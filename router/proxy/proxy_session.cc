@@ -10,6 +10,7 @@
 #include "proto/dialects/dialect.h"
 #include "proto/generate_request.h"
 #include "proto/json_splice.h"
+#include "proto/request_checks.h"
 #include "proto/request_legs.h"
 #include "proto/responses_legs.h"
 #include "proto/responses_stream.h"
@@ -154,28 +155,14 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view hea
   return summarize_affinity(in, topology.policies.affinity_prefix_bytes);
 }
 
-// Parameters pdrouter can refuse itself before sending any leg (attacks bug 15): a message for a
-// 400, or nothing. Token counts below 1 are refused by vLLM anyway, but only after the prefill
-// leg (rewritten to max_tokens 1) ran the whole prompt. n must be an integer >= 1; *choices gets
-// it (1 when absent or null). n > 1 cannot go through P/D (the prefill leg's KV export and the
-// decode's import are per request, not per sampled choice: vLLM's connectors do not transfer KV
-// for parallel sampling), so it goes to the decode alone where the dialect allows that
-// (decode_alone.h), and is refused after pairing otherwise.
-std::optional<std::string> check_parameters(const proto::JsonObjectBody& body, int64_t* choices) {
-  *choices = 1;
-  for (std::string_view key : {"max_tokens", "max_completion_tokens"}) {
-    if (!body.has(key) || body.is_null(key)) continue;
-    std::optional<int64_t> v;
-    if (!body.get_int(key, &v).is_ok() || !v) continue;  // not an integer: build_legs refuses it
-    if (*v < 1) return std::string(key) + " must be at least 1, got " + std::to_string(*v);
-  }
-  if (body.has("n") && !body.is_null("n")) {
-    std::optional<int64_t> n;
-    if (!body.get_int("n", &n).is_ok() || !n) return std::string("n must be an integer");
-    if (*n < 1) return "n must be at least 1, got " + std::to_string(*n);
-    *choices = *n;
-  }
-  return std::nullopt;
+// Parameters pdrouter can refuse itself before sending any leg (proto/request_checks.h): a
+// message for a 400, or nothing. *choices gets n (1 when absent or null). n > 1 cannot go through
+// P/D (the prefill leg's KV export and the decode's import are per request, not per sampled
+// choice: vLLM's connectors do not transfer KV for parallel sampling), so it goes to the decode
+// alone where the dialect allows that (decode_alone.h), and is refused after pairing otherwise.
+std::optional<std::string> check_parameters(std::string_view path, const proto::JsonObjectBody& body,
+                                            int64_t* choices) {
+  return proto::check_client_parameters(path, body, choices);
 }
 
 // The error code a client gets for a request that failed on `leg` for `cause`.
@@ -321,7 +308,7 @@ void ProxySession::begin() {
       return;
     }
     s.choices = s.generate.choices;
-  } else if (auto refusal = check_parameters(body, &s.choices)) {
+  } else if (auto refusal = check_parameters(s.req.path, body, &s.choices)) {
     s.w.counters().refuse(Refusal::kBadParameter);
     s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
     end(RequestState::kFailed);

@@ -310,6 +310,49 @@ class RefusedParameters(BoundsTest):
         self.assertEqual(len(generation_requests(c.prefills[0].sim_requests())), 2)
         self.assertEqual(len(generation_requests(c.decodes[0].sim_requests())), 2)
 
+    def test_token_caps_that_fit_no_count_and_non_boolean_stream_are_400_before_any_leg(self):
+        # Before the fix these reached both legs (the prefill ran the prompt before the decode's
+        # 400): a 64-bit or 10-digit cap, a cap written as a float, stream: "yes", and any
+        # max_output_tokens on /v1/responses.
+        c = self.cluster(kv_backends="none")
+        responses = {"model": "sim-model", "input": "hello there"}
+        generate = {"model": "sim-model", "token_ids": [1, 2, 3]}
+        cases = [(COMPLETIONS, completion(max_tokens=2 ** 63 - 1), "max_tokens"),
+                 (COMPLETIONS, completion(max_tokens=10 ** 10), "max_tokens"),
+                 (COMPLETIONS, '{"model": "sim-model", "prompt": "a b", "max_tokens": 1e10}', "max_tokens"),
+                 (COMPLETIONS, completion(max_tokens=2 ** 31), "max_tokens"),
+                 (CHAT, chat(max_tokens=None, max_completion_tokens=2 ** 31), "max_completion_tokens"),
+                 (COMPLETIONS, completion(stream="yes"), "stream"),
+                 (CHAT, chat(stream=1), "stream"),
+                 ("/v1/responses", dict(responses, max_output_tokens=-1), "max_output_tokens"),
+                 ("/v1/responses", dict(responses, max_output_tokens=0), "max_output_tokens"),
+                 ("/v1/responses", dict(responses, max_output_tokens=2 ** 63 - 1), "max_output_tokens"),
+                 ("/v1/responses", dict(responses, max_output_tokens=1.5), "max_output_tokens"),
+                 ("/v1/responses", dict(responses, stream="yes"), "stream"),
+                 ("/inference/v1/generate", dict(generate, sampling_params={"max_tokens": 2 ** 31}),
+                  "sampling_params.max_tokens"),
+                 ("/inference/v1/generate", dict(generate, sampling_params={"max_tokens": 2 ** 63 - 1}),
+                  "sampling_params.max_tokens")]
+        for path, body, key in cases:
+            status, _, raw = c.post(path, body)
+            self.assertEqual(status, 400, (path, body, raw))
+            error = error_of(raw)
+            self.assertEqual(error["code"], "invalid_parameter", raw)
+            self.assertTrue(error["message"].startswith(key), raw)
+        self.assertEqual(c.metric('pdrouter_requests_refused_total{reason="bad_parameter"}'), len(cases))
+        for node in c.prefills + c.decodes:
+            self.assertEqual(node.sim_requests()["counters"]["requests"], 0)
+        # Beyond 64 bits the body is no JSON pdrouter (simdjson) reads: a 400 as well.
+        status, _, raw = c.post(COMPLETIONS, completion(max_tokens=2 ** 64))
+        self.assertEqual(status, 400, raw)
+        for node in c.prefills + c.decodes:
+            self.assertEqual(node.sim_requests()["counters"]["requests"], 0)
+        # Caps that fit, and the booleans, still go through.
+        status, _, raw = c.post(COMPLETIONS, completion(max_tokens=4, stream=False))
+        self.assertEqual(status, 200, raw)
+        status, _, raw = c.post("/v1/responses", dict(responses, max_output_tokens=4))
+        self.assertEqual(status, 200, raw)
+
 
 class BufferedBytesBudget(BoundsTest):
     def test_bodies_and_buffered_answers_share_one_budget(self):
