@@ -56,7 +56,8 @@ struct ServerOptions {
   std::chrono::milliseconds header_read_timeout{10000};
   std::chrono::milliseconds body_read_timeout{30000};  // whole body, from the end of the headers
   std::chrono::milliseconds keep_alive_idle{60000};
-  uint32_t max_connections = 16384;  // across all workers; excess is accepted and closed at once
+  // Across all workers; excess is accepted, answered 503 (Retry-After: 1) and closed at once.
+  uint32_t max_connections = 16384;
   int backlog = 1024;
   // Runs on each worker's own thread during stop(), after its connections are closed and before
   // its loop ends: the place to release per-worker state holding handles on that loop (upstream
@@ -68,6 +69,9 @@ struct ServerOptions {
 struct ServerStats {
   std::atomic<uint64_t> connections_accepted{0};
   std::atomic<uint64_t> connections_rejected{0};  // over max_connections
+  // Connections answered 503 (Retry-After: 1) and closed at once: over max_connections, or
+  // accepted into the reserve descriptor when the process had no descriptor left.
+  std::atomic<uint64_t> busy_refusals{0};
   std::atomic<uint64_t> connections_active{0};    // gauge
   std::atomic<uint64_t> requests{0};              // dispatched to the handler
   std::array<std::atomic<uint64_t>, 6> responses_by_class{};  // [1]=1xx ... [5]=5xx; [0] unused

@@ -595,11 +595,16 @@ TEST_F(HttpServerTest, MaxConnectionsRejectsExcess) {
   HttpClient b = connect();
   ASSERT_EQ(a.request("GET", "/hello").status, 200);
   ASSERT_EQ(b.request("GET", "/hello").status, 200);
+  // The excess connection is answered 503 with Retry-After, then closed.
   HttpClient extra = connect();
   pdr::test::ReadResult rr = extra.read_until_closed(3s);
   EXPECT_TRUE(rr.closed) << rr.error;
-  EXPECT_EQ(rr.data, "");
+  EXPECT_TRUE(rr.data.starts_with("HTTP/1.1 503 Service Unavailable\r\n")) << rr.data;
+  EXPECT_NE(rr.data.find("\r\nRetry-After: 1\r\n"), std::string::npos) << rr.data;
+  EXPECT_NE(rr.data.find("\r\nConnection: close\r\n"), std::string::npos) << rr.data;
+  EXPECT_NE(rr.data.find("\"code\":\"too_many_connections\""), std::string::npos) << rr.data;
   EXPECT_EQ(server_.stats().connections_rejected.load(), 1u);
+  EXPECT_EQ(server_.stats().busy_refusals.load(), 1u);
   // Capacity returns once a connection closes.
   a.close();
   const auto t0 = Clock::now();
