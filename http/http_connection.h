@@ -91,7 +91,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool add_header_bytes(size_t n);
   int fail_parse(int status, const char* reason);
   void send_error_and_close(int status, std::string_view message, std::string_view type,
-                            std::string_view code);
+                            std::string_view code, bool retry_after = false);
   void begin_next_request();
   void finish_response();
   void begin_close_after_flush();

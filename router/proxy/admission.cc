@@ -30,7 +30,7 @@ bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& write
   return true;
 }
 
-std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, size_t body_bytes,
+std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, http::Request& request, size_t leg_copies,
                                                  http::ResponseWriter& writer) {
   ProxyCounters& counters = worker.counters();
   const auto& limits = worker.topology()->limits;
@@ -55,16 +55,22 @@ std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, size_t b
                           "rate_limit_error", "too_many_requests");
   }
   // The body stays in memory while the request is served (a P/D request renders retries from it;
-  // a one-node request holds it until the node has it): it takes its share of
-  // limits.max_buffered_bytes, shared by every worker (security review #11, attacks bug 6).
+  // a one-node request holds it until the node has it), and each leg's wire copy while it is
+  // written: all of it takes its share of limits.max_buffered_bytes, shared by every worker.
+  // The server charged the body's buffer already (a server without a budget, in tests: charged
+  // here).
   const uint32_t budget = limits.max_buffered_bytes;
-  if (!counters.reserve_buffered(body_bytes, budget)) {
+  const size_t charged = request.body_charge.bytes();
+  const size_t buffer = charged != 0 || request.body.empty() ? 0 : request.body.capacity();
+  const size_t extra = buffer + leg_copies * request.body.size();
+  if (!counters.reserve_buffered(extra, budget)) {
     return refuse_for_now(Refusal::kMemoryBudget, 503,
                           "pdrouter is holding too many request bytes (limits.max_buffered_bytes = " +
                               std::to_string(budget) + ")",
                           "server_error", "memory_budget");
   }
-  return AdmissionSlot(counters, body_bytes);
+  request.body_charge.take();  // its bytes are the slot's now
+  return AdmissionSlot(counters, charged + extra);
 }
 
 }  // namespace pdr::router::proxy

@@ -112,7 +112,8 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
     count(worker, node_class, kRefused);
     return;
   }
-  std::optional<AdmissionSlot> admission = take_admission_slot(worker, request.body.size(), writer);
+  // The body and the one wire copy the upstream client renders it into (admission.h).
+  std::optional<AdmissionSlot> admission = take_admission_slot(worker, request, 1, writer);
   if (!admission) {
     count(worker, node_class, kRefused);
     return;

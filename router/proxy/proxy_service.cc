@@ -93,6 +93,17 @@ bool ProxyService::pass_through(http::Request& request, http::ResponseWriter& wr
   return false;
 }
 
+bool ProxyService::reserve(uint32_t worker_index, size_t bytes) {
+  // The limit is the worker's current topology's (a reload applies to the next body).
+  if (shared_.counters.reserve_buffered(bytes, worker(worker_index).topology()->limits.max_buffered_bytes)) return true;
+  shared_.counters.refuse(Refusal::kMemoryBudget);
+  return false;
+}
+
+void ProxyService::release(size_t bytes) {
+  shared_.counters.buffered_bytes.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+}
+
 void ProxyService::count_pass_through_refused(const http::Request& request) {
   if (worker(request.worker).topology()->routing.pass_through_unknown) shared_.counters.refuse(Refusal::kPassThroughDenied);
 }
@@ -111,11 +122,12 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
     return;
   }
   WorkerContext& w = worker(request.worker);
-  std::optional<AdmissionSlot> slot = take_admission_slot(w, request.body.size(), writer);
+  // Both legs' wire copies are charged with the body (admission.h).
+  std::optional<AdmissionSlot> slot = take_admission_slot(w, request, 2, writer);
   if (!slot) return;
-  slot->hand_over();  // the session gives both back when it ends (its budget grows with its answer)
   AdmittedRequest admitted;
-  admitted.budget_bytes = request.body.size();
+  admitted.budget_bytes = slot->bytes();
+  slot->hand_over();  // the session gives both back when it ends (its budget grows with its answer)
   admitted.arrived_at = request.head_at;
   admitted.path = std::move(request.path);
   admitted.body = std::move(request.body);

@@ -27,13 +27,21 @@
 
 namespace pdr::router::proxy {
 
-class ProxyService {
+// Also the client server's body budget (http/body_budget.h, ServerOptions::body_budget): bodies
+// are charged to limits.max_buffered_bytes as the server buffers them, refusals counted as
+// pdrouter_requests_refused_total{reason="memory_budget"}; admission (admission.h) takes the
+// charge over. Only for the server whose workers this service's worker contexts belong to.
+class ProxyService : public http::BodyBudget {
  public:
   // `server` provides each worker's loop; `workers` is its worker count.
   ProxyService(const SnapshotCell<discovery::RegistrySnapshot>& registry,
                const SnapshotCell<config::Topology>& topology, http::Server& server,
                uint32_t workers);
-  ~ProxyService();
+  ~ProxyService() override;
+
+  // http::BodyBudget: on worker `worker`'s thread / any thread.
+  bool reserve(uint32_t worker, size_t bytes) override;
+  void release(size_t bytes) override;
 
   // The endpoints, one per route (router/route_table.cc decides which request reaches which,
   // and answers 404/405 itself). Each runs on worker request.worker.

@@ -1160,18 +1160,19 @@ void ProxySession::end(RequestState final_state) {
       s.decode_call.reset();
     }
     give_answer_buffer(s.prefill_body);
-    s.orphan = true;
-    s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
-    const auto grace = std::min(until(s.prefill_deadline), s.topo->timeouts.orphan_grace);
-    s.prefill_timer.start(s.w.timers(), grace, [this] {  // see SessionTimers
-      shared_from_this()->on_prefill_deadline();
-    });
+    // The node's oldest orphan goes first, so the gauge never shows one over the limit.
     std::weak_ptr<ProxySession> evicted;
     s.orphan_id = s.w.orphans().add(s.prefill_key, weak_from_this(), orphan_limit, &evicted);
     if (auto oldest = evicted.lock()) {
       s.w.counters().bump(s.w.counters().orphan_prefills_evicted);
       oldest->close_orphan();
     }
+    s.orphan = true;
+    s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
+    const auto grace = std::min(until(s.prefill_deadline), s.topo->timeouts.orphan_grace);
+    s.prefill_timer.start(s.w.timers(), grace, [this] {  // see SessionTimers
+      shared_from_this()->on_prefill_deadline();
+    });
   } else {
     close_legs();
     s.prefill_timer.stop();

@@ -613,6 +613,72 @@ TEST_F(HttpServerTest, MaxConnectionsRejectsExcess) {
   EXPECT_EQ(d.request("GET", "/hello").status, 200);
 }
 
+// A budget of request-body bytes: what the server charged, at most `limit` at once.
+class TestBudget : public BodyBudget {
+ public:
+  explicit TestBudget(size_t limit) : limit_(limit) {}
+  bool reserve(uint32_t, size_t bytes) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (held_ + bytes > limit_) {
+      ++refused_;
+      return false;
+    }
+    held_ += bytes;
+    peak_ = std::max(peak_, held_);
+    return true;
+  }
+  void release(size_t bytes) override {
+    std::lock_guard<std::mutex> l(mu_);
+    held_ -= bytes;
+  }
+  size_t held() { std::lock_guard<std::mutex> l(mu_); return held_; }
+  size_t peak() { std::lock_guard<std::mutex> l(mu_); return peak_; }
+  int refused() { std::lock_guard<std::mutex> l(mu_); return refused_; }
+
+ private:
+  std::mutex mu_;
+  size_t limit_, held_ = 0, peak_ = 0;
+  int refused_ = 0;
+};
+
+// Bodies are charged as they are buffered: a Content-Length body whole before it is read (one
+// over the budget is refused unread), a chunked one by its buffer's capacity; the charge is given
+// back when the request is done with.
+TEST_F(HttpServerTest, BodyBudgetChargesBuffersAndRefusesUnread) {
+  TestBudget budget(100000);
+  ServerOptions o;
+  o.body_budget = &budget;
+  start(o);
+  HttpClient a = connect();
+  HttpResponse r = a.request("POST", "/echo", {}, std::string(60000, 'a'));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body.size(), 60000u);
+  EXPECT_EQ(budget.peak(), 60000u);
+  const auto t0 = Clock::now();
+  while (budget.held() != 0 && Clock::now() - t0 < 5s) std::this_thread::yield();
+  EXPECT_EQ(budget.held(), 0u);
+  // Over the budget: 503 with Retry-After at once, before the body is sent.
+  HttpClient b = connect();
+  ASSERT_EQ(b.send_raw("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n"), "");
+  HttpResponse refused = b.read_response(5s);
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_EQ(refused.header("retry-after").value_or(""), "1");
+  EXPECT_NE(refused.body.find("memory_budget"), std::string::npos) << refused.body;
+  EXPECT_EQ(budget.refused(), 1);
+  // Chunked: charged by capacity as the buffer grows, released after.
+  HttpClient c = connect();
+  std::string chunked = "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 10; ++i) chunked += "1000\r\n" + std::string(4096, 'c') + "\r\n";
+  chunked += "0\r\n\r\n";
+  ASSERT_EQ(c.send_raw(chunked), "");
+  r = c.read_response(5s);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body.size(), 40960u);
+  EXPECT_GE(budget.peak(), 60000u);
+  while (budget.held() != 0 && Clock::now() - t0 < 5s) std::this_thread::yield();
+  EXPECT_EQ(budget.held(), 0u);
+}
+
 TEST_F(HttpServerTest, StartFailsCleanlyOnBadHost) {
   start();
   Server other;

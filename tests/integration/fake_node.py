@@ -11,6 +11,8 @@ Modes:
                            `interval` seconds, forever (a prefill that never completes).
   "sse_flood":             200 text/event-stream of 16 KiB completion chunks, sent as fast as the
                            peer reads (blocking sends: TCP back-pressure), until it closes.
+  "slow_json":             reads the whole request, waits `interval` seconds, then answers a
+                           small 200 JSON completion and closes (a node busy with a long prompt).
   "sse_crlf":              200 text/event-stream whose events end in "\r\n\r\n" (valid SSE):
                            one completion chunk, then waits for `release` (a threading.Event
                            the test sets), then a second one and "data: [DONE]".
@@ -68,11 +70,12 @@ class FakeNode:
             name, _, value = line.partition(b":")
             if name.strip().lower() == b"content-length":
                 length = int(value.strip())
-        while len(body) < length:
-            chunk = conn.recv(65536)
+        received = len(body)  # counted, not kept: bodies may be megabytes
+        while received < length:
+            chunk = conn.recv(1 << 20)
             if not chunk:
                 return False
-            body += chunk
+            received += len(chunk)
         return True
 
     def _wait_closed(self, conn):
@@ -136,6 +139,12 @@ class FakeNode:
                 send_chunk(b"data: [DONE]\r\n\r\n")
                 conn.sendall(b"0\r\n\r\n")
                 self._wait_closed(conn)
+            elif self.mode == "slow_json":
+                time.sleep(self.interval)
+                body = (b'{"id":"cmpl-fake","object":"text_completion","model":"sim-model","choices":'
+                        b'[{"index":0,"text":"ok","finish_reason":"length"}],"kv_transfer_params":null}')
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
             else:
                 raise ValueError(self.mode)
         except OSError:
