@@ -199,22 +199,16 @@ bool accepts(const Route& route, std::string_view method) {
 }
 
 // request.path becomes its normalised spelling and request.target that spelling re-encoded plus
-// the query; false (request untouched) when the path is refused.
-bool normalize_request_path(http::Request& request) {
+// the query; a refused path leaves the request untouched and the status says why.
+Status normalize_request_path(http::Request& request) {
   std::string path;
-  if (!http::normalize_path(request.path, &path).is_ok()) return false;
+  if (Status st = http::normalize_path(request.path, &path); !st.is_ok()) return st;
   if (path != request.path) {
     request.target = http::encode_path(path);
     if (!request.query.empty()) request.target.append("?").append(request.query);
     request.path = std::move(path);
   }
-  return true;
-}
-
-// The 400's message for a path normalize_request_path refused.
-std::string normalize_error(const http::Request& request) {
-  std::string ignored;
-  return http::normalize_path(request.path, &ignored).message();
+  return Status::ok();
 }
 
 // Runs the resource's guard; false once it has answered.
@@ -308,9 +302,9 @@ void RouteTable::dispatch(Surface surface, const Endpoints& endpoints, http::Req
   // Every lookup, guard and handler below reads the one normalised spelling of the path, the one
   // a node behind pdrouter would route on (http/request_path.h): "/start%5Fprofile" is
   // "/start_profile" here too. What is relayed is that spelling, re-encoded.
-  if (!normalize_request_path(request)) {
+  if (Status st = normalize_request_path(request); !st.is_ok()) {
     if (endpoints.proxy != nullptr) endpoints.proxy->count_refusal(proxy::Refusal::kBadPath);
-    writer.send(http::error_response(400, normalize_error(request), "invalid_request_error", "invalid_path"));
+    writer.send(http::error_response(400, st.message(), "invalid_request_error", "invalid_path"));
     return;
   }
   const Lookup found = lookup(surface, request.method, request.path);
