@@ -134,6 +134,10 @@ struct Topology {
     // Whole request, admission to the last byte; 0 = no deadline. Past it: 504 request_deadline
     // (an error event if the stream began) and both legs closed.
     std::chrono::milliseconds request{0};
+    // A concurrent dialect's prefill leg still open when the decode answered (an orphan) is read
+    // and dropped for this long at most (or until its prefill deadline), then closed; 0 = closed
+    // at once (router/proxy/orphan_legs.h).
+    std::chrono::milliseconds orphan_grace{5000};
   } timeouts;
 
   struct Retries {
@@ -154,6 +158,10 @@ struct Topology {
     // together; a request or an answer that would go over it is refused (503 memory_budget).
     // 0 = no budget.
     uint32_t max_buffered_bytes = 1u << 30;
+    // Orphaned prefill legs (timeouts.orphan_grace) kept per prefill node, shared out over the
+    // workers; a new one over it closes the node's oldest. They never count against
+    // max_concurrent_requests. 0 = none kept (closed when the decode answered).
+    uint32_t max_orphan_legs_per_node = 64;
   } limits;
 
   struct Admin {
@@ -224,6 +232,10 @@ struct Topology {
   struct Routing {
     // A path no route names is relayed to one decode node instead of the 404.
     bool pass_through_unknown = false;
+    // With pass_through_unknown: the only paths relayed (empty = any path but the node admin
+    // paths, router/proxy/pass_through.h). Decoded, normalised paths ("/v1/foo"); an entry
+    // ending in "/**" also names every path below it. At most 256 entries.
+    std::vector<std::string> pass_through_paths;
   } routing;
   // Where the registry lives (router/etcd/registry_replicator.h). "memory": this process only
   // (the default). "etcd": replicas share it through etcd's v3 JSON gateway (plain HTTP, or TLS

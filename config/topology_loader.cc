@@ -285,6 +285,7 @@ Status read_timeouts(const Source& src, const Field& f, Topology::Timeouts* out)
   r.ms("drain_ms", 0, kDayMs, &out->drain);
   r.ms("client_write_ms", 1, kDayMs, &out->client_write);
   r.ms("request_ms", 0, kDayMs, &out->request);
+  r.ms("orphan_grace_ms", 0, kDayMs, &out->orphan_grace);
   return r.finish();
 }
 
@@ -304,6 +305,7 @@ Status read_limits(const Source& src, const Field& f, Topology::Limits* out) {
   r.u32("max_concurrent_requests", 1, 10'000'000, &out->max_concurrent_requests);
   r.u32("max_connections", 1, 10'000'000, &out->max_connections);
   r.u32("max_buffered_bytes", 0, 0xFFFFFFFFu, &out->max_buffered_bytes);
+  r.u32("max_orphan_legs_per_node", 0, 1'000'000, &out->max_orphan_legs_per_node);
   return r.finish();
 }
 
@@ -369,9 +371,55 @@ Status read_multi_turn(const Source& src, const Field& f, Topology::MultiTurn* o
   return r.finish();
 }
 
+// "/a/b" or "/a/**": printable ASCII without '%', '?', '#' or '*' (but the final "/**"), no empty,
+// "." or ".." segment, no trailing '/' (but "/" itself).
+bool is_normalised_path_entry(std::string_view text) {
+  if (!text.starts_with('/')) return false;
+  if (text.ends_with("/**")) text.remove_suffix(3);
+  if (text.empty() || text == "/") return true;
+  for (const char c : text) {
+    if (c <= 0x20 || c >= 0x7f || c == '%' || c == '?' || c == '#' || c == '*') return false;
+  }
+  size_t at = 1;
+  for (;;) {
+    const size_t slash = text.find('/', at);
+    const std::string_view segment = text.substr(at, slash == std::string_view::npos ? text.npos : slash - at);
+    if (segment.empty() || segment == "." || segment == "..") return false;
+    if (slash == std::string_view::npos) return true;
+    at = slash + 1;
+  }
+}
+
+// An entry is compared with the decoded, normalised request path (router/proxy/pass_through.h),
+// so it must be written in that form: an encoded or dot-segment spelling would never match.
+Status read_pass_through_paths(const Source& src, const Field& f, std::vector<std::string>* out) {
+  if (!f.value.IsSequence()) {
+    return fail(src, f, StatusCode::kWrongType, fmt::format("expected a list of paths, got {}", describe(f.value)));
+  }
+  std::vector<std::string> paths;
+  size_t i = 0;
+  for (auto it = f.value.begin(); it != f.value.end(); ++it, ++i) {
+    Field item{YAML::Node(), *it, fmt::format("{}[{}]", f.path, i)};
+    if (i >= 256) return fail(src, item, StatusCode::kOutOfRange, "at most 256 paths");
+    std::string text;
+    Status s = read_string(src, item, 256, &text);
+    if (!s) return s;
+    const bool normal = is_normalised_path_entry(text);
+    if (!normal) {
+      return fail(src, item, StatusCode::kInvalidValue,
+                  "expected a decoded path starting with '/' (no '%', '?', spaces, '//', '.' or '..' segments, "
+                  "no trailing '/'; '/**' at the end names a subtree), got " + quoted_excerpt(text));
+    }
+    paths.push_back(std::move(text));
+  }
+  *out = std::move(paths);
+  return Status::ok();
+}
+
 Status read_routing(const Source& src, const Field& f, Topology::Routing* out) {
   MapReader r(src, f);
   r.boolean("pass_through_unknown", &out->pass_through_unknown);
+  r.with("pass_through_paths", [&](const Field& v) { return read_pass_through_paths(src, v, &out->pass_through_paths); });
   return r.finish();
 }
 

@@ -1,5 +1,7 @@
 #include "config/topology_warnings.h"
 
+#include <string>
+
 namespace pdr::config {
 
 std::vector<std::string> topology_warnings(const Topology& topology) {
@@ -18,6 +20,13 @@ std::vector<std::string> topology_warnings(const Topology& topology) {
         "': the token (by default the pod's service-account token) is sent in clear on every call to the "
         "API server; use https:// (with kubernetes.ca_file), or token_file: \"\" when a local kubectl proxy "
         "adds the credentials");
+  }
+  // The admin throttle lets a right key in even while its source is throttled
+  // (router/admin_throttle.h), so guessing is bounded by the key's length, not by the throttle.
+  if (!topology.admin.api_key.empty() && topology.admin.api_key.size() < 16) {
+    out.push_back("admin.api_key is " + std::to_string(topology.admin.api_key.size()) +
+                  " characters long: a short admin key can be guessed; use a random one of at least 16 "
+                  "characters (e.g. openssl rand -hex 16)");
   }
   return out;
 }

@@ -332,6 +332,7 @@ int run(Process& p) {
                                                               topology.policies.cache_aware.prefix_tree_prompt_bytes);
   p.proxy->use_cache(p.block_index.get(), p.prefix_tree.get());
   server_opts.on_worker_stop = [proxy = p.proxy.get()](uint32_t worker) { proxy->worker_stopped(worker); };
+  server_opts.body_budget = p.proxy.get();  // bodies charged to limits.max_buffered_bytes as they are read
   router::ControlContext control;
   control.registry = &p.registry;
   control.discovery_counters = &p.discovery_counters;
@@ -381,6 +382,7 @@ int run(Process& p) {
   std::string admin_listener;
   if (topology.listeners.admin) {
     http::ServerOptions admin_opts = server_opts;
+    admin_opts.body_budget = nullptr;  // the client proxy's budget is tied to the client server's workers
     admin_opts.host = topology.listeners.admin->host;
     admin_opts.port = topology.listeners.admin->port;
     admin_opts.workers = 1;

@@ -6,6 +6,7 @@
 #include <array>
 
 #include "http/json_error.h"
+#include "http/request_path.h"
 #include "router/control_routes.h"
 #include "router/proxy/client_api.h"
 #include "router/proxy/proxy_service.h"
@@ -202,6 +203,19 @@ bool accepts(const Route& route, std::string_view method) {
   return route.method == "*" || route.method == method || (method == "HEAD" && route.method == "GET");
 }
 
+// request.path becomes its normalised spelling and request.target that spelling re-encoded plus
+// the query; a refused path leaves the request untouched and the status says why.
+Status normalize_request_path(http::Request& request) {
+  std::string path;
+  if (Status st = http::normalize_path(request.path, &path); !st.is_ok()) return st;
+  if (path != request.path) {
+    request.target = http::encode_path(path);
+    if (!request.query.empty()) request.target.append("?").append(request.query);
+    request.path = std::move(path);
+  }
+  return Status::ok();
+}
+
 // Runs the resource's guard; false once it has answered.
 bool admitted(Guard guard, const Endpoints& e, const http::Request& request, http::ResponseWriter& writer) {
   switch (guard) {
@@ -290,13 +304,26 @@ std::string RouteTable::allow(Surface surface, std::string_view path) const {
 
 void RouteTable::dispatch(Surface surface, const Endpoints& endpoints, http::Request&& request,
                           http::ResponseWriter writer) const {
+  // Every lookup, guard and handler below reads the one normalised spelling of the path, the one
+  // a node behind pdrouter would route on (http/request_path.h): "/start%5Fprofile" is
+  // "/start_profile" here too. What is relayed is that spelling, re-encoded.
+  if (Status st = normalize_request_path(request); !st.is_ok()) {
+    if (endpoints.proxy != nullptr) endpoints.proxy->count_refusal(proxy::Refusal::kBadPath);
+    writer.send(http::error_response(400, st.message(), "invalid_request_error", "invalid_path"));
+    return;
+  }
   const Lookup found = lookup(surface, request.method, request.path);
   if (found.resource == nullptr) {
-    // routing.pass_through_unknown: a path no route of any listener names goes to one decode.
-    if (surface != Surface::kAdmin && endpoints.proxy != nullptr &&
-        lookup(Surface::kAll, request.method, request.path).resource == nullptr &&
-        endpoints.proxy->pass_through(request, writer)) {
-      return;
+    // routing.pass_through_unknown: a path no route of any listener names goes to one decode
+    // (the proxy's own checks decide which may: router/proxy/pass_through.h).
+    if (surface != Surface::kAdmin && endpoints.proxy != nullptr) {
+      if (lookup(Surface::kAll, request.method, request.path).resource != nullptr) {
+        // A route of the other listener (an admin path asked on the client port) is never
+        // relayed; counted as a refused pass-through when pass-through is on.
+        endpoints.proxy->count_pass_through_refused(request);
+      } else if (endpoints.proxy->pass_through(request, writer)) {
+        return;
+      }
     }
     writer.send(not_found(request));
     return;

@@ -112,7 +112,8 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
     count(worker, node_class, kRefused);
     return;
   }
-  std::optional<AdmissionSlot> admission = take_admission_slot(worker, request.body.size(), writer, request.path);
+  // The body and the one wire copy the upstream client renders it into (admission.h).
+  std::optional<AdmissionSlot> admission = take_admission_slot(worker, request, 1, writer);
   if (!admission) {
     count(worker, node_class, kRefused);
     return;
@@ -143,7 +144,12 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   for (const char* name : {"Content-Type", "Accept", "X-Request-Id"}) {
     if (auto value = request.header(name)) upstream.headers.push_back({name, std::string(*value)});
   }
-  std::string auth = upstream_authorization(*topology, client_authorization(request));
+  const std::string client_auth = client_authorization(request);
+  // A pass-through path is one pdrouter knows nothing about: the router's own upstream key never
+  // goes with it (it would let any client call what the node guards with that key); the
+  // client's own credentials do.
+  std::string auth = node_class == OneNodeClass::kPassThrough ? client_auth
+                                                               : upstream_authorization(*topology, client_auth);
   if (!auth.empty()) upstream.headers.push_back({"Authorization", std::move(auth)});
   upstream.body = std::move(request.body);  // the request is done with: no second copy of an upload
 

@@ -12,7 +12,8 @@
 //                /v1/messages/count_tokens
 //   kPooling     the up nodes that serve "pooling"; none declared: 501 not_supported
 //   kAudio       the up nodes that serve "audio"; none declared: 501 not_supported
-//   kPassThrough decode nodes (routing.pass_through_unknown; off: the route table's 404)
+//   kPassThrough decode nodes (routing.pass_through_unknown; off: the route table's 404; which
+//                paths may go is pass_through.h's)
 // 501 is answered only when no node at all (up or not) declares the capability; declared but none
 // up is 503 no_node.
 // Admission is a P/D request's (admission.h): 503 shutting_down while pdrouter drains, 429 beyond
@@ -25,9 +26,11 @@
 // least_outstanding policy reads; ties rotate from a random start) is picked; the request counts
 // as in flight on it until the answer ends.
 //
-// The request goes out with its method, path (and query), body, Content-Type, Accept, X-Request-Id
-// and Authorization (the client's, on Anthropic's paths its x-api-key as a Bearer token when it
-// sent no Authorization (client_api.h), else connectors.upstream_api_key). The answer is relayed AS IT
+// The request goes out with its method, path (normalised by the route table, re-encoded; and the
+// query), body, Content-Type, Accept, X-Request-Id and Authorization (the client's, on Anthropic's
+// paths its x-api-key as a Bearer token when it sent no Authorization (client_api.h), else
+// connectors.upstream_api_key; a pass-through request only ever carries the client's own: the
+// router's key is never lent to a path pdrouter does not know). The answer is relayed AS IT
 // ARRIVES: status, Content-Type and the body streamed chunk by chunk (Transfer-Encoding: chunked
 // to the client), with back-pressure: reading from the node pauses while the client has
 // kRelayHighWater bytes queued and resumes on drain, so a large answer (a 1 MB+ render) never sits

@@ -12,6 +12,7 @@
 #include "proto/dialects/dialect.h"
 #include "proto/generate_request.h"
 #include "proto/json_splice.h"
+#include "proto/request_checks.h"
 #include "proto/request_legs.h"
 #include "proto/responses_legs.h"
 #include "proto/responses_stream.h"
@@ -157,28 +158,14 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view hea
   return summarize_affinity(in, topology.policies.affinity_prefix_bytes);
 }
 
-// Parameters pdrouter can refuse itself before sending any leg (attacks bug 15): a message for a
-// 400, or nothing. Token counts below 1 are refused by vLLM anyway, but only after the prefill
-// leg (rewritten to max_tokens 1) ran the whole prompt. n must be an integer >= 1; *choices gets
-// it (1 when absent or null). n > 1 cannot go through P/D (the prefill leg's KV export and the
-// decode's import are per request, not per sampled choice: vLLM's connectors do not transfer KV
-// for parallel sampling), so it goes to the decode alone where the dialect allows that
-// (decode_alone.h), and is refused after pairing otherwise.
-std::optional<std::string> check_parameters(const proto::JsonObjectBody& body, int64_t* choices) {
-  *choices = 1;
-  for (std::string_view key : {"max_tokens", "max_completion_tokens"}) {
-    if (!body.has(key) || body.is_null(key)) continue;
-    std::optional<int64_t> v;
-    if (!body.get_int(key, &v).is_ok() || !v) continue;  // not an integer: build_legs refuses it
-    if (*v < 1) return std::string(key) + " must be at least 1, got " + std::to_string(*v);
-  }
-  if (body.has("n") && !body.is_null("n")) {
-    std::optional<int64_t> n;
-    if (!body.get_int("n", &n).is_ok() || !n) return std::string("n must be an integer");
-    if (*n < 1) return "n must be at least 1, got " + std::to_string(*n);
-    *choices = *n;
-  }
-  return std::nullopt;
+// Parameters pdrouter can refuse itself before sending any leg (proto/request_checks.h): a
+// message for a 400, or nothing. *choices gets n (1 when absent or null). n > 1 cannot go through
+// P/D (the prefill leg's KV export and the decode's import are per request, not per sampled
+// choice: vLLM's connectors do not transfer KV for parallel sampling), so it goes to the decode
+// alone where the dialect allows that (decode_alone.h), and is refused after pairing otherwise.
+std::optional<std::string> check_parameters(std::string_view path, const proto::JsonObjectBody& body,
+                                            int64_t* choices) {
+  return proto::check_client_parameters(path, body, choices);
 }
 
 // The error code a client gets for a request that failed on `leg` for `cause`.
@@ -252,6 +239,7 @@ struct ProxySession::State {
   bool prefill_timed = false;   // the prefill attempt in flight is not yet in leg_duration
   bool decode_timed = false;    // the decode attempt in flight is not yet in leg_duration
   bool orphan = false;          // counted in orphan_prefills: the prefill leg outlives the request
+  uint64_t orphan_id = 0;       // its entry in the worker's OrphanLegs (orphan_legs.h)
   int64_t budget_held = 0;      // bytes of limits.max_buffered_bytes this request holds (body + answer)
   int64_t answer_budget = 0;    // of which the buffered decode answer's
 
@@ -334,7 +322,7 @@ void ProxySession::begin() {
       end(RequestState::kFailed);
       return;
     }
-  } else if (auto refusal = check_parameters(body, &s.choices)) {
+  } else if (auto refusal = check_parameters(s.req.path, body, &s.choices)) {
     s.w.counters().refuse(Refusal::kBadParameter);
     s.writer.send(api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"));
     end(RequestState::kFailed);
@@ -607,10 +595,7 @@ void ProxySession::on_prefill_deadline() {
   State& s = *s_;
   if (!s.prefill_call) return;
   if (finished()) {  // an orphan (end()): its grace period or its deadline is over
-    s.prefill_call->cancel();
-    s.prefill_call.reset();
-    s.w.counters().bump(s.w.counters().orphan_prefills_closed);
-    orphan_done();
+    close_orphan();
     return;
   }
   s.w.counters().bump(s.w.counters().prefill_deadlines);
@@ -619,11 +604,23 @@ void ProxySession::on_prefill_deadline() {
                                            std::to_string(s.topo->timeouts.prefill.count()) + " ms");
 }
 
+void ProxySession::close_orphan() {
+  State& s = *s_;
+  s.prefill_timer.stop();
+  if (s.prefill_call) {
+    s.prefill_call->cancel();
+    s.prefill_call.reset();
+    s.w.counters().bump(s.w.counters().orphan_prefills_closed);
+  }
+  orphan_done();
+}
+
 void ProxySession::orphan_done() {
   State& s = *s_;
   if (!s.orphan) return;
   s.orphan = false;
   s.w.counters().orphan_prefills.fetch_sub(1, std::memory_order_relaxed);
+  s.w.orphans().remove(s.prefill_key, s.orphan_id);
 }
 
 void ProxySession::on_prefill_complete() {
@@ -1205,21 +1202,32 @@ void ProxySession::end(RequestState final_state) {
   s.stall_timer.stop();
   s.head_timer.stop();
   s.request_timer.stop();
-  if (final_state == RequestState::kDone && s.legs.plan.concurrent && s.prefill_call) {
+  const size_t orphan_limit =
+      OrphanLegs::per_worker_limit(s.topo->limits.max_orphan_legs_per_node, s.w.shared().workers);
+  if (final_state == RequestState::kDone && s.legs.plan.concurrent && s.prefill_call && orphan_limit > 0 &&
+      s.topo->timeouts.orphan_grace.count() > 0) {
     // Concurrent dialects: the decode answered, the prefill may still be finishing (and, on a
     // fast decode, its request may not even have been written yet). Closing it would abort a
     // prefill whose KV already went out; it is read to its end and dropped instead
-    // (PROTOCOLS.md Implications 8). Its answer is no longer buffered, it counts against
-    // limits.max_concurrent_requests as an orphan, and it is closed after kOrphanGrace or at its
-    // timeouts.prefill deadline, whichever comes first (attacks bug 5).
+    // (PROTOCOLS.md Implications 8). Its answer is no longer buffered and it is closed after
+    // timeouts.orphan_grace_ms or at its timeouts.prefill deadline, whichever comes first. It
+    // holds no admission slot (a prefill that never answers must not make pdrouter refuse
+    // clients): limits.max_orphan_legs_per_node bounds orphans per node, closing the oldest.
     if (s.decode_call) {
       s.decode_call->cancel();
       s.decode_call.reset();
     }
     give_answer_buffer(s.prefill_body);
+    // The node's oldest orphan goes first, so the gauge never shows one over the limit.
+    std::weak_ptr<ProxySession> evicted;
+    s.orphan_id = s.w.orphans().add(s.prefill_key, weak_from_this(), orphan_limit, &evicted);
+    if (auto oldest = evicted.lock()) {
+      s.w.counters().bump(s.w.counters().orphan_prefills_evicted);
+      oldest->close_orphan();
+    }
     s.orphan = true;
     s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
-    const auto grace = std::min(until(s.prefill_deadline), std::chrono::milliseconds(kOrphanGrace));
+    const auto grace = std::min(until(s.prefill_deadline), s.topo->timeouts.orphan_grace);
     s.prefill_timer.start(s.w.timers(), grace, [this] {  // see SessionTimers
       shared_from_this()->on_prefill_deadline();
     });
@@ -1229,7 +1237,7 @@ void ProxySession::end(RequestState final_state) {
   }
   release_pair();
   // Nothing can retry any more: the bodies go now, not when the last callback lets go of the
-  // session (an orphaned prefill keeps it for up to kOrphanGrace).
+  // session (an orphaned prefill keeps it for up to timeouts.orphan_grace_ms).
   s.req.body = std::string();
   give_answer_buffer(s.prefill_body);
   s.client = proto::JsonObjectBody();

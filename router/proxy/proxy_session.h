@@ -43,8 +43,9 @@
 //    client_write (a stream paused for a client that reads nothing is aborted: legs closed,
 //    client connection cut), request (whole request, optional: 504 request_deadline).
 //  - concurrent dialects: a prefill leg still open when the request ended is an orphan: its
-//    answer is dropped unread, it counts against limits.max_concurrent_requests, and it is closed
-//    after kOrphanGrace (or its prefill deadline).
+//    answer is dropped unread and it is closed after timeouts.orphan_grace_ms (or its prefill
+//    deadline). It holds no admission slot; limits.max_orphan_legs_per_node bounds orphans per
+//    prefill node, a new one over it closing the oldest (orphan_legs.h).
 //  - router shutdown: the server drains in-flight sessions; new ones are refused earlier (503).
 //
 // The decode's answer is relayed as it arrives: status, Content-Type and each chunk of an SSE
@@ -94,9 +95,6 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   static constexpr size_t kMaxBufferedAnswer = 64 << 20;    // non-stream decode answer
   static constexpr size_t kMaxErrorAnswer = 64 * 1024;      // an error body kept to relay
   static constexpr size_t kMaxPartialEvent = 1 << 20;       // SSE bytes held back for one event
-  // A concurrent dialect's prefill leg still open when its request ended (the decode answered)
-  // is closed this long after, or at its timeouts.prefill deadline if that comes first.
-  static constexpr std::chrono::milliseconds kOrphanGrace{5000};
 
   // Starts the state machine; the session lives until it reaches DONE/FAILED/CANCELLED.
   static void start(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer);
@@ -116,6 +114,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void prefill_failed(LegFailure cause, std::string detail);
   void decode_failed(LegFailure cause, std::string detail);
   void on_prefill_deadline();
+  // An orphan's end: its grace or deadline is over, or a newer orphan of its node evicted it
+  // (orphan_legs.h). Closes the prefill leg (counted) and takes it off the worker's list.
+  void close_orphan();
   void orphan_done();
   void on_request_deadline();
   void on_decode_head(int status, const std::vector<http::Header>& headers);

@@ -376,6 +376,23 @@ TEST(TopologyParse, RoutingSection) {
   EXPECT_TRUE(t.routing.pass_through_unknown);
   EXPECT_THAT(error_of("routing:\n  pass_through: true\n", StatusCode::kInvalidValue),
               HasSubstr("unknown key 'pass_through' in routing"));
+  EXPECT_TRUE(defaults.routing.pass_through_paths.empty());
+}
+
+TEST(TopologyParse, PassThroughPathsAreNormalisedPaths) {
+  Topology t;
+  Status s = parse("routing:\n  pass_through_paths: [\"/v1/extra\", \"/v2/**\", \"/\"]\n", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.routing.pass_through_paths, (std::vector<std::string>{"/v1/extra", "/v2/**", "/"}));
+  // Entries are compared with decoded, normalised request paths: other spellings never match.
+  for (const char* bad : {"v1/x", "/v1/x/", "/v1//x", "/v1/./x", "/v1/../x", "/v1%2Fx", "/v1/x?y", "/v1/*", "/a b"}) {
+    EXPECT_THAT(error_of(std::string("routing:\n  pass_through_paths: [\"") + bad + "\"]\n",
+                         StatusCode::kInvalidValue),
+                HasSubstr("routing.pass_through_paths[0]: expected a decoded path"))
+        << bad;
+  }
+  EXPECT_THAT(error_of("routing:\n  pass_through_paths: /v1/x\n", StatusCode::kWrongType),
+              HasSubstr("expected a list of paths"));
 }
 
 TEST(TopologyParse, UnknownPolicyListsChoices) {
@@ -449,6 +466,24 @@ TEST(TopologyParse, RequestBoundsAreRangeChecked) {
   ASSERT_TRUE(parse("timeouts: {request_ms: 0}\nlimits: {max_buffered_bytes: 0}\n", &t).is_ok());
   EXPECT_EQ(t.timeouts.request, 0ms);
   EXPECT_EQ(t.limits.max_buffered_bytes, 0u);
+}
+
+TEST(TopologyParse, OrphanBounds) {
+  Topology defaults;
+  ASSERT_TRUE(parse("", &defaults).is_ok());
+  EXPECT_EQ(defaults.timeouts.orphan_grace, 5000ms);
+  EXPECT_EQ(defaults.limits.max_orphan_legs_per_node, 64u);
+  Topology t;
+  ASSERT_TRUE(parse("timeouts: {orphan_grace_ms: 0}\nlimits: {max_orphan_legs_per_node: 0}\n", &t).is_ok());
+  EXPECT_EQ(t.timeouts.orphan_grace, 0ms);
+  EXPECT_EQ(t.limits.max_orphan_legs_per_node, 0u);
+  ASSERT_TRUE(parse("timeouts: {orphan_grace_ms: 250}\nlimits: {max_orphan_legs_per_node: 8}\n", &t).is_ok());
+  EXPECT_EQ(t.timeouts.orphan_grace, 250ms);
+  EXPECT_EQ(t.limits.max_orphan_legs_per_node, 8u);
+  EXPECT_THAT(error_of("timeouts: {orphan_grace_ms: 86400001}\n", StatusCode::kOutOfRange),
+              HasSubstr("timeouts.orphan_grace_ms: 86400001 is out of range"));
+  EXPECT_THAT(error_of("limits: {max_orphan_legs_per_node: 1000001}\n", StatusCode::kOutOfRange),
+              HasSubstr("limits.max_orphan_legs_per_node: 1000001 is out of range"));
 }
 
 TEST(TopologyParse, CrossFieldChecks) {
@@ -932,6 +967,18 @@ TEST(TopologyWarnings, KubernetesTokenOverPlainHttp) {
   ASSERT_TRUE(parse("kubernetes: {enabled: true, api_server: \"https://127.0.0.1:6443\", namespace: ns}\n", &t).is_ok());
   EXPECT_TRUE(topology_warnings(t).empty());
   ASSERT_TRUE(parse("kubernetes: {enabled: false, api_server: \"http://127.0.0.1:8001\", namespace: ns}\n", &t).is_ok());
+  EXPECT_TRUE(topology_warnings(t).empty());
+}
+
+// A right admin key passes the throttle even while its source is throttled, so a short key is
+// warned about.
+TEST(TopologyWarnings, ShortAdminKey) {
+  Topology t;
+  t.admin.api_key = "adm1n";
+  auto warnings = topology_warnings(t);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("admin.api_key is 5 characters long"));
+  t.admin.api_key = "0123456789abcdef";
   EXPECT_TRUE(topology_warnings(t).empty());
 }
 

@@ -357,6 +357,29 @@ TEST_F(RouteDispatchTest, WrongMethodOnAPdPathIsCountedAsBadPath) {
   EXPECT_EQ(bad_path.load(), before + 1);
 }
 
+// The path is read in one spelling before any lookup: encoded and dot-segment spellings of a
+// route are that route (its guard included); a path without one spelling is 400 invalid_path.
+TEST_F(RouteDispatchTest, PathsAreNormalisedBeforeTheLookup) {
+  start(Surface::kAll);
+  auto r = request("GET", "/he%61lth");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, R"({"status":"ok"})");
+  r = request("GET", "//x/../health");
+  EXPECT_EQ(r.status, 200);
+  r = request("POST", "/start%5Fprofile", "{}");  // the admin route and its key check
+  EXPECT_EQ(r.status, 403);
+  EXPECT_EQ(error_code(r), "admin_disabled");
+  const auto& bad_path = proxy_->counters().refusals[static_cast<size_t>(proxy::Refusal::kBadPath)];
+  const uint64_t before = bad_path.load();
+  for (const char* path : {"/he%2Falth", "/health%00", "/..", "/%zz"}) {
+    SCOPED_TRACE(path);
+    r = request("GET", path);
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(error_code(r), "invalid_path");
+  }
+  EXPECT_EQ(bad_path.load(), before + 4);
+}
+
 TEST_F(RouteDispatchTest, AdminKeyIsCheckedBeforeTheMethod) {
   start(Surface::kAll);  // no topology: no key, the admin API is disabled
   for (const auto& [method, path] : std::map<std::string, std::string>{
