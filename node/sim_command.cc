@@ -250,7 +250,7 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   cmd->add_option("--role", f->role, "prefill or decode.")->capture_default_str()
       ->type_name("prefill|decode");
   cmd->add_option("--connector", f->connector,
-                  "KV connector dialect: nixl, moriio, mooncake, p2p-nccl or sglang.")
+                  "KV connector dialect: nixl, moriio, mooncake, p2p-nccl, sglang or nixl-push.")
       ->capture_default_str()->type_name("NAME");
   cmd->add_option("--transfer-mode", f->transfer_mode, "MoRIIO transfer mode (default READ).")
       ->type_name("READ|WRITE");
@@ -443,6 +443,7 @@ int run_sim_command(const SimFlags& flags) {
   }
   // start() filled in the port; keep the identity the server uses for the registration.
   options.node.http_port = server.port();
+  options.node.engine_id = server.engine_id();
 
   std::unique_ptr<sidecar::NodeClient> client;
   if (!flags.register_endpoints.empty()) {

@@ -829,6 +829,8 @@ Status SimServer::start() {
 
 uint16_t SimServer::port() const { return impl_->server.port(); }
 
+const std::string& SimServer::engine_id() const { return impl_->options.node.engine_id; }
+
 std::optional<uint16_t> SimServer::bootstrap_port() const {
   if (!impl_->bootstrap) return std::nullopt;
   return impl_->bootstrap->port();

@@ -111,6 +111,7 @@ class SimServer {
   Status start();
   uint16_t port() const;
   std::optional<uint16_t> bootstrap_port() const;  // bound port of the separate listener
+  const std::string& engine_id() const;            // the node's engine id (set by start())
   // Drops in-flight requests (their clients see truncated streams) and stops the listeners.
   void stop();
 
