@@ -189,6 +189,7 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   out->max_model_len = f.max_model_len;
   out->prefill_us_per_token = f.prefill_us_per_token;
   out->bidirectional_kv_xfer = f.bidirectional_kv_xfer;
+  out->tokens_only = f.tokens_only;
   out->decode_us_per_token = f.decode_us_per_token;
   out->render_feature_bytes = f.render_feature_bytes;
   proto::Labels labels;
@@ -356,6 +357,10 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
                 "remote_block_ids) pulls those blocks over the KV side channel before computing, "
                 "and computes only the tokens neither they nor its prefix cache hold "
                 "(/sim/requests: kv_reused_tokens).");
+  cmd->add_flag("--tokens-only", f->tokens_only,
+                "As vLLM's --tokens-only: serve POST /abort_requests {\"request_ids\": [...]}, each id "
+                "ending the in-flight /inference/v1/generate request it names (\"generate-tokens-\" + "
+                "its X-Request-Id). Label the node serves=tokens-only (--label) so pdrouter uses it.");
   add_log_level_option(cmd, &f->log_level);
   cmd->footer(
       "Fault injection (tests only): POST /sim/faults with a JSON object queues a fault for the\n"

@@ -57,6 +57,7 @@ struct SimFlags {
   std::string kv_events_replay_endpoint;  // tcp://HOST:PORT to bind; "" no replay socket
   std::string kv_events_encoding = "map";
   bool bidirectional_kv_xfer = false;
+  bool tokens_only = false;
   std::string log_level = "info";
 };
 

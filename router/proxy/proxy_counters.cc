@@ -236,6 +236,14 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
       }
     }
   }
+  out.counter("pdrouter_abort_requests_total",
+              "POST /abort_requests sent to tokens-only nodes for the open legs of cancelled "
+              "/inference/v1/generate requests, by answer",
+              value(c.abort_requests[0]), {{"result", "ok"}});
+  out.counter("pdrouter_abort_requests_total",
+              "POST /abort_requests sent to tokens-only nodes for the open legs of cancelled "
+              "/inference/v1/generate requests, by answer",
+              value(c.abort_requests[1]), {{"result", "failed"}});
   out.counter("pdrouter_profile_fanouts_total", "start_profile/stop_profile calls fanned out to every node",
               value(c.profile_fanouts));
   out.counter("pdrouter_upstream_legs_total",

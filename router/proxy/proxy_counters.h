@@ -99,6 +99,9 @@ struct ProxyCounters {
   } multi_turn;
   // Requests sent to their decode alone (decode_alone.h), by DecodeAloneReason.
   std::array<Counter, 3> decode_alone{};
+  // POST /abort_requests sent to tokens-only nodes for cancelled legs (abort_requests.h), by
+  // answer: [2xx, other or no answer].
+  std::array<Counter, 2> abort_requests{};
   // The conversation cache whose size /metrics shows; null: none (zeros).
   const ConversationCache* conversations = nullptr;
   Counter profile_fanouts{0};

@@ -15,6 +15,7 @@
 #include "proto/responses_stream.h"
 #include "proto/sse_boundary.h"
 #include "http/json_error.h"
+#include "router/proxy/abort_requests.h"
 #include "router/proxy/cache_routing.h"
 #include "router/proxy/cache_tokenize.h"
 #include "router/proxy/decode_alone.h"
@@ -1119,11 +1120,14 @@ void ProxySession::close_legs() {
     s.tokenize_call.reset();
     s.w.counters().bump(s.w.counters().cache_tokenize[static_cast<size_t>(TokenizeResult::kCancelled)]);
   }
+  // A leg still in flight is aborted by its closed connection, and by id on a tokens-only node.
   if (s.prefill_call) {
+    if (s.pair.prefill) abort_leg_on_node(s.w, *s.pair.prefill, s.req.path, s.legs.plan.request_id);
     s.prefill_call->cancel();
     s.prefill_call.reset();
   }
   if (s.decode_call) {
+    if (s.pair.decode) abort_leg_on_node(s.w, *s.pair.decode, s.req.path, s.legs.plan.request_id);
     s.decode_call->cancel();
     s.decode_call.reset();
   }
