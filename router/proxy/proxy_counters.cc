@@ -130,6 +130,7 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
                     "Upstream leg attempts from the request sent to the answer complete or the leg failing, by leg",
                     c.leg_duration[static_cast<size_t>(leg)], {{"leg", std::string(to_string(leg))}});
   }
+  write_pd_phase_metrics(out, c.pd_phases);
   for (size_t r = 0; r < kRefusalCount; ++r) {
     out.counter("pdrouter_requests_refused_total", "Requests refused before any upstream work, by reason",
                 value(c.refusals[r]), {{"reason", std::string(to_string(static_cast<Refusal>(r)))}});

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "base/latency_histogram.h"
+#include "router/proxy/pd_phases.h"
 
 namespace pdr {
 class MetricsWriter;
@@ -124,6 +125,8 @@ struct ProxyCounters {
   std::array<LatencyHistogram, 3> request_duration{};
   LatencyHistogram time_to_first_byte;
   std::array<LatencyHistogram, 2> leg_duration{};
+  // The P/D phases per dialect: prefill, handover, decode (pd_phases.h).
+  PdPhaseHistograms pd_phases{};
   // One-node endpoints (one_node_relay.h): [OneNodeClass: render, any_node, pooling, audio, pass_through][outcome: relayed, not_supported, no_node, failed, refused].
   std::array<std::array<Counter, 5>, 5> one_node{};
 
