@@ -7,7 +7,9 @@
 // request on any vLLM node), and for a POST /inference/v1/generate request whose leg is still in
 // flight on a node labelled `serves` naming kServesTokensOnly, it also sends that node the abort by
 // id, so the request's KV blocks are freed even where the connection close is not seen as an
-// abort. The engine id is vLLM's for that endpoint: "generate-tokens-" + the leg's X-Request-Id
+// abort: when the request is cancelled (client gone, request deadline, stalled client, failure),
+// and when one leg's failure closes the other (a concurrent decode waiting for a failed prefill's
+// KV, a prefill whose decode failed and is retried with a new pair). The engine id is vLLM's for that endpoint: "generate-tokens-" + the leg's X-Request-Id
 // (vllm/entrypoints/serve/disagg/serving.py; the header wins over the body's request_id).
 //
 // Fire and forget on the worker's upstream pool: the answer is only counted

@@ -686,6 +686,7 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   }
   if (may_log(s.w)) pdr::log::warn("request {}: {}", s.legs.plan.request_id, detail);
   if (s.decode_call) {  // concurrent dialects: the decode waits for KV that will not come
+    if (s.pair.decode) abort_leg_on_node(s.w, *s.pair.decode, s.req.path, s.legs.plan.request_id);
     s.decode_call->cancel();
     s.decode_call.reset();
   }
@@ -1057,6 +1058,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
     }
     case DecodeRetry::kWholePair:
       if (s.prefill_call) {
+        if (s.pair.prefill) abort_leg_on_node(s.w, *s.pair.prefill, s.req.path, s.legs.plan.request_id);
         s.prefill_call->cancel();
         s.prefill_call.reset();
       }
