@@ -39,6 +39,16 @@ PrefixCacheUpdate SimCacheModel::on_prompt(uint32_t rank, const std::vector<uint
   return update;
 }
 
+void SimCacheModel::publish(uint32_t rank, std::span<const PrefixCacheChange> changes) {
+  if (!publisher_) return;
+  if (rank >= ranks_.size()) rank = 0;
+  std::lock_guard<std::mutex> lock(ranks_[rank]->order);
+  publisher_->publish(rank, changes.empty()
+                                ? encode_sim_kv_cleared_batch(unix_seconds_now(), rank, options_.encoding)
+                                : encode_sim_kv_batch(unix_seconds_now(), rank, options_.encoding,
+                                                      options_.block_tokens, changes));
+}
+
 void SimCacheModel::reset() {
   for (uint32_t r = 0; r < ranks_.size(); ++r) {
     std::lock_guard<std::mutex> lock(ranks_[r]->order);

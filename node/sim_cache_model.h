@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +41,9 @@ class SimCacheModel {
   // A rank beyond the configured ones uses rank 0's cache (the server validated the header).
   PrefixCacheUpdate on_prompt(uint32_t rank, const std::vector<uint32_t>& tokens);
   void reset();
+  // Publishes changes of a cache kept elsewhere (the engine's, node/sim_engine/engine_driver.h,
+  // which then replaces this model's): one batch, or AllBlocksCleared when `changes` is empty.
+  void publish(uint32_t rank, std::span<const PrefixCacheChange> changes);
   SimKvEventsPublisher* publisher() { return publisher_.get(); }
   // {"block_tokens":N,"capacity_blocks":N,"ranks":[PrefixCacheStats as JSON, ...],
   //  "kv_events": publisher stats or null}

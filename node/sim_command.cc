@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -16,6 +18,7 @@
 
 #include "sidecar/node_client.h"
 #include "node/sim_dialect.h"
+#include "node/sim_engine/engine_profile.h"
 #include "node/sim_kv_events_encode.h"
 #include "node/sim_kv_mover.h"
 #include "node/sim_server.h"
@@ -102,6 +105,9 @@ FlagError parse_bind_endpoint(const char* flag, const std::string& text, std::st
 // The publisher the flags ask for, or none.
 FlagError build_kv_events(const SimFlags& f, const sim::SimOptions& options,
                           std::optional<sim::SimKvEventsPublisherOptions>* out) {
+  if (f.kv_events_replay_layout != "topic" && f.kv_events_replay_layout != "no-topic") {
+    return "--kv-events-replay-layout '" + f.kv_events_replay_layout + "': expected topic or no-topic";
+  }
   if (f.kv_events_endpoint.empty()) {
     if (!f.kv_events_replay_endpoint.empty()) {
       return "--kv-events-replay-endpoint needs --kv-events-endpoint";
@@ -127,8 +133,47 @@ FlagError build_kv_events(const SimFlags& f, const sim::SimOptions& options,
     }
     p.replay_port = port;
   }
+  p.replay_with_topic = f.kv_events_replay_layout == "topic";
   p.ranks = options.node.dp_size;
   *out = p;
+  return "";
+}
+
+constexpr uint32_t kDefaultMaxModelLen = 8192;
+constexpr uint32_t kDefaultBlockTokens = 16;
+
+// --engine vllm: the profile file, then the flags (they win), then the cross-setting checks.
+FlagError build_engine(const SimFlags& f, sim::SimOptions* out) {
+  if (f.engine == "per-token") {
+    if (!f.engine_profile.empty()) return "--engine-profile needs --engine vllm";
+    if (!f.engine_settings.empty()) return "--" + f.engine_settings.front().first + " needs --engine vllm";
+    return "";
+  }
+  if (f.engine != "vllm") return "--engine '" + f.engine + "': expected per-token or vllm";
+  if (f.prefix_cache_blocks != 0) {
+    return "--prefix-cache-blocks does not apply with --engine vllm: its prefix cache is its KV cache "
+           "(--num-gpu-blocks-override)";
+  }
+  sim::EngineProfile profile;
+  if (!f.engine_profile.empty()) {
+    std::ifstream file(f.engine_profile);
+    std::stringstream text;
+    text << file.rdbuf();
+    if (!file) return "--engine-profile '" + f.engine_profile + "': cannot read it";
+    if (std::string e = sim::apply_engine_profile_text(&profile, text.str()); !e.empty()) {
+      return "--engine-profile '" + f.engine_profile + "': " + e;
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> settings = f.engine_settings;
+  if (f.max_model_len != 0) settings.emplace_back("max-model-len", std::to_string(f.max_model_len));
+  if (f.kv_block_tokens != 0) settings.emplace_back("block-size", std::to_string(f.kv_block_tokens));
+  for (const auto& [name, value] : settings) {
+    if (std::string e = sim::set_engine_setting(&profile, name, value); !e.empty()) return "--" + e;
+  }
+  if (std::string e = sim::validate_engine_profile(profile); !e.empty()) return e;
+  sim::SimEngineOptions engine;
+  engine.profile = profile;
+  out->engine = engine;
   return "";
 }
 
@@ -186,7 +231,14 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   }
   out->workers = f.workers;
   out->model = f.model;
-  out->max_model_len = f.max_model_len;
+  if (!(f.time_scale > 0 && f.time_scale <= 1000)) {
+    return "--time-scale " + std::to_string(f.time_scale) + ": expected a number in (0, 1000]";
+  }
+  out->time_scale = f.time_scale;
+  if (FlagError e = build_engine(f, out); !e.empty()) return e;
+  out->max_model_len = out->engine ? out->engine->profile.max_model_len
+                       : f.max_model_len != 0 ? f.max_model_len
+                                              : kDefaultMaxModelLen;
   out->prefill_us_per_token = f.prefill_us_per_token;
   out->bidirectional_kv_xfer = f.bidirectional_kv_xfer;
   out->tokens_only = f.tokens_only;
@@ -235,13 +287,46 @@ proto::Registration build_registration(const SimFlags& f, const sim::SimServer& 
 
 }  // namespace
 
+namespace {
+
+// --engine, --engine-profile, --time-scale and one flag per engine setting (engine_profile.h),
+// under vLLM's flag names where vLLM has one.
+void add_engine_options(CLI::App* cmd, SimFlags* f) {
+  const char* group = "Engine (--engine vllm; see below)";
+  cmd->add_option("--engine", f->engine,
+                  "How generation is timed: per-token (each request on its own, "
+                  "--prefill-us-per-token / --decode-us-per-token) or vllm (a simulated vLLM V1 "
+                  "engine per DP rank: steps, token budget, seats, KV blocks, preemption, prefix "
+                  "cache).")
+      ->capture_default_str()->type_name("per-token|vllm")->group(group);
+  cmd->add_option("--engine-profile", f->engine_profile,
+                  "File of engine settings, one per line: 'name: value' (flat YAML) or "
+                  "'name=value', names as the flags below without '--'; flags win over it.")
+      ->type_name("FILE")->group(group);
+  cmd->add_option("--time-scale", f->time_scale,
+                  "Wall-clock seconds per modelled second, for every modelled duration (engine "
+                  "steps, KV transfers, per-token times); 0.1 replays an hour in 6 minutes.")
+      ->capture_default_str()->type_name("X")->group(group);
+  for (const sim::EngineSettingInfo& info : sim::engine_setting_infos()) {
+    if (info.name == "block-size" || info.name == "max-model-len") continue;  // flags of their own
+    const std::string name = info.name;
+    cmd->add_option_function<std::string>(
+           "--" + name, [f, name](const std::string& value) { f->engine_settings.emplace_back(name, value); },
+           info.help + " Default " + info.default_value + ".")
+        ->type_name("X")->group(group);
+  }
+}
+
+}  // namespace
+
 CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   CLI::App* cmd = app.add_subcommand(
       "sim",
       "Run a simulated vLLM OpenAI server (no GPU): /health, /v1/models, /v1/completions,\n"
-      "/v1/chat/completions, /v1/responses and /inference/v1/generate (token ids in and out) in\n"
-      "vLLM's formats (and fakes of /tokenize, /detokenize, /v1/embeddings, the two /render\n"
-      "endpoints and a small /metrics), kv_transfer_params checked per connector, prefill\n"
+      "/v1/chat/completions, /v1/responses, Anthropic's /v1/messages (and its count_tokens) and\n"
+      "/inference/v1/generate (token ids in and out) in vLLM's formats (and fakes of /tokenize,\n"
+      "/detokenize, /v1/embeddings, the two /render endpoints and a small /metrics),\n"
+      "kv_transfer_params checked per connector, prefill\n"
       "and decode time modelled per token, deterministic text. Test endpoints: GET /sim/requests,\n"
       "POST /sim/reset, /sim/faults (below), GET /sim/kv (KV transfer counters), GET\n"
       "/sim/prefix_cache (prefix caches, KV events counters); POST /reset_prefix_cache as vLLM. With\n"
@@ -267,8 +352,10 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
       ->check(CLI::Range(1, 1024))->type_name("N");
   cmd->add_option("--model", f->model, "Served model name.")->capture_default_str()
       ->type_name("NAME");
-  cmd->add_option("--max-model-len", f->max_model_len, "max_model_len reported and enforced.")
-      ->capture_default_str()->check(CLI::Range(2, 10000000))->type_name("N");
+  cmd->add_option("--max-model-len", f->max_model_len,
+                  "max_model_len reported and enforced (default 8192; with --engine vllm the "
+                  "profile's, 131072).")
+      ->check(CLI::Range(2, 10000000))->type_name("N");
   cmd->add_option("--prefill-us-per-token", f->prefill_us_per_token,
                   "Simulated prefill time per prompt token, in microseconds.")
       ->capture_default_str()->type_name("US");
@@ -329,9 +416,10 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
                   "How long a decode waits for its KV (side channel, READ, or the prefill's "
                   "WRITE) before failing the request (504 kv_timeout).")
       ->capture_default_str()->check(CLI::Range(1, 86400000))->type_name("MS");
-  cmd->add_option("--kv-block-tokens", f->kv_block_tokens,
-                  "Tokens per block of the prefix cache (vLLM's --block-size).")
-      ->capture_default_str()->check(CLI::Range(1, 4096))->type_name("N");
+  cmd->add_option("--kv-block-tokens,--block-size", f->kv_block_tokens,
+                  "Tokens per block of the prefix cache and KV events, vLLM's --block-size "
+                  "(default 16; with --engine vllm the profile's, 16).")
+      ->check(CLI::Range(1, 4096))->type_name("N");
   cmd->add_option("--prefix-cache-blocks", f->prefix_cache_blocks,
                   "Blocks each DP rank's prefix cache holds (LRU beyond), default --kv-blocks. A "
                   "prompt's full blocks already cached cost no prefill time; a text prompt's "
@@ -349,6 +437,11 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   cmd->add_option("--kv-events-encoding", f->kv_events_encoding,
                   "Event encoding: map (vLLM >= 0.26, tagged by \"type\") or array (older vLLM).")
       ->capture_default_str()->type_name("map|array");
+  cmd->add_option("--kv-events-replay-layout", f->kv_events_replay_layout,
+                  "Frames of the replay socket's answers: topic = [topic, seq, payload] like live "
+                  "messages, end marker [\"\", END, \"\"] (vLLM >= 0.26); no-topic = [seq, "
+                  "payload], end marker [END, \"\"] (older vLLM, SGLang). END is seq -1.")
+      ->capture_default_str()->type_name("topic|no-topic");
   cmd->add_flag("--bidirectional-kv-xfer", f->bidirectional_kv_xfer,
                 "NIXL (vLLM's kv_connector_extra_config.bidirectional_kv_xfer, on both roles): a "
                 "decode ends each answer with kv_transfer_params for the conversation's next turn "
@@ -361,8 +454,31 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
                 "As vLLM's --tokens-only: serve POST /abort_requests {\"request_ids\": [...]}, each id "
                 "ending the in-flight /inference/v1/generate request it names (\"generate-tokens-\" + "
                 "its X-Request-Id). Label the node serves=tokens-only (--label) so pdrouter uses it.");
+  add_engine_options(cmd, f);
   add_log_level_option(cmd, &f->log_level);
   cmd->footer(
+      "Engine (--engine vllm): each DP rank runs vLLM V1's scheduler. A step gives running\n"
+      "requests (admission order) then waiting ones (FCFS) min(tokens they lack, budget left)\n"
+      "tokens, at most --max-num-batched-tokens in all and --max-num-seqs running; a prompt is\n"
+      "looked up in the prefix cache (full blocks, at most all but its last token) and takes\n"
+      "blocks of --block-size tokens from the --num-gpu-blocks-override pool, whose free queue\n"
+      "evicts the least recently freed block first; the first request that cannot get blocks\n"
+      "stops admission; a running one that cannot grow preempts the newest running request\n"
+      "(recomputed later, from the head of the queue). A P/D decode takes blocks for its prompt\n"
+      "without a seat, pulls the KV (real bytes through the transfer engine, plus the modelled\n"
+      "time below), then computes one token: the client's first. Tokens leave at step ends.\n"
+      "  step ms = step-overhead-ms + max(step-weight-read-ms, step-ms-per-token x N)\n"
+      "          + step-ms-per-attention-pair x sum over prefill chunks of q x (p + q/2)\n"
+      "          + step-ms-per-context-token x sum over decodes of their context\n"
+      "  (N tokens in the step; a chunk computes q tokens after p; a decode computes 1);\n"
+      "  KV pull ms = kv-transfer-latency-ms + bytes / kv-transfer-gbps, the pulls running at\n"
+      "  once sharing kv-node-gbps; bytes = kv-bytes-per-token x tokens pulled.\n"
+      "Defaults: Llama-3.1-8B on one H100 (8192 tokens, 1024 seqs, 29000 blocks of 16,\n"
+      "max_model_len 131072; 7.5 ms for a lone decode, ~183 ms for an 8k prompt).\n"
+      "Every duration is multiplied by --time-scale. GET /metrics then shows vLLM's own\n"
+      "families (num_requests_running/waiting, kv_cache_usage_perc, prefix cache, preemption\n"
+      "and token counters, TTFT/ITL/e2e/queue histograms in wall-clock seconds).\n"
+      "\n"
       "Fault injection (tests only): POST /sim/faults with a JSON object queues a fault for the\n"
       "next matching request(s); DELETE /sim/faults clears them; GET /sim/faults lists them.\n"
       "  {\"status\": 500}               answer with this status and vLLM's error body\n"
@@ -412,7 +528,9 @@ int run_sim_command(const SimFlags& flags) {
   std::optional<sim::SimKvEventsPublisherOptions> events_options;
   sim::SimCacheOptions cache_options;
   cache_options.ranks = options.node.dp_size;
-  cache_options.block_tokens = flags.kv_block_tokens;
+  cache_options.block_tokens = options.engine            ? options.engine->profile.block_size
+                              : flags.kv_block_tokens != 0 ? flags.kv_block_tokens
+                                                           : kDefaultBlockTokens;
   cache_options.capacity_blocks =
       flags.prefix_cache_blocks != 0 ? flags.prefix_cache_blocks : flags.kv_blocks;
   if (!sim::parse_kv_events_encoding(flags.kv_events_encoding, &cache_options.encoding)) {

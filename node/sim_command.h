@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace CLI {
@@ -31,7 +32,7 @@ struct SimFlags {
   uint32_t dp_size = 1;
   uint32_t tp_size = 1;
   std::string model = "sim-model";
-  uint32_t max_model_len = 8192;
+  uint32_t max_model_len = 0;  // 0: 8192, or the engine profile's with --engine vllm
   uint32_t prefill_us_per_token = 20;
   uint32_t decode_us_per_token = 1000;
   std::vector<std::string> register_endpoints;
@@ -51,13 +52,21 @@ struct SimFlags {
   uint32_t kv_hold_ms = 60000;
   uint32_t kv_timeout_ms = 30000;
   // Prefix cache and vLLM KV cache events (node/sim_cache_model.h).
-  uint32_t kv_block_tokens = 16;
+  uint32_t kv_block_tokens = 0;  // --block-size too; 0: 16, or the engine profile's
   uint32_t prefix_cache_blocks = 0;  // 0: kv_blocks
   std::string kv_events_endpoint;         // tcp://HOST:PORT to bind; "" publishes nothing
   std::string kv_events_replay_endpoint;  // tcp://HOST:PORT to bind; "" no replay socket
   std::string kv_events_encoding = "map";
+  std::string kv_events_replay_layout = "topic";  // topic (vLLM >= 0.26) or no-topic
   bool bidirectional_kv_xfer = false;
   bool tokens_only = false;
+  // The simulated vLLM engine (node/sim_engine/): "per-token" (each request paced on its own by
+  // --prefill-us-per-token / --decode-us-per-token) or "vllm".
+  std::string engine = "per-token";
+  std::string engine_profile;  // a profile file (node/sim_engine/engine_profile.h)
+  // Engine settings given as flags (--max-num-seqs ...), as (name, value text), in order.
+  std::vector<std::pair<std::string, std::string>> engine_settings;
+  double time_scale = 1.0;
   std::string log_level = "info";
 };
 

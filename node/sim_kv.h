@@ -105,6 +105,11 @@ class KvMover {
   // whether or not `done` has run yet; the decode's blocks are freed then.
   virtual uint64_t import_decode_blocks(const KvBlocks& blocks, ImportDone done) = 0;
   virtual void end_decode(uint64_t /*lease*/) {}
+  // `fn` runs (on any thread) with a transfer key once the blocks export_prefill_blocks() holds
+  // under it are gone: read or written by the decode, or reaped unread. Set before any export. A
+  // mover that holds nothing (export left block_ids empty) never calls it.
+  using ExportReleased = std::function<void(const std::string& key)>;
+  virtual void set_export_released(ExportReleased /*fn*/) {}
   // GET /sim/kv.
   virtual nlohmann::json stats() const { return nlohmann::json{{"kv_backends", "none"}}; }
   // Stops background work (from the owning thread, before the server's workers stop); every

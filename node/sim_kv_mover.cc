@@ -104,6 +104,16 @@ struct EngineKvMover::Impl {
   std::unordered_map<std::string, PeerInfo> peers;                  // decode, by side channel
   std::unordered_map<uint64_t, std::shared_ptr<DecodeOp>> ops;      // decode, by lease
   std::vector<std::pair<Clock::time_point, std::vector<uint32_t>>> quarantine;
+  ExportReleased export_released;  // under mu (set_export_released)
+  // Tells the server the blocks of `key`'s export are gone (called without mu held).
+  void released(const std::string& key) {
+    ExportReleased fn;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      fn = export_released;
+    }
+    if (fn) fn(key);
+  }
   uint64_t next_lease = 1;
 
   uint64_t request_bytes(size_t blocks) const {
@@ -319,12 +329,14 @@ void EngineKvMover::Impl::on_notifications() {
     transfers.fetch_add(1, std::memory_order_relaxed);
     bytes_moved.fetch_add(request_bytes(blocks.size()), std::memory_order_relaxed);
     pool->release(blocks);
+    released(note.message);
   }
 }
 
 void EngineKvMover::Impl::reap() {
   const Clock::time_point now = Clock::now();
   std::vector<uint32_t> freed;
+  std::vector<std::string> keys;
   {
     std::lock_guard<std::mutex> lock(mu);
     for (auto it = entries.begin(); it != entries.end();) {
@@ -335,6 +347,7 @@ void EngineKvMover::Impl::reap() {
       if (it->second.exported) {
         pdr::log::warn("sim KV: reaping {} blocks of '{}' nobody pulled", it->second.blocks.size(),
                      it->first);
+        keys.push_back(it->first);
       } else {
         pdr::log::warn("sim KV: dropping the write request for '{}': no prefill leg exported it",
                      it->first);
@@ -348,6 +361,7 @@ void EngineKvMover::Impl::reap() {
     reaped.fetch_add(freed.size(), std::memory_order_relaxed);
     pool->release(freed);
   }
+  for (const std::string& key : keys) released(key);
 }
 
 void EngineKvMover::Impl::schedule_write(const std::string& key, std::vector<uint32_t> mine,
@@ -395,6 +409,7 @@ void EngineKvMover::Impl::do_write(const std::string& key, const std::vector<uin
     errors.fetch_add(1, std::memory_order_relaxed);
   }
   pool->release(mine);
+  released(key);
 }
 
 transfer::XferResult EngineKvMover::Impl::wait_transfer(transfer::Completion& done,
@@ -756,6 +771,11 @@ uint64_t EngineKvMover::import_decode_blocks(const KvBlocks& blocks, ImportDone 
     done(kv_error(503, "kv_stopping", "the node is stopping"));
   }
   return lease;
+}
+
+void EngineKvMover::set_export_released(ExportReleased fn) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->export_released = std::move(fn);
 }
 
 void EngineKvMover::end_decode(uint64_t lease) {

@@ -73,6 +73,7 @@ class EngineKvMover final : public KvMover {
                                                 std::vector<int64_t>* block_ids) override;
   uint64_t import_decode_blocks(const KvBlocks& blocks, ImportDone done) override;
   void end_decode(uint64_t lease) override;
+  void set_export_released(ExportReleased fn) override;
   nlohmann::json stats() const override;
   void stop() override;
 

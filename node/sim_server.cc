@@ -19,6 +19,7 @@
 #include "node/sim_dialects/common.h"
 #include "node/sim_faults.h"
 #include "node/sim_generation.h"
+#include "node/sim_messages.h"
 #include "node/sim_prompt_tokens.h"
 #include "node/sim_responses.h"
 #include "node/sim_request_log.h"
@@ -63,7 +64,7 @@ struct Generation {
   std::vector<std::string> tokens;
   size_t next_token = 0;
   Clock::time_point first_token_at;
-  std::chrono::microseconds per_token{0};
+  std::chrono::nanoseconds per_token{0};
   struct TimerBox* timer = nullptr;
   // Fault injection (sim_faults.h). `held` is set while a delay_ms fault holds the request: the
   // timer fires when the delay is over and `held_fault` (the rest of the fault) runs then. A hang
@@ -81,6 +82,17 @@ struct Generation {
   // prefix cache held; the prefill then computes only what neither holds.
   bool reusing = false;
   uint32_t cached_tokens = 0;
+  // Engine mode: the engine times the request until it finished there (engine_done); its KV
+  // pulls wait for the engine's kLoadRemote (a reuse's blocks are kept here until then).
+  bool in_engine = false;
+  bool engine_done = false;
+  bool remote_logged = false;
+  bool hold_handed_over = false;  // its engine blocks wait for the KV mover (release_blocks)
+  std::optional<KvBlocks> pending_reuse;
+  // A completion or chat stream's token chunk but the last, around the token's JSON text
+  // (write_token), built on the first token: the same bytes sse_token_chunk() gives, without
+  // building a JSON object per token.
+  std::string chunk_head, chunk_tail;
 };
 
 struct TimerBox {
@@ -109,6 +121,31 @@ struct SimServer::Impl {
   std::atomic<int64_t> generations_running{0};
   std::atomic<uint64_t> generations_finished{0}, prompt_tokens_total{0}, generated_tokens_total{0};
   std::string metrics_text() const;
+  // Engine mode (options.engine): created by start(), stopped by stop() after the workers.
+  std::unique_ptr<SimEngine> engine;
+  // A modelled duration of `us` microseconds in wall-clock time (options.time_scale).
+  // Engine mode: P/D prefill legs whose finished request keeps its engine blocks until the KV
+  // mover says the decode has the KV (by transfer key; any thread).
+  std::mutex holds_mu;
+  std::unordered_map<std::string, std::vector<uint64_t>> holds;
+  void hold_blocks(const std::string& key, uint64_t seq) {
+    std::lock_guard<std::mutex> lock(holds_mu);
+    holds[key].push_back(seq);
+  }
+  void release_blocks(const std::string& key) {
+    std::vector<uint64_t> seqs;
+    {
+      std::lock_guard<std::mutex> lock(holds_mu);
+      auto it = holds.find(key);
+      if (it == holds.end()) return;
+      seqs = std::move(it->second);
+      holds.erase(it);
+    }
+    for (uint64_t seq : seqs) engine->cancel(seq);
+  }
+  std::chrono::nanoseconds scaled_us(double us) const {
+    return std::chrono::nanoseconds(static_cast<int64_t>(us * 1000.0 * options.time_scale));
+  }
 
   void handle(http::Request&& request, http::ResponseWriter writer);
   // `fault`: the fault shaping the answer (close_after_tokens, stop_after_first_token), or none.
@@ -130,7 +167,8 @@ struct SimServer::Impl {
   static void close_unanswered(http::ResponseWriter writer) { writer.abort(); }
   void cut(Generation& g);
   void answer(http::ResponseWriter& writer, uint64_t seq, http::Response response);
-  void answer_error(http::ResponseWriter& writer, uint64_t seq, const SimError& error);
+  // `path`: the request's, whose API shapes the error body (sim_messages.h's sim_error_body).
+  void answer_error(http::ResponseWriter& writer, uint64_t seq, const SimError& error, std::string_view path = {});
   std::string models_json() const;
   // The dialect's prefill runs a bootstrap server (GET /query) and this node is a prefill.
   bool serves_bootstrap() const {
@@ -143,6 +181,12 @@ struct SimServer::Impl {
   void on_kv_imported(uint32_t worker, uint64_t seq, std::optional<SimError> error);
   void on_timer(uint32_t worker, uint64_t seq);
   void emit_due_tokens(Generation& g);
+  // Streams g.tokens[g.next_token] (with finish_reason when it is the last) and moves on.
+  void write_token(Generation& g);
+  void submit_to_engine(Generation& g, const json& body);
+  void deliver_engine_notices(std::vector<EngineNotice> notices);
+  void on_engine_notices(uint32_t worker, const std::vector<EngineNotice>& notices);
+  void on_engine_token(Generation& g, bool finished);
   void finish(Generation& g);
   void abort(uint32_t worker, uint64_t seq);
   void erase(uint32_t worker, uint64_t seq);
@@ -172,14 +216,15 @@ void SimServer::Impl::answer(http::ResponseWriter& writer, uint64_t seq, http::R
   if (seq != 0) log.set_status(seq, status);
 }
 
-void SimServer::Impl::answer_error(http::ResponseWriter& writer, uint64_t seq,
-                                   const SimError& error) {
+void SimServer::Impl::answer_error(http::ResponseWriter& writer, uint64_t seq, const SimError& error,
+                                   std::string_view path) {
   log.count_error(error.reason);
   pdr::log::debug("sim: {} {}: {}", error.status, error.reason, error.message);
-  answer(writer, seq, json_response(error.status, vllm_error_body(error)));
+  answer(writer, seq, json_response(error.status, sim_error_body(path, error)));
 }
 
 std::string SimServer::Impl::metrics_text() const {
+  if (engine) return engine->metrics_text();
   const std::string labels = "{engine=\"0\",model_name=\"" + options.model + "\"}";
   std::string out;
   auto family = [&](const char* name, const char* type, const char* help, const std::string& value) {
@@ -245,6 +290,9 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
     if (request.path == "/abort_requests" && post && options.tokens_only) {
       return handle_abort_requests(request, seq, writer);
     }
+    if (request.path == kSimMessagesPath && post) {
+      return handle_generation(ApiKind::kMessages, std::move(request), seq, std::move(writer), fault);
+    }
     if (post && handle_aux(request, seq, writer)) return;
     if (request.path == "/query" && get && serves_bootstrap()) {
       return answer(writer, seq, json_response(200, dialect->bootstrap_query(options.node)));
@@ -278,10 +326,11 @@ bool SimServer::Impl::handle_aux(const http::Request& request, uint64_t seq, htt
   else if (request.path == "/v1/embeddings") fn = &sim_embeddings;
   else if (request.path == "/v1/chat/completions/render") fn = &sim_render_chat;
   else if (request.path == "/v1/completions/render") fn = &sim_render_completions;
+  else if (request.path == kSimCountTokensPath) fn = &sim_count_tokens;
   if (fn == nullptr) return false;
   const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
-    answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"});
+    answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"}, request.path);
     return true;
   }
   AuxContext ctx;
@@ -293,7 +342,7 @@ bool SimServer::Impl::handle_aux(const http::Request& request, uint64_t seq, htt
   ctx.created = unix_seconds();
   std::string out;
   if (auto e = fn(body, ctx, &out)) {
-    answer_error(writer, seq, *e);
+    answer_error(writer, seq, *e, request.path);
   } else {
     answer(writer, seq, json_response(200, std::move(out)));
   }
@@ -319,7 +368,11 @@ void SimServer::Impl::handle_faults_endpoint(const http::Request& request,
 void SimServer::Impl::handle_prefix_cache_endpoint(const http::Request& request, uint64_t seq,
                                                    http::ResponseWriter& writer) {
   if (request.path == "/reset_prefix_cache") {
-    options.cache->reset();
+    if (engine) {
+      engine->reset_prefix_cache();
+    } else {
+      options.cache->reset();
+    }
     return answer(writer, seq, http::Response{200, {}, ""});
   }
   if (request.method == "POST") {
@@ -335,6 +388,12 @@ void SimServer::Impl::handle_prefix_cache_endpoint(const http::Request& request,
     options.cache->publisher()->withhold(body["withhold_batches"].get<uint32_t>());
   } else if (request.method != "GET") {
     return answer_error(writer, seq, SimError{405, "bad_method", "use GET or POST"});
+  }
+  if (engine) {
+    json stats = engine->prefix_cache_json();
+    SimKvEventsPublisher* publisher = options.cache->publisher();
+    stats["kv_events"] = publisher != nullptr ? publisher->stats() : json(nullptr);
+    return answer(writer, seq, json_response(200, stats.dump()));
   }
   answer(writer, seq, json_response(200, options.cache->stats_json().dump()));
 }
@@ -361,7 +420,7 @@ void SimServer::Impl::apply_fault(FaultSpec fault, http::Request&& request, uint
     case FaultSpec::Action::kStatus: {
       const SimError error{fault.status, "fault",
                            "injected fault: HTTP " + std::to_string(fault.status)};
-      return answer(writer, seq, json_response(error.status, vllm_error_body(error)));
+      return answer(writer, seq, json_response(error.status, sim_error_body(request.path, error)));
     }
     case FaultSpec::Action::kHang: {
       auto g = std::make_unique<Generation>();
@@ -376,7 +435,8 @@ void SimServer::Impl::apply_fault(FaultSpec fault, http::Request&& request, uint
       return close_unanswered(std::move(writer));
     case FaultSpec::Action::kCloseAfterTokens:
       if (request.path == "/v1/completions" || request.path == "/v1/chat/completions" ||
-          request.path == "/inference/v1/generate" || request.path == "/v1/responses") {
+          request.path == "/inference/v1/generate" || request.path == "/v1/responses" ||
+          request.path == kSimMessagesPath) {
         return route(std::move(request), seq, std::move(writer), fault);
       }
       return close_unanswered(std::move(writer));  // no tokens to count
@@ -409,11 +469,11 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
                                         http::ResponseWriter writer, const FaultSpec& fault) {
   const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
-    return answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"});
+    return answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"}, request.path);
   }
   auto g = std::make_unique<Generation>();
   if (auto e = parse_generation_request(kind, body, options.model, &g->req)) {
-    return answer_error(writer, seq, *e);
+    return answer_error(writer, seq, *e, request.path);
   }
   const auto request_id_header = request.header("X-Request-Id");
   g->request_id = request_id_header && !request_id_header->empty() ? std::string(*request_id_header)
@@ -433,13 +493,28 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
       return answer_error(writer, seq, *e);
     }
   } else if (auto e = check_kv_request(*dialect, options.node, g->request_id, dp_rank, body, &g->kv)) {
-    return answer_error(writer, seq, *e);
+    return answer_error(writer, seq, *e, request.path);
   }
-  if (g->req.prompt_tokens + g->req.max_tokens > options.max_model_len) {
+  // vLLM's two refusals (serving_engine._validate_input): the prompt alone, then with max_tokens.
+  const std::string max_len = std::to_string(options.max_model_len);
+  const std::string prompt_len = std::to_string(g->req.prompt_tokens);
+  if (g->req.prompt_tokens >= options.max_model_len) {
     return answer_error(writer, seq,
                         SimError{400, "too_long",
-                                 "This model's maximum context length is " +
-                                     std::to_string(options.max_model_len) + " tokens."});
+                                 "This model's maximum context length is " + max_len +
+                                     " tokens. However, your request has " + prompt_len +
+                                     " input tokens. Please reduce the length of the input messages."},
+                        request.path);
+  }
+  if (g->req.prompt_tokens + g->req.max_tokens > options.max_model_len) {
+    const std::string max_tokens = std::to_string(g->req.max_tokens);
+    return answer_error(writer, seq,
+                        SimError{400, "too_long",
+                                 "'max_tokens' or 'max_completion_tokens' is too large: " + max_tokens +
+                                     ". This model's maximum context length is " + max_len +
+                                     " tokens and your request has " + prompt_len + " input tokens (" +
+                                     max_tokens + " > " + max_len + " - " + prompt_len + ")."},
+                        request.path);
   }
   g->seq = seq;
   g->worker = request.worker;
@@ -453,9 +528,11 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
   }
   // A decode leg's prompt KV arrives from the prefill node, so it pays no prefill time; its
   // blocks enter its prefix cache once they arrived (on_kv_imported). Others compute what their
-  // prefix cache does not hold.
+  // prefix cache does not hold. (The engine keeps its own cache.)
   uint32_t uncached = 0;
-  if (g->kv.leg == KvLeg::kDecode) {
+  if (engine) {
+    // Timed by the engine (submit_to_engine below).
+  } else if (g->kv.leg == KvLeg::kDecode) {
     g->prompt_ids = prompt_token_ids(kind, body);
   } else {
     const PrefixCacheUpdate cached =
@@ -464,10 +541,8 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
     g->cached_tokens = cached.cached_tokens;
     uncached = g->req.prompt_tokens - std::min(g->req.prompt_tokens, cached.cached_tokens);
   }
-  const auto prefill =
-      std::chrono::microseconds(uint64_t{options.prefill_us_per_token} * uncached);
-  g->per_token = std::chrono::microseconds(options.decode_us_per_token);
-  g->first_token_at = Clock::now() + prefill;
+  g->per_token = scaled_us(options.decode_us_per_token);
+  g->first_token_at = Clock::now() + scaled_us(static_cast<double>(options.prefill_us_per_token) * uncached);
   g->writer = std::move(writer);
 
   if (g->req.stream) {
@@ -476,6 +551,8 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
       g->writer.write(sse_role_chunk(g->req, g->response_id, g->created));
     } else if (kind == ApiKind::kResponses) {
       g->writer.write(responses_open_events(g->req, g->response_id, g->created));
+    } else if (kind == ApiKind::kMessages) {
+      g->writer.write(messages_open_events(g->req, g->response_id));
     }
   }
   const uint32_t worker = g->worker;
@@ -484,11 +561,97 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
   generations_running.fetch_add(1, std::memory_order_relaxed);
   Generation& ref = *g;
   in_flight[worker][seq] = std::move(g);
+  if (engine) return submit_to_engine(ref, body);
   // A decode leg produces nothing before its prompt's KV has arrived.
   if (ref.kv.leg == KvLeg::kDecode) return start_kv_import(ref);
   // Nor does a prefill reusing the last turn's decode KV before it pulled those blocks.
   if (auto reuse = reuse_blocks_of(ref)) return start_kv_reuse(ref, std::move(*reuse));
   arm_first_timer(ref);
+}
+
+void SimServer::Impl::submit_to_engine(Generation& g, const json& body) {
+  EngineArrival a;
+  a.key = g.seq;
+  a.route = g.worker;
+  a.rank = g.kv.dp_rank;
+  a.arrival = Clock::now();
+  a.spec.prompt = prompt_token_ids(g.req.kind, body);
+  // The engine counts what the server counts (sim_prompt_tokens.h keeps them equal).
+  a.spec.prompt.resize(g.req.prompt_tokens, 0);
+  a.spec.outputs.reserve(g.tokens.size());
+  for (const std::string& token : g.tokens) {
+    a.spec.outputs.push_back(static_cast<uint32_t>(generated_token_id(token)));
+  }
+  // A prefill keeps its KV until the decode has read it, as vLLM's connectors delay freeing.
+  a.spec.hold_blocks_after_finish = g.kv.leg == KvLeg::kPrefill && !g.stopped;
+  if (g.kv.leg == KvLeg::kDecode) {
+    a.spec.remote_tokens = g.req.prompt_tokens;
+  } else if (auto reuse = reuse_blocks_of(g)) {
+    a.spec.remote_tokens = std::min(reuse->prompt_tokens, g.req.prompt_tokens);
+    g.pending_reuse = std::move(*reuse);
+  }
+  g.in_engine = true;
+  engine->submit(std::move(a));
+}
+
+void SimServer::Impl::deliver_engine_notices(std::vector<EngineNotice> notices) {
+  // One post per worker that owns one of these requests, in the engine's order.
+  const uint32_t workers = static_cast<uint32_t>(in_flight.size());
+  if (workers == 1) {
+    server.post(0, [this, notices = std::move(notices)] { on_engine_notices(0, notices); });
+    return;
+  }
+  std::vector<std::vector<EngineNotice>> by_worker(workers);
+  for (EngineNotice& n : notices) by_worker[n.route < workers ? n.route : 0].push_back(n);
+  for (uint32_t w = 0; w < workers; ++w) {
+    if (by_worker[w].empty()) continue;
+    server.post(w, [this, w, batch = std::move(by_worker[w])] { on_engine_notices(w, batch); });
+  }
+}
+
+void SimServer::Impl::on_engine_notices(uint32_t worker, const std::vector<EngineNotice>& notices) {
+  for (const EngineNotice& n : notices) {
+    Generation* g = find(worker, n.key);
+    if (g == nullptr || !g->in_engine) continue;  // gone meanwhile (the engine was told)
+    try {
+      switch (n.kind) {
+        case EngineNotice::Kind::kAdmitted:
+          if (!g->remote_logged) log.set_prefix_cache(g->seq, n.cached_tokens, n.queried_tokens);
+          g->cached_tokens = n.cached_tokens;
+          break;
+        case EngineNotice::Kind::kLoadRemote:
+          log.set_prefix_cache(g->seq, n.cached_tokens, n.queried_tokens);
+          g->remote_logged = true;
+          if (g->kv.leg == KvLeg::kDecode) {
+            start_kv_import(*g);
+          } else if (g->pending_reuse) {
+            start_kv_reuse(*g, *std::exchange(g->pending_reuse, std::nullopt));
+          } else {
+            engine->remote_kv_ready(g->seq, false);
+          }
+          break;
+        case EngineNotice::Kind::kToken:
+          on_engine_token(*g, n.finished);
+          break;
+      }
+    } catch (const std::exception& e) {
+      pdr::log::error("sim: request {} failed: {}", g->request_id, e.what());
+      erase(worker, n.key);
+    }
+  }
+}
+
+void SimServer::Impl::on_engine_token(Generation& g, bool finished) {
+  if (finished) g.engine_done = true;
+  if (!g.req.stream) {
+    if (!finished) return;
+    if (g.close_after_tokens) return cut(g);
+    g.next_token = g.tokens.size();
+    return finish(g);
+  }
+  if (g.close_after_tokens && g.next_token == *g.close_after_tokens) return cut(g);
+  if (g.next_token < g.tokens.size()) write_token(g);
+  if (finished) finish(g);
 }
 
 std::optional<KvBlocks> SimServer::Impl::reuse_blocks_of(const Generation& g) const {
@@ -549,8 +712,9 @@ void SimServer::Impl::on_kv_reused(uint32_t worker, uint64_t seq, uint32_t token
     log.set_kv_reused(seq, tokens);
     held = std::max(held, tokens);
   }
+  if (g->in_engine) return engine->remote_kv_ready(seq, !error);
   const uint32_t uncached = g->req.prompt_tokens - std::min(g->req.prompt_tokens, held);
-  g->first_token_at = Clock::now() + std::chrono::microseconds(uint64_t{options.prefill_us_per_token} * uncached);
+  g->first_token_at = Clock::now() + scaled_us(static_cast<double>(options.prefill_us_per_token) * uncached);
   arm_first_timer(*g);
 }
 
@@ -579,6 +743,7 @@ void SimServer::Impl::on_kv_imported(uint32_t worker, uint64_t seq,
   Generation* g = find(worker, seq);
   if (g == nullptr || !g->kv_waiting) return;  // the leg ended (client gone) meanwhile
   g->kv_waiting = false;
+  if (!error && g->in_engine) return engine->remote_kv_ready(seq, true);  // it caches the blocks
   if (!error) {
     const PrefixCacheUpdate cached = options.cache->on_prompt(g->kv.dp_rank, g->prompt_ids);
     log.set_prefix_cache(seq, cached.cached_tokens, cached.queried_tokens);
@@ -587,7 +752,12 @@ void SimServer::Impl::on_kv_imported(uint32_t worker, uint64_t seq,
     log.count_error(error->reason);
     pdr::log::warn("sim: request {}: {}", g->request_id, error->message);
     if (!g->req.stream) {
-      answer(g->writer, seq, json_response(error->status, vllm_error_body(*error)));
+      const std::string_view path = g->req.kind == ApiKind::kMessages ? kSimMessagesPath : std::string_view();
+      answer(g->writer, seq, json_response(error->status, sim_error_body(path, *error)));
+    } else if (g->req.kind == ApiKind::kMessages) {
+      g->writer.write(messages_error_event(*error));  // vLLM's Messages stream has no [DONE]
+      g->writer.end_stream();
+      log.set_status(seq, error->status);
     } else {
       // vLLM's streaming error: an error event, then the end of the stream.
       const json event{{"error", json::parse(vllm_error_body(*error))}};
@@ -668,23 +838,44 @@ void SimServer::Impl::on_timer(uint32_t worker, uint64_t seq) {
 }
 
 void SimServer::Impl::emit_due_tokens(Generation& g) {
-  const std::string finish_reason = g.stopped ? "stop" : "length";
   const Clock::time_point now = Clock::now();
   while (g.next_token < g.tokens.size()) {
     const Clock::time_point due =
         g.first_token_at + g.per_token * static_cast<int64_t>(g.next_token);
     if (due > now) return arm_timer(g, due);
     if (g.close_after_tokens && g.next_token == *g.close_after_tokens) return cut(g);
-    const bool last = g.next_token + 1 == g.tokens.size();
-    if (g.req.kind == ApiKind::kResponses) {
-      g.writer.write(responses_delta_event(g.response_id, g.tokens[g.next_token], g.next_token));
-    } else {
-      g.writer.write(sse_token_chunk(g.req, g.response_id, g.created, g.tokens[g.next_token],
-                                     last ? &finish_reason : nullptr));
-    }
-    ++g.next_token;
+    write_token(g);
   }
   finish(g);
+}
+
+void SimServer::Impl::write_token(Generation& g) {
+  const std::string finish_reason = g.stopped ? "stop" : "length";
+  const bool last = g.next_token + 1 == g.tokens.size();
+  if (!last && (g.req.kind == ApiKind::kCompletion || g.req.kind == ApiKind::kChat)) {
+    if (g.chunk_head.empty()) {
+      // The token's text is the first string value of the chunk ("choices" sorts first), so the
+      // first occurrence of the marker is where each token goes.
+      const std::string marker = "\x01pdr-token\x01";
+      const std::string chunk = sse_token_chunk(g.req, g.response_id, g.created, marker, nullptr);
+      const std::string quoted = json(marker).dump();
+      const size_t at = chunk.find(quoted);
+      g.chunk_head = chunk.substr(0, at);
+      g.chunk_tail = chunk.substr(at + quoted.size());
+    }
+    g.writer.write(g.chunk_head + json(g.tokens[g.next_token]).dump() + g.chunk_tail);
+    ++g.next_token;
+    return;
+  }
+  if (g.req.kind == ApiKind::kResponses) {
+    g.writer.write(responses_delta_event(g.response_id, g.tokens[g.next_token], g.next_token));
+  } else if (g.req.kind == ApiKind::kMessages) {
+    g.writer.write(messages_delta_event(g.tokens[g.next_token]));
+  } else {
+    g.writer.write(sse_token_chunk(g.req, g.response_id, g.created, g.tokens[g.next_token],
+                                   last ? &finish_reason : nullptr));
+  }
+  ++g.next_token;
 }
 
 void SimServer::Impl::finish(Generation& g) {
@@ -696,13 +887,24 @@ void SimServer::Impl::finish(Generation& g) {
   json kv_params = nullptr;
   if (g.kv.leg == KvLeg::kPrefill && !g.stopped) {  // stopped by EOS: vLLM exports no KV
     // Seam: a finished prefill hands its blocks to the transfer layer.
+    const KvBlocks blocks = blocks_of(g);
+    const std::string& key = kv_transfer_key(blocks);
+    // Before the export: a decode may take the blocks (and the mover say so) before it returns.
+    if (g.in_engine) {
+      hold_blocks(key, g.seq);
+      g.hold_handed_over = true;
+    }
     std::vector<int64_t> block_ids;
-    if (auto e = mover->export_prefill_blocks(blocks_of(g), &block_ids)) {
+    if (auto e = mover->export_prefill_blocks(blocks, &block_ids)) {
       log.count_error(e->reason);
       pdr::log::warn("sim: exporting KV for {} failed: {}", g.request_id, e->message);
+      if (g.in_engine) release_blocks(key);
     } else {
       const std::string internal_id = internal_request_id(g.req.kind, g.request_id);
-      if (block_ids.empty()) block_ids = synthetic_block_ids(internal_id, g.req.prompt_tokens);
+      if (block_ids.empty()) {
+        if (g.in_engine) release_blocks(key);  // the mover holds nothing: nothing to wait for
+        block_ids = synthetic_block_ids(internal_id, g.req.prompt_tokens);
+      }
       kv_params = dialect->prefill_answer(options.node, g.kv, internal_id, block_ids);
     }
   } else if (options.bidirectional_kv_xfer && options.node.connector == proto::Connector::kNixl &&
@@ -733,6 +935,12 @@ void SimServer::Impl::finish(Generation& g) {
   } else if (!g.req.stream && g.req.kind == ApiKind::kResponses) {
     answer(g.writer, seq,
            json_response(200, responses_full(g.req, g.response_id, g.created, g.tokens, g.stopped, kv_params)));
+  } else if (g.req.stream && g.req.kind == ApiKind::kMessages) {
+    g.writer.write(messages_close_events(g.req, g.tokens.size(), g.stopped));  // no kv_transfer_params
+    g.writer.end_stream();
+    log.set_status(seq, 200);
+  } else if (!g.req.stream && g.req.kind == ApiKind::kMessages) {
+    answer(g.writer, seq, json_response(200, messages_full(g.req, g.response_id, g.tokens, g.stopped, kv_params)));
   } else if (g.req.stream) {
     if (!kv_params.is_null()) g.writer.write(sse_kv_params_chunk(g.req, g.response_id, g.created, kv_params));
     if (g.req.include_usage) {
@@ -805,6 +1013,8 @@ void SimServer::Impl::erase(uint32_t worker, uint64_t seq) {
   std::unique_ptr<Generation> g = std::move(it->second);
   table.erase(it);
   if (g->counted_running) generations_running.fetch_sub(1, std::memory_order_relaxed);
+  // A finished request is gone from the engine already (a no-op), unless its blocks are held.
+  if (g->in_engine && !g->hold_handed_over) engine->cancel(seq);
   if (g->timer != nullptr) close_timer(std::exchange(g->timer, nullptr));
   if (g->kv_lease != 0) mover->end_decode(g->kv_lease);  // frees the decode's KV blocks
 }
@@ -838,6 +1048,18 @@ Status SimServer::start() {
                       " runs no bootstrap server");
   }
   impl.in_flight.resize(std::max<uint32_t>(1, impl.options.workers));
+  if (impl.options.engine) {
+    impl.mover->set_export_released([&impl](const std::string& key) { impl.release_blocks(key); });
+    SimEngineOptions engine_options = *impl.options.engine;
+    engine_options.ranks = impl.options.node.dp_size;
+    engine_options.model = impl.options.model;
+    engine_options.time_scale = impl.options.time_scale;
+    std::shared_ptr<SimCacheModel> cache = impl.options.cache;
+    impl.engine = std::make_unique<SimEngine>(
+        engine_options, [&impl](std::vector<EngineNotice> n) { impl.deliver_engine_notices(std::move(n)); },
+        [cache](uint32_t rank, std::vector<PrefixCacheChange> changes) { cache->publish(rank, changes); });
+    if (Status es = impl.engine->start(); !es.is_ok()) return es;
+  }
   http::ServerOptions server_options;
   server_options.host = impl.options.host;
   server_options.port = impl.options.port;
@@ -900,6 +1122,8 @@ void SimServer::stop() {
   }
   impl.server.stop(std::chrono::milliseconds(200));
   if (impl.bootstrap) impl.bootstrap->stop(std::chrono::milliseconds(0));
+  // After the workers: a notice it hands over now is dropped by the stopped server.
+  if (impl.engine) impl.engine->stop();
 }
 
 }  // namespace pdr::node::sim

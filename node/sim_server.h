@@ -63,6 +63,20 @@
 // answers its GET /query, on the main port and, when bootstrap_port is set, on a second listener
 // of its own (start() refuses bootstrap_port on any other node).
 //
+// Engine mode (options.engine set, `pdnode sim --engine vllm`): a simulated vLLM V1 engine per DP
+// rank (node/sim_engine/engine_driver.h) times every generation instead: the request joins its
+// rank's scheduler, each token goes out at the end of the engine step that sampled it, a decode
+// leg's KV import starts once its rank has blocks for the prompt (and ends with the modelled
+// transfer time too), a prefill leg reusing the last turn's KV pulls it likewise, and a prefill
+// leg's blocks stay in use after its answer until the KV mover reports the decode read them (or
+// the export expired: KvMover::set_export_released). GET /metrics then
+// answers the engine's vLLM families (node/sim_engine/engine_metrics.h), GET /sim/prefix_cache the
+// engine's caches, POST /reset_prefix_cache resets them, and the KV events publisher announces the
+// engine's blocks. The per-token prefix caches are not used.
+//
+// options.time_scale (> 0) multiplies every modelled duration (per-token prefill and decode times,
+// engine steps, KV transfers) into wall-clock time.
+//
 // Threads: start() and stop() from one owning thread (not a worker). Requests run on the
 // http::Server workers; each request's state lives on its worker and is touched only there. The
 // request log and the fault queue are shared and mutex-protected.
@@ -74,6 +88,7 @@
 #include <string>
 
 #include "node/sim_cache_model.h"
+#include "node/sim_engine/engine_driver.h"
 #include "node/sim_kv.h"
 #include "base/status.h"
 
@@ -102,6 +117,10 @@ struct SimOptions {
   // engine id ("generate-tokens-" + its X-Request-Id) it names. The request log keeps the calls.
   bool tokens_only = false;
   uint32_t render_feature_bytes = 4096;    // fake feature bytes per image in a render answer
+  // The simulated vLLM engine (its ranks and model come from `node` and `model`); none: per-token
+  // pacing.
+  std::optional<SimEngineOptions> engine;
+  double time_scale = 1.0;
 };
 
 class SimServer {
