@@ -233,6 +233,12 @@ class ReadmeSidecarCommandsTest(unittest.TestCase):
                 args += [flag, replacements[flag]]
                 i += 2
                 continue
+            if flag == "--zmq-address" and value and re.fullmatch(r"[0-9.]+:[0-9]+", value):
+                # A host:port side channel (NIXL push) is on the node's own host, here loopback:
+                # a node that does not authenticate may name only its own address.
+                args += [flag, "%s:%s" % (health.address.rsplit(":", 1)[0], value.rsplit(":", 1)[1])]
+                i += 2
+                continue
             if flag == "--role":
                 role = {"P": "prefill", "D": "decode"}.get(value, value)
             elif flag == "--connector":
