@@ -24,15 +24,20 @@ struct Fd {
   }
 };
 
-// Waits for `events` on fd until `deadline`: 1 ready, 0 timed out, -1 error (errno set).
-int wait_for(int fd, short events, Clock::time_point deadline) {
+// Waits for `events` on fd until `deadline`: 1 ready, 0 timed out (or cancel_fd readable:
+// *cancelled set), -1 error (errno set).
+int wait_for(int fd, short events, Clock::time_point deadline, int cancel_fd, bool* cancelled) {
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) return 0;
-    pollfd p{fd, events, 0};
-    const int rc = ::poll(&p, 1, static_cast<int>(left));
+    pollfd p[2] = {{fd, events, 0}, {cancel_fd, POLLIN, 0}};
+    const int rc = ::poll(p, cancel_fd >= 0 ? 2 : 1, static_cast<int>(left));
     if (rc < 0 && errno == EINTR) continue;
     if (rc <= 0) return rc;
+    if (cancel_fd >= 0 && p[1].revents != 0) {
+      *cancelled = true;
+      return 0;
+    }
     return 1;
   }
 }
@@ -44,8 +49,13 @@ Status io_error(const proto::HostPort& to, const std::string& what) {
 }  // namespace
 
 Status otlp_http_post(const proto::HostPort& collector, std::string_view path, std::string_view content_type,
-                      std::string_view body, std::chrono::milliseconds timeout, int* status) {
+                      std::string_view body, std::chrono::milliseconds timeout, int* status, int cancel_fd) {
   const Clock::time_point deadline = Clock::now() + timeout;
+  bool cancelled = false;
+  auto gave_up = [&](const std::string& what) {
+    return cancelled ? Status(StatusCode::kIoError, "collector " + collector.to_string() + ": export cancelled")
+                     : io_error(collector, what);
+  };
   const std::string timed_out = "timed out after " + std::to_string(timeout.count()) + " ms";
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -65,7 +75,7 @@ Status otlp_http_post(const proto::HostPort& collector, std::string_view path, s
   ::freeaddrinfo(found);
   if (rc != 0 && errno != EINPROGRESS) return io_error(collector, std::string("connect: ") + std::strerror(errno));
   if (rc != 0) {
-    if (wait_for(sock.fd, POLLOUT, deadline) <= 0) return io_error(collector, "connect " + timed_out);
+    if (wait_for(sock.fd, POLLOUT, deadline, cancel_fd, &cancelled) <= 0) return gave_up("connect " + timed_out);
     int err = 0;
     socklen_t len = sizeof err;
     ::getsockopt(sock.fd, SOL_SOCKET, SO_ERROR, &err, &len);
@@ -88,7 +98,7 @@ Status otlp_http_post(const proto::HostPort& collector, std::string_view path, s
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       return io_error(collector, std::string("send: ") + std::strerror(errno));
     }
-    if (wait_for(sock.fd, POLLOUT, deadline) <= 0) return io_error(collector, "send " + timed_out);
+    if (wait_for(sock.fd, POLLOUT, deadline, cancel_fd, &cancelled) <= 0) return gave_up("send " + timed_out);
   }
   std::string head;
   char buf[4096];
@@ -103,7 +113,7 @@ Status otlp_http_post(const proto::HostPort& collector, std::string_view path, s
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       return io_error(collector, std::string("recv: ") + std::strerror(errno));
     }
-    if (wait_for(sock.fd, POLLIN, deadline) <= 0) return io_error(collector, "answer " + timed_out);
+    if (wait_for(sock.fd, POLLIN, deadline, cancel_fd, &cancelled) <= 0) return gave_up("answer " + timed_out);
   }
   // "HTTP/1.1 200 OK": the status is all an exporter needs (OTLP's partial_success is not read).
   if (head.size() < 12 || head.compare(0, 5, "HTTP/") != 0 || head[8] != ' ') {

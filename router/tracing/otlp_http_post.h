@@ -15,8 +15,10 @@ namespace pdr::router::tracing {
 
 // The answer's status code in *status (any code: the caller decides), or kIoError ("connect to
 // host:port: ...", "... timed out after N ms") / kMalformed (not an HTTP answer). Host names are
-// resolved with getaddrinfo (on the calling thread).
+// resolved with getaddrinfo (on the calling thread). `cancel_fd` (>= 0): a descriptor that becomes
+// readable to give up at once ("... export cancelled"), so that a stopping process does not wait for a slow
+// collector.
 Status otlp_http_post(const proto::HostPort& collector, std::string_view path, std::string_view content_type,
-                      std::string_view body, std::chrono::milliseconds timeout, int* status);
+                      std::string_view body, std::chrono::milliseconds timeout, int* status, int cancel_fd = -1);
 
 }  // namespace pdr::router::tracing

@@ -1,6 +1,11 @@
 #include "router/tracing/span_exporter.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 
@@ -23,6 +28,9 @@ Status SpanExporter::start(ExporterOptions options) {
   source_.scope_name = "pdrouter";
   source_.scope_version = PDR_VERSION;
   queue_.reserve(std::min<uint32_t>(options_.max_queue_spans, 4096));
+  if (::pipe2(cancel_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return Status(StatusCode::kIoError, std::string("tracing: pipe: ") + std::strerror(errno));
+  }
   running_ = true;
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "pdr-otlp");
@@ -39,7 +47,14 @@ void SpanExporter::stop() {
     stopping_ = true;
   }
   wake_.notify_all();
+  // An export in flight now gives up (a collector that does not answer must not hold the stop for
+  // export_timeout); the final ones do not watch the pipe.
+  const char byte = 1;
+  (void)!::write(cancel_pipe_[1], &byte, 1);
   thread_.join();
+  ::close(cancel_pipe_[0]);
+  ::close(cancel_pipe_[1]);
+  cancel_pipe_[0] = cancel_pipe_[1] = -1;
   running_ = false;
 }
 
@@ -83,7 +98,7 @@ void SpanExporter::run() {
         counters_.spans_dropped_export_failed.fetch_add(batch.size(), std::memory_order_relaxed);
         batch.clear();
       } else {
-        export_batch(batch);
+        export_batch(batch, stopping);
       }
     }
     next = Clock::now() + (more ? std::chrono::milliseconds(0) : options_.batch);
@@ -96,12 +111,13 @@ void SpanExporter::run() {
   queue_.clear();
 }
 
-void SpanExporter::export_batch(std::vector<proto::Span>& batch) {
+void SpanExporter::export_batch(std::vector<proto::Span>& batch, bool final) {
   body_.clear();
   proto::encode_otlp_json(source_, batch, &body_);
   int status = 0;
-  Status st = otlp_http_post(options_.collector, options_.path, "application/json", body_, options_.export_timeout,
-                             &status);
+  Status st = otlp_http_post(options_.collector, options_.path, "application/json", body_,
+                             final ? std::min(options_.export_timeout, kFinalExportTimeout) : options_.export_timeout,
+                             &status, final ? -1 : cancel_pipe_[0]);
   if (st && status >= 200 && status < 300) {
     counters_.exports_ok.fetch_add(1, std::memory_order_relaxed);
     counters_.spans_exported.fetch_add(batch.size(), std::memory_order_relaxed);

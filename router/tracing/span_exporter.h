@@ -60,9 +60,11 @@ class SpanExporter {
 
   // Starts the thread. Call once.
   Status start(ExporterOptions options);
-  // Sends what is queued (one last export, within export_timeout, unless backing off), then ends
-  // the thread. Idempotent.
+  // Ends the thread: an export in flight is given up at once (its spans counted as dropped), what
+  // is queued gets one last export within kFinalExportTimeout (not while backing off), so a
+  // collector that does not answer delays a stopping process by that much at most. Idempotent.
   void stop();
+  static constexpr std::chrono::milliseconds kFinalExportTimeout{500};
 
   // Any thread, never blocks on I/O. False when the span was dropped (queue full, or stopped).
   bool submit(proto::Span&& span);
@@ -71,8 +73,8 @@ class SpanExporter {
 
  private:
   void run();
-  // Sends `batch` (emptied); updates the counters and the back-off.
-  void export_batch(std::vector<proto::Span>& batch);
+  // Sends `batch` (emptied); updates the counters and the back-off. `final`: during stop().
+  void export_batch(std::vector<proto::Span>& batch, bool final);
 
   ExporterOptions options_;
   proto::SpanSource source_;
@@ -82,6 +84,7 @@ class SpanExporter {
   std::vector<proto::Span> queue_;  // guarded by mutex_
   bool stopping_ = false;           // guarded by mutex_
   bool running_ = false;            // start()/stop() thread only
+  int cancel_pipe_[2] = {-1, -1};   // stop() writes to [1]: an export in flight gives up
   std::thread thread_;
   // Exporter thread only.
   std::chrono::milliseconds backoff_{0};
