@@ -1331,6 +1331,7 @@ cmake -S . -B build-rb -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build-rb 
 bench/router/run.sh --bin-dir build-rb            # ~13 min, rewrites this file
 bench/router/run.sh --bin-dir build-rb --cpu-only # ~10 min, rewrites only the CPU comparison
 bench/router/run.sh --bin-dir build-rb --cpu-only --equal-rate 0  # ~4 min, without equal rates
+bench/router/run.sh --bin-dir build-rb --tls-only # ~2 min, rewrites only the TLS and tracing block
 bench/router/run.sh --bin-dir build-rb --smoke    # ~1 min, checks only
 bench/router/run.sh --help                        # durations, connections, workers
 bench/router/count_syscalls.sh --bin-dir build-rb --column after   # syscalls/allocations
