@@ -74,7 +74,8 @@ class RequestTrace {
 
   // The model the client asked for (gen_ai.request.model), once its body is parsed.
   void model(std::string_view model);
-  // Hook for an admission queue: the request waited for a slot from `start` to `end`.
+  // Hook for an admission queue: the request waited for a slot from `start` to `end` (called
+  // once it is admitted, with the wait's own timestamps; the trace is made at admission).
   void queue_wait(Clock::time_point start, Clock::time_point end);
   // A pair was chosen (`prefill` empty: the decode alone). `cache`: cache_aware's match, or null.
   void routed(std::string_view prefill, std::string_view decode, const CacheHits* cache);
