@@ -116,7 +116,18 @@ void TlsContexts::reload(const config::Topology& t) {
     pdr::log::error("topology reload: TLS settings not applied, the previous ones stay in use: {}", error.message());
     return;
   }
-  // A listener started plain stays plain (and the reverse): restart_required_changes says so.
+  // A listener started plain stays plain, and one started with TLS keeps TLS (with its last
+  // certificate) until a restart (restart_required_changes says so): what /health_generate uses to
+  // reach the client listener follows the listener, not the file.
+  const bool client_runs_tls = client_server_ != nullptr ? client_server_->tls() != nullptr : built.client != nullptr;
+  if (!client_runs_tls) {
+    built.self.reset();
+  } else if (!built.client) {
+    built.client = client_;
+    built.self = self_;
+  }
+  const bool admin_runs_tls = admin_server_ != nullptr && admin_server_->tls() != nullptr;
+  if (admin_runs_tls && !built.admin) built.admin = admin_;
   if (built.client && client_server_ != nullptr && client_server_->tls()) {
     if (built.client != client_) pdr::log::info("listeners.tls: new handshakes serve {}", built.client->subject());
     client_server_->set_tls(built.client);
