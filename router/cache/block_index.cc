@@ -4,6 +4,7 @@
 #include <cctype>
 #include <mutex>
 #include <shared_mutex>
+#include <unordered_set>
 
 #include "base/keyed_hash.h"
 #include "router/policies/policy.h"
@@ -259,12 +260,13 @@ void BlockIndex::evict_oldest(Work* work) {
   if (work->blocks > 0) --work->blocks;
 }
 
-bool BlockIndex::stored_event(std::string_view node, uint32_t dp_rank, const proto::KvEvent& event,
-                              Cursor* cursor, Work* work) {
+bool BlockIndex::stored_event(Rank*& rank_of_batch, std::string_view node, uint32_t dp_rank,
+                              const proto::KvEvent& event, Cursor* cursor, Work* work) {
   if (!cursor->started) {
     cursor->started = true;
     const uint64_t n = event.block_hashes.size();
-    Rank& rank = rank_for(node, dp_rank);
+    if (rank_of_batch == nullptr) rank_of_batch = &rank_for(node, dp_rank);
+    Rank& rank = *rank_of_batch;
     if (event.lora_name && !event.lora_name->empty()) remember_lora(*event.lora_name);
     const EventTier tier = tier_of(event);
     if (tier == EventTier::kOther || !prefix_group(rank, event)) {
@@ -372,13 +374,13 @@ bool BlockIndex::store(HolderId id, const proto::KvEvent& event, Cursor* cursor,
   return true;
 }
 
-bool BlockIndex::removed_event(std::string_view node, uint32_t dp_rank, const proto::KvEvent& event,
+bool BlockIndex::removed_event(Rank* rank, std::string_view node, uint32_t dp_rank, const proto::KvEvent& event,
                                Cursor* cursor, Work* work) {
   if (!cursor->started) {
     cursor->started = true;
     const EventTier tier = tier_of(event);
     // Another tier or a group that was never indexed has nothing here to remove.
-    if (Rank* rank = find_rank(node, dp_rank); rank != nullptr && tier != EventTier::kOther) {
+    if (rank != nullptr && tier != EventTier::kOther) {
       cursor->target = holder_for(*rank, node, dp_rank, group_of(event),
                                   tier == EventTier::kGpu ? Tier::kGpu : Tier::kCpu, /*create=*/false);
     }
@@ -416,9 +418,8 @@ bool BlockIndex::clear(HolderId id, Work* work) {
   return h.blocks.empty();
 }
 
-bool BlockIndex::cleared_event(std::string_view node, uint32_t dp_rank, Cursor* cursor, Work* work) {
+bool BlockIndex::cleared_event(Rank* rank, Cursor* cursor, Work* work) {
   // A prefix cache reset: every group and tier of the rank (the event names none).
-  Rank* rank = find_rank(node, dp_rank);
   if (rank == nullptr) return true;
   for (size_t& i = cursor->holder; i < rank->holders.size(); ++i) {
     if (!clear(rank->holders[i], work)) return false;
@@ -429,20 +430,32 @@ bool BlockIndex::cleared_event(std::string_view node, uint32_t dp_rank, Cursor* 
 void BlockIndex::apply(std::string_view node, uint32_t dp_rank, const proto::KvEventBatch& batch) {
   std::lock_guard writer(writer_mu_);
   Cursor cursor;
+  // The (node, DP rank), found once, made by its first store: the writer lock keeps drops (the
+  // only erasers of ranks_) out until the batch is done, so the pointer stays valid.
+  Rank* rank = nullptr;
+  bool looked = false;
   // An empty batch changes nothing: no holder is made for it, the lock is not taken.
   while (cursor.event < batch.events.size()) {
     // Each pass is one exclusive hold; the writer lock keeps other writers (and drops) out between
     // them, so the holders and the cursor stay valid.
     {
       std::unique_lock lock(mu_);
+      if (!looked) {
+        rank = find_rank(node, dp_rank);
+        looked = true;
+      }
       Work work;
       while (cursor.event < batch.events.size() && !work.spent()) {
         const proto::KvEvent& event = batch.events[cursor.event];
         bool done = true;
         switch (event.kind) {
-          case proto::KvEventKind::kBlockStored: done = stored_event(node, dp_rank, event, &cursor, &work); break;
-          case proto::KvEventKind::kBlockRemoved: done = removed_event(node, dp_rank, event, &cursor, &work); break;
-          case proto::KvEventKind::kAllBlocksCleared: done = cleared_event(node, dp_rank, &cursor, &work); break;
+          case proto::KvEventKind::kBlockStored:
+            done = stored_event(rank, node, dp_rank, event, &cursor, &work);
+            break;
+          case proto::KvEventKind::kBlockRemoved:
+            done = removed_event(rank, node, dp_rank, event, &cursor, &work);
+            break;
+          case proto::KvEventKind::kAllBlocksCleared: done = cleared_event(rank, &cursor, &work); break;
         }
         if (!done) break;  // the slice's work is spent (or a map's growth waits for the next slice)
         const size_t next = cursor.event + 1;
@@ -554,11 +567,10 @@ std::vector<PrefixMatch> BlockIndex::longest_prefix(std::span<const uint32_t> to
   // Per rank: as far as every one of its indexed groups holds (vLLM needs a hit in each); per
   // node: its best rank.
   std::vector<PrefixMatch> out;
-  std::vector<const Rank*> done;
-  for (const auto& [key, first_tally] : tallies) {
-    const Rank* rank = key.rank;
-    if (std::find(done.begin(), done.end(), rank) != done.end()) continue;
-    done.push_back(rank);
+  std::unordered_set<const Rank*> done;
+  for (const auto& tally : tallies) {
+    const Rank* rank = tally.first.rank;
+    if (!done.insert(rank).second) continue;
     std::optional<PrefixMatch> best;  // the rank's most limiting group
     const std::string* node = nullptr;
     for (size_t i = 0; i < rank->holders.size(); ++i) {

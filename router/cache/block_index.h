@@ -246,7 +246,7 @@ class BlockIndex {
   };
 
   Rank& rank_for(std::string_view node, uint32_t dp_rank);
-  Rank* find_rank(std::string_view node, uint32_t dp_rank);
+  Rank* find_rank(std::string_view node, uint32_t dp_rank);  // null when none
   // The holder of (rank, group, tier), created when `create`; nullopt when absent, or when
   // creating it would pass kMaxGroupsPerRank.
   std::optional<HolderId> holder_for(Rank& rank, std::string_view node, uint32_t dp_rank, uint32_t group, Tier tier,
@@ -257,11 +257,12 @@ class BlockIndex {
   // The same engine hash in another tier of `h`'s group, or nullptr.
   const Block* twin(const Holder& h, proto::EngineHash engine) const;
   // One event, from cursor->block on, until it is done (true) or the slice's work is spent.
-  bool stored_event(std::string_view node, uint32_t dp_rank, const proto::KvEvent& event, Cursor* cursor,
-                    Work* work);
-  bool removed_event(std::string_view node, uint32_t dp_rank, const proto::KvEvent& event, Cursor* cursor,
-                     Work* work);
-  bool cleared_event(std::string_view node, uint32_t dp_rank, Cursor* cursor, Work* work);
+  // `rank`: the batch's (node, DP rank), null until its first store makes it.
+  bool stored_event(Rank*& rank, std::string_view node, uint32_t dp_rank, const proto::KvEvent& event,
+                    Cursor* cursor, Work* work);
+  bool removed_event(Rank* rank, std::string_view node, uint32_t dp_rank, const proto::KvEvent& event,
+                     Cursor* cursor, Work* work);
+  bool cleared_event(Rank* rank, Cursor* cursor, Work* work);
   bool store(HolderId id, const proto::KvEvent& event, Cursor* cursor, Work* work);
   bool remove(HolderId id, const proto::KvEvent& event, Cursor* cursor, Work* work);
   bool clear(HolderId id, Work* work);
