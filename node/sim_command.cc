@@ -471,6 +471,21 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   cmd->add_option("--kv-events-encoding", f->kv_events_encoding,
                   "Event encoding: map (vLLM >= 0.26, tagged by \"type\") or array (older vLLM).")
       ->capture_default_str()->type_name("map|array");
+  cmd->add_option("--kv-events-groups", f->kv_events_groups,
+                  "Publish the prefix cache as a hybrid model's KV cache groups, e.g. "
+                  "full_attention,sliding_window:512 (KIND is vLLM's kv_cache_spec_kind, WINDOW a "
+                  "sliding window in tokens): each change once per group with group_idx and the "
+                  "group's kind; a group with a WINDOW removes the blocks it slid past (all but "
+                  "the last WINDOW tokens' blocks of each stored run) at once. Default: no groups "
+                  "(events name none).")
+      ->type_name("KIND[:WINDOW],...");
+  cmd->add_option("--kv-events-cpu-tier", f->kv_events_cpu_tier,
+                  "Also publish a CPU offload tier that keeps every stored block until a reset: a "
+                  "second BlockStored with medium CPU for each stored run (in each full-attention "
+                  "group), self-describing (tokens and parent, as vLLM's offloading connector with "
+                  "self_describing_kv_events) or placeholder (engine keys only, block_size 0). GPU "
+                  "evictions leave the CPU copies.")
+      ->capture_default_str()->type_name("none|self-describing|placeholder");
   cmd->add_option("--kv-events-replay-layout", f->kv_events_replay_layout,
                   "Frames of the replay socket's answers: topic = [topic, seq, payload] like live "
                   "messages, end marker [\"\", END, \"\"] (vLLM >= 0.26); no-topic = [seq, "
@@ -567,9 +582,19 @@ int run_sim_command(const SimFlags& flags) {
                                                            : kDefaultBlockTokens;
   cache_options.capacity_blocks =
       flags.prefix_cache_blocks != 0 ? flags.prefix_cache_blocks : flags.kv_blocks;
-  if (!sim::parse_kv_events_encoding(flags.kv_events_encoding, &cache_options.encoding)) {
+  if (!sim::parse_kv_events_encoding(flags.kv_events_encoding, &cache_options.events.encoding)) {
     std::fprintf(stderr, "pdnode sim: error: --kv-events-encoding '%s': expected map or array\n",
                  flags.kv_events_encoding.c_str());
+    return kExitBadFlags;
+  }
+  if (std::string why; !sim::parse_kv_events_groups(flags.kv_events_groups, &cache_options.events.groups, &why)) {
+    std::fprintf(stderr, "pdnode sim: error: --kv-events-groups: %s\n", why.c_str());
+    return kExitBadFlags;
+  }
+  if (!sim::parse_kv_events_cpu_tier(flags.kv_events_cpu_tier, &cache_options.events.cpu_tier)) {
+    std::fprintf(stderr,
+                 "pdnode sim: error: --kv-events-cpu-tier '%s': expected none, self-describing or placeholder\n",
+                 flags.kv_events_cpu_tier.c_str());
     return kExitBadFlags;
   }
   if (FlagError e = build_kv_events(flags, options, &events_options); !e.empty()) {

@@ -64,6 +64,8 @@ struct SimFlags {
   std::string kv_events_replay_endpoint;  // tcp://HOST:PORT to bind; "" no replay socket
   std::string kv_events_encoding = "map";
   std::string kv_events_replay_layout = "topic";  // topic (vLLM >= 0.26) or no-topic
+  std::string kv_events_groups;                    // KIND[:WINDOW],... (sim_kv_events_encode.h)
+  std::string kv_events_cpu_tier = "none";         // none, self-describing or placeholder
   bool bidirectional_kv_xfer = false;
   bool tokens_only = false;
   // The simulated vLLM engine (node/sim_engine/): "per-token" (each request paced on its own by
