@@ -36,6 +36,9 @@
 namespace pdr {
 namespace {
 
+// Connections the operator listener (listeners.admin) holds at once; within the fd headroom.
+constexpr uint32_t kAdminMaxConnections = 64;
+
 struct CommandLine {
   std::string config_path;
   std::string http;       // overrides listeners.http
@@ -422,6 +425,10 @@ int run(Process& p) {
     admin_opts.host = topology.listeners.admin->host;
     admin_opts.port = topology.listeners.admin->port;
     admin_opts.workers = 1;
+    // The operator listener has a cap of its own: limits.max_connections sizes the client
+    // listener, and clients holding all of it must not lock operators out of /metrics and
+    // /status. Its descriptors come out of the fd budget's headroom (http/fd_budget.h).
+    admin_opts.max_connections = kAdminMaxConnections;
     admin_opts.tls = p.tls.admin_listener();
     p.admin_proxy = std::make_unique<router::proxy::ProxyService>(p.registry, p.topology.cell(),
                                                                   p.admin_server, admin_opts.workers);
