@@ -146,13 +146,28 @@ void HttpWorker::accept_failed(int status) {
   }
   if (accept_paused_ || draining_) return;
   accept_paused_ = true;
-  close_listener();
+  // Out of descriptors or memory, which every worker of the process (or the whole machine)
+  // shares: another worker's listener would fail alike, so the listener stays open and only its
+  // poll stops; connections wait in its backlog for the back-off instead of being refused.
+  // Anything else may be this listener's own fault: it is closed and bound anew.
+  const bool shortage = status == -EMFILE || status == -ENFILE || status == -ENOBUFS || status == -ENOMEM;
+  if (shortage && listener_) {
+    uv_poll_stop(listener_.get());
+  } else {
+    close_listener();
+  }
   if (backoff_timer_) uv_timer_start(backoff_timer_.get(), &HttpWorker::on_accept_backoff, kAcceptBackoffMs, 0);
 }
 
 void HttpWorker::on_accept_backoff(uv_timer_t* timer) {
   auto* w = detail::UvHandle<uv_timer_t>::owner_of<HttpWorker>(timer);
   if (w->draining_) return;
+  if (w->listener_ && w->listen_fd_ >= 0) {
+    // Paused, not closed: poll it again.
+    uv_poll_start(w->listener_.get(), UV_READABLE, &HttpWorker::on_listener_readable);
+    w->accept_paused_ = false;
+    return;
+  }
   if (w->listener_) {
     // The previous listener's close callback has not run yet: try again shortly.
     uv_timer_start(timer, &HttpWorker::on_accept_backoff, kAcceptBackoffMs, 0);

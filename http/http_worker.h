@@ -109,8 +109,10 @@ class HttpWorker {
   Status open_listener();
   void close_listener();
   // accept() failed and the reserve could not help: the listener would report the error again
-  // at once for as long as it lasts, so it is closed and reopened kAcceptBackoff later.
-  // Connections meanwhile go to the other workers or are refused.
+  // at once for as long as it lasts, so it is left alone for kAcceptBackoff. Out of descriptors
+  // or memory (shared by every worker), only its poll stops and connections wait in its backlog;
+  // on any other error it is closed and bound anew, connections meanwhile going to the other
+  // workers or refused.
   void accept_failed(int status);
   static void on_async(uv_async_t* async);
   void run_posted();

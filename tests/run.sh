@@ -39,9 +39,15 @@ run_suite() {  # name, extra cmake args...
   echo "=== [$name] configure + build"
   cmake -S "$root" -B "$dir" -G Ninja -DPDR_DEBUG_INFO=lines "${launcher[@]}" "$@" > "$dir.configure.log" 2>&1 ||
     { cat "$dir.configure.log"; return 1; }
-  ninja -C "$dir" -j "$jobs"
+  local started=$SECONDS rc=0
+  ninja -C "$dir" -j "$jobs" || rc=$?
+  echo "=== [$name] built in $((SECONDS - started)) s"
+  [[ $rc -eq 0 ]] || return $rc
   echo "=== [$name] test"
-  ctest --test-dir "$dir" -j "$jobs" --timeout 300 --output-on-failure --no-tests=error
+  started=$SECONDS
+  ctest --test-dir "$dir" -j "$jobs" --timeout 300 --output-on-failure --no-tests=error || rc=$?
+  echo "=== [$name] tested in $((SECONDS - started)) s"
+  return $rc
 }
 
 mkdir -p "$build_root"
@@ -104,6 +110,7 @@ if [[ "${PDR_SKIP_FUZZ:-0}" != 1 ]]; then
   fi
 fi
 
+echo "tests/run.sh: stages took $SECONDS s in all"
 if [[ $failures -ne 0 ]]; then
   echo "tests/run.sh: $failures stage(s) failed"
   exit 1
