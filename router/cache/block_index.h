@@ -42,7 +42,7 @@
 //     entry of the same engine hash when there is one, else skipped.
 //   - A lookup (PrefixMatch) says how many leading blocks each node holds in any indexed tier and
 //     how many of those are on its GPU; cached_tokens() weighs CPU-only blocks at
-//     kOffloadWeightPercent, since the node still has to copy them in (see README.md).
+//     kOffloadWeightPercent, since the node still has to copy them in (see docs/endpoints.md).
 //
 // Memory: at most `max_entries` (holder, block) entries; beyond it the least recently stored
 // ones are dropped (a re-stored block counts as new). An entry costs about 135 bytes of heap

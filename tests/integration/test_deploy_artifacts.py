@@ -94,7 +94,7 @@ class SystemdUnitTest(unittest.TestCase):
         self.assertGreater(int(stop.group(1)) * 1000, DEFAULT_DRAIN_MS)
         self.assertEqual(self.settings["ExecReload"], ["/bin/kill -HUP $MAINPID"])
         self.assertEqual(self.settings["Restart"], ["on-failure"])
-        # Sized by the README's formula for the default limits.max_connections (16384 streams
+        # Sized by docs/topology.md's formula for the default limits.max_connections (16384 streams
         # at most): 3N + 256.
         self.assertGreaterEqual(int(self.settings["LimitNOFILE"][0]), 3 * 16384 + 256)
 
