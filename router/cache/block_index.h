@@ -6,7 +6,7 @@
 //   s(i) = h(i-1), or XXH64(block i's extra keys, seed = h(i-1)) when it has any,
 //   h(-1) = chain seed
 // where the chain seed is XXH64 of the LoRA name (0 without one). So the engine's hash
-// algorithm, its seed and PYTHONHASHSEED need not be reproduced (API_FACTS.md 2.3-2.5, the
+// algorithm, its seed and PYTHONHASHSEED need not be reproduced (docs/design/kv-events.md, "How vLLM hashes blocks", the
 // dual-key scheme of llm-d and Dynamo); engine hashes are kept per holder only to find a stored
 // event's parent, to apply removals and to name tokenless offload stores.
 //

@@ -204,7 +204,7 @@ class KubernetesManifestsTest(unittest.TestCase):
                 self.assertEqual(obj["metadata"].get("namespace"), "pdrouter", (kind, name))
 
     def test_two_replicas_share_the_registry_through_etcd(self):
-        # Both replicas see the same nodes only through the etcd registry (issue 15): a node
+        # Both replicas see the same nodes only through the etcd registry: a node
         # registering through the discovery Service reaches one pod.
         self.assertEqual(self.deployment["spec"]["replicas"], 2)
         registry = self.topology["registry"]

@@ -17,7 +17,7 @@ check before it can land.
                                source the documentation's comment gives; the client example against a
                                router with simulated nodes, and must stream to [DONE]
   vllm serve / sglang          cannot run here: their --kv-transfer-config must be JSON with the
-                               keys pdrouter's references (PROTOCOLS) give, and the node's
+                               keys pdrouter's references (docs/design/wire-formats.md) give, and the node's
                                --port, http_port, proxy address and its sidecar command agree
   deploy/quickstart.sh         run by CTest integration.quickstart; its --help lists the options
                                the documentation names
@@ -55,7 +55,7 @@ README_DISCOVERY_PORT = "36367"
 README_HTTP = "localhost:10001"
 
 # vLLM connectors: `kv_connector` name -> pdrouter dialect, and the kv_connector_extra_config keys
-# /work/shared/PROTOCOLS.md documents for each (anything else in a README command is a typo or an
+# docs/design/wire-formats.md documents for each (anything else in a README command is a typo or an
 # unverified claim).
 VLLM_CONNECTORS = {"MoRIIOConnector": "moriio", "P2pNcclConnector": "p2p-nccl",
                    "NixlConnector": "nixl", "MooncakeConnector": "mooncake",
