@@ -15,7 +15,7 @@ namespace {
 // An empty file parses as the all-defaults topology, but on a reload it is nearly always a
 // writer caught between truncating and writing (`cat good > topology.yaml`, `cp`), or a file
 // emptied by mistake: applying it would drop every static instance and disable the admin API
-// (attacks-2026-11 bug 9). So a reload refuses a file with nothing but whitespace; start-up
+// (a half-written file applied live). So a reload refuses a file with nothing but whitespace; start-up
 // still accepts it (defaults, as documented).
 Status refuse_empty_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

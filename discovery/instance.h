@@ -119,7 +119,7 @@ struct Instance : proto::NodeSpec {
 // connector) grouped by role and compatibility class: the connector, and for MoRIIO the transfer
 // mode (other connectors' groups have TransferMode::kNone). Each group is in key order and split
 // by declared model. Built once per snapshot, so choosing a pair visits the candidates of the
-// compatible groups only, not every entry (attacks-2026-11 bug 12). Routable means state kUp
+// compatible groups only, not every entry (a registry full of incompatible entries must not slow pairing). Routable means state kUp
 // when the snapshot was taken; ejection (live) is left to pairing.
 struct RoutableGroup {
   proto::Role role = proto::Role::kPrefill;

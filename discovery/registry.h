@@ -6,7 +6,7 @@
 // Keyed by the node's canonical HTTP address. Every registration message is an upsert and a
 // heartbeat: it (re)sets that instance's own expiry deadline to now + TTL. Expiry pops a min-heap
 // of deadlines, so it finds exactly the due entries whatever their insertion order (the P2P-NCCL
-// proxy's walk-from-oldest-inserted bug, PROTOCOLS.md section 2, cannot happen here).
+// proxy's walk-from-oldest-inserted bug, docs/design/wire-formats.md section 2, cannot happen here).
 // Expired instances stay visible as state "expired" for `expired_retention`, then disappear.
 // Static instances (from the topology) and admin-added ones never expire.
 //

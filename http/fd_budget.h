@@ -1,4 +1,4 @@
-// How many client connections fit in the process's open-file limit (attacks 2026-11 bug 3).
+// How many client connections fit in the process's open-file limit (so connections are refused at accept, not legs failed later).
 //
 // Each client connection holds one descriptor, and each request in flight up to two more for its
 // upstream legs (prefill and decode, both open at once in the concurrent dialects); pdrouter's

@@ -108,7 +108,7 @@ bool literal_sockaddr(const proto::HostPort& target, sockaddr_storage* out) {
 }
 
 // Socket creation or connect failed for a shortage in this process or host, not because of the
-// node (security review #20: counting these against nodes ejected every healthy node).
+// node (counting these against nodes would eject every healthy node).
 bool is_local_shortage(int rc) {
   return rc == UV_EMFILE || rc == UV_ENFILE || rc == UV_ENOBUFS || rc == UV_ENOMEM;
 }

@@ -10,7 +10,7 @@
 // word and any other id to "<id>", joined by spaces, so a text made of vocabulary words survives
 // a /tokenize -> /detokenize round trip.
 //
-// Answer shapes (vLLM's serving_tokenization and render endpoints; API_FACTS.md section 3):
+// Answer shapes (vLLM's serving_tokenization and render endpoints; docs/design/wire-formats.md section 8):
 //   /tokenize      {"count","max_model_len","tokens",["token_strs" when return_token_strs]}
 //   /detokenize    {"prompt"}
 //   /v1/embeddings {"id":"embd-...","object":"list","created","model","data":[{"index",

@@ -285,7 +285,7 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
   return "";
 }
 
-// The registration each connector's real node sends (shared/PROTOCOLS.md §1.1, §2), or the
+// The registration each connector's real node sends (docs/design/wire-formats.md 1.1, 2), or the
 // pdrouter format for connectors that have no discovery of their own: the dialect's part
 // (SimDialect::fill_registration) on the common one.
 proto::Registration build_registration(const SimFlags& f, const sim::SimServer& server,

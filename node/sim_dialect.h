@@ -2,7 +2,7 @@
 // callbacks (in the spirit of h2o's balancers: a struct of function pointers per policy). The
 // generic simulator (sim_server, sim_kv, sim_kv_mover, sim_kv_peer, sim_command) drives requests,
 // KV movement and registration and asks the dialect only where the connectors differ
-// (shared/PROTOCOLS.md):
+// (docs/design/wire-formats.md):
 //   - which leg a request is and what it must carry (check_leg, leg_from_role);
 //   - what a finished prefill answers in kv_transfer_params (prefill_answer);
 //   - how KV moves (movement: the decode READs, or the prefill WRITEs into the decode's blocks);

@@ -71,7 +71,7 @@ std::vector<std::string> generate_tokens(const std::string& request_id,
 // X-Request-Id <id> (kMessages: chat's, which vLLM's Messages answer carries as its id).
 std::string response_id(ApiKind kind, const std::string& request_id);
 
-// The engine-internal id vLLM derives from it (PROTOCOLS §5): "cmpl-<id>-0-<8hex>" or
+// The engine-internal id vLLM derives from it (docs/design/wire-formats.md 5): "cmpl-<id>-0-<8hex>" or
 // "chatcmpl-<id>-<8hex>" (generate: "generate-tokens-<id>-<8hex>"), the 8 hex digits derived
 // from the id so they are reproducible.
 std::string internal_request_id(ApiKind kind, const std::string& request_id);

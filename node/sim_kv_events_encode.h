@@ -1,5 +1,5 @@
 // The msgpack payload of one vLLM KV events batch, as `pdnode sim` publishes it (the decoder
-// router side: proto/kv_events.h; wire facts: shared/API_FACTS.md 2.2). Pure; no I/O.
+// router side: proto/kv_events.h; wire facts: docs/design/kv-events.md, Payload). Pure; no I/O.
 //
 // Batch: [ts, events, dp_rank] (vLLM's EventBatch, array-like). Events, by encoding:
 //   kMap (vLLM >= 0.26, msgspec tagged structs): {"type": "BlockStored", "block_hashes": [...],

@@ -1,5 +1,5 @@
 // SimKvEventsPublisher: vLLM's ZMQ KV events publisher (`--kv-events-config`, publisher "zmq";
-// shared/API_FACTS.md 2.1) for `pdnode sim`, one per DP rank, on a thread of its own.
+// docs/design/kv-events.md, Publisher) for `pdnode sim`, one per DP rank, on a thread of its own.
 //
 // Sockets: rank r binds a PUB on tcp://HOST:PORT+r (PORT 0: rank 0 takes an ephemeral port and
 // the other ranks follow it; when one of those is taken, another ephemeral base is tried) and, with a replay port, a ROUTER on tcp://HOST:REPLAY+r. Each

@@ -16,7 +16,7 @@
 //
 // Hashes: FNV-1a-64 over (parent hash, the block's token ids as little-endian u32), the chain
 // starting from a fixed seed. Not vLLM's sha256 (routers consuming the events rehash tokens
-// themselves; shared/API_FACTS.md 2.4), but stable across runs and nodes, which tests rely on.
+// themselves; docs/design/kv-events.md), but stable across runs and nodes, which tests rely on.
 //
 // Threads: every method takes the cache's mutex; any worker may call them.
 #pragma once

@@ -1,5 +1,5 @@
-// SimServer: the simulated vLLM OpenAI server behind `pdnode sim` (shared/DESIGN.md, "Simulated
-// vLLM node"). It answers GET /health, GET /v1/models, POST /v1/completions,
+// SimServer: the simulated vLLM OpenAI server behind `pdnode sim` (docs/design/engine-model.md, "The
+// simulated node"). It answers GET /health, GET /v1/models, POST /v1/completions,
 // POST /v1/chat/completions and POST /v1/responses (sim_responses.h) in vLLM's JSON and SSE formats, validates kv_transfer_params,
 // X-Request-Id and X-data-parallel-rank like the chosen connector (sim_kv.h, its dialect's file in
 // node/sim_dialects/), and paces output:

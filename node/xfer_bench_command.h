@@ -1,5 +1,5 @@
 // `pdnode xfer-bench`: throughput and latency of the transfer engine between two processes, with
-// the ceilings measured in the same run (TRANSFER.md §3.3): raw single-stream loopback TCP (a plain
+// the ceilings measured in the same run (docs/design/kv-transfer.md, Targets): raw single-stream loopback TCP (a plain
 // blocking socket pair, same message sizes) and memcpy.
 //
 // One command runs both sides: it starts a copy of itself with --serve (the target: an engine with

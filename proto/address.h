@@ -52,7 +52,7 @@ Status parse_http_url(std::string_view text, HttpUrl* out);
 Status parse_moriio_zmq_address(std::string_view text, MoriioZmqAddress* out);
 
 // A ZMQ TCP endpoint a router connects to, "tcp://host:port" (vLLM's KV events publisher and
-// replay socket, API_FACTS.md 2.1), host and port as for parse_host_port. Refused, kBadAddress:
+// replay socket, docs/design/kv-events.md, Publisher), host and port as for parse_host_port. Refused, kBadAddress:
 //   - tcp://*:port and tcp://0.0.0.0 / [::] (the publisher's bind form: it names no node to
 //     connect to);
 //   - ipc:// and inproc:// (a path on the router's host, not the node's: a remote registration

@@ -2,7 +2,7 @@
 // untrusted bytes, and pdrouter's own extended registration / goodbye / acknowledgement encoded for
 // the node-side client. Pure functions over byte spans; no I/O. Schema: proto/DISCOVERY.md.
 //
-// Dialects accepted (facts: shared/PROTOCOLS.md sections 1 and 2):
+// Dialects accepted (facts: docs/design/wire-formats.md sections 1 and 2):
 //   MoRIIO current  {type:"P"|"D", http_address, zmq_address:"host:..,handshake:..,notify:..",
 //                    dp_size, tp_size, transfer_mode:"READ"|"WRITE"}
 //   MoRIIO legacy   {type:"register", role:"P"|"D", index, request_address:"http://ip:port/v1/..",

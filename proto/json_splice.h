@@ -3,7 +3,7 @@
 // could differ), then replace, append or remove a few
 // top-level members and render the original bytes with only those edits spliced in. Every byte the
 // edits do not touch (whitespace, key order, nested objects, unicode escapes, number spellings) is
-// preserved exactly, which is what DESIGN.md asks of the per-leg body builders. Pure; no I/O.
+// preserved exactly, which is what docs/design/request-flow.md asks of the per-leg body builders. Pure; no I/O.
 //
 // Contract:
 //   - JsonObjectBody::parse accepts exactly one JSON value (RFC 8259; surrounding whitespace

@@ -1,6 +1,6 @@
 // vLLM KV cache events (`--kv-events-config`, publisher "zmq"): the ZMQ frames of one published
 // batch, its msgpack payload, and the replay socket's request and answer frames. Pure; no I/O.
-// Wire facts: shared/API_FACTS.md section 2 (vllm/distributed/kv_events.py).
+// Wire facts: docs/design/kv-events.md (vllm/distributed/kv_events.py).
 //
 // Frames of a published message: [topic, seq, payload]; topic is the configured topic (default
 // empty), seq an 8-byte big-endian counter from 0 per publisher process, payload a msgpack batch.

@@ -1,4 +1,4 @@
-// The Mooncake bootstrap server's GET /query answer (shared/PROTOCOLS.md section 4): a JSON object
+// The Mooncake bootstrap server's GET /query answer (docs/design/wire-formats.md section 4): a JSON object
 // keyed by DP rank as a decimal string ("0", "1", ...), each value an object with a string
 // "engine_id" (and other fields pdrouter ignores: worker_addr, tp_size, pp_size, ...).
 // Pure; the router fetches the bytes and keeps the result per prefill instance.

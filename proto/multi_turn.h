@@ -1,4 +1,4 @@
-// Multi-turn KV reuse with NIXL's bidirectional_kv_xfer (API_FACTS.md section 4, vLLM's
+// Multi-turn KV reuse with NIXL's bidirectional_kv_xfer (docs/design/wire-formats.md section 9, vLLM's
 // disagg_proxy_multiturn.py): the decode of one turn ends its answer with kv_transfer_params
 // naming the blocks it keeps for the conversation (the last SSE chunk, or the JSON answer); the
 // next turn's prefill gets them with do_remote_decode true, do_remote_prefill false and

@@ -1,4 +1,4 @@
-// The RDMA backend's out-of-band connection record and per-region key blob (TRANSFER.md R-4).
+// The RDMA backend's out-of-band connection record and per-region key blob (docs/design/kv-transfer.md R-4).
 // Pure codecs over byte spans; no I/O. Both decoders take untrusted bytes and bound every field.
 //
 // Handshake record (little-endian, fixed order; each side sends one over the control socket,

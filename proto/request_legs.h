@@ -3,7 +3,7 @@
 // response first). What differs per connector dialect lives in one file per dialect behind the
 // table of proto/dialects/dialect.h; this file does what all of them share. Pure functions over
 // bytes; randomness is injected so tests are deterministic. The facts each dialect follows are in
-// shared/PROTOCOLS.md; the table of what each leg gets is proto/REQUEST_LEGS.md.
+// docs/design/wire-formats.md; the table of what each leg gets is proto/REQUEST_LEGS.md.
 //
 // Bodies are built by splicing the few changed top-level fields into the client's original bytes
 // (proto/json_splice.h): every other byte of the client body reaches the nodes unchanged. The
@@ -180,7 +180,7 @@ struct Uuid4 {
 };
 Uuid4 make_uuid4(const RandomSource& random);
 
-// "___prefill_addr_{P}___decode_addr_{D}_{32 hex}" (PROTOCOLS.md 1.3 step 3, section 2).
+// "___prefill_addr_{P}___decode_addr_{D}_{32 hex}" (docs/design/wire-formats.md 1.3 step 3, section 2).
 std::string make_addressed_request_id(std::string_view prefill_zmq, std::string_view decode_zmq,
                                       const Uuid4& uuid);
 

@@ -1,5 +1,5 @@
 // The transfer engine's local descriptor: what one engine tells a peer about itself so the peer can
-// reach it and address its memory (shared/TRANSFER.md 1.4 "opaque versioned blob", exportLocal() /
+// reach it and address its memory (docs/design/kv-transfer.md, Engine API, "Descriptor"; exportLocal() /
 // importPeer()). The router carries it opaquely (kv_transfer_params, bootstrap), so it is compact
 // msgpack and is decoded from untrusted bytes under explicit limits. Pure functions; no I/O.
 //

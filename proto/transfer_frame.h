@@ -1,4 +1,4 @@
-// Frame header of the transfer engine's TCP backend (shared/TRANSFER.md section 2.4, T-1), plus the
+// Frame header of the transfer engine's TCP backend (docs/design/kv-transfer.md, T-1), plus the
 // (region_id, offset, length) bounds check the receiver runs before touching memory (T-3). Pure
 // functions over byte spans: no I/O, no allocation on encode/decode.
 //
@@ -17,7 +17,7 @@
 //   32  u64 length     payload bytes that follow (WRITE, READ_DATA) or bytes requested (READ_REQ)
 //   40  end            -> kTransferFrameHeaderBytes
 //
-// Note: TRANSFER.md T-1 calls this header "32 bytes", but its field list adds up to 40; the field
+// Note: an early sketch of T-1 called this header "32 bytes", but its field list adds up to 40; the field
 // list wins here.
 //
 // A header is followed by `length` payload bytes for WRITE and READ_DATA; for other opcodes the

@@ -98,7 +98,7 @@ class ControlRoutes {
   uint64_t status_renders() const { return status_renders_.load(std::memory_order_relaxed); }
 
  private:
-  // A worker's last rendered /status (attacks-2026-11 bug 12: rendering is O(registry), so a
+  // A worker's last rendered /status (rendering is O(registry), so a
   // /status loop must not cost that per request).
   struct StatusCache {
     bool valid = false;

@@ -1,5 +1,5 @@
 // GET /metrics: the pdrouter_etcd_* families of the shared registry (registry.backend: etcd,
-// router/etcd/registry_replicator.h). README.md's metrics reference lists them.
+// router/etcd/registry_replicator.h). docs/metrics.md lists them.
 #pragma once
 
 #include "base/metrics_writer.h"

@@ -1,5 +1,5 @@
 // GET /metrics: the pdrouter_kubernetes_* families of Kubernetes pod discovery
-// (router/k8s/pod_watcher.h). README.md's metrics reference lists them.
+// (router/k8s/pod_watcher.h). docs/metrics.md lists them.
 #pragma once
 
 #include "base/metrics_writer.h"

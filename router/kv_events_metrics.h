@@ -1,6 +1,6 @@
 // GET /metrics: the cache families: pdrouter_kv_events_* of the KV events subscriber and its block
 // index (router/cache/). Totals over every node ever subscribed to (counters never go back);
-// per-node numbers are in /status. README.md's metrics reference lists them.
+// per-node numbers are in /status. docs/metrics.md lists them.
 #pragma once
 
 #include "base/metrics_writer.h"

@@ -1,6 +1,6 @@
 // GET /metrics: the discovery and HTTP families of pdrouter's own counters (the proxy and admin
 // families are in router/proxy/proxy_counters.h and router/admin_metrics.h), written with
-// base/metrics_writer.h. README.md's metrics reference lists them all.
+// base/metrics_writer.h. docs/metrics.md lists them all.
 #pragma once
 
 #include <cstdint>

@@ -5,7 +5,7 @@
 // uv_timer restarted by every event), so a save that produces several events reloads once. Then
 // the file must settle: its size, mtime and inode are read, and read again `settle` later; only
 // when they match is it reloaded, so a writer that truncates and then writes (`cat good > f`,
-// `cp`) is read once it has finished, not half-way (attacks-2026-11 bug 9; TopologyStore also
+// `cp`) is read once it has finished, not half-way (TopologyStore also
 // refuses an empty file). A file still changing after max_settle_rounds is read anyway. SIGHUP
 // (uv_signal) reloads at once. The reload itself is TopologyStore::reload() (validate in full,
 // publish or keep the old value).

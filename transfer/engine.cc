@@ -221,7 +221,7 @@ Status Engine::Impl::unregister_region(RegionId id) {
     }
     it->second.dying = true;  // no new local transfer, layout or descriptor uses it from here
   }
-  // Security review 14: the table makes the region dead for peers' requests and waits until no
+  // Revocation: the table makes the region dead for peers' requests and waits until no
   // serving operation still touches it (region_table.h Lifetime); then each backend drops what it
   // exported (shm: CMA peers drop the address, RDMA: the MR). No lock held: these wait.
   (void)regions_.unregister_region(id);

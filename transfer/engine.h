@@ -1,4 +1,4 @@
-// Engine: the KV-block transfer engine's public API (TRANSFER.md 1.4, "Ours").
+// Engine: the KV-block transfer engine's public API (docs/design/kv-transfer.md, Engine API).
 //
 //   auto engine = Engine::create({.agent = "prefill-0"}, make_backends(...));
 //   engine->allocate_region(64 << 20, &region, &base);        // or register_region(addr, len, ...)

@@ -1,6 +1,6 @@
 // MemfdRegion: zeroed, page-aligned host memory backed by a memfd, mapped MAP_SHARED, so the shm
 // backend can hand the fd to a same-host peer (SCM_RIGHTS) which maps the very same pages
-// (TRANSFER.md S-1). The file is sealed at its length (F_SEAL_SHRINK | F_SEAL_GROW), so a peer's
+// (docs/design/kv-transfer.md S-1). The file is sealed at its length (F_SEAL_SHRINK | F_SEAL_GROW), so a peer's
 // mapping of it can never fault. Move-only owner of the fd and the mapping.
 #pragma once
 

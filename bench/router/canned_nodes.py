@@ -3,7 +3,7 @@ node and (for Mooncake) the prefill's bootstrap server, each on its own 127.0.0.
 every request with a fixed body (`return 200`). No tokenizer, no KV, no timing model: what is left
 is HTTP, so pdrouter's and the nginx baseline's CPU per request are not blurred by the sims' cost.
 
-What each answer must carry (shared/PROTOCOLS.md):
+What each answer must carry (docs/design/wire-formats.md):
 - prefill (POST /v1/completions, /v1/chat/completions, /inference/v1/generate): a vLLM JSON answer whose top-level
   `kv_transfer_params` is what a NIXL prefill returns (serial dialects copy it into the decode leg;
   a null one would send pdrouter down the no-KV fallback). Concurrent dialects (MoRIIO WRITE,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cache-aware routing benchmark (issue 13): the same cache workloads through pdrouter under the
+"""Cache-aware routing benchmark: the same cache workloads through pdrouter under the
 routing policies round_robin (the baseline), least_outstanding and cache_aware, on 4 prefill +
 4 decode `pdnode sim` nodes (NIXL), all on this machine's loopback, in one run.
 

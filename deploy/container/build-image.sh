@@ -2,7 +2,7 @@
 # Builds the pdrouter OCI image offline, FROM scratch: stages the Release binaries plus the
 # shared libraries ldd finds for them into a root file system, then runs buildah (or podman).
 #   deploy/container/build-image.sh [--build-dir DIR] [--tag NAME:TAG]
-# Defaults: build/release (configure and build it first, see README "Development") and
+# Defaults: build/release (configure and build it first, see docs/development.md) and
 # localhost/pdrouter:<project version>. Prints the tag on its last line.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -1,4 +1,4 @@
-// Mooncake (shared/PROTOCOLS.md §4): both legs carry transfer_id; the decode's kv_transfer_params
+// Mooncake (docs/design/wire-formats.md 4): both legs carry transfer_id; the decode's kv_transfer_params
 // name the prefill's engine and its bootstrap server (remote_bootstrap_addr); the prefill answers
 // no kv_transfer_params. The prefill runs the bootstrap server: GET /query lists, per DP rank, the
 // engine id and the worker address of each TP rank (kv_port + dp * tp_size + tp, one side-channel

@@ -1,5 +1,5 @@
-// What MoRIIO READ (moriio_read.cc) and MoRIIO WRITE (moriio_write.cc) share (shared/PROTOCOLS.md
-// §1): transfer_id on both legs, the peer's zmq address from explicit remote_* keys or the request
+// What MoRIIO READ (moriio_read.cc) and MoRIIO WRITE (moriio_write.cc) share (docs/design/wire-formats.md
+// 1): transfer_id on both legs, the peer's zmq address from explicit remote_* keys or the request
 // id, the prefill's answer, the handshake and notify ports as side channel, and the MoRIIO
 // registration format.
 #pragma once

@@ -1,4 +1,4 @@
-// MoRIIO READ (shared/PROTOCOLS.md §1): the decode READs the prefill's remote_block_ids, so its
+// MoRIIO READ (docs/design/wire-formats.md 1): the decode READs the prefill's remote_block_ids, so its
 // kv_transfer_params must carry them and the prefill's engine id. The rest is shared with MoRIIO
 // WRITE (moriio.h).
 #include "node/sim_dialects/moriio.h"

@@ -1,4 +1,4 @@
-// MoRIIO WRITE (shared/PROTOCOLS.md §1): the prefill WRITEs into the decode's blocks, so the
+// MoRIIO WRITE (docs/design/wire-formats.md 1): the prefill WRITEs into the decode's blocks, so the
 // decode needs no remote_block_ids. The rest is shared with MoRIIO READ (moriio.h).
 #include "node/sim_dialects/moriio.h"
 

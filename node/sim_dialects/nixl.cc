@@ -1,4 +1,4 @@
-// NIXL (shared/PROTOCOLS.md §3): the prefill answers remote_block_ids, its engine id, its internal
+// NIXL (docs/design/wire-formats.md 3): the prefill answers remote_block_ids, its engine id, its internal
 // request id and its side channel remote_host:remote_port (kv_port + DP rank); the decode READs
 // the blocks from there. One side-channel port per DP rank. Registers in the pdrouter format.
 #include "node/sim_dialects/common.h"

@@ -1,4 +1,4 @@
-// P2P-NCCL (shared/PROTOCOLS.md §2): no kv_transfer_params; the node's role decides the leg and
+// P2P-NCCL (docs/design/wire-formats.md 2): no kv_transfer_params; the node's role decides the leg and
 // the request id carries both KV addresses (___prefill_addr_IP:PORT___decode_addr_IP:PORT). The
 // decode contacts the prefill's address and the prefill WRITEs the KV. Registers in P2P-NCCL's
 // own format with its zmq (KV) address.

@@ -1,4 +1,4 @@
-// SGLang (shared/PROTOCOLS.md §7): no kv_transfer_params; the node's role decides the leg and the
+// SGLang (docs/design/wire-formats.md 7): no kv_transfer_params; the node's role decides the leg and the
 // decode finds its prefill at bootstrap_host:bootstrap_port from the request body. The sim's
 // prefill serves its KV side channel there (kv_port, registered as its bootstrap_port when it
 // moves real KV) and WRITEs the KV into the decode's blocks. Registers in the pdrouter format.

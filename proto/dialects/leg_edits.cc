@@ -18,7 +18,7 @@ void apply_prefill_edits(JsonObjectBody* body) {
   body->remove("min_completion_tokens");
 }
 
-// PROTOCOLS.md 1.3 step 6. vLLM rejects max_tokens < 1, and at 1 the client asked for a single
+// docs/design/wire-formats.md 1.3 step 6. vLLM rejects max_tokens < 1, and at 1 the client asked for a single
 // token, which the decode still produces.
 void decrement_decode_tokens(JsonObjectBody* body) {
   for (std::string_view key : {"max_completion_tokens", "max_tokens"}) {

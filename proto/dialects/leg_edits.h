@@ -12,7 +12,7 @@ namespace pdr::proto::dialects {
 // "[host]" for an IPv6 literal, else the host as it is.
 std::string bracket_host(std::string_view host);
 
-// The prefill edits ("P7" in proto/REQUEST_LEGS.md; PROTOCOLS.md 3, 1.3 step 5, 4, Implications
+// The prefill edits ("P7" in proto/REQUEST_LEGS.md; docs/design/wire-formats.md 3, 1.3 step 5, 4, rule
 // 7): stream false, max_tokens 1, max_completion_tokens 1 if present, no stream_options, no
 // min_tokens / min_completion_tokens.
 void apply_prefill_edits(JsonObjectBody* body);

@@ -1,4 +1,4 @@
-// Mooncake (PROTOCOLS.md 4): concurrent; the prefill pushes to the decode through the bootstrap
+// Mooncake (docs/design/wire-formats.md 4): concurrent; the prefill pushes to the decode through the bootstrap
 // server, whose /query table (DP rank -> engine_id) the router reads first (the pre-step,
 // router/proxy/pre_step.h). A failed decode needs a whole new pair.
 #include "proto/dialects/dialect.h"

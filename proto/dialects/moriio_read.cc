@@ -1,4 +1,4 @@
-// MoRIIO READ (PROTOCOLS.md 1.3 step 7): serial; the decode reads the blocks the prefill's answer
+// MoRIIO READ (docs/design/wire-formats.md 1.3 step 7): serial; the decode reads the blocks the prefill's answer
 // names, so it gets remote_engine_id, remote_block_ids, transfer_id and tp_size from it. The
 // request id names the decode: a failed decode needs a whole new pair.
 #include <string>

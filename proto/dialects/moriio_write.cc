@@ -1,4 +1,4 @@
-// MoRIIO WRITE (PROTOCOLS.md 1.3 step 7, Implications 8): concurrent; the prefill pushes the
+// MoRIIO WRITE (docs/design/wire-formats.md 1.3 step 7, rule 8): concurrent; the prefill pushes the
 // blocks to the decode its request id names, so the decode needs nothing from the prefill's
 // answer and a failed decode needs a whole new pair.
 #include "proto/dialects/dialect.h"

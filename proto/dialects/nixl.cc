@@ -1,4 +1,4 @@
-// NIXL (PROTOCOLS.md 3): serial; the decode takes the prefill answer's kv_transfer_params
+// NIXL (docs/design/wire-formats.md 3): serial; the decode takes the prefill answer's kv_transfer_params
 // verbatim, once its remote_host is the prefill's own host. The decode pulls the blocks by those params, which any decode can use: a decode that
 // never got the request may be replaced alone.
 #include "proto/dialects/dialect.h"

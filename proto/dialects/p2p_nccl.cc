@@ -1,4 +1,4 @@
-// P2P-NCCL (PROTOCOLS.md 2): serial with nothing to relay (the prefill's answer is drained, then
+// P2P-NCCL (docs/design/wire-formats.md 2): serial with nothing to relay (the prefill's answer is drained, then
 // the decode is sent); no kv params; the request id names both instances, so a failed decode
 // needs a whole new pair.
 #include "proto/dialects/dialect.h"
@@ -20,8 +20,8 @@ Status build(const DialectInput& in, LegPlan* plan, JsonObjectBody* prefill, Jso
   // client's min_tokens >= 2 would fail the prefill leg with a 400.
   prefill->remove("min_tokens");
   prefill->remove("min_completion_tokens");
-  // The connector ignores kv_transfer_params (PROTOCOLS.md 2), but a client's own must not
-  // reach the nodes either (security review #22): every other dialect overwrites it.
+  // The connector ignores kv_transfer_params (docs/design/wire-formats.md 2), but a client's own must not
+  // reach the nodes either (a client steering the nodes' KV transfer): every other dialect overwrites it.
   prefill->remove("kv_transfer_params");
   decode->remove("kv_transfer_params");
   return Status::ok();

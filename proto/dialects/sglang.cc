@@ -1,4 +1,4 @@
-// SGLang (PROTOCOLS.md 7): concurrent; the same body to both legs, naming the prefill's
+// SGLang (docs/design/wire-formats.md 7): concurrent; the same body to both legs, naming the prefill's
 // bootstrap server and a random room. The prefill pushes to the decode the room pairs it with:
 // a failed decode needs a whole new pair.
 #include <limits>

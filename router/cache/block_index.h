@@ -6,7 +6,7 @@
 //   s(i) = h(i-1), or XXH64(block i's extra keys, seed = h(i-1)) when it has any,
 //   h(-1) = chain seed
 // where the chain seed is XXH64 of the LoRA name (0 without one). So the engine's hash
-// algorithm, its seed and PYTHONHASHSEED need not be reproduced (API_FACTS.md 2.3-2.5, the
+// algorithm, its seed and PYTHONHASHSEED need not be reproduced (docs/design/kv-events.md, "How vLLM hashes blocks", the
 // dual-key scheme of llm-d and Dynamo); engine hashes are kept per holder only to find a stored
 // event's parent, to apply removals and to name tokenless offload stores.
 //
@@ -42,7 +42,7 @@
 //     entry of the same engine hash when there is one, else skipped.
 //   - A lookup (PrefixMatch) says how many leading blocks each node holds in any indexed tier and
 //     how many of those are on its GPU; cached_tokens() weighs CPU-only blocks at
-//     kOffloadWeightPercent, since the node still has to copy them in (see README.md).
+//     kOffloadWeightPercent, since the node still has to copy them in (see docs/endpoints.md).
 //
 // Memory: at most `max_entries` (holder, block) entries; beyond it the least recently stored
 // ones are dropped (a re-stored block counts as new). An entry costs about 135 bytes of heap

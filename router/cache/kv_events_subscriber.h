@@ -1,5 +1,5 @@
 // KvEventsSubscriber: the thread that subscribes to every node's vLLM KV cache events publisher
-// and feeds a BlockIndex (block_index.h). Wire facts: shared/API_FACTS.md section 2.
+// and feeds a BlockIndex (block_index.h). Wire facts: docs/design/kv-events.md.
 //
 // Which nodes: it follows the registry (the SnapshotCell the discovery thread publishes), taking
 // each new snapshot within `registry_poll` (at once when it sees the cell's version move between

@@ -1,4 +1,4 @@
-// Cache affinity that yields to load (issue 13): the rule a cache-aware policy applies once it
+// Cache affinity that yields to load: the rule a cache-aware policy applies once it
 // knows how much of the request's prompt each candidate already holds in its KV cache
 // (router/cache/block_index.h for token-id prompts). Pure, like the other policies.
 //

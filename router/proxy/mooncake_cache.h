@@ -1,5 +1,5 @@
 // Per-worker cache of Mooncake prefill engine ids: the bootstrap server's GET /query answer
-// (DP rank -> engine_id, shared/PROTOCOLS.md section 4), fetched on first use per prefill
+// (DP rank -> engine_id, docs/design/wire-formats.md section 4), fetched on first use per prefill
 // instance and kept for kTtl, or until invalidated (a failed leg on that prefill, or the prefill
 // restarted: the cache key includes its epoch).
 //

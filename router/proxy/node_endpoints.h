@@ -1,7 +1,7 @@
 // The P/D router's endpoints that are not a P/D request: GET /v1/models (a decode node's list,
 // cached briefly per worker), GET /ready (a compatible pair exists and we are not draining), and
-// POST /start_profile, /stop_profile, /reset_prefix_cache (fanned out to every up instance, PROTOCOLS.md
-// Implications 15). Profiling is an admin operation: the caller must have admitted the request
+// POST /start_profile, /stop_profile, /reset_prefix_cache (fanned out to every up instance, docs/design/wire-formats.md
+// rule 15). Profiling is an admin operation: the caller must have admitted the request
 // with AdminRoutes::admit_profile (admin key, body at most kMaxProfileBodyBytes) first. Each node
 // gets `Authorization: Bearer <connectors.upstream_api_key>` when one is configured, never the
 // client's own Authorization (that is the admin key).

@@ -1,4 +1,4 @@
-// Endpoints served by ONE node, no KV, no P/D (README "Endpoints"): the render endpoints,
+// Endpoints served by ONE node, no KV, no P/D (docs/endpoints.md "Endpoints"): the render endpoints,
 // /tokenize, /detokenize and Anthropic's /v1/messages/count_tokens, the pooling and audio
 // endpoints (embeddings, pooling, classify, score, rerank, /v1/audio/*), and unknown paths when
 // routing.pass_through_unknown is on.

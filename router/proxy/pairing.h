@@ -4,7 +4,7 @@
 // is unknown is never paired. A prefill and a decode
 // are compatible when they speak the same known connector and, for MoRIIO, the same transfer
 // mode (READ with READ, WRITE with WRITE): the two legs of one request must follow one dialect
-// (shared/PROTOCOLS.md, Implications 4). An instance that declared a model serves only requests
+// (docs/design/wire-formats.md, rule 4). An instance that declared a model serves only requests
 // naming that model; one that declared none serves any.
 //
 // Selection: the prefill policy picks among routable prefills that have at least one compatible
@@ -75,7 +75,7 @@ Status choose_decode(const discovery::RegistrySnapshot& snapshot, const discover
 
 // The DP rank to pin a leg to `instance` to (X-data-parallel-rank, remote_dp_rank), or nullopt
 // when its dp_size is 1: each instance's ranks in turn, from a counter of its own. This is what
-// PROTOCOLS.md Implications 10's counter over (instance, rank) slots guarantees when, as here,
+// docs/design/wire-formats.md rule 10's counter over (instance, rank) slots guarantees when, as here,
 // policies pick the instance: every rank of every instance gets its share. One counter shared by
 // all instances and both legs aliased: with P and D both at dp_size 2 each request took two
 // steps of it, so the prefill always got rank 0.

@@ -4,7 +4,7 @@
 //
 //   kNone                 done(OK) at once, nothing learned.
 //   kPrefillEngineQuery   Mooncake: the prefill's bootstrap /query table (DP rank -> engine_id,
-//                         shared/PROTOCOLS.md 4) from the worker's cache (mooncake_cache.h). The
+//                         docs/design/wire-formats.md 4) from the worker's cache (mooncake_cache.h). The
 //                         prefill's own table says how many DP ranks it has (the reference proxy's
 //                         dp_size = len(/query)): when that differs from the registered dp_size,
 //                         the rank is chosen again over the table's ranks, so a topology entry

@@ -100,7 +100,7 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
       const auto from = static_cast<S>(f), to = static_cast<S>(t);
       if (!legal(f, t) && c.transitions[f][t].load(std::memory_order_relaxed) == 0) continue;
       out.counter("pdrouter_request_transitions_total",
-                "P/D request state transitions (shared/DESIGN.md state machine)",
+                "P/D request state transitions (docs/design/request-flow.md state machine)",
                 value(c.transitions[static_cast<size_t>(from)][static_cast<size_t>(to)]),
                   {{"from", std::string(to_string(from))}, {"to", std::string(to_string(to))}});
     }

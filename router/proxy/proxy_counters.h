@@ -22,7 +22,7 @@ namespace pdr::router::proxy {
 
 class ConversationCache;
 
-// shared/DESIGN.md, "The request state machine".
+// docs/design/request-flow.md, "The request state machine".
 enum class RequestState : uint8_t {
   kAccepted,     // parsed and admitted (below the concurrency limit)
   kPaired,       // a (prefill, decode) pair chosen and both legs built

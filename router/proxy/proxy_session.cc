@@ -556,7 +556,7 @@ void ProxySession::send_prefill() {
     State& s = *self->s_;
     // A concurrent dialect's prefill answer is only read for its status and an error excerpt;
     // once the request ended or the decode streams nobody reads it at all: dropped as it
-    // arrives, so a prefill answering a huge or endless body costs no memory (attacks bug 5).
+    // arrives, so a prefill answering a huge or endless body costs no memory.
     const bool concurrent = s.legs.plan.concurrent;
     const size_t cap = concurrent ? kMaxErrorAnswer : kMaxPrefillAnswer;
     const bool unread = self->finished() || (concurrent && s.state == RequestState::kStreaming);
@@ -602,7 +602,7 @@ void ProxySession::send_prefill() {
                                        to_upstream(s.legs.prefill, s.w.node_tls(s.pair.prefill->http_address)),
                                        timeouts, std::move(cb));
   // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
-  // trickling bytes is cut there too (security review #19).
+  // trickling bytes is cut there too.
   s.prefill_deadline = sent_at + s.topo->timeouts.prefill;
   s.prefill_timer.start(s.w.timers(), s.topo->timeouts.prefill, [this] {  // see SessionTimers
     shared_from_this()->on_prefill_deadline();
@@ -653,7 +653,7 @@ void ProxySession::on_prefill_complete() {
   }
   if (finished() || (s.legs.plan.concurrent && s.state == RequestState::kStreaming)) {
     // The decode already answers the client, so its KV arrived; a late prefill error changes
-    // nothing but is worth a log line (PROTOCOLS.md Implications 8).
+    // nothing but is worth a log line (docs/design/wire-formats.md rule 8).
     if (status < 200 || status >= 300) {
       if (may_log(s.w)) {
         pdr::log::warn("request {}: prefill {} answered {} after the decode started: {}", s.legs.plan.request_id,
@@ -841,7 +841,7 @@ void ProxySession::on_decode_head(int status, const std::vector<http::Header>& h
   }
   // vLLM sends a stream's head at once, before its first token (a decode waiting for KV from a
   // hung prefill has sent it too). The client's head is held until the first data event, so
-  // that a decode failing or going silent before it can still be retried (attacks bug 11); the
+  // that a decode failing or going silent before it can still be retried; the
   // first event is due within what is left of timeouts.first_byte.
   s.sse = true;
   s.w.counters().bump(s.w.counters().held_stream_heads);
@@ -1258,7 +1258,7 @@ void ProxySession::end(RequestState final_state) {
     // Concurrent dialects: the decode answered, the prefill may still be finishing (and, on a
     // fast decode, its request may not even have been written yet). Closing it would abort a
     // prefill whose KV already went out; it is read to its end and dropped instead
-    // (PROTOCOLS.md Implications 8). Its answer is no longer buffered and it is closed after
+    // (docs/design/wire-formats.md rule 8). Its answer is no longer buffered and it is closed after
     // timeouts.orphan_grace_ms or at its timeouts.prefill deadline, whichever comes first. It
     // holds no admission slot (a prefill that never answers must not make pdrouter refuse
     // clients): limits.max_orphan_legs_per_node bounds orphans per node, closing the oldest.

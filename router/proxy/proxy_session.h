@@ -1,5 +1,5 @@
 // ProxySession: one client request to /v1/completions or /v1/chat/completions, carried through
-// the request state machine of shared/DESIGN.md on the worker that accepted it.
+// the request state machine of docs/design/request-flow.md on the worker that accepted it.
 //
 //   ACCEPTED -> PAIRED -> PREFILL_SENT -> PREFILL_DONE -> DECODE_SENT -> STREAMING -> DONE
 //   (concurrent dialects: PREFILL_SENT -> DECODE_SENT at once, the prefill answer is read and

@@ -28,7 +28,7 @@ enum class DecodeRetry {
 //  - NIXL (kIfNeverSent): the decode pulls KV by the prefill's returned params, which any decode can use, so
 //    another decode may take them (kDecodeOnly), but only when the failed decode never got the
 //    request (connect failure). A decode that got it may have pulled the blocks already, and
-//    closing it (how pdrouter aborts) makes it tell the prefill to free them (PROTOCOLS.md 6):
+//    closing it (how pdrouter aborts) makes it tell the prefill to free them (docs/design/wire-formats.md 6):
 //    a second decode could then read freed or reused blocks. Any other failure: kWholePair.
 //  - The others (kNever). MoRIIO READ/WRITE, P2P-NCCL: the request id embeds the decode's address, and in WRITE mode
 //    the prefill pushes to that decode: a new decode needs a new prefill (kWholePair).

@@ -1086,7 +1086,7 @@ TEST(TopologyStore, FailedReloadKeepsOldValue) {
   EXPECT_EQ(calls, 1);
 }
 
-// attacks-2026-11 bug 9: an empty file (a writer between truncating and writing) on reload is
+// An empty file (a writer between truncating and writing) on reload is
 // refused and keeps the running topology; at start-up it still means defaults.
 TEST(TopologyStore, EmptyFileOnReloadIsRefused) {
   TempDir dir;

@@ -266,7 +266,7 @@ TEST_F(DiscoveryServiceTest, BindFailureIsReported) {
   EXPECT_NE(st.message().find("cannot bind"), std::string::npos) << st.message();
 }
 
-// ---- admission control (security review finding 1, 2, 12; attacks 4e, 4f, 4h, 4i) ---------------
+// ---- admission control: unlisted hosts, weaker senders, goodbyes, epochs ---------------
 
 config::Cidr cidr(std::string_view text) {
   config::Cidr c;
@@ -282,7 +282,7 @@ TEST_F(DiscoveryServiceTest, PeerOutsideTheAllowListNeverGetsAMessageIn) {
   DiscoveryServiceOptions options;
   options.zap.allowed_peers.cidrs = {cidr("127.0.0.7/32")};
   start(options);
-  // The attack (review finding 1): one MoRIIO message from a host nobody listed.
+  // The attack: one MoRIIO message from a host nobody listed.
   auto rogue = dealer();  // connects from 127.0.0.1
   send(rogue, proto::encode_registration(registration(proto::RegistrationFormat::kMoriio, "127.0.0.1", 8000)));
   wait_counter(counters_.handshakes_refused[static_cast<size_t>(HandshakeRefusal::kAddressNotAllowed)], 1);

@@ -283,7 +283,7 @@ TEST(RegistryAdmission, WeakerSenderCannotChangeOrRemoveAStrongerEntry) {
   legit.epoch = 7;
   ASSERT_EQ(reg.upsert(legit, t0, config::AdmissionClass::kToken).result, UpsertResult::kAdded);
   reg.snapshot(t0);
-  // The attack from the review (finding 2): a token-less vLLM message for the same address.
+  // The attack: a token-less vLLM message for the same address.
   auto rogue = moriio("127.0.0.1", 8000, proto::Role::kPrefill);
   rogue.zmq_address = "host:127.0.0.66,handshake:1,notify:2";
   EXPECT_EQ(reg.upsert(rogue, t0 + 1s, config::AdmissionClass::kAddress).result, UpsertResult::kRejectedWeaker);

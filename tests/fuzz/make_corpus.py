@@ -2,7 +2,7 @@
 """Writes the seed corpus for discovery_message_fuzz: one msgpack file per valid message shape.
 
 Run with Debian's interpreter (python3-msgpack): /usr/bin/python3 tests/fuzz/make_corpus.py
-The dicts are shaped as vLLM builds them (shared/PROTOCOLS.md sections 1 and 2); `--hex` prints
+The dicts are shaped as vLLM builds them (docs/design/wire-formats.md sections 1 and 2); `--hex` prints
 each vector as hex instead, for pasting into tests/proto/discovery_message_test.cc.
 """
 import os

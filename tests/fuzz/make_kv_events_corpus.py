@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes the seed corpus for kv_events_fuzz: vLLM KV event batches (shared/API_FACTS.md 2.2).
+"""Writes the seed corpus for kv_events_fuzz: vLLM KV event batches (docs/design/kv-events.md, Payload).
 
 Run with Debian's interpreter (python3-msgpack): /usr/bin/python3 tests/fuzz/make_kv_events_corpus.py
 Array encoding (vLLM <= 0.23: events are positional arrays, tag first) and map encoding (vLLM >=

@@ -1,4 +1,4 @@
-// Sizing max_connections from RLIMIT_NOFILE (attacks 2026-11 bug 3).
+// Sizing max_connections from RLIMIT_NOFILE.
 #include "http/fd_budget.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
-// HTTP server resource bounds against hostile or slow clients (security review 2026-11 #3, #8,
-// #10, #16, #17): real sockets on loopback, port 0, every wait bounded by a deadline.
+// HTTP server resource bounds against hostile or slow clients (slow headers and bodies, header
+// and body limits, descriptor exhaustion): real sockets on loopback, port 0, every wait bounded by a deadline.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -333,7 +333,7 @@ TEST_F(HttpBoundsTest, PortSomeoneListensOnIsRefused) {
   fifth.stop(1s);
 }
 
-// Attacks bug 4: accept() failing with EMFILE used to be logged on every retry, and libuv
+// accept() failing with EMFILE used to be logged on every retry, and libuv
 // retries at once for as long as connections are pending: a hot loop (326,178 log lines in
 // 3 s). Now the worker counts the error, closes its listener (which ends libuv's loop), and
 // reopens it 100 ms later. Runs in a forked child whose descriptors are exhausted. libuv's own

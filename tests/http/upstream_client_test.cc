@@ -696,7 +696,7 @@ TEST_F(UpstreamClientTest, MalformedResponseIsAnError) {
   EXPECT_EQ(o.error.code(), StatusCode::kMalformed);
 }
 
-// Security review #6: a node (or anything that registered as one) answering an endless header
+// A node (or anything that registered as one) answering an endless header
 // block, too many header fields, or endless 1xx heads must not make the router buffer without
 // bound: the call fails as kBadResponse and says which limit.
 TEST_F(UpstreamClientTest, ResponseHeadLimits) {
@@ -751,7 +751,7 @@ TEST_F(UpstreamClientTest, ResponseHeadLimits) {
   }
 }
 
-// Security review #20: the router running out of file descriptors is its own shortage, not the
+// The router running out of file descriptors is its own shortage, not the
 // node's: the call fails as kLocalResources (never kConnect, which counts toward ejecting the
 // node). Runs in a child process whose RLIMIT_NOFILE is exhausted, so the test process keeps its
 // fds. The child is this binary again (fork + exec, PDR_LOCAL_RESOURCES_PORT set) so that it can

@@ -6,7 +6,9 @@ never on a fixed sleep:
   * ProcessHandle: start a command, capture stdout/stderr to files, wait for a log line, stop it;
   * FakeRouter: a ZMQ ROUTER on an ephemeral loopback port that receives discovery messages;
   * HealthServer: an HTTP server on an ephemeral port whose /health status the test switches;
-  * free_port, http_get: small network utilities.
+  * free_port, http_get: small network utilities;
+  * doc_files, doc_text, doc_blocks: the user documentation (README.md and docs/*.md) the tests
+    check against the binaries.
 """
 
 import functools
@@ -111,6 +113,72 @@ def allow_by_path(routes):
             method = "GET, HEAD"
         allow[path] = allow[path] + ", " + method if path in allow else method
     return allow
+
+
+# ---------------------------------------------------------------------------------------------
+# The user documentation: README.md and docs/*.md (not docs/design/, the developers' notes)
+
+REPO_ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
+def doc_files():
+    """Paths relative to the repository of README.md, then docs/*.md in name order."""
+    docs = os.path.join(REPO_ROOT, "docs")
+    names = sorted(n for n in os.listdir(docs) if n.endswith(".md")) if os.path.isdir(docs) else []
+    return ["README.md"] + ["docs/" + n for n in names]
+
+
+def doc_file_text(relative):
+    with open(os.path.join(REPO_ROOT, relative), encoding="utf-8") as f:
+        return f.read()
+
+
+def doc_text():
+    """README.md and docs/*.md as one text, each file starting on a line of its own."""
+    return "\n".join(doc_file_text(name).rstrip("\n") + "\n" for name in doc_files())
+
+
+class DocLine(int):
+    """A line number in one documentation file: an int (arithmetic keeps the file) that prints
+    as FILE:LINE, so a failure names where the text is."""
+
+    def __new__(cls, number, path):
+        line = super().__new__(cls, number)
+        line.path = path
+        return line
+
+    def __add__(self, other):
+        return DocLine(int(self) + other, self.path)
+
+    __radd__ = __add__
+
+    def __str__(self):
+        return "%s:%d" % (self.path, int(self))
+
+    __repr__ = __str__
+
+    def source_line(self):
+        return doc_file_text(self.path).splitlines()[int(self) - 1]
+
+
+def doc_blocks(language):
+    """[(DocLine of the opening fence, body)] of every ```<language> fenced block in the
+    documentation, file by file in doc_files() order."""
+    blocks = []
+    for name in doc_files():
+        body, start, fence = None, 0, None
+        for number, line in enumerate(doc_file_text(name).splitlines(True), 1):
+            if body is None:
+                m = re.match(r"```(\w*)\s*$", line)
+                if m:
+                    fence, body, start = m.group(1), [], DocLine(number, name)
+            elif line.startswith("```"):
+                if fence == language:
+                    blocks.append((start, "".join(body)))
+                body = None
+            else:
+                body.append(line)
+    return blocks
 
 
 # ---------------------------------------------------------------------------------------------

@@ -262,7 +262,7 @@ UPSTREAM_KEY = "upstream-secret-123"
 
 
 class ProfileNeedsTheAdminKeyTest(unittest.TestCase):
-    """security-review #7: /start_profile and /stop_profile were open fan-outs that carried the
+    """/start_profile and /stop_profile were open fan-outs that carried the
     router's upstream key and copied the client's body to every node."""
 
     def setUp(self):
@@ -428,7 +428,7 @@ class ProtectedStatusTest(unittest.TestCase):
 
 
 class AuthThrottleTest(unittest.TestCase):
-    """attacks bug 17: admin keys could be guessed at ~3,570/s."""
+    """Admin keys must not be guessable at network speed (unthrottled: ~3,570 a second)."""
 
     def test_burst_of_wrong_keys_is_throttled_then_the_right_key_works(self):
         with Router(TOPOLOGY, env=ENV) as router:

@@ -79,7 +79,7 @@ class ThroughPdrouter(unittest.TestCase):
         self.assertEqual(result["completed"], prompts)
         self.assertEqual(result["failed"], 0)
         self.assertEqual(result["error_counts"], {})
-        # MoRIIO's proxy rule (PROTOCOLS.md): the decode leg asks for max_tokens - 1, so a client
+        # MoRIIO's proxy rule (docs/design/wire-formats.md 1.3 step 6): the decode leg asks for max_tokens - 1, so a client
         # gets one token less than it asked for through any MoRIIO router; usage says so.
         self.assertEqual(result["total_output_tokens"], prompts * (output_len - 1))
         # The sims count one token per word: usage.prompt_tokens equals the asked length.

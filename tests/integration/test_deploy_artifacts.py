@@ -94,7 +94,7 @@ class SystemdUnitTest(unittest.TestCase):
         self.assertGreater(int(stop.group(1)) * 1000, DEFAULT_DRAIN_MS)
         self.assertEqual(self.settings["ExecReload"], ["/bin/kill -HUP $MAINPID"])
         self.assertEqual(self.settings["Restart"], ["on-failure"])
-        # Sized by the README's formula for the default limits.max_connections (16384 streams
+        # Sized by docs/topology.md's formula for the default limits.max_connections (16384 streams
         # at most): 3N + 256.
         self.assertGreaterEqual(int(self.settings["LimitNOFILE"][0]), 3 * 16384 + 256)
 
@@ -204,7 +204,7 @@ class KubernetesManifestsTest(unittest.TestCase):
                 self.assertEqual(obj["metadata"].get("namespace"), "pdrouter", (kind, name))
 
     def test_two_replicas_share_the_registry_through_etcd(self):
-        # Both replicas see the same nodes only through the etcd registry (issue 15): a node
+        # Both replicas see the same nodes only through the etcd registry: a node
         # registering through the discovery Service reaches one pod.
         self.assertEqual(self.deployment["spec"]["replicas"], 2)
         registry = self.topology["registry"]

@@ -1,8 +1,8 @@
 """The deployment documentation stays runnable: every topology under deploy/ and every ```yaml block
-in README.md is loaded by the real pdrouter (which rejects unknown keys), /status lists exactly the
-static instances the text declares, and every `pdnode register ...` command in README.md registers
-a node (its flags run unchanged, only --router and --http-address point at a test router and a
-local /health server)."""
+in README.md and docs/*.md is loaded by the real pdrouter (which rejects unknown keys), /status lists
+exactly the static instances the text declares, and every `pdnode register ...` command in them
+registers a node (its flags run unchanged, only --router and --http-address point at a test router
+and a local /health server)."""
 
 import glob
 import os
@@ -14,15 +14,14 @@ import subprocess
 import tempfile
 import unittest
 
-from pdr_testlib import HealthServer, ProcessHandle, free_port, pdnode_path
+from pdr_testlib import HealthServer, ProcessHandle, doc_blocks, free_port, pdnode_path
 from pdrouter_fixture import Router
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-README = os.path.join(ROOT, "README.md")
 TOPOLOGIES = sorted(glob.glob(os.path.join(ROOT, "deploy", "topologies", "*.yaml"))) + [
     os.path.join(ROOT, "deploy", "topology.example.yaml")]
 EXPECTED_DIALECT_FILES = {"moriio", "nixl", "mooncake", "p2p-nccl", "sglang", "nixl-push"}
-# The documentation's node network (the README's and deploy/'s private /24 that DOC_NETWORK matches)
+# The documentation's node network (docs/'s and deploy/'s private /24 that DOC_NETWORK matches)
 # is moved onto loopback (127.0.10.0/24) before a test router loads or registers it: a registered address receives
 # real traffic, so every address a test uses is in 127.0.0.0/8. Only the host part changes; ports,
 # roles and counts stay as documented.
@@ -118,29 +117,11 @@ def declared_instances(yaml_text):
     return result
 
 
-def readme_blocks(language):
-    """Bodies of every ```<language> fenced block in README.md, with their first line number."""
-    blocks, body, start, fence = [], None, 0, None
-    with open(README, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if body is None:
-                m = re.match(r"```(\w*)\s*$", line)
-                if m:
-                    fence, body, start = m.group(1), [], number
-            elif line.startswith("```"):
-                if fence == language:
-                    blocks.append((start, "".join(body)))
-                body = None
-            else:
-                body.append(line)
-    return blocks
-
-
 def readme_pdnode_register_commands():
-    """(line, argv after `pdnode`) of every `pdnode register ...` command in README code blocks,
-    with backslash continuations joined and shell comments dropped."""
+    """(line, argv after `pdnode`) of every `pdnode register ...` command in the documentation's
+    code blocks, with backslash continuations joined and shell comments dropped."""
     commands = []
-    for start, text in readme_blocks("bash") + readme_blocks("sh") + readme_blocks(""):
+    for start, text in doc_blocks("bash") + doc_blocks("sh") + doc_blocks(""):
         lines = text.splitlines()
         i = 0
         while i < len(lines):
@@ -168,7 +149,7 @@ class DeclaredInstancesParserTest(unittest.TestCase):
         for path in TOPOLOGIES:
             with open(path, encoding="utf-8") as f:
                 texts.append(f.read())
-        texts += [text for _, text in readme_blocks("yaml")]
+        texts += [text for _, text in doc_blocks("yaml")]
         for text in texts:
             doc = yaml.safe_load(text) or {}
             expected = [(i["role"], i["http_address"]) for i in (doc.get("instances") or [])]
@@ -222,17 +203,17 @@ class TopologyFilesTest(unittest.TestCase):
             router.dir.cleanup()
 
     def test_readme_yaml_blocks_are_valid_topologies(self):
-        blocks = readme_blocks("yaml")
-        self.assertTrue(blocks, "README.md has no ```yaml block")
+        blocks = doc_blocks("yaml")
+        self.assertTrue(blocks, "the documentation has no ```yaml block")
         for line, text in blocks:
             with self.subTest(readme_line=line):
-                self.check_topology(text, "README.md:%d" % line)
+                self.check_topology(text, str(line))
 
 
 class ReadmeSidecarCommandsTest(unittest.TestCase):
     def test_every_pdnode_register_command_registers(self):
         commands = readme_pdnode_register_commands()
-        self.assertGreaterEqual(len(commands), 1, "README.md has no `pdnode register` command")
+        self.assertGreaterEqual(len(commands), 1, "the documentation has no `pdnode register` command")
         for line, argv in commands:
             with self.subTest(readme_line=line):
                 self.run_command(line, argv)
@@ -244,7 +225,7 @@ class ReadmeSidecarCommandsTest(unittest.TestCase):
         curve = "--curve-server-key" in argv
         replacements = {"--http-address": health.address, "--health-url": "http://%s/health" % health.address}
         if curve:
-            # The README's CURVE sidecar: real keys from `pdnode keygen`, a router with a CURVE
+            # The documentation's CURVE sidecar: real keys from `pdnode keygen`, a router with a CURVE
             # endpoint that lists the node's key, and the command's key flags pointed at them.
             keys = tempfile.mkdtemp(prefix="pdr-readme-keys-")
             self.addCleanup(shutil.rmtree, keys, True)
@@ -264,13 +245,13 @@ class ReadmeSidecarCommandsTest(unittest.TestCase):
             replacements["--router"] = router.discovery
         self.addCleanup(router.dir.cleanup)  # cleanups run last-in first-out: after stop()
         self.addCleanup(router.stop)
-        # The README's own flags, except where the node and the router are.
+        # The documentation's own flags, except where the node and the router are.
         args, i, role, connector, model, numeric = [], 1, None, None, None, {}
         while i < len(argv):
             flag = argv[i]
             value = argv[i + 1] if i + 1 < len(argv) else None
             if flag in replacements:
-                self.assertIsNotNone(value, "README.md:%d: %s without a value" % (line, flag))
+                self.assertIsNotNone(value, "%s: %s without a value" % (line, flag))
                 args += [flag, replacements[flag]]
                 i += 2
                 continue
@@ -290,29 +271,29 @@ class ReadmeSidecarCommandsTest(unittest.TestCase):
                 numeric[NUMERIC_FLAGS[flag]] = int(value)
             args.append(flag)
             i += 1
-        self.assertIn("--router", args, "README.md:%d: no --router" % line)
-        self.assertIn("--http-address", args, "README.md:%d: no --http-address" % line)
+        self.assertIn("--router", args, "%s: no --router" % line)
+        self.assertIn("--http-address", args, "%s: no --http-address" % line)
         sidecar = ProcessHandle([pdnode_path(), "register"] + args, name="pdnode",
                                 log_dir=router.dir.name)
         self.addCleanup(sidecar.stop)
 
         def registered():
             if sidecar.returncode is not None:
-                raise AssertionError("README.md:%d: pdnode exited %d:\n%s" % (
+                raise AssertionError("%s: pdnode exited %d:\n%s" % (
                     line, sidecar.returncode, sidecar.output()))
             return router.instance(health.address)
 
         inst, _ = router.wait_for(registered, timeout=10.0, interval=0.05)
-        self.assertEqual(inst["role"], role, "README.md:%d" % line)
-        self.assertEqual(inst["state"], "up", "README.md:%d" % line)
+        self.assertEqual(inst["role"], role, "%s" % line)
+        self.assertEqual(inst["state"], "up", "%s" % line)
         if connector is not None:
-            self.assertEqual(inst["dialect"], connector, "README.md:%d" % line)
+            self.assertEqual(inst["dialect"], connector, "%s" % line)
         if model is not None:
-            self.assertEqual(inst["model"], model, "README.md:%d" % line)
+            self.assertEqual(inst["model"], model, "%s" % line)
         for key, value in numeric.items():
-            self.assertEqual(inst[key], value, "README.md:%d: %s" % (line, key))
-        self.assertEqual(inst["admission"], "curve" if curve else "address", "README.md:%d" % line)
-        self.assertEqual(sidecar.stop(), 0, "README.md:%d:\n%s" % (line, sidecar.output()))
+            self.assertEqual(inst[key], value, "%s: %s" % (line, key))
+        self.assertEqual(inst["admission"], "curve" if curve else "address", "%s" % line)
+        self.assertEqual(sidecar.stop(), 0, "%s:\n%s" % (line, sidecar.output()))
 
 
 if __name__ == "__main__":

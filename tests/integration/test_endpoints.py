@@ -1,4 +1,4 @@
-"""The endpoints that are not P/D (README "How each vLLM endpoint goes through pdrouter"), end to
+"""The endpoints that are not P/D (docs/endpoints.md "How each vLLM endpoint goes through pdrouter"), end to
 end with a real pdrouter and real `pdnode sim` nodes: render, /tokenize and /detokenize to one up
 node (one labelled serves=render first); the pooling and audio endpoints to a node labelled
 serves=pooling / serves=audio, else 501; unknown paths

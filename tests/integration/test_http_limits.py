@@ -1,5 +1,5 @@
-"""pdrouter's HTTP port and descriptor limits, with real processes (security review 2026-11 #10,
-attacks 2026-11 bugs 3 and 4).
+"""pdrouter's HTTP port and descriptor limits, with real processes (connection floods, running
+out of descriptors, accept errors).
 
 - A connection over limits.max_connections, or one that arrives when the process has no
   descriptor left, gets an HTTP 503 with Retry-After and is closed, instead of a bare TCP close.

@@ -1,5 +1,5 @@
 """KV cache events end to end: a fake vLLM publisher (ZMQ XPUB on 127.0.0.1, frames and msgpack as
-vllm/distributed/kv_events.py sends them; shared/API_FACTS.md section 2) feeds a real pdrouter,
+vllm/distributed/kv_events.py sends them; docs/design/kv-events.md) feeds a real pdrouter,
 which answers GET /debug/cache and shows the counts in /status and /metrics."""
 import json
 import time

@@ -11,7 +11,7 @@ the decode sim with the transfer engine, and the decode verifies every byte (nod
   * A decode given another request's blocks (same transfer id, different prompt) fails loudly with
     kv_mismatch; a WRITE decode whose KV never comes fails with kv_timeout and frees its blocks.
   * A raw TCP peer that says HELLO without the prefill's secret and asks for its first region gets
-    nothing but a close, counted as auth_failures (security review 2026-11, finding 5).
+    nothing but a close, counted as auth_failures.
 
 The sims' GET /sim/kv counters are the evidence. Every wait polls with a deadline.
 """
@@ -240,7 +240,7 @@ def frame(opcode, xfer_id=0, region_id=0, offset=0, length=0):
 
 class TestTransferAuth(unittest.TestCase):
     def test_unauthenticated_peer_reads_nothing(self):
-        """The review's reproduction against a prefill sim's tcp transfer port: HELLO 'attacker',
+        """The reproduction against a prefill sim's tcp transfer port: HELLO 'attacker',
         then READ_REQ of region 0x10000. It used to answer READ_DATA with 4096 bytes of KV."""
         cluster = PdCluster("moriio", transfer_mode="READ", prefills=1, decodes=1, register=False)
         try:

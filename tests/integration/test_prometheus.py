@@ -278,7 +278,7 @@ class PrometheusScrapeTest(unittest.TestCase):
                 if family is None and name not in missing:
                     missing.append(name)
         self.assertEqual(missing, [], "dashboard metrics pdrouter does not export")
-        # The areas the dashboard covers (issue 15): request rate and outcomes, latency
+        # The areas the dashboard covers: request rate and outcomes, latency
         # histograms, legs and retries, node states, discovery, KV events, etcd.
         for family in ("pdrouter_requests_total", "pdrouter_http_responses_total",
                        "pdrouter_request_duration_seconds", "pdrouter_time_to_first_byte_seconds",

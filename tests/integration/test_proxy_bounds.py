@@ -1,5 +1,5 @@
-"""Bounds on what one request may hold (security review 2026-11 #4, #11, #19; attacks bugs 5, 6,
-8, 11, 15): a client that stops reading, orphaned concurrent prefill legs, the whole-leg prefill
+"""Bounds on what one request may hold (slow or hostile clients and nodes, memory and time): a
+client that stops reading, orphaned concurrent prefill legs, the whole-leg prefill
 deadline, the optional request deadline, a decode that sends its stream head and nothing else,
 parameters pdrouter refuses itself, and the shared budget for buffered bytes. Real pdrouter, real
 sims (plus fake_node.FakeNode where a node must misbehave in a way the sim does not imitate);

@@ -3,7 +3,7 @@
 For MoRIIO WRITE, MoRIIO READ, NIXL, NIXL push, Mooncake, P2P-NCCL and SGLang, requests go through pdrouter to
 registered `pdnode sim` nodes (pd_fixture.PdCluster); the prefill's and the decode's
 GET /sim/requests entries are checked field by field against proto/REQUEST_LEGS.md and
-shared/PROTOCOLS.md: path, headers (X-Request-Id, Authorization, X-data-parallel-rank), the
+docs/design/wire-formats.md: path, headers (X-Request-Id, Authorization, X-data-parallel-rank), the
 prefill edits, kv_transfer_params (or SGLang's bootstrap fields), every other client field passed
 through byte for byte, serial vs concurrent dispatch. The client's answer is checked for its
 OpenAI shape and its X-Request-Id header.
@@ -228,7 +228,7 @@ class DialectCase:
         client_params = {"do_remote_prefill": True, "evil": [1]}
         if not self.P7:
             # P2P-NCCL and SGLang set no kv_transfer_params. P2P-NCCL's legs drop the client's
-            # (security review #22: it must not reach the nodes); SGLang's carry it as sent.
+            # (it must not reach the nodes: a client could steer their KV transfer); SGLang's carry it as sent.
             body = client_body("/v1/completions", False, kv_transfer_params=client_params)
             self.send("/v1/completions", body)
             for leg in (wait_gen(self.p, 1)[0], wait_gen(self.d, 1)[0]):
@@ -258,7 +258,7 @@ class DialectCase:
             self.assertGreaterEqual(gap, delay_ms - 5, "decode sent before the prefill answered")
 
     def check_prefill_answer_read(self):
-        """PROTOCOLS.md Implications 8: in concurrent dialects the prefill's answer is still read
+        """docs/design/wire-formats.md rule 8: in concurrent dialects the prefill's answer is still read
         (and its errors surfaced), not cut off when the decode finishes first: a prefill slower
         than its decode must still complete, unaborted."""
         self.p.set_fault(delay_ms=PREFILL_DELAY_MS)
@@ -547,7 +547,7 @@ class TestRouterEndpoints(unittest.TestCase):
     ADMIN_KEY = "profile-admin-key"
 
     def setUp(self):
-        # Profiling needs the admin key (security review #7).
+        # Profiling needs the admin key.
         self.cluster = PdCluster("moriio", transfer_mode="READ", prefills=0, decodes=0,
                                  register=False,
                                  topology="admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\n",

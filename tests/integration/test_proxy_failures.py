@@ -1,4 +1,4 @@
-"""The request state machine's failure cases (shared/DESIGN.md), one test each, end to end:
+"""The request state machine's failure cases (docs/design/request-flow.md), one test each, end to end:
 pdrouter with simulated nodes whose faults are injected through /sim/faults. What each node saw
 (requests, aborts) comes from its /sim/requests log; what the client saw from its own socket."""
 import json
@@ -166,7 +166,7 @@ class PrefillFailures(ClusterTest):
 
 class PrefillWithoutKv(ClusterTest):
     """A prefill whose one token is EOS exports no KV and answers kv_transfer_params null
-    (PROTOCOLS.md Implications 7). A decode told to fetch blocks would wait for ones that never
+    (docs/design/wire-formats.md rule 7). A decode told to fetch blocks would wait for ones that never
     come: pdrouter sends it as a plain request, which recomputes the prompt."""
 
     def check_fallback(self, connector, transfer_mode):

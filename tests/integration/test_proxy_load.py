@@ -314,7 +314,7 @@ class ProxyLoadTest(unittest.TestCase):
         self.assertLess(after2 - after1, 16 * MIB, "VmRSS grew from wave 1 to wave 2 (leak?)")
 
 
-# README "Sizing the open-file limit": N concurrent streams need about 3N + 256 descriptors in
+# docs/topology.md "Sizing the open-file limit": N concurrent streams need about 3N + 256 descriptors in
 # pdrouter (client socket, decode leg, and the prefill leg the concurrent dialects keep open beside
 # it, plus fixed headroom). At start pdrouter fits limits.max_connections into its RLIMIT_NOFILE
 # with that formula. The reviewers' 10,000 streams need 30,256; this machine's hard limit (20,000,
@@ -322,8 +322,8 @@ class ProxyLoadTest(unittest.TestCase):
 # that fits: pdrouter gets exactly the documented limit for STREAMS (+ a few scrape connections)
 # and every stream must complete, with no leg failing on a local EMFILE and no node ejected.
 # At least 252 streams: below a limit of 1,024 pdrouter keeps a quarter of it as headroom instead
-# of 256 (http/fd_budget.h), and the README's formula is for real limits.
-# PDR_FD_STREAMS checks the README's formula at another scale (10,000 needs a hard limit of
+# of 256 (http/fd_budget.h), and the documented formula is for real limits.
+# PDR_FD_STREAMS checks the documented formula at another scale (10,000 needs a hard limit of
 # 30,268 for pdrouter, and the load client and sims one descriptor per stream each).
 FD_STREAMS = int(os.environ.get("PDR_FD_STREAMS", "0")) or (260 if SANITIZED else 400)
 FD_SPARE_CONNECTIONS = 4  # the sampler's /metrics scrapes share the client listener

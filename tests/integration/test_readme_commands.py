@@ -1,32 +1,33 @@
-"""README.md cannot rot: every command in its ```bash blocks is run, or checked against what it
-claims, here or by another test. Each command line (backslash continuations joined, leading
-VAR=value assignments set aside) is sorted by its program; a command of a kind this file does
-not know fails the test, so a new kind of README command needs a check before it can land.
+"""The documentation (README.md and docs/*.md) cannot rot: every command in its ```bash blocks is
+run, or checked against what it claims, here or by another test. Each command line (backslash
+continuations joined, leading VAR=value assignments set aside) is sorted by its program; a command
+of a kind this file does not know fails the test, so a new kind of documented command needs a
+check before it can land.
 
-  pdrouter ...                 started with the README's flags (--http / --discovery pointed at
+  pdrouter ...                 started with the documentation's flags (--http / --discovery pointed at
                                ephemeral loopback ports), answers /health, stops cleanly;
                                `pdrouter --help` mentions every flag, endpoint and signal the
-                               README names
+                               documentation names
   pdnode register ...          run by test_deploy_examples.ReadmeSidecarCommandsTest; here its
                                flags are checked against `pdnode register --help`
   pdnode sim ...               started (its --http/--register at a test router), registers
   pdnode keygen PREFIX         run with PREFIX moved to a temporary folder: writes PREFIX.key
                                (mode 0600) and PREFIX.pub
   curl ...                     the admin examples run in order against a router with the key
-                               source the README's comment gives; the client example against a
+                               source the documentation's comment gives; the client example against a
                                router with simulated nodes, and must stream to [DONE]
   vllm serve / sglang          cannot run here: their --kv-transfer-config must be JSON with the
-                               keys pdrouter's references (PROTOCOLS) give, and the node's
+                               keys pdrouter's references (docs/design/wire-formats.md) give, and the node's
                                --port, http_port, proxy address and its sidecar command agree
   deploy/quickstart.sh         run by CTest integration.quickstart; its --help lists the options
-                               the README names
+                               the documentation names
   pdrouter-bench ...           run against a simulated node (target flags swapped, load cut to
                                3 short prompts); flags checked against `pdrouter-bench --help`
   tests/run.sh, cmake/ninja/ctest   the development commands tests/run.sh itself runs
 Also: inline `pdrouter ...` / `pdnode ...` mentions use only flags their --help lists; the
 endpoint tables name exactly the routes `pdrouter --help` lists (the route table) and the
 operator-listener paragraph places them as the table does; the Metrics table matches the
-families and labels /metrics exports; the error codes the README's tables name exist in the
+families and labels /metrics exports; the error codes the documentation's tables name exist in the
 sources.
 """
 
@@ -39,23 +40,22 @@ import tempfile
 import unittest
 
 from pd_fixture import PdCluster
-from pdr_testlib import (ProcessHandle, http_get, pdnode_path, pdrouter_bench_path,
-                         pdrouter_help_routes, pdrouter_path)
+from pdr_testlib import (ProcessHandle, doc_blocks, doc_file_text, doc_text, http_get, pdnode_path,
+                         pdrouter_bench_path, pdrouter_help_routes, pdrouter_path)
 from pdrouter_fixture import LISTENING, TIME_SCALE, Router
 from sim_fixture import SimNode, sse_events
-from test_deploy_examples import (README, ROOT, on_loopback, readme_blocks,
-                                  readme_pdnode_register_commands)
+from test_deploy_examples import ROOT, on_loopback, readme_pdnode_register_commands
 
 TIMEOUT = 20 * TIME_SCALE
-# Where the README's deployment section puts pdrouter (HTTP 10001, discovery 36367). Not loopback:
-# it is compared with the README's text only, nothing connects to it (commands that run go through
+# Where the documentation's deployment section puts pdrouter (HTTP 10001, discovery 36367). Not loopback:
+# it is compared with the documentation's text only, nothing connects to it (commands that run go through
 # on_loopback or have --router/--http-address replaced).
 README_ROUTER_HOST = "10.0.0.1"
 README_DISCOVERY_PORT = "36367"
 README_HTTP = "localhost:10001"
 
 # vLLM connectors: `kv_connector` name -> pdrouter dialect, and the kv_connector_extra_config keys
-# /work/shared/PROTOCOLS.md documents for each (anything else in a README command is a typo or an
+# docs/design/wire-formats.md documents for each (anything else in a README command is a typo or an
 # unverified claim).
 VLLM_CONNECTORS = {"MoRIIOConnector": "moriio", "P2pNcclConnector": "p2p-nccl",
                    "NixlConnector": "nixl", "MooncakeConnector": "mooncake",
@@ -72,19 +72,19 @@ SELF_REGISTERING = {"moriio": "proxy_ping_port", "p2p-nccl": "proxy_port"}
 KV_ROLES = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": None}
 
 
-# --- reading the README ----------------------------------------------------------------------
+# --- reading the documentation ---------------------------------------------------------------
 
 def readme_text():
-    with open(README, encoding="utf-8") as f:
-        return f.read()
+    """README.md and docs/*.md, one text."""
+    return doc_text()
 
 
 def readme_commands():
-    """[(line, env, argv, raw, context)] for every command in the README's bash/sh blocks.
+    """[(line, env, argv, raw, context)] for every command in the documentation's bash/sh blocks.
     env: leading VAR=value assignments; context: the comment lines seen so far in the block
     (e.g. "# prefill, 10.0.0.11"); raw: the joined command text."""
     commands = []
-    for start, text in readme_blocks("bash") + readme_blocks("sh"):
+    for start, text in doc_blocks("bash") + doc_blocks("sh"):
         lines = text.splitlines()
         i, context = 0, []
         while i < len(lines):
@@ -188,7 +188,7 @@ def flags_in(argv):
 
 
 def inline_commands(program):
-    """argv of every inline `program ...` code span in the README text (outside fenced blocks)."""
+    """argv of every inline `program ...` code span in the documentation (outside fenced blocks)."""
     text = re.sub(r"```.*?```", "", readme_text(), flags=re.S)
     spans = re.findall(r"`(%s\s[^`]*)`" % re.escape(program), text)
     return [s.split() for s in spans]
@@ -209,7 +209,7 @@ class ReadmeCommandInventoryTest(unittest.TestCase):
         kinds = {}
         for line, env, argv, raw, _ in commands:
             k = kind(argv, env)
-            self.assertNotEqual(k, "unknown", "README.md:%d: no test exercises %r: teach "
+            self.assertNotEqual(k, "unknown", "%s: no test exercises %r: teach "
                                 "test_readme_commands.py to check it" % (line, raw))
             kinds.setdefault(k, []).append(line)
         for needed in ("pdrouter", "pdrouter-help", "pdnode-register", "pdnode-sim", "curl",
@@ -233,21 +233,21 @@ class ReadmeCommandInventoryTest(unittest.TestCase):
                 for flag in ("-k", "-f"):
                     path = flag_value(argv, flag)
                     if path is not None:
-                        self.assertTrue(os.path.exists(os.path.join(ROOT, path)), "README.md:%d" % line)
+                        self.assertTrue(os.path.exists(os.path.join(ROOT, path)), "%s" % line)
                         if flag == "-k":
                             self.assertTrue(os.path.isfile(os.path.join(ROOT, path, "kustomization.yaml")))
                 continue
             for flag in flags_in(argv):
-                self.assertIn(flag, script_help, "README.md:%d" % line)
+                self.assertIn(flag, script_help, "%s" % line)
 
     def test_etcd_commands_name_real_flags(self):
         commands = [(line, argv) for line, env, argv, _, _ in readme_commands()
                     if kind(argv, env) == "etcd"]
-        self.assertTrue(commands, "README.md's replicas example starts no etcd")
+        self.assertTrue(commands, "the replicas example (docs/deploying.md) starts no etcd")
         etcd_help = help_text("/usr/bin/etcd")
         for line, argv in commands:
             for flag in flags_in(argv):
-                self.assertIn(flag, etcd_help, "README.md:%d" % line)
+                self.assertIn(flag, etcd_help, "%s" % line)
 
     def test_quickstart_and_run_sh_exist(self):
         for path in ("deploy/quickstart.sh", "tests/run.sh"):
@@ -291,15 +291,15 @@ class ReadmePdrouterCommandsTest(unittest.TestCase):
         self.assertTrue(used)
         for flag in sorted(used):
             self.assertIn(flag, out)
-        text = readme_text()
-        section = text[text.index("## Running pdrouter"):text.index("### Admin API")]
+        text = doc_file_text("docs/endpoints.md")
+        section = text[text.index("## Endpoints"):text.index("### Admin API")]
         for path in set(re.findall(r"`(?:GET|POST) (/[a-z0-9_/]+)", section)):
             self.assertIn(path, out)
         for sig in ("SIGTERM", "SIGINT", "SIGHUP"):
             self.assertIn(sig, out)
 
     def test_endpoint_tables_list_exactly_the_routed_endpoints(self):
-        """README's endpoint tables are hand-written; pdrouter's --help list is the route table
+        """The endpoint tables (docs/endpoints.md) are hand-written; pdrouter's --help list is the route table
         (router/route_table.cc) itself. They must name the same METHOD PATH pairs."""
         documented = set()
         for row in readme_text().splitlines():
@@ -307,8 +307,8 @@ class ReadmePdrouterCommandsTest(unittest.TestCase):
             if first_cell and re.match(r"\s*`[A-Z]+ /", first_cell.group(1)):
                 documented |= set(re.findall(r"`([A-Z]+) (/[^`\s]*)`", first_cell.group(1)))
         routed = {(method, path) for method, path, _ in pdrouter_help_routes()}
-        self.assertEqual(sorted(documented - routed), [], "in README's endpoint tables, not routed")
-        self.assertEqual(sorted(routed - documented), [], "routed, not in README's endpoint tables")
+        self.assertEqual(sorted(documented - routed), [], "in the endpoint tables, not routed")
+        self.assertEqual(sorted(routed - documented), [], "routed, not in the endpoint tables")
 
     def test_operator_listener_paragraph_matches_the_routes_placement(self):
         text = readme_text()
@@ -325,7 +325,7 @@ class ReadmePdrouterCommandsTest(unittest.TestCase):
         self.assertTrue(admin_spans and client_spans, paragraph)
         for method, path, listener in pdrouter_help_routes():
             spans = {"admin": admin_spans, "client": client_spans, "both": client_spans}[listener]
-            self.assertTrue(covered(path, spans), "%s %s (%s) is not where README puts it"
+            self.assertTrue(covered(path, spans), "%s %s (%s) is not where docs/endpoints.md puts it"
                             % (method, path, listener))
             if listener == "both":
                 self.assertIn(path, paragraph)
@@ -351,13 +351,13 @@ class ReadmePdrouterCommandsTest(unittest.TestCase):
                 proc = ProcessHandle([pdrouter_path()] + args + ["--workers", "2"], name="pdrouter")
                 try:
                     listening = proc.wait_for_line(LISTENING, timeout=TIMEOUT, streams=("stdout",))
-                    self.assertIsNotNone(listening, "README.md:%d:\n%s" % (line, proc.output()))
+                    self.assertIsNotNone(listening, "%s:\n%s" % (line, proc.output()))
                     host, port = re.search(LISTENING, listening).group(1).rsplit(":", 1)
                     code, body = http_get(host, int(port), "/health", timeout=TIMEOUT)
                     self.assertEqual((code, json.loads(body)), (200, {"status": "ok"}))
                 finally:
                     code = proc.stop(timeout=TIMEOUT)
-                self.assertEqual(code, 0, "README.md:%d:\n%s" % (line, proc.output()))
+                self.assertEqual(code, 0, "%s:\n%s" % (line, proc.output()))
 
 
 class ReadmePdnodeCommandsTest(unittest.TestCase):
@@ -378,13 +378,13 @@ class ReadmePdnodeCommandsTest(unittest.TestCase):
     def test_keygen_commands_write_a_key_pair(self):
         runs = [(line, argv) for line, env, argv, _, _ in readme_commands()
                 if kind(argv, env) == "pdnode-keygen"]
-        self.assertTrue(runs, "README.md has no `pdnode keygen` command")
+        self.assertTrue(runs, "the documentation has no `pdnode keygen` command")
         with tempfile.TemporaryDirectory(prefix="pdr-readme-keygen-") as folder:
             for line, argv in runs:
                 with self.subTest(readme_line=line):
                     prefix = os.path.join(folder, os.path.basename(argv[-1]))
                     proc = ProcessHandle([pdnode_path(), "keygen"] + argv[2:-1] + [prefix], name="keygen")
-                    self.assertEqual(proc.wait(TIMEOUT), 0, "README.md:%d:\n%s" % (line, proc.output()))
+                    self.assertEqual(proc.wait(TIMEOUT), 0, "%s:\n%s" % (line, proc.output()))
                     self.assertEqual(os.stat(prefix + ".key").st_mode & 0o777, 0o600)
                     with open(prefix + ".pub") as f:
                         self.assertIn("public-key", f.read())
@@ -421,15 +421,15 @@ class ReadmePdnodeCommandsTest(unittest.TestCase):
 
 
 class ReadmeBenchCommandsTest(unittest.TestCase):
-    """Every README `pdrouter-bench` command runs against a simulated node: its target flags point
-    at the sim, and the load is cut to a few short prompts (the README's scenario sends 200 prompts
+    """Every documented `pdrouter-bench` command runs against a simulated node: its target flags point
+    at the sim, and the load is cut to a few short prompts (the documented scenario sends 200 prompts
     of 7,500 tokens); every other flag runs as written and the run must succeed."""
 
     SHRINK = {"--num-prompts": "3", "--random-input-len": "20", "--random-output-len": "4"}
 
     def test_commands_run_against_a_sim(self):
         argvs = [argv for _, env, argv, _, _ in readme_commands() if kind(argv, env) == "bench"]
-        self.assertGreaterEqual(len(argvs), 2, "README.md shows how to run pdrouter-bench")
+        self.assertGreaterEqual(len(argvs), 2, "the documentation shows how to run pdrouter-bench")
         path = pdrouter_bench_path()
         help_out = help_text(path)
         for argv in argvs + inline_commands("pdrouter-bench"):
@@ -476,7 +476,7 @@ class ReadmeNodeLaunchCommandsTest(unittest.TestCase):
     """The vLLM / SGLang commands cannot run here: check them against pdrouter's references."""
 
     def launches(self):
-        """[(line, env, argv, context, sidecar argv or None, exported env)] in README order."""
+        """[(line, env, argv, context, sidecar argv or None, exported env)] in documentation order."""
         commands = readme_commands()
         result, exported = [], {}
         for n, (line, env, argv, _, context) in enumerate(commands):
@@ -511,14 +511,14 @@ class ReadmeNodeLaunchCommandsTest(unittest.TestCase):
             m = re.match(r"#\s*(prefill|decode),\s*([0-9.]+)", comment)
             if m:
                 return m.group(1), m.group(2)
-        self.fail("README.md:%d: no '# prefill|decode, HOST' comment above the launch" % line)
+        self.fail("%s: no '# prefill|decode, HOST' comment above the launch" % line)
 
     def test_launch_commands_agree_with_the_references_and_their_sidecars(self):
         for line, env, argv, context, sidecar, exported in self.launches():
             with self.subTest(readme_line=line):
                 role, host = self.role_and_host(line, context)
                 port = flag_value(argv, "--port")
-                self.assertIsNotNone(port, "README.md:%d: no --port" % line)
+                self.assertIsNotNone(port, "%s: no --port" % line)
                 model = argv[2] if argv[0] == "vllm" else flag_value(argv, "--model-path")
                 if argv[0] == "vllm":
                     dialect = self.check_vllm(line, env, argv, role, host, port, exported)
@@ -526,10 +526,10 @@ class ReadmeNodeLaunchCommandsTest(unittest.TestCase):
                     dialect = "sglang"
                     self.assertEqual(flag_value(argv, "--disaggregation-mode"), role)
                 if dialect in SELF_REGISTERING:
-                    self.assertIsNone(sidecar, "README.md:%d: %s nodes register themselves"
+                    self.assertIsNone(sidecar, "%s: %s nodes register themselves"
                                       % (line, dialect))
                     continue
-                self.assertIsNotNone(sidecar, "README.md:%d: a %s node needs `pdnode register`"
+                self.assertIsNotNone(sidecar, "%s: a %s node needs `pdnode register`"
                                      % (line, dialect))
                 self.assertEqual(flag_value(sidecar, "--role"), role)
                 self.assertEqual(flag_value(sidecar, "--connector"), dialect)
@@ -547,7 +547,7 @@ class ReadmeNodeLaunchCommandsTest(unittest.TestCase):
 
     def check_vllm(self, line, env, argv, role, host, port, exported):
         raw = flag_value(argv, "--kv-transfer-config")
-        self.assertIsNotNone(raw, "README.md:%d: no --kv-transfer-config" % line)
+        self.assertIsNotNone(raw, "%s: no --kv-transfer-config" % line)
         config = json.loads(raw)
         self.assertIn(config.get("kv_connector"), VLLM_CONNECTORS)
         dialect = VLLM_CONNECTORS[config["kv_connector"]]
@@ -556,7 +556,7 @@ class ReadmeNodeLaunchCommandsTest(unittest.TestCase):
             self.assertEqual(KV_ROLES[config["kv_role"]], role)
         extra = config.get("kv_connector_extra_config", {})
         self.assertLessEqual(set(extra), EXTRA_CONFIG_KEYS[dialect],
-                             "README.md:%d: keys not in the connector's documented set" % line)
+                             "%s: keys not in the connector's documented set" % line)
         if dialect in SELF_REGISTERING:
             self.assertEqual(extra.get("proxy_ip"), README_ROUTER_HOST)
             self.assertEqual(str(extra.get(SELF_REGISTERING[dialect])), README_DISCOVERY_PORT)
@@ -570,7 +570,7 @@ class ReadmeNodeLaunchCommandsTest(unittest.TestCase):
 
 
 def readme_curls(admin):
-    """[(line, raw)] of the README's curl commands: the admin ones or the others."""
+    """[(line, raw)] of the documentation's curl commands: the admin ones or the others."""
     result = []
     for line, env, argv, raw, _ in readme_commands():
         if kind(argv, env) == "curl" and ("/admin/" in raw or "/instances/" in raw) == admin:
@@ -579,15 +579,15 @@ def readme_curls(admin):
 
 
 def run_curl(test, line, raw, http, env):
-    """Runs a README curl command through bash with localhost:10001 pointed at `http` and the
-    README's node addresses moved onto loopback (on_loopback), plus -sS,
+    """Runs a documented curl command through bash with localhost:10001 pointed at `http` and the
+    documentation's node addresses moved onto loopback (on_loopback), plus -sS,
     a timeout and the status code on a last line. Returns (status, body text)."""
-    test.assertIn(README_HTTP, raw, "README.md:%d" % line)
+    test.assertIn(README_HTTP, raw, "%s" % line)
     command = on_loopback(raw).replace(README_HTTP, http).replace(
         "curl ", "curl -sS --max-time %d -w '\\n%%{http_code}' " % int(TIMEOUT), 1)
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
                           timeout=TIMEOUT + 5, env=dict(os.environ, **env))
-    test.assertEqual(done.returncode, 0, "README.md:%d: %s" % (line, done.stderr))
+    test.assertEqual(done.returncode, 0, "%s: %s" % (line, done.stderr))
     body, _, status = done.stdout.rpartition("\n")
     return int(status), body
 
@@ -598,21 +598,20 @@ class ReadmeAdminCurlTest(unittest.TestCase):
     def test_admin_examples_run_in_order(self):
         commands = readme_curls(admin=True)
         self.assertGreaterEqual(len(commands), 3)
-        # The key source the README's `export` line comment gives, as the topology.
+        # The key source the documentation's `export` line comment gives, as the topology.
         topology = None
         for line, env, argv, raw, context in readme_commands():
             if argv[:1] == ["export"] and "PDR_ADMIN_KEY" in raw:
-                with open(README, encoding="utf-8") as f:
-                    source = f.read().splitlines()[line - 1]
+                source = line.source_line()
                 topology = re.search(r"# topology: (.*)$", source).group(1)
-        self.assertIsNotNone(topology, "README: no `export PDR_ADMIN_KEY=... # topology: ...`")
+        self.assertIsNotNone(topology, "documentation: no `export PDR_ADMIN_KEY=... # topology: ...`")
         env = {"PDR_ADMIN_KEY": self.KEY}
         with Router(topology_yaml=topology + "\n", env=env) as router:
             added = None
             for line, raw in commands:
                 with self.subTest(readme_line=line):
                     status, body = run_curl(self, line, raw, router.http, env)
-                    self.assertIn(status, (200, 201), "README.md:%d: %s" % (line, body))
+                    self.assertIn(status, (200, 201), "%s: %s" % (line, body))
                     doc = json.loads(body)
                     if " -d " in raw or "-d\n" in raw:
                         self.assertEqual(status, 201)
@@ -629,7 +628,7 @@ class ReadmeAdminCurlTest(unittest.TestCase):
 
 class ReadmeClientCurlAndMetricsTest(unittest.TestCase):
     """The client example against a router with simulated nodes, then /metrics against the
-    README's Metrics table."""
+    Metrics table (docs/metrics.md)."""
 
     @classmethod
     def setUpClass(cls):
@@ -654,8 +653,7 @@ class ReadmeClientCurlAndMetricsTest(unittest.TestCase):
                 self.assertFalse(any("error" in json.loads(e) for e in events[:-1]), body)
 
     def readme_metrics(self):
-        text = readme_text()
-        section = text[text.index("## Metrics"):text.index("## Troubleshooting")]
+        section = doc_file_text("docs/metrics.md")
         documented = {}
         for row in section.splitlines():
             cells = [c.strip() for c in row.strip().strip("|").split("|")]
@@ -694,9 +692,9 @@ class ReadmeClientCurlAndMetricsTest(unittest.TestCase):
         self.test_client_example_streams_to_done()  # so request-path families have samples
         documented, exported = self.readme_metrics(), self.exported_metrics()
         self.assertEqual(sorted(set(exported) - set(documented)), [],
-                         "exported but not in README's Metrics table")
+                         "exported but not in docs/metrics.md's table")
         self.assertEqual(sorted(set(documented) - set(exported)), [],
-                         "in README's Metrics table but not exported")
+                         "in docs/metrics.md's table but not exported")
         for name, labels in sorted(documented.items()):
             self.assertEqual(exported[name], labels, name)
 
@@ -715,7 +713,7 @@ class ReadmeClientCurlAndMetricsTest(unittest.TestCase):
             codes |= set(re.findall(r"`([a-z]+(?:_[a-z]+)+)`", row))
         self.assertGreater(len(codes), 10)
         for code in sorted(codes):
-            self.assertIn('"%s"' % code, sources, "README names error code %s" % code)
+            self.assertIn('"%s"' % code, sources, "the documentation names error code %s" % code)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Registration through a real ZMQ DEALER into a real pdrouter, shaped exactly as vLLM's node code
-sends it (shared/PROTOCOLS.md sections 1 and 2), visible in /status and /metrics."""
+sends it (docs/design/wire-formats.md sections 1 and 2), visible in /status and /metrics."""
 import time
 import unittest
 

@@ -1,5 +1,5 @@
 """`pdnode sim`: the simulated vLLM node, driven over loopback HTTP like a real vLLM peer
-(shared/PROTOCOLS.md §1.4, §3, §4, §5, §6)."""
+(docs/design/wire-formats.md 1.4, 3, 4, 5, 6)."""
 import http.client
 import json
 import socket

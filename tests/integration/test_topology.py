@@ -90,7 +90,7 @@ class TopologyReloadTest(unittest.TestCase):
 
 
 class TruncatedTopologyTest(unittest.TestCase):
-    """attacks bug 9: a writer that truncates first (`: > f`, `cat good > f`, `cp`) made the
+    """A writer that truncates first (`: > f`, `cat good > f`, `cp`) made the
     watcher apply the empty file: all defaults, static instances gone, admin API disabled."""
 
     KEY = "trunc-admin-key"

@@ -23,7 +23,7 @@ using pdr::test::from_hex;
 using pdr::test::to_hex;
 
 // ---- Vectors: /usr/bin/python3 tests/fuzz/make_corpus.py --hex (msgpack.packb of the dicts vLLM
-// builds, shared/PROTOCOLS.md sections 1 and 2). ----
+// builds, docs/design/wire-formats.md sections 1 and 2). ----
 
 // {type:"P", http_address:"127.0.10.5:8000",
 //  zmq_address:"host:127.0.10.5,handshake:6301,notify:61005", dp_size:2, tp_size:8, transfer_mode:"READ"}

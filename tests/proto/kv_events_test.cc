@@ -21,7 +21,7 @@ std::string pack(const msgpack::object& o) {
   return std::string(buf.data(), buf.size());
 }
 
-// Builds msgpack payloads shaped as vLLM's (API_FACTS.md 2.2).
+// Builds msgpack payloads shaped as vLLM's (docs/design/kv-events.md, Payload).
 class Writer {
  public:
   msgpack::packer<msgpack::sbuffer>& p() { return packer_; }

@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 // GCC 12 with -fsanitize=address -O2 reports a false -Wmaybe-uninitialized inside std::regex's
-// std::function members (cf. GCC bug 105562); the regexes are the point of these tests, so keep them.
+// std::function members (cf. GCC bugzilla #105562); the regexes are the point of these tests, so keep them.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
@@ -133,7 +133,7 @@ void ExpectCommonHeaders(const LegRequest& leg, const std::string& path, const s
 }
 
 const std::regex kUuidDashed("^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$");
-// moriio_common.py regexes (PROTOCOLS.md 1.4).
+// moriio_common.py regexes (docs/design/wire-formats.md 1.4).
 const std::regex kPrefillAddr("___prefill_addr_(.+?)___decode_addr_");
 const std::regex kDecodeAddr("___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$");
 
@@ -693,7 +693,7 @@ TEST(P2pNcclLegs, SerialNoKvParamsDecodeUnchanged) {
     }
     EXPECT_EQ(pre.value("stream", false), body.stream) << "stream is not changed";
     EXPECT_EQ(pre.contains("stream_options"), client.contains("stream_options"));
-    // A client's own kv_transfer_params reaches neither node (security review #22).
+    // A client's own kv_transfer_params reaches neither node (it could steer their KV transfer).
     EXPECT_FALSE(pre.contains("kv_transfer_params"));
     EXPECT_FALSE(pre.contains("min_tokens"));  // vLLM: min_tokens > max_tokens is a 400
     EXPECT_FALSE(pre.contains("min_completion_tokens"));

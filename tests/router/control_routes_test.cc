@@ -1,5 +1,5 @@
-// ControlRoutes without a server: /status caching (attacks-2026-11 bug 12) and the admin
-// throttle's table (bug 17).
+// ControlRoutes without a server: /status caching (a /status loop must not cost O(registry)
+// per request) and the admin throttle's table (against guessing the key).
 #include <gtest/gtest.h>
 
 #include <memory>

@@ -68,7 +68,7 @@ TEST(Pairing, PairsOnlyTheSameConnectorAndMoriioMode) {
   EXPECT_TRUE(any_pair(s2).is_ok());
 }
 
-// attacks-2026-11 bug 12: pairing visited every registry entry per request. With the snapshot's
+// Pairing once visited every registry entry per request. With the snapshot's
 // RoutableIndex it visits the compatible candidates only, however many incompatible entries the
 // registry holds (here 4,096: other connectors, the other MoRIIO mode, other models).
 TEST(Pairing, CandidateScanIsBoundedByCompatibleEntries) {

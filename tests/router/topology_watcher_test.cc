@@ -163,7 +163,7 @@ TEST_F(TopologyWatcherTest, InvalidRewriteKeepsOldTopology) {
               StartsWith(path_ + ":1:29: retries.prefill_attempts: 0 is out of range"));
 }
 
-// attacks-2026-11 bug 9: `: > topo.yaml` then (a moment later) the good file written in place.
+// A half-written file: `: > topo.yaml` then (a moment later) the good file written in place.
 // The watcher waits for the file to settle, so the truncated state is never read; and were it
 // read, the store refuses an empty file. Either way the running topology survives.
 TEST_F(TopologyWatcherTest, TruncateThenWriteReloadsOnlyTheFinishedFile) {

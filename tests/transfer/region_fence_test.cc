@@ -1,4 +1,4 @@
-// Security review 14: Engine::unregister_region() fences off the serving side. A raw TCP peer in
+// Engine::unregister_region() fences off the serving side. A raw TCP peer in
 // the middle of a WRITE frame, or with a READ answer still queued, must not touch the region's
 // memory after unregister_region() returned (the caller may free it then). Each test poisons the
 // memory after the unregister and checks the peer's remaining bytes went nowhere / the poison never

@@ -186,7 +186,7 @@ TEST_F(ShmBackendTest, OutOfRangeOrUnknownRemoteRegionIsAccessError) {
 }
 
 TEST_F(ShmBackendTest, UnregisteredCrossMemoryAttachRegionIsRevokedBeforeUnregisterReturns) {
-  // Security review 14: the initiator cached the address of b's fd-less region; once b's
+  // Revocation: the initiator cached the address of b's fd-less region; once b's
   // unregister returned (the engine: table, then on_region_unregistered), b may free or reuse the
   // memory, so a's later WRITE must not land there. Before the revoke it did (kDone).
   constexpr std::size_t kLen = 1 << 20;

@@ -1,4 +1,4 @@
-// Security review 9: who may talk to the shm backend's abstract socket. A local process of another
+// Who may talk to the shm backend's abstract socket. A local process of another
 // uid (a forked child that drops to nobody; the tests run as root) connects and says HELLO: it must
 // get no frame and no SCM_RIGHTS fd, only a closed connection, and the refusal is counted. With its
 // uid allowed (ShmBackendOptions::allowed_uids) it gets the memfd. Plus CmaGrant, the per-peer

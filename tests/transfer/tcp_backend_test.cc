@@ -781,7 +781,7 @@ TEST(TcpBackend, RemovePeerFailsItsTasks) {
             StatusCode::kNotFound);
 }
 
-// ---- authentication and serving limits (security review 2026-11, findings 5 and 15) ----
+// ---- authentication and serving limits: unauthenticated peers, connection floods ----
 
 // Everything the server sends until it closes the connection (or the receive timeout expires:
 // then *closed is false).
@@ -828,7 +828,7 @@ bool wait_counter(const std::atomic<std::uint64_t>& counter, std::uint64_t value
 }
 
 TEST(TcpAuth, HelloWithoutProofThenReadGetsNothingButAClose) {
-  // The review's reproduction: HELLO "attacker" (a bare name, the old format), then READ_REQ of
+  // The reproduction: HELLO "attacker" (a bare name, the old format), then READ_REQ of
   // the first region. Before authentication existed this answered READ_DATA with the region's bytes.
   Side b("b", 1, 1u << 20);
   std::memset(b.memory.data(), 0x5a, 4096);

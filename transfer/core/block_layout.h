@@ -5,7 +5,7 @@
 // inside `region`. This covers both common KV shapes: layer-major pools (layer_stride = one
 // layer's whole pool, stride = block_bytes) and block-major pools where a block holds every layer
 // (stride = layers * block_bytes, layer_stride = block_bytes). A layout is defined once and reused
-// for every transfer (TRANSFER.md 1.4, "block-layout API").
+// for every transfer (docs/design/kv-transfer.md, Engine API, "Block layouts").
 //
 // Pure functions, no state, no threads.
 #pragma once

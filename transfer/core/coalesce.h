@@ -8,7 +8,7 @@
 // consecutive ids on both sides with stride == block_bytes; this also joins the last block of one
 // layer to the first of the next when the layouts happen to make them adjacent. The output is thus
 // the minimal segment list for that order. With max_segment_bytes set, every maximal contiguous run
-// is then cut into max_segment_bytes pieces plus a shorter tail (lane striping, TRANSFER.md T-6).
+// is then cut into max_segment_bytes pieces plus a shorter tail (lane striping, docs/design/kv-transfer.md T-6).
 //
 // Duplicates are not detected (that would need memory proportional to the pool): a repeated id
 // is never contiguous with itself, so each occurrence gets its own segment and its bytes move once

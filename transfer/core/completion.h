@@ -3,7 +3,7 @@
 //   wait_until()  - block until final or a deadline;
 //   event_fd()    - an eventfd that turns readable when final, for the caller's epoll/libuv loop;
 //   set_callback()- a function run exactly once with the final result.
-// (TRANSFER.md 1.4, "Completion".)
+// (docs/design/kv-transfer.md, Engine API, "Completion".)
 //
 // Threads and ownership:
 // - The backend calls complete() exactly once per arm, from any thread (normally a lane's I/O

@@ -1,8 +1,8 @@
 // RegionTable: the registered memory regions of one engine, addressed by a small RegionId.
 //
 // Peers never name raw virtual addresses: every remote request carries (RegionId, offset, length)
-// and resolve() bounds-checks it in O(1) before any byte moves (TRANSFER.md T-3, DESIGN.md
-// "Transfer library": a peer can never touch memory outside what was registered).
+// and resolve() bounds-checks it in O(1) before any byte moves (docs/design/kv-transfer.md T-3 and
+// "Regions": a peer can never touch memory outside what was registered).
 //
 // RegionId: a u32 (it travels in the 32-byte frame header as region_id). The low 16 bits are the
 // slot index (dense, lowest free slot first, so ids stay small); the high 16 bits are the slot's
@@ -19,7 +19,7 @@
 // Lifetime: the table never owns the memory. Unregistering a region stops *new* resolves and pins.
 // A pointer returned by resolve() is not protected: resolve() is for memory whose users the engine
 // tracks itself (its own submitted transfers, counted per region). The serving side of a backend,
-// which touches memory on a remote peer's behalf, uses pin() instead (security review 14):
+// which touches memory on a remote peer's behalf, uses pin() instead (so an unregistered region is never touched):
 //   - pin() resolves like resolve() and holds the region until unpin(); unregister_region() first
 //     makes the region unresolvable ("dead": new resolves and pins fail kNotFound), then waits
 //     until every pin taken before is released, and only then returns. Once it returned, no serving
@@ -51,7 +51,7 @@ inline constexpr RegionId kInvalidRegion = 0;
 // needs a backend that can reach it (RDMA with GPUDirect), which checks the kind itself.
 enum class MemKind : std::uint8_t {
   kHostDram = 0,  // ordinary process memory
-  kHostShared,    // host memory backed by a shareable fd (memfd), see TRANSFER.md S-1
+  kHostShared,    // host memory backed by a shareable fd (memfd), see docs/design/kv-transfer.md S-1
   kDevice,        // accelerator memory (opaque address, never dereferenced by the core)
 };
 std::string_view mem_kind_label(MemKind kind);

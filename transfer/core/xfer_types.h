@@ -1,5 +1,5 @@
 // The request and result vocabulary every backend shares: operation, state, error cause and the
-// completion record a finished transfer reports (TRANSFER.md 1.4, "Errors").
+// completion record a finished transfer reports (docs/design/kv-transfer.md, Engine API, "Errors").
 #pragma once
 
 #include <cstdint>

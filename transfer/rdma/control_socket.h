@@ -2,7 +2,7 @@
 // one length-prefixed handshake record each way (proto/rdma_handshake.h) and then stays open as
 // the liveness signal of the QPs it set up (EOF = the peer or its QPs are gone).
 //
-// TRANSFER.md R-4 wants this exchange on the TCP backend's port; backends are built and linked
+// docs/design/kv-transfer.md R-4 suggests this exchange on the TCP backend's port; backends are built and linked
 // independently (pdr_transfer_rdma links only the core), so the RDMA backend listens on its own
 // control port instead. Merging them needs a hook in backend.h.
 //

@@ -1,4 +1,4 @@
-// RoCE v2 GID selection as a pure function over a candidate list (TRANSFER.md R-5, after Mooncake's
+// RoCE v2 GID selection as a pure function over a candidate list (docs/design/kv-transfer.md R-5, after Mooncake's
 // rdma_gid_probe.h). The backend fills the list from ibv_query_gid_ex (type, netdev) and picks.
 //
 // Ranking, best first (ties: lowest index):

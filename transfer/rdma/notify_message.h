@@ -1,4 +1,4 @@
-// The small messages the RDMA backend SENDs on QP 0 of a connection (TRANSFER.md R-13 option B):
+// The small messages the RDMA backend SENDs on QP 0 of a connection (docs/design/kv-transfer.md R-13 option B):
 // the initiator's NOTIFY after every data WR of a task completed, and the target's REPLY once the
 // notification was handed to its engine. Pure codec, no verbs.
 //

@@ -1,5 +1,5 @@
 // Pure builders for the ibv_modify_qp() attributes of an RC QP's RESET->INIT->RTR->RTS walk
-// (TRANSFER.md R-4). No verbs calls: unit-tested without a device.
+// (docs/design/kv-transfer.md R-4). No verbs calls: unit-tested without a device.
 //
 // Values (rdma-core rc_pingpong.c, Mooncake rdma_endpoint.cpp): min_rnr_timer 12, timeout 14
 // (4.096 us * 2^14 ~ 67 ms per retry), retry_cnt 7, rnr_retry 7 (= retry forever on RNR),

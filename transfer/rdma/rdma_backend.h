@@ -1,4 +1,4 @@
-// The RDMA backend (TRANSFER.md 2.2, R-1..R-16): one-sided RDMA WRITE/READ over RC QPs, behind the
+// The RDMA backend (docs/design/kv-transfer.md, R-1..R-16): one-sided RDMA WRITE/READ over RC QPs, behind the
 // VerbsApi seam (verbs_api.h): the caller injects the table's loader, the real libibverbs
 // (rdma::load_verbs_api) in every product binary, the in-process fake NIC in tests.
 //

@@ -1,4 +1,4 @@
-// VerbsApi: the verbs calls the RDMA backend makes, as a table of function pointers (TRANSFER.md
+// VerbsApi: the verbs calls the RDMA backend makes, as a table of function pointers (docs/design/kv-transfer.md
 // The backend is handed a VerbsLoader that yields the table (make_rdma_backend()):
 //   load_verbs_api()       - the real libibverbs.so.1, dlopen'd at run time (verbs_loader.cc), so
 //                            the binary neither links nor needs RDMA userspace; what every product

@@ -1,5 +1,5 @@
 // The real verbs table: dlopen("libibverbs.so.1") + dlsym (contract: verbs_api.h). We never link
-// libibverbs (TRANSFER.md R-1), so this file must not reference an ibv_* symbol: verbs.h macros
+// libibverbs (docs/design/kv-transfer.md R-1), so this file must not reference an ibv_* symbol: verbs.h macros
 // such as ibv_reg_mr() and ibv_query_port() expand to inline code that calls exported symbols,
 // hence every exported function is reached through a dlsym'd pointer of our own type.
 #include <dlfcn.h>

@@ -1,6 +1,6 @@
 // CmaGrant: who may attach to this process by cross-memory attach (process_vm_readv/writev), the
-// scoped replacement of the process-wide prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) (security
-// review 9).
+// scoped replacement of the process-wide prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) (so only
+// the peers this backend serves may attach).
 //
 // Under Yama ptrace_scope=1 a peer may attach to us only if we name it with PR_SET_PTRACER, and the
 // kernel keeps exactly one such pid per process. So CMA is granted to one peer process at a time:

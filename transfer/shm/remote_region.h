@@ -1,11 +1,11 @@
 // RemoteRegion: one of a peer's regions as the initiator reaches it, either mapped from the memfd
-// the peer passed (a copy is a plain memcpy, TRANSFER.md S-1/S-2) or addressed in the peer process
+// the peer passed (a copy is a plain memcpy, docs/design/kv-transfer.md S-1/S-2) or addressed in the peer process
 // by cross-memory attach (process_vm_readv/writev, S-3) when the memory has no fd.
 //
 // Lifetime: held by shared_ptr. The peer table drops its reference when the peer goes away; a copy
 // in progress keeps its own, so the mapping is unmapped only after the last copy using it returns.
 //
-// Revocation (security review 14): revoke() makes every later copy() fail kAccess and waits for
+// Revocation: revoke() makes every later copy() fail kAccess and waits for
 // the copies in progress (one chunk each) to return; after it, nothing of ours touches the peer's
 // address any more. The peer asks for it (kRegionRevoke) before its unregister_region() returns.
 //

@@ -669,7 +669,7 @@ void ShmBackend::run_io() {
 void ShmBackend::on_region_unregistered(RegionId id) {
   exported_.remove(id);
   if (!started_ || stopping_.load() || !options_.allow_cma) return;
-  // Security review 14: a peer that reaches this region by cross-memory attach cached its address;
+  // Revocation: a peer that reaches this region by cross-memory attach cached its address;
   // it must stop using it before the caller frees the memory.
   auto wait = std::make_shared<RevokeWait>();
   post(Command{Command::Kind::kRevoke, nullptr, 0, id, wait});
@@ -737,7 +737,7 @@ void ShmBackend::accept_all() {
   for (;;) {
     const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
-    // Security review 9: the abstract socket is reachable by every process in our network
+    // Who may connect: the abstract socket is reachable by every process in our network
     // namespace; only allowed uids get an answer (and so memfds or addresses), before any frame.
     pid_t pid = 0;
     uid_t uid = 0;

@@ -1,4 +1,4 @@
-// The same-host shared-memory backend (TRANSFER.md 2.5, S-1..S-5).
+// The same-host shared-memory backend (docs/design/kv-transfer.md, S-1..S-5).
 //
 // How it works:
 // - Each backend listens on an abstract UNIX socket ("@pdr-shm-<agent>-<pid>-<rand>", published
@@ -22,7 +22,7 @@
 //   finish kFailed/kPeerGone. The mappings of its memfds stay alive until no copy uses them. There
 //   is no reconnect: a restarted peer has a new socket name, so the engine re-imports it.
 //
-// Who may connect (security review 9): the socket is abstract, so any process in the network
+// Who may connect: the socket is abstract, so any process in the network
 // namespace can reach it. Every accepted connection's SO_PEERCRED uid must be in allowed_uids
 // (default: our own effective uid) before a single frame is read; any other is closed at once,
 // counted in EngineCounters::shm_peers_refused and logged (at most once a second). add_peer()
@@ -40,7 +40,7 @@
 // to never allow attach at all. Where attach is refused anyway (ptrace_scope 2/3, seccomp),
 // such transfers fail kAccess and the reason is logged to stderr once per peer.
 //
-// Unregistering (security review 14): a peer that mapped one of our memfds keeps its own mapping
+// Unregistering: a peer that mapped one of our memfds keeps its own mapping
 // (the memfd's pages stay alive while mapped and are never reused for other data of ours, so that
 // is safe). A peer that reaches a region by address (CMA) has cached it: on_region_unregistered()
 // sends it kRegionRevoke and waits (up to 2 s) for kRevokeAck, which the peer sends after dropping

@@ -1,5 +1,5 @@
 // The shm backend's control protocol over its UNIX socket: pure encode/decode over byte spans, no
-// I/O (STYLE.md 2). Data never travels here; only the handshake, region announcements (with the
+// I/O (docs/design/README.md, Conventions). Data never travels here; only the handshake, region announcements (with the
 // memfd attached out of band as SCM_RIGHTS) and notifications.
 //
 // Frame: an 8-byte header {u16 magic 0x5053 "PS", u16 type, u32 body_len} (little endian), then
@@ -16,7 +16,7 @@
 //   kNotifyAck    server -> client   {u64 seq}, sent after on_notification() returned
 //   kRegionRevoke server -> client   {u32 region_id}: a region announced by address (kRegionCma)
 //                                    was unregistered; the client drops it, waits for its copies
-//                                    in progress and answers kRevokeAck (security review 14)
+//                                    in progress and answers kRevokeAck (region revocation)
 //   kRevokeAck    client -> server   {u32 region_id}: nothing of ours touches that address any more
 #pragma once
 

@@ -20,7 +20,7 @@
 // payload (32 + max_agent_bytes); the 256 KiB drain buffer is allocated on the first refused WRITE
 // (scratch_allocations() counts those allocations, process-wide, for tests).
 //
-// Region fence (security review 14, region_table.h Lifetime): a WRITE payload is received, and a
+// Region fence (region_table.h Lifetime): a WRITE payload is received, and a
 // READ_DATA payload sent, with its region pinned around each recv/send only; a region unregistered
 // mid-WRITE has the rest of the payload drained (ACK -> ERROR(kAccess), counted access_refused), a
 // queued READ_DATA whose region went away is answered ERROR(kAccess) instead, or, if it was already

@@ -1,5 +1,5 @@
 // Per-transfer bookkeeping of the TCP backend: a TaskState per submitted XferTask and one Batch per
-// lane the task uses (TRANSFER.md T-6 striping).
+// lane the task uses (docs/design/kv-transfer.md T-6 striping).
 //
 // Settling (the backend.h guarantees rest on this):
 // - A Batch belongs to exactly one lane, hence to one I/O thread; only that thread reads or writes

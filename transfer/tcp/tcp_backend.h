@@ -1,4 +1,4 @@
-// The TCP backend of the transfer engine (TRANSFER.md 2.4, T-1 .. T-11): KV blocks move over L
+// The TCP backend of the transfer engine (docs/design/kv-transfer.md, T-1 .. T-11): KV blocks move over L
 // persistent loopback/network connections ("lanes") per peer, framed with proto/transfer_frame.h.
 //
 //   auto backend = make_tcp_backend({.listen_host = "0.0.0.0", .advertise_host = "10.0.0.7"});

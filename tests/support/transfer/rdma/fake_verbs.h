@@ -1,4 +1,4 @@
-// An in-process fake NIC behind the VerbsApi table (TRANSFER.md R-16c), so the RDMA backend's whole
+// An in-process fake NIC behind the VerbsApi table (docs/design/kv-transfer.md R-16, item c), so the RDMA backend's whole
 // data path runs in CI without a device. A test double: it lives in the test-support library
 // pdr_transfer_rdma_test_support (tests/CMakeLists.txt), never in a product library; a test hands
 // it to the backend with make_rdma_backend(options, rdma::load_fake_verbs_api).
