@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "config/yaml_reader.h"
+#include "proto/connectors.h"
 #include "proto/dialects/dialect.h"
 
 namespace pdr::config {
@@ -23,11 +24,11 @@ Status parse_instance_connector(std::string_view text, proto::Connector* out) {
     return Status::ok();
   }
   return Status(StatusCode::kInvalidValue, fmt::format("unknown connector {} (expected {})",
-                                                       quoted_excerpt(text), kConnectorNames));
+                                                       quoted_excerpt(text), proto::kv_connector_names()));
 }
 
 Status parse_node_connector(std::string_view text, proto::Connector* out) {
-  if (text == "none") {
+  if (text == proto::kNoConnectorName) {
     *out = proto::Connector::kUnknown;
     return Status::ok();
   }
@@ -37,7 +38,8 @@ Status parse_node_connector(std::string_view text, proto::Connector* out) {
     return Status::ok();
   }
   return Status(StatusCode::kInvalidValue,
-                fmt::format("unknown connector {} (expected {} or none)", quoted_excerpt(text), kConnectorNames));
+                fmt::format("unknown connector {} (expected {} or {})", quoted_excerpt(text), proto::kv_connector_names(),
+                            proto::kNoConnectorName));
 }
 
 Status parse_instance_transfer_mode(std::string_view text, proto::TransferMode* out) {

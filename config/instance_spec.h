@@ -21,10 +21,10 @@ inline constexpr size_t kMaxLabels = 32;
 inline constexpr size_t kMaxLabelKeyBytes = 64;
 inline constexpr size_t kMaxLabelValueBytes = 256;
 inline constexpr size_t kMaxEngineIdBytes = 256;  // engine_id
-inline constexpr std::string_view kConnectorNames = "moriio, p2p-nccl, nixl, mooncake, sglang, nixl-push";
 
 // Named values. kInvalidValue with "unknown role 'x' (expected prefill or decode)" style messages.
-// A connector must be a real one ("unknown" is refused).
+// A connector must be a real one ("unknown" is refused); its names and the list the message
+// gives come from proto/connectors.h.
 Status parse_instance_role(std::string_view text, proto::Role* out);
 Status parse_instance_connector(std::string_view text, proto::Connector* out);
 // A node's own connector: one of those, or "none" (Connector::kUnknown) for a node with no KV

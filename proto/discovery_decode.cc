@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "proto/connectors.h"
+#include "proto/dialects/dialect.h"
 #include "proto/discovery_message.h"
 #include "proto/msgpack_fields.h"
 #include "proto/msgpack_limits.h"
@@ -203,15 +205,16 @@ Status read_connector(const FieldReader& reader, Connector* out, bool* present, 
       !s) {
     return s;
   }
-  *none = *present && text == "none";
+  *none = *present && text == kNoConnectorName;
   if (*none) {
     *out = Connector::kUnknown;
     return Status::ok();
   }
   if (*present && !parse_connector(text, out)) {
-    return Status(StatusCode::kInvalidValue,
-                  "connector " + quote_untrusted(text) +
-                      " is not one of moriio, p2p-nccl, nixl, mooncake, sglang, nixl-push, unknown, none");
+    return Status(StatusCode::kInvalidValue, "connector " + quote_untrusted(text) + " is not one of " +
+                                                 kv_connector_names() + ", " +
+                                                 std::string(to_string(Connector::kUnknown)) + ", " +
+                                                 std::string(kNoConnectorName));
   }
   return Status::ok();
 }
@@ -240,9 +243,13 @@ Status decode_pdrouter_base(const FieldReader& reader, Registration* reg) {
     reg->connector = infer_connector(has_zmq, zmq_text);
   }
 
-  const bool is_moriio = reg->connector == Connector::kMoriio;
-  const bool is_p2p = reg->connector == Connector::kP2pNccl;
-  if ((is_moriio || is_p2p) && !has_zmq) {
+  // The zmq_address form and the transfer modes are the connector's dialect facts
+  // (proto/dialects/dialect.h), as for an operator-described instance (config/instance_spec.cc).
+  const Dialect* dialect = any_dialect_of(reg->connector);
+  const ZmqAddressForm form = dialect != nullptr ? dialect->zmq_address : ZmqAddressForm::kNone;
+  const bool is_moriio = form == ZmqAddressForm::kMoriio;
+  const bool needs_host_port = form == ZmqAddressForm::kHostPort;
+  if ((is_moriio || needs_host_port) && !has_zmq) {
     return Status(
         StatusCode::kMissingKey,
         std::string("zmq_address is required for a pdrouter registration with connector ") +
@@ -250,8 +257,8 @@ Status decode_pdrouter_base(const FieldReader& reader, Registration* reg) {
   }
   if (is_moriio) {
     if (Status s = parse_moriio_zmq_field(zmq_text, reg); !s) return s;
-  } else if (is_p2p || (reg->connector == Connector::kNixlPush && has_zmq)) {
-    // NIXL push: the node's KV side channel (VLLM_NIXL_SIDE_CHANNEL_HOST:PORT).
+  } else if (needs_host_port || (form == ZmqAddressForm::kPrefillHostPort && has_zmq)) {
+    // P2P-NCCL's host:port, NIXL push's KV side channel (VLLM_NIXL_SIDE_CHANNEL_HOST:PORT).
     if (Status s = parse_kv_address_field(zmq_text, reg); !s) return s;
   } else if (zmq_text.find('\0') != std::string::npos) {
     return Status(StatusCode::kBadAddress,
@@ -262,9 +269,11 @@ Status decode_pdrouter_base(const FieldReader& reader, Registration* reg) {
     return s;
   if (Status s = read_parallel_size(reader, "tp_size", Need::kOptional, &reg->tp_size); !s)
     return s;
-  if (is_moriio && !reader.find("transfer_mode", Need::kOptional)) {
+  const bool has_modes = pairing_mode(reg->connector, TransferMode::kRead) != TransferMode::kNone;
+  if (has_modes && !reader.find("transfer_mode", Need::kOptional)) {
     return Status(StatusCode::kMissingKey,
-                  "transfer_mode is required for a pdrouter registration with connector moriio");
+                  "transfer_mode is required for a pdrouter registration with connector " +
+                      std::string(to_string(reg->connector)));
   }
   return read_transfer_mode(reader, Need::kOptional, &reg->transfer_mode);
 }
@@ -384,14 +393,16 @@ Status decode_pdrouter(const FieldMap& fields, std::optional<Role> role_from_typ
   if (Status s = decode_pdrouter_base(reader, reg); !s) return s;
   if (Status s = decode_extension(reader, reg); !s) return s;
   // A NIXL push decode is sent its prefill's engine id and side channel up front: a prefill that
-  // does not say them cannot be paired.
-  if (reg->connector == Connector::kNixlPush && reg->role == Role::kPrefill) {
-    if (!reg->kv_address) {
+  // does not say them cannot be paired (the dialect's facts say which connectors need them).
+  const Dialect* dialect = any_dialect_of(reg->connector);
+  if (dialect != nullptr && reg->role == Role::kPrefill) {
+    const std::string name(to_string(reg->connector));
+    if (dialect->zmq_address == ZmqAddressForm::kPrefillHostPort && !reg->kv_address) {
       return Status(StatusCode::kMissingKey,
-                    "zmq_address (the KV side channel, host:port) is required for a nixl-push prefill");
+                    "zmq_address (the KV side channel, host:port) is required for a " + name + " prefill");
     }
-    if (reg->engine_id.empty()) {
-      return Status(StatusCode::kMissingKey, "engine_id is required for a nixl-push prefill");
+    if (dialect->prefill_needs_engine_id && reg->engine_id.empty()) {
+      return Status(StatusCode::kMissingKey, "engine_id is required for a " + name + " prefill");
     }
   }
   return Status::ok();

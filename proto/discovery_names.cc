@@ -1,10 +1,12 @@
 // The text names of node and discovery enums used in /status, the topology file and CLI flags
-// (contracts: node_spec.h, discovery_message.h). The decoder also uses the parsers for wire values.
+// (contracts: node_spec.h, discovery_message.h; the connectors' names come from connectors.h's
+// table). The decoder also uses the parsers for wire values.
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "base/ascii.h"
+#include "proto/connectors.h"
 #include "proto/discovery_message.h"
 
 namespace pdr::proto {
@@ -31,16 +33,21 @@ std::string_view to_string(TransferMode mode) {
 }
 
 std::string_view to_string(Connector connector) {
-  switch (connector) {
-    case Connector::kUnknown: return "unknown";
-    case Connector::kMoriio: return "moriio";
-    case Connector::kP2pNccl: return "p2p-nccl";
-    case Connector::kNixl: return "nixl";
-    case Connector::kMooncake: return "mooncake";
-    case Connector::kSglang: return "sglang";
-    case Connector::kNixlPush: return "nixl-push";
-  }
-  return "unknown";
+  const ConnectorRow* row = connector_row(connector);
+  return row != nullptr ? row->name : kConnectorTable[0].name;
+}
+
+const std::string& kv_connector_names() {
+  static const std::string names = [] {
+    std::string out;
+    for (const ConnectorRow& row : kConnectorTable) {
+      if (row.connector == Connector::kUnknown) continue;
+      if (!out.empty()) out += ", ";
+      out += row.name;
+    }
+    return out;
+  }();
+  return names;
 }
 
 std::string_view to_string(RegistrationFormat format) {
@@ -83,16 +90,11 @@ bool parse_transfer_mode(std::string_view text, TransferMode* out) {
 
 bool parse_connector(std::string_view text, Connector* out) {
   const std::string name = lower_ascii(text);
-  static constexpr std::pair<std::string_view, Connector> kNames[] = {
-      {"unknown", Connector::kUnknown},   {"moriio", Connector::kMoriio},
-      {"p2p-nccl", Connector::kP2pNccl},  {"p2p_nccl", Connector::kP2pNccl},
-      {"p2pnccl", Connector::kP2pNccl},   {"nixl", Connector::kNixl},
-      {"mooncake", Connector::kMooncake}, {"sglang", Connector::kSglang},
-      {"nixl-push", Connector::kNixlPush}, {"nixl_push", Connector::kNixlPush},
-  };
-  for (const auto& [known, connector] : kNames) {
-    if (name == known) {
-      *out = connector;
+  for (const ConnectorRow& row : kConnectorTable) {
+    bool match = name == row.name;
+    for (std::string_view alias : row.aliases) match = match || (!alias.empty() && name == alias);
+    if (match) {
+      *out = row.connector;
       return true;
     }
   }

@@ -27,13 +27,13 @@ enum class TransferMode : uint8_t { kNone, kRead, kWrite };  // kNone: dialect h
 enum class Connector : uint8_t { kUnknown, kMoriio, kP2pNccl, kNixl, kMooncake, kSglang, kNixlPush };
 
 // Lower-case names used in /status, the topology file and CLI flags:
-// role "prefill"/"decode"; mode "READ"/"WRITE"/"none"; connector "moriio", "p2p-nccl", "nixl",
-// "mooncake", "sglang", "nixl-push" (vLLM's NixlPushConnector), "unknown".
+// role "prefill"/"decode"; mode "READ"/"WRITE"/"none"; connector: its row's name in
+// proto/connectors.h, the one table of connector names and spellings ("unknown" for kUnknown).
 std::string_view to_string(Role);
 std::string_view to_string(TransferMode);
 std::string_view to_string(Connector);
-// Parsers for the same names (plus "P"/"D" for roles, any case for modes, "p2p_nccl"/"p2pnccl" and
-// "nixl_push" for the connectors). Return false when the text is not a known name.
+// Parsers for the same names (plus "P"/"D" for roles, any case for modes and connectors, and the
+// connectors' aliases from their rows). Return false when the text is not a known name.
 bool parse_role(std::string_view, Role*);
 bool parse_transfer_mode(std::string_view, TransferMode*);
 bool parse_connector(std::string_view, Connector*);
