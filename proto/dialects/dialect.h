@@ -3,7 +3,8 @@
 // how the two legs are built and ordered, what the decode leg takes from the prefill's answer,
 // what it becomes when the prefill exported no KV, which decode failures may be retried on
 // another decode alone, which instances pair with which, which instance fields the connector
-// needs, and the pre-step the router runs before building the legs. The request session and
+// needs, the pre-step the router runs before building the legs, and whether a conversation's
+// next turn may reuse the decode's KV. The connector's names are proto/connectors.h's. The request session and
 // pairing read these fields and never name a dialect.
 //
 // Adding a dialect = one file in proto/dialects/ defining its `const Dialect` + one line in
@@ -111,6 +112,12 @@ struct Dialect {
   // The no-KV fallback: what the decode body becomes when the prefill exported no KV (its answer
   // had no kv_transfer_params, e.g. EOS on the first token). nullptr: the prefill failed.
   void (*without_kv)(JsonObjectBody* decode) = nullptr;
+
+  // ---- multi-turn (router/proxy/multi_turn.h) ----
+  // The decode's final answer carries kv_transfer_params that let the next turn's prefill
+  // start from the KV the decode keeps (proto/multi_turn.h), so a conversation_id pins the
+  // next turn to that decode (NIXL).
+  bool multi_turn_reuse = false;
 
   // ---- endpoints ----
   // Empty: the pair serves vLLM's tokens-in POST /inference/v1/generate (proto/generate_request.h)

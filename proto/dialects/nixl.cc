@@ -65,5 +65,6 @@ const Dialect kNixlDialect{
     .build = &dialects::build,
     .finish_decode = &dialects::finish_decode,
     .without_kv = &dialects::drop_kv_transfer_params,
+    .multi_turn_reuse = true,
 };
 }  // namespace pdr::proto

@@ -1,5 +1,6 @@
 #include "router/proxy/multi_turn.h"
 
+#include "proto/dialects/dialect.h"
 #include "proto/multi_turn.h"
 #include "router/proxy/conversation_binding.h"
 
@@ -54,9 +55,9 @@ void MultiTurnRequest::on_legs_built(proto::LegBuild& legs, const discovery::Ins
   // Not a field vLLM knows: the reference proxy pops it before either leg.
   legs.prefill.body.remove("conversation_id");
   legs.decode.body.remove("conversation_id");
-  nixl_ = keeps_entries_ && legs.plan.connector == proto::Connector::kNixl;
+  reuses_kv_ = keeps_entries_ && legs.plan.dialect != nullptr && legs.plan.dialect->multi_turn_reuse;
   if (!reuse_) return;
-  if (nixl_ && decode.key == reuse_->decode_key && decode.epoch == reuse_->decode_epoch) {
+  if (reuses_kv_ && decode.key == reuse_->decode_key && decode.epoch == reuse_->decode_epoch) {
     // The prefill connects where the params point. They are the decode's word (or, mirrored
     // through etcd, another writer's): the decode's own host only, as on the pairing path.
     if (Status st = proto::check_next_turn_remote_host(reuse_->prefill_params, decode.http_address.host,
@@ -68,14 +69,14 @@ void MultiTurnRequest::on_legs_built(proto::LegBuild& legs, const discovery::Ins
       counters.bump(counters.multi_turn.reused);
     }
   } else {
-    // Gone, restarted, draining, ejected or no longer NIXL: a normal turn.
+    // Gone, restarted, draining, ejected or no longer a reusing dialect: a normal turn.
     counters.bump(counters.multi_turn.decode_unavailable);
   }
   reuse_.reset();  // single use, also when a retry rebuilds the legs
 }
 
 void MultiTurnRequest::on_decode_bytes(std::string_view chunk) {
-  if (!nixl_) return;
+  if (!reuses_kv_) return;
   if (!stream_) stream_.emplace(kMaxEventBytes);
   // A failed reader (an event over the limit) stays failed: no params, no entry.
   (void)stream_->feed(chunk, [this](const proto::SseEvent& event) {
@@ -85,13 +86,13 @@ void MultiTurnRequest::on_decode_bytes(std::string_view chunk) {
 }
 
 void MultiTurnRequest::on_decode_json(std::string_view body) {
-  if (!nixl_) return;
+  if (!reuses_kv_) return;
   if (auto params = proto::kv_transfer_params_of(body, params_limits())) final_params_.assign(*params);
 }
 
 void MultiTurnRequest::on_done(const discovery::Instance& decode, const config::Topology& topology,
                                ConversationCache& cache, ProxyCounters& counters) {
-  if (!nixl_) return;
+  if (!reuses_kv_) return;
   std::string params;
   if (final_params_.empty() ||
       !proto::next_turn_prefill_params(final_params_, decode.http_address.host, params_limits(), &params).is_ok()) {

@@ -1,4 +1,5 @@
-// One request's side of multi-turn KV reuse (topology multi_turn:, NIXL; conversation_cache.h
+// One request's side of multi-turn KV reuse (topology multi_turn:, for the dialects with
+// Dialect::multi_turn_reuse, i.e. NIXL; conversation_cache.h
 // holds the entries, proto/multi_turn.h the wire facts). The session calls, in order:
 //   begin()          after parsing: reads and checks "conversation_id", takes the entry its
 //                    last turn left (single use) under the client's binding
@@ -60,7 +61,7 @@ class MultiTurnRequest {
   std::optional<ConversationCache::Entry> reuse_;  // until the first legs are built
   std::optional<proto::SseReader> stream_;         // created on the first streamed bytes
   std::string final_params_;                       // the decode's latest kv_transfer_params
-  bool nixl_ = false;                              // the pair speaks NIXL (and keeps_entries_)
+  bool reuses_kv_ = false;  // keeps_entries_ and the pair's dialect has multi_turn_reuse
 };
 
 }  // namespace pdr::router::proxy

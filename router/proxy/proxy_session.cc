@@ -443,11 +443,15 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   if (s.choices > 1) {
     if (s.dialect == nullptr || s.dialect->without_kv == nullptr) {
       s.w.counters().refuse(Refusal::kBadParameter);
+      std::string able;  // the dialects whose decode can: those with a no-KV fallback
+      for (const proto::Dialect* d : proto::all_dialects()) {
+        if (d->without_kv != nullptr) able += (able.empty() ? "" : ", ") + std::string(d->name);
+      }
       fail(400,
            "n = " + std::to_string(s.choices) + " is not supported here: parallel sampling cannot go through "
            "prefill/decode (KV moves per request, not per choice), and the decode of this pair (" +
-           std::string(s.dialect != nullptr ? s.dialect->name : "unknown") +
-           ") cannot compute a prompt alone (NIXL and MoRIIO READ decodes can); send n = 1",
+           std::string(s.dialect != nullptr ? s.dialect->name : "unknown") + ") cannot compute a prompt alone (" +
+           able + " decodes can); send n = 1",
            "invalid_parameter");
       return;
     }
