@@ -10,6 +10,7 @@
 #include "base/secure_compare.h"
 #include "proto/json_splice.h"
 #include "router/admin_request.h"
+#include "router/proxy/node_endpoints.h"
 #include "http/json_error.h"
 #include "router/status_page.h"
 
@@ -142,11 +143,11 @@ bool AdminRoutes::admit(const http::Request& request, http::ResponseWriter& writ
 
 bool AdminRoutes::admit_profile(const http::Request& request, http::ResponseWriter& writer) const {
   if (!admit(request, writer)) return false;
-  if (request.body.size() > kMaxProfileBodyBytes) {
+  if (request.body.size() > proxy::kMaxProfileBodyBytes) {
     send(writer, {Result::kBadRequest,
                   error(413,
                         "body is " + std::to_string(request.body.size()) + " bytes (limit " +
-                            std::to_string(kMaxProfileBodyBytes) + " for " + request.path + ")",
+                            std::to_string(proxy::kMaxProfileBodyBytes) + " for " + request.path + ")",
                         "body_too_large")});
     return false;
   }

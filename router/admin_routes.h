@@ -77,10 +77,6 @@ struct AdminCounters {
   std::atomic<uint64_t> auth_throttled{0};  // 429s from the throttle (also in by_result)
 };
 
-// The largest body POST /start_profile and /stop_profile forward to each node (vLLM's take
-// none); a bigger one is refused with 413 rather than copied to every node.
-inline constexpr size_t kMaxProfileBodyBytes = 4096;
-
 struct AdminContext {
   const config::TopologyStore* topology = nullptr;  // null: no key, API disabled
   discovery::DiscoveryService* discovery = nullptr;    // null (or server null): 503

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Checks that no #include runs back up a layer (ARCHITECTURE.md). Each top-level folder may
 include only from itself and the folders listed for it below; tests/ and bench/ may include
-anything. Prints every offending line and exits 1 if there is one."""
+anything. Inside router/, each sub-folder may include only from itself and the sub-folders
+listed for it in ROUTER ("" is router/'s own files: main, the routes, the worker context), and
+every sub-folder must be listed. Prints every offending line and exits 1 if there is one."""
 import pathlib
 import re
 import sys
@@ -18,7 +20,49 @@ ALLOWED = {
     "node": {"base", "proto", "config", "http", "sidecar", "transfer"},
     "loadgen": {"base", "proto", "http"},
 }
+# Inside router/: the policies and the KV block index know nothing of requests; the proxy (the
+# request path) uses them and the tracer; the etcd replicator mirrors the proxy's conversation
+# cache; router/'s own files wire everything together and no sub-folder includes them.
+ROUTER = {
+    "": {"proxy", "policies", "cache", "tracing", "etcd", "k8s"},
+    "proxy": {"policies", "cache", "tracing"},
+    "etcd": {"proxy"},
+    "cache": {"policies"},
+    "tracing": {"policies"},
+    "policies": set(),
+    "k8s": set(),
+}
 INCLUDE = re.compile(r'\s*#\s*include\s+"([A-Za-z0-9_]+)/')
+ROUTER_INCLUDE = re.compile(r'\s*#\s*include\s+"router/([^"]+)"')
+
+
+def router_folder(relative: pathlib.PurePath) -> str:
+    """The sub-folder of router/ a path below router/ is in ("" for router/'s own files)."""
+    return relative.parts[0] if len(relative.parts) > 1 else ""
+
+
+def check_router(root: pathlib.Path) -> int:
+    bad = 0
+    for sub in sorted(p.name for p in (root / "router").iterdir() if p.is_dir()):
+        if sub not in ROUTER:
+            print(f"router/{sub}/: not in check_layers.py's ROUTER table (say what it may include)")
+            bad += 1
+    for path in sorted((root / "router").rglob("*")):
+        if path.suffix not in (".h", ".cc"):
+            continue
+        source = router_folder(path.relative_to(root / "router"))
+        allowed = ROUTER.get(source, set())
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            m = ROUTER_INCLUDE.match(line)
+            if not m:
+                continue
+            target = router_folder(pathlib.PurePath(m.group(1)))
+            if target != source and target not in allowed:
+                where = f"router/{source}/" if source else "router/"
+                what = f"router/{target}/" if target else "router/'s own files"
+                print(f"{path.relative_to(root)}:{number}: {where} may not include {what}: {line.strip()}")
+                bad += 1
+    return bad
 
 
 def main() -> int:
@@ -38,6 +82,7 @@ def main() -> int:
     if checked == 0:
         print("no sources found under", root)
         return 1
+    bad += check_router(root)
     print(f"{checked} files checked, {bad} includes against the layering")
     return 1 if bad else 0
 

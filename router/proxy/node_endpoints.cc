@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "proto/json_splice.h"
-#include "router/admin_routes.h"
 #include "http/json_error.h"
 #include "router/proxy/pairing.h"
 

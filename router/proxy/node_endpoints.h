@@ -9,11 +9,17 @@
 // Worker thread only; each function answers through the writer, possibly later.
 #pragma once
 
+#include <cstddef>
+
 #include "http/http_message.h"
 #include "http/response_writer.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr::router::proxy {
+
+// The largest body POST /start_profile and /stop_profile forward to each node (vLLM's take
+// none); a bigger one is refused with 413 (router/admin_routes.cc) rather than copied to every node.
+inline constexpr size_t kMaxProfileBodyBytes = 4096;
 
 // 200 + the decode's JSON; 503 when no decode is up; 502/504 when it failed.
 void serve_models(WorkerContext& worker, const http::Request& request, http::ResponseWriter writer);
