@@ -32,7 +32,7 @@ struct ConnectorRow {
 // One row per enumerator, in enumerator order (checked below). kUnknown's "unknown" is the
 // "not said" value: the topology and the admin API refuse it, a pdrouter registration infers
 // the connector from its zmq_address instead.
-inline constexpr std::array<ConnectorRow, 7> kConnectorTable = {{
+inline constexpr auto kConnectorTable = std::to_array<ConnectorRow>({
     {Connector::kUnknown, "unknown", {}},
     {Connector::kMoriio, "moriio", {}},
     {Connector::kP2pNccl, "p2p-nccl", {"p2p_nccl", "p2pnccl"}},
@@ -40,7 +40,7 @@ inline constexpr std::array<ConnectorRow, 7> kConnectorTable = {{
     {Connector::kMooncake, "mooncake", {}},
     {Connector::kSglang, "sglang", {}},
     {Connector::kNixlPush, "nixl-push", {"nixl_push"}},  // vLLM's NixlPushConnector
-}};
+});
 
 // What a node with no KV connector says where a connector name goes (topology, admin API,
 // registration): it is stored as kUnknown and never paired.
