@@ -179,6 +179,7 @@ struct Topology {
   // keys' SHA-256 digests are kept.
   struct ClientAuth {
     std::string keys_file;  // "" = no client authentication (the default)
+    std::string keys_path;  // keys_file as opened (a relative one resolved beside the topology file)
     ClientKeySet keys;      // resolved from keys_file
     // With keys: the client's credential also goes on to the nodes (Authorization, or an
     // Anthropic client's x-api-key as a Bearer token) when connectors.upstream_api_key is unset.

@@ -55,6 +55,12 @@ Status read_client_auth(const Source& src, const Field& f, Topology::ClientAuth*
     OPENSSL_cleanse(const_cast<char*>(text.data()), text.size());
     return s ? s : fail(src, at, s.code(), fmt::format("'{}': {}", out->keys_file, s.message()));
   });
+  if (!out->keys_file.empty()) {
+    const size_t slash = src.filename.rfind('/');
+    out->keys_path = out->keys_file.front() == '/' || slash == std::string::npos
+                         ? out->keys_file
+                         : src.filename.substr(0, slash + 1) + out->keys_file;
+  }
   r.boolean("forward_client_key", &out->forward_client_key);
   return r.finish();
 }
