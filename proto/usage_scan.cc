@@ -28,8 +28,10 @@ size_t skip_string(std::string_view s, size_t i) {
   return std::string_view::npos;
 }
 
-// An unsigned decimal integer at s[i]; false if there is none or it does not fit.
+// An unsigned decimal integer at s[i] as JSON writes one (no leading zero); false if there is
+// none or it does not fit.
 bool read_uint(std::string_view s, size_t i, uint64_t* out) {
+  if (i + 1 < s.size() && s[i] == '0' && s[i + 1] >= '0' && s[i + 1] <= '9') return false;
   uint64_t v = 0;
   size_t digits = 0;
   for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i, ++digits) {

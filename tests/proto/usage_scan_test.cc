@@ -64,6 +64,8 @@ TEST(UsageScan, MalformedOrCutOffUsageIsIgnored) {
   EXPECT_FALSE(scan(R"({"usage": {"prompt_tokens": 5, "completion_tokens": 6)").prompt_tokens);  // cut off
   EXPECT_FALSE(scan(R"({"usage": {"prompt_tokens": -5}})").prompt_tokens);
   EXPECT_FALSE(scan(R"({"usage": {"prompt_tokens": 5.5}})").prompt_tokens);
+  EXPECT_FALSE(scan(R"({"usage": {"prompt_tokens": 05}})").prompt_tokens);  // not a JSON number
+  EXPECT_EQ(scan(R"({"usage": {"prompt_tokens": 0}})").prompt_tokens, 0u);
   EXPECT_FALSE(scan(R"({"usage": {"prompt_tokens": 99999999999999999999}})").prompt_tokens);
   EXPECT_FALSE(scan(R"({"usage": "5"})").prompt_tokens);
   EXPECT_FALSE(scan(R"({"usage" 5})").prompt_tokens);
