@@ -148,7 +148,7 @@ def readme_key_file():
 class TopologyFilesTest(unittest.TestCase):
     def check_topology(self, text, label):
         text = on_loopback(text)
-        match = re.search(r"keys_file: (\S+)", text)
+        match = re.search(r"(?<![a-z_])keys_file: ([^\s\"]+)", text)
         if match:  # a client key file the text names: the README's example, in a directory of its own
             keys_dir = tempfile.mkdtemp(prefix="pdr-readme-keys-")
             self.addCleanup(shutil.rmtree, keys_dir, True)
