@@ -155,8 +155,9 @@ bool TenantTicket::reserve(uint64_t tokens, TenantState::Clock::time_point now, 
   return true;
 }
 
-void TenantTicket::finish(const proto::TokenUsage& usage, bool upstream_work, TenantState::Clock::time_point now) {
+void TenantTicket::finish(const proto::TokenUsage& usage, bool upstream_work) {
   if (!tenant_) return;
+  const auto now = reserved_ != 0 ? TenantState::Clock::now() : TenantState::Clock::time_point{};
   if (usage.prompt_tokens) tenant_->prompt_tokens.fetch_add(*usage.prompt_tokens, std::memory_order_relaxed);
   if (usage.output_tokens) tenant_->output_tokens.fetch_add(*usage.output_tokens, std::memory_order_relaxed);
   if (reserved_ != 0) {

@@ -137,7 +137,7 @@ class TenantTicket {
   // the reservation is given back whole). With both counts known the bucket is set to what was
   // really used; without them the reservation stands (a stream without usage: what it used is
   // not known). The counts known are added to the tenant's token counters. Then release().
-  void finish(const proto::TokenUsage& usage, bool upstream_work, TenantState::Clock::time_point now);
+  void finish(const proto::TokenUsage& usage, bool upstream_work);
   // Gives the in-flight slot back; the reservation stands. Later calls do nothing.
   void release();
 

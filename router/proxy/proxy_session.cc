@@ -321,7 +321,8 @@ void ProxySession::begin() {
   }
   if (!st.is_ok()) {
     s.w.counters().refuse(Refusal::kBadJson);
-    send_answer(s.writer, api_error_response(s.req.path, 400, st.message(), "invalid_request_error", "invalid_json"), &s.client_status, &s.bytes_out);
+    send_answer(s.writer, api_error_response(s.req.path, 400, st.message(), "invalid_request_error", "invalid_json"),
+                &s.client_status, &s.bytes_out);
     end(RequestState::kFailed);
     return;
   }
@@ -329,7 +330,8 @@ void ProxySession::begin() {
     // Tokens in: token_ids and sampling_params, with the token counts inside the latter.
     if (Status checked = proto::check_generate_request(body, limits, &s.generate); !checked.is_ok()) {
       s.w.counters().refuse(Refusal::kBadParameter);
-      send_answer(s.writer, api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"), &s.client_status, &s.bytes_out);
+      send_answer(s.writer, api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"),
+                &s.client_status, &s.bytes_out);
       end(RequestState::kFailed);
       return;
     }
@@ -338,13 +340,15 @@ void ProxySession::begin() {
     // Anthropic's Messages API: its required fields; it has no `n` (one choice).
     if (Status checked = proto::check_messages_request(body); !checked.is_ok()) {
       s.w.counters().refuse(Refusal::kBadParameter);
-      send_answer(s.writer, api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"), &s.client_status, &s.bytes_out);
+      send_answer(s.writer, api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"),
+                &s.client_status, &s.bytes_out);
       end(RequestState::kFailed);
       return;
     }
   } else if (auto refusal = check_parameters(s.req.path, body, &s.choices)) {
     s.w.counters().refuse(Refusal::kBadParameter);
-    send_answer(s.writer, api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"), &s.client_status, &s.bytes_out);
+    send_answer(s.writer, api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"),
+                &s.client_status, &s.bytes_out);
     end(RequestState::kFailed);
     return;
   }
@@ -352,14 +356,16 @@ void ProxySession::begin() {
                                              s.req.bind_header_value, s.w.shared().conversations, s.w.counters(),
                                              &s.multi_turn)) {
     s.w.counters().refuse(Refusal::kBadParameter);
-    send_answer(s.writer, api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"), &s.client_status, &s.bytes_out);
+    send_answer(s.writer, api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"),
+                &s.client_status, &s.bytes_out);
     end(RequestState::kFailed);
     return;
   }
   s.want_usage = s.req.ticket.limits_tokens() || s.req.log_record != nullptr;
   if (s.req.ticket.limits_tokens()) {
     // tokens_per_minute: the prompt and the answer's cap are reserved now, settled at the end.
-    const uint64_t tokens = requested_tokens(body, s.req.path == proto::kGeneratePath ? &s.generate : nullptr, s.choices);
+    const uint64_t tokens =
+        requested_tokens(body, s.req.path == proto::kGeneratePath ? &s.generate : nullptr, s.choices);
     clients::TenantRefusal why{};
     double wait = 0;
     if (!s.req.ticket.reserve(tokens, SteadyClock::now(), &why, &wait)) {
@@ -1303,11 +1309,11 @@ void ProxySession::end(RequestState final_state) {
 
 void ProxySession::hand_over_record(RequestState final_state) {
   State& s = *s_;
-  const SteadyClock::time_point now = SteadyClock::now();
   // A request no leg was sent for cost the nodes nothing: its tokens all go back.
   const bool upstream_work = s.prefill_attempts != 0 || s.decode_attempts != 0;
-  s.req.ticket.finish(s.usage, upstream_work, now);
+  s.req.ticket.finish(s.usage, upstream_work);
   if (!s.req.log_record || s.w.shared().access_log == nullptr) return;
+  const SteadyClock::time_point now = SteadyClock::now();
   clients::AccessRecord& r = *s.req.log_record;
   r.time = std::chrono::system_clock::now();
   r.request_id = s.legs.plan.request_id;
