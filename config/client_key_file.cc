@@ -62,17 +62,35 @@ bool is_tenant_name(std::string_view name) {
 }
 
 KeyDigest digest_of_key(std::string_view key) {
+  // Every client request with keys on hashes its key: the algorithm is fetched once (OpenSSL 3's
+  // implicit fetch behind EVP_sha256() looks it up, under a lock, on every call; the fetched
+  // EVP_MD is immutable and may be shared by threads) and each thread keeps its own digest
+  // context (a context is not to be shared). The thread_local is destroyed at thread exit, before
+  // OpenSSL's own exit-time cleanup.
+  static EVP_MD* const sha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  struct Context {
+    EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+    ~Context() { EVP_MD_CTX_free(ctx); }
+  };
+  thread_local Context context;
+  if (context.ctx == nullptr) context.ctx = EVP_MD_CTX_new();  // a failed allocation is retried
   KeyDigest digest{};
   unsigned int size = 0;
-  // EVP_Digest cannot fail for SHA-256 on a valid buffer short of memory exhaustion; a failure
-  // leaves the zero digest, which no key file entry can equal by accident (a preimage).
-  (void)EVP_Digest(key.data(), key.size(), digest.data(), &size, EVP_sha256(), nullptr);
+  // These fail only short of memory; the caller then gets the zero digest, which find() and the
+  // parser refuse (they never treat it as a key's digest: keys hashed on a failing thread would
+  // otherwise all match each other).
+  if (sha256 == nullptr || context.ctx == nullptr || EVP_DigestInit_ex2(context.ctx, sha256, nullptr) != 1 ||
+      EVP_DigestUpdate(context.ctx, key.data(), key.size()) != 1 ||
+      EVP_DigestFinal_ex(context.ctx, digest.data(), &size) != 1) {
+    return KeyDigest{};
+  }
   return digest;
 }
 
 const std::string* ClientKeySet::find(std::string_view presented) const {
   if (presented.empty() || keys.empty()) return nullptr;
   const KeyDigest digest = digest_of_key(presented);
+  if (digest == KeyDigest{}) return nullptr;  // hashing failed: matches nothing (digest_of_key)
   auto it = std::lower_bound(keys.begin(), keys.end(), digest,
                              [](const Entry& e, const KeyDigest& d) { return e.digest < d; });
   if (it == keys.end() || CRYPTO_memcmp(it->digest.data(), digest.data(), digest.size()) != 0) return nullptr;
@@ -136,6 +154,7 @@ Status parse_client_key_file(std::string_view text, ClientKeySet* out) {
         return line_error(line_number, fmt::format("the key is longer than {} characters", kMaxClientKeyBytes));
       }
       p.digest = digest_of_key(key);
+      if (p.digest == KeyDigest{}) return line_error(line_number, "the key could not be hashed (out of memory)");
     }
     if (parsed.size() >= kMaxClientKeys) {
       return Status(StatusCode::kTooLarge, fmt::format("line {}: more than {} keys", line_number, kMaxClientKeys));

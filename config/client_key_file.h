@@ -44,7 +44,8 @@ using KeyDigest = std::array<unsigned char, 32>;
 // True for 1..kMaxTenantNameBytes of A-Z a-z 0-9 . _ -
 bool is_tenant_name(std::string_view name);
 
-// SHA-256 of `key`.
+// SHA-256 of `key`; all zeros when OpenSSL fails (out of memory), which find() never matches and
+// the parser refuses. Any thread.
 KeyDigest digest_of_key(std::string_view key);
 
 struct ClientKeySet {

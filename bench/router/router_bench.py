@@ -1161,6 +1161,11 @@ section at the end).
    connection (`pdrouter_upstream_legs_total{{connection="new"}}`), since the sims' KV transfers
    open connections too. 0 means every upstream leg reused a pooled connection; 2,000 (pdrouter)
    or 1,000 (nginx) means none did.
+8. **Client keys, tenant limits and the access log**: item 1 for pdrouter alone, on a fresh set of
+   processes whose pdrouter reads a client key file (`client_auth.keys_file`), gives every tenant
+   limits that never refuse (their token buckets and in-flight counts still run per request) and
+   writes the access log to a file; wrk sends the key. Its CPU per request is the row "with client
+   keys, tenant limits and the access log on", compared with item 1's pdrouter figure.
 
 Every run must finish with zero socket errors, zero non-2xx answers and zero pdrouter 5xx.
 `--smoke` (the CTest `bench.router_proxy`, label `bench`) runs each measurement ~2 s and checks

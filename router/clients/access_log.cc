@@ -80,18 +80,20 @@ void AccessLog::reopen() {
 }
 
 void AccessLog::log(AccessRecord&& record) {
-  bool was_empty;
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (path_.empty() || queue_.size() >= max_queued_) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    was_empty = queue_.empty();
     queue_.push_back(std::move(record));
+    // The first line of a batch wakes an idle writer, which then gathers lines for
+    // kFlushInterval; half a queue cuts that short. Otherwise nobody is woken: at most a couple of
+    // wake-ups per batch, not one per request.
+    wake = queue_.size() == 1 || queue_.size() == max_queued_ / 2;
   }
-  // One wake-up per batch: a writer busy with the last batch finds this one when it is done.
-  if (was_empty) wake_.notify_one();
+  if (wake) wake_.notify_one();
 }
 
 void AccessLog::run() {
@@ -102,7 +104,10 @@ void AccessLog::run() {
     bool reopen = false, stopping = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      // Idle until a line comes; then the lines of the next kFlushInterval (or half a queue) go
+      // together.
       wake_.wait(lock, [&] { return stop_ || reopen_ || !queue_.empty(); });
+      wake_.wait_for(lock, kFlushInterval, [&] { return stop_ || reopen_ || queue_.size() >= max_queued_ / 2; });
       // An output that could not be opened (a FIFO without a reader) is tried again after its
       // back-off (ensure_open); the lines that waited for it are dropped if it still fails.
       if (fd_ < 0 && !stop_ && !reopen_ && std::chrono::steady_clock::now() < retry_open_at_) {

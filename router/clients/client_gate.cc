@@ -56,6 +56,7 @@ GateVerdict ClientGate::admit(const http::Request& request, const config::Topolo
       return {false, 401, std::string(kUnauthorized), "invalid_request_error", "invalid_api_key", 0};
     }
     identity->name = *tenant;
+    identity->tenant = tenants.resolve(identity->name);
   } else if (!topology.tenants.header.empty()) {
     const auto value = request.header(topology.tenants.header);
     if (!value || value->empty()) {
@@ -65,10 +66,11 @@ GateVerdict ClientGate::admit(const http::Request& request, const config::Topolo
     } else {
       identity->name = config::kOtherTenant;
     }
+    identity->tenant = tenants.resolve(identity->name);
   } else {
     identity->name = config::kDefaultTenant;
+    identity->tenant = tenants.default_tenant();
   }
-  identity->tenant = tenants.resolve(identity->name);
   TenantState& state = *identity->tenant;
   double wait = 0;
   if (!state.take_request(TenantState::Clock::now(), &wait)) {

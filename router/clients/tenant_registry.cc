@@ -68,8 +68,8 @@ const std::shared_ptr<TenantState>& TenantTable::resolve(std::string_view name) 
 TenantRegistry::TenantRegistry() {
   auto table = std::make_shared<TenantTable>();
   table->other_ = std::make_shared<TenantState>(std::string(config::kOtherTenant));
-  table->by_name_.emplace_back(std::string(config::kDefaultTenant),
-                               std::make_shared<TenantState>(std::string(config::kDefaultTenant)));
+  table->default_ = std::make_shared<TenantState>(std::string(config::kDefaultTenant));
+  table->by_name_.emplace_back(std::string(config::kDefaultTenant), table->default_);
   table->by_name_.emplace_back(std::string(config::kOtherTenant), table->other_);
   table_ = std::move(table);
 }
@@ -99,6 +99,7 @@ std::shared_ptr<const TenantTable> TenantRegistry::table_for(const std::shared_p
     if (!state) state = std::make_shared<TenantState>(std::string(name));
     state->apply(*limits, now);
     if (name == config::kOtherTenant) table->other_ = state;
+    if (name == config::kDefaultTenant) table->default_ = state;
     table->by_name_.emplace_back(std::string(name), std::move(state));
   }
   applied_ = topology;
@@ -122,7 +123,9 @@ TenantTicket& TenantTicket::operator=(TenantTicket&& other) noexcept {
 }
 
 bool TenantTicket::acquire(std::shared_ptr<TenantState> tenant, TenantTicket* out) {
-  *out = TenantTicket();
+  out->release();
+  out->reserved_ = 0;
+  out->tenant_.reset();
   if (!tenant) return true;
   const uint32_t cap = tenant->max_in_flight.load(std::memory_order_relaxed);
   const int64_t before = tenant->in_flight.fetch_add(1, std::memory_order_relaxed);

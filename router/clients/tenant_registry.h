@@ -86,12 +86,14 @@ class TenantTable {
  public:
   // The state of `name`: its own when known, else "other"'s. Never null.
   const std::shared_ptr<TenantState>& resolve(std::string_view name) const;
+  const std::shared_ptr<TenantState>& default_tenant() const { return default_; }  // resolve("default")
   const std::vector<std::pair<std::string, std::shared_ptr<TenantState>>>& all() const { return by_name_; }
 
  private:
   friend class TenantRegistry;
   std::vector<std::pair<std::string, std::shared_ptr<TenantState>>> by_name_;  // sorted; "other" included
   std::shared_ptr<TenantState> other_;
+  std::shared_ptr<TenantState> default_;
 };
 
 class TenantRegistry {

@@ -172,7 +172,7 @@ std::optional<std::string> check_parameters(std::string_view path, const proto::
 }
 
 // Sends `response`, noting its status and body size for the request's record (hand_over_record).
-void send_answer(http::ResponseWriter& writer, http::Response response, int* status, uint64_t* bytes) {
+void send_answer(http::ResponseWriter& writer, http::Response&& response, int* status, uint64_t* bytes) {
   *status = response.status;
   *bytes += response.body.size();
   writer.send(std::move(response));

@@ -111,6 +111,24 @@ TEST(AccessLog, WritesLinesInOrderAndReopensAfterRotation) {
   EXPECT_EQ(log.errors(), 0u);
 }
 
+TEST(AccessLog, StopWritesWhatIsQueuedWithoutWaitingOutTheBatch) {
+  // The writer gathers lines for kFlushInterval before it writes; stopping cuts that short and
+  // still writes every line queued.
+  TempDir dir;
+  const std::string path = dir.file("access.log");
+  for (int round = 0; round < 3; ++round) {
+    auto log = std::make_unique<AccessLog>();
+    log->configure(path, 100);
+    for (int i = 0; i < 5; ++i) log->log(record(round * 5 + i));
+    const auto stop = Clock::now();
+    log.reset();
+    EXPECT_LT(Clock::now() - stop, AccessLog::kStopFlush);
+    EXPECT_EQ(lines_of(path).size(), static_cast<size_t>(round * 5 + 5));
+  }
+  const auto lines = lines_of(path);
+  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i]["request_id"], "req-" + std::to_string(i));
+}
+
 TEST(AccessLog, AnOutputThatTakesNothingMakesLogDropNotWait) {
   TempDir dir;
   const std::string fifo = dir.file("access.fifo");
