@@ -87,6 +87,7 @@
 #include <optional>
 #include <string>
 
+#include "http/tls_server.h"
 #include "node/sim_cache_model.h"
 #include "node/sim_engine/engine_driver.h"
 #include "node/sim_kv.h"
@@ -112,11 +113,17 @@ struct SimOptions {
   // carries them); a prefill given them (do_remote_decode + remote_block_ids) pulls those blocks
   // through the KvMover before computing, and computes only the tokens they do not cover.
   bool bidirectional_kv_xfer = false;
+  // vLLM's --tokens-only: POST /abort_requests {"request_ids": [...]} is served (404 otherwise, as
+  // vLLM registers it only then); each id ends the in-flight /inference/v1/generate request whose
+  // engine id ("generate-tokens-" + its X-Request-Id) it names. The request log keeps the calls.
+  bool tokens_only = false;
   uint32_t render_feature_bytes = 4096;    // fake feature bytes per image in a render answer
   // The simulated vLLM engine (its ranks and model come from `node` and `model`); none: per-token
   // pacing.
   std::optional<SimEngineOptions> engine;
   double time_scale = 1.0;
+  // Set: the HTTP listener speaks TLS (http/tls_server.h), as vLLM behind --ssl-certfile.
+  std::shared_ptr<const http::TlsServerContext> tls;
 };
 
 class SimServer {
@@ -130,6 +137,7 @@ class SimServer {
   Status start();
   uint16_t port() const;
   std::optional<uint16_t> bootstrap_port() const;  // bound port of the separate listener
+  const std::string& engine_id() const;            // the node's engine id (set by start())
   // Drops in-flight requests (their clients see truncated streams) and stops the listeners.
   void stop();
 

@@ -253,6 +253,7 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
     relay->end(kFailed);
     relay->writer.send(std::move(response));
   };
+  upstream.tls = worker.node_tls(node->http_address);
   auto call = worker.pool().start(node->http_address, std::move(upstream),
                                   {topology->timeouts.connect, topology->timeouts.first_byte, topology->timeouts.stream_idle},
                                   std::move(cb));

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "base/latency_histogram.h"
+#include "router/proxy/pd_phases.h"
 
 namespace pdr {
 class MetricsWriter;
@@ -96,13 +97,17 @@ struct ProxyCounters {
   // conversation had no live entry, entries whose decode could not be paired, entries stored,
   // and turns that ended without usable kv_transfer_params from the decode. binding_mismatch:
   // no entry of this client, but other clients hold the conversation_id; anonymous: no
-  // credential while multi_turn.allow_anonymous is false (no reuse).
+  // credential while multi_turn.allow_anonymous is false (no reuse); remote_host_mismatch: the
+  // entry's remote_host is not the decode's own host (proto::check_next_turn_remote_host; no reuse).
   struct MultiTurn {
     Counter reused{0}, no_entry{0}, decode_unavailable{0}, stored{0}, no_params{0};
-    Counter binding_mismatch{0}, anonymous{0};
+    Counter binding_mismatch{0}, anonymous{0}, remote_host_mismatch{0};
   } multi_turn;
   // Requests sent to their decode alone (decode_alone.h), by DecodeAloneReason.
   std::array<Counter, 3> decode_alone{};
+  // POST /abort_requests sent to tokens-only nodes for cancelled legs (abort_requests.h), by
+  // answer: [2xx, other or no answer].
+  std::array<Counter, 2> abort_requests{};
   // The conversation cache whose size /metrics shows; null: none (zeros).
   const ConversationCache* conversations = nullptr;
   Counter profile_fanouts{0};
@@ -126,6 +131,8 @@ struct ProxyCounters {
   std::array<LatencyHistogram, 3> request_duration{};
   LatencyHistogram time_to_first_byte;
   std::array<LatencyHistogram, 2> leg_duration{};
+  // The P/D phases per dialect: prefill, handover, decode (pd_phases.h).
+  PdPhaseHistograms pd_phases{};
   // One-node endpoints (one_node_relay.h): [OneNodeClass: render, any_node, pooling, audio, pass_through][outcome: relayed, not_supported, no_node, failed, refused].
   std::array<std::array<Counter, 5>, 5> one_node{};
 

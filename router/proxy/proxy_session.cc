@@ -20,6 +20,7 @@
 #include "proto/usage_scan.h"
 #include "http/json_error.h"
 #include "router/clients/access_log.h"
+#include "router/proxy/abort_requests.h"
 #include "router/proxy/cache_routing.h"
 #include "router/proxy/cache_tokenize.h"
 #include "router/proxy/client_api.h"
@@ -66,8 +67,10 @@ proto::LegInstance to_leg_instance(const Instance& i) {
 // straight into the wire buffer (UpstreamRequest::append_body, called inside start()), the only
 // copy of the body bytes a leg costs (#12); its headers are read from the leg there too
 // (UpstreamRequest::borrowed_headers). `leg` must outlive the start() call.
-http::UpstreamRequest to_upstream(const proto::LegRequest& leg) {
+http::UpstreamRequest to_upstream(const proto::LegRequest& leg,
+                                  const std::shared_ptr<const http::TlsClientContext>& tls) {
   http::UpstreamRequest r;
+  r.tls = tls;  // the node's (node_tls.h); null: plain HTTP
   r.method = "POST";
   r.path = leg.path;
   r.borrowed_headers = leg.headers;
@@ -178,6 +181,10 @@ void send_answer(http::ResponseWriter& writer, http::Response&& response, int* s
   writer.send(std::move(response));
 }
 
+tracing::TraceLeg trace_leg(Leg leg) {
+  return leg == Leg::kPrefill ? tracing::TraceLeg::kPrefill : tracing::TraceLeg::kDecode;
+}
+
 // The error code a client gets for a request that failed on `leg` for `cause`.
 std::string_view failure_code(Leg leg, LegFailure cause) {
   if (cause == LegFailure::kLocalResources) return "overloaded";
@@ -246,6 +253,7 @@ struct ProxySession::State {
   SteadyClock::time_point decode_sent_at{};
   SteadyClock::time_point prefill_sent_at{};
   SteadyClock::time_point prefill_deadline{};
+  PdPhaseClock phases;          // this attempt's P/D phase times (pd_phases.h)
   bool prefill_timed = false;   // the prefill attempt in flight is not yet in leg_duration
   bool decode_timed = false;    // the decode attempt in flight is not yet in leg_duration
   bool orphan = false;          // counted in orphan_prefills: the prefill leg outlives the request
@@ -318,6 +326,7 @@ void ProxySession::begin() {
     std::optional<std::string> model;
     st = body.get_string("model", &model);
     if (st.is_ok() && model) s.model = std::move(*model);
+    if (s.req.trace) s.req.trace->model(s.model);
   }
   if (!st.is_ok()) {
     s.w.counters().refuse(Refusal::kBadJson);
@@ -455,6 +464,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
     ++s.retries;
   }
   if (s.cache) record_routing(*s.cache, pair, s.w.shared());
+  if (s.req.trace) s.req.trace->routed(pair.prefill->key, pair.decode->key, s.cache ? &s.cache->hits : nullptr);
   s.pair = std::move(pair);
   s.pair.prefill->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
   s.pair.decode->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
@@ -557,6 +567,7 @@ void ProxySession::build_and_send() {
     s.w.counters().bump(s.w.counters().decode_alone[static_cast<size_t>(*s.decode_alone)]);
     s.pair.prefill->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
     s.pair.prefill.reset();
+    s.phases = PdPhaseClock();  // not P/D: no phase observed
     send_decode();
     return;
   }
@@ -579,6 +590,7 @@ void ProxySession::send_prefill() {
     const auto self = session->shared_from_this();
     self->node_answered(Leg::kPrefill, self->s_->prefill_call.get());
     self->s_->prefill_status = status;
+    if (self->s_->req.trace) self->s_->req.trace->leg_answered(tracing::TraceLeg::kPrefill, status);
     // Only an error answer is relayed (relay_upstream_error): a 2xx one's type is not kept.
     if (status < 200 || status >= 300) self->s_->prefill_content_type = header_value(headers, "Content-Type");
   };
@@ -623,9 +635,15 @@ void ProxySession::send_prefill() {
   move_to(RequestState::kPrefillSent);
   const SteadyClock::time_point sent_at = SteadyClock::now();
   s.prefill_sent_at = sent_at;
+  s.phases.prefill_sent(sent_at);
   s.prefill_timed = true;
-  s.prefill_call = s.w.upstream().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill), timeouts,
-                                       std::move(cb));
+  if (s.req.trace) {
+    s.req.trace->leg_started(tracing::TraceLeg::kPrefill, s.pair.prefill->http_address, s.legs.prefill.path,
+                             s.w.node_tls(s.pair.prefill->http_address) != nullptr, &s.legs.prefill.headers);
+  }
+  s.prefill_call = s.w.upstream().start(s.pair.prefill->http_address,
+                                       to_upstream(s.legs.prefill, s.w.node_tls(s.pair.prefill->http_address)),
+                                       timeouts, std::move(cb));
   // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
   // trickling bytes is cut there too (security review #19).
   s.prefill_deadline = sent_at + s.topo->timeouts.prefill;
@@ -673,6 +691,9 @@ void ProxySession::on_prefill_complete() {
   s.prefill_timer.stop();
   orphan_done();
   const int status = s.prefill_status;
+  if (status >= 200 && status < 300) {
+    s.phases.prefill_answered(s.legs.plan.dialect, s.w.counters().pd_phases, SteadyClock::now());
+  }
   if (finished() || (s.legs.plan.concurrent && s.state == RequestState::kStreaming)) {
     // The decode already answers the client, so its KV arrived; a late prefill error changes
     // nothing but is worth a log line (PROTOCOLS.md Implications 8).
@@ -720,6 +741,7 @@ void ProxySession::on_prefill_complete() {
 void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   State& s = *s_;
   if (finished()) return;
+  if (s.req.trace) s.req.trace->leg_failed(tracing::TraceLeg::kPrefill, to_string(cause));
   leg_ended(Leg::kPrefill);
   s.w.counters().leg_failed(Leg::kPrefill, cause);
   if (s.prefill_call) {
@@ -735,6 +757,7 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   }
   if (may_log(s.w)) pdr::log::warn("request {}: {}", s.legs.plan.request_id, detail);
   if (s.decode_call) {  // concurrent dialects: the decode waits for KV that will not come
+    if (s.pair.decode) abort_leg_on_node(s.w, *s.pair.decode, s.req.path, s.legs.plan.request_id);
     s.decode_call->cancel();
     s.decode_call.reset();
   }
@@ -767,6 +790,7 @@ void ProxySession::send_decode() {
   s.stall_timer.stop();
   s.head_timer.stop();
   s.decode_sent_at = SteadyClock::now();
+  s.phases.decode_sent(s.decode_sent_at);
   s.decode_timed = true;
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.first_byte,
                                   s.topo->timeouts.stream_idle};
@@ -802,8 +826,13 @@ void ProxySession::send_decode() {
   move_to(RequestState::kDecodeSent);
   if (s.req.log_record) s.decode_key = s.pair.decode->key;
   // The leg stays as it is (unrendered): a kDecodeOnly retry resends it to another decode.
-  s.decode_call = s.w.upstream().start(s.pair.decode->http_address, to_upstream(s.legs.decode), timeouts,
-                                      std::move(cb));
+  if (s.req.trace) {
+    s.req.trace->leg_started(tracing::TraceLeg::kDecode, s.pair.decode->http_address, s.legs.decode.path,
+                             s.w.node_tls(s.pair.decode->http_address) != nullptr, &s.legs.decode.headers);
+  }
+  s.decode_call = s.w.upstream().start(s.pair.decode->http_address,
+                                      to_upstream(s.legs.decode, s.w.node_tls(s.pair.decode->http_address)),
+                                      timeouts, std::move(cb));
 }
 
 void ProxySession::leg_ended(Leg leg) {
@@ -811,6 +840,7 @@ void ProxySession::leg_ended(Leg leg) {
   bool& open = leg == Leg::kPrefill ? s.prefill_timed : s.decode_timed;
   if (!open) return;
   open = false;
+  if (s.req.trace) s.req.trace->leg_ended(trace_leg(leg));
   const SteadyClock::time_point sent_at = leg == Leg::kPrefill ? s.prefill_sent_at : s.decode_sent_at;
   s.w.counters().leg_duration[static_cast<size_t>(leg)].record(SteadyClock::now() - sent_at);
 }
@@ -845,6 +875,7 @@ void ProxySession::node_failed(Leg leg, const UpstreamPort::Call* call) {
 void ProxySession::on_decode_head(int status, const std::vector<http::Header>& headers) {
   State& s = *s_;
   if (finished()) return;
+  if (s.req.trace) s.req.trace->leg_answered(tracing::TraceLeg::kDecode, status);
   s.decode_status = status;
   s.decode_content_type = header_value(headers, "Content-Type");
   if (status < 200 || status >= 300) return;  // body collected, judged on completion
@@ -881,6 +912,7 @@ bool ProxySession::start_client_stream() {
   out.push_back({"Content-Type", std::move(s.decode_content_type)});
   out.push_back({"X-Request-Id", s.legs.plan.request_id});
   out.push_back({"Cache-Control", "no-cache"});
+  if (s.req.trace) s.req.trace->response_status(s.decode_status);
   if (!s.writer.start_stream(s.decode_status, std::move(out))) {
     on_client_gone();
     return false;
@@ -895,6 +927,9 @@ bool ProxySession::start_client_stream() {
 void ProxySession::on_decode_body(std::string_view chunk) {
   State& s = *s_;
   if (finished()) return;
+  if (s.decode_status >= 200 && s.decode_status < 300) {
+    s.phases.decode_bytes(s.legs.plan.dialect, s.sse, s.w.counters().pd_phases, SteadyClock::now());
+  }
   if (s.sse) {
     // Relay whole events only, holding back a partial one, so that an error event added after a
     // failure never lands inside an event (and clients never see half an event first). Event
@@ -946,6 +981,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     s.bytes_out += out.size();
     if (s.want_usage) proto::scan_usage(out, &s.usage);
     if (s.responses) s.responses->observe(out);
+    if (s.req.trace) s.req.trace->answer_bytes(out);
     if (from_tail != 0) {
       s.sse_tail.erase(0, from_tail);
       s.sse_scan.consumed(from_tail);
@@ -1048,6 +1084,7 @@ void ProxySession::on_decode_complete() {
   s.decode_call.reset();
   const int status = s.decode_status;
   if (status >= 200 && status < 300) {
+    s.phases.decode_answered(s.legs.plan.dialect, s.w.counters().pd_phases, SteadyClock::now());
     if (s.multi_turn && !s.sse) s.multi_turn->on_decode_json(s.decode_body);
     if (s.want_usage) proto::scan_usage(s.sse ? s.sse_tail : s.decode_body, &s.usage);
     // The decode's kv_transfer_params (read by multi_turn above) never reach the client.
@@ -1072,6 +1109,10 @@ void ProxySession::on_decode_complete() {
       response.headers.push_back(
           {"Content-Type", s.decode_content_type.empty() ? "application/json" : std::move(s.decode_content_type)});
       response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
+      if (s.req.trace) {
+        s.req.trace->answer_bytes(s.decode_body);
+        s.req.trace->response_status(status);
+      }
       response.body = std::move(s.decode_body);
       s.first_byte_at = SteadyClock::now();
       s.w.counters().time_to_first_byte.record(*s.first_byte_at - s.req.arrived_at);
@@ -1104,6 +1145,7 @@ void ProxySession::refuse_kv_params() {
 void ProxySession::decode_failed(LegFailure cause, std::string detail) {
   State& s = *s_;
   if (finished()) return;
+  if (s.req.trace) s.req.trace->leg_failed(tracing::TraceLeg::kDecode, to_string(cause));
   leg_ended(Leg::kDecode);
   s.w.counters().leg_failed(Leg::kDecode, cause);
   if (may_log(s.w)) pdr::log::warn("request {}: {}", s.legs.plan.request_id, detail);
@@ -1149,6 +1191,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
     }
     case DecodeRetry::kWholePair:
       if (s.prefill_call) {
+        if (s.pair.prefill) abort_leg_on_node(s.w, *s.pair.prefill, s.req.path, s.legs.plan.request_id);
         s.prefill_call->cancel();
         s.prefill_call.reset();
       }
@@ -1172,6 +1215,7 @@ void ProxySession::relay_upstream_error(int status, const std::string& content_t
   response.headers = {{"Content-Type", content_type.empty() ? "application/json" : content_type},
                       {"X-Request-Id", s.legs.plan.request_id}};
   response.body = body;
+  if (s.req.trace) s.req.trace->response_status(status);
   send_answer(s.writer, std::move(response), &s.client_status, &s.bytes_out);
   end(RequestState::kDone);
 }
@@ -1183,6 +1227,7 @@ void ProxySession::fail(int status, std::string_view message, std::string_view c
     end_stream_with_error(status, message, code);
     return;
   }
+  if (s.req.trace) s.req.trace->response_status(status);
   http::Response response =
       api_error_response(s.req.path, status, message, status == 400 ? "invalid_request_error" : "server_error", code);
   if (!s.legs.plan.request_id.empty()) response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
@@ -1227,11 +1272,14 @@ void ProxySession::close_legs() {
     s.tokenize_call.reset();
     s.w.counters().bump(s.w.counters().cache_tokenize[static_cast<size_t>(TokenizeResult::kCancelled)]);
   }
+  // A leg still in flight is aborted by its closed connection, and by id on a tokens-only node.
   if (s.prefill_call) {
+    if (s.pair.prefill) abort_leg_on_node(s.w, *s.pair.prefill, s.req.path, s.legs.plan.request_id);
     s.prefill_call->cancel();
     s.prefill_call.reset();
   }
   if (s.decode_call) {
+    if (s.pair.decode) abort_leg_on_node(s.w, *s.pair.decode, s.req.path, s.legs.plan.request_id);
     s.decode_call->cancel();
     s.decode_call.reset();
   }
@@ -1251,6 +1299,7 @@ void ProxySession::end(RequestState final_state) {
   s.ended = true;
   move_to(final_state);
   hand_over_record(final_state);
+  if (s.req.trace) s.req.trace->finish(to_string(final_state));
   const size_t outcome = final_state == RequestState::kDone ? 0 : final_state == RequestState::kFailed ? 1 : 2;
   s.w.counters().request_duration[outcome].record(SteadyClock::now() - s.req.arrived_at);
   s.stall_timer.stop();

@@ -13,7 +13,8 @@
 //
 // What each event does, in every state:
 //  - client disconnect: every open leg is closed at once (that is how vLLM aborts a request and
-//    frees its KV blocks; there is no abort endpoint) -> CANCELLED.
+//    frees its KV blocks) -> CANCELLED; a tokens-in leg open on a node started with vLLM's
+//    --tokens-only is also aborted by id with its POST /abort_requests (abort_requests.h).
 //  - prefill error, 5xx or timeout: in concurrent dialects the decode leg is closed at once;
 //    then a new pair with fresh ids (request id, transfer id, bootstrap room) and a prefill not
 //    tried before, within retries.prefill_attempts; stale kv_transfer_params are never reused.
@@ -71,6 +72,7 @@
 #include "router/clients/access_record.h"
 #include "router/clients/tenant_registry.h"
 #include "router/proxy/proxy_shared.h"
+#include "router/tracing/request_trace.h"
 
 namespace pdr::router::proxy {
 
@@ -99,6 +101,8 @@ struct AdmittedRequest {
   // With the access log on: the request's record as ProxyService knew it (client, tenant, path,
   // trace id, bytes in); the session completes it and logs it when it ends. Null: log off.
   std::unique_ptr<clients::AccessRecord> log_record;
+  // Its trace (router/tracing/request_trace.h); null when not traced (tracing off, not sampled).
+  std::unique_ptr<tracing::RequestTrace> trace;
 };
 
 class ProxySession : public std::enable_shared_from_this<ProxySession> {

@@ -26,6 +26,7 @@
 #include "router/policies/policy.h"
 #include "router/proxy/conversation_cache.h"
 #include "router/proxy/mooncake_cache.h"
+#include "router/proxy/node_tls.h"
 #include "router/proxy/orphan_legs.h"
 #include "router/proxy/proxy_counters.h"
 #include "router/proxy/timer_queue.h"
@@ -41,6 +42,9 @@ class PrefixTree;
 namespace pdr::router::clients {
 class AccessLog;
 }  // namespace pdr::router::clients
+namespace pdr::router::tracing {
+class Tracer;
+}  // namespace pdr::router::tracing
 
 namespace pdr::router::proxy {
 
@@ -77,6 +81,13 @@ struct ProxyShared {
   // One line per client request (router/clients/access_log.h); owned by main, set before the
   // first request. Null: no access log.
   clients::AccessLog* access_log = nullptr;
+  // TLS to nodes (node_tls.h); null until published (plain HTTP to every node).
+  SnapshotCell<NodeTlsContexts> node_tls{nullptr};
+  // listeners.tls: how pdrouter reaches its own client listener (GET /health_generate), its
+  // certificate pinned (http::TlsClientOptions::pinned); null: plain HTTP.
+  SnapshotCell<http::TlsClientContext> self_tls{nullptr};
+  // Tracing (router/tracing/tracer.h), owned by main; null: off.
+  tracing::Tracer* tracer = nullptr;
 
   // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
   // from the current set's.
@@ -117,6 +128,15 @@ class WorkerContext {
   http::UpstreamPool& pool() { return pool_; }
   UpstreamPort& upstream() { return *upstream_; }
   MooncakeEngineCache& mooncake() { return mooncake_; }
+  // The TLS context of calls to the node at `http_address` (http::UpstreamRequest::tls); null:
+  // plain HTTP (node_tls.h).
+  const std::shared_ptr<const http::TlsClientContext>& node_tls(const proto::HostPort& http_address) {
+    static const std::shared_ptr<const http::TlsClientContext> kPlain;
+    const auto& contexts = node_tls_.get();
+    return contexts ? contexts->for_node(http_address) : kPlain;
+  }
+  // The TLS context of calls to pdrouter's own client listener (ProxyShared::self_tls).
+  const std::shared_ptr<const http::TlsClientContext>& self_tls() { return self_tls_.get(); }
   ModelsCache& models() { return models_; }
   // Leg failures are logged through this: a node down under load fails every request.
   LogLimiter& leg_log() { return leg_log_; }
@@ -154,6 +174,8 @@ class WorkerContext {
   std::shared_ptr<const discovery::RegistrySnapshot> seen_registry_;
   void on_new_registry(const std::shared_ptr<const discovery::RegistrySnapshot>& now);
   SnapshotReader<config::Topology> topology_;
+  SnapshotReader<NodeTlsContexts> node_tls_;
+  SnapshotReader<http::TlsClientContext> self_tls_;
   std::shared_ptr<const config::Topology> policies_topology_;
   std::shared_ptr<PolicySet> policies_;
   std::shared_ptr<const config::Topology> tenants_topology_;
