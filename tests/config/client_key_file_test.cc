@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace pdr::config {
 namespace {
@@ -113,6 +115,31 @@ TEST(ClientKeyFile, ManyKeysOfOneTenantShareIt) {
   EXPECT_EQ(set.keys.size(), 500u);
   EXPECT_EQ(set.tenants.size(), 1u);
   for (int i = 0; i < 500; i += 37) EXPECT_NE(set.find("sk-key-0123456789-" + std::to_string(i)), nullptr) << i;
+}
+
+TEST(ClientKeyFile, DigestsAreTheSameOnEveryThread) {
+  // Workers hash keys at once, each with its own digest context: a known answer (SHA-256 of
+  // "abc", FIPS 180-2), and the same digest of each key on every thread, interleaved with lookups.
+  EXPECT_EQ(hex(digest_of_key("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  ClientKeySet set;
+  ASSERT_TRUE(parse_client_key_file(std::string(kKeyA) + " a\n" + std::string(kKeyB) + " b\n", &set).is_ok());
+  std::vector<KeyDigest> expected;
+  for (int i = 0; i < 200; ++i) expected.push_back(digest_of_key("sk-thread-key-" + std::to_string(i)));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < mismatches.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (int i = 0; i < 200; ++i) {
+          if (digest_of_key("sk-thread-key-" + std::to_string(i)) != expected[i]) ++mismatches[t];
+        }
+        const std::string* a = set.find(kKeyA);
+        if (a == nullptr || *a != "a" || set.find("sk-not-a-key-0123456789") != nullptr) ++mismatches[t];
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int m : mismatches) EXPECT_EQ(m, 0);
 }
 
 TEST(ClientKeyFile, TenantNames) {
