@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/admission.h"
+#include "config/client_key_file.h"
 #include "proto/curve_keys.h"
 #include "proto/address.h"
 #include "proto/discovery_message.h"
@@ -216,6 +217,46 @@ struct Topology {
     std::string api_key_file;  // or source: file path
     bool protect_status = false;  // GET /status requires the admin key as /admin/* does
   } admin;
+
+  // Client API keys (router/clients/client_gate.h). With keys_file set, every client endpoint but
+  // /health and /ready needs one of the file's keys as `Authorization: Bearer <key>` or
+  // `x-api-key: <key>` (401 otherwise), and the key names the request's tenant. The file
+  // (config/client_key_file.h) is read with the topology and reread when it changes; only the
+  // keys' SHA-256 digests are kept.
+  struct ClientAuth {
+    std::string keys_file;  // "" = no client authentication (the default)
+    std::string keys_path;  // keys_file as opened (a relative one resolved beside the topology file)
+    ClientKeySet keys;      // resolved from keys_file
+    // With keys: the client's credential also goes on to the nodes (Authorization, or an
+    // Anthropic client's x-api-key as a Bearer token) when connectors.upstream_api_key is unset.
+    // Off: the nodes never see a client's key.
+    bool forward_client_key = false;
+    bool enabled() const { return !keys_file.empty(); }
+  } client_auth;
+
+  // Per-tenant limits (router/clients/tenant_registry.h). 0 = no limit.
+  struct TenantLimits {
+    uint32_t requests_per_second = 0;  // token bucket over requests passing the key check
+    uint32_t burst = 0;                // requests back to back; 0 = requests_per_second
+    uint32_t tokens_per_minute = 0;    // prompt + max_tokens reserved at admission, settled from usage
+    uint32_t max_in_flight = 0;        // P/D and one-node requests of the tenant at once
+    bool operator==(const TenantLimits&) const = default;
+  };
+  struct Tenants {
+    // Without client keys: the request header naming a request's tenant (lower case; "" = none:
+    // every keyless request is the tenant "default"). Ignored with client keys (the key names it).
+    std::string header;
+    TenantLimits defaults;  // of every tenant without an entry in `limits`
+    // Per tenant, sorted by name; fields not written take `defaults`' values.
+    std::vector<std::pair<std::string, TenantLimits>> limits;
+    const TenantLimits& limits_of(std::string_view tenant) const;
+  } tenants;
+
+  // One JSON line per client request (router/clients/access_log.h).
+  struct AccessLog {
+    std::string path;                  // "" = off; "stderr" = pdrouter's standard error
+    uint32_t max_queued_lines = 8192;  // lines waiting for the writer; more are dropped (counted)
+  } access_log;
 
   // Subscription to the nodes' vLLM KV cache events (router/cache/kv_events_subscriber.h).
   struct KvEvents {

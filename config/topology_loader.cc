@@ -21,6 +21,7 @@
 #include "config/instance_spec.h"
 #include "config/topology.h"
 #include "config/topology_addresses.h"
+#include "config/topology_clients.h"
 #include "config/topology_secrets.h"
 #include "config/topology_tls.h"
 #include "config/topology_warnings.h"
@@ -796,6 +797,9 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   r.with("routing", [&](const Field& f) { return read_routing(src, f, &t.routing); });
   r.with("registry", [&](const Field& f) { return read_registry(src, f, &t.registry); });
   r.with("kubernetes", [&](const Field& f) { return read_kubernetes(src, f, &t.kubernetes); });
+  r.with("client_auth", [&](const Field& f) { return read_client_auth(src, f, &t.client_auth); });
+  r.with("tenants", [&](const Field& f) { return read_tenants(src, f, &t.tenants); });
+  r.with("access_log", [&](const Field& f) { return read_access_log(src, f, &t.access_log); });
   // After connectors: instance defaults come from there.
   r.with("instances", [&](const Field& f) {
     return read_instances(src, f, t.connectors, &t.static_instances, &t.connectors.tls_by_node);

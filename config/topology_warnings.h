@@ -8,6 +8,10 @@
 //
 //   kubernetes.enabled with an http:// api_server and a token_file: the bearer token (by
 //   default the service account's) travels in clear on every list and watch.
+//
+//   client_auth.keys_file with no key (every client request is refused), tenants.header with
+//   client keys (ignored: the key names the tenant), client_auth.forward_client_key with
+//   connectors.upstream_api_key (the router's key replaces the client's anyway).
 #pragma once
 
 #include <string>

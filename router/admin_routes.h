@@ -53,10 +53,13 @@
 #include "discovery/instance.h"
 #include "base/log_limiter.h"
 #include "config/topology_store.h"
-#include "router/admin_throttle.h"
+#include "router/clients/admin_throttle.h"
 #include "http/http_server.h"
 
 namespace pdr::router {
+
+// The guessing throttle admin keys share with client keys (router/clients/admin_throttle.h).
+using clients::AdminThrottle;
 
 // Admin requests by outcome; relaxed atomics, bumped by workers, read by /metrics.
 struct AdminCounters {

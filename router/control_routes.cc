@@ -137,6 +137,8 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   write_kubernetes_metrics(out, context_.pod_watcher);
   proxy::write_engine_metrics_metrics(out);
   proxy::write_health_generate_metrics(out);
+  clients::write_client_metrics(out, context_.client_gate);
+  clients::write_access_log_metrics(out, context_.access_log);
   return http::Response::text(200, out.text(), "text/plain; version=0.0.4; charset=utf-8");
 }
 

@@ -28,6 +28,8 @@
 #include "router/admin_routes.h"
 #include "router/cache/kv_events_subscriber.h"
 #include "router/cache/prefix_tree.h"
+#include "router/clients/access_log.h"
+#include "router/clients/client_gate.h"
 #include "http/http_server.h"
 #include "router/proxy/proxy_counters.h"
 #include "router/etcd/registry_replicator.h"
@@ -68,6 +70,10 @@ struct ControlContext {
   // Kubernetes pod discovery (kubernetes.enabled), else null: /status kubernetes, /metrics
   // pdrouter_kubernetes_*.
   const PodWatcher* pod_watcher = nullptr;
+  // Client keys and tenants (router/clients/client_gate.h) and the access log: /metrics
+  // pdrouter_client_auth_*, pdrouter_tenant_*, pdrouter_access_log_* (zeros when null).
+  const clients::ClientGate* client_gate = nullptr;
+  const clients::AccessLog* access_log = nullptr;
   // TLS contexts (router/tls_contexts.h): /metrics pdrouter_listener_tls_*, pdrouter_tls_reloads_*.
   // Null in tests: those families are written as zeros.
   const TlsContexts* tls = nullptr;

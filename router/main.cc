@@ -24,6 +24,7 @@
 #include "http/tls_client.h"
 #include "router/cache/kv_events_subscriber.h"
 #include "router/cache/prefix_tree.h"
+#include "router/clients/access_log.h"
 #include "router/etcd/registry_replicator.h"
 #include "router/k8s/pod_watcher.h"
 #include "router/proxy/proxy_service.h"
@@ -66,9 +67,15 @@ together.
 Nodes register over ZMQ (DEALER -> our ROUTER) with vLLM's MoRIIO or P2P-NCCL messages, or
 pdrouter's extended format (see proto/DISCOVERY.md); `pdnode register` does it for any node.
 
+Client keys: with client_auth.keys_file in the topology every client route but /health and
+/ready needs one of its keys, as Authorization: Bearer or x-api-key (401 otherwise); each key
+names a tenant, whose limits (tenants:) answer 429 with Retry-After. access_log.path writes one
+JSON line per client request.
+
 Signals: SIGTERM/SIGINT stop gracefully (in-flight requests drain for timeouts.drain_ms);
-SIGHUP reloads the topology file (it is also reloaded when the file changes). A reload that
-fails validation is logged, counted, and the running configuration is kept.
+SIGHUP reloads the topology file and the client key file (both are also reloaded when they
+change) and reopens the access log; SIGUSR1 reopens the access log only (logrotate). A reload
+that fails validation is logged, counted, and the running configuration is kept.
 
 On start pdrouter prints one line to stdout:
   pdrouter listening http=HOST:PORT discovery=ENDPOINT [admin=HOST:PORT]
@@ -175,6 +182,8 @@ struct Process {
   std::unique_ptr<router::RegistryReplicator> replicator;
   // kubernetes.enabled only; destroyed before the discovery service it posts to.
   std::unique_ptr<router::PodWatcher> pod_watcher;
+  // Client request lines (access_log.path); before the proxy services, whose sessions log to it.
+  router::clients::AccessLog access_log;
   // Declared before the server so it outlives the worker threads (their on_worker_stop uses it).
   std::unique_ptr<router::proxy::ProxyService> proxy;
   http::Server server;
@@ -182,7 +191,7 @@ struct Process {
   std::unique_ptr<router::proxy::ProxyService> admin_proxy;
   http::Server admin_server;
   uv_loop_t* loop = nullptr;
-  uv_signal_t sigint{}, sigterm{};
+  uv_signal_t sigint{}, sigterm{}, sigusr1{};
   std::unique_ptr<router::TopologyWatcher> watcher;
   bool stopping = false;
 };
@@ -206,6 +215,21 @@ void on_stop_signal(uv_signal_t* handle, int signum) {
   if (p->watcher) p->watcher->close();
   uv_close(reinterpret_cast<uv_handle_t*>(&p->sigint), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&p->sigterm), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&p->sigusr1), nullptr);
+}
+
+// logrotate's postrotate (as for nginx): the access log is reopened at its configured path.
+void on_reopen_signal(uv_signal_t* handle, int) {
+  auto* p = static_cast<Process*>(handle->data);
+  pdr::log::info("SIGUSR1: reopening the access log");
+  p->access_log.reopen();
+}
+
+// The files a topology reads that the watcher must follow besides itself.
+std::vector<std::string> watched_files(const config::Topology& t) {
+  std::vector<std::string> files;
+  if (!t.client_auth.keys_path.empty()) files.push_back(t.client_auth.keys_path);
+  return files;
 }
 
 int run(Process& p) {
@@ -235,6 +259,14 @@ int run(Process& p) {
                  "can register nodes that receive client traffic", topology.listeners.discovery);
   }
 
+  // Anyone who reaches a client listener beyond this machine may send prompts in any tenant's
+  // name while there are no client keys; the quick start runs so, on purpose.
+  if (!topology.client_auth.enabled() && !proto::names_loopback(topology.listeners.http.host)) {
+    pdr::log::warn("the client listener {} is reachable beyond this machine and client_auth.keys_file is not set: "
+                   "anyone who reaches it can send requests; set client_auth.keys_file (README, Security)",
+                   topology.listeners.http.to_string());
+  }
+
   // Two listeners on one port would both bind (SO_REUSEPORT) and split connections silently.
   if (topology.listeners.admin && topology.listeners.admin->port != 0 &&
       topology.listeners.admin->port == topology.listeners.http.port) {
@@ -254,7 +286,7 @@ int run(Process& p) {
   // delivered to this (the control loop's) thread and never interrupt a worker's system call.
   sigset_t control_signals, previous_mask;
   sigemptyset(&control_signals);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&control_signals, sig);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&control_signals, sig);
   pthread_sigmask(SIG_BLOCK, &control_signals, &previous_mask);
 
   if (Status st = p.discovery.start(discovery::DiscoveryServiceOptions::from(topology)); !st.is_ok()) {
@@ -368,6 +400,8 @@ int run(Process& p) {
   p.prefix_tree = std::make_unique<router::cache::PrefixTree>(topology.policies.cache_aware.prefix_tree_max_bytes,
                                                               topology.policies.cache_aware.prefix_tree_prompt_bytes);
   p.proxy->use_cache(p.block_index.get(), p.prefix_tree.get());
+  p.access_log.configure(topology.access_log.path, topology.access_log.max_queued_lines);
+  p.proxy->use_access_log(&p.access_log);
   server_opts.on_worker_stop = [proxy = p.proxy.get()](uint32_t worker) { proxy->worker_stopped(worker); };
   server_opts.body_budget = p.proxy.get();  // bodies charged to limits.max_buffered_bytes as they are read
   router::ControlContext control;
@@ -387,6 +421,8 @@ int run(Process& p) {
   control.prefix_tree = p.prefix_tree.get();
   control.replicator = p.replicator.get();
   control.pod_watcher = p.pod_watcher.get();
+  control.client_gate = &p.proxy->gate();
+  control.access_log = &p.access_log;
   control.tls = &p.tls;
   control.tracer = p.tracer.get();
   // The routes show the bound port, known only after start(): they are published just after it,
@@ -473,22 +509,29 @@ int run(Process& p) {
     config::Topology effective = new_t;
     (void)apply_overrides(p.cli, &effective);  // validated at start-up
     p.discovery.apply_topology(effective);
+    // A reload (SIGHUP) also reopens the access log; a changed key file path is watched.
+    p.access_log.configure(new_t.access_log.path, new_t.access_log.max_queued_lines);
+    p.access_log.reopen();
+    if (p.watcher) p.watcher->watch_also(watched_files(new_t));
     p.tls.reload(new_t);  // renewed certificates: new handshakes use them
     pdr::log::info("topology reloaded from {} ({} static instances)", p.topology.path(),
                  new_t.static_instances.size());
   });
 
   p.loop = uv_default_loop();
-  p.sigint.data = p.sigterm.data = &p;
+  p.sigint.data = p.sigterm.data = p.sigusr1.data = &p;
   uv_signal_init(p.loop, &p.sigint);
   uv_signal_init(p.loop, &p.sigterm);
+  uv_signal_init(p.loop, &p.sigusr1);
   uv_signal_start(&p.sigint, on_stop_signal, SIGINT);
   uv_signal_start(&p.sigterm, on_stop_signal, SIGTERM);
+  uv_signal_start(&p.sigusr1, on_reopen_signal, SIGUSR1);
   p.watcher = std::make_unique<router::TopologyWatcher>(p.loop, p.topology);
   if (Status wst = p.watcher->start(); !wst.is_ok()) {
     // Still serving; SIGHUP-free operation only loses live reload, which the log says.
     pdr::log::error("topology: live reload disabled: {}", wst.message());
   }
+  p.watcher->watch_also(watched_files(*p.topology.current()));
   pthread_sigmask(SIG_SETMASK, &previous_mask, nullptr);  // handlers are in place: let them in
   // Announce readiness last: once this line is out, every listener, the reload watcher and the
   // signal handlers are armed, so a client or a file change that follows it is never missed.

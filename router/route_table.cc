@@ -7,6 +7,7 @@
 
 #include "http/json_error.h"
 #include "http/request_path.h"
+#include "router/clients/client_gate.h"
 #include "router/control_routes.h"
 #include "router/proxy/client_api.h"
 #include "router/proxy/proxy_service.h"
@@ -33,27 +34,27 @@ void debug_cache(const Endpoints& e, http::Request&& request, http::ResponseWrit
 }
 
 void completions(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
-  e.proxy->admit(request, writer);
+  e.proxy->admit(request, writer, e.client);
 }
 
 void models(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
-  e.proxy->models(request, std::move(writer));
+  e.proxy->models(request, std::move(writer), e.client);
 }
 
 void render(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
-  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kRender);
+  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kRender, e.client);
 }
 
 void audio(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
-  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kAudio);
+  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kAudio, e.client);
 }
 
 void any_node(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
-  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kAnyNode);
+  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kAnyNode, e.client);
 }
 
 void pooling(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
-  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kPooling);
+  e.proxy->one_node(request, std::move(writer), proxy::OneNodeClass::kPooling, e.client);
 }
 
 void ready(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
@@ -117,50 +118,50 @@ constexpr Listener kAdmin = Listener::kAdmin;
 constexpr Listener kBoth = Listener::kBoth;
 
 constexpr std::array kRoutes = {
-    Route{"POST", "/v1/completions", kClient, Guard::kNone, Refusals::kProxy,
+    Route{"POST", "/v1/completions", kClient, Guard::kClientKey, Refusals::kProxy,
           "OpenAI completion, split into a prefill and a decode leg", &completions},
-    Route{"POST", "/v1/chat/completions", kClient, Guard::kNone, Refusals::kProxy,
+    Route{"POST", "/v1/chat/completions", kClient, Guard::kClientKey, Refusals::kProxy,
           "OpenAI chat completion, split into legs the same way", &completions},
-    Route{"POST", "/inference/v1/generate", kClient, Guard::kNone, Refusals::kProxy,
+    Route{"POST", "/inference/v1/generate", kClient, Guard::kClientKey, Refusals::kProxy,
           "vLLM tokens in, tokens out (a render answer + sampling_params), split into legs the same way",
           &completions},
-    Route{"GET", "/v1/models", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"GET", "/v1/models", kClient, Guard::kClientKey, Refusals::kUncounted,
           "a decode node's model list (cached 5 s)", &models},
-    Route{"POST", "/v1/chat/completions/render", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/v1/chat/completions/render", kClient, Guard::kClientKey, Refusals::kUncounted,
           "chat prompt to token ids + features: one node (serves=render first), streamed", &render},
-    Route{"POST", "/v1/completions/render", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/v1/completions/render", kClient, Guard::kClientKey, Refusals::kUncounted,
           "completion prompt to token ids: one node (serves=render first), streamed", &render},
-    Route{"POST", "/tokenize", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/tokenize", kClient, Guard::kClientKey, Refusals::kUncounted,
           "vLLM's tokenizer, one node", &any_node},
-    Route{"POST", "/detokenize", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/detokenize", kClient, Guard::kClientKey, Refusals::kUncounted,
           "vLLM's detokenizer, one node", &any_node},
-    Route{"POST", "/v1/embeddings", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/v1/embeddings", kClient, Guard::kClientKey, Refusals::kUncounted,
           "one node labelled serves=pooling, else 501", &pooling},
-    Route{"POST", "/pooling", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/pooling", kClient, Guard::kClientKey, Refusals::kUncounted,
           "one node labelled serves=pooling, else 501", &pooling},
-    Route{"POST", "/classify", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/classify", kClient, Guard::kClientKey, Refusals::kUncounted,
           "one node labelled serves=pooling, else 501", &pooling},
-    Route{"POST", "/score", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/score", kClient, Guard::kClientKey, Refusals::kUncounted,
           "one node labelled serves=pooling, else 501", &pooling},
-    Route{"POST", "/rerank", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/rerank", kClient, Guard::kClientKey, Refusals::kUncounted,
           "one node labelled serves=pooling, else 501", &pooling},
-    Route{"POST", "/v1/rerank", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/v1/rerank", kClient, Guard::kClientKey, Refusals::kUncounted,
           "one node labelled serves=pooling, else 501", &pooling},
-    Route{"POST", "/v1/score", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/v1/score", kClient, Guard::kClientKey, Refusals::kUncounted,
           "one node labelled serves=pooling, else 501", &pooling},
-    Route{"POST", "/v1/audio/**", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/v1/audio/**", kClient, Guard::kClientKey, Refusals::kUncounted,
           "transcriptions, translations: one node labelled serves=audio, else 501", &audio},
-    Route{"POST", "/v1/responses", kClient, Guard::kNone, Refusals::kProxy,
+    Route{"POST", "/v1/responses", kClient, Guard::kClientKey, Refusals::kProxy,
           "OpenAI Responses API, split into legs (prefill max_output_tokens 1)", &completions},
-    Route{"POST", "/v1/messages", kClient, Guard::kNone, Refusals::kProxy,
+    Route{"POST", "/v1/messages", kClient, Guard::kClientKey, Refusals::kProxy,
           "Anthropic Messages API, split into legs like chat (501 with SGLang)", &completions},
-    Route{"POST", "/v1/messages/count_tokens", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"POST", "/v1/messages/count_tokens", kClient, Guard::kClientKey, Refusals::kUncounted,
           "Anthropic Messages API token count, one node", &any_node},
     Route{"GET", "/ready", kClient, Guard::kNone, Refusals::kUncounted,
           "200 only when a compatible P/D pair is up (readiness probe)", &ready},
     Route{"GET", "/health", kBoth, Guard::kNone, Refusals::kUncounted,
           "200 while the process is up (liveness probe)", &health},
-    Route{"GET", "/health_generate", kClient, Guard::kNone, Refusals::kUncounted,
+    Route{"GET", "/health_generate", kClient, Guard::kClientKey, Refusals::kUncounted,
           "one 1-token completion through one real pair: 200, or 503 naming the failing leg", &health_generate},
     Route{"GET", "/status", kAdmin, Guard::kNone, Refusals::kUncounted,
           "the live registry as JSON (admin key with admin.protect_status)", &status},
@@ -222,6 +223,7 @@ bool admitted(Guard guard, const Endpoints& e, const http::Request& request, htt
     case Guard::kNone: return true;
     case Guard::kAdminKey: return e.control->admin().admit(request, writer);
     case Guard::kAdminKeyProfile: return e.control->admin().admit_profile(request, writer);
+    case Guard::kClientKey: return true;  // dispatch() runs it: it has an identity to hand on
   }
   return true;
 }
@@ -328,7 +330,14 @@ void RouteTable::dispatch(Surface surface, const Endpoints& endpoints, http::Req
     writer.send(not_found(request));
     return;
   }
-  if (!admitted(found.resource->guard, endpoints, request, writer)) return;
+  Endpoints handler_endpoints = endpoints;
+  clients::ClientIdentity client;
+  if (found.resource->guard == Guard::kClientKey && endpoints.proxy != nullptr) {
+    if (!endpoints.proxy->authenticate(request, writer, &client)) return;
+    handler_endpoints.client = &client;
+  } else if (!admitted(found.resource->guard, endpoints, request, writer)) {
+    return;
+  }
   if (found.route == nullptr) {
     http::Response response = method_not_allowed(request, allow(surface, request.path));
     switch (found.resource->refusals) {
@@ -342,7 +351,7 @@ void RouteTable::dispatch(Surface surface, const Endpoints& endpoints, http::Req
     return;
   }
   // found.param views request.path, which the handler may move.
-  found.route->handler(endpoints, std::move(request), std::move(writer), found.param);
+  found.route->handler(handler_endpoints, std::move(request), std::move(writer), found.param);
 }
 
 std::string RouteTable::help_text() const {

@@ -37,6 +37,9 @@ namespace pdr::router {
 namespace proxy {
 class ProxyService;
 }
+namespace clients {
+struct ClientIdentity;
+}
 class ControlRoutes;
 
 // Where a route is served once listeners.admin splits the endpoints over two listeners.
@@ -58,6 +61,10 @@ enum class Guard : uint8_t {
   kNone,
   kAdminKey,         // AdminRoutes::admit: 401/403/429 as /admin/*
   kAdminKeyProfile,  // AdminRoutes::admit_profile: the above, then the profile body cap (413)
+  // ProxyService::authenticate: the client key (client_auth.keys_file; 401/429) and the tenant's
+  // request rate (429); the handler gets who the client is (Endpoints::client). Every client
+  // endpoint but the probes (/health, /ready) has it.
+  kClientKey,
 };
 
 // Where a 405 on the path is counted.
@@ -71,6 +78,8 @@ enum class Refusals : uint8_t {
 struct Endpoints {
   const ControlRoutes* control = nullptr;
   proxy::ProxyService* proxy = nullptr;
+  // Set by dispatch() for a route guarded by kClientKey, for its handler; null otherwise.
+  const clients::ClientIdentity* client = nullptr;
 };
 
 // `param`: the text of the path's "{name}" segment ("" without one); it views request.path,

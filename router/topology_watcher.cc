@@ -5,7 +5,9 @@
 
 #include <csignal>
 #include <exception>
+#include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -42,6 +44,17 @@ struct TopologyWatcher::Impl {
   std::string file_name;
 
   uv_fs_event_t fs_event{};
+  // watch_also(): one watch per further directory (stable addresses: the handles live in them).
+  struct ExtraDirectory {
+    Impl* impl = nullptr;
+    std::string directory;
+    std::vector<std::string> names;  // the listed files in it
+    uv_fs_event_t handle{};
+    bool initialized = false;
+  };
+  std::vector<std::unique_ptr<ExtraDirectory>> extra_directories;
+  std::vector<std::string> extra_files;          // as listed, for the settle check
+  std::vector<std::string> topology_dir_extras;  // listed files in the topology's own directory
   uv_timer_t debounce{};
   uv_signal_t sighup{};
   bool started = false;
@@ -60,16 +73,29 @@ struct TopologyWatcher::Impl {
   std::optional<FileSignature> last_signature;
   int settle_rounds = 0;
 
-  FileSignature signature() const {
+  static FileSignature signature_of(const std::string& path) {
     FileSignature sig;
     uv_fs_t req;
-    if (uv_fs_stat(nullptr, &req, store.path().c_str(), nullptr) == 0) {
+    if (uv_fs_stat(nullptr, &req, path.c_str(), nullptr) == 0) {
       sig.size = static_cast<int64_t>(req.statbuf.st_size);
       sig.mtime_sec = req.statbuf.st_mtim.tv_sec;
       sig.mtime_nsec = req.statbuf.st_mtim.tv_nsec;
       sig.inode = req.statbuf.st_ino;
     }
     uv_fs_req_cleanup(&req);
+    return sig;
+  }
+
+  // The topology file's and every watched file's, folded into one (equal only if all are).
+  FileSignature signature() const {
+    FileSignature sig = signature_of(store.path());
+    for (const std::string& path : extra_files) {
+      const FileSignature more = signature_of(path);
+      sig.size = sig.size * 1000003 + more.size;
+      sig.mtime_sec = sig.mtime_sec * 1000003 + more.mtime_sec;
+      sig.mtime_nsec = sig.mtime_nsec * 1000003 + more.mtime_nsec;
+      sig.inode = sig.inode * 1000003 + more.inode;
+    }
     return sig;
   }
 
@@ -93,7 +119,8 @@ struct TopologyWatcher::Impl {
     // No name: the platform could not say which entry changed, so assume it may be ours.
     if (changed == nullptr) return true;
     // Kubernetes ConfigMap volumes swap a "..data" symlink; the file name itself never changes.
-    return file_name == changed || std::string_view(changed) == "..data";
+    return file_name == changed || std::string_view(changed) == "..data" ||
+           std::find(topology_dir_extras.begin(), topology_dir_extras.end(), changed) != topology_dir_extras.end();
   }
 
   void reload() {
@@ -134,6 +161,52 @@ struct TopologyWatcher::Impl {
                    static_cast<uint64_t>(impl->options.debounce.count()), 0);
   }
 
+  static void on_extra_directory_event(uv_fs_event_t* handle, const char* changed, int /*events*/, int status) {
+    auto* dir = static_cast<ExtraDirectory*>(handle->data);
+    Impl* impl = dir->impl;
+    if (status < 0) {
+      pdr::log::warn("topology watch on {} reported an error: {}", dir->directory, uv_strerror(status));
+      return;
+    }
+    const bool listed = changed == nullptr || std::string_view(changed) == "..data" ||
+                        std::find(dir->names.begin(), dir->names.end(), changed) != dir->names.end();
+    if (!listed) return;
+    uv_timer_start(&impl->debounce, on_debounce_elapsed, static_cast<uint64_t>(impl->options.debounce.count()), 0);
+  }
+
+  void watch_also(const std::vector<std::string>& paths) {
+    extra_files = paths;
+    topology_dir_extras.clear();
+    for (auto& dir : extra_directories) dir->names.clear();
+    for (const std::string& path : paths) {
+      std::string dir_name, file;
+      split_path(path, &dir_name, &file);
+      if (fs_event_initialized && dir_name == directory) {
+        topology_dir_extras.push_back(file);  // the topology's own watch hears it
+        continue;
+      }
+      ExtraDirectory* dir = nullptr;
+      for (auto& d : extra_directories) {
+        if (d->directory == dir_name) dir = d.get();
+      }
+      if (dir == nullptr) {
+        auto made = std::make_unique<ExtraDirectory>();
+        made->impl = this;
+        made->directory = dir_name;
+        uv_fs_event_init(loop, &made->handle);
+        made->handle.data = made.get();
+        made->initialized = true;
+        if (const int rc = uv_fs_event_start(&made->handle, on_extra_directory_event, dir_name.c_str(), 0); rc < 0) {
+          pdr::log::warn("topology: cannot watch {} for changes to {} ({}); SIGHUP rereads it", dir_name, path,
+                         uv_strerror(rc));
+        }
+        dir = made.get();
+        extra_directories.push_back(std::move(made));
+      }
+      dir->names.push_back(file);
+    }
+  }
+
   static void on_sighup(uv_signal_t* handle, int /*signum*/) {
     pdr::log::info("SIGHUP: reloading topology");
     static_cast<Impl*>(handle->data)->reload();
@@ -141,6 +214,11 @@ struct TopologyWatcher::Impl {
 
   static void on_handle_closed(uv_handle_t* handle) {
     auto* impl = static_cast<Impl*>(handle->data);
+    if (--impl->handles_closing == 0) delete impl;
+  }
+
+  static void on_extra_handle_closed(uv_handle_t* handle) {
+    Impl* impl = static_cast<ExtraDirectory*>(handle->data)->impl;
     if (--impl->handles_closing == 0) delete impl;
   }
 
@@ -156,6 +234,12 @@ struct TopologyWatcher::Impl {
     close_handle(reinterpret_cast<uv_handle_t*>(&fs_event), &fs_event_initialized);
     close_handle(reinterpret_cast<uv_handle_t*>(&debounce), &debounce_initialized);
     close_handle(reinterpret_cast<uv_handle_t*>(&sighup), &sighup_initialized);
+    for (auto& dir : extra_directories) {
+      if (!dir->initialized) continue;
+      dir->initialized = false;
+      ++handles_closing;
+      uv_close(reinterpret_cast<uv_handle_t*>(&dir->handle), on_extra_handle_closed);
+    }
     if (handles_closing == 0) delete this;
   }
 
@@ -200,6 +284,10 @@ Status TopologyWatcher::start() {
   Status s = impl_->start();
   if (!s) close();
   return s;
+}
+
+void TopologyWatcher::watch_also(const std::vector<std::string>& paths) {
+  if (impl_ != nullptr) impl_->watch_also(paths);
 }
 
 void TopologyWatcher::close() {

@@ -8,7 +8,9 @@
 // `cp`) is read once it has finished, not half-way (TopologyStore also
 // refuses an empty file). A file still changing after max_settle_rounds is read anyway. SIGHUP
 // (uv_signal) reloads at once. The reload itself is TopologyStore::reload() (validate in full,
-// publish or keep the old value).
+// publish or keep the old value). Files the topology names (watch_also: the client key file) are
+// watched the same way, their directories too; a change to one reloads the topology, which
+// rereads them, and the settle check covers them as well.
 //
 // Threads: everything, including construction and destruction, runs on the loop's thread. Reloads
 // and the after_reload callback run inside that loop's callbacks.
@@ -18,6 +20,8 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "base/status.h"
 
@@ -51,6 +55,12 @@ class TopologyWatcher {
   // SIGHUP is watched (a reload then reports there is nothing to re-read). Errors carry libuv's
   // message (e.g. the directory does not exist); on error nothing stays started.
   Status start();
+
+  // The files the current topology reads besides itself (absolute, or relative to the working
+  // directory); replaces the previous list. Their directories are watched from now on (a
+  // directory once watched stays watched until close(); events for names no longer listed are
+  // ignored). A directory that cannot be watched is logged: its file is then reread on SIGHUP.
+  void watch_also(const std::vector<std::string>& paths);
 
   // Stops watching and uv_close()s the handles. Idempotent.
   void close();

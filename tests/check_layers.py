@@ -21,16 +21,18 @@ ALLOWED = {
     "loadgen": {"base", "proto", "http"},
 }
 # Inside router/: the policies and the KV block index know nothing of requests; the proxy (the
-# request path) uses them and the tracer; the etcd replicator mirrors the proxy's conversation
-# cache; router/'s own files wire everything together and no sub-folder includes them.
+# request path) uses them, the tracer and the client gate (keys, tenants, access log); the etcd
+# replicator mirrors the proxy's conversation cache; router/'s own files wire everything together
+# and no sub-folder includes them.
 ROUTER = {
-    "": {"proxy", "policies", "cache", "tracing", "etcd", "k8s"},
-    "proxy": {"policies", "cache", "tracing"},
+    "": {"proxy", "policies", "cache", "tracing", "etcd", "k8s", "clients"},
+    "proxy": {"policies", "cache", "tracing", "clients"},
     "etcd": {"proxy"},
     "cache": {"policies"},
     "tracing": {"policies"},
     "policies": set(),
     "k8s": set(),
+    "clients": set(),
 }
 INCLUDE = re.compile(r'\s*#\s*include\s+"([A-Za-z0-9_]+)/')
 ROUTER_INCLUDE = re.compile(r'\s*#\s*include\s+"router/([^"]+)"')

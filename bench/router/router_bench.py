@@ -161,12 +161,13 @@ def free_ports(hosts):
             sock.close()
 
 
-def http_request(addr, method, path, body=None, timeout=5):
+def http_request(addr, method, path, body=None, timeout=5, headers=None):
     host, port = addr.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+        all_headers = {"Content-Type": "application/json"} if body is not None else {}
+        all_headers.update(headers or {})
+        conn.request(method, path, body=None if body is None else json.dumps(body), headers=all_headers)
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -243,10 +244,12 @@ def wait_up(checks, nginxes, router, timeout=15):
         time.sleep(0.05)
 
 
-def check_answers(targets, streaming=True):
-    """One request of each kind through each (name, addr), checked by hand."""
+def check_answers(targets, streaming=True, router_headers=None):
+    """One request of each kind through each (name, addr), checked by hand; `router_headers` go
+    to pdrouter (its client key)."""
     for name, addr in targets:
-        status, body = http_request(addr, "POST", "/v1/completions", COMPLETION)
+        headers = router_headers if name == "pdrouter" else None
+        status, body = http_request(addr, "POST", "/v1/completions", COMPLETION, headers=headers)
         try:
             ok = status == 200 and json.loads(body).get("choices")
         except ValueError:
@@ -261,12 +264,43 @@ def check_answers(targets, streaming=True):
                                    % (name, status, body[:300]))
 
 
+# The "clients" setup's pdrouter: a client key, tenant limits that never refuse (their buckets and
+# in-flight counts still run for every request) and the access log to a file.
+BENCH_KEY = "sk-bench-4c1e8a2f6b9d3e70"
+CLIENTS_TOPOLOGY = """\
+client_auth:
+  keys_file: {keys}
+tenants:
+  defaults: {{requests_per_second: 1000000, burst: 1000000, tokens_per_minute: 1000000000, max_in_flight: 1000000}}
+access_log:
+  path: {log}
+"""
+
+
 class Setup:
-    def __init__(self, args, decode_us=0, tag="nginx"):
+    """`clients`: pdrouter runs with a client key, tenant limits and the access log on (CLIENTS_TOPOLOGY),
+    and every request to it carries the key."""
+
+    def __init__(self, args, decode_us=0, tag="nginx", clients=False):
         self.args = args
         work = args.work_dir
         pdnode = binaries(args)[1]
-        self.router, self.router_addr, discovery = start_router(args, tag)
+        extra = []
+        self.wrk_headers = {}
+        self.access_log = None
+        if clients:
+            conf_dir = os.path.join(work, tag + "-router")
+            os.makedirs(conf_dir, exist_ok=True)
+            keys = os.path.join(conf_dir, "clients.keys")
+            with open(keys, "w") as f:
+                f.write(BENCH_KEY + " bench\n")
+            topology = os.path.join(conf_dir, "topology.yaml")
+            with open(topology, "w") as f:
+                self.access_log = os.path.join(conf_dir, "access.log")
+                f.write(CLIENTS_TOPOLOGY.format(keys=keys, log=self.access_log))
+            extra = ["--config", topology]
+            self.wrk_headers = {"Authorization": "Bearer " + BENCH_KEY}
+        self.router, self.router_addr, discovery = start_router(args, tag, extra)
 
         sim_flags = ["--connector", "moriio", "--transfer-mode", "WRITE",
                      "--prefill-us-per-token", "0", "--decode-us-per-token", str(decode_us),
@@ -288,11 +322,27 @@ class Setup:
         wait_up([(self.router_addr, "/ready"), (self.nginx_addr, "/health")], [self.nginx],
                 self.router)
         self.nginx_workers = nginx_worker_pids(args, self.nginx, args.router_workers)
-        check_answers(self.targets(), streaming=False)
+        check_answers(self.targets(), streaming=False, router_headers=self.wrk_headers)
 
     def targets(self):
         return [("direct", self.decode_addr), ("pdrouter", self.router_addr),
                 ("nginx", self.nginx_addr)]
+
+    def access_log_lines(self, want=0, timeout=3.0):
+        """Lines the clients setup's access log holds (None for the other setups), waiting up to
+        `timeout` s for `want` of them: the log's writer gathers lines for 100 ms before it
+        writes them."""
+        if self.access_log is None:
+            return None
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = 0
+            if os.path.exists(self.access_log):
+                with open(self.access_log) as f:
+                    lines = sum(1 for _ in f)
+            if lines >= want or time.monotonic() >= deadline:
+                return lines
+            time.sleep(0.05)
 
     def proxy_pids(self, name):
         if name == "pdrouter":
@@ -437,7 +487,7 @@ http {{
 WRK_LUA = """\
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = [==[{body}]==]
+{headers}wrk.body = [==[{body}]==]
 {pacing}done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format('BENCHJSON {{"requests":%d,"duration_us":%d,"bytes":%d,' ..
@@ -479,13 +529,15 @@ def run_wrk(setup, target, path, body, connections, seconds, work, wait_ms=None,
     average before each request. `scheme` https: over TLS; `close`: every request asks for
     Connection: close (a new connection, and with https a handshake, per request)."""
     name, addr = target
-    script = os.path.join(work, "wrk-%d%s%s.lua" % (connections, "-paced" if wait_ms else "",
-                                                     "-close" if close else ""))
+    headers = getattr(setup, "wrk_headers", {}) if name == "pdrouter" else {}
+    script = os.path.join(work, "wrk-%d%s%s%s.lua" % (connections, "-paced" if wait_ms else "",
+                                                      "-close" if close else "", "-keyed" if headers else ""))
     pacing = 'wrk.headers["Connection"] = "close"\n' if close else ""
     if wait_ms:
         pacing += WRK_PACING.format(seed=connections, twice_mean_ms="%.3f" % (2.0 * wait_ms))
     with open(script, "w") as f:
-        f.write(WRK_LUA.format(body=json.dumps(body), pacing=pacing))
+        f.write(WRK_LUA.format(body=json.dumps(body), pacing=pacing,
+                               headers="".join('wrk.headers["%s"] = "%s"\n' % kv for kv in headers.items())))
     pids = setup.proxy_pids(name)
     cpu_before = cpu_seconds(pids) if pids else 0.0
     sim_before = cpu_seconds(setup.upstream_pids())
@@ -1158,6 +1210,12 @@ def build_rows(res, args):
                  "%.3f" % r["cpu_per_1k"], "%.3f" % n["cpu_per_1k"], "-", "-",
                  "pdrouter/nginx %.2fx <= %.1fx: %s" % (ratio, args.target_cpu_ratio,
                                                         met(ratio <= args.target_cpu_ratio))))
+    if "clients" in res:
+        k = res["clients"]["pdrouter"]
+        rows.append(("with client keys, tenant limits and the access log on: proxy CPU s per 1,000 "
+                     "requests, completions, %d conns" % c, "-", "%.3f" % k["cpu_per_1k"], "-", "-", "-",
+                     "vs the row above %+.0f%%; %.0f req/s" % (
+                         100.0 * (k["cpu_per_1k"] / r["cpu_per_1k"] - 1), k["rps"])))
     ratio_s = sr["cpu_per_1k"] / sn["cpu_per_1k"] if sn["cpu_per_1k"] else float("inf")
     rows.append(("proxy CPU s per 1,000 requests, streaming chat, %d conns" % c, "-",
                  "%.3f" % sr["cpu_per_1k"], "%.3f" % sn["cpu_per_1k"], "-", "-",
@@ -1188,7 +1246,7 @@ def build_rows(res, args):
                      "%.3f" % vn["cpu_per_1k"], "-", "-", "pdrouter/nginx %.2fx" % vratio))
         rows.append(("%s new upstream TCP connections per 1,000 requests" % label, "-",
                      opens(vr), opens(vn), "-", "-", "-"))
-    groups = [g for g in ("c100", "c1", "stream", "ttft", "variant") if g in res]
+    groups = [g for g in ("c100", "c1", "stream", "ttft", "clients", "variant") if g in res]
     total = sum(x["requests"] for group in groups for x in res[group].values())
     errors = sum(x["errors"] for group in groups for x in res[group].values())
     rows.append(("requests / errors, all runs", "-", "-", "-", "-", "-", "%d / %d" % (total, errors)))
@@ -1319,6 +1377,11 @@ section at the end).
    connection (`pdrouter_upstream_legs_total{{connection="new"}}`), since the sims' KV transfers
    open connections too. 0 means every upstream leg reused a pooled connection; 2,000 (pdrouter)
    or 1,000 (nginx) means none did.
+8. **Client keys, tenant limits and the access log**: item 1 for pdrouter alone, on a fresh set of
+   processes whose pdrouter reads a client key file (`client_auth.keys_file`), gives every tenant
+   limits that never refuse (their token buckets and in-flight counts still run per request) and
+   writes the access log to a file; wrk sends the key. Its CPU per request is the row "with client
+   keys, tenant limits and the access log on", compared with item 1's pdrouter figure.
 
 Every run must finish with zero socket errors, zero non-2xx answers and zero pdrouter 5xx.
 `--smoke` (the CTest `bench.router_proxy`, label `bench`) runs each measurement ~2 s and checks
@@ -1403,6 +1466,26 @@ def run_targets(args, durations, failures):
         print("  %-8s ttft   %8d reqs   p50 %6.0f us  p99 %6.0f us  errors %d" % (
             name, r["requests"], r["p50"], r["p99"], r["errors"]), flush=True)
     fivexx = setup.router_5xx()
+    for child in setup.children():
+        if child.proc.poll() is not None:
+            failures.append("%s exited early:\n%s" % (child.name, child.log()))
+    # Client keys, tenant limits and the access log on (a fresh set of processes): pdrouter's
+    # completions run again, for its CPU per request beside the run above.
+    stop_all()
+    setup = Setup(args, tag="nginx-clients", clients=True)
+    target = ("pdrouter", setup.router_addr)
+    if durations["warm"]:
+        run_wrk(setup, target, "/v1/completions", COMPLETION, args.connections, durations["warm"], args.work_dir)
+    r = run_wrk(setup, target, "/v1/completions", COMPLETION, args.connections, durations["c100"], args.work_dir)
+    res["clients"] = {"pdrouter": r}
+    lines = setup.access_log_lines(want=r["requests"])
+    print("  %-8s keys   %8.0f req/s  p50 %6.0f us  p99 %6.0f us  errors %d  cpu %.3f s/1k  "
+          "(plain pdrouter above: %.3f s/1k); access log lines %s" % (
+              "pdrouter", r["rps"], r["p50"], r["p99"], r["errors"], r["cpu_per_1k"],
+              res["c100"]["pdrouter"]["cpu_per_1k"], lines), flush=True)
+    if lines is not None and lines < r["requests"] * 0.9:
+        failures.append("clients setup: %s access log lines for %d requests" % (lines, r["requests"]))
+    fivexx += setup.router_5xx()
     for child in setup.children():
         if child.proc.poll() is not None:
             failures.append("%s exited early:\n%s" % (child.name, child.log()))

@@ -23,15 +23,18 @@ void AdmissionSlot::release() {
   counters_ = nullptr;
 }
 
-bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& writer, std::string_view path) {
+bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& writer, std::string_view path,
+                                Answered* answered) {
   if (!shared.shutting_down.load(std::memory_order_relaxed)) return false;
   shared.counters.refuse(Refusal::kShuttingDown);
-  writer.send(api_error_response(path, 503, "pdrouter is shutting down", "server_error", "shutting_down"));
+  http::Response r = api_error_response(path, 503, "pdrouter is shutting down", "server_error", "shutting_down");
+  if (answered != nullptr) *answered = {r.status, r.body.size()};
+  writer.send(std::move(r));
   return true;
 }
 
 std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, http::Request& request, size_t leg_copies,
-                                                 http::ResponseWriter& writer) {
+                                                 http::ResponseWriter& writer, Answered* answered) {
   ProxyCounters& counters = worker.counters();
   const auto& limits = worker.topology()->limits;
   const auto limit = static_cast<int64_t>(limits.max_concurrent_requests);
@@ -45,6 +48,7 @@ std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, http::Re
     counters.refuse(why);
     http::Response r = api_error_response(request.path, status, message, type, code);
     r.headers.push_back({"Retry-After", "1"});
+    if (answered != nullptr) *answered = {r.status, r.body.size()};
     writer.send(std::move(r));
     return std::nullopt;
   };

@@ -58,15 +58,23 @@ class AdmissionSlot {
   int64_t bytes_ = 0;
 };
 
+// What a refusal below answered: its status and body bytes (for the access log).
+struct Answered {
+  int status = 0;
+  uint64_t bytes = 0;
+};
+
 // While pdrouter drains: answers 503 shutting_down, counts it and returns true.
-bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& writer, std::string_view path = {});
+bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& writer, std::string_view path = {},
+                                Answered* answered = nullptr);
 
 // Takes an in-flight slot and the body's cost (see above; `leg_copies` copies of it for the legs)
 // of the buffered-bytes budget under `worker`'s current limits, taking over the server's charge
 // of `request`'s body. Over either: answers 429 too_many_requests / 503 memory_budget (both with
 // Retry-After: 1), counts the refusal, takes nothing (the body's charge stays with the request,
-// which gives it back) and returns no slot.
+// which gives it back) and returns no slot; `answered` (optional) then gets the answer's status
+// and body bytes (for the access log).
 std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, http::Request& request, size_t leg_copies,
-                                                 http::ResponseWriter& writer);
+                                                 http::ResponseWriter& writer, Answered* answered = nullptr);
 
 }  // namespace pdr::router::proxy

@@ -19,4 +19,10 @@ std::string client_authorization(const http::Request& request) {
   return "Bearer " + std::string(*key);
 }
 
+void strip_client_credentials(http::Request& request) {
+  std::erase_if(request.headers, [](const http::Header& h) {
+    return http::iequals(h.name, "Authorization") || http::iequals(h.name, "x-api-key");
+  });
+}
+
 }  // namespace pdr::router::proxy

@@ -28,4 +28,9 @@ http::Response api_error_response(std::string_view path, int status, std::string
 // Anthropic path "Bearer <x-api-key>", else "".
 std::string client_authorization(const http::Request& request);
 
+// Removes the client's credential headers (Authorization, x-api-key) from `request`: what is
+// relayed of it afterwards carries none (a client key for pdrouter is not one for the nodes:
+// router/clients/client_gate.h).
+void strip_client_credentials(http::Request& request);
+
 }  // namespace pdr::router::proxy

@@ -126,7 +126,9 @@ void HealthGenerate::serve(WorkerContext& worker, const http::Request& request, 
   upstream.method = "POST";
   upstream.path = "/v1/completions";
   upstream.headers.push_back({"Content-Type", "application/json"});
+  // The probe's request passes pdrouter's own client key check with the prober's credential.
   if (auto auth = request.header("Authorization")) upstream.headers.push_back({"Authorization", std::string(*auth)});
+  if (auto key = request.header("x-api-key")) upstream.headers.push_back({"x-api-key", std::string(*key)});
   upstream.body = std::string(kProbeBody);
   http::UpstreamCallbacks cb;
   cb.on_head = [probe](int status, const std::vector<http::Header>&) { probe->status = status; };

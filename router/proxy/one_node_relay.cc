@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "router/proxy/access_logging.h"
 #include "router/proxy/admission.h"
 #include "router/proxy/client_api.h"
 #include "router/policies/policy.h"
@@ -69,18 +70,31 @@ struct Relay {
   std::weak_ptr<http::UpstreamCall> call;
   InstancePtr node;
   AdmissionSlot admission;
+  clients::TenantTicket ticket;
   WorkerContext* worker = nullptr;
   OneNodeClass node_class = OneNodeClass::kAnyNode;
   bool head_sent = false;
   bool ended = false;
   SessionTimer stall;  // armed while reading is paused for a client that does not read
+  // The access log's record (null: log off): the node answering is named as its decode.
+  std::unique_ptr<clients::AccessRecord> record;
+  std::chrono::steady_clock::time_point arrived_at{};
+  int status = 0;
+  uint64_t bytes_out = 0;
 
   void end(Outcome outcome) {
     if (ended) return;
     ended = true;
     node->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
     admission.release();
+    ticket.release();
     count(*worker, node_class, outcome);
+    if (record) {
+      record->decode = node->key;
+      log_answered(worker->shared(), std::move(record), arrived_at, status,
+                   outcome == kRelayed ? "done" : status == 0 && writer.client_gone() ? "cancelled" : "failed",
+                   bytes_out);
+    }
   }
 };
 
@@ -104,18 +118,26 @@ bool serves_capability(const proto::Labels& labels, std::string_view capability)
 }
 
 void serve_one_node(WorkerContext& worker, http::Request& request, http::ResponseWriter writer,
-                    OneNodeClass node_class) {
+                    OneNodeClass node_class, clients::TenantTicket ticket, std::unique_ptr<clients::AccessRecord> record) {
+  // Answered here without a node: logged as refused (access_logging.h).
+  const auto refused = [&](http::Response response) {
+    log_answered(worker.shared(), std::move(record), request.head_at, response.status, "refused", response.body.size());
+    writer.send(std::move(response));
+  };
+  Answered answered;
   // The same admission as a P/D request (admission.h): a flood of render calls, each answered
   // with megabytes, is bounded by limits.max_concurrent_requests like generation. The slot is
   // given back when this function returns without relaying, else when the relay ends.
-  if (refuse_while_shutting_down(worker.shared(), writer, request.path)) {
+  if (refuse_while_shutting_down(worker.shared(), writer, request.path, &answered)) {
     count(worker, node_class, kRefused);
+    log_answered(worker.shared(), std::move(record), request.head_at, answered.status, "refused", answered.bytes);
     return;
   }
   // The body and the one wire copy the upstream client renders it into (admission.h).
-  std::optional<AdmissionSlot> admission = take_admission_slot(worker, request, 1, writer);
+  std::optional<AdmissionSlot> admission = take_admission_slot(worker, request, 1, writer, &answered);
   if (!admission) {
     count(worker, node_class, kRefused);
+    log_answered(worker.shared(), std::move(record), request.head_at, answered.status, "refused", answered.bytes);
     return;
   }
   const auto& topology = worker.topology();
@@ -124,7 +146,7 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   if (!declared && (node_class == OneNodeClass::kPooling || node_class == OneNodeClass::kAudio)) {
     count(worker, node_class, kNotSupported);
     const std::string_view capability = capability_of(node_class);
-    writer.send(api_error_response(
+    refused(api_error_response(
         request.path, 501,
         request.path + " is not served: no node declares it serves " + std::string(capability) +
             " (label " + std::string(kServesLabel) + "=" + std::string(capability) +
@@ -134,7 +156,7 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   }
   if (!node) {
     count(worker, node_class, kNoNode);
-    writer.send(
+    refused(
         api_error_response(request.path, 503, "no eligible instance is up for " + request.path, "server_error", "no_node"));
     return;
   }
@@ -157,6 +179,9 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   relay->writer = std::move(writer);
   relay->node = node;
   relay->admission = *std::move(admission);
+  relay->ticket = std::move(ticket);
+  relay->record = std::move(record);
+  relay->arrived_at = request.head_at;
   relay->worker = &worker;
   relay->node_class = node_class;
   node->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
@@ -167,10 +192,20 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
     for (const http::Header& h : headers) {
       if (http::iequals(h.name, "Content-Type")) out.push_back(h);
     }
+    if (relay->record) {
+      relay->record->stream =
+          !out.empty() && out[0].value.size() >= 17 && http::iequals(out[0].value.substr(0, 17), "text/event-stream");
+    }
     relay->head_sent = relay->writer.start_stream(status, std::move(out));
+    relay->status = status;
+    if (relay->record) {
+      relay->record->ttft_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - relay->arrived_at).count();
+    }
   };
   cb.on_body = [relay](std::string_view chunk) {
     relay->writer.write(chunk);
+    relay->bytes_out += chunk.size();
     if (relay->writer.buffered_bytes() >= kRelayHighWater) {
       if (auto call = relay->call.lock()) {
         call->pause();
@@ -204,15 +239,19 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   };
   const std::string key = node->key;
   cb.on_error = [relay, key, path = request.path](const Status& error) {
-    relay->end(kFailed);
     if (relay->head_sent) {
+      relay->end(kFailed);
       relay->writer.abort();  // the client sees a truncated answer, as when the node dies
       return;
     }
     const auto call = relay->call.lock();
     const bool timeout = call && http::is_timeout(call->failure());
-    relay->writer.send(api_error_response(path, timeout ? 504 : 502, "instance " + key + ": " + error.message(),
-                                          "server_error", "upstream_failed"));
+    http::Response response = api_error_response(path, timeout ? 504 : 502, "instance " + key + ": " + error.message(),
+                                                 "server_error", "upstream_failed");
+    relay->status = response.status;
+    relay->bytes_out = response.body.size();
+    relay->end(kFailed);
+    relay->writer.send(std::move(response));
   };
   upstream.tls = worker.node_tls(node->http_address);
   auto call = worker.pool().start(node->http_address, std::move(upstream),

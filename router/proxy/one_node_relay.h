@@ -48,6 +48,7 @@
 
 #include "http/http_message.h"
 #include "http/response_writer.h"
+#include "router/clients/access_record.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr::router::proxy {
@@ -66,7 +67,11 @@ bool serves_capability(const proto::Labels& labels, std::string_view capability)
 // The client's queued bytes at which reading from the node pauses.
 inline constexpr size_t kRelayHighWater = 256 * 1024;
 
+// `ticket`: the request's hold on its tenant (an in-flight slot), kept until the answer ends;
+// `record`: its access log record (null: log off), logged when the answer ends (outcome done for a
+// relayed answer, failed otherwise; refused for an admission refusal).
 void serve_one_node(WorkerContext& worker, http::Request& request, http::ResponseWriter writer,
-                    OneNodeClass node_class);
+                    OneNodeClass node_class, clients::TenantTicket ticket = {},
+                    std::unique_ptr<clients::AccessRecord> record = nullptr);
 
 }  // namespace pdr::router::proxy

@@ -1,5 +1,8 @@
 #include "router/proxy/proxy_service.h"
 
+#include "base/log.h"
+
+#include "router/proxy/access_logging.h"
 #include "router/proxy/admission.h"
 #include "router/proxy/client_api.h"
 #include "router/proxy/engine_metrics.h"
@@ -58,7 +61,8 @@ void ProxyService::health_generate(const http::Request& request, http::ResponseW
   slot->serve(worker(request.worker), request, std::move(writer), server_.port());
 }
 
-void ProxyService::models(const http::Request& request, http::ResponseWriter writer) {
+void ProxyService::models(http::Request& request, http::ResponseWriter writer, const clients::ClientIdentity* client) {
+  if (client != nullptr && !client->forward_credential) strip_client_credentials(request);
   serve_models(worker(request.worker), request, std::move(writer));
 }
 
@@ -66,17 +70,61 @@ void ProxyService::ready(const http::Request& request, http::ResponseWriter writ
   serve_ready(worker(request.worker), std::move(writer));
 }
 
-void ProxyService::one_node(http::Request& request, http::ResponseWriter writer, OneNodeClass node_class) {
-  serve_one_node(worker(request.worker), request, std::move(writer), node_class);
+void ProxyService::one_node(http::Request& request, http::ResponseWriter writer, OneNodeClass node_class,
+                            const clients::ClientIdentity* client) {
+  WorkerContext& w = worker(request.worker);
+  clients::TenantTicket ticket;
+  if (client != nullptr && !refuse_over_in_flight(w, request, *client, writer, &ticket)) return;
+  if (client != nullptr && !client->forward_credential) strip_client_credentials(request);
+  serve_one_node(w, request, std::move(writer), node_class, std::move(ticket),
+                 start_record(shared_, request, client != nullptr ? client->name : std::string_view()));
+}
+
+bool ProxyService::authenticate(http::Request& request, http::ResponseWriter& writer,
+                                clients::ClientIdentity* client) {
+  WorkerContext& w = worker(request.worker);
+  const clients::GateVerdict verdict = shared_.gate.admit(request, *w.topology(), w.tenants(), client);
+  if (verdict.ok) return true;
+  if (verdict.status == 401 && w.leg_log().allow(std::chrono::steady_clock::now())) {
+    // The path and the peer only: never the credential.
+    pdr::log::warn("client key refused for {} {} from {}", request.method,
+                   std::string_view(request.path).substr(0, 200), request.peer);
+  }
+  http::Response r = api_error_response(request.path, verdict.status, verdict.message, verdict.type, verdict.code);
+  if (verdict.status == 401) r.headers.push_back({"WWW-Authenticate", "Bearer realm=\"pdrouter\""});
+  if (verdict.retry_after > 0) r.headers.push_back({"Retry-After", std::to_string(verdict.retry_after)});
+  log_refused(shared_, request, verdict.status == 429 && verdict.code != "auth_throttled" ? client->name : "",
+              verdict.status, r.body.size());
+  writer.send(std::move(r));
+  return false;
+}
+
+bool ProxyService::refuse_over_in_flight(WorkerContext& w, const http::Request& request,
+                                         const clients::ClientIdentity& client, http::ResponseWriter& writer,
+                                         clients::TenantTicket* ticket) {
+  if (clients::TenantTicket::acquire(client.tenant, ticket)) return true;
+  http::Response r = api_error_response(
+      request.path, 429,
+      "tenant '" + client.name + "' has too many requests in flight (tenants: max_in_flight = " +
+          std::to_string(client.tenant->max_in_flight.load(std::memory_order_relaxed)) + ")",
+      "requests", "rate_limit_exceeded");
+  r.headers.push_back({"Retry-After", "1"});
+  log_refused(w.shared(), request, client.name, 429, r.body.size());
+  writer.send(std::move(r));
+  return false;
 }
 
 bool ProxyService::pass_through(http::Request& request, http::ResponseWriter& writer) {
   WorkerContext& w = worker(request.worker);
   const auto& routing = w.topology()->routing;
   if (!routing.pass_through_unknown) return false;
+  // A relayed path is a client endpoint like the others: the key check first, so a client
+  // without a key learns nothing of which paths the nodes serve.
+  clients::ClientIdentity client;
+  if (!authenticate(request, writer, &client)) return true;
   switch (check_pass_through(request.path, routing.pass_through_paths)) {
     case PassThroughVerdict::kAllowed:
-      serve_one_node(w, request, std::move(writer), OneNodeClass::kPassThrough);
+      one_node(request, std::move(writer), OneNodeClass::kPassThrough, &client);
       return true;
     case PassThroughVerdict::kNodeAdmin:
       shared_.counters.refuse(Refusal::kPassThroughDenied);
@@ -113,21 +161,32 @@ void ProxyService::profile(const http::Request& request, http::ResponseWriter wr
   serve_profile(worker(request.worker), request, std::move(writer));
 }
 
-void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
+void ProxyService::admit(http::Request& request, http::ResponseWriter& writer, const clients::ClientIdentity* client) {
   ProxyCounters& counters = shared_.counters;
-  if (refuse_while_shutting_down(shared_, writer, request.path)) return;
+  const std::string_view tenant = client != nullptr ? std::string_view(client->name) : std::string_view();
+  Answered refused;
+  if (refuse_while_shutting_down(shared_, writer, request.path, &refused)) {
+    log_refused(shared_, request, tenant, refused.status, refused.bytes);
+    return;
+  }
   if (auto type = request.header("Content-Type"); type && !is_json_content_type(*type)) {
     counters.refuse(Refusal::kBadContentType);
-    writer.send(api_error_response(request.path, 415,
-                                   "Content-Type must be application/json, got '" + std::string(*type) + "'",
-                                   "invalid_request_error", "unsupported_media_type"));
+    http::Response r = api_error_response(request.path, 415,
+                                          "Content-Type must be application/json, got '" + std::string(*type) + "'",
+                                          "invalid_request_error", "unsupported_media_type");
+    log_refused(shared_, request, tenant, r.status, r.body.size());
+    writer.send(std::move(r));
     return;
   }
   WorkerContext& w = worker(request.worker);
-  // Both legs' wire copies are charged with the body (admission.h).
-  std::optional<AdmissionSlot> slot = take_admission_slot(w, request, 2, writer);
-  if (!slot) return;
   AdmittedRequest admitted;
+  if (client != nullptr && !refuse_over_in_flight(w, request, *client, writer, &admitted.ticket)) return;
+  // Both legs' wire copies are charged with the body (admission.h).
+  std::optional<AdmissionSlot> slot = take_admission_slot(w, request, 2, writer, &refused);
+  if (!slot) {
+    log_refused(shared_, request, tenant, refused.status, refused.bytes);
+    return;
+  }
   if (shared_.tracer != nullptr) {  // tracing on: a sampled (or client-traced) request gets its trace
     admitted.trace = shared_.tracer->begin(request, w.topology()->tracing.sampling_ratio, request.head_at);
   }
@@ -135,6 +194,11 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
   slot->hand_over();  // the session gives both back when it ends (its budget grows with its answer)
   admitted.arrived_at = request.head_at;
   admitted.authorization = client_authorization(request);  // Anthropic's x-api-key too (client_api.h)
+  if (client != nullptr) {
+    admitted.forward_authorization = client->forward_credential;
+    admitted.tenant = client->name;
+  }
+  admitted.log_record = start_record(shared_, request, tenant);
   admitted.path = std::move(request.path);
   admitted.body = std::move(request.body);
   const std::string& affinity_header = w.topology()->policies.affinity_header;

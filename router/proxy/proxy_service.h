@@ -13,6 +13,13 @@
 // all workers), 503 memory_budget (limits.max_buffered_bytes). The one-node endpoints take the
 // same 503/429/503 (admission.h, one_node_relay.h). A request without Content-Type is read as JSON. Body-size
 // (413) and header limits are enforced earlier by the HTTP server.
+// Before all of it, every client endpoint but /health and /ready passes authenticate() (the route
+// table's Guard::kClientKey): the client key and the tenant's request rate (router/clients/
+// client_gate.h); the P/D and one-node endpoints then take an in-flight slot of the tenant
+// (429 over its max_in_flight), and a P/D request reserves the tenant's tokens when the session
+// has parsed it (tenant_tokens.h). Without client_auth.keys_file and tenant limits all of that
+// admits everything. With the access log on, every request of these endpoints leaves one line
+// (access_logging.h).
 //
 // Threads: handle() runs on every worker concurrently; per-worker state is created on the worker
 // at its first request and released by worker_stopped() on the same thread (wire it to
@@ -47,8 +54,10 @@ class ProxyService : public http::BodyBudget {
 
   // The endpoints, one per route (router/route_table.cc decides which request reaches which,
   // and answers 404/405 itself). Each runs on worker request.worker.
-  void admit(http::Request& request, http::ResponseWriter& writer);  // POST of both P/D paths
-  void models(const http::Request& request, http::ResponseWriter writer);
+  // `client`: what authenticate() said of the request (null: no gate ran, as in tests).
+  void admit(http::Request& request, http::ResponseWriter& writer,
+             const clients::ClientIdentity* client = nullptr);  // POST of the P/D paths
+  void models(http::Request& request, http::ResponseWriter writer, const clients::ClientIdentity* client = nullptr);
   void ready(const http::Request& request, http::ResponseWriter writer);
   void profile(const http::Request& request, http::ResponseWriter writer);  // both profile paths
   // GET /engine_metrics (engine_metrics.h) and GET /health_generate (health_generate.h; on the
@@ -56,7 +65,11 @@ class ProxyService : public http::BodyBudget {
   void engine_metrics(const http::Request& request, http::ResponseWriter writer);
   void health_generate(const http::Request& request, http::ResponseWriter writer);
   // The one-node endpoints (render, tokenize, pooling, pass-through): one_node_relay.h.
-  void one_node(http::Request& request, http::ResponseWriter writer, OneNodeClass node_class);
+  void one_node(http::Request& request, http::ResponseWriter writer, OneNodeClass node_class,
+                const clients::ClientIdentity* client = nullptr);
+  // The client key check and the tenant's request rate (router/clients/client_gate.h): true with
+  // *client filled, else answered (401, 429; in the path's error shape), counted and logged.
+  bool authenticate(http::Request& request, http::ResponseWriter& writer, clients::ClientIdentity* client);
   // A path no route names: with routing.pass_through_unknown, relayed to one decode or refused
   // (pass_through.h: 403 for a node admin path, 404 for one routing.pass_through_paths does not
   // name; counted as pdrouter_requests_refused_total{reason="pass_through_denied"}); takes the
@@ -77,6 +90,11 @@ class ProxyService : public http::BodyBudget {
     shared_.prefix_tree = prefix_tree;
   }
 
+  // Where each client request's line goes (router/clients/access_log.h); outlives the service.
+  // Call before the first request.
+  void use_access_log(clients::AccessLog* log) { shared_.access_log = log; }
+  const clients::ClientGate& gate() const { return shared_.gate; }
+
   // Refuse new P/D requests from now on (the drain on shutdown); /ready turns 503.
   void begin_shutdown() { shared_.shutting_down.store(true); }
   // TLS to nodes and to pdrouter's own listener (router/tls_contexts.h); thread-safe.
@@ -96,6 +114,9 @@ class ProxyService : public http::BodyBudget {
 
  private:
   WorkerContext& worker(uint32_t index);
+  // The tenant's max_in_flight: true with *ticket holding a slot, else answered 429 and logged.
+  bool refuse_over_in_flight(WorkerContext& w, const http::Request& request, const clients::ClientIdentity& client,
+                             http::ResponseWriter& writer, clients::TenantTicket* ticket);
 
   ProxyShared shared_;
   http::Server& server_;

@@ -17,7 +17,9 @@
 #include "proto/responses_legs.h"
 #include "proto/responses_stream.h"
 #include "proto/sse_boundary.h"
+#include "proto/usage_scan.h"
 #include "http/json_error.h"
+#include "router/clients/access_log.h"
 #include "router/proxy/abort_requests.h"
 #include "router/proxy/cache_routing.h"
 #include "router/proxy/cache_tokenize.h"
@@ -29,6 +31,7 @@
 #include "router/proxy/pre_step.h"
 #include "router/proxy/retry_rules.h"
 #include "router/proxy/session_timer.h"
+#include "router/proxy/tenant_tokens.h"
 
 namespace pdr::router::proxy {
 
@@ -171,6 +174,13 @@ std::optional<std::string> check_parameters(std::string_view path, const proto::
   return proto::check_client_parameters(path, body, choices);
 }
 
+// Sends `response`, noting its status and body size for the request's record (hand_over_record).
+void send_answer(http::ResponseWriter& writer, http::Response&& response, int* status, uint64_t* bytes) {
+  *status = response.status;
+  *bytes += response.body.size();
+  writer.send(std::move(response));
+}
+
 tracing::TraceLeg trace_leg(Leg leg) {
   return leg == Leg::kPrefill ? tracing::TraceLeg::kPrefill : tracing::TraceLeg::kDecode;
 }
@@ -250,6 +260,16 @@ struct ProxySession::State {
   uint64_t orphan_id = 0;       // its entry in the worker's OrphanLegs (orphan_legs.h)
   int64_t budget_held = 0;      // bytes of limits.max_buffered_bytes this request holds (body + answer)
   int64_t answer_budget = 0;    // of which the buffered decode answer's
+  // What the request's end hands on (hand_over_record): to the tenant's token bucket, the answer's
+  // usage (read only when the tenant limits tokens or the access log is on); to the access log,
+  // the rest.
+  bool want_usage = false;
+  proto::TokenUsage usage;
+  int client_status = 0;        // the status the client got (a stream: the one it started with)
+  uint64_t bytes_out = 0;       // answer body bytes handed to the client
+  uint32_t retries = 0;
+  std::optional<SteadyClock::time_point> first_byte_at;
+  std::string decode_key;       // of the decode leg last sent (access log only)
 
   // Declared last: destroyed (closed) first, before anything their callbacks read.
   SessionTimer stall_timer;    // client write stall (timeouts.client_write)
@@ -310,7 +330,8 @@ void ProxySession::begin() {
   }
   if (!st.is_ok()) {
     s.w.counters().refuse(Refusal::kBadJson);
-    s.writer.send(api_error_response(s.req.path, 400, st.message(), "invalid_request_error", "invalid_json"));
+    send_answer(s.writer, api_error_response(s.req.path, 400, st.message(), "invalid_request_error", "invalid_json"),
+                &s.client_status, &s.bytes_out);
     end(RequestState::kFailed);
     return;
   }
@@ -318,7 +339,8 @@ void ProxySession::begin() {
     // Tokens in: token_ids and sampling_params, with the token counts inside the latter.
     if (Status checked = proto::check_generate_request(body, limits, &s.generate); !checked.is_ok()) {
       s.w.counters().refuse(Refusal::kBadParameter);
-      s.writer.send(api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"));
+      send_answer(s.writer, api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"),
+                &s.client_status, &s.bytes_out);
       end(RequestState::kFailed);
       return;
     }
@@ -327,13 +349,15 @@ void ProxySession::begin() {
     // Anthropic's Messages API: its required fields; it has no `n` (one choice).
     if (Status checked = proto::check_messages_request(body); !checked.is_ok()) {
       s.w.counters().refuse(Refusal::kBadParameter);
-      s.writer.send(api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"));
+      send_answer(s.writer, api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"),
+                &s.client_status, &s.bytes_out);
       end(RequestState::kFailed);
       return;
     }
   } else if (auto refusal = check_parameters(s.req.path, body, &s.choices)) {
     s.w.counters().refuse(Refusal::kBadParameter);
-    s.writer.send(api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"));
+    send_answer(s.writer, api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"),
+                &s.client_status, &s.bytes_out);
     end(RequestState::kFailed);
     return;
   }
@@ -341,9 +365,24 @@ void ProxySession::begin() {
                                              s.req.bind_header_value, s.w.shared().conversations, s.w.counters(),
                                              &s.multi_turn)) {
     s.w.counters().refuse(Refusal::kBadParameter);
-    s.writer.send(api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"));
+    send_answer(s.writer, api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"),
+                &s.client_status, &s.bytes_out);
     end(RequestState::kFailed);
     return;
+  }
+  s.want_usage = s.req.ticket.limits_tokens() || s.req.log_record != nullptr;
+  if (s.req.ticket.limits_tokens()) {
+    // tokens_per_minute: the prompt and the answer's cap are reserved now, settled at the end.
+    const uint64_t tokens =
+        requested_tokens(body, s.req.path == proto::kGeneratePath ? &s.generate : nullptr, s.choices);
+    clients::TenantRefusal why{};
+    double wait = 0;
+    if (!s.req.ticket.reserve(tokens, SteadyClock::now(), &why, &wait)) {
+      send_answer(s.writer, tenant_tokens_refusal(s.req.path, s.req.tenant, tokens, why, wait, *s.topo),
+                  &s.client_status, &s.bytes_out);
+      end(RequestState::kFailed);
+      return;
+    }
   }
   s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
   s.cache = lookup_cache(body, s.model, *s.topo, s.w.shared());
@@ -366,7 +405,7 @@ void ProxySession::tokenize_then_pair() {
   // The call's callbacks keep the session alive, as a leg's do; cancelling the call (close_legs)
   // releases them.
   s.tokenize_call = start_tokenize(
-      s.w, s.client, s.model, s.req.authorization,
+      s.w, s.client, s.model, s.req.forward_authorization ? std::string_view(s.req.authorization) : std::string_view(),
       [self = shared_from_this(), count](bool ok, TokenizeResult why_not, std::vector<uint32_t>&& tokens) {
         if (self->finished()) return;
         State& s = *self->s_;
@@ -420,7 +459,10 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
     }
     return;
   }
-  if (retry_of) s.w.counters().retried(*retry_of);
+  if (retry_of) {
+    s.w.counters().retried(*retry_of);
+    ++s.retries;
+  }
   if (s.cache) record_routing(*s.cache, pair, s.w.shared());
   if (s.req.trace) s.req.trace->routed(pair.prefill->key, pair.decode->key, s.cache ? &s.cache->hits : nullptr);
   s.pair = std::move(pair);
@@ -497,6 +539,7 @@ void ProxySession::build_and_send() {
   if (!s.topo->connectors.upstream_api_key.empty()) {
     options.upstream_api_key = s.topo->connectors.upstream_api_key;
   }
+  options.forward_client_authorization = s.req.forward_authorization;  // not a client key for pdrouter
   proto::ClientRequest client{s.req.path, s.client.original(), s.req.authorization, &s.client, &s.generate};
   WorkerContext& w = s.w;
   Status st = proto::build_legs(client, prefill, decode, s.prefill_rank, s.decode_rank, options,
@@ -785,6 +828,7 @@ void ProxySession::send_decode() {
     self->decode_failed(cause, detail);
   };
   move_to(RequestState::kDecodeSent);
+  if (s.req.log_record) s.decode_key = s.pair.decode->key;
   // The leg stays as it is (unrendered): a kDecodeOnly retry resends it to another decode.
   if (s.req.trace) {
     s.req.trace->leg_started(tracing::TraceLeg::kDecode, s.pair.decode->http_address, s.legs.decode.path,
@@ -878,7 +922,9 @@ bool ProxySession::start_client_stream() {
     return false;
   }
   // The client's first answer bytes (the head with the first data event, written right after).
-  s.w.counters().time_to_first_byte.record(SteadyClock::now() - s.req.arrived_at);
+  s.client_status = s.decode_status;
+  s.first_byte_at = SteadyClock::now();
+  s.w.counters().time_to_first_byte.record(*s.first_byte_at - s.req.arrived_at);
   return true;
 }
 
@@ -936,6 +982,8 @@ void ProxySession::on_decode_body(std::string_view chunk) {
       if (edit == proto::KvParamsEdit::kRedacted) out = redacted;
     }
     const bool written = s.writer.write(out);
+    s.bytes_out += out.size();
+    if (s.want_usage) proto::scan_usage(out, &s.usage);
     if (s.responses) s.responses->observe(out);
     if (s.req.trace) s.req.trace->answer_bytes(out);
     if (from_tail != 0) {
@@ -1042,6 +1090,7 @@ void ProxySession::on_decode_complete() {
   if (status >= 200 && status < 300) {
     s.phases.decode_answered(s.legs.plan.dialect, s.w.counters().pd_phases, SteadyClock::now());
     if (s.multi_turn && !s.sse) s.multi_turn->on_decode_json(s.decode_body);
+    if (s.want_usage) proto::scan_usage(s.sse ? s.sse_tail : s.decode_body, &s.usage);
     // The decode's kv_transfer_params (read by multi_turn above) never reach the client.
     std::string redacted;
     const proto::KvParamsEdit edit = s.sse ? proto::redact_kv_params_events(s.sse_tail, s.partial_flushed, &redacted)
@@ -1055,6 +1104,7 @@ void ProxySession::on_decode_complete() {
     if (s.sse) {
       if (!s.stream_started && !start_client_stream()) return;
       if (!s.sse_tail.empty()) s.writer.write(s.sse_tail);
+      s.bytes_out += s.sse_tail.size();
       s.writer.end_stream();
     } else {
       http::Response response;
@@ -1068,8 +1118,9 @@ void ProxySession::on_decode_complete() {
         s.req.trace->response_status(status);
       }
       response.body = std::move(s.decode_body);
-      s.w.counters().time_to_first_byte.record(SteadyClock::now() - s.req.arrived_at);
-      s.writer.send(std::move(response));
+      s.first_byte_at = SteadyClock::now();
+      s.w.counters().time_to_first_byte.record(*s.first_byte_at - s.req.arrived_at);
+      send_answer(s.writer, std::move(response), &s.client_status, &s.bytes_out);
     }
     end(RequestState::kDone);
     return;
@@ -1130,6 +1181,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
         return;
       }
       s.w.counters().retried(Leg::kDecode);
+      ++s.retries;
       s.pair.decode->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
       s.pair.decode = std::move(next);
       s.pair.decode->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
@@ -1168,7 +1220,7 @@ void ProxySession::relay_upstream_error(int status, const std::string& content_t
                       {"X-Request-Id", s.legs.plan.request_id}};
   response.body = body;
   if (s.req.trace) s.req.trace->response_status(status);
-  s.writer.send(std::move(response));
+  send_answer(s.writer, std::move(response), &s.client_status, &s.bytes_out);
   end(RequestState::kDone);
 }
 
@@ -1183,7 +1235,7 @@ void ProxySession::fail(int status, std::string_view message, std::string_view c
   http::Response response =
       api_error_response(s.req.path, status, message, status == 400 ? "invalid_request_error" : "server_error", code);
   if (!s.legs.plan.request_id.empty()) response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
-  s.writer.send(std::move(response));
+  send_answer(s.writer, std::move(response), &s.client_status, &s.bytes_out);
   end(RequestState::kFailed);
 }
 
@@ -1212,6 +1264,7 @@ void ProxySession::end_stream_with_error(int status, std::string_view message, s
   // stream ended must find it (the flaky test_decode_dying_mid_stream_ends_with_an_error_event).
   s.w.counters().bump(s.w.counters().mid_stream_errors);
   s.writer.write(event);
+  s.bytes_out += event.size();
   s.writer.end_stream();
   end(RequestState::kFailed);
 }
@@ -1249,6 +1302,7 @@ void ProxySession::end(RequestState final_state) {
   if (s.ended) return;
   s.ended = true;
   move_to(final_state);
+  hand_over_record(final_state);
   if (s.req.trace) s.req.trace->finish(to_string(final_state));
   const size_t outcome = final_state == RequestState::kDone ? 0 : final_state == RequestState::kFailed ? 1 : 2;
   s.w.counters().request_duration[outcome].record(SteadyClock::now() - s.req.arrived_at);
@@ -1304,6 +1358,43 @@ void ProxySession::end(RequestState final_state) {
     s.answer_budget = 0;
   }
   s.w.counters().in_flight.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void ProxySession::hand_over_record(RequestState final_state) {
+  State& s = *s_;
+  // A request no leg was sent for cost the nodes nothing: its tokens all go back.
+  const bool upstream_work = s.prefill_attempts != 0 || s.decode_attempts != 0;
+  s.req.ticket.finish(s.usage, upstream_work);
+  if (!s.req.log_record || s.w.shared().access_log == nullptr) return;
+  const SteadyClock::time_point now = SteadyClock::now();
+  clients::AccessRecord& r = *s.req.log_record;
+  r.time = std::chrono::system_clock::now();
+  r.request_id = s.legs.plan.request_id;
+  // A client that left before any answer: nginx's 499 (client closed request).
+  r.status = s.client_status == 0 && final_state == RequestState::kCancelled ? 499 : s.client_status;
+  r.outcome = final_state == RequestState::kDone        ? "done"
+              : final_state == RequestState::kCancelled ? "cancelled"
+              : upstream_work                           ? "failed"
+                                                        : "refused";
+  r.stream = s.sse;
+  r.prefill = s.prefill_key;
+  r.decode = s.decode_key;
+  if (s.prefill_attempts != 0) r.prefill_rank = s.prefill_rank;
+  if (s.decode_attempts != 0) r.decode_rank = s.decode_rank;
+  r.retries = s.retries;
+  r.prompt_tokens = s.usage.prompt_tokens;
+  r.output_tokens = s.usage.output_tokens;
+  if (s.cache) {
+    r.cache_source = s.cache->hits.source == CacheHits::Source::kKvEvents ? "kv_events" : "prefix_tree";
+    r.cache_matched = s.cache->hits.matched(s.prefill_key.empty() ? s.decode_key : s.prefill_key);
+    r.cache_prompt = s.cache->hits.prompt_units;
+  }
+  const auto ms = [](SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  if (s.first_byte_at) r.ttft_ms = ms(*s.first_byte_at - s.req.arrived_at);
+  r.total_ms = ms(now - s.req.arrived_at);
+  r.bytes_out = s.bytes_out;
+  s.w.shared().access_log->log(std::move(r));
+  s.req.log_record.reset();
 }
 
 }  // namespace pdr::router::proxy

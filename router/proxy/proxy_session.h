@@ -69,6 +69,8 @@
 
 #include "http/http_message.h"
 #include "http/response_writer.h"
+#include "router/clients/access_record.h"
+#include "router/clients/tenant_registry.h"
 #include "router/proxy/proxy_shared.h"
 #include "router/tracing/request_trace.h"
 
@@ -88,6 +90,17 @@ struct AdmittedRequest {
   // When the request head was parsed (http::Request::head_at): the latency histograms start
   // there. Unset (epoch): the session's creation.
   std::chrono::steady_clock::time_point arrived_at{};
+  // `authorization` may go on to the nodes (router/clients/client_gate.h: not with client keys,
+  // unless client_auth.forward_client_key); it still binds multi-turn conversations.
+  bool forward_authorization = true;
+  // The request's tenant (router/clients/tenant_registry.h): its name, and its hold on the
+  // tenant's limits (an in-flight slot; the tokens begin() reserves), settled from the answer's
+  // usage when the session ends. An empty ticket: no tenant (tests).
+  std::string tenant;
+  clients::TenantTicket ticket;
+  // With the access log on: the request's record as ProxyService knew it (client, tenant, path,
+  // trace id, bytes in); the session completes it and logs it when it ends. Null: log off.
+  std::unique_ptr<clients::AccessRecord> log_record;
   // Its trace (router/tracing/request_trace.h); null when not traced (tracing off, not sampled).
   std::unique_ptr<tracing::RequestTrace> trace;
 };
@@ -147,6 +160,8 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void fail(int status, std::string_view message, std::string_view code);
   void end_stream_with_error(int status, std::string_view message, std::string_view code);
   void end(RequestState final_state);
+  // At the end: the tenant's tokens settled from the answer's usage, the access log's line.
+  void hand_over_record(RequestState final_state);
   void move_to(RequestState next);
   void release_pair();
   void close_legs();

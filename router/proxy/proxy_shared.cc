@@ -65,6 +65,15 @@ PolicySet& WorkerContext::policies() {
   return *policies_;
 }
 
+const clients::TenantTable& WorkerContext::tenants() {
+  const auto& topology = this->topology();
+  if (topology != tenants_topology_ || !tenants_) {
+    tenants_ = shared_.gate.tenants().table_for(topology);
+    tenants_topology_ = topology;
+  }
+  return *tenants_;
+}
+
 uint64_t WorkerContext::random() {
   uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ULL);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;

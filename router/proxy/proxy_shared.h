@@ -22,6 +22,7 @@
 #include "base/snapshot_cell.h"
 #include "config/topology.h"
 #include "http/upstream_client.h"
+#include "router/clients/client_gate.h"
 #include "router/policies/policy.h"
 #include "router/proxy/conversation_cache.h"
 #include "router/proxy/mooncake_cache.h"
@@ -38,6 +39,9 @@ class BlockIndex;
 class PrefixTree;
 }  // namespace pdr::router::cache
 
+namespace pdr::router::clients {
+class AccessLog;
+}  // namespace pdr::router::clients
 namespace pdr::router::tracing {
 class Tracer;
 }  // namespace pdr::router::tracing
@@ -72,6 +76,11 @@ struct ProxyShared {
   ConversationCache conversations;
   // HTTP workers serving this proxy (orphan_legs.h shares per-node limits out over them).
   uint32_t workers = 1;
+  // Client keys, tenants and their limits (router/clients/client_gate.h).
+  clients::ClientGate gate;
+  // One line per client request (router/clients/access_log.h); owned by main, set before the
+  // first request. Null: no access log.
+  clients::AccessLog* access_log = nullptr;
   // TLS to nodes (node_tls.h); null until published (plain HTTP to every node).
   SnapshotCell<NodeTlsContexts> node_tls{nullptr};
   // listeners.tls: how pdrouter reaches its own client listener (GET /health_generate), its
@@ -140,6 +149,9 @@ class WorkerContext {
   }
   const std::shared_ptr<const config::Topology>& topology() { return topology_.get(); }
   PolicySet& policies();
+  // The tenants of the current topology (clients::TenantRegistry::table_for, asked again only
+  // when the topology changed). Valid until the next call.
+  const clients::TenantTable& tenants();
 
   uint64_t random();  // splitmix64, seeded per worker from std::random_device
 
@@ -166,6 +178,8 @@ class WorkerContext {
   SnapshotReader<http::TlsClientContext> self_tls_;
   std::shared_ptr<const config::Topology> policies_topology_;
   std::shared_ptr<PolicySet> policies_;
+  std::shared_ptr<const config::Topology> tenants_topology_;
+  std::shared_ptr<const clients::TenantTable> tenants_;
   uint64_t rng_state_;
 };
 

@@ -1313,5 +1313,113 @@ kubernetes:
               HasSubstr("unknown key 'label' in kubernetes"));
 }
 
+TEST(TopologyParse, ClientAuthKeysFile) {
+  TempDir dir;
+  dir.write("clients.keys", "# who may call\nsk-team-a-0123456789abcdef team-a\nsk-team-b-0123456789abcdef team-b\n");
+  const std::string topo_path =
+      dir.write("topo.yaml", "client_auth:\n  keys_file: clients.keys\n  forward_client_key: true\n");
+  Topology t;
+  Status s = load_topology_file(topo_path, &t);  // relative to the topology file
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_TRUE(t.client_auth.enabled());
+  EXPECT_EQ(t.client_auth.keys_file, "clients.keys");
+  EXPECT_TRUE(t.client_auth.forward_client_key);
+  ASSERT_EQ(t.client_auth.keys.keys.size(), 2u);
+  ASSERT_NE(t.client_auth.keys.find("sk-team-b-0123456789abcdef"), nullptr);
+  EXPECT_EQ(*t.client_auth.keys.find("sk-team-b-0123456789abcdef"), "team-b");
+
+  Topology defaults;
+  ASSERT_TRUE(parse("", &defaults).is_ok());
+  EXPECT_FALSE(defaults.client_auth.enabled());
+  EXPECT_FALSE(defaults.client_auth.forward_client_key);
+
+  // A bad line is named by the file and its line, never by its key.
+  const std::string bad = dir.write("bad.keys", "sk-team-a-0123456789abcdef team-a\nsk-tiny team-b\n");
+  std::string msg = error_of("client_auth:\n  keys_file: " + bad + "\n", StatusCode::kInvalidValue);
+  EXPECT_THAT(msg, StartsWith("topo.yaml:2:14: client_auth.keys_file: '" + bad + "': line 2: the key is shorter"));
+  EXPECT_THAT(msg, Not(HasSubstr("sk-tiny")));
+  msg = error_of("client_auth:\n  keys_file: " + dir.file("missing.keys") + "\n", StatusCode::kIoError);
+  EXPECT_THAT(msg, HasSubstr("cannot open"));
+  EXPECT_THAT(error_of("client_auth:\n  keysfile: x\n", StatusCode::kInvalidValue),
+              HasSubstr("unknown key 'keysfile' in client_auth"));
+
+  // An empty key file locks every client out: allowed, with a warning.
+  const std::string empty = dir.write("empty.keys", "# nobody yet\n");
+  ASSERT_TRUE(parse("client_auth: {keys_file: " + empty + "}\n", &t).is_ok());
+  EXPECT_TRUE(t.client_auth.enabled());
+  const auto warnings = topology_warnings(t);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("holds no key"));
+}
+
+TEST(TopologyParse, Tenants) {
+  Topology t;
+  Status s = parse(
+      "tenants:\n"
+      "  header: X-Tenant-Id\n"
+      "  defaults: {requests_per_second: 10, tokens_per_minute: 6000}\n"
+      "  limits:\n"
+      "    team-b: {max_in_flight: 4}\n"
+      "    team-a: {requests_per_second: 2, burst: 5, tokens_per_minute: 0}\n",
+      &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.tenants.header, "x-tenant-id");
+  EXPECT_EQ(t.tenants.defaults.requests_per_second, 10u);
+  ASSERT_EQ(t.tenants.limits.size(), 2u);
+  EXPECT_EQ(t.tenants.limits[0].first, "team-a");
+  const auto& a = t.tenants.limits_of("team-a");
+  EXPECT_EQ(a.requests_per_second, 2u);
+  EXPECT_EQ(a.burst, 5u);
+  EXPECT_EQ(a.tokens_per_minute, 0u);  // written: no limit
+  const auto& b = t.tenants.limits_of("team-b");
+  EXPECT_EQ(b.max_in_flight, 4u);
+  EXPECT_EQ(b.requests_per_second, 10u);  // not written: the defaults'
+  EXPECT_EQ(b.tokens_per_minute, 6000u);
+  EXPECT_EQ(&t.tenants.limits_of("nobody"), &t.tenants.defaults);
+
+  EXPECT_THAT(error_of("tenants:\n  limits:\n    other: {max_in_flight: 1}\n", StatusCode::kInvalidValue),
+              HasSubstr("'other' is not a tenant name"));
+  EXPECT_THAT(error_of("tenants:\n  limits:\n    \"a b\": {max_in_flight: 1}\n", StatusCode::kInvalidValue),
+              HasSubstr("is not a tenant name"));
+  EXPECT_THAT(error_of("tenants:\n  limits:\n    a: {rps: 1}\n", StatusCode::kInvalidValue),
+              HasSubstr("unknown key 'rps' in tenants.limits.a"));
+  EXPECT_THAT(error_of("tenants:\n  defaults: {requests_per_second: -1}\n", StatusCode::kOutOfRange),
+              HasSubstr("tenants.defaults.requests_per_second"));
+  EXPECT_THAT(error_of("tenants:\n  header: \"x tenant\"\n", StatusCode::kInvalidValue),
+              HasSubstr("not a valid HTTP header name"));
+  EXPECT_THAT(error_of("tenants:\n  limits: [a]\n", StatusCode::kWrongType), HasSubstr("expected a map"));
+}
+
+TEST(TopologyParse, AccessLog) {
+  Topology t;
+  ASSERT_TRUE(parse("", &t).is_ok());
+  EXPECT_TRUE(t.access_log.path.empty());
+  ASSERT_TRUE(parse("access_log: {path: /var/log/pdrouter/access.log, max_queued_lines: 100}\n", &t).is_ok());
+  EXPECT_EQ(t.access_log.path, "/var/log/pdrouter/access.log");
+  EXPECT_EQ(t.access_log.max_queued_lines, 100u);
+  ASSERT_TRUE(parse("access_log: {path: stderr}\n", &t).is_ok());
+  EXPECT_EQ(t.access_log.path, "stderr");
+  EXPECT_THAT(error_of("access_log: {path: logs/access.log}\n", StatusCode::kInvalidValue),
+              HasSubstr("expected an absolute path or stderr"));
+  EXPECT_THAT(error_of("access_log: {max_queued_lines: 1}\n", StatusCode::kOutOfRange),
+              HasSubstr("access_log.max_queued_lines"));
+}
+
+TEST(TopologyWarnings, ClientSettingsThatDoNothing) {
+  TempDir dir;
+  const std::string keys = dir.write("k.keys", "sk-team-a-0123456789abcdef team-a\n");
+  ScopedEnv env("PDR_TEST_UPSTREAM_KEY", "node-key");
+  Topology t;
+  ASSERT_TRUE(parse("client_auth: {keys_file: " + keys + ", forward_client_key: true}\n"
+                    "tenants: {header: x-tenant}\n"
+                    "connectors: {upstream_api_key_env: PDR_TEST_UPSTREAM_KEY}\n",
+                    &t)
+                  .is_ok());
+  const auto warnings = topology_warnings(t);
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_THAT(warnings[0], HasSubstr("tenants.header is ignored"));
+  EXPECT_THAT(warnings[1], HasSubstr("forward_client_key has no effect"));
+}
+
 }  // namespace
 }  // namespace pdr::config

@@ -156,9 +156,22 @@ class DeclaredInstancesParserTest(unittest.TestCase):
             self.assertEqual(declared_instances(text), expected)
 
 
+def readme_key_file():
+    """The README's example client key file (the ```text block that starts `# clients.keys`)."""
+    return next(text for _, text in readme_blocks("text") if text.startswith("# clients.keys"))
+
+
 class TopologyFilesTest(unittest.TestCase):
     def check_topology(self, text, label):
         text = on_loopback(text)
+        match = re.search(r"(?<![a-z_])keys_file: ([^\s\"]+)", text)
+        if match:  # a client key file the text names: the README's example, in a directory of its own
+            keys_dir = tempfile.mkdtemp(prefix="pdr-readme-keys-")
+            self.addCleanup(shutil.rmtree, keys_dir, True)
+            path = os.path.join(keys_dir, os.path.basename(match.group(1)))
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(readme_key_file())
+            text = text.replace(match.group(0), "keys_file: " + path)
         expected = sorted(declared_instances(text))
         tls_dir = tempfile.mkdtemp(prefix="pdr-doc-tls-")
         self.addCleanup(shutil.rmtree, tls_dir, True)

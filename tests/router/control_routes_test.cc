@@ -6,7 +6,7 @@
 #include <string>
 
 #include "discovery/discovery_counters.h"
-#include "router/admin_throttle.h"
+#include "router/clients/admin_throttle.h"
 #include "router/control_routes.h"
 
 namespace pdr::router {

@@ -110,6 +110,37 @@ TEST_F(TopologyWatcherTest, RenamedFileIsReloaded) {
   EXPECT_EQ(store.reloads_failed(), 0u);
 }
 
+TEST_F(TopologyWatcherTest, AFileTheTopologyNamesElsewhereReloadsIt) {
+  // The client key file, in a directory of its own: its change rereads the topology.
+  const std::filesystem::path keys_dir = std::filesystem::path(dir_) / "keys";
+  std::filesystem::create_directory(keys_dir);
+  const std::string keys = (keys_dir / "clients.keys").string();
+  std::ofstream(keys) << "sk-team-a-0123456789abcdef team-a\n";
+  write_in_place("client_auth: {keys_file: " + keys + "}\n");
+  TopologyStore store;
+  ASSERT_TRUE(store.load_initial(path_).is_ok());
+  int listener_calls = 0;
+  store.add_listener([&](const Topology&, const Topology& new_t) {
+    ++listener_calls;
+    EXPECT_EQ(new_t.client_auth.keys.keys.size(), 2u);
+    stop();
+  });
+  TopologyWatcher::Options options;
+  options.debounce = 50ms;
+  options.settle = 50ms;
+  TopologyWatcher watcher(&loop_, store, options);
+  ASSERT_TRUE(watcher.start().is_ok());
+  watcher.watch_also({store.current()->client_auth.keys_path});
+  std::ofstream(keys_dir / "unrelated") << "x\n";
+  const std::string tmp = keys + ".tmp";
+  std::ofstream(tmp) << "sk-team-a-0123456789abcdef team-a\nsk-team-b-0123456789abcdef team-b\n";
+  ASSERT_EQ(std::rename(tmp.c_str(), keys.c_str()), 0);
+  run_until_stopped();
+  EXPECT_FALSE(timed_out_) << "no reload within 10 s";
+  EXPECT_EQ(listener_calls, 1);
+  ASSERT_NE(store.current()->client_auth.keys.find("sk-team-b-0123456789abcdef"), nullptr);
+}
+
 TEST_F(TopologyWatcherTest, SighupReloads) {
   write_in_place("workers: 1\n");
   TopologyStore store;

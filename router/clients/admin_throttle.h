@@ -32,7 +32,7 @@
 #include <string_view>
 #include <unordered_map>
 
-namespace pdr::router {
+namespace pdr::router::clients {
 
 class AdminThrottle {
  public:
@@ -87,4 +87,4 @@ class AdminThrottle {
   Bucket all_{kAllLimits.burst, Clock::time_point{}, {}};
 };
 
-}  // namespace pdr::router
+}  // namespace pdr::router::clients

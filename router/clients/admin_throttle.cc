@@ -1,13 +1,13 @@
 // Failed admin authentications per address, per network and in all; the contract is in
 // admin_throttle.h.
-#include "router/admin_throttle.h"
+#include "router/clients/admin_throttle.h"
 
 #include <arpa/inet.h>
 
 #include <algorithm>
 #include <cstdio>
 
-namespace pdr::router {
+namespace pdr::router::clients {
 
 std::string_view AdminThrottle::address_of(std::string_view peer) {
   if (peer.starts_with('[')) {
@@ -118,4 +118,4 @@ size_t AdminThrottle::tracked_networks() const {
   return networks_.buckets.size();
 }
 
-}  // namespace pdr::router
+}  // namespace pdr::router::clients
