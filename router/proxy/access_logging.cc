@@ -1,8 +1,8 @@
 // Access log records of the client API (contracts in access_logging.h).
 #include "router/proxy/access_logging.h"
 
-#include "router/clients/admin_throttle.h"
 #include "router/clients/access_log.h"
+#include "router/clients/admin_throttle.h"
 
 namespace pdr::router::proxy {
 
@@ -10,7 +10,7 @@ std::unique_ptr<clients::AccessRecord> start_record(const ProxyShared& shared, c
                                                     std::string_view tenant) {
   if (shared.access_log == nullptr || !shared.access_log->enabled()) return nullptr;
   auto r = std::make_unique<clients::AccessRecord>();
-  r->client = AdminThrottle::address_of(request.peer);
+  r->client = clients::AdminThrottle::address_of(request.peer);
   r->tenant = tenant;
   r->method = request.method;
   r->path = request.path;
