@@ -59,9 +59,11 @@ struct StatusContext {
 //  "instances":[{role, http_address, dialect, registration_format, transfer_mode, zmq_address,
 //  dp_size, tp_size, bootstrap_port, model, labels, load, state, operator_drain, source,
 //  instance_id, epoch, first_seen_ms_ago, last_seen_ms_ago, expires_in_ms, ttl_ms, messages,
-//  restarts, kv_events_endpoint, kv_events_replay_endpoint, kv_events}]}
+//  restarts, kv_events_endpoint, kv_events_replay_endpoint, kv_events_ports,
+//  kv_events_replay_ports, kv_events}]}
 // kv_events_endpoint / kv_events_replay_endpoint: what the node (or operator) named, "tcp://..."
-// or null. kv_events (present only with kv_events.enabled; null for a node not subscribed to):
+// or null; kv_events_ports / kv_events_replay_ports: each DP rank's port when the node listed
+// them ([] otherwise: rank r at port + r). kv_events (present only with kv_events.enabled; null for a node not subscribed to):
 // {endpoint, replay_endpoint, subscribed_ranks, ranks_seen, blocks_indexed, batches, events, gaps,
 // replays, replay_failures, decode_errors, bad_messages, publisher_restarts, node_restarts}.
 // `dialect` is the KV connector dialect ("moriio", "p2p-nccl", ...); registration_format is the

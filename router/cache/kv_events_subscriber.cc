@@ -28,6 +28,7 @@ std::span<const std::byte> bytes_of(const zmq::message_t& m) {
 struct Wanted {
   proto::HostPort endpoint;
   std::optional<proto::HostPort> replay;
+  std::vector<uint16_t> ports, replay_ports;  // each rank's, when the node listed them
   uint32_t dp_size = 1;
   uint64_t epoch = 0;
   uint64_t restarts = 0;
@@ -45,6 +46,8 @@ std::optional<Wanted> wanted_for(const discovery::Instance& inst,
     return std::nullopt;
   }
   w.replay = inst.kv_events_replay_endpoint;
+  if (inst.kv_events_endpoint) w.ports = inst.kv_events_ports;
+  w.replay_ports = inst.kv_events_replay_ports;
   w.dp_size = std::max<uint32_t>(1, inst.dp_size);
   w.epoch = inst.epoch;
   w.restarts = inst.restarts;
@@ -239,7 +242,8 @@ class KvEventsSubscriber::Impl {
       if (it != nodes_.end()) {
         Wanted& had = it->second.wanted;
         const bool same_place =
-            had.endpoint == w.endpoint && had.replay == w.replay && had.dp_size == w.dp_size;
+            had.endpoint == w.endpoint && had.replay == w.replay && had.dp_size == w.dp_size &&
+            had.ports == w.ports && had.replay_ports == w.replay_ports;
         if (same_place && had.epoch == w.epoch && had.restarts == w.restarts) continue;
         index_.drop_node(key);
         if (same_place) {
@@ -271,7 +275,7 @@ class KvEventsSubscriber::Impl {
     Node node;
     node.wanted = w;
     for (uint32_t rank = 0; rank < w.dp_size; ++rank) {
-      const std::string endpoint = proto::zmq_tcp_endpoint(w.endpoint, rank);
+      const std::string endpoint = proto::zmq_tcp_rank_endpoint(w.endpoint, w.ports, rank);
       if (endpoint.empty()) {
         pdr::log::warn("kv_events: {} DP rank {}: port {} + {} passes 65535, not subscribed", key,
                      rank, w.endpoint.port, rank);
@@ -279,7 +283,7 @@ class KvEventsSubscriber::Impl {
       }
       Rank r;
       r.rank = rank;
-      if (w.replay) r.replay_endpoint = proto::zmq_tcp_endpoint(*w.replay, rank);
+      if (w.replay) r.replay_endpoint = proto::zmq_tcp_rank_endpoint(*w.replay, w.replay_ports, rank);
       try {
         r.socket = zmq::socket_t(*context_, zmq::socket_type::sub);
         r.socket.set(zmq::sockopt::linger, 0);
