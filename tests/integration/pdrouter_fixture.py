@@ -115,6 +115,41 @@ class Router:
                 return inst
         return None
 
+    @staticmethod
+    def is_routable(inst):
+        """Whether pairing may pick `inst` (a /status instance) now: up, not drained by the
+        operator, not ejected after failed connects."""
+        return (inst["state"] == "up" and not inst.get("operator_drain")
+                and not inst.get("ejected_for_ms"))
+
+    def wait_routable(self, addresses=(), prefills=0, decodes=0, timeout=10.0):
+        """Waits until /status shows every one of `addresses` routable and at least `prefills`
+        prefills and `decodes` decodes routable; returns {"prefill": [...], "decode": [...]}, the
+        routable instances. A test that needs nodes to route to waits here, on the registry's own
+        state, rather than sending as soon as the nodes started (their registration, the next
+        registry snapshot and, after a failed connect, the end of an ejection all come later)."""
+        wanted = set(addresses)
+
+        def routable():
+            by_role = {"prefill": [], "decode": []}
+            for inst in self.status()["instances"]:
+                if self.is_routable(inst):
+                    by_role.setdefault(inst["role"], []).append(inst)
+            listed = {i["http_address"] for group in by_role.values() for i in group}
+            if (wanted <= listed and len(by_role["prefill"]) >= prefills
+                    and len(by_role["decode"]) >= decodes):
+                return by_role
+            return None
+
+        try:
+            return self.wait_for(routable, timeout)[0]
+        except AssertionError:
+            raise AssertionError("not routable within %.0fs: wanted %s, %d prefill(s), %d decode(s); "
+                                 "/status instances: %s" % (
+                                     timeout * TIME_SCALE, sorted(wanted), prefills, decodes,
+                                     [(i["role"], i["http_address"], i["state"], i.get("operator_drain"),
+                                       i.get("ejected_for_ms")) for i in self.status()["instances"]]))
+
     def wait_for(self, predicate, timeout=5.0, interval=0.005):
         """Polls predicate() until it returns a truthy value; returns (value, seconds waited)."""
         timeout *= TIME_SCALE
