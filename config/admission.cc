@@ -7,6 +7,8 @@
 #include <charconv>
 #include <cstring>
 
+#include "proto/address.h"
+
 namespace pdr::config {
 
 std::string_view to_string(AdmissionClass c) {
@@ -133,13 +135,30 @@ bool AllowList::matches_everything() const {
   return std::any_of(cidrs.begin(), cidrs.end(), [](const Cidr& c) { return c.matches_everything(); });
 }
 
-bool may_register_address(AdmissionClass sender, const std::optional<IpAddress>& peer,
-                          std::string_view http_host) {
-  if (authenticated(sender) || !peer) return true;
-  auto registered = parse_ip_address(http_host);
-  if (!registered) return true;  // a host name: nothing to compare without resolving it
-  if (registered->is_loopback() && peer->is_loopback()) return true;
-  return *registered == *peer;
+AddressCheck check_registered_address(AdmissionClass sender, const std::optional<IpAddress>& peer,
+                                      std::string_view host) {
+  if (authenticated(sender) || !peer) return AddressCheck::kOwn;
+  if (proto::names_loopback(host)) return peer->is_loopback() ? AddressCheck::kOwn : AddressCheck::kNotOwn;
+  const auto registered = parse_ip_address(host);
+  if (!registered) return AddressCheck::kHostName;
+  return *registered == *peer ? AddressCheck::kOwn : AddressCheck::kNotOwn;
+}
+
+std::optional<ForeignAddress> find_foreign_address(AdmissionClass sender, const std::optional<IpAddress>& peer,
+                                                   const proto::Registration& reg) {
+  const std::pair<std::string_view, const std::string*> named[] = {
+      {"http_address", &reg.http_address.host},
+      {"zmq_address", reg.moriio_zmq ? &reg.moriio_zmq->host : nullptr},
+      {"zmq_address", reg.kv_address ? &reg.kv_address->host : nullptr},
+      {"kv_events_endpoint", reg.kv_events_endpoint ? &reg.kv_events_endpoint->host : nullptr},
+      {"kv_events_replay_endpoint", reg.kv_events_replay_endpoint ? &reg.kv_events_replay_endpoint->host : nullptr},
+  };
+  for (const auto& [field, host] : named) {
+    if (host == nullptr) continue;
+    const AddressCheck check = check_registered_address(sender, peer, *host);
+    if (check != AddressCheck::kOwn) return ForeignAddress{field, *host, check};
+  }
+  return std::nullopt;
 }
 
 }  // namespace pdr::config

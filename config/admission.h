@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "proto/discovery_message.h"
 
 namespace pdr::config {
 
@@ -57,11 +58,30 @@ struct AllowList {
   bool matches_everything() const;  // some entry is a /0
 };
 
-// A node may register only itself: when the sender did not authenticate (kOpen, kAddress) and the
-// registered http_address host is a literal IP, it must be the connection's peer address (any
-// loopback address counts as the same host as any other). Host names cannot be checked here and
-// pass. `peer` nullopt (an ipc:// endpoint: same machine) passes.
-bool may_register_address(AdmissionClass sender, const std::optional<IpAddress>& peer,
-                          std::string_view http_host);
+// A node may register only itself: when the sender did not authenticate (kOpen, kAddress), every
+// address its message names (http_address, the zmq_address host, the KV events endpoints; the
+// bootstrap server is the http_address host) must be the connection's peer address:
+//   kOwn       an IP literal equal to the peer, or any loopback host (proto::names_loopback: a
+//              127.x or ::1 literal, "localhost") from a loopback peer: one machine is one host;
+//   kNotOwn    another IP literal (or a loopback name from a peer that is not loopback);
+//   kHostName  any other name: what it resolves to is the DNS server's choice, not the sender's
+//              proof, and resolving it here would let any admitted sender make pdrouter look up
+//              names of its choosing, so unauthenticated senders may not name hosts at all.
+// Authenticated senders (kToken, kCurve) may name any host, and `peer` nullopt (an ipc://
+// endpoint: same machine) passes: both get kOwn. Pure: never resolves.
+enum class AddressCheck : uint8_t { kOwn, kNotOwn, kHostName };
+AddressCheck check_registered_address(AdmissionClass sender, const std::optional<IpAddress>& peer,
+                                      std::string_view host);
+
+// The first address of `reg` that `sender` may not name (check_registered_address), checked in
+// the order http_address, zmq_address (the MoRIIO host or the P2P-NCCL host:port), kv_events_endpoint,
+// kv_events_replay_endpoint; nullopt when every one passes. `field` is the registration key.
+struct ForeignAddress {
+  std::string_view field;
+  std::string host;
+  AddressCheck check = AddressCheck::kOwn;
+};
+std::optional<ForeignAddress> find_foreign_address(AdmissionClass sender, const std::optional<IpAddress>& peer,
+                                                   const proto::Registration& reg);
 
 }  // namespace pdr::config

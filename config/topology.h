@@ -134,6 +134,10 @@ struct Topology {
     // Whole request, admission to the last byte; 0 = no deadline. Past it: 504 request_deadline
     // (an error event if the stream began) and both legs closed.
     std::chrono::milliseconds request{0};
+    // A concurrent dialect's prefill leg still open when the decode answered (an orphan) is read
+    // and dropped for this long at most (or until its prefill deadline), then closed; 0 = closed
+    // at once (router/proxy/orphan_legs.h).
+    std::chrono::milliseconds orphan_grace{5000};
   } timeouts;
 
   struct Retries {
@@ -154,6 +158,10 @@ struct Topology {
     // together; a request or an answer that would go over it is refused (503 memory_budget).
     // 0 = no budget.
     uint32_t max_buffered_bytes = 1u << 30;
+    // Orphaned prefill legs (timeouts.orphan_grace) kept per prefill node, shared out over the
+    // workers; a new one over it closes the node's oldest. They never count against
+    // max_concurrent_requests. 0 = none kept (closed when the decode answered).
+    uint32_t max_orphan_legs_per_node = 64;
   } limits;
 
   struct Admin {
@@ -171,6 +179,17 @@ struct Topology {
     std::optional<uint16_t> default_port;
     std::string topic;  // subscription prefix ("" = every topic), <= 256 bytes
     uint32_t max_index_entries = 4'000'000;  // BlockIndex budget, (node rank, block) entries
+    // Allowance per node over all its DP ranks, live and replayed: batches beyond either rate are
+    // discarded undecoded and that DP rank's entries dropped (pdrouter_kv_events_rate_limited_total);
+    // no batch larger than max_node_bytes_per_sec is accepted at all. 1..10,000,000 and
+    // 65,536..1,073,741,824.
+    uint32_t max_node_batches_per_sec = 10'000;
+    uint32_t max_node_bytes_per_sec = 8u << 20;
+    // DP ranks of one node subscribed to (a larger dp_size: ranks 0..N-1 only, the rest counted in
+    // pdrouter_kv_events_ranks_over_cap_total), 1..1024; SUB sockets over every node, 1..1,000,000
+    // (and at most a quarter of the open-file limit at 4 descriptors each).
+    uint32_t max_ranks_per_node = 64;
+    uint32_t max_subscriptions = 1024;
   } kv_events;
 
   // Conditional disaggregation (router/proxy/decode_alone.h): a request is sent to its decode
@@ -194,12 +213,29 @@ struct Topology {
     std::chrono::milliseconds ttl{450'000};
     uint32_t max_entries = 100'000;
     uint32_t max_bytes = 64u << 20;  // of cached kv_transfer_params and keys
+    // Whose entry a turn may use (router/proxy/conversation_binding.h): each entry belongs to a
+    // digest of the client's Authorization header (kAuthorization), of the value of the header
+    // `bind_header` (kHeader: a tenant header a gateway in front sets), or to nobody (kNone: one
+    // shared namespace of conversation ids, for single-tenant deployments). A request without
+    // that credential has the anonymous binding, shared by all such requests.
+    enum class BindTo : uint8_t { kAuthorization, kHeader, kNone };
+    BindTo bind_to = BindTo::kAuthorization;
+    std::string bind_header;      // kHeader: the header's name, lower case
+    bool allow_anonymous = true;  // false: requests with the anonymous binding get no reuse
+    // HMAC-SHA256 key of the binding digests ("" = plain SHA-256). Replicas sharing entries
+    // through etcd must all use the same one.
+    std::string binding_secret;      // resolved secret
+    std::string binding_secret_env;  // source: environment variable name
   } multi_turn;
   // Endpoints that are not P/D (router/proxy/one_node_relay.h; which node serves what is the
   // node's `serves` label).
   struct Routing {
     // A path no route names is relayed to one decode node instead of the 404.
     bool pass_through_unknown = false;
+    // With pass_through_unknown: the only paths relayed (empty = any path but the node admin
+    // paths, router/proxy/pass_through.h). Decoded, normalised paths ("/v1/foo"); an entry
+    // ending in "/**" also names every path below it. At most 256 entries.
+    std::vector<std::string> pass_through_paths;
   } routing;
   // Where the registry lives (router/etcd/registry_replicator.h). "memory": this process only
   // (the default). "etcd": replicas share it through etcd's v3 JSON gateway (plain HTTP, or TLS

@@ -285,6 +285,7 @@ Status read_timeouts(const Source& src, const Field& f, Topology::Timeouts* out)
   r.ms("drain_ms", 0, kDayMs, &out->drain);
   r.ms("client_write_ms", 1, kDayMs, &out->client_write);
   r.ms("request_ms", 0, kDayMs, &out->request);
+  r.ms("orphan_grace_ms", 0, kDayMs, &out->orphan_grace);
   return r.finish();
 }
 
@@ -304,6 +305,7 @@ Status read_limits(const Source& src, const Field& f, Topology::Limits* out) {
   r.u32("max_concurrent_requests", 1, 10'000'000, &out->max_concurrent_requests);
   r.u32("max_connections", 1, 10'000'000, &out->max_connections);
   r.u32("max_buffered_bytes", 0, 0xFFFFFFFFu, &out->max_buffered_bytes);
+  r.u32("max_orphan_legs_per_node", 0, 1'000'000, &out->max_orphan_legs_per_node);
   return r.finish();
 }
 
@@ -318,6 +320,10 @@ Status read_kv_events(const Source& src, const Field& f, Topology::KvEvents* out
   });
   r.str("topic", 256, &out->topic);
   r.u32("max_index_entries", 1, 1u << 30, &out->max_index_entries);
+  r.u32("max_node_batches_per_sec", 1, 10'000'000, &out->max_node_batches_per_sec);
+  r.u32("max_node_bytes_per_sec", 1u << 16, 1u << 30, &out->max_node_bytes_per_sec);
+  r.u32("max_ranks_per_node", 1, 1024, &out->max_ranks_per_node);
+  r.u32("max_subscriptions", 1, 1'000'000, &out->max_subscriptions);
   return r.finish();
 }
 
@@ -335,12 +341,85 @@ Status read_multi_turn(const Source& src, const Field& f, Topology::MultiTurn* o
   r.ms("ttl_ms", 1000, kDayMs, &out->ttl);
   r.u32("max_entries", 1, 1u << 24, &out->max_entries);
   r.u32("max_bytes", 1u << 16, 1u << 31, &out->max_bytes);
+  r.with("bind_to", [&](const Field& v) {
+    std::string text;
+    Status s = read_string(src, v, 256, &text);
+    if (!s) return s;
+    using BindTo = Topology::MultiTurn::BindTo;
+    if (text == "authorization" || text == "none") {
+      out->bind_to = text == "none" ? BindTo::kNone : BindTo::kAuthorization;
+      out->bind_header.clear();
+      return s;
+    }
+    const std::string_view name = std::string_view(text).substr(std::min<size_t>(text.size(), 7));
+    if (!text.starts_with("header:") || name.empty() || !is_http_token(name)) {
+      return fail(src, v, StatusCode::kInvalidValue,
+                  fmt::format("expected authorization, header:<header name> or none, got {}", quoted_excerpt(text)));
+    }
+    out->bind_to = BindTo::kHeader;
+    out->bind_header.clear();
+    for (char c : name) out->bind_header += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    return s;
+  });
+  r.boolean("allow_anonymous", &out->allow_anonymous);
+  read_env_secret(src, r, "binding_secret_env", &out->binding_secret_env, &out->binding_secret);
+  if (r.ok() && out->bind_to == Topology::MultiTurn::BindTo::kNone && !out->allow_anonymous) {
+    const Field* at = r.take("allow_anonymous");
+    r.record(fail(src, at ? *at : f, StatusCode::kInvalidValue,
+                  "allow_anonymous: false with bind_to: none leaves no request multi-turn reuse"));
+  }
   return r.finish();
+}
+
+// "/a/b" or "/a/**": printable ASCII without '%', '?', '#' or '*' (but the final "/**"), no empty,
+// "." or ".." segment, no trailing '/' (but "/" itself).
+bool is_normalised_path_entry(std::string_view text) {
+  if (!text.starts_with('/')) return false;
+  if (text.ends_with("/**")) text.remove_suffix(3);
+  if (text.empty() || text == "/") return true;
+  for (const char c : text) {
+    if (c <= 0x20 || c >= 0x7f || c == '%' || c == '?' || c == '#' || c == '*') return false;
+  }
+  size_t at = 1;
+  for (;;) {
+    const size_t slash = text.find('/', at);
+    const std::string_view segment = text.substr(at, slash == std::string_view::npos ? text.npos : slash - at);
+    if (segment.empty() || segment == "." || segment == "..") return false;
+    if (slash == std::string_view::npos) return true;
+    at = slash + 1;
+  }
+}
+
+// An entry is compared with the decoded, normalised request path (router/proxy/pass_through.h),
+// so it must be written in that form: an encoded or dot-segment spelling would never match.
+Status read_pass_through_paths(const Source& src, const Field& f, std::vector<std::string>* out) {
+  if (!f.value.IsSequence()) {
+    return fail(src, f, StatusCode::kWrongType, fmt::format("expected a list of paths, got {}", describe(f.value)));
+  }
+  std::vector<std::string> paths;
+  size_t i = 0;
+  for (auto it = f.value.begin(); it != f.value.end(); ++it, ++i) {
+    Field item{YAML::Node(), *it, fmt::format("{}[{}]", f.path, i)};
+    if (i >= 256) return fail(src, item, StatusCode::kOutOfRange, "at most 256 paths");
+    std::string text;
+    Status s = read_string(src, item, 256, &text);
+    if (!s) return s;
+    const bool normal = is_normalised_path_entry(text);
+    if (!normal) {
+      return fail(src, item, StatusCode::kInvalidValue,
+                  "expected a decoded path starting with '/' (no '%', '?', spaces, '//', '.' or '..' segments, "
+                  "no trailing '/'; '/**' at the end names a subtree), got " + quoted_excerpt(text));
+    }
+    paths.push_back(std::move(text));
+  }
+  *out = std::move(paths);
+  return Status::ok();
 }
 
 Status read_routing(const Source& src, const Field& f, Topology::Routing* out) {
   MapReader r(src, f);
   r.boolean("pass_through_unknown", &out->pass_through_unknown);
+  r.with("pass_through_paths", [&](const Field& v) { return read_pass_through_paths(src, v, &out->pass_through_paths); });
   return r.finish();
 }
 

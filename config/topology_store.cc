@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <fstream>
+#include <tuple>
 #include <utility>
 
 namespace pdr::config {
@@ -134,6 +135,14 @@ std::vector<std::string> restart_required_changes(const Topology& a, const Topol
   if (ka.max_index_entries != kb.max_index_entries) {
     changes.push_back(
         fmt::format("kv_events.max_index_entries: {} -> {}", ka.max_index_entries, kb.max_index_entries));
+  }
+  for (const auto& [name, x, y] : {std::tuple{"max_node_batches_per_sec", ka.max_node_batches_per_sec,
+                                              kb.max_node_batches_per_sec},
+                                   std::tuple{"max_node_bytes_per_sec", ka.max_node_bytes_per_sec,
+                                              kb.max_node_bytes_per_sec},
+                                   std::tuple{"max_ranks_per_node", ka.max_ranks_per_node, kb.max_ranks_per_node},
+                                   std::tuple{"max_subscriptions", ka.max_subscriptions, kb.max_subscriptions}}) {
+    if (x != y) changes.push_back(fmt::format("kv_events.{}: {} -> {}", name, x, y));
   }
   // The prefix tree of cache-aware routing is made once at start, with its budget.
   const uint32_t ta = a.policies.cache_aware.prefix_tree_max_bytes;

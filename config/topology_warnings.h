@@ -5,6 +5,9 @@
 //   policies.cache_aware.tokenize: node without kv_events.enabled: the token ids a node's
 //   /tokenize returns are matched on the KV events' block index, which is empty without KV
 //   events, so the extra hop buys nothing.
+//
+//   kubernetes.enabled with an http:// api_server and a token_file: the bearer token (by
+//   default the service account's) travels in clear on every list and watch.
 #pragma once
 
 #include <string>

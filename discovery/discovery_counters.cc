@@ -23,6 +23,7 @@ std::string_view to_string(RejectReason r) {
     case RejectReason::kStaleEpoch: return "stale_epoch";
     case RejectReason::kClassFull: return "class_full";
     case RejectReason::kOperatorOwned: return "operator_owned";
+    case RejectReason::kHostName: return "host_name";
     case RejectReason::kCount: break;
   }
   return "unknown";

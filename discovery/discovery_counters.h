@@ -26,6 +26,7 @@ enum class RejectReason : uint8_t {
   kStaleEpoch,     // registration from an older epoch than the live entry
   kClassFull,      // the sender's admission class reached discovery.max_instances_per_class
   kOperatorOwned,  // goodbye for a static or admin instance
+  kHostName,       // an unauthenticated sender named a host name (never resolved)
   kCount
 };
 std::string_view to_string(RejectReason);

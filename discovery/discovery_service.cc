@@ -159,8 +159,11 @@ class DiscoveryService::Impl {
       router.set(zmq::sockopt::curve_secretkey, curve->secret_z85);
     }
     // Monitor accepted/disconnected peers: libzmq drops peers that exceed maxmsgsize without
-    // telling the application, so disconnects are the only trace of such frames.
-    zmq_socket_monitor(router.handle(), monitor_endpoint, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED);
+    // telling the application, so disconnects are the only trace of such frames. And handshakes
+    // that fail before the ZAP handler is asked (a NULL client on the CURVE endpoint, a CURVE
+    // client with the wrong server key): the monitor is the only place they show.
+    zmq_socket_monitor(router.handle(), monitor_endpoint,
+                       ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL);
     *monitor = zmq::socket_t(context_, zmq::socket_type::pair);
     monitor->connect(monitor_endpoint);
     return router;
@@ -350,11 +353,24 @@ class DiscoveryService::Impl {
         zmq::message_t endpoint;
         (void)monitor.recv(endpoint, zmq::recv_flags::dontwait);
       }
+      // The event frame: a 16-bit event id, then a 32-bit value (zmq_socket_monitor(3)).
       if (event.size() < sizeof(uint16_t)) continue;
       uint16_t id;
       std::memcpy(&id, event.data(), sizeof id);
+      uint32_t value = 0;
+      if (event.size() >= sizeof id + sizeof value) {
+        std::memcpy(&value, static_cast<const char*>(event.data()) + sizeof id, sizeof value);
+      }
       if (id == ZMQ_EVENT_ACCEPTED) counters_.peer_connections.fetch_add(1, std::memory_order_relaxed);
       if (id == ZMQ_EVENT_DISCONNECTED) counters_.peer_disconnects.fetch_add(1, std::memory_order_relaxed);
+      if (id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+        const HandshakeRefusal refusal = handshake_failure_refusal(value);
+        counters_.refuse_handshake(refusal);
+        if (log_limiter_.allow(Clock::now())) {
+          pdr::log::warn("discovery: refused connection ({}): handshake failed before admission (ZMTP error 0x{:x})",
+                         to_string(refusal), value);
+        }
+      }
     }
   }
 
@@ -430,10 +446,11 @@ class DiscoveryService::Impl {
   }
 
   // Admission checks common to registrations and goodbyes; false (and the refusal handled) when
-  // the message must change nothing.
+  // the message must change nothing. `reg`: the registration whose every address is checked
+  // (config::find_foreign_address); null for a goodbye, whose one address is `address`.
   bool admit(const zmq::message_t& identity, const Sender& sender, uint32_t schema_version,
-             const std::string& token, const proto::HostPort& address, bool ack_refusal,
-             config::AdmissionClass* out) {
+             const std::string& token, const proto::HostPort& address, const proto::Registration* reg,
+             bool ack_refusal, config::AdmissionClass* out) {
     const std::string key = address.to_string();
     auto cls = message_class(schema_version, token, sender.admission);
     if (!cls) {
@@ -441,18 +458,48 @@ class DiscoveryService::Impl {
       if (ack_refusal) send_ack(identity, *sender.socket, {false, "unauthenticated: missing or wrong auth token", 0, 0});
       return false;
     }
-    if (!config::may_register_address(*cls, sender.peer, address.host)) {
-      reject(RejectReason::kNotSelf,
-             fmt::format("message for {} came from {}: a node that does not authenticate may speak only "
-                         "for its own address", key, sender.peer ? peer_text(*sender.peer) : "?"));
-      if (ack_refusal) {
-        send_ack(identity, *sender.socket,
-                 {false, "forbidden: http_address is not the sender's own address (authenticate to register another)", 0, 0});
-      }
+    std::optional<config::ForeignAddress> foreign;
+    if (reg != nullptr) {
+      foreign = config::find_foreign_address(*cls, sender.peer, *reg);
+    } else if (const auto check = config::check_registered_address(*cls, sender.peer, address.host);
+               check != config::AddressCheck::kOwn) {
+      foreign = config::ForeignAddress{"http_address", address.host, check};
+    }
+    if (foreign) {
+      refuse_foreign(identity, sender, key, *foreign, ack_refusal);
       return false;
     }
     *out = *cls;
     return true;
+  }
+
+  // A node that does not authenticate may name only its own address (config/admission.h): the
+  // router connects out to every address a registration names (HTTP legs, the KV events sockets)
+  // and hands the zmq_address to the paired node, so any registrant could otherwise aim them at
+  // a third host. A host name is refused before it is ever resolved.
+  void refuse_foreign(const zmq::message_t& identity, const Sender& sender, const std::string& key,
+                      const config::ForeignAddress& foreign, bool ack_refusal) {
+    const std::string from = sender.peer ? peer_text(*sender.peer) : "?";
+    if (foreign.check == config::AddressCheck::kHostName) {
+      reject(RejectReason::kHostName,
+             fmt::format("message for {} from {} names the host {} in {}: a node that does not authenticate "
+                         "must give its own IP address (names need the auth token or CURVE)",
+                         key, from, foreign.host, foreign.field));
+      if (ack_refusal) {
+        send_ack(identity, *sender.socket,
+                 {false, fmt::format("forbidden: {} is a host name; a node that does not authenticate must give its "
+                                     "own IP address (authenticate to use names)", foreign.field), 0, 0});
+      }
+      return;
+    }
+    reject(RejectReason::kNotSelf,
+           fmt::format("message for {} from {} names {} in {}: a node that does not authenticate may name only "
+                       "its own address", key, from, foreign.host, foreign.field));
+    if (ack_refusal) {
+      send_ack(identity, *sender.socket,
+               {false, fmt::format("forbidden: {} is not the sender's own address (authenticate to name another)",
+                                   foreign.field), 0, 0});
+    }
   }
 
   static std::string peer_text(const config::IpAddress& a) {
@@ -464,25 +511,7 @@ class DiscoveryService::Impl {
   void handle_registration(const zmq::message_t& identity, const proto::Registration& reg, const Sender& sender) {
     const bool wants_ack = reg.schema_version > 0;
     config::AdmissionClass cls;
-    if (!admit(identity, sender, reg.schema_version, reg.auth_token, reg.http_address, wants_ack, &cls)) return;
-    // The router connects out to the KV events endpoints: a node that does not authenticate may
-    // point them only at itself, as its http_address, or any registrant could aim the router's
-    // sockets at a third host.
-    for (const std::optional<proto::HostPort>* endpoint : {&reg.kv_events_endpoint, &reg.kv_events_replay_endpoint}) {
-      if (*endpoint && !config::may_register_address(cls, sender.peer, (*endpoint)->host)) {
-        reject(RejectReason::kNotSelf,
-               fmt::format("registration of {} from {} names a KV events endpoint on {}: a node that does not "
-                           "authenticate may name only its own address",
-                           reg.http_address.to_string(), sender.peer ? peer_text(*sender.peer) : "?",
-                           (*endpoint)->to_string()));
-        if (wants_ack) {
-          send_ack(identity, *sender.socket,
-                   {false, "forbidden: kv_events endpoint is not the sender's own address (authenticate to name another)",
-                    0, 0});
-        }
-        return;
-      }
-    }
+    if (!admit(identity, sender, reg.schema_version, reg.auth_token, reg.http_address, &reg, wants_ack, &cls)) return;
     const auto now = Clock::now();
     const auto outcome = registry_.upsert(reg, now, cls);
     const std::string key = reg.http_address.to_string();
@@ -535,7 +564,10 @@ class DiscoveryService::Impl {
 
   void handle_goodbye(const zmq::message_t& identity, const proto::Goodbye& goodbye, const Sender& sender) {
     config::AdmissionClass cls;
-    if (!admit(identity, sender, goodbye.schema_version, goodbye.auth_token, goodbye.http_address, true, &cls)) return;
+    if (!admit(identity, sender, goodbye.schema_version, goodbye.auth_token, goodbye.http_address, nullptr, true,
+               &cls)) {
+      return;
+    }
     const std::string key = goodbye.http_address.to_string();
     auto refuse = [&](RejectReason why, const std::string& detail, const std::string& ack_reason) {
       reject(why, detail);

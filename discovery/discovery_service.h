@@ -7,9 +7,10 @@
 //
 // Admission (config/admission.h): each connection passes the ZAP policy at its handshake (the
 // service answers libzmq's ZAP requests on its own thread), each message gets the admission class
-// of its connection (raised to kToken by a valid auth token), and a registration or goodbye whose
-// address is not the sender's own is refused unless the sender authenticated; so is a registration
-// whose kv_events_endpoint / kv_events_replay_endpoint host is not (the router connects to them).
+// of its connection (raised to kToken by a valid auth token), and a registration or goodbye that
+// names an address other than the sender's own is refused unless the sender authenticated: its
+// http_address, zmq_address host and KV events endpoints (the router connects to them, or hands
+// them to the paired node); a host name counts as another address (config/admission.h).
 //
 // Each accepted frame pair [identity, payload] is decoded (proto/), authenticated, applied to the
 // registry, and, for messages carrying `pdr_v`, acknowledged to the sender. Anything else is

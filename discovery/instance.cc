@@ -24,6 +24,20 @@ std::string_view to_string(InstanceSource source) {
   return "unknown";
 }
 
+std::string_view to_string(const ReplicaOrigin& origin) {
+  return origin.operator_entry ? std::string_view("operator") : config::to_string(origin.admission);
+}
+
+ReplicaOrigin parse_replica_origin(std::string_view name) {
+  ReplicaOrigin origin;
+  if (name == "operator") {
+    origin.operator_entry = true;
+  } else if (!config::parse_admission_class(name, &origin.admission)) {
+    origin.admission = config::AdmissionClass::kOpen;
+  }
+  return origin;
+}
+
 Clock::time_point InstanceLiveness::last_seen() const {
   return Clock::time_point(std::chrono::nanoseconds(last_seen_ns.load(std::memory_order_relaxed)));
 }

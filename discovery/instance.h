@@ -31,6 +31,21 @@ enum class InstanceSource : uint8_t { kRegistered, kStatic, kAdmin, kReplica, kK
 std::string_view to_string(InstanceState);   // "up", "draining", "expired"
 std::string_view to_string(InstanceSource);  // "registered", "static", "admin", "replica", "kubernetes"
 
+// How strongly a replica entry's node proved who it is, on the replica that owns the entry: the
+// admission class it registered with there, or `operator_entry` for a static or admin entry there
+// (the operator's word, above every class). Registry::upsert_replica takes it; a sender here may
+// change the entry only from at least that rank (Registry::upsert).
+struct ReplicaOrigin {
+  config::AdmissionClass admission = config::AdmissionClass::kOpen;  // the weakest: nothing proven
+  bool operator_entry = false;
+  friend bool operator==(const ReplicaOrigin&, const ReplicaOrigin&) = default;
+};
+// "open", "address", "token", "curve", or "operator": how /status and the etcd value name it.
+std::string_view to_string(const ReplicaOrigin&);
+// The inverse; an absent (empty) or unknown name is the weakest class, never a stronger one: a
+// value written by an older replica, or by anyone with write access to etcd, proves nothing.
+ReplicaOrigin parse_replica_origin(std::string_view name);
+
 // What changes with every heartbeat. One cell per registered node, shared by every copy of its
 // Instance across snapshots, so a heartbeat that changes nothing else costs a few atomic stores
 // and no snapshot. Written only by the discovery thread; read by anyone (relaxed: each field is
@@ -77,9 +92,12 @@ struct Instance : proto::NodeSpec {
   bool node_draining = false;
   bool operator_drain = false;
   InstanceSource source = InstanceSource::kRegistered;
-  // How the node that created (or last took over) a registered entry was admitted; meaningless
-  // for static and admin entries, which the operator owns.
+  // How the node that created (or last took over) a registered entry was admitted; for a replica
+  // entry, how it was admitted on the replica that owns it (published with the entry). Meaningless
+  // for static and admin entries, which the operator owns, and for a replica entry whose owner
+  // holds it as a static or admin one (replica_of_operator_entry).
   config::AdmissionClass admission = config::AdmissionClass::kAddress;
+  bool replica_of_operator_entry = false;
   Clock::time_point first_seen{};
   std::chrono::milliseconds ttl{0};  // 0 for static/admin
   uint64_t restarts = 0;             // epoch changes seen

@@ -166,9 +166,21 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
                                          config::AdmissionClass sender) {
   const std::chrono::milliseconds ttl = effective_ttl(reg);
   auto it = entries_.find(reg.http_address.to_string());
-  // The node now talks to this replica: its entry becomes a local registered one (one snapshot,
-  // no gap in routing).
   if (it != entries_.end() && it->second.instance->source == InstanceSource::kReplica) {
+    const Instance& replica = *it->second.instance;
+    if (replica.replica_of_operator_entry) {
+      // The operator described it on its replica: as for a local static entry, the node's
+      // messages keep it live here and change nothing else.
+      InstanceLiveness& live = *replica.liveness;
+      live.set_last_seen(now);
+      live.set_load(reg.load);
+      live.messages.fetch_add(1, std::memory_order_relaxed);
+      return {UpsertResult::kUpdated, ttl};
+    }
+    // A weaker sender here cannot replace what a stronger one registered on another replica.
+    if (sender < replica.admission) return {UpsertResult::kRejectedWeaker, ttl};
+    // The node now talks to this replica: its entry becomes a local registered one (one
+    // snapshot, no gap in routing).
     erase(it);
     it = entries_.end();
   }
@@ -413,12 +425,12 @@ RegistrySnapshotPtr Registry::snapshot(Clock::time_point now) {
   return snap;
 }
 
-AdminOutcome Registry::upsert_replica(const proto::Registration& reg, Clock::time_point now) {
-  return upsert_owned(reg, InstanceSource::kReplica, now);
+AdminOutcome Registry::upsert_replica(const proto::Registration& reg, ReplicaOrigin origin, Clock::time_point now) {
+  return upsert_owned(reg, InstanceSource::kReplica, origin, now);
 }
 
 AdminOutcome Registry::upsert_kubernetes(const proto::Registration& reg, Clock::time_point now) {
-  return upsert_owned(reg, InstanceSource::kKubernetes, now);
+  return upsert_owned(reg, InstanceSource::kKubernetes, ReplicaOrigin{}, now);
 }
 
 AdminOutcome Registry::remove_replica(std::string_view key) { return remove_owned(key, InstanceSource::kReplica); }
@@ -427,7 +439,8 @@ AdminOutcome Registry::remove_kubernetes(std::string_view key) {
   return remove_owned(key, InstanceSource::kKubernetes);
 }
 
-AdminOutcome Registry::upsert_owned(const proto::Registration& reg, InstanceSource source, Clock::time_point now) {
+AdminOutcome Registry::upsert_owned(const proto::Registration& reg, InstanceSource source, ReplicaOrigin origin,
+                                    Clock::time_point now) {
   const std::string key = reg.http_address.to_string();
   auto it = entries_.find(key);
   // What another replica published gives way to what this replica sees itself.
@@ -435,6 +448,16 @@ AdminOutcome Registry::upsert_owned(const proto::Registration& reg, InstanceSour
       it->second.instance->source == InstanceSource::kReplica) {
     erase(it);
     it = entries_.end();
+  }
+  // ... unless this replica's entry came from a weaker sender than the other replica's: the
+  // weaker-sender rule, across replicas (the weaker one may have registered here first).
+  bool replaced = false;
+  if (it != entries_.end() && source == InstanceSource::kReplica &&
+      it->second.instance->source == InstanceSource::kRegistered &&
+      (origin.operator_entry || it->second.instance->admission < origin.admission)) {
+    erase(it);
+    it = entries_.end();
+    replaced = true;
   }
   if (it != entries_.end() && it->second.instance->source != source) {
     return {AdminResult::kConflict, it->second.instance, "a local entry owns " + key};
@@ -446,6 +469,10 @@ AdminOutcome Registry::upsert_owned(const proto::Registration& reg, InstanceSour
     auto inst = std::make_shared<Instance>();
     apply_registration(reg, inst.get());
     inst->source = source;
+    if (source == InstanceSource::kReplica) {
+      inst->admission = origin.admission;
+      inst->replica_of_operator_entry = origin.operator_entry;
+    }
     inst->node_draining = reg.draining;
     inst->state = live_state(reg.draining, false);
     inst->first_seen = now;
@@ -454,16 +481,22 @@ AdminOutcome Registry::upsert_owned(const proto::Registration& reg, InstanceSour
     it = entries_.emplace(key, Entry{std::move(inst)}).first;
     set_deadline(it, kNever);
     dirty_ = true;
-    return {AdminResult::kCreated, it->second.instance, ""};
+    return {replaced ? AdminResult::kReplaced : AdminResult::kCreated, it->second.instance, ""};
   }
   const Instance& current = *it->second.instance;
   const InstanceState state = live_state(reg.draining, current.operator_drain);
+  const bool origin_changed = source == InstanceSource::kReplica &&
+                              !(ReplicaOrigin{current.admission, current.replica_of_operator_entry} == origin);
   if (!registration_matches(reg, current) || current.node_draining != reg.draining || current.state != state ||
-      current.epoch != reg.epoch) {
+      current.epoch != reg.epoch || origin_changed) {
     Instance& inst = mutable_instance(it->second);
     apply_registration(reg, &inst);
     inst.node_draining = reg.draining;
     inst.state = state;
+    if (source == InstanceSource::kReplica) {
+      inst.admission = origin.admission;
+      inst.replica_of_operator_entry = origin.operator_entry;
+    }
     dirty_ = true;
   }
   it->second.instance->liveness->set_last_seen(now);

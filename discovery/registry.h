@@ -143,11 +143,17 @@ class Registry {
 
   // Entries another replica owns (registry.backend: etcd; router/etcd/registry_replicator.h).
   // upsert_replica creates or refreshes a kReplica entry from that replica's registration (its
-  // drain flag included); it never expires here (the owner's etcd lease does that) and keeps a
-  // local operator drain. A local entry (registered, static, admin) at the key wins: kConflict.
-  // A local registration for a kReplica key takes the entry over (upsert), so a node moving to
-  // this replica stays routable. remove_replica drops a kReplica entry (kNotFound otherwise).
-  AdminOutcome upsert_replica(const proto::Registration& reg, Clock::time_point now);
+  // drain flag included) and `origin` (how the node proved who it is there); it never expires
+  // here (the owner's etcd lease does that) and keeps a local operator drain. A local static,
+  // admin or Kubernetes entry at the key wins (kConflict), and so does a registered one of at
+  // least the origin's rank; a registered one of a weaker class is replaced (kReplaced): the
+  // weaker-sender rule holds across replicas, whichever replica the weaker sender talked to.
+  // A local registration for a kReplica key takes the entry over when its sender is at least as
+  // strong as the origin (upsert), so a node moving to this replica stays routable; a weaker one
+  // is refused (kRejectedWeaker), and one for an operator entry of the owner only refreshes the
+  // entry's liveness, as for a local static entry. remove_replica drops a kReplica entry
+  // (kNotFound otherwise).
+  AdminOutcome upsert_replica(const proto::Registration& reg, ReplicaOrigin origin, Clock::time_point now);
   AdminOutcome remove_replica(std::string_view key);
 
   // Pods found by Kubernetes pod discovery (router/k8s/pod_watcher.h): kKubernetes entries, with
@@ -210,7 +216,8 @@ class Registry {
   UpsertResult make_room(config::AdmissionClass c);
   std::chrono::milliseconds effective_ttl(const proto::Registration& reg) const;
   // upsert_replica / upsert_kubernetes: entries another owner (`source`) ends.
-  AdminOutcome upsert_owned(const proto::Registration& reg, InstanceSource source, Clock::time_point now);
+  AdminOutcome upsert_owned(const proto::Registration& reg, InstanceSource source, ReplicaOrigin origin,
+                            Clock::time_point now);
   AdminOutcome remove_owned(std::string_view key, InstanceSource source);
 
   RegistryOptions options_;

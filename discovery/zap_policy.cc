@@ -1,6 +1,7 @@
 #include "discovery/zap_policy.h"
 
 #include <fmt/format.h>
+#include <zmq.h>
 
 #include "proto/curve_keys.h"
 
@@ -31,6 +32,8 @@ std::string_view to_string(HandshakeRefusal r) {
     case HandshakeRefusal::kKeyNotAllowed: return "key_not_allowed";
     case HandshakeRefusal::kWrongMechanism: return "wrong_mechanism";
     case HandshakeRefusal::kMalformed: return "malformed";
+    case HandshakeRefusal::kWrongServerKey: return "wrong_server_key";
+    case HandshakeRefusal::kProtocolError: return "protocol_error";
     case HandshakeRefusal::kCount: break;
   }
   return "unknown";
@@ -68,6 +71,16 @@ ZapDecision decide_zap(const ZapPolicy& policy, const std::vector<std::string>& 
 std::array<std::string, 6> zap_reply(std::string_view request_id, const ZapDecision& d) {
   return {"1.0", std::string(request_id), d.allow ? "200" : "400", d.allow ? "OK" : d.status_text,
           d.allow ? d.user_id : "", ""};
+}
+
+HandshakeRefusal handshake_failure_refusal(uint32_t zmq_protocol_error) {
+  switch (zmq_protocol_error) {
+    case ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: return HandshakeRefusal::kWrongMechanism;
+    // libzmq's CURVE server reports this when the client's HELLO box does not open: it was
+    // sealed for another server key.
+    case ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: return HandshakeRefusal::kWrongServerKey;
+    default: return HandshakeRefusal::kProtocolError;
+  }
 }
 
 config::AdmissionClass user_id_class(std::string_view user_id, config::AdmissionClass address_class) {

@@ -8,9 +8,12 @@
 //                 must be one of them (any address); without, the address must be in allowed_peers
 //                 (the connection is then encrypted but the sender is only address-admitted).
 // The answer's user id tells the message handler how the peer was admitted (user_id_class()).
+// Handshakes that fail before ZAP is asked (wrong mechanism, wrong CURVE server key) are seen on
+// the sockets' monitors and counted with the same refusals (handshake_failure_refusal()).
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <set>
 #include <string>
 #include <string_view>
@@ -28,6 +31,9 @@ enum class HandshakeRefusal : uint8_t {
   kKeyNotAllowed,      // CURVE client key not in discovery.curve.allowed_client_keys
   kWrongMechanism,     // e.g. a CURVE client on the plain socket's domain, or the reverse
   kMalformed,          // a ZAP request that does not follow RFC 27
+  // Failed before ZAP is asked (libzmq's handshake-failure events, handshake_failure_refusal):
+  kWrongServerKey,     // a CURVE client's HELLO does not decrypt with this server's key
+  kProtocolError,      // any other ZMTP or CURVE handshake error (a garbled greeting, ...)
   kCount
 };
 std::string_view to_string(HandshakeRefusal);  // "address_not_allowed", "key_not_allowed", ...
@@ -58,6 +64,12 @@ ZapDecision decide_zap(const ZapPolicy& policy, const std::vector<std::string>& 
 // The ZAP reply frames for a request id and decision (version "1.0", id, 200/400, text, user id,
 // empty metadata).
 std::array<std::string, 6> zap_reply(std::string_view request_id, const ZapDecision& decision);
+
+// The refusal a handshake that failed inside libzmq counts as, from the value of its
+// ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL monitor event (a ZMQ_PROTOCOL_ERROR_* code). These never
+// reach the ZAP handler: a NULL client on the CURVE endpoint (or the reverse) is kWrongMechanism,
+// a CURVE client with the wrong server key kWrongServerKey, anything else kProtocolError.
+HandshakeRefusal handshake_failure_refusal(uint32_t zmq_protocol_error);
 
 // How a message's sender was admitted, from its connection's user id (the "User-Id" message
 // property libzmq attaches after ZAP): kCurve for "curve:..."; otherwise `address_class`.

@@ -2,9 +2,10 @@
 //
 // Each client connection holds one descriptor, and each request in flight up to two more for its
 // upstream legs (prefill and decode, both open at once in the concurrent dialects); pdrouter's
-// own descriptors (loops, discovery, logs, pooled idle upstream connections) need headroom too.
-// Requests in flight never exceed the connections, so clamping max_connections alone keeps
-// everything within the limit.
+// own descriptors (loops, discovery, logs, pooled idle upstream connections, each worker's
+// reserve descriptor for answering 503 when accept() finds none: http_worker.h) need headroom
+// too. Requests in flight never exceed the connections, so clamping max_connections alone keeps
+// everything within the limit; a connection beyond it is answered 503 at accept.
 #pragma once
 
 #include <cstdint>

@@ -32,8 +32,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   HttpConnection(const HttpConnection&) = delete;
   HttpConnection& operator=(const HttpConnection&) = delete;
 
-  // Accepts one pending connection from `listener`. Returns a negative errno on failure.
-  int accept(uv_stream_t* listener);
+  // Takes over `fd`, a client connection the worker accepted (non-blocking). Returns a negative
+  // errno on failure, having closed `fd`.
+  int open(int fd);
   // Graceful shutdown: close now if idle, else close after the current response.
   void begin_drain();
   // Closes immediately (pending writer sees on_client_close).
@@ -90,7 +91,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool add_header_bytes(size_t n);
   int fail_parse(int status, const char* reason);
   void send_error_and_close(int status, std::string_view message, std::string_view type,
-                            std::string_view code);
+                            std::string_view code, bool retry_after = false);
   void begin_next_request();
   void finish_response();
   void begin_close_after_flush();

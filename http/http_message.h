@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/ascii.h"
+#include "http/body_budget.h"
 
 namespace pdr::http {
 
@@ -30,6 +31,8 @@ struct Request {
   std::string query;   // after '?', without it; empty if none
   std::vector<Header> headers;  // in arrival order, names as sent
   std::string body;             // de-chunked
+  // The body's share of ServerOptions::body_budget (empty without one): see body_budget.h.
+  BodyCharge body_charge;
   bool keep_alive = true;       // the client allows another request on this connection
   uint8_t http_major = 1;
   uint8_t http_minor = 1;

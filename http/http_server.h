@@ -11,7 +11,8 @@
 // - Errors the server detects itself are answered with OpenAI-style JSON (error_response) and
 //   the connection is closed: parse error 400, header read timeout 408, body too large 413
 //   (decided from Content-Length before the body is read), headers too large 431, handler threw
-//   or dropped its writer 500.
+//   or dropped its writer 500, 503 memory_budget (Retry-After: 1) when ServerOptions::body_budget
+//   refuses the body (body_budget.h; decided from Content-Length before the body is read too).
 // - Timers: a new connection, or a keep-alive connection once the first byte of its next request
 //   arrives, must deliver complete headers within header_read_timeout (then 408). Once the
 //   headers are complete the whole body must arrive within body_read_timeout, counted from the
@@ -56,8 +57,12 @@ struct ServerOptions {
   std::chrono::milliseconds header_read_timeout{10000};
   std::chrono::milliseconds body_read_timeout{30000};  // whole body, from the end of the headers
   std::chrono::milliseconds keep_alive_idle{60000};
-  uint32_t max_connections = 16384;  // across all workers; excess is accepted and closed at once
+  // Across all workers; excess is accepted, answered 503 (Retry-After: 1) and closed at once.
+  uint32_t max_connections = 16384;
   int backlog = 1024;
+  // Request bodies are charged to it as they are buffered (body_budget.h); null: no budget.
+  // Must outlive the server.
+  BodyBudget* body_budget = nullptr;
   // Runs on each worker's own thread during stop(), after its connections are closed and before
   // its loop ends: the place to release per-worker state holding handles on that loop (upstream
   // pools, timers). Optional.
@@ -68,6 +73,9 @@ struct ServerOptions {
 struct ServerStats {
   std::atomic<uint64_t> connections_accepted{0};
   std::atomic<uint64_t> connections_rejected{0};  // over max_connections
+  // Connections answered 503 (Retry-After: 1) and closed at once: over max_connections, or
+  // accepted into the reserve descriptor when the process had no descriptor left.
+  std::atomic<uint64_t> busy_refusals{0};
   std::atomic<uint64_t> connections_active{0};    // gauge
   std::atomic<uint64_t> requests{0};              // dispatched to the handler
   std::array<std::atomic<uint64_t>, 6> responses_by_class{};  // [1]=1xx ... [5]=5xx; [0] unused

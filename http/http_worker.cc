@@ -1,15 +1,18 @@
 #include "http/http_worker.h"
 
+#include <fcntl.h>
 #include <pthread.h>
-#include "base/log.h"
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <exception>
 #include <string>
 
+#include "base/log.h"
 #include "http/http_connection.h"
+#include "http/json_error.h"
 
 namespace pdr::http {
 
@@ -30,13 +33,18 @@ HttpWorker::HttpWorker(uint32_t index, ServerShared& shared)
 
 HttpWorker::~HttpWorker() {
   if (thread_.joinable()) thread_.join();
-  if (!loop_initialized_) return;
+  if (reserve_fd_ >= 0) ::close(reserve_fd_);
+  reserve_fd_ = -1;
+  if (!loop_initialized_) {
+    close_listener();
+    return;
+  }
   // Either the thread already shut everything down, or it never ran: close what is left and let
   // the loop deliver the close callbacks (which free the handles) on this thread.
   for (HttpConnection* c : std::vector<HttpConnection*>(connections_.begin(), connections_.end())) {
     c->close_now();
   }
-  listener_.close();
+  close_listener();
   backoff_timer_.close();
   async_.close();
   close_flush_handles();
@@ -68,9 +76,12 @@ Status HttpWorker::listen(const std::string& host, uint16_t* port) {
   if (Status s = open_listener(); !s.is_ok()) return s;
 
   sockaddr_storage bound{};
-  int len = sizeof(bound);
-  rc = uv_tcp_getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&bound), &len);
-  if (rc < 0) return uv_status(StatusCode::kIoError, "getsockname", rc);
+  socklen_t len = sizeof(bound);
+  if (getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+    return Status(StatusCode::kIoError, std::string("getsockname: ") + std::strerror(errno));
+  }
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (reserve_fd_ < 0) return Status(StatusCode::kIoError, std::string("open /dev/null: ") + std::strerror(errno));
   *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   // A reopened listener (accept back-off) binds the port this one got.
@@ -84,24 +95,37 @@ Status HttpWorker::listen(const std::string& host, uint16_t* port) {
 }
 
 Status HttpWorker::open_listener() {
-  const unsigned int family = addr_.ss_family == AF_INET6 ? AF_INET6 : AF_INET;
-  int rc = listener_.init(this, [&](uv_tcp_t* t) { return uv_tcp_init_ex(&loop_, t, family); });
-  if (rc < 0) return uv_status(StatusCode::kIoError, "socket for " + where_, rc);
-  // libuv 1.44 has no UV_TCP_REUSEPORT: set it on the raw socket before bind. Server::start
-  // probes the port without it first, so an address someone else listens on is refused.
-  uv_os_fd_t fd = -1;
-  rc = uv_fileno(listener_.base(), &fd);
-  if (rc < 0) return uv_status(StatusCode::kIoError, "uv_fileno", rc);
+  const int family = addr_.ss_family == AF_INET6 ? AF_INET6 : AF_INET;
+  const int fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status(StatusCode::kIoError, "socket for " + where_ + ": " + std::strerror(errno));
+  auto fail = [&](const std::string& what) {
+    const std::string why = what + ": " + std::strerror(errno);
+    ::close(fd);
+    return Status(StatusCode::kIoError, why);
+  };
+  // SO_REUSEADDR as libuv's bind sets it; SO_REUSEPORT so that every worker binds the port.
+  // Server::start probes the port without them first, so an address someone else listens on is
+  // refused.
   int one = 1;
-  if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
-    return Status(StatusCode::kIoError, std::string("SO_REUSEPORT: ") + std::strerror(errno));
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) return fail("SO_REUSEADDR");
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) return fail("SO_REUSEPORT");
+  const socklen_t len = family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr_), len) != 0) return fail("bind " + where_);
+  if (::listen(fd, shared_.options.backlog) != 0) return fail("listen " + where_);
+  const int rc = listener_.init(this, [&](uv_poll_t* p) { return uv_poll_init_socket(&loop_, p, fd); });
+  if (rc < 0) {
+    ::close(fd);
+    return uv_status(StatusCode::kIoError, "uv_poll_init_socket for " + where_, rc);
   }
-  rc = uv_tcp_bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr_), 0);
-  if (rc < 0) return uv_status(StatusCode::kIoError, "bind " + where_, rc);
-  // libuv may defer a bind error (EADDRINUSE) to listen.
-  rc = uv_listen(listener_.stream(), shared_.options.backlog, &HttpWorker::on_connection);
-  if (rc < 0) return uv_status(StatusCode::kIoError, "listen " + where_, rc);
+  listen_fd_ = fd;
+  uv_poll_start(listener_.get(), UV_READABLE, &HttpWorker::on_listener_readable);
   return Status::ok();
+}
+
+void HttpWorker::close_listener() {
+  listener_.close();  // stops the poll at once; the handle's memory goes in its close callback
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
 }
 
 void HttpWorker::accept_failed(int status) {
@@ -112,7 +136,7 @@ void HttpWorker::accept_failed(int status) {
   }
   if (accept_paused_ || draining_) return;
   accept_paused_ = true;
-  listener_.close();
+  close_listener();
   if (backoff_timer_) uv_timer_start(backoff_timer_.get(), &HttpWorker::on_accept_backoff, kAcceptBackoffMs, 0);
 }
 
@@ -131,7 +155,7 @@ void HttpWorker::on_accept_backoff(uv_timer_t* timer) {
       pdr::log::warn("http worker {}: cannot reopen the listener: {}; retrying in {} ms", w->index_, s.message(),
                    kAcceptBackoffMs);
     }
-    w->listener_.close();
+    w->close_listener();
     uv_timer_start(timer, &HttpWorker::on_accept_backoff, kAcceptBackoffMs, 0);
     return;
   }
@@ -187,33 +211,109 @@ void HttpWorker::run_posted() {
   }
 }
 
-void HttpWorker::on_connection(uv_stream_t* server, int status) {
-  auto* w = detail::UvHandle<uv_tcp_t>::owner_of<HttpWorker>(server);
-  ServerStats& stats = w->shared_.stats;
+void HttpWorker::on_listener_readable(uv_poll_t* poll, int status, int) {
+  auto* w = detail::UvHandle<uv_poll_t>::owner_of<HttpWorker>(poll);
   if (status < 0) {
     w->accept_failed(status);
     return;
   }
-  if (stats.connections_active.load(std::memory_order_relaxed) >= w->shared_.options.max_connections) {
-    // Accept and close at once: leaving it in the backlog would only delay the client's failure.
-    detail::UvHandle<uv_tcp_t> tcp;
-    if (tcp.init(nullptr, [&](uv_tcp_t* t) { return uv_tcp_init(&w->loop_, t); }) == 0) {
-      if (uv_accept(server, tcp.stream()) == 0) {
-        stats.connections_rejected.fetch_add(1, std::memory_order_relaxed);
+  w->accept_pending();
+}
+
+void HttpWorker::accept_pending() {
+  // A bounded batch per wakeup, so one busy listener cannot starve the loop's other work; the
+  // poll is level-triggered and calls again while connections wait.
+  constexpr int kAcceptBatch = 128;
+  for (int i = 0; i < kAcceptBatch && listen_fd_ >= 0; ++i) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      take_connection(fd);
+      continue;
+    }
+    const int err = errno;
+    if (err == EAGAIN || err == EWOULDBLOCK) return;
+    if (err == EINTR || err == ECONNABORTED) continue;
+    if (err == EMFILE || err == ENFILE) {
+      shared_.stats.accept_errors.fetch_add(1, std::memory_order_relaxed);
+      if (refuse_with_reserve()) {
+        if (accept_log_.allow(std::chrono::steady_clock::now())) {
+          pdr::log::warn("http worker {}: accept error: {}; the connection was answered 503 from the reserve "
+                         "descriptor", index_, std::strerror(err));
+        }
+        continue;
       }
-      tcp.close();
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    }
+    accept_failed(-err);
+    return;
+  }
+}
+
+void HttpWorker::take_connection(int fd) {
+  ServerStats& stats = shared_.stats;
+  if (stats.connections_active.load(std::memory_order_relaxed) >= shared_.options.max_connections) {
+    stats.connections_rejected.fetch_add(1, std::memory_order_relaxed);
+    refuse_busy(fd);
+    return;
+  }
+  auto conn = std::make_shared<HttpConnection>(*this);
+  const int rc = conn->open(fd);
+  if (rc < 0) {
+    // open() closed the descriptor; the listener itself is fine.
+    stats.accept_errors.fetch_add(1, std::memory_order_relaxed);
+    if (accept_log_.allow(std::chrono::steady_clock::now())) {
+      pdr::log::warn("http worker {}: cannot take a connection: {}", index_, uv_strerror(rc));
     }
     return;
   }
-  auto conn = std::make_shared<HttpConnection>(*w);
-  const int rc = conn->accept(server);
-  if (rc < 0) {
-    w->accept_failed(rc);
-    return;
-  }
-  w->connections_.insert(conn.get());
+  connections_.insert(conn.get());
   stats.connections_accepted.fetch_add(1, std::memory_order_relaxed);
   stats.connections_active.fetch_add(1, std::memory_order_relaxed);
+}
+
+void HttpWorker::refuse_busy(int fd) {
+  static const std::string kAnswer = [] {
+    const std::string body = error_body("pdrouter cannot take more connections now; retry later", "server_error",
+                                        "too_many_connections");
+    return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+           "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  }();
+  // What the client sent already is read first: closing a socket with unread bytes resets the
+  // connection (RST), which may reach the client before it reads the answer. A request still
+  // on its way finds the socket closed; the answer stays readable on the client's side.
+  char sink[4096];
+  for (int i = 0; i < 16 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+  }
+  const ssize_t sent = ::send(fd, kAnswer.data(), kAnswer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  // Counted before the close, so a client that read its answer finds it counted.
+  if (sent == static_cast<ssize_t>(kAnswer.size())) {
+    shared_.stats.busy_refusals.fetch_add(1, std::memory_order_relaxed);
+  }
+  ::shutdown(fd, SHUT_WR);
+  ::close(fd);
+}
+
+bool HttpWorker::refuse_with_reserve() {
+  if (reserve_fd_ < 0) {
+    reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // the last try could not reopen it
+    errno = EMFILE;
+    return false;
+  }
+  ::close(reserve_fd_);
+  reserve_fd_ = -1;
+  const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  const int accept_errno = errno;
+  if (fd >= 0) refuse_busy(fd);
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    errno = accept_errno;
+    return false;
+  }
+  if (reserve_fd_ < 0) {
+    errno = EMFILE;
+    return false;
+  }
+  return true;
 }
 
 void HttpWorker::connection_closed(HttpConnection* conn) {
@@ -265,7 +365,7 @@ void HttpWorker::close_flush_handles() {
 void HttpWorker::begin_drain() {
   if (draining_) return;
   draining_ = true;
-  listener_.close();
+  close_listener();
   backoff_timer_.close();
   for (HttpConnection* c : std::vector<HttpConnection*>(connections_.begin(), connections_.end())) {
     c->begin_drain();
@@ -274,7 +374,7 @@ void HttpWorker::begin_drain() {
 
 void HttpWorker::shutdown() {
   draining_ = true;
-  listener_.close();
+  close_listener();
   backoff_timer_.close();
   for (HttpConnection* c : std::vector<HttpConnection*>(connections_.begin(), connections_.end())) {
     c->close_now();

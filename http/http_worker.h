@@ -80,13 +80,28 @@ class HttpWorker {
   static HttpWorker* current();
 
  private:
-  static void on_connection(uv_stream_t* server, int status);
+  // The listening socket is pdrouter's own (a uv_poll on it), not a uv_listen stream: libuv's
+  // accept loop answers EMFILE by accepting and closing every pending connection (a bare TCP
+  // close), and pdrouter answers those with an HTTP 503 instead (reserve_fd_ below).
+  static void on_listener_readable(uv_poll_t* poll, int status, int events);
+  void accept_pending();
+  // A new client connection on `fd` (accepted, non-blocking): served, or refused when
+  // max_connections are open.
+  void take_connection(int fd);
+  // Answers an accepted connection 503 (Retry-After: 1) at once, and closes it; counted.
+  void refuse_busy(int fd);
+  // accept() found no descriptor (EMFILE/ENFILE): the reserve descriptor is closed, one pending
+  // connection accepted into it and refused with 503, and the reserve reopened (the classic
+  // reserve-fd trick). False when there was no reserve, no pending connection, or the reserve
+  // could not be reopened.
+  bool refuse_with_reserve();
   static void on_accept_backoff(uv_timer_t* timer);
   // Creates the SO_REUSEPORT listener on addr_ and listens.
   Status open_listener();
-  // accept() failed (EMFILE, ENFILE, ...): libuv calls back again at once for as long as the
-  // error lasts, so the listener is closed (which ends libuv's accept loop) and reopened
-  // kAcceptBackoff later. Connections meanwhile go to the other workers or are refused.
+  void close_listener();
+  // accept() failed and the reserve could not help: the listener would report the error again
+  // at once for as long as it lasts, so it is closed and reopened kAcceptBackoff later.
+  // Connections meanwhile go to the other workers or are refused.
   void accept_failed(int status);
   static void on_async(uv_async_t* async);
   void run_posted();
@@ -103,7 +118,9 @@ class HttpWorker {
   uv_loop_t loop_{};
   bool loop_initialized_ = false;
   detail::UvHandle<uv_async_t> async_;
-  detail::UvHandle<uv_tcp_t> listener_;
+  detail::UvHandle<uv_poll_t> listener_;  // polls listen_fd_
+  int listen_fd_ = -1;
+  int reserve_fd_ = -1;  // /dev/null, held so that EMFILE still leaves room to answer a 503
   detail::UvHandle<uv_timer_t> backoff_timer_;
   detail::UvHandle<uv_check_t> flush_check_;
   detail::UvHandle<uv_idle_t> flush_idle_;

@@ -139,4 +139,99 @@ nlohmann::json result_json(const RunInfo& info, const BenchSummary& s,
   return out;
 }
 
+std::string render_slo_table(const SloSummary& slo) {
+  std::string out;
+  heading(out, "SLO attainment", '-');
+  row(out, "TTFT objective (ms):", fmt::format("{:.2f}", slo.slo.ttft_s * 1e3));
+  row(out, "TBT objective (ms):", fmt::format("{:.2f}", slo.slo.tbt_s * 1e3));
+  row(out, "Requests meeting TTFT:", fmt::format("{}", slo.met_ttft));
+  row(out, "Requests meeting TBT:", fmt::format("{}", slo.met_tbt));
+  row(out, "Requests meeting both:", fmt::format("{} of {}", slo.met, slo.requests));
+  row(out, "SLO attainment (%):", fmt::format("{:.2f}", slo.attainment * 100));
+  row(out, "Goodput (req/s):", fmt::format("{:.3f}", slo.goodput));
+  distribution_rows(out, "Time between Tokens (slowest 10% mean)", "TBT", slo.tbt_ms);
+  heading(out, "Failed requests by HTTP status", '-');
+  std::map<int, uint32_t> statuses = slo.failed_statuses;
+  statuses.try_emplace(429, 0);
+  statuses.try_emplace(503, 0);
+  for (const auto& [status, count] : statuses) {
+    row(out, fmt::format("HTTP {}:", status), fmt::format("{}", count));
+  }
+  return out;
+}
+
+void add_slo_json(const SloSummary& slo, const std::vector<RequestResult>& results,
+                  nlohmann::json* out) {
+  nlohmann::json& o = *out;
+  o["slo_ttft_ms"] = slo.slo.ttft_s * 1e3;
+  o["slo_tbt_ms"] = slo.slo.tbt_s * 1e3;
+  o["slo_requests"] = slo.requests;
+  o["slo_met"] = slo.met;
+  o["slo_met_ttft"] = slo.met_ttft;
+  o["slo_met_tbt"] = slo.met_tbt;
+  o["slo_attainment"] = slo.attainment;
+  o["goodput"] = slo.goodput;
+  distribution_json(o, "tbt", slo.tbt_ms);
+  nlohmann::json statuses = nlohmann::json::object();
+  for (const auto& [status, count] : slo.failed_statuses) statuses[std::to_string(status)] = count;
+  o["failed_http_status"] = std::move(statuses);
+  const auto count_of = [&](int status) {
+    const auto it = slo.failed_statuses.find(status);
+    return it == slo.failed_statuses.end() ? 0u : it->second;
+  };
+  o["http_429"] = count_of(429);
+  o["http_503"] = count_of(503);
+  auto& tbts = o["tbts"] = nlohmann::json::array();
+  for (const RequestResult& r : results) tbts.push_back(r.success ? slowest_tenth_mean(r.itl_s) : 0.0);
+}
+
+namespace {
+
+std::string rate_text(const CacheRate& r) {
+  return r.rate ? fmt::format("{:.2f}", *r.rate * 100) : "n/a";
+}
+
+nlohmann::json rate_json(const CacheRate& r) {
+  return {{"matched", r.matched}, {"prompt", r.prompt},
+          {"hit_rate", r.rate ? nlohmann::json(*r.rate) : nlohmann::json()}};
+}
+
+}  // namespace
+
+std::string render_cache_table(const CacheReport& cache) {
+  std::string out;
+  if (!cache.router_scraped && !cache.engine_scraped && cache.scrape_errors.empty()) return out;
+  heading(out, "Prefix cache hit rate", '-');
+  if (cache.router_scraped) {
+    const RouterRate headline = router_headline_rate(cache.router, cache.prompt_tokens);
+    row(out, fmt::format("Router, {} (%):", headline.source.empty() ? "no lookup" : headline.source),
+        rate_text(headline.rate));
+    for (const auto& [key, r] : cache.router) {
+      if (r.prompt > 0) row(out, fmt::format("Router {}, own lookups (%):", key), rate_text(r));
+    }
+  }
+  if (cache.engine_scraped) row(out, "Engines (%):", rate_text(total_rate(cache.engine)));
+  for (const std::string& error : cache.scrape_errors) {
+    fmt::format_to(std::back_inserter(out), "scrape failed: {}\n", error);
+  }
+  return out;
+}
+
+void add_cache_json(const CacheReport& cache, nlohmann::json* out) {
+  nlohmann::json& o = *out;
+  const RouterRate router = router_headline_rate(cache.router, cache.prompt_tokens);
+  const CacheRate engine = total_rate(cache.engine);
+  o["router_prefix_hit_rate"] =
+      cache.router_scraped && router.rate.rate ? nlohmann::json(*router.rate.rate) : nlohmann::json();
+  o["router_prefix_hit_source"] = router.source;
+  o["engine_prefix_hit_rate"] =
+      cache.engine_scraped && engine.rate ? nlohmann::json(*engine.rate) : nlohmann::json();
+  nlohmann::json router_rates = nlohmann::json::object(), engine_rates = nlohmann::json::object();
+  for (const auto& [key, r] : cache.router) router_rates[key] = rate_json(r);
+  for (const auto& [key, r] : cache.engine) engine_rates[key] = rate_json(r);
+  o["router_cache"] = std::move(router_rates);
+  o["engine_cache"] = std::move(engine_rates);
+  o["scrape_errors"] = cache.scrape_errors;
+}
+
 }  // namespace pdr::loadgen

@@ -3,6 +3,7 @@
 // counted in "error_counts", the observed concurrency, the target). Pure.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +11,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "loadgen/bench_metrics.h"
+#include "loadgen/metrics_scrape.h"
+#include "loadgen/slo_metrics.h"
 
 namespace pdr::loadgen {
 
@@ -37,5 +40,22 @@ std::string render_table(const RunInfo& info, const BenchSummary& summary);
 // request order, seconds as vLLM stores them.
 nlohmann::json result_json(const RunInfo& info, const BenchSummary& summary,
                            const std::vector<RequestResult>& results);
+
+// The SLO section (slo_metrics.h): objectives, requests meeting them, attainment, goodput, TBT
+// mean / median / percentiles, failed requests by HTTP status (429 and 503 always shown).
+std::string render_slo_table(const SloSummary& slo);
+// Adds slo_ttft_ms, slo_tbt_ms, slo_requests, slo_met, slo_met_ttft, slo_met_tbt,
+// slo_attainment, goodput (requests/s), mean/median/std/pNN_tbt_ms, failed_http_status
+// ({"429": n, ...}), http_429, http_503, and "tbts" (each request's TBT in seconds, 0 when it
+// failed) in request order.
+void add_slo_json(const SloSummary& slo, const std::vector<RequestResult>& results,
+                  nlohmann::json* out);
+
+// Prefix-cache hit rates over the run (metrics_scrape.h), a row each; "n/a" without lookups.
+std::string render_cache_table(const CacheReport& cache);
+// Adds router_prefix_hit_rate (router_headline_rate) with router_prefix_hit_source, and
+// engine_prefix_hit_rate (null when not scraped or no lookup),
+// router_cache / engine_cache ({key: {matched, prompt, hit_rate}}) and scrape_errors.
+void add_cache_json(const CacheReport& cache, nlohmann::json* out);
 
 }  // namespace pdr::loadgen

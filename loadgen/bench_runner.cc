@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "loadgen/cache_workloads.h"
+#include "loadgen/trace_workload.h"
 
 namespace pdr::loadgen {
 namespace {
@@ -32,13 +33,15 @@ std::string failure_text(const Status& error, http::UpstreamFailure failure) {
 // dry before it goes.
 class Run {
  public:
-  Run(const proto::HostPort& target, const EndpointOptions& endpoint,
+  Run(const std::vector<proto::HostPort>& targets, const EndpointOptions& endpoint,
       const std::vector<BenchRequest>& requests, const ScheduleOptions& schedule,
       const ProgressOptions& progress)
-      : target_(target), endpoint_(endpoint), requests_(requests), schedule_(schedule),
+      : targets_(targets), endpoint_(endpoint), requests_(requests), schedule_(schedule),
         progress_(progress),
-        offsets_(arrival_offsets(static_cast<uint32_t>(requests.size()), schedule.request_rate,
-                                 schedule.burstiness, schedule.seed)),
+        offsets_(schedule.arrival_offsets.size() == requests.size()
+                     ? schedule.arrival_offsets
+                     : arrival_offsets(static_cast<uint32_t>(requests.size()),
+                                       schedule.request_rate, schedule.burstiness, schedule.seed)),
         oracle_(schedule.oracle_block_tokens),
         slots_(requests.size()), has_next_turn_(requests.size(), false) {
     for (const BenchRequest& r : requests) {
@@ -87,6 +90,8 @@ class Run {
     outcome.interrupted = interrupted_;
     outcome.oracle_prompt_tokens = oracle_.prompt_tokens();
     outcome.oracle_hit_tokens = oracle_.hit_tokens();
+    outcome.max_send_lag_s = max_send_lag_s_;
+    outcome.mean_send_lag_s = sent_ == 0 ? 0.0 : total_send_lag_s_ / sent_;
     for (Slot& slot : slots_) {
       if (slot.measurement) outcome.results.push_back(slot.measurement->take_result());
     }
@@ -159,10 +164,25 @@ class Run {
       earlier.answer.clear();
       earlier.answer.shrink_to_fit();
     }
+    const bool trace_prompt = !requests_[index].block_seeds.empty();
+    if (trace_prompt) {
+      // Built now, dropped once the call holds its body: a trace's prompts are never all in
+      // memory at once.
+      const std::vector<uint32_t> ids = trace_prompt_ids(requests_[index], schedule_.vocab_size);
+      slot.composed = requests_[index];
+      slot.composed->block_seeds.clear();
+      slot.composed->prompt_json = token_ids_json(ids);
+      oracle_.add(std::vector<uint64_t>(ids.begin(), ids.end()));
+    } else {
+      oracle_.add(prompt_token_keys(as_sent(index), schedule_.format));
+    }
     const BenchRequest& request = as_sent(index);
-    oracle_.add(prompt_token_keys(request, schedule_.format));
-    slot.measurement =
-        std::make_unique<StreamMeasurement>(request, now_s(), has_next_turn_[index]);
+    const double now = now_s();
+    const double lag = std::max(0.0, now - offsets_[index]);
+    max_send_lag_s_ = std::max(max_send_lag_s_, lag);
+    total_send_lag_s_ += lag;
+    slot.measurement = std::make_unique<StreamMeasurement>(request, now, has_next_turn_[index],
+                                                           endpoint_.generate);
     ++sent_;
     ++in_flight_;
     max_in_flight_ = std::max(max_in_flight_, in_flight_);
@@ -186,8 +206,9 @@ class Run {
                   now_s());
       finish(index, nullptr);
     };
-    slot.call = pool_->start(target_, build_request(endpoint_, request),
+    slot.call = pool_->start(targets_[index % targets_.size()], build_request(endpoint_, request),
                              schedule_.timeouts, std::move(callbacks));
+    if (trace_prompt) slot.composed.reset();
   }
 
   // cancel_reason: close the call (the server sees the close and aborts the request) and fail
@@ -258,7 +279,7 @@ class Run {
   static void on_progress(uv_timer_t* t) { static_cast<Run*>(t->data)->print_progress(false); }
   static void on_signal(uv_signal_t* s, int) { static_cast<Run*>(s->data)->interrupt(); }
 
-  const proto::HostPort& target_;
+  const std::vector<proto::HostPort>& targets_;
   const EndpointOptions& endpoint_;
   const std::vector<BenchRequest>& requests_;
   const ScheduleOptions& schedule_;
@@ -280,15 +301,16 @@ class Run {
   size_t next_ = 0;             // next request to arrive
   uint32_t sent_ = 0, done_ = 0, in_flight_ = 0, max_in_flight_ = 0;
   bool interrupted_ = false;
+  double max_send_lag_s_ = 0, total_send_lag_s_ = 0;
   Clock::time_point start_, last_end_;
 };
 
 }  // namespace
 
-RunOutcome run_benchmark(const proto::HostPort& target, const EndpointOptions& endpoint,
+RunOutcome run_benchmark(const std::vector<proto::HostPort>& targets, const EndpointOptions& endpoint,
                          const std::vector<BenchRequest>& requests, const ScheduleOptions& schedule,
                          const ProgressOptions& progress) {
-  Run run(target, endpoint, requests, schedule, progress);
+  Run run(targets, endpoint, requests, schedule, progress);
   return run.go();
 }
 

@@ -1,5 +1,6 @@
 // Drives a benchmark run on one libuv loop (the calling thread): sends each request at its
-// arrival time (workload.h), holds a conversation's turn back until the previous turn answered
+// arrival time (workload.h, or a trace's: trace_workload.h, whose prompts it builds when they are
+// sent), to one target or, given several, to each in turn, holds a conversation's turn back until the previous turn answered
 // and then composes its prompt from that answer (cache_workloads.h), holds it back while
 // --max-concurrency requests are in flight, counts the prompt tokens an oracle prefix cache
 // would hold (prefix_oracle.h),
@@ -26,6 +27,9 @@ namespace pdr::loadgen {
 struct ScheduleOptions {
   double request_rate = 0;  // requests/s; 0 or infinity: all at once
   double burstiness = 1.0;
+  // When not empty (one per request, non-decreasing): the send times, in seconds from the start,
+  // instead of the rate's arrival process (a trace's timestamps).
+  std::vector<double> arrival_offsets;
   uint64_t seed = 0;
   std::optional<uint32_t> max_concurrency;
   http::UpstreamTimeouts timeouts;
@@ -49,11 +53,22 @@ struct RunOutcome {
   // Prompt tokens sent, and those an oracle prefix cache held (PrefixOracle), in send order.
   uint64_t oracle_prompt_tokens = 0;
   uint64_t oracle_hit_tokens = 0;
+  // How late requests went out against their arrival times: the client falling behind (a busy
+  // machine, prompts too large to build in time) or --max-concurrency holding them back. TTFT
+  // is measured from the send, so a late send is not in it.
+  double max_send_lag_s = 0;
+  double mean_send_lag_s = 0;
 };
 
-RunOutcome run_benchmark(const proto::HostPort& target, const EndpointOptions& endpoint,
+// Request i goes to targets[i % targets.size()] (targets not empty).
+RunOutcome run_benchmark(const std::vector<proto::HostPort>& targets, const EndpointOptions& endpoint,
                          const std::vector<BenchRequest>& requests, const ScheduleOptions& schedule,
                          const ProgressOptions& progress);
+inline RunOutcome run_benchmark(const proto::HostPort& target, const EndpointOptions& endpoint,
+                                const std::vector<BenchRequest>& requests,
+                                const ScheduleOptions& schedule, const ProgressOptions& progress) {
+  return run_benchmark(std::vector<proto::HostPort>{target}, endpoint, requests, schedule, progress);
+}
 
 // One plain request (GET /v1/models, vLLM's initial test request): status and body, or why it
 // failed before an answer.

@@ -1,8 +1,7 @@
 // pdrouter-bench: a load benchmark for OpenAI-compatible servers (pdrouter, vLLM, pdnode sim),
-// measuring what `vllm bench serve` measures with the same flag names. main() parses flags,
-// resolves the target, finds the model, sends vLLM's initial test request, runs, reports.
-#include <netdb.h>
-#include <sys/socket.h>
+// measuring what `vllm bench serve` measures with the same flag names, and replaying request
+// traces (--trace) with SLO attainment and goodput. main() parses flags, resolves the targets,
+// finds the model, sends vLLM's initial test request, runs, reports.
 #include <unistd.h>
 
 #include <cmath>
@@ -20,7 +19,10 @@
 #include "loadgen/bench_report.h"
 #include "loadgen/bench_runner.h"
 #include "loadgen/cache_workloads.h"
-#include "http/host_resolver.h"
+#include "loadgen/metrics_scrape.h"
+#include "loadgen/resolve_host.h"
+#include "loadgen/slo_metrics.h"
+#include "loadgen/trace_workload.h"
 
 namespace {
 
@@ -32,7 +34,7 @@ constexpr int kExitBadFlags = 2;
 constexpr int kExitInterrupted = 130;
 
 struct Flags {
-  std::string base_url;
+  std::vector<std::string> base_urls;
   std::string host = "127.0.0.1";
   uint16_t port = 8000;
   std::string endpoint;
@@ -52,19 +54,33 @@ struct Flags {
   double progress_interval_s = 1.0;
   std::string json_path;
   uint32_t oracle_block_tokens = 16;
+  std::string trace_path;
+  double trace_speedup = 1.0;
+  uint32_t trace_block_size = 512;
+  bool num_prompts_given = false;  // with --trace: replay only the first --num-prompts
+  double slo_ttft_ms = 10'000;
+  double slo_tbt_ms = 100;
+  double slo_scale = 1.0;
+  std::vector<std::string> router_metrics_urls;
+  std::vector<std::string> engine_metrics_urls;
   WorkloadOptions workload;
   PrefixRepetitionOptions prefix;
   MultiTurnOptions multi_turn;
 };
 
 void add_flags(CLI::App& app, Flags& f) {
-  app.add_option("--base-url", f.base_url,
-                 "Server URL, http://HOST:PORT (overrides --host/--port). Hostnames are resolved once.");
+  app.add_option("--base-url", f.base_urls,
+                 "Server URL, http://HOST:PORT (overrides --host/--port). Hostnames are resolved once. "
+                 "Repeatable: requests go to each URL in turn (e.g. pdrouter replicas); the model "
+                 "lookup and the test request go to the first.")
+      ->take_all()
+      ->allow_extra_args(false);
   app.add_option("--host", f.host, "Server host.")->capture_default_str();
   app.add_option("--port", f.port, "Server port.")->capture_default_str();
   app.add_option("--backend", f.backend,
-                 "vllm or openai: /v1/completions with a prompt; openai-chat: /v1/chat/completions with one user message.")
-      ->check(CLI::IsMember({"vllm", "openai", "openai-chat"}))
+                 "vllm or openai: /v1/completions with a prompt; openai-chat: /v1/chat/completions with one user message; "
+                 "generate: vLLM's tokens-in /inference/v1/generate (token_ids, sampling_params; token-id prompts only).")
+      ->check(CLI::IsMember({"vllm", "openai", "openai-chat", "generate"}))
       ->capture_default_str();
   app.add_option("--endpoint", f.endpoint,
                  "Request path (default /v1/completions, or /v1/chat/completions for openai-chat).");
@@ -161,6 +177,46 @@ void add_flags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--json", f.json_path,
                  "Also write the result as JSON (vLLM's keys) to this file; '-' prints it on stdout and the table on stderr.");
+  CLI::Option* trace =
+      app.add_option("--trace", f.trace_path,
+                     "Replay a request trace in the Mooncake format (JSON lines: timestamp ms, input_length, "
+                     "output_length, hash_ids of --trace-block-size token blocks): requests go out at the trace's "
+                     "times (/ --trace-speedup) with token-id prompts in which equal hash ids are equal blocks "
+                     "and everything else is unique to the request, max_tokens = output_length. --num-prompts, "
+                     "when given, replays only the first N requests.");
+  app.add_option("--trace-speedup", f.trace_speedup,
+                 "--trace: arrival times divided by this (2: twice the trace's request rate).")
+      ->check(CLI::Range(1e-6, 1e6))
+      ->capture_default_str();
+  app.add_option("--trace-block-size", f.trace_block_size, "--trace: tokens per hash id (Mooncake: 512).")
+      ->check(CLI::Range(1u, 1'000'000u))
+      ->capture_default_str();
+  app.add_option("--slo-ttft-ms", f.slo_ttft_ms,
+                 "TTFT objective of the SLO attainment and goodput reported (before --slo-scale).")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--slo-tbt-ms", f.slo_tbt_ms,
+                 "TBT objective (a request's TBT: the mean of its slowest 10% inter-token gaps), before --slo-scale.")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--slo-scale", f.slo_scale,
+                 "Both objectives are multiplied by this (e.g. the time scale of simulated nodes that run faster than real GPUs).")
+      ->check(CLI::Range(1e-6, 1e6))
+      ->capture_default_str();
+  app.add_option("--router-metrics-url", f.router_metrics_urls,
+                 "pdrouter's /metrics URL (repeatable, summed): its prefix-cache hit rate over the run is reported "
+                 "(pdrouter_cache_routing_*_units_total, read before and after).")
+      ->take_all()
+      ->allow_extra_args(false);
+  app.add_option("--engine-metrics-url", f.engine_metrics_urls,
+                 "A node's /metrics URL (repeatable, summed): the engines' prefix-cache hit rate over the run is "
+                 "reported (vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total, read before and after).")
+      ->take_all()
+      ->allow_extra_args(false);
+  for (const char* name : {"--dataset-name", "--request-rate", "--burstiness", "--random-input-len",
+                           "--random-output-len", "--random-range-ratio", "--prompt-format"}) {
+    trace->excludes(app.get_option(name));
+  }
 }
 
 Status parse_percentiles(const std::string& text, std::vector<double>* out) {
@@ -210,36 +266,6 @@ Status parse_header(const std::string& text, http::Header* out) {
   return {};
 }
 
-// A hostname is resolved here, once, although the upstream client could: a name that does not
-// resolve is then a usage error (exit 2) before the run, and no measured request pays a lookup.
-Status resolve(proto::HostPort* target) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(target->host.c_str(), nullptr, &hints, &found) == 0) {
-    freeaddrinfo(found);
-    return {};
-  }
-  hints.ai_flags = 0;
-  if (const int rc = getaddrinfo(target->host.c_str(), nullptr, &hints, &found); rc != 0) {
-    return {StatusCode::kBadAddress,
-            fmt::format("cannot resolve '{}': {}", target->host, gai_strerror(rc))};
-  }
-  // IPv4 first, as pdrouter's own upstream client: "localhost" often lists ::1 first while
-  // servers listen on 127.0.0.1 only.
-  const addrinfo* preferred = http::preferred_address(found);
-  const addrinfo* pick = preferred != nullptr ? preferred : found;
-  char host[NI_MAXHOST];
-  const int rc = getnameinfo(pick->ai_addr, pick->ai_addrlen, host, sizeof host, nullptr, 0,
-                             NI_NUMERICHOST);
-  freeaddrinfo(found);
-  if (rc != 0) return {StatusCode::kBadAddress, fmt::format("cannot resolve '{}'", target->host)};
-  target->host = host;
-  return {};
-}
-
 // vLLM's servers answer {"object": "list", "data": [{"id": ...}, ...]}.
 Status discover_model(const proto::HostPort& target, const EndpointOptions& endpoint,
                       const http::UpstreamTimeouts& timeouts, std::string* model) {
@@ -273,15 +299,63 @@ std::string local_date() {
   return text;
 }
 
+// --trace: the trace's requests (the first --num-prompts when given) and arrival times.
+// Sets workload's num_prompts / input_len (the mean) / output_len (the mean) for the report.
+Status load_trace(const Flags& f, WorkloadOptions* workload, std::vector<BenchRequest>* requests,
+                  std::vector<double>* offsets, double* span_s) {
+  std::ifstream file(f.trace_path, std::ios::binary);
+  if (!file) return {StatusCode::kNotFound, fmt::format("--trace: cannot open {}", f.trace_path)};
+  TraceReadOptions options{.block_tokens = f.trace_block_size,
+                           .max_requests = f.num_prompts_given ? workload->num_prompts : 0};
+  std::vector<TraceEntry> entries;
+  if (Status s = read_trace(file, f.trace_path, options, &entries); !s) return s;
+  *requests = make_trace_requests(entries, {.block_tokens = f.trace_block_size,
+                                            .vocab_size = workload->vocab_size,
+                                            .seed = workload->seed});
+  *offsets = trace_arrival_offsets(entries, f.trace_speedup);
+  *span_s = offsets->back();
+  uint64_t input = 0, output = 0;
+  for (const TraceEntry& e : entries) {
+    input += e.input_length;
+    output += e.output_length;
+  }
+  workload->num_prompts = static_cast<uint32_t>(entries.size());
+  workload->input_len = static_cast<uint32_t>(input / entries.size());
+  workload->output_len = static_cast<uint32_t>(output / entries.size());
+  return {};
+}
+
+// The initial test request of a trace run: a short prompt of its own (ids no trace request
+// uses), so the replay's first request does not find its prefix already cached.
+BenchRequest trace_test_request() {
+  BenchRequest test;
+  test.input_len = 16;
+  test.output_len = 2;
+  test.block_tokens = 16;
+  test.block_seeds = {0x7465737400000000ULL};
+  return test;
+}
+
 int run(const Flags& f) {
   const auto fail_flags = [](const Status& s) {
     fmt::print(stderr, "pdrouter-bench: {}\n", s.message());
     return kExitBadFlags;
   };
+  const bool trace = !f.trace_path.empty();
+  const std::string dataset = trace ? "mooncake_trace" : f.dataset;
   WorkloadOptions workload = f.workload;
-  workload.format = f.prompt_format == "token-ids" ? PromptFormat::kTokenIds : PromptFormat::kWords;
+  workload.format = f.prompt_format == "token-ids" || trace ? PromptFormat::kTokenIds : PromptFormat::kWords;
   std::vector<BenchRequest> requests;
-  if (f.dataset == "prefix_repetition") {
+  ScheduleOptions schedule;
+  double trace_span_s = 0;
+  if (trace) {
+    if (workload.vocab_size <= kFirstTokenId) {
+      return fail_flags({StatusCode::kOutOfRange, fmt::format("--vocab-size must be > {}", kFirstTokenId)});
+    }
+    if (Status s = load_trace(f, &workload, &requests, &schedule.arrival_offsets, &trace_span_s); !s) {
+      return fail_flags(s);
+    }
+  } else if (f.dataset == "prefix_repetition") {
     if (Status s = validate(workload, f.prefix); !s) return fail_flags(s);
     requests = make_prefix_repetition_requests(workload, f.prefix);
     workload.input_len = f.prefix.prefix_len + f.prefix.suffix_len;
@@ -297,11 +371,21 @@ int run(const Flags& f) {
     requests = make_random_requests(workload);
   }
   const bool chat = f.backend == "openai-chat";
+  const bool generate = f.backend == "generate";
   if (chat && workload.format == PromptFormat::kTokenIds) {
-    return fail_flags({StatusCode::kInvalidValue, "--prompt-format token-ids needs a completions backend"});
+    return fail_flags({StatusCode::kInvalidValue,
+                       trace ? "--trace sends token ids: it needs a completions or generate backend"
+                             : "--prompt-format token-ids needs a completions backend"});
   }
-  ScheduleOptions schedule;
-  if (Status s = parse_rate(f.request_rate, &schedule.request_rate); !s) return fail_flags(s);
+  if (generate && workload.format != PromptFormat::kTokenIds) {
+    return fail_flags({StatusCode::kInvalidValue, "--backend generate needs --prompt-format token-ids (or --trace)"});
+  }
+  if (generate && f.dataset == "multi_turn") {
+    return fail_flags({StatusCode::kInvalidValue, "--backend generate does not compose multi_turn conversations"});
+  }
+  if (!trace) {
+    if (Status s = parse_rate(f.request_rate, &schedule.request_rate); !s) return fail_flags(s);
+  }
   schedule.burstiness = f.burstiness;
   schedule.seed = workload.seed;
   schedule.format = workload.format;
@@ -313,25 +397,47 @@ int run(const Flags& f) {
                        .idle = timeout};
   std::vector<double> percentiles;
   if (Status s = parse_percentiles(f.percentiles, &percentiles); !s) return fail_flags(s);
+  const SloOptions slo{.ttft_s = f.slo_ttft_ms / 1e3 * f.slo_scale,
+                       .tbt_s = f.slo_tbt_ms / 1e3 * f.slo_scale};
 
-  proto::HostPort target;
-  std::string base_url = f.base_url;
-  if (base_url.empty()) {
-    target = {f.host, f.port};
-    base_url = "http://" + target.to_string();
-  } else {
+  std::vector<proto::HostPort> targets;
+  std::vector<std::string> urls;
+  if (f.base_urls.empty()) {
+    targets.push_back({f.host, f.port});
+  }
+  for (const std::string& text : f.base_urls) {
     proto::HttpUrl url;
-    if (Status s = proto::parse_http_url(base_url, &url); !s) {
+    if (Status s = proto::parse_http_url(text, &url); !s) {
       return fail_flags({s.code(), "--base-url: " + s.message()});
     }
-    target = url.address;
-    base_url = "http://" + target.to_string();
+    targets.push_back(url.address);
   }
-  if (Status s = resolve(&target); !s) return fail_flags(s);
+  for (proto::HostPort& target : targets) {
+    urls.push_back("http://" + target.to_string());
+    if (Status s = resolve_host(&target); !s) return fail_flags(s);
+  }
+  std::string base_url = urls.front();
+  for (size_t i = 1; i < urls.size(); ++i) base_url += "," + urls[i];
+  std::vector<ScrapeTarget> router_pages(f.router_metrics_urls.size());
+  std::vector<ScrapeTarget> engine_pages(f.engine_metrics_urls.size());
+  for (size_t i = 0; i < router_pages.size(); ++i) {
+    if (Status s = parse_scrape_target(f.router_metrics_urls[i], &router_pages[i]); !s) {
+      return fail_flags({s.code(), "--router-metrics-url " + s.message()});
+    }
+  }
+  for (size_t i = 0; i < engine_pages.size(); ++i) {
+    if (Status s = parse_scrape_target(f.engine_metrics_urls[i], &engine_pages[i]); !s) {
+      return fail_flags({s.code(), "--engine-metrics-url " + s.message()});
+    }
+  }
 
   EndpointOptions endpoint;
   endpoint.chat = chat;
-  endpoint.path = !f.endpoint.empty() ? f.endpoint : chat ? "/v1/chat/completions" : "/v1/completions";
+  endpoint.generate = generate;
+  endpoint.path = !f.endpoint.empty() ? f.endpoint
+                  : chat              ? "/v1/chat/completions"
+                  : generate          ? "/inference/v1/generate"
+                                      : "/v1/completions";
   endpoint.ignore_eos = !f.no_ignore_eos;
   if (const char* key = std::getenv("OPENAI_API_KEY"); key != nullptr && *key != '\0') {
     endpoint.headers.push_back({"Authorization", fmt::format("Bearer {}", key)});
@@ -343,19 +449,29 @@ int run(const Flags& f) {
   }
   endpoint.model = f.model;
   if (endpoint.model.empty()) {
-    if (Status s = discover_model(target, endpoint, schedule.timeouts, &endpoint.model); !s) {
-      fmt::print(stderr, "pdrouter-bench: {}: {}\n", base_url, s.message());
+    if (Status s = discover_model(targets.front(), endpoint, schedule.timeouts, &endpoint.model); !s) {
+      fmt::print(stderr, "pdrouter-bench: {}: {}\n", urls.front(), s.message());
       return kExitFailedRequests;
     }
   }
 
-  fmt::print(stderr, "pdrouter-bench: {} {} {} requests of {}{} -> {} tokens to {}{} (model {})\n",
-             requests.size(), f.dataset, f.backend, workload.input_len,
-             f.dataset == "multi_turn" ? "+ earlier turns" : "", workload.output_len, base_url,
-             endpoint.path, endpoint.model);
+  if (trace) {
+    fmt::print(stderr,
+               "pdrouter-bench: replaying {} requests of {} ({:.1f} s at speed-up {}; mean {} -> {} "
+               "tokens) to {}{} (model {})\n",
+               requests.size(), f.trace_path, trace_span_s, f.trace_speedup, workload.input_len,
+               workload.output_len, base_url, endpoint.path, endpoint.model);
+  } else {
+    fmt::print(stderr, "pdrouter-bench: {} {} {} requests of {}{} -> {} tokens to {}{} (model {})\n",
+               requests.size(), f.dataset, f.backend, workload.input_len,
+               f.dataset == "multi_turn" ? "+ earlier turns" : "", workload.output_len, base_url,
+               endpoint.path, endpoint.model);
+  }
   if (!f.no_test_request) {
-    const RunOutcome test = run_benchmark(target, endpoint, {requests.front()},
-                                          {.timeouts = schedule.timeouts}, {});
+    const RunOutcome test = run_benchmark(targets.front(), endpoint,
+                                          {trace ? trace_test_request() : requests.front()},
+                                          {.timeouts = schedule.timeouts,
+                                           .vocab_size = schedule.vocab_size}, {});
     if (test.interrupted) return kExitInterrupted;
     const RequestResult& r = test.results.front();
     if (!r.success) {
@@ -369,14 +485,27 @@ int run(const Flags& f) {
                r.ttft_s * 1e3, r.output_tokens);
   }
 
+  const http::UpstreamTimeouts scrape_timeouts{.connect = std::chrono::milliseconds(5'000),
+                                               .first_byte = std::chrono::milliseconds(10'000),
+                                               .idle = std::chrono::milliseconds(10'000)};
+  const bool scraping = !router_pages.empty() || !engine_pages.empty();
+  CacheSnapshot before;
+  if (scraping) before = take_snapshot(router_pages, engine_pages, scrape_timeouts);
+
   ProgressOptions progress;
   if (!f.no_progress) {
     progress.out = stderr;
     progress.interval = std::chrono::milliseconds(static_cast<int64_t>(f.progress_interval_s * 1e3));
     progress.overwrite = isatty(STDERR_FILENO) != 0;
   }
-  const RunOutcome outcome = run_benchmark(target, endpoint, requests, schedule, progress);
+  const RunOutcome outcome = run_benchmark(targets, endpoint, requests, schedule, progress);
 
+  CacheReport cache;
+  if (scraping) {
+    cache = compare_snapshots(!router_pages.empty(), !engine_pages.empty(), before,
+                              take_snapshot(router_pages, engine_pages, scrape_timeouts));
+    cache.prompt_tokens = static_cast<double>(outcome.oracle_prompt_tokens);
+  }
   RunInfo info{.date = local_date(), .backend = f.backend, .base_url = base_url,
                .endpoint = endpoint.path, .model = endpoint.model,
                .num_prompts = workload.num_prompts, .input_len = workload.input_len,
@@ -384,26 +513,46 @@ int run(const Flags& f) {
                .request_rate = schedule.request_rate, .burstiness = schedule.burstiness,
                .max_concurrency = schedule.max_concurrency, .seed = workload.seed,
                .interrupted = outcome.interrupted};
+  // A trace's own rate, as sent: its requests over its span after the speed-up.
+  if (trace && trace_span_s > 0) info.request_rate = (requests.size() - 1) / trace_span_s;
   const BenchSummary summary =
       summarize(outcome.results, outcome.duration_s, percentiles, outcome.max_in_flight);
+  const SloSummary slo_summary = summarize_slo(outcome.results, outcome.duration_s, slo, percentiles);
   const bool json_on_stdout = f.json_path == "-";
   const double oracle_rate =
       outcome.oracle_prompt_tokens == 0
           ? 0.0
           : static_cast<double>(outcome.oracle_hit_tokens) / outcome.oracle_prompt_tokens;
-  fmt::print(json_on_stdout ? stderr : stdout, "{}", render_table(info, summary));
+  std::FILE* table = json_on_stdout ? stderr : stdout;
+  fmt::print(table, "{}", render_table(info, summary));
   // The workload's own reuse, what no router can beat: see prefix_oracle.h.
-  fmt::print(json_on_stdout ? stderr : stdout,
-             "{:<40}{:<10}\n{:<40}{:<10}\n{:<40}{:<10.2f}\n", "Dataset:", f.dataset,
+  fmt::print(table, "{:<40}{:<10}\n{:<40}{:<10}\n{:<40}{:<10.2f}\n", "Dataset:", dataset,
              "Oracle block size (tokens):", f.oracle_block_tokens, "Oracle prefix hit rate (%):",
              oracle_rate * 100);
+  if (trace) {
+    fmt::print(table, "{:<40}{:<10}\n{:<40}{:<10.3f}\n{:<40}{:<10.3f}\n", "Trace speed-up:",
+               f.trace_speedup, "Trace span after speed-up (s):", trace_span_s,
+               "Max send lag (s):", outcome.max_send_lag_s);
+  }
+  fmt::print(table, "{}{}", render_slo_table(slo_summary), render_cache_table(cache));
   if (!f.json_path.empty()) {
     nlohmann::json result = result_json(info, summary, outcome.results);
-    result["dataset_name"] = f.dataset;
+    result["dataset_name"] = dataset;
     result["oracle_block_tokens"] = f.oracle_block_tokens;
     result["oracle_prompt_tokens"] = outcome.oracle_prompt_tokens;
     result["oracle_hit_tokens"] = outcome.oracle_hit_tokens;
     result["oracle_prefix_hit_rate"] = oracle_rate;
+    result["max_send_lag_s"] = outcome.max_send_lag_s;
+    result["mean_send_lag_s"] = outcome.mean_send_lag_s;
+    if (trace) {
+      result["trace_file"] = f.trace_path;
+      result["trace_speedup"] = f.trace_speedup;
+      result["trace_block_size"] = f.trace_block_size;
+      result["trace_span_s"] = trace_span_s;
+      result["slo_scale"] = f.slo_scale;
+    }
+    add_slo_json(slo_summary, outcome.results, &result);
+    if (scraping) add_cache_json(cache, &result);
     const std::string json = result.dump(2) + "\n";
     if (json_on_stdout) {
       fmt::print(stdout, "{}", json);
@@ -430,10 +579,12 @@ int main(int argc, char** argv) {
       "pdrouter-bench: load benchmark for OpenAI-compatible servers (pdrouter, vLLM, pdnode sim), "
       "measuring what `vllm bench serve` measures, with its flag names: random prompts, shared-prefix "
       "prompts (prefix_repetition) or multi-turn conversations, Poisson "
-      "(gamma) arrivals or a fixed concurrency, streamed answers; reports request and token "
+      "(gamma) arrivals or a fixed concurrency, or a Mooncake request trace replayed at its own "
+      "times (--trace), streamed answers; reports request and token "
       "throughput, TTFT, TPOT, ITL and end-to-end latency (mean, median, percentiles) and the "
-      "failures with their reasons, and the prefix-cache hit rate an oracle would reach on the "
-      "workload, as a table on stdout and optionally JSON (--json). Progress "
+      "failures with their reasons, SLO attainment and goodput (TTFT and TBT objectives), the "
+      "prefix-cache hit rate an oracle would reach on the workload and, given their /metrics, "
+      "the router's and the engines' own, as a table on stdout and optionally JSON (--json). Progress "
       "goes to stderr. Exit codes: 0 every request succeeded, 1 some failed (or the initial test "
       "request, the model lookup or writing --json did), 2 bad flags, 130 interrupted "
       "(SIGINT/SIGTERM: in-flight requests are cancelled and the table covers what finished).",
@@ -447,5 +598,6 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kExitBadFlags;
   }
+  flags.num_prompts_given = app.count("--num-prompts") > 0;
   return run(flags);
 }

@@ -28,7 +28,12 @@ http::UpstreamRequest build_request(const EndpointOptions& endpoint, const Bench
   // the body is built by the JSON library.
   nlohmann::json body;
   body["model"] = endpoint.model;
-  if (endpoint.chat) {
+  if (endpoint.generate) {
+    body["token_ids"] = nullptr;  // spliced below
+    nlohmann::json sampling = {{"max_tokens", request.output_len}, {"temperature", 0.0}};
+    if (endpoint.ignore_eos) sampling["ignore_eos"] = true;
+    body["sampling_params"] = std::move(sampling);
+  } else if (endpoint.chat) {
     if (request.messages_json.empty()) {
       body["messages"] =
           nlohmann::json::array({{{"role", "user"}, {"content", request.prompt_text}}});
@@ -40,13 +45,17 @@ http::UpstreamRequest build_request(const EndpointOptions& endpoint, const Bench
     body["prompt"] = nullptr;
     body["max_tokens"] = request.output_len;
   }
-  body["temperature"] = 0.0;
+  if (!endpoint.generate) body["temperature"] = 0.0;
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
-  if (endpoint.ignore_eos) body["ignore_eos"] = true;
+  if (endpoint.ignore_eos && !endpoint.generate) body["ignore_eos"] = true;
   if (!request.conversation_id.empty()) body["conversation_id"] = request.conversation_id;
   std::string text = body.dump();
-  if (!endpoint.chat) {
+  if (endpoint.generate) {
+    static constexpr std::string_view kPlaceholder = "\"token_ids\":null";
+    const size_t at = text.find(kPlaceholder);
+    text.replace(at, kPlaceholder.size(), "\"token_ids\":" + request.prompt_json);
+  } else if (!endpoint.chat) {
     static constexpr std::string_view kPlaceholder = "\"prompt\":null";
     const size_t at = text.find(kPlaceholder);
     text.replace(at, kPlaceholder.size(), "\"prompt\":" + request.prompt_json);
@@ -66,8 +75,8 @@ http::UpstreamRequest build_request(const EndpointOptions& endpoint, const Bench
 }
 
 StreamMeasurement::StreamMeasurement(const BenchRequest& request, double start_s,
-                                     bool keep_answer)
-    : keep_answer_(keep_answer) {
+                                     bool keep_answer, bool token_ids)
+    : keep_answer_(keep_answer), token_ids_(token_ids) {
   result_.input_len = request.input_len;
   result_.start_s = start_s;
 }
@@ -109,7 +118,13 @@ void StreamMeasurement::on_event(const proto::SseEvent& event, double now_s) {
   }
   if (chunk.prompt_tokens) usage_prompt_ = chunk.prompt_tokens;
   if (chunk.completion_tokens) usage_completion_ = chunk.completion_tokens;
-  if (chunk.content_bytes == 0) return;  // role-only first chat chunk, usage-only last chunk
+  if (token_ids_) {
+    const uint32_t ids = token_ids_in(event.data);
+    if (ids == 0) return;  // usage-only last chunk
+    streamed_token_ids_ += ids;
+  } else if (chunk.content_bytes == 0) {
+    return;  // role-only first chat chunk, usage-only last chunk
+  }
   if (keep_answer_) keep_text_of(event.data);
   if (!saw_text_) {
     saw_text_ = true;
@@ -142,6 +157,19 @@ void StreamMeasurement::keep_text_of(std::string_view data) {
   answer_.append(piece, 0, kMaxAnswerBytes - std::min(kMaxAnswerBytes, answer_.size()));
 }
 
+// The chunk decoded above (parse_stream_chunk checked it is a JSON object of at most 4 MiB).
+uint32_t StreamMeasurement::token_ids_in(std::string_view data) {
+  const nlohmann::json chunk = nlohmann::json::parse(data, nullptr, /*allow_exceptions=*/false);
+  if (!chunk.is_object() || !chunk.contains("choices") || !chunk["choices"].is_array()) return 0;
+  uint32_t count = 0;
+  for (const nlohmann::json& choice : chunk["choices"]) {
+    if (choice.is_object() && choice.contains("token_ids") && choice["token_ids"].is_array()) {
+      count += static_cast<uint32_t>(choice["token_ids"].size());
+    }
+  }
+  return count;
+}
+
 void StreamMeasurement::on_complete(double now_s) {
   result_.latency_s = now_s - result_.start_s;
   if (failed_early()) return;
@@ -153,8 +181,8 @@ void StreamMeasurement::on_complete(double now_s) {
   if (sse_.pending_bytes() != 0) return fail("stream ended inside an event");
   if (!saw_done_) return fail("stream ended without [DONE]");
   if (!saw_text_) return fail("stream carried no generated text");
-  result_.output_tokens =
-      usage_completion_ ? static_cast<uint32_t>(*usage_completion_) : text_chunks_;
+  const uint64_t streamed = token_ids_ ? streamed_token_ids_ : text_chunks_;
+  result_.output_tokens = static_cast<uint32_t>(usage_completion_ ? *usage_completion_ : streamed);
   if (usage_prompt_) result_.input_len = static_cast<uint32_t>(*usage_prompt_);
   result_.success = true;
 }

@@ -1,10 +1,12 @@
 // One streamed OpenAI request of a benchmark, measured the way `vllm bench serve` measures it.
 //
 // build_request() makes the HTTP request (completions or chat, stream: true with
-// include_usage, max_tokens = the request's output length, temperature 0, ignore_eos when asked).
+// include_usage, max_tokens = the request's output length, temperature 0, ignore_eos when asked;
+// or vLLM's tokens-in /inference/v1/generate: token_ids, and those settings in sampling_params).
 // StreamMeasurement is fed the response's head and body bytes as they arrive and fills a
-// RequestResult: TTFT at the first SSE chunk carrying text, one ITL sample per later such
-// chunk, token counts from the final usage chunk (else the count of chunks with text).
+// RequestResult: TTFT at the first SSE chunk carrying text (generate: token ids), one ITL sample
+// per later such chunk, token counts from the final usage chunk (else the count of chunks with
+// text; generate: of the token ids).
 //
 // A request succeeds only if the answer is 200 text/event-stream, every event decodes, no event
 // is an error, at least one chunk carries text, and the stream ends with "data: [DONE]" and no
@@ -30,6 +32,9 @@ struct EndpointOptions {
   std::string model;
   bool ignore_eos = true;   // vLLM's extension: generate exactly max_tokens
   std::vector<http::Header> headers;  // e.g. Authorization: Bearer ...
+  // vLLM's /inference/v1/generate body: {model, token_ids, sampling_params{max_tokens,
+  // temperature, ignore_eos}, stream, stream_options}; the prompt must be token ids.
+  bool generate = false;
 };
 
 http::UpstreamRequest build_request(const EndpointOptions& endpoint, const BenchRequest& request);
@@ -43,8 +48,10 @@ class StreamMeasurement {
   static constexpr size_t kMaxAnswerBytes = 1 << 20;
 
   // keep_answer: also keep the generated text (choices[0].text or delta.content), for a
-  // conversation's next turn.
-  StreamMeasurement(const BenchRequest& request, double start_s, bool keep_answer = false);
+  // conversation's next turn. token_ids: the answer is /inference/v1/generate's, whose chunks
+  // carry choices[*].token_ids instead of text.
+  StreamMeasurement(const BenchRequest& request, double start_s, bool keep_answer = false,
+                    bool token_ids = false);
 
   void on_head(int status, const std::vector<http::Header>& headers);
   void on_body(std::string_view bytes, double now_s);
@@ -63,6 +70,7 @@ class StreamMeasurement {
   void on_event(const proto::SseEvent& event, double now_s);
   void fail(std::string error);
   void keep_text_of(std::string_view data);
+  static uint32_t token_ids_in(std::string_view data);
 
   RequestResult result_;
   proto::SseReader sse_;
@@ -74,6 +82,8 @@ class StreamMeasurement {
   std::optional<uint64_t> usage_prompt_, usage_completion_;
   std::string error_body_;
   bool keep_answer_ = false;
+  bool token_ids_ = false;
+  uint64_t streamed_token_ids_ = 0;
   std::string answer_;
 };
 

@@ -48,6 +48,11 @@ struct BenchRequest {
   // Sent as the body's top-level "conversation_id" when not empty (multi_turn with
   // --multi-turn-conversation-id: pdrouter's multi-turn KV reuse keys on it).
   std::string conversation_id;
+  // Trace replay (trace_workload.h): the seed of each block of the token-id prompt, every block
+  // block_tokens long but the last. prompt_json is then empty: the runner builds the prompt
+  // (trace_prompt_ids) when the request is sent.
+  std::vector<uint64_t> block_seeds;
+  uint32_t block_tokens = 0;
 };
 
 // All prompts of a run are generated before it starts: at most this many tokens in total.

@@ -107,6 +107,9 @@ constexpr uint32_t kMaxListedRanks = 64;
 // The publisher the flags ask for, or none.
 FlagError build_kv_events(const SimFlags& f, const sim::SimOptions& options,
                           std::optional<sim::SimKvEventsPublisherOptions>* out) {
+  if (f.kv_events_replay_layout != "topic" && f.kv_events_replay_layout != "no-topic") {
+    return "--kv-events-replay-layout '" + f.kv_events_replay_layout + "': expected topic or no-topic";
+  }
   if (f.kv_events_endpoint.empty()) {
     if (!f.kv_events_replay_endpoint.empty()) {
       return "--kv-events-replay-endpoint needs --kv-events-endpoint";
@@ -132,6 +135,7 @@ FlagError build_kv_events(const SimFlags& f, const sim::SimOptions& options,
     }
     p.replay_port = port;
   }
+  p.replay_with_topic = f.kv_events_replay_layout == "topic";
   p.ranks = options.node.dp_size;
   // Port 0 gives each rank an ephemeral port of its own, listed in the registration, whose
   // decoder takes at most 64 list items (proto::DecodeLimits).
@@ -332,9 +336,10 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   CLI::App* cmd = app.add_subcommand(
       "sim",
       "Run a simulated vLLM OpenAI server (no GPU): /health, /v1/models, /v1/completions,\n"
-      "/v1/chat/completions, /v1/responses and /inference/v1/generate (token ids in and out) in\n"
-      "vLLM's formats (and fakes of /tokenize, /detokenize, /v1/embeddings, the two /render\n"
-      "endpoints and a small /metrics), kv_transfer_params checked per connector, prefill\n"
+      "/v1/chat/completions, /v1/responses, Anthropic's /v1/messages (and its count_tokens) and\n"
+      "/inference/v1/generate (token ids in and out) in vLLM's formats (and fakes of /tokenize,\n"
+      "/detokenize, /v1/embeddings, the two /render endpoints and a small /metrics),\n"
+      "kv_transfer_params checked per connector, prefill\n"
       "and decode time modelled per token, deterministic text. Test endpoints: GET /sim/requests,\n"
       "POST /sim/reset, /sim/faults (below), GET /sim/kv (KV transfer counters), GET\n"
       "/sim/prefix_cache (prefix caches, KV events counters); POST /reset_prefix_cache as vLLM. With\n"
@@ -447,6 +452,11 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   cmd->add_option("--kv-events-encoding", f->kv_events_encoding,
                   "Event encoding: map (vLLM >= 0.26, tagged by \"type\") or array (older vLLM).")
       ->capture_default_str()->type_name("map|array");
+  cmd->add_option("--kv-events-replay-layout", f->kv_events_replay_layout,
+                  "Frames of the replay socket's answers: topic = [topic, seq, payload] like live "
+                  "messages, end marker [\"\", END, \"\"] (vLLM >= 0.26); no-topic = [seq, "
+                  "payload], end marker [END, \"\"] (older vLLM, SGLang). END is seq -1.")
+      ->capture_default_str()->type_name("topic|no-topic");
   cmd->add_flag("--bidirectional-kv-xfer", f->bidirectional_kv_xfer,
                 "NIXL (vLLM's kv_connector_extra_config.bidirectional_kv_xfer, on both roles): a "
                 "decode ends each answer with kv_transfer_params for the conversation's next turn "

@@ -141,6 +141,26 @@ std::optional<SimError> read_max_output_tokens(const json& body, GenerationReque
   return std::nullopt;
 }
 
+// Anthropic's /v1/messages (vLLM's AnthropicMessagesRequest): `system` (a string or text blocks)
+// is read before the messages, whose items are chat-like {role, content: a string or blocks};
+// max_tokens is required, an integer > 0.
+std::optional<SimError> read_anthropic(const json& body, GenerationRequest* out) {
+  out->prompt_tokens = 0;
+  if (body.contains("system") && !body["system"].is_null()) {
+    json system = json::array({json{{"role", "system"}, {"content", body["system"]}}});
+    if (auto e = read_messages(system, out)) return e;
+  }
+  if (!body.contains("messages")) return bad_request("bad_messages", "messages is required");
+  if (auto e = read_messages(body["messages"], out)) return e;
+  // Only max_tokens: max_completion_tokens is no field of this API (vLLM ignores it).
+  const json max_tokens = body.value("max_tokens", json());
+  if (!max_tokens.is_number_integer() || max_tokens.get<int64_t>() < 1 || max_tokens.get<int64_t>() > 1000000) {
+    return bad_request("bad_max_tokens", "max_tokens is required and must be an integer >= 1");
+  }
+  out->max_tokens = static_cast<uint32_t>(max_tokens.get<int64_t>());
+  return std::nullopt;
+}
+
 json base_object(const GenerationRequest& req, const std::string& id, int64_t created,
                  const char* object) {
   if (req.kind == ApiKind::kGenerate) return json{{"request_id", id}};
@@ -216,6 +236,9 @@ std::optional<SimError> parse_generation_request(ApiKind kind, const json& body,
     if (auto e = read_prompt(body["prompt"], out)) return e;
   } else if (kind == ApiKind::kResponses) {
     if (auto e = read_responses_input(body, out)) return e;
+  } else if (kind == ApiKind::kMessages) {
+    if (!body.contains("model") || body["model"].is_null()) return bad_request("bad_model", "model is required");
+    if (auto e = read_anthropic(body, out)) return e;
   } else {
     out->prompt_tokens = 0;
     if (!body.contains("messages")) return bad_request("bad_messages", "messages is required");
@@ -224,14 +247,15 @@ std::optional<SimError> parse_generation_request(ApiKind kind, const json& body,
   if (out->prompt_tokens == 0) out->prompt_tokens = 1;
   if (kind == ApiKind::kResponses) {
     if (auto e = read_max_output_tokens(body, out)) return e;
-  } else if (kind != ApiKind::kGenerate) {
+  } else if (kind != ApiKind::kGenerate && kind != ApiKind::kMessages) {
     if (auto e = read_max_tokens(body, out)) return e;
   }
   if (body.contains("stream") && !body["stream"].is_null()) {
     if (!body["stream"].is_boolean()) return bad_request("bad_stream", "stream must be a boolean");
     out->stream = body["stream"].get<bool>();
   }
-  if (body.contains("stream_options") && body["stream_options"].is_object()) {
+  // (Not a field of Anthropic's API: vLLM asks its chat stream for usage itself.)
+  if (kind != ApiKind::kMessages && body.contains("stream_options") && body["stream_options"].is_object()) {
     const json& options = body["stream_options"];
     if (!out->stream) {
       return bad_request("bad_stream_options", "Stream options can only be defined when `stream=True`.");
@@ -264,7 +288,7 @@ int64_t generated_token_id(const std::string& token) {
 std::string response_id(ApiKind kind, const std::string& request_id) {
   if (kind == ApiKind::kGenerate) return "generate-tokens-" + request_id;
   if (kind == ApiKind::kResponses) return "resp_" + request_id;
-  return (kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + request_id;
+  return (kind == ApiKind::kChat || kind == ApiKind::kMessages ? "chatcmpl-" : "cmpl-") + request_id;
 }
 
 std::string internal_request_id(ApiKind kind, const std::string& request_id) {
@@ -272,8 +296,8 @@ std::string internal_request_id(ApiKind kind, const std::string& request_id) {
   std::snprintf(suffix, sizeof(suffix), "%08x", static_cast<uint32_t>(fnv1a(request_id)));
   if (kind == ApiKind::kGenerate) return "generate-tokens-" + request_id + "-" + suffix;
   if (kind == ApiKind::kResponses) return "resp_" + request_id + "_0-" + suffix;
-  return kind == ApiKind::kChat ? "chatcmpl-" + request_id + "-" + suffix
-                                : "cmpl-" + request_id + "-0-" + suffix;
+  return kind == ApiKind::kChat || kind == ApiKind::kMessages ? "chatcmpl-" + request_id + "-" + suffix
+                                                              : "cmpl-" + request_id + "-0-" + suffix;
 }
 
 std::string full_response(const GenerationRequest& req, const std::string& id, int64_t created,

@@ -25,7 +25,9 @@ namespace pdr::node::sim {
 // stream?}); its answers carry token ids (the vocabulary index of each generated word, as
 // sim_aux_api.h's /detokenize reads them) instead of text.
 // kResponses: POST /v1/responses (its shapes are in sim_responses.h).
-enum class ApiKind { kCompletion, kChat, kGenerate, kResponses };
+// kMessages: Anthropic's POST /v1/messages as vLLM serves it (sim_messages.h): chat underneath
+// (its ids are chat's), `system` counted before the messages, max_tokens required.
+enum class ApiKind { kCompletion, kChat, kGenerate, kResponses, kMessages };
 
 struct GenerationRequest {
   ApiKind kind = ApiKind::kCompletion;
@@ -33,7 +35,8 @@ struct GenerationRequest {
   std::string prompt_text;   // what the tokens are derived from
   uint32_t prompt_tokens = 1;
   uint32_t max_tokens = 16;  // max_completion_tokens wins over max_tokens; default 16
-                             // (kResponses: max_output_tokens; max_tokens is ignored, as vLLM does)
+                             // (kResponses: max_output_tokens; max_tokens is ignored, as vLLM does;
+                             // kMessages: max_tokens, required)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // kGenerate: the kv_transfer_params the engine gets, from sampling_params.extra_args (where
@@ -65,7 +68,7 @@ std::vector<std::string> generate_tokens(const std::string& request_id,
                                          const std::string& prompt_text, uint32_t count);
 
 // "cmpl-<id>" / "chatcmpl-<id>" / "generate-tokens-<id>", vLLM's user-visible response id for
-// X-Request-Id <id>.
+// X-Request-Id <id> (kMessages: chat's, which vLLM's Messages answer carries as its id).
 std::string response_id(ApiKind kind, const std::string& request_id);
 
 // The engine-internal id vLLM derives from it (PROTOCOLS §5): "cmpl-<id>-0-<8hex>" or

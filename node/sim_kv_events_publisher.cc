@@ -272,13 +272,17 @@ class SimKvEventsPublisher::Impl {
       const std::string id = frames[0].to_string();
       uint64_t replayed = 0;
       try {
+        const std::optional<std::string> topic =
+            options_.replay_with_topic ? std::optional<std::string>(options_.topic) : std::nullopt;
         for (const auto& [seq, payload] : rank.buffer) {
           if (seq < start) continue;
           const std::string seq_frame = proto::encode_kv_event_seq(seq);
-          reply(*rank.router, id, seq_frame, payload);
+          reply(*rank.router, id, topic, seq_frame, payload);
           ++replayed;
         }
-        reply(*rank.router, id, proto::encode_kv_event_seq(proto::kKvReplayEnd), "");
+        // vLLM's end marker leaves the topic frame empty.
+        reply(*rank.router, id, topic ? std::optional<std::string>("") : std::nullopt,
+              proto::encode_kv_event_seq(proto::kKvReplayEnd), "");
       } catch (const zmq::error_t& e) {
         pdr::log::debug("KV events publisher: replay send: {}", e.what());
       }
@@ -289,10 +293,13 @@ class SimKvEventsPublisher::Impl {
   }
 
   // A ROUTER drops what it cannot queue for a peer instead of blocking (ROUTER_MANDATORY off).
-  static void reply(zmq::socket_t& router, const std::string& id, const std::string& seq,
+  // `topic` unset: the layout without the topic frame.
+  static void reply(zmq::socket_t& router, const std::string& id,
+                    const std::optional<std::string>& topic, const std::string& seq,
                     const std::string& payload) {
     router.send(zmq::buffer(id), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
     router.send(zmq::message_t(), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    if (topic) router.send(zmq::buffer(*topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
     router.send(zmq::buffer(seq), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
     router.send(zmq::buffer(payload), zmq::send_flags::dontwait);
   }

@@ -5,10 +5,12 @@
 // port of its own, which the registration lists, proto::NodeSpec::kv_events_ports) and, with a
 // replay port, a ROUTER on tcp://HOST:REPLAY+r (REPLAY 0: the same). Each
 // message is three frames [topic, seq (8 bytes big-endian, from 0 per rank), payload]. The
-// ROUTER answers a request [id, "", start_seq (8 bytes)] with [id, "", seq, payload] for every
-// buffered batch with seq >= start_seq, then the end marker [id, "", 0xFF x 8, ""]; the buffer
-// keeps each rank's last `buffer_steps` batches (vLLM's buffer_steps), within `buffer_bytes`. Requests of another shape
-// are counted and ignored.
+// ROUTER answers a request [id, "", start_seq (8 bytes)] with one message per buffered batch with
+// seq >= start_seq, then an end marker, in the layout `replay_with_topic` picks
+// (proto/kv_events_replay.h): [id, "", topic, seq, payload] ... [id, "", "", 0xFF x 8, ""] as
+// vLLM >= 0.26 sends them, or [id, "", seq, payload] ... [id, "", 0xFF x 8, ""] as older vLLM
+// and SGLang do. The buffer keeps each rank's last `buffer_steps` batches (vLLM's buffer_steps),
+// within `buffer_bytes`. Requests of another shape are counted and ignored.
 //
 // publish() never blocks the caller: it queues the payload (bounded by max_queue and
 // max_queue_bytes; beyond them the batch is dropped and counted) and wakes the thread, which numbers it, buffers it for replay and
@@ -40,6 +42,7 @@ struct SimKvEventsPublisherOptions {
   std::optional<uint16_t> replay_port;  // the same for the ROUTERs; none: no replay
   uint32_t ranks = 1;
   std::string topic;               // vLLM's default: empty
+  bool replay_with_topic = true;   // the replay answers' layout (above)
   size_t buffer_steps = 10000;     // batches kept per rank for replay
   size_t buffer_bytes = 64 << 20;  // and at most these payload bytes per rank
   size_t max_queue = 100000;       // batches waiting for the thread

@@ -80,6 +80,8 @@ std::vector<uint32_t> prompt_token_ids(ApiKind kind, const json& body) {
     }
     return ids;
   }
+  // Anthropic's system prompt comes before the messages (vLLM makes it the first chat message).
+  if (kind == ApiKind::kMessages && body.contains("system")) append_content(body["system"], &ids);
   if (!body.contains("messages") || !body["messages"].is_array()) return ids;
   for (const json& message : body["messages"]) {
     if (message.is_object() && message.contains("content")) {

@@ -3,7 +3,7 @@
 // is its ids as given (the first of a list of lists; each id taken modulo 2^32; /inference/v1/
 // generate's token_ids the same); a text prompt
 // (the first of a list of strings) is one id per whitespace-separated word; a chat request one id
-// per word of every message's text content, in order. A word of the sim's vocabulary
+// per word of every message's text content, in order (an Anthropic request's `system` first). A word of the sim's vocabulary
 // (sim_vocabulary_word) has its index there as id; any other word FNV-1a-64 of its bytes folded
 // into [1000, 32000), so equal texts give equal ids on every node, and a text prompt that extends
 // another extends its ids. POST /tokenize (sim_aux_api.h) answers these same ids, so a router that

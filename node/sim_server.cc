@@ -18,6 +18,7 @@
 #include "node/sim_dialects/common.h"
 #include "node/sim_faults.h"
 #include "node/sim_generation.h"
+#include "node/sim_messages.h"
 #include "node/sim_prompt_tokens.h"
 #include "node/sim_responses.h"
 #include "node/sim_request_log.h"
@@ -163,7 +164,8 @@ struct SimServer::Impl {
   static void close_unanswered(http::ResponseWriter writer) { writer.abort(); }
   void cut(Generation& g);
   void answer(http::ResponseWriter& writer, uint64_t seq, http::Response response);
-  void answer_error(http::ResponseWriter& writer, uint64_t seq, const SimError& error);
+  // `path`: the request's, whose API shapes the error body (sim_messages.h's sim_error_body).
+  void answer_error(http::ResponseWriter& writer, uint64_t seq, const SimError& error, std::string_view path = {});
   std::string models_json() const;
   // The dialect's prefill runs a bootstrap server (GET /query) and this node is a prefill.
   bool serves_bootstrap() const {
@@ -211,11 +213,11 @@ void SimServer::Impl::answer(http::ResponseWriter& writer, uint64_t seq, http::R
   if (seq != 0) log.set_status(seq, status);
 }
 
-void SimServer::Impl::answer_error(http::ResponseWriter& writer, uint64_t seq,
-                                   const SimError& error) {
+void SimServer::Impl::answer_error(http::ResponseWriter& writer, uint64_t seq, const SimError& error,
+                                   std::string_view path) {
   log.count_error(error.reason);
   pdr::log::debug("sim: {} {}: {}", error.status, error.reason, error.message);
-  answer(writer, seq, json_response(error.status, vllm_error_body(error)));
+  answer(writer, seq, json_response(error.status, sim_error_body(path, error)));
 }
 
 std::string SimServer::Impl::metrics_text() const {
@@ -282,6 +284,9 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
     if (request.path == "/v1/responses" && post) {
       return handle_generation(ApiKind::kResponses, std::move(request), seq, std::move(writer), fault);
     }
+    if (request.path == kSimMessagesPath && post) {
+      return handle_generation(ApiKind::kMessages, std::move(request), seq, std::move(writer), fault);
+    }
     if (post && handle_aux(request, seq, writer)) return;
     if (request.path == "/query" && get && serves_bootstrap()) {
       return answer(writer, seq, json_response(200, dialect->bootstrap_query(options.node)));
@@ -315,10 +320,11 @@ bool SimServer::Impl::handle_aux(const http::Request& request, uint64_t seq, htt
   else if (request.path == "/v1/embeddings") fn = &sim_embeddings;
   else if (request.path == "/v1/chat/completions/render") fn = &sim_render_chat;
   else if (request.path == "/v1/completions/render") fn = &sim_render_completions;
+  else if (request.path == kSimCountTokensPath) fn = &sim_count_tokens;
   if (fn == nullptr) return false;
   const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
-    answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"});
+    answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"}, request.path);
     return true;
   }
   AuxContext ctx;
@@ -330,7 +336,7 @@ bool SimServer::Impl::handle_aux(const http::Request& request, uint64_t seq, htt
   ctx.created = unix_seconds();
   std::string out;
   if (auto e = fn(body, ctx, &out)) {
-    answer_error(writer, seq, *e);
+    answer_error(writer, seq, *e, request.path);
   } else {
     answer(writer, seq, json_response(200, std::move(out)));
   }
@@ -408,7 +414,7 @@ void SimServer::Impl::apply_fault(FaultSpec fault, http::Request&& request, uint
     case FaultSpec::Action::kStatus: {
       const SimError error{fault.status, "fault",
                            "injected fault: HTTP " + std::to_string(fault.status)};
-      return answer(writer, seq, json_response(error.status, vllm_error_body(error)));
+      return answer(writer, seq, json_response(error.status, sim_error_body(request.path, error)));
     }
     case FaultSpec::Action::kHang: {
       auto g = std::make_unique<Generation>();
@@ -423,7 +429,8 @@ void SimServer::Impl::apply_fault(FaultSpec fault, http::Request&& request, uint
       return close_unanswered(std::move(writer));
     case FaultSpec::Action::kCloseAfterTokens:
       if (request.path == "/v1/completions" || request.path == "/v1/chat/completions" ||
-          request.path == "/inference/v1/generate" || request.path == "/v1/responses") {
+          request.path == "/inference/v1/generate" || request.path == "/v1/responses" ||
+          request.path == kSimMessagesPath) {
         return route(std::move(request), seq, std::move(writer), fault);
       }
       return close_unanswered(std::move(writer));  // no tokens to count
@@ -456,11 +463,11 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
                                         http::ResponseWriter writer, const FaultSpec& fault) {
   const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
-    return answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"});
+    return answer_error(writer, seq, SimError{400, "bad_json", "request body is not valid JSON"}, request.path);
   }
   auto g = std::make_unique<Generation>();
   if (auto e = parse_generation_request(kind, body, options.model, &g->req)) {
-    return answer_error(writer, seq, *e);
+    return answer_error(writer, seq, *e, request.path);
   }
   const auto request_id_header = request.header("X-Request-Id");
   g->request_id = request_id_header && !request_id_header->empty() ? std::string(*request_id_header)
@@ -480,7 +487,7 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
       return answer_error(writer, seq, *e);
     }
   } else if (auto e = check_kv_request(*dialect, options.node, g->request_id, dp_rank, body, &g->kv)) {
-    return answer_error(writer, seq, *e);
+    return answer_error(writer, seq, *e, request.path);
   }
   // vLLM's two refusals (serving_engine._validate_input): the prompt alone, then with max_tokens.
   const std::string max_len = std::to_string(options.max_model_len);
@@ -490,7 +497,8 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
                         SimError{400, "too_long",
                                  "This model's maximum context length is " + max_len +
                                      " tokens. However, your request has " + prompt_len +
-                                     " input tokens. Please reduce the length of the input messages."});
+                                     " input tokens. Please reduce the length of the input messages."},
+                        request.path);
   }
   if (g->req.prompt_tokens + g->req.max_tokens > options.max_model_len) {
     const std::string max_tokens = std::to_string(g->req.max_tokens);
@@ -499,7 +507,8 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
                                  "'max_tokens' or 'max_completion_tokens' is too large: " + max_tokens +
                                      ". This model's maximum context length is " + max_len +
                                      " tokens and your request has " + prompt_len + " input tokens (" +
-                                     max_tokens + " > " + max_len + " - " + prompt_len + ")."});
+                                     max_tokens + " > " + max_len + " - " + prompt_len + ")."},
+                        request.path);
   }
   g->seq = seq;
   g->worker = request.worker;
@@ -536,6 +545,8 @@ void SimServer::Impl::handle_generation(ApiKind kind, http::Request&& request, u
       g->writer.write(sse_role_chunk(g->req, g->response_id, g->created));
     } else if (kind == ApiKind::kResponses) {
       g->writer.write(responses_open_events(g->req, g->response_id, g->created));
+    } else if (kind == ApiKind::kMessages) {
+      g->writer.write(messages_open_events(g->req, g->response_id));
     }
   }
   const uint32_t worker = g->worker;
@@ -735,7 +746,12 @@ void SimServer::Impl::on_kv_imported(uint32_t worker, uint64_t seq,
     log.count_error(error->reason);
     pdr::log::warn("sim: request {}: {}", g->request_id, error->message);
     if (!g->req.stream) {
-      answer(g->writer, seq, json_response(error->status, vllm_error_body(*error)));
+      const std::string_view path = g->req.kind == ApiKind::kMessages ? kSimMessagesPath : std::string_view();
+      answer(g->writer, seq, json_response(error->status, sim_error_body(path, *error)));
+    } else if (g->req.kind == ApiKind::kMessages) {
+      g->writer.write(messages_error_event(*error));  // vLLM's Messages stream has no [DONE]
+      g->writer.end_stream();
+      log.set_status(seq, error->status);
     } else {
       // vLLM's streaming error: an error event, then the end of the stream.
       const json event{{"error", json::parse(vllm_error_body(*error))}};
@@ -847,6 +863,8 @@ void SimServer::Impl::write_token(Generation& g) {
   }
   if (g.req.kind == ApiKind::kResponses) {
     g.writer.write(responses_delta_event(g.response_id, g.tokens[g.next_token], g.next_token));
+  } else if (g.req.kind == ApiKind::kMessages) {
+    g.writer.write(messages_delta_event(g.tokens[g.next_token]));
   } else {
     g.writer.write(sse_token_chunk(g.req, g.response_id, g.created, g.tokens[g.next_token],
                                    last ? &finish_reason : nullptr));
@@ -911,6 +929,12 @@ void SimServer::Impl::finish(Generation& g) {
   } else if (!g.req.stream && g.req.kind == ApiKind::kResponses) {
     answer(g.writer, seq,
            json_response(200, responses_full(g.req, g.response_id, g.created, g.tokens, g.stopped, kv_params)));
+  } else if (g.req.stream && g.req.kind == ApiKind::kMessages) {
+    g.writer.write(messages_close_events(g.req, g.tokens.size(), g.stopped));  // no kv_transfer_params
+    g.writer.end_stream();
+    log.set_status(seq, 200);
+  } else if (!g.req.stream && g.req.kind == ApiKind::kMessages) {
+    answer(g.writer, seq, json_response(200, messages_full(g.req, g.response_id, g.tokens, g.stopped, kv_params)));
   } else if (g.req.stream) {
     if (!kv_params.is_null()) g.writer.write(sse_kv_params_chunk(g.req, g.response_id, g.created, kv_params));
     if (g.req.include_usage) {

@@ -297,6 +297,59 @@ Status parse_moriio_zmq_address(std::string_view text, MoriioZmqAddress* out) {
   return Status::ok();
 }
 
+namespace {
+
+// 4 or 16 bytes of an IP literal (brackets allowed; IPv4-mapped IPv6 as its IPv4); 0 if none.
+size_t literal_bytes(std::string_view host, uint8_t out[16]) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty() || host.size() > kMaxIpv6Chars) return 0;
+  char buf[kMaxIpv6Chars + 1];
+  std::memcpy(buf, host.data(), host.size());
+  buf[host.size()] = '\0';
+  if (::inet_pton(AF_INET, buf, out) == 1) return 4;
+  if (::inet_pton(AF_INET6, buf, out) != 1) return 0;
+  static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (std::memcmp(out, kMapped, sizeof kMapped) == 0) {
+    std::memmove(out, out + 12, 4);
+    return 4;
+  }
+  return 16;
+}
+
+// The name in lower case without one trailing dot.
+std::string folded_name(std::string_view host) {
+  std::string out(host);
+  for (char& c : out) c = ascii_lower(c);
+  if (!out.empty() && out.back() == '.') out.pop_back();
+  return out;
+}
+
+}  // namespace
+
+bool names_loopback(std::string_view host) {
+  uint8_t bytes[16];
+  switch (literal_bytes(host, bytes)) {
+    case 4: return bytes[0] == 127;
+    case 16: {
+      static constexpr uint8_t kLoopback6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+      return std::memcmp(bytes, kLoopback6, 16) == 0;
+    }
+    default: break;
+  }
+  const std::string name = folded_name(host);
+  return name == "localhost" || (name.size() > 10 && name.ends_with(".localhost"));
+}
+
+bool same_host(std::string_view a, std::string_view b) {
+  if (names_loopback(a) || names_loopback(b)) return names_loopback(a) && names_loopback(b);
+  uint8_t ab[16], bb[16];
+  const size_t al = literal_bytes(a, ab);
+  const size_t bl = literal_bytes(b, bb);
+  if (al != 0 || bl != 0) return al == bl && std::memcmp(ab, bb, al) == 0;
+  const std::string fa = folded_name(a);
+  return !fa.empty() && fa == folded_name(b);
+}
+
 bool looks_like_moriio_zmq_address(std::string_view text) {
   return text.find("handshake:") != std::string_view::npos || text.starts_with("host:");
 }

@@ -70,6 +70,15 @@ std::string zmq_tcp_endpoint(const HostPort& endpoint, uint32_t port_offset = 0)
 std::string zmq_tcp_rank_endpoint(const HostPort& endpoint, std::span<const uint16_t> rank_ports,
                                   uint32_t rank);
 
+// Hosts compared without a lookup (no DNS: pure).
+// names_loopback: a loopback literal (127.0.0.0/8, ::1, ::ffff:127.x.y.z) or "localhost" /
+// "*.localhost", which always name loopback (RFC 6761 section 6.3); any case, one trailing dot.
+bool names_loopback(std::string_view host);
+// same_host: both name loopback, or both are IP literals of the same address (IPv4-mapped IPv6
+// equals its IPv4), or both are the same name ignoring case and one trailing dot. A name and an
+// address are never the same host here: telling would need a lookup.
+bool same_host(std::string_view a, std::string_view b);
+
 // True when the string looks like the MoRIIO form (contains "handshake:" or starts with "host:"),
 // used to tell MoRIIO registrations from P2P-NCCL ones (whose zmq_address is plain host:port).
 bool looks_like_moriio_zmq_address(std::string_view text);

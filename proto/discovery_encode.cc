@@ -2,7 +2,9 @@
 // are meant to equal Python's msgpack.packb of the same dict, key order included; the tests check
 // them against vectors from tests/fuzz/make_corpus.py.
 #include <cstdint>
+#include <span>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -149,8 +151,8 @@ void add_extension(const Registration& reg, MapWriter* map) {
 }
 
 // MoRIIO-current base keys first, so the toy proxy and vLLM-style parsers that ignore unknown keys
-// still understand the message.
-std::string encode_pdrouter(const Registration& reg) {
+// still understand the message. `extra`: string entries appended last.
+std::string encode_pdrouter(const Registration& reg, std::span<const std::pair<std::string_view, std::string_view>> extra = {}) {
   MapWriter map;
   map.add("type", role_letter(reg.role));
   map.add("http_address", reg.http_address.to_string());
@@ -162,10 +164,16 @@ std::string encode_pdrouter(const Registration& reg) {
   if (reg.transfer_mode != TransferMode::kNone)
     map.add("transfer_mode", to_string(reg.transfer_mode));
   add_extension(reg, &map);
+  for (const auto& [key, value] : extra) map.add(key, value);
   return map.finish();
 }
 
 }  // namespace
+
+std::string encode_pdrouter_registration(const Registration& reg,
+                                         std::span<const std::pair<std::string_view, std::string_view>> extra) {
+  return encode_pdrouter(reg, extra);
+}
 
 std::string encode_registration(const Registration& reg) {
   switch (reg.format) {

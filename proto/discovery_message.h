@@ -116,6 +116,11 @@ Status decode_discovery_message(std::span<const std::byte> bytes, const DecodeLi
 // fields allow it (so vLLM-style parsers that ignore unknown keys understand it) plus `pdr_v` and
 // every set extension key.
 std::string encode_registration(const Registration& reg);
+// The kPdrouter encoding of `reg` (whatever reg.format says) with `extra` string entries after its
+// own keys: keys the decoder above ignores, for codecs that carry a registration plus something
+// of their own (proto/etcd_registry_entry.h).
+std::string encode_pdrouter_registration(const Registration& reg,
+                                         std::span<const std::pair<std::string_view, std::string_view>> extra);
 std::string encode_goodbye(const Goodbye& goodbye);
 std::string encode_ack(const Ack& ack);
 Status decode_ack(std::span<const std::byte> bytes, Ack* out);

@@ -10,6 +10,7 @@ namespace {
 
 constexpr std::string_view kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 constexpr std::string_view kSegment = "conversations/";
+constexpr std::string_view kAnonymous = "anonymous";
 // A decode key is host:port or a pod name; a replica id is short too.
 constexpr size_t kMaxNameBytes = 1024;
 
@@ -19,6 +20,12 @@ int sextet_of(char c) {
   if (c >= '0' && c <= '9') return c - '0' + 52;
   if (c == '-') return 62;
   if (c == '_') return 63;
+  return -1;
+}
+
+int lower_hex_of(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
   return -1;
 }
 
@@ -87,22 +94,62 @@ bool base64url_decode(std::string_view text, std::string* out) {
   return true;
 }
 
+std::string conversation_binding_text(std::string_view binding) {
+  if (binding.empty()) return std::string(kAnonymous);
+  constexpr std::string_view kHex = "0123456789abcdef";
+  std::string out;
+  out.reserve(binding.size() * 2);
+  for (char c : binding) {
+    out += kHex[uint8_t(c) >> 4];
+    out += kHex[uint8_t(c) & 15];
+  }
+  return out;
+}
+
+bool parse_conversation_binding_text(std::string_view text, std::string* binding) {
+  if (text == kAnonymous) {
+    binding->clear();
+    return true;
+  }
+  if (text.size() != 2 * kConversationBindingBytes) return false;
+  std::string out;
+  out.reserve(kConversationBindingBytes);
+  for (size_t i = 0; i < text.size(); i += 2) {
+    const int hi = lower_hex_of(text[i]), lo = lower_hex_of(text[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out += char((hi << 4) | lo);
+  }
+  *binding = std::move(out);
+  return true;
+}
+
 std::string etcd_conversations_prefix(std::string_view prefix) {
   std::string out(prefix);
   out += kSegment;
   return out;
 }
 
-std::string etcd_conversation_key(std::string_view prefix, std::string_view conversation_id) {
-  return etcd_conversations_prefix(prefix) + base64url_encode(conversation_id);
+std::string etcd_conversation_key(std::string_view prefix, std::string_view binding, std::string_view conversation_id) {
+  std::string out = etcd_conversations_prefix(prefix);
+  out += conversation_binding_text(binding);
+  out += '/';
+  out += base64url_encode(conversation_id);
+  return out;
 }
 
-Status parse_etcd_conversation_key(std::string_view prefix, std::string_view key, std::string* conversation_id) {
+Status parse_etcd_conversation_key(std::string_view prefix, std::string_view key, std::string* binding,
+                                   std::string* conversation_id) {
   if (key.size() < prefix.size() + kSegment.size() || key.substr(0, prefix.size()) != prefix ||
       key.substr(prefix.size(), kSegment.size()) != kSegment) {
     return Status(StatusCode::kInvalidValue, "not a conversation key");
   }
-  const std::string_view segment = key.substr(prefix.size() + kSegment.size());
+  const std::string_view rest = key.substr(prefix.size() + kSegment.size());
+  const size_t slash = rest.find('/');
+  std::string bound;
+  if (slash == std::string_view::npos || !parse_conversation_binding_text(rest.substr(0, slash), &bound)) {
+    return Status(StatusCode::kMalformed, "conversation key has no client binding");
+  }
+  const std::string_view segment = rest.substr(slash + 1);
   if (segment.size() > (kMaxConversationIdBytes * 4 + 2) / 3) {
     return Status(StatusCode::kTooLarge, "conversation id is over " + std::to_string(kMaxConversationIdBytes) + " bytes");
   }
@@ -110,6 +157,7 @@ Status parse_etcd_conversation_key(std::string_view prefix, std::string_view key
   if (segment.empty() || !base64url_decode(segment, &id)) {
     return Status(StatusCode::kMalformed, "conversation key's id is not unpadded base64url");
   }
+  *binding = std::move(bound);
   *conversation_id = std::move(id);
   return Status::ok();
 }
@@ -117,6 +165,7 @@ Status parse_etcd_conversation_key(std::string_view prefix, std::string_view key
 std::string encode_etcd_conversation(const EtcdConversationEntry& entry) {
   return JsonObjectWriter()
       .string("writer", entry.writer)
+      .string("binding", conversation_binding_text(entry.binding))
       .string("decode", entry.decode_key)
       .raw("epoch", json_uint(entry.decode_epoch))
       .integer("expires_ms", entry.expires_unix_ms)
@@ -138,6 +187,11 @@ Status parse_etcd_conversation(std::string_view value, EtcdConversationEntry* ou
 
   EtcdConversationEntry entry;
   if (st = required_string(body, "writer", &entry.writer); !st.is_ok()) return st;
+  std::string binding_text;
+  if (st = required_string(body, "binding", &binding_text); !st.is_ok()) return st;
+  if (!parse_conversation_binding_text(binding_text, &entry.binding)) {
+    return Status(StatusCode::kInvalidValue, "conversation entry's binding is not a client binding");
+  }
   if (st = required_string(body, "decode", &entry.decode_key); !st.is_ok()) return st;
   if (entry.decode_key.empty()) return Status(StatusCode::kInvalidValue, "conversation entry's decode is empty");
 

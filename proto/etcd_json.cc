@@ -150,18 +150,37 @@ Status read_answer(simdjson::dom::object object, EtcdAnswer* out) {
   return Status::ok();
 }
 
-Status read_kv(simdjson::dom::element element, EtcdKeyValue* kv) {
+// A key-value etcd holds. Its key and value bytes are whatever some writer put there: one that
+// pdrouter refuses (over its limit, or not base64) refuses that key-value alone, never the
+// whole answer (a single oversized value would otherwise stop every replica's range and watch).
+// A refused value leaves kv->value empty and says why in kv->refused; a refused key sets
+// *key_refused (the key-value is then unusable: the caller skips it). A key-value that is not
+// shaped as etcd shapes one (not an object, a field of the wrong type) fails the answer.
+Status read_kv(simdjson::dom::element element, EtcdKeyValue* kv, bool* key_refused) {
+  *key_refused = false;
   simdjson::dom::object object;
   if (element.get_object().get(object) != simdjson::SUCCESS) {
     return Status(StatusCode::kWrongType, "etcd answer: a key-value is not an object");
   }
-  if (Status st = get_bytes(object, "key", kMaxEtcdKeyBytes, &kv->key); !st) return st;
-  if (Status st = get_bytes(object, "value", kMaxEtcdValueBytes, &kv->value); !st) return st;
   if (Status st = get_int64(object, "create_revision", &kv->create_revision); !st) return st;
   if (Status st = get_int64(object, "mod_revision", &kv->mod_revision); !st) return st;
   if (Status st = get_int64(object, "version", &kv->version); !st) return st;
   if (Status st = get_int64(object, "lease", &kv->lease); !st) return st;
+  auto refused_data = [](const Status& st) {
+    return st.code() == StatusCode::kTooLarge || st.code() == StatusCode::kMalformed;
+  };
+  if (Status st = get_bytes(object, "key", kMaxEtcdKeyBytes, &kv->key); !st) {
+    if (!refused_data(st)) return st;
+    kv->key.clear();
+    *key_refused = true;
+    return Status::ok();
+  }
   if (kv->key.empty()) return Status(StatusCode::kMissingKey, "etcd answer: a key-value without a key");
+  if (Status st = get_bytes(object, "value", kMaxEtcdValueBytes, &kv->value); !st) {
+    if (!refused_data(st)) return st;
+    kv->value.clear();
+    kv->refused = st.message();
+  }
   return Status::ok();
 }
 
@@ -256,6 +275,15 @@ std::string encode_etcd_range(std::string_view key, std::string_view range_end) 
   return "{\"key\":\"" + base64_encode(key) + "\",\"range_end\":\"" + base64_encode(range_end) + "\"}";
 }
 
+std::string encode_etcd_range_page(std::string_view key, std::string_view range_end, const EtcdRangePage& page) {
+  std::string out = "{\"key\":\"" + base64_encode(key) + "\",\"range_end\":\"" + base64_encode(range_end) + "\"";
+  if (page.limit > 0) out += ",\"limit\":\"" + std::to_string(page.limit) + "\"";
+  if (page.revision > 0) out += ",\"revision\":\"" + std::to_string(page.revision) + "\"";
+  if (page.keys_only) out += ",\"keys_only\":true";
+  out += "}";
+  return out;
+}
+
 std::string encode_etcd_delete_range(std::string_view key, std::string_view range_end) {
   if (range_end.empty()) return "{\"key\":\"" + base64_encode(key) + "\"}";
   return encode_etcd_range(key, range_end);
@@ -308,10 +336,26 @@ Status parse_etcd_range(std::string_view json, EtcdRangeAnswer* out) {
     if (kvs_element.get_array().get(kvs) != simdjson::SUCCESS) {
       return Status(StatusCode::kWrongType, "etcd answer: 'kvs' is not an array");
     }
+    simdjson::dom::element last;
+    bool any = false;
     for (simdjson::dom::element item : kvs) {
+      last = item;
+      any = true;
       EtcdKeyValue kv;
-      if (Status st = read_kv(item, &kv); !st) return st;
+      bool key_refused = false;
+      if (Status st = read_kv(item, &kv, &key_refused); !st) return st;
+      if (key_refused) {
+        ++range.skipped;
+        continue;
+      }
       range.kvs.push_back(std::move(kv));
+    }
+    // Where the next page starts, even when the last key was refused (over the key limit):
+    // bounded by the answer's own size.
+    if (any) {
+      if (Status st = get_bytes(last.get_object().value_unsafe(), "key", kMaxEtcdAnswerBytes, &range.last_key); !st) {
+        return st;
+      }
     }
   }
   *out = std::move(range);
@@ -375,7 +419,12 @@ Status parse_etcd_watch(std::string_view json, EtcdWatchAnswer* out) {
       if (event_object.at_key("kv").get(kv) != simdjson::SUCCESS) {
         return Status(StatusCode::kMissingKey, "etcd answer: a watch event without 'kv'");
       }
-      if (Status st = read_kv(kv, &event.kv); !st) return st;
+      bool key_refused = false;
+      if (Status st = read_kv(kv, &event.kv, &key_refused); !st) return st;
+      if (key_refused) {
+        ++watch.skipped;
+        continue;
+      }
       watch.events.push_back(std::move(event));
     }
   }

@@ -41,6 +41,15 @@ std::string etcd_prefix_end(std::string_view prefix);
 // Request bodies. lease 0 = no lease; start_revision 0 = from now.
 std::string encode_etcd_put(std::string_view key, std::string_view value, int64_t lease);
 std::string encode_etcd_range(std::string_view key, std::string_view range_end);
+// One page of a range (etcd's RangeRequest limit / revision / keys_only; 0 and false are left
+// out). The next page starts at the last key read plus a NUL byte, at the first page's revision,
+// so the pages together are one consistent view.
+struct EtcdRangePage {
+  int64_t limit = 0;     // at most this many key-values; 0: all
+  int64_t revision = 0;  // the store as of this revision; 0: the newest
+  bool keys_only = false;
+};
+std::string encode_etcd_range_page(std::string_view key, std::string_view range_end, const EtcdRangePage& page);
 std::string encode_etcd_delete_range(std::string_view key, std::string_view range_end);
 std::string encode_etcd_lease_grant(int64_t ttl_seconds);
 std::string encode_etcd_lease_id(int64_t id);  // keepalive and revoke
@@ -50,7 +59,10 @@ std::string encode_etcd_authenticate(std::string_view name, std::string_view pas
 
 struct EtcdKeyValue {
   std::string key;    // decoded
-  std::string value;  // decoded
+  std::string value;  // decoded; empty when refused
+  // Non-empty: the value was not read, and why (over kMaxEtcdValueBytes, not base64). The rest
+  // of the answer is read as usual: one writer's oversized value refuses that key-value only.
+  std::string refused;
   int64_t create_revision = 0;
   int64_t mod_revision = 0;
   int64_t version = 0;
@@ -69,6 +81,8 @@ struct EtcdRangeAnswer {
   EtcdAnswer answer;
   std::vector<EtcdKeyValue> kvs;
   bool more = false;
+  size_t skipped = 0;  // key-values left out: their key was over kMaxEtcdKeyBytes or not base64
+  std::string last_key;  // the answer's last key, skipped or not ("" when it has none): pages
 };
 
 struct EtcdLeaseAnswer {
@@ -89,12 +103,15 @@ struct EtcdWatchAnswer {
   int64_t compact_revision = 0;  // > 0: the start revision was compacted, re-range
   std::string cancel_reason;
   std::vector<EtcdEvent> events;
+  size_t skipped = 0;  // events left out: their key was over kMaxEtcdKeyBytes or not base64
 };
 
 // put, deleterange, revoke and any other answer whose only content pdrouter reads is the header.
 // An error answer decodes fine (is_error); only bytes that are not such an answer fail.
-// Errors: kTooLarge, kMalformed (not JSON, bad base64), kWrongType, kOutOfRange (an int64 that
-// does not parse), kTooLarge (a key or value over its limit).
+// Errors: kTooLarge (the answer over its limit), kMalformed (not JSON), kWrongType, kOutOfRange
+// (an int64 that does not parse). A key or value over its limit or not base64 is data some
+// writer put in etcd, not a broken answer: it refuses that key-value only (EtcdKeyValue::refused,
+// EtcdRangeAnswer::skipped, EtcdWatchAnswer::skipped).
 Status parse_etcd_answer(std::string_view json, EtcdAnswer* out);
 Status parse_etcd_range(std::string_view json, EtcdRangeAnswer* out);
 Status parse_etcd_lease(std::string_view json, EtcdLeaseAnswer* out);  // grant and keepalive

@@ -3,6 +3,8 @@
 #include <optional>
 #include <string>
 
+#include "proto/request_checks.h"
+
 namespace pdr::proto {
 namespace {
 
@@ -86,6 +88,11 @@ Status check_sampling_params(const JsonLimits& limits, GenerateView* view) {
     if (*v < least) {
       return Status(StatusCode::kOutOfRange, "sampling_params." + std::string(key) + " must be at least " +
                                                  std::to_string(least) + ", got " + std::to_string(*v));
+    }
+    // The token counts' upper bound is the OpenAI endpoints' (request_checks.h).
+    if (key != "n" && *v > kMaxTokenCount) {
+      return Status(StatusCode::kOutOfRange, "sampling_params." + std::string(key) + " must be at most " +
+                                                 std::to_string(kMaxTokenCount) + ", got " + std::to_string(*v));
     }
     if (key == "n") view->choices = *v;
   }

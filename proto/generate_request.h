@@ -44,7 +44,8 @@ struct GenerateView {
 //   token_ids        required; a non-empty array of at most kMaxGenerateTokenIds integers in
 //                    [0, 2^32)
 //   sampling_params  required; an object; inside it max_tokens and min_tokens are integers or
-//                    null (max_tokens >= 1), n an integer >= 1 or null, extra_args an object or
+//                    null (max_tokens >= 1; both at most kMaxTokenCount, request_checks.h), n an
+//                    integer >= 1 or null, extra_args an object or
 //                    null, extra_args.kv_transfer_params an object or null
 //   model            a string or null; stream a boolean or null; kv_transfer_params an object or
 //                    null

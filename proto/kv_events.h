@@ -4,8 +4,9 @@
 //
 // Frames of a published message: [topic, seq, payload]; topic is the configured topic (default
 // empty), seq an 8-byte big-endian counter from 0 per publisher process, payload a msgpack batch.
-// Replay (ROUTER bound on replay_endpoint): a DEALER sends ["", start_seq(8B BE)] and gets one
-// ["", seq, payload] per buffered batch with seq >= start_seq, then ["", 0xFF x 8, ""].
+// Replay (ROUTER bound on replay_endpoint): a DEALER sends ["", start_seq(8B BE)] and gets the
+// buffered batches from start_seq on, then an end marker, in one of two layouts (with or without
+// the topic frame): proto/kv_events_replay.h.
 //
 // Payload shapes decoded, every one vLLM has shipped:
 //   - batch: [ts, events] (older) or [ts, events, dp_rank|nil];

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "proto/msgpack_prescan.h"
+
 namespace pdr::proto {
 
 namespace {
@@ -70,6 +72,9 @@ Status unpack_bounded(std::span<const std::byte> bytes, const DecodeLimits& limi
                                              limit_text(limits.max_message_bytes));
   }
   if (bytes.empty()) return Status(StatusCode::kMalformed, "message is empty");
+  // msgpack-cxx allocates a container's slots at its header: first make sure the bytes could hold
+  // what the headers declare (proto/msgpack_prescan.h).
+  if (Status s = check_declared_counts(bytes, limits); !s) return s;
   size_t offset = 0;
   const auto* data = reinterpret_cast<const char*>(bytes.data());
   if (Status s = unpack_or_status(data, bytes.size(), limits, &offset, out); !s) return s;

@@ -1,9 +1,11 @@
 // Private to proto/: the one place untrusted bytes meet msgpack-cxx.
 //
-// unpack_bounded() checks the byte size before parsing, passes DecodeLimits to msgpack as an
-// unpack_limit (so a huge declared array/map/str header fails before anything is allocated),
-// rejects trailing bytes after the first object and catches every msgpack exception, returning a
-// Status instead. Nothing thrown by msgpack escapes.
+// unpack_bounded() checks the byte size before parsing, refuses containers that declare more
+// elements than the bytes left could hold (proto/msgpack_prescan.h: msgpack allocates a
+// container's slots at its header), passes DecodeLimits to msgpack as an unpack_limit (so a huge
+// declared array/map/str header fails before anything is allocated), rejects trailing bytes after
+// the first object and catches every msgpack exception, returning a Status instead. Nothing
+// thrown by msgpack escapes.
 #pragma once
 
 #include <msgpack.hpp>
@@ -17,8 +19,9 @@ namespace pdr::proto {
 
 // On success *out owns exactly one object that used all of `bytes`.
 // Errors: kTooLarge (bytes over max_message_bytes, or an array/map/str over its limit), kTooDeep,
-// kMalformed (empty, truncated, invalid msgpack, trailing bytes), kWrongType (bin/ext when their
-// limit is 0), kInternal (allocation failure).
+// kMalformed (empty, truncated, containers declaring more elements than the bytes hold, invalid
+// msgpack, trailing bytes), kWrongType (bin/ext when their limit is 0), kInternal (allocation
+// failure).
 Status unpack_bounded(std::span<const std::byte> bytes, const DecodeLimits& limits,
                       msgpack::object_handle* out);
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "base/ascii.h"
+#include "proto/anthropic_messages.h"
 #include "proto/dialects/dialect.h"
 #include "proto/dialects/leg_edits.h"
 #include "proto/generate_request.h"
@@ -70,6 +71,7 @@ void add_common_headers(const ClientRequest& request, const LegOptions& options,
   leg->path = request.path == "/v1/completions" ? std::string_view("/v1/completions")
               : request.path == kGeneratePath  ? kGeneratePath
               : request.path == kResponsesPath ? kResponsesPath
+              : request.path == kMessagesPath  ? kMessagesPath
                                                : std::string_view("/v1/chat/completions");
   HeaderSpares* spares = header_spares();
   if (leg->headers.capacity() == 0 && spares != nullptr && !spares->lists.empty()) {
@@ -183,9 +185,11 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
   *out = LegBuild();
   const bool tokens_in = request.path == kGeneratePath;
   const bool responses = request.path == kResponsesPath;
-  if (request.path != "/v1/completions" && request.path != "/v1/chat/completions" && !tokens_in && !responses) {
+  const bool messages = request.path == kMessagesPath;
+  if (request.path != "/v1/completions" && request.path != "/v1/chat/completions" && !tokens_in && !responses &&
+      !messages) {
     return Status(StatusCode::kNotFound, "P/D routing serves /v1/completions, /v1/chat/completions, "
-                                         "/v1/responses and /inference/v1/generate only, not " +
+                                         "/v1/responses, /v1/messages and /inference/v1/generate only, not " +
                                              std::string(request.path.substr(0, 64)));
   }
   if (p.connector != d.connector) {
@@ -221,6 +225,8 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
       if (Status st = check_generate_request(*client, options.limits, &checked_here); !st) return st;
       generate = &checked_here;
     }
+  } else if (messages) {  // its one cap is max_tokens (proto/anthropic_messages.h)
+    if (Status st = check_messages_request(*client); !st) return st;
   } else if (Status st = check_token_fields(*client); !st) {
     return st;
   } else if (responses) {
@@ -232,8 +238,8 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
                   "no connector dialect for " + std::string(to_string(p.connector)) + " with transfer mode " +
                       std::string(to_string(p.transfer_mode)) + " (MoRIIO needs READ or WRITE)");
   }
-  if (tokens_in && !dialect->tokens_in_unsupported.empty()) {
-    return Status(StatusCode::kRejected, std::string(dialect->tokens_in_unsupported));
+  if (const std::string_view why = unsupported_endpoint(*dialect, request.path); !why.empty()) {
+    return Status(StatusCode::kRejected, std::string(why));
   }
   LegPlan& plan = out->plan;
   plan.dialect = dialect;
@@ -241,12 +247,20 @@ Status build_legs(const ClientRequest& request, const LegInstance& p, const LegI
   plan.transfer_mode = p.transfer_mode;
   plan.concurrent = dialect->concurrent;
   plan.decode_needs_prefill_params = dialect->decode_needs_prefill_params;
+  plan.prefill_host = p.http_address.host;
+  plan.decode_host = d.http_address.host;
   out->prefill.body = *client;  // shares the client's bytes; the dialect adds its edits
   out->decode.body = *client;
   plan.tokens_in = tokens_in;
   if (tokens_in) {  // the dialect edits token counts at the top level (generate_request.h)
     generate_leg_view(*generate, &out->prefill.body);
     generate_leg_view(*generate, &out->decode.body);
+  }
+  if (messages) {
+    // No field of Anthropic's API (vLLM ignores it there), but the dialects would cap or
+    // decrement it instead of max_tokens (MoRIIO's decode would then ask for one token too many).
+    out->prefill.body.remove("max_completion_tokens");
+    out->decode.body.remove("max_completion_tokens");
   }
   const DialectInput input{p, d, p_rank, options, random};
   if (Status st = dialect->build(input, &plan, &out->prefill.body, &out->decode.body); !st) return st;
@@ -297,9 +311,15 @@ Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
     return Status(StatusCode::kMissingKey, "prefill response kv_transfer_params is empty");
   }
   // In place: the dialect leaves the body unchanged when it fails (dialect.h).
-  Status st = plan.dialect->finish_decode(*raw, params, limits, &decode->body);
+  Status st = plan.dialect->finish_decode(plan, *raw, params, limits, &decode->body);
   if (st.is_ok() && plan.tokens_in) st = mirror_generate_kv_params(limits, &decode->body);
   return st;
+}
+
+std::string_view unsupported_endpoint(const Dialect& dialect, std::string_view path) {
+  if (path == kGeneratePath) return dialect.tokens_in_unsupported;
+  if (path == kMessagesPath) return dialect.messages_unsupported;
+  return {};
 }
 
 bool decode_without_kv(const LegPlan& plan, LegRequest* decode) {

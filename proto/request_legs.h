@@ -15,14 +15,15 @@
 //       not an object, has duplicate keys, or max_tokens / max_completion_tokens is neither an
 //       integer nor null
 //   kOutOfRange   max_tokens outside int64, or a DP rank not below the instance's dp_size
-//   kNotFound     the path is not /v1/completions, /v1/chat/completions or
-//                 /inference/v1/generate (whose body errors are check_generate_request's)
+//   kNotFound     the path is not /v1/completions, /v1/chat/completions, /v1/responses,
+//                 /v1/messages or /inference/v1/generate (whose body errors are
+//                 check_generate_request's; /v1/messages's are check_messages_request's)
 //   kRejected     the pair is not buildable: connectors differ, unknown connector or no dialect
 //       for it (dialect_for), MoRIIO modes
 //       differ or are unset, a MoRIIO/P2P instance without zmq_address, a MoRIIO/Mooncake prefill
 //       with dp_size > 1 but no chosen rank, Mooncake without an engine id (router-side problems:
-//       answer 503, not 400), or /inference/v1/generate for a dialect with
-//       tokens_in_unsupported (the router answers 501 before building)
+//       answer 503, not 400), or an endpoint the dialect does not serve (unsupported_endpoint:
+//       the router answers 501 before building)
 #pragma once
 
 #include <cstdint>
@@ -54,7 +55,9 @@ struct LegInstance : NodeEndpoint {
 };
 
 struct ClientRequest {
-  std::string_view path;  // "/v1/completions", "/v1/chat/completions" or "/inference/v1/generate"
+  // "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages" or
+  // "/inference/v1/generate"
+  std::string_view path;
   std::string_view body;           // the client's JSON bytes
   std::string_view authorization;  // the client's Authorization header value; empty if none
   // The body already parsed (the session parses it once for admission and every build); null:
@@ -113,6 +116,10 @@ struct LegPlan {
   // Serial dialects whose decode body must be completed from the prefill response with
   // finish_decode_leg() before sending (NIXL, MoRIIO READ). P2P-NCCL is serial but false here.
   bool decode_needs_prefill_params = false;
+  // The hosts of the pair's http_address: what the prefill's answer may name as its own side
+  // channel (Dialect::finish_decode checks it against them).
+  std::string prefill_host;
+  std::string decode_host;
   std::string request_id;   // X-Request-Id on both legs
   std::string transfer_id;  // MoRIIO "tx-<uuid>", Mooncake "xfer-<request id>"; else empty
   std::optional<uint64_t> bootstrap_room;  // SGLang
@@ -138,7 +145,8 @@ Status build_legs(const ClientRequest& request, const LegInstance& prefill,
 
 // Completes the decode body from the prefill's JSON response (serial dialects with
 // decode_needs_prefill_params: Dialect::finish_decode). NIXL: copies the response's top-level
-// kv_transfer_params bytes verbatim into the decode body. MoRIIO READ: copies remote_engine_id,
+// kv_transfer_params bytes verbatim into the decode body, once its remote_host names the prefill
+// itself (kRejected otherwise, see proto/dialects/nixl.cc). MoRIIO READ: copies remote_engine_id,
 // remote_block_ids, transfer_id and tp_size (if present) from it into the decode's
 // kv_transfer_params.
 // Errors leave *decode unchanged:
@@ -148,10 +156,16 @@ Status build_legs(const ClientRequest& request, const LegInstance& prefill,
 //                   and lets it recompute; for MoRIIO READ that would hang, so fail/retry)
 //   kWrongType      kv_transfer_params is not an object
 //   kMissingKey     MoRIIO READ: remote_block_ids or remote_engine_id missing
+//   kRejected       NIXL: remote_host is not the prefill's registered host (nor loopback with
+//                   both nodes on one host); kWrongType: remote_host is not a string
 // For other dialects it does nothing and returns OK.
 Status finish_decode_leg(const LegPlan& plan, LegRequest* decode,
                          std::string_view prefill_response_json,
                          const JsonLimits& limits = JsonLimits());
+
+// Why `dialect` cannot serve the P/D path `path` (its tokens_in_unsupported for
+// /inference/v1/generate, its messages_unsupported for /v1/messages), or "" when it can.
+std::string_view unsupported_endpoint(const Dialect& dialect, std::string_view path);
 
 // The no-KV fallback (Dialect::without_kv): after finish_decode_leg answered kMissingKey, turns
 // the decode into the dialect's plain request. False when the dialect has none (the prefill's

@@ -79,7 +79,7 @@ std::string_view AdminCounters::label(Result r) {
 AdminRoutes::AdminRoutes(AdminContext context)
     : context_(context), workers_(std::max(1u, context.workers)) {}
 
-AdminRoutes::Auth AdminRoutes::authorize(const http::Request& request) const {
+AdminRoutes::Auth AdminRoutes::authorize(const http::Request& request, AdminThrottle::Scope* throttled_scope) const {
   const auto topology = context_.topology != nullptr ? context_.topology->current() : nullptr;
   if (topology == nullptr || topology->admin.api_key.empty()) return Auth::kDisabled;
   std::string_view presented;
@@ -91,11 +91,18 @@ AdminRoutes::Auth AdminRoutes::authorize(const http::Request& request) const {
       presented = auth->substr(kBearer.size());
     }
   }
-  // The throttle is asked first: an address out of tokens learns nothing about its key.
+  // A right key is let in even while its source is throttled (admin_throttle.h: a shared
+  // address or network must not let a guesser lock the operator out); the comparison takes
+  // the same time whatever the key.
+  const bool right = !presented.empty() && secure_equals(presented, topology->admin.api_key);
   const std::string_view address = AdminThrottle::address_of(request.peer);
   const auto now = AdminThrottle::Clock::now();
-  if (throttle_.throttled(address, now)) return Auth::kThrottled;
-  if (!presented.empty() && secure_equals(presented, topology->admin.api_key)) return Auth::kOk;
+  const AdminThrottle::Scope scope = throttle_.throttled(address, now);
+  if (right) return Auth::kOk;
+  if (scope != AdminThrottle::Scope::kNone) {
+    if (throttled_scope != nullptr) *throttled_scope = scope;
+    return Auth::kThrottled;
+  }
   throttle_.failed(address, now);
   if (workers_.at(request.worker).auth_log.allow(now)) {
     pdr::log::warn("admin: failed authentication for {} {} from {}", request.method,
@@ -105,7 +112,8 @@ AdminRoutes::Auth AdminRoutes::authorize(const http::Request& request) const {
 }
 
 bool AdminRoutes::admit(const http::Request& request, http::ResponseWriter& writer) const {
-  switch (authorize(request)) {
+  AdminThrottle::Scope scope = AdminThrottle::Scope::kAddress;
+  switch (authorize(request, &scope)) {
     case Auth::kDisabled:
       send(writer, {Result::kDisabled,
                     error(403,
@@ -124,7 +132,7 @@ bool AdminRoutes::admit(const http::Request& request, http::ResponseWriter& writ
       return false;
     }
     case Auth::kThrottled:
-      send(writer, throttled_reply());
+      send(writer, throttled_reply(scope));
       return false;
     case Auth::kOk:
       break;
@@ -145,10 +153,11 @@ bool AdminRoutes::admit_profile(const http::Request& request, http::ResponseWrit
   return true;
 }
 
-AdminRoutes::Reply AdminRoutes::throttled_reply() const {
+AdminRoutes::Reply AdminRoutes::throttled_reply(AdminThrottle::Scope scope) const {
   counters_.auth_throttled.fetch_add(1, std::memory_order_relaxed);
   auto response = http::error_response(
-      429, "too many failed admin authentications from this address; retry later",
+      429, "too many failed admin authentications from " + std::string(AdminThrottle::describe(scope)) +
+               "; retry later",
       "rate_limit_error", "auth_throttled");
   response.headers.push_back({"Retry-After", "1"});
   return {Result::kThrottled, std::move(response)};
@@ -231,7 +240,8 @@ void AdminRoutes::no_route(const http::Request& request, http::ResponseWriter wr
 }
 
 void AdminRoutes::seed_add(http::Request&& request, http::ResponseWriter writer) const {
-  switch (authorize(request)) {
+  AdminThrottle::Scope scope = AdminThrottle::Scope::kAddress;
+  switch (authorize(request, &scope)) {
     case Auth::kDisabled:
       send(writer, {Result::kDisabled,
                     error(403,
@@ -243,7 +253,7 @@ void AdminRoutes::seed_add(http::Request&& request, http::ResponseWriter writer)
       send(writer, {Result::kUnauthorized, error(403, "Forbidden: Invalid API Key.", "invalid_api_key")});
       return;
     case Auth::kThrottled:
-      send(writer, throttled_reply());
+      send(writer, throttled_reply(scope));
       return;
     case Auth::kOk:
       break;

@@ -21,9 +21,10 @@
 // wrong key -> 401 (/instances/add: 403 "Forbidden: Invalid API Key.", as the demo proxy).
 // Checked before anything else on every /admin path, 404 and 405 included (the route table's
 // guard, route_table.h; /instances/add checks its method first, as the demo proxy did). Failed
-// authentications are throttled per source address (admin_throttle.h): an address out of failure
-// tokens gets 429 "auth_throttled" (Retry-After: 1) without its key being checked, counted in
-// result "throttled" and in pdrouter_admin_auth_throttled_total. The same check (admit()) guards
+// authentications are throttled per source address, per network and in all (admin_throttle.h): a
+// wrong key from a source out of failure tokens gets 429 "auth_throttled" (Retry-After: 1),
+// counted in result "throttled" and in pdrouter_admin_auth_throttled_total; the right key is
+// always let in. The same check (admit()) guards
 // POST /start_profile, /stop_profile and, with admin.protect_status, GET /status. Errors are
 // OpenAI-style JSON: 400 bad body or address, 404, 405 (with Allow; from the route table), 409
 // conflict, 413 body over kMaxAdminBodyBytes, 503 when the process has no discovery service or
@@ -135,8 +136,9 @@ class AdminRoutes {
   using Operation = std::function<discovery::AdminOutcome(discovery::Registry&)>;
   enum class Auth : uint8_t { kOk, kDisabled, kUnauthorized, kThrottled };
 
-  Auth authorize(const http::Request& request) const;
-  Reply throttled_reply() const;  // 429 auth_throttled, counted
+  // `*throttled_scope` (optional) gets the throttle's scope when the answer is kThrottled.
+  Auth authorize(const http::Request& request, AdminThrottle::Scope* throttled_scope = nullptr) const;
+  Reply throttled_reply(AdminThrottle::Scope scope) const;  // 429 auth_throttled naming the scope, counted
   using SpecParser = Status (*)(std::string_view body, const config::Topology::Connectors& defaults,
                                 config::StaticInstance* out);
   // Parses the body with `parse` (400/413 at once on error), then adds the instance; `answer`

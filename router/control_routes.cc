@@ -74,6 +74,8 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     sc.registry_backend.replica_id = context_.replicator->options().replica_id;
     sc.registry_backend.replica_entries = rs.replica_entries.load(std::memory_order_relaxed);
     sc.registry_backend.last_error = context_.replicator->last_error();
+    sc.registry_backend.bad_entries = rs.bad_entries.load(std::memory_order_relaxed);
+    sc.registry_backend.last_bad_entry = context_.replicator->last_bad_entry();
     if (context_.proxy_counters != nullptr && context_.proxy_counters->conversations != nullptr) {
       const auto cs = context_.proxy_counters->conversations->stats();
       sc.registry_backend.conversation_entries_local = cs.entries - cs.remote_entries;

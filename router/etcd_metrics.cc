@@ -14,8 +14,13 @@ void write_etcd_metrics(MetricsWriter& out, const RegistryReplicator* replicator
   out.counter("pdrouter_etcd_watch_events_total", "Watch events received from etcd", d(s.watch_events));
   out.counter("pdrouter_etcd_resyncs_total", "Full resyncs (range, then watch) with etcd", d(s.resyncs));
   out.counter("pdrouter_etcd_failures_total", "etcd calls that failed (unreachable or refused)", d(s.failures));
-  out.counter("pdrouter_etcd_bad_entries_total", "Keys or values under the prefix that did not decode",
+  out.counter("pdrouter_etcd_bad_entries_total",
+              "Key-values under <prefix>nodes/ refused one by one (over a size limit, not base64, not a registry "
+              "entry); skipped, never counted as etcd unreachable",
               d(s.bad_entries));
+  out.gauge("pdrouter_etcd_retry_delay_seconds",
+            "While etcd fails: the wait before the next attempt (doubles per failure in a row); 0 in sync",
+            d(s.retry_delay_ms) / 1000.0);
   out.gauge("pdrouter_etcd_replica_entries", "Nodes learnt from other replicas through etcd", d(s.replica_entries));
   out.gauge("pdrouter_etcd_inflight", "Puts and deletes sent to etcd and not yet answered", d(s.in_flight));
   out.gauge("pdrouter_etcd_inflight_max", "The most puts and deletes ever in flight at once (capped at 256)",

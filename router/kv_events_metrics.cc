@@ -11,6 +11,14 @@ void write_kv_events_metrics(MetricsWriter& out, const cache::KvEventsSubscriber
   out.gauge("pdrouter_kv_events_nodes", "Nodes whose KV events publisher is subscribed to", d(nodes));
   out.gauge("pdrouter_kv_events_subscribed_ranks", "KV events SUB sockets open (one per node DP rank)",
             d(t.subscribed_ranks));
+  out.gauge("pdrouter_kv_events_unsubscribed_ranks",
+            "DP ranks of subscribed nodes without a SUB socket (over the caps, or waiting for a retry)",
+            d(t.wanted_ranks - t.subscribed_ranks));
+  out.counter("pdrouter_kv_events_ranks_over_cap_total",
+              "DP ranks not subscribed because dp_size exceeds kv_events.max_ranks_per_node", d(t.ranks_over_cap));
+  out.counter("pdrouter_kv_events_rate_limited_total",
+              "KV event messages discarded over their node's kv_events.max_node_*_per_sec allowance",
+              d(t.rate_limited));
   out.counter("pdrouter_kv_events_batches_total", "KV event batches applied (live and replayed)", d(t.batches));
   out.counter("pdrouter_kv_events_events_total", "KV events in applied batches", d(t.events));
   out.counter("pdrouter_kv_events_gaps_total",

@@ -243,13 +243,17 @@ int run(Process& p) {
     return 1;
   }
   if (topology.kv_events.enabled) {
-    // The subscription list follows the registry; topic, default port and the index budget are
-    // read once here (restart_required_changes lists a reload that changes them).
+    // The subscription list follows the registry; topic, default port, the index budget and the
+    // per-node bounds are read once here (restart_required_changes lists a reload that changes them).
     p.block_index = std::make_unique<router::cache::BlockIndex>(topology.kv_events.max_index_entries);
     p.kv_events = std::make_unique<router::cache::KvEventsSubscriber>(p.registry, *p.block_index);
     router::cache::KvEventsSubscriberOptions kv_options;
     kv_options.topic = topology.kv_events.topic;
     kv_options.default_port = topology.kv_events.default_port;
+    kv_options.max_node_batches_per_sec = topology.kv_events.max_node_batches_per_sec;
+    kv_options.max_node_bytes_per_sec = topology.kv_events.max_node_bytes_per_sec;
+    kv_options.max_ranks_per_node = topology.kv_events.max_ranks_per_node;
+    kv_options.max_subscriptions = topology.kv_events.max_subscriptions;
     if (Status kst = p.kv_events->start(kv_options); !kst.is_ok()) {
       pdr::log::critical("{}", kst.message());
       p.discovery.stop();
@@ -328,6 +332,7 @@ int run(Process& p) {
                                                               topology.policies.cache_aware.prefix_tree_prompt_bytes);
   p.proxy->use_cache(p.block_index.get(), p.prefix_tree.get());
   server_opts.on_worker_stop = [proxy = p.proxy.get()](uint32_t worker) { proxy->worker_stopped(worker); };
+  server_opts.body_budget = p.proxy.get();  // bodies charged to limits.max_buffered_bytes as they are read
   router::ControlContext control;
   control.registry = &p.registry;
   control.discovery_counters = &p.discovery_counters;
@@ -377,6 +382,7 @@ int run(Process& p) {
   std::string admin_listener;
   if (topology.listeners.admin) {
     http::ServerOptions admin_opts = server_opts;
+    admin_opts.body_budget = nullptr;  // the client proxy's budget is tied to the client server's workers
     admin_opts.host = topology.listeners.admin->host;
     admin_opts.port = topology.listeners.admin->port;
     admin_opts.workers = 1;

@@ -64,8 +64,11 @@ void write_discovery_metrics(MetricsWriter& out, const discovery::DiscoveryCount
 void write_http_metrics(MetricsWriter& out, const http::ServerStats& s) {
   auto v = [](const std::atomic<uint64_t>& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
   out.counter("pdrouter_http_connections_total", "HTTP connections accepted", v(s.connections_accepted));
-  out.counter("pdrouter_http_connections_rejected_total", "HTTP connections closed at once (max_connections)",
+  out.counter("pdrouter_http_connections_rejected_total", "HTTP connections refused at once (max_connections)",
               v(s.connections_rejected));
+  out.counter("pdrouter_http_busy_refusals_total",
+              "HTTP connections answered 503 and closed at accept (max_connections, or no descriptor left)",
+              v(s.busy_refusals));
   out.gauge("pdrouter_http_connections_active", "Open HTTP connections", v(s.connections_active));
   out.counter("pdrouter_http_requests_total", "HTTP requests dispatched to handlers", v(s.requests));
   for (size_t c = 1; c < s.responses_by_class.size(); ++c) {
@@ -94,7 +97,8 @@ void write_http_metrics(MetricsWriter& out, const http::ServerStats& s) {
   out.counter("pdrouter_http_output_writes_total",
               "Writes of answer bytes to client sockets (everything a connection queued in one loop turn leaves in one write)",
               v(s.output_writes));
-  out.counter("pdrouter_http_accept_errors_total", "Failed accepts (each pauses accepting for 100 ms)",
+  out.counter("pdrouter_http_accept_errors_total",
+              "Failed accepts (out of descriptors: answered 503 from the reserve; else accepting pauses 100 ms)",
               v(s.accept_errors));
 }
 

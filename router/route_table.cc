@@ -6,7 +6,9 @@
 #include <array>
 
 #include "http/json_error.h"
+#include "http/request_path.h"
 #include "router/control_routes.h"
+#include "router/proxy/client_api.h"
 #include "router/proxy/proxy_service.h"
 
 namespace pdr::router {
@@ -150,6 +152,10 @@ constexpr std::array kRoutes = {
           "transcriptions, translations: one node labelled serves=audio, else 501", &audio},
     Route{"POST", "/v1/responses", kClient, Guard::kNone, Refusals::kProxy,
           "OpenAI Responses API, split into legs (prefill max_output_tokens 1)", &completions},
+    Route{"POST", "/v1/messages", kClient, Guard::kNone, Refusals::kProxy,
+          "Anthropic Messages API, split into legs like chat (501 with SGLang)", &completions},
+    Route{"POST", "/v1/messages/count_tokens", kClient, Guard::kNone, Refusals::kUncounted,
+          "Anthropic Messages API token count, one node", &any_node},
     Route{"GET", "/ready", kClient, Guard::kNone, Refusals::kUncounted,
           "200 only when a compatible P/D pair is up (readiness probe)", &ready},
     Route{"GET", "/health", kBoth, Guard::kNone, Refusals::kUncounted,
@@ -195,6 +201,19 @@ constexpr RouteTable kPdrouter{kRoutes};
 // the Content-Length the body would have had, so the connection stays usable.
 bool accepts(const Route& route, std::string_view method) {
   return route.method == "*" || route.method == method || (method == "HEAD" && route.method == "GET");
+}
+
+// request.path becomes its normalised spelling and request.target that spelling re-encoded plus
+// the query; a refused path leaves the request untouched and the status says why.
+Status normalize_request_path(http::Request& request) {
+  std::string path;
+  if (Status st = http::normalize_path(request.path, &path); !st.is_ok()) return st;
+  if (path != request.path) {
+    request.target = http::encode_path(path);
+    if (!request.query.empty()) request.target.append("?").append(request.query);
+    request.path = std::move(path);
+  }
+  return Status::ok();
 }
 
 // Runs the resource's guard; false once it has answered.
@@ -285,13 +304,26 @@ std::string RouteTable::allow(Surface surface, std::string_view path) const {
 
 void RouteTable::dispatch(Surface surface, const Endpoints& endpoints, http::Request&& request,
                           http::ResponseWriter writer) const {
+  // Every lookup, guard and handler below reads the one normalised spelling of the path, the one
+  // a node behind pdrouter would route on (http/request_path.h): "/start%5Fprofile" is
+  // "/start_profile" here too. What is relayed is that spelling, re-encoded.
+  if (Status st = normalize_request_path(request); !st.is_ok()) {
+    if (endpoints.proxy != nullptr) endpoints.proxy->count_refusal(proxy::Refusal::kBadPath);
+    writer.send(http::error_response(400, st.message(), "invalid_request_error", "invalid_path"));
+    return;
+  }
   const Lookup found = lookup(surface, request.method, request.path);
   if (found.resource == nullptr) {
-    // routing.pass_through_unknown: a path no route of any listener names goes to one decode.
-    if (surface != Surface::kAdmin && endpoints.proxy != nullptr &&
-        lookup(Surface::kAll, request.method, request.path).resource == nullptr &&
-        endpoints.proxy->pass_through(request, writer)) {
-      return;
+    // routing.pass_through_unknown: a path no route of any listener names goes to one decode
+    // (the proxy's own checks decide which may: router/proxy/pass_through.h).
+    if (surface != Surface::kAdmin && endpoints.proxy != nullptr) {
+      if (lookup(Surface::kAll, request.method, request.path).resource != nullptr) {
+        // A route of the other listener (an admin path asked on the client port) is never
+        // relayed; counted as a refused pass-through when pass-through is on.
+        endpoints.proxy->count_pass_through_refused(request);
+      } else if (endpoints.proxy->pass_through(request, writer)) {
+        return;
+      }
     }
     writer.send(not_found(request));
     return;
@@ -341,8 +373,8 @@ http::Response not_found(const http::Request& request) {
 }
 
 http::Response method_not_allowed(const http::Request& request, std::string_view allow) {
-  http::Response response = http::error_response(
-      405, "method " + request.method + " is not allowed on " + request.path + "; use " + std::string(allow),
+  http::Response response = proxy::api_error_response(  // Anthropic's shape on its paths
+      request.path, 405, "method " + request.method + " is not allowed on " + request.path + "; use " + std::string(allow),
       "invalid_request_error", "method_not_allowed");
   response.headers.push_back({"Allow", std::string(allow)});
   return response;

@@ -5,6 +5,11 @@
 // `Allow` header naming every method the path accepts (RFC 9110 15.5.6), and the endpoint list
 // `pdrouter --help` prints. A new endpoint is one line in route_table.cc.
 //
+// The request path is normalised before anything else reads it (http/request_path.h:
+// percent-decoded, empty and dot segments resolved; request.path and request.target are
+// rewritten to that spelling), so "/start%5Fprofile" is the /start_profile route, guard and all;
+// a path that cannot be normalised is 400 invalid_path (counted as a bad_path refusal).
+//
 // Paths: literal segments; "{name}" matches one non-empty segment (its text is the handler's
 // `param`); a last segment "**" matches whatever follows the slash before it. Routes with the
 // same path form one resource: they share listener, guard and counting (route_table_test checks
@@ -12,7 +17,8 @@
 // before the catch-alls. A route with an empty help line is not listed (the /admin catch-alls,
 // which only exist to answer the admin API's own 404 after the key check).
 //
-// 404 and 405 are OpenAI-style JSON errors (codes "not_found" and "method_not_allowed"). HEAD
+// 404 and 405 are OpenAI-style JSON errors (codes "not_found" and "method_not_allowed"; a 405 on
+// Anthropic's paths is Anthropic's error shape, router/proxy/client_api.h). HEAD
 // is served wherever GET is (the GET handler runs; the HTTP layer sends the head only, with its
 // Content-Length) and `Allow` lists it after GET.
 //

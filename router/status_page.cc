@@ -17,6 +17,19 @@ int64_t ms_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count();
 }
 
+// How the entry's node proved who it is: its admission class when a node registered it, here or
+// (replica entries) on the replica that owns it; "operator" for static, admin and Kubernetes
+// entries and for replica entries that are static or admin on their owner.
+std::string admission_name(const Instance& inst) {
+  switch (inst.source) {
+    case discovery::InstanceSource::kRegistered: return std::string(config::to_string(inst.admission));
+    case discovery::InstanceSource::kReplica:
+      return std::string(
+          discovery::to_string(discovery::ReplicaOrigin{inst.admission, inst.replica_of_operator_entry}));
+    default: return "operator";
+  }
+}
+
 nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
   nlohmann::json j = {
       {"role", proto::to_string(inst.role)},
@@ -33,9 +46,7 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
       {"state", discovery::to_string(inst.state)},
       {"operator_drain", inst.operator_drain},
       {"source", discovery::to_string(inst.source)},
-      {"admission", inst.source == discovery::InstanceSource::kRegistered
-                        ? std::string(config::to_string(inst.admission))
-                        : std::string("operator")},
+      {"admission", admission_name(inst)},
       {"instance_id", inst.instance_id},
       {"epoch", inst.epoch},
       {"first_seen_ms_ago", ms_between(inst.first_seen, now)},
@@ -82,6 +93,7 @@ nlohmann::json instances_json(const discovery::RegistrySnapshot& snapshot, Clock
 nlohmann::json kv_events_json(const cache::KvEventsNodeStats& s) {
   return {{"endpoint", s.endpoint},
           {"replay_endpoint", s.replay_endpoint.empty() ? nlohmann::json() : nlohmann::json(s.replay_endpoint)},
+          {"wanted_ranks", s.wanted_ranks},
           {"subscribed_ranks", s.subscribed_ranks},
           {"ranks_seen", s.ranks_seen},
           {"blocks_indexed", s.blocks_indexed},
@@ -93,7 +105,9 @@ nlohmann::json kv_events_json(const cache::KvEventsNodeStats& s) {
           {"decode_errors", s.decode_errors},
           {"bad_messages", s.bad_messages},
           {"publisher_restarts", s.publisher_restarts},
-          {"node_restarts", s.node_restarts}};
+          {"node_restarts", s.node_restarts},
+          {"rate_limited", s.rate_limited},
+          {"ranks_over_cap", s.ranks_over_cap}};
 }
 
 // Adds each instance's "kv_events" object (null for a node not subscribed to).
@@ -137,6 +151,8 @@ nlohmann::json registry_backend_json(const StatusContext::RegistryBackend& b) {
           {"replica_id", b.replica_id},
           {"replica_entries", b.replica_entries},
           {"last_error", b.last_error},
+          {"bad_entries", b.bad_entries},
+          {"last_bad_entry", b.last_bad_entry},
           {"conversation_entries",
            {{"local", b.conversation_entries_local}, {"mirrored", b.conversation_entries_mirrored}}}};
 }

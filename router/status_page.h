@@ -25,14 +25,17 @@ struct StatusContext {
   // The KV events subscriber's per-node counters, sorted by node (kv_events.enabled), else null.
   const std::vector<cache::KvEventsNodeStats>* kv_events = nullptr;
   // /status "registry_backend": {"backend": "memory"} or, with etcd, also etcd_reachable,
-  // replica_id, replica_entries (nodes learnt from other replicas), last_error, and
-  // conversation_entries {local, mirrored} (multi-turn entries, conversation_mirror.h).
+  // replica_id, replica_entries (nodes learnt from other replicas), last_error, bad_entries and
+  // last_bad_entry (key-values under the prefix refused one by one: bad data, not unreachability),
+  // and conversation_entries {local, mirrored} (multi-turn entries, conversation_mirror.h).
   struct RegistryBackend {
     std::string backend = "memory";
     bool etcd_reachable = false;
     std::string replica_id;
     uint64_t replica_entries = 0;
     std::string last_error;
+    uint64_t bad_entries = 0;
+    std::string last_bad_entry;
     // Multi-turn entries held: stored here, and mirrored from other replicas (etcd only).
     uint64_t conversation_entries_local = 0;
     uint64_t conversation_entries_mirrored = 0;
@@ -63,9 +66,10 @@ struct StatusContext {
 //  kv_events_replay_ports, kv_events}]}
 // kv_events_endpoint / kv_events_replay_endpoint: what the node (or operator) named, "tcp://..."
 // or null; kv_events_ports / kv_events_replay_ports: each DP rank's port when the node listed
-// them ([] otherwise: rank r at port + r). kv_events (present only with kv_events.enabled; null for a node not subscribed to):
-// {endpoint, replay_endpoint, subscribed_ranks, ranks_seen, blocks_indexed, batches, events, gaps,
-// replays, replay_failures, decode_errors, bad_messages, publisher_restarts, node_restarts}.
+// them ([] otherwise: rank r at port + r). kv_events (present only with kv_events.enabled; null
+// for a node not subscribed to): {endpoint, replay_endpoint, wanted_ranks, subscribed_ranks,
+// ranks_seen, blocks_indexed, batches, events, gaps, replays, replay_failures, decode_errors,
+// bad_messages, publisher_restarts, node_restarts, rate_limited, ranks_over_cap}.
 // `dialect` is the KV connector dialect ("moriio", "p2p-nccl", ...); registration_format is the
 // wire shape the node registered with. Times are relative to `now` (steady clock);
 // last_seen_ms_ago is null for an instance never heard from (static, no heartbeat yet) and

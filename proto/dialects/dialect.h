@@ -96,10 +96,12 @@ struct Dialect {
   Status (*build)(const DialectInput& in, LegPlan* plan, JsonObjectBody* prefill,
                   JsonObjectBody* decode) = nullptr;
   // Completes the decode body from the prefill answer's kv_transfer_params (`params_raw`: its
-  // raw bytes, `params`: parsed; non-empty object). kMissingKey when a needed key is absent.
+  // raw bytes, `params`: parsed; non-empty object; `plan`: the pair's, with its hosts).
+  // kMissingKey when a needed key is absent; kRejected when the answer aims the decode at a host
+  // that is not the prefill (the answer is untrusted: any admitted node may be a prefill).
   // An error leaves *decode unchanged (it is the leg's own body, edited in place).
   // Set exactly when decode_needs_prefill_params.
-  Status (*finish_decode)(std::string_view params_raw, const JsonObjectBody& params,
+  Status (*finish_decode)(const LegPlan& plan, std::string_view params_raw, const JsonObjectBody& params,
                           const JsonLimits& limits, JsonObjectBody* decode) = nullptr;
   // The no-KV fallback: what the decode body becomes when the prefill exported no KV (its answer
   // had no kv_transfer_params, e.g. EOS on the first token). nullptr: the prefill failed.
@@ -109,6 +111,9 @@ struct Dialect {
   // Empty: the pair serves vLLM's tokens-in POST /inference/v1/generate (proto/generate_request.h)
   // through P/D like completions. Else why it cannot, for the client's 501.
   std::string_view tokens_in_unsupported;
+  // Empty: the pair serves Anthropic's POST /v1/messages (proto/anthropic_messages.h) through P/D
+  // like chat completions. Else why it cannot, for the client's 501.
+  std::string_view messages_unsupported;
 };
 
 // The dialect instances of `connector` with `transfer_mode` speak, or nullptr (unknown connector,

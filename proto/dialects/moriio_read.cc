@@ -11,7 +11,7 @@
 namespace pdr::proto::dialects {
 namespace {
 
-Status finish_decode(std::string_view, const JsonObjectBody& params, const JsonLimits& limits,
+Status finish_decode(const LegPlan&, std::string_view, const JsonObjectBody& params, const JsonLimits& limits,
                      JsonObjectBody* decode) {
   for (std::string_view key : {"remote_engine_id", "remote_block_ids"}) {
     if (!params.has(key) || params.is_null(key)) {

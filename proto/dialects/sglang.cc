@@ -44,5 +44,10 @@ const Dialect kSglangDialect{
     // input_ids and the bootstrap fields in another body, which this dialect does not build.
     .tokens_in_unsupported = "SGLang nodes do not serve /inference/v1/generate (their tokens-in "
                              "endpoint is /generate, with another body)",
+    // SGLang's /v1/messages builds its chat request from the Anthropic fields alone
+    // (python/sglang/srt/entrypoints/anthropic/request_conversion.py): bootstrap_host,
+    // bootstrap_port and bootstrap_room are dropped, so its prefill and decode would never pair.
+    .messages_unsupported = "SGLang's /v1/messages drops the bootstrap fields that pair its prefill and "
+                            "decode (it rebuilds the request from Anthropic's fields only)",
 };
 }  // namespace pdr::proto

@@ -19,25 +19,55 @@
 // affinity, never correctness: the engine decides what it really reuses.
 //
 // Memory: at most `max_entries` (holder, block) entries; beyond it the least recently stored
-// ones are dropped (a re-stored block counts as new). Each entry costs about 100 bytes.
+// ones are dropped (a re-stored block counts as new). An entry costs about 135 bytes of heap
+// (glibc malloc, chunk headers included): a 64-byte node and ~11 bytes of buckets in its holder's
+// map, and when no other holder has the block a 48-byte node and ~11 bytes of buckets in
+// holders_of_ (shared blocks share those: about 120 bytes an entry when two nodes hold the same
+// blocks). Measured by bench/router/block_index_bench.cc (bench/router/BLOCK_INDEX_RESULTS.md).
 //
-// Threading: thread-safe. Updates (one subscriber thread) take an exclusive lock, lookups (any
-// HTTP worker) a shared one; a lookup costs one hash per prompt block plus one map probe.
+// Threading: thread-safe. Writers (apply, drop_node, drop_rank: the subscriber thread) run one
+// at a time and take the exclusive lock in slices; lookups (longest_prefix on any HTTP worker)
+// and stats take the shared lock. The lock prefers writers (base/writer_first_shared_mutex.h), so
+// a stream of lookups cannot hold a writer off either.
+//
+// A node chooses its engine block hashes, and steers the router hashes through its token ids:
+//   - both maps hash keys with a per-process secret key (SipHash-2-4, base/keyed_hash.h): no
+//     choice of keys piles them into one bucket, so each insert costs O(1) expected (keyed by the
+//     plain value, 172,933 crafted hashes held the exclusive lock for over a minute);
+//   - each map is split 64 ways (sharded_hash_map.h): growing a bucket array relinks one shard,
+//     never the whole map;
+//   - a batch is applied in slices: per exclusive-lock hold at most kSliceBlocks block
+//     operations (stores, removals, evictions, entries of a clear), kSliceTokens token ids hashed
+//     and kSliceRehash elements relinked by growth (or the growth of one shard alone). Between
+//     slices the lock is free and waiting lookups run. A lookup sees a batch not at all, whole,
+//     or cut between two block operations (a state the engine could have published as two
+//     batches); all of a batch's effects land, in order, before apply() returns. The budget
+//     holds at every release;
+//   - a dropped holder (drop_node, drop_rank) disappears from lookups and node_stats in one short
+//     hold, then its entries are erased in slices of kSliceBlocks and its emptied tables freed
+//     with no lock held.
+// So a lookup waits for at most the lookups ahead of it and one slice, whatever the node sends:
+// on the 2-core development machine under a load average of 10 to 14, the longest hold was
+// 11.4 ms of CPU time (4,096 stores into a 1M-entry index), 5.3 ms for the crafted hashes and
+// 7.6 ms while dropping a 1M-entry node (bench/router/BLOCK_INDEX_RESULTS.md).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "base/writer_first_shared_mutex.h"
 #include "proto/kv_events.h"
+#include "router/cache/sharded_hash_map.h"
 
 namespace pdr::router::cache {
 
@@ -63,7 +93,18 @@ class BlockIndex {
     uint64_t blocks_skipped = 0;     // not indexed: extra keys, unknown parent, bad token count
   };
 
+  // Per exclusive-lock hold of a writer: block operations (a store, removal or eviction of one
+  // block, or one entry of a clear or drop), token ids hashed for stored blocks, and elements
+  // relinked by growing the maps' bucket arrays (a hold that has done nothing else may grow one
+  // shard of any size, then ends).
+  static constexpr size_t kSliceBlocks = 4096;
+  static constexpr size_t kSliceTokens = size_t{1} << 18;
+  static constexpr size_t kSliceRehash = 16384;
+
   explicit BlockIndex(size_t max_entries = 4'000'000);
+  ~BlockIndex();
+  BlockIndex(const BlockIndex&) = delete;
+  BlockIndex& operator=(const BlockIndex&) = delete;
 
   // Applies one decoded batch from `node`'s publisher for `dp_rank` (0 when the batch names none).
   void apply(std::string_view node, uint32_t dp_rank, const proto::KvEventBatch& batch);
@@ -75,6 +116,7 @@ class BlockIndex {
 
   // Per node that holds at least the first block of `tokens`, how many leading blocks it holds;
   // longest first (ties by key). Nodes with another block size are matched with their own.
+  // Costs one XXH64 per prompt block and one probe of the keyed map per block matched.
   std::vector<PrefixMatch> longest_prefix(std::span<const uint32_t> tokens,
                                           std::optional<std::string_view> lora_name = std::nullopt) const;
 
@@ -85,55 +127,87 @@ class BlockIndex {
   // the most holders ever live at once, however many nodes come and go.
   size_t holder_slots() const;
 
+  // Tests only: called on the writing thread after each exclusive-lock hold of a writer, with no
+  // lock held (so it may call longest_prefix or stats, or let another thread do so). Set before
+  // any writer runs.
+  void set_slice_hook_for_testing(std::function<void()> hook) { slice_hook_ = std::move(hook); }
+
  private:
   using HolderId = uint32_t;
+  struct Entry;
+  using Block = std::pair<const proto::EngineHash, Entry>;  // an element of a holder's blocks
+  struct Entry {
+    RouterHash hash;
+    // The budget's store order, least recently stored first: an intrusive list through the
+    // elements of every holder's map (elements never move, see sharded_hash_map.h).
+    Block* older = nullptr;
+    Block* newer = nullptr;
+    HolderId holder;
+  };
   struct Holder {
     std::string node;
     uint32_t dp_rank = 0;
     uint32_t block_size = 0;  // from its latest BlockStored
-    struct Entry {
-      RouterHash hash;
-      uint64_t generation;  // matches the budget FIFO's record of its latest store
-    };
-    std::unordered_map<proto::EngineHash, Entry> blocks;  // by engine hash
+    bool dropping = false;    // dropped: invisible to lookups while its entries are erased
+    ShardedHashMap<Entry> blocks;  // by engine hash
     uint64_t stored = 0, removed = 0, evicted = 0, skipped = 0;
   };
   struct Holding {  // one holder of a router hash; count > 1 when KV cache groups repeat a block
     HolderId holder;
     uint32_t count;
   };
-  struct Stored {  // one entry of the budget's FIFO
-    HolderId holder;
-    proto::EngineHash engine;
-    uint64_t generation;
+  // The holders of one router hash: usually one, kept inline (no allocation of its own).
+  struct Holdings {
+    Holding first{0, 0};  // count 0: none (only while being emptied)
+    // The others, rarely any: more[0] = {how many follow, capacity}, then the holdings.
+    std::unique_ptr<Holding[]> more;
+  };
+  // Where a writer stands in a batch between two slices.
+  struct Cursor {
+    size_t event = 0;     // next event
+    size_t block = 0;     // next block of that event
+    RouterHash parent = 0;  // router hash of the block before `block` (stored events)
+  };
+  struct Work {  // what one slice may still do
+    size_t blocks = kSliceBlocks;
+    size_t tokens = kSliceTokens;
+    size_t rehash = kSliceRehash;
+    bool fresh() const { return blocks == kSliceBlocks && tokens == kSliceTokens && rehash == kSliceRehash; }
+    bool spent() const { return blocks == 0 || tokens == 0; }
   };
 
   HolderId holder_for(std::string_view node, uint32_t dp_rank);
-  void store(HolderId id, const proto::KvEvent& event);
-  void remove(HolderId id, proto::EngineHash engine);
+  // One event, from cursor->block on, until it is done (true) or the slice's work is spent.
+  bool store(HolderId id, const proto::KvEvent& event, Cursor* cursor, Work* work);
+  bool remove(HolderId id, const proto::KvEvent& event, Cursor* cursor, Work* work);
+  bool clear(HolderId id, Work* work);
+  // Unlinks one entry from holders_of_ and the store order (its map erases it).
+  void forget(HolderId id, Block& block);
   void link(HolderId id, RouterHash hash);
   void unlink(HolderId id, RouterHash hash);
-  void enforce_budget();
-  void compact_order();
-  // Drops the holders of `node` (all ranks, or only `dp_rank`); caller holds mu_ exclusively.
+  void push_newest(Block* block);
+  void unlink_order(Block* block);
+  void evict_oldest(Work* work);
   void drop_holders(std::string_view node, std::optional<uint32_t> dp_rank);
+  void after_slice() const {
+    if (slice_hook_) slice_hook_();
+  }
 
   const size_t max_entries_;
-  mutable std::shared_mutex mu_;
-  std::vector<std::optional<Holder>> holders_;            // by HolderId; nullopt once dropped
-  // Dropped slots, reused by the next new holder. Safe because every budget record carries the
-  // generation of its store and generations are unique across holders: a record left by a slot's
-  // previous holder never matches an entry of the next one, so it is skipped as stale.
+  std::mutex writer_mu_;  // one writer at a time, across all of its slices
+  // Shared for lookups and stats, exclusive for a writer's slice; writer-first, so a stream of
+  // lookups cannot keep a writer (and so the index's freshness) waiting.
+  mutable WriterFirstSharedMutex mu_;
+  std::vector<std::unique_ptr<Holder>> holders_;  // by HolderId; null once dropped
+  // Dropped slots, reused by the next new holder (once their entries are all gone).
   std::vector<HolderId> free_ids_;
   std::map<std::pair<std::string, uint32_t>, HolderId, std::less<>> holder_ids_;
-  // router hash -> holders that hold it (usually one or two: a short vector beats a set).
-  std::unordered_map<RouterHash, std::vector<Holding>> holders_of_;
-  // Store order, for the budget. Records of blocks since removed or stored again stay until
-  // they reach the front or compact_order() drops them (when they outnumber live entries).
-  std::deque<Stored> order_;
-  uint64_t next_generation_ = 1;
+  ShardedHashMap<Holdings> holders_of_;  // router hash -> holders that hold it
+  Block* oldest_ = nullptr;  // the budget's store order
+  Block* newest_ = nullptr;
   uint64_t entries_ = 0;
   Stats totals_;
+  std::function<void()> slice_hook_;
 };
 
 }  // namespace pdr::router::cache

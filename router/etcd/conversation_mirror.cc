@@ -6,10 +6,13 @@
 
 #include "proto/etcd_conversation.h"
 #include "router/etcd/registry_replicator.h"
+#include "router/proxy/conversation_binding.h"
 
 namespace pdr::router {
 
 namespace {
+
+static_assert(proxy::kBindingBytes == proto::kConversationBindingBytes, "etcd keys carry whole bindings");
 
 int64_t unix_ms(ConversationMirror::WallClock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
@@ -57,17 +60,18 @@ void ConversationMirror::close() {
   closed_ = true;
 }
 
-void ConversationMirror::stored(std::string_view conversation_id, const proxy::ConversationCache::Entry& entry,
+void ConversationMirror::stored(const proxy::ConversationCache::Key& key, const proxy::ConversationCache::Entry& entry,
                                 std::chrono::milliseconds ttl) {
-  if (conversation_id.size() > proto::kMaxConversationIdBytes) return;  // the request path bounds it lower
+  if (key.id.size() > proto::kMaxConversationIdBytes) return;  // the request path bounds it lower
   proto::EtcdConversationEntry e;
   e.writer = replica_id_;
+  e.binding = key.binding;
   e.decode_key = entry.decode_key;
   e.decode_epoch = entry.decode_epoch;
   e.expires_unix_ms = unix_ms(WallClock::now() + ttl);
   e.prefill_params = entry.prefill_params;
   ConversationOp op;
-  op.key = proto::etcd_conversation_key(prefix_, conversation_id);
+  op.key = proto::etcd_conversation_key(prefix_, key.binding, key.id);
   op.value = proto::encode_etcd_conversation(e);
   if (op.value.size() > proto::kMaxConversationValueBytes) {
     bump(status_.conversation_failures);  // other replicas would refuse it
@@ -77,10 +81,10 @@ void ConversationMirror::stored(std::string_view conversation_id, const proxy::C
   push(std::move(op));
 }
 
-void ConversationMirror::taken(std::string_view conversation_id) {
-  if (conversation_id.size() > proto::kMaxConversationIdBytes) return;
+void ConversationMirror::taken(const proxy::ConversationCache::Key& key) {
+  if (key.id.size() > proto::kMaxConversationIdBytes) return;
   ConversationOp op;
-  op.key = proto::etcd_conversation_key(prefix_, conversation_id);
+  op.key = proto::etcd_conversation_key(prefix_, key.binding, key.id);
   op.is_delete = true;
   push(std::move(op));
 }
@@ -105,15 +109,16 @@ size_t ConversationMirror::drop_queued() {
 
 bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_point now_wall,
                                     proxy::ConversationCache::Clock::time_point now, bool restore_own,
-                                    std::string* id_out) {
-  std::string id;
+                                    std::string* slot_out) {
+  std::string binding, id;
   proto::EtcdConversationEntry entry;
-  if (!proto::parse_etcd_conversation_key(prefix_, kv.key, &id).is_ok() ||
-      !proto::parse_etcd_conversation(kv.value, &entry).is_ok()) {
+  if (!proto::parse_etcd_conversation_key(prefix_, kv.key, &binding, &id).is_ok() ||
+      !proto::parse_etcd_conversation(kv.value, &entry).is_ok() || entry.binding != binding) {
     bump(status_.conversation_rejected);
     return false;
   }
-  *id_out = id;
+  const proxy::ConversationCache::Key key{binding, id};
+  *slot_out = proxy::ConversationCache::slot_key(key);
   const bool own = entry.writer == replica_id_;
   // This replica's own, seen on the watch: the cache has it already (or took it meanwhile).
   if (own && !restore_own) return true;
@@ -139,7 +144,7 @@ bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::ti
   if (own) {
     // Stored by this replica id before a restart (or an entry this process lost): the next turn
     // may come here again. A later delete older than this put must not remove it either.
-    if (!cache_.restore(id, std::move(local), stored_at, now, limits)) {
+    if (!cache_.restore(key, std::move(local), stored_at, now, limits)) {
       bump(status_.conversation_rejected);
       return false;
     }
@@ -151,7 +156,7 @@ bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::ti
     }
     return true;
   }
-  if (!cache_.mirror(id, std::move(local), stored_at, now, limits)) {
+  if (!cache_.mirror(key, std::move(local), stored_at, now, limits)) {
     bump(status_.conversation_rejected);  // larger than multi_turn.max_bytes
     return false;
   }
@@ -163,8 +168,8 @@ void ConversationMirror::resync(const std::vector<proto::EtcdKeyValue>& kvs, Wal
                                 proxy::ConversationCache::Clock::time_point now) {
   std::unordered_set<std::string> present;
   for (const auto& kv : kvs) {
-    std::string id;
-    if (mirror_one(kv, now_wall, now, /*restore_own=*/true, &id)) present.insert(std::move(id));
+    std::string slot;
+    if (mirror_one(kv, now_wall, now, /*restore_own=*/true, &slot)) present.insert(std::move(slot));
   }
   // Remote entries deleted (taken) or expired in etcd while the watch was down.
   cache_.drop_remote_except(present);
@@ -174,12 +179,12 @@ void ConversationMirror::apply(const std::vector<proto::EtcdEvent>& events, Wall
                                proxy::ConversationCache::Clock::time_point now) {
   for (const auto& e : events) {
     if (!e.is_delete) {
-      std::string id;
-      (void)mirror_one(e.kv, now_wall, now, /*restore_own=*/false, &id);
+      std::string slot;
+      (void)mirror_one(e.kv, now_wall, now, /*restore_own=*/false, &slot);
       continue;
     }
-    std::string id;
-    if (!proto::parse_etcd_conversation_key(prefix_, e.kv.key, &id).is_ok()) {
+    std::string binding, id;
+    if (!proto::parse_etcd_conversation_key(prefix_, e.kv.key, &binding, &id).is_ok()) {
       bump(status_.conversation_rejected);
       continue;
     }
@@ -193,7 +198,7 @@ void ConversationMirror::apply(const std::vector<proto::EtcdEvent>& events, Wall
     switch (verdict) {
       case proto::ConversationDeleteVerdict::kApply:
         if (own != own_puts_.end()) own_puts_.erase(own);
-        (void)cache_.forget(id);
+        (void)cache_.forget({binding, id});
         break;
       case proto::ConversationDeleteVerdict::kIgnore:
         bump(status_.conversation_stale);
@@ -234,8 +239,8 @@ void ConversationMirror::put_answered(const std::string& key, bool ok, int64_t r
 void ConversationMirror::delete_sent(const std::string& key) { own_puts_.erase(key); }
 
 void ConversationMirror::forget_key(const std::string& key) {
-  std::string id;
-  if (proto::parse_etcd_conversation_key(prefix_, key, &id).is_ok()) (void)cache_.forget(id);
+  std::string binding, id;
+  if (proto::parse_etcd_conversation_key(prefix_, key, &binding, &id).is_ok()) (void)cache_.forget({binding, id});
 }
 
 }  // namespace pdr::router

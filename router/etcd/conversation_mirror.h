@@ -14,7 +14,9 @@
 //    this replica's own put of the key (proto::etcd_conversation_delete_verdict: the replicator
 //    reports each own put's revision with put_answered()); a put of another writer older than
 //    it does not replace the local entry either. A key or value that does not decode,
-//    is over its limit, or is already expired is rejected and counted; never stored.
+//    is over its limit, or is already expired is rejected and counted; never stored. So is an
+//    entry without a client binding (from a replica before bindings), or whose value names
+//    another binding than its key: each entry keeps the binding of the client that made it.
 //
 // The take race: two replicas taking the same entry before either sees the other's delete both
 // hand the decode's params to a prefill; one pull fails and that prefill recomputes, so the race
@@ -61,9 +63,9 @@ class ConversationMirror : public proxy::ConversationCache::Replication {
                      std::string prefix, std::string replica_id, ReplicatorStatus& status,
                      std::function<void()> wake);
 
-  void stored(std::string_view conversation_id, const proxy::ConversationCache::Entry& entry,
+  void stored(const proxy::ConversationCache::Key& key, const proxy::ConversationCache::Entry& entry,
               std::chrono::milliseconds ttl) override;
-  void taken(std::string_view conversation_id) override;
+  void taken(const proxy::ConversationCache::Key& key) override;
 
   // No more wakes (the replicator's thread is stopping): later operations are dropped.
   void close();
@@ -104,8 +106,9 @@ class ConversationMirror : public proxy::ConversationCache::Replication {
   // Mirrors one put; false (counted) when rejected. Own entries (this replica id's) are skipped
   // (true), or with `restore_own` (a range: after a restart with the same replica_id) restored
   // into the cache unless it holds the conversation already (ConversationCache::restore).
+  // *slot_out: the entry's ConversationCache::slot_key().
   bool mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_point now_wall,
-                  proxy::ConversationCache::Clock::time_point now, bool restore_own, std::string* id_out);
+                  proxy::ConversationCache::Clock::time_point now, bool restore_own, std::string* slot_out);
   void push(ConversationOp op);
   proxy::ConversationCache::Limits limits() const;
 

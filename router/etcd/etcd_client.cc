@@ -1,5 +1,6 @@
 #include "router/etcd/etcd_client.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "http/upstream_client.h"
@@ -90,20 +91,20 @@ void EtcdClient::send(std::string path, std::string body, BodyFn done) {
   auto shared_done = std::make_shared<BodyFn>(std::move(done));
   http::UpstreamCallbacks callbacks;
   callbacks.on_head = [state](int status, const std::vector<http::Header>&) { state->status = status; };
-  callbacks.on_body = [state](std::string_view chunk) {
-    if (state->body.size() + chunk.size() > proto::kMaxEtcdAnswerBytes) {
+  const size_t max_answer = std::min(options_.max_answer_bytes, proto::kMaxEtcdAnswerBytes);
+  callbacks.on_body = [state, max_answer](std::string_view chunk) {
+    if (state->body.size() + chunk.size() > max_answer) {
       state->over = true;
       return;
     }
     state->body.append(chunk);
   };
-  callbacks.on_complete = [this, alive, state, shared_done] {
+  callbacks.on_complete = [this, alive, state, shared_done, max_answer] {
     if (!*alive) return;
     if (state->over) {
       ++stats_.failures;
       ++stats_.bad_answers;
-      (*shared_done)(Status(StatusCode::kTooLarge, "etcd answer over " +
-                                                       std::to_string(proto::kMaxEtcdAnswerBytes) + " bytes"),
+      (*shared_done)(Status(StatusCode::kTooLarge, "etcd answer over " + std::to_string(max_answer) + " bytes"),
                      state->status, {});
       return;
     }
@@ -173,16 +174,72 @@ void EtcdClient::delete_key(const std::string& key, AnswerFn done) {
   call("/v3/kv/deleterange", proto::encode_etcd_delete_range(key, ""), plain_answer(std::move(done)));
 }
 
+// One range_prefix() in progress: what the pages read so far add up to, and where the next starts.
+struct EtcdClient::RangeState {
+  RangeFn done;
+  std::string end;           // range_end of the prefix
+  std::string next;          // the next page's first key
+  proto::EtcdRangePage page;  // limit, revision (after the first page), keys_only
+  bool first = true;
+  proto::EtcdRangeAnswer result;
+};
+
 void EtcdClient::range_prefix(const std::string& prefix, RangeFn done) {
-  call("/v3/kv/range", proto::encode_etcd_range(prefix, proto::etcd_prefix_end(prefix)),
-       [this, done = std::move(done)](const Status& st, int, const std::string& body) {
-         proto::EtcdRangeAnswer range;
-         if (!st) return done(st, range);
-         if (Status parsed = proto::parse_etcd_range(body, &range); !parsed) {
-           ++stats_.bad_answers;
-           return done(parsed, range);
+  auto state = std::make_shared<RangeState>();
+  state->done = std::move(done);
+  state->end = proto::etcd_prefix_end(prefix);
+  state->next = prefix;
+  state->page.limit = std::max<int64_t>(1, options_.range_page_limit);
+  range_page(std::move(state));
+}
+
+void EtcdClient::range_page(std::shared_ptr<RangeState> state) {
+  ++stats_.range_pages;
+  call("/v3/kv/range", proto::encode_etcd_range_page(state->next, state->end, state->page),
+       [this, state](const Status& st, int, const std::string& body) {
+         if (st.code() == StatusCode::kTooLarge && !state->page.keys_only) {
+           // Too much for one answer: fewer key-values per page, down to one; a single
+           // key-value too large alone is skipped (its key first, keys_only).
+           if (state->page.limit > 1) {
+             state->page.limit /= 2;
+           } else {
+             state->page.keys_only = true;
+           }
+           return range_page(state);
          }
-         done(check_answer(range.answer), range);
+         proto::EtcdRangeAnswer page;
+         if (!st) return state->done(st, page);
+         if (Status parsed = proto::parse_etcd_range(body, &page); !parsed) {
+           ++stats_.bad_answers;
+           return state->done(parsed, page);
+         }
+         if (Status checked = check_answer(page.answer); !checked) return state->done(checked, page);
+         proto::EtcdRangeAnswer& result = state->result;
+         if (state->first) {
+           state->first = false;
+           result.answer = page.answer;
+           state->page.revision = page.answer.revision;  // every later page at the same revision
+         }
+         if (state->page.keys_only) {
+           // Skipped: the pages after it are of the usual size again.
+           state->page.keys_only = false;
+           state->page.limit = std::max<int64_t>(1, options_.range_page_limit);
+           if (!page.kvs.empty()) {
+             proto::EtcdKeyValue& kv = result.kvs.emplace_back(std::move(page.kvs.front()));
+             kv.value.clear();
+             kv.refused = "etcd answer: key-value over " +
+                          std::to_string(std::min(options_.max_answer_bytes, proto::kMaxEtcdAnswerBytes)) + " bytes";
+           }
+         } else {
+           for (auto& kv : page.kvs) result.kvs.push_back(std::move(kv));
+         }
+         result.skipped += page.skipped;
+         if (page.more && !page.last_key.empty()) {
+           state->next = page.last_key;
+           state->next.push_back('\0');
+           return range_page(state);
+         }
+         state->done(Status::ok(), result);
        });
 }
 

@@ -48,6 +48,10 @@ struct EtcdClientOptions {
   std::string password;
   std::chrono::milliseconds timeout{2000};  // connect (and TLS handshake), first byte of a unary answer
   std::shared_ptr<const http::TlsClientContext> tls;  // null: plain HTTP
+  // range_prefix() reads at most this many key-values per call (etcd's `limit`), page after page.
+  int64_t range_page_limit = 256;
+  // A unary answer over this is refused (kTooLarge); at most proto::kMaxEtcdAnswerBytes.
+  size_t max_answer_bytes = proto::kMaxEtcdAnswerBytes;
 };
 
 // Counters since construction (loop thread).
@@ -57,6 +61,7 @@ struct EtcdClientStats {
   uint64_t failures = 0;      // calls that ended with an error status
   uint64_t bad_answers = 0;   // answers refused by the codec (kMalformed, kTooLarge, ...)
   uint64_t watches = 0;       // watch streams started
+  uint64_t range_pages = 0;   // range calls range_prefix() made (a page each, retries included)
 };
 
 class EtcdWatch;
@@ -76,7 +81,13 @@ class EtcdClient {
 
   void put(const std::string& key, const std::string& value, int64_t lease, AnswerFn done);
   void delete_key(const std::string& key, AnswerFn done);
-  // Every key starting with `prefix`.
+  // Every key starting with `prefix`, read in pages of at most options.range_page_limit
+  // key-values, all at the first page's revision (one consistent view; `done` gets them together,
+  // with that revision and more = false). A page whose answer is over options.max_answer_bytes is
+  // asked again with half the limit; a single key-value over it alone is skipped, its key read
+  // with keys_only and handed back refused (EtcdKeyValue::refused), so no stored value can make
+  // the range fail. Keys and values the codec refuses come back refused or counted in `skipped`
+  // (proto/etcd_json.h), never as an error.
   void range_prefix(const std::string& prefix, RangeFn done);
   void lease_grant(int64_t ttl_seconds, LeaseFn done);
   // kNotFound when etcd says the lease is gone (TTL 0).
@@ -108,6 +119,8 @@ class EtcdClient {
   void send(std::string path, std::string body, BodyFn done);
   void authenticate_then(std::function<void(const Status&)> next);
   void note_unreachable();
+  struct RangeState;
+  void range_page(std::shared_ptr<RangeState> state);
   // Turns an answer that decoded fine but carries an etcd error into kRejected.
   Status check_answer(const proto::EtcdAnswer& answer);
 

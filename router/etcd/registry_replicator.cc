@@ -2,6 +2,7 @@
 #include "base/guarded.h"
 
 #include "base/log.h"
+#include "base/log_limiter.h"
 #include <uv.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 
 #include "proto/discovery_message.h"
 #include "proto/etcd_conversation.h"
+#include "proto/etcd_registry_entry.h"
 #include "router/etcd/conversation_mirror.h"
 
 namespace pdr::router {
@@ -27,6 +29,14 @@ using discovery::Clock;
 using discovery::Instance;
 using discovery::InstanceSource;
 using discovery::InstanceState;
+
+discovery::ReplicaOrigin replica_origin(const Instance& inst) {
+  switch (inst.source) {
+    case InstanceSource::kRegistered: return {inst.admission, false};
+    case InstanceSource::kReplica: return {inst.admission, inst.replica_of_operator_entry};
+    default: return {config::AdmissionClass::kOpen, true};  // static, admin (Kubernetes: not published)
+  }
+}
 
 proto::Registration replica_registration(const Instance& inst) {
   proto::Registration reg;
@@ -64,25 +74,36 @@ namespace {
 struct RemoteEntry {
   int64_t mod_revision = 0;
   proto::Registration reg;
+  discovery::ReplicaOrigin origin;
 };
 // node key -> replica id -> its entry
 using RemoteMap = std::map<std::string, std::map<std::string, RemoteEntry>>;
 
-// The newest of the replicas' entries for one node, or none.
-std::optional<proto::Registration> effective(const RemoteMap& remote, const std::string& node) {
+// Rank of an origin for the weaker-sender rule: the admission classes in order, the operator's
+// entries above them all.
+int rank(const discovery::ReplicaOrigin& o) {
+  return o.operator_entry ? static_cast<int>(config::kAdmissionClasses) : static_cast<int>(o.admission);
+}
+
+// Of the replicas' entries for one node, the one from the strongest sender (a weaker sender on
+// another replica must not win by writing last), the newest among equals; or none.
+std::optional<RemoteEntry> effective(const RemoteMap& remote, const std::string& node) {
   auto it = remote.find(node);
   if (it == remote.end() || it->second.empty()) return std::nullopt;
   const RemoteEntry* best = nullptr;
   for (const auto& [replica, entry] : it->second) {
-    if (best == nullptr || entry.mod_revision > best->mod_revision) best = &entry;
+    if (best == nullptr || rank(entry.origin) > rank(best->origin) ||
+        (rank(entry.origin) == rank(best->origin) && entry.mod_revision > best->mod_revision)) {
+      best = &entry;
+    }
   }
-  return best->reg;
+  return *best;
 }
 
-// A change for the registry: upsert (reg set) or remove.
+// A change for the registry: upsert (entry set) or remove.
 struct Change {
   std::string node;
-  std::optional<proto::Registration> reg;
+  std::optional<RemoteEntry> entry;
 };
 
 }  // namespace
@@ -116,6 +137,11 @@ class RegistryReplicator::Impl {
   std::string last_error() const {
     std::lock_guard<std::mutex> lock(error_mutex_);
     return last_error_;
+  }
+
+  std::string last_bad_entry() const {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    return last_bad_entry_;
   }
 
   // Owner's thread, once, after start().
@@ -156,10 +182,11 @@ class RegistryReplicator::Impl {
       RemoteMap fresh;
       written_.clear();
       std::vector<std::string> own_stale;
+      for (size_t i = 0; i < r.skipped; ++i) bad_entry("range", "a key over its limit or not base64");
       for (const auto& kv : r.kvs) {
         std::string replica, node;
         if (!parse_replica_key(options_.prefix, kv.key, &replica, &node)) {
-          status_.bad_entries.fetch_add(1, std::memory_order_relaxed);
+          bad_entry(kv.key, "not <prefix>nodes/<replica id>/<node>");
           continue;
         }
         if (replica == options_.replica_id) {
@@ -172,9 +199,10 @@ class RegistryReplicator::Impl {
           }
           continue;
         }
-        proto::Registration reg;
-        if (!decode_value(kv.value, &reg)) continue;
-        fresh[node][replica] = RemoteEntry{kv.mod_revision, std::move(reg)};
+        RemoteEntry entry;
+        if (!decode_value(kv, &entry)) continue;
+        entry.mod_revision = kv.mod_revision;
+        fresh[node][replica] = std::move(entry);
       }
       std::vector<Change> changes;
       for (const auto& [node, replicas] : remote_) {
@@ -342,6 +370,8 @@ class RegistryReplicator::Impl {
           if (a.canceled) return fail(gen, "watch canceled (compacted at " + std::to_string(a.compact_revision) + ")");
           if (a.created) {
             status_.reachable.store(true, std::memory_order_relaxed);
+            retry_delay_ = options_.retry_interval;
+            status_.retry_delay_ms.store(0, std::memory_order_relaxed);
             force_scan_ = true;
             const uint64_t every = std::max<uint64_t>(1000, options_.lease_ttl.count() * 1000 / 3);
             uv_timer_start(&keepalive_timer_, &Impl::on_keepalive, every, every);
@@ -354,7 +384,7 @@ class RegistryReplicator::Impl {
             pdr::log::info("etcd registry: in sync with {} (replica {}, lease {})", client_->endpoint().to_string(),
                          options_.replica_id, lease_);
           }
-          on_events(a.events);
+          on_events(a);
         },
         [this, gen](const Status& st) {
           if (gen != generation_) return;
@@ -379,41 +409,64 @@ class RegistryReplicator::Impl {
     if (conv_watch_) conv_watch_->cancel();
     conv_watch_.reset();
     uv_timer_stop(&keepalive_timer_);
-    if (!stopping_) uv_timer_start(&retry_timer_, &Impl::on_retry, options_.retry_interval.count(), 0);
+    if (stopping_) return;
+    // Each failure in a row waits twice as long (each retry may download the whole prefix again);
+    // the first wait after being in sync is retry_interval.
+    const std::chrono::milliseconds delay = retry_delay_;
+    retry_delay_ = std::min(retry_delay_ * 2, std::max(options_.retry_interval, options_.max_retry_interval));
+    status_.retry_delay_ms.store(static_cast<uint64_t>(delay.count()), std::memory_order_relaxed);
+    uv_timer_start(&retry_timer_, &Impl::on_retry, static_cast<uint64_t>(delay.count()), 0);
   }
 
   // --- the other replicas' entries ---
 
-  bool decode_value(const std::string& value, proto::Registration* out) {
-    proto::DiscoveryMessage message;
-    const Status st = proto::decode_discovery_message(proto::as_bytes(value), proto::DecodeLimits{}, &message);
-    if (!st || message.kind != proto::DiscoveryMessage::Kind::kRegistration) {
-      status_.bad_entries.fetch_add(1, std::memory_order_relaxed);
+  // The entry another replica holds under kv's key, or false (counted) for a value refused by the
+  // codec (over its limit, proto/etcd_json.h) or that is not a registry entry.
+  bool decode_value(const proto::EtcdKeyValue& kv, RemoteEntry* out) {
+    if (!kv.refused.empty()) {
+      bad_entry(kv.key, kv.refused);
       return false;
     }
-    *out = std::move(message.registration);
+    proto::EtcdRegistryEntry entry;
+    if (Status st = proto::decode_etcd_registry_entry(proto::as_bytes(kv.value), proto::DecodeLimits{}, &entry); !st) {
+      bad_entry(kv.key, st.to_string());
+      return false;
+    }
+    out->reg = std::move(entry.registration);
+    out->origin = discovery::parse_replica_origin(entry.admission);
     return true;
   }
 
-  void on_events(const std::vector<proto::EtcdEvent>& events) {
+  void bad_entry(std::string_view key, std::string_view why) {
+    status_.bad_entries.fetch_add(1, std::memory_order_relaxed);
+    std::string text = std::string(key.substr(0, 256)) + ": " + std::string(why.substr(0, 256));
+    if (bad_log_.allow(Clock::now())) pdr::log::warn("etcd registry: entry refused, skipped: {}", text);
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    last_bad_entry_ = std::move(text);
+  }
+
+  void on_events(const proto::EtcdWatchAnswer& answer) {
     std::vector<Change> changes;
-    for (const auto& e : events) {
+    for (size_t i = 0; i < answer.skipped; ++i) bad_entry("watch", "a key over its limit or not base64");
+    for (const auto& e : answer.events) {
       status_.watch_events.fetch_add(1, std::memory_order_relaxed);
       std::string replica, node;
       if (!parse_replica_key(options_.prefix, e.kv.key, &replica, &node)) {
-        status_.bad_entries.fetch_add(1, std::memory_order_relaxed);
+        bad_entry(e.kv.key, "not <prefix>nodes/<replica id>/<node>");
         continue;
       }
       if (replica == options_.replica_id) continue;
-      if (e.is_delete) {
+      RemoteEntry entry;
+      // A put of a bad value replaces what the key held: that replica's entry is gone, as after
+      // a resync (whose range skips the key too).
+      if (!e.is_delete && decode_value(e.kv, &entry)) {
+        entry.mod_revision = e.kv.mod_revision;
+        remote_[node][replica] = std::move(entry);
+      } else {
         auto it = remote_.find(node);
-        if (it == remote_.end()) continue;
+        if (it == remote_.end() || !it->second.contains(replica)) continue;
         it->second.erase(replica);
         if (it->second.empty()) remote_.erase(it);
-      } else {
-        proto::Registration reg;
-        if (!decode_value(e.kv.value, &reg)) continue;
-        remote_[node][replica] = RemoteEntry{e.kv.mod_revision, std::move(reg)};
       }
       changes.push_back({node, effective(remote_, node)});
     }
@@ -426,8 +479,8 @@ class RegistryReplicator::Impl {
     owner_.discovery_.post([changes = std::move(changes)](discovery::Registry& registry) {
       const auto now = Clock::now();
       for (const Change& c : changes) {
-        if (c.reg) {
-          (void)registry.upsert_replica(*c.reg, now);
+        if (c.entry) {
+          (void)registry.upsert_replica(c.entry->reg, c.entry->origin, now);
         } else {
           (void)registry.remove_replica(c.node);
         }
@@ -451,7 +504,8 @@ class RegistryReplicator::Impl {
           inst->state == InstanceState::kExpired) {
         continue;
       }
-      desired.emplace(inst->key, proto::encode_registration(replica_registration(*inst)));
+      desired.emplace(inst->key, proto::encode_etcd_registry_entry(replica_registration(*inst),
+                                                                   discovery::to_string(replica_origin(*inst))));
     }
     const uint64_t gen = generation_;
     for (auto& [node, value] : desired) {
@@ -634,6 +688,9 @@ class RegistryReplicator::Impl {
   bool conv_granting_ = false;
   mutable std::mutex error_mutex_;
   std::string last_error_;
+  std::string last_bad_entry_;
+  LogLimiter bad_log_{"etcd registry"};
+  std::chrono::milliseconds retry_delay_{options_.retry_interval};  // the next failure's wait
 };
 
 RegistryReplicator::RegistryReplicator(SnapshotCell<discovery::RegistrySnapshot>& snapshots,
@@ -664,5 +721,7 @@ void RegistryReplicator::mirror_conversations(proxy::ConversationCache& cache,
 }
 
 std::string RegistryReplicator::last_error() const { return impl_ ? impl_->last_error() : std::string(); }
+
+std::string RegistryReplicator::last_bad_entry() const { return impl_ ? impl_->last_bad_entry() : std::string(); }
 
 }  // namespace pdr::router

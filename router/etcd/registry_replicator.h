@@ -3,6 +3,7 @@
 // Each replica publishes what it alone learnt (its local entries: registered on its discovery
 // socket, static, admin; not the ones it learnt from other replicas) under
 //   <prefix>nodes/<replica_id>/<node key>   value: the entry as a pdrouter registration (msgpack)
+//                                           plus its admission class (proto/etcd_registry_entry.h)
 // attached to one etcd lease of this replica (TTL lease_ttl). It writes ON CHANGE only: a
 // heartbeat that changes nothing of what /status or routing reads does not publish a registry
 // snapshot, so it writes nothing; liveness stays local (lease keepalives, one per lease_ttl / 3
@@ -11,8 +12,10 @@
 // It watches <prefix>nodes/ (from the revision of a full range, so nothing is missed) and merges
 // the other replicas' entries into the registry as InstanceSource::kReplica entries
 // (Registry::upsert_replica / remove_replica, posted to the discovery thread like admin
-// changes). When two replicas publish the same node, the newest write wins. A deleted key or an
-// expired lease (a dead replica) removes the entry.
+// changes), with the class each was admitted with on its replica: the weaker-sender rule holds
+// across replicas. When two replicas publish the same node, the entry of the stronger sender
+// wins, then the newest write. A deleted key or an expired lease (a dead replica) removes the
+// entry.
 //
 // At most kMaxReplicatorInFlight (256) puts and deletes are in flight at once; what does not
 // fit waits for the next scan. A lease found gone (a keepalive answering TTL 0, or a put
@@ -21,10 +24,16 @@
 // entry again, instead of retrying on the dead lease forever.
 //
 // etcd unreachable (a failed keepalive, a watch that ends, a failed write): the registry keeps
-// its last view plus what this replica learns itself; status() says so; every retry_interval the
-// replicator tries again and, once etcd answers, resyncs: new lease if the old one is gone,
-// full range (entries that vanished meanwhile are removed), watch from that revision, every
-// local entry written again.
+// its last view plus what this replica learns itself; status() says so; the replicator tries
+// again after retry_interval, doubling up to max_retry_interval while the failures go on, and,
+// once etcd answers, resyncs: new lease if the old one is gone, full range (read in pages at one
+// revision; entries that vanished meanwhile are removed), watch from that revision, every local
+// entry written again.
+//
+// Bad data is not unreachability: a key-value under <prefix>nodes/ whose key or value is over
+// its limit, not base64, or not a registry entry is skipped and counted (bad_entries,
+// last_bad_entry()); an entry another replica held under that key is dropped, as etcd no
+// longer holds it. Nothing any writer stores there can stop replication.
 //
 // Multi-turn entries (mirror_conversations(); conversation_mirror.h): the same thread writes the
 // entries of this replica under <prefix>conversations/ (each on a lease that covers multi_turn's
@@ -65,7 +74,10 @@ struct RegistryReplicatorOptions {
   std::string prefix = "/pdrouter/";
   std::string replica_id;  // unique per running replica
   std::chrono::seconds lease_ttl{10};
+  // After a failure the replicator tries again after retry_interval, doubling with each failure
+  // in a row up to max_retry_interval, and back to retry_interval once in sync.
   std::chrono::milliseconds retry_interval{500};
+  std::chrono::milliseconds max_retry_interval{8000};
   // How often the registry snapshot is checked for changes to publish.
   std::chrono::milliseconds scan_interval{50};
 };
@@ -79,7 +91,11 @@ struct ReplicatorStatus {
   std::atomic<uint64_t> watch_events{0};
   std::atomic<uint64_t> resyncs{0};        // full range + watch restarts
   std::atomic<uint64_t> failures{0};       // calls that failed (etcd unreachable or refusing)
-  std::atomic<uint64_t> bad_entries{0};    // values or keys under the prefix that do not decode
+  // Key-values under <prefix>nodes/ refused one by one (a key or value over its limit, not
+  // base64, not a registry entry): data someone wrote to etcd, never a reason to call etcd
+  // unreachable; the rest of the range or watch answer is read as usual.
+  std::atomic<uint64_t> bad_entries{0};
+  std::atomic<uint64_t> retry_delay_ms{0};  // the wait before the next retry while out of sync (gauge)
   std::atomic<uint64_t> replica_entries{0};  // entries learnt from other replicas (gauge)
   std::atomic<uint64_t> in_flight{0};        // puts and deletes sent, not yet answered (gauge;
                                              // registry entries and conversations together)
@@ -117,6 +133,8 @@ class RegistryReplicator {
   const ReplicatorStatus& status() const { return status_; }
   const RegistryReplicatorOptions& options() const { return options_; }
   std::string last_error() const;
+  // Why the latest bad entry was refused, with its key ("" if none so far).
+  std::string last_bad_entry() const;
 
  private:
   class Impl;
@@ -128,8 +146,11 @@ class RegistryReplicator {
 };
 
 // The registration a replica publishes for one of its entries (pdrouter format, no load, drain
-// flag = node or operator drain) and its etcd key.
+// flag = node or operator drain), published with replica_origin() (proto/etcd_registry_entry.h),
+// and its etcd key.
 proto::Registration replica_registration(const discovery::Instance& inst);
+// How the entry's node proved who it is here: its admission class, or the operator's entry.
+discovery::ReplicaOrigin replica_origin(const discovery::Instance& inst);
 std::string replica_key(const std::string& prefix, const std::string& replica_id, const std::string& node_key);
 // Splits a key under <prefix>nodes/ into replica id and node key; false for anything else.
 bool parse_replica_key(const std::string& prefix, std::string_view key, std::string* replica_id,

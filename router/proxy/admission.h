@@ -2,11 +2,19 @@
 // (ProxyService::admit) and the one-node endpoints (one_node_relay.h). Both refuse the same way:
 //   503 shutting_down      pdrouter drains (begin_shutdown)
 //   429 too_many_requests  limits.max_concurrent_requests requests already in flight (P/D and
-//                          one-node together, plus orphaned prefill legs), with Retry-After: 1
-//   503 memory_budget      the request body would take limits.max_buffered_bytes over its budget,
+//                          one-node together; orphaned prefill legs never count: orphan_legs.h),
 //                          with Retry-After: 1
-// Each refusal is counted in pdrouter_requests_refused_total{reason}. What a request holds once
-// admitted (one in-flight slot and its body's bytes of the budget) is an AdmissionSlot.
+//   503 memory_budget      what the request's body costs would take limits.max_buffered_bytes
+//                          over, with Retry-After: 1
+// Each refusal is counted in pdrouter_requests_refused_total{reason}, and answered in the error
+// shape of the request's path (client_api.h). What a request holds once
+// admitted (one in-flight slot and its body's cost in the budget) is an AdmissionSlot.
+//
+// What a body costs is what pdrouter really holds for it, not its length: its buffer's capacity
+// (charged by the HTTP server as it buffered it, http/body_budget.h, and taken over here) plus
+// one copy per upstream leg, since the upstream client renders each leg into a wire buffer of
+// its own and keeps it until the node's answer begins (a P/D request: 2, whether the dialect's
+// legs overlap or not and for a decode served alone too; a one-node request: 1).
 //
 // Worker thread (the counters are atomics shared by every worker).
 #pragma once
@@ -14,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
 #include "http/response_writer.h"
 #include "router/proxy/proxy_shared.h"
@@ -37,6 +46,7 @@ class AdmissionSlot {
   ~AdmissionSlot() { release(); }
 
   bool held() const { return counters_ != nullptr; }
+  size_t bytes() const { return static_cast<size_t>(bytes_); }  // of the buffered-bytes budget
   // Gives the slot and the bytes back; later calls do nothing.
   void release();
   // The caller takes over both counts and gives them back itself (ProxySession, whose budget
@@ -49,12 +59,14 @@ class AdmissionSlot {
 };
 
 // While pdrouter drains: answers 503 shutting_down, counts it and returns true.
-bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& writer);
+bool refuse_while_shutting_down(ProxyShared& shared, http::ResponseWriter& writer, std::string_view path = {});
 
-// Takes an in-flight slot and `body_bytes` of the buffered-bytes budget under `worker`'s current
-// limits. Over either: answers 429 too_many_requests / 503 memory_budget (both with
-// Retry-After: 1), counts the refusal, takes nothing and returns no slot.
-std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, size_t body_bytes,
+// Takes an in-flight slot and the body's cost (see above; `leg_copies` copies of it for the legs)
+// of the buffered-bytes budget under `worker`'s current limits, taking over the server's charge
+// of `request`'s body. Over either: answers 429 too_many_requests / 503 memory_budget (both with
+// Retry-After: 1), counts the refusal, takes nothing (the body's charge stays with the request,
+// which gives it back) and returns no slot.
+std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, http::Request& request, size_t leg_copies,
                                                  http::ResponseWriter& writer);
 
 }  // namespace pdr::router::proxy

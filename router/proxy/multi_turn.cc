@@ -1,6 +1,7 @@
 #include "router/proxy/multi_turn.h"
 
 #include "proto/multi_turn.h"
+#include "router/proxy/conversation_binding.h"
 
 namespace pdr::router::proxy {
 
@@ -19,6 +20,7 @@ proto::JsonLimits params_limits() {
 
 std::optional<std::string> MultiTurnRequest::begin(const proto::JsonObjectBody& body,
                                                    const config::Topology& topology, bool single_choice,
+                                                   std::string_view authorization, std::string_view bind_header_value,
                                                    ConversationCache& cache, ProxyCounters& counters,
                                                    std::optional<MultiTurnRequest>* out) {
   out->reset();
@@ -32,10 +34,18 @@ std::optional<std::string> MultiTurnRequest::begin(const proto::JsonObjectBody& 
   }
   MultiTurnRequest& r = out->emplace();
   r.conversation_id_ = std::move(*id);
-  r.single_choice_ = single_choice;
   if (!single_choice) return std::nullopt;
-  r.reuse_ = cache.take(r.conversation_id_, ConversationCache::Clock::now(), topology.multi_turn.ttl);
-  if (!r.reuse_) counters.bump(counters.multi_turn.no_entry);
+  std::optional<std::string> binding = conversation_binding(topology.multi_turn, authorization, bind_header_value);
+  if (!binding || (binding->empty() && !topology.multi_turn.allow_anonymous)) {
+    counters.bump(counters.multi_turn.anonymous);  // (no binding at all: OpenSSL out of memory)
+    return std::nullopt;
+  }
+  r.binding_ = std::move(*binding);
+  r.keeps_entries_ = true;
+  bool other_binding = false;
+  r.reuse_ = cache.take(r.key(), ConversationCache::Clock::now(), topology.multi_turn.ttl, &other_binding);
+  // Another client's id: a new conversation of this client; the other entry stays untouched.
+  if (!r.reuse_) counters.bump(other_binding ? counters.multi_turn.binding_mismatch : counters.multi_turn.no_entry);
   return std::nullopt;
 }
 
@@ -44,7 +54,7 @@ void MultiTurnRequest::on_legs_built(proto::LegBuild& legs, const discovery::Ins
   // Not a field vLLM knows: the reference proxy pops it before either leg.
   legs.prefill.body.remove("conversation_id");
   legs.decode.body.remove("conversation_id");
-  nixl_ = single_choice_ && legs.plan.connector == proto::Connector::kNixl;
+  nixl_ = keeps_entries_ && legs.plan.connector == proto::Connector::kNixl;
   if (!reuse_) return;
   if (nixl_ && decode.key == reuse_->decode_key && decode.epoch == reuse_->decode_epoch) {
     legs.prefill.body.set_raw("kv_transfer_params", reuse_->prefill_params);
@@ -84,8 +94,8 @@ void MultiTurnRequest::on_done(const discovery::Instance& decode, const config::
   limits.ttl = topology.multi_turn.ttl;
   limits.max_entries = topology.multi_turn.max_entries;
   limits.max_bytes = topology.multi_turn.max_bytes;
-  cache.put(conversation_id_, ConversationCache::Entry{decode.key, decode.epoch, std::move(params)}, ConversationCache::Clock::now(),
-            limits);
+  cache.put(key(), ConversationCache::Entry{decode.key, decode.epoch, std::move(params)},
+            ConversationCache::Clock::now(), limits);
   counters.bump(counters.multi_turn.stored);
 }
 

@@ -1,14 +1,18 @@
 // One request's side of multi-turn KV reuse (topology multi_turn:, NIXL; conversation_cache.h
 // holds the entries, proto/multi_turn.h the wire facts). The session calls, in order:
 //   begin()          after parsing: reads and checks "conversation_id", takes the entry its
-//                    last turn left (single use); preferred_decode() then steers pairing to it;
+//                    last turn left (single use) under the client's binding
+//                    (conversation_binding.h: another client's turn with the same id finds
+//                    nothing and stores its own entry); preferred_decode() then steers pairing;
 //   on_legs_built()  removes "conversation_id" from both legs and, when the pair has the
 //                    entry's decode, gives the prefill the decode's params (it pulls the blocks);
 //   on_decode_bytes() / on_decode_json()  watch the decode's answer for its final
 //                    kv_transfer_params (the last stream chunk carrying them, or the JSON answer);
 //   on_done()        when the answer ended well: stores the next turn's entry.
 // Entries are never stored for failed answers (the session does not call on_done), answers
-// without params, or answers with n > 1.
+// without params, answers with n > 1, or anonymous requests when multi_turn.allow_anonymous is
+// false. The session relays the decode's answer with its kv_transfer_params removed
+// (proto/answer_kv_params.h) after these calls have read them.
 #pragma once
 
 #include <optional>
@@ -32,10 +36,12 @@ class MultiTurnRequest {
   // Empty optional: no multi-turn for this request (disabled, or no conversation_id). A message:
   // the client's conversation_id is unusable (400). Else *out is set up. `single_choice` false
   // (n > 1: served by a decode alone, several answers): conversation_id is still removed from
-  // the legs, but the conversation's entry is neither used nor replaced.
+  // the legs, but the conversation's entry is neither used nor replaced. `authorization` and
+  // `bind_header_value` are the client's credentials (the binding's input; neither is kept).
   static std::optional<std::string> begin(const proto::JsonObjectBody& body, const config::Topology& topology,
-                                          bool single_choice, ConversationCache& cache, ProxyCounters& counters,
-                                          std::optional<MultiTurnRequest>* out);
+                                          bool single_choice, std::string_view authorization,
+                                          std::string_view bind_header_value, ConversationCache& cache,
+                                          ProxyCounters& counters, std::optional<MultiTurnRequest>* out);
 
   std::string_view preferred_decode() const { return reuse_ ? std::string_view(reuse_->decode_key) : std::string_view(); }
 
@@ -46,12 +52,15 @@ class MultiTurnRequest {
                ProxyCounters& counters);
 
  private:
+  ConversationCache::Key key() const { return {binding_, conversation_id_}; }
+
   std::string conversation_id_;
+  std::string binding_;                            // conversation_binding.h
+  bool keeps_entries_ = false;                     // single choice, and a binding allowed to reuse
   std::optional<ConversationCache::Entry> reuse_;  // until the first legs are built
   std::optional<proto::SseReader> stream_;         // created on the first streamed bytes
   std::string final_params_;                       // the decode's latest kv_transfer_params
-  bool nixl_ = false;                              // the pair speaks NIXL
-  bool single_choice_ = true;
+  bool nixl_ = false;                              // the pair speaks NIXL (and keeps_entries_)
 };
 
 }  // namespace pdr::router::proxy

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "http/json_error.h"
 #include "router/proxy/admission.h"
+#include "router/proxy/client_api.h"
 #include "router/policies/policy.h"
 #include "router/proxy/node_endpoints.h"
 #include "router/proxy/pairing.h"
@@ -108,11 +108,12 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   // The same admission as a P/D request (admission.h): a flood of render calls, each answered
   // with megabytes, is bounded by limits.max_concurrent_requests like generation. The slot is
   // given back when this function returns without relaying, else when the relay ends.
-  if (refuse_while_shutting_down(worker.shared(), writer)) {
+  if (refuse_while_shutting_down(worker.shared(), writer, request.path)) {
     count(worker, node_class, kRefused);
     return;
   }
-  std::optional<AdmissionSlot> admission = take_admission_slot(worker, request.body.size(), writer);
+  // The body and the one wire copy the upstream client renders it into (admission.h).
+  std::optional<AdmissionSlot> admission = take_admission_slot(worker, request, 1, writer);
   if (!admission) {
     count(worker, node_class, kRefused);
     return;
@@ -123,8 +124,8 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   if (!declared && (node_class == OneNodeClass::kPooling || node_class == OneNodeClass::kAudio)) {
     count(worker, node_class, kNotSupported);
     const std::string_view capability = capability_of(node_class);
-    writer.send(http::error_response(
-        501,
+    writer.send(api_error_response(
+        request.path, 501,
         request.path + " is not served: no node declares it serves " + std::string(capability) +
             " (label " + std::string(kServesLabel) + "=" + std::string(capability) +
             "); a prefill/decode fleet serves a generative model",
@@ -133,7 +134,8 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   }
   if (!node) {
     count(worker, node_class, kNoNode);
-    writer.send(http::error_response(503, "no eligible instance is up for " + request.path, "server_error", "no_node"));
+    writer.send(
+        api_error_response(request.path, 503, "no eligible instance is up for " + request.path, "server_error", "no_node"));
     return;
   }
   http::UpstreamRequest upstream;
@@ -142,7 +144,12 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   for (const char* name : {"Content-Type", "Accept", "X-Request-Id"}) {
     if (auto value = request.header(name)) upstream.headers.push_back({name, std::string(*value)});
   }
-  std::string auth = upstream_authorization(*topology, request.header("Authorization").value_or(std::string_view()));
+  const std::string client_auth = client_authorization(request);
+  // A pass-through path is one pdrouter knows nothing about: the router's own upstream key never
+  // goes with it (it would let any client call what the node guards with that key); the
+  // client's own credentials do.
+  std::string auth = node_class == OneNodeClass::kPassThrough ? client_auth
+                                                               : upstream_authorization(*topology, client_auth);
   if (!auth.empty()) upstream.headers.push_back({"Authorization", std::move(auth)});
   upstream.body = std::move(request.body);  // the request is done with: no second copy of an upload
 
@@ -196,7 +203,7 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
     relay->end(kRelayed);
   };
   const std::string key = node->key;
-  cb.on_error = [relay, key](const Status& error) {
+  cb.on_error = [relay, key, path = request.path](const Status& error) {
     relay->end(kFailed);
     if (relay->head_sent) {
       relay->writer.abort();  // the client sees a truncated answer, as when the node dies
@@ -204,8 +211,8 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
     }
     const auto call = relay->call.lock();
     const bool timeout = call && http::is_timeout(call->failure());
-    relay->writer.send(http::error_response(timeout ? 504 : 502, "instance " + key + ": " + error.message(),
-                                            "server_error", "upstream_failed"));
+    relay->writer.send(api_error_response(path, timeout ? 504 : 502, "instance " + key + ": " + error.message(),
+                                          "server_error", "upstream_failed"));
   };
   auto call = worker.pool().start(node->http_address, std::move(upstream),
                                   {topology->timeouts.connect, topology->timeouts.first_byte, topology->timeouts.stream_idle},

@@ -35,6 +35,7 @@ std::string_view to_string(Refusal refusal) {
     case Refusal::kBadPath: return "bad_path";
     case Refusal::kBadParameter: return "bad_parameter";
     case Refusal::kMemoryBudget: return "memory_budget";
+    case Refusal::kPassThroughDenied: return "pass_through_denied";
   }
   return "unknown";
 }
@@ -205,7 +206,9 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
   const auto& mt = c.multi_turn;
   for (const auto& [result, counter] : {std::pair<const char*, const ProxyCounters::Counter*>{"reused", &mt.reused},
                                         {"no_entry", &mt.no_entry},
-                                        {"decode_unavailable", &mt.decode_unavailable}}) {
+                                        {"decode_unavailable", &mt.decode_unavailable},
+                                        {"binding_mismatch", &mt.binding_mismatch},
+                                        {"anonymous", &mt.anonymous}}) {
     out.counter("pdrouter_multi_turn_turns_total",
                 "Requests with a conversation_id (multi_turn.enabled), by whether they reused the last turn's "
                 "decode KV",
@@ -255,11 +258,14 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
               value(c.prefill_deadlines));
   out.gauge("pdrouter_orphan_prefill_legs",
             "Concurrent-dialect prefill legs still open after their request ended "
-            "(counted against max_concurrent_requests)",
+            "(bounded per node by limits.max_orphan_legs_per_node)",
             static_cast<double>(c.orphan_prefills.load(std::memory_order_relaxed)));
   out.counter("pdrouter_orphan_prefill_closes_total",
-              "Orphaned prefill legs closed by pdrouter (grace period or prefill deadline)",
+              "Orphaned prefill legs closed by pdrouter (grace period, prefill deadline or eviction)",
               value(c.orphan_prefills_closed));
+  out.counter("pdrouter_orphan_prefill_evictions_total",
+              "Orphaned prefill legs closed early: a newer orphan of the node went over limits.max_orphan_legs_per_node",
+              value(c.orphan_prefills_evicted));
   out.counter("pdrouter_prefill_bytes_discarded_total",
               "Prefill answer bytes read and dropped without buffering (answers nobody needs)",
               value(c.prefill_bytes_discarded));

@@ -43,11 +43,12 @@ enum class Refusal : uint8_t {
   kTooBusy,          // 429 (limits.max_concurrent_requests)
   kNoPair,           // 503 (no compatible prefill/decode pair)
   kShuttingDown,     // 503 (draining)
-  kBadPath,          // 404/405
+  kBadPath,          // 405 on a P/D path; 400 for a request path that cannot be normalised
   kBadParameter,     // 400: a parameter pdrouter knows vLLM refuses or P/D cannot serve (max_tokens < 1, n != 1)
   kMemoryBudget,     // 503: the body would take buffered bytes over limits.max_buffered_bytes
+  kPassThroughDenied,  // 403/404: an unknown path pass-through may not relay (pass_through.h)
 };
-constexpr size_t kRefusalCount = 8;
+constexpr size_t kRefusalCount = 9;
 std::string_view to_string(Refusal refusal);
 
 // Why one leg attempt failed (each failed attempt counts once, retried or not).
@@ -93,9 +94,12 @@ struct ProxyCounters {
   std::array<Counter, 9> cache_tokenize{};
   // Multi-turn KV reuse (multi_turn.h): turns that reused the last turn's decode KV, turns whose
   // conversation had no live entry, entries whose decode could not be paired, entries stored,
-  // and turns that ended without usable kv_transfer_params from the decode.
+  // and turns that ended without usable kv_transfer_params from the decode. binding_mismatch:
+  // no entry of this client, but other clients hold the conversation_id; anonymous: no
+  // credential while multi_turn.allow_anonymous is false (no reuse).
   struct MultiTurn {
     Counter reused{0}, no_entry{0}, decode_unavailable{0}, stored{0}, no_params{0};
+    Counter binding_mismatch{0}, anonymous{0};
   } multi_turn;
   // Requests sent to their decode alone (decode_alone.h), by DecodeAloneReason.
   std::array<Counter, 3> decode_alone{};
@@ -109,7 +113,8 @@ struct ProxyCounters {
   Counter request_deadlines{0};       // requests ended by timeouts.request_ms
   Counter prefill_deadlines{0};       // prefill legs closed by timeouts.prefill_ms (whole leg)
   std::atomic<int64_t> orphan_prefills{0};  // gauge: concurrent prefill legs outliving their request
-  Counter orphan_prefills_closed{0};  // of those, closed by pdrouter (grace or prefill deadline)
+  Counter orphan_prefills_closed{0};  // of those, closed by pdrouter (grace, prefill deadline or eviction)
+  Counter orphan_prefills_evicted{0}; // of those, closed because a newer orphan of the node went over its limit
   Counter prefill_bytes_discarded{0}; // prefill answer bytes read and dropped unbuffered
   Counter held_stream_heads{0};       // decode SSE heads held until the first event (retry still possible)
   std::atomic<int64_t> buffered_bytes{0};   // gauge: request bodies + buffered answers (limits.max_buffered_bytes)

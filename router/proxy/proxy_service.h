@@ -1,5 +1,7 @@
 // ProxyService: the router's client-facing API on every HTTP worker.
-//   POST /v1/completions, POST /v1/chat/completions   P/D requests (proxy_session.h)
+//   POST /v1/completions, POST /v1/chat/completions   P/D requests (proxy_session.h), and so are
+//   /inference/v1/generate, /v1/responses and /v1/messages (Anthropic's: its errors and
+//   credential as client_api.h says)
 //   GET  /v1/models                                   a decode's model list, cached briefly
 //   GET  /ready                                       200 only when a compatible pair exists
 //   POST /start_profile, POST /stop_profile           fanned out to every up instance
@@ -27,13 +29,21 @@
 
 namespace pdr::router::proxy {
 
-class ProxyService {
+// Also the client server's body budget (http/body_budget.h, ServerOptions::body_budget): bodies
+// are charged to limits.max_buffered_bytes as the server buffers them, refusals counted as
+// pdrouter_requests_refused_total{reason="memory_budget"}; admission (admission.h) takes the
+// charge over. Only for the server whose workers this service's worker contexts belong to.
+class ProxyService : public http::BodyBudget {
  public:
   // `server` provides each worker's loop; `workers` is its worker count.
   ProxyService(const SnapshotCell<discovery::RegistrySnapshot>& registry,
                const SnapshotCell<config::Topology>& topology, http::Server& server,
                uint32_t workers);
-  ~ProxyService();
+  ~ProxyService() override;
+
+  // http::BodyBudget: on worker `worker`'s thread / any thread.
+  bool reserve(uint32_t worker, size_t bytes) override;
+  void release(size_t bytes) override;
 
   // The endpoints, one per route (router/route_table.cc decides which request reaches which,
   // and answers 404/405 itself). Each runs on worker request.worker.
@@ -47,11 +57,18 @@ class ProxyService {
   void health_generate(const http::Request& request, http::ResponseWriter writer);
   // The one-node endpoints (render, tokenize, pooling, pass-through): one_node_relay.h.
   void one_node(http::Request& request, http::ResponseWriter writer, OneNodeClass node_class);
-  // A path no route names: with routing.pass_through_unknown, relayed to one decode (takes the
-  // writer, returns true); off, returns false and leaves the writer (the caller answers 404).
+  // A path no route names: with routing.pass_through_unknown, relayed to one decode or refused
+  // (pass_through.h: 403 for a node admin path, 404 for one routing.pass_through_paths does not
+  // name; counted as pdrouter_requests_refused_total{reason="pass_through_denied"}); takes the
+  // writer and returns true. Off: returns false and leaves the writer (the caller answers 404).
   bool pass_through(http::Request& request, http::ResponseWriter& writer);
   // Counts a P/D path asked with a wrong method (the route table answers the 405).
   void count_wrong_method() { shared_.counters.refuse(Refusal::kBadPath); }
+  // Counts a refusal the route table answered itself (a request path it could not normalise).
+  void count_refusal(Refusal why) { shared_.counters.refuse(why); }
+  // A path of the other listener, asked where pass-through could have relayed it: counted as a
+  // refused pass-through while routing.pass_through_unknown is on (the route table answers 404).
+  void count_pass_through_refused(const http::Request& request);
 
   // What cache-aware routing consults (proxy_shared.h); both outlive the service. Call before
   // the first request.

@@ -7,9 +7,12 @@
 #include <utility>
 #include <vector>
 
+#include "proto/anthropic_messages.h"
+#include "proto/answer_kv_params.h"
 #include "proto/dialects/dialect.h"
 #include "proto/generate_request.h"
 #include "proto/json_splice.h"
+#include "proto/request_checks.h"
 #include "proto/request_legs.h"
 #include "proto/responses_legs.h"
 #include "proto/responses_stream.h"
@@ -17,6 +20,7 @@
 #include "http/json_error.h"
 #include "router/proxy/cache_routing.h"
 #include "router/proxy/cache_tokenize.h"
+#include "router/proxy/client_api.h"
 #include "router/proxy/decode_alone.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/multi_turn.h"
@@ -154,28 +158,14 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view hea
   return summarize_affinity(in, topology.policies.affinity_prefix_bytes);
 }
 
-// Parameters pdrouter can refuse itself before sending any leg (attacks bug 15): a message for a
-// 400, or nothing. Token counts below 1 are refused by vLLM anyway, but only after the prefill
-// leg (rewritten to max_tokens 1) ran the whole prompt. n must be an integer >= 1; *choices gets
-// it (1 when absent or null). n > 1 cannot go through P/D (the prefill leg's KV export and the
-// decode's import are per request, not per sampled choice: vLLM's connectors do not transfer KV
-// for parallel sampling), so it goes to the decode alone where the dialect allows that
-// (decode_alone.h), and is refused after pairing otherwise.
-std::optional<std::string> check_parameters(const proto::JsonObjectBody& body, int64_t* choices) {
-  *choices = 1;
-  for (std::string_view key : {"max_tokens", "max_completion_tokens"}) {
-    if (!body.has(key) || body.is_null(key)) continue;
-    std::optional<int64_t> v;
-    if (!body.get_int(key, &v).is_ok() || !v) continue;  // not an integer: build_legs refuses it
-    if (*v < 1) return std::string(key) + " must be at least 1, got " + std::to_string(*v);
-  }
-  if (body.has("n") && !body.is_null("n")) {
-    std::optional<int64_t> n;
-    if (!body.get_int("n", &n).is_ok() || !n) return std::string("n must be an integer");
-    if (*n < 1) return "n must be at least 1, got " + std::to_string(*n);
-    *choices = *n;
-  }
-  return std::nullopt;
+// Parameters pdrouter can refuse itself before sending any leg (proto/request_checks.h): a
+// message for a 400, or nothing. *choices gets n (1 when absent or null). n > 1 cannot go through
+// P/D (the prefill leg's KV export and the decode's import are per request, not per sampled
+// choice: vLLM's connectors do not transfer KV for parallel sampling), so it goes to the decode
+// alone where the dialect allows that (decode_alone.h), and is refused after pairing otherwise.
+std::optional<std::string> check_parameters(std::string_view path, const proto::JsonObjectBody& body,
+                                            int64_t* choices) {
+  return proto::check_client_parameters(path, body, choices);
 }
 
 // The error code a client gets for a request that failed on `leg` for `cause`.
@@ -239,6 +229,8 @@ struct ProxySession::State {
   // POST /v1/responses: what a failure mid-stream needs to end the stream the Responses way
   // (proto/responses_stream.h), learnt from the events relayed.
   std::optional<proto::ResponsesStreamFollower> responses;
+  // POST /v1/messages: pdrouter's errors take Anthropic's shape (proto/anthropic_messages.h).
+  bool anthropic = false;
   bool paused = false;          // decode reads paused for back-pressure
   size_t stall_mark = 0;        // client bytes queued when the write-stall check was armed
   SteadyClock::time_point decode_sent_at{};
@@ -247,6 +239,7 @@ struct ProxySession::State {
   bool prefill_timed = false;   // the prefill attempt in flight is not yet in leg_duration
   bool decode_timed = false;    // the decode attempt in flight is not yet in leg_duration
   bool orphan = false;          // counted in orphan_prefills: the prefill leg outlives the request
+  uint64_t orphan_id = 0;       // its entry in the worker's OrphanLegs (orphan_legs.h)
   int64_t budget_held = 0;      // bytes of limits.max_buffered_bytes this request holds (body + answer)
   int64_t answer_budget = 0;    // of which the buffered decode answer's
 
@@ -270,6 +263,7 @@ ProxySession::ProxySession(WorkerContext& worker, AdmittedRequest request, http:
     : s_(std::make_unique<State>(worker, std::move(request), std::move(writer))) {
   s_->budget_held = static_cast<int64_t>(s_->req.budget_bytes);
   if (s_->req.path == proto::kResponsesPath) s_->responses.emplace();
+  s_->anthropic = proto::is_anthropic_path(s_->req.path);
   if (s_->req.arrived_at == SteadyClock::time_point{}) s_->req.arrived_at = SteadyClock::now();
 }
 
@@ -307,7 +301,7 @@ void ProxySession::begin() {
   }
   if (!st.is_ok()) {
     s.w.counters().refuse(Refusal::kBadJson);
-    s.writer.send(http::error_response(400, st.message(), "invalid_request_error", "invalid_json"));
+    s.writer.send(api_error_response(s.req.path, 400, st.message(), "invalid_request_error", "invalid_json"));
     end(RequestState::kFailed);
     return;
   }
@@ -315,21 +309,30 @@ void ProxySession::begin() {
     // Tokens in: token_ids and sampling_params, with the token counts inside the latter.
     if (Status checked = proto::check_generate_request(body, limits, &s.generate); !checked.is_ok()) {
       s.w.counters().refuse(Refusal::kBadParameter);
-      s.writer.send(http::error_response(400, checked.message(), "invalid_request_error", "invalid_parameter"));
+      s.writer.send(api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"));
       end(RequestState::kFailed);
       return;
     }
     s.choices = s.generate.choices;
-  } else if (auto refusal = check_parameters(body, &s.choices)) {
+  } else if (s.anthropic) {
+    // Anthropic's Messages API: its required fields; it has no `n` (one choice).
+    if (Status checked = proto::check_messages_request(body); !checked.is_ok()) {
+      s.w.counters().refuse(Refusal::kBadParameter);
+      s.writer.send(api_error_response(s.req.path, 400, checked.message(), "invalid_request_error", "invalid_parameter"));
+      end(RequestState::kFailed);
+      return;
+    }
+  } else if (auto refusal = check_parameters(s.req.path, body, &s.choices)) {
     s.w.counters().refuse(Refusal::kBadParameter);
-    s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
+    s.writer.send(api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"));
     end(RequestState::kFailed);
     return;
   }
-  if (auto refusal = MultiTurnRequest::begin(body, *s.topo, s.choices == 1, s.w.shared().conversations,
-                                             s.w.counters(), &s.multi_turn)) {
+  if (auto refusal = MultiTurnRequest::begin(body, *s.topo, s.choices == 1, s.req.authorization,
+                                             s.req.bind_header_value, s.w.shared().conversations, s.w.counters(),
+                                             &s.multi_turn)) {
     s.w.counters().refuse(Refusal::kBadParameter);
-    s.writer.send(http::error_response(400, *refusal, "invalid_request_error", "invalid_parameter"));
+    s.writer.send(api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"));
     end(RequestState::kFailed);
     return;
   }
@@ -417,12 +420,13 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   s.decode_rank = next_dp_rank(*s.pair.decode);
 
   s.dialect = proto::dialect_for(s.pair.prefill->connector, s.pair.prefill->transfer_mode);
-  if (s.dialect != nullptr && !s.dialect->tokens_in_unsupported.empty() && s.req.path == proto::kGeneratePath) {
+  if (const std::string_view why = s.dialect != nullptr ? proto::unsupported_endpoint(*s.dialect, s.req.path) : "";
+      !why.empty()) {
     // Not a fault of the client's body nor of the nodes: this connector has no such endpoint.
     s.w.counters().refuse(Refusal::kNoPair);
     fail(501,
-         "/inference/v1/generate is not supported with the " + std::string(s.dialect->name) +
-             " connector dialect: " + std::string(s.dialect->tokens_in_unsupported),
+         s.req.path + " is not supported with the " + std::string(s.dialect->name) + " connector dialect: " +
+             std::string(why),
          "not_supported");
     return;
   }
@@ -591,10 +595,7 @@ void ProxySession::on_prefill_deadline() {
   State& s = *s_;
   if (!s.prefill_call) return;
   if (finished()) {  // an orphan (end()): its grace period or its deadline is over
-    s.prefill_call->cancel();
-    s.prefill_call.reset();
-    s.w.counters().bump(s.w.counters().orphan_prefills_closed);
-    orphan_done();
+    close_orphan();
     return;
   }
   s.w.counters().bump(s.w.counters().prefill_deadlines);
@@ -603,11 +604,23 @@ void ProxySession::on_prefill_deadline() {
                                            std::to_string(s.topo->timeouts.prefill.count()) + " ms");
 }
 
+void ProxySession::close_orphan() {
+  State& s = *s_;
+  s.prefill_timer.stop();
+  if (s.prefill_call) {
+    s.prefill_call->cancel();
+    s.prefill_call.reset();
+    s.w.counters().bump(s.w.counters().orphan_prefills_closed);
+  }
+  orphan_done();
+}
+
 void ProxySession::orphan_done() {
   State& s = *s_;
   if (!s.orphan) return;
   s.orphan = false;
   s.w.counters().orphan_prefills.fetch_sub(1, std::memory_order_relaxed);
+  s.w.orphans().remove(s.prefill_key, s.orphan_id);
 }
 
 void ProxySession::on_prefill_complete() {
@@ -843,6 +856,8 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     if (s.multi_turn) s.multi_turn->on_decode_bytes(chunk);
     std::string_view out = chunk;
     size_t from_tail = 0;  // bytes of sse_tail in `out`, dropped from it once written
+    const bool continues_event = s.partial_flushed;  // the last write ended inside an event
+    bool forced = false;
     if (!s.stream_started || !s.sse_tail.empty() || chunk.size() < 2 || chunk.substr(chunk.size() - 2) != "\n\n") {
       s.sse_tail.append(chunk);
       size_t cut = s.sse_scan.scan(s.sse_tail);
@@ -851,15 +866,35 @@ void ProxySession::on_decode_body(std::string_view chunk) {
         if (!first_event && s.sse_tail.size() < kMaxPartialEvent) return;  // head still held
         if (!start_client_stream()) return;
       }
-      const bool forced = cut == 0;
+      forced = cut == 0;
       if (forced && s.sse_tail.size() < kMaxPartialEvent) return;
-      if (forced) cut = s.sse_tail.size();
+      if (forced) {
+        // One event goes out in parts. Node-internal kv_transfer_params can only be removed
+        // from a whole event, so an event carrying them is refused; the last bytes are held
+        // back, so a key cut here is seen whole in the next part's check.
+        if (proto::carries_kv_params(s.sse_tail)) {
+          refuse_kv_params();
+          return;
+        }
+        cut = s.sse_tail.size() - (proto::kKvParamsKeyBytes - 1);
+      }
       s.partial_flushed = forced;
       from_tail = cut;
       out = std::string_view(s.sse_tail).substr(0, cut);  // the writer copies it (no scratch copy)
     } else {
       s.sse_scan.at_boundary();
       s.partial_flushed = false;
+    }
+    // The decode's kv_transfer_params never reach the client (multi_turn read them above).
+    std::string redacted;
+    if (!forced) {
+      const proto::KvParamsEdit edit = proto::redact_kv_params_events(out, continues_event, &redacted);
+      if (edit == proto::KvParamsEdit::kRefused) {
+        s.partial_flushed = continues_event;  // none of `out` went out
+        refuse_kv_params();
+        return;
+      }
+      if (edit == proto::KvParamsEdit::kRedacted) out = redacted;
     }
     const bool written = s.writer.write(out);
     if (s.responses) s.responses->observe(out);
@@ -965,10 +1000,17 @@ void ProxySession::on_decode_complete() {
   s.decode_call.reset();
   const int status = s.decode_status;
   if (status >= 200 && status < 300) {
-    if (s.multi_turn) {
-      if (!s.sse) s.multi_turn->on_decode_json(s.decode_body);
-      s.multi_turn->on_done(*s.pair.decode, *s.topo, s.w.shared().conversations, s.w.counters());
+    if (s.multi_turn && !s.sse) s.multi_turn->on_decode_json(s.decode_body);
+    // The decode's kv_transfer_params (read by multi_turn above) never reach the client.
+    std::string redacted;
+    const proto::KvParamsEdit edit = s.sse ? proto::redact_kv_params_events(s.sse_tail, s.partial_flushed, &redacted)
+                                           : proto::redact_kv_params_json(s.decode_body, &redacted);
+    if (edit == proto::KvParamsEdit::kRefused) {
+      refuse_kv_params();
+      return;
     }
+    if (edit == proto::KvParamsEdit::kRedacted) (s.sse ? s.sse_tail : s.decode_body) = std::move(redacted);
+    if (s.multi_turn) s.multi_turn->on_done(*s.pair.decode, *s.topo, s.w.shared().conversations, s.w.counters());
     if (s.sse) {
       if (!s.stream_started && !start_client_stream()) return;
       if (!s.sse_tail.empty()) s.writer.write(s.sse_tail);
@@ -996,6 +1038,16 @@ void ProxySession::on_decode_complete() {
   }
   decode_failed(cause, "decode " + s.pair.decode->key + " answered " + std::to_string(status) + ": " +
                            excerpt(s.decode_body));
+}
+
+void ProxySession::refuse_kv_params() {
+  State& s = *s_;
+  leg_ended(Leg::kDecode);
+  s.w.counters().leg_failed(Leg::kDecode, LegFailure::kBadResponse);
+  fail(502,
+       "decode " + s.pair.decode->key + " answered kv_transfer_params that could not be removed from the answer "
+       "(not valid JSON, or in an event of over " + std::to_string(kMaxPartialEvent) + " bytes)",
+       "decode_failed");
 }
 
 void ProxySession::decode_failed(LegFailure cause, std::string detail) {
@@ -1076,17 +1128,17 @@ void ProxySession::fail(int status, std::string_view message, std::string_view c
   State& s = *s_;
   if (finished()) return;
   if (s.stream_started) {
-    end_stream_with_error(message, code);
+    end_stream_with_error(status, message, code);
     return;
   }
   http::Response response =
-      http::error_response(status, message, status == 400 ? "invalid_request_error" : "server_error", code);
+      api_error_response(s.req.path, status, message, status == 400 ? "invalid_request_error" : "server_error", code);
   if (!s.legs.plan.request_id.empty()) response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
   s.writer.send(std::move(response));
   end(RequestState::kFailed);
 }
 
-void ProxySession::end_stream_with_error(std::string_view message, std::string_view code) {
+void ProxySession::end_stream_with_error(int status, std::string_view message, std::string_view code) {
   State& s = *s_;
   // Only whole events were relayed (a partial one held back is dropped), unless a partial event
   // was forced out at kMaxPartialEvent: then a blank line closes it first.
@@ -1097,6 +1149,9 @@ void ProxySession::end_stream_with_error(std::string_view message, std::string_v
     const std::string& id = s.responses->response_id();
     event += proto::responses_failure_events(id.empty() ? "resp_" + s.legs.plan.request_id : id,
                                              s.responses->next_sequence_number(), message, code);
+  } else if (s.anthropic) {
+    // Anthropic's streams end with an `event: error` of its error shape, no [DONE].
+    event += proto::anthropic_error_event(status, message);
   } else {
     // vLLM's own shape for an error inside a chat or completions stream: one data event with an
     // OpenAI error object, then [DONE].
@@ -1147,21 +1202,32 @@ void ProxySession::end(RequestState final_state) {
   s.stall_timer.stop();
   s.head_timer.stop();
   s.request_timer.stop();
-  if (final_state == RequestState::kDone && s.legs.plan.concurrent && s.prefill_call) {
+  const size_t orphan_limit =
+      OrphanLegs::per_worker_limit(s.topo->limits.max_orphan_legs_per_node, s.w.shared().workers);
+  if (final_state == RequestState::kDone && s.legs.plan.concurrent && s.prefill_call && orphan_limit > 0 &&
+      s.topo->timeouts.orphan_grace.count() > 0) {
     // Concurrent dialects: the decode answered, the prefill may still be finishing (and, on a
     // fast decode, its request may not even have been written yet). Closing it would abort a
     // prefill whose KV already went out; it is read to its end and dropped instead
-    // (PROTOCOLS.md Implications 8). Its answer is no longer buffered, it counts against
-    // limits.max_concurrent_requests as an orphan, and it is closed after kOrphanGrace or at its
-    // timeouts.prefill deadline, whichever comes first (attacks bug 5).
+    // (PROTOCOLS.md Implications 8). Its answer is no longer buffered and it is closed after
+    // timeouts.orphan_grace_ms or at its timeouts.prefill deadline, whichever comes first. It
+    // holds no admission slot (a prefill that never answers must not make pdrouter refuse
+    // clients): limits.max_orphan_legs_per_node bounds orphans per node, closing the oldest.
     if (s.decode_call) {
       s.decode_call->cancel();
       s.decode_call.reset();
     }
     give_answer_buffer(s.prefill_body);
+    // The node's oldest orphan goes first, so the gauge never shows one over the limit.
+    std::weak_ptr<ProxySession> evicted;
+    s.orphan_id = s.w.orphans().add(s.prefill_key, weak_from_this(), orphan_limit, &evicted);
+    if (auto oldest = evicted.lock()) {
+      s.w.counters().bump(s.w.counters().orphan_prefills_evicted);
+      oldest->close_orphan();
+    }
     s.orphan = true;
     s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
-    const auto grace = std::min(until(s.prefill_deadline), std::chrono::milliseconds(kOrphanGrace));
+    const auto grace = std::min(until(s.prefill_deadline), s.topo->timeouts.orphan_grace);
     s.prefill_timer.start(s.w.timers(), grace, [this] {  // see SessionTimers
       shared_from_this()->on_prefill_deadline();
     });
@@ -1171,7 +1237,7 @@ void ProxySession::end(RequestState final_state) {
   }
   release_pair();
   // Nothing can retry any more: the bodies go now, not when the last callback lets go of the
-  // session (an orphaned prefill keeps it for up to kOrphanGrace).
+  // session (an orphaned prefill keeps it for up to timeouts.orphan_grace_ms).
   s.req.body = std::string();
   give_answer_buffer(s.prefill_body);
   s.client = proto::JsonObjectBody();

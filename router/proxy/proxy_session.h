@@ -32,8 +32,10 @@
 // is parsed once (begin()); legs stay unrendered until the upstream client writes them out.
 //  - decode failure after the head reached the client: an SSE stream ends with an OpenAI-style
 //    error event and data: [DONE] (never a silent truncation), a /v1/responses stream with the
-//    Responses API's error and response.failed events and no [DONE] (proto/responses_stream.h);
-//    a buffered JSON answer becomes 502.
+//    Responses API's error and response.failed events and no [DONE] (proto/responses_stream.h),
+//    a /v1/messages stream with Anthropic's `event: error` (proto/anthropic_messages.h);
+//    a buffered JSON answer becomes 502. pdrouter's error answers on /v1/messages are Anthropic's
+//    shape (client_api.h).
 //  - timeouts (topology timeouts.*): connect, prefill (whole prefill leg, a deadline from its
 //    start), first_byte (decode leg sent -> first byte; in concurrent dialects this includes the
 //    prefill; an event stream's head is held back until its first data event, which is due
@@ -41,8 +43,9 @@
 //    client_write (a stream paused for a client that reads nothing is aborted: legs closed,
 //    client connection cut), request (whole request, optional: 504 request_deadline).
 //  - concurrent dialects: a prefill leg still open when the request ended is an orphan: its
-//    answer is dropped unread, it counts against limits.max_concurrent_requests, and it is closed
-//    after kOrphanGrace (or its prefill deadline).
+//    answer is dropped unread and it is closed after timeouts.orphan_grace_ms (or its prefill
+//    deadline). It holds no admission slot; limits.max_orphan_legs_per_node bounds orphans per
+//    prefill node, a new one over it closing the oldest (orphan_legs.h).
 //  - router shutdown: the server drains in-flight sessions; new ones are refused earlier (503).
 //
 // The decode's answer is relayed as it arrives: status, Content-Type and each chunk of an SSE
@@ -76,6 +79,7 @@ struct AdmittedRequest {
   std::string body;
   std::string authorization;  // client's Authorization header, "" if none
   std::string affinity_header_value;
+  std::string bind_header_value;  // multi_turn.bind_to header:<name>: that header's value
   // Bytes of limits.max_buffered_bytes reserved for `body` by ProxyService (ProxyCounters::
   // reserve_buffered); the session gives them back when it is destroyed.
   size_t budget_bytes = 0;
@@ -91,9 +95,6 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   static constexpr size_t kMaxBufferedAnswer = 64 << 20;    // non-stream decode answer
   static constexpr size_t kMaxErrorAnswer = 64 * 1024;      // an error body kept to relay
   static constexpr size_t kMaxPartialEvent = 1 << 20;       // SSE bytes held back for one event
-  // A concurrent dialect's prefill leg still open when its request ended (the decode answered)
-  // is closed this long after, or at its timeouts.prefill deadline if that comes first.
-  static constexpr std::chrono::milliseconds kOrphanGrace{5000};
 
   // Starts the state machine; the session lives until it reaches DONE/FAILED/CANCELLED.
   static void start(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer);
@@ -113,6 +114,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void prefill_failed(LegFailure cause, std::string detail);
   void decode_failed(LegFailure cause, std::string detail);
   void on_prefill_deadline();
+  // An orphan's end: its grace or deadline is over, or a newer orphan of its node evicted it
+  // (orphan_legs.h). Closes the prefill leg (counted) and takes it off the worker's list.
+  void close_orphan();
   void orphan_done();
   void on_request_deadline();
   void on_decode_head(int status, const std::vector<http::Header>& headers);
@@ -123,6 +127,9 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void on_write_stalled();
   void on_decode_body(std::string_view chunk);
   void on_decode_complete();
+  // The decode's answer carries kv_transfer_params that cannot be removed from it
+  // (proto/answer_kv_params.h): the answer fails (502, or an error event mid-stream).
+  void refuse_kv_params();
   void on_client_gone();
   void count_connection(const UpstreamPort::Call* call);
   // The leg attempt's latency (ProxyCounters::leg_duration), once per attempt: its answer is
@@ -134,7 +141,7 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void relay_upstream_error(int status, const std::string& content_type, const std::string& body);
   void build_and_send();
   void fail(int status, std::string_view message, std::string_view code);
-  void end_stream_with_error(std::string_view message, std::string_view code);
+  void end_stream_with_error(int status, std::string_view message, std::string_view code);
   void end(RequestState final_state);
   void move_to(RequestState next);
   void release_pair();

@@ -25,6 +25,7 @@
 #include "router/policies/policy.h"
 #include "router/proxy/conversation_cache.h"
 #include "router/proxy/mooncake_cache.h"
+#include "router/proxy/orphan_legs.h"
 #include "router/proxy/proxy_counters.h"
 #include "router/proxy/timer_queue.h"
 #include "router/proxy/upstream_port.h"
@@ -64,6 +65,8 @@ struct ProxyShared {
   cache::PrefixTree* prefix_tree = nullptr;
   // Multi-turn KV reuse entries (multi_turn.h), shared by every worker.
   ConversationCache conversations;
+  // HTTP workers serving this proxy (orphan_legs.h shares per-node limits out over them).
+  uint32_t workers = 1;
 
   // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
   // from the current set's.
@@ -99,6 +102,8 @@ class WorkerContext {
   uv_loop_s* loop() { return loop_; }
   // The deadlines of this worker's sessions and relays (SessionTimer::start).
   TimerQueue& timers() { return timers_; }
+  // This worker's orphaned prefill legs per node (orphan_legs.h).
+  OrphanLegs& orphans() { return orphans_; }
   http::UpstreamPool& pool() { return pool_; }
   UpstreamPort& upstream() { return *upstream_; }
   MooncakeEngineCache& mooncake() { return mooncake_; }
@@ -121,6 +126,8 @@ class WorkerContext {
   ProxyShared& shared_;
   const uint32_t index_;
   uv_loop_s* loop_;
+  // Before the pool: sessions ended while the pool closes still take their orphans off it.
+  OrphanLegs orphans_;
   TimerQueue timers_;
   http::UpstreamPool pool_;
   PoolUpstreamPort pool_port_{pool_};

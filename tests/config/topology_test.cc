@@ -305,6 +305,10 @@ TEST(TopologyParse, KvEventsSectionAndInstanceEndpoints) {
   EXPECT_FALSE(defaults.kv_events.default_port.has_value());
   EXPECT_EQ(defaults.kv_events.topic, "");
   EXPECT_EQ(defaults.kv_events.max_index_entries, 4'000'000u);
+  EXPECT_EQ(defaults.kv_events.max_node_batches_per_sec, 10'000u);
+  EXPECT_EQ(defaults.kv_events.max_node_bytes_per_sec, 8u << 20);
+  EXPECT_EQ(defaults.kv_events.max_ranks_per_node, 64u);
+  EXPECT_EQ(defaults.kv_events.max_subscriptions, 1024u);
 
   Topology t;
   Status s = parse(R"(
@@ -313,6 +317,10 @@ kv_events:
   default_port: 5557
   topic: "kv@"
   max_index_entries: 1000
+  max_node_batches_per_sec: 500
+  max_node_bytes_per_sec: 1048576
+  max_ranks_per_node: 8
+  max_subscriptions: 256
 instances:
   - role: decode
     http_address: "127.0.10.4:8400"
@@ -325,6 +333,10 @@ instances:
   EXPECT_EQ(t.kv_events.default_port, std::optional<uint16_t>(5557));
   EXPECT_EQ(t.kv_events.topic, "kv@");
   EXPECT_EQ(t.kv_events.max_index_entries, 1000u);
+  EXPECT_EQ(t.kv_events.max_node_batches_per_sec, 500u);
+  EXPECT_EQ(t.kv_events.max_node_bytes_per_sec, 1048576u);
+  EXPECT_EQ(t.kv_events.max_ranks_per_node, 8u);
+  EXPECT_EQ(t.kv_events.max_subscriptions, 256u);
   ASSERT_EQ(t.static_instances.size(), 1u);
   EXPECT_EQ(t.static_instances[0].kv_events_endpoint, (proto::HostPort{"127.0.10.4", 5557}));
   EXPECT_EQ(t.static_instances[0].kv_events_replay_endpoint, (proto::HostPort{"::1", 5600}));
@@ -341,6 +353,14 @@ instances:
               HasSubstr("kv_events.default_port: 0 is out of range (1..65535)"));
   EXPECT_THAT(error_of("kv_events:\n  max_index_entries: 0\n", StatusCode::kOutOfRange),
               HasSubstr("kv_events.max_index_entries: 0 is out of range"));
+  for (const char* bad : {"max_node_batches_per_sec: 0", "max_node_batches_per_sec: 10000001",
+                          "max_node_bytes_per_sec: 65535", "max_node_bytes_per_sec: 1073741825",
+                          "max_ranks_per_node: 0", "max_ranks_per_node: 1025", "max_subscriptions: 0",
+                          "max_subscriptions: 1000001"}) {
+    const std::string key(bad, std::string_view(bad).find(':'));
+    EXPECT_THAT(error_of(std::string("kv_events:\n  ") + bad + "\n", StatusCode::kOutOfRange),
+                HasSubstr("kv_events." + key + ": ")) << bad;
+  }
   EXPECT_THAT(error_of("kv_events:\n  enable: true\n", StatusCode::kInvalidValue),
               HasSubstr("unknown key 'enable' in kv_events (did you mean 'enabled'?)"));
 }
@@ -356,6 +376,23 @@ TEST(TopologyParse, RoutingSection) {
   EXPECT_TRUE(t.routing.pass_through_unknown);
   EXPECT_THAT(error_of("routing:\n  pass_through: true\n", StatusCode::kInvalidValue),
               HasSubstr("unknown key 'pass_through' in routing"));
+  EXPECT_TRUE(defaults.routing.pass_through_paths.empty());
+}
+
+TEST(TopologyParse, PassThroughPathsAreNormalisedPaths) {
+  Topology t;
+  Status s = parse("routing:\n  pass_through_paths: [\"/v1/extra\", \"/v2/**\", \"/\"]\n", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.routing.pass_through_paths, (std::vector<std::string>{"/v1/extra", "/v2/**", "/"}));
+  // Entries are compared with decoded, normalised request paths: other spellings never match.
+  for (const char* bad : {"v1/x", "/v1/x/", "/v1//x", "/v1/./x", "/v1/../x", "/v1%2Fx", "/v1/x?y", "/v1/*", "/a b"}) {
+    EXPECT_THAT(error_of(std::string("routing:\n  pass_through_paths: [\"") + bad + "\"]\n",
+                         StatusCode::kInvalidValue),
+                HasSubstr("routing.pass_through_paths[0]: expected a decoded path"))
+        << bad;
+  }
+  EXPECT_THAT(error_of("routing:\n  pass_through_paths: /v1/x\n", StatusCode::kWrongType),
+              HasSubstr("expected a list of paths"));
 }
 
 TEST(TopologyParse, UnknownPolicyListsChoices) {
@@ -429,6 +466,24 @@ TEST(TopologyParse, RequestBoundsAreRangeChecked) {
   ASSERT_TRUE(parse("timeouts: {request_ms: 0}\nlimits: {max_buffered_bytes: 0}\n", &t).is_ok());
   EXPECT_EQ(t.timeouts.request, 0ms);
   EXPECT_EQ(t.limits.max_buffered_bytes, 0u);
+}
+
+TEST(TopologyParse, OrphanBounds) {
+  Topology defaults;
+  ASSERT_TRUE(parse("", &defaults).is_ok());
+  EXPECT_EQ(defaults.timeouts.orphan_grace, 5000ms);
+  EXPECT_EQ(defaults.limits.max_orphan_legs_per_node, 64u);
+  Topology t;
+  ASSERT_TRUE(parse("timeouts: {orphan_grace_ms: 0}\nlimits: {max_orphan_legs_per_node: 0}\n", &t).is_ok());
+  EXPECT_EQ(t.timeouts.orphan_grace, 0ms);
+  EXPECT_EQ(t.limits.max_orphan_legs_per_node, 0u);
+  ASSERT_TRUE(parse("timeouts: {orphan_grace_ms: 250}\nlimits: {max_orphan_legs_per_node: 8}\n", &t).is_ok());
+  EXPECT_EQ(t.timeouts.orphan_grace, 250ms);
+  EXPECT_EQ(t.limits.max_orphan_legs_per_node, 8u);
+  EXPECT_THAT(error_of("timeouts: {orphan_grace_ms: 86400001}\n", StatusCode::kOutOfRange),
+              HasSubstr("timeouts.orphan_grace_ms: 86400001 is out of range"));
+  EXPECT_THAT(error_of("limits: {max_orphan_legs_per_node: 1000001}\n", StatusCode::kOutOfRange),
+              HasSubstr("limits.max_orphan_legs_per_node: 1000001 is out of range"));
 }
 
 TEST(TopologyParse, CrossFieldChecks) {
@@ -733,11 +788,19 @@ TEST(RestartRequiredChanges, ListsListenersAndWorkersOnly) {
   b.kv_events.default_port = 5557;
   b.kv_events.topic = "kv@";
   b.kv_events.max_index_entries = 10;
+  b.kv_events.max_node_batches_per_sec = 5;
+  b.kv_events.max_node_bytes_per_sec = 65536;
+  b.kv_events.max_ranks_per_node = 2;
+  b.kv_events.max_subscriptions = 3;
   EXPECT_THAT(restart_required_changes(a, b),
               ::testing::ElementsAre("kv_events.enabled: false -> true",
                                      "kv_events.default_port: (unset) -> 5557",
                                      "kv_events.topic: '' -> 'kv@'",
-                                     "kv_events.max_index_entries: 4000000 -> 10"));
+                                     "kv_events.max_index_entries: 4000000 -> 10",
+                                     "kv_events.max_node_batches_per_sec: 10000 -> 5",
+                                     "kv_events.max_node_bytes_per_sec: 8388608 -> 65536",
+                                     "kv_events.max_ranks_per_node: 64 -> 2",
+                                     "kv_events.max_subscriptions: 1024 -> 3"));
   b = a;
   b.policies.cache_aware.prefix_tree_max_bytes = 1 << 20;
   b.policies.cache_aware.min_match_percent = 80;  // applies live
@@ -776,6 +839,39 @@ TEST(TopologyParse, MultiTurn) {
   s = parse("multi_turn: {enable: true}\n", &untouched);
   EXPECT_FALSE(s.is_ok());
   EXPECT_THAT(s.message(), HasSubstr("did you mean 'enabled'"));
+}
+
+TEST(TopologyParse, MultiTurnBindsEntriesToTheClientsCredential) {
+  using BindTo = Topology::MultiTurn::BindTo;
+  Topology t;
+  EXPECT_EQ(t.multi_turn.bind_to, BindTo::kAuthorization);
+  EXPECT_TRUE(t.multi_turn.allow_anonymous);
+  EXPECT_EQ(t.multi_turn.binding_secret, "");
+  ScopedEnv secret("PDR_TEST_BINDING_SECRET", "s3cret");
+  Status s = parse("multi_turn: {bind_to: 'header:X-Tenant-Id', allow_anonymous: false, "
+                   "binding_secret_env: PDR_TEST_BINDING_SECRET}\n",
+                   &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.multi_turn.bind_to, BindTo::kHeader);
+  EXPECT_EQ(t.multi_turn.bind_header, "x-tenant-id");
+  EXPECT_FALSE(t.multi_turn.allow_anonymous);
+  EXPECT_EQ(t.multi_turn.binding_secret, "s3cret");
+  EXPECT_EQ(t.multi_turn.binding_secret_env, "PDR_TEST_BINDING_SECRET");
+  ASSERT_TRUE(parse("multi_turn: {bind_to: none}\n", &t).is_ok());
+  EXPECT_EQ(t.multi_turn.bind_to, BindTo::kNone);
+  ASSERT_TRUE(parse("multi_turn: {bind_to: authorization}\n", &t).is_ok());
+  EXPECT_EQ(t.multi_turn.bind_to, BindTo::kAuthorization);
+  for (const char* bad : {"multi_turn: {bind_to: header}\n", "multi_turn: {bind_to: 'header:'}\n",
+                          "multi_turn: {bind_to: 'header:x tenant'}\n", "multi_turn: {bind_to: address}\n",
+                          "multi_turn: {bind_to: none, allow_anonymous: false}\n",
+                          "multi_turn: {binding_secret_env: PDR_TEST_NOT_SET_ANYWHERE}\n"}) {
+    Topology untouched;
+    s = parse(bad, &untouched);
+    EXPECT_FALSE(s.is_ok()) << bad;
+    EXPECT_EQ(untouched.multi_turn.bind_to, BindTo::kAuthorization) << bad;
+  }
+  s = parse("multi_turn: {bind_to: 'header:x tenant'}\n", &t);
+  EXPECT_THAT(s.message(), HasSubstr("header:<header name>"));
 }
 
 TEST(TopologyParse, CacheAwarePolicyAndItsThresholds) {
@@ -849,6 +945,40 @@ TEST(TopologyWarnings, TokenizeByNodeWithoutKvEvents) {
   ASSERT_TRUE(parse("policies: {cache_aware: {tokenize: node}}\nkv_events: {enabled: true}\n", &t).is_ok());
   EXPECT_TRUE(topology_warnings(t).empty());
   ASSERT_TRUE(parse("policies: {cache_aware: {tokenize: off}}\n", &t).is_ok());
+  EXPECT_TRUE(topology_warnings(t).empty());
+}
+
+// The Kubernetes API server's bearer token must not travel in clear: warned about, not refused
+// (a kubectl proxy on loopback is http:// and needs no token).
+TEST(TopologyWarnings, KubernetesTokenOverPlainHttp) {
+  Topology t;
+  ASSERT_TRUE(parse("kubernetes: {enabled: true, api_server: \"http://127.0.0.1:8001\", namespace: ns}\n", &t).is_ok());
+  auto warnings = topology_warnings(t);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("kubernetes.api_server is http://127.0.0.1:8001 (http://)"));
+  EXPECT_THAT(warnings[0], HasSubstr("/var/run/secrets/kubernetes.io/serviceaccount/token"));
+  EXPECT_THAT(warnings[0], HasSubstr("sent in clear"));
+  // No token sent, https, or discovery off: nothing to warn about.
+  ASSERT_TRUE(parse("kubernetes: {enabled: true, api_server: \"http://127.0.0.1:8001\", namespace: ns, "
+                    "token_file: \"\"}\n",
+                    &t)
+                  .is_ok());
+  EXPECT_TRUE(topology_warnings(t).empty());
+  ASSERT_TRUE(parse("kubernetes: {enabled: true, api_server: \"https://127.0.0.1:6443\", namespace: ns}\n", &t).is_ok());
+  EXPECT_TRUE(topology_warnings(t).empty());
+  ASSERT_TRUE(parse("kubernetes: {enabled: false, api_server: \"http://127.0.0.1:8001\", namespace: ns}\n", &t).is_ok());
+  EXPECT_TRUE(topology_warnings(t).empty());
+}
+
+// A right admin key passes the throttle even while its source is throttled, so a short key is
+// warned about.
+TEST(TopologyWarnings, ShortAdminKey) {
+  Topology t;
+  t.admin.api_key = "adm1n";
+  auto warnings = topology_warnings(t);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("admin.api_key is 5 characters long"));
+  t.admin.api_key = "0123456789abcdef";
   EXPECT_TRUE(topology_warnings(t).empty());
 }
 

@@ -64,20 +64,85 @@ TEST(AllowList, DefaultIsThisMachineOnly) {
   EXPECT_TRUE(loopback.matches_everything());
 }
 
-TEST(MayRegisterAddress, UnauthenticatedSendersSpeakOnlyForThemselves) {
+TEST(CheckRegisteredAddress, UnauthenticatedSendersSpeakOnlyForThemselves) {
+  using config::AddressCheck;
+  using config::AdmissionClass;
   const auto peer = config::parse_ip_address("192.0.2.10");
-  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kAddress, peer, "192.0.2.10"));
-  EXPECT_FALSE(config::may_register_address(config::AdmissionClass::kAddress, peer, "192.0.2.11"));
-  EXPECT_FALSE(config::may_register_address(config::AdmissionClass::kOpen, peer, "127.0.0.1"));
-  // Authenticated senders (a sidecar may register the vLLM server beside it) may name any.
-  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kToken, peer, "192.0.2.11"));
-  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kCurve, peer, "192.0.2.11"));
-  // Host names cannot be checked without resolving them; ipc:// peers have no address.
-  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kAddress, peer, "node-7.example"));
-  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kAddress, std::nullopt, "192.0.2.11"));
-  // One machine: every loopback address is the same host.
-  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kAddress, config::parse_ip_address("127.0.0.1"), "127.0.0.5"));
-  EXPECT_TRUE(config::may_register_address(config::AdmissionClass::kAddress, config::parse_ip_address("::ffff:127.0.0.1"), "127.0.0.1"));
+  auto check = [](AdmissionClass c, const std::optional<config::IpAddress>& p, std::string_view host) {
+    return config::check_registered_address(c, p, host);
+  };
+  EXPECT_EQ(check(AdmissionClass::kAddress, peer, "192.0.2.10"), AddressCheck::kOwn);
+  EXPECT_EQ(check(AdmissionClass::kAddress, peer, "192.0.2.11"), AddressCheck::kNotOwn);
+  EXPECT_EQ(check(AdmissionClass::kOpen, peer, "127.0.0.1"), AddressCheck::kNotOwn);
+  // Authenticated senders (a sidecar may register the vLLM server beside it) may name any host.
+  EXPECT_EQ(check(AdmissionClass::kToken, peer, "192.0.2.11"), AddressCheck::kOwn);
+  EXPECT_EQ(check(AdmissionClass::kCurve, peer, "192.0.2.11"), AddressCheck::kOwn);
+  EXPECT_EQ(check(AdmissionClass::kToken, peer, "node-7.example"), AddressCheck::kOwn);
+  // A name is the DNS server's word, not the sender's proof: refused from unauthenticated
+  // senders, whatever it would resolve to (nothing is resolved), from any peer.
+  EXPECT_EQ(check(AdmissionClass::kAddress, peer, "node-7.example"), AddressCheck::kHostName);
+  EXPECT_EQ(check(AdmissionClass::kOpen, peer, "victim.invalid"), AddressCheck::kHostName);
+  EXPECT_EQ(check(AdmissionClass::kAddress, config::parse_ip_address("127.0.0.1"), "victim.invalid"),
+            AddressCheck::kHostName);
+  // ipc:// peers have no address: the same machine.
+  EXPECT_EQ(check(AdmissionClass::kAddress, std::nullopt, "192.0.2.11"), AddressCheck::kOwn);
+  // One machine: every loopback address is the same host, and "localhost" names loopback
+  // without a lookup (RFC 6761), so it is a loopback peer's own host and nobody else's.
+  const auto lo = config::parse_ip_address("127.0.0.1");
+  EXPECT_EQ(check(AdmissionClass::kAddress, lo, "127.0.0.5"), AddressCheck::kOwn);
+  EXPECT_EQ(check(AdmissionClass::kAddress, config::parse_ip_address("::ffff:127.0.0.1"), "127.0.0.1"),
+            AddressCheck::kOwn);
+  EXPECT_EQ(check(AdmissionClass::kAddress, lo, "localhost"), AddressCheck::kOwn);
+  EXPECT_EQ(check(AdmissionClass::kAddress, lo, "LocalHost."), AddressCheck::kOwn);
+  EXPECT_EQ(check(AdmissionClass::kAddress, lo, "node.localhost"), AddressCheck::kOwn);
+  EXPECT_EQ(check(AdmissionClass::kAddress, peer, "localhost"), AddressCheck::kNotOwn);
+  EXPECT_EQ(check(AdmissionClass::kAddress, lo, "localhost.invalid"), AddressCheck::kHostName);
+  EXPECT_EQ(check(AdmissionClass::kAddress, lo, "notlocalhost"), AddressCheck::kHostName);
+}
+
+proto::Registration moriio_registration(std::string http_host, std::string zmq_host) {
+  proto::Registration reg;
+  reg.http_address = {std::move(http_host), 8000};
+  reg.moriio_zmq = proto::MoriioZmqAddress{std::move(zmq_host), 6301, 61005};
+  return reg;
+}
+
+TEST(FindForeignAddress, ChecksEveryAddressARegistrationNames) {
+  using config::AddressCheck;
+  const auto lo = config::parse_ip_address("127.0.0.1");
+  const auto cls = config::AdmissionClass::kAddress;
+  EXPECT_FALSE(config::find_foreign_address(cls, lo, moriio_registration("127.0.0.1", "127.0.0.2")));
+  // The MoRIIO side channel host: the paired node connects there.
+  auto found = config::find_foreign_address(cls, lo, moriio_registration("127.0.0.1", "victim.invalid"));
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->field, "zmq_address");
+  EXPECT_EQ(found->host, "victim.invalid");
+  EXPECT_EQ(found->check, AddressCheck::kHostName);
+  // The http_address comes first.
+  found = config::find_foreign_address(cls, lo, moriio_registration("db.invalid", "victim.invalid"));
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->field, "http_address");
+  // P2P-NCCL's host:port zmq_address.
+  proto::Registration p2p;
+  p2p.http_address = {"127.0.0.1", 8000};
+  p2p.kv_address = proto::HostPort{"192.0.2.7", 14579};
+  found = config::find_foreign_address(cls, lo, p2p);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->field, "zmq_address");
+  EXPECT_EQ(found->check, AddressCheck::kNotOwn);
+  // Both KV events endpoints (the router's SUB sockets connect there).
+  proto::Registration kv;
+  kv.http_address = {"127.0.0.1", 8000};
+  kv.kv_events_endpoint = proto::HostPort{"localhost", 5557};
+  kv.kv_events_replay_endpoint = proto::HostPort{"kv-victim.invalid", 5558};
+  found = config::find_foreign_address(cls, lo, kv);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->field, "kv_events_replay_endpoint");
+  EXPECT_EQ(found->check, AddressCheck::kHostName);
+  // Authenticated senders may name any of them.
+  EXPECT_FALSE(config::find_foreign_address(config::AdmissionClass::kCurve, lo, kv));
+  EXPECT_FALSE(config::find_foreign_address(config::AdmissionClass::kToken, lo,
+                                            moriio_registration("db.invalid", "victim.invalid")));
 }
 
 std::vector<std::string> zap_request(std::string domain, std::string address, std::string mechanism,
@@ -85,6 +150,16 @@ std::vector<std::string> zap_request(std::string domain, std::string address, st
   std::vector<std::string> frames = {"1.0", "7", std::move(domain), std::move(address), "", std::move(mechanism)};
   if (!credential.empty()) frames.push_back(std::move(credential));
   return frames;
+}
+
+// Handshakes libzmq fails before it asks the ZAP handler, read from the sockets' monitors.
+TEST(ZapPolicy, HandshakeFailuresBeforeZapCountAsRefusals) {
+  EXPECT_EQ(handshake_failure_refusal(ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH), HandshakeRefusal::kWrongMechanism);
+  EXPECT_EQ(handshake_failure_refusal(ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC), HandshakeRefusal::kWrongServerKey);
+  EXPECT_EQ(handshake_failure_refusal(ZMQ_PROTOCOL_ERROR_ZMTP_MALFORMED_COMMAND_HELLO), HandshakeRefusal::kProtocolError);
+  EXPECT_EQ(handshake_failure_refusal(0), HandshakeRefusal::kProtocolError);
+  EXPECT_EQ(to_string(HandshakeRefusal::kWrongServerKey), "wrong_server_key");
+  EXPECT_EQ(to_string(HandshakeRefusal::kProtocolError), "protocol_error");
 }
 
 TEST(ZapPolicy, PlainEndpointAdmitsByAddress) {

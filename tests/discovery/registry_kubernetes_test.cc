@@ -50,13 +50,13 @@ TEST(RegistryKubernetes, LocalEntriesWinAndReplicaEntriesGiveWay) {
   EXPECT_EQ(r.upsert_kubernetes(reg("127.0.30.2", 8000), t0).result, AdminResult::kConflict);
   EXPECT_EQ(r.snapshot(t0)->instances[0]->source, InstanceSource::kRegistered);
 
-  ASSERT_EQ(r.upsert_replica(reg("127.0.30.3", 8000), t0).result, AdminResult::kCreated);
+  ASSERT_EQ(r.upsert_replica(reg("127.0.30.3", 8000), {}, t0).result, AdminResult::kCreated);
   EXPECT_EQ(r.upsert_kubernetes(reg("127.0.30.3", 8000), t0).result, AdminResult::kCreated);
   auto snap = r.snapshot(t0);
   ASSERT_EQ(snap->instances.size(), 2u);
   EXPECT_EQ(snap->instances[1]->source, InstanceSource::kKubernetes);
   // ... and a replica's later word does not replace what this replica sees itself.
-  EXPECT_EQ(r.upsert_replica(reg("127.0.30.3", 8000), t0).result, AdminResult::kConflict);
+  EXPECT_EQ(r.upsert_replica(reg("127.0.30.3", 8000), {}, t0).result, AdminResult::kConflict);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Fuzzes what discovery admission reads from outside: ZAP requests (frames a peer's handshake
 // fills: address, mechanism, credential), CURVE key files and CIDRs from a topology.
 // Properties: no crash; a ZAP request is admitted only by a listed address or a listed key; a
-// parsed key list holds only valid 40-character keys; a parsed CIDR contains its own network.
+// parsed key list holds only valid 40-character keys; a parsed CIDR contains its own network; an
+// unauthenticated sender may name only an IP literal or loopback (never a host name).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "config/admission.h"
+#include "proto/address.h"
 #include "proto/curve_keys.h"
 #include "discovery/zap_policy.h"
 
@@ -52,7 +54,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   config::Cidr c;
   if (size < 128 && config::parse_cidr(text, &c) && !c.contains(c.network)) std::abort();
-  (void)config::may_register_address(config::AdmissionClass::kAddress, config::parse_ip_address(text.substr(0, size / 2)),
-                             text.substr(size / 2));
+  // "A node may register only itself": an unauthenticated sender never gets kOwn for a host that
+  // is neither loopback nor an IP literal (a name is never resolved), and same_host is symmetric.
+  const std::string_view host = text.substr(size / 2);
+  const auto peer = config::parse_ip_address(text.substr(0, size / 2));
+  const config::AddressCheck check = config::check_registered_address(config::AdmissionClass::kAddress, peer, host);
+  if (peer && check == config::AddressCheck::kOwn && !proto::names_loopback(host) && !config::parse_ip_address(host)) {
+    std::abort();
+  }
+  if (proto::same_host(host, text.substr(0, size / 2)) != proto::same_host(text.substr(0, size / 2), host)) {
+    std::abort();
+  }
+  if (!host.empty() && host.size() < 300 && !proto::same_host(host, host) && proto::names_loopback(host)) std::abort();
   return 0;
 }

@@ -2,13 +2,16 @@
 //
 // Besides "no crash, no sanitizer report, no exception", it checks a round-trip property: every
 // message that decodes is re-encoded in its own wire shape and decoded again, and the second
-// decode must reproduce exactly the same fields (and the same bytes when encoded once more).
+// decode must reproduce exactly the same fields (and the same bytes when encoded once more); the
+// same bytes read as an etcd registry entry (proto/etcd_registry_entry.h) keep their registration
+// and admission class through a round trip.
 // Seed corpus: tests/fuzz/corpus/discovery_message/ (tests/fuzz/make_corpus.py).
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "proto/discovery_message.h"
+#include "proto/etcd_registry_entry.h"
 
 namespace {
 
@@ -62,5 +65,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   Ack ack;
   if (pdr::proto::decode_ack(bytes, &ack)) check_ack_round_trip(ack);
+  // The etcd registry entry (the same registration plus pdr_admission): it decodes exactly when
+  // the registration does and the admission field is a short string; re-encoded, it keeps both.
+  pdr::proto::EtcdRegistryEntry entry;
+  if (pdr::proto::decode_etcd_registry_entry(bytes, DecodeLimits{}, &entry)) {
+    if (message.kind != DiscoveryMessage::Kind::kRegistration || !(entry.registration == message.registration)) {
+      __builtin_trap();
+    }
+    const std::string encoded = pdr::proto::encode_etcd_registry_entry(entry.registration, entry.admission);
+    pdr::proto::EtcdRegistryEntry again;
+    if (!pdr::proto::decode_etcd_registry_entry(pdr::proto::as_bytes(encoded), DecodeLimits{}, &again)) {
+      __builtin_trap();
+    }
+    if (again.admission != entry.admission) __builtin_trap();
+    if (pdr::proto::encode_etcd_registry_entry(again.registration, again.admission) != encoded) __builtin_trap();
+  }
   return 0;
 }

@@ -1,6 +1,7 @@
 // Fuzzes proto/etcd_json: every etcd answer is untrusted bytes from the network. Properties: no
-// crash; decoded keys and values stay within their limits; a decoded key is never empty; the line
-// splitter never yields a line over its limit or containing a newline.
+// crash; decoded keys and values stay within their limits (one over it is refused alone, never
+// half read); a decoded key is never empty; a range's last_key (where the next page starts) is
+// its last key; the line splitter never yields a line over its limit or containing a newline.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +15,8 @@ namespace {
 void check_kv(const pdr::proto::EtcdKeyValue& kv) {
   if (kv.key.empty() || kv.key.size() > pdr::proto::kMaxEtcdKeyBytes) std::abort();
   if (kv.value.size() > pdr::proto::kMaxEtcdValueBytes) std::abort();
+  // A refused value is never half read.
+  if (!kv.refused.empty() && !kv.value.empty()) std::abort();
 }
 
 }  // namespace
@@ -24,6 +27,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   EtcdRangeAnswer range;
   if (parse_etcd_range(text, &range).is_ok()) {
     for (const auto& kv : range.kvs) check_kv(kv);
+    // The next page starts after the last key, skipped or not.
+    if (range.skipped == 0 && !range.kvs.empty() && range.last_key != range.kvs.back().key) std::abort();
+    if (range.kvs.empty() && range.skipped == 0 && !range.last_key.empty()) std::abort();
   }
   EtcdWatchAnswer watch;
   if (parse_etcd_watch(text, &watch).is_ok()) {

@@ -82,6 +82,18 @@ VECTORS = {
         "epoch": 42,
         "auth": "s3cret",
     },
+    # What a replica publishes per registry entry in etcd (proto/etcd_registry_entry.h): a
+    # pdrouter registration plus the class the node was admitted with on that replica.
+    "etcd_registry_entry": {
+        "type": "D",
+        "http_address": "127.0.10.9:8000",
+        "dp_size": 1,
+        "tp_size": 1,
+        "pdr_v": 1,
+        "connector": "nixl",
+        "epoch": 7,
+        "pdr_admission": "curve",
+    },
     "ack": {
         "type": "ack",
         "pdr_v": 1,

@@ -31,6 +31,14 @@ VECTORS = {
     "unknown_event": [1764115200.5, [["SomethingNew", 1, 2], {"type": "Other", "x": 1}], None],
 }
 
+# Raw bytes msgpack.packb cannot produce: container headers declaring more elements than the
+# payload holds (msgpack-cxx allocates their slots at the header; proto/msgpack_prescan.h refuses
+# them first). Eight nested array32 headers of 1,048,576 items, then five bytes: 45 bytes.
+RAW_VECTORS = {
+    "nested_array32_headers": bytes.fromhex("dd00100000") * 8 + bytes.fromhex("0101010101"),
+    "map32_header_short": bytes.fromhex("92cb41da4b0f0e000000df00000040") + b"\xa4type",
+}
+
 
 def main():
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "kv_events")
@@ -38,6 +46,9 @@ def main():
     for name, batch in VECTORS.items():
         with open(os.path.join(out, name + ".msgpack"), "wb") as f:
             f.write(msgpack.packb(batch, use_bin_type=True))
+    for name, raw in RAW_VECTORS.items():
+        with open(os.path.join(out, name + ".msgpack"), "wb") as f:
+            f.write(raw)
 
 
 if __name__ == "__main__":

@@ -595,17 +595,88 @@ TEST_F(HttpServerTest, MaxConnectionsRejectsExcess) {
   HttpClient b = connect();
   ASSERT_EQ(a.request("GET", "/hello").status, 200);
   ASSERT_EQ(b.request("GET", "/hello").status, 200);
+  // The excess connection is answered 503 with Retry-After, then closed.
   HttpClient extra = connect();
   pdr::test::ReadResult rr = extra.read_until_closed(3s);
   EXPECT_TRUE(rr.closed) << rr.error;
-  EXPECT_EQ(rr.data, "");
+  EXPECT_TRUE(rr.data.starts_with("HTTP/1.1 503 Service Unavailable\r\n")) << rr.data;
+  EXPECT_NE(rr.data.find("\r\nRetry-After: 1\r\n"), std::string::npos) << rr.data;
+  EXPECT_NE(rr.data.find("\r\nConnection: close\r\n"), std::string::npos) << rr.data;
+  EXPECT_NE(rr.data.find("\"code\":\"too_many_connections\""), std::string::npos) << rr.data;
   EXPECT_EQ(server_.stats().connections_rejected.load(), 1u);
+  EXPECT_EQ(server_.stats().busy_refusals.load(), 1u);
   // Capacity returns once a connection closes.
   a.close();
   const auto t0 = Clock::now();
   while (server_.stats().connections_active.load() > 1 && Clock::now() - t0 < 5s) std::this_thread::yield();
   HttpClient d = connect();
   EXPECT_EQ(d.request("GET", "/hello").status, 200);
+}
+
+// A budget of request-body bytes: what the server charged, at most `limit` at once.
+class TestBudget : public BodyBudget {
+ public:
+  explicit TestBudget(size_t limit) : limit_(limit) {}
+  bool reserve(uint32_t, size_t bytes) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (held_ + bytes > limit_) {
+      ++refused_;
+      return false;
+    }
+    held_ += bytes;
+    peak_ = std::max(peak_, held_);
+    return true;
+  }
+  void release(size_t bytes) override {
+    std::lock_guard<std::mutex> l(mu_);
+    held_ -= bytes;
+  }
+  size_t held() { std::lock_guard<std::mutex> l(mu_); return held_; }
+  size_t peak() { std::lock_guard<std::mutex> l(mu_); return peak_; }
+  int refused() { std::lock_guard<std::mutex> l(mu_); return refused_; }
+
+ private:
+  std::mutex mu_;
+  size_t limit_, held_ = 0, peak_ = 0;
+  int refused_ = 0;
+};
+
+// Bodies are charged as they are buffered: a Content-Length body whole before it is read (one
+// over the budget is refused unread), a chunked one by its buffer's capacity; the charge is given
+// back when the request is done with.
+TEST_F(HttpServerTest, BodyBudgetChargesBuffersAndRefusesUnread) {
+  TestBudget budget(100000);
+  ServerOptions o;
+  o.body_budget = &budget;
+  start(o);
+  HttpClient a = connect();
+  HttpResponse r = a.request("POST", "/echo", {}, std::string(60000, 'a'));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body.size(), 60000u);
+  EXPECT_EQ(budget.peak(), 60000u);
+  const auto t0 = Clock::now();
+  while (budget.held() != 0 && Clock::now() - t0 < 5s) std::this_thread::yield();
+  EXPECT_EQ(budget.held(), 0u);
+  // Over the budget: 503 with Retry-After at once, before the body is sent.
+  HttpClient b = connect();
+  ASSERT_EQ(b.send_raw("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n"), "");
+  HttpResponse refused = b.read_response(5s);
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_EQ(refused.header("retry-after").value_or(""), "1");
+  EXPECT_NE(refused.body.find("memory_budget"), std::string::npos) << refused.body;
+  EXPECT_EQ(budget.refused(), 1);
+  // Chunked: charged by capacity as the buffer grows, released after.
+  HttpClient c = connect();
+  std::string chunked = "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 10; ++i) chunked += "1000\r\n" + std::string(4096, 'c') + "\r\n";
+  chunked += "0\r\n\r\n";
+  ASSERT_EQ(c.send_raw(chunked), "");
+  r = c.read_response(5s);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body.size(), 40960u);
+  EXPECT_GE(budget.peak(), 60000u);
+  while (budget.held() != 0 && Clock::now() - t0 < 5s) std::this_thread::yield();
+  EXPECT_EQ(budget.held(), 0u);
 }
 
 TEST_F(HttpServerTest, StartFailsCleanlyOnBadHost) {

@@ -11,6 +11,8 @@ Modes:
                            `interval` seconds, forever (a prefill that never completes).
   "sse_flood":             200 text/event-stream of 16 KiB completion chunks, sent as fast as the
                            peer reads (blocking sends: TCP back-pressure), until it closes.
+  "slow_json":             reads the whole request, waits `interval` seconds, then answers a
+                           small 200 JSON completion and closes (a node busy with a long prompt).
   "sse_crlf":              200 text/event-stream whose events end in "\r\n\r\n" (valid SSE):
                            one completion chunk, then waits for `release` (a threading.Event
                            the test sets), then a second one and "data: [DONE]".
@@ -29,6 +31,9 @@ import time
 
 
 class FakeNode:
+    # Request bodies are kept (in `received`) up to this many bytes each.
+    KEEP_BODY_BYTES = 1 << 20
+
     def __init__(self, mode, interval=0.2, trickle_bytes=80):
         self.mode = mode
         self.interval = interval
@@ -73,14 +78,18 @@ class FakeNode:
             name, _, value = line.partition(b":")
             if name.strip().lower() == b"content-length":
                 length = int(value.strip())
-        while len(body) < length:
-            chunk = conn.recv(65536)
+        # Counted in full, kept up to KEEP_BODY_BYTES: bodies may be megabytes.
+        received = len(body)
+        while received < length:
+            chunk = conn.recv(1 << 20)
             if not chunk:
                 return False
-            body += chunk
+            received += len(chunk)
+            if len(body) < self.KEEP_BODY_BYTES:
+                body += chunk
         path = head.split(b"\r\n", 1)[0].split(b" ")[1].decode()
         with self._lock:
-            self.received.append((path, body[:length]))
+            self.received.append((path, body[:min(length, self.KEEP_BODY_BYTES)]))
         return True
 
     def _wait_closed(self, conn):
@@ -157,6 +166,12 @@ class FakeNode:
                         self.bytes_sent += 1
                     time.sleep(self.interval)
                 self._wait_closed(conn)
+            elif self.mode == "slow_json":
+                time.sleep(self.interval)
+                body = (b'{"id":"cmpl-fake","object":"text_completion","model":"sim-model","choices":'
+                        b'[{"index":0,"text":"ok","finish_reason":"length"}],"kv_transfer_params":null}')
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
             else:
                 raise ValueError(self.mode)
         except OSError:

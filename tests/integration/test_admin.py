@@ -3,6 +3,8 @@ drain that a node's heartbeats do not undo, vLLM's demo-proxy POST /instances/ad
 that change nothing when refused, and the pdrouter_admin_requests_total counters."""
 import http.client
 import json
+import socket
+import time
 import unittest
 
 import msgpack
@@ -454,6 +456,51 @@ class AuthThrottleTest(unittest.TestCase):
                 lambda: router.request("GET", "/admin/instances", headers=AUTH)[0] == 200,
                 timeout=10)
             self.assertEqual(router.request("GET", "/health")[0], 200)
+
+    def _ask(self, router, source, key, count=1):
+        """`count` GET /admin/instances with `key` on one connection from `source` (a 127.x
+        address the client socket is bound to); returns the statuses."""
+        host, port = router.http.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=10 * TIME_SCALE,
+                                        source_address=(source, 0))
+        conn = http.client.HTTPConnection(host, int(port), timeout=10 * TIME_SCALE)
+        conn.sock = sock
+        codes = []
+        try:
+            for _ in range(count):
+                conn.request("GET", "/admin/instances", headers={"Authorization": f"Bearer {key}"})
+                response = conn.getresponse()
+                response.read()
+                codes.append(response.status)
+        finally:
+            conn.close()
+        return codes
+
+    def test_many_source_addresses_share_a_global_budget(self):
+        # Before the fix the throttle counted per address only: 300 loopback addresses (each in
+        # its own /24) guessing 9 keys each got 2,700 x 401 and not one 429. Now every failure
+        # also takes from the global budget (60 at once, 10 a second).
+        with Router(TOPOLOGY, env=ENV) as router:
+            codes = []
+            start = time.monotonic()
+            for i in range(300):
+                codes += self._ask(router, "127.%d.%d.1" % (i % 250 + 1, i // 250 + 1), "guess-%d" % i, 9)
+            took = time.monotonic() - start
+            answered = codes.count(401)
+            print("300 addresses x 9 wrong keys in %.1f s: %d x 401, %d x 429" % (took, answered, codes.count(429)))
+            self.assertEqual(answered + codes.count(429), 2700, codes)
+            self.assertLessEqual(answered, 60 + 10 * took + 10)
+            # The right key still works from anywhere, at once.
+            self.assertEqual(self._ask(router, "127.250.0.1", KEY), [200])
+
+    def test_the_right_key_is_let_in_while_its_address_is_throttled(self):
+        # Before the fix 12 wrong keys from an address (a proxy or NAT every client shares)
+        # made its right key answer 429 too.
+        with Router(TOPOLOGY, env=ENV) as router:
+            codes = self._ask(router, "127.0.0.7", "wrong", 12)
+            self.assertEqual(codes[-1], 429, codes)
+            self.assertEqual(self._ask(router, "127.0.0.7", KEY, 3), [200, 200, 200])
+            self.assertEqual(self._ask(router, "127.0.0.7", "wrong"), [429])
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ to B through etcd.
     ordinary turn (A no longer holds it);
   * etcd killed: each replica still reuses its own entries, and the writes it could not make are
     counted; etcd back: entries are shared again;
-  * a malformed or expired entry written to etcd by someone else is rejected and counted;
+  * a malformed or expired entry written to etcd by someone else is rejected and counted, and so
+    is an entry from a pdrouter before client bindings (it could belong to any client);
+  * entries keep their client's binding on every replica: a client reusing another client's
+    conversation_id through the other replica gets none of its KV, and each client's next turn
+    (on either replica) pulls only its own blocks;
   * replica A restarted with the same replica_id reloads the entries it stored before: turn 2
     on A reuses the entry of turn 1.
 """
@@ -77,14 +81,16 @@ class EtcdMultiTurn(unittest.TestCase):
                 and r.instance(n.http_address)["source"] == source for n in (self.prefill, self.decode))
                 and r.request("GET", "/ready")[0] == 200, timeout=15)
 
-    def turn(self, router, conversation, text):
+    def turn(self, router, conversation, text, authorization=None):
         body = json.dumps({"model": "sim-model", "conversation_id": conversation, "max_tokens": 3,
                            "messages": [{"role": "user", "content": text}]}).encode()
-        return router.request("POST", "/v1/chat/completions", body=body, timeout=10,
-                              headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if authorization:
+            headers["Authorization"] = authorization
+        return router.request("POST", "/v1/chat/completions", body=body, timeout=10, headers=headers)
 
-    def ok_turn(self, router, conversation, text):
-        code, _, raw = self.turn(router, conversation, text)
+    def ok_turn(self, router, conversation, text, authorization=None):
+        code, _, raw = self.turn(router, conversation, text, authorization)
         self.assertEqual(code, 200, raw)
 
     def prefill_params(self, text):
@@ -199,9 +205,17 @@ class EtcdMultiTurn(unittest.TestCase):
         self.assert_reused("conv-c 2")
 
     def test_a_malformed_entry_in_etcd_is_rejected_and_counted(self):
-        key = self.prefix + "conversations/Zm9v"  # id "foo"
-        for value in (b"{not json", json.dumps({"writer": "x", "decode": "127.0.0.1:1", "epoch": 1,
-                                                 "expires_ms": 1, "params": {}}).encode()):  # expired
+        key = self.prefix + "conversations/anonymous/Zm9v"  # id "foo", no credential
+        old_key = self.prefix + "conversations/Zm9v"  # the layout from before client bindings
+        decode = self.decode.http_address
+        future = int(time.time() * 1000) + 300_000
+        for key, value in ((key, b"{not json"),
+                           (key, json.dumps({"writer": "x", "binding": "anonymous", "decode": "127.0.0.1:1",
+                                             "epoch": 1, "expires_ms": 1, "params": {}}).encode()),  # expired
+                           # Usable but for its missing binding: could be any client's.
+                           (old_key, json.dumps({"writer": "x", "decode": decode, "epoch": 1, "expires_ms": future,
+                                                 "params": {"remote_block_ids": [1], "remote_engine_id": "e"}
+                                                 }).encode())):
             body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
                                "value": base64.b64encode(value).decode()}).encode()
             req = urllib.request.Request(f"http://127.0.0.1:{self.etcd.client_port}/v3/kv/put", data=body,
@@ -209,10 +223,36 @@ class EtcdMultiTurn(unittest.TestCase):
             with urllib.request.urlopen(req, timeout=10) as resp:
                 self.assertEqual(resp.status, 200)
         for r in (self.a, self.b):
-            r.wait_for(lambda r=r: r.metrics()["pdrouter_etcd_conversation_rejected_total"] == 2, timeout=10)
+            r.wait_for(lambda r=r: r.metrics()["pdrouter_etcd_conversation_rejected_total"] == 3, timeout=10)
             self.assertEqual(r.metrics()["pdrouter_multi_turn_entries"], 0)
         self.ok_turn(self.a, "foo", "foo 1")  # an ordinary turn
         self.assert_ordinary("foo 1")
+
+    def decode_request_id(self, text):
+        found = [r for r in self.decode.sim_requests()["requests"] if r["path"] in GEN_PATHS
+                 and json.loads(r["body"])["messages"][0]["content"] == text]
+        self.assertEqual(len(found), 1, (text, found))
+        return found[0]["headers"]["x-request-id"]
+
+    def test_each_replica_keeps_another_clients_turn_away_from_an_entry(self):
+        alice, mallory = "Bearer alice-token", "Bearer mallory-token"
+        self.ok_turn(self.a, "conv-x", "alice 1", alice)
+        self.wait_entries(self.b, 0, 1)
+        # Mallory, through the other replica, with Alice's conversation_id: nothing of Alice's.
+        self.ok_turn(self.b, "conv-x", "mallory 1", mallory)
+        self.assert_ordinary("mallory 1")
+        self.assertEqual(self.turns(self.b, "binding_mismatch"), 1)
+        self.wait_entries(self.a, 1, 1)  # Alice's own, and Mallory's from B
+        # Alice's next turn, through B, pulls her own blocks.
+        self.ok_turn(self.b, "conv-x", "alice 2", alice)
+        self.assert_reused("alice 2")
+        self.assertTrue(self.prefill_params("alice 2")["remote_request_id"].startswith(
+            "chatcmpl-" + self.decode_request_id("alice 1") + "-"))
+        # Mallory's, through A, hers.
+        self.ok_turn(self.a, "conv-x", "mallory 2", mallory)
+        self.assert_reused("mallory 2")
+        self.assertTrue(self.prefill_params("mallory 2")["remote_request_id"].startswith(
+            "chatcmpl-" + self.decode_request_id("mallory 1") + "-"))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """pdrouter's HTTP port and descriptor limits, with real processes (security review 2026-11 #10,
 attacks 2026-11 bugs 3 and 4).
 
+- A connection over limits.max_connections, or one that arrives when the process has no
+  descriptor left, gets an HTTP 503 with Retry-After and is closed, instead of a bare TCP close.
+
 - A second pdrouter (or any socket listening with SO_REUSEPORT) on the port pdrouter should use
   makes it exit 1 with `cannot listen on HOST:PORT: ...`, instead of silently sharing the port.
 - Out of file descriptors, accept errors are logged through the rate limiter, counted, and do
@@ -8,6 +11,7 @@ attacks 2026-11 bugs 3 and 4).
 """
 import os
 import re
+import resource
 import socket
 import time
 import unittest
@@ -49,6 +53,101 @@ class PortSharingTest(unittest.TestCase):
             self.assert_refused("127.0.0.1:%d" % s.getsockname()[1])
         finally:
             s.close()
+
+
+def ask_health(router_http, delay=0.0):
+    """GET /health on a new connection (the request sent `delay` seconds after connecting);
+    returns everything the server sent before closing or answering."""
+    host, port = router_http.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10 * TIME_SCALE) as c:
+        if delay:
+            time.sleep(delay)
+        try:
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        except OSError:
+            pass  # the answer may already be there
+        data = b""
+        while True:
+            try:
+                chunk = c.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+
+def stable_fd_count(pid):
+    """The router's open descriptors once the count held still for 150 ms (the fixture's own
+    connections close just after their answers)."""
+    seen, same_since = None, time.monotonic()
+    deadline = time.monotonic() + 10 * TIME_SCALE
+    while time.monotonic() < deadline:
+        count = len(os.listdir("/proc/%d/fd" % pid))
+        if count != seen:
+            seen, same_since = count, time.monotonic()
+        elif time.monotonic() - same_since >= 0.15:
+            return count
+        time.sleep(0.01)
+    return seen
+
+
+class BusyRefusalTest(unittest.TestCase):
+    """Before the fix a refused connection was accepted and closed: the client saw its connection
+    reset or closed with no answer (nothing to tell a retry from a failure)."""
+
+    def assert_busy_answer(self, data):
+        self.assertTrue(data.startswith(b"HTTP/1.1 503 "), data[:200])
+        head, _, body = data.partition(b"\r\n\r\n")
+        self.assertIn(b"\r\nRetry-After: 1\r\n", head + b"\r\n")
+        self.assertIn(b"too_many_connections", body)
+
+    def test_connections_over_max_connections_get_a_503(self):
+        with Router("workers: 1\nlisteners:\n  admin: \"127.0.0.1:0\"\nlimits:\n  max_connections: 4\n") as router:
+            host, port = router.http.rsplit(":", 1)
+            holders = [socket.create_connection((host, int(port)), timeout=10 * TIME_SCALE) for _ in range(4)]
+            try:
+                router.wait_for(lambda: router.metrics()["pdrouter_http_connections_active"] == 4, timeout=10)
+                for _ in range(4):
+                    self.assert_busy_answer(ask_health(router.http))
+                # A request sent after the refusal was written still finds the answer.
+                self.assert_busy_answer(ask_health(router.http, delay=0.2))
+                metrics = router.metrics()
+                self.assertEqual(metrics["pdrouter_http_busy_refusals_total"], 5)
+                self.assertEqual(metrics["pdrouter_http_connections_rejected_total"], 5)
+            finally:
+                for h in holders:
+                    h.close()
+            router.wait_for(lambda: ask_health(router.http).startswith(b"HTTP/1.1 200"), timeout=10)
+
+    def test_a_connection_beyond_the_descriptor_limit_gets_a_503(self):
+        # The open-file limit is lowered under the running router to what it holds plus two, so
+        # the third connection finds no descriptor: accept() fails with EMFILE. libuv's own
+        # reserve descriptor would accept and close it; pdrouter answers it from its reserve.
+        with Router("workers: 1\n") as router:
+            pid = router.process.proc.pid
+            before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+            host, port = router.http.rsplit(":", 1)
+            holders = []
+            try:
+                open_fds = stable_fd_count(pid)
+                resource.prlimit(pid, resource.RLIMIT_NOFILE, (open_fds + 2, before[1]))
+                holders = [socket.create_connection((host, int(port)), timeout=10 * TIME_SCALE) for _ in range(2)]
+                # Both taken (each worker accepts on its own listener, in its own time).
+                router.wait_for(lambda: len(os.listdir("/proc/%d/fd" % pid)) >= open_fds + 2, timeout=10)
+                answers = [ask_health(router.http) for _ in range(3)]
+                for data in answers:
+                    self.assert_busy_answer(data)
+            finally:
+                for h in holders:
+                    h.close()
+                resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+            router.wait_for(lambda: ask_health(router.http).startswith(b"HTTP/1.1 200"), timeout=10)
+            metrics = router.metrics()
+            self.assertGreaterEqual(metrics["pdrouter_http_busy_refusals_total"], 3)
+            self.assertGreaterEqual(metrics["pdrouter_http_accept_errors_total"], 3)
+            self.assertIsNone(router.process.proc.poll())
 
 
 class DescriptorExhaustionTest(unittest.TestCase):

@@ -172,7 +172,7 @@ class KvEventsRegistrationTest(unittest.TestCase):
 
         # A node that does not authenticate may not aim the router's sockets at another host.
         # "Another host" needs a non-loopback address: the rule (config/admission.h
-        # may_register_address) counts every 127.0.0.0/8 address as this one machine. 192.0.2.9 is
+        # check_registered_address) counts every 127.0.0.0/8 address as this one machine. 192.0.2.9 is
         # TEST-NET-1 (RFC 5737, never assigned), and nothing connects to it: the registration is
         # refused before any socket is made, which is what this asserts.
         router.send({"type": "D", "http_address": "127.0.0.1:18555", "pdr_v": 1,

@@ -385,7 +385,8 @@ class FdLimitedLoadTest(unittest.TestCase):
     def test_more_clients_than_the_limit_holds_are_refused_cleanly(self):
         # Half as many again as fit: before pdrouter sized max_connections from the limit, the
         # extra streams' legs hit EMFILE (502/503 to clients, healthy nodes ejected). Now the
-        # connections beyond the fit are closed at accept, and every accepted stream completes.
+        # connections beyond the fit are answered 503 too_many_connections (Retry-After: 1) at
+        # accept and closed, and every accepted stream completes.
         clients = FD_STREAMS * 3 // 2
         before = self.cluster.router.metrics()
         problems, _, _ = run_wave(self.cluster, self.pid, clients)
@@ -396,11 +397,12 @@ class FdLimitedLoadTest(unittest.TestCase):
         def delta(name):
             return after.get(name, 0.0) - before.get(name, 0.0)
 
-        # A refused client sees its connection closed before any answer; nothing else may fail.
-        refused = [p for p in problems if p.startswith("client: ")]
-        self.assertEqual([p for p in problems if not p.startswith("client: ")][:5], [])
+        # A refused client gets the 503 before its request is read; nothing else may fail.
+        refused = [p for p in problems if p.startswith("status 503") and "too_many_connections" in p]
+        self.assertEqual([p for p in problems if p not in refused][:5], [])
         self.assertGreaterEqual(clients - len(refused), FD_STREAMS - FD_SPARE_CONNECTIONS)
         self.assertGreaterEqual(delta("pdrouter_http_connections_rejected_total"), len(refused))
+        self.assertGreaterEqual(delta("pdrouter_http_busy_refusals_total"), len(refused))
         self.assertEqual(delta('pdrouter_http_responses_total{class="5xx"}'), 0)
         self.assertEqual(delta('pdrouter_requests_total{outcome="done"}'), clients - len(refused))
         self.assertEqual(sum(v for k, v in after.items()

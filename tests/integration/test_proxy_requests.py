@@ -133,7 +133,7 @@ class TestClientErrors(ClusterCase):
 
     def test_max_tokens_not_an_integer(self):
         _, error = self.refusal(
-            "bad_json", lambda: self.cluster.post("/v1/completions", completion(max_tokens="abc")),
+            "bad_parameter", lambda: self.cluster.post("/v1/completions", completion(max_tokens="abc")),
             400)
         self.assertIn("max_tokens", error["message"])
 

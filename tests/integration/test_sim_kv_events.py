@@ -2,7 +2,9 @@
 map and array encodings, replay ROUTER) and register their publishers with a real pdrouter
 (kv_events.enabled, policies cache_aware). The router's index fills (GET /debug/cache), token-id
 prompts go to the sims that hold them, the sims' own hit counts go up, a gap is filled by a replay
-and a prefix cache reset (AllBlocksCleared) empties the node's entries."""
+(replay answers with the topic frame as vLLM >= 0.26 sends them, and without, as older vLLM and
+SGLang do; each with both event encodings) and a prefix cache reset (AllBlocksCleared) empties the
+node's entries."""
 import http.client
 import json
 import re
@@ -58,19 +60,21 @@ class SimKvEventsTest(unittest.TestCase):
         self.router = Router(TOPOLOGY, env=ENV)
         self.addCleanup(self.router.dir.cleanup)
         self.addCleanup(self.router.stop)
-        self.prefills = [self.sim("prefill", encoding) for encoding in ("map", "array")]
-        self.decodes = [self.sim("decode", encoding) for encoding in ("array", "map")]
+        # Every (event encoding, replay layout) pair once.
+        self.prefills = [self.sim("prefill", "map", "topic"), self.sim("prefill", "array", "topic")]
+        self.decodes = [self.sim("decode", "array", "no-topic"), self.sim("decode", "map", "no-topic")]
         self.nodes = self.prefills + self.decodes
         self.probes = 0
         for node in self.nodes:
             self.await_subscribed(node)
 
-    def sim(self, role, encoding):
+    def sim(self, role, encoding, replay_layout):
         node = SimNode("--role", role, "--connector", "nixl", "--register", self.router.discovery,
                        "--register-interval-ms", "200",
                        "--kv-events-endpoint", "tcp://127.0.0.1:0",
                        "--kv-events-replay-endpoint", "tcp://127.0.0.1:0",
-                       "--kv-events-encoding", encoding)
+                       "--kv-events-encoding", encoding,
+                       "--kv-events-replay-layout", replay_layout)
         self.addCleanup(node.stop)
         return node
 
@@ -147,22 +151,29 @@ class SimKvEventsTest(unittest.TestCase):
         self.assertGreaterEqual(hits, 12, {k: v for k, v in metrics.items() if "cache_routing" in k})
 
     def test_a_gap_is_filled_by_a_replay(self):
-        node = self.prefills[1]  # array encoding
-        status, raw, _ = node.request("POST", "/sim/prefix_cache", {"withhold_batches": 1})
-        self.assertEqual(status, 200, raw)
-        hidden, next_one = prompt(70), prompt(71)
-        self.send_direct(node, hidden)   # numbered and buffered, never sent
-        self.send_direct(node, next_one)  # sent: the router sees the gap and replays it
-        self.router.wait_for(lambda: self.matched(next_one).get(node.http_address) == 4 * BLOCK,
-                             WAIT_S)
-        self.assertEqual(self.matched(hidden).get(node.http_address), 4 * BLOCK)
-        self.assertGreaterEqual(self.router.metrics()["pdrouter_kv_events_replays_total"], 1)
-        self.assertEqual(self.router.metrics().get("pdrouter_kv_events_gaps_total", 0), 0)
-        status, raw, _ = node.request("GET", "/sim/prefix_cache")
-        stats = json.loads(raw)["kv_events"]
-        self.assertEqual(stats["withheld"], 1)
-        self.assertGreaterEqual(stats["replay_requests"], 1)
-        self.assertGreaterEqual(stats["replayed_batches"], 1)
+        """On each sim (each encoding x replay layout): one batch withheld, the next one sent; the
+        router sees the gap and fills it from the sim's replay socket. Before pdrouter read the
+        layout with the topic frame, such a replay failed and the node's entries were dropped."""
+        for i, node in enumerate(self.nodes):
+            with self.subTest(node=i):
+                status, raw, _ = node.request("POST", "/sim/prefix_cache", {"withhold_batches": 1})
+                self.assertEqual(status, 200, raw)
+                hidden, next_one = prompt(70 + 2 * i), prompt(71 + 2 * i)
+                self.send_direct(node, hidden)   # numbered and buffered, never sent
+                self.send_direct(node, next_one)  # sent: the router sees the gap and replays it
+                self.router.wait_for(
+                    lambda: self.matched(next_one).get(node.http_address) == 4 * BLOCK, WAIT_S)
+                self.assertEqual(self.matched(hidden).get(node.http_address), 4 * BLOCK)
+                status, raw, _ = node.request("GET", "/sim/prefix_cache")
+                stats = json.loads(raw)["kv_events"]
+                self.assertEqual(stats["withheld"], 1)
+                self.assertGreaterEqual(stats["replay_requests"], 1)
+                self.assertGreaterEqual(stats["replayed_batches"], 1)
+        metrics = self.router.metrics()
+        self.assertGreaterEqual(metrics["pdrouter_kv_events_replays_total"], len(self.nodes))
+        self.assertEqual(metrics.get("pdrouter_kv_events_replay_failures_total", 0), 0)
+        self.assertEqual(metrics.get("pdrouter_kv_events_gaps_total", 0), 0)
+        self.assertEqual(metrics.get("pdrouter_kv_events_bad_messages_total", 0), 0)
 
     def test_a_prefix_cache_reset_clears_the_nodes_entries(self):
         node = self.prefills[0]
@@ -360,6 +371,7 @@ class SimPrefixCacheTest(unittest.TestCase):
         self.assertEqual(status, 400, raw)  # no publisher
         self.assertIn(b"withhold_batches", raw)
         for flags in (["--kv-events-encoding", "json"],
+                      ["--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-replay-layout", "v2"],
                       ["--kv-events-replay-endpoint", "tcp://127.0.0.1:0"],
                       ["--kv-events-endpoint", "udp://127.0.0.1:0"],
                       ["--kv-events-endpoint", "tcp://127.0.0.1:0",

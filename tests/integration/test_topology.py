@@ -192,6 +192,23 @@ class StartupTest(unittest.TestCase):
             self.assertEqual(proc.wait(10), 1)
             self.assertRegex(proc.output("stderr"), re.escape("cannot bind"))
 
+    def test_kubernetes_token_over_plain_http_is_warned_about_at_start(self):
+        # An http:// API server with a token file: the token would travel in clear. Nothing
+        # listens on the port: the warning is about the file, logged before any call is made.
+        token = os.path.join(self.dir, "token")
+        with open(token, "w") as f:
+            f.write("not-a-real-token\n")
+        api = f"http://127.0.0.1:{free_port()}"
+        warning = "is sent in clear on every call to the API server"
+        with Router(f"kubernetes:\n  enabled: true\n  api_server: \"{api}\"\n  namespace: ns\n"
+                    f"  token_file: \"{token}\"\n") as router:
+            router.wait_for(lambda: warning in router.log())
+            self.assertIn(f"kubernetes.api_server is {api} (http://)", router.log())
+        with Router(f"kubernetes:\n  enabled: true\n  api_server: \"{api}\"\n  namespace: ns\n"
+                    f"  token_file: \"\"\n") as router:
+            self.assertEqual(router.request("GET", "/health")[0], 200)
+            self.assertNotIn(warning, router.log())
+
 
 if __name__ == "__main__":
     unittest.main()

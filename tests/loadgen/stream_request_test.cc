@@ -99,6 +99,50 @@ TEST(StreamMeasurement, ChatRoleChunkIsNotTheFirstToken) {
   EXPECT_DOUBLE_EQ(m.result().ttft_s, 0.4);
 }
 
+std::string ids_event(std::string_view ids) {
+  return "data: {\"request_id\":\"generate-tokens-1\",\"choices\":[{\"index\":0,\"token_ids\":[" +
+         std::string(ids) + "],\"finish_reason\":null,\"logprobs\":null}],\"usage\":null}\n\n";
+}
+
+TEST(StreamMeasurement, GenerateChunksCountTheirTokenIds) {
+  // /inference/v1/generate streams token ids, no text: the first chunk with ids is the first
+  // token, the ids are the tokens when no usage comes.
+  StreamMeasurement m(request_of(), 1.0, false, /*token_ids=*/true);
+  m.on_head(200, kSse);
+  m.on_body(ids_event(""), 1.1);
+  m.on_body(ids_event("17"), 1.25);
+  m.on_body(ids_event("3,4"), 1.5);
+  m.on_body(kDone, 1.6);
+  m.on_complete(1.7);
+  const RequestResult& r = m.result();
+  ASSERT_TRUE(r.success) << r.error;
+  EXPECT_DOUBLE_EQ(r.ttft_s, 0.25);
+  ASSERT_EQ(r.itl_s.size(), 1u);
+  EXPECT_EQ(r.output_tokens, 3u);
+  // The same stream read as completions carries no text at all.
+  StreamMeasurement text(request_of(), 1.0);
+  text.on_head(200, kSse);
+  text.on_body(ids_event("17") + kDone, 1.2);
+  text.on_complete(1.3);
+  EXPECT_EQ(text.result().error, "stream carried no generated text");
+}
+
+TEST(BuildRequest, GenerateBodyCarriesSamplingParams) {
+  BenchRequest r = request_of();
+  r.prompt_json = "[1001,1002]";
+  EndpointOptions endpoint{.path = "/inference/v1/generate", .model = "m", .ignore_eos = false,
+                           .generate = true};
+  const http::UpstreamRequest req = build_request(endpoint, r);
+  EXPECT_EQ(req.path, "/inference/v1/generate");
+  const nlohmann::json body = nlohmann::json::parse(req.body);
+  EXPECT_EQ(body["token_ids"], nlohmann::json::array({1001, 1002}));
+  EXPECT_EQ(body["sampling_params"], nlohmann::json({{"max_tokens", 2}, {"temperature", 0.0}}));
+  EXPECT_EQ(body["stream"], true);
+  EXPECT_EQ(body["stream_options"]["include_usage"], true);
+  EXPECT_FALSE(body.contains("ignore_eos"));
+  EXPECT_FALSE(body.contains("temperature"));
+}
+
 RequestResult measure(int status, const std::vector<http::Header>& headers, const std::string& body) {
   StreamMeasurement m(request_of(), 0);
   m.on_head(status, headers);

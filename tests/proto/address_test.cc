@@ -200,5 +200,31 @@ TEST(LooksLikeMoriioZmqAddress, TellsMoriioFromPlainHostPort) {
   EXPECT_FALSE(looks_like_moriio_zmq_address(""));
 }
 
+TEST(SameHost, ComparesWithoutALookup) {
+  EXPECT_TRUE(names_loopback("127.0.0.1"));
+  EXPECT_TRUE(names_loopback("127.9.9.9"));
+  EXPECT_TRUE(names_loopback("::1"));
+  EXPECT_TRUE(names_loopback("[::1]"));
+  EXPECT_TRUE(names_loopback("::ffff:127.0.0.2"));
+  EXPECT_TRUE(names_loopback("localhost"));
+  EXPECT_TRUE(names_loopback("LOCALHOST."));
+  EXPECT_TRUE(names_loopback("node-1.localhost"));
+  EXPECT_FALSE(names_loopback("localhost.invalid"));
+  EXPECT_FALSE(names_loopback("notlocalhost"));
+  EXPECT_FALSE(names_loopback(".localhost"));
+  EXPECT_FALSE(names_loopback("fd00::1"));
+  EXPECT_FALSE(names_loopback(""));
+
+  EXPECT_TRUE(same_host("127.0.0.1", "localhost"));
+  EXPECT_TRUE(same_host("127.0.0.1", "127.0.0.7"));
+  EXPECT_TRUE(same_host("fd00::1", "[fd00:0:0::1]"));
+  EXPECT_TRUE(same_host("node-a.invalid", "NODE-A.invalid."));
+  EXPECT_FALSE(same_host("node-a.invalid", "node-b.invalid"));
+  EXPECT_FALSE(same_host("fd00::1", "fd00::2"));
+  EXPECT_FALSE(same_host("127.0.0.1", "node-a.invalid"));
+  EXPECT_FALSE(same_host("localhost", "fd00::1"));
+  EXPECT_FALSE(same_host("", ""));
+}
+
 }  // namespace
 }  // namespace pdr::proto

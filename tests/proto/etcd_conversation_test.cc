@@ -10,6 +10,7 @@ namespace {
 EtcdConversationEntry sample() {
   EtcdConversationEntry e;
   e.writer = "replica-a";
+  e.binding = std::string(kConversationBindingBytes, '\x5a');
   e.decode_key = "127.0.30.2:8200";
   e.decode_epoch = 18446744073709551615ull;  // the whole uint64 range survives
   e.expires_unix_ms = 1'795'000'000'000;
@@ -39,23 +40,55 @@ TEST(EtcdConversation, Base64UrlDecodeIsStrict) {
   EXPECT_EQ(out, "untouched");
 }
 
+TEST(EtcdConversation, BindingsRoundTripAsText) {
+  const std::string alice(kConversationBindingBytes, '\xa1');
+  EXPECT_EQ(conversation_binding_text(""), "anonymous");
+  std::string hex;
+  for (size_t i = 0; i < kConversationBindingBytes; ++i) hex += "a1";
+  EXPECT_EQ(conversation_binding_text(alice), hex);
+  std::string back = "untouched";
+  ASSERT_TRUE(parse_conversation_binding_text(hex, &back));
+  EXPECT_EQ(back, alice);
+  ASSERT_TRUE(parse_conversation_binding_text("anonymous", &back));
+  EXPECT_EQ(back, "");
+  back = "untouched";
+  for (std::string bad : {std::string(""), std::string("Anonymous"), hex.substr(2), hex + "00", std::string(64, 'A'),
+                          std::string(63, 'a') + "g"}) {
+    EXPECT_FALSE(parse_conversation_binding_text(bad, &back)) << bad;
+  }
+  EXPECT_EQ(back, "untouched");
+}
+
 TEST(EtcdConversation, KeyRoundTripsUnderThePrefix) {
-  const std::string key = etcd_conversation_key("/pdrouter/", "conv/with slashes");
-  EXPECT_EQ(key.rfind("/pdrouter/conversations/", 0), 0u);
-  EXPECT_EQ(key.find('/', std::string("/pdrouter/conversations/").size()), std::string::npos);
-  std::string id;
-  ASSERT_TRUE(parse_etcd_conversation_key("/pdrouter/", key, &id).is_ok());
-  EXPECT_EQ(id, "conv/with slashes");
+  const std::string alice(kConversationBindingBytes, '\x07');
+  for (const std::string& binding : {std::string(), alice}) {
+    const std::string key = etcd_conversation_key("/pdrouter/", binding, "conv/with slashes");
+    const std::string folder = "/pdrouter/conversations/" + conversation_binding_text(binding) + "/";
+    EXPECT_EQ(key.rfind(folder, 0), 0u) << key;
+    EXPECT_EQ(key.find('/', folder.size()), std::string::npos);
+    std::string got_binding = "untouched", id;
+    ASSERT_TRUE(parse_etcd_conversation_key("/pdrouter/", key, &got_binding, &id).is_ok());
+    EXPECT_EQ(got_binding, binding);
+    EXPECT_EQ(id, "conv/with slashes");
+  }
+  // One id, two clients: two keys.
+  EXPECT_NE(etcd_conversation_key("/p/", "", "c"), etcd_conversation_key("/p/", alice, "c"));
 }
 
 TEST(EtcdConversation, ForeignOrBadKeysAreRefused) {
-  std::string id = "untouched";
-  EXPECT_EQ(parse_etcd_conversation_key("/pdrouter/", "/pdrouter/nodes/r/n", &id).code(), StatusCode::kInvalidValue);
-  EXPECT_EQ(parse_etcd_conversation_key("/pdrouter/", "/other/conversations/YQ", &id).code(), StatusCode::kInvalidValue);
-  EXPECT_EQ(parse_etcd_conversation_key("/pdrouter/", "/pdrouter/conversations/", &id).code(), StatusCode::kMalformed);
-  EXPECT_EQ(parse_etcd_conversation_key("/pdrouter/", "/pdrouter/conversations/a/b", &id).code(), StatusCode::kMalformed);
-  EXPECT_EQ(parse_etcd_conversation_key("/pdrouter/", "/pdrouter/conversations/" + std::string(2000, 'A'), &id).code(),
-            StatusCode::kTooLarge);
+  std::string binding = "untouched", id = "untouched";
+  auto parse = [&](const std::string& key) { return parse_etcd_conversation_key("/pdrouter/", key, &binding, &id).code(); };
+  EXPECT_EQ(parse("/pdrouter/nodes/r/n"), StatusCode::kInvalidValue);
+  EXPECT_EQ(parse("/other/conversations/anonymous/YQ"), StatusCode::kInvalidValue);
+  EXPECT_EQ(parse("/pdrouter/conversations/"), StatusCode::kMalformed);
+  EXPECT_EQ(parse("/pdrouter/conversations/anonymous/"), StatusCode::kMalformed);
+  EXPECT_EQ(parse("/pdrouter/conversations/anonymous/a/b"), StatusCode::kMalformed);
+  EXPECT_EQ(parse("/pdrouter/conversations/anonymous/" + std::string(2000, 'A')), StatusCode::kTooLarge);
+  // A key from before bindings (the id right under conversations/), and bindings that are not one.
+  EXPECT_EQ(parse("/pdrouter/conversations/YQ"), StatusCode::kMalformed);
+  EXPECT_EQ(parse("/pdrouter/conversations/abcd/YQ"), StatusCode::kMalformed);
+  EXPECT_EQ(parse("/pdrouter/conversations/" + std::string(64, 'F') + "/YQ"), StatusCode::kMalformed);
+  EXPECT_EQ(binding, "untouched");
   EXPECT_EQ(id, "untouched");
 }
 
@@ -64,10 +97,19 @@ TEST(EtcdConversation, EntryRoundTrips) {
   EtcdConversationEntry back;
   ASSERT_TRUE(parse_etcd_conversation(encode_etcd_conversation(e), &back).is_ok());
   EXPECT_EQ(back.writer, e.writer);
+  EXPECT_EQ(back.binding, e.binding);
   EXPECT_EQ(back.decode_key, e.decode_key);
   EXPECT_EQ(back.decode_epoch, e.decode_epoch);
   EXPECT_EQ(back.expires_unix_ms, e.expires_unix_ms);
   EXPECT_EQ(back.prefill_params, e.prefill_params);
+  // The anonymous binding too; the value holds the binding's text, never raw bytes.
+  EtcdConversationEntry anonymous = sample();
+  anonymous.binding.clear();
+  const std::string value = encode_etcd_conversation(anonymous);
+  EXPECT_NE(value.find(R"("binding":"anonymous")"), std::string::npos) << value;
+  back = sample();
+  ASSERT_TRUE(parse_etcd_conversation(value, &back).is_ok());
+  EXPECT_EQ(back.binding, "");
 }
 
 TEST(EtcdConversation, BadEntriesAreRefusedAndLeaveTheOutputAlone) {
@@ -79,25 +121,37 @@ TEST(EtcdConversation, BadEntriesAreRefusedAndLeaveTheOutputAlone) {
   const Case cases[] = {
       {"not json", StatusCode::kMalformed},
       {R"({"decode":"d","epoch":1,"expires_ms":5,)" + params + "}", StatusCode::kMissingKey},
-      {R"({"writer":"w","epoch":1,"expires_ms":5,)" + params + "}", StatusCode::kMissingKey},
-      {R"({"writer":"w","decode":"d","expires_ms":5,)" + params + "}", StatusCode::kMissingKey},
-      {R"({"writer":"w","decode":"d","epoch":1,)" + params + "}", StatusCode::kMissingKey},
-      {R"({"writer":"w","decode":"d","epoch":1,"expires_ms":5})", StatusCode::kMissingKey},
+      {R"({"writer":"w","binding":"anonymous","epoch":1,"expires_ms":5,)" + params + "}", StatusCode::kMissingKey},
+      {R"({"writer":"w","binding":"anonymous","decode":"d","expires_ms":5,)" + params + "}", StatusCode::kMissingKey},
+      {R"({"writer":"w","binding":"anonymous","decode":"d","epoch":1,)" + params + "}", StatusCode::kMissingKey},
+      {R"({"writer":"w","binding":"anonymous","decode":"d","epoch":1,"expires_ms":5})", StatusCode::kMissingKey},
       {R"({"writer":1,"decode":"d","epoch":1,"expires_ms":5,)" + params + "}", StatusCode::kWrongType},
-      {R"({"writer":"w","decode":"","epoch":1,"expires_ms":5,)" + params + "}", StatusCode::kInvalidValue},
-      {R"({"writer":"w","decode":"d","epoch":-1,"expires_ms":5,)" + params + "}", StatusCode::kWrongType},
-      {R"({"writer":"w","decode":"d","epoch":1.5,"expires_ms":5,)" + params + "}", StatusCode::kWrongType},
-      {R"({"writer":"w","decode":"d","epoch":"1","expires_ms":5,)" + params + "}", StatusCode::kWrongType},
+      {R"({"writer":"w","binding":"anonymous","decode":"","epoch":1,"expires_ms":5,)" + params + "}", StatusCode::kInvalidValue},
+      {R"({"writer":"w","binding":"anonymous","decode":"d","epoch":-1,"expires_ms":5,)" + params + "}", StatusCode::kWrongType},
+      {R"({"writer":"w","binding":"anonymous","decode":"d","epoch":1.5,"expires_ms":5,)" + params + "}", StatusCode::kWrongType},
+      {R"({"writer":"w","binding":"anonymous","decode":"d","epoch":"1","expires_ms":5,)" + params + "}", StatusCode::kWrongType},
       // Over uint64: the JSON parser itself refuses the number.
-      {R"({"writer":"w","decode":"d","epoch":18446744073709551616,"expires_ms":5,)" + params + "}",
+      {R"({"writer":"w","binding":"anonymous","decode":"d","epoch":18446744073709551616,"expires_ms":5,)" + params + "}",
        StatusCode::kMalformed},
-      {R"({"writer":"w","decode":"d","epoch":1,"expires_ms":0,)" + params + "}", StatusCode::kOutOfRange},
-      {R"({"writer":"w","decode":"d","epoch":1,"expires_ms":"5",)" + params + "}", StatusCode::kWrongType},
-      {R"({"writer":"w","decode":"d","epoch":1,"expires_ms":5,"params":[1]})", StatusCode::kWrongType},
-      {R"({"writer":"w","decode":"d","epoch":1,"expires_ms":5,"params":"x"})", StatusCode::kWrongType},
+      {R"({"writer":"w","binding":"anonymous","decode":"d","epoch":1,"expires_ms":0,)" + params + "}", StatusCode::kOutOfRange},
+      {R"({"writer":"w","binding":"anonymous","decode":"d","epoch":1,"expires_ms":"5",)" + params + "}", StatusCode::kWrongType},
+      {R"({"writer":"w","binding":"anonymous","decode":"d","epoch":1,"expires_ms":5,"params":[1]})", StatusCode::kWrongType},
+      {R"({"writer":"w","binding":"anonymous","decode":"d","epoch":1,"expires_ms":5,"params":"x"})", StatusCode::kWrongType},
       {R"({"writer":")" + std::string(2000, 'w') + R"(","decode":"d","epoch":1,"expires_ms":5,)" + params + "}",
        StatusCode::kTooLarge},
       {std::string(kMaxConversationValueBytes + 1, ' '), StatusCode::kTooLarge},
+      // An entry from before bindings, and bindings that are not one.
+      {R"({"writer":"w","decode":"d","epoch":1,"expires_ms":5,)" + params + "}", StatusCode::kMissingKey},
+      {R"({"writer":"w","binding":1,"decode":"d","epoch":1,"expires_ms":5,)" + params + "}", StatusCode::kWrongType},
+      {R"({"writer":"w","binding":"","decode":"d","epoch":1,"expires_ms":5,)" + params + "}", StatusCode::kInvalidValue},
+      {R"({"writer":"w","binding":"Anonymous","decode":"d","epoch":1,"expires_ms":5,)" + params + "}",
+       StatusCode::kInvalidValue},
+      {R"({"writer":"w","binding":")" + std::string(62, 'a') + R"(","decode":"d","epoch":1,"expires_ms":5,)" + params +
+           "}",
+       StatusCode::kInvalidValue},
+      {R"({"writer":"w","binding":")" + std::string(64, 'A') + R"(","decode":"d","epoch":1,"expires_ms":5,)" + params +
+           "}",
+       StatusCode::kInvalidValue},
   };
   for (const Case& c : cases) {
     EtcdConversationEntry out = sample();
@@ -111,7 +165,7 @@ TEST(EtcdConversation, DeepParamsAreRefused) {
   std::string deep = std::string(40, '[') + std::string(40, ']');
   EtcdConversationEntry out;
   EXPECT_FALSE(parse_etcd_conversation(
-                   R"({"writer":"w","decode":"d","epoch":1,"expires_ms":5,"params":{"a":)" + deep + "}}", &out)
+                   R"({"writer":"w","binding":"anonymous","decode":"d","epoch":1,"expires_ms":5,"params":{"a":)" + deep + "}}", &out)
                    .is_ok());
 }
 

@@ -111,6 +111,52 @@ TEST(EtcdJson, DecodesWatchCreatedEventsAndCompaction) {
   EXPECT_EQ(watch.compact_revision, 4);
 }
 
+// What a writer stores is data, not the answer's shape: a key or value over its limit (or a
+// value that is not base64) refuses that key-value alone, and the rest of the answer is read.
+TEST(EtcdJson, RefusesOneKeyValueNotTheWholeAnswer) {
+  const std::string big = base64_encode(std::string(kMaxEtcdValueBytes + 1, 'v'));
+  const std::string long_key = base64_encode(std::string(kMaxEtcdKeyBytes + 1, 'k'));
+  const std::string json = R"({"header":{"revision":"7"},"more":true,"kvs":[)"
+                           R"({"key":"cGRyL2E=","mod_revision":"5","value":")" + big + R"("},)"
+                           R"({"key":"cGRyL2I=","mod_revision":"6","value":"not base64"},)"
+                           R"({"key":"cGRyL2M=","mod_revision":"7","value":"aGVsbG8="},)"
+                           R"({"key":")" + long_key + R"(","mod_revision":"7","value":"aGVsbG8="}]})";
+  EtcdRangeAnswer range;
+  ASSERT_TRUE(parse_etcd_range(json, &range).is_ok());
+  EXPECT_EQ(range.answer.revision, 7);
+  EXPECT_TRUE(range.more);
+  ASSERT_EQ(range.kvs.size(), 3u);
+  EXPECT_EQ(range.kvs[0].key, "pdr/a");
+  EXPECT_EQ(range.kvs[0].value, "");
+  EXPECT_EQ(range.kvs[0].refused, "etcd answer: value over 1048576 bytes");
+  EXPECT_EQ(range.kvs[0].mod_revision, 5);
+  EXPECT_EQ(range.kvs[1].key, "pdr/b");
+  EXPECT_EQ(range.kvs[1].refused, "etcd answer: 'value' is not base64");
+  EXPECT_EQ(range.kvs[2].value, "hello");
+  EXPECT_EQ(range.kvs[2].refused, "");
+  EXPECT_EQ(range.skipped, 1u) << "the key over its limit";
+  EXPECT_EQ(range.last_key, std::string(kMaxEtcdKeyBytes + 1, 'k')) << "the next page starts after it";
+
+  EtcdWatchAnswer watch;
+  ASSERT_TRUE(parse_etcd_watch(R"({"result":{"header":{"revision":"8"},"events":[)"
+                               R"({"kv":{"key":"cGRyL2E=","mod_revision":"8","value":")" + big + R"("}},)"
+                               R"({"kv":{"key":")" + long_key + R"(","mod_revision":"8"}},)"
+                               R"({"type":"DELETE","kv":{"key":"cGRyL2I=","mod_revision":"8"}}]}})",
+                               &watch).is_ok());
+  ASSERT_EQ(watch.events.size(), 2u);
+  EXPECT_EQ(watch.events[0].kv.refused, "etcd answer: value over 1048576 bytes");
+  EXPECT_TRUE(watch.events[1].is_delete);
+  EXPECT_EQ(watch.skipped, 1u);
+}
+
+TEST(EtcdJson, EncodesRangePages) {
+  EXPECT_EQ(encode_etcd_range_page("pdr/", "pdr0", {}), encode_etcd_range("pdr/", "pdr0"));
+  EXPECT_EQ(encode_etcd_range_page("pdr/", "pdr0", {.limit = 256, .revision = 9, .keys_only = false}),
+            R"({"key":"cGRyLw==","range_end":"cGRyMA==","limit":"256","revision":"9"})");
+  EXPECT_EQ(encode_etcd_range_page(std::string("pdr/a\0", 6), "pdr0", {.limit = 1, .revision = 0, .keys_only = true}),
+            R"({"key":"cGRyL2EA","range_end":"cGRyMA==","limit":"1","keys_only":true})");
+}
+
 TEST(EtcdJson, RefusesAnswersItCannotTrust) {
   struct Case {
     const char* json;
@@ -140,9 +186,6 @@ TEST(EtcdJson, RefusesAnswersItCannotTrust) {
             StatusCode::kInvalidValue);
   EXPECT_EQ(parse_etcd_watch(R"({"result":{"events":[{"type":"DELETE"}]}})", &watch).code(),
             StatusCode::kMissingKey);
-  const std::string long_key = "{\"kvs\":[{\"key\":\"" + base64_encode(std::string(kMaxEtcdKeyBytes + 1, 'k')) + "\"}]}";
-  EtcdRangeAnswer range;
-  EXPECT_EQ(parse_etcd_range(long_key, &range).code(), StatusCode::kTooLarge);
   std::string token;
   EtcdAnswer answer;
   EXPECT_EQ(parse_etcd_token(R"({"token":"a b"})", &answer, &token).code(), StatusCode::kInvalidValue);

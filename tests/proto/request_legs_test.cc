@@ -226,6 +226,53 @@ TEST(NixlLegs, FinishCopiesPrefillParamsVerbatim) {
   ExpectUntouched(body.text, b.decode.body_text(), {"kv_transfer_params"});
 }
 
+// The decode connects to remote_host: an admitted prefill must not aim it at a third host. Names
+// below end in .invalid (RFC 6761: never resolve) and nothing here connects anywhere.
+TEST(NixlLegs, FinishRefusesARemoteHostThatIsNotThePrefill) {
+  const Body body = Bodies()[0];
+  auto answer = [](std::string_view host_json) {
+    return std::string(R"({"id":"x","kv_transfer_params":{"remote_engine_id":"e1","remote_block_ids":[[1]],)"
+                       R"("remote_port":5600,"remote_host":)") +
+           std::string(host_json) + "}}";
+  };
+  auto finish = [&](const char* prefill, const char* decode, std::string_view host_json) {
+    LegBuild b = Build(body, Plain(Connector::kNixl, prefill, 8100), Plain(Connector::kNixl, decode, 8200));
+    const std::string before = b.decode.body_text();
+    Status st = finish_decode_leg(b.plan, &b.decode, answer(host_json));
+    if (!st.is_ok()) {
+      EXPECT_EQ(b.decode.body_text(), before) << "a refusal leaves the decode leg unchanged";
+    }
+    return st;
+  };
+  // The prefill's own registered host: any case, one trailing dot.
+  EXPECT_TRUE(finish("node-p.invalid", "node-d.invalid", R"("node-p.invalid")").is_ok());
+  EXPECT_TRUE(finish("node-p.invalid", "node-d.invalid", R"("NODE-P.invalid.")").is_ok());
+  EXPECT_TRUE(finish("fd00::1", "fd00::2", R"("fd00:0::1")").is_ok());
+  // Absent or null: nothing to aim.
+  EXPECT_TRUE(finish("node-p.invalid", "node-d.invalid", "null").is_ok());
+  // A third host, by name or address, or escaped in the key: refused, the decode never sent.
+  for (const char* host : {R"("victim.invalid")", R"("fd00::2")", R"("127.0.0.1")", R"("localhost")"}) {
+    const Status st = finish("node-p.invalid", "node-d.invalid", host);
+    EXPECT_EQ(st.code(), StatusCode::kRejected) << host;
+    EXPECT_NE(st.message().find("not the prefill's own host 'node-p.invalid'"), std::string::npos) << st.message();
+  }
+  EXPECT_EQ(finish("node-p.invalid", "node-d.invalid", "5").code(), StatusCode::kWrongType);
+  {
+    LegBuild b = Build(body, Plain(Connector::kNixl, "node-p.invalid", 8100),
+                       Plain(Connector::kNixl, "node-d.invalid", 8200));
+    EXPECT_EQ(finish_decode_leg(b.plan, &b.decode,
+                                R"({"kv_transfer_params":{"remote_block_ids":[[1]],"remote\u005fhost":"victim.invalid"}})")
+                  .code(),
+              StatusCode::kRejected);
+  }
+  // vLLM's default side channel host is "localhost": right when both nodes share a host (one
+  // machine), wrong otherwise (the decode would connect to itself).
+  EXPECT_TRUE(finish("node-p.invalid", "node-p.invalid", R"("localhost")").is_ok());
+  EXPECT_TRUE(finish("127.0.10.1", "127.0.10.2", R"("localhost")").is_ok());
+  EXPECT_TRUE(finish("127.0.10.1", "127.0.10.2", R"("127.0.10.9")").is_ok());
+  EXPECT_EQ(finish("127.0.10.1", "node-d.invalid", R"("victim.invalid")").code(), StatusCode::kRejected);
+}
+
 TEST(NixlLegs, FinishReportsMissingOrNullParams) {
   const Body body = Bodies()[0];
   LegBuild b =

@@ -70,33 +70,74 @@ TEST(StatusCache, DynamicFieldsAreRefreshedAfterMaxAge) {
   EXPECT_EQ(routes.status_renders(), 2u);
 }
 
+using Scope = AdminThrottle::Scope;
+
 TEST(AdminThrottle, BurstThenRefill) {
   AdminThrottle t;
   const auto t0 = AdminThrottle::Clock::now();
-  const int burst = static_cast<int>(AdminThrottle::kBurst);
+  const int burst = static_cast<int>(AdminThrottle::kAddressLimits.burst);
   for (int i = 0; i < burst; ++i) {
-    EXPECT_FALSE(t.throttled("127.0.0.1", t0)) << i;
+    EXPECT_EQ(t.throttled("127.0.0.1", t0), Scope::kNone) << i;
     t.failed("127.0.0.1", t0);
   }
-  EXPECT_TRUE(t.throttled("127.0.0.1", t0));
-  EXPECT_FALSE(t.throttled("127.0.0.2", t0));  // per address
-  // One token back after 1 / kRefillPerSecond.
+  EXPECT_EQ(t.throttled("127.0.0.1", t0), Scope::kAddress);
+  EXPECT_EQ(t.throttled("127.0.0.2", t0), Scope::kNone);  // another address of the network
+  // One token back after 1 / refill_per_second.
   const auto one_token = std::chrono::duration_cast<AdminThrottle::Clock::duration>(
-      std::chrono::duration<double>(1.0 / AdminThrottle::kRefillPerSecond));
-  EXPECT_TRUE(t.throttled("127.0.0.1", t0 + one_token / 2));
-  EXPECT_FALSE(t.throttled("127.0.0.1", t0 + one_token));
+      std::chrono::duration<double>(1.0 / AdminThrottle::kAddressLimits.refill_per_second));
+  EXPECT_EQ(t.throttled("127.0.0.1", t0 + one_token / 2), Scope::kAddress);
+  EXPECT_EQ(t.throttled("127.0.0.1", t0 + one_token), Scope::kNone);
   // A full bucket forgets the address.
-  EXPECT_FALSE(t.throttled("127.0.0.1", t0 + one_token * (burst + 1)));
+  EXPECT_EQ(t.throttled("127.0.0.1", t0 + one_token * (burst + 1)), Scope::kNone);
   EXPECT_EQ(t.tracked(), 0u);
+}
+
+// Many addresses of one network share its bucket; many networks share the global one.
+TEST(AdminThrottle, NetworkAndGlobalBudgets) {
+  AdminThrottle t;
+  const auto t0 = AdminThrottle::Clock::now();
+  const int network_burst = static_cast<int>(AdminThrottle::kNetworkLimits.burst);
+  for (int i = 0; i < network_burst; ++i) {
+    const std::string address = "10.1.2." + std::to_string(i);
+    EXPECT_EQ(t.throttled(address, t0), Scope::kNone) << i;
+    t.failed(address, t0);
+  }
+  EXPECT_EQ(t.throttled("10.1.2.200", t0), Scope::kNetwork);
+  EXPECT_EQ(t.throttled("10.1.3.1", t0), Scope::kNone);
+  // IPv6: the /64 is the network.
+  AdminThrottle v6;
+  for (int i = 0; i < network_burst; ++i) v6.failed("2001:db8:1:2::" + std::to_string(i + 1), t0);
+  EXPECT_EQ(v6.throttled("2001:db8:1:2:ffff::1", t0), Scope::kNetwork);
+  EXPECT_EQ(v6.throttled("2001:db8:1:3::1", t0), Scope::kNone);
+  // Every network: the global budget.
+  AdminThrottle all;
+  const int all_burst = static_cast<int>(AdminThrottle::kAllLimits.burst);
+  for (int i = 0; i < all_burst; ++i) all.failed("127." + std::to_string(i) + ".0.1", t0);
+  EXPECT_EQ(all.throttled("192.0.2.1", t0), Scope::kAll);
+  const auto one_token = std::chrono::duration_cast<AdminThrottle::Clock::duration>(
+      std::chrono::duration<double>(1.0 / AdminThrottle::kAllLimits.refill_per_second));
+  EXPECT_EQ(all.throttled("192.0.2.1", t0 + one_token), Scope::kNone);
+}
+
+TEST(AdminThrottle, NetworkOf) {
+  EXPECT_EQ(AdminThrottle::network_of("10.1.2.3"), "10.1.2.0/24");
+  EXPECT_EQ(AdminThrottle::network_of("2001:db8:1:2:3::4"), "2001:db8:1:2::/64");
+  EXPECT_EQ(AdminThrottle::network_of("::1"), "0:0:0:0::/64");
+  EXPECT_EQ(AdminThrottle::network_of("::ffff:10.1.2.3"), "10.1.2.0/24");
+  EXPECT_EQ(AdminThrottle::network_of("not-an-ip"), "not-an-ip");
 }
 
 TEST(AdminThrottle, TableIsBounded) {
   AdminThrottle t;
   const auto now = AdminThrottle::Clock::now();
-  for (size_t i = 0; i < AdminThrottle::kMaxAddresses + 100; ++i) {
+  for (size_t i = 0; i < AdminThrottle::kMaxEntries + 100; ++i) {
     t.failed("127.1." + std::to_string(i / 256) + "." + std::to_string(i % 256), now);
   }
-  EXPECT_EQ(t.tracked(), AdminThrottle::kMaxAddresses);
+  EXPECT_EQ(t.tracked(), AdminThrottle::kMaxEntries);
+  for (size_t i = 0; i < AdminThrottle::kMaxEntries + 100; ++i) {
+    t.failed("10." + std::to_string(i / 256) + "." + std::to_string(i % 256) + ".1", now);
+  }
+  EXPECT_EQ(t.tracked_networks(), AdminThrottle::kMaxEntries);
 }
 
 TEST(AdminThrottle, AddressOfPeer) {

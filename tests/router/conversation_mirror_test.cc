@@ -39,24 +39,31 @@ int64_t unix_ms(WallClock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
 }
 
+// A conversation of the anonymous client, or of `binding`.
+ConversationCache::Key K(std::string_view id, std::string_view binding = {}) { return {binding, id}; }
+std::string ckey(std::string_view id, std::string_view binding = {}) {
+  return proto::etcd_conversation_key(kPrefix, binding, id);
+}
+
 proto::EtcdKeyValue kv(const std::string& id, const std::string& writer, int64_t expires_ms,
-                       const std::string& decode = "127.0.40.1:8000") {
+                       const std::string& decode = "127.0.40.1:8000", const std::string& binding = {}) {
   proto::EtcdConversationEntry e;
   e.writer = writer;
+  e.binding = binding;
   e.decode_key = decode;
   e.decode_epoch = 9;
   e.expires_unix_ms = expires_ms;
   e.prefill_params = R"({"remote_block_ids":[1,2],"do_remote_decode":true})";
   proto::EtcdKeyValue out;
-  out.key = proto::etcd_conversation_key(kPrefix, id);
+  out.key = ckey(id, binding);
   out.value = proto::encode_etcd_conversation(e);
   return out;
 }
 
-proto::EtcdEvent delete_event(const std::string& id, int64_t revision) {
+proto::EtcdEvent delete_event(const std::string& id, int64_t revision, const std::string& binding = {}) {
   proto::EtcdEvent e;
   e.is_delete = true;
-  e.kv.key = proto::etcd_conversation_key(kPrefix, id);
+  e.kv.key = ckey(id, binding);
   e.kv.mod_revision = revision;
   return e;
 }
@@ -71,14 +78,14 @@ ConversationCache::Limits limits() {
 TEST(ConversationMirror, LocalPutsAndTakesBecomeEtcdOperations) {
   Fixture f;
   const auto wall_before = WallClock::now();
-  f.cache.put("conv/1", ConversationCache::Entry{"127.0.40.1:8000", 4, R"({"x":1})"}, ConversationCache::Clock::now(),
+  f.cache.put(K("conv/1"), ConversationCache::Entry{"127.0.40.1:8000", 4, R"({"x":1})"}, ConversationCache::Clock::now(),
               limits());
-  ASSERT_TRUE(f.cache.take("conv/1", ConversationCache::Clock::now(), 450s).has_value());
+  ASSERT_TRUE(f.cache.take(K("conv/1"), ConversationCache::Clock::now(), 450s).has_value());
   EXPECT_EQ(f.wakes, 2);
   auto ops = f.mirror.pop(10);
   ASSERT_EQ(ops.size(), 2u);
   EXPECT_FALSE(ops[0].is_delete);
-  EXPECT_EQ(ops[0].key, proto::etcd_conversation_key(kPrefix, "conv/1"));
+  EXPECT_EQ(ops[0].key, ckey("conv/1"));
   EXPECT_EQ(ops[0].lease_seconds, 450);
   proto::EtcdConversationEntry e;
   ASSERT_TRUE(proto::parse_etcd_conversation(ops[0].value, &e).is_ok());
@@ -93,14 +100,81 @@ TEST(ConversationMirror, LocalPutsAndTakesBecomeEtcdOperations) {
   EXPECT_TRUE(f.mirror.pop(10).empty());
 }
 
+// Bindings (router/proxy/conversation_binding.h) are 32-byte digests.
+const std::string kAlice = "alice-binding-32-bytes-long-xxxx";
+const std::string kMallory = "mallory-binding-32-bytes-long-xx";
+
+TEST(ConversationMirror, TheClientsBindingGoesIntoTheKeyAndTheValue) {
+  Fixture f;
+  f.cache.put(K("conv/1", kAlice), ConversationCache::Entry{"127.0.40.1:8000", 4, R"({"x":1})"},
+              ConversationCache::Clock::now(), limits());
+  ASSERT_TRUE(f.cache.take(K("conv/1", kAlice), ConversationCache::Clock::now(), 450s).has_value());
+  auto ops = f.mirror.pop(10);
+  ASSERT_EQ(ops.size(), 2u);
+  EXPECT_EQ(ops[0].key, std::string(kPrefix) + "conversations/" + proto::conversation_binding_text(kAlice) + "/" +
+                            proto::base64url_encode("conv/1"));
+  EXPECT_EQ(ops[1].key, ops[0].key);
+  proto::EtcdConversationEntry e;
+  ASSERT_TRUE(proto::parse_etcd_conversation(ops[0].value, &e).is_ok());
+  EXPECT_EQ(e.binding, kAlice);
+}
+
+TEST(ConversationMirror, EntriesOfTwoClientsWithOneIdStayApartOnEveryReplica) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  proto::EtcdKeyValue alice = kv("conv", "replica-b", unix_ms(wall) + 100'000, "127.0.40.1:8000", kAlice);
+  proto::EtcdKeyValue mallory = kv("conv", "replica-b", unix_ms(wall) + 100'000, "127.0.40.2:8000", kMallory);
+  f.mirror.resync({alice, mallory}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 2u);
+  // Mallory's take deletes only her key; Alice's entry stays on this replica.
+  f.mirror.apply({delete_event("conv", 10, kMallory)}, wall, now);
+  EXPECT_EQ(f.cache.stats().entries, 1u);
+  bool other = false;
+  EXPECT_FALSE(f.cache.take(K("conv", kMallory), now, 450s, &other).has_value());
+  EXPECT_TRUE(other);
+  EXPECT_FALSE(f.cache.take(K("conv"), now, 450s).has_value());  // nor for an anonymous client
+  auto got = f.cache.take(K("conv", kAlice), now, 450s);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->decode_key, "127.0.40.1:8000");
+}
+
+TEST(ConversationMirror, EntriesWithoutABindingOrWithAnotherOneInTheirValueAreRejected) {
+  Fixture f;
+  const auto wall = WallClock::now();
+  const auto now = ConversationCache::Clock::now();
+  const int64_t expires = unix_ms(wall) + 100'000;
+  // A replica from before bindings: <prefix>conversations/<id>, no "binding" in the value.
+  proto::EtcdKeyValue old_format;
+  old_format.key = std::string(kPrefix) + "conversations/" + proto::base64url_encode("conv");
+  old_format.value = R"({"writer":"replica-old","decode":"127.0.40.1:8000","epoch":1,"expires_ms":)" +
+                     std::to_string(expires) + R"(,"params":{"remote_block_ids":[1]}})";
+  // The same value under a key of the new layout: still no binding in it.
+  proto::EtcdKeyValue old_value = old_format;
+  old_value.key = ckey("conv");
+  // A value naming Alice under Mallory's key.
+  proto::EtcdKeyValue moved = kv("conv", "replica-b", expires, "127.0.40.1:8000", kAlice);
+  moved.key = ckey("conv", kMallory);
+  f.mirror.resync({old_format, old_value, moved}, wall, now);
+  proto::EtcdEvent old_delete;
+  old_delete.is_delete = true;
+  old_delete.kv.key = old_format.key;
+  f.mirror.apply({proto::EtcdEvent{false, old_format}, old_delete}, wall, now);
+  EXPECT_EQ(f.status.conversation_rejected.load(), 5u);
+  EXPECT_EQ(f.cache.stats().entries, 0u);
+}
+
 TEST(ConversationMirror, TheQueueIsBoundedAndDroppingCountsFailures) {
   Fixture f;
-  for (size_t i = 0; i < ConversationMirror::kMaxQueued + 5; ++i) f.mirror.taken("c" + std::to_string(i));
+  for (size_t i = 0; i < ConversationMirror::kMaxQueued + 5; ++i) {
+    const std::string id = "c" + std::to_string(i);
+    f.mirror.taken(K(id));
+  }
   EXPECT_EQ(f.status.conversation_failures.load(), 5u);
   EXPECT_EQ(f.mirror.drop_queued(), ConversationMirror::kMaxQueued);
   EXPECT_EQ(f.status.conversation_failures.load(), 5u + ConversationMirror::kMaxQueued);
   f.mirror.close();
-  f.mirror.taken("after-close");
+  f.mirror.taken(K("after-close"));
   EXPECT_TRUE(f.mirror.pop(10).empty());
 }
 
@@ -115,9 +189,9 @@ TEST(ConversationMirror, AResyncMirrorsOtherWritersEntriesAsRemote) {
   EXPECT_EQ(st.entries, 2u);  // "mine" too: this replica id's, restored (see RestoresOwnEntries...)
   EXPECT_EQ(st.remote_entries, 2u);
   // 100 s left of its 450 s: gone 100 s from now, whatever the two replicas' clocks say.
-  EXPECT_FALSE(f.cache.take("theirs", now + 101s, 450s).has_value());
+  EXPECT_FALSE(f.cache.take(K("theirs"), now + 101s, 450s).has_value());
   f.mirror.resync({kv("theirs", "replica-b", unix_ms(wall) + 100'000)}, wall, now);
-  auto got = f.cache.take("theirs", now + 99s, 450s);
+  auto got = f.cache.take(K("theirs"), now + 99s, 450s);
   ASSERT_TRUE(got.has_value());
   EXPECT_TRUE(got->remote);
   EXPECT_EQ(got->decode_key, "127.0.40.1:8000");
@@ -134,7 +208,7 @@ TEST(ConversationMirror, RestoresOwnEntriesAfterARestartWithTheSameReplicaId) {
   const auto wall = WallClock::now();
   const auto now = ConversationCache::Clock::now();
   // Stored here (this process) and in etcd: the local entry stays as it is.
-  f.cache.put("kept", ConversationCache::Entry{"127.0.40.2:8000", 1, R"({"here":1})"}, now, limits());
+  f.cache.put(K("kept"), ConversationCache::Entry{"127.0.40.2:8000", 1, R"({"here":1})"}, now, limits());
   (void)f.mirror.pop(10);
   proto::EtcdKeyValue restored = kv("restored", "replica-a", unix_ms(wall) + 100'000);
   restored.mod_revision = 50;
@@ -145,12 +219,12 @@ TEST(ConversationMirror, RestoresOwnEntriesAfterARestartWithTheSameReplicaId) {
   EXPECT_EQ(f.status.conversation_mirrored.load(), 0u);
   // A late delete of an older take does not remove it; its expiry maps like a mirrored one.
   f.mirror.apply({delete_event("restored", 40)}, wall, now);
-  EXPECT_FALSE(f.cache.take("restored", now + 101s, 450s).has_value());
+  EXPECT_FALSE(f.cache.take(K("restored"), now + 101s, 450s).has_value());
   f.mirror.resync({restored}, wall, now);
-  auto got = f.cache.take("restored", now + 99s, 450s);
+  auto got = f.cache.take(K("restored"), now + 99s, 450s);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->decode_key, "127.0.40.1:8000");
-  got = f.cache.take("kept", now, 450s);
+  got = f.cache.take(K("kept"), now, 450s);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->prefill_params, R"({"here":1})");
   EXPECT_FALSE(got->remote);
@@ -165,11 +239,11 @@ TEST(ConversationMirror, AResyncDropsRemoteEntriesEtcdNoLongerHoldsButKeepsLocal
   const auto now = ConversationCache::Clock::now();
   f.mirror.resync({kv("r1", "replica-b", unix_ms(wall) + 100'000), kv("r2", "replica-b", unix_ms(wall) + 100'000)}, wall,
                   now);
-  f.cache.put("local", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  f.cache.put(K("local"), ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
   f.mirror.resync({kv("r2", "replica-b", unix_ms(wall) + 100'000)}, wall, now);
-  EXPECT_FALSE(f.cache.take("r1", now, 450s).has_value());
-  EXPECT_TRUE(f.cache.take("r2", now, 450s).has_value());
-  EXPECT_TRUE(f.cache.take("local", now, 450s).has_value());
+  EXPECT_FALSE(f.cache.take(K("r1"), now, 450s).has_value());
+  EXPECT_TRUE(f.cache.take(K("r2"), now, 450s).has_value());
+  EXPECT_TRUE(f.cache.take(K("local"), now, 450s).has_value());
 }
 
 TEST(ConversationMirror, BadExpiredOrForeignValuesAreRejectedAndCounted) {
@@ -194,34 +268,34 @@ TEST(ConversationMirror, WatchEventsMirrorPutsAndADeleteRemovesTheEntryWhoeverWr
   Fixture f;
   const auto wall = WallClock::now();
   const auto now = ConversationCache::Clock::now();
-  f.cache.put("mine", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  f.cache.put(K("mine"), ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
   (void)f.mirror.pop(10);
   proto::EtcdEvent put;
   put.kv = kv("theirs", "replica-b", unix_ms(wall) + 100'000);
   proto::EtcdEvent del_mine;
   del_mine.is_delete = true;
-  del_mine.kv.key = proto::etcd_conversation_key(kPrefix, "mine");  // taken on another replica
+  del_mine.kv.key = ckey("mine");  // taken on another replica
   proto::EtcdEvent del_bad;
   del_bad.is_delete = true;
   del_bad.kv.key = std::string(kPrefix) + "conversations/!";
   f.mirror.apply({put, del_mine, del_bad}, wall, now);
   EXPECT_EQ(f.status.conversation_rejected.load(), 1u);
-  EXPECT_FALSE(f.cache.take("mine", now, 450s).has_value());
-  EXPECT_TRUE(f.cache.take("theirs", now, 450s).has_value());
+  EXPECT_FALSE(f.cache.take(K("mine"), now, 450s).has_value());
+  EXPECT_TRUE(f.cache.take(K("theirs"), now, 450s).has_value());
   // Neither the mirrored put nor the remote delete is written back.
   auto ops = f.mirror.pop(10);
   ASSERT_EQ(ops.size(), 1u);  // the take of "theirs"
   EXPECT_TRUE(ops[0].is_delete);
-  EXPECT_EQ(ops[0].key, proto::etcd_conversation_key(kPrefix, "theirs"));
+  EXPECT_EQ(ops[0].key, ckey("theirs"));
 }
 
 TEST(ConversationMirror, ALateDeleteOfAnotherReplicasTakeKeepsTheNewerLocalEntry) {
   Fixture f;
   const auto wall = WallClock::now();
   const auto now = ConversationCache::Clock::now();
-  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
+  const std::string key = ckey("x");
   // This replica stored x; etcd applied the put at revision 50.
-  f.cache.put("x", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  f.cache.put(K("x"), ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
   (void)f.mirror.pop(10);
   f.mirror.put_sent(key);
   f.mirror.put_answered(key, true, 50);
@@ -238,8 +312,8 @@ TEST(ConversationMirror, ALatePutOfAnotherWriterKeepsTheNewerLocalEntry) {
   Fixture f;
   const auto wall = WallClock::now();
   const auto now = ConversationCache::Clock::now();
-  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
-  f.cache.put("x", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  const std::string key = ckey("x");
+  f.cache.put(K("x"), ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
   f.mirror.put_sent(key);
   f.mirror.put_answered(key, true, 50);
   proto::EtcdEvent older;
@@ -260,8 +334,8 @@ TEST(ConversationMirror, ADeleteSeenWhileThePutIsInFlightIsDecidedByThePutsRevis
   Fixture f;
   const auto wall = WallClock::now();
   const auto now = ConversationCache::Clock::now();
-  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
-  f.cache.put("x", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  const std::string key = ckey("x");
+  f.cache.put(K("x"), ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
   f.mirror.put_sent(key);
   f.mirror.apply({delete_event("x", 40)}, wall, now);
   EXPECT_EQ(f.cache.stats().entries, 1u);  // deferred
@@ -275,8 +349,8 @@ TEST(ConversationMirror, ADeleteSeenWhileThePutIsInFlightIsDecidedByThePutsRevis
   f.mirror.put_answered(key, true, 60);   // the delete took this put's entry: gone
   EXPECT_EQ(f.cache.stats().entries, 0u);
 
-  f.cache.put("y", ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
-  const std::string key_y = proto::etcd_conversation_key(kPrefix, "y");
+  f.cache.put(K("y"), ConversationCache::Entry{"127.0.40.2:8000", 1, "{}"}, now, limits());
+  const std::string key_y = ckey("y");
   f.mirror.put_sent(key_y);
   f.mirror.apply({delete_event("y", 80)}, wall, now);
   f.mirror.put_answered(key_y, false, 0);  // failed put: nothing newer in etcd, the delete applies
@@ -287,7 +361,7 @@ TEST(ConversationMirror, ThisReplicasOwnTakeForgetsItsPutRevision) {
   Fixture f;
   const auto wall = WallClock::now();
   const auto now = ConversationCache::Clock::now();
-  const std::string key = proto::etcd_conversation_key(kPrefix, "x");
+  const std::string key = ckey("x");
   f.mirror.put_sent(key);
   f.mirror.put_answered(key, true, 50);
   f.mirror.delete_sent(key);

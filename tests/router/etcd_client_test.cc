@@ -41,10 +41,13 @@ class EtcdClientTest : public ::testing::Test {
     EXPECT_EQ(uv_loop_close(&loop_), 0);
   }
 
-  std::unique_ptr<EtcdClient> make_client(uint16_t port) {
+  std::unique_ptr<EtcdClient> make_client(uint16_t port, int64_t range_page_limit = 256,
+                                          size_t max_answer_bytes = proto::kMaxEtcdAnswerBytes) {
     EtcdClientOptions options;
     options.endpoints.push_back({"127.0.0.1", port});
     options.timeout = std::chrono::milliseconds(1000);
+    options.range_page_limit = range_page_limit;
+    options.max_answer_bytes = max_answer_bytes;
     return std::make_unique<EtcdClient>(&loop_, options);
   }
 
@@ -96,6 +99,48 @@ TEST_F(EtcdClientTest, PutRangeAndDeleteUnderAPrefix) {
   EXPECT_TRUE(deleted->is_ok());
   EXPECT_EQ(range("pdr/").kvs.size(), 1u);
   EXPECT_EQ(client_->stats().puts, 3u);
+}
+
+// A range is read in pages (etcd's limit), all at the first page's revision, and a value over
+// the codec's limit is refused alone: the range still succeeds with every other key.
+TEST_F(EtcdClientTest, RangesArePagedAtOneRevisionAndAnOversizedValueIsRefusedAlone) {
+  for (char c = 'a'; c <= 'e'; ++c) ASSERT_TRUE(put(std::string("pdr/") + c, std::string(1, c)).is_ok());
+  // 1.2 MiB: over pdrouter's 1 MiB value limit, under etcd's default 1.5 MiB request limit.
+  ASSERT_TRUE(put("pdr/big", std::string(1200 * 1024, 'x')).is_ok());
+  client_ = make_client(etcd_.client_port(), /*range_page_limit=*/2);
+  const std::optional<proto::EtcdRangeAnswer> result = range("pdr/");
+  std::vector<std::string> keys;
+  for (const auto& kv : result->kvs) keys.push_back(kv.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"pdr/a", "pdr/b", "pdr/big", "pdr/c", "pdr/d", "pdr/e"}));
+  EXPECT_EQ(result->kvs[2].value, "");
+  EXPECT_EQ(result->kvs[2].refused, "etcd answer: value over 1048576 bytes");
+  EXPECT_EQ(result->kvs[1].value, "b");
+  EXPECT_FALSE(result->more);
+  EXPECT_EQ(client_->stats().range_pages, 3u);
+  EXPECT_EQ(client_->stats().failures, 0u);
+}
+
+// A page whose answer is over the answer cap is asked again with half the limit; a key-value too
+// large for an answer alone is skipped (its key read with keys_only) and handed back refused. The
+// cap is lowered to 64 KiB here so that values a default etcd accepts exercise both.
+TEST_F(EtcdClientTest, APageOverTheAnswerCapIsHalvedAndALoneHugeKeyValueSkipped) {
+  ASSERT_TRUE(put("pdr/a", std::string(30 * 1024, 'a')).is_ok());
+  ASSERT_TRUE(put("pdr/b", std::string(30 * 1024, 'b')).is_ok());
+  ASSERT_TRUE(put("pdr/c", std::string(100 * 1024, 'c')).is_ok());  // alone over the cap (base64, JSON)
+  ASSERT_TRUE(put("pdr/d", "d").is_ok());
+  client_ = make_client(etcd_.client_port(), /*range_page_limit=*/4, /*max_answer_bytes=*/64 * 1024);
+  const proto::EtcdRangeAnswer r = range("pdr/");
+  std::vector<std::string> keys;
+  for (const auto& kv : r.kvs) keys.push_back(kv.key);
+  ASSERT_EQ(keys, (std::vector<std::string>{"pdr/a", "pdr/b", "pdr/c", "pdr/d"}));
+  EXPECT_EQ(r.kvs[0].value, std::string(30 * 1024, 'a'));
+  EXPECT_EQ(r.kvs[1].value, std::string(30 * 1024, 'b'));
+  EXPECT_EQ(r.kvs[2].value, "");
+  EXPECT_EQ(r.kvs[2].refused, "etcd answer: key-value over 65536 bytes");
+  EXPECT_EQ(r.kvs[3].value, "d");
+  // 4 (a..d: too large), 2 (a, b: too large), 1 (a), 1 (b), 1 (c: too large), c keys only, then
+  // 4 again from d.
+  EXPECT_EQ(client_->stats().range_pages, 7u);
 }
 
 TEST_F(EtcdClientTest, LeaseGrantKeepaliveRevokeAndExpiry) {

@@ -1100,6 +1100,114 @@ TEST(ProxySessionJson, DecodeFailingAfterItsHeadIs502) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The decode's kv_transfer_params (node-internal: its host, KV port, engine and block ids) never
+// reach the client: nulled where they can be, the answer failed where they cannot.
+
+constexpr std::string_view kDecodeParams =
+    R"({"remote_block_ids":[5,6],"remote_engine_id":"engine-d","remote_host":"127.0.0.3","remote_port":5601})";
+
+TEST(ProxySessionKvParams, NulledInAJsonAnswer) {
+  Harness h(Dialect::kNixl);
+  ASSERT_EQ(h.connect_and_send(kJsonBody), "");
+  auto decode = reach_decode(h);
+  ASSERT_TRUE(decode);
+  const std::string answer = R"({"id":"cmpl-2","choices":[{"text":"AB"}],"kv_transfer_params":)" +
+                             std::string(kDecodeParams) + "}";
+  ASSERT_TRUE(h.on_worker([&] { decode->answer(200, "application/json", answer); }));
+  test::HttpResponse r = h.client.read_response(scaled_ms(10s));
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, R"({"id":"cmpl-2","choices":[{"text":"AB"}],"kv_transfer_params":null})");
+  ASSERT_TRUE(h.wait_ended());
+  EXPECT_EQ(h.into(RS::kDone), 1u);
+  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+}
+
+TEST(ProxySessionKvParams, NulledInTheStreamEventCarryingThemEvenSplitAcrossReads) {
+  Harness h(Dialect::kNixl);
+  ASSERT_EQ(h.connect_and_send(), "");
+  auto decode = reach_decode(h);
+  ASSERT_TRUE(decode);
+  const std::string kv_event = R"(data: {"choices":[],"kv_transfer_params":)" + std::string(kDecodeParams) + "}\n\n";
+  ASSERT_TRUE(h.on_worker([&] {
+    decode->head(200, {{"Content-Type", "text/event-stream"}});
+    decode->body(kFirstEvent);
+    decode->body(kv_event.substr(0, 30));  // the key cut in two
+    decode->body(kv_event.substr(30));
+    decode->body(kLastEvent);
+    decode->complete();
+  }));
+  test::HttpResponse r = h.client.read_response(scaled_ms(10s));
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, std::string(kFirstEvent) + R"(data: {"choices":[],"kv_transfer_params":null})" + "\n\n" +
+                        std::string(kLastEvent));
+  ASSERT_TRUE(h.wait_ended());
+  EXPECT_EQ(h.into(RS::kDone), 1u);
+}
+
+// An event over kMaxPartialEvent goes out in parts, and params in it can no longer be removed:
+// the stream ends with an error event instead, whether the key is in the part being flushed or
+// cut by the flush (the last bytes are held back, so the next part sees it whole).
+TEST(ProxySessionKvParams, AnOversizedEventCarryingThemEndsTheStreamWithoutThem) {
+  const std::string padding(ProxySession::kMaxPartialEvent, 'x');
+  const std::string key_cut = R"("kv_transfer_p)";
+  for (const bool cut_in_the_key : {false, true}) {
+    SCOPED_TRACE(cut_in_the_key ? "the key cut by the flush" : "the key in the flushed part");
+    Harness h(Dialect::kNixl);
+    ASSERT_EQ(h.connect_and_send(), "");
+    auto decode = reach_decode(h);
+    ASSERT_TRUE(decode);
+    const std::string start = R"(data: {"pad":")" + padding + R"(",)";
+    const std::string rest = R"("kv_transfer_params":)" + std::string(kDecodeParams) + "}\n\n";
+    ASSERT_TRUE(h.on_worker([&] {
+      decode->head(200, {{"Content-Type", "text/event-stream"}});
+      decode->body(kFirstEvent);
+      if (cut_in_the_key) {
+        decode->body(start + key_cut);
+        decode->body(rest.substr(key_cut.size()));
+      } else {
+        decode->body(start + rest.substr(0, 40));
+        decode->body(rest.substr(40));
+      }
+      decode->body(kLastEvent);
+      decode->complete();
+    }));
+    test::HttpResponse r = h.client.read_response(scaled_ms(10s));
+    ASSERT_TRUE(r.ok()) << r.error;
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.body.find("remote_block_ids"), std::string::npos);
+    EXPECT_EQ(r.body.find("engine-d"), std::string::npos);
+    EXPECT_NE(r.body.find("\"code\":\"decode_failed\""), std::string::npos) << r.body.substr(r.body.size() - 300);
+    EXPECT_EQ(r.body.rfind(kFirstEvent, 0), 0u);
+    // The error is an event of its own, after a blank line (a part of the big event went out).
+    const size_t error = r.body.find("data: {\"error\"");
+    ASSERT_NE(error, std::string::npos);
+    EXPECT_EQ(r.body.substr(error - 2, 2), "\n\n");
+    ASSERT_TRUE(h.wait_ended());
+    EXPECT_EQ(h.into(RS::kFailed), 1u);
+    EXPECT_EQ(h.failures(Leg::kDecode, LegFailure::kBadResponse), 1u);
+  }
+}
+
+TEST(ProxySessionKvParams, AJsonAnswerCarryingThemThatIsNotJsonIs502) {
+  Harness h(Dialect::kNixl);
+  ASSERT_EQ(h.connect_and_send(kJsonBody), "");
+  auto decode = reach_decode(h);
+  ASSERT_TRUE(decode);
+  const std::string answer = R"({"id":"cmpl-2","kv_transfer_params":)" + std::string(kDecodeParams);  // unclosed
+  ASSERT_TRUE(h.on_worker([&] { decode->answer(200, "application/json", answer); }));
+  test::HttpResponse r = h.client.read_response(scaled_ms(10s));
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.status, 502);
+  EXPECT_EQ(r.body.find("remote_block_ids"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("\"code\":\"decode_failed\""), std::string::npos) << r.body;
+  ASSERT_TRUE(h.wait_ended());
+  EXPECT_EQ(h.into(RS::kFailed), 1u);
+  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Mooncake's pre-step: the prefill's bootstrap /query, before PAIRED.
 
 constexpr std::string_view kMooncakeQueryAnswer = R"({"0":{"engine_id":"engine-0","worker_addr":"127.0.0.1:17000"}})";

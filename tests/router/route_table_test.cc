@@ -100,6 +100,8 @@ TEST(RouteTable, WrongMethodFindsThePathAndAllowListsItsMethods) {
       {"/v1/completions", "POST"},
       {"/v1/chat/completions", "POST"},
       {"/v1/responses", "POST"},
+      {"/v1/messages", "POST"},
+      {"/v1/messages/count_tokens", "POST"},
       {"/health_generate", "GET, HEAD"},
       {"/engine_metrics", "GET, HEAD"},
       {"/start_profile", "POST"},
@@ -142,6 +144,21 @@ TEST(RouteTable, HeadRunsTheGetRouteOfEveryGetPath) {
   }
 }
 
+TEST(RouteTable, MethodNotAllowedOnAnthropicsPathsIsAnthropicsErrorShape) {
+  http::Request request;
+  request.method = "GET";
+  request.path = "/v1/messages";
+  const http::Response r = method_not_allowed(request, "POST");
+  EXPECT_EQ(r.status, 405);
+  const auto doc = nlohmann::json::parse(r.body);
+  EXPECT_EQ(doc["type"], "error");
+  EXPECT_EQ(doc["error"]["type"], "invalid_request_error");
+  EXPECT_NE(doc["error"]["message"].get<std::string>().find("use POST"), std::string::npos);
+  EXPECT_FALSE(doc.contains("code"));
+  request.path = "/v1/chat/completions";  // OpenAI's paths keep OpenAI's shape
+  EXPECT_EQ(nlohmann::json::parse(method_not_allowed(request, "POST").body)["error"]["code"], "method_not_allowed");
+}
+
 TEST(RouteTable, DebugCacheNeedsTheAdminKey) {
   const auto found = table().lookup(Surface::kAll, "GET", "/debug/cache");
   ASSERT_NE(found.route, nullptr);
@@ -171,7 +188,8 @@ TEST(RouteTable, ListenerPlacement) {
                                              "/detokenize", "/v1/embeddings", "/pooling", "/classify", "/score",
                                              "/v1/score", "/rerank", "/v1/rerank", "/v1/audio/**",
                                              "/v1/audio/transcriptions", "/v1/responses", "/health_generate",
-                                             "/inference/v1/generate"};
+                                             "/inference/v1/generate", "/v1/messages",
+                                             "/v1/messages/count_tokens"};
   for (const std::string& path : admin_only) {
     EXPECT_NE(table().lookup(Surface::kAll, "", path).resource, nullptr) << path;
     EXPECT_NE(table().lookup(Surface::kAdmin, "", path).resource, nullptr) << path;
@@ -337,6 +355,29 @@ TEST_F(RouteDispatchTest, WrongMethodOnAPdPathIsCountedAsBadPath) {
   EXPECT_EQ(r.status, 405);
   EXPECT_EQ(r.header("Allow"), "GET, HEAD");
   EXPECT_EQ(bad_path.load(), before + 1);
+}
+
+// The path is read in one spelling before any lookup: encoded and dot-segment spellings of a
+// route are that route (its guard included); a path without one spelling is 400 invalid_path.
+TEST_F(RouteDispatchTest, PathsAreNormalisedBeforeTheLookup) {
+  start(Surface::kAll);
+  auto r = request("GET", "/he%61lth");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, R"({"status":"ok"})");
+  r = request("GET", "//x/../health");
+  EXPECT_EQ(r.status, 200);
+  r = request("POST", "/start%5Fprofile", "{}");  // the admin route and its key check
+  EXPECT_EQ(r.status, 403);
+  EXPECT_EQ(error_code(r), "admin_disabled");
+  const auto& bad_path = proxy_->counters().refusals[static_cast<size_t>(proxy::Refusal::kBadPath)];
+  const uint64_t before = bad_path.load();
+  for (const char* path : {"/he%2Falth", "/health%00", "/..", "/%zz"}) {
+    SCOPED_TRACE(path);
+    r = request("GET", path);
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(error_code(r), "invalid_path");
+  }
+  EXPECT_EQ(bad_path.load(), before + 4);
 }
 
 TEST_F(RouteDispatchTest, AdminKeyIsCheckedBeforeTheMethod) {

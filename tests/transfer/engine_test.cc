@@ -192,7 +192,9 @@ TEST(Engine, ExportsADescriptorThePeerCanImport) {
   EXPECT_EQ(b.engine->peer_backend(peer), "");
 
   EXPECT_TRUE(test::Fails(b.engine->import_peer(std::string_view("\x81"), &peer),
-                          StatusCode::kMalformed, "msgpack data is truncated"));
+                          StatusCode::kMalformed,
+                          "msgpack data is truncated: the map at byte 0 declares 1 entries, leaving 2 "
+                          "elements to come in 0 bytes"));
 }
 
 TEST(Engine, RefusesAPeerNoBackendReaches) {
