@@ -44,7 +44,7 @@ class Router:
             # Soft and hard open-file limit for pdrouter alone (prlimit execs it: same pid).
             args = ["prlimit", "--nofile=%d:%d" % (nofile, nofile), "--"] + args
         self.process = ProcessHandle(args, name="pdrouter", env=env, log_dir=self.dir.name)
-        line = self.process.wait_for_line(LISTENING, timeout=10, streams=("stdout",))
+        line = self.process.wait_for_line(LISTENING, timeout=10 * TIME_SCALE, streams=("stdout",))
         if line is None:
             self.process.stop()
             raise RuntimeError("pdrouter did not start:\n" + self.log())
@@ -73,13 +73,14 @@ class Router:
         self.stop()
 
     def stop(self, timeout=10):
-        """SIGTERM, then SIGKILL if it does not exit in time. Returns the exit code."""
+        """SIGTERM, then SIGKILL if it does not exit within `timeout` seconds (scaled: a sanitizer
+        build exits slower on a busy machine). Returns the exit code."""
         if self.ctx is not None:
             for sock in self.sockets:
                 sock.close(linger=0)
             self.ctx.term()
             self.ctx = None
-        return self.process.stop(timeout)
+        return self.process.stop(timeout * TIME_SCALE)
 
     # --- HTTP -------------------------------------------------------------------------------
     def request(self, method, path, body=None, timeout=5, headers=None, admin=False):
