@@ -81,8 +81,25 @@ Status check_instance_connector_fields(const Topology::Connectors& defaults, Ins
       }
       break;
     }
+    case proto::ZmqAddressForm::kPrefillHostPort: {
+      if (!given.zmq_address) {
+        if (inst->role != proto::Role::kPrefill) break;
+        return Status(StatusCode::kMissingKey,
+                      fmt::format("a {} prefill needs zmq_address (its KV side channel, \"host:port\")", name));
+      }
+      proto::HostPort parsed;
+      if (Status s = proto::parse_host_port(inst->zmq_address, &parsed); !s) {
+        *field = "zmq_address";
+        return s;
+      }
+      break;
+    }
     case proto::ZmqAddressForm::kNone:
       break;
+  }
+  if (dialect->prefill_needs_engine_id && inst->role == proto::Role::kPrefill && inst->engine_id.empty()) {
+    return Status(StatusCode::kMissingKey,
+                  fmt::format("a {} prefill needs engine_id (its kv_transfer_config engine_id)", name));
   }
   if (has_modes) {
     if (!given.transfer_mode) inst->transfer_mode = defaults.default_transfer_mode;

@@ -20,7 +20,8 @@ inline constexpr uint32_t kMaxParallelSize = 1024;  // dp_size and tp_size: 1..k
 inline constexpr size_t kMaxLabels = 32;
 inline constexpr size_t kMaxLabelKeyBytes = 64;
 inline constexpr size_t kMaxLabelValueBytes = 256;
-inline constexpr std::string_view kConnectorNames = "moriio, p2p-nccl, nixl, mooncake, sglang";
+inline constexpr size_t kMaxEngineIdBytes = 256;  // engine_id
+inline constexpr std::string_view kConnectorNames = "moriio, p2p-nccl, nixl, mooncake, sglang, nixl-push";
 
 // Named values. kInvalidValue with "unknown role 'x' (expected prefill or decode)" style messages.
 // A connector must be a real one ("unknown" is refused).
@@ -41,7 +42,8 @@ struct InstanceKeysGiven {
 
 // The connector-dependent rules, applied once every field is read: MoRIIO needs its composite
 // zmq_address and a transfer mode (defaulted from `defaults` when absent), P2P-NCCL a host:port
-// zmq_address and no transfer mode; a Mooncake prefill gets the default bootstrap port. Completes
+// zmq_address and no transfer mode; a Mooncake prefill gets the default bootstrap port; a NIXL push
+// prefill needs a host:port zmq_address (its side channel) and an engine_id. Completes
 // `inst` in place. On error `*field` names the key to blame ("zmq_address", "transfer_mode"), or
 // is empty when the instance as a whole is at fault (a required key is missing).
 Status check_instance_connector_fields(const Topology::Connectors& defaults, InstanceKeysGiven given,

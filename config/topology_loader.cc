@@ -669,6 +669,8 @@ Status read_instance(const Source& src, const Field& f, const Topology::Connecto
   r.str("zmq_address", kMaxStringBytes, &inst.zmq_address);
   r.u32("dp_size", 1, kMaxParallelSize, &inst.dp_size);
   r.u32("tp_size", 1, kMaxParallelSize, &inst.tp_size);
+  r.u32("pp_size", 1, kMaxParallelSize, &inst.pp_size);
+  r.str("engine_id", kMaxEngineIdBytes, &inst.engine_id);
   r.with("bootstrap_port", [&](const Field& v) {
     uint64_t port = 0;
     Status s = read_uint(src, v, 1, 65535, &port, "a port number");

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,6 +18,10 @@
 namespace pdr::http {
 
 namespace {
+
+// The descriptor a worker holds in reserve for answering 503 at the open-file limit. An eventfd
+// needs no file system: a container image or chroot may have no /dev/null.
+int open_reserve_fd() { return ::eventfd(0, EFD_CLOEXEC); }
 thread_local HttpWorker* tls_current_worker = nullptr;
 constexpr size_t kReadBufferSize = 64 * 1024;
 constexpr uint64_t kAcceptBackoffMs = 100;
@@ -80,8 +85,8 @@ Status HttpWorker::listen(const std::string& host, uint16_t* port) {
   if (getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
     return Status(StatusCode::kIoError, std::string("getsockname: ") + std::strerror(errno));
   }
-  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (reserve_fd_ < 0) return Status(StatusCode::kIoError, std::string("open /dev/null: ") + std::strerror(errno));
+  reserve_fd_ = open_reserve_fd();
+  if (reserve_fd_ < 0) return Status(StatusCode::kIoError, std::string("eventfd (reserve descriptor): ") + std::strerror(errno));
   *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   // A reopened listener (accept back-off) binds the port this one got.
@@ -295,7 +300,7 @@ void HttpWorker::refuse_busy(int fd) {
 
 bool HttpWorker::refuse_with_reserve() {
   if (reserve_fd_ < 0) {
-    reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // the last try could not reopen it
+    reserve_fd_ = open_reserve_fd();  // the last try could not reopen it
     errno = EMFILE;
     return false;
   }
@@ -304,7 +309,7 @@ bool HttpWorker::refuse_with_reserve() {
   const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
   const int accept_errno = errno;
   if (fd >= 0) refuse_busy(fd);
-  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  reserve_fd_ = open_reserve_fd();
   if (fd < 0) {
     errno = accept_errno;
     return false;

@@ -120,7 +120,7 @@ class HttpWorker {
   detail::UvHandle<uv_async_t> async_;
   detail::UvHandle<uv_poll_t> listener_;  // polls listen_fd_
   int listen_fd_ = -1;
-  int reserve_fd_ = -1;  // /dev/null, held so that EMFILE still leaves room to answer a 503
+  int reserve_fd_ = -1;  // an eventfd, held so that EMFILE still leaves room to answer a 503
   detail::UvHandle<uv_timer_t> backoff_timer_;
   detail::UvHandle<uv_check_t> flush_check_;
   detail::UvHandle<uv_idle_t> flush_idle_;

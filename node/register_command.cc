@@ -121,7 +121,7 @@ FlagError apply_connector(const RegisterFlags& flags, proto::Registration* reg) 
   if (!proto::parse_connector(flags.connector, &connector) ||
       connector == proto::Connector::kUnknown) {
     return "--connector '" + flags.connector +
-           "': expected moriio, p2p-nccl, nixl, mooncake or sglang";
+           "': expected moriio, p2p-nccl, nixl, mooncake, sglang or nixl-push";
   }
   if (reg->format != RegistrationFormat::kPdrouter && connector != reg->connector) {
     return "--connector " + flags.connector + " contradicts --format " +
@@ -135,6 +135,7 @@ FlagError apply_connector(const RegisterFlags& flags, proto::Registration* reg) 
 FlagError reject_extension_flags_for_plain_format(const RegisterFlags& flags) {
   const std::pair<bool, const char*> extension_flags[] = {
       {flags.bootstrap_port != 0, "--bootstrap-port"}, {!flags.model.empty(), "--model"},
+      {!flags.engine_id.empty(), "--engine-id"},        {flags.pp_size != 0, "--pp-size"},
       {!flags.kv_events_endpoint.empty(), "--kv-events-endpoint"},
       {!flags.kv_events_replay_endpoint.empty(), "--kv-events-replay-endpoint"},
       {!flags.labels.empty(), "--label"},              {flags.ttl_ms != 0, "--ttl-ms"},
@@ -167,6 +168,8 @@ FlagError apply_extension(const RegisterFlags& flags, proto::Registration* reg) 
   reg->schema_version = 1;
   reg->model = flags.model;
   if (flags.bootstrap_port != 0) reg->bootstrap_port = static_cast<uint16_t>(flags.bootstrap_port);
+  reg->engine_id = flags.engine_id;
+  if (flags.pp_size != 0) reg->pp_size = flags.pp_size;
   if (flags.ttl_ms != 0) reg->ttl_ms = flags.ttl_ms;
   if (FlagError e = parse_kv_events_endpoint("--kv-events-endpoint", flags.kv_events_endpoint,
                                              &reg->kv_events_endpoint);
@@ -300,7 +303,7 @@ CLI::App* add_register_command(CLI::App& app, RegisterFlags* f) {
       ->capture_default_str()
       ->type_name("FORMAT");
   cmd->add_option("--connector", f->connector,
-                  "KV connector of the node: moriio, p2p-nccl, nixl, mooncake or sglang. Implied by "
+                  "KV connector of the node: moriio, p2p-nccl, nixl, mooncake, sglang or nixl-push. Implied by "
                   "the moriio and p2p-nccl formats; sent only in the pdrouter format.")
       ->type_name("NAME");
   cmd->add_option("--zmq-address", f->zmq_address,
@@ -322,6 +325,13 @@ CLI::App* add_register_command(CLI::App& app, RegisterFlags* f) {
                   "Mooncake/SGLang bootstrap server port (pdrouter format only).")
       ->check(CLI::Range(1, 65535))
       ->type_name("PORT");
+  cmd->add_option("--engine-id", f->engine_id,
+                  "The node's vLLM kv_transfer_config engine_id; required of a nixl-push prefill, whose "
+                  "decodes are sent it (pdrouter format only).")
+      ->type_name("ID");
+  cmd->add_option("--pp-size", f->pp_size, "Pipeline-parallel size of the node (default 1; pdrouter format only).")
+      ->check(CLI::Range(1, 1024))
+      ->type_name("N");
   cmd->add_option("--kv-events-endpoint", f->kv_events_endpoint,
                   "Where the router subscribes to the node's vLLM KV cache events: the address "
                   "of its --kv-events-config publisher, tcp://HOST:PORT for DP rank 0 (rank r: "

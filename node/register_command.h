@@ -33,6 +33,8 @@ struct RegisterFlags {
   uint32_t tp_size = 0;
   std::string transfer_mode;
   uint32_t bootstrap_port = 0;
+  std::string engine_id;  // NIXL push prefill ("" = not sent)
+  uint32_t pp_size = 0;   // 0: not given
   std::string kv_events_endpoint;         // tcp://host:port ("" = not sent)
   std::string kv_events_replay_endpoint;  // tcp://host:port ("" = not sent)
   std::string model;

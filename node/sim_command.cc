@@ -251,6 +251,7 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
                                               : kDefaultMaxModelLen;
   out->prefill_us_per_token = f.prefill_us_per_token;
   out->bidirectional_kv_xfer = f.bidirectional_kv_xfer;
+  out->tokens_only = f.tokens_only;
   out->decode_us_per_token = f.decode_us_per_token;
   out->render_feature_bytes = f.render_feature_bytes;
   proto::Labels labels;
@@ -349,7 +350,7 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   cmd->add_option("--role", f->role, "prefill or decode.")->capture_default_str()
       ->type_name("prefill|decode");
   cmd->add_option("--connector", f->connector,
-                  "KV connector dialect: nixl, moriio, mooncake, p2p-nccl or sglang.")
+                  "KV connector dialect: nixl, moriio, mooncake, p2p-nccl, sglang or nixl-push.")
       ->capture_default_str()->type_name("NAME");
   cmd->add_option("--transfer-mode", f->transfer_mode, "MoRIIO transfer mode (default READ).")
       ->type_name("READ|WRITE");
@@ -465,6 +466,10 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
                 "remote_block_ids) pulls those blocks over the KV side channel before computing, "
                 "and computes only the tokens neither they nor its prefix cache hold "
                 "(/sim/requests: kv_reused_tokens).");
+  cmd->add_flag("--tokens-only", f->tokens_only,
+                "As vLLM's --tokens-only: serve POST /abort_requests {\"request_ids\": [...]}, each id "
+                "ending the in-flight /inference/v1/generate request it names (\"generate-tokens-\" + "
+                "its X-Request-Id). Label the node serves=tokens-only (--label) so pdrouter uses it.");
   add_engine_options(cmd, f);
   add_log_level_option(cmd, &f->log_level);
   cmd->footer(
@@ -585,6 +590,7 @@ int run_sim_command(const SimFlags& flags) {
   }
   // start() filled in the port; keep the identity the server uses for the registration.
   options.node.http_port = server.port();
+  options.node.engine_id = server.engine_id();
 
   std::unique_ptr<sidecar::NodeClient> client;
   if (!flags.register_endpoints.empty()) {

@@ -59,6 +59,7 @@ struct SimFlags {
   std::string kv_events_encoding = "map";
   std::string kv_events_replay_layout = "topic";  // topic (vLLM >= 0.26) or no-topic
   bool bidirectional_kv_xfer = false;
+  bool tokens_only = false;
   // The simulated vLLM engine (node/sim_engine/): "per-token" (each request paced on its own by
   // --prefill-us-per-token / --decode-us-per-token) or "vllm".
   std::string engine = "per-token";

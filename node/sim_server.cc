@@ -1,5 +1,6 @@
 #include "node/sim_server.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include <uv.h>
@@ -151,6 +152,8 @@ struct SimServer::Impl {
   void route(http::Request&& request, uint64_t seq, http::ResponseWriter writer,
              const FaultSpec& fault = {});
   void handle_faults_endpoint(const http::Request& request, http::ResponseWriter& writer);
+  void handle_abort_requests(const http::Request& request, uint64_t seq, http::ResponseWriter& writer);
+  void abort_engine_ids(uint32_t worker, const std::vector<std::string>& ids);
   // The endpoints of sim_aux_api.h; false when `request` is none of them.
   bool handle_aux(const http::Request& request, uint64_t seq, http::ResponseWriter& writer);
   void handle_prefix_cache_endpoint(const http::Request& request, uint64_t seq,
@@ -283,6 +286,9 @@ void SimServer::Impl::route(http::Request&& request, uint64_t seq, http::Respons
     }
     if (request.path == "/v1/responses" && post) {
       return handle_generation(ApiKind::kResponses, std::move(request), seq, std::move(writer), fault);
+    }
+    if (request.path == "/abort_requests" && post && options.tokens_only) {
+      return handle_abort_requests(request, seq, writer);
     }
     if (request.path == kSimMessagesPath && post) {
       return handle_generation(ApiKind::kMessages, std::move(request), seq, std::move(writer), fault);
@@ -953,6 +959,47 @@ void SimServer::Impl::finish(Generation& g) {
   erase(worker, seq);
 }
 
+void SimServer::Impl::handle_abort_requests(const http::Request& request, uint64_t seq,
+                                            http::ResponseWriter& writer) {
+  const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    return answer_error(writer, seq, SimError{400, "bad_json", "JSON decode error"});
+  }
+  if (!body.contains("request_ids") || body["request_ids"].is_null()) {
+    return answer_error(writer, seq, SimError{400, "missing_request_ids", "Missing 'request_ids' in request body"});
+  }
+  // vLLM hands the value to the engine's abort, which takes one id or a list of them.
+  std::vector<std::string> ids;
+  const json& given = body["request_ids"];
+  for (const json& id : given.is_array() ? given : json::array({given})) {
+    if (!id.is_string()) {
+      return answer_error(writer, seq, SimError{400, "bad_request_ids", "request_ids must be strings"});
+    }
+    ids.push_back(id.get<std::string>());
+  }
+  // Answered at once; the engine aborts in the background (each worker its own requests).
+  answer(writer, seq, http::Response{200, {}, ""});
+  for (uint32_t worker = 0; worker < in_flight.size(); ++worker) {
+    server.post(worker, [this, worker, ids] { abort_engine_ids(worker, ids); });
+  }
+}
+
+void SimServer::Impl::abort_engine_ids(uint32_t worker, const std::vector<std::string>& ids) {
+  std::vector<uint64_t> hit;
+  for (const auto& [seq, g] : in_flight[worker]) {
+    if (g->req.kind != ApiKind::kGenerate) continue;
+    const std::string engine_id = "generate-tokens-" + g->request_id;
+    if (std::find(ids.begin(), ids.end(), engine_id) != ids.end()) hit.push_back(seq);
+  }
+  for (uint64_t seq : hit) {
+    Generation* g = find(worker, seq);
+    http::ResponseWriter writer = std::move(g->writer);
+    log.mark_aborted(seq);
+    erase(worker, seq);
+    writer.abort();  // the request ends without an answer
+  }
+}
+
 void SimServer::Impl::abort(uint32_t worker, uint64_t seq) {
   if (find(worker, seq) == nullptr) return;
   log.mark_aborted(seq);
@@ -1050,6 +1097,8 @@ Status SimServer::start() {
 }
 
 uint16_t SimServer::port() const { return impl_->server.port(); }
+
+const std::string& SimServer::engine_id() const { return impl_->options.node.engine_id; }
 
 std::optional<uint16_t> SimServer::bootstrap_port() const {
   if (!impl_->bootstrap) return std::nullopt;

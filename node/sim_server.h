@@ -112,6 +112,10 @@ struct SimOptions {
   // carries them); a prefill given them (do_remote_decode + remote_block_ids) pulls those blocks
   // through the KvMover before computing, and computes only the tokens they do not cover.
   bool bidirectional_kv_xfer = false;
+  // vLLM's --tokens-only: POST /abort_requests {"request_ids": [...]} is served (404 otherwise, as
+  // vLLM registers it only then); each id ends the in-flight /inference/v1/generate request whose
+  // engine id ("generate-tokens-" + its X-Request-Id) it names. The request log keeps the calls.
+  bool tokens_only = false;
   uint32_t render_feature_bytes = 4096;    // fake feature bytes per image in a render answer
   // The simulated vLLM engine (its ranks and model come from `node` and `model`); none: per-token
   // pacing.
@@ -130,6 +134,7 @@ class SimServer {
   Status start();
   uint16_t port() const;
   std::optional<uint16_t> bootstrap_port() const;  // bound port of the separate listener
+  const std::string& engine_id() const;            // the node's engine id (set by start())
   // Drops in-flight requests (their clients see truncated streams) and stops the listeners.
   void stop();
 

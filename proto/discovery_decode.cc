@@ -25,6 +25,7 @@ constexpr size_t kMaxAuthBytes = 256;
 constexpr size_t kMaxLabels = 32;
 constexpr size_t kMaxLabelKeyBytes = 64;
 constexpr size_t kMaxLabelValueBytes = 256;
+constexpr size_t kMaxEngineIdBytes = 256;
 constexpr size_t kMaxZmqEndpointBytes = 300;  // "tcp://" + a 253-char DNS name + ":65535"
 constexpr size_t kNoExtraStringLimit = std::numeric_limits<size_t>::max();
 
@@ -210,7 +211,7 @@ Status read_connector(const FieldReader& reader, Connector* out, bool* present, 
   if (*present && !parse_connector(text, out)) {
     return Status(StatusCode::kInvalidValue,
                   "connector " + quote_untrusted(text) +
-                      " is not one of moriio, p2p-nccl, nixl, mooncake, sglang, unknown, none");
+                      " is not one of moriio, p2p-nccl, nixl, mooncake, sglang, nixl-push, unknown, none");
   }
   return Status::ok();
 }
@@ -249,7 +250,8 @@ Status decode_pdrouter_base(const FieldReader& reader, Registration* reg) {
   }
   if (is_moriio) {
     if (Status s = parse_moriio_zmq_field(zmq_text, reg); !s) return s;
-  } else if (is_p2p) {
+  } else if (is_p2p || (reg->connector == Connector::kNixlPush && has_zmq)) {
+    // NIXL push: the node's KV side channel (VLLM_NIXL_SIDE_CHANNEL_HOST:PORT).
     if (Status s = parse_kv_address_field(zmq_text, reg); !s) return s;
   } else if (zmq_text.find('\0') != std::string::npos) {
     return Status(StatusCode::kBadAddress,
@@ -380,6 +382,8 @@ Status decode_extension(const FieldReader& reader, Registration* reg) {
   if (Status s = reader.optional_integer("bootstrap_port", 1, kMaxPort, &reg->bootstrap_port); !s) {
     return s;
   }
+  if (Status s = reader.string("engine_id", Need::kOptional, kMaxEngineIdBytes, &reg->engine_id); !s) return s;
+  if (Status s = read_parallel_size(reader, "pp_size", Need::kOptional, &reg->pp_size); !s) return s;
   if (Status s = decode_zmq_endpoint(reader, "kv_events_endpoint", &reg->kv_events_endpoint); !s) {
     return s;
   }
@@ -423,7 +427,19 @@ Status decode_pdrouter(const FieldMap& fields, std::optional<Role> role_from_typ
   }
   reg->role = role_from_type ? *role_from_type : role_key;
   if (Status s = decode_pdrouter_base(reader, reg); !s) return s;
-  return decode_extension(reader, reg);
+  if (Status s = decode_extension(reader, reg); !s) return s;
+  // A NIXL push decode is sent its prefill's engine id and side channel up front: a prefill that
+  // does not say them cannot be paired.
+  if (reg->connector == Connector::kNixlPush && reg->role == Role::kPrefill) {
+    if (!reg->kv_address) {
+      return Status(StatusCode::kMissingKey,
+                    "zmq_address (the KV side channel, host:port) is required for a nixl-push prefill");
+    }
+    if (reg->engine_id.empty()) {
+      return Status(StatusCode::kMissingKey, "engine_id is required for a nixl-push prefill");
+    }
+  }
+  return Status::ok();
 }
 
 // `type` P or D without `pdr_v`: MoRIIO current or P2P-NCCL, told apart by the zmq_address shape.

@@ -135,6 +135,8 @@ void add_extension(const Registration& reg, MapWriter* map) {
   if (reg.epoch != 0) map->add("epoch", reg.epoch);
   if (!reg.model.empty()) map->add("model", reg.model);
   if (reg.bootstrap_port) map->add("bootstrap_port", uint64_t{*reg.bootstrap_port});
+  if (!reg.engine_id.empty()) map->add("engine_id", reg.engine_id);
+  if (reg.pp_size != 1) map->add("pp_size", uint64_t{reg.pp_size});
   if (reg.kv_events_endpoint) map->add("kv_events_endpoint", zmq_tcp_endpoint(*reg.kv_events_endpoint));
   if (reg.kv_events_replay_endpoint) {
     map->add("kv_events_replay_endpoint", zmq_tcp_endpoint(*reg.kv_events_replay_endpoint));

@@ -38,6 +38,7 @@ std::string_view to_string(Connector connector) {
     case Connector::kNixl: return "nixl";
     case Connector::kMooncake: return "mooncake";
     case Connector::kSglang: return "sglang";
+    case Connector::kNixlPush: return "nixl-push";
   }
   return "unknown";
 }
@@ -87,6 +88,7 @@ bool parse_connector(std::string_view text, Connector* out) {
       {"p2p-nccl", Connector::kP2pNccl},  {"p2p_nccl", Connector::kP2pNccl},
       {"p2pnccl", Connector::kP2pNccl},   {"nixl", Connector::kNixl},
       {"mooncake", Connector::kMooncake}, {"sglang", Connector::kSglang},
+      {"nixl-push", Connector::kNixlPush}, {"nixl_push", Connector::kNixlPush},
   };
   for (const auto& [known, connector] : kNames) {
     if (name == known) {

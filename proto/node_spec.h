@@ -24,16 +24,16 @@ namespace pdr::proto {
 
 enum class Role : uint8_t { kPrefill, kDecode };
 enum class TransferMode : uint8_t { kNone, kRead, kWrite };  // kNone: dialect has no mode (P2P-NCCL)
-enum class Connector : uint8_t { kUnknown, kMoriio, kP2pNccl, kNixl, kMooncake, kSglang };
+enum class Connector : uint8_t { kUnknown, kMoriio, kP2pNccl, kNixl, kMooncake, kSglang, kNixlPush };
 
 // Lower-case names used in /status, the topology file and CLI flags:
 // role "prefill"/"decode"; mode "READ"/"WRITE"/"none"; connector "moriio", "p2p-nccl", "nixl",
-// "mooncake", "sglang", "unknown".
+// "mooncake", "sglang", "nixl-push" (vLLM's NixlPushConnector), "unknown".
 std::string_view to_string(Role);
 std::string_view to_string(TransferMode);
 std::string_view to_string(Connector);
-// Parsers for the same names (plus "P"/"D" for roles, any case for modes, "p2p_nccl"/"p2pnccl" for
-// the connector). Return false when the text is not a known name.
+// Parsers for the same names (plus "P"/"D" for roles, any case for modes, "p2p_nccl"/"p2pnccl" and
+// "nixl_push" for the connectors). Return false when the text is not a known name.
 bool parse_role(std::string_view, Role*);
 bool parse_transfer_mode(std::string_view, TransferMode*);
 bool parse_connector(std::string_view, Connector*);
@@ -55,6 +55,11 @@ struct NodeEndpoint {
   uint32_t tp_size = 1;  // 1..1024
   // Mooncake / SGLang: the node's bootstrap server port.
   std::optional<uint16_t> bootstrap_port;
+  // NIXL push prefill: its kv_transfer_config engine_id (with data parallelism vLLM suffixes it
+  // "_dp<rank>" per rank; the leg builder does the same) and its pipeline-parallel size, which a
+  // push decode needs before the prefill answers. Empty / 1 for every other node.
+  std::string engine_id;  // <= 256 bytes
+  uint32_t pp_size = 1;   // 1..1024
   friend bool operator==(const NodeEndpoint&, const NodeEndpoint&) = default;
 };
 

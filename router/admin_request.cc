@@ -206,7 +206,7 @@ Status parse_admin_instance(std::string_view body, const config::Topology::Conne
   static const std::vector<std::string_view> kKeys = {
       "role", "http_address", "connector", "transfer_mode", "zmq_address",
       "dp_size", "tp_size", "bootstrap_port", "kv_events_endpoint", "kv_events_replay_endpoint",
-      "model", "labels"};
+      "model", "labels", "engine_id", "pp_size"};
   json doc;
   Status s = parse_object(body, &doc);
   if (s) s = check_known_keys(doc, kKeys);
@@ -236,6 +236,8 @@ Status parse_admin_instance(std::string_view body, const config::Topology::Conne
            },
            [&] { return read_string(doc, "model", kMaxStringBytes, &inst.model); },
            [&] { return read_labels(doc, &inst.labels); },
+           [&] { return read_string(doc, "engine_id", config::kMaxEngineIdBytes, &inst.engine_id); },
+           [&] { return read_u32(doc, "pp_size", 1, config::kMaxParallelSize, &inst.pp_size); },
        }) {
     if (s = read(); !s) return s;
   }

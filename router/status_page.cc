@@ -57,6 +57,8 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
   // null: never heard from (a static instance that does not heartbeat).
   j["last_seen_ms_ago"] = inst.messages() == 0 ? nlohmann::json() : nlohmann::json(ms_between(inst.last_seen(), now));
   j["bootstrap_port"] = inst.bootstrap_port ? nlohmann::json(*inst.bootstrap_port) : nlohmann::json();
+  j["engine_id"] = inst.engine_id;
+  j["pp_size"] = inst.pp_size;
   j["kv_events_endpoint"] = inst.kv_events_endpoint
                                 ? nlohmann::json(proto::zmq_tcp_endpoint(*inst.kv_events_endpoint))
                                 : nlohmann::json();

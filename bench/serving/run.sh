@@ -12,24 +12,26 @@
 #   bench/serving/run.sh [--bin-dir DIR] [--smoke] [--num-prompts N] [--input-len N]
 #                        [--output-len N] [--request-rate R] [--burstiness B]
 #                        [--prefill-us-per-token US] [--decode-us-per-token US] [--results FILE]
-#                        [--no-cache] [--no-goodput]
+#                        [--no-cache] [--no-goodput] [--no-handover]
 # A full run takes ~5 min, then runs bench/serving/cache_bench.py (the cache workloads under
 # round_robin, least_outstanding and cache_aware: bench/serving/CACHE_RESULTS.md, ~6 min) unless
-# --no-cache, and bench/serving/goodput_bench.py (the Mooncake trace swept over speed-ups per
-# policy: bench/serving/GOODPUT_RESULTS.md, ~10 min) unless --no-goodput.
+# --no-cache, bench/serving/goodput_bench.py (the Mooncake trace swept over speed-ups per
+# policy: bench/serving/GOODPUT_RESULTS.md, ~10 min) unless --no-goodput, and
+# bench/serving/handover_bench.py (the P/D phases per dialect and NIXL push vs pull TTFT:
+# bench/serving/HANDOVER_RESULTS.md, ~3 min) unless --no-handover.
 # --smoke (CTest bench.serving_pd, ~15 s): 10 short prompts, results in a temporary file; fails
-# if any request fails (cache_bench.py and goodput_bench.py have their own smoke tests,
-# bench.serving_cache and bench.serving_goodput).
+# if any request fails (cache_bench.py, goodput_bench.py and handover_bench.py have their own
+# smoke tests: bench.serving_cache, bench.serving_goodput, bench.serving_handover).
 # Every process started here is stopped on exit, also on failure or Ctrl-C.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin_dir=${PDR_BUILD_DIR:-$root/build/release}
-smoke=0 cache=1 goodput=1
+smoke=0 cache=1 goodput=1 handover=1
 num_prompts=200 input_len=7500 output_len=200 rate=2 burstiness=100
 # Sim timings: prefill 20 us/token (7,500 tokens: 150 ms), decode 5 ms/token (200 tokens: 1 s).
 prefill_us=20 decode_us=5000
 results=$root/bench/serving/RESULTS.md
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin-dir) bin_dir=$2; shift 2 ;;
@@ -44,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --results) results=$2; shift 2 ;;
     --no-cache) cache=0; shift ;;
     --no-goodput) goodput=0; shift ;;
+    --no-handover) handover=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "run.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
   esac
@@ -135,5 +138,8 @@ if [[ $smoke == 0 && $cache == 1 ]]; then
 fi
 if [[ $smoke == 0 && $goodput == 1 ]]; then
   python3 "$root/bench/serving/goodput_bench.py" --bin-dir "$bin_dir" || status=1
+fi
+if [[ $smoke == 0 && $handover == 1 ]]; then
+  python3 "$root/bench/serving/handover_bench.py" --bin-dir "$bin_dir" || status=1
 fi
 exit $status

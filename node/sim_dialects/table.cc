@@ -11,11 +11,13 @@ extern const SimDialect kMoriioWriteSimDialect;  // moriio_write.cc
 extern const SimDialect kMooncakeSimDialect;     // mooncake.cc
 extern const SimDialect kP2pNcclSimDialect;      // p2p_nccl.cc
 extern const SimDialect kSglangSimDialect;       // sglang.cc
+extern const SimDialect kNixlPushSimDialect;     // nixl_push.cc
 
 const std::vector<const SimDialect*>& sim_dialects() {
   static const std::vector<const SimDialect*> table{
       &kNixlSimDialect,    &kMoriioReadSimDialect, &kMoriioWriteSimDialect,
       &kMooncakeSimDialect, &kP2pNcclSimDialect,   &kSglangSimDialect,
+      &kNixlPushSimDialect,
   };
   return table;
 }

@@ -14,6 +14,7 @@
 // router/proxy/pre_step.h, from the `pre_step` value).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -46,7 +47,7 @@ struct DialectInput {
 // new pair.
 enum class DecodeAloneRetry : uint8_t {
   kNever,        // the request id or the transfer names the decode (MoRIIO, P2P-NCCL) or the
-                 // prefill pushes to it (Mooncake, SGLang)
+                 // prefill pushes to it (Mooncake, SGLang, NIXL push)
   kIfNeverSent,  // only when the decode never got the request (connect failure): NIXL
 };
 
@@ -60,9 +61,10 @@ enum class PreStep : uint8_t {
 
 // The zmq_address an instance of the connector must register (config/instance_spec.cc).
 enum class ZmqAddressForm : uint8_t {
-  kNone,      // not used
-  kMoriio,    // "host:IP,handshake:PORT,notify:PORT"
-  kHostPort,  // "host:port"
+  kNone,             // not used
+  kMoriio,           // "host:IP,handshake:PORT,notify:PORT"
+  kHostPort,         // "host:port"
+  kPrefillHostPort,  // "host:port", required of prefills only (a decode's is checked if given)
 };
 
 struct Dialect {
@@ -73,7 +75,8 @@ struct Dialect {
   TransferMode transfer_mode = TransferMode::kNone;
 
   // ---- order of the legs ----
-  // true: prefill and decode are sent at once, the prefill's answer is read and dropped.
+  // true: prefill and decode are sent at once, the prefill's answer is read and dropped (MoRIIO
+  // WRITE, Mooncake, SGLang, NIXL push).
   // false: the prefill's complete answer comes first, then the decode is sent.
   bool concurrent = false;
   // Serial dialects whose decode is completed from the prefill's answer (finish_decode).
@@ -89,6 +92,8 @@ struct Dialect {
   ZmqAddressForm zmq_address = ZmqAddressForm::kNone;
   // A prefill that names no bootstrap_port gets connectors.mooncake_bootstrap_port.
   bool prefill_bootstrap_port_default = false;
+  // A prefill must name its engine_id (NodeEndpoint::engine_id): the decode leg carries it.
+  bool prefill_needs_engine_id = false;
 
   // ---- callbacks ----
   // Checks what the pair must satisfy (kRejected otherwise), sets the plan's ids and edits both
@@ -122,6 +127,9 @@ const Dialect* dialect_for(Connector connector, TransferMode transfer_mode);
 
 // Every dialect in the table, in table order.
 std::span<const Dialect* const> all_dialects();
+// `d`'s position in all_dialects() (per-dialect metrics index by it); all_dialects().size() when
+// `d` is null or not in the table.
+size_t dialect_index(const Dialect* d);
 
 // The first dialect of `connector` (its instance-field rules are the connector's), or nullptr.
 const Dialect* any_dialect_of(Connector connector);

@@ -11,21 +11,30 @@ extern const Dialect kMoriioWriteDialect;
 extern const Dialect kMooncakeDialect;
 extern const Dialect kP2pNcclDialect;
 extern const Dialect kSglangDialect;
+extern const Dialect kNixlPushDialect;
 
 namespace {
 
-const std::array<const Dialect*, 6> kTable = {
+const std::array<const Dialect*, 7> kTable = {
     &kNixlDialect,
     &kMoriioReadDialect,
     &kMoriioWriteDialect,
     &kMooncakeDialect,
     &kP2pNcclDialect,
     &kSglangDialect,
+    &kNixlPushDialect,
 };
 
 }  // namespace
 
 std::span<const Dialect* const> all_dialects() { return kTable; }
+
+size_t dialect_index(const Dialect* d) {
+  for (size_t i = 0; i < kTable.size(); ++i) {
+    if (kTable[i] == d) return i;
+  }
+  return kTable.size();
+}
 
 const Dialect* any_dialect_of(Connector connector) {
   for (const Dialect* d : kTable) {

@@ -131,6 +131,7 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
                     "Upstream leg attempts from the request sent to the answer complete or the leg failing, by leg",
                     c.leg_duration[static_cast<size_t>(leg)], {{"leg", std::string(to_string(leg))}});
   }
+  write_pd_phase_metrics(out, c.pd_phases);
   for (size_t r = 0; r < kRefusalCount; ++r) {
     out.counter("pdrouter_requests_refused_total", "Requests refused before any upstream work, by reason",
                 value(c.refusals[r]), {{"reason", std::string(to_string(static_cast<Refusal>(r)))}});
@@ -239,6 +240,14 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
       }
     }
   }
+  out.counter("pdrouter_abort_requests_total",
+              "POST /abort_requests sent to tokens-only nodes for the open legs of cancelled "
+              "/inference/v1/generate requests, by answer",
+              value(c.abort_requests[0]), {{"result", "ok"}});
+  out.counter("pdrouter_abort_requests_total",
+              "POST /abort_requests sent to tokens-only nodes for the open legs of cancelled "
+              "/inference/v1/generate requests, by answer",
+              value(c.abort_requests[1]), {{"result", "failed"}});
   out.counter("pdrouter_profile_fanouts_total", "start_profile/stop_profile calls fanned out to every node",
               value(c.profile_fanouts));
   out.counter("pdrouter_upstream_legs_total",

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "base/latency_histogram.h"
+#include "router/proxy/pd_phases.h"
 
 namespace pdr {
 class MetricsWriter;
@@ -103,6 +104,9 @@ struct ProxyCounters {
   } multi_turn;
   // Requests sent to their decode alone (decode_alone.h), by DecodeAloneReason.
   std::array<Counter, 3> decode_alone{};
+  // POST /abort_requests sent to tokens-only nodes for cancelled legs (abort_requests.h), by
+  // answer: [2xx, other or no answer].
+  std::array<Counter, 2> abort_requests{};
   // The conversation cache whose size /metrics shows; null: none (zeros).
   const ConversationCache* conversations = nullptr;
   Counter profile_fanouts{0};
@@ -126,6 +130,8 @@ struct ProxyCounters {
   std::array<LatencyHistogram, 3> request_duration{};
   LatencyHistogram time_to_first_byte;
   std::array<LatencyHistogram, 2> leg_duration{};
+  // The P/D phases per dialect: prefill, handover, decode (pd_phases.h).
+  PdPhaseHistograms pd_phases{};
   // One-node endpoints (one_node_relay.h): [OneNodeClass: render, any_node, pooling, audio, pass_through][outcome: relayed, not_supported, no_node, failed, refused].
   std::array<std::array<Counter, 5>, 5> one_node{};
 

@@ -18,6 +18,7 @@
 #include "proto/responses_stream.h"
 #include "proto/sse_boundary.h"
 #include "http/json_error.h"
+#include "router/proxy/abort_requests.h"
 #include "router/proxy/cache_routing.h"
 #include "router/proxy/cache_tokenize.h"
 #include "router/proxy/client_api.h"
@@ -236,6 +237,7 @@ struct ProxySession::State {
   SteadyClock::time_point decode_sent_at{};
   SteadyClock::time_point prefill_sent_at{};
   SteadyClock::time_point prefill_deadline{};
+  PdPhaseClock phases;          // this attempt's P/D phase times (pd_phases.h)
   bool prefill_timed = false;   // the prefill attempt in flight is not yet in leg_duration
   bool decode_timed = false;    // the decode attempt in flight is not yet in leg_duration
   bool orphan = false;          // counted in orphan_prefills: the prefill leg outlives the request
@@ -514,6 +516,7 @@ void ProxySession::build_and_send() {
     s.w.counters().bump(s.w.counters().decode_alone[static_cast<size_t>(*s.decode_alone)]);
     s.pair.prefill->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
     s.pair.prefill.reset();
+    s.phases = PdPhaseClock();  // not P/D: no phase observed
     send_decode();
     return;
   }
@@ -580,6 +583,7 @@ void ProxySession::send_prefill() {
   move_to(RequestState::kPrefillSent);
   const SteadyClock::time_point sent_at = SteadyClock::now();
   s.prefill_sent_at = sent_at;
+  s.phases.prefill_sent(sent_at);
   s.prefill_timed = true;
   s.prefill_call = s.w.upstream().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill), timeouts,
                                        std::move(cb));
@@ -630,6 +634,9 @@ void ProxySession::on_prefill_complete() {
   s.prefill_timer.stop();
   orphan_done();
   const int status = s.prefill_status;
+  if (status >= 200 && status < 300) {
+    s.phases.prefill_answered(s.legs.plan.dialect, s.w.counters().pd_phases, SteadyClock::now());
+  }
   if (finished() || (s.legs.plan.concurrent && s.state == RequestState::kStreaming)) {
     // The decode already answers the client, so its KV arrived; a late prefill error changes
     // nothing but is worth a log line (PROTOCOLS.md Implications 8).
@@ -692,6 +699,7 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   }
   if (may_log(s.w)) pdr::log::warn("request {}: {}", s.legs.plan.request_id, detail);
   if (s.decode_call) {  // concurrent dialects: the decode waits for KV that will not come
+    if (s.pair.decode) abort_leg_on_node(s.w, *s.pair.decode, s.req.path, s.legs.plan.request_id);
     s.decode_call->cancel();
     s.decode_call.reset();
   }
@@ -724,6 +732,7 @@ void ProxySession::send_decode() {
   s.stall_timer.stop();
   s.head_timer.stop();
   s.decode_sent_at = SteadyClock::now();
+  s.phases.decode_sent(s.decode_sent_at);
   s.decode_timed = true;
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.first_byte,
                                   s.topo->timeouts.stream_idle};
@@ -849,6 +858,9 @@ bool ProxySession::start_client_stream() {
 void ProxySession::on_decode_body(std::string_view chunk) {
   State& s = *s_;
   if (finished()) return;
+  if (s.decode_status >= 200 && s.decode_status < 300) {
+    s.phases.decode_bytes(s.legs.plan.dialect, s.sse, s.w.counters().pd_phases, SteadyClock::now());
+  }
   if (s.sse) {
     // Relay whole events only, holding back a partial one, so that an error event added after a
     // failure never lands inside an event (and clients never see half an event first). Event
@@ -1000,6 +1012,7 @@ void ProxySession::on_decode_complete() {
   s.decode_call.reset();
   const int status = s.decode_status;
   if (status >= 200 && status < 300) {
+    s.phases.decode_answered(s.legs.plan.dialect, s.w.counters().pd_phases, SteadyClock::now());
     if (s.multi_turn && !s.sse) s.multi_turn->on_decode_json(s.decode_body);
     // The decode's kv_transfer_params (read by multi_turn above) never reach the client.
     std::string redacted;
@@ -1097,6 +1110,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
     }
     case DecodeRetry::kWholePair:
       if (s.prefill_call) {
+        if (s.pair.prefill) abort_leg_on_node(s.w, *s.pair.prefill, s.req.path, s.legs.plan.request_id);
         s.prefill_call->cancel();
         s.prefill_call.reset();
       }
@@ -1174,11 +1188,14 @@ void ProxySession::close_legs() {
     s.tokenize_call.reset();
     s.w.counters().bump(s.w.counters().cache_tokenize[static_cast<size_t>(TokenizeResult::kCancelled)]);
   }
+  // A leg still in flight is aborted by its closed connection, and by id on a tokens-only node.
   if (s.prefill_call) {
+    if (s.pair.prefill) abort_leg_on_node(s.w, *s.pair.prefill, s.req.path, s.legs.plan.request_id);
     s.prefill_call->cancel();
     s.prefill_call.reset();
   }
   if (s.decode_call) {
+    if (s.pair.decode) abort_leg_on_node(s.w, *s.pair.decode, s.req.path, s.legs.plan.request_id);
     s.decode_call->cancel();
     s.decode_call.reset();
   }

@@ -13,7 +13,8 @@
 //
 // What each event does, in every state:
 //  - client disconnect: every open leg is closed at once (that is how vLLM aborts a request and
-//    frees its KV blocks; there is no abort endpoint) -> CANCELLED.
+//    frees its KV blocks) -> CANCELLED; a tokens-in leg open on a node started with vLLM's
+//    --tokens-only is also aborted by id with its POST /abort_requests (abort_requests.h).
 //  - prefill error, 5xx or timeout: in concurrent dialects the decode leg is closed at once;
 //    then a new pair with fresh ids (request id, transfer id, bootstrap room) and a prefill not
 //    tried before, within retries.prefill_attempts; stale kv_transfer_params are never reused.

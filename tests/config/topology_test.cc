@@ -266,6 +266,33 @@ TEST(TopologyParse, ExampleFileLoads) {
   }
 }
 
+TEST(TopologyParse, NixlPushPrefillNeedsItsEngineIdAndSideChannel) {
+  Topology t;
+  Status s = parse(R"(instances:
+  - {role: prefill, http_address: "127.0.10.1:8100", connector: nixl-push, zmq_address: "127.0.10.1:5600",
+     engine_id: prefill-a, pp_size: 2, tp_size: 4}
+  - {role: decode, http_address: "127.0.10.2:8200", connector: nixl-push}
+)",
+                   &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  const StaticInstance& p = t.static_instances[0];
+  EXPECT_EQ(p.connector, proto::Connector::kNixlPush);
+  EXPECT_EQ(p.engine_id, "prefill-a");
+  EXPECT_EQ(p.pp_size, 2u);
+  EXPECT_EQ(p.zmq_address, "127.0.10.1:5600");
+  EXPECT_THAT(error_of("instances:\n  - {role: prefill, http_address: \"127.0.10.1:1\", connector: nixl-push, "
+                       "engine_id: e}\n",
+                       StatusCode::kMissingKey),
+              HasSubstr("a nixl-push prefill needs zmq_address"));
+  EXPECT_THAT(error_of("instances:\n  - {role: prefill, http_address: \"127.0.10.1:1\", connector: nixl-push, "
+                       "zmq_address: \"127.0.10.1:5600\"}\n",
+                       StatusCode::kMissingKey),
+              HasSubstr("a nixl-push prefill needs engine_id"));
+  EXPECT_THAT(error_of("instances:\n  - {role: decode, http_address: \"127.0.10.1:1\", pp_size: 0}\n",
+                       StatusCode::kOutOfRange),
+              HasSubstr("pp_size"));
+}
+
 TEST(TopologyParse, InvalidSyntaxNamesLineAndColumn) {
   std::string msg = error_of("workers: 1\nlisteners:\n  http: [1, 2\n", StatusCode::kMalformed);
   EXPECT_THAT(msg, StartsWith("topo.yaml:4:1: invalid YAML: "));
@@ -411,7 +438,7 @@ TEST(TopologyParse, UnknownKeysAreErrors) {
                "colour: red\n",
                StatusCode::kInvalidValue),
       Eq("topo.yaml:5:5: unknown key 'colour' in instances[0] (expected one of: role, "
-         "http_address, connector, transfer_mode, zmq_address, dp_size, tp_size, "
+         "http_address, connector, transfer_mode, zmq_address, dp_size, tp_size, pp_size, engine_id, "
          "bootstrap_port, kv_events_endpoint, kv_events_replay_endpoint, model, labels)"));
   EXPECT_THAT(error_of("workers: 1\nworkers: 2\n", StatusCode::kInvalidValue),
               StartsWith("topo.yaml:2:1: workers: duplicate key"));

@@ -19,7 +19,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 README = os.path.join(ROOT, "README.md")
 TOPOLOGIES = sorted(glob.glob(os.path.join(ROOT, "deploy", "topologies", "*.yaml"))) + [
     os.path.join(ROOT, "deploy", "topology.example.yaml")]
-EXPECTED_DIALECT_FILES = {"moriio", "nixl", "mooncake", "p2p-nccl", "sglang"}
+EXPECTED_DIALECT_FILES = {"moriio", "nixl", "mooncake", "p2p-nccl", "sglang", "nixl-push"}
 # The documentation's node network (the README's and deploy/'s private /24 that DOC_NETWORK matches)
 # is moved onto loopback (127.0.10.0/24) before a test router loads or registers it: a registered address receives
 # real traffic, so every address a test uses is in 127.0.0.0/8. Only the host part changes; ports,
@@ -170,7 +170,7 @@ class TopologyFilesTest(unittest.TestCase):
     def test_static_dialect_files_declare_their_connector(self):
         # Dialects whose nodes cannot register themselves must come with static instances of
         # that connector, so the file on its own routes something.
-        for dialect in ("nixl", "mooncake", "sglang"):
+        for dialect in ("nixl", "mooncake", "sglang", "nixl-push"):
             path = os.path.join(ROOT, "deploy", "topologies", dialect + ".yaml")
             with open(path, encoding="utf-8") as f:
                 text = f.read()
@@ -231,6 +231,12 @@ class ReadmeSidecarCommandsTest(unittest.TestCase):
             if flag in replacements:
                 self.assertIsNotNone(value, "README.md:%d: %s without a value" % (line, flag))
                 args += [flag, replacements[flag]]
+                i += 2
+                continue
+            if flag == "--zmq-address" and value and re.fullmatch(r"[0-9.]+:[0-9]+", value):
+                # A host:port side channel (NIXL push) is on the node's own host, here loopback:
+                # a node that does not authenticate may name only its own address.
+                args += [flag, "%s:%s" % (health.address.rsplit(":", 1)[0], value.rsplit(":", 1)[1])]
                 i += 2
                 continue
             if flag == "--role":

@@ -5,6 +5,10 @@
     client leaving mid-stream: "cancelled");
   * pdrouter_time_to_first_byte_seconds: one per answer that reached the client (JSON and streams);
   * pdrouter_leg_duration_seconds{leg}: one per leg attempt (answered or failed);
+  * pdrouter_pd_{prefill,handover,decode}_seconds{dialect}: per connector dialect, one prefill and
+    one decode observation per P/D request answered, one handover per streamed one; a serial
+    dialect (NIXL) and a concurrent one (NIXL push) each land under their own label only, and a
+    prefill held back by a fault shows in the prefill phase (and, concurrent, in the decode's);
   * every series has the 18 finite buckets plus +Inf, cumulative counts never go down, +Inf equals
     _count, and _sum is positive once something was observed.
 """
@@ -122,13 +126,73 @@ class LatencyHistograms(HistogramCase):
         _, _, body = self.cluster.router.request("GET", "/metrics", admin=True)
         text = body.decode()
         for family in ("pdrouter_request_duration_seconds", "pdrouter_time_to_first_byte_seconds",
-                       "pdrouter_leg_duration_seconds"):
+                       "pdrouter_leg_duration_seconds", "pdrouter_pd_prefill_seconds",
+                       "pdrouter_pd_handover_seconds", "pdrouter_pd_decode_seconds"):
             self.assertEqual(len(re.findall(r"^# TYPE %s histogram$" % family, text, re.M)), 1, family)
             self.assertEqual(len(re.findall(r"^# HELP %s " % family, text, re.M)), 1, family)
         # le is the last label of every bucket.
         for line in text.splitlines():
             if "_bucket{" in line and line.startswith("pdrouter_"):
                 self.assertRegex(line, r',?le="[^"]+"\} \d+$')
+
+
+DIALECTS = ("nixl", "moriio-read", "moriio-write", "mooncake", "p2p-nccl", "sglang", "nixl-push")
+PHASES = ("prefill", "handover", "decode")
+
+
+class PdPhaseCase:
+    """Mixin: JSON and streamed requests through CONNECTOR's pair, the prefill held back by
+    DELAY_MS; each phase is counted under that dialect alone."""
+    CONNECTOR = None
+    DELAY_MS = int(300 * TIME_SCALE)
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = PdCluster(cls.CONNECTOR, prefills=1, decodes=1)
+
+    def phase_counts(self):
+        m = self.metrics()
+        return {(d, ph): series(m, "pdrouter_pd_%s_seconds" % ph, 'dialect="%s"' % d)
+                for d in DIALECTS for ph in PHASES}
+
+    def test_each_phase_is_observed_under_its_dialect(self):
+        c = self.cluster
+        json_requests, streams = 2, 2
+        c.prefills[0].set_fault(delay_ms=self.DELAY_MS, count=-1)
+        try:
+            for _ in range(json_requests):
+                status, _, body = c.post("/v1/completions", completion(), timeout=WAIT_S)
+                self.assertEqual(status, 200, body)
+            for _ in range(streams):
+                with c.stream("/v1/completions", completion(stream=True), timeout=WAIT_S) as events:
+                    self.assertEqual(list(events)[-1], "[DONE]")
+        finally:
+            c.prefills[0].clear_faults()
+        n = json_requests + streams
+        want = {"prefill": n, "handover": streams, "decode": n}
+        found, _ = c.router.wait_for(
+            lambda: (lambda k: k if all(k[(self.CONNECTOR, ph)][2] == want[ph] for ph in PHASES) else None)(
+                self.phase_counts()), timeout=WAIT_S)
+        m = self.metrics()
+        for d in DIALECTS:
+            for ph in PHASES:
+                count = self.assert_well_formed(m, "pdrouter_pd_%s_seconds" % ph, 'dialect="%s"' % d)
+                self.assertEqual(count, want[ph] if d == self.CONNECTOR else 0, (d, ph))
+        prefill_sum = found[(self.CONNECTOR, "prefill")][1]
+        self.assertGreaterEqual(prefill_sum, n * self.DELAY_MS / 1000.0)
+        if self.CONNECTOR == "nixl-push":
+            # Sent with the prefill, the decode waited for its KV: longer than the prefill's delay.
+            self.assertGreaterEqual(found[(self.CONNECTOR, "decode")][1], n * self.DELAY_MS / 1000.0)
+        self.assertGreater(found[(self.CONNECTOR, "handover")][1], 0)
+        self.assertLess(found[(self.CONNECTOR, "handover")][1], found[(self.CONNECTOR, "decode")][1])
+
+
+class SerialPhases(PdPhaseCase, HistogramCase):
+    CONNECTOR = "nixl"
+
+
+class ConcurrentPhases(PdPhaseCase, HistogramCase):
+    CONNECTOR = "nixl-push"
 
 
 class CancelledStream(HistogramCase):

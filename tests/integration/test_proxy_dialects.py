@@ -1,6 +1,6 @@
 """What pdrouter puts on each leg, per connector dialect, checked from the sims' request logs.
 
-For MoRIIO WRITE, MoRIIO READ, NIXL, Mooncake, P2P-NCCL and SGLang, requests go through pdrouter to
+For MoRIIO WRITE, MoRIIO READ, NIXL, NIXL push, Mooncake, P2P-NCCL and SGLang, requests go through pdrouter to
 registered `pdnode sim` nodes (pd_fixture.PdCluster); the prefill's and the decode's
 GET /sim/requests entries are checked field by field against proto/REQUEST_LEGS.md and
 shared/PROTOCOLS.md: path, headers (X-Request-Id, Authorization, X-data-parallel-rank), the
@@ -357,6 +357,64 @@ class TestNixl(DialectCase, unittest.TestCase):
             "remote_engine_id": "sim-127.0.0.1-%d" % self.p.port,
             "remote_request_id": dk["remote_request_id"], "remote_host": "127.0.0.1",
             "remote_port": int(flag(self.p, "--kv-port")), "tp_size": 1})
+
+
+def push_demo_legs(request, request_id, transfer_id, prefill):
+    """vLLM's examples/disaggregated/disaggregated_serving/disagg_proxy_pushconnector_demo.py,
+    restated: the headers and bodies its two concurrent legs carry for one client request, given
+    the ids it minted and the prefill's coordinates (the demo takes them from its command line)."""
+    headers = {"x-request-id": request_id}
+    p = dict(request)
+    p["max_tokens"] = 1
+    if "max_completion_tokens" in p:
+        p["max_completion_tokens"] = 1
+    p["kv_transfer_params"] = {
+        "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+        "remote_block_ids": None, "remote_host": None, "remote_port": None,
+        "transfer_id": transfer_id}
+    d = dict(request)
+    d["kv_transfer_params"] = {
+        "do_remote_decode": False, "do_remote_prefill": True,
+        "remote_engine_id": prefill["engine_id"], "remote_host": prefill["kv_host"],
+        "remote_port": prefill["side_channel_port"], "tp_size": prefill["tp_size"],
+        "pp_size": prefill["pp_size"], "remote_request_id": request_id,
+        "transfer_id": transfer_id}
+    return (headers, p), (headers, d)
+
+
+class TestNixlPush(DialectCase, unittest.TestCase):
+    """Differential: each leg pdrouter sends equals what the push demo proxy would send for the
+    same client request and ids, but for one documented difference: pdrouter's prefill also gets
+    the rest of the prefill edits (stream false, no stream_options / min_tokens), which the demo
+    leaves as the client sent them (REQUEST_LEGS.md)."""
+    CONNECTOR = "nixl-push"
+    CONCURRENT = True
+
+    def check_dialect(self, body, raw, rid, p, d, pb, db):
+        transfer_id = pb["kv_transfer_params"]["transfer_id"]
+        self.assertRegex(transfer_id, "^xfer-%s$" % UUID4)
+        prefill = {"engine_id": "sim-127.0.0.1-%d" % self.p.port, "kv_host": "127.0.0.1",
+                   "side_channel_port": int(flag(self.p, "--kv-port")), "tp_size": 1, "pp_size": 1}
+        (ph, want_p), (dh, want_d) = push_demo_legs(body, rid, transfer_id, prefill)
+        for leg, want in ((p, ph), (d, dh)):
+            self.assertEqual({k: leg["headers"][k] for k in want}, want)
+        want_p["stream"] = False
+        for key in ("stream_options", "min_tokens", "min_completion_tokens"):
+            want_p.pop(key, None)
+        self.assertEqual(pb, want_p)
+        self.assertEqual(db, want_d)
+        self.assertTrue(d["body"].startswith(raw[:-1]), (raw, d["body"]))
+
+    def test_concurrent_prefill_answer_is_read(self):
+        self.check_prefill_answer_read()
+
+    def test_every_request_has_its_own_transfer_id(self):
+        ids = set()
+        for _ in range(3):
+            self.setUp()
+            p, d = self.roundtrip("/v1/completions", stream=False)
+            ids.add(json.loads(p["body"])["kv_transfer_params"]["transfer_id"])
+        self.assertEqual(len(ids), 3, ids)
 
 
 class TestMooncake(DialectCase, unittest.TestCase):

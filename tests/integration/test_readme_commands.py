@@ -58,13 +58,15 @@ README_HTTP = "localhost:10001"
 # /work/shared/PROTOCOLS.md documents for each (anything else in a README command is a typo or an
 # unverified claim).
 VLLM_CONNECTORS = {"MoRIIOConnector": "moriio", "P2pNcclConnector": "p2p-nccl",
-                   "NixlConnector": "nixl", "MooncakeConnector": "mooncake"}
+                   "NixlConnector": "nixl", "MooncakeConnector": "mooncake",
+                   "NixlPushConnector": "nixl-push"}
 EXTRA_CONFIG_KEYS = {
     "moriio": {"proxy_ip", "proxy_ping_port", "http_port", "handshake_port", "notify_port",
                "read_mode", "host_ip", "backend", "transfer_timeout", "defer_timeout"},
     "p2p-nccl": {"proxy_ip", "proxy_port", "http_port"},
     "nixl": {"kv_lease_duration"},
     "mooncake": set(),
+    "nixl-push": {"kv_lease_duration", "push_registration_timeout"},
 }
 SELF_REGISTERING = {"moriio": "proxy_ping_port", "p2p-nccl": "proxy_port"}
 KV_ROLES = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": None}
@@ -500,7 +502,7 @@ class ReadmeNodeLaunchCommandsTest(unittest.TestCase):
                 seen.add((VLLM_CONNECTORS[config["kv_connector"]], role))
             else:
                 seen.add(("sglang", role))
-        for dialect in ("moriio", "p2p-nccl", "nixl", "mooncake", "sglang"):
+        for dialect in ("moriio", "p2p-nccl", "nixl", "mooncake", "sglang", "nixl-push"):
             for role in ("prefill", "decode"):
                 self.assertIn((dialect, role), seen)
 

@@ -55,7 +55,7 @@ TEST(SimDialectTable, EveryConnectorHasOneDialectPerMode) {
     EXPECT_EQ(find_sim_dialect(d->connector, d->transfer_mode), d) << d->name;
   }
   for (Connector c : {Connector::kNixl, Connector::kMoriio, Connector::kMooncake,
-                      Connector::kP2pNccl, Connector::kSglang}) {
+                      Connector::kP2pNccl, Connector::kSglang, Connector::kNixlPush}) {
     EXPECT_NE(find_sim_dialect(c, default_transfer_mode(c)), nullptr) << proto::to_string(c);
   }
   EXPECT_EQ(default_transfer_mode(Connector::kMoriio), TransferMode::kRead);
@@ -71,6 +71,8 @@ TEST(SimDialectTable, MovementAndDefaultPorts) {
   EXPECT_EQ(dialect_of(Connector::kMooncake).movement, KvMovement::kPush);
   EXPECT_EQ(dialect_of(Connector::kP2pNccl).movement, KvMovement::kPush);
   EXPECT_EQ(dialect_of(Connector::kSglang).movement, KvMovement::kPush);
+  EXPECT_EQ(dialect_of(Connector::kNixlPush).movement, KvMovement::kPush);
+  EXPECT_EQ(dialect_of(Connector::kNixlPush).default_kv_port, 5600);
   EXPECT_EQ(dialect_of(Connector::kNixl).default_kv_port, 5600);
   EXPECT_EQ(dialect_of(Connector::kP2pNccl).default_kv_port, 21001);
   EXPECT_EQ(dialect_of(Connector::kMooncake).default_kv_port, 17000);

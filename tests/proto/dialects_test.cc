@@ -13,17 +13,23 @@ namespace pdr::proto {
 namespace {
 
 constexpr Connector kAllConnectors[] = {Connector::kMoriio, Connector::kP2pNccl, Connector::kNixl,
-                                        Connector::kMooncake, Connector::kSglang};
+                                        Connector::kMooncake, Connector::kSglang, Connector::kNixlPush};
 constexpr TransferMode kAllModes[] = {TransferMode::kNone, TransferMode::kRead, TransferMode::kWrite};
 
-TEST(DialectTable, HasTheSixDialectsOnce) {
+TEST(DialectTable, HasTheSevenDialectsOnce) {
   std::set<std::string> names;
   for (const Dialect* d : all_dialects()) {
     ASSERT_NE(d, nullptr);
     EXPECT_TRUE(names.insert(std::string(d->name)).second) << d->name;
   }
   EXPECT_EQ(names, (std::set<std::string>{"nixl", "moriio-read", "moriio-write", "mooncake", "p2p-nccl",
-                                          "sglang"}));
+                                          "sglang", "nixl-push"}));
+}
+
+TEST(DialectTable, IndexIsTheTablePosition) {
+  const auto table = all_dialects();
+  for (size_t i = 0; i < table.size(); ++i) EXPECT_EQ(dialect_index(table[i]), i);
+  EXPECT_EQ(dialect_index(nullptr), table.size());
 }
 
 TEST(DialectTable, EveryLineIsReachableFromItsConnectorAndMode) {
@@ -100,6 +106,8 @@ TEST(DialectTable, FactsPerDialect) {
        ZmqAddressForm::kHostPort},
       {Connector::kSglang, TransferMode::kNone, true, false, DecodeAloneRetry::kNever, PreStep::kNone,
        ZmqAddressForm::kNone},
+      {Connector::kNixlPush, TransferMode::kNone, true, false, DecodeAloneRetry::kNever, PreStep::kNone,
+       ZmqAddressForm::kPrefillHostPort},
   };
   for (const Want& w : wants) {
     const Dialect* d = dialect_for(w.c, w.m);
@@ -111,6 +119,7 @@ TEST(DialectTable, FactsPerDialect) {
     EXPECT_EQ(d->pre_step, w.pre);
     EXPECT_EQ(d->zmq_address, w.zmq);
     EXPECT_EQ(d->prefill_bootstrap_port_default, w.c == Connector::kMooncake);
+    EXPECT_EQ(d->prefill_needs_engine_id, w.c == Connector::kNixlPush);
   }
 }
 
@@ -128,10 +137,13 @@ TEST(DialectTable, BuildLegsUsesTheTableLine) {
       q.moriio_zmq = MoriioZmqAddress{"127.0.0.2", 6401, 61105};
       p.zmq_address = p.moriio_zmq->to_string();
       q.zmq_address = q.moriio_zmq->to_string();
-    } else if (d->zmq_address == ZmqAddressForm::kHostPort) {
+    } else if (d->zmq_address == ZmqAddressForm::kHostPort || d->zmq_address == ZmqAddressForm::kPrefillHostPort) {
       p.zmq_address = "127.0.0.1:21001";
       q.zmq_address = "127.0.0.2:22001";
+      fill_parsed_zmq_address(&p);
+      fill_parsed_zmq_address(&q);
     }
+    if (d->prefill_needs_engine_id) p.engine_id = "prefill-engine-001";
     if (d->pre_step == PreStep::kPrefillEngineQuery) p.mooncake_engine_id = "engine-0";
     uint64_t n = 0;
     LegBuild b;

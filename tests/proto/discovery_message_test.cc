@@ -775,6 +775,45 @@ TEST(PdrouterExtension, ConnectorRequirements) {
       StatusCode::kWrongType, "pdr_v must be an integer, got str"));
 }
 
+// A NIXL push prefill says who it is (engine id, side channel); its decodes are sent both.
+TEST(PdrouterExtension, NixlPushPrefillNeedsEngineIdAndSideChannel) {
+  EXPECT_TRUE(FailsWith(pdrouter_minimal().set("connector", str_value("nixl-push")).set("engine_id", str_value("e")).bytes(),
+                        StatusCode::kMissingKey, "zmq_address (the KV side channel, host:port) is required"));
+  EXPECT_TRUE(FailsWith(
+      pdrouter_minimal().set("connector", str_value("nixl-push")).set("zmq_address", str_value("127.0.10.7:5600")).bytes(),
+      StatusCode::kMissingKey, "engine_id is required for a nixl-push prefill"));
+  EXPECT_TRUE(FailsWith(pdrouter_minimal()
+                            .set("connector", str_value("nixl-push"))
+                            .set("zmq_address", str_value("not a host port"))
+                            .set("engine_id", str_value("e"))
+                            .bytes(),
+                        StatusCode::kBadAddress, "zmq_address"));
+  EXPECT_TRUE(FailsWith(pdrouter_minimal().set("engine_id", str_value(std::string(257, 'e'))).bytes(),
+                        StatusCode::kTooLarge, "engine_id"));
+  EXPECT_TRUE(FailsWith(pdrouter_minimal().set("pp_size", uint_value(0)).bytes(), StatusCode::kOutOfRange, "pp_size"));
+
+  Registration reg;
+  reg.format = RegistrationFormat::kPdrouter;
+  reg.schema_version = 1;
+  reg.role = Role::kPrefill;
+  reg.connector = Connector::kNixlPush;
+  reg.http_address = {"127.0.10.7", 8000};
+  reg.zmq_address = "127.0.10.7:5600";
+  reg.kv_address = HostPort{"127.0.10.7", 5600};
+  reg.engine_id = "prefill-engine-001";
+  reg.pp_size = 2;
+  DiscoveryMessage decoded;
+  const std::string wire = encode_registration(reg);
+  ASSERT_TRUE(decode_discovery_message(as_bytes(wire), DecodeLimits{}, &decoded).is_ok());
+  ASSERT_EQ(decoded.kind, DiscoveryMessage::Kind::kRegistration);
+  EXPECT_EQ(decoded.registration, reg);
+  // A push decode needs neither.
+  EXPECT_TRUE(decode_discovery_message(
+                  as_bytes(pdrouter_minimal().set("type", str_value("D")).set("connector", str_value("nixl_push")).bytes()),
+                  DecodeLimits{}, &decoded)
+                  .is_ok());
+}
+
 // ---- Integer widths ----
 
 TEST(IntegerWidths, EveryEncodingOfTwoIsAccepted) {

@@ -554,6 +554,111 @@ TEST(MooncakeLegs, NeedsEngineId) {
             "http://127.0.10.1:9000");
 }
 
+// ---------------- NIXL push ----------------
+
+LegInstance PushPrefill(uint32_t dp = 1) {
+  LegInstance p = Plain(Connector::kNixlPush, "127.0.10.1", 8100, dp);
+  p.engine_id = "prefill-engine-001";
+  p.zmq_address = "127.0.10.11:5600";
+  fill_parsed_zmq_address(&p);
+  p.tp_size = 2;
+  p.pp_size = 3;
+  return p;
+}
+
+TEST(NixlPushLegs, ConcurrentWithThePrefillsCoordinates) {
+  for (const Body& body : Bodies()) {
+    SCOPED_TRACE(body.name);
+    const LegInstance d = Plain(Connector::kNixlPush, "127.0.10.2", 8200);
+    const LegBuild b = Build(body, PushPrefill(), d, std::nullopt, std::nullopt);
+    EXPECT_TRUE(b.plan.concurrent);
+    EXPECT_FALSE(b.plan.decode_needs_prefill_params);
+    EXPECT_TRUE(std::regex_match(b.plan.request_id, kUuidDashed));
+    ASSERT_EQ(b.plan.transfer_id.rfind("xfer-", 0), 0u) << b.plan.transfer_id;
+    EXPECT_TRUE(std::regex_match(b.plan.transfer_id.substr(5), kUuidDashed));
+    EXPECT_NE(b.plan.transfer_id, "xfer-" + b.plan.request_id) << "a uuid of its own";
+    ExpectCommonHeaders(b.prefill, body.path, b.plan.request_id);
+    ExpectCommonHeaders(b.decode, body.path, b.plan.request_id);
+    EXPECT_EQ(b.prefill.header("X-data-parallel-rank"), nullptr);
+
+    const json client = json::parse(body.text);
+    const json pre = json::parse(b.prefill.body_text());
+    ExpectPrefillEdits(client, pre);
+    EXPECT_EQ(pre["kv_transfer_params"], (json{{"do_remote_decode", true},
+                                               {"do_remote_prefill", false},
+                                               {"remote_engine_id", nullptr},
+                                               {"remote_block_ids", nullptr},
+                                               {"remote_host", nullptr},
+                                               {"remote_port", nullptr},
+                                               {"transfer_id", b.plan.transfer_id}}));
+    ExpectUntouched(body.text, b.prefill.body_text(), kPrefillEdited);
+    const json dec = json::parse(b.decode.body_text());
+    EXPECT_EQ(dec["kv_transfer_params"], (json{{"do_remote_decode", false},
+                                              {"do_remote_prefill", true},
+                                              {"remote_engine_id", "prefill-engine-001"},
+                                              {"remote_host", "127.0.10.11"},
+                                              {"remote_port", 5600},
+                                              {"tp_size", 2},
+                                              {"pp_size", 3},
+                                              {"remote_request_id", b.plan.request_id},
+                                              {"transfer_id", b.plan.transfer_id}}));
+    ExpectUntouched(body.text, b.decode.body_text(), {"kv_transfer_params"});
+  }
+}
+
+TEST(NixlPushLegs, DataParallelRankNamesItsEngineAndPort) {
+  const LegInstance d = Plain(Connector::kNixlPush, "127.0.10.2", 8200);
+  const LegBuild b = Build(Bodies()[0], PushPrefill(4), d, 3, std::nullopt);
+  ASSERT_NE(b.prefill.header("X-data-parallel-rank"), nullptr);
+  EXPECT_EQ(*b.prefill.header("X-data-parallel-rank"), "3");
+  const json k = json::parse(b.decode.body_text())["kv_transfer_params"];
+  EXPECT_EQ(k["remote_engine_id"], "prefill-engine-001_dp3");
+  EXPECT_EQ(k["remote_port"], 5603);
+}
+
+TEST(NixlPushLegs, EveryBuildHasAFreshTransferId) {
+  const LegInstance d = Plain(Connector::kNixlPush, "127.0.10.2", 8200);
+  uint64_t n = 0;
+  auto rng = [&n] { return ++n * 0x9e3779b97f4a7c15ull; };
+  std::set<std::string> ids;
+  for (int i = 0; i < 8; ++i) {
+    LegBuild b;
+    ASSERT_TRUE(build_legs({"/v1/completions", Bodies()[0].text, ""}, PushPrefill(), d, std::nullopt, std::nullopt,
+                           {}, rng, &b)
+                    .is_ok());
+    EXPECT_TRUE(ids.insert(b.plan.transfer_id).second) << b.plan.transfer_id;
+  }
+}
+
+TEST(NixlPushLegs, RejectsAPrefillItCannotName) {
+  const std::string text = Bodies()[0].text;
+  const LegInstance d = Plain(Connector::kNixlPush, "127.0.10.2", 8200);
+  LegBuild out;
+  LegInstance no_engine = PushPrefill();
+  no_engine.engine_id.clear();
+  EXPECT_EQ(build_legs({"/v1/completions", text, ""}, no_engine, d, std::nullopt, std::nullopt, {}, Rng(), &out).code(),
+            StatusCode::kRejected);
+  LegInstance no_channel = PushPrefill();
+  no_channel.kv_address.reset();
+  EXPECT_EQ(
+      build_legs({"/v1/completions", text, ""}, no_channel, d, std::nullopt, std::nullopt, {}, Rng(), &out).code(),
+      StatusCode::kRejected);
+  EXPECT_EQ(build_legs({"/v1/completions", text, ""}, PushPrefill(2), d, std::nullopt, std::nullopt, {}, Rng(), &out)
+                .code(),
+            StatusCode::kRejected)
+      << "dp_size > 1 needs a rank";
+  LegInstance high = PushPrefill(4);
+  high.kv_address->port = 65534;
+  EXPECT_EQ(build_legs({"/v1/completions", text, ""}, high, d, 3, std::nullopt, {}, Rng(), &out).code(),
+            StatusCode::kRejected)
+      << "port + rank past 65535";
+  EXPECT_EQ(build_legs({"/v1/completions", text, ""}, PushPrefill(), Plain(Connector::kNixl, "h", 1), std::nullopt,
+                       std::nullopt, {}, Rng(), &out)
+                .code(),
+            StatusCode::kRejected)
+      << "push never pairs with pull";
+}
+
 // ---------------- P2P-NCCL ----------------
 
 TEST(P2pNcclLegs, SerialNoKvParamsDecodeUnchanged) {
