@@ -34,6 +34,45 @@ AllowList loopback_allow_list();
 // True for tcp:// endpoints bound to a loopback address, and for ipc://.
 bool endpoint_is_local(std::string_view zmq_endpoint);
 
+// TLS on one of pdrouter's listeners (listeners.tls, listeners.admin_tls; http/tls_server.h):
+// TLS 1.2+, ALPN http/1.1. The PEM files are read at every load (size-capped, checked to hold PEM),
+// so a reload (SIGHUP, or a change of the topology file) picks up renewed certificates: new
+// handshakes use them, open connections keep theirs. Turning TLS on or off needs a restart.
+struct ListenerTls {
+  std::string cert_file;  // the chain: leaf first, then intermediates
+  std::string cert_pem;
+  std::string key_file;
+  std::string key_pem;  // secret
+  // Set: clients must present a certificate signed by one of these CAs (mutual TLS).
+  std::string client_ca_file;
+  std::string client_ca_pem;
+  bool enabled() const { return !cert_file.empty(); }
+  bool operator==(const ListenerTls&) const = default;
+};
+
+// TLS on the legs to nodes (connectors.tls, and an instance's `tls` over it; http/tls_client.h):
+// for vLLM behind --ssl-certfile (and --ssl-ca-certs with --ssl-cert-reqs 2 for mutual TLS). The
+// node's certificate is always verified, for server_name or else the host of its http_address
+// (a DNS name or an IP address in its subjectAltName).
+struct NodeTls {
+  bool enabled = false;
+  std::string ca_file;  // "" = the system's CA store
+  std::string ca_pem;
+  std::string cert_file;  // client certificate (mutual TLS), with key_file
+  std::string cert_pem;
+  std::string key_file;
+  std::string key_pem;  // secret
+  std::string server_name;  // "" = the host of each node's http_address
+  bool operator==(const NodeTls&) const = default;
+};
+
+// An instance's own TLS settings (its `tls:` in the topology), the section's merged under them.
+struct NodeTlsOverride {
+  proto::HostPort http_address;
+  NodeTls tls;
+  bool operator==(const NodeTlsOverride&) const = default;
+};
+
 struct Topology {
   std::string source_path;  // file it was loaded from ("" for defaults)
 
@@ -46,6 +85,8 @@ struct Topology {
     // Operator listener: when set, /admin/*, /instances/add, /status, /metrics, /start_profile
     // and /stop_profile are served only here (404 on `http`). Unset: all on `http`.
     std::optional<proto::HostPort> admin;
+    ListenerTls tls;        // TLS on `http` (unset: plain HTTP)
+    ListenerTls admin_tls;  // TLS on `admin` (needs `admin`; client_ca_file: operators need certificates)
   } listeners;
 
   uint32_t workers = 0;  // HTTP worker loops; 0 = one per core
@@ -115,6 +156,11 @@ struct Topology {
     uint16_t mooncake_bootstrap_port = 8998;
     std::string upstream_api_key;      // resolved secret sent as Authorization (replaces the client's)
     std::string upstream_api_key_env;  // its source
+    NodeTls tls;  // TLS to every node (connectors.tls); off by default
+    // Instances (topology `instances:`) with a `tls:` of their own, by http_address.
+    std::vector<NodeTlsOverride> tls_by_node;
+    // The TLS settings for the node at `http_address` (enabled false: plain HTTP).
+    const NodeTls& tls_for(const proto::HostPort& http_address) const;
   } connectors;
 
   struct Timeouts {
@@ -287,6 +333,24 @@ struct Topology {
     std::chrono::seconds watch_timeout{300};   // a watch is re-opened (from its resourceVersion) after this
     std::chrono::milliseconds retry{1000};     // after a failed list or watch
   } kubernetes;
+
+  // OpenTelemetry traces of P/D requests (router/tracing/), exported over OTLP/HTTP with JSON
+  // encoding. Off unless `endpoint` is set. W3C traceparent/tracestate are taken from the client
+  // (a sampled parent is always recorded, an unsampled one never: parent-based sampling) or
+  // started here for sampling_ratio of the requests, and sent to both legs with a span id per leg.
+  // Only sampling_ratio applies on reload; the rest needs a restart.
+  struct Tracing {
+    std::string endpoint;       // as written: "http://host:port/path" ("" = tracing off)
+    proto::HostPort collector;  // parsed from endpoint
+    std::string collector_path;  // "/v1/traces"
+    double sampling_ratio = 1.0;  // requests without a client traceparent that are traced, 0..1
+    std::string service_name = "pdrouter";  // the resource's service.name
+    uint32_t max_queue_spans = 8192;  // spans waiting for export; more are dropped (counted)
+    std::chrono::milliseconds batch{1000};  // a batch is sent at least this often while spans wait
+    uint32_t max_batch_spans = 512;          // ... or as soon as this many wait
+    std::chrono::milliseconds export_timeout{2000};  // one export (connect, send, answer)
+    bool enabled() const { return !endpoint.empty(); }
+  } tracing;
 
   std::vector<StaticInstance> static_instances;
 };

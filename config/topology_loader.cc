@@ -11,6 +11,7 @@
 #include <exception>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -21,6 +22,7 @@
 #include "config/topology.h"
 #include "config/topology_addresses.h"
 #include "config/topology_secrets.h"
+#include "config/topology_tls.h"
 #include "config/topology_warnings.h"
 #include "config/yaml_reader.h"
 
@@ -117,7 +119,13 @@ Status read_listeners(const Source& src, const Field& f, Topology::Listeners* ou
     out->discovery_curve = std::move(text);
     return s;
   });
-  return r.finish();
+  r.with("tls", [&](const Field& v) { return read_listener_tls(src, v, &out->tls); });
+  r.with("admin_tls", [&](const Field& v) { return read_listener_tls(src, v, &out->admin_tls); });
+  Status s = r.finish();
+  if (s && out->admin_tls.enabled() && !out->admin) {
+    return fail(src, f, StatusCode::kMissingKey, "admin_tls needs listeners.admin (the operator listener)");
+  }
+  return s;
 }
 
 Status read_allowed_peers(const Source& src, const Field& f, AllowList* out) {
@@ -270,6 +278,7 @@ Status read_connectors(const Source& src, const Field& f, Topology::Connectors* 
   r.port("mooncake_bootstrap_port", &out->mooncake_bootstrap_port);
   read_env_secret(src, r, "upstream_api_key_env", &out->upstream_api_key_env,
                   &out->upstream_api_key);
+  r.with("tls", [&](const Field& v) { return read_node_tls(src, v, &out->tls); });
   return r.finish();
 }
 
@@ -642,7 +651,7 @@ Status check_connector_fields(const Source& src, MapReader& r, const Topology::C
 }
 
 Status read_instance(const Source& src, const Field& f, const Topology::Connectors& defaults,
-                     StaticInstance* out) {
+                     StaticInstance* out, std::optional<NodeTls>* tls) {
   if (!f.value.IsMap()) {
     return fail(src, f, StatusCode::kWrongType,
                 fmt::format("expected a map describing an instance, got {}", describe(f.value)));
@@ -691,6 +700,12 @@ Status read_instance(const Source& src, const Field& f, const Topology::Connecto
   });
   r.str("model", kMaxStringBytes, &inst.model);
   r.with("labels", [&](const Field& v) { return read_labels(src, v, &inst.labels); });
+  r.with("tls", [&](const Field& v) {
+    NodeTls own = defaults.tls;  // the section's settings, replaced where the instance says
+    Status s = read_node_tls(src, v, &own);
+    if (s) *tls = std::move(own);
+    return s;
+  });
   if (r.ok() && !has_role)
     r.record(fail(src, f, StatusCode::kMissingKey, "missing key 'role' (prefill or decode)"));
   if (r.ok() && !has_http)
@@ -702,7 +717,7 @@ Status read_instance(const Source& src, const Field& f, const Topology::Connecto
 }
 
 Status read_instances(const Source& src, const Field& f, const Topology::Connectors& defaults,
-                      std::vector<StaticInstance>* out) {
+                      std::vector<StaticInstance>* out, std::vector<NodeTlsOverride>* tls_by_node) {
   if (f.value.IsNull()) return Status::ok();
   if (!f.value.IsSequence()) {
     return fail(src, f, StatusCode::kWrongType,
@@ -714,8 +729,10 @@ Status read_instances(const Source& src, const Field& f, const Topology::Connect
   for (auto it = f.value.begin(); it != f.value.end(); ++it, ++i) {
     Field item{YAML::Node(), *it, fmt::format("{}[{}]", f.path, i)};
     StaticInstance inst;
-    Status s = read_instance(src, item, defaults, &inst);
+    std::optional<NodeTls> tls;
+    Status s = read_instance(src, item, defaults, &inst, &tls);
     if (!s) return s;
+    if (tls) tls_by_node->push_back(NodeTlsOverride{inst.http_address, std::move(*tls)});
     auto [prev, inserted] = index_by_address.emplace(inst.http_address.to_string(), i);
     if (!inserted) {
       const YAML::Node addr = (*it)["http_address"];
@@ -780,8 +797,10 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   r.with("registry", [&](const Field& f) { return read_registry(src, f, &t.registry); });
   r.with("kubernetes", [&](const Field& f) { return read_kubernetes(src, f, &t.kubernetes); });
   // After connectors: instance defaults come from there.
-  r.with("instances",
-         [&](const Field& f) { return read_instances(src, f, t.connectors, &t.static_instances); });
+  r.with("instances", [&](const Field& f) {
+    return read_instances(src, f, t.connectors, &t.static_instances, &t.connectors.tls_by_node);
+  });
+  r.with("tracing", [&](const Field& f) { return read_tracing(src, f, &t.tracing); });
   Status s = r.finish();
   if (s) s = check_discovery_admission(src, root, t);
   if (s) *out = std::move(t);

@@ -121,6 +121,23 @@ std::vector<std::string> restart_required_changes(const Topology& a, const Topol
     changes.push_back(
         fmt::format("listeners.discovery: {} -> {}", a.listeners.discovery, b.listeners.discovery));
   }
+  // A listener's TLS is chosen when it starts; its certificates apply live (router/tls_contexts.h).
+  for (const auto& [name, x, y] : {std::tuple{"listeners.tls", &a.listeners.tls, &b.listeners.tls},
+                                   std::tuple{"listeners.admin_tls", &a.listeners.admin_tls, &b.listeners.admin_tls}}) {
+    if (x->enabled() != y->enabled()) {
+      changes.push_back(fmt::format("{}: {} -> {}", name, x->enabled() ? "on" : "off", y->enabled() ? "on" : "off"));
+    }
+  }
+  // The span exporter is made once at start; only sampling_ratio applies live.
+  const auto& tra = a.tracing;
+  const auto& trb = b.tracing;
+  if (tra.endpoint != trb.endpoint) {
+    changes.push_back(fmt::format("tracing.endpoint: '{}' -> '{}'", tra.endpoint, trb.endpoint));
+  }
+  if (tra.service_name != trb.service_name || tra.max_queue_spans != trb.max_queue_spans || tra.batch != trb.batch ||
+      tra.max_batch_spans != trb.max_batch_spans || tra.export_timeout != trb.export_timeout) {
+    changes.push_back("tracing (service_name, max_queue_spans, batch_ms, max_batch_spans, export_timeout_ms)");
+  }
   if (a.workers != b.workers)
     changes.push_back(fmt::format("workers: {} -> {}", a.workers, b.workers));
   // The subscriber and its index are made once at start (router/main.cc).

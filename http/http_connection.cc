@@ -15,6 +15,7 @@
 
 #include "http/http_worker.h"
 #include "http/json_error.h"
+#include "http/tls_client.h"
 #include "http/write_now.h"
 
 namespace pdr::http {
@@ -35,8 +36,21 @@ struct WriteReq {
   uv_write_t req{};
   std::string data;
   size_t offset = 0;  // written at once before the request was made (flush_output)
+  size_t credit = 0;  // bytes of buffered_ this write releases when it completes
   HttpConnection* conn = nullptr;
 };
+
+// Handshake messages, alerts and close_notify on their way (not counted in buffered_).
+struct CipherWriteReq {
+  uv_write_t req{};
+  std::string bytes;
+};
+
+// Answer to plain HTTP sent to a TLS listener (as nginx's 497): the client learns why, in the
+// protocol it speaks, instead of a reset.
+constexpr std::string_view kPlainHttpAnswer =
+    "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 51\r\n\r\n"
+    "This port speaks TLS: use https:// to connect here\n";
 
 template <typename Fn>
 void invoke_guarded(Fn& fn, const char* what) {
@@ -149,6 +163,15 @@ int HttpConnection::open(int fd) {
   }
   uv_tcp_nodelay(tcp_.get(), 1);
   peer_ = peer_name(tcp_.get());
+  if (const auto& tls = worker_.tls()) {
+    if (Status st = TlsSession::create_server(tls->native(), peer_, &tls_); !st) {
+      pdr::log::warn("http {}: {}", peer_, st.message());
+      timer_.close();
+      tcp_.close();
+      return UV_ENOMEM;
+    }
+    tls_handshaking_ = true;  // the header timer armed below bounds the handshake too
+  }
   self_ = shared_from_this();
   arm_timer(TimerMode::kHeaders, static_cast<uint64_t>(worker_.options().header_read_timeout.count()));
   update_reading();
@@ -170,24 +193,33 @@ void HttpConnection::on_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf)
 
 void HttpConnection::handle_read(ssize_t nread, const uv_buf_t* buf) {
   if (nread == 0) return;
+  if (tls_ && nread > 0 && (phase_ == Phase::kReading || phase_ == Phase::kDispatched)) {
+    handle_tls_read(nread, buf);
+    return;
+  }
   if (nread < 0) {
     if (nread != UV_EOF) pdr::log::debug("http {}: read error: {}", peer_, uv_strerror(static_cast<int>(nread)));
+    if (tls_handshaking_) tls_handshake_failed(TlsFailure::kClosed, "connection closed during the TLS handshake");
     close_now();
     return;
   }
+  handle_input(buf->base, static_cast<size_t>(nread));
+}
+
+void HttpConnection::handle_input(const char* data, size_t len) {
   switch (phase_) {
     case Phase::kClosed:
     case Phase::kFinishing:
     case Phase::kLingering:
       return;  // discarded: we are closing
     case Phase::kDispatched:
-      inbuf_.append(buf->base, static_cast<size_t>(nread));
+      inbuf_.append(data, len);
       update_reading();
       return;
     case Phase::kReading:
       break;
   }
-  inbuf_.append(buf->base, static_cast<size_t>(nread));
+  inbuf_.append(data, len);
   got_bytes_ = true;
   // The body timer is NOT re-armed here: body_read_timeout bounds the whole body, so a client
   // trickling a byte at a time cannot hold the connection and its partial body forever.
@@ -630,6 +662,12 @@ void HttpConnection::begin_close_after_flush() {
 
 void HttpConnection::start_lingering() {
   phase_ = Phase::kLingering;
+  if (tls_ && !tls_handshaking_) {
+    // close_notify before the FIN: a close-delimited answer (HTTP/1.0 stream) ends cleanly, not as
+    // a truncation attack to the client's TLS stack.
+    tls_->close_notify();
+    if (tls_->has_output()) send_ciphertext(tls_->take_output());
+  }
   auto* req = new uv_shutdown_t;
   const int rc = uv_shutdown(req, tcp_.stream(), &HttpConnection::on_shutdown);
   if (rc < 0) {
@@ -661,7 +699,11 @@ void HttpConnection::close_now() {
   if (!pending_.empty()) {
     // Bytes queued this turn were sent as far as the handler is concerned (as when they went to
     // uv_write at once): the kernel gets what it takes now, before the close.
-    if (tcp_) detail::write_now(tcp_.stream(), pending_);
+    if (tcp_ && tls_ && !tls_handshaking_) {
+      if (tls_->write(pending_)) detail::write_now(tcp_.stream(), tls_->take_output());
+    } else if (tcp_ && !tls_) {
+      detail::write_now(tcp_.stream(), pending_);
+    }
     buffered_ -= pending_.size();
     worker_.stats().output_buffered_bytes.fetch_sub(pending_.size(), std::memory_order_relaxed);
     pending_.clear();
@@ -773,26 +815,11 @@ void HttpConnection::flush_output() {
   pending_.clear();
   const size_t before = buffered_;
   worker_.stats().output_writes.fetch_add(1, std::memory_order_relaxed);
-  // Written at once when the socket takes it (no write request, hence no epoll_ctl when it
-  // completes); only what it does not take goes through uv_write.
-  const size_t taken = detail::write_now(tcp_.stream(), data);
-  if (taken < data.size()) {
-    auto* w = new WriteReq;
-    w->data = std::move(data);
-    w->offset = taken;
-    w->conn = this;
-    w->req.data = w;
-    const size_t rest = w->data.size() - taken;
-    uv_buf_t buf = uv_buf_init(w->data.data() + taken, static_cast<unsigned int>(rest));
-    const int rc = uv_write(&w->req, tcp_.stream(), &buf, 1, &HttpConnection::on_write);
-    if (rc < 0) {
-      delete w;
-      buffered_ -= rest;
-      worker_.stats().output_buffered_bytes.fetch_sub(rest, std::memory_order_relaxed);
-      pdr::log::debug("http {}: write failed: {}", peer_, uv_strerror(rc));
-      close_now();
-      return;
-    }
+  bool failed = false;
+  const size_t taken = write_out(std::move(data), &failed);
+  if (failed) {
+    close_now();
+    return;
   }
   if (taken > 0) output_taken(taken, before);
   if (phase_ == Phase::kReading && timer_mode_ == TimerMode::kFlush && flush_mark_ == kMarkAtFlush) {
@@ -806,7 +833,7 @@ void HttpConnection::on_write(uv_write_t* req, int status) {
   // connection is alive here: its self-reference is released only in that close callback.
   auto* w = static_cast<WriteReq*>(req->data);
   HttpConnection* c = w->conn;
-  const size_t n = w->data.size() - w->offset;
+  const size_t n = w->credit;
   delete w;
   if (status < 0) {
     c->buffered_ -= n;
@@ -841,6 +868,124 @@ void HttpConnection::output_taken(size_t n, size_t before) {
       on_drain_ = std::move(fn);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS
+
+void HttpConnection::handle_tls_read(ssize_t nread, const uv_buf_t* buf) {
+  tls_->feed(std::string_view(buf->base, static_cast<size_t>(nread)));
+  if (tls_handshaking_) {
+    Status error;
+    const TlsSession::Step step = tls_->handshake(&error);
+    if (step == TlsSession::Step::kFailed) {
+      tls_handshake_failed(classify_handshake_failure(*tls_), error.message());
+      return;
+    }
+    if (tls_->has_output()) send_ciphertext(tls_->take_output());
+    if (step == TlsSession::Step::kPending || phase_ == Phase::kClosed) return;
+    tls_handshaking_ = false;
+    worker_.stats().tls_handshakes.fetch_add(1, std::memory_order_relaxed);
+  }
+  // One socket read's records, all decrypted now (the input BIO holds at most one read beyond a
+  // partial record), so a connection that stopped reading holds no ciphertext of its own.
+  for (;;) {
+    size_t n = 0;
+    Status error;
+    const TlsSession::Read r =
+        tls_->read(std::span<char>(worker_.plain_buffer(), worker_.plain_buffer_size()), &n, &error);
+    if (r == TlsSession::Read::kWantMore) break;
+    if (r == TlsSession::Read::kFailed) {
+      worker_.stats().tls_failures[static_cast<size_t>(TlsFailure::kRecord)].fetch_add(1, std::memory_order_relaxed);
+      pdr::log::debug("http {}: {}", peer_, error.message());
+      close_now();
+      return;
+    }
+    if (r == TlsSession::Read::kClosed) {  // close_notify: the client's end of stream
+      close_now();
+      return;
+    }
+    handle_input(worker_.plain_buffer(), n);
+    if (phase_ == Phase::kClosed || !tls_) return;
+  }
+  if (tls_->has_output() && phase_ != Phase::kClosed) send_ciphertext(tls_->take_output());  // e.g. KeyUpdate
+}
+
+void HttpConnection::tls_handshake_failed(TlsFailure failure, const std::string& detail) {
+  tls_handshaking_ = false;
+  worker_.stats().tls_failures[static_cast<size_t>(failure)].fetch_add(1, std::memory_order_relaxed);
+  pdr::log::debug("http {}: TLS handshake failed ({}): {}", peer_, tls_failure_name(failure), detail);
+  if (phase_ == Phase::kClosed) return;
+  std::string out = tls_->has_output() ? tls_->take_output() : std::string();  // the alert, if any
+  if (failure == TlsFailure::kPlainHttp) out = std::string(kPlainHttpAnswer);
+  // The session is over; what follows is a plain lingering close (start_lingering), which reads
+  // and drops the client's bytes so that the answer is not lost to a reset.
+  tls_.reset();
+  if (failure == TlsFailure::kTimeout || failure == TlsFailure::kClosed) {
+    close_now();
+    return;
+  }
+  if (!out.empty()) send_ciphertext(std::move(out));
+  if (phase_ == Phase::kClosed) return;
+  phase_ = Phase::kFinishing;
+  start_lingering();
+}
+
+void HttpConnection::send_ciphertext(std::string bytes) {
+  if (!tcp_ || bytes.empty()) return;
+  tls_extra_ += bytes.size();
+  const size_t taken = detail::write_now(tcp_.stream(), bytes);
+  if (taken == bytes.size()) return;
+  auto* w = new CipherWriteReq;
+  w->bytes = bytes.substr(taken);
+  w->req.data = w;
+  uv_buf_t buf = uv_buf_init(w->bytes.data(), static_cast<unsigned>(w->bytes.size()));
+  const int rc = uv_write(&w->req, tcp_.stream(), &buf, 1, [](uv_write_t* req, int) {
+    delete static_cast<CipherWriteReq*>(req->data);  // a failure shows on the next read or write
+  });
+  if (rc < 0) delete w;
+}
+
+size_t HttpConnection::write_out(std::string&& data, bool* failed) {
+  *failed = false;
+  const size_t plain = data.size();
+  // A failed write releases every byte of `plain` from buffered_: none of it is credited later.
+  auto release = [&](size_t n) {
+    buffered_ -= n;
+    worker_.stats().output_buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
+    *failed = true;
+  };
+  if (tls_) {
+    if (Status st = tls_->write(data); !st) {
+      worker_.stats().tls_failures[static_cast<size_t>(TlsFailure::kRecord)].fetch_add(1, std::memory_order_relaxed);
+      pdr::log::debug("http {}: {}", peer_, st.message());
+      release(plain);
+      return 0;
+    }
+    data = tls_->take_output();
+    tls_extra_ += data.size() > plain ? data.size() - plain : 0;
+  }
+  // Written at once when the socket takes it (no write request, hence no epoll_ctl when it
+  // completes); only what it does not take goes through uv_write.
+  const size_t taken = detail::write_now(tcp_.stream(), data);
+  if (taken == data.size()) return plain;
+  // Ciphertext: the kernel's share of the plaintext, in proportion (records are the same size).
+  const size_t plain_taken = tls_ ? static_cast<size_t>(static_cast<uint64_t>(taken) * plain / data.size()) : taken;
+  auto* w = new WriteReq;
+  w->data = std::move(data);
+  w->offset = taken;
+  w->credit = plain - plain_taken;
+  w->conn = this;
+  w->req.data = w;
+  uv_buf_t buf = uv_buf_init(w->data.data() + taken, static_cast<unsigned int>(w->data.size() - taken));
+  const int rc = uv_write(&w->req, tcp_.stream(), &buf, 1, &HttpConnection::on_write);
+  if (rc < 0) {
+    delete w;
+    pdr::log::debug("http {}: write failed: {}", peer_, uv_strerror(rc));
+    release(plain);
+    return 0;
+  }
+  return plain_taken;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -886,6 +1031,10 @@ void HttpConnection::on_timer(uv_timer_t* t) {
     case TimerMode::kHeaders:
     case TimerMode::kBody:
       if (c->phase_ != Phase::kReading) return;
+      if (c->tls_handshaking_) {  // no HTTP answer can be sent before the handshake is done
+        c->tls_handshake_failed(TlsFailure::kTimeout, "handshake not finished within the header read timeout");
+        return;
+      }
       (mode == TimerMode::kHeaders ? c->worker_.stats().header_timeouts : c->worker_.stats().body_timeouts)
           .fetch_add(1, std::memory_order_relaxed);
       c->send_error_and_close(408,
@@ -928,7 +1077,8 @@ uint64_t HttpConnection::bytes_delivered() const {
       ours += static_cast<uint64_t>(unsent);
     }
   }
-  return queued_total_ - std::min<uint64_t>(ours, queued_total_);
+  const uint64_t total = queued_total_ + tls_extra_;  // what went (or goes) to the socket
+  return total - std::min<uint64_t>(ours, total);
 }
 
 void HttpConnection::arm_flush_timer() {

@@ -19,11 +19,13 @@
 #include "http/http_message.h"
 #include "http/http_server.h"
 #include "http/response_writer.h"
+#include "http/tls_server.h"
 #include "http/uv_handle.h"
 
 namespace pdr::http {
 
 class HttpWorker;
+class TlsSession;
 
 class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
@@ -86,6 +88,20 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   static const llhttp_settings_t* parser_settings();
 
   void handle_read(ssize_t nread, const uv_buf_t* buf);
+  // One read's plaintext (decrypted on a TLS listener).
+  void handle_input(const char* data, size_t len);
+  // TLS listeners: one socket read (ciphertext) through the handshake or the session, its
+  // plaintext to handle_input; whatever the session has to send goes out (send_ciphertext).
+  void handle_tls_read(ssize_t nread, const uv_buf_t* buf);
+  void tls_handshake_failed(TlsFailure failure, const std::string& detail);
+  // Writes `data` (encrypted first on a TLS listener) behind what is queued: returns how many of
+  // its bytes (plaintext) the kernel took at once; the rest goes through uv_write, whose
+  // completion credits them (output_taken). On failure *failed is set and all of `data` is
+  // released from buffered_ (the caller closes).
+  size_t write_out(std::string&& data, bool* failed);
+  // Handshake messages, alerts and close_notify: written behind queued output, not counted in
+  // buffered_ (they are the session's, not the response's).
+  void send_ciphertext(std::string bytes);
   void process_input();
   void dispatch();
   bool add_header_bytes(size_t n);
@@ -132,6 +148,12 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   detail::UvHandle<uv_timer_t> timer_;
   std::shared_ptr<HttpConnection> self_;
   std::string peer_;
+  // TLS listeners: the session (null on plain TCP); true until its handshake completed.
+  std::unique_ptr<TlsSession> tls_;
+  bool tls_handshaking_ = false;
+  // Ciphertext bytes written beyond the plaintext they carry (record overhead, handshake,
+  // alerts): bytes_delivered() compares kernel queues (ciphertext) with queued_total_ (plaintext).
+  uint64_t tls_extra_ = 0;
 
   Phase phase_ = Phase::kReading;
   TimerMode timer_mode_ = TimerMode::kNone;

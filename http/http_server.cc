@@ -77,6 +77,7 @@ Status Server::start(const ServerOptions& options, Handler handler) {
   if (!handler) return Status(StatusCode::kInvalidValue, "handler is empty");
   impl_->shared.options = options;
   impl_->shared.handler = std::move(handler);
+  impl_->shared.tls.publish(options.tls);
 
   uint16_t port = options.port;
   if (Status s = probe_port_free(options.host, port); !s.is_ok()) return s;
@@ -144,6 +145,13 @@ void Server::stop(std::chrono::milliseconds drain) {
 }
 
 const ServerStats& Server::stats() const { return impl_->shared.stats; }
+
+void Server::set_tls(std::shared_ptr<const TlsServerContext> tls) {
+  if (!tls || !impl_->shared.options.tls) return;
+  impl_->shared.tls.publish(std::move(tls));
+}
+
+std::shared_ptr<const TlsServerContext> Server::tls() const { return impl_->shared.tls.load(); }
 
 uv_loop_s* Server::loop(uint32_t worker) const {
   if (worker >= impl_->workers.size()) return nullptr;

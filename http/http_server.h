@@ -25,6 +25,13 @@
 //   cannot make the server render answers without bound); both resume once the queue drains.
 // - A client that closes its connection (EOF) while its response is pending counts as gone:
 //   the writer's on_client_close fires. That is what lets the router abort upstream legs.
+// - TLS (ServerOptions::tls): every connection starts with a TLS handshake (http/tls_server.h),
+//   which must end within header_read_timeout with the first request's headers (a slow handshake
+//   is a slow header: the connection is closed, counted as a tls timeout). After it the
+//   connection behaves as on plain TCP (the same timers, keep-alive, streaming, back-pressure,
+//   kOutputHighWater counted in plaintext bytes). Failed handshakes are counted by reason
+//   (ServerStats::tls_failures) and closed; plain HTTP sent to the port gets a plain-text 400.
+//   set_tls() replaces the context for later handshakes; open connections keep theirs.
 // - No libuv types here; loop() exposes the worker's loop as an opaque pointer for the upstream
 //   client, which lives on the same threads.
 #pragma once
@@ -41,6 +48,7 @@
 #include "http/http_message.h"
 #include "http/json_error.h"
 #include "http/response_writer.h"
+#include "http/tls_server.h"
 
 struct uv_loop_s;
 
@@ -67,6 +75,8 @@ struct ServerOptions {
   // its loop ends: the place to release per-worker state holding handles on that loop (upstream
   // pools, timers). Optional.
   std::function<void(uint32_t worker)> on_worker_stop;
+  // Set: the listener speaks TLS with this context (see the header comment). Null: plain TCP.
+  std::shared_ptr<const TlsServerContext> tls;
 };
 
 // Counters, updated by workers with relaxed atomics; read from any thread.
@@ -92,6 +102,8 @@ struct ServerStats {
   std::atomic<uint64_t> write_stalls{0};          // closed: queued output made no progress
   std::atomic<uint64_t> output_writes{0};  // writes to client sockets: one per connection per loop turn
   std::atomic<uint64_t> accept_errors{0};         // accept() failed (EMFILE, ENFILE, ...)
+  std::atomic<uint64_t> tls_handshakes{0};        // TLS listeners: handshakes completed
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(TlsFailure::kCount)> tls_failures{};  // by reason
 };
 
 // Queued response bytes above which a connection stops reading and parsing requests.
@@ -123,6 +135,13 @@ class Server {
   void stop(std::chrono::milliseconds drain);
 
   const ServerStats& stats() const;
+
+  // Thread-safe. A server started with ServerOptions::tls: connections accepted from now on
+  // handshake with `tls` (null is ignored); open ones keep the context they started with. No-op
+  // on a plain server (TLS cannot be turned on or off while running).
+  void set_tls(std::shared_ptr<const TlsServerContext> tls);
+  // The context new connections get (null on a plain server).
+  std::shared_ptr<const TlsServerContext> tls() const;
 
   // The worker's uv_loop_t, for code that runs on that worker (e.g. upstream clients). Valid
   // between start() and stop().

@@ -34,7 +34,12 @@ Status uv_status(StatusCode code, const std::string& what, int rc) {
 HttpWorker* HttpWorker::current() { return tls_current_worker; }
 
 HttpWorker::HttpWorker(uint32_t index, ServerShared& shared)
-    : index_(index), shared_(shared), handler_(shared.handler), read_buffer_(kReadBufferSize) {}
+    : index_(index),
+      shared_(shared),
+      handler_(shared.handler),
+      read_buffer_(kReadBufferSize),
+      plain_buffer_(shared.options.tls ? kReadBufferSize : 0),
+      tls_(shared.tls) {}
 
 HttpWorker::~HttpWorker() {
   if (thread_.joinable()) thread_.join();

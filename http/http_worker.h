@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/log_limiter.h"
+#include "base/snapshot_cell.h"
 #include "base/status.h"
 #include "http/http_server.h"
 #include "http/uv_handle.h"
@@ -33,6 +34,8 @@ struct ServerShared {
   Handler handler;
   ServerStats stats;
   std::atomic<bool> stopping{false};
+  // The TLS context new connections handshake with (null: plain TCP); Server::set_tls replaces it.
+  SnapshotCell<TlsServerContext> tls{nullptr};
   std::mutex drain_mu;                // with drain_cv: stop() waits for connections_active == 0
   std::condition_variable drain_cv;
 };
@@ -66,6 +69,12 @@ class HttpWorker {
   // Per-worker scratch buffer for uv_read (reads are copied out before the next one).
   char* read_buffer() { return read_buffer_.data(); }
   size_t read_buffer_size() const { return read_buffer_.size(); }
+  // TLS listeners: the plaintext of one socket read is decrypted into this (the ciphertext is in
+  // the session by then, so read_buffer() is free again, but a callback may read more).
+  char* plain_buffer() { return plain_buffer_.data(); }
+  size_t plain_buffer_size() const { return plain_buffer_.size(); }
+  // The context a connection accepted now handshakes with; null on a plain listener.
+  const std::shared_ptr<const TlsServerContext>& tls() { return tls_.get(); }
 
   // Called by HttpConnection from its tcp close callback.
   void connection_closed(HttpConnection* conn);
@@ -134,6 +143,8 @@ class HttpWorker {
   bool draining_ = false;
   std::unordered_set<HttpConnection*> connections_;
   std::vector<char> read_buffer_;
+  std::vector<char> plain_buffer_;  // TLS listeners only (empty on a plain one)
+  SnapshotReader<TlsServerContext> tls_;
 
   std::mutex post_mu_;
   std::vector<std::function<void()>> posted_;

@@ -1,6 +1,7 @@
 // TLS for upstream connections (OpenSSL 3): the client side of a TLS session driven over memory
 // BIOs, so the libuv read/write path of http/upstream_client.cc moves the ciphertext and no socket
-// is ever touched by OpenSSL (nothing blocks).
+// is ever touched by OpenSSL (nothing blocks). The same session type serves pdrouter's own
+// listeners (TlsSession::create_server, contexts in http/tls_server.h).
 //
 // TlsClientContext is the configuration shared by every connection of a pool (an SSL_CTX: trust
 // anchors, client certificate for mutual TLS, TLS 1.2 minimum, peer verification on). It is
@@ -37,6 +38,11 @@ struct TlsClientOptions {
   // Name sent as SNI and checked against the peer's certificate (DNS name or IP address). Empty:
   // the host of the endpoint each connection goes to.
   std::string server_name;
+  // The certificates of ca_pem are the peer's own, not CAs (X509_V_FLAG_PARTIAL_CHAIN: a leaf
+  // there verifies itself) and the peer's name is not checked: for a peer whose exact
+  // certificate is known (pdrouter probing its own listener over loopback, whose certificate
+  // names the public host, not 127.0.0.1).
+  bool pinned = false;
 };
 
 // Why a TLS connection failed (the label of pdrouter_upstream_tls_errors_total).
@@ -62,12 +68,14 @@ class TlsClientContext {
   TlsClientContext& operator=(const TlsClientContext&) = delete;
 
   const std::string& server_name() const { return server_name_; }
+  bool pinned() const { return pinned_; }
   ssl_ctx_st* native() const { return ctx_; }
 
  private:
   TlsClientContext() = default;
   ssl_ctx_st* ctx_ = nullptr;
   std::string server_name_;
+  bool pinned_ = false;
 };
 
 class TlsSession {
@@ -79,6 +87,10 @@ class TlsSession {
   // wins). kInvalidValue if OpenSSL cannot create it.
   static Status create(const TlsClientContext& context, const std::string& peer_name,
                        std::unique_ptr<TlsSession>* out);
+  // A server session on `ctx` (a TlsServerContext's native(), http/tls_server.h): it accepts one
+  // client; `peer_name` (the client's address) only labels messages. Its failures are not counted
+  // in tls_error_count() (the listener counts its own, by reason: failure_reason()).
+  static Status create_server(ssl_ctx_st* ctx, const std::string& peer_name, std::unique_ptr<TlsSession>* out);
   ~TlsSession();  // frees the SSL object and both BIOs
   TlsSession(const TlsSession&) = delete;
   TlsSession& operator=(const TlsSession&) = delete;
@@ -97,6 +109,14 @@ class TlsSession {
   std::string take_output();
 
   const std::string& peer_name() const { return peer_name_; }
+  // After a kFailed step or read: OpenSSL's reason code of the failure (ERR_GET_REASON: e.g.
+  // SSL_R_HTTP_REQUEST, SSL_R_UNSUPPORTED_PROTOCOL), 0 if OpenSSL gave none (the stream ended).
+  int failure_reason() const { return failure_reason_; }
+  // The peer certificate's verification result (X509_V_OK when it verified or none was asked).
+  long verify_result() const;
+  // Queues a close_notify alert for take_output(); no-op before the handshake is done, after a
+  // failure, or the second time.
+  void close_notify();
 
  private:
   TlsSession() = default;
@@ -106,6 +126,9 @@ class TlsSession {
   bio_st* in_ = nullptr;   // network -> SSL (owned by ssl_)
   bio_st* out_ = nullptr;  // SSL -> network (owned by ssl_)
   std::string peer_name_;
+  int failure_reason_ = 0;
+  bool server_ = false;
+  bool failed_ = false;
 };
 
 }  // namespace pdr::http

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <unordered_map>
@@ -205,6 +206,15 @@ class UpstreamConnection {
   UpstreamConnection(std::shared_ptr<UpstreamPoolCore> core, std::string key)
       : core_(std::move(core)), key_(std::move(key)) {}
 
+ public:
+  // The TLS context the connection was opened with (null: plain) and its idle-list key
+  // (UpstreamCall::pool_key(); empty: key_).
+  std::shared_ptr<const TlsClientContext> tls_context_;
+  std::string pool_key_;
+  const std::string& pool_key() const { return pool_key_.empty() ? key_ : pool_key_; }
+
+ private:
+
   static void on_connect(uv_connect_t* req, int status);
   static void on_alloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
   static void on_read(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
@@ -356,7 +366,7 @@ void UpstreamConnection::on_connect(uv_connect_t* req, int status) {
     return;
   }
   uv_tcp_nodelay(c->tcp_.get(), 1);
-  if (c->core_->options.tls) {
+  if (c->tls_context_) {
     c->start_tls();
     return;
   }
@@ -543,7 +553,7 @@ void UpstreamConnection::handle_plain(ssize_t nread, const char* data) {
 
 void UpstreamConnection::start_tls() {
   // The connect timer keeps running: it covers the handshake too.
-  if (Status st = TlsSession::create(*core_->options.tls, call_->target_.host, &tls_); !st) {
+  if (Status st = TlsSession::create(*tls_context_, call_->target_.host, &tls_); !st) {
     fail_tls(UpstreamFailure::kConnect, st);
     return;
   }
@@ -751,7 +761,7 @@ void UpstreamConnection::fail_pool_closed() {
 }
 
 void UpstreamConnection::return_to_pool() {
-  auto& list = core_->idle[key_];
+  auto& list = core_->idle[pool_key()];
   if (list.size() >= core_->options.max_idle_per_host) {
     close();
     return;
@@ -766,7 +776,7 @@ void UpstreamConnection::return_to_pool() {
 void UpstreamConnection::close() {
   if (phase_ == Phase::kClosed) return;
   if (phase_ == Phase::kIdle) {
-    auto it = core_->idle.find(key_);
+    auto it = core_->idle.find(pool_key());
     if (it != core_->idle.end()) {
       auto& v = it->second;
       v.erase(std::remove(v.begin(), v.end(), this), v.end());
@@ -942,7 +952,7 @@ void UpstreamPoolCore::launch(const std::shared_ptr<UpstreamCall>& call, bool al
     return;
   }
   if (allow_reuse) {
-    auto it = idle.find(call->key_);
+    auto it = idle.find(call->pool_key());
     if (it != idle.end() && !it->second.empty()) {
       UpstreamConnection* conn = it->second.back();
       it->second.pop_back();
@@ -995,7 +1005,11 @@ void UpstreamPoolCore::connect_fresh(const std::shared_ptr<UpstreamCall>& call, 
   ++stats.connects;
   int rc = 0;
   UpstreamConnection* conn = UpstreamConnection::create(shared_from_this(), call->key_, &rc);
-  if (conn != nullptr) rc = conn->connect(reinterpret_cast<const sockaddr*>(&addr), call);
+  if (conn != nullptr) {
+    conn->tls_context_ = call->tls_;
+    conn->pool_key_ = call->pool_key_;
+    rc = conn->connect(reinterpret_cast<const sockaddr*>(&addr), call);
+  }
   if (rc < 0) {
     const UpstreamFailure failure = connect_failure(rc);
     if (failure == UpstreamFailure::kLocalResources) {
@@ -1155,6 +1169,15 @@ std::shared_ptr<UpstreamCall> UpstreamPool::start(const proto::HostPort& target,
   call->core_ = core_;
   call->target_ = target;
   call->key_ = target.to_string();
+  if (request.tls) {
+    // Connections of another context (or plain ones) to the same address are not this call's.
+    char id[2 + 2 * sizeof(void*) + 1];
+    std::snprintf(id, sizeof id, "#%p", static_cast<const void*>(request.tls.get()));
+    call->pool_key_ = call->key_ + id;
+    call->tls_ = std::move(request.tls);
+  } else {
+    call->tls_ = core_->options.tls;
+  }
   call->timeouts_ = timeouts;
   call->only_content_type_ = request.only_content_type;
   call->state_ = UpstreamCall::State::kRunning;

@@ -84,6 +84,10 @@ struct UpstreamRequest {
   // copied out of the read buffer (the parser reads the framing headers itself either way; the
   // head limits count every header). For callers that read nothing else (the router's legs).
   bool only_content_type = false;
+  // Set: this call speaks TLS with this context (over PoolOptions::tls), on connections of its
+  // own (a pooled connection is reused only by calls to the same target with the same context).
+  // Null: the pool's choice. See PoolOptions::tls for what TLS changes.
+  std::shared_ptr<const TlsClientContext> tls;
 };
 
 struct UpstreamCallbacks {
@@ -147,7 +151,8 @@ struct PoolOptions {
   // checked against the context's server_name or else the target's host; the connect timeout
   // then covers the TCP connect and the TLS handshake. A handshake that fails (certificate not
   // verified, protocol) fails the call with kConnect and a "tls: ..." message, counted in
-  // tls_error_count(). Null (the default, the data path to nodes): plain TCP, no TLS code runs.
+  // tls_error_count(). Null (the default): plain TCP, no TLS code runs, unless a call brings its
+  // own context (UpstreamRequest::tls: the legs to nodes with connectors.tls).
   std::shared_ptr<const TlsClientContext> tls;
 };
 
@@ -225,6 +230,12 @@ class UpstreamCall final : public UpstreamCallControl {
   std::weak_ptr<detail::UpstreamPoolCore> core_;
   proto::HostPort target_;
   std::string key_;   // target_.to_string()
+  // The TLS context of this call (UpstreamRequest::tls, else PoolOptions::tls; null: plain) and
+  // the key of its idle connections: key_ (pool_key_ empty), or key_ plus the identity of a
+  // per-call context.
+  std::shared_ptr<const TlsClientContext> tls_;
+  std::string pool_key_;
+  const std::string& pool_key() const { return pool_key_.empty() ? key_ : pool_key_; }
   // Serialized request, kept for the one retry; released once a response byte arrived and the
   // write completed (the retry is never allowed after that), or when the call ends.
   std::string wire_;

@@ -33,7 +33,7 @@ PrefixCacheUpdate SimCacheModel::on_prompt(uint32_t rank, const std::vector<uint
   std::lock_guard<std::mutex> lock(r.order);
   PrefixCacheUpdate update = r.cache->process(tokens);
   if (publisher_ && !update.changes.empty()) {
-    publisher_->publish(rank, encode_sim_kv_batch(unix_seconds_now(), rank, options_.encoding,
+    publisher_->publish(rank, encode_sim_kv_batch(unix_seconds_now(), rank, options_.events,
                                                   options_.block_tokens, update.changes));
   }
   return update;
@@ -44,8 +44,8 @@ void SimCacheModel::publish(uint32_t rank, std::span<const PrefixCacheChange> ch
   if (rank >= ranks_.size()) rank = 0;
   std::lock_guard<std::mutex> lock(ranks_[rank]->order);
   publisher_->publish(rank, changes.empty()
-                                ? encode_sim_kv_cleared_batch(unix_seconds_now(), rank, options_.encoding)
-                                : encode_sim_kv_batch(unix_seconds_now(), rank, options_.encoding,
+                                ? encode_sim_kv_cleared_batch(unix_seconds_now(), rank, options_.events.encoding)
+                                : encode_sim_kv_batch(unix_seconds_now(), rank, options_.events,
                                                       options_.block_tokens, changes));
 }
 
@@ -54,7 +54,7 @@ void SimCacheModel::reset() {
     std::lock_guard<std::mutex> lock(ranks_[r]->order);
     ranks_[r]->cache->clear();
     if (publisher_) {
-      publisher_->publish(r, encode_sim_kv_cleared_batch(unix_seconds_now(), r, options_.encoding));
+      publisher_->publish(r, encode_sim_kv_cleared_batch(unix_seconds_now(), r, options_.events.encoding));
     }
   }
 }
@@ -74,7 +74,17 @@ nlohmann::json SimCacheModel::stats_json() const {
   return nlohmann::json{
       {"block_tokens", options_.block_tokens},
       {"capacity_blocks", options_.capacity_blocks},
-      {"encoding", options_.encoding == KvEventsEncoding::kMap ? "map" : "array"},
+      {"encoding", options_.events.encoding == KvEventsEncoding::kMap ? "map" : "array"},
+      {"kv_groups", [&] {
+         nlohmann::json groups = nlohmann::json::array();
+         for (const SimKvGroup& g : options_.events.groups) {
+           groups.push_back({{"kind", g.kind}, {"window_tokens", g.window_tokens}});
+         }
+         return groups;
+       }()},
+      {"cpu_tier", options_.events.cpu_tier == SimCpuTier::kNone             ? "none"
+                   : options_.events.cpu_tier == SimCpuTier::kSelfDescribing ? "self-describing"
+                                                                             : "placeholder"},
       {"ranks", std::move(ranks)},
       {"kv_events", publisher_ ? publisher_->stats() : nlohmann::json(nullptr)}};
 }

@@ -29,7 +29,8 @@ struct SimCacheOptions {
   uint32_t ranks = 1;
   uint32_t block_tokens = 16;
   uint32_t capacity_blocks = 2048;  // per rank
-  KvEventsEncoding encoding = KvEventsEncoding::kMap;
+  // The events' encoding, KV cache groups and CPU tier (sim_kv_events_encode.h).
+  SimKvEventsShape events;
 };
 
 class SimCacheModel {

@@ -1,5 +1,8 @@
 #include "node/sim_command.h"
 
+#include "config/topology_secrets.h"
+#include "http/tls_server.h"
+
 #include "node/register_command.h"
 #include "node/logging.h"
 
@@ -8,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -152,6 +156,28 @@ FlagError build_kv_events(const SimFlags& f, const sim::SimOptions& options,
 constexpr uint32_t kDefaultMaxModelLen = 8192;
 constexpr uint32_t kDefaultBlockTokens = 16;
 
+// --ssl-*: vLLM's HTTPS flags (its uvicorn server), on the sim's HTTP listener.
+FlagError build_tls(const SimFlags& f, sim::SimOptions* out) {
+  if (f.ssl_certfile.empty() && f.ssl_keyfile.empty()) {
+    if (!f.ssl_ca_certs.empty() || f.ssl_cert_reqs != 0) return "--ssl-ca-certs and --ssl-cert-reqs need --ssl-certfile";
+    return "";
+  }
+  if (f.ssl_certfile.empty() || f.ssl_keyfile.empty()) return "--ssl-certfile and --ssl-keyfile go together";
+  if (f.ssl_cert_reqs != 0 && f.ssl_cert_reqs != 2) return "--ssl-cert-reqs: 0 (none) or 2 (required)";
+  if (f.ssl_cert_reqs == 2 && f.ssl_ca_certs.empty()) return "--ssl-cert-reqs 2 needs --ssl-ca-certs";
+  http::TlsServerOptions options;
+  for (const auto& [flag, path, pem] : {std::tuple{"--ssl-certfile", &f.ssl_certfile, &options.cert_pem},
+                                        std::tuple{"--ssl-keyfile", &f.ssl_keyfile, &options.key_pem},
+                                        std::tuple{"--ssl-ca-certs", &f.ssl_ca_certs, &options.client_ca_pem}}) {
+    if (path->empty() || (pem == &options.client_ca_pem && f.ssl_cert_reqs != 2)) continue;
+    if (Status s = config::read_small_file(*path, 1 << 20, pem); !s) {
+      return std::string(flag) + " '" + *path + "': " + s.message();
+    }
+  }
+  if (Status s = http::TlsServerContext::create(options, &out->tls); !s) return s.message();
+  return "";
+}
+
 // --engine vllm: the profile file, then the flags (they win), then the cross-setting checks.
 FlagError build_engine(const SimFlags& f, sim::SimOptions* out) {
   if (f.engine == "per-token") {
@@ -245,6 +271,7 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
     return "--time-scale " + std::to_string(f.time_scale) + ": expected a number in (0, 1000]";
   }
   out->time_scale = f.time_scale;
+  if (FlagError e = build_tls(f, out); !e.empty()) return e;
   if (FlagError e = build_engine(f, out); !e.empty()) return e;
   out->max_model_len = out->engine ? out->engine->profile.max_model_len
                        : f.max_model_len != 0 ? f.max_model_len
@@ -407,6 +434,13 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
                   "Mooncake prefill: also serve the bootstrap GET /query on this port (0: "
                   "ephemeral). It is always served on the --http port too.")
       ->check(CLI::Range(0, 65535))->type_name("PORT");
+  cmd->add_option("--ssl-certfile", f->ssl_certfile, "Serve HTTPS with this certificate chain (PEM), as vLLM.")
+      ->type_name("FILE");
+  cmd->add_option("--ssl-keyfile", f->ssl_keyfile, "The key of --ssl-certfile (PEM).")->type_name("FILE");
+  cmd->add_option("--ssl-ca-certs", f->ssl_ca_certs, "CA certificates that client certificates must verify against.")
+      ->type_name("FILE");
+  cmd->add_option("--ssl-cert-reqs", f->ssl_cert_reqs, "0: no client certificate; 2: one is required (mutual TLS).")
+      ->capture_default_str()->type_name("0|2");
   cmd->add_option("--workers", f->workers, "HTTP worker threads.")->capture_default_str()
       ->check(CLI::Range(1, 256))->type_name("N");
   cmd->add_option("--kv-backends", f->kv_backends,
@@ -453,6 +487,21 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
   cmd->add_option("--kv-events-encoding", f->kv_events_encoding,
                   "Event encoding: map (vLLM >= 0.26, tagged by \"type\") or array (older vLLM).")
       ->capture_default_str()->type_name("map|array");
+  cmd->add_option("--kv-events-groups", f->kv_events_groups,
+                  "Publish the prefix cache as a hybrid model's KV cache groups, e.g. "
+                  "full_attention,sliding_window:512 (KIND is vLLM's kv_cache_spec_kind, WINDOW a "
+                  "sliding window in tokens): each change once per group with group_idx and the "
+                  "group's kind; a group with a WINDOW removes the blocks it slid past (all but "
+                  "the last WINDOW tokens' blocks of each stored run) at once. Default: no groups "
+                  "(events name none).")
+      ->type_name("KIND[:WINDOW],...");
+  cmd->add_option("--kv-events-cpu-tier", f->kv_events_cpu_tier,
+                  "Also publish a CPU offload tier that keeps every stored block until a reset: a "
+                  "second BlockStored with medium CPU for each stored run (in each full-attention "
+                  "group), self-describing (tokens and parent, as vLLM's offloading connector with "
+                  "self_describing_kv_events) or placeholder (engine keys only, block_size 0). GPU "
+                  "evictions leave the CPU copies.")
+      ->capture_default_str()->type_name("none|self-describing|placeholder");
   cmd->add_option("--kv-events-replay-layout", f->kv_events_replay_layout,
                   "Frames of the replay socket's answers: topic = [topic, seq, payload] like live "
                   "messages, end marker [\"\", END, \"\"] (vLLM >= 0.26); no-topic = [seq, "
@@ -549,9 +598,19 @@ int run_sim_command(const SimFlags& flags) {
                                                            : kDefaultBlockTokens;
   cache_options.capacity_blocks =
       flags.prefix_cache_blocks != 0 ? flags.prefix_cache_blocks : flags.kv_blocks;
-  if (!sim::parse_kv_events_encoding(flags.kv_events_encoding, &cache_options.encoding)) {
+  if (!sim::parse_kv_events_encoding(flags.kv_events_encoding, &cache_options.events.encoding)) {
     std::fprintf(stderr, "pdnode sim: error: --kv-events-encoding '%s': expected map or array\n",
                  flags.kv_events_encoding.c_str());
+    return kExitBadFlags;
+  }
+  if (std::string why; !sim::parse_kv_events_groups(flags.kv_events_groups, &cache_options.events.groups, &why)) {
+    std::fprintf(stderr, "pdnode sim: error: --kv-events-groups: %s\n", why.c_str());
+    return kExitBadFlags;
+  }
+  if (!sim::parse_kv_events_cpu_tier(flags.kv_events_cpu_tier, &cache_options.events.cpu_tier)) {
+    std::fprintf(stderr,
+                 "pdnode sim: error: --kv-events-cpu-tier '%s': expected none, self-describing or placeholder\n",
+                 flags.kv_events_cpu_tier.c_str());
     return kExitBadFlags;
   }
   if (FlagError e = build_kv_events(flags, options, &events_options); !e.empty()) {

@@ -44,6 +44,12 @@ struct SimFlags {
   uint32_t render_feature_bytes = 4096;  // fake feature bytes per image in a render answer
   int32_t bootstrap_port = -1;  // Mooncake prefill: separate /query listener; -1 none, 0 ephemeral
   uint32_t workers = 1;
+  // HTTPS as vLLM's --ssl-* flags give it: certificate chain and key, and with --ssl-cert-reqs 2
+  // client certificates required and verified against --ssl-ca-certs (mutual TLS).
+  std::string ssl_certfile;
+  std::string ssl_keyfile;
+  std::string ssl_ca_certs;
+  uint32_t ssl_cert_reqs = 0;  // 0 none, 2 required (vLLM's ssl.CERT_* numbers)
   // Real KV transfer (node/sim_kv_mover.h); "none" keeps the NullKvMover.
   std::string kv_backends = "tcp";
   uint32_t kv_blocks = 2048;
@@ -58,6 +64,8 @@ struct SimFlags {
   std::string kv_events_replay_endpoint;  // tcp://HOST:PORT to bind; "" no replay socket
   std::string kv_events_encoding = "map";
   std::string kv_events_replay_layout = "topic";  // topic (vLLM >= 0.26) or no-topic
+  std::string kv_events_groups;                    // KIND[:WINDOW],... (sim_kv_events_encode.h)
+  std::string kv_events_cpu_tier = "none";         // none, self-describing or placeholder
   bool bidirectional_kv_xfer = false;
   bool tokens_only = false;
   // The simulated vLLM engine (node/sim_engine/): "per-token" (each request paced on its own by

@@ -1064,6 +1064,7 @@ Status SimServer::start() {
   server_options.host = impl.options.host;
   server_options.port = impl.options.port;
   server_options.workers = std::max<uint32_t>(1, impl.options.workers);
+  server_options.tls = impl.options.tls;
   Status s = impl.server.start(server_options, [&impl](http::Request&& r, http::ResponseWriter w) {
     if (!impl.identity_ready.load(std::memory_order_acquire)) {
       w.send(json_response(503, vllm_error_body(SimError{503, "starting", "the node is starting"})));

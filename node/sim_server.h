@@ -87,6 +87,7 @@
 #include <optional>
 #include <string>
 
+#include "http/tls_server.h"
 #include "node/sim_cache_model.h"
 #include "node/sim_engine/engine_driver.h"
 #include "node/sim_kv.h"
@@ -121,6 +122,8 @@ struct SimOptions {
   // pacing.
   std::optional<SimEngineOptions> engine;
   double time_scale = 1.0;
+  // Set: the HTTP listener speaks TLS (http/tls_server.h), as vLLM behind --ssl-certfile.
+  std::shared_ptr<const http::TlsServerContext> tls;
 };
 
 class SimServer {

@@ -2,13 +2,15 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+
+#include "base/blocking_socket.h"
+#include "base/tcp_socket.h"
 
 namespace pdr::node::xfer_bench {
 
@@ -18,40 +20,11 @@ Status io_error(const char* what) {
   return Status(StatusCode::kIoError, std::string(what) + ": " + std::strerror(errno));
 }
 
-bool read_all(int fd, void* data, std::size_t length) {
-  auto* p = static_cast<char*>(data);
-  while (length > 0) {
-    const ssize_t n = ::recv(fd, p, length, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    length -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-bool write_all(int fd, const void* data, std::size_t length) {
-  const auto* p = static_cast<const char*>(data);
-  while (length > 0) {
-    const ssize_t n = ::send(fd, p, length, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    length -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-void set_nodelay(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
 void serve(int fd) {
   std::vector<char> scratch;
   for (;;) {
     std::uint8_t header[16];
-    if (!read_all(fd, header, sizeof header)) break;
+    if (!recv_exact(fd, header, sizeof header, kNoDeadline)) break;
     std::uint64_t remaining = 0;
     std::uint64_t chunk = 0;
     for (int i = 7; i >= 0; --i) remaining = (remaining << 8) | header[i];
@@ -61,13 +34,12 @@ void serve(int fd) {
     bool ok = true;
     while (remaining > 0 && ok) {
       const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(remaining, scratch.size()));
-      const ssize_t n = ::recv(fd, scratch.data(), want, 0);
-      if (n < 0 && errno == EINTR) continue;
-      ok = n > 0;
-      if (ok) remaining -= static_cast<std::uint64_t>(n);
+      std::size_t n = 0;
+      ok = recv_some(fd, scratch.data(), want, kNoDeadline, &n) && n > 0;
+      remaining -= n;
     }
     const char ack = 1;
-    if (!ok || !write_all(fd, &ack, 1)) break;
+    if (!ok || !send_all(fd, &ack, 1, kNoDeadline)) break;
   }
   ::close(fd);
 }
@@ -103,7 +75,7 @@ void RawSink::accept_loop() {
       if (errno == EINTR) continue;
       return;  // shut down
     }
-    set_nodelay(fd);
+    set_tcp_nodelay(fd);
     connections_.emplace_back(serve, fd);
   }
 }
@@ -120,7 +92,7 @@ Status RawClient::connect(std::uint16_t port) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(port);
   if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return io_error("connect");
-  set_nodelay(fd_);
+  set_tcp_nodelay(fd_);
   return Status::ok();
 }
 
@@ -129,15 +101,14 @@ Status RawClient::send_message(std::uint64_t total, std::uint64_t chunk) {
   std::uint8_t header[16];
   for (int i = 0; i < 8; ++i) header[i] = static_cast<std::uint8_t>(total >> (8 * i));
   for (int i = 0; i < 8; ++i) header[8 + i] = static_cast<std::uint8_t>(chunk >> (8 * i));
-  if (!write_all(fd_, header, sizeof header)) return io_error("send");
+  if (Status s = send_all(fd_, header, sizeof header, kNoDeadline); !s) return s;
   for (std::uint64_t sent = 0; sent < total;) {
     const std::size_t n = static_cast<std::size_t>(std::min(chunk, total - sent));
-    if (!write_all(fd_, buffer_.data(), n)) return io_error("send");
+    if (Status s = send_all(fd_, buffer_.data(), n, kNoDeadline); !s) return s;
     sent += n;
   }
   char ack = 0;
-  if (!read_all(fd_, &ack, 1)) return io_error("recv ack");
-  return Status::ok();
+  return recv_exact(fd_, &ack, 1, kNoDeadline);
 }
 
 }  // namespace pdr::node::xfer_bench

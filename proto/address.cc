@@ -350,6 +350,10 @@ bool same_host(std::string_view a, std::string_view b) {
   return !fa.empty() && fa == folded_name(b);
 }
 
+bool side_channel_host_ok(std::string_view named, std::string_view owner_host, std::string_view peer_host) {
+  return same_host(named, owner_host) || (names_loopback(named) && same_host(owner_host, peer_host));
+}
+
 bool looks_like_moriio_zmq_address(std::string_view text) {
   return text.find("handshake:") != std::string_view::npos || text.starts_with("host:");
 }

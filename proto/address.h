@@ -78,6 +78,12 @@ bool names_loopback(std::string_view host);
 // equals its IPv4), or both are the same name ignoring case and one trailing dot. A name and an
 // address are never the same host here: telling would need a lookup.
 bool same_host(std::string_view a, std::string_view b);
+// side_channel_host_ok: `named` is a host a node's answer names as its KV side channel (NIXL's
+// remote_host), which `peer_host`'s node will connect to. The answer is the node's own word, so
+// `named` must be that node's registered host (`owner_host`), or a loopback host when both nodes
+// registered the same host (one machine: vLLM's default "localhost" works there); anything else
+// could aim the peer at a third host.
+bool side_channel_host_ok(std::string_view named, std::string_view owner_host, std::string_view peer_host);
 
 // True when the string looks like the MoRIIO form (contains "handshake:" or starts with "host:"),
 // used to tell MoRIIO registrations from P2P-NCCL ones (whose zmq_address is plain host:port).

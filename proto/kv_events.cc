@@ -26,6 +26,8 @@ constexpr uint64_t kMaxUint32 = 0xFFFFFFFFu;
 constexpr uint32_t kStoredPositional = 12;
 constexpr uint32_t kRemovedPositional = 4;  // tag, block_hashes, medium, group_idx
 constexpr uint32_t kClearedPositional = 1;
+// Fields only the map encoding carries (added after it): no positional slot.
+constexpr uint32_t kMapOnly = ~uint32_t{0};
 
 std::string at_event(size_t index, std::string_view field) {
   return "event " + std::to_string(index) + " " + std::string(field);
@@ -49,7 +51,7 @@ class EventFields {
   // The field at `slot` (positional) or under `name` (map); nullptr when absent.
   const msgpack::object* get(uint32_t slot, std::string_view name) const {
     if (map_ != nullptr) return map_->find(name);
-    return slot < array_->via.array.size ? &array_->via.array.ptr[slot] : nullptr;
+    return slot != kMapOnly && slot < array_->via.array.size ? &array_->via.array.ptr[slot] : nullptr;
   }
 
  private:
@@ -152,7 +154,59 @@ Status read_common(const EventFields& f, size_t event, const KvEventLimits& limi
   std::optional<std::string> medium;
   if (Status s = read_optional_string(f.get(medium_slot, "medium"), event, "medium", limits, &medium); !s) return s;
   out->medium = medium.value_or("");
-  return read_optional_int(f.get(group_slot, "group_idx"), event, "group_idx", &out->group_idx);
+  if (Status s = read_optional_string(f.get(kMapOnly, "locality"), event, "locality", limits, &out->locality); !s) {
+    return s;
+  }
+  if (Status s = read_optional_int(f.get(group_slot, "group_idx"), event, "group_idx", &out->group_idx); !s) return s;
+  if (out->group_idx && (*out->group_idx < 0 || *out->group_idx > kMaxKvGroupIdx)) {
+    return Status(StatusCode::kOutOfRange, at_event(event, "group_idx") + " " + std::to_string(*out->group_idx) +
+                                               " is out of range 0.." + std::to_string(kMaxKvGroupIdx));
+  }
+  return Status::ok();
+}
+
+// Whether `key` is the LoRA adapter's own extra key, which vLLM puts first in every block's
+// extra keys of an adapter's request (its name; its integer id in older versions).
+bool is_lora_key(const msgpack::object& key, const KvEvent& e) {
+  if (key.type == object_type::STR) return e.lora_name && str_view(key) == *e.lora_name;
+  if (key.type == object_type::POSITIVE_INTEGER) {
+    return e.lora_id && *e.lora_id >= 0 && key.via.u64 == static_cast<uint64_t>(*e.lora_id);
+  }
+  return false;
+}
+
+// extra_keys: one entry per block, nil or a tuple (an array) of keys. Each kept entry is
+// re-encoded canonically without the adapter's own key (KvEvent::extra_keys).
+Status read_extra_keys(const msgpack::object* v, size_t event, const KvEventLimits& limits, KvEvent* out) {
+  if (is_nil(v)) return Status::ok();
+  if (v->type != object_type::ARRAY) {
+    return Status(StatusCode::kWrongType,
+                  at_event(event, "extra_keys") + " must be an array, got " + std::string(msgpack_type_name(*v)));
+  }
+  if (v->via.array.size > limits.max_blocks) {
+    return Status(StatusCode::kTooLarge, at_event(event, "extra_keys") + " has " + std::to_string(v->via.array.size) +
+                                             " entries, limit " + std::to_string(limits.max_blocks));
+  }
+  bool any = false;
+  out->extra_keys.resize(v->via.array.size);
+  for (uint32_t i = 0; i < v->via.array.size; ++i) {
+    const msgpack::object& entry = v->via.array.ptr[i];
+    if (is_nil(&entry)) continue;
+    // A tuple is an array; anything else (not what vLLM sends) counts as a one-key tuple.
+    const bool tuple = entry.type == object_type::ARRAY;
+    const msgpack::object* keys = tuple ? entry.via.array.ptr : &entry;
+    const uint32_t n = tuple ? entry.via.array.size : 1;
+    const uint32_t first = n > 0 && is_lora_key(keys[0], *out) ? 1 : 0;
+    if (first == n) continue;
+    StringBuffer canonical;
+    Packer packer(canonical);
+    packer.pack_array(n - first);
+    for (uint32_t k = first; k < n; ++k) packer.pack(keys[k]);
+    out->extra_keys[i] = std::move(canonical.data);
+    any = true;
+  }
+  if (!any) out->extra_keys.clear();  // nil everywhere (or the adapter's key alone): none
+  return Status::ok();
 }
 
 Status read_stored(const EventFields& f, size_t event, const KvEventLimits& limits, KvEvent* out) {
@@ -167,27 +221,35 @@ Status read_stored(const EventFields& f, size_t event, const KvEventLimits& limi
   const msgpack::object* block_size = f.get(4, "block_size");
   if (block_size == nullptr) return Status(StatusCode::kMissingKey, at_event(event, "block_size") + " is required");
   uint64_t size = 0;
-  if (Status s = as_uint(*block_size, at_event(event, "block_size"), 1, kMaxBlockSize, &size); !s) return s;
+  // 0: an offload tier's placeholder store (engine keys and a tier, no tokens).
+  if (Status s = as_uint(*block_size, at_event(event, "block_size"), 0, kMaxBlockSize, &size); !s) return s;
   out->block_size = static_cast<uint32_t>(size);
+  if (Status s = read_optional_int(f.get(5, "lora_id"), event, "lora_id", &out->lora_id); !s) return s;
   if (Status s = read_optional_string(f.get(7, "lora_name"), event, "lora_name", limits, &out->lora_name); !s) return s;
-  if (const msgpack::object* extra = f.get(8, "extra_keys"); !is_nil(extra)) {
-    if (extra->type != object_type::ARRAY) {
-      return Status(StatusCode::kWrongType,
-                    at_event(event, "extra_keys") + " must be an array, got " + std::string(msgpack_type_name(*extra)));
-    }
-    for (uint32_t i = 0; i < extra->via.array.size; ++i) {
-      if (!is_nil(&extra->via.array.ptr[i])) out->has_extra_keys = true;
-    }
+  if (Status s = read_extra_keys(f.get(8, "extra_keys"), event, limits, out); !s) return s;
+  if (Status s = read_optional_string(f.get(10, "kv_cache_spec_kind"), event, "kv_cache_spec_kind", limits,
+                                      &out->kv_cache_spec_kind);
+      !s) {
+    return s;
+  }
+  if (Status s = read_optional_int(f.get(11, "kv_cache_spec_sliding_window"), event, "kv_cache_spec_sliding_window",
+                                   &out->kv_cache_spec_sliding_window);
+      !s) {
+    return s;
   }
   return read_common(f, event, limits, 6, 9, out);
 }
 
 // Map keys each event type is read from (or knowingly ignores); others count as unknown.
 bool known_key(KvEventKind kind, std::string_view key) {
-  static constexpr std::string_view kStored[] = {"type", "block_hashes", "parent_block_hash", "token_ids",
-                                                 "block_size", "lora_id", "medium", "lora_name", "extra_keys",
-                                                 "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"};
-  static constexpr std::string_view kRemoved[] = {"type", "block_hashes", "medium", "group_idx"};
+  // ownership (the offloading tier that produced the event) and session_id (the request context)
+  // are known and not needed: matching does not depend on them.
+  static constexpr std::string_view kStored[] = {
+      "type",      "block_hashes", "parent_block_hash", "token_ids",          "block_size",
+      "lora_id",   "medium",       "lora_name",         "extra_keys",         "group_idx",
+      "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality", "ownership", "session_id"};
+  static constexpr std::string_view kRemoved[] = {"type", "block_hashes", "medium", "group_idx",
+                                                  "locality", "ownership", "session_id"};
   switch (kind) {
     case KvEventKind::kBlockStored: return std::find(std::begin(kStored), std::end(kStored), key) != std::end(kStored);
     case KvEventKind::kBlockRemoved: return std::find(std::begin(kRemoved), std::end(kRemoved), key) != std::end(kRemoved);
@@ -271,37 +333,63 @@ Status decode_kv_event_batch(std::span<const std::byte> payload, const KvEventLi
   msgpack::object_handle handle;
   if (Status s = unpack_bounded(payload, unpack_limits, &handle); !s) return s;
   const msgpack::object& root = handle.get();
-  if (root.type != object_type::ARRAY || root.via.array.size < 2) {
-    return Status(StatusCode::kWrongType, "a KV event batch must be an array [ts, events, dp_rank?], got " +
+  // The batch's three fields, positional or (a batch struct without array_like) by name.
+  const msgpack::object* ts = nullptr;
+  const msgpack::object* events_field = nullptr;
+  const msgpack::object* rank_field = nullptr;
+  FieldMap batch_map;
+  if (root.type == object_type::ARRAY && root.via.array.size >= 2) {
+    ts = &root.via.array.ptr[0];
+    events_field = &root.via.array.ptr[1];
+    if (root.via.array.size >= 3) rank_field = &root.via.array.ptr[2];
+    if (root.via.array.size > 3) out->unknown_fields += root.via.array.size - 3;
+  } else if (root.type == object_type::MAP) {
+    if (Status s = FieldMap::build(root, "batch", &batch_map); !s) return s;
+    ts = batch_map.find("ts");
+    events_field = batch_map.find("events");
+    rank_field = batch_map.find("data_parallel_rank");
+    if (ts == nullptr || events_field == nullptr) {
+      return Status(StatusCode::kMissingKey, "a KV event batch map needs ts and events");
+    }
+    for (const auto& [key, value] : batch_map.entries()) {
+      if (key != "ts" && key != "events" && key != "data_parallel_rank") ++out->unknown_fields;
+    }
+  } else {
+    return Status(StatusCode::kWrongType, "a KV event batch must be an array [ts, events, dp_rank?] or a map, got " +
                                               (root.type == object_type::ARRAY
                                                    ? "an array of " + std::to_string(root.via.array.size)
                                                    : std::string(msgpack_type_name(root))));
   }
-  const msgpack::object& ts = root.via.array.ptr[0];
-  if (ts.type == object_type::FLOAT32 || ts.type == object_type::FLOAT64) {
-    out->ts = ts.via.f64;
-  } else if (ts.type == object_type::POSITIVE_INTEGER) {
-    out->ts = static_cast<double>(ts.via.u64);
+  if (ts->type == object_type::FLOAT32 || ts->type == object_type::FLOAT64) {
+    out->ts = ts->via.f64;
+  } else if (ts->type == object_type::POSITIVE_INTEGER) {
+    out->ts = static_cast<double>(ts->via.u64);
   } else {
-    return Status(StatusCode::kWrongType, "batch ts must be a number, got " + std::string(msgpack_type_name(ts)));
+    *out = KvEventBatch{};
+    return Status(StatusCode::kWrongType, "batch ts must be a number, got " + std::string(msgpack_type_name(*ts)));
   }
-  const msgpack::object& events = root.via.array.ptr[1];
+  const msgpack::object& events = *events_field;
   if (events.type != object_type::ARRAY) {
+    *out = KvEventBatch{};
     return Status(StatusCode::kWrongType, "batch events must be an array, got " + std::string(msgpack_type_name(events)));
   }
   if (events.via.array.size > limits.max_events) {
+    *out = KvEventBatch{};
     return Status(StatusCode::kTooLarge, "batch has " + std::to_string(events.via.array.size) + " events, limit " +
                                              std::to_string(limits.max_events));
   }
-  if (root.via.array.size >= 3) {
+  if (rank_field != nullptr) {
     std::optional<int64_t> rank;
-    if (Status s = read_optional_int(&root.via.array.ptr[2], 0, "dp_rank", &rank); !s) {
+    if (Status s = read_optional_int(rank_field, 0, "dp_rank", &rank); !s) {
+      *out = KvEventBatch{};
       return Status(StatusCode::kWrongType,
-                    "batch dp_rank must be an integer or nil, got " + std::string(msgpack_type_name(root.via.array.ptr[2])));
+                    "batch dp_rank must be an integer or nil, got " + std::string(msgpack_type_name(*rank_field)));
     }
-    if (rank && *rank < 0) return Status(StatusCode::kOutOfRange, "batch dp_rank " + std::to_string(*rank) + " is negative");
+    if (rank && *rank < 0) {
+      *out = KvEventBatch{};
+      return Status(StatusCode::kOutOfRange, "batch dp_rank " + std::to_string(*rank) + " is negative");
+    }
     out->dp_rank = rank;
-    out->unknown_fields += root.via.array.size - 3;
   }
   out->events.reserve(events.via.array.size);
   for (uint32_t i = 0; i < events.via.array.size; ++i) {
@@ -318,6 +406,14 @@ Status decode_kv_event_batch(std::span<const std::byte> payload, const KvEventLi
     }
   }
   return Status::ok();
+}
+
+std::string kv_extra_keys_for_cache_salt(std::string_view salt) {
+  StringBuffer canonical;
+  Packer packer(canonical);
+  packer.pack_array(1);
+  pack_string(packer, salt);
+  return std::move(canonical.data);
 }
 
 Status decode_kv_event_seq(std::span<const std::byte> frame, uint64_t* out) {

@@ -12,6 +12,8 @@
 #include "router/status_page.h"
 #include "router/proxy/engine_metrics.h"
 #include "router/proxy/health_generate.h"
+#include "router/tls_contexts.h"
+#include "router/tracing/tracer.h"
 
 namespace pdr::router {
 
@@ -125,6 +127,13 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   write_prefix_tree_metrics(out, context_.prefix_tree);
   write_etcd_metrics(out, context_.replicator);
   write_upstream_tls_metrics(out);
+  if (context_.tls != nullptr) {
+    context_.tls->write_metrics(out);
+  } else {
+    TlsContexts().write_metrics(out);  // the families, at zero
+  }
+  tracing::write_tracing_metrics(out, context_.tracer != nullptr ? &context_.tracer->exporter() : nullptr,
+                                 context_.tracer != nullptr ? context_.tracer->invalid_traceparents() : 0);
   write_kubernetes_metrics(out, context_.pod_watcher);
   proxy::write_engine_metrics_metrics(out);
   proxy::write_health_generate_metrics(out);

@@ -35,6 +35,11 @@
 
 namespace pdr::router {
 
+class TlsContexts;
+namespace tracing {
+class Tracer;
+}
+
 struct ControlContext {
   const SnapshotCell<discovery::RegistrySnapshot>* registry = nullptr;
   const discovery::DiscoveryCounters* discovery_counters = nullptr;
@@ -63,6 +68,11 @@ struct ControlContext {
   // Kubernetes pod discovery (kubernetes.enabled), else null: /status kubernetes, /metrics
   // pdrouter_kubernetes_*.
   const PodWatcher* pod_watcher = nullptr;
+  // TLS contexts (router/tls_contexts.h): /metrics pdrouter_listener_tls_*, pdrouter_tls_reloads_*.
+  // Null in tests: those families are written as zeros.
+  const TlsContexts* tls = nullptr;
+  // Tracing (tracing.endpoint set), else null: /metrics pdrouter_trace_* (zeros when off).
+  const tracing::Tracer* tracer = nullptr;
   // GET /status is rendered once per registry snapshot (and topology reload count) and reused
   // for at most this long, so its ages, load and ejection fields are at most this old.
   std::chrono::milliseconds status_max_age{1000};

@@ -118,11 +118,14 @@ http::Response debug_cache_response(std::string_view query, const cache::BlockIn
   for (const cache::PrefixMatch& m : index->longest_prefix(q.tokens, lora)) {
     nodes.push_back({{"node", m.node},
                      {"matched_blocks", m.matched_blocks},
+                     {"gpu_blocks", m.gpu_blocks},
                      {"block_size", m.block_size},
-                     {"matched_tokens", uint64_t{m.matched_blocks} * m.block_size}});
+                     {"matched_tokens", uint64_t{m.matched_blocks} * m.block_size},
+                     {"cached_tokens", m.cached_tokens()}});
   }
   const nlohmann::json doc = {{"tokens", q.tokens.size()},
                               {"lora", q.lora ? nlohmann::json(*q.lora) : nlohmann::json()},
+                              {"lora_known", q.lora && index->knows_lora(*q.lora)},
                               {"index_entries", index->stats().entries},
                               {"nodes", std::move(nodes)}};
   return http::Response::json(200, doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));

@@ -1,9 +1,13 @@
 // GET /debug/cache?tokens=1,2,3[&lora=NAME]: which nodes hold the longest prefix of a token list,
 // for operators checking the KV events index (router/cache/). Behind the admin key.
 //
-//   200 {"tokens": n, "lora": NAME|null, "index_entries": n,
-//        "nodes": [{"node": "host:port", "matched_blocks": b, "block_size": s,
-//                   "matched_tokens": b*s}, ...]}   longest first (BlockIndex::longest_prefix)
+//   200 {"tokens": n, "lora": NAME|null, "lora_known": bool, "index_entries": n,
+//        "nodes": [{"node": "host:port", "matched_blocks": b, "gpu_blocks": g, "block_size": s,
+//                   "matched_tokens": b*s, "cached_tokens": t}, ...]}
+//       most cached_tokens first (BlockIndex::longest_prefix: b leading blocks held on the GPU or
+//       a CPU tier, g of them on the GPU; t = what cache-aware routing counts, PrefixMatch::
+//       cached_tokens()); lora_known: whether the events named NAME as an adapter
+//       (BlockIndex::knows_lora; cache-aware routing then matches only its blocks)
 //   400 invalid_request_error, code "bad_tokens": tokens missing or empty, an entry not a
 //       decimal integer 0..4294967295, more than kMaxDebugCacheTokens entries, a bad
 //       percent-encoding, an unknown or repeated parameter; lora over 256 bytes

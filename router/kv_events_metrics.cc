@@ -44,7 +44,13 @@ void write_kv_events_metrics(MetricsWriter& out, const cache::KvEventsSubscriber
   out.counter("pdrouter_kv_events_blocks_evicted_total",
               "Index entries dropped by the kv_events.max_index_entries budget", d(index.blocks_evicted));
   out.counter("pdrouter_kv_events_blocks_skipped_total",
-              "Blocks not indexed: extra keys, unknown parent, bad token count", d(index.blocks_skipped));
+              "Blocks not indexed: unknown parent, bad token or extra-key count, adapter named by id only, "
+              "tokenless offload store without a GPU twin",
+              d(index.blocks_skipped));
+  out.counter("pdrouter_kv_events_blocks_ignored_total",
+              "Blocks not indexed by design: KV cache groups other than full attention (sliding window, "
+              "Mamba, ...) and tiers other than GPU and node-local CPU",
+              d(index.blocks_ignored));
 }
 
 void write_prefix_tree_metrics(MetricsWriter& out, const cache::PrefixTree* tree) {

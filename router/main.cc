@@ -28,10 +28,16 @@
 #include "router/k8s/pod_watcher.h"
 #include "router/proxy/proxy_service.h"
 #include "router/route_table.h"
+#include "router/tls_contexts.h"
 #include "router/topology_watcher.h"
+#include "router/tracing/span_exporter.h"
+#include "router/tracing/tracer.h"
 
 namespace pdr {
 namespace {
+
+// Connections the operator listener (listeners.admin) holds at once; within the fd headroom.
+constexpr uint32_t kAdminMaxConnections = 64;
 
 struct CommandLine {
   std::string config_path;
@@ -160,6 +166,11 @@ struct Process {
   std::unique_ptr<router::cache::KvEventsSubscriber> kv_events;
   // Where pdrouter routed earlier text prompts (cache_aware); made at start, empty until used.
   std::unique_ptr<router::cache::PrefixTree> prefix_tree;
+  // TLS contexts of the listeners and of the legs to nodes, remade on reload.
+  router::TlsContexts tls;
+  // tracing.endpoint set only; declared before the servers so it outlives their workers.
+  std::unique_ptr<router::tracing::SpanExporter> span_exporter;
+  std::unique_ptr<router::tracing::Tracer> tracer;
   // registry.backend: etcd only; destroyed before the discovery service it posts to.
   std::unique_ptr<router::RegistryReplicator> replicator;
   // kubernetes.enabled only; destroyed before the discovery service it posts to.
@@ -191,6 +202,7 @@ void on_stop_signal(uv_signal_t* handle, int signum) {
   if (p->pod_watcher) p->pod_watcher->stop();
   p->discovery.stop();
   if (p->kv_events) p->kv_events->stop();
+  if (p->span_exporter) p->span_exporter->stop();  // the drained requests' spans leave first
   if (p->watcher) p->watcher->close();
   uv_close(reinterpret_cast<uv_handle_t*>(&p->sigint), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&p->sigterm), nullptr);
@@ -228,6 +240,13 @@ int run(Process& p) {
       topology.listeners.admin->port == topology.listeners.http.port) {
     std::fprintf(stderr, "pdrouter: listeners.admin (%s) must use another port than the http listener (%s)\n",
                  topology.listeners.admin->to_string().c_str(), topology.listeners.http.to_string().c_str());
+    return 2;
+  }
+
+  // Certificates and keys are parsed here, before anything starts: an unusable file is a bad
+  // topology (exit 2), as a wrong key name is.
+  if (Status st = p.tls.build(topology); !st.is_ok()) {
+    std::fprintf(stderr, "pdrouter: %s\n", st.message().c_str());
     return 2;
   }
 
@@ -326,8 +345,26 @@ int run(Process& p) {
   }
   http::ServerOptions server_opts = server_options(topology);
   fit_fd_limit(topology, &server_opts);
+  server_opts.tls = p.tls.client_listener();
+  if (topology.tracing.enabled()) {
+    // Read once here (restart_required_changes lists a reload that changes them); the sampling
+    // ratio is read per request.
+    router::tracing::ExporterOptions trace_options;
+    trace_options.collector = topology.tracing.collector;
+    trace_options.path = topology.tracing.collector_path;
+    trace_options.service_name = topology.tracing.service_name;
+    trace_options.max_queue_spans = topology.tracing.max_queue_spans;
+    trace_options.batch = topology.tracing.batch;
+    trace_options.max_batch_spans = topology.tracing.max_batch_spans;
+    trace_options.export_timeout = topology.tracing.export_timeout;
+    p.span_exporter = std::make_unique<router::tracing::SpanExporter>();
+    (void)p.span_exporter->start(trace_options);
+    p.tracer = std::make_unique<router::tracing::Tracer>(*p.span_exporter);
+  }
   p.proxy = std::make_unique<router::proxy::ProxyService>(p.registry, p.topology.cell(), p.server,
                                                           server_opts.workers);
+  p.tls.attach_proxy(p.proxy.get());
+  p.proxy->use_tracer(p.tracer.get());
   p.prefix_tree = std::make_unique<router::cache::PrefixTree>(topology.policies.cache_aware.prefix_tree_max_bytes,
                                                               topology.policies.cache_aware.prefix_tree_prompt_bytes);
   p.proxy->use_cache(p.block_index.get(), p.prefix_tree.get());
@@ -350,6 +387,8 @@ int run(Process& p) {
   control.prefix_tree = p.prefix_tree.get();
   control.replicator = p.replicator.get();
   control.pod_watcher = p.pod_watcher.get();
+  control.tls = &p.tls;
+  control.tracer = p.tracer.get();
   // The routes show the bound port, known only after start(): they are published just after it,
   // and a request that races in before (fixed port, eager client) gets a clear 503.
   std::atomic<const router::ControlRoutes*> routes_ptr{nullptr};
@@ -386,8 +425,14 @@ int run(Process& p) {
     admin_opts.host = topology.listeners.admin->host;
     admin_opts.port = topology.listeners.admin->port;
     admin_opts.workers = 1;
+    // The operator listener has a cap of its own: limits.max_connections sizes the client
+    // listener, and clients holding all of it must not lock operators out of /metrics and
+    // /status. Its descriptors come out of the fd budget's headroom (http/fd_budget.h).
+    admin_opts.max_connections = kAdminMaxConnections;
+    admin_opts.tls = p.tls.admin_listener();
     p.admin_proxy = std::make_unique<router::proxy::ProxyService>(p.registry, p.topology.cell(),
                                                                   p.admin_server, admin_opts.workers);
+    p.tls.attach_proxy(p.admin_proxy.get());
     p.admin_proxy->count_profiles_in(*p.proxy);
     admin_opts.on_worker_stop = [admin_proxy = p.admin_proxy.get()](uint32_t worker) {
       admin_proxy->worker_stopped(worker);
@@ -416,6 +461,7 @@ int run(Process& p) {
     admin_routes = std::make_unique<router::ControlRoutes>(admin_control);
     admin_routes_ptr.store(admin_routes.get(), std::memory_order_release);
   }
+  p.tls.attach_servers(&p.server, topology.listeners.admin ? &p.admin_server : nullptr);
   // Multi-turn entries shared with the other replicas (registry.backend: etcd). Here, past the
   // last early return: from now on the stop signal stops the replicator before the cache goes.
   if (p.replicator) p.replicator->mirror_conversations(p.proxy->conversations(), p.topology.cell());
@@ -427,6 +473,7 @@ int run(Process& p) {
     config::Topology effective = new_t;
     (void)apply_overrides(p.cli, &effective);  // validated at start-up
     p.discovery.apply_topology(effective);
+    p.tls.reload(new_t);  // renewed certificates: new handshakes use them
     pdr::log::info("topology reloaded from {} ({} static instances)", p.topology.path(),
                  new_t.static_instances.size());
   });

@@ -1,5 +1,6 @@
 // GET /metrics: pdrouter_upstream_tls_errors_total{reason}, the TLS failures of every upstream
-// client that speaks TLS (etcd over https, http/tls_client.h). README.md's metrics reference
+// client that speaks TLS (etcd over https, the Kubernetes API, nodes with connectors.tls;
+// http/tls_client.h). README.md's metrics reference
 // lists it.
 #pragma once
 

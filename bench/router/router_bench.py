@@ -473,14 +473,17 @@ end
 """
 
 
-def run_wrk(setup, target, path, body, connections, seconds, work, wait_ms=None):
+def run_wrk(setup, target, path, body, connections, seconds, work, wait_ms=None, scheme="http",
+            close=False):
     """One wrk run against `target`; `wait_ms`: paced, each connection waiting that long on
-    average before each request."""
+    average before each request. `scheme` https: over TLS; `close`: every request asks for
+    Connection: close (a new connection, and with https a handshake, per request)."""
     name, addr = target
-    script = os.path.join(work, "wrk-%d%s.lua" % (connections, "-paced" if wait_ms else ""))
-    pacing = ""
+    script = os.path.join(work, "wrk-%d%s%s.lua" % (connections, "-paced" if wait_ms else "",
+                                                     "-close" if close else ""))
+    pacing = 'wrk.headers["Connection"] = "close"\n' if close else ""
     if wait_ms:
-        pacing = WRK_PACING.format(seed=connections, twice_mean_ms="%.3f" % (2.0 * wait_ms))
+        pacing += WRK_PACING.format(seed=connections, twice_mean_ms="%.3f" % (2.0 * wait_ms))
     with open(script, "w") as f:
         f.write(WRK_LUA.format(body=json.dumps(body), pacing=pacing))
     pids = setup.proxy_pids(name)
@@ -490,7 +493,7 @@ def run_wrk(setup, target, path, body, connections, seconds, work, wait_ms=None)
     legs_before = new_legs(setup, name)
     threads = min(connections, setup.args.wrk_threads)
     cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", "%ds" % max(1, round(seconds)),
-           "--timeout", "5s", "--latency", "-s", script, "http://%s%s" % (addr, path)]
+           "--timeout", "5s", "--latency", "-s", script, "%s://%s%s" % (scheme, addr, path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60,
                          preexec_fn=_die_with_parent)
     cpu = (cpu_seconds(pids) - cpu_before) if pids else None
@@ -910,6 +913,211 @@ def replace_cpu_section(path, section):
 
 
 # --------------------------------------------------------------------------------------------
+# TLS and tracing: pdrouter's CPU per request with TLS on its client listener (on keep-alive
+# connections, and with a handshake per request) and with tracing on, beside a plain pdrouter, all
+# in front of the same canned NIXL nodes (no node CPU to blur the figures).
+
+TLS_BEGIN = "<!-- BEGIN tls-tracing (rewritten by run.sh; --tls-only rewrites only this block) -->"
+TLS_END = "<!-- END tls-tracing -->"
+TLS_CONNECTIONS = 32
+
+COLLECTOR_CONF = """\
+# Private nginx for bench/router: an OTLP/HTTP collector stand-in that takes every export.
+worker_processes 1;
+daemon off;
+master_process on;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/tmp/body;
+  client_max_body_size 64m;
+  server {{
+    listen {listen};
+    location / {{ return 200 "{{}}"; }}
+  }}
+}}
+"""
+
+
+def bench_certificate(work):
+    """A self-signed EC certificate for 127.0.0.1 (wrk does not verify it); (crt, key) paths."""
+    crt, key = os.path.join(work, "bench-tls.crt"), os.path.join(work, "bench-tls.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-keyout", key, "-out", crt, "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return crt, key
+
+
+class TlsTracingSetup:
+    """Canned NIXL nodes (one private nginx), a collector stand-in (another), and four pdrouters
+    on the same nodes: plain; TLS on the client listener; tracing every request to the
+    collector; tracing configured but sampling none (sampling_ratio 0)."""
+
+    VARIANTS = ("plain", "tls", "tracing", "tracing-ratio-0")
+
+    def __init__(self, args):
+        self.args = args
+        hosts = (canned_nodes.PREFILL_HOST, canned_nodes.DECODE_HOST, canned_nodes.PREFILL_HOST,
+                 "127.0.0.1")
+        ports = dict(zip(("prefill", "decode", "bootstrap", "collector"), free_ports(hosts)))
+        nodes, node_dir = start_nginx(args, "nodes-tls", canned_nodes.nginx_conf(
+            os.path.join(args.work_dir, "nodes-tls"), ports))
+        collector_addr = "127.0.0.1:%d" % ports["collector"]
+        collector, _ = start_nginx(args, "collector-tls", COLLECTOR_CONF.format(
+            dir=os.path.join(args.work_dir, "collector-tls"), listen=collector_addr))
+        self.nginxes = [nodes, collector]
+        wait_up([("%s:%d" % (canned_nodes.DECODE_HOST, ports["decode"]), "/health")], self.nginxes, nodes)
+        crt, key = bench_certificate(args.work_dir)
+        base = canned_nodes.topology_yaml("nixl", ports)
+        tracing = ('tracing:\n  endpoint: "http://%s/v1/traces"\n  sampling_ratio: %s\n'
+                   "  max_queue_spans: 1000000\n  batch_ms: 200\n  max_batch_spans: 4096\n")
+        extra = {"plain": "",
+                 "tls": 'listeners:\n  tls:\n    cert_file: "%s"\n    key_file: "%s"\n' % (crt, key),
+                 "tracing": tracing % (collector_addr, 1),
+                 "tracing-ratio-0": tracing % (collector_addr, 0)}
+        self.routers, self.addrs = {}, {}
+        for name in self.VARIANTS:
+            topology = os.path.join(node_dir, "topology-%s.yaml" % name)
+            with open(topology, "w") as f:
+                f.write(base + extra[name])
+            self.routers[name], self.addrs[name], _ = start_router(args, "tls-" + name,
+                                                                   ["--config", topology])
+        for name in self.VARIANTS:
+            if name != "tls":
+                wait_up([(self.addrs[name], "/ready")], self.nginxes, self.routers[name])
+        probe = subprocess.run(["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}",
+                                "https://%s/ready" % self.addrs["tls"]], capture_output=True, text=True,
+                               timeout=30)
+        if probe.stdout != "200":
+            raise RuntimeError("pdrouter with TLS: /ready answered %r\n%s" % (probe.stdout,
+                                                                             self.routers["tls"].log()))
+        check_answers([(n, self.addrs[n]) for n in self.VARIANTS if n != "tls"])
+
+    def target(self, name):
+        return (name, self.addrs[name])
+
+    def scheme(self, name):
+        return "https" if name == "tls" else "http"
+
+    def proxy_pids(self, name):
+        return [self.routers[name].pid]
+
+    def upstream_pids(self):
+        return [self.nginxes[0].pid]
+
+    def children(self):
+        return list(self.routers.values()) + self.nginxes
+
+    def router_5xx(self):
+        return sum(router_5xx(self.addrs[n]) for n in self.VARIANTS if n != "tls")
+
+
+def tls_workloads(args):
+    """(label, path, body, close, variants) of each row; smoke: the first two."""
+    rows = [("completions, keep-alive", "/v1/completions", COMPLETION, False, TlsTracingSetup.VARIANTS),
+            ("completions, a new connection per request", "/v1/completions", COMPLETION, True,
+             ("plain", "tls")),
+            ("streaming chat, keep-alive", "/v1/chat/completions", CHAT_STREAM, False, ("plain", "tls"))]
+    return rows[:2] if args.smoke else rows
+
+
+def run_tls_tracing(args, seconds):
+    """Rows of pdrouter's CPU per request per variant; the runs alternate between variants."""
+    setup = TlsTracingSetup(args)
+    rows, failures = [], []
+    try:
+        for label, path, body, close, variants in tls_workloads(args):
+            runs = {}
+            for _ in range(1 if args.smoke else args.cpu_repeat):
+                for name in variants:
+                    runs.setdefault(name, []).append(run_wrk(
+                        setup, setup.target(name), path, body, TLS_CONNECTIONS, seconds,
+                        args.work_dir, scheme=setup.scheme(name), close=close))
+            row = {"workload": label, "close": close,
+                   "variants": {name: combine_runs(parts) for name, parts in runs.items()}}
+            rows.append(row)
+            print("  tls/tracing %-42s %s" % (label, "  ".join(
+                "%s %.1f us/req %.0f req/s err %d" % (name, r["cpu_per_1k"] * 1000, r["rps"], r["errors"])
+                for name, r in row["variants"].items())), flush=True)
+            for name, r in row["variants"].items():
+                if not r["requests"]:
+                    failures.append("tls/tracing %s %s: no requests completed" % (label, name))
+                if r["errors"]:
+                    failures.append("tls/tracing %s %s: %d errors" % (label, name, r["errors"]))
+        fivexx = setup.router_5xx()
+        if fivexx:
+            failures.append("tls/tracing: pdrouter answered %d 5xx (/metrics)" % fivexx)
+        for child in setup.children():
+            if child.proc.poll() is not None:
+                failures.append("%s exited early:\n%s" % (child.name, child.log()))
+    finally:
+        stop_all()
+    return rows, failures
+
+
+TLS_SECTION = """\
+{begin}
+## TLS and tracing: pdrouter's CPU per request ({date})
+
+{label}pdrouter (`--workers {rw}`) in front of canned NIXL nodes (one private nginx, as in the CPU
+comparison), four processes side by side: **plain** (the default), **tls** (`listeners.tls`, an
+EC P-256 certificate; wrk over https: TLS 1.3, AES-GCM), **tracing** (`tracing.endpoint` to an
+nginx that takes every export, `sampling_ratio: 1`: every request records and exports its five
+spans) and **tracing-ratio-0** (tracing configured, nothing sampled: what requests pay with it
+on but not chosen). wrk `-c{conns}` (`-t{wt}`), {repeat} x {secs} s per variant and row, the
+variants alternating; CPU is utime+stime of that pdrouter process per completed request (µs),
+so the exporter thread's work is in the tracing figure. "a new connection per request": every
+request asks `Connection: close`, so with https each pays a full handshake (no session
+resumption by wrk). With tracing off (no `tracing:` section) no tracing code runs at all:
+the plain column.
+
+| workload | variant | pdrouter CPU per request | vs plain | req/s |
+| --- | --- | --- | --- | --- |
+{table}
+
+Source: {commit}; build type {build_type}. Load average at start {load}, at the end {load_after}
+(a shared, loaded machine: CPU per request is comparable within a row; req/s is not a capacity
+figure).
+{end}"""
+
+
+def tls_section(rows, info, args, load_after, seconds, label=""):
+    lines = []
+    for row in rows:
+        plain = row["variants"]["plain"]
+        for name, r in row["variants"].items():
+            vs = "-" if name == "plain" else "%.2fx (%+.1f µs)" % (
+                r["cpu_per_1k"] / plain["cpu_per_1k"], (r["cpu_per_1k"] - plain["cpu_per_1k"]) * 1000)
+            lines.append("| %s | %s | %.1f µs | %s | %.0f |" % (
+                row["workload"], name, r["cpu_per_1k"] * 1000, vs, r["rps"]))
+    return TLS_SECTION.format(
+        begin=TLS_BEGIN, end=TLS_END, date=info["date"], label=label, rw=args.router_workers,
+        conns=TLS_CONNECTIONS, wt=args.wrk_threads, repeat=1 if args.smoke else args.cpu_repeat,
+        secs=seconds, table="\n".join(lines), commit=info["commit"], build_type=build_type(args.bin_dir),
+        load=info["load"], load_after=load_after)
+
+
+def replace_block(path, begin, end, section):
+    """Rewrites the block between `begin` and `end` of an existing results file (appended before
+    the hand-written part when it has none yet)."""
+    with open(path) as f:
+        text = f.read()
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section + rest.split(end, 1)[1]
+    elif KEEP_MARKER in text:
+        head, rest = text.split(KEEP_MARKER, 1)
+        text = head + section + "\n\n" + KEEP_MARKER + rest
+    else:
+        text += "\n" + section + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+# --------------------------------------------------------------------------------------------
 # Report
 
 
@@ -1123,6 +1331,7 @@ cmake -S . -B build-rb -G Ninja -DCMAKE_BUILD_TYPE=Release && ninja -C build-rb 
 bench/router/run.sh --bin-dir build-rb            # ~13 min, rewrites this file
 bench/router/run.sh --bin-dir build-rb --cpu-only # ~10 min, rewrites only the CPU comparison
 bench/router/run.sh --bin-dir build-rb --cpu-only --equal-rate 0  # ~4 min, without equal rates
+bench/router/run.sh --bin-dir build-rb --tls-only # ~2 min, rewrites only the TLS and tracing block
 bench/router/run.sh --bin-dir build-rb --smoke    # ~1 min, checks only
 bench/router/run.sh --help                        # durations, connections, workers
 bench/router/count_syscalls.sh --bin-dir build-rb --column after   # syscalls/allocations
@@ -1248,6 +1457,11 @@ def main():
     parser.add_argument("--cpu-only", action="store_true",
                         help="run only the CPU comparison (sim and canned nodes x dialects) and "
                              "rewrite only its block of the results file")
+    parser.add_argument("--tls-only", action="store_true",
+                        help="run only the TLS and tracing rows and rewrite only their block of "
+                             "the results file")
+    parser.add_argument("--tls-label", default="",
+                        help="a line put before the TLS and tracing block (e.g. 'Short run: ...')")
     parser.add_argument("--cpu-connections", default="32,100",
                         help="CPU comparison: concurrent connections, comma-separated")
     parser.add_argument("--cpu-dialects", default=",".join(d[0] for d in DIALECTS),
@@ -1312,7 +1526,22 @@ def main():
     cpu_seconds_run = 1 if args.smoke else args.cpu_duration
     cpu_warm = 0 if args.smoke else 1
     try:
+        if args.tls_only:
+            tls_rows, tls_failures = run_tls_tracing(args, cpu_seconds_run)
+            failures += tls_failures
+            load_after = " ".join(open("/proc/loadavg").read().split()[:3])
+            text = tls_section(tls_rows, info, args, load_after, cpu_seconds_run,
+                               label=(args.tls_label + "\n\n") if args.tls_label else "")
+            print(text)
+            if args.results and not failures and not args.smoke:
+                replace_block(args.results, TLS_BEGIN, TLS_END, text)
+                print("wrote " + args.results)
+            return finish(failures, args.smoke)
         res = {} if args.cpu_only else run_targets(args, durations, failures)
+        tls_rows = []
+        if not args.cpu_only:
+            tls_rows, tls_failures = run_tls_tracing(args, cpu_seconds_run)
+            failures += tls_failures
         cpu_rows, cpu_5xx = run_cpu_matrix(args, cpu_seconds_run, cpu_warm)
         failures += cpu_matrix_failures(cpu_rows)
         if cpu_5xx:
@@ -1344,6 +1573,8 @@ def main():
                 else:
                     write_results(args.results, rows, verdict, info, args, load_after, durations,
                                   cpu_text, cpu_rows)
+                    replace_block(args.results, TLS_BEGIN, TLS_END,
+                                  tls_section(tls_rows, info, args, load_after, cpu_seconds_run))
                 print("wrote " + args.results)
     except KeyboardInterrupt as e:
         failures.append("interrupted (%s)" % e)
@@ -1355,10 +1586,14 @@ def main():
                                                             child.log()))
     finally:
         stop_all()
+    return finish(failures, args.smoke)
+
+
+def finish(failures, smoke=False):
     if failures:
         print("router bench: FAILED\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
-    print("router bench: %s passed" % ("smoke" if args.smoke else "run"))
+    print("router bench: %s passed" % ("smoke" if smoke else "run"))
     return 0
 
 

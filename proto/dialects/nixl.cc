@@ -23,8 +23,8 @@ Status build(const DialectInput& in, LegPlan* plan, JsonObjectBody* prefill, Jso
 // The decode connects to the prefill's NIXL side channel at remote_host (vLLM's NixlConnector
 // puts VLLM_NIXL_SIDE_CHANNEL_HOST there). The answer is the prefill's word, and any admitted node
 // may be a prefill: copied unchecked, it could aim the decode's handshake at any third host. So
-// the host must be the prefill's registered one (proto::same_host), or a loopback host when both
-// nodes registered the same host (one machine: vLLM's default "localhost" works there).
+// the host must be the prefill's registered one, or a loopback host when both nodes registered
+// the same host (proto::side_channel_host_ok; multi-turn applies it to the decode's answer).
 // Absent or null: nothing to aim (the decode fails on its own).
 Status check_remote_host(const LegPlan& plan, const JsonObjectBody& params) {
   if (!params.has("remote_host") || params.is_null("remote_host")) return Status::ok();
@@ -32,8 +32,7 @@ Status check_remote_host(const LegPlan& plan, const JsonObjectBody& params) {
   if (Status st = params.get_string("remote_host", &host); !st) {
     return Status(st.code(), "prefill response kv_transfer_params: " + st.message());
   }
-  if (same_host(*host, plan.prefill_host)) return Status::ok();
-  if (names_loopback(*host) && same_host(plan.prefill_host, plan.decode_host)) return Status::ok();
+  if (side_channel_host_ok(*host, plan.prefill_host, plan.decode_host)) return Status::ok();
   return Status(StatusCode::kRejected,
                 "prefill response kv_transfer_params names remote_host " + quote_untrusted(*host) +
                     ", not the prefill's own host " + quote_untrusted(plan.prefill_host) +

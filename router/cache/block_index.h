@@ -2,21 +2,47 @@
 // (proto/kv_events.h), and which node holds the longest prefix of a request's token ids.
 //
 // Keys are the router's own hashes, not the engine's: block i of a token sequence hashes to
-//   h(i) = XXH64(little-endian u32 token ids of block i, seed = h(i-1)),   h(-1) = chain seed
+//   h(i) = XXH64(little-endian u32 token ids of block i, seed = s(i)),
+//   s(i) = h(i-1), or XXH64(block i's extra keys, seed = h(i-1)) when it has any,
+//   h(-1) = chain seed
 // where the chain seed is XXH64 of the LoRA name (0 without one). So the engine's hash
 // algorithm, its seed and PYTHONHASHSEED need not be reproduced (API_FACTS.md 2.3-2.5, the
 // dual-key scheme of llm-d and Dynamo); engine hashes are kept per holder only to find a stored
-// event's parent and to apply removals.
+// event's parent, to apply removals and to name tokenless offload stores.
 //
-// Holders: one per (node, DP rank), since each DP rank has its own cache and removes blocks
-// independently; a lookup answers per node (its best rank). Nodes are named by the caller's key
-// (the instance's HTTP address).
-//
-// What is not indexed (counted in Stats): blocks of an event with extra keys (multimodal
-// inputs, cache_salt, prompt embeddings: their tokens do not identify their content); an event
-// whose parent block is unknown here (stored before we subscribed, or evicted) or whose token
-// count is not block_size per block. Either way the index under-reports, which costs only cache
-// affinity, never correctness: the engine decides what it really reuses.
+// What makes two blocks the same block, as in vLLM's own hash (vllm/v1/core/kv_cache_utils.py):
+//   - LoRA: the adapter's name seeds the chain, so blocks of different adapters (and of the base
+//     model) never match one another; a request for adapter X matches only X's blocks
+//     (cache_routing.h tells adapter names from base model names with knows_lora()). A block
+//     whose adapter the event names only by lora_id (older vLLM) is not indexed: no request can
+//     name that adapter's blocks by id.
+//   - Extra keys (KvEvent::extra_keys: multimodal identifiers, cache_salt, prompt-embedding
+//     digests; the adapter's own key is left out, the chain seed carries it) enter the block's
+//     seed, so a block whose extra keys differ is a different block, and so is everything chained
+//     after it. A token-id request has no multimodal identifiers: blocks that have them never
+//     match it (the blocks before the first of them do: their content is plain tokens). A request's
+//     cache_salt is the first block's extra keys (longest_prefix's first_block_extra).
+//   - KV cache groups (hybrid models: KvEvent::group_idx and kv_cache_spec_kind): only groups
+//     that give prefix hits by themselves are indexed: full attention ("full_attention",
+//     "mla_attention", "sink_full_attention"; without a kind, older vLLM: a group without a
+//     sliding window). Sliding-window, chunked-local, Mamba/recurrent and other groups keep only
+//     a window or a state of the sequence, not its prefix: their stores are not indexed (counted
+//     in blocks_ignored) and their removals touch nothing, since each group's blocks are held
+//     apart (a sliding-window group removing a block it slid past leaves the full-attention copy
+//     of that block alone). A group without group_idx is group 0. A rank with several
+//     full-attention groups holds a prefix as far as all of them do (vLLM needs a hit in each).
+//   - Tiers (KvEvent::medium, locality): each tier of a group is held apart, so a block in two
+//     tiers is removed from one only by that tier's BlockRemoved, and is counted once: the GPU
+//     (no medium: older vLLM, which publishes the GPU pool only) and a node-local CPU offload tier
+//     are indexed; other media ("STORAGE", a remote locality) are not (counted in
+//     blocks_ignored): a shared or remote store is no reason to prefer one node over another, and
+//     its cost to load is unknown. CPU-tier stores are reference counted (the offloading
+//     connector may announce one block once per chunk holding it and removes it as often); a
+//     tokenless CPU store (the connector's placeholder, block_size 0) is named by the rank's GPU
+//     entry of the same engine hash when there is one, else skipped.
+//   - A lookup (PrefixMatch) says how many leading blocks each node holds in any indexed tier and
+//     how many of those are on its GPU; cached_tokens() weighs CPU-only blocks at
+//     kOffloadWeightPercent, since the node still has to copy them in (see README.md).
 //
 // Memory: at most `max_entries` (holder, block) entries; beyond it the least recently stored
 // ones are dropped (a re-stored block counts as new). An entry costs about 135 bytes of heap
@@ -59,6 +85,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -74,13 +101,27 @@ namespace pdr::router::cache {
 using RouterHash = uint64_t;
 
 // The router's chained hash of each full block of `tokens` (a trailing partial block has none).
+// `first_block_extra`: the first block's extra keys in canonical form (proto::kv_extra_keys_for_*),
+// empty for none.
 std::vector<RouterHash> chain_hashes(std::span<const uint32_t> tokens, uint32_t block_size,
-                                     std::optional<std::string_view> lora_name = std::nullopt);
+                                     std::optional<std::string_view> lora_name = std::nullopt,
+                                     std::string_view first_block_extra = {});
+
+// CPU-tier blocks count this much of a GPU block in PrefixMatch::cached_tokens().
+inline constexpr uint32_t kOffloadWeightPercent = 50;
 
 struct PrefixMatch {
-  std::string node;          // the node's key
-  uint32_t matched_blocks = 0;  // leading blocks of the request the node holds
+  std::string node;             // the node's key
+  uint32_t matched_blocks = 0;  // leading blocks of the request the node holds, GPU or CPU tier
+  uint32_t gpu_blocks = 0;      // how many of those leading blocks are on its GPU
   uint32_t block_size = 0;
+
+  // The tokens this match is worth to routing: GPU blocks in full, the CPU-only blocks after
+  // them at kOffloadWeightPercent.
+  uint64_t cached_tokens() const {
+    return uint64_t{gpu_blocks} * block_size +
+           uint64_t{matched_blocks - gpu_blocks} * block_size * kOffloadWeightPercent / 100;
+  }
 };
 
 class BlockIndex {
@@ -90,7 +131,8 @@ class BlockIndex {
     uint64_t blocks_stored = 0;      // indexed from BlockStored events
     uint64_t blocks_removed = 0;     // dropped by BlockRemoved / AllBlocksCleared
     uint64_t blocks_evicted = 0;     // dropped by the memory budget
-    uint64_t blocks_skipped = 0;     // not indexed: extra keys, unknown parent, bad token count
+    uint64_t blocks_skipped = 0;     // not indexed: unknown parent, bad token count, ... (above)
+    uint64_t blocks_ignored = 0;     // not indexed by design: other KV cache groups or tiers
   };
 
   // Per exclusive-lock hold of a writer: block operations (a store, removal or eviction of one
@@ -100,6 +142,10 @@ class BlockIndex {
   static constexpr size_t kSliceBlocks = 4096;
   static constexpr size_t kSliceTokens = size_t{1} << 18;
   static constexpr size_t kSliceRehash = 16384;
+  // Full-attention groups indexed per (node, DP rank); a further group's blocks are skipped.
+  static constexpr size_t kMaxGroupsPerRank = 16;
+  // Adapter names remembered for knows_lora(); further names are not (see knows_lora).
+  static constexpr size_t kMaxLoraNames = 4096;
 
   explicit BlockIndex(size_t max_entries = 4'000'000);
   ~BlockIndex();
@@ -114,11 +160,18 @@ class BlockIndex {
   // publisher restart): its other ranks' publishers are separate streams and stay exact.
   void drop_rank(std::string_view node, uint32_t dp_rank);
 
-  // Per node that holds at least the first block of `tokens`, how many leading blocks it holds;
-  // longest first (ties by key). Nodes with another block size are matched with their own.
+  // Per node that holds at least the first block of `tokens`, how many leading blocks it holds
+  // (PrefixMatch); most cached_tokens() first (ties by key). Nodes with another block size are
+  // matched with their own. `lora_name`: the adapter's blocks (none: the base model's);
+  // `first_block_extra`: the request's first-block extra keys (chain_hashes).
   // Costs one XXH64 per prompt block and one probe of the keyed map per block matched.
   std::vector<PrefixMatch> longest_prefix(std::span<const uint32_t> tokens,
-                                          std::optional<std::string_view> lora_name = std::nullopt) const;
+                                          std::optional<std::string_view> lora_name = std::nullopt,
+                                          std::string_view first_block_extra = {}) const;
+  // Whether some node's events named `name` as a LoRA adapter (lora_name). The first
+  // kMaxLoraNames names are remembered for the index's life (a name stays an adapter's name
+  // when its blocks go); later ones are not, and answer false.
+  bool knows_lora(std::string_view name) const;
 
   Stats stats() const;
   // Stats of one node (entries summed over its ranks); zeros for an unknown node.
@@ -134,6 +187,7 @@ class BlockIndex {
 
  private:
   using HolderId = uint32_t;
+  enum class Tier : uint8_t { kGpu, kCpu };
   struct Entry;
   using Block = std::pair<const proto::EngineHash, Entry>;  // an element of a holder's blocks
   struct Entry {
@@ -143,16 +197,28 @@ class BlockIndex {
     Block* older = nullptr;
     Block* newer = nullptr;
     HolderId holder;
+    uint16_t copies = 1;  // CPU tier: stores not yet matched by a removal (saturates)
   };
+  struct Rank;
   struct Holder {
     std::string node;
     uint32_t dp_rank = 0;
-    uint32_t block_size = 0;  // from its latest BlockStored
+    uint32_t group = 0;
+    Tier tier = Tier::kGpu;
+    Rank* rank = nullptr;     // its (node, DP rank); null once dropping
+    uint32_t block_size = 0;  // from its latest BlockStored with tokens (0: none yet)
     bool dropping = false;    // dropped: invisible to lookups while its entries are erased
     ShardedHashMap<Entry> blocks;  // by engine hash
     uint64_t stored = 0, removed = 0, evicted = 0, skipped = 0;
   };
-  struct Holding {  // one holder of a router hash; count > 1 when KV cache groups repeat a block
+  // One (node, DP rank): its holders, what it said of its groups, what had no holder.
+  struct Rank {
+    std::vector<HolderId> holders;  // at most kMaxGroupsPerRank groups x 2 tiers
+    // Groups whose kv_cache_spec_kind was seen: (group, gives prefix hits); at most 64.
+    std::vector<std::pair<uint32_t, bool>> group_kinds;
+    uint64_t skipped = 0, ignored = 0;  // blocks that found no holder (over the group cap / by design)
+  };
+  struct Holding {  // one holder of a router hash; count > 1 when its engine hashes repeat a block
     HolderId holder;
     uint32_t count;
   };
@@ -164,9 +230,12 @@ class BlockIndex {
   };
   // Where a writer stands in a batch between two slices.
   struct Cursor {
-    size_t event = 0;     // next event
-    size_t block = 0;     // next block of that event
+    size_t event = 0;       // next event
+    size_t block = 0;       // next block of that event
     RouterHash parent = 0;  // router hash of the block before `block` (stored events)
+    bool started = false;   // the event's holder and checks are done (`target` set, or skipped)
+    std::optional<HolderId> target;  // the event's holder
+    size_t holder = 0;      // AllBlocksCleared: next of the rank's holders to empty
   };
   struct Work {  // what one slice may still do
     size_t blocks = kSliceBlocks;
@@ -176,8 +245,24 @@ class BlockIndex {
     bool spent() const { return blocks == 0 || tokens == 0; }
   };
 
-  HolderId holder_for(std::string_view node, uint32_t dp_rank);
+  Rank& rank_for(std::string_view node, uint32_t dp_rank);
+  Rank* find_rank(std::string_view node, uint32_t dp_rank);  // null when none
+  // The holder of (rank, group, tier), created when `create`; nullopt when absent, or when
+  // creating it would pass kMaxGroupsPerRank.
+  std::optional<HolderId> holder_for(Rank& rank, std::string_view node, uint32_t dp_rank, uint32_t group, Tier tier,
+                                     bool create);
+  // Whether a stored event's group gives prefix hits (the rules above), remembering kinds seen.
+  bool prefix_group(Rank& rank, const proto::KvEvent& event);
+  void remember_lora(const std::string& name);
+  // The same engine hash in another tier of `h`'s group, or nullptr.
+  const Block* twin(const Holder& h, proto::EngineHash engine) const;
   // One event, from cursor->block on, until it is done (true) or the slice's work is spent.
+  // `rank`: the batch's (node, DP rank), null until its first store makes it.
+  bool stored_event(Rank*& rank, std::string_view node, uint32_t dp_rank, const proto::KvEvent& event,
+                    Cursor* cursor, Work* work);
+  bool removed_event(Rank* rank, std::string_view node, uint32_t dp_rank, const proto::KvEvent& event,
+                     Cursor* cursor, Work* work);
+  bool cleared_event(Rank* rank, Cursor* cursor, Work* work);
   bool store(HolderId id, const proto::KvEvent& event, Cursor* cursor, Work* work);
   bool remove(HolderId id, const proto::KvEvent& event, Cursor* cursor, Work* work);
   bool clear(HolderId id, Work* work);
@@ -201,7 +286,8 @@ class BlockIndex {
   std::vector<std::unique_ptr<Holder>> holders_;  // by HolderId; null once dropped
   // Dropped slots, reused by the next new holder (once their entries are all gone).
   std::vector<HolderId> free_ids_;
-  std::map<std::pair<std::string, uint32_t>, HolderId, std::less<>> holder_ids_;
+  std::map<std::pair<std::string, uint32_t>, Rank, std::less<>> ranks_;  // by (node, DP rank)
+  std::set<std::string, std::less<>> lora_names_;
   ShardedHashMap<Holdings> holders_of_;  // router hash -> holders that hold it
   Block* oldest_ = nullptr;  // the budget's store order
   Block* newest_ = nullptr;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "proto/kv_events.h"
 #include "proto/token_ids.h"
 #include "router/cache/block_index.h"
 #include "router/cache/prefix_tree.h"
@@ -20,19 +21,23 @@ bool cache_aware(const config::Topology& t) {
 }
 
 // Exact hits of `tokens` from the KV events; false when no node holds their first block.
-bool match_blocks(const std::vector<uint32_t>& tokens, std::string_view model, const cache::BlockIndex& index,
-                  CacheHits* hits) {
-  // The engine chains a LoRA adapter's blocks from the adapter's name; a request names either the
-  // base model or an adapter, which only the events tell apart: base first.
-  std::vector<cache::PrefixMatch> matches = index.longest_prefix(tokens);
-  if (matches.empty() && !model.empty()) matches = index.longest_prefix(tokens, model);
+bool match_blocks(const std::vector<uint32_t>& tokens, std::string_view model, std::string_view first_block_extra,
+                  const cache::BlockIndex& index, CacheHits* hits) {
+  // The engine chains a LoRA adapter's blocks from the adapter's name, and vLLM serves an adapter
+  // under that name: a request's model is the base model or an adapter, which only the events
+  // tell apart. The adapter's blocks first (none hang off a base model's name); a name the events
+  // gave an adapter then matches nothing else, since the base model's blocks are not its own.
+  std::vector<cache::PrefixMatch> matches;
+  if (!model.empty()) matches = index.longest_prefix(tokens, model, first_block_extra);
+  if (matches.empty() && (model.empty() || !index.knows_lora(model))) {
+    matches = index.longest_prefix(tokens, std::nullopt, first_block_extra);
+  }
   if (matches.empty()) return false;
   CacheHits exact;
   exact.source = CacheHits::Source::kKvEvents;
   exact.prompt_units = static_cast<uint32_t>(tokens.size());
   for (const cache::PrefixMatch& m : matches) {
-    const uint64_t matched = uint64_t{m.matched_blocks} * m.block_size;
-    exact.nodes.push_back({m.node, static_cast<uint32_t>(std::min<uint64_t>(matched, tokens.size()))});
+    exact.nodes.push_back({m.node, static_cast<uint32_t>(std::min<uint64_t>(m.cached_tokens(), tokens.size()))});
   }
   *hits = std::move(exact);
   return true;
@@ -40,11 +45,19 @@ bool match_blocks(const std::vector<uint32_t>& tokens, std::string_view model, c
 
 // Exact hits from the KV events; false when the prompt is not token ids or no node holds its first
 // block (the prefix tree may still know where it went).
-bool lookup_blocks(std::string_view prompt, std::string_view model, const cache::BlockIndex& index,
-                   CacheHits* hits) {
+bool lookup_blocks(std::string_view prompt, std::string_view model, std::string_view first_block_extra,
+                   const cache::BlockIndex& index, CacheHits* hits) {
   thread_local std::vector<uint32_t> tokens;
   if (!proto::parse_token_id_array(prompt, kMaxPromptTokens, &tokens)) return false;
-  return match_blocks(tokens, model, index, hits);
+  return match_blocks(tokens, model, first_block_extra, index, hits);
+}
+
+// vLLM's cache_salt, as the first block's extra keys; empty without one (or one that is not a
+// string: vLLM refuses that request itself).
+std::string first_block_extra_of(const proto::JsonObjectBody& body) {
+  std::optional<std::string> salt;
+  if (!body.get_string("cache_salt", &salt).is_ok() || !salt || salt->empty()) return {};
+  return proto::kv_extra_keys_for_cache_salt(*salt);
 }
 
 size_t source_index(CacheHits::Source source) { return source == CacheHits::Source::kKvEvents ? 0 : 1; }
@@ -65,7 +78,9 @@ std::optional<CacheRouting> lookup_cache(const proto::JsonObjectBody& body, std:
   if (prompt.empty() || prompt == "null") return std::nullopt;
   CacheRouting routing;
   routing.tree_key = prompt.substr(0, topology.policies.cache_aware.prefix_tree_prompt_bytes);
-  if (shared.block_index != nullptr && lookup_blocks(prompt, model, *shared.block_index, &routing.hits)) {
+  routing.first_block_extra = first_block_extra_of(body);
+  if (shared.block_index != nullptr &&
+      lookup_blocks(prompt, model, routing.first_block_extra, *shared.block_index, &routing.hits)) {
     return routing;
   }
   routing.hits.source = CacheHits::Source::kPrefixTree;
@@ -81,7 +96,7 @@ std::optional<CacheRouting> lookup_cache(const proto::JsonObjectBody& body, std:
 bool match_token_ids(const std::vector<uint32_t>& tokens, std::string_view model, const ProxyShared& shared,
                      CacheRouting* routing) {
   return shared.block_index != nullptr && !tokens.empty() &&
-         match_blocks(tokens, model, *shared.block_index, &routing->hits);
+         match_blocks(tokens, model, routing->first_block_extra, *shared.block_index, &routing->hits);
 }
 
 void record_routing(const CacheRouting& routing, const Pair& pair, ProxyShared& shared) {

@@ -3,7 +3,10 @@
 // Before pairing, lookup_cache() says how much of the prompt each node holds:
 //   - a prompt of token ids (`/v1/completions` with an integer array, `/inference/v1/generate`'s
 //     token_ids) with kv_events on: exactly,
-//     from the nodes' KV events (router/cache/block_index.h), in tokens;
+//     from the nodes' KV events (router/cache/block_index.h), in tokens (PrefixMatch::
+//     cached_tokens(): CPU-tier blocks at a discount). A request whose model is an adapter the
+//     events named (BlockIndex::knows_lora) matches only that adapter's blocks; any other model
+//     matches the base model's blocks (and an adapter's, when it holds some);
 //   - otherwise (text, chat messages, or no KV events): approximately, from the prefix tree of
 //     where pdrouter routed earlier prompts (router/cache/prefix_tree.h), in bytes of the prompt's
 //     JSON text as sent (for chat, the messages array: a conversation's next turn extends it);
@@ -30,6 +33,11 @@ namespace pdr::router::proxy {
 struct CacheRouting {
   CacheHits hits;
   std::string_view tree_key;  // the prompt's text for the prefix tree (views the client body)
+  // The request's first-block extra keys for the KV events index: its `cache_salt` (vLLM hashes
+  // it into the first block, so a salted prompt reuses only blocks of the same salt); empty
+  // without one. Multimodal inputs have identifiers the router does not know: their blocks never
+  // match (router/cache/block_index.h).
+  std::string first_block_extra;
 };
 
 // The raw JSON text of a request's prompt: "prompt" (/v1/completions), else "messages" (chat),

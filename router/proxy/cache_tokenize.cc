@@ -221,6 +221,7 @@ UpstreamPort::CallPtr start_tokenize(WorkerContext& worker, const proto::JsonObj
                                         config.tokenize_timeout, config.tokenize_timeout};
   node->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
   state->node = std::move(node);
+  request.tls = worker.node_tls(state->node->http_address);
   UpstreamPort::CallPtr call =
       worker.upstream().start(state->node->http_address, std::move(request), timeouts, std::move(cb));
   state->call = call;

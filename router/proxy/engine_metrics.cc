@@ -131,6 +131,7 @@ void serve_engine_metrics(WorkerContext& worker, const http::Request&, http::Res
       scrape->nodes[i].done = true;
       scrape->node_done();
     };
+    upstream.tls = worker.node_tls(targets[i]->http_address);
     scrape->calls.push_back(worker.pool().start(targets[i]->http_address, std::move(upstream), timeouts, std::move(cb)));
     if (scrape->answered) return;  // every call failed at once
   }

@@ -147,6 +147,7 @@ void HealthGenerate::serve(WorkerContext& worker, const http::Request& request, 
   });
   const proto::HostPort self{loopback_host(topology->listeners.http.host), own_port};
   const http::UpstreamTimeouts timeouts{topology->timeouts.connect, kHealthGenerateDeadline, kHealthGenerateDeadline};
+  upstream.tls = worker.self_tls();  // listeners.tls: our own certificate, pinned
   probe->call = worker.pool().start(self, std::move(upstream), timeouts, std::move(cb));
 }
 

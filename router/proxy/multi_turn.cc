@@ -57,8 +57,16 @@ void MultiTurnRequest::on_legs_built(proto::LegBuild& legs, const discovery::Ins
   nixl_ = keeps_entries_ && legs.plan.connector == proto::Connector::kNixl;
   if (!reuse_) return;
   if (nixl_ && decode.key == reuse_->decode_key && decode.epoch == reuse_->decode_epoch) {
-    legs.prefill.body.set_raw("kv_transfer_params", reuse_->prefill_params);
-    counters.bump(counters.multi_turn.reused);
+    // The prefill connects where the params point. They are the decode's word (or, mirrored
+    // through etcd, another writer's): the decode's own host only, as on the pairing path.
+    if (Status st = proto::check_next_turn_remote_host(reuse_->prefill_params, decode.http_address.host,
+                                                       legs.plan.prefill_host, params_limits());
+        !st.is_ok()) {
+      counters.bump(counters.multi_turn.remote_host_mismatch);
+    } else {
+      legs.prefill.body.set_raw("kv_transfer_params", reuse_->prefill_params);
+      counters.bump(counters.multi_turn.reused);
+    }
   } else {
     // Gone, restarted, draining, ejected or no longer NIXL: a normal turn.
     counters.bump(counters.multi_turn.decode_unavailable);

@@ -97,6 +97,7 @@ void serve_models(WorkerContext& worker, const http::Request& request, http::Res
     fetch->writer.send(http::error_response(502, "decode " + key + " /v1/models: " + error.message(), "server_error",
                                             "upstream_failed"));
   };
+  upstream.tls = worker.node_tls(decode->http_address);
   auto call = worker.pool().start(decode->http_address, std::move(upstream), control_timeouts(*topology), std::move(cb));
   // A client that leaves closes the call too.
   std::weak_ptr<http::UpstreamCall> weak = call;
@@ -198,6 +199,7 @@ void serve_profile(WorkerContext& worker, const http::Request& request, http::Re
       fan->results[i].error = error.message();
       if (--fan->pending == 0) fan->answer();
     };
+    upstream.tls = worker.node_tls(targets[i]->http_address);
     fan->calls.push_back(worker.pool().start(targets[i]->http_address, std::move(upstream),
                                              control_timeouts(*topology), std::move(cb)));
   }

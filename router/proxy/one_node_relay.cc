@@ -214,6 +214,7 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
     relay->writer.send(api_error_response(path, timeout ? 504 : 502, "instance " + key + ": " + error.message(),
                                           "server_error", "upstream_failed"));
   };
+  upstream.tls = worker.node_tls(node->http_address);
   auto call = worker.pool().start(node->http_address, std::move(upstream),
                                   {topology->timeouts.connect, topology->timeouts.first_byte, topology->timeouts.stream_idle},
                                   std::move(cb));

@@ -209,7 +209,8 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
                                         {"no_entry", &mt.no_entry},
                                         {"decode_unavailable", &mt.decode_unavailable},
                                         {"binding_mismatch", &mt.binding_mismatch},
-                                        {"anonymous", &mt.anonymous}}) {
+                                        {"anonymous", &mt.anonymous},
+                                        {"remote_host_mismatch", &mt.remote_host_mismatch}}) {
     out.counter("pdrouter_multi_turn_turns_total",
                 "Requests with a conversation_id (multi_turn.enabled), by whether they reused the last turn's "
                 "decode KV",

@@ -97,10 +97,11 @@ struct ProxyCounters {
   // conversation had no live entry, entries whose decode could not be paired, entries stored,
   // and turns that ended without usable kv_transfer_params from the decode. binding_mismatch:
   // no entry of this client, but other clients hold the conversation_id; anonymous: no
-  // credential while multi_turn.allow_anonymous is false (no reuse).
+  // credential while multi_turn.allow_anonymous is false (no reuse); remote_host_mismatch: the
+  // entry's remote_host is not the decode's own host (proto::check_next_turn_remote_host; no reuse).
   struct MultiTurn {
     Counter reused{0}, no_entry{0}, decode_unavailable{0}, stored{0}, no_params{0};
-    Counter binding_mismatch{0}, anonymous{0};
+    Counter binding_mismatch{0}, anonymous{0}, remote_host_mismatch{0};
   } multi_turn;
   // Requests sent to their decode alone (decode_alone.h), by DecodeAloneReason.
   std::array<Counter, 3> decode_alone{};

@@ -6,6 +6,7 @@
 #include "router/proxy/node_endpoints.h"
 #include "router/proxy/pass_through.h"
 #include "router/proxy/proxy_session.h"
+#include "router/tracing/tracer.h"
 
 namespace pdr::router::proxy {
 
@@ -127,6 +128,9 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer) {
   std::optional<AdmissionSlot> slot = take_admission_slot(w, request, 2, writer);
   if (!slot) return;
   AdmittedRequest admitted;
+  if (shared_.tracer != nullptr) {  // tracing on: a sampled (or client-traced) request gets its trace
+    admitted.trace = shared_.tracer->begin(request, w.topology()->tracing.sampling_ratio, request.head_at);
+  }
   admitted.budget_bytes = slot->bytes();
   slot->hand_over();  // the session gives both back when it ends (its budget grows with its answer)
   admitted.arrived_at = request.head_at;

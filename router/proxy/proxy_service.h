@@ -79,6 +79,13 @@ class ProxyService : public http::BodyBudget {
 
   // Refuse new P/D requests from now on (the drain on shutdown); /ready turns 503.
   void begin_shutdown() { shared_.shutting_down.store(true); }
+  // TLS to nodes and to pdrouter's own listener (router/tls_contexts.h); thread-safe.
+  void set_tls(std::shared_ptr<const NodeTlsContexts> nodes, std::shared_ptr<const http::TlsClientContext> self) {
+    shared_.node_tls.publish(std::move(nodes));
+    shared_.self_tls.publish(std::move(self));
+  }
+  // Tracing (router/tracing/tracer.h); set before the server starts, outlives it. Null: off.
+  void use_tracer(tracing::Tracer* tracer) { shared_.tracer = tracer; }
   void worker_stopped(uint32_t worker);
 
   const ProxyCounters& counters() const { return shared_.counters; }

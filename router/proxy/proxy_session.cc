@@ -64,8 +64,10 @@ proto::LegInstance to_leg_instance(const Instance& i) {
 // straight into the wire buffer (UpstreamRequest::append_body, called inside start()), the only
 // copy of the body bytes a leg costs (#12); its headers are read from the leg there too
 // (UpstreamRequest::borrowed_headers). `leg` must outlive the start() call.
-http::UpstreamRequest to_upstream(const proto::LegRequest& leg) {
+http::UpstreamRequest to_upstream(const proto::LegRequest& leg,
+                                  const std::shared_ptr<const http::TlsClientContext>& tls) {
   http::UpstreamRequest r;
+  r.tls = tls;  // the node's (node_tls.h); null: plain HTTP
   r.method = "POST";
   r.path = leg.path;
   r.borrowed_headers = leg.headers;
@@ -167,6 +169,10 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view hea
 std::optional<std::string> check_parameters(std::string_view path, const proto::JsonObjectBody& body,
                                             int64_t* choices) {
   return proto::check_client_parameters(path, body, choices);
+}
+
+tracing::TraceLeg trace_leg(Leg leg) {
+  return leg == Leg::kPrefill ? tracing::TraceLeg::kPrefill : tracing::TraceLeg::kDecode;
 }
 
 // The error code a client gets for a request that failed on `leg` for `cause`.
@@ -300,6 +306,7 @@ void ProxySession::begin() {
     std::optional<std::string> model;
     st = body.get_string("model", &model);
     if (st.is_ok() && model) s.model = std::move(*model);
+    if (s.req.trace) s.req.trace->model(s.model);
   }
   if (!st.is_ok()) {
     s.w.counters().refuse(Refusal::kBadJson);
@@ -415,6 +422,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   }
   if (retry_of) s.w.counters().retried(*retry_of);
   if (s.cache) record_routing(*s.cache, pair, s.w.shared());
+  if (s.req.trace) s.req.trace->routed(pair.prefill->key, pair.decode->key, s.cache ? &s.cache->hits : nullptr);
   s.pair = std::move(pair);
   s.pair.prefill->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
   s.pair.decode->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
@@ -539,6 +547,7 @@ void ProxySession::send_prefill() {
     const auto self = session->shared_from_this();
     self->node_answered(Leg::kPrefill, self->s_->prefill_call.get());
     self->s_->prefill_status = status;
+    if (self->s_->req.trace) self->s_->req.trace->leg_answered(tracing::TraceLeg::kPrefill, status);
     // Only an error answer is relayed (relay_upstream_error): a 2xx one's type is not kept.
     if (status < 200 || status >= 300) self->s_->prefill_content_type = header_value(headers, "Content-Type");
   };
@@ -585,8 +594,13 @@ void ProxySession::send_prefill() {
   s.prefill_sent_at = sent_at;
   s.phases.prefill_sent(sent_at);
   s.prefill_timed = true;
-  s.prefill_call = s.w.upstream().start(s.pair.prefill->http_address, to_upstream(s.legs.prefill), timeouts,
-                                       std::move(cb));
+  if (s.req.trace) {
+    s.req.trace->leg_started(tracing::TraceLeg::kPrefill, s.pair.prefill->http_address, s.legs.prefill.path,
+                             s.w.node_tls(s.pair.prefill->http_address) != nullptr, &s.legs.prefill.headers);
+  }
+  s.prefill_call = s.w.upstream().start(s.pair.prefill->http_address,
+                                       to_upstream(s.legs.prefill, s.w.node_tls(s.pair.prefill->http_address)),
+                                       timeouts, std::move(cb));
   // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
   // trickling bytes is cut there too (security review #19).
   s.prefill_deadline = sent_at + s.topo->timeouts.prefill;
@@ -684,6 +698,7 @@ void ProxySession::on_prefill_complete() {
 void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   State& s = *s_;
   if (finished()) return;
+  if (s.req.trace) s.req.trace->leg_failed(tracing::TraceLeg::kPrefill, to_string(cause));
   leg_ended(Leg::kPrefill);
   s.w.counters().leg_failed(Leg::kPrefill, cause);
   if (s.prefill_call) {
@@ -767,8 +782,13 @@ void ProxySession::send_decode() {
   };
   move_to(RequestState::kDecodeSent);
   // The leg stays as it is (unrendered): a kDecodeOnly retry resends it to another decode.
-  s.decode_call = s.w.upstream().start(s.pair.decode->http_address, to_upstream(s.legs.decode), timeouts,
-                                      std::move(cb));
+  if (s.req.trace) {
+    s.req.trace->leg_started(tracing::TraceLeg::kDecode, s.pair.decode->http_address, s.legs.decode.path,
+                             s.w.node_tls(s.pair.decode->http_address) != nullptr, &s.legs.decode.headers);
+  }
+  s.decode_call = s.w.upstream().start(s.pair.decode->http_address,
+                                      to_upstream(s.legs.decode, s.w.node_tls(s.pair.decode->http_address)),
+                                      timeouts, std::move(cb));
 }
 
 void ProxySession::leg_ended(Leg leg) {
@@ -776,6 +796,7 @@ void ProxySession::leg_ended(Leg leg) {
   bool& open = leg == Leg::kPrefill ? s.prefill_timed : s.decode_timed;
   if (!open) return;
   open = false;
+  if (s.req.trace) s.req.trace->leg_ended(trace_leg(leg));
   const SteadyClock::time_point sent_at = leg == Leg::kPrefill ? s.prefill_sent_at : s.decode_sent_at;
   s.w.counters().leg_duration[static_cast<size_t>(leg)].record(SteadyClock::now() - sent_at);
 }
@@ -810,6 +831,7 @@ void ProxySession::node_failed(Leg leg, const UpstreamPort::Call* call) {
 void ProxySession::on_decode_head(int status, const std::vector<http::Header>& headers) {
   State& s = *s_;
   if (finished()) return;
+  if (s.req.trace) s.req.trace->leg_answered(tracing::TraceLeg::kDecode, status);
   s.decode_status = status;
   s.decode_content_type = header_value(headers, "Content-Type");
   if (status < 200 || status >= 300) return;  // body collected, judged on completion
@@ -846,6 +868,7 @@ bool ProxySession::start_client_stream() {
   out.push_back({"Content-Type", std::move(s.decode_content_type)});
   out.push_back({"X-Request-Id", s.legs.plan.request_id});
   out.push_back({"Cache-Control", "no-cache"});
+  if (s.req.trace) s.req.trace->response_status(s.decode_status);
   if (!s.writer.start_stream(s.decode_status, std::move(out))) {
     on_client_gone();
     return false;
@@ -910,6 +933,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     }
     const bool written = s.writer.write(out);
     if (s.responses) s.responses->observe(out);
+    if (s.req.trace) s.req.trace->answer_bytes(out);
     if (from_tail != 0) {
       s.sse_tail.erase(0, from_tail);
       s.sse_scan.consumed(from_tail);
@@ -1035,6 +1059,10 @@ void ProxySession::on_decode_complete() {
       response.headers.push_back(
           {"Content-Type", s.decode_content_type.empty() ? "application/json" : std::move(s.decode_content_type)});
       response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
+      if (s.req.trace) {
+        s.req.trace->answer_bytes(s.decode_body);
+        s.req.trace->response_status(status);
+      }
       response.body = std::move(s.decode_body);
       s.w.counters().time_to_first_byte.record(SteadyClock::now() - s.req.arrived_at);
       s.writer.send(std::move(response));
@@ -1066,6 +1094,7 @@ void ProxySession::refuse_kv_params() {
 void ProxySession::decode_failed(LegFailure cause, std::string detail) {
   State& s = *s_;
   if (finished()) return;
+  if (s.req.trace) s.req.trace->leg_failed(tracing::TraceLeg::kDecode, to_string(cause));
   leg_ended(Leg::kDecode);
   s.w.counters().leg_failed(Leg::kDecode, cause);
   if (may_log(s.w)) pdr::log::warn("request {}: {}", s.legs.plan.request_id, detail);
@@ -1134,6 +1163,7 @@ void ProxySession::relay_upstream_error(int status, const std::string& content_t
   response.headers = {{"Content-Type", content_type.empty() ? "application/json" : content_type},
                       {"X-Request-Id", s.legs.plan.request_id}};
   response.body = body;
+  if (s.req.trace) s.req.trace->response_status(status);
   s.writer.send(std::move(response));
   end(RequestState::kDone);
 }
@@ -1145,6 +1175,7 @@ void ProxySession::fail(int status, std::string_view message, std::string_view c
     end_stream_with_error(status, message, code);
     return;
   }
+  if (s.req.trace) s.req.trace->response_status(status);
   http::Response response =
       api_error_response(s.req.path, status, message, status == 400 ? "invalid_request_error" : "server_error", code);
   if (!s.legs.plan.request_id.empty()) response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
@@ -1214,6 +1245,7 @@ void ProxySession::end(RequestState final_state) {
   if (s.ended) return;
   s.ended = true;
   move_to(final_state);
+  if (s.req.trace) s.req.trace->finish(to_string(final_state));
   const size_t outcome = final_state == RequestState::kDone ? 0 : final_state == RequestState::kFailed ? 1 : 2;
   s.w.counters().request_duration[outcome].record(SteadyClock::now() - s.req.arrived_at);
   s.stall_timer.stop();

@@ -70,6 +70,7 @@
 #include "http/http_message.h"
 #include "http/response_writer.h"
 #include "router/proxy/proxy_shared.h"
+#include "router/tracing/request_trace.h"
 
 namespace pdr::router::proxy {
 
@@ -87,6 +88,8 @@ struct AdmittedRequest {
   // When the request head was parsed (http::Request::head_at): the latency histograms start
   // there. Unset (epoch): the session's creation.
   std::chrono::steady_clock::time_point arrived_at{};
+  // Its trace (router/tracing/request_trace.h); null when not traced (tracing off, not sampled).
+  std::unique_ptr<tracing::RequestTrace> trace;
 };
 
 class ProxySession : public std::enable_shared_from_this<ProxySession> {

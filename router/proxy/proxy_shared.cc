@@ -30,7 +30,9 @@ WorkerContext::WorkerContext(ProxyShared& shared, uint32_t index, uv_loop_s* loo
       upstream_(upstream != nullptr ? upstream : &pool_port_),
       mooncake_(*upstream_),
       registry_(*shared.registry),
-      topology_(*shared.topology) {
+      topology_(*shared.topology),
+      node_tls_(shared.node_tls),
+      self_tls_(shared.self_tls) {
   std::random_device rd;
   rng_state_ = (uint64_t{rd()} << 32) ^ rd() ^ (uint64_t{index} << 56);
 }

@@ -25,6 +25,7 @@
 #include "router/policies/policy.h"
 #include "router/proxy/conversation_cache.h"
 #include "router/proxy/mooncake_cache.h"
+#include "router/proxy/node_tls.h"
 #include "router/proxy/orphan_legs.h"
 #include "router/proxy/proxy_counters.h"
 #include "router/proxy/timer_queue.h"
@@ -36,6 +37,10 @@ namespace pdr::router::cache {
 class BlockIndex;
 class PrefixTree;
 }  // namespace pdr::router::cache
+
+namespace pdr::router::tracing {
+class Tracer;
+}  // namespace pdr::router::tracing
 
 namespace pdr::router::proxy {
 
@@ -67,6 +72,13 @@ struct ProxyShared {
   ConversationCache conversations;
   // HTTP workers serving this proxy (orphan_legs.h shares per-node limits out over them).
   uint32_t workers = 1;
+  // TLS to nodes (node_tls.h); null until published (plain HTTP to every node).
+  SnapshotCell<NodeTlsContexts> node_tls{nullptr};
+  // listeners.tls: how pdrouter reaches its own client listener (GET /health_generate), its
+  // certificate pinned (http::TlsClientOptions::pinned); null: plain HTTP.
+  SnapshotCell<http::TlsClientContext> self_tls{nullptr};
+  // Tracing (router/tracing/tracer.h), owned by main; null: off.
+  tracing::Tracer* tracer = nullptr;
 
   // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
   // from the current set's.
@@ -107,6 +119,15 @@ class WorkerContext {
   http::UpstreamPool& pool() { return pool_; }
   UpstreamPort& upstream() { return *upstream_; }
   MooncakeEngineCache& mooncake() { return mooncake_; }
+  // The TLS context of calls to the node at `http_address` (http::UpstreamRequest::tls); null:
+  // plain HTTP (node_tls.h).
+  const std::shared_ptr<const http::TlsClientContext>& node_tls(const proto::HostPort& http_address) {
+    static const std::shared_ptr<const http::TlsClientContext> kPlain;
+    const auto& contexts = node_tls_.get();
+    return contexts ? contexts->for_node(http_address) : kPlain;
+  }
+  // The TLS context of calls to pdrouter's own client listener (ProxyShared::self_tls).
+  const std::shared_ptr<const http::TlsClientContext>& self_tls() { return self_tls_.get(); }
   ModelsCache& models() { return models_; }
   // Leg failures are logged through this: a node down under load fails every request.
   LogLimiter& leg_log() { return leg_log_; }
@@ -141,6 +162,8 @@ class WorkerContext {
   std::shared_ptr<const discovery::RegistrySnapshot> seen_registry_;
   void on_new_registry(const std::shared_ptr<const discovery::RegistrySnapshot>& now);
   SnapshotReader<config::Topology> topology_;
+  SnapshotReader<NodeTlsContexts> node_tls_;
+  SnapshotReader<http::TlsClientContext> self_tls_;
   std::shared_ptr<const config::Topology> policies_topology_;
   std::shared_ptr<PolicySet> policies_;
   uint64_t rng_state_;

@@ -439,7 +439,7 @@ TEST(TopologyParse, UnknownKeysAreErrors) {
                StatusCode::kInvalidValue),
       Eq("topo.yaml:5:5: unknown key 'colour' in instances[0] (expected one of: role, "
          "http_address, connector, transfer_mode, zmq_address, dp_size, tp_size, pp_size, engine_id, "
-         "bootstrap_port, kv_events_endpoint, kv_events_replay_endpoint, model, labels)"));
+         "bootstrap_port, kv_events_endpoint, kv_events_replay_endpoint, model, labels, tls)"));
   EXPECT_THAT(error_of("workers: 1\nworkers: 2\n", StatusCode::kInvalidValue),
               StartsWith("topo.yaml:2:1: workers: duplicate key"));
 }

@@ -2,7 +2,9 @@
 // Properties: no crash, no sanitizer report, nothing thrown; on success every limit holds and
 // the counts add up (known + unknown events = the batch's events).
 // Seed corpus: tests/fuzz/corpus/kv_events/ (tests/fuzz/make_kv_events_corpus.py: batches in
-// the array and map encodings vLLM has shipped).
+// the array and map encodings vLLM has shipped, with every field: LoRA, extra keys, KV cache
+// groups and their kinds, tiers, offload placeholders, empty batches, the batch as a map).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -25,7 +27,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (e.block_hashes.size() > limits.max_blocks || e.token_ids.size() > limits.max_tokens) std::abort();
       if (e.medium.size() > limits.max_string_bytes) std::abort();
       if (e.lora_name && e.lora_name->size() > limits.max_string_bytes) std::abort();
-      if (e.kind == pdr::proto::KvEventKind::kBlockStored && e.block_size == 0) std::abort();
+      if (e.kv_cache_spec_kind && e.kv_cache_spec_kind->size() > limits.max_string_bytes) std::abort();
+      if (e.locality && e.locality->size() > limits.max_string_bytes) std::abort();
+      if (e.extra_keys.size() > limits.max_blocks) std::abort();
+      // Kept only when some block has keys of its own (the adapter's alone are left out).
+      if (!e.extra_keys.empty() &&
+          std::all_of(e.extra_keys.begin(), e.extra_keys.end(), [](const std::string& k) { return k.empty(); })) {
+        std::abort();
+      }
+      if (e.group_idx && (*e.group_idx < 0 || *e.group_idx > pdr::proto::kMaxKvGroupIdx)) std::abort();
     }
   } else if (!batch.events.empty()) {
     std::abort();  // a failed batch is left empty: nothing of it may be applied

@@ -29,6 +29,30 @@ VECTORS = {
         {"type": "AllBlocksCleared"}], 0],
     "raw_hashes": [1764115200.5, [["BlockStored", [RAW], RAW, TOKENS[:16], 16, None, "GPU"]], None],
     "unknown_event": [1764115200.5, [["SomethingNew", 1, 2], {"type": "Other", "x": 1}], None],
+    # Every positional field vLLM added (lora_name, extra_keys with the adapter's key first,
+    # group_idx, the group's spec): a full-attention and a sliding-window group of one hybrid model.
+    "array_hybrid_lora": [1764115200.5, [
+        ["BlockStored", [H1, H2], None, TOKENS, 16, 3, "GPU", "adapter-a",
+         [["adapter-a"], ["adapter-a", ["mm-1", 4]]], 0, "full_attention", None],
+        ["BlockStored", [H1, H2], None, TOKENS, 16, 3, "GPU", "adapter-a",
+         [["adapter-a"], ["adapter-a", ["mm-1", 4]]], 1, "sliding_window", 1024],
+        ["BlockRemoved", [H1], "GPU", 1]], 0],
+    # vLLM >= 0.26 maps with the newer offloading fields, a salted first block and a CPU tier's
+    # tokenless placeholder store.
+    "map_tiers_salt": [1764115200.5, [
+        {"type": "BlockStored", "block_hashes": [H1], "parent_block_hash": None, "token_ids": TOKENS[:16],
+         "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None, "extra_keys": [["salt-1"]],
+         "group_idx": 0, "kv_cache_spec_kind": "full_attention"},
+        {"type": "BlockStored", "block_hashes": [H1], "parent_block_hash": None, "token_ids": [],
+         "block_size": 0, "lora_id": None, "medium": "CPU", "lora_name": None, "group_idx": 0,
+         "locality": "LOCAL", "ownership": "cpu-tier"},
+        {"type": "BlockRemoved", "block_hashes": [H1], "medium": "CPU", "group_idx": 0, "locality": "LOCAL"},
+        {"type": "BlockStored", "block_hashes": [H2], "parent_block_hash": H1, "token_ids": TOKENS[16:],
+         "block_size": 16, "lora_id": None, "medium": "STORAGE", "lora_name": None, "session_id": "s"}], 1],
+    "empty_two_slot": [1764115200.5, []],
+    "empty_dp_rank": [1764115200.5, [], 0],
+    "map_batch": {"ts": 1764115200.5, "events": [{"type": "AllBlocksCleared"}], "data_parallel_rank": 2},
+    "map_batch_empty": {"ts": 1764115200.5, "events": []},
 }
 
 # Raw bytes msgpack.packb cannot produce: container headers declaring more elements than the

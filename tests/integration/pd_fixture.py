@@ -51,7 +51,10 @@ def _ports(n):
 class PdCluster:
     def __init__(self, connector, transfer_mode=None, prefills=1, decodes=1, topology=None,
                  prefill_flags=(), decode_flags=(), register=True, router_args=(),
-                 router_env=None, kv_backends=None, ephemeral_ports=False, router_nofile=None):
+                 router_env=None, kv_backends=None, ephemeral_ports=False, router_nofile=None,
+                 ssl_context=None):
+        # ssl_context: the client listener speaks TLS (listeners.tls); every request uses it.
+        self.ssl_context = ssl_context
         self.connector = connector
         self.transfer_mode = transfer_mode
         # The sims' --kv-backends: "tcp" unless PDR_SIM_KV_BACKENDS says otherwise ("none": no
@@ -60,7 +63,7 @@ class PdCluster:
         # True: side-channel ports 0, so each sim binds ephemeral ones and advertises those.
         self.ephemeral_ports = ephemeral_ports
         self.router = Router(topology_yaml=topology, extra_args=router_args, env=router_env,
-                             nofile=router_nofile)
+                             nofile=router_nofile, ssl_context=ssl_context)
         self.prefills, self.decodes = [], []
         try:
             for role, count, flags, nodes in (("prefill", prefills, prefill_flags, self.prefills),
@@ -115,7 +118,10 @@ class PdCluster:
     def request(self, method, path, body=None, headers=None, timeout=10):
         """Returns (status, headers dict with lower-case names, body bytes)."""
         host, port = self._host_port()
-        conn = http.client.HTTPConnection(host, port, timeout=timeout * TIME_SCALE)
+        conn = (http.client.HTTPSConnection(host, port, timeout=timeout * TIME_SCALE,
+                                            context=self.ssl_context)
+                if self.ssl_context is not None
+                else http.client.HTTPConnection(host, port, timeout=timeout * TIME_SCALE))
         try:
             data = None if body is None else (body if isinstance(body, (bytes, str))
                                               else json.dumps(body))
@@ -137,7 +143,7 @@ class PdCluster:
     def stream(self, path, body, headers=None, timeout=10):
         """A streaming POST through pdrouter (sim_fixture.SseStream)."""
         host, port = self._host_port()
-        return stream_post(host, port, path, body, headers, timeout * TIME_SCALE)
+        return stream_post(host, port, path, body, headers, timeout * TIME_SCALE, self.ssl_context)
 
     def metric(self, name):
         return self.router.metrics().get(name, 0.0)

@@ -28,7 +28,11 @@ class Router:
     """One pdrouter process. Use as a context manager, or call stop()."""
 
     def __init__(self, topology_yaml=None, extra_args=(), env=None, nofile=None,
-                 discovery="tcp://127.0.0.1:0"):
+                 discovery="tcp://127.0.0.1:0", ssl_context=None, admin_ssl_context=None):
+        # ssl_context / admin_ssl_context: an ssl.SSLContext for the client / operator listener
+        # when it speaks TLS (listeners.tls, listeners.admin_tls); request() then uses https.
+        self.ssl_context = ssl_context
+        self.admin_ssl_context = admin_ssl_context if admin_ssl_context is not None else ssl_context
         self.dir = tempfile.TemporaryDirectory(prefix="pdr-it-")
         self.config = None
         if topology_yaml is not None:
@@ -87,10 +91,13 @@ class Router:
         """Returns (status, headers dict with lower-case names, body bytes). admin=True: on the
         operator listener (the same as the client one unless listeners.admin is set)."""
         base = self.admin_http if admin else self.http
-        req = urllib.request.Request(f"http://{base}{path}", data=body, method=method,
+        context = (self.admin_ssl_context if admin and self.admin_http != self.http
+                   else self.ssl_context)
+        scheme = "https" if context is not None else "http"
+        req = urllib.request.Request(f"{scheme}://{base}{path}", data=body, method=method,
                                      headers=headers or {})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
                 return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
         except urllib.error.HTTPError as e:
             return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()

@@ -77,7 +77,11 @@ class SimNode:
     def request(self, method, path, body=None, headers=None, port=None, timeout=10):
         """One request on a fresh connection; returns (status, body bytes, Content-Type).
         `body` may be bytes, str or a JSON-serialisable object."""
-        conn = http.client.HTTPConnection("127.0.0.1", port or self._port, timeout=timeout)
+        # ssl_context: set by a test whose sim serves HTTPS (--ssl-certfile), for its own requests.
+        context = getattr(self, "ssl_context", None)
+        conn = (http.client.HTTPSConnection("127.0.0.1", port or self._port, timeout=timeout, context=context)
+                if context is not None and port is None
+                else http.client.HTTPConnection("127.0.0.1", port or self._port, timeout=timeout))
         try:
             data = None if body is None else (body if isinstance(body, (bytes, str))
                                               else json.dumps(body))
@@ -205,11 +209,13 @@ class SseStream:
         return False
 
 
-def stream_post(host, port, path, body, headers=None, timeout=10):
+def stream_post(host, port, path, body, headers=None, timeout=10, ssl_context=None):
     """POST `body` (a JSON-serialisable object, str or bytes) and return an SseStream once the
     response head arrives. `timeout` bounds the connect and every read. Close it (or use `with`)
-    when done; closing early is how a test makes the client go away mid-stream."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    when done; closing early is how a test makes the client go away mid-stream. `ssl_context`:
+    over TLS (https)."""
+    conn = (http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl_context)
+            if ssl_context is not None else http.client.HTTPConnection(host, port, timeout=timeout))
     try:
         data = body if isinstance(body, (bytes, str)) else json.dumps(body)
         all_headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}

@@ -9,6 +9,8 @@ import os
 import re
 import shlex
 import shutil
+import ssl
+import subprocess
 import tempfile
 import unittest
 
@@ -29,6 +31,39 @@ DOC_NETWORK = re.compile(r"\b10\.0\.0\.(\d{1,3})\b")
 
 def on_loopback(text):
     return DOC_NETWORK.sub(r"127.0.10.\1", text)
+
+
+# The documentation's TLS files (/etc/pdrouter/tls/NAME) are made for real before a test router
+# loads a text naming them: one self-signed certificate (no key usage limits, so it serves as a
+# server, client and CA certificate alike) and its key, every *.crt the certificate and every
+# *.key the key.
+DOC_TLS_FILE = re.compile(r"/etc/pdrouter/tls/[\w.-]+")
+
+
+def with_tls_files(text, directory):
+    """`text` with its documentation TLS paths pointing at real files in `directory`; and whether
+    it names any (the listeners then speak TLS)."""
+    names = set(DOC_TLS_FILE.findall(text))
+    if not names:
+        return text, False
+    crt, key = os.path.join(directory, "doc.crt"), os.path.join(directory, "doc.key")
+    if not os.path.exists(crt):
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                        "-nodes", "-keyout", key, "-out", crt, "-days", "2", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    for name in names:
+        text = text.replace(name, crt if name.endswith(".crt") else key)
+    return text, True
+
+
+def tls_client_context(directory):
+    """Trusts nothing in particular (the documentation's certificate is made here) and presents
+    that certificate, for operator listeners that ask for one."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.load_cert_chain(os.path.join(directory, "doc.crt"), os.path.join(directory, "doc.key"))
+    return context
 
 
 # pdnode register flags whose value /status shows under this key.
@@ -144,8 +179,14 @@ class TopologyFilesTest(unittest.TestCase):
     def check_topology(self, text, label):
         text = on_loopback(text)
         expected = sorted(declared_instances(text))
+        tls_dir = tempfile.mkdtemp(prefix="pdr-doc-tls-")
+        self.addCleanup(shutil.rmtree, tls_dir, True)
+        text, tls = with_tls_files(text, tls_dir)
+        context = tls_client_context(tls_dir) if tls else None
         try:
-            router = Router(topology_yaml=text)
+            client_tls = re.search(r"^listeners:\n(?:[ #].*\n)*?  tls:", text, re.M) is not None
+            router = Router(topology_yaml=text, ssl_context=context if client_tls else None,
+                            admin_ssl_context=context)
         except RuntimeError as e:
             self.fail("%s is not a valid topology:\n%s" % (label, e))
         try:

@@ -11,7 +11,9 @@ to B through etcd.
   * etcd killed: each replica still reuses its own entries, and the writes it could not make are
     counted; etcd back: entries are shared again;
   * a malformed or expired entry written to etcd by someone else is rejected and counted, and so
-    is an entry from a pdrouter before client bindings (it could belong to any client);
+    is an entry from a pdrouter before client bindings (it could belong to any client); a
+    well-formed one whose params aim the next prefill at another host than the decode's is not
+    reused (counted);
   * entries keep their client's binding on every replica: a client reusing another client's
     conversation_id through the other replica gets none of its KV, and each client's next turn
     (on either replica) pulls only its own blocks;
@@ -227,6 +229,40 @@ class EtcdMultiTurn(unittest.TestCase):
             self.assertEqual(r.metrics()["pdrouter_multi_turn_entries"], 0)
         self.ok_turn(self.a, "foo", "foo 1")  # an ordinary turn
         self.assert_ordinary("foo 1")
+
+    def etcd_call(self, method, body):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.etcd.client_port}/v3/kv/{method}",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            self.assertEqual(resp.status, 200)
+            return json.loads(resp.read())
+
+    def test_a_mirrored_entry_naming_another_host_is_not_reused(self):
+        # A real entry, copied under another conversation id with its remote_host changed: what a
+        # replica, or anyone able to write to etcd, could plant for the next turn's prefill.
+        self.ok_turn(self.a, "conv-h", "h 1")
+        self.a.wait_for(lambda: self.a.metrics()["pdrouter_etcd_conversation_puts_total"] == 1, timeout=10)
+        self.wait_entries(self.b, 0, 1)
+        begin = self.prefix + "conversations/"
+        found = self.etcd_call("range", {"key": base64.b64encode(begin.encode()).decode(),
+                                         "range_end": base64.b64encode((begin[:-1] + "0").encode()).decode()})
+        self.assertEqual(len(found["kvs"]), 1, found)
+        key = base64.b64decode(found["kvs"][0]["key"]).decode()
+        entry = json.loads(base64.b64decode(found["kvs"][0]["value"]))
+        self.assertEqual(entry["params"]["remote_host"], "127.0.0.1")
+        entry["params"]["remote_host"] = "victim.invalid"  # RFC 6761: never resolves
+        planted = key.rsplit("/", 1)[0] + "/" + base64.urlsafe_b64encode(b"conv-p").decode().rstrip("=")
+        self.etcd_call("put", {"key": base64.b64encode(planted.encode()).decode(),
+                               "value": base64.b64encode(json.dumps(entry).encode()).decode()})
+        self.wait_entries(self.b, 0, 2)
+        self.ok_turn(self.b, "conv-p", "p 2")
+        self.assert_ordinary("p 2")
+        self.assertEqual(self.turns(self.b, "remote_host_mismatch"), 1)
+        self.assertEqual(self.turns(self.b, "reused"), 0)
+        # The genuine entry still serves its conversation.
+        self.ok_turn(self.b, "conv-h", "h 2")
+        self.assert_reused("h 2")
 
     def decode_request_id(self, text):
         found = [r for r in self.decode.sim_requests()["requests"] if r["path"] in GEN_PATHS

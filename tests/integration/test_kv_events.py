@@ -101,8 +101,8 @@ class KvEventsTest(unittest.TestCase):
         self.pub.publish(1, batch(stored_array([13], 12, tokens[8:12])))
         self.router.wait_for(lambda: self.matched(tokens) == 3)
         code, doc = self.cache(tokens + [1, 2])
-        self.assertEqual(doc["nodes"], [{"node": self.node, "matched_blocks": 3, "block_size": BLOCK,
-                                         "matched_tokens": 12}])
+        self.assertEqual(doc["nodes"], [{"node": self.node, "matched_blocks": 3, "gpu_blocks": 3,
+                                         "block_size": BLOCK, "matched_tokens": 12, "cached_tokens": 12}])
         self.assertEqual(doc["tokens"], 14)
         self.assertEqual(self.matched([999] + tokens), 0, "a different first block matches nothing")
 

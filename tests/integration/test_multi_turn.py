@@ -9,7 +9,8 @@ import json
 import unittest
 
 from pd_fixture import PdCluster
-from pdrouter_fixture import TIME_SCALE
+from pdrouter_fixture import TIME_SCALE, Router
+from sim_fixture import SimNode
 
 WAIT_S = 15.0 * TIME_SCALE
 GEN_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -164,6 +165,55 @@ class MultiTurnTest(unittest.TestCase):
             self.assertIn("conversation_id", error["message"])
         for node in self.cluster.prefills + self.cluster.decodes:
             self.assertEqual(gen_bodies(node), [])
+
+
+class MultiTurnRemoteHostTest(unittest.TestCase):
+    """A decode whose answer names another host as its side channel (remote_host): the next turn's
+    prefill would connect there to pull the blocks, so the entry is not reused (counted), and the
+    turn is an ordinary one. The decode is a sim advertising a name under .invalid (RFC 6761: it
+    never resolves) while listed at its real 127.0.0.1 address; nothing connects to the name."""
+
+    def setUp(self):
+        self.prefill = SimNode("--role", "prefill", "--connector", "nixl", "--bidirectional-kv-xfer")
+        self.addCleanup(self.prefill.stop)
+        self.decode = SimNode("--role", "decode", "--connector", "nixl", "--bidirectional-kv-xfer",
+                              "--advertise-host", "victim.invalid")
+        self.addCleanup(self.decode.stop)
+        self.router = Router(f"""
+multi_turn:
+  enabled: true
+instances:
+  - {{role: prefill, http_address: "{self.prefill.http_address}", connector: nixl}}
+  - {{role: decode, http_address: "127.0.0.1:{self.decode.port}", connector: nixl}}
+""")
+        self.addCleanup(self.router.dir.cleanup)
+        self.addCleanup(self.router.stop)
+
+    def turn(self, text):
+        code, _, raw = self.router.request(
+            "POST", "/v1/chat/completions", timeout=10 * TIME_SCALE, headers={"Content-Type": "application/json"},
+            body=json.dumps({"model": "sim-model", "conversation_id": "conv-h", "max_tokens": 3,
+                             "messages": [{"role": "user", "content": text}]}).encode())
+        self.assertEqual(code, 200, raw)
+
+    def prefill_params(self, text):
+        found = [b for b in gen_bodies(self.prefill) if b["messages"][0]["content"] == text]
+        self.assertEqual(len(found), 1, (text, found))
+        return found[0]["kv_transfer_params"]
+
+    def turns(self, result):
+        return self.router.metrics().get('pdrouter_multi_turn_turns_total{result="%s"}' % result, 0)
+
+    def test_an_entry_naming_another_host_is_not_reused(self):
+        self.turn("first")
+        self.assertEqual(self.router.metrics()["pdrouter_multi_turn_stored_total"], 1)
+        self.turn("second")
+        params = self.prefill_params("second")
+        self.assertIsNone(params["remote_block_ids"], params)  # an ordinary turn: nothing to pull
+        self.assertIsNone(params["remote_host"], params)
+        self.assertEqual(self.turns("remote_host_mismatch"), 1)
+        self.assertEqual(self.turns("reused"), 0)
+        self.assertNotIn("victim.invalid", json.dumps([r["body"] for r in self.prefill.sim_requests()["requests"]]))
 
 
 if __name__ == "__main__":

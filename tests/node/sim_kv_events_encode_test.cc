@@ -44,7 +44,8 @@ TEST_P(EncodeTest, StoredAndRemovedDecodeAsSent) {
   EXPECT_EQ(s1.block_size, 2u);
   EXPECT_EQ(s1.medium, "GPU");
   EXPECT_FALSE(s1.lora_name.has_value());
-  EXPECT_FALSE(s1.has_extra_keys);
+  EXPECT_FALSE(s1.has_extra_keys());
+  EXPECT_FALSE(s1.group_idx.has_value());
   EXPECT_EQ(batch.events[2].parent_block_hash, 12u);
 }
 
@@ -57,6 +58,101 @@ TEST_P(EncodeTest, AllBlocksCleared) {
 
 INSTANTIATE_TEST_SUITE_P(Encodings, EncodeTest,
                          ::testing::Values(KvEventsEncoding::kMap, KvEventsEncoding::kArray));
+
+// A hybrid model's groups: each stored run once per group, the groups with a window removing the
+// blocks they slid past; evictions in every group.
+TEST_P(EncodeTest, GroupsPublishEachChangeOncePerGroup) {
+  SimKvEventsShape shape;
+  shape.encoding = GetParam();
+  std::string why;
+  ASSERT_TRUE(parse_kv_events_groups("full_attention,sliding_window:5,mamba:1", &shape.groups, &why)) << why;
+  PrefixCacheChange run{.stored = true, .hashes = {1, 2, 3, 4}, .tokens = {1, 2, 3, 4, 5, 6, 7, 8}};
+  PrefixCacheChange evicted{.stored = false, .hashes = {9}};
+  const std::vector<PrefixCacheChange> changes = {run, evicted};
+  const proto::KvEventBatch batch = decode(encode_sim_kv_batch(1.0, 0, shape, 2, changes));
+  EXPECT_EQ(batch.unknown_fields, 0u);
+  // full: stored; sliding (5 tokens: 3 blocks kept): stored, removed 1; mamba (1 token: the last
+  // block kept): stored, removed 3; the eviction x 3.
+  ASSERT_EQ(batch.events.size(), 8u);
+  const proto::KvEvent& full = batch.events[0];
+  EXPECT_EQ(full.group_idx, 0);
+  EXPECT_EQ(full.kv_cache_spec_kind, "full_attention");
+  EXPECT_FALSE(full.kv_cache_spec_sliding_window.has_value());
+  EXPECT_EQ(full.token_ids, run.tokens);
+  EXPECT_EQ(batch.events[1].group_idx, 1);
+  EXPECT_EQ(batch.events[1].kv_cache_spec_kind, "sliding_window");
+  EXPECT_EQ(batch.events[1].kv_cache_spec_sliding_window, 5);
+  EXPECT_EQ(batch.events[2].kind, proto::KvEventKind::kBlockRemoved);
+  EXPECT_EQ(batch.events[2].group_idx, 1);
+  EXPECT_EQ(batch.events[2].block_hashes, std::vector<uint64_t>{1});
+  EXPECT_EQ(batch.events[3].kv_cache_spec_kind, "mamba");
+  EXPECT_EQ(batch.events[4].block_hashes, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(batch.events[4].group_idx, 2);
+  for (size_t i = 5; i < 8; ++i) {
+    EXPECT_EQ(batch.events[i].kind, proto::KvEventKind::kBlockRemoved);
+    EXPECT_EQ(batch.events[i].block_hashes, std::vector<uint64_t>{9});
+    EXPECT_EQ(batch.events[i].group_idx, static_cast<int64_t>(i - 5));
+  }
+}
+
+// A CPU tier: each stored run again with medium CPU, in the full-attention groups only;
+// self-describing or as the connector's tokenless placeholder.
+TEST_P(EncodeTest, CpuTierStoresFollowEachRun) {
+  SimKvEventsShape shape;
+  shape.encoding = GetParam();
+  std::string why;
+  ASSERT_TRUE(parse_kv_events_groups("full_attention,sliding_window:64", &shape.groups, &why)) << why;
+  PrefixCacheChange run{.stored = true, .hashes = {5, 6}, .parent = 4, .tokens = {1, 2, 3, 4}};
+  for (SimCpuTier tier : {SimCpuTier::kSelfDescribing, SimCpuTier::kPlaceholder}) {
+    shape.cpu_tier = tier;
+    const proto::KvEventBatch batch = decode(encode_sim_kv_batch(1.0, 0, shape, 2, {&run, 1}));
+    ASSERT_EQ(batch.events.size(), 3u);  // GPU x 2 groups (no slide: the window holds the run), CPU x 1
+    const proto::KvEvent& cpu = batch.events[2];
+    EXPECT_EQ(cpu.medium, "CPU");
+    EXPECT_EQ(cpu.group_idx, 0);
+    EXPECT_EQ(cpu.block_hashes, run.hashes);
+    if (GetParam() == KvEventsEncoding::kMap) {
+      EXPECT_EQ(cpu.locality, "LOCAL");
+    }
+    if (tier == SimCpuTier::kSelfDescribing) {
+      EXPECT_EQ(cpu.token_ids, run.tokens);
+      EXPECT_EQ(cpu.parent_block_hash, 4u);
+      EXPECT_EQ(cpu.kv_cache_spec_kind, "full_attention");
+    } else {
+      EXPECT_TRUE(cpu.token_ids.empty());
+      EXPECT_EQ(cpu.block_size, 0u);
+      EXPECT_FALSE(cpu.parent_block_hash.has_value());
+      EXPECT_FALSE(cpu.kv_cache_spec_kind.has_value());
+    }
+  }
+  shape.groups.clear();  // without groups: one CPU store, no group fields
+  const proto::KvEventBatch plain = decode(encode_sim_kv_batch(1.0, 0, shape, 2, {&run, 1}));
+  ASSERT_EQ(plain.events.size(), 2u);
+  EXPECT_EQ(plain.events[1].medium, "CPU");
+  EXPECT_FALSE(plain.events[1].group_idx.has_value());
+}
+
+TEST(EncodeTest, ParsesGroupsAndTiers) {
+  std::vector<SimKvGroup> groups;
+  std::string why;
+  EXPECT_TRUE(parse_kv_events_groups("", &groups, &why));
+  EXPECT_TRUE(groups.empty());
+  ASSERT_TRUE(parse_kv_events_groups("full_attention,sliding_window:4096", &groups, &why));
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[1].kind, "sliding_window");
+  EXPECT_EQ(groups[1].window_tokens, 4096u);
+  for (const char* bad : {"full_attention,", "Full", "sliding_window:0", "sliding_window:x", "a:99999999999"}) {
+    EXPECT_FALSE(parse_kv_events_groups(bad, &groups, &why)) << bad;
+    EXPECT_FALSE(why.empty()) << bad;
+  }
+  std::string many;
+  for (int i = 0; i < 17; ++i) many += (i ? ",g" : "g");
+  EXPECT_FALSE(parse_kv_events_groups(many, &groups, &why));
+  SimCpuTier tier = SimCpuTier::kNone;
+  EXPECT_TRUE(parse_kv_events_cpu_tier("placeholder", &tier));
+  EXPECT_EQ(tier, SimCpuTier::kPlaceholder);
+  EXPECT_FALSE(parse_kv_events_cpu_tier("CPU", &tier));
+}
 
 TEST(EncodeTest, MapEventsAreTaggedByType) {
   PrefixCacheChange stored{.stored = true, .hashes = {1}, .tokens = {9}};

@@ -226,5 +226,15 @@ TEST(SameHost, ComparesWithoutALookup) {
   EXPECT_FALSE(same_host("", ""));
 }
 
+// A side channel another node connects to: the owner's host, or loopback on one machine.
+TEST(SameHost, SideChannelHostIsTheOwnersOrLoopbackOnOneMachine) {
+  EXPECT_TRUE(side_channel_host_ok("node-a.invalid", "NODE-A.invalid", "node-b.invalid"));
+  EXPECT_TRUE(side_channel_host_ok("localhost", "node-a.invalid", "node-a.invalid"));
+  EXPECT_TRUE(side_channel_host_ok("127.0.0.1", "127.0.0.5", "node-b.invalid"));  // owner on loopback
+  EXPECT_FALSE(side_channel_host_ok("localhost", "node-a.invalid", "node-b.invalid"));
+  EXPECT_FALSE(side_channel_host_ok("node-b.invalid", "node-a.invalid", "node-b.invalid"));
+  EXPECT_FALSE(side_channel_host_ok("victim.invalid", "node-a.invalid", "node-a.invalid"));
+}
+
 }  // namespace
 }  // namespace pdr::proto

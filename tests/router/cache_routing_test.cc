@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "discovery/instance.h"
+#include "proto/kv_events.h"
 #include "router/cache/block_index.h"
 #include "router/cache/prefix_tree.h"
 
@@ -36,12 +37,19 @@ InstancePtr instance(const char* key, proto::Role role) {
   return i;
 }
 
-// `node` stored the blocks of tokens [0, 4 * blocks) (block size 4).
-void store(cache::BlockIndex& index, const char* node, uint32_t blocks) {
+// `node` stored the blocks of tokens [0, 4 * blocks) (block size 4), for adapter `lora` (none:
+// the base model), on `medium`, with the first block's extra keys `first_extra`.
+void store(cache::BlockIndex& index, const char* node, uint32_t blocks, std::optional<std::string> lora = std::nullopt,
+           std::string medium = "GPU", std::string first_extra = "") {
   proto::KvEvent e;
   e.kind = proto::KvEventKind::kBlockStored;
   e.block_size = 4;
-  e.medium = "GPU";
+  e.medium = std::move(medium);
+  e.lora_name = std::move(lora);
+  if (!first_extra.empty()) {
+    e.extra_keys.assign(blocks, "");
+    e.extra_keys[0] = std::move(first_extra);
+  }
   for (uint32_t b = 0; b < blocks; ++b) {
     e.block_hashes.push_back(1000 + b);
     for (uint32_t t = 0; t < 4; ++t) e.token_ids.push_back(4 * b + t);
@@ -85,6 +93,65 @@ TEST(CacheRouting, TokenIdPromptsMatchTheKvEventsExactly) {
   EXPECT_EQ(routing->hits.matched(kPrefillA), 8u);
   EXPECT_EQ(routing->hits.matched(kPrefillB), 20u);
   EXPECT_EQ(routing->hits.matched(kDecode), 0u);
+}
+
+// vLLM serves an adapter under its name: a request naming an adapter the events named matches
+// only that adapter's blocks, never the base model's (which the engine would not reuse for it).
+TEST(CacheRouting, AnAdaptersRequestMatchesOnlyItsBlocks) {
+  ProxyShared shared;
+  cache::BlockIndex index;
+  shared.block_index = &index;
+  store(index, kPrefillA, 5);                 // the base model's
+  store(index, kPrefillB, 2, "adapter-x");    // the adapter's
+  store(index, kDecode, 3, "adapter-y");
+  const auto body = parse(token_prompt(20));
+  auto routing = lookup_cache(body, "adapter-x", cache_aware_topology(), shared);
+  ASSERT_TRUE(routing.has_value());
+  EXPECT_EQ(routing->hits.source, CacheHits::Source::kKvEvents);
+  EXPECT_EQ(routing->hits.matched(kPrefillB), 8u);
+  EXPECT_EQ(routing->hits.matched(kPrefillA), 0u);
+  EXPECT_EQ(routing->hits.matched(kDecode), 0u);
+  // The base model's name (or none) matches the base model's blocks only.
+  for (std::string_view model : {"base-model", ""}) {
+    routing = lookup_cache(body, model, cache_aware_topology(), shared);
+    ASSERT_TRUE(routing.has_value());
+    EXPECT_EQ(routing->hits.matched(kPrefillA), 20u) << model;
+    EXPECT_EQ(routing->hits.matched(kPrefillB), 0u) << model;
+  }
+  // An adapter the events named whose blocks nobody holds for this prompt: no exact hit at all
+  // (the base model's blocks are not its own), so the prefix tree answers.
+  store(index, kDecode, 1, "adapter-z");
+  index.apply(kDecode, 0, [] {
+    proto::KvEventBatch b;
+    proto::KvEvent clear;
+    clear.kind = proto::KvEventKind::kAllBlocksCleared;
+    b.events.push_back(clear);
+    return b;
+  }());
+  routing = lookup_cache(body, "adapter-z", cache_aware_topology(), shared);
+  ASSERT_TRUE(routing.has_value());
+  EXPECT_EQ(routing->hits.source, CacheHits::Source::kPrefixTree);
+  EXPECT_EQ(routing->hits.matched(kPrefillA), 0u);
+}
+
+// A salted request matches only blocks of its salt; CPU-tier blocks count at a discount.
+TEST(CacheRouting, CacheSaltAndOffloadTiersShapeTheMatch) {
+  ProxyShared shared;
+  cache::BlockIndex index;
+  shared.block_index = &index;
+  store(index, kPrefillA, 4);
+  store(index, kPrefillB, 4, std::nullopt, "GPU", proto::kv_extra_keys_for_cache_salt("tenant-1"));
+  store(index, kDecode, 4, std::nullopt, "CPU");
+  auto routing = lookup_cache(parse(R"({"cache_salt":"tenant-1","prompt":[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]})"),
+                              "m", cache_aware_topology(), shared);
+  ASSERT_TRUE(routing.has_value());
+  EXPECT_EQ(routing->hits.matched(kPrefillB), 16u);
+  EXPECT_EQ(routing->hits.matched(kPrefillA), 0u);
+  routing = lookup_cache(parse(token_prompt(16)), "m", cache_aware_topology(), shared);
+  ASSERT_TRUE(routing.has_value());
+  EXPECT_EQ(routing->hits.matched(kPrefillA), 16u);
+  EXPECT_EQ(routing->hits.matched(kPrefillB), 0u);
+  EXPECT_EQ(routing->hits.matched(kDecode), 16u * cache::kOffloadWeightPercent / 100);
 }
 
 TEST(CacheRouting, TextPromptsMatchWhereEarlierPromptsWent) {

@@ -67,7 +67,22 @@ TEST(DebugCacheResponse, LongestFirstAndErrors) {
   EXPECT_EQ(doc["nodes"][0]["matched_blocks"], 2);
   EXPECT_EQ(doc["nodes"][0]["block_size"], 4);
   EXPECT_EQ(doc["nodes"][0]["matched_tokens"], 8);
+  EXPECT_EQ(doc["nodes"][0]["gpu_blocks"], 2);
+  EXPECT_EQ(doc["nodes"][0]["cached_tokens"], 8);
   EXPECT_EQ(doc["nodes"][1]["node"], "127.0.0.1:8100");
+  EXPECT_EQ(doc["lora_known"], false);
+
+  // A node whose blocks are on a CPU tier only: held, at a discount; an adapter's name is known.
+  batch.events[0].medium = "CPU";
+  batch.events[0].lora_name = "adapter-a";
+  index.apply("127.0.0.1:8300", 0, batch);
+  const auto lora = nlohmann::json::parse(debug_cache_response("tokens=0,1,2,3&lora=adapter-a", &index).body);
+  EXPECT_EQ(lora["lora_known"], true);
+  ASSERT_EQ(lora["nodes"].size(), 1u);
+  EXPECT_EQ(lora["nodes"][0]["node"], "127.0.0.1:8300");
+  EXPECT_EQ(lora["nodes"][0]["matched_blocks"], 1);
+  EXPECT_EQ(lora["nodes"][0]["gpu_blocks"], 0);
+  EXPECT_EQ(lora["nodes"][0]["cached_tokens"], 4 * cache::kOffloadWeightPercent / 100);
 
   const http::Response bad = debug_cache_response("tokens=a", &index);
   EXPECT_EQ(bad.status, 400);

@@ -1,10 +1,5 @@
 #include "tests/support/http_client.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,6 +10,7 @@
 #include <llhttp.h>
 
 #include "base/ascii.h"
+#include "base/blocking_socket.h"
 
 namespace pdr::test {
 
@@ -137,66 +133,16 @@ void HttpClient::shutdown_write() {
 
 std::string HttpClient::connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout) {
   close();
-  const auto deadline = Clock::now() + timeout;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  if (const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0) {
-    return std::string("getaddrinfo: ") + gai_strerror(rc);
-  }
-  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    freeaddrinfo(res);
-    return errno_text("socket");
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  int rc = ::connect(fd, res->ai_addr, res->ai_addrlen);
-  freeaddrinfo(res);
-  if (rc != 0 && errno != EINPROGRESS) {
-    std::string e = errno_text("connect");
-    ::close(fd);
-    return e;
-  }
-  if (rc != 0) {
-    pollfd pfd{fd, POLLOUT, 0};
-    rc = ::poll(&pfd, 1, remaining_ms(deadline));
-    if (rc <= 0) {
-      ::close(fd);
-      return rc == 0 ? "connect: timeout" : errno_text("poll");
-    }
-    int err = 0;
-    socklen_t len = sizeof(err);
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) {
-      ::close(fd);
-      return std::string("connect: ") + std::strerror(err);
-    }
-  }
-  fd_ = fd;
+  UniqueFd fd;
+  if (Status s = connect_tcp(host, port, Clock::now() + timeout, &fd); !s) return s.message();
+  fd_ = fd.release();
   host_ = host;
   return "";
 }
 
 std::string HttpClient::send_raw(std::string_view bytes, std::chrono::milliseconds timeout) {
   if (fd_ < 0) return "not connected";
-  const auto deadline = Clock::now() + timeout;
-  size_t off = 0;
-  while (off < bytes.size()) {
-    const ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return errno_text("send");
-    pollfd pfd{fd_, POLLOUT, 0};
-    const int rc = ::poll(&pfd, 1, remaining_ms(deadline));
-    if (rc == 0) return "send: timeout";
-    if (rc < 0 && errno != EINTR) return errno_text("poll");
-  }
+  if (Status s = send_all(fd_, bytes, Clock::now() + timeout); !s) return s.message();
   return "";
 }
 

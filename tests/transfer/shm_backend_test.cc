@@ -286,7 +286,7 @@ TEST_F(ShmBackendTest, GarbageClosesOnlyThatConnection) {
        {std::string("GET / HTTP/1.1\r\n\r\n"), shm::encode_notify(1, "before hello"),
         shm::encode_hello("x") + shm::encode_region_query(0),
         std::string("\x53\x50\x05\x00\xff\xff\xff\x7f", 8)}) {
-    shm::UniqueFd raw;
+    UniqueFd raw;
     ASSERT_TRUE(shm::connect_unix(b_->backend->local_address(), &raw));
     ASSERT_TRUE(shm::send_frame(raw.get(), garbage, -1, std::chrono::milliseconds(1000)));
     // The server closes: we read EOF (possibly after its answer to the HELLO) within the deadline.

@@ -78,8 +78,8 @@ TEST(ShmProcessTest, ReadWriteNotifyAcrossProcessesThenPeerKilled) {
   }
   ::close(up[1]);
   ::close(down[0]);
-  shm::UniqueFd from_child(up[0]);
-  shm::UniqueFd to_child(down[1]);
+  UniqueFd from_child(up[0]);
+  UniqueFd to_child(down[1]);
 
   Side parent("parent");
   ASSERT_TRUE(parent.start());
@@ -151,13 +151,13 @@ TEST(ShmProcessTest, ReadWriteNotifyAcrossProcessesThenPeerKilled) {
 // without acknowledging it: the task waiting for that ack must fail kPeerGone.
 TEST(ShmProcessTest, PeerHangingUpBeforeTheAckFailsTheTask) {
   const std::string address = "@pdr-shm-fake-" + std::to_string(::getpid());
-  shm::UniqueFd listener;
+  UniqueFd listener;
   ASSERT_TRUE(shm::listen_unix(address, &listener));
   auto remote = make_memory(1 << 20, true);
   std::thread fake([&] {
     pollfd pfd{listener.get(), POLLIN, 0};
     if (::poll(&pfd, 1, 10000) <= 0) return;
-    shm::UniqueFd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    UniqueFd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
     shm::ReceiveBuffer rx;
     bool notified = false;
     while (!notified) {

@@ -1,12 +1,13 @@
-// The RDMA backend's out-of-band control channel: a small blocking TCP socket per connection that
-// carries one length-prefixed handshake record each way (proto/rdma_handshake.h) and then stays
-// open as the liveness signal of the QPs it set up (EOF = the peer or its QPs are gone).
+// The RDMA backend's out-of-band control channel: a small TCP socket per connection that carries
+// one length-prefixed handshake record each way (proto/rdma_handshake.h) and then stays open as
+// the liveness signal of the QPs it set up (EOF = the peer or its QPs are gone).
 //
 // TRANSFER.md R-4 wants this exchange on the TCP backend's port; backends are built and linked
 // independently (pdr_transfer_rdma links only the core), so the RDMA backend listens on its own
-// control port instead. Merging them needs a hook in backend.h (see the report / rdma_backend.h).
+// control port instead. Merging them needs a hook in backend.h.
 //
-// Every call takes a deadline and never blocks past it. All fds are close-on-exec.
+// Every call takes a deadline and never blocks past it (base/blocking_socket.h). All fds are
+// close-on-exec. Called by the connector and control threads, without the backend lock.
 #pragma once
 
 #include <chrono>
@@ -19,7 +20,7 @@ namespace pdr::transfer::rdma {
 
 using ControlClock = std::chrono::steady_clock;
 
-// The listener is transfer/socket_ops.h open_listener (non-blocking, port 0: any).
+// The listener is base/tcp_socket.h open_listener (non-blocking, port 0: any).
 // Connects to "host:port" (the host may be [v6]) by the deadline. The returned fd is
 // non-blocking, with TCP_NODELAY; the record calls below wait with poll.
 Status control_connect(const std::string& address, ControlClock::time_point deadline, int* fd);

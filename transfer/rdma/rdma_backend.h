@@ -31,11 +31,15 @@
 // - The serving side's bounds checks are the NIC's MR checks (a one-sided op never reaches our
 //   code); the target counts bad_frames for notify messages that do not decode.
 //
-// Threads: an I/O thread (posts, polls the CQ, handles cancels, finishes tasks, delivers
-// notifications), a connector thread (initiator handshakes, so submit() and the I/O thread never
-// wait on the network) and a control thread (accepts and answers handshakes, watches control
-// sockets). finish() runs on any of them, without the backend lock held (remove_peer() and stop()
-// finish on the caller's thread); on_notification runs on the I/O thread.
+// Threads: an I/O thread (io_thread.h: posts, polls the CQ, handles cancels, finishes tasks,
+// delivers notifications), a connector thread (connector_thread.h: initiator handshakes, so
+// submit() and the I/O thread never wait on the network) and a control thread (control_thread.h:
+// accepts and answers handshakes, watches control sockets), sharing one lock (backend_state.h).
+// finish() runs on any of them, without the backend lock held (remove_peer() and stop() finish on
+// the caller's thread); on_notification runs on the I/O thread.
+//
+// Parts, by lifetime: device.h (start() to stop()), connection.h (a handshake to its teardown),
+// task_state.h (submit() to finish()); the data path is posting.h and completions.h.
 #pragma once
 
 #include <cstdint>

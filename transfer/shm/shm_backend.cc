@@ -31,7 +31,6 @@ using shm::MsgType;
 using shm::ReceiveBuffer;
 using shm::RemoteRegion;
 using shm::ServingConnection;
-using shm::UniqueFd;
 
 constexpr std::uint64_t kChunkBytes = 4u << 20;       // cancel is checked between chunks
 constexpr std::uint64_t kSplitBytes = 8u << 20;       // segments this large use every worker

@@ -10,6 +10,8 @@
 
 #include <cstring>
 
+#include "base/blocking_socket.h"
+
 namespace pdr::transfer::shm {
 namespace {
 
@@ -35,16 +37,6 @@ Status make_address(std::string_view address, sockaddr_un* addr, socklen_t* len)
 }
 
 }  // namespace
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) reset(other.release());
-  return *this;
-}
-
-void UniqueFd::reset(int fd) {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
 
 Status listen_unix(std::string_view address, UniqueFd* out) {
   sockaddr_un addr;
@@ -128,11 +120,7 @@ Status send_frame(int fd, std::string_view bytes, int pass_fd, std::chrono::mill
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return Status(StatusCode::kIoError, "shm send: peer not reading");
-      pollfd pfd{fd, POLLOUT, 0};
-      ::poll(&pfd, 1, static_cast<int>(left.count()));
+      if (Status s = wait_socket(fd, POLLOUT, deadline, "shm send: peer not reading"); !s) return s;
       continue;
     }
     return errno_status("shm send", n < 0 ? errno : EPIPE);

@@ -12,7 +12,7 @@
 
 #include "transfer/tcp/lane.h"
 #include "transfer/tcp/serving_connection.h"
-#include "transfer/socket_ops.h"
+#include "base/tcp_socket.h"
 
 namespace pdr::transfer::tcp {
 
@@ -193,7 +193,7 @@ void IoThread::accept_all() {
       ::close(fd);
       continue;
     }
-    tune_socket(fd);
+    set_tcp_nodelay(fd);  // every frame is written whole: Nagle would only delay ACKs and READ_REQs
     IoThread* target = acceptors_[next_acceptor_++ % acceptors_.size()];
     if (!target->post({.kind = Command::Kind::kAdopt, .fd = fd})) {
       shared_.serving_connections.fetch_sub(1, std::memory_order_relaxed);

@@ -1,4 +1,5 @@
-#include "transfer/socket_ops.h"
+// TCP socket set-up (contract: tcp_socket.h).
+#include "base/tcp_socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -11,7 +12,7 @@
 #include <charconv>
 #include <cstring>
 
-namespace pdr::transfer {
+namespace pdr {
 
 Status split_host_port(std::string_view text, std::string* host, std::uint16_t* port) {
   std::string_view host_part;
@@ -52,7 +53,7 @@ std::string join_host_port(std::string_view host, std::uint16_t port) {
   return out + ":" + std::to_string(port);
 }
 
-Status resolve_address(const std::string& host, std::uint16_t port, SocketAddress* out) {
+Status resolve_addresses(const std::string& host, std::uint16_t port, std::vector<SocketAddress>* out) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -63,9 +64,20 @@ Status resolve_address(const std::string& host, std::uint16_t port, SocketAddres
   if (rc != 0 || result == nullptr) {
     return Status(StatusCode::kBadAddress, "cannot resolve '" + host + "': " + gai_strerror(rc));
   }
-  std::memcpy(&out->storage, result->ai_addr, result->ai_addrlen);
-  out->length = result->ai_addrlen;
+  out->clear();
+  for (const addrinfo* ai = result; ai != nullptr; ai = ai->ai_next) {
+    SocketAddress& address = out->emplace_back();
+    std::memcpy(&address.storage, ai->ai_addr, ai->ai_addrlen);
+    address.length = ai->ai_addrlen;
+  }
   freeaddrinfo(result);
+  return {};
+}
+
+Status resolve_address(const std::string& host, std::uint16_t port, SocketAddress* out) {
+  std::vector<SocketAddress> all;
+  if (Status status = resolve_addresses(host, port, &all); !status) return status;
+  *out = all.front();
   return {};
 }
 
@@ -95,13 +107,14 @@ Status open_listener(const std::string& host, std::uint16_t port, int* fd, std::
 int start_connect(const SocketAddress& address, int* fd) {
   const int sock = ::socket(address.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (sock < 0) return -errno;
-  tune_socket(sock);
+  set_tcp_nodelay(sock);
   if (::connect(sock, reinterpret_cast<const sockaddr*>(&address.storage), address.length) == 0) {
     *fd = sock;
     return 0;
   }
   const int err = errno;
-  if (err == EINPROGRESS) {
+  // After EINTR the connect carries on in the background (connect(2)): the same wait applies.
+  if (err == EINPROGRESS || err == EINTR) {
     *fd = sock;
     return -EINPROGRESS;
   }
@@ -116,9 +129,9 @@ int finish_connect(int fd) {
   return -err;
 }
 
-void tune_socket(int fd) {
+void set_tcp_nodelay(int fd) {
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-}  // namespace pdr::transfer
+}  // namespace pdr

@@ -1,12 +1,12 @@
-// Address parsing of the backends' shared socket set-up (the part of socket_ops without sockets).
-#include "transfer/socket_ops.h"
+// Address parsing of the shared socket set-up (the part of tcp_socket.h without sockets).
+#include "base/tcp_socket.h"
 
 #include <gtest/gtest.h>
 
-namespace pdr::transfer {
+namespace pdr {
 namespace {
 
-TEST(SocketOps, SplitsHostAndPort) {
+TEST(TcpSocket, SplitsHostAndPort) {
   std::string host;
   std::uint16_t port = 0;
   ASSERT_TRUE(split_host_port("127.0.0.1:5000", &host, &port).is_ok());
@@ -19,7 +19,7 @@ TEST(SocketOps, SplitsHostAndPort) {
   EXPECT_EQ(host, "node-7.local");
 }
 
-TEST(SocketOps, RefusesMalformedAddresses) {
+TEST(TcpSocket, RefusesMalformedAddresses) {
   std::string host;
   std::uint16_t port = 0;
   for (const char* text : {"", "host", "host:", ":80", "host:0", "host:65536", "host:8x", "::1:80", "[::1]80",
@@ -28,10 +28,10 @@ TEST(SocketOps, RefusesMalformedAddresses) {
   }
 }
 
-TEST(SocketOps, JoinsHostAndPort) {
+TEST(TcpSocket, JoinsHostAndPort) {
   EXPECT_EQ(join_host_port("127.0.10.1", 80), "127.0.10.1:80");
   EXPECT_EQ(join_host_port("::1", 80), "[::1]:80");
 }
 
 }  // namespace
-}  // namespace pdr::transfer
+}  // namespace pdr
