@@ -87,9 +87,13 @@ class Router:
         return self.process.stop(timeout * TIME_SCALE)
 
     # --- HTTP -------------------------------------------------------------------------------
-    def request(self, method, path, body=None, timeout=5, headers=None, admin=False):
+    def request(self, method, path, body=None, timeout=None, headers=None, admin=False):
         """Returns (status, headers dict with lower-case names, body bytes). admin=True: on the
-        operator listener (the same as the client one unless listeners.admin is set)."""
+        operator listener (the same as the client one unless listeners.admin is set). timeout:
+        seconds for the connect and each read; by default 5 scaled by PDR_TIME_SCALE (a sanitizer
+        build on a busy machine answers a /metrics poll slower), a caller's own value as given."""
+        if timeout is None:
+            timeout = 5 * TIME_SCALE
         base = self.admin_http if admin else self.http
         context = (self.admin_ssl_context if admin and self.admin_http != self.http
                    else self.ssl_context)
