@@ -59,16 +59,18 @@ Status TopologyStore::reload() {
   auto next = std::make_shared<Topology>();
   Status s = refuse_empty_file(path_);
   if (s) s = load_topology_file(path_, next.get());
+  // The outcome is recorded before the count moves: a reader that sees the new count (a test
+  // polling /metrics, /status whose cached page is keyed on the counts) must also see this
+  // reload's last_error, not the previous one.
   if (!s) {
-    reloads_failed_.fetch_add(1, std::memory_order_relaxed);
     record_outcome(s);
+    reloads_failed_.fetch_add(1, std::memory_order_release);
     pdr::log::warn("topology reload rejected, keeping the current one: {}", s.message());
     return s;
   }
   std::shared_ptr<const Topology> old = cell_.load();
   std::shared_ptr<const Topology> published = std::move(next);
   cell_.publish(published);
-  reloads_ok_.fetch_add(1, std::memory_order_relaxed);
   record_outcome(s);
   pdr::log::info("topology reloaded from {} ({} static instances)", path_,
                published->static_instances.size());
@@ -80,6 +82,9 @@ Status TopologyStore::reload() {
     listeners = listeners_;
   }
   for (const Listener& listener : listeners) listener(*old, *published);
+  // Counted once the listeners applied it (discovery, TLS contexts): whoever waits for the count
+  // finds the reload done.
+  reloads_ok_.fetch_add(1, std::memory_order_release);
   return Status::ok();
 }
 

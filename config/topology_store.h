@@ -44,10 +44,11 @@ class TopologyStore {
 
   // Re-reads the path given to load_initial(). A file that is empty (or whitespace only) is a
   // failed reload: it is what a writer that truncates first leaves for a moment, never a topology
-  // to apply live. On success publishes the new value, bumps
-  // reloads_ok, clears last_error, then calls every listener. On failure keeps the current value,
-  // bumps reloads_failed, logs, and stores the message in last_error. Without a path returns
-  // kNotFound and counts nothing.
+  // to apply live. On success publishes the new value, clears last_error, calls every listener,
+  // then bumps reloads_ok. On failure keeps the current value, stores the message in last_error,
+  // then bumps reloads_failed, and logs. So a reader on another thread that sees a count move
+  // also sees that reload's last_error and, for a success, what its listeners applied. Without a
+  // path returns kNotFound and counts nothing.
   Status reload();
 
   // Listeners run only for reload() successes, in registration order.
@@ -57,8 +58,8 @@ class TopologyStore {
   std::shared_ptr<const Topology> current() const { return cell_.load(); }
   const std::string& path() const { return path_; }  // set once by load_initial()
 
-  uint64_t reloads_ok() const { return reloads_ok_.load(std::memory_order_relaxed); }
-  uint64_t reloads_failed() const { return reloads_failed_.load(std::memory_order_relaxed); }
+  uint64_t reloads_ok() const { return reloads_ok_.load(std::memory_order_acquire); }
+  uint64_t reloads_failed() const { return reloads_failed_.load(std::memory_order_acquire); }
   // Message of the most recent reload() if it failed ("FILE:LINE:COL: key: what"); "" otherwise.
   std::string last_error() const;
   // Wall-clock end of the most recent reload() attempt, successful or not.

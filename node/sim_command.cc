@@ -106,6 +106,8 @@ FlagError parse_bind_endpoint(const char* flag, const std::string& text, std::st
   return "";
 }
 
+constexpr uint32_t kMaxListedRanks = 64;
+
 // The publisher the flags ask for, or none.
 FlagError build_kv_events(const SimFlags& f, const sim::SimOptions& options,
                           std::optional<sim::SimKvEventsPublisherOptions>* out) {
@@ -139,6 +141,14 @@ FlagError build_kv_events(const SimFlags& f, const sim::SimOptions& options,
   }
   p.replay_with_topic = f.kv_events_replay_layout == "topic";
   p.ranks = options.node.dp_size;
+  // Port 0 gives each rank an ephemeral port of its own, listed in the registration, whose
+  // decoder takes at most 64 list items (proto::DecodeLimits).
+  if ((p.port == 0 || p.replay_port == uint16_t{0}) && p.ranks > kMaxListedRanks) {
+    return "--kv-events-endpoint / --kv-events-replay-endpoint port 0 gives each DP rank an "
+           "ephemeral port, listed in the registration for at most " +
+           std::to_string(kMaxListedRanks) + " ranks: give a fixed port for --dp-size " +
+           std::to_string(p.ranks);
+  }
   *out = p;
   return "";
 }
@@ -291,7 +301,9 @@ FlagError build_options(const SimFlags& f, sim::SimOptions* out) {
 proto::Registration build_registration(const SimFlags& f, const sim::SimServer& server,
                                        const sim::SimOptions& options,
                                        const std::optional<proto::HostPort>& kv_events,
-                                       const std::optional<proto::HostPort>& kv_events_replay) {
+                                       const std::optional<proto::HostPort>& kv_events_replay,
+                                       const std::vector<uint16_t>& kv_events_ports,
+                                       const std::vector<uint16_t>& kv_events_replay_ports) {
   const sim::KvNodeIdentity& node = options.node;
   proto::Registration reg;
   reg.role = node.role;
@@ -308,6 +320,8 @@ proto::Registration build_registration(const SimFlags& f, const sim::SimServer& 
   if (reg.format == proto::RegistrationFormat::kPdrouter) {
     reg.kv_events_endpoint = kv_events;
     reg.kv_events_replay_endpoint = kv_events_replay;
+    reg.kv_events_ports = kv_events_ports;
+    reg.kv_events_replay_ports = kv_events_replay_ports;
   }
   return reg;
 }
@@ -461,12 +475,14 @@ CLI::App* add_sim_command(CLI::App& app, SimFlags* f) {
       ->check(CLI::Range(1, 1 << 24))->type_name("N");
   cmd->add_option("--kv-events-endpoint", f->kv_events_endpoint,
                   "Publish vLLM KV cache events (BlockStored, BlockRemoved, AllBlocksCleared) on a "
-                  "ZMQ PUB socket bound here, tcp://HOST:PORT (HOST may be *; port 0: ephemeral); "
-                  "DP rank r binds PORT+r. Advertised in pdrouter-format registrations.")
+                  "ZMQ PUB socket bound here, tcp://HOST:PORT (HOST may be *); DP rank r binds PORT+r "
+                  "as vLLM's do, or with port 0 an ephemeral port of its own (at most 64 ranks; "
+                  "each rank's port is listed in the registration and GET /sim/prefix_cache). "
+                  "Advertised in pdrouter-format registrations.")
       ->type_name("tcp://HOST:PORT");
   cmd->add_option("--kv-events-replay-endpoint", f->kv_events_replay_endpoint,
                   "Also bind vLLM's replay ROUTER socket here (last 10000 batches, 64 MiB, per rank; same "
-                  "HOST; rank r at PORT+r; port 0: ephemeral).")
+                  "HOST; rank r at PORT+r; port 0: each rank ephemeral).")
       ->type_name("tcp://HOST:PORT");
   cmd->add_option("--kv-events-encoding", f->kv_events_encoding,
                   "Event encoding: map (vLLM >= 0.26, tagged by \"type\") or array (older vLLM).")
@@ -603,6 +619,7 @@ int run_sim_command(const SimFlags& flags) {
   }
   std::unique_ptr<sim::SimKvEventsPublisher> publisher;
   std::optional<proto::HostPort> kv_events, kv_events_replay;
+  std::vector<uint16_t> kv_events_ports, kv_events_replay_ports;  // listed: not at port + r
   if (events_options) {
     publisher = std::make_unique<sim::SimKvEventsPublisher>();
     if (Status s = publisher->start(*events_options); !s.is_ok()) {
@@ -614,8 +631,15 @@ int run_sim_command(const SimFlags& flags) {
     const std::string host = bound == "*" || bound == "0.0.0.0" || bound == "::"
                                  ? options.node.advertise_host
                                  : bound;
-    kv_events = proto::HostPort{host, publisher->port()};
-    if (auto replay = publisher->replay_port()) kv_events_replay = proto::HostPort{host, *replay};
+    kv_events = proto::HostPort{host, publisher->ports().front()};
+    if (!publisher->replay_ports().empty()) {
+      kv_events_replay = proto::HostPort{host, publisher->replay_ports().front()};
+    }
+    // Ephemeral ports are each rank's own, which port + r does not find: listed.
+    if (events_options->ranks > 1 && events_options->port == 0) kv_events_ports = publisher->ports();
+    if (events_options->ranks > 1 && events_options->replay_port == uint16_t{0}) {
+      kv_events_replay_ports = publisher->replay_ports();
+    }
   }
   options.cache = std::make_shared<sim::SimCacheModel>(cache_options, std::move(publisher));
   sim::SimServer server(options, std::move(mover));
@@ -632,7 +656,8 @@ int run_sim_command(const SimFlags& flags) {
     sidecar::NodeClientOptions client_options;
     client_options.router_endpoints = flags.register_endpoints;
     client_options.registration =
-        build_registration(flags, server, options, kv_events, kv_events_replay);
+        build_registration(flags, server, options, kv_events, kv_events_replay,
+                           kv_events_ports, kv_events_replay_ports);
     client_options.interval = std::chrono::milliseconds(flags.register_interval_ms);
     client = std::make_unique<sidecar::NodeClient>(std::move(client_options));
     if (Status s = client->start(); !s.is_ok()) {

@@ -43,22 +43,13 @@ class SimKvEventsPublisher::Impl {
     options_ = options;
     options_.ranks = std::max<uint32_t>(1, options_.ranks);
     context_ = std::make_unique<zmq::context_t>(1);
-    // With ephemeral base ports, rank r's PORT + r may be taken (or beyond 65535): try other
-    // base ports. A fixed port is not retried (its socket may not be released yet).
-    const bool ephemeral =
-        options_.port == 0 && (!options_.replay_port || *options_.replay_port == 0);
-    const int attempts = ephemeral && options_.ranks > 1 ? 32 : 1;
-    for (int attempt = 1;; ++attempt) {
-      try {
-        if (bind_all()) break;
-        if (attempt >= attempts) return out_of_ports();
-        ranks_.clear();
-      } catch (const zmq::error_t& e) {
-        ranks_.clear();
-        if (e.num() == EADDRINUSE && attempt < attempts) continue;
-        context_.reset();
-        return Status(StatusCode::kIoError, std::string("KV events publisher: ") + e.what());
-      }
+    try {
+      bind_all();
+    } catch (const zmq::error_t& e) {
+      return failed(std::string("KV events publisher: ") + e.what());
+    }
+    if (ports_.size() < options_.ranks) {
+      return failed("KV events publisher: a DP rank's port would be beyond 65535");
     }
     next_seq_.assign(options_.ranks, 0);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -72,31 +63,35 @@ class SimKvEventsPublisher::Impl {
   }
 
   // Binds every rank's sockets, kept in ranks_ at once so a failure closes them all before the
-  // context. False when a rank's port would be beyond 65535; throws zmq::error_t.
-  bool bind_all() {
+  // context. Stops short (ports_ shorter than ranks) when a rank's port would be beyond 65535;
+  // throws zmq::error_t.
+  void bind_all() {
     for (uint32_t r = 0; r < options_.ranks; ++r) {
       Rank& rank = ranks_.emplace_back();
       rank.pub = zmq::socket_t(*context_, zmq::socket_type::pub);
       rank.pub.set(zmq::sockopt::linger, 0);
       rank.pub.set(zmq::sockopt::sndhwm, options_.sndhwm);
       if (options_.host.find(':') != std::string::npos) rank.pub.set(zmq::sockopt::ipv6, 1);
-      if (!bind(rank.pub, options_.port, r, &port_)) return false;
+      if (!bind(rank.pub, options_.port, r, &ports_)) return;
       if (options_.replay_port) {
         rank.router = zmq::socket_t(*context_, zmq::socket_type::router);
         rank.router->set(zmq::sockopt::linger, 0);
         rank.router->set(zmq::sockopt::maxmsgsize, kMaxReplayRequestBytes);
         if (options_.host.find(':') != std::string::npos) rank.router->set(zmq::sockopt::ipv6, 1);
-        if (!bind(*rank.router, *options_.replay_port, r, &replay_port_)) return false;
+        if (!bind(*rank.router, *options_.replay_port, r, &replay_ports_)) {
+          ports_.pop_back();
+          return;
+        }
       }
     }
-    return true;
   }
 
-  Status out_of_ports() {
+  Status failed(std::string message) {
     ranks_.clear();
     context_.reset();
-    return Status(StatusCode::kIoError,
-                  "KV events publisher: a DP rank's port would be beyond 65535");
+    ports_.clear();
+    replay_ports_.clear();
+    return Status(StatusCode::kIoError, std::move(message));
   }
 
   void stop() {
@@ -115,10 +110,8 @@ class SimKvEventsPublisher::Impl {
     wake_fd_ = -1;
   }
 
-  uint16_t port() const { return port_; }
-  std::optional<uint16_t> replay_port() const {
-    return options_.replay_port ? std::optional<uint16_t>(replay_port_) : std::nullopt;
-  }
+  const std::vector<uint16_t>& ports() const { return ports_; }
+  const std::vector<uint16_t>& replay_ports() const { return replay_ports_; }
 
   void publish(uint32_t rank, std::string payload) {
     {
@@ -147,7 +140,9 @@ class SimKvEventsPublisher::Impl {
                           {"replay_requests", replay_requests_},
                           {"replayed_batches", replayed_batches_},
                           {"bad_replay_requests", bad_replay_requests_},
-                          {"next_seq", next_seq_}};
+                          {"next_seq", next_seq_},
+                          {"ports", ports_},
+                          {"replay_ports", replay_ports_}};
   }
 
  private:
@@ -162,16 +157,14 @@ class SimKvEventsPublisher::Impl {
     std::string payload;
   };
 
-  // Rank 0 binds `port` (0: ephemeral) and sets *bound; rank r binds *bound + r. False when
-  // that is beyond 65535.
-  bool bind(zmq::socket_t& socket, uint16_t port, uint32_t r, uint16_t* bound) {
-    if (r == 0) {
-      socket.bind(endpoint(options_.host, port == 0 ? "" : std::to_string(port)));
-      *bound = bound_port(socket);
-      return true;
-    }
-    if (uint32_t{*bound} + r > 65535) return false;
-    socket.bind(endpoint(options_.host, std::to_string(*bound + r)));
+  // Rank r binds `port` + r, as vLLM's publishers do, or with `port` 0 an ephemeral port of its
+  // own: an ephemeral base plus r may be any other process's port, so only the kernel can hand
+  // out ports that cannot collide. Appends the bound port to *bound; false when `port` + r is
+  // beyond 65535.
+  bool bind(zmq::socket_t& socket, uint16_t port, uint32_t r, std::vector<uint16_t>* bound) {
+    if (port != 0 && uint32_t{port} + r > 65535) return false;
+    socket.bind(endpoint(options_.host, port == 0 ? "" : std::to_string(port + r)));
+    bound->push_back(bound_port(socket));
     return true;
   }
 
@@ -314,8 +307,8 @@ class SimKvEventsPublisher::Impl {
   SimKvEventsPublisherOptions options_;
   std::unique_ptr<zmq::context_t> context_;
   std::vector<Rank> ranks_;  // the thread's, once started
-  uint16_t port_ = 0;
-  uint16_t replay_port_ = 0;
+  std::vector<uint16_t> ports_;         // each rank's bound PUB port
+  std::vector<uint16_t> replay_ports_;  // each rank's bound ROUTER port (none without replay)
   int wake_fd_ = -1;
   std::thread thread_;
 
@@ -340,8 +333,10 @@ Status SimKvEventsPublisher::start(const SimKvEventsPublisherOptions& options) {
   return impl_->start(options);
 }
 void SimKvEventsPublisher::stop() { impl_->stop(); }
-uint16_t SimKvEventsPublisher::port() const { return impl_->port(); }
-std::optional<uint16_t> SimKvEventsPublisher::replay_port() const { return impl_->replay_port(); }
+const std::vector<uint16_t>& SimKvEventsPublisher::ports() const { return impl_->ports(); }
+const std::vector<uint16_t>& SimKvEventsPublisher::replay_ports() const {
+  return impl_->replay_ports();
+}
 void SimKvEventsPublisher::publish(uint32_t rank, std::string payload) {
   impl_->publish(rank, std::move(payload));
 }

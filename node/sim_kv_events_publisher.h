@@ -1,8 +1,9 @@
 // SimKvEventsPublisher: vLLM's ZMQ KV events publisher (`--kv-events-config`, publisher "zmq";
 // docs/design/kv-events.md, Publisher) for `pdnode sim`, one per DP rank, on a thread of its own.
 //
-// Sockets: rank r binds a PUB on tcp://HOST:PORT+r (PORT 0: rank 0 takes an ephemeral port and
-// the other ranks follow it; when one of those is taken, another ephemeral base is tried) and, with a replay port, a ROUTER on tcp://HOST:REPLAY+r. Each
+// Sockets: rank r binds a PUB on tcp://HOST:PORT+r as vLLM's do (PORT 0: each rank an ephemeral
+// port of its own, which the registration lists, proto::NodeSpec::kv_events_ports) and, with a
+// replay port, a ROUTER on tcp://HOST:REPLAY+r (REPLAY 0: the same). Each
 // message is three frames [topic, seq (8 bytes big-endian, from 0 per rank), payload]. The
 // ROUTER answers a request [id, "", start_seq (8 bytes)] with one message per buffered batch with
 // seq >= start_seq, then an end marker, in the layout `replay_with_topic` picks
@@ -27,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -36,8 +38,8 @@ namespace pdr::node::sim {
 
 struct SimKvEventsPublisherOptions {
   std::string host = "127.0.0.1";  // what to bind: an address, or "*" for every interface
-  uint16_t port = 0;               // rank 0's PUB port (0: ephemeral)
-  std::optional<uint16_t> replay_port;  // rank 0's ROUTER port (0: ephemeral); none: no replay
+  uint16_t port = 0;               // rank 0's PUB port, rank r's is port + r (0: each ephemeral)
+  std::optional<uint16_t> replay_port;  // the same for the ROUTERs; none: no replay
   uint32_t ranks = 1;
   std::string topic;               // vLLM's default: empty
   bool replay_with_topic = true;   // the replay answers' layout (above)
@@ -59,14 +61,15 @@ class SimKvEventsPublisher {
   Status start(const SimKvEventsPublisherOptions& options);
   void stop();  // idempotent
 
-  uint16_t port() const;                     // rank 0's bound PUB port
-  std::optional<uint16_t> replay_port() const;  // rank 0's bound ROUTER port
+  // Each rank's bound PUB port, and ROUTER port (empty without replay), once started.
+  const std::vector<uint16_t>& ports() const;
+  const std::vector<uint16_t>& replay_ports() const;
 
   // `rank` < options.ranks (others are dropped and counted).
   void publish(uint32_t rank, std::string payload);
   void withhold(uint32_t batches);
   // {"published":N,"dropped":N,"withheld":N,"replay_requests":N,"replayed_batches":N,
-  //  "bad_replay_requests":N,"next_seq":[per rank]}
+  //  "bad_replay_requests":N,"next_seq":[per rank],"ports":[per rank],"replay_ports":[per rank]}
   nlohmann::json stats() const;
 
  private:

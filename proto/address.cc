@@ -251,6 +251,15 @@ std::string zmq_tcp_endpoint(const HostPort& endpoint, uint32_t port_offset) {
   return "tcp://" + shifted.to_string();
 }
 
+std::string zmq_tcp_rank_endpoint(const HostPort& endpoint, std::span<const uint16_t> rank_ports,
+                                  uint32_t rank) {
+  if (rank_ports.empty()) return zmq_tcp_endpoint(endpoint, rank);
+  if (rank >= rank_ports.size()) return {};
+  HostPort at = endpoint;
+  at.port = rank_ports[rank];
+  return zmq_tcp_endpoint(at);
+}
+
 Status parse_moriio_zmq_address(std::string_view text, MoriioZmqAddress* out) {
   if (text.empty()) return bad("address is empty");
   MoriioZmqAddress parsed;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -63,6 +64,11 @@ Status parse_zmq_tcp_endpoint(std::string_view text, HostPort* out);
 // "tcp://host:port" ("tcp://[v6]:port"), the port plus `port_offset` (a DP rank: vLLM's rank r
 // publishes on base port + r). Empty when the port would pass 65535.
 std::string zmq_tcp_endpoint(const HostPort& endpoint, uint32_t port_offset = 0);
+// DP rank `rank`'s "tcp://host:port" on endpoint's host: rank_ports[rank] when the node listed
+// each rank's port (NodeSpec::kv_events_ports), else endpoint.port + rank. Empty when the list
+// has no such rank or the port would pass 65535.
+std::string zmq_tcp_rank_endpoint(const HostPort& endpoint, std::span<const uint16_t> rank_ports,
+                                  uint32_t rank);
 
 // Hosts compared without a lookup (no DNS: pure).
 // names_loopback: a loopback literal (127.0.0.0/8, ::1, ::ffff:127.x.y.z) or "localhost" /

@@ -346,6 +346,40 @@ Status decode_zmq_endpoint(const FieldReader& reader, std::string_view key,
   return Status::ok();
 }
 
+// An optional list of each DP rank's port beside a KV events endpoint (kv_events_ports,
+// kv_events_replay_ports): dp_size entries, each 1..65535, entry 0 the endpoint's own port, so
+// a router that does not know the key still reaches rank 0 where the node said.
+Status decode_rank_ports(const FieldReader& reader, std::string_view key, std::string_view endpoint_key,
+                         const std::optional<HostPort>& endpoint, uint32_t dp_size,
+                         std::vector<uint16_t>* out) {
+  const msgpack::object* value = reader.find(key, Need::kOptional);
+  if (value == nullptr) return Status::ok();
+  if (value->type != object_type::ARRAY) return wrong_type(key, "an array of ports", *value);
+  if (!endpoint) {
+    return Status(StatusCode::kMissingKey, std::string(key) + " needs " + std::string(endpoint_key));
+  }
+  const msgpack::object_array& items = value->via.array;
+  if (items.size != dp_size) {
+    return Status(StatusCode::kInvalidValue, std::string(key) + " has " + std::to_string(items.size) +
+                                                 " ports for dp_size " + std::to_string(dp_size));
+  }
+  std::vector<uint16_t> ports;
+  ports.reserve(items.size);
+  for (uint32_t i = 0; i < items.size; ++i) {
+    uint64_t port = 0;
+    const std::string name = std::string(key) + "[" + std::to_string(i) + "]";
+    if (Status s = as_uint(items.ptr[i], name, 1, kMaxPort, &port); !s) return s;
+    ports.push_back(static_cast<uint16_t>(port));
+  }
+  if (ports[0] != endpoint->port) {
+    return Status(StatusCode::kInvalidValue,
+                  std::string(key) + "[0] " + std::to_string(ports[0]) + " is not " +
+                      std::string(endpoint_key) + "'s port " + std::to_string(endpoint->port));
+  }
+  *out = std::move(ports);
+  return Status::ok();
+}
+
 Status decode_extension(const FieldReader& reader, Registration* reg) {
   if (Status s =
           reader.string("instance_id", Need::kOptional, kMaxInstanceIdBytes, &reg->instance_id);
@@ -364,6 +398,17 @@ Status decode_extension(const FieldReader& reader, Registration* reg) {
   }
   if (Status s = decode_zmq_endpoint(reader, "kv_events_replay_endpoint",
                                      &reg->kv_events_replay_endpoint);
+      !s) {
+    return s;
+  }
+  if (Status s = decode_rank_ports(reader, "kv_events_ports", "kv_events_endpoint",
+                                  reg->kv_events_endpoint, reg->dp_size, &reg->kv_events_ports);
+      !s) {
+    return s;
+  }
+  if (Status s = decode_rank_ports(reader, "kv_events_replay_ports", "kv_events_replay_endpoint",
+                                  reg->kv_events_replay_endpoint, reg->dp_size,
+                                  &reg->kv_events_replay_ports);
       !s) {
     return s;
   }

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 #include <string_view>
+#include <vector>
 
 #include <msgpack.hpp>
 
@@ -32,6 +33,11 @@ class MapWriter {
   }
   void add(std::string_view name, std::string_view value) { pack_string(key(name), value); }
   void add(std::string_view name, uint64_t value) { key(name).pack_uint64(value); }
+  void add_ports(std::string_view name, const std::vector<uint16_t>& ports) {
+    Packer& packer = key(name);
+    packer.pack_array(static_cast<uint32_t>(ports.size()));
+    for (uint16_t port : ports) packer.pack_uint16(port);
+  }
   void add_bool(std::string_view name, bool value) {
     if (value) {
       key(name).pack_true();
@@ -134,6 +140,10 @@ void add_extension(const Registration& reg, MapWriter* map) {
   if (reg.kv_events_endpoint) map->add("kv_events_endpoint", zmq_tcp_endpoint(*reg.kv_events_endpoint));
   if (reg.kv_events_replay_endpoint) {
     map->add("kv_events_replay_endpoint", zmq_tcp_endpoint(*reg.kv_events_replay_endpoint));
+  }
+  if (!reg.kv_events_ports.empty()) map->add_ports("kv_events_ports", reg.kv_events_ports);
+  if (!reg.kv_events_replay_ports.empty()) {
+    map->add_ports("kv_events_replay_ports", reg.kv_events_replay_ports);
   }
   if (!reg.labels.empty()) add_labels(reg.labels, map);
   if (reg.load.present) add_load(reg.load, map);

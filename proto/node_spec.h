@@ -68,10 +68,16 @@ struct NodeSpec : NodeEndpoint {
   std::string model;  // served model ("" = any)
   Labels labels;      // <= 32 labels; keys <= 64 chars, values <= 256 chars
   // vLLM's KV cache events publisher (`--kv-events-config` endpoint) and its replay socket, as
-  // tcp://host:port for DP rank 0 (rank r: port + r). proto::parse_zmq_tcp_endpoint validates,
+  // tcp://host:port for DP rank 0 (rank r: port + r, unless the lists below say otherwise). proto::parse_zmq_tcp_endpoint validates,
   // proto::zmq_tcp_endpoint formats. Unset: the topology's kv_events.default_port, if any.
   std::optional<HostPort> kv_events_endpoint;
   std::optional<HostPort> kv_events_replay_endpoint;
+  // Each DP rank's port (dp_size entries, entry 0 the endpoint's own), for a node whose ranks do
+  // not sit at port + r: `pdnode sim` binds an ephemeral port per rank, since an ephemeral base
+  // plus r may be any other process's port. Empty: port + r, as vLLM lays them out.
+  // proto::zmq_tcp_rank_endpoint picks rank r's endpoint either way.
+  std::vector<uint16_t> kv_events_ports;
+  std::vector<uint16_t> kv_events_replay_ports;
   friend bool operator==(const NodeSpec&, const NodeSpec&) = default;
 };
 

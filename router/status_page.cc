@@ -66,6 +66,8 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
       inst.kv_events_replay_endpoint
           ? nlohmann::json(proto::zmq_tcp_endpoint(*inst.kv_events_replay_endpoint))
           : nlohmann::json();
+  j["kv_events_ports"] = inst.kv_events_ports;
+  j["kv_events_replay_ports"] = inst.kv_events_replay_ports;
   const Clock::time_point expires_at = inst.expires_at();
   j["expires_in_ms"] = expires_at == Clock::time_point::max() || inst.state == InstanceState::kExpired
                            ? nlohmann::json()

@@ -62,12 +62,14 @@ struct StatusContext {
 //  "instances":[{role, http_address, dialect, registration_format, transfer_mode, zmq_address,
 //  dp_size, tp_size, bootstrap_port, model, labels, load, state, operator_drain, source,
 //  instance_id, epoch, first_seen_ms_ago, last_seen_ms_ago, expires_in_ms, ttl_ms, messages,
-//  restarts, kv_events_endpoint, kv_events_replay_endpoint, kv_events}]}
+//  restarts, kv_events_endpoint, kv_events_replay_endpoint, kv_events_ports,
+//  kv_events_replay_ports, kv_events}]}
 // kv_events_endpoint / kv_events_replay_endpoint: what the node (or operator) named, "tcp://..."
-// or null. kv_events (present only with kv_events.enabled; null for a node not subscribed to):
-// {endpoint, replay_endpoint, wanted_ranks, subscribed_ranks, ranks_seen, blocks_indexed, batches,
-// events, gaps, replays, replay_failures, decode_errors, bad_messages, publisher_restarts,
-// node_restarts, rate_limited, ranks_over_cap}.
+// or null; kv_events_ports / kv_events_replay_ports: each DP rank's port when the node listed
+// them ([] otherwise: rank r at port + r). kv_events (present only with kv_events.enabled; null
+// for a node not subscribed to): {endpoint, replay_endpoint, wanted_ranks, subscribed_ranks,
+// ranks_seen, blocks_indexed, batches, events, gaps, replays, replay_failures, decode_errors,
+// bad_messages, publisher_restarts, node_restarts, rate_limited, ranks_over_cap}.
 // `dialect` is the KV connector dialect ("moriio", "p2p-nccl", ...); registration_format is the
 // wire shape the node registered with. Times are relative to `now` (steady clock);
 // last_seen_ms_ago is null for an instance never heard from (static, no heartbeat yet) and

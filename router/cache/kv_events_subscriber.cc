@@ -36,6 +36,7 @@ std::span<const std::byte> bytes_of(const zmq::message_t& m) {
 struct Wanted {
   proto::HostPort endpoint;
   std::optional<proto::HostPort> replay;
+  std::vector<uint16_t> ports, replay_ports;  // each rank's, when the node listed them
   uint32_t dp_size = 1;
   uint64_t epoch = 0;
   uint64_t restarts = 0;
@@ -53,6 +54,8 @@ std::optional<Wanted> wanted_for(const discovery::Instance& inst,
     return std::nullopt;
   }
   w.replay = inst.kv_events_replay_endpoint;
+  if (inst.kv_events_endpoint) w.ports = inst.kv_events_ports;
+  w.replay_ports = inst.kv_events_replay_ports;
   w.dp_size = std::max<uint32_t>(1, inst.dp_size);
   w.epoch = inst.epoch;
   w.restarts = inst.restarts;
@@ -322,7 +325,8 @@ class KvEventsSubscriber::Impl {
       if (it != nodes_.end()) {
         Wanted& had = it->second.wanted;
         const bool same_place =
-            had.endpoint == w.endpoint && had.replay == w.replay && had.dp_size == w.dp_size;
+            had.endpoint == w.endpoint && had.replay == w.replay && had.dp_size == w.dp_size &&
+            had.ports == w.ports && had.replay_ports == w.replay_ports;
         if (same_place && had.epoch == w.epoch && had.restarts == w.restarts) continue;
         index_.drop_node(key);
         if (same_place) {
@@ -360,8 +364,9 @@ class KvEventsSubscriber::Impl {
 
   void subscribe(const std::string& key, const Wanted& w) {
     Node node(w, options_, Clock::now());
-    // Rank r publishes on port + r: ranks past port 65535 cannot exist.
-    const uint32_t port_room = 65536u - w.endpoint.port;
+    // Rank r publishes on port + r (unless the node listed each rank's port): ranks past port
+    // 65535 cannot exist.
+    const uint32_t port_room = w.ports.empty() ? 65536u - w.endpoint.port : w.dp_size;
     node.target = std::min({w.dp_size, options_.max_ranks_per_node, port_room});
     const uint64_t over_cap = w.dp_size > options_.max_ranks_per_node
                                   ? w.dp_size - options_.max_ranks_per_node
@@ -401,10 +406,14 @@ class KvEventsSubscriber::Impl {
     for (uint32_t rank = 0; rank < node.target; ++rank) {
       if (open[rank]) continue;
       if (sockets_open_ >= max_subscriptions_) break;
-      const std::string endpoint = proto::zmq_tcp_endpoint(node.wanted.endpoint, rank);
+      const std::string endpoint =
+          proto::zmq_tcp_rank_endpoint(node.wanted.endpoint, node.wanted.ports, rank);
       Rank r;
       r.rank = rank;
-      if (node.wanted.replay) r.replay_endpoint = proto::zmq_tcp_endpoint(*node.wanted.replay, rank);
+      if (node.wanted.replay) {
+        r.replay_endpoint =
+            proto::zmq_tcp_rank_endpoint(*node.wanted.replay, node.wanted.replay_ports, rank);
+      }
       try {
         r.socket = zmq::socket_t(*context_, zmq::socket_type::sub);
         configure(r.socket);

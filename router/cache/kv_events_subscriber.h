@@ -5,8 +5,9 @@
 // each new snapshot within `registry_poll` (at once when it sees the cell's version move between
 // two messages). A node that is not expired and has a
 // kv_events_endpoint (or, failing that, `default_port` on its HTTP host) gets one ZMQ SUB socket
-// per DP rank, rank r connected to port + r (vLLM offsets each rank's publisher so), subscribed to
-// the `topic` prefix. On a new snapshot:
+// per DP rank, rank r connected to port + r (vLLM offsets each rank's publisher so) or to the
+// rank's own port when the node listed them (NodeSpec::kv_events_ports), subscribed to the
+// `topic` prefix. On a new snapshot:
 //   - node gone or expired: its sockets closed, BlockIndex::drop_node;
 //   - node restarted (a new epoch: Instance::restarts moved, or its epoch changed): entries dropped,
 //     sequence tracking restarted, sockets kept;

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "config/topology_store.h"
 #include "config/topology_warnings.h"
@@ -1084,6 +1086,52 @@ TEST(TopologyStore, FailedReloadKeepsOldValue) {
   EXPECT_EQ(store.current()->workers, 4u);
   EXPECT_EQ(store.last_error(), "");
   EXPECT_EQ(calls, 1);
+}
+
+// A reader on another thread (a worker rendering /metrics or /status) that sees a reload
+// counted must see that reload through: a failure's last_error, a success's listeners done.
+// Counting first left a window where /status showed the new count beside the previous
+// last_error (and cached that page), and a test waiting for the count read the old state.
+TEST(TopologyStore, ACountSeenOnAnotherThreadComesWithItsOutcome) {
+  TempDir dir;
+  const std::string path = dir.write("topo.yaml", "workers: 1\n");
+  TopologyStore store;
+  ASSERT_TRUE(store.load_initial(path).is_ok());
+  std::atomic<uint64_t> applied{0};
+  store.add_listener([&](const Topology&, const Topology&) {
+    std::this_thread::sleep_for(1ms);  // a listener that takes its time (TLS contexts, discovery)
+    applied.fetch_add(1);
+  });
+  constexpr uint64_t kRounds = 40;
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> early_ok{0}, stale_error{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      if (store.reloads_ok() > applied.load()) early_ok.fetch_add(1);
+      // Failure k writes port 70000 + k: once k failures are counted, last_error names the k-th
+      // or a later one (or is "" after a later success).
+      const uint64_t failed = store.reloads_failed();
+      const std::string error = store.last_error();
+      if (failed == 0 || error.empty()) continue;
+      const size_t at = error.find("port 7");
+      if (at == std::string::npos || std::stoull(error.substr(at + 5, 5)) - 70000 < failed) {
+        stale_error.fetch_add(1);
+      }
+    }
+  });
+  for (uint64_t k = 1; k <= kRounds; ++k) {
+    dir.write("topo.yaml", "listeners:\n  http: \"127.0.0.1:" + std::to_string(70000 + k) + "\"\n");
+    EXPECT_FALSE(store.reload().is_ok());
+    dir.write("topo.yaml", "workers: " + std::to_string(k + 1) + "\n");
+    EXPECT_TRUE(store.reload().is_ok());
+  }
+  done.store(true);
+  reader.join();
+  EXPECT_EQ(early_ok.load(), 0u) << "reloads_ok counted before the listeners applied the reload";
+  EXPECT_EQ(stale_error.load(), 0u) << "reloads_failed counted before last_error named the failure";
+  EXPECT_EQ(store.reloads_ok(), kRounds);
+  EXPECT_EQ(store.reloads_failed(), kRounds);
+  EXPECT_EQ(applied.load(), kRounds);
 }
 
 // An empty file (a writer between truncating and writing) on reload is

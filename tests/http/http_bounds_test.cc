@@ -215,8 +215,13 @@ TEST_F(HttpBoundsTest, TrickledBodyGets408AtTheBodyDeadline) {
 // #17: a slow reader of a large answer must get all of it, although reading it takes longer
 // than keep_alive_idle (the idle timer used to start as soon as the answer was queued).
 TEST_F(HttpBoundsTest, SlowReaderOfLargeAnswerIsNotCutByTheIdleTimer) {
+  // Scaled: queued output that makes no progress for keep_alive_idle is closed (the next test),
+  // and on a busy machine a sanitizer build's client can be held off the CPU for 200 ms. The
+  // client's pause per read scales with it, so reading the whole answer (128 reads at least)
+  // still takes longer than keep_alive_idle.
+  const auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(scaled(200ms));
   ServerOptions o;
-  o.keep_alive_idle = 200ms;
+  o.keep_alive_idle = idle;
   start(o);
   const int fd = connect_small_rcvbuf(server_.port(), 65536);
   ASSERT_GE(fd, 0);
@@ -226,14 +231,15 @@ TEST_F(HttpBoundsTest, SlowReaderOfLargeAnswerIsNotCutByTheIdleTimer) {
   std::vector<std::string> bodies;
   const auto t0 = Clock::now();
   const auto deadline = t0 + scaled(60s);
+  const auto read_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(scaled(1000ms));
   while (bodies.empty() && Clock::now() < deadline) {
-    if (!read_some(fd, &data, 1000ms)) break;  // closed (truncated) or stuck
+    if (!read_some(fd, &data, read_timeout)) break;  // closed (truncated) or stuck
     bodies = take_responses(&data);
-    std::this_thread::sleep_for(3ms);  // a slow client: ~20 MB/s at most
+    std::this_thread::sleep_for(idle / 80);  // a slow client: ~25 MB/s at most unscaled
   }
   ASSERT_EQ(bodies.size(), 1u) << "answer truncated after " << data.size() << " bytes";
   EXPECT_EQ(bodies[0].size(), size_t{8} << 20);
-  EXPECT_GT(Clock::now() - t0, 200ms) << "the client was not slower than keep_alive_idle";
+  EXPECT_GT(Clock::now() - t0, idle) << "the client was not slower than keep_alive_idle";
   EXPECT_EQ(server_.stats().write_stalls.load(), 0u);
   // Then the idle connection is closed after keep_alive_idle as before.
   EXPECT_TRUE(eventually([&] { return server_.stats().idle_timeouts.load() == 1; }));

@@ -7,7 +7,8 @@ end on loopback (real processes, real ZMQ registration, real HTTP).
   cluster.close()
 
 Nodes register in their connector's own format (MoRIIO, P2P-NCCL) or pdrouter's (NIXL, Mooncake,
-SGLang) every 200 ms; the constructor returns once pdrouter lists all of them and /ready is 200.
+SGLang) every 200 ms; the constructor returns once pdrouter routes to all of them and /ready is
+200 (wait_routable() waits for that again, for a test that needs every node).
 """
 import http.client
 import json
@@ -76,27 +77,38 @@ class PdCluster:
             raise
 
     def start_node(self, role, flags=(), register=True):
-        args = ["--role", role, "--connector", self.connector, "--kv-backends", self.kv_backends]
-        if self.transfer_mode:
-            args += ["--transfer-mode", self.transfer_mode]
-        handshake, notify, kv = (0, 0, 0) if self.ephemeral_ports else _ports(3)
-        args += ["--handshake-port", str(handshake), "--notify-port", str(notify),
-                 "--kv-port", str(kv)]
-        if self.connector == "mooncake" and role == "prefill":
-            args += ["--bootstrap-port", "0"]
-        if register:
-            args += ["--register", self.router.discovery, "--register-interval-ms", "200"]
-        return SimNode(*args, *flags)
+        # The connectors' side channels sit at a base port plus the DP rank, so the ports are
+        # chosen here, free a moment ago, not by the kernel: another process (another test
+        # module's sims under ctest -j) may bind one first. Then another block is chosen; with
+        # ephemeral_ports the kernel picks and nothing can collide.
+        attempts = 1 if self.ephemeral_ports else 5
+        for attempt in range(1, attempts + 1):
+            args = ["--role", role, "--connector", self.connector, "--kv-backends", self.kv_backends]
+            if self.transfer_mode:
+                args += ["--transfer-mode", self.transfer_mode]
+            handshake, notify, kv = (0, 0, 0) if self.ephemeral_ports else _ports(3)
+            args += ["--handshake-port", str(handshake), "--notify-port", str(notify),
+                     "--kv-port", str(kv)]
+            if self.connector == "mooncake" and role == "prefill":
+                args += ["--bootstrap-port", "0"]
+            if register:
+                args += ["--register", self.router.discovery, "--register-interval-ms", "200"]
+            try:
+                return SimNode(*args, *flags)
+            except AssertionError as e:
+                if attempt == attempts or "Address already in use" not in str(e):
+                    raise
 
     def wait_registered(self, nodes):
-        wanted = {n.http_address for n in nodes}
+        """Waits until pdrouter routes to every one of `nodes` (Router.wait_routable) and /ready
+        is 200."""
+        self.router.wait_routable([n.http_address for n in nodes], timeout=10)
+        self.router.wait_for(lambda: self.get("/ready")[0] == 200, timeout=10)
 
-        def all_up():
-            listed = {i["http_address"] for i in self.router.status()["instances"]
-                      if i["state"] == "up"}
-            return wanted <= listed and self.get("/ready")[0] == 200
-
-        self.router.wait_for(all_up, timeout=10)
+    def wait_routable(self):
+        """Waits until every node of the cluster is routable again, e.g. before a test that needs
+        all of them (an earlier test may have got one ejected or drained)."""
+        self.wait_registered(self.prefills + self.decodes)
 
     # --- client side ----------------------------------------------------------------------------
     def _host_port(self):

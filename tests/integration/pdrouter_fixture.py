@@ -48,7 +48,7 @@ class Router:
             # Soft and hard open-file limit for pdrouter alone (prlimit execs it: same pid).
             args = ["prlimit", "--nofile=%d:%d" % (nofile, nofile), "--"] + args
         self.process = ProcessHandle(args, name="pdrouter", env=env, log_dir=self.dir.name)
-        line = self.process.wait_for_line(LISTENING, timeout=10, streams=("stdout",))
+        line = self.process.wait_for_line(LISTENING, timeout=10 * TIME_SCALE, streams=("stdout",))
         if line is None:
             self.process.stop()
             raise RuntimeError("pdrouter did not start:\n" + self.log())
@@ -77,18 +77,23 @@ class Router:
         self.stop()
 
     def stop(self, timeout=10):
-        """SIGTERM, then SIGKILL if it does not exit in time. Returns the exit code."""
+        """SIGTERM, then SIGKILL if it does not exit within `timeout` seconds (scaled: a sanitizer
+        build exits slower on a busy machine). Returns the exit code."""
         if self.ctx is not None:
             for sock in self.sockets:
                 sock.close(linger=0)
             self.ctx.term()
             self.ctx = None
-        return self.process.stop(timeout)
+        return self.process.stop(timeout * TIME_SCALE)
 
     # --- HTTP -------------------------------------------------------------------------------
-    def request(self, method, path, body=None, timeout=5, headers=None, admin=False):
+    def request(self, method, path, body=None, timeout=None, headers=None, admin=False):
         """Returns (status, headers dict with lower-case names, body bytes). admin=True: on the
-        operator listener (the same as the client one unless listeners.admin is set)."""
+        operator listener (the same as the client one unless listeners.admin is set). timeout:
+        seconds for the connect and each read; by default 5 scaled by PDR_TIME_SCALE (a sanitizer
+        build on a busy machine answers a /metrics poll slower), a caller's own value as given."""
+        if timeout is None:
+            timeout = 5 * TIME_SCALE
         base = self.admin_http if admin else self.http
         context = (self.admin_ssl_context if admin and self.admin_http != self.http
                    else self.ssl_context)
@@ -121,6 +126,41 @@ class Router:
             if inst["http_address"] == http_address:
                 return inst
         return None
+
+    @staticmethod
+    def is_routable(inst):
+        """Whether pairing may pick `inst` (a /status instance) now: up, not drained by the
+        operator, not ejected after failed connects."""
+        return (inst["state"] == "up" and not inst.get("operator_drain")
+                and not inst.get("ejected_for_ms"))
+
+    def wait_routable(self, addresses=(), prefills=0, decodes=0, timeout=10.0):
+        """Waits until /status shows every one of `addresses` routable and at least `prefills`
+        prefills and `decodes` decodes routable; returns {"prefill": [...], "decode": [...]}, the
+        routable instances. A test that needs nodes to route to waits here, on the registry's own
+        state, rather than sending as soon as the nodes started (their registration, the next
+        registry snapshot and, after a failed connect, the end of an ejection all come later)."""
+        wanted = set(addresses)
+
+        def routable():
+            by_role = {"prefill": [], "decode": []}
+            for inst in self.status()["instances"]:
+                if self.is_routable(inst):
+                    by_role.setdefault(inst["role"], []).append(inst)
+            listed = {i["http_address"] for group in by_role.values() for i in group}
+            if (wanted <= listed and len(by_role["prefill"]) >= prefills
+                    and len(by_role["decode"]) >= decodes):
+                return by_role
+            return None
+
+        try:
+            return self.wait_for(routable, timeout)[0]
+        except AssertionError:
+            raise AssertionError("not routable within %.0fs: wanted %s, %d prefill(s), %d decode(s); "
+                                 "/status instances: %s" % (
+                                     timeout * TIME_SCALE, sorted(wanted), prefills, decodes,
+                                     [(i["role"], i["http_address"], i["state"], i.get("operator_drain"),
+                                       i.get("ejected_for_ms")) for i in self.status()["instances"]]))
 
     def wait_for(self, predicate, timeout=5.0, interval=0.005):
         """Polls predicate() until it returns a truthy value; returns (value, seconds waited)."""

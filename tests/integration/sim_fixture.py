@@ -20,6 +20,7 @@ import signal
 import time
 
 from pdr_testlib import ProcessHandle, pdnode_path
+from pdrouter_fixture import TIME_SCALE
 
 START_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.02
@@ -35,7 +36,7 @@ class SimNode:
         # An --http among the flags (a restart on the same address) replaces the ephemeral one.
         http = () if "--http" in flags else ("--http", "127.0.0.1:0")
         self.proc = ProcessHandle([pdnode_path(), "sim", *http, *flags], name="pdnode-sim", env=env)
-        line = self.proc.wait_for_line(r"pdnode sim listening http=", START_TIMEOUT_S,
+        line = self.proc.wait_for_line(r"pdnode sim listening http=", START_TIMEOUT_S * TIME_SCALE,
                                        streams=("stdout",))
         if line is None:
             self.proc.stop()
@@ -135,8 +136,8 @@ class SimNode:
             time.sleep(POLL_INTERVAL_S)
 
     def stop(self):
-        """SIGTERM and wait; returns the exit code (0 for a clean stop)."""
-        return self.proc.stop()
+        """SIGTERM and wait (5 s, scaled); returns the exit code (0 for a clean stop)."""
+        return self.proc.stop(5.0 * TIME_SCALE)
 
     def kill(self):
         """SIGKILL and wait, for "node died" tests; returns the exit code (-9)."""

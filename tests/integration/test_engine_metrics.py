@@ -44,12 +44,13 @@ class HostileHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def closed_port():
+def refusing_port():
+    """A socket bound to a loopback port and never listening: a connect to the port is refused,
+    and while the socket stays open no other process (another module's sim under ctest -j) can
+    take the port and answer /metrics there. Keep it open for as long as the port is used."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
+    return sock
 
 
 class EngineMetrics(unittest.TestCase):
@@ -60,7 +61,8 @@ class EngineMetrics(unittest.TestCase):
         cls.hostile = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HostileHandler)
         threading.Thread(target=cls.hostile.serve_forever, daemon=True).start()
         cls.hostile_address = "127.0.0.1:%d" % cls.hostile.server_address[1]
-        cls.dead_address = "127.0.0.1:%d" % closed_port()
+        cls.dead_socket = refusing_port()
+        cls.dead_address = "127.0.0.1:%d" % cls.dead_socket.getsockname()[1]
         cls.router = Router(
             "connectors:\n  default: nixl\ninstances:\n"
             "  - {role: prefill, http_address: \"%s\"}\n  - {role: decode, http_address: \"%s\"}\n"
@@ -72,6 +74,7 @@ class EngineMetrics(unittest.TestCase):
         cls.router.stop()
         cls.hostile.shutdown()
         cls.hostile.server_close()
+        cls.dead_socket.close()
         cls.prefill.stop()
         cls.decode.stop()
 

@@ -81,6 +81,9 @@ class ClusterCase(unittest.TestCase):
         cls.cluster.close()
 
     def setUp(self):
+        # Every test starts from a cluster pdrouter routes to in full (an earlier test of the
+        # class may have left a node ejected or slow to heartbeat on a loaded machine).
+        self.cluster.wait_routable()
         for node in self.nodes():
             node.reset()
 
@@ -214,29 +217,40 @@ class TestLeastOutstanding(ClusterCase):
 class TestAffinity(ClusterCase):
     DECODES = 2
     TOPOLOGY = "policies:\n  decode: affinity\n  affinity_header: X-Session-Id\n"
+    # Rendezvous hashing gives each key either decode with even odds, so the test takes keys until
+    # both decodes have one: with a fixed ten keys, all ten on one decode (odds 2^-9 per run) failed
+    # a run; MAX_KEYS keys all on one has odds 2^-63.
+    MIN_KEYS, MAX_KEYS = 10, 64
+
+    def assert_sticky(self, send, turns):
+        """send(key, turn) makes one request and returns its X-Request-Id. Turn 0 for new keys
+        until both decodes have served one (at least MIN_KEYS), then the other turns of every key:
+        each key stays on its decode."""
+        placement = {}
+        while len(placement) < self.MIN_KEYS or (
+                set().union(*placement.values()) != {0, 1} and len(placement) < self.MAX_KEYS):
+            key = len(placement)
+            placement[key] = {decode_of(self.cluster, send(key, 0))}
+        for turn in range(1, turns):
+            for key in placement:
+                placement[key].add(decode_of(self.cluster, send(key, turn)))
+        # Both decodes stayed routable throughout, or the placements say nothing about affinity.
+        decodes = {d.http_address for d in self.cluster.decodes}
+        now = [i for i in self.cluster.router.status()["instances"] if i["http_address"] in decodes]
+        self.assertTrue(all(self.cluster.router.is_routable(i) for i in now), now)
+        for key, chosen in placement.items():
+            self.assertEqual(len(chosen), 1, (key, placement))
+        self.assertEqual(set().union(*placement.values()), {0, 1}, placement)
 
     def test_header_keeps_a_session_on_one_decode(self):
-        placement = {}
-        for round_ in range(2):
-            for key in range(20):
-                rid = self.ok(completion(prompt="turn %d of session %d" % (round_, key)),
-                              headers={"X-Session-Id": "session-%d" % key})
-                placement.setdefault(key, set()).add(decode_of(self.cluster, rid))
-        for key, decodes in placement.items():
-            self.assertEqual(len(decodes), 1, (key, placement))
-        self.assertEqual(set().union(*placement.values()), {0, 1}, placement)
+        self.assert_sticky(lambda key, turn: self.ok(
+            completion(prompt="turn %d of session %d" % (turn, key)),
+            headers={"X-Session-Id": "session-%d" % key}), turns=2)
 
     def test_user_field_keeps_a_conversation_on_one_decode(self):
-        placement = {}
-        for user in ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi",
-                     "ivan", "judy"):
-            for turn in range(3):
-                rid = self.ok(completion(prompt="%s says thing number %d, a different prompt"
-                                         % (user, turn * 7919), user=user))
-                placement.setdefault(user, set()).add(decode_of(self.cluster, rid))
-        for user, decodes in placement.items():
-            self.assertEqual(len(decodes), 1, (user, placement))
-        self.assertEqual(set().union(*placement.values()), {0, 1}, placement)
+        self.assert_sticky(lambda key, turn: self.ok(
+            completion(prompt="user %d says thing number %d, a different prompt" % (key, turn * 7919),
+                       user="user-%d" % key)), turns=3)
 
 
 class TestUpstreamApiKey(ClusterCase):

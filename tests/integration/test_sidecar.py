@@ -13,8 +13,10 @@ HEARTBEAT_INTERVAL = 0.2  # seconds; --interval-ms 200
 
 class SidecarTest(unittest.TestCase):
     def setUp(self):
-        self.router = FakeRouter()
         self.health = HealthServer(status=503)
+        # Only this test's node: another test's node may still reconnect to this ephemeral port.
+        self.router = FakeRouter(accept=lambda payload: isinstance(payload, dict)
+                                 and payload.get("http_address") == self.health.address)
         self.sidecar = None
 
     def tearDown(self):

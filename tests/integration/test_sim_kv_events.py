@@ -190,15 +190,33 @@ class SimKvEventsTest(unittest.TestCase):
 
 class SimKvEventsDpTest(unittest.TestCase):
     def test_each_dp_rank_has_its_cache_and_publisher(self):
+        """With port 0 each DP rank binds an ephemeral port of its own (an ephemeral base plus the
+        rank may be another process's port: the sim then failed to start with "Address already
+        in use"); the registration lists them and the router subscribes to each rank there, its
+        replay socket included."""
         router = Router(TOPOLOGY, env=ENV)
         self.addCleanup(router.dir.cleanup)
         self.addCleanup(router.stop)
         node = SimNode("--role", "prefill", "--connector", "nixl", "--dp-size", "2",
                        "--register", router.discovery, "--register-interval-ms", "200",
-                       "--kv-events-endpoint", "tcp://127.0.0.1:0")
+                       "--kv-events-endpoint", "tcp://127.0.0.1:0",
+                       "--kv-events-replay-endpoint", "tcp://127.0.0.1:0")
         self.addCleanup(node.stop)
-        router.wait_for(lambda: ((router.instance(node.http_address) or {}).get("kv_events") or {})
-                        .get("subscribed_ranks") == 2, WAIT_S)
+        status, raw, _ = node.request("GET", "/sim/prefix_cache")
+        published = json.loads(raw)["kv_events"]
+        ports, replay_ports = published["ports"], published["replay_ports"]
+        self.assertEqual((len(ports), len(replay_ports)), (2, 2), published)
+        endpoint, replay = events_endpoints(node)
+        self.assertEqual((endpoint, replay), ("tcp://127.0.0.1:%d" % ports[0],
+                                              "tcp://127.0.0.1:%d" % replay_ports[0]))
+
+        def subscribed():
+            inst = router.instance(node.http_address)
+            return inst if ((inst or {}).get("kv_events") or {}).get("subscribed_ranks") == 2 else None
+
+        inst, _ = router.wait_for(subscribed, WAIT_S)
+        self.assertEqual((inst["kv_events_ports"], inst["kv_events_replay_ports"]),
+                         (ports, replay_ports))
 
         def send(rank, tokens):
             status, body = node.post_json("/v1/completions", {"prompt": tokens, "max_tokens": 1},
@@ -213,7 +231,8 @@ class SimKvEventsDpTest(unittest.TestCase):
             return code == 200 and any(n["node"] == node.http_address
                                        for n in json.loads(body)["nodes"])
 
-        # Rank 1 publishes on PORT + 1: probe until the router's SUB socket is connected.
+        # A PUB socket drops what it sends before the SUB connects: probe until rank 1's
+        # events arrive at the router, which found them on rank 1's listed port.
         deadline = time.monotonic() + WAIT_S * TIME_SCALE
         seed = 0
         while True:
@@ -232,6 +251,15 @@ class SimKvEventsDpTest(unittest.TestCase):
         ranks = json.loads(raw)["ranks"]
         self.assertEqual(len(ranks), 2)
         self.assertGreaterEqual(ranks[1]["hit_tokens"], BLOCK)
+        # A gap on rank 1 is filled from rank 1's own replay socket.
+        status, raw, _ = node.request("POST", "/sim/prefix_cache", {"withhold_batches": 1})
+        self.assertEqual(status, 200, raw)
+        hidden, next_one = prompt(560, BLOCK + 1), prompt(561, BLOCK + 1)
+        send(1, hidden)
+        send(1, next_one)
+        router.wait_for(lambda: indexed(next_one) and indexed(hidden), WAIT_S)
+        self.assertGreaterEqual(router.metrics()["pdrouter_kv_events_replays_total"], 1)
+        self.assertEqual(router.metrics().get("pdrouter_kv_events_gaps_total", 0), 0)
 
 
 class SimKvEventsRestartTest(unittest.TestCase):

@@ -419,6 +419,8 @@ Registration full_pdrouter_registration() {
       std::string(63, 'r') + "." + std::string(63, 'r') + "." + std::string(63, 'r') + "." +
           std::string(61, 'r'),
       65535};
+  reg.kv_events_ports = {5557, 1, 65535, 40001, 40002, 33000, 2, 5558};  // dp_size 8
+  reg.kv_events_replay_ports = {65535, 65534, 65533, 65532, 65531, 65530, 65529, 1};
   for (int i = 0; i < 32; ++i)
     reg.labels.emplace_back("k" + std::to_string(100 + i), std::string(256, 'v'));
   reg.load = {true, 0xffffffffu, 0, ~0ull};
@@ -667,6 +669,65 @@ TEST(PdrouterExtension, KvEventsEndpointsDecodeAndFormatPerDpRank) {
   EXPECT_EQ(zmq_tcp_endpoint(*reg.kv_events_endpoint, 3), "tcp://node-3:5560") << "DP rank 3";
   EXPECT_EQ(zmq_tcp_endpoint(*reg.kv_events_replay_endpoint, 1), "tcp://[fd00::1]:5601");
   EXPECT_EQ(zmq_tcp_endpoint(HostPort{"h", 65535}, 1), "") << "past the last port";
+}
+
+// pdnode sim with port 0 binds an ephemeral port per DP rank and lists them: a base port plus
+// the rank may be any other process's port.
+TEST(PdrouterExtension, KvEventsRankPortsNameEachDpRanksPort) {
+  auto ports = [](std::initializer_list<uint64_t> list) {
+    return packed([&](auto& p) {
+      p.pack_array(static_cast<uint32_t>(list.size()));
+      for (uint64_t v : list) p.pack_uint64(v);
+    });
+  };
+  MessageBuilder message = pdrouter_minimal()
+                               .set("dp_size", uint_value(3))
+                               .set("kv_events_endpoint", str_value("tcp://127.0.10.5:41000"))
+                               .set("kv_events_ports", ports({41000, 35011, 52222}))
+                               .set("kv_events_replay_endpoint", str_value("tcp://127.0.10.5:41007"))
+                               .set("kv_events_replay_ports", ports({41007, 41003, 40999}));
+  const Registration reg = decode_registration(message.bytes());
+  EXPECT_EQ(reg.kv_events_ports, (std::vector<uint16_t>{41000, 35011, 52222}));
+  EXPECT_EQ(reg.kv_events_replay_ports, (std::vector<uint16_t>{41007, 41003, 40999}));
+  const HostPort base = *reg.kv_events_endpoint;
+  EXPECT_EQ(zmq_tcp_rank_endpoint(base, reg.kv_events_ports, 0), "tcp://127.0.10.5:41000");
+  EXPECT_EQ(zmq_tcp_rank_endpoint(base, reg.kv_events_ports, 1), "tcp://127.0.10.5:35011");
+  EXPECT_EQ(zmq_tcp_rank_endpoint(base, reg.kv_events_ports, 2), "tcp://127.0.10.5:52222");
+  EXPECT_EQ(zmq_tcp_rank_endpoint(base, reg.kv_events_ports, 3), "") << "no such rank";
+  EXPECT_EQ(zmq_tcp_rank_endpoint(base, {}, 2), "tcp://127.0.10.5:41002") << "vLLM: port + rank";
+  EXPECT_EQ(zmq_tcp_rank_endpoint(HostPort{"h", 65535}, {}, 1), "");
+  EXPECT_EQ(encode_registration(reg), encode_registration(decode_registration(encode_registration(reg))));
+  EXPECT_EQ(decode_registration(encode_registration(reg)), reg);
+
+  struct Case {
+    MessageBuilder message;
+    StatusCode code;
+    const char* text;
+  };
+  const std::vector<Case> cases = {
+      {MessageBuilder(message).set("kv_events_ports", ports({41000, 35011})),
+       StatusCode::kInvalidValue, "kv_events_ports has 2 ports for dp_size 3"},
+      {MessageBuilder(message).set("kv_events_ports", ports({41001, 35011, 52222})),
+       StatusCode::kInvalidValue, "kv_events_ports[0] 41001 is not kv_events_endpoint's port 41000"},
+      {MessageBuilder(message).set("kv_events_ports", ports({41000, 0, 52222})),
+       StatusCode::kOutOfRange, "kv_events_ports[1] 0 is out of range 1..65535"},
+      {MessageBuilder(message).set("kv_events_replay_ports", ports({41007, 41003, 65536})),
+       StatusCode::kOutOfRange, "kv_events_replay_ports[2] 65536 is out of range 1..65535"},
+      {MessageBuilder(message).set("kv_events_ports", str_value("41000,35011,52222")),
+       StatusCode::kWrongType, "kv_events_ports must be an array of ports, got str"},
+      {MessageBuilder(message).set("kv_events_ports",
+                                   packed([](auto& p) { p.pack_array(3).pack_uint16(41000).pack_nil().pack_uint16(1); })),
+       StatusCode::kWrongType, "kv_events_ports[1] must be an integer, got nil"},
+      {pdrouter_minimal().set("dp_size", uint_value(2)).set("kv_events_ports", ports({41000, 41001})),
+       StatusCode::kMissingKey, "kv_events_ports needs kv_events_endpoint"},
+      {pdrouter_minimal().set("kv_events_endpoint", str_value("tcp://127.0.10.5:41000"))
+           .set("kv_events_replay_ports", ports({41000})),
+       StatusCode::kMissingKey, "kv_events_replay_ports needs kv_events_replay_endpoint"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    EXPECT_TRUE(FailsWith(c.message.bytes(), c.code, c.text));
+  }
 }
 
 TEST(PdrouterExtension, LabelsLimitIs32Entries) {
