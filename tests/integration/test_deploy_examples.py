@@ -158,7 +158,7 @@ class DeclaredInstancesParserTest(unittest.TestCase):
 
 def readme_key_file():
     """The README's example client key file (the ```text block that starts `# clients.keys`)."""
-    return next(text for _, text in readme_blocks("text") if text.startswith("# clients.keys"))
+    return next(text for _, text in doc_blocks("text") if text.startswith("# clients.keys"))
 
 
 class TopologyFilesTest(unittest.TestCase):

@@ -64,10 +64,13 @@ def sample(values, name, engine="0"):
 
 
 def concurrent_ttfts(post_stream, count):
-    """Starts `count` streams at once (post_stream(i) returns an SseStream); returns each one's
-    seconds from the common start to its first event, sorted, after every stream ended."""
+    """Starts `count` streams at once (post_stream(i) returns an SseStream); returns, after every
+    stream ended, each one's seconds from its own start to its first event (its TTFT) and the
+    moments (time.monotonic()) of those first events, both sorted. Threads released together may
+    still send a few tens of ms apart on a loaded machine; the moments of the first events do
+    not depend on that (a prompt queued behind others is served when their steps end)."""
     barrier = threading.Barrier(count)
-    ttfts, errors = [None] * count, []
+    ttfts, firsts, errors = [None] * count, [None] * count, []
 
     def run(i):
         try:
@@ -77,7 +80,8 @@ def concurrent_ttfts(post_stream, count):
                 assert stream.status == 200, (stream.status, stream.body())
                 for _ in stream:
                     if ttfts[i] is None:
-                        ttfts[i] = time.monotonic() - start
+                        firsts[i] = time.monotonic()
+                        ttfts[i] = firsts[i] - start
         except BaseException as e:  # reported below, not lost in the thread
             errors.append(e)
 
@@ -89,7 +93,7 @@ def concurrent_ttfts(post_stream, count):
     if errors:
         raise errors[0]
     assert None not in ttfts, ttfts
-    return sorted(ttfts)
+    return sorted(ttfts), sorted(firsts)
 
 
 class EngineQueueingTest(unittest.TestCase):
@@ -101,19 +105,21 @@ class EngineQueueingTest(unittest.TestCase):
     # scheduling noise.
     SCALE = 2 * TIME_SCALE
 
-    def assert_queueing(self, ttfts, first_ms, step_ms):
-        """The sorted TTFTs (seconds) are first_ms, then one step_ms more per request ahead
-        (modelled ms x SCALE): the first no sooner than the model allows, each later one that many
+    def assert_queueing(self, timings, first_ms, step_ms):
+        """timings: concurrent_ttfts' answer. The first TTFT is first_ms (modelled ms x SCALE), no
+        sooner than the model allows; the first events then come one step_ms apart, the k-th k
         steps after the first, within a quarter of a step plus a slack for a loaded machine's
         HTTP round trips (the client's fixed overheads cancel out in the differences)."""
+        ttfts, firsts = timings
         step = step_ms / 1000.0 * self.SCALE
         first = first_ms / 1000.0 * self.SCALE
-        shown = "TTFTs %s, step %.3fs" % (["%.3f" % t for t in ttfts], step)
+        shown = "TTFTs %s, first events at +%s, step %.3fs" % (
+            ["%.3f" % t for t in ttfts], ["%.3f" % (t - firsts[0]) for t in firsts], step)
         self.assertGreater(ttfts[0], 0.9 * first, shown)
         self.assertLess(ttfts[0], first + 0.5 * TIME_SCALE, shown)
         tolerance = 0.25 * step + 0.03 * self.SCALE
-        for k in range(1, len(ttfts)):
-            self.assertLess(abs(ttfts[k] - ttfts[0] - k * step), tolerance,
+        for k in range(1, len(firsts)):
+            self.assertLess(abs(firsts[k] - firsts[0] - k * step), tolerance,
                             "request %d: %s, tolerance %.3fs" % (k + 1, shown, tolerance))
 
     def test_each_concurrent_prompt_waits_one_prefill_step_per_prompt_ahead(self):
@@ -121,13 +127,13 @@ class EngineQueueingTest(unittest.TestCase):
                        "--max-num-batched-tokens", str(self.PROMPT))
         self.addCleanup(lambda: self.assertEqual(node.stop(), 0, node.proc.output()))
         prompts = [words(i, self.PROMPT) for i in range(self.COUNT)]
-        ttfts = concurrent_ttfts(
+        timings = concurrent_ttfts(
             lambda i: stream_post("127.0.0.1", node.port, "/v1/completions",
                                   {"prompt": prompts[i], "max_tokens": 1, "stream": True},
                                   timeout=30 * TIME_SCALE),
             self.COUNT)
         step = prefill_step_ms(self.PROMPT)
-        self.assert_queueing(ttfts, step, step)
+        self.assert_queueing(timings, step, step)
 
         m = metrics(node)
         self.assertEqual(sample(m, "vllm:prompt_tokens_total"), self.COUNT * self.PROMPT)
@@ -154,7 +160,7 @@ class EngineQueueingTest(unittest.TestCase):
         self.addCleanup(cluster.close)
         count = 4
         prompts = [words(100 + i, self.PROMPT) for i in range(count)]
-        ttfts = concurrent_ttfts(
+        timings = concurrent_ttfts(
             lambda i: cluster.stream("/v1/completions",
                                      {"prompt": prompts[i], "max_tokens": 2, "stream": True},
                                      timeout=30),
@@ -163,7 +169,7 @@ class EngineQueueingTest(unittest.TestCase):
         # pulls are a prefill step apart) and computes the last prompt token, sampling the first.
         step = prefill_step_ms(self.PROMPT)
         after = kv_pull_ms(self.PROMPT) + decode_step_ms([self.PROMPT])
-        self.assert_queueing(ttfts, step + after, step)
+        self.assert_queueing(timings, step + after, step)
 
         prefill, decode = cluster.prefills[0], cluster.decodes[0]
         p, d = metrics(prefill), metrics(decode)
