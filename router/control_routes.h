@@ -30,8 +30,8 @@
 #include "router/cache/prefix_tree.h"
 #include "http/http_server.h"
 #include "router/proxy/proxy_counters.h"
-#include "router/etcd/registry_replicator.h"
-#include "router/k8s/pod_watcher.h"
+#include "discovery/sources/etcd/registry_replicator.h"
+#include "discovery/sources/kubernetes/pod_watcher.h"
 
 namespace pdr::router {
 
@@ -64,10 +64,10 @@ struct ControlContext {
   const cache::PrefixTree* prefix_tree = nullptr;
   // The etcd registry replicator (registry.backend: etcd), else null: /status registry_backend,
   // /metrics pdrouter_etcd_*.
-  const RegistryReplicator* replicator = nullptr;
+  const discovery::sources::etcd::RegistryReplicator* replicator = nullptr;
   // Kubernetes pod discovery (kubernetes.enabled), else null: /status kubernetes, /metrics
   // pdrouter_kubernetes_*.
-  const PodWatcher* pod_watcher = nullptr;
+  const discovery::sources::kubernetes::PodWatcher* pod_watcher = nullptr;
   // TLS contexts (router/tls_contexts.h): /metrics pdrouter_listener_tls_*, pdrouter_tls_reloads_*.
   // Null in tests: those families are written as zeros.
   const TlsContexts* tls = nullptr;
