@@ -221,7 +221,7 @@ class RegistryReplicator::Impl {
     });
   }
 
-  // --- multi-turn conversation entries (conversation_mirror.h) ---
+  // --- multi-turn conversation entries (conversation_feed.h) ---
 
   ConversationFeed* mirror() const { return mirror_.load(std::memory_order_acquire); }
 
@@ -639,7 +639,7 @@ class RegistryReplicator::Impl {
   // failure resyncs and rewrites every entry, and the replica never catches up (seen at 10,000
   // nodes, bench/etcd/RESULTS.md). What does not fit waits for the next scan.
   size_t in_flight_ = 0;
-  // Conversations (conversation_mirror.h): the mirror (set once by attach()), the generation whose
+  // Conversations (conversation_feed.h): the feed (set once by attach()), the generation whose
   // resync finished and the one whose conversations were ranged, their watch, the operations
   // popped but not started, and the current conversations' lease.
   std::unique_ptr<ConversationFeed> feed_owned_;

@@ -47,7 +47,7 @@
 // unreachable they are dropped and counted.
 //
 // Threads: start() and stop() from the owner's thread; everything else runs on the replicator's
-// own thread and libuv loop (loop_thread.h). status() from any thread.
+// own thread and libuv loop (discovery/sources/loop_thread.h). status() from any thread.
 #pragma once
 
 #include <atomic>
@@ -104,7 +104,8 @@ struct ReplicatorStatus {
   std::atomic<uint64_t> in_flight_max{0};    // the most ever in flight at once (at most 256)
   std::atomic<uint64_t> lease_grants{0};     // leases granted (the first one included)
   std::atomic<uint64_t> leases_lost{0};      // leases found gone (expired or revoked): a new one
-  // Multi-turn conversation entries (conversation_mirror.h).
+  // Multi-turn conversation entries (conversation_feed.h): counted here and by the feed
+  // (router/conversation_mirror.h).
   std::atomic<uint64_t> conversation_puts{0};      // entries of this replica written
   std::atomic<uint64_t> conversation_deletes{0};   // keys deleted (entries taken here)
   std::atomic<uint64_t> conversation_failures{0};  // puts/deletes that failed or were dropped
