@@ -324,7 +324,7 @@ struct Topology {
     // ending in "/**" also names every path below it. At most 256 entries.
     std::vector<std::string> pass_through_paths;
   } routing;
-  // Where the registry lives (router/etcd/registry_replicator.h). "memory": this process only
+  // Where the registry lives (discovery/sources/etcd/registry_replicator.h). "memory": this process only
   // (the default). "etcd": replicas share it through etcd's v3 JSON gateway (plain HTTP, or TLS
   // with https:// endpoints, optionally with a client certificate).
   struct Registry {
@@ -347,7 +347,7 @@ struct Topology {
     std::string etcd_key_pem;    // secret
   } registry;
 
-  // Kubernetes pod discovery (router/k8s/pod_watcher.h): pods matching label_selector in
+  // Kubernetes pod discovery (discovery/sources/kubernetes/pod_watcher.h): pods matching label_selector in
   // `namespace` become nodes while Running and Ready with a pod IP. Off by default. Read once at
   // start (a reload that changes it needs a restart).
   struct Kubernetes {
@@ -365,7 +365,7 @@ struct Topology {
     std::string role_label = "pdrouter.io/role";  // its value: prefill | decode
     // The other way to give pods their role: Kubernetes label selectors (proto/k8s_label_selector.h),
     // both set or neither, and then role_label is not set. A pod matching both is no node
-    // (counted, router/k8s/pod_node.h). Empty text = not set.
+    // (counted, discovery/sources/kubernetes/pod_node.h). Empty text = not set.
     proto::LabelSelector prefill_selector;
     proto::LabelSelector decode_selector;
     bool role_label_set = false;  // role_label was written in the file

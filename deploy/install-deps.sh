@@ -32,7 +32,7 @@ if [[ "${1:-}" == "--tests" ]]; then
   # scratch). kubectl renders the kustomization; one already on PATH (e.g. Google Cloud SDK's)
   # is enough, and Debian's kubernetes-client would conflict with it.
   packages+=(systemd python3-yaml buildah podman)
-  # tests/router/etcd_client_test.cc and tests/integration/test_etcd_*.py start a real etcd
+  # tests/discovery/sources/etcd/etcd_client_test.cc and tests/integration/test_etcd_*.py start a real etcd
   # (registry.backend: etcd); etcdctl is handy for looking at what the replicas wrote.
   packages+=(etcd-server etcd-client)
   # tests/integration/test_etcd_tls.py makes a throwaway CA and certificates with the openssl CLI.

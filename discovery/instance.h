@@ -23,8 +23,8 @@ using Clock = std::chrono::steady_clock;
 
 enum class InstanceState : uint8_t { kUp, kDraining, kExpired };
 // kReplica: learnt from another pdrouter replica through the shared registry (registry.backend:
-// etcd, router/etcd/registry_replicator.h); that replica's etcd lease, not a local TTL, ends it.
-// kKubernetes: a pod found by Kubernetes pod discovery (router/k8s/pod_watcher.h); the pod's
+// etcd, discovery/sources/etcd/registry_replicator.h); that replica's etcd lease, not a local TTL, ends it.
+// kKubernetes: a pod found by Kubernetes pod discovery (discovery/sources/kubernetes/pod_watcher.h); the pod's
 // deletion or loss of readiness, not a local TTL, ends it. Every replica watches the API itself.
 enum class InstanceSource : uint8_t { kRegistered, kStatic, kAdmin, kReplica, kKubernetes };
 

@@ -141,7 +141,7 @@ class Registry {
   // stays expired (and comes back draining). Idempotent.
   AdminOutcome set_operator_drain(std::string_view key, bool drain);
 
-  // Entries another replica owns (registry.backend: etcd; router/etcd/registry_replicator.h).
+  // Entries another replica owns (registry.backend: etcd; discovery/sources/etcd/registry_replicator.h).
   // upsert_replica creates or refreshes a kReplica entry from that replica's registration (its
   // drain flag included) and `origin` (how the node proved who it is there); it never expires
   // here (the owner's etcd lease does that) and keeps a local operator drain. A local static,
@@ -156,7 +156,7 @@ class Registry {
   AdminOutcome upsert_replica(const proto::Registration& reg, ReplicaOrigin origin, Clock::time_point now);
   AdminOutcome remove_replica(std::string_view key);
 
-  // Pods found by Kubernetes pod discovery (router/k8s/pod_watcher.h): kKubernetes entries, with
+  // Pods found by Kubernetes pod discovery (discovery/sources/kubernetes/pod_watcher.h): kKubernetes entries, with
   // the rules of replica entries (never expire here, keep a local operator drain, a local entry
   // at the key wins with kConflict), but a node's own registration at the key only refreshes its
   // liveness and identity, as for static entries. A kReplica entry at the key is replaced: this

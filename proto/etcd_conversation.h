@@ -12,7 +12,7 @@
 // decode/epoch: the decode that holds the conversation's KV and its epoch then; expires_ms: wall
 // clock (Unix ms) after which the entry must not be used (replicas' steady clocks differ);
 // params: the next turn's prefill kv_transfer_params (proto/multi_turn.h), a JSON object.
-// Flow (router/etcd/conversation_mirror.h, router/etcd/registry_replicator.h): the writer puts
+// Flow (router/conversation_mirror.h, discovery/sources/etcd/registry_replicator.h): the writer puts
 // the entry on the replicator's thread with a lease covering etcd_conversation_lease_seconds(
 // multi_turn ttl); every replica mirrors the prefix into its ConversationCache (entries of other
 // writers marked remote); taking an entry removes it locally and deletes the key (the delete

@@ -1,5 +1,5 @@
 // The value each replica publishes for one of its registry entries under
-// <prefix>nodes/<replica id>/<node key> (registry.backend: etcd; router/etcd/registry_replicator.h):
+// <prefix>nodes/<replica id>/<node key> (registry.backend: etcd; discovery/sources/etcd/registry_replicator.h):
 // the entry as a pdrouter registration (discovery_message.h, msgpack) plus one key of its own,
 //   "pdr_admission": how the node proved who it is on the replica that owns the entry: "open",
 //   "address", "token", "curve" (its admission class there, config/admission.h) or "operator"

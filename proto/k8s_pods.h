@@ -1,4 +1,4 @@
-// Kubernetes API pod messages (core/v1), as pod discovery reads them (router/k8s/pod_watcher.h):
+// Kubernetes API pod messages (core/v1), as pod discovery reads them (discovery/sources/kubernetes/pod_watcher.h):
 // - the answer of GET /api/v1/namespaces/NS/pods?labelSelector=...: a PodList
 //   {"kind":"PodList","metadata":{"resourceVersion":"RV"},"items":[Pod...]};
 // - one line of GET ...&watch=1&resourceVersion=RV&allowWatchBookmarks=true (a chunked stream of

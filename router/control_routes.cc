@@ -70,7 +70,7 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     sc.kv_events = &kv_events;
   }
   if (context_.replicator != nullptr) {
-    const ReplicatorStatus& rs = context_.replicator->status();
+    const discovery::sources::etcd::ReplicatorStatus& rs = context_.replicator->status();
     sc.registry_backend.backend = "etcd";
     sc.registry_backend.etcd_reachable = rs.reachable.load(std::memory_order_relaxed);
     sc.registry_backend.replica_id = context_.replicator->options().replica_id;
@@ -85,7 +85,7 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     }
   }
   if (context_.pod_watcher != nullptr) {
-    const PodWatcher& w = *context_.pod_watcher;
+    const discovery::sources::kubernetes::PodWatcher& w = *context_.pod_watcher;
     sc.kubernetes.enabled = true;
     sc.kubernetes.api_server = w.options().kubernetes.api_server_url;
     sc.kubernetes.namespace_name = w.options().kubernetes.namespace_name;

@@ -32,8 +32,8 @@
 #include "router/clients/client_gate.h"
 #include "http/http_server.h"
 #include "router/proxy/proxy_counters.h"
-#include "router/etcd/registry_replicator.h"
-#include "router/k8s/pod_watcher.h"
+#include "discovery/sources/etcd/registry_replicator.h"
+#include "discovery/sources/kubernetes/pod_watcher.h"
 
 namespace pdr::router {
 
@@ -66,10 +66,10 @@ struct ControlContext {
   const cache::PrefixTree* prefix_tree = nullptr;
   // The etcd registry replicator (registry.backend: etcd), else null: /status registry_backend,
   // /metrics pdrouter_etcd_*.
-  const RegistryReplicator* replicator = nullptr;
+  const discovery::sources::etcd::RegistryReplicator* replicator = nullptr;
   // Kubernetes pod discovery (kubernetes.enabled), else null: /status kubernetes, /metrics
   // pdrouter_kubernetes_*.
-  const PodWatcher* pod_watcher = nullptr;
+  const discovery::sources::kubernetes::PodWatcher* pod_watcher = nullptr;
   // Client keys and tenants (router/clients/client_gate.h) and the access log: /metrics
   // pdrouter_client_auth_*, pdrouter_tenant_*, pdrouter_access_log_* (zeros when null).
   const clients::ClientGate* client_gate = nullptr;

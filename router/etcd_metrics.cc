@@ -2,9 +2,9 @@
 
 namespace pdr::router {
 
-void write_etcd_metrics(MetricsWriter& out, const RegistryReplicator* replicator) {
-  const ReplicatorStatus empty;
-  const ReplicatorStatus& s = replicator != nullptr ? replicator->status() : empty;
+void write_etcd_metrics(MetricsWriter& out, const discovery::sources::etcd::RegistryReplicator* replicator) {
+  const discovery::sources::etcd::ReplicatorStatus empty;
+  const discovery::sources::etcd::ReplicatorStatus& s = replicator != nullptr ? replicator->status() : empty;
   auto d = [](const std::atomic<uint64_t>& v) { return static_cast<double>(v.load(std::memory_order_relaxed)); };
   out.gauge("pdrouter_etcd_up", "1 while etcd answers (registry.backend etcd), else 0",
             s.reachable.load(std::memory_order_relaxed) ? 1.0 : 0.0);

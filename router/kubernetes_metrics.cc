@@ -2,9 +2,9 @@
 
 namespace pdr::router {
 
-void write_kubernetes_metrics(MetricsWriter& out, const PodWatcher* watcher) {
-  const PodWatcherStatus empty;
-  const PodWatcherStatus& s = watcher != nullptr ? watcher->status() : empty;
+void write_kubernetes_metrics(MetricsWriter& out, const discovery::sources::kubernetes::PodWatcher* watcher) {
+  const discovery::sources::kubernetes::PodWatcherStatus empty;
+  const discovery::sources::kubernetes::PodWatcherStatus& s = watcher != nullptr ? watcher->status() : empty;
   auto d = [](const std::atomic<uint64_t>& v) { return static_cast<double>(v.load(std::memory_order_relaxed)); };
   out.gauge("pdrouter_kubernetes_watching", "1 while the pod watch stream is open, else 0",
             s.watching.load(std::memory_order_relaxed) ? 1.0 : 0.0);

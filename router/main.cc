@@ -18,15 +18,16 @@
 #include "discovery/discovery_service.h"
 #include "config/topology_store.h"
 #include "router/control_routes.h"
+#include "router/conversation_mirror.h"
 #include "http/fd_budget.h"
 #include "http/http_server.h"
 #include "http/json_error.h"
 #include "http/tls_client.h"
 #include "router/cache/kv_events_subscriber.h"
 #include "router/cache/prefix_tree.h"
+#include "discovery/sources/etcd/registry_replicator.h"
+#include "discovery/sources/kubernetes/pod_watcher.h"
 #include "router/clients/access_log.h"
-#include "router/etcd/registry_replicator.h"
-#include "router/k8s/pod_watcher.h"
 #include "router/proxy/proxy_service.h"
 #include "router/route_table.h"
 #include "router/tls_contexts.h"
@@ -179,9 +180,9 @@ struct Process {
   std::unique_ptr<router::tracing::SpanExporter> span_exporter;
   std::unique_ptr<router::tracing::Tracer> tracer;
   // registry.backend: etcd only; destroyed before the discovery service it posts to.
-  std::unique_ptr<router::RegistryReplicator> replicator;
+  std::unique_ptr<discovery::sources::etcd::RegistryReplicator> replicator;
   // kubernetes.enabled only; destroyed before the discovery service it posts to.
-  std::unique_ptr<router::PodWatcher> pod_watcher;
+  std::unique_ptr<discovery::sources::kubernetes::PodWatcher> pod_watcher;
   // Client request lines (access_log.path); before the proxy services, whose sessions log to it.
   router::clients::AccessLog access_log;
   // Declared before the server so it outlives the worker threads (their on_worker_stop uses it).
@@ -313,7 +314,7 @@ int run(Process& p) {
   }
   if (topology.registry.backend == "etcd") {
     // Endpoints, prefix, replica id and lease are read once here.
-    router::RegistryReplicatorOptions etcd_options;
+    discovery::sources::etcd::RegistryReplicatorOptions etcd_options;
     etcd_options.etcd.endpoints = topology.registry.etcd_endpoints;
     etcd_options.etcd.user = topology.registry.etcd_user;
     etcd_options.etcd.password = topology.registry.etcd_password;
@@ -336,7 +337,7 @@ int run(Process& p) {
       if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "pdrouter");
       etcd_options.replica_id = std::string(host) + "-" + std::to_string(getpid());
     }
-    p.replicator = std::make_unique<router::RegistryReplicator>(p.registry, p.discovery);
+    p.replicator = std::make_unique<discovery::sources::etcd::RegistryReplicator>(p.registry, p.discovery);
     if (Status est = p.replicator->start(etcd_options); !est.is_ok()) {
       pdr::log::critical("{}", est.message());
       p.discovery.stop();
@@ -347,7 +348,7 @@ int run(Process& p) {
   }
   if (topology.kubernetes.enabled) {
     // Read once here (a reload that changes the kubernetes section needs a restart).
-    router::PodWatcherOptions k8s_options;
+    discovery::sources::kubernetes::PodWatcherOptions k8s_options;
     k8s_options.kubernetes = topology.kubernetes;
     k8s_options.connectors = topology.connectors;
     if (topology.kubernetes.api_server_tls) {
@@ -360,7 +361,7 @@ int run(Process& p) {
         return 1;
       }
     }
-    p.pod_watcher = std::make_unique<router::PodWatcher>(p.discovery);
+    p.pod_watcher = std::make_unique<discovery::sources::kubernetes::PodWatcher>(p.discovery);
     if (Status kst = p.pod_watcher->start(k8s_options); !kst.is_ok()) {
       pdr::log::critical("{}", kst.message());
       if (p.replicator) p.replicator->stop();
@@ -500,7 +501,7 @@ int run(Process& p) {
   p.tls.attach_servers(&p.server, topology.listeners.admin ? &p.admin_server : nullptr);
   // Multi-turn entries shared with the other replicas (registry.backend: etcd). Here, past the
   // last early return: from now on the stop signal stops the replicator before the cache goes.
-  if (p.replicator) p.replicator->mirror_conversations(p.proxy->conversations(), p.topology.cell());
+  if (p.replicator) router::mirror_conversations(*p.replicator, p.proxy->conversations(), p.topology.cell());
 
   p.topology.add_listener([&p](const config::Topology& old_t, const config::Topology& new_t) {
     for (const auto& change : config::restart_required_changes(old_t, new_t)) {

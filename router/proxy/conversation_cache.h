@@ -12,7 +12,7 @@
 // oldest stored entries go first. An entry older than `ttl` is never handed out (vLLM frees the
 // decode's blocks after decoder_kv_blocks_ttl, 480 s by default, so ttl must stay below it).
 //
-// Replication (registry.backend: etcd, router/etcd/conversation_mirror.h): with a replication
+// Replication (registry.backend: etcd, router/conversation_mirror.h): with a replication
 // attached, every local put() and every successful take() is also handed to it, outside the lock,
 // so the entries can be shared with other replicas; entries that come from other replicas are
 // stored with mirror() (marked remote) and removed with forget(), neither of which is handed back.
@@ -53,7 +53,7 @@ class ConversationCache {
     bool remote = false;         // stored by another replica (mirror())
   };
 
-  // Where local changes go to be shared (router/etcd/conversation_mirror.h). Both calls come
+  // Where local changes go to be shared (router/conversation_mirror.h). Both calls come
   // from request threads and must not block (queue the work elsewhere).
   class Replication {
    public:

@@ -1,6 +1,6 @@
 // ConversationMirror without etcd: what it queues for the replicator's thread, and what a range
 // or watch events from etcd do to the cache (proto/etcd_conversation.h's codec on both sides).
-#include "router/etcd/conversation_mirror.h"
+#include "router/conversation_mirror.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "proto/etcd_conversation.h"
-#include "router/etcd/registry_replicator.h"
+#include "discovery/sources/etcd/registry_replicator.h"
 
 namespace pdr::router {
 namespace {

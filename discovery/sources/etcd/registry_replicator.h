@@ -35,7 +35,8 @@
 // last_bad_entry()); an entry another replica held under that key is dropped, as etcd no
 // longer holds it. Nothing any writer stores there can stop replication.
 //
-// Multi-turn entries (mirror_conversations(); conversation_mirror.h): the same thread writes the
+// Multi-turn entries (mirror_conversations(); conversation_feed.h, which the router's
+// router/conversation_mirror.h implements over its conversation cache): the same thread writes the
 // entries of this replica under <prefix>conversations/ (each on a lease that covers multi_turn's
 // TTL: leases of that TTL plus a rotation period, a new one per period, so no keepalives and no
 // key outlives its entry by more than the period), deletes the keys of entries taken here, and
@@ -46,13 +47,14 @@
 // unreachable they are dropped and counted.
 //
 // Threads: start() and stop() from the owner's thread; everything else runs on the replicator's
-// own thread and libuv loop. status() from any thread.
+// own thread and libuv loop (discovery/sources/loop_thread.h). status() from any thread.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,10 +64,10 @@
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
 #include "config/topology.h"
-#include "router/etcd/etcd_client.h"
-#include "router/proxy/conversation_cache.h"
+#include "discovery/sources/etcd/conversation_feed.h"
+#include "discovery/sources/etcd/etcd_client.h"
 
-namespace pdr::router {
+namespace pdr::discovery::sources::etcd {
 
 inline constexpr size_t kMaxReplicatorInFlight = 256;
 
@@ -102,7 +104,8 @@ struct ReplicatorStatus {
   std::atomic<uint64_t> in_flight_max{0};    // the most ever in flight at once (at most 256)
   std::atomic<uint64_t> lease_grants{0};     // leases granted (the first one included)
   std::atomic<uint64_t> leases_lost{0};      // leases found gone (expired or revoked): a new one
-  // Multi-turn conversation entries (conversation_mirror.h).
+  // Multi-turn conversation entries (conversation_feed.h): counted here and by the feed
+  // (router/conversation_mirror.h).
   std::atomic<uint64_t> conversation_puts{0};      // entries of this replica written
   std::atomic<uint64_t> conversation_deletes{0};   // keys deleted (entries taken here)
   std::atomic<uint64_t> conversation_failures{0};  // puts/deletes that failed or were dropped
@@ -124,11 +127,15 @@ class RegistryReplicator {
   // entries at once instead of after lease_ttl), then joins the thread. Idempotent.
   void stop();
 
-  // Shares `cache`'s entries through etcd from now on (once, after start(); `cache` and
-  // `topology` outlive stop()). The conversations prefix is ranged and watched from the next
-  // point the replicator is in sync (at once if it is).
-  void mirror_conversations(proxy::ConversationCache& cache,
-                            const SnapshotCell<config::Topology>& topology);
+  // Shares multi-turn entries through etcd from now on (once, after start()): `make` builds the
+  // feed (conversation_feed.h) on the caller's thread, given the counters it keeps and the
+  // function it calls, from any thread, after queueing an operation; the replicator keeps it
+  // until destruction. The conversations prefix is ranged and watched from the next point the
+  // replicator is in sync (at once if it is). Returns the feed, or null (not started, or a feed
+  // already attached).
+  using FeedFactory =
+      std::function<std::unique_ptr<ConversationFeed>(ReplicatorStatus& status, std::function<void()> wake)>;
+  ConversationFeed* mirror_conversations(const FeedFactory& make);
 
   const ReplicatorStatus& status() const { return status_; }
   const RegistryReplicatorOptions& options() const { return options_; }
@@ -156,4 +163,4 @@ std::string replica_key(const std::string& prefix, const std::string& replica_id
 bool parse_replica_key(const std::string& prefix, std::string_view key, std::string* replica_id,
                        std::string* node_key);
 
-}  // namespace pdr::router
+}  // namespace pdr::discovery::sources::etcd

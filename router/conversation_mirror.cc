@@ -1,11 +1,11 @@
-#include "router/etcd/conversation_mirror.h"
+#include "router/conversation_mirror.h"
 
 #include <algorithm>
+#include <memory>
 #include <unordered_set>
 #include <utility>
 
 #include "proto/etcd_conversation.h"
-#include "router/etcd/registry_replicator.h"
 #include "router/proxy/conversation_binding.h"
 
 namespace pdr::router {
@@ -21,6 +21,19 @@ int64_t unix_ms(ConversationMirror::WallClock::time_point t) {
 void bump(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
 
 }  // namespace
+
+void mirror_conversations(discovery::sources::etcd::RegistryReplicator& replicator, proxy::ConversationCache& cache,
+                          const SnapshotCell<config::Topology>& topology) {
+  const auto& options = replicator.options();
+  ConversationMirror* mirror = nullptr;
+  replicator.mirror_conversations([&](ReplicatorStatus& status, std::function<void()> wake) {
+    auto made = std::make_unique<ConversationMirror>(cache, topology, options.prefix, options.replica_id, status,
+                                                     std::move(wake));
+    mirror = made.get();
+    return made;
+  });
+  if (mirror != nullptr) cache.set_replication(mirror);
+}
 
 ConversationMirror::ConversationMirror(proxy::ConversationCache& cache,
                                        const SnapshotCell<config::Topology>& topology,

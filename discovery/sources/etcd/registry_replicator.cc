@@ -1,9 +1,7 @@
-#include "router/etcd/registry_replicator.h"
-#include "base/guarded.h"
+#include "discovery/sources/etcd/registry_replicator.h"
 
 #include "base/log.h"
 #include "base/log_limiter.h"
-#include <uv.h>
 
 #include <algorithm>
 #include <deque>
@@ -11,15 +9,14 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <thread>
 #include <utility>
 
 #include "proto/discovery_message.h"
 #include "proto/etcd_conversation.h"
 #include "proto/etcd_registry_entry.h"
-#include "router/etcd/conversation_mirror.h"
+#include "discovery/sources/loop_thread.h"
 
-namespace pdr::router {
+namespace pdr::discovery::sources::etcd {
 
 namespace {
 constexpr int kGrpcNotFound = 5;  // google.golang.org/grpc/codes.NotFound
@@ -112,27 +109,26 @@ class RegistryReplicator::Impl {
  public:
   Impl(RegistryReplicator& owner) : owner_(owner), status_(owner.status_), options_(owner.options_) {}
 
+  ~Impl() { loop_.stop(); }  // before the members its stop handler uses go
+
   Status start() {
-    if (uv_loop_init(&loop_) != 0) return Status(StatusCode::kInternal, "etcd replicator: uv_loop_init failed");
-    uv_async_init(&loop_, &stop_async_, &Impl::on_stop);
-    stop_async_.data = this;
-    uv_async_init(&loop_, &conv_async_, &Impl::on_conversations);
-    conv_async_.data = this;
-    for (uv_timer_t* t : {&scan_timer_, &keepalive_timer_, &retry_timer_, &stop_timer_}) {
-      uv_timer_init(&loop_, t);
-      t->data = this;
-    }
-    client_ = std::make_unique<EtcdClient>(&loop_, options_.etcd);
-    thread_ = std::thread([this] { run(); });
-    return Status::ok();
+    return loop_.start(
+        [this] {
+          scan_timer_ = &loop_.timer("scan", [this] {
+            scan();
+            drain_conversations();
+          });
+          keepalive_timer_ = &loop_.timer("keepalive", [this] { keepalive(); });
+          retry_timer_ = &loop_.timer("retry", [this] { connect(); });
+          stop_timer_ = &loop_.timer("stop", [this] { finish_stop(); });
+          client_ = std::make_unique<EtcdClient>(loop_.loop(), options_.etcd);
+          connect();
+          scan_timer_->start(options_.scan_interval, options_.scan_interval);
+        },
+        [this] { begin_stop(); });
   }
 
-  void stop() {
-    if (!thread_.joinable()) return;
-    uv_async_send(&stop_async_);
-    thread_.join();
-    uv_loop_close(&loop_);
-  }
+  void stop() { loop_.stop(); }
 
   std::string last_error() const {
     std::lock_guard<std::mutex> lock(error_mutex_);
@@ -145,20 +141,24 @@ class RegistryReplicator::Impl {
   }
 
   // Owner's thread, once, after start().
-  void attach(proxy::ConversationCache& cache, const SnapshotCell<config::Topology>& topology) {
-    if (mirror_owned_) return;
-    mirror_owned_ = std::make_unique<ConversationMirror>(cache, topology, options_.prefix, options_.replica_id, status_,
-                                                        [this] { uv_async_send(&conv_async_); });
-    mirror_.store(mirror_owned_.get(), std::memory_order_release);
-    cache.set_replication(mirror_owned_.get());
-    uv_async_send(&conv_async_);
+  ConversationFeed* attach(const RegistryReplicator::FeedFactory& make) {
+    if (feed_owned_) return nullptr;
+    feed_owned_ = make(status_, [this] { wake_conversations(); });
+    if (!feed_owned_) return nullptr;
+    mirror_.store(feed_owned_.get(), std::memory_order_release);
+    wake_conversations();
+    return feed_owned_.get();
   }
 
  private:
-  void run() {
-    connect();
-    uv_timer_start(&scan_timer_, &Impl::on_scan, options_.scan_interval.count(), options_.scan_interval.count());
-    uv_run(&loop_, UV_RUN_DEFAULT);
+  // Any thread: conversation operations were queued, or the feed attached. One wake-up at a time
+  // is posted; one asked for while it runs posts the next.
+  void wake_conversations() {
+    if (conv_wake_posted_.exchange(true, std::memory_order_acq_rel)) return;
+    loop_.post([this] {
+      conv_wake_posted_.store(false, std::memory_order_release);
+      on_conversations_wake();
+    });
   }
 
   // --- connection and resync ---
@@ -221,9 +221,9 @@ class RegistryReplicator::Impl {
     });
   }
 
-  // --- multi-turn conversation entries (conversation_mirror.h) ---
+  // --- multi-turn conversation entries (conversation_feed.h) ---
 
-  ConversationMirror* mirror() const { return mirror_.load(std::memory_order_acquire); }
+  ConversationFeed* mirror() const { return mirror_.load(std::memory_order_acquire); }
 
   void sync_conversations(uint64_t gen) {
     conv_gen_ = gen;
@@ -238,7 +238,7 @@ class RegistryReplicator::Impl {
             pdr::log::warn("etcd registry: conversations range refused ({}); mirroring new entries only", st.message());
             return start_conversation_watch(gen, 0);
           }
-          mirror()->resync(r.kvs, ConversationMirror::WallClock::now(), proxy::ConversationCache::Clock::now());
+          mirror()->resync(r.kvs, ConversationFeed::WallClock::now(), ConversationFeed::Clock::now());
           start_conversation_watch(gen, r.answer.revision + 1);
         });
   }
@@ -252,7 +252,7 @@ class RegistryReplicator::Impl {
             return fail(gen, "conversations watch canceled (compacted at " + std::to_string(a.compact_revision) + ")");
           }
           status_.watch_events.fetch_add(a.events.size(), std::memory_order_relaxed);
-          mirror()->apply(a.events, ConversationMirror::WallClock::now(), proxy::ConversationCache::Clock::now());
+          mirror()->apply(a.events, ConversationFeed::WallClock::now(), ConversationFeed::Clock::now());
         },
         [this, gen](const Status& st) {
           if (gen != generation_) return;
@@ -301,7 +301,7 @@ class RegistryReplicator::Impl {
 
   // Starts the queued puts and deletes that fit under the in-flight cap.
   void drain_conversations() {
-    ConversationMirror* m = mirror();
+    ConversationFeed* m = mirror();
     if (m == nullptr || stopping_) return;
     if (!status_.reachable.load(std::memory_order_relaxed)) {
       // Never queued for later: a request's entry is worth little once its turn is over.
@@ -340,7 +340,7 @@ class RegistryReplicator::Impl {
                                                         const Status& st, const proto::EtcdAnswer& answer) {
           end_call();
           conv_keys_in_flight_.erase(key);
-          if (ConversationMirror* mirror = this->mirror()) mirror->put_answered(key, st.is_ok(), answer.revision);
+          if (ConversationFeed* mirror = this->mirror()) mirror->put_answered(key, st.is_ok(), answer.revision);
           if (st) {
             status_.conversation_puts.fetch_add(1, std::memory_order_relaxed);
           } else {
@@ -374,7 +374,7 @@ class RegistryReplicator::Impl {
             status_.retry_delay_ms.store(0, std::memory_order_relaxed);
             force_scan_ = true;
             const uint64_t every = std::max<uint64_t>(1000, options_.lease_ttl.count() * 1000 / 3);
-            uv_timer_start(&keepalive_timer_, &Impl::on_keepalive, every, every);
+            keepalive_timer_->start(std::chrono::milliseconds(every), std::chrono::milliseconds(every));
             // Renewed at once too: every failure stops the keepalive timer and every resync
             // restarts it, so when failures come more often than every lease_ttl / 3 (puts
             // timing out on an overloaded etcd) no keepalive would ever be sent and the lease
@@ -408,14 +408,14 @@ class RegistryReplicator::Impl {
     watch_.reset();
     if (conv_watch_) conv_watch_->cancel();
     conv_watch_.reset();
-    uv_timer_stop(&keepalive_timer_);
+    keepalive_timer_->stop();
     if (stopping_) return;
     // Each failure in a row waits twice as long (each retry may download the whole prefix again);
     // the first wait after being in sync is retry_interval.
     const std::chrono::milliseconds delay = retry_delay_;
     retry_delay_ = std::min(retry_delay_ * 2, std::max(options_.retry_interval, options_.max_retry_interval));
     status_.retry_delay_ms.store(static_cast<uint64_t>(delay.count()), std::memory_order_relaxed);
-    uv_timer_start(&retry_timer_, &Impl::on_retry, static_cast<uint64_t>(delay.count()), 0);
+    retry_timer_->start(delay);
   }
 
   // --- the other replicas' entries ---
@@ -590,17 +590,17 @@ class RegistryReplicator::Impl {
     stopping_ = true;
     // No wake after this returns. The conversations' lease is not revoked: the entries stay
     // usable on the other replicas until they expire.
-    if (ConversationMirror* m = mirror()) m->close();
-    uv_timer_stop(&scan_timer_);
-    uv_timer_stop(&retry_timer_);
-    uv_timer_stop(&keepalive_timer_);
+    if (ConversationFeed* m = mirror()) m->close();
+    scan_timer_->stop();
+    retry_timer_->stop();
+    keepalive_timer_->stop();
     if (watch_) watch_->cancel();
     watch_.reset();
     if (conv_watch_) conv_watch_->cancel();
     conv_watch_.reset();
     if (lease_ != 0 && status_.reachable.load(std::memory_order_relaxed)) {
       client_->lease_revoke(lease_, [this](const Status&, const proto::EtcdAnswer&) { finish_stop(); });
-      uv_timer_start(&stop_timer_, &Impl::on_stop_timer, 1000, 0);
+      stop_timer_->start(std::chrono::milliseconds(1000));
       return;
     }
     finish_stop();
@@ -611,51 +611,18 @@ class RegistryReplicator::Impl {
     closed_ = true;
     ++generation_;
     client_.reset();  // closes its connections; no callback fires after this
-    uv_close(reinterpret_cast<uv_handle_t*>(&stop_async_), nullptr);
-    uv_close(reinterpret_cast<uv_handle_t*>(&conv_async_), nullptr);
-    for (uv_timer_t* t : {&scan_timer_, &keepalive_timer_, &retry_timer_, &stop_timer_}) {
-      uv_timer_stop(t);
-      uv_close(reinterpret_cast<uv_handle_t*>(t), nullptr);
-    }
-  }
-
-  // libuv callbacks: nothing may propagate out of them.
-  template <typename Fn>
-  static void guarded(const char* what, Fn&& fn) {
-    run_guarded("etcd registry", what, std::forward<Fn>(fn));
-  }
-  static Impl* self(uv_handle_t* h) { return static_cast<Impl*>(h->data); }
-  static void on_stop(uv_async_t* a) {
-    guarded("stop", [&] { self(reinterpret_cast<uv_handle_t*>(a))->begin_stop(); });
-  }
-  static void on_stop_timer(uv_timer_t* t) {
-    guarded("stop", [&] { self(reinterpret_cast<uv_handle_t*>(t))->finish_stop(); });
-  }
-  static void on_scan(uv_timer_t* t) {
-    guarded("scan", [&] {
-      Impl* impl = self(reinterpret_cast<uv_handle_t*>(t));
-      impl->scan();
-      impl->drain_conversations();
-    });
-  }
-  static void on_conversations(uv_async_t* a) {
-    guarded("conversations", [&] { self(reinterpret_cast<uv_handle_t*>(a))->on_conversations_wake(); });
-  }
-  static void on_keepalive(uv_timer_t* t) {
-    guarded("keepalive", [&] { self(reinterpret_cast<uv_handle_t*>(t))->keepalive(); });
-  }
-  static void on_retry(uv_timer_t* t) {
-    guarded("retry", [&] { self(reinterpret_cast<uv_handle_t*>(t))->connect(); });
+    loop_.quit();     // and every timer
   }
 
   RegistryReplicator& owner_;
   ReplicatorStatus& status_;
   const RegistryReplicatorOptions& options_;
-  uv_loop_t loop_{};
-  uv_async_t stop_async_{};
-  uv_async_t conv_async_{};  // conversation operations queued, or the mirror attached
-  uv_timer_t scan_timer_{}, keepalive_timer_{}, retry_timer_{}, stop_timer_{};
-  std::thread thread_;
+  LoopThread loop_{"etcd registry"};
+  LoopThread::Timer* scan_timer_ = nullptr;
+  LoopThread::Timer* keepalive_timer_ = nullptr;
+  LoopThread::Timer* retry_timer_ = nullptr;
+  LoopThread::Timer* stop_timer_ = nullptr;
+  std::atomic<bool> conv_wake_posted_{false};  // a wake_conversations() not yet run
   std::unique_ptr<EtcdClient> client_;
   std::shared_ptr<EtcdWatch> watch_;
   int64_t lease_ = 0;
@@ -672,11 +639,11 @@ class RegistryReplicator::Impl {
   // failure resyncs and rewrites every entry, and the replica never catches up (seen at 10,000
   // nodes, bench/etcd/RESULTS.md). What does not fit waits for the next scan.
   size_t in_flight_ = 0;
-  // Conversations (conversation_mirror.h): the mirror (set once by attach()), the generation whose
+  // Conversations (conversation_feed.h): the feed (set once by attach()), the generation whose
   // resync finished and the one whose conversations were ranged, their watch, the operations
   // popped but not started, and the current conversations' lease.
-  std::unique_ptr<ConversationMirror> mirror_owned_;
-  std::atomic<ConversationMirror*> mirror_{nullptr};
+  std::unique_ptr<ConversationFeed> feed_owned_;
+  std::atomic<ConversationFeed*> mirror_{nullptr};
   uint64_t synced_gen_ = 0;
   uint64_t conv_gen_ = 0;
   std::shared_ptr<EtcdWatch> conv_watch_;
@@ -715,13 +682,12 @@ void RegistryReplicator::stop() {
   if (impl_) impl_->stop();
 }
 
-void RegistryReplicator::mirror_conversations(proxy::ConversationCache& cache,
-                                              const SnapshotCell<config::Topology>& topology) {
-  if (impl_) impl_->attach(cache, topology);
+ConversationFeed* RegistryReplicator::mirror_conversations(const FeedFactory& make) {
+  return impl_ ? impl_->attach(make) : nullptr;
 }
 
 std::string RegistryReplicator::last_error() const { return impl_ ? impl_->last_error() : std::string(); }
 
 std::string RegistryReplicator::last_bad_entry() const { return impl_ ? impl_->last_bad_entry() : std::string(); }
 
-}  // namespace pdr::router
+}  // namespace pdr::discovery::sources::etcd

@@ -1,11 +1,11 @@
-#include "router/etcd/etcd_client.h"
+#include "discovery/sources/etcd/etcd_client.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "http/upstream_client.h"
 
-namespace pdr::router {
+namespace pdr::discovery::sources::etcd {
 
 namespace {
 
@@ -351,4 +351,4 @@ void EtcdWatch::cancel() {
 
 bool EtcdWatch::done() const { return ended_; }
 
-}  // namespace pdr::router
+}  // namespace pdr::discovery::sources::etcd

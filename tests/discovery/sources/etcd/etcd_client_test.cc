@@ -1,7 +1,7 @@
 // EtcdClient against a real etcd (tests/support/etcd_server.h) on loopback ports: put, range,
 // delete, leases (grant, keepalive, revoke, expiry), watch (events, compaction, etcd killed),
 // and an unreachable endpoint.
-#include "router/etcd/etcd_client.h"
+#include "discovery/sources/etcd/etcd_client.h"
 
 #include <gtest/gtest.h>
 #include <uv.h>
@@ -17,7 +17,7 @@
 #include "tests/support/http_client.h"
 #include "tests/support/time_scale.h"
 
-namespace pdr::router {
+namespace pdr::discovery::sources::etcd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -250,4 +250,4 @@ TEST_F(EtcdClientTest, AKilledEtcdEndsTheWatchAndFailsCallsWithIoError) {
 }
 
 }  // namespace
-}  // namespace pdr::router
+}  // namespace pdr::discovery::sources::etcd

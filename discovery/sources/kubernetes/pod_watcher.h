@@ -1,6 +1,6 @@
 // PodWatcher: Kubernetes pod discovery (topology `kubernetes:`). Pods that match the label
 // selector in one namespace become registry entries (InstanceSource::kKubernetes) while they
-// serve (router/k8s/pod_node.h says when, and what node a pod is).
+// serve (pod_node.h says when, and what node a pod is).
 //
 // With kubernetes.prefill_selector / decode_selector, there is still ONE list and ONE watch (with
 // label_selector, if set, sent to the server) and the two selectors are matched here, locally:
@@ -29,7 +29,8 @@
 // account's ca.crt).
 //
 // Threads: start() and stop() from the owner's thread; everything else runs on the watcher's
-// own thread and libuv loop. status(), last_error(), state() from any thread.
+// own thread and libuv loop (discovery/sources/loop_thread.h). status(), last_error(), state()
+// from any thread.
 #pragma once
 
 #include <atomic>
@@ -43,7 +44,7 @@
 #include "http/tls_client.h"
 #include "discovery/discovery_service.h"
 
-namespace pdr::router {
+namespace pdr::discovery::sources::kubernetes {
 
 struct PodWatcherOptions {
   config::Topology::Kubernetes kubernetes;
@@ -95,4 +96,4 @@ class PodWatcher {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace pdr::router
+}  // namespace pdr::discovery::sources::kubernetes

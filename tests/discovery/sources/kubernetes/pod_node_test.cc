@@ -1,8 +1,8 @@
-#include "router/k8s/pod_node.h"
+#include "discovery/sources/kubernetes/pod_node.h"
 
 #include <gtest/gtest.h>
 
-namespace pdr::router {
+namespace pdr::discovery::sources::kubernetes {
 namespace {
 
 proto::PodInfo serving_pod(std::string role) {
@@ -122,4 +122,4 @@ TEST_F(PodNode, SelectorsGiveTheRoleInsteadOfTheRoleLabel) {
 }
 
 }  // namespace
-}  // namespace pdr::router
+}  // namespace pdr::discovery::sources::kubernetes

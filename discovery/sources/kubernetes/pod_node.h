@@ -1,5 +1,5 @@
 // How a Kubernetes pod becomes a pdrouter node (Kubernetes pod discovery,
-// router/k8s/pod_watcher.h). Pure: no I/O.
+// discovery/sources/kubernetes/pod_watcher.h). Pure: no I/O.
 //
 // A pod serves when its phase is Running, its Ready condition is True, it has a pod IP, and
 // it has a role: by default its role label (kubernetes.role_label, default pdrouter.io/role)
@@ -29,7 +29,7 @@
 #include "proto/discovery_message.h"
 #include "proto/k8s_pods.h"
 
-namespace pdr::router {
+namespace pdr::discovery::sources::kubernetes {
 
 inline constexpr std::string_view kPodPortAnnotation = "pdrouter.io/port";
 inline constexpr std::string_view kPodConnectorAnnotation = "pdrouter.io/connector";
@@ -54,4 +54,4 @@ Status pod_role(const proto::PodInfo& pod, const config::Topology::Kubernetes& k
 Status pod_registration(const proto::PodInfo& pod, const config::Topology::Kubernetes& k8s,
                         const config::Topology::Connectors& defaults, proto::Registration* out);
 
-}  // namespace pdr::router
+}  // namespace pdr::discovery::sources::kubernetes

@@ -1,11 +1,11 @@
-#include "router/k8s/pod_node.h"
+#include "discovery/sources/kubernetes/pod_node.h"
 
 #include <charconv>
 
 #include "config/instance_spec.h"
 #include "proto/address.h"
 
-namespace pdr::router {
+namespace pdr::discovery::sources::kubernetes {
 
 namespace {
 
@@ -123,4 +123,4 @@ Status pod_registration(const proto::PodInfo& pod, const config::Topology::Kuber
   return Status::ok();
 }
 
-}  // namespace pdr::router
+}  // namespace pdr::discovery::sources::kubernetes

@@ -1,24 +1,22 @@
-#include "router/k8s/pod_watcher.h"
-#include "base/guarded.h"
+#include "discovery/sources/kubernetes/pod_watcher.h"
 
 #include "base/log.h"
-#include <uv.h>
 
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "http/upstream_client.h"
 #include "proto/etcd_json.h"
 #include "proto/k8s_pods.h"
-#include "router/k8s/pod_node.h"
+#include "discovery/sources/kubernetes/pod_node.h"
+#include "discovery/sources/loop_thread.h"
 
-namespace pdr::router {
+namespace pdr::discovery::sources::kubernetes {
 
 namespace {
 
@@ -43,6 +41,7 @@ class PodWatcher::Impl {
  public:
   explicit Impl(PodWatcher& owner)
       : owner_(owner), status_(owner.status_), k8s_(owner.options_.kubernetes) {}
+  ~Impl() { loop_.stop(); }  // before the members its stop handler uses go
 
   http::PoolOptions pool_options() const {
     http::PoolOptions pool;
@@ -51,22 +50,18 @@ class PodWatcher::Impl {
   }
 
   Status start() {
-    if (uv_loop_init(&loop_) != 0) return Status(StatusCode::kInternal, "kubernetes: uv_loop_init failed");
-    uv_async_init(&loop_, &stop_async_, &Impl::on_stop);
-    stop_async_.data = this;
-    uv_timer_init(&loop_, &retry_timer_);
-    retry_timer_.data = this;
-    pool_ = std::make_unique<http::UpstreamPool>(&loop_, pool_options());
     base_path_ = "/api/v1/namespaces/" + k8s_.namespace_name + "/pods";
-    thread_ = std::thread([this] { run(); });
-    return Status::ok();
+    return loop_.start(
+        [this] {
+          retry_timer_ = &loop_.timer("retry", [this] { retry(); });
+          pool_ = std::make_unique<http::UpstreamPool>(loop_.loop(), pool_options());
+          list();
+        },
+        [this] { begin_stop(); });
   }
 
   void stop() {
-    if (!thread_.joinable()) return;
-    uv_async_send(&stop_async_);
-    thread_.join();
-    uv_loop_close(&loop_);
+    loop_.stop();
     set_state("stopped");
   }
 
@@ -84,11 +79,6 @@ class PodWatcher::Impl {
   }
 
  private:
-  void run() {
-    list();
-    uv_run(&loop_, UV_RUN_DEFAULT);
-  }
-
   void set_state(std::string state) {
     std::lock_guard<std::mutex> lock(mutex_);
     state_ = std::move(state);
@@ -422,7 +412,7 @@ class PodWatcher::Impl {
     if (std::chrono::steady_clock::now() - last_list_at_ < k8s_.retry) {
       ++generation_;
       set_state("retrying");
-      uv_timer_start(&retry_timer_, &Impl::on_retry, k8s_.retry.count(), 0);
+      retry_timer_->start(k8s_.retry);
       return;
     }
     list();
@@ -441,7 +431,7 @@ class PodWatcher::Impl {
     }
     if (call_) call_->cancel();
     set_state("retrying");
-    if (!stopping_) uv_timer_start(&retry_timer_, &Impl::on_retry, k8s_.retry.count(), 0);
+    if (!stopping_) retry_timer_->start(k8s_.retry);
   }
 
   void retry() {
@@ -459,31 +449,14 @@ class PodWatcher::Impl {
     if (call_) call_->cancel();
     call_.reset();
     pool_.reset();  // closes its connections; no callback fires after this
-    uv_timer_stop(&retry_timer_);
-    uv_close(reinterpret_cast<uv_handle_t*>(&retry_timer_), nullptr);
-    uv_close(reinterpret_cast<uv_handle_t*>(&stop_async_), nullptr);
-  }
-
-  // libuv callbacks: nothing may propagate out of them.
-  template <typename Fn>
-  static void guarded(const char* what, Fn&& fn) {
-    run_guarded("kubernetes", what, std::forward<Fn>(fn));
-  }
-  static Impl* self(uv_handle_t* h) { return static_cast<Impl*>(h->data); }
-  static void on_stop(uv_async_t* a) {
-    guarded("stop", [&] { self(reinterpret_cast<uv_handle_t*>(a))->begin_stop(); });
-  }
-  static void on_retry(uv_timer_t* t) {
-    guarded("retry", [&] { self(reinterpret_cast<uv_handle_t*>(t))->retry(); });
+    loop_.quit();   // and the retry timer
   }
 
   PodWatcher& owner_;
   PodWatcherStatus& status_;
   const config::Topology::Kubernetes& k8s_;
-  uv_loop_t loop_{};
-  uv_async_t stop_async_{};
-  uv_timer_t retry_timer_{};
-  std::thread thread_;
+  LoopThread loop_{"kubernetes"};
+  LoopThread::Timer* retry_timer_ = nullptr;
   std::unique_ptr<http::UpstreamPool> pool_;
   std::shared_ptr<http::UpstreamCall> call_;
   std::unique_ptr<proto::EtcdLineSplitter> splitter_;
@@ -527,4 +500,4 @@ std::string PodWatcher::state() const { return impl_ ? impl_->state() : std::str
 std::string PodWatcher::last_error() const { return impl_ ? impl_->last_error() : std::string(); }
 std::string PodWatcher::resource_version() const { return impl_ ? impl_->resource_version() : std::string(); }
 
-}  // namespace pdr::router
+}  // namespace pdr::discovery::sources::kubernetes

@@ -40,7 +40,7 @@ class UpstreamPool;
 class UpstreamCall;
 }  // namespace pdr::http
 
-namespace pdr::router {
+namespace pdr::discovery::sources::etcd {
 
 struct EtcdClientOptions {
   std::vector<proto::HostPort> endpoints;  // at least one
@@ -146,4 +146,4 @@ class EtcdWatch {
   bool ended_ = false;
 };
 
-}  // namespace pdr::router
+}  // namespace pdr::discovery::sources::etcd

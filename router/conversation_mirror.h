@@ -6,7 +6,8 @@
 //    it turns them into etcd operations (put with the writer's wall-clock expiry, or delete) in a
 //    bounded queue and wakes the replicator's thread. A full queue drops the operation and
 //    counts it as a failure: a request never waits for etcd and never fails because of it.
-//  - the replicator's thread (router/etcd/registry_replicator.h) pops the operations (under its
+//  - the replicator's thread (discovery/sources/etcd/registry_replicator.h, through the
+//    ConversationFeed interface of discovery/sources/etcd/conversation_feed.h) pops the operations (under its
 //    in-flight cap) and feeds what etcd holds back: resync() with a full range of the prefix,
 //    apply() with watch events. Entries of other writers are mirrored into the cache (marked
 //    remote, bounded by the cache's limits from the current topology); a deleted key removes the
@@ -32,29 +33,32 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "config/topology.h"
 #include "base/snapshot_cell.h"
+#include "discovery/sources/etcd/conversation_feed.h"
+#include "discovery/sources/etcd/registry_replicator.h"
 #include "proto/etcd_json.h"
 #include "router/proxy/conversation_cache.h"
 
 namespace pdr::router {
 
-struct ReplicatorStatus;
+using discovery::sources::etcd::ConversationOp;
+using discovery::sources::etcd::ReplicatorStatus;
 
-// One etcd operation for a conversation key.
-struct ConversationOp {
-  std::string key;
-  bool is_delete = false;
-  std::string value;      // put only
-  int64_t lease_seconds = 0;  // put only: the lease must last at least this long
-};
+// Shares `cache` through `replicator` (registry.backend: etcd; once, after its start()): the
+// replicator keeps the mirror, the cache hands it its changes. `cache` and `topology` outlive
+// the replicator.
+void mirror_conversations(discovery::sources::etcd::RegistryReplicator& replicator, proxy::ConversationCache& cache,
+                          const SnapshotCell<config::Topology>& topology);
 
-class ConversationMirror : public proxy::ConversationCache::Replication {
+class ConversationMirror : public proxy::ConversationCache::Replication,
+                           public discovery::sources::etcd::ConversationFeed {
  public:
-  using WallClock = std::chrono::system_clock;
+  static_assert(std::is_same_v<Clock, proxy::ConversationCache::Clock>, "one steady clock for the cache and etcd");
   static constexpr size_t kMaxQueued = 4096;
 
   // `wake` is called (from any thread) after an operation was queued; `status` receives the
@@ -68,28 +72,28 @@ class ConversationMirror : public proxy::ConversationCache::Replication {
   void taken(const proxy::ConversationCache::Key& key) override;
 
   // No more wakes (the replicator's thread is stopping): later operations are dropped.
-  void close();
+  void close() override;
 
   // Up to `max` queued operations, oldest first.
-  std::vector<ConversationOp> pop(size_t max);
+  std::vector<ConversationOp> pop(size_t max) override;
   // Drops every queued operation, counting each as a failure (etcd unreachable); returns how many.
-  size_t drop_queued();
+  size_t drop_queued() override;
 
   // A full range of the prefix: mirrors every valid entry of another writer, restores this
   // replica id's own entries the cache does not hold (a restart with the same replica_id), and
   // removes the remote entries etcd no longer holds. `now_wall` / `now` are the two clocks at this moment.
   void resync(const std::vector<proto::EtcdKeyValue>& kvs, WallClock::time_point now_wall,
-              proxy::ConversationCache::Clock::time_point now);
+              proxy::ConversationCache::Clock::time_point now) override;
   void apply(const std::vector<proto::EtcdEvent>& events, WallClock::time_point now_wall,
-             proxy::ConversationCache::Clock::time_point now);
+             proxy::ConversationCache::Clock::time_point now) override;
 
   // The replicator's own operations on a key, so a late delete of another replica's take never
   // removes a newer entry stored here: a put sent, its answer (etcd's revision when `ok`), a
   // delete sent (this replica took the entry). A delete event that came while the put was in
   // flight is applied here, once the put's revision shows it is newer.
-  void put_sent(const std::string& key);
-  void put_answered(const std::string& key, bool ok, int64_t revision);
-  void delete_sent(const std::string& key);
+  void put_sent(const std::string& key) override;
+  void put_answered(const std::string& key, bool ok, int64_t revision) override;
+  void delete_sent(const std::string& key) override;
 
   const std::string& prefix() const { return prefix_; }
 
