@@ -74,6 +74,7 @@ fi
 
 if [[ "${PDR_SKIP_FUZZ:-0}" != 1 ]]; then
   echo "=== [fuzz] build (clang, libFuzzer)"
+  fuzz_started=$SECONDS
   dir=$build_root/fuzz
   if CC=clang CXX=clang++ cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDR_DEBUG_INFO=lines \
        -DPDR_FUZZERS=ON -DPDR_TESTS=ON -DPDR_BENCHMARKS=OFF "${launcher[@]}" > "$dir.configure.log" 2>&1 &&
@@ -89,6 +90,8 @@ if [[ "${PDR_SKIP_FUZZ:-0}" != 1 ]]; then
       echo "$rc" > "$dir/$name.rc"
       rm -rf "$corpus"
     }
+    echo "=== [fuzz] built in $((SECONDS - fuzz_started)) s"
+    fuzz_started=$SECONDS
     fuzzers=("$dir"/tests/fuzz/*_fuzz)
     echo "=== [fuzz] ${#fuzzers[@]} targets for ${fuzz_seconds}s each, $jobs at a time"
     for fuzzer in "${fuzzers[@]}"; do
@@ -97,6 +100,7 @@ if [[ "${PDR_SKIP_FUZZ:-0}" != 1 ]]; then
       while [[ $(jobs -rp | wc -l) -ge $jobs ]]; do wait -n || true; done
     done
     wait
+    echo "=== [fuzz] ran in $((SECONDS - fuzz_started)) s"
     for fuzzer in "${fuzzers[@]}"; do
       name=$(basename "$fuzzer" _fuzz)
       if [[ "$(cat "$dir/$name.rc" 2>/dev/null)" == 0 ]]; then
