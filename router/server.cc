@@ -362,6 +362,7 @@ void Server::make_proxy(const config::Topology& topology) {
 }
 
 void Server::fill_control_context(const config::Topology& topology) {
+  control_.started_at = discovery::Clock::now();  // /status uptime: from the listeners' start
   control_.registry = &registry_;
   control_.discovery_counters = &discovery_counters_;
   control_.topology = &topology_;
