@@ -169,6 +169,9 @@ Server::StartResult Server::start() {
   server_options_.tls = tls_.client_listener();
   start_tracing(topology);
   make_proxy(topology);
+  // Before the servers start: the workers' /metrics reads these pointers, and only what precedes
+  // the routes' publication is ordered before their reads.
+  tls_.attach_servers(&server_, topology.listeners.admin ? &admin_server_ : nullptr);
   if (Status st = start_http(topology); !st.is_ok()) {
     pdr::log::critical("cannot listen on {}: {}", topology.listeners.http.to_string(), st.message());
     return StartResult::kFailed;
@@ -178,7 +181,6 @@ Server::StartResult Server::start() {
                        st.message());
     return StartResult::kFailed;
   }
-  tls_.attach_servers(&server_, topology.listeners.admin ? &admin_server_ : nullptr);
   // Multi-turn entries shared with the other replicas (registry.backend: etcd). The replicator's
   // stage stops it before any part is freed, so the cache it mirrors into outlives it.
   if (replicator_) replicator_->mirror_conversations(proxy_->conversations(), topology_.cell());
