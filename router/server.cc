@@ -130,7 +130,6 @@ void Server::unwind() {
   while (!stages_.empty()) {
     Stage stage = std::move(stages_.back());
     stages_.pop_back();
-    pdr::log::debug("stopping {}", stage.name);
     stage.stop();
   }
 }

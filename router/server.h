@@ -84,7 +84,7 @@ class Server {
 
  private:
   struct Stage {
-    const char* name;
+    const char* name;  // what it stops (for a reader or a debugger; not logged)
     std::function<void()> stop;
   };
 
