@@ -145,7 +145,7 @@ std::vector<std::string> restart_required_changes(const Topology& a, const Topol
   }
   if (a.workers != b.workers)
     changes.push_back(fmt::format("workers: {} -> {}", a.workers, b.workers));
-  // The subscriber and its index are made once at start (router/main.cc).
+  // The subscriber and its index are made once at start (router/server.cc).
   const auto& ka = a.kv_events;
   const auto& kb = b.kv_events;
   if (ka.enabled != kb.enabled) changes.push_back(fmt::format("kv_events.enabled: {} -> {}", ka.enabled, kb.enabled));
@@ -170,7 +170,7 @@ std::vector<std::string> restart_required_changes(const Topology& a, const Topol
   const uint32_t ta = a.policies.cache_aware.prefix_tree_max_bytes;
   const uint32_t tb = b.policies.cache_aware.prefix_tree_max_bytes;
   if (ta != tb) changes.push_back(fmt::format("policies.cache_aware.prefix_tree_max_bytes: {} -> {}", ta, tb));
-  // Pod discovery reads its section once at start (router/main.cc).
+  // Pod discovery reads its section once at start (router/server.cc).
   const auto& ea = a.kubernetes;
   const auto& eb = b.kubernetes;
   if (ea.enabled != eb.enabled || ea.api_server_url != eb.api_server_url || ea.namespace_name != eb.namespace_name ||

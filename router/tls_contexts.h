@@ -45,7 +45,8 @@ class TlsContexts {
   // A proxy service, as soon as it exists (before its server takes requests): gets the node and
   // self contexts now and on every reload.
   void attach_proxy(proxy::ProxyService* proxy);
-  // Once the servers run: where reloaded listener contexts go, whose counters /metrics shows.
+  // Before the servers' routes are published (/metrics reads them from the workers): where
+  // reloaded listener contexts go, whose counters /metrics shows.
   // `admin` may be null (no listeners.admin).
   void attach_servers(http::Server* client, http::Server* admin);
 

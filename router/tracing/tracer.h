@@ -1,5 +1,5 @@
 // Tracer: whether a P/D request is traced, and the way its spans leave (router/tracing/).
-// One per process, made at start when tracing.endpoint is set (router/main.cc), shared by every
+// One per process, made at start when tracing.endpoint is set (router/server.cc), shared by every
 // worker. Sampling is parent-based: a client's valid traceparent decides (sampled flag set:
 // recorded; clear: not recorded, but passed on to the nodes); without one, a new trace is started
 // for sampling_ratio of the requests, chosen from the trace id (OpenTelemetry's TraceIdRatioBased,

@@ -137,6 +137,8 @@ class TruncatedTopologyTest(unittest.TestCase):
         self.running_config_kept()
 
 class StartupTest(unittest.TestCase):
+    """Bad files refused at start; test_startup.py covers the other start-up failures."""
+
     def start_with(self, text):
         path = os.path.join(self.dir, "bad.yaml")
         with open(path, "w") as f:
