@@ -12,7 +12,7 @@
 #      pdrouter's own code, callbacks from libzmq included, are still reported. The simulated
 #      nodes and the bench client (test tools) come from stage 1's build (PDR_NODE_FROM): TSan
 #      watches the router, and the sims' -O3 build leaves it more of the two cores
-#   4. each libFuzzer target for a short run (PDR_FUZZ_SECONDS, default 20), PDR_JOBS at a time
+#   4. each libFuzzer target for a short run (PDR_FUZZ_SECONDS, default 10), PDR_JOBS at a time
 # Every test thus runs in at least one stage; the split keeps the run within CI's time budget
 # (the unit tests' -O3 build cost as much as the product's).
 # ccache is used when installed (set CCACHE_DISABLE=1 to time a cold build).
@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=${PDR_JOBS:-$(nproc)}
 build_root=${PDR_BUILD_ROOT:-$root/build}
-fuzz_seconds=${PDR_FUZZ_SECONDS:-20}
+fuzz_seconds=${PDR_FUZZ_SECONDS:-10}
 
 deploy/install-deps.sh --tests
 
