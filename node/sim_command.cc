@@ -21,11 +21,11 @@
 #include "base/log.h"
 
 #include "sidecar/node_client.h"
-#include "node/sim_dialect.h"
-#include "node/sim_engine/engine_profile.h"
-#include "node/sim_kv_events_encode.h"
-#include "node/sim_kv_mover.h"
-#include "node/sim_server.h"
+#include "node/sim/dialect.h"
+#include "node/sim/engine/profile.h"
+#include "node/sim/kv_events_encode.h"
+#include "node/sim/kv_mover.h"
+#include "node/sim/server.h"
 #include "node/stop_signals.h"
 #include "proto/address.h"
 
@@ -330,8 +330,8 @@ proto::Registration build_registration(const SimFlags& f, const sim::SimServer& 
 
 namespace {
 
-// --engine, --engine-profile, --time-scale and one flag per engine setting (engine_profile.h),
-// under vLLM's flag names where vLLM has one.
+// --engine, --engine-profile, --time-scale and one flag per engine setting
+// (node/sim/engine/profile.h), under vLLM's flag names where vLLM has one.
 void add_engine_options(CLI::App* cmd, SimFlags* f) {
   const char* group = "Engine (--engine vllm; see below)";
   cmd->add_option("--engine", f->engine,

@@ -1,4 +1,4 @@
-// `pdnode sim`: a simulated vLLM OpenAI server (node/sim_server.h) that can register itself with
+// `pdnode sim`: a simulated vLLM OpenAI server (node/sim/server.h) that can register itself with
 // routers in its connector's own discovery format, for tests, the quick start and benchmarks on
 // machines without GPUs.
 //
@@ -50,28 +50,28 @@ struct SimFlags {
   std::string ssl_keyfile;
   std::string ssl_ca_certs;
   uint32_t ssl_cert_reqs = 0;  // 0 none, 2 required (vLLM's ssl.CERT_* numbers)
-  // Real KV transfer (node/sim_kv_mover.h); "none" keeps the NullKvMover.
+  // Real KV transfer (node/sim/kv_mover.h); "none" keeps the NullKvMover.
   std::string kv_backends = "tcp";
   uint32_t kv_blocks = 2048;
   uint32_t kv_block_bytes = 16384;
   uint32_t kv_layers = 2;
   uint32_t kv_hold_ms = 60000;
   uint32_t kv_timeout_ms = 30000;
-  // Prefix cache and vLLM KV cache events (node/sim_cache_model.h).
+  // Prefix cache and vLLM KV cache events (node/sim/cache_model.h).
   uint32_t kv_block_tokens = 0;  // --block-size too; 0: 16, or the engine profile's
   uint32_t prefix_cache_blocks = 0;  // 0: kv_blocks
   std::string kv_events_endpoint;         // tcp://HOST:PORT to bind; "" publishes nothing
   std::string kv_events_replay_endpoint;  // tcp://HOST:PORT to bind; "" no replay socket
   std::string kv_events_encoding = "map";
   std::string kv_events_replay_layout = "topic";  // topic (vLLM >= 0.26) or no-topic
-  std::string kv_events_groups;                    // KIND[:WINDOW],... (sim_kv_events_encode.h)
+  std::string kv_events_groups;  // KIND[:WINDOW],... (node/sim/kv_events_encode.h)
   std::string kv_events_cpu_tier = "none";         // none, self-describing or placeholder
   bool bidirectional_kv_xfer = false;
   bool tokens_only = false;
-  // The simulated vLLM engine (node/sim_engine/): "per-token" (each request paced on its own by
+  // The simulated vLLM engine (node/sim/engine/): "per-token" (each request paced on its own by
   // --prefill-us-per-token / --decode-us-per-token) or "vllm".
   std::string engine = "per-token";
-  std::string engine_profile;  // a profile file (node/sim_engine/engine_profile.h)
+  std::string engine_profile;  // a profile file (node/sim/engine/profile.h)
   // Engine settings given as flags (--max-num-seqs ...), as (name, value text), in order.
   std::vector<std::pair<std::string, std::string>> engine_settings;
   double time_scale = 1.0;

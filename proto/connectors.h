@@ -4,7 +4,7 @@
 // parse_connector() and every "expected ..." list in an error message are read from this table,
 // so a new connector is one enumerator in node_spec.h, one row here, and its dialect plug-in
 // (proto/dialects/dialect.h: what the router does differently for it) plus the simulator's
-// (node/sim_dialect.h). tests/proto/connectors_test.cc walks the table.
+// (node/sim/dialect.h). tests/proto/connectors_test.cc walks the table.
 //
 // Which registration formats imply a connector without naming it (vLLM's MoRIIO and P2P-NCCL
 // discovery messages, told apart by their zmq_address shape) is wire knowledge of those formats

@@ -1,6 +1,7 @@
-// GET /metrics: the discovery and HTTP families of pdrouter's own counters (the proxy and admin
-// families are in router/proxy/proxy_counters.h and router/admin_metrics.h), written with
-// base/metrics_writer.h. docs/metrics.md lists them all.
+// GET /metrics: the discovery and HTTP families of pdrouter's own counters (the proxy families
+// are in router/proxy/proxy_counters.h and the components' *_counters.h it names, the admin
+// family in router/admin_metrics.h), written with base/metrics_writer.h. docs/metrics.md lists
+// them all.
 #pragma once
 
 #include <cstdint>

@@ -1,12 +1,9 @@
 #include "router/proxy/proxy_counters.h"
 
-#include <algorithm>
 #include <string>
 #include <utility>
 
 #include "base/metrics_writer.h"
-#include "router/proxy/cache_tokenize.h"
-#include "router/proxy/conversation_cache.h"
 
 namespace pdr::router::proxy {
 
@@ -166,89 +163,12 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
               {{"source", "cache"}});
   out.counter("pdrouter_models_requests_total", "GET /v1/models answers by source", value(c.models_fetches),
               {{"source", "upstream"}});
-  // Cache-aware routing: requests by whether the chosen node held part of the prompt, and how much.
-  const auto& cr = c.cache_routing;
-  for (Leg leg : {Leg::kPrefill, Leg::kDecode}) {
-    const size_t l = static_cast<size_t>(leg);
-    for (size_t source = 0; source < 2; ++source) {
-      const std::string leg_name(to_string(leg));
-      const std::string source_name = source == 0 ? "kv_events" : "prefix_tree";
-      const uint64_t hits = cr.hits[l][source].load(std::memory_order_relaxed);
-      const uint64_t requests = cr.requests[l][source].load(std::memory_order_relaxed);
-      out.counter("pdrouter_cache_routing_requests_total",
-                  "Legs routed with a cache lookup (cache_aware), by leg, source and whether the chosen node "
-                  "held part of the prompt",
-                  static_cast<double>(hits), {{"leg", leg_name}, {"source", source_name}, {"result", "hit"}});
-      out.counter("pdrouter_cache_routing_requests_total",
-                  "Legs routed with a cache lookup (cache_aware), by leg, source and whether the chosen node "
-                  "held part of the prompt",
-                  static_cast<double>(requests - std::min(hits, requests)),
-                  {{"leg", leg_name}, {"source", source_name}, {"result", "miss"}});
-      out.counter("pdrouter_cache_routing_matched_units_total",
-                  "Prompt units (tokens for kv_events, bytes for prefix_tree) the chosen node held",
-                  value(cr.matched_units[l][source]), {{"leg", leg_name}, {"source", source_name}});
-      out.counter("pdrouter_cache_routing_prompt_units_total",
-                  "Prompt units (tokens for kv_events, bytes for prefix_tree) of the legs routed with a cache "
-                  "lookup; matched / prompt is the prefix hit rate",
-                  value(cr.prompt_units[l][source]), {{"leg", leg_name}, {"source", source_name}});
-    }
-  }
-  for (size_t r = 0; r < c.cache_tokenize.size(); ++r) {
-    out.counter("pdrouter_cache_tokenize_total",
-                "Text prompts sent to a node's /tokenize for an exact cache lookup (policies.cache_aware.tokenize: "
-                "node), by result; every result but matched fell back to the prefix tree",
-                value(c.cache_tokenize[r]), {{"result", std::string(to_string(static_cast<TokenizeResult>(r)))}});
-  }
-  for (size_t r = 0; r < c.decode_alone.size(); ++r) {
-    out.counter("pdrouter_decode_alone_total",
-                "Requests sent to the decode alone, without a prefill leg (conditional_disaggregation, or n > 1), by reason",
-                value(c.decode_alone[r]), {{"reason", r == 0 ? "short_prompt" : r == 1 ? "cached" : "n_above_1"}});
-  }
-  const auto& mt = c.multi_turn;
-  for (const auto& [result, counter] : {std::pair<const char*, const ProxyCounters::Counter*>{"reused", &mt.reused},
-                                        {"no_entry", &mt.no_entry},
-                                        {"decode_unavailable", &mt.decode_unavailable},
-                                        {"binding_mismatch", &mt.binding_mismatch},
-                                        {"anonymous", &mt.anonymous},
-                                        {"remote_host_mismatch", &mt.remote_host_mismatch}}) {
-    out.counter("pdrouter_multi_turn_turns_total",
-                "Requests with a conversation_id (multi_turn.enabled), by whether they reused the last turn's "
-                "decode KV",
-                value(*counter), {{"result", result}});
-  }
-  out.counter("pdrouter_multi_turn_stored_total", "Conversation entries stored from a decode's final kv_transfer_params",
-              value(mt.stored));
-  out.counter("pdrouter_multi_turn_no_params_total",
-              "Turns that ended well without usable kv_transfer_params from the decode (nothing stored)",
-              value(mt.no_params));
-  const ConversationCache::Stats cs = c.conversations != nullptr ? c.conversations->stats() : ConversationCache::Stats{};
-  out.gauge("pdrouter_multi_turn_entries", "Conversation entries held (multi_turn.max_entries)",
-            static_cast<double>(cs.entries));
-  out.gauge("pdrouter_multi_turn_bytes", "Bytes of conversation entries held (multi_turn.max_bytes)",
-            static_cast<double>(cs.bytes));
-  out.counter("pdrouter_multi_turn_expired_total", "Conversation entries dropped after multi_turn.ttl_ms",
-              static_cast<double>(cs.expired));
-  out.counter("pdrouter_multi_turn_evicted_total",
-              "Conversation entries dropped by multi_turn.max_entries / max_bytes", static_cast<double>(cs.evicted));
-  {
-    constexpr std::array<const char*, 5> kClasses{"render", "any_node", "pooling", "audio", "pass_through"};
-    constexpr std::array<const char*, 5> kOutcomes{"relayed", "not_supported", "no_node", "failed", "refused"};
-    for (size_t k = 0; k < kClasses.size(); ++k) {
-      for (size_t o = 0; o < kOutcomes.size(); ++o) {
-        out.counter("pdrouter_one_node_requests_total",
-                    "Requests of the one-node endpoints (render, tokenize, pooling, audio, pass-through) by outcome",
-                    value(c.one_node[k][o]), {{"endpoint_class", kClasses[k]}, {"outcome", kOutcomes[o]}});
-      }
-    }
-  }
-  out.counter("pdrouter_abort_requests_total",
-              "POST /abort_requests sent to tokens-only nodes for the open legs of cancelled "
-              "/inference/v1/generate requests, by answer",
-              value(c.abort_requests[0]), {{"result", "ok"}});
-  out.counter("pdrouter_abort_requests_total",
-              "POST /abort_requests sent to tokens-only nodes for the open legs of cancelled "
-              "/inference/v1/generate requests, by answer",
-              value(c.abort_requests[1]), {{"result", "failed"}});
+  write_cache_routing_metrics(out, c.cache_routing);
+  write_cache_tokenize_metrics(out, c.cache_tokenize);
+  write_decode_alone_metrics(out, c.decode_alone);
+  write_multi_turn_metrics(out, c.multi_turn, c.conversations);
+  write_one_node_metrics(out, c.one_node);
+  write_abort_requests_metrics(out, c.abort_requests);
   out.counter("pdrouter_profile_fanouts_total", "start_profile/stop_profile calls fanned out to every node",
               value(c.profile_fanouts));
   out.counter("pdrouter_upstream_legs_total",
@@ -266,16 +186,7 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
               value(c.request_deadlines));
   out.counter("pdrouter_prefill_deadlines_total", "Prefill legs closed at timeouts.prefill_ms (whole-leg deadline)",
               value(c.prefill_deadlines));
-  out.gauge("pdrouter_orphan_prefill_legs",
-            "Concurrent-dialect prefill legs still open after their request ended "
-            "(bounded per node by limits.max_orphan_legs_per_node)",
-            static_cast<double>(c.orphan_prefills.load(std::memory_order_relaxed)));
-  out.counter("pdrouter_orphan_prefill_closes_total",
-              "Orphaned prefill legs closed by pdrouter (grace period, prefill deadline or eviction)",
-              value(c.orphan_prefills_closed));
-  out.counter("pdrouter_orphan_prefill_evictions_total",
-              "Orphaned prefill legs closed early: a newer orphan of the node went over limits.max_orphan_legs_per_node",
-              value(c.orphan_prefills_evicted));
+  write_orphan_leg_metrics(out, c.orphan_legs);
   out.counter("pdrouter_prefill_bytes_discarded_total",
               "Prefill answer bytes read and dropped without buffering (answers nobody needs)",
               value(c.prefill_bytes_discarded));

@@ -1,5 +1,9 @@
 // What the P/D proxy counts, for /metrics: every request-state transition, why requests were
 // refused or failed, retries, and the side work (bootstrap queries, model lists, profile fan-out).
+// A component with counters of its own declares them beside its code and writes their /metrics
+// section there (cache_routing_counters.h, multi_turn_counters.h, decode_alone_counters.h,
+// one_node_counters.h, abort_requests_counters.h, orphan_legs_counters.h, pd_phases.h); ProxyCounters holds one of each
+// and write_proxy_metrics() calls their writers in the page's order.
 //
 // Written by every HTTP worker with relaxed atomics (each counter is independent), read by the
 // /metrics handler on any worker.
@@ -12,6 +16,12 @@
 #include <string_view>
 
 #include "base/latency_histogram.h"
+#include "router/proxy/abort_requests_counters.h"
+#include "router/proxy/cache_routing_counters.h"
+#include "router/proxy/decode_alone_counters.h"
+#include "router/proxy/multi_turn_counters.h"
+#include "router/proxy/one_node_counters.h"
+#include "router/proxy/orphan_legs_counters.h"
 #include "router/proxy/pd_phases.h"
 
 namespace pdr {
@@ -84,31 +94,12 @@ struct ProxyCounters {
   Counter bootstrap_queries_failed{0};
   Counter models_cache_hits{0};
   Counter models_fetches{0};
-  // Cache-aware routing (cache_routing.h), per [Leg][source: 0 kv_events, 1 prefix_tree]:
-  // requests routed with a cache lookup, those whose chosen node held part of the prompt, and
-  // the prompt units (tokens or bytes) it held out of those sent: matched / prompt is the prefix
-  // hit rate.
-  struct CacheRouting {
-    std::array<std::array<Counter, 2>, 2> requests{}, hits{}, matched_units{}, prompt_units{};
-  } cache_routing;
-  // Text prompts tokenized by a node for the cache lookup (cache_tokenize.h), by TokenizeResult.
-  std::array<Counter, 9> cache_tokenize{};
-  // Multi-turn KV reuse (multi_turn.h): turns that reused the last turn's decode KV, turns whose
-  // conversation had no live entry, entries whose decode could not be paired, entries stored,
-  // and turns that ended without usable kv_transfer_params from the decode. binding_mismatch:
-  // no entry of this client, but other clients hold the conversation_id; anonymous: no
-  // credential while multi_turn.allow_anonymous is false (no reuse); remote_host_mismatch: the
-  // entry's remote_host is not the decode's own host (proto::check_next_turn_remote_host; no reuse).
-  struct MultiTurn {
-    Counter reused{0}, no_entry{0}, decode_unavailable{0}, stored{0}, no_params{0};
-    Counter binding_mismatch{0}, anonymous{0}, remote_host_mismatch{0};
-  } multi_turn;
-  // Requests sent to their decode alone (decode_alone.h), by DecodeAloneReason.
-  std::array<Counter, 3> decode_alone{};
-  // POST /abort_requests sent to tokens-only nodes for cancelled legs (abort_requests.h), by
-  // answer: [2xx, other or no answer].
-  std::array<Counter, 2> abort_requests{};
-  // The conversation cache whose size /metrics shows; null: none (zeros).
+  CacheRoutingCounters cache_routing;    // cache-aware routing (cache_routing.h)
+  CacheTokenizeCounters cache_tokenize{};  // node tokenization for the lookup (cache_tokenize.h)
+  MultiTurnCounters multi_turn;          // multi-turn KV reuse (multi_turn.h)
+  DecodeAloneCounters decode_alone{};    // requests sent to their decode alone (decode_alone.h)
+  AbortRequestsCounters abort_requests{};  // aborts sent to tokens-only nodes (abort_requests.h)
+  // The conversation cache whose size the multi-turn section shows; null: none (zeros).
   const ConversationCache* conversations = nullptr;
   Counter profile_fanouts{0};
   Counter backpressure_pauses{0};     // decode reads paused because the client was slow
@@ -117,9 +108,7 @@ struct ProxyCounters {
   Counter client_write_stalls{0};     // streams aborted: the client stopped reading (timeouts.client_write_ms)
   Counter request_deadlines{0};       // requests ended by timeouts.request_ms
   Counter prefill_deadlines{0};       // prefill legs closed by timeouts.prefill_ms (whole leg)
-  std::atomic<int64_t> orphan_prefills{0};  // gauge: concurrent prefill legs outliving their request
-  Counter orphan_prefills_closed{0};  // of those, closed by pdrouter (grace, prefill deadline or eviction)
-  Counter orphan_prefills_evicted{0}; // of those, closed because a newer orphan of the node went over its limit
+  OrphanLegCounters orphan_legs;      // orphaned prefill legs (orphan_legs.h)
   Counter prefill_bytes_discarded{0}; // prefill answer bytes read and dropped unbuffered
   Counter held_stream_heads{0};       // decode SSE heads held until the first event (retry still possible)
   std::atomic<int64_t> buffered_bytes{0};   // gauge: request bodies + buffered answers (limits.max_buffered_bytes)
@@ -133,8 +122,7 @@ struct ProxyCounters {
   std::array<LatencyHistogram, 2> leg_duration{};
   // The P/D phases per dialect: prefill, handover, decode (pd_phases.h).
   PdPhaseHistograms pd_phases{};
-  // One-node endpoints (one_node_relay.h): [OneNodeClass: render, any_node, pooling, audio, pass_through][outcome: relayed, not_supported, no_node, failed, refused].
-  std::array<std::array<Counter, 5>, 5> one_node{};
+  OneNodeCounters one_node{};  // the one-node endpoints (one_node_relay.h)
 
   void transition(RequestState from, RequestState to) {
     transitions[static_cast<size_t>(from)][static_cast<size_t>(to)].fetch_add(1, std::memory_order_relaxed);
@@ -160,7 +148,8 @@ struct ProxyCounters {
   }
 };
 
-// Every counter above as Prometheus families (pdrouter_request_transitions_total{from,to}, ...).
+// Every counter above as Prometheus families (pdrouter_request_transitions_total{from,to}, ...),
+// the components' sections through their own writers.
 void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& counters);
 
 }  // namespace pdr::router::proxy

@@ -256,7 +256,7 @@ struct ProxySession::State {
   PdPhaseClock phases;          // this attempt's P/D phase times (pd_phases.h)
   bool prefill_timed = false;   // the prefill attempt in flight is not yet in leg_duration
   bool decode_timed = false;    // the decode attempt in flight is not yet in leg_duration
-  bool orphan = false;          // counted in orphan_prefills: the prefill leg outlives the request
+  bool orphan = false;          // counted in orphan_legs.open: the prefill leg outlives the request
   uint64_t orphan_id = 0;       // its entry in the worker's OrphanLegs (orphan_legs.h)
   int64_t budget_held = 0;      // bytes of limits.max_buffered_bytes this request holds (body + answer)
   int64_t answer_budget = 0;    // of which the buffered decode answer's
@@ -675,7 +675,7 @@ void ProxySession::close_orphan() {
   if (s.prefill_call) {
     s.prefill_call->cancel();
     s.prefill_call.reset();
-    s.w.counters().bump(s.w.counters().orphan_prefills_closed);
+    s.w.counters().bump(s.w.counters().orphan_legs.closed);
   }
   orphan_done();
 }
@@ -684,7 +684,7 @@ void ProxySession::orphan_done() {
   State& s = *s_;
   if (!s.orphan) return;
   s.orphan = false;
-  s.w.counters().orphan_prefills.fetch_sub(1, std::memory_order_relaxed);
+  s.w.counters().orphan_legs.open.fetch_sub(1, std::memory_order_relaxed);
   s.w.orphans().remove(s.prefill_key, s.orphan_id);
 }
 
@@ -1329,11 +1329,11 @@ void ProxySession::end(RequestState final_state) {
     std::weak_ptr<ProxySession> evicted;
     s.orphan_id = s.w.orphans().add(s.prefill_key, weak_from_this(), orphan_limit, &evicted);
     if (auto oldest = evicted.lock()) {
-      s.w.counters().bump(s.w.counters().orphan_prefills_evicted);
+      s.w.counters().bump(s.w.counters().orphan_legs.evicted);
       oldest->close_orphan();
     }
     s.orphan = true;
-    s.w.counters().orphan_prefills.fetch_add(1, std::memory_order_relaxed);
+    s.w.counters().orphan_legs.open.fetch_add(1, std::memory_order_relaxed);
     const auto grace = std::min(until(s.prefill_deadline), s.topo->timeouts.orphan_grace);
     s.prefill_timer.start(s.w.timers(), grace, [this] {  // see SessionTimers
       shared_from_this()->on_prefill_deadline();

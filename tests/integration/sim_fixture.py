@@ -6,7 +6,7 @@ and SSE helpers (shared by test_sim.py and the router tests that use sim nodes a
     --kv-backends: alone, it has no peer to move KV from, and tests send it made-up decode
     params; pd_fixture's clusters move real KV); kv_port is its KV side channel (nodes moving
     real KV) and kv_stats() its GET /sim/kv; request/post_json talk to it; sim_requests/reset/set_fault/clear_faults drive
-    its test endpoints (node/sim_server.h); wait_for_requests polls its request log with a
+    its test endpoints (node/sim/server.h); wait_for_requests polls its request log with a
     deadline; stop() is a clean SIGTERM, kill() a SIGKILL for "node died" tests.
   * sse_events(raw): the `data:` payloads of a complete SSE body.
   * stream_post(host, port, path, body): a streaming POST whose `data:` payloads are yielded as they

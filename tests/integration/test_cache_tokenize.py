@@ -23,7 +23,7 @@ KEY = "cache-tokenize-test-key"
 ENV = {"PDR_TEST_ADMIN_KEY": KEY}
 AUTH = {"Authorization": f"Bearer {KEY}"}
 WAIT_S = 15.0 * TIME_SCALE
-# The sim's vocabulary (node/sim_generation.cc): a word's token id is its index.
+# The sim's vocabulary (node/sim/generation.cc): a word's token id is its index.
 VOCABULARY = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog",
               "prefill", "decode", "cache", "block", "token", "model", "router", "node"]
 HELD_WORDS = VOCABULARY[:4 * BLOCK]  # 4 blocks held by prefill 1

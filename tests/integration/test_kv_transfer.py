@@ -1,5 +1,5 @@
 """Real KV bytes through pdrouter: every P/D request moves its prompt's KV from the prefill sim to
-the decode sim with the transfer engine, and the decode verifies every byte (node/sim_kv_mover.h).
+the decode sim with the transfer engine, and the decode verifies every byte (node/sim/kv_mover.h).
 
   * 200 mixed requests (completions and chat, streamed and not, 1..700-token prompts, 16 at a
     time) through pdrouter to 2 prefill + 2 decode sims, in MoRIIO READ mode (the decode READs the

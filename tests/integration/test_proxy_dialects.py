@@ -296,7 +296,7 @@ class MoriioCase(DialectCase):
         if self.PREFILL_DP > 1:
             want["remote_dp_rank"] = int(p["headers"]["x-data-parallel-rank"])
         if self.MODE == "READ":
-            # Copied from the prefill's answer (node/sim_kv.cc prefill_response_params).
+            # Copied from the prefill's answer (node/sim/kv.cc prefill_response_params).
             want["remote_engine_id"] = "127.0.0.1:%s" % flag(self.p, "--handshake-port")
             want["tp_size"] = 1
             blocks = dk.get("remote_block_ids")
@@ -342,7 +342,7 @@ class TestNixl(DialectCase, unittest.TestCase):
             "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
             "remote_block_ids": None, "remote_host": None, "remote_port": None})
         # The decode body is the client's, byte for byte, plus the prefill's kv_transfer_params
-        # (node/sim_kv.cc prefill_response_params; the internal id and block ids are random).
+        # (node/sim/kv.cc prefill_response_params; the internal id and block ids are random).
         self.assertTrue(d["body"].startswith(raw[:-1]), (raw, d["body"]))
         self.assertEqual(self.without_kv(db), body)
         dk = db["kv_transfer_params"]

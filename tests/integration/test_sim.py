@@ -343,7 +343,7 @@ class AbortTest(SimTestBase):
 
 
 class FaultTest(SimTestBase):
-    """POST /sim/faults (node/sim_server.h): each fault kind, as a router under test meets it."""
+    """POST /sim/faults (node/sim/server.h): each fault kind, as a router under test meets it."""
 
     def setUp(self):
         self.node = self.start("--role", "decode", "--connector", "nixl",

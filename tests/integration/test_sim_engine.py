@@ -1,4 +1,4 @@
-"""`pdnode sim --engine vllm`: the simulated vLLM V1 engine end to end (node/sim_engine/). Requests
+"""`pdnode sim --engine vllm`: the simulated vLLM V1 engine end to end (node/sim/engine/). Requests
 contend like on a GPU: concurrent prompts queue behind each other one engine step at a time, so the
 k-th time to first token is k prefill steps of the documented step-time formula (computed here from
 the formula); the same holds through a real pdrouter with a P/D pair, where the decode adds the
@@ -19,7 +19,7 @@ from pd_fixture import PdCluster
 from pdrouter_fixture import TIME_SCALE
 from sim_fixture import SimNode, stream_post
 
-# The default profile (node/sim_engine/engine_profile.h), in modelled milliseconds.
+# The default profile (node/sim/engine/profile.h), in modelled milliseconds.
 OVERHEAD_MS, WEIGHT_READ_MS, MS_PER_TOKEN = 1.5, 6.0, 0.018
 MS_PER_ATTENTION_PAIR, MS_PER_CONTEXT_TOKEN = 1.0e-6, 4.5e-5
 KV_BYTES_PER_TOKEN, KV_LATENCY_MS, KV_GBPS = 131072, 1.0, 25.0

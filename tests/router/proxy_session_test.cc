@@ -742,7 +742,7 @@ TEST_P(ProxySessionStates, EventInState) {
     bool orphan = false;
     ASSERT_TRUE(h.on_worker([&] { orphan = !serial && c.final_state == RS::kDone && fake.open_calls() == 1; }));
     if (orphan) {
-      EXPECT_EQ(h.counters().orphan_prefills.load(), 1);
+      EXPECT_EQ(h.counters().orphan_legs.open.load(), 1);
       ASSERT_TRUE(h.on_worker([&] {
         for (auto& call : fake.calls) {
           if (call->open()) {
@@ -760,7 +760,7 @@ TEST_P(ProxySessionStates, EventInState) {
   EXPECT_EQ(h.into(RS::kDone) + h.into(RS::kFailed) + h.into(RS::kCancelled), 1u) << "one end";
   EXPECT_EQ(h.counters().in_flight.load(), 0);
   EXPECT_EQ(h.counters().buffered_bytes.load(), 0) << "the budget is given back";
-  EXPECT_EQ(h.counters().orphan_prefills.load(), 0);
+  EXPECT_EQ(h.counters().orphan_legs.open.load(), 0);
   for (const auto& call : fake.calls) {
     EXPECT_NE(call->end, FakeCall::End::kOpen) << "leaked leg to " << call->target.to_string();
     EXPECT_NE(call->end, FakeCall::End::kPoolClosed)
@@ -871,11 +871,11 @@ TEST(ProxySessionOrphan, ClosedAtThePrefillDeadline) {
   EXPECT_EQ(r.status, 200);
   ASSERT_TRUE(h.wait_ended());
   EXPECT_EQ(h.into(RS::kDone), 1u);
-  EXPECT_EQ(h.counters().orphan_prefills.load(), 1) << "the open prefill counts against the limit";
+  EXPECT_EQ(h.counters().orphan_legs.open.load(), 1) << "the open prefill counts against the limit";
   ASSERT_TRUE(h.wait_until([&] { return !prefill->open(); }, "the orphan's deadline"));
   EXPECT_EQ(prefill->end, FakeCall::End::kCancelled);
-  EXPECT_EQ(h.counters().orphan_prefills.load(), 0);
-  EXPECT_EQ(h.counters().orphan_prefills_closed.load(), 1u);
+  EXPECT_EQ(h.counters().orphan_legs.open.load(), 0);
+  EXPECT_EQ(h.counters().orphan_legs.closed.load(), 1u);
   EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
 }
 
@@ -892,11 +892,11 @@ TEST(ProxySessionOrphan, ClosedByTheShutdown) {
   test::HttpResponse r = h.client.read_response(scaled_ms(10s));
   ASSERT_TRUE(r.ok()) << r.error;
   ASSERT_TRUE(h.wait_ended());
-  EXPECT_EQ(h.counters().orphan_prefills.load(), 1);
+  EXPECT_EQ(h.counters().orphan_legs.open.load(), 1);
   h.stop(0ms);
   EXPECT_EQ(h.fake.close_alls, 1);
   EXPECT_EQ(h.fake.calls.at(0)->end, FakeCall::End::kPoolClosed);
-  EXPECT_EQ(h.counters().orphan_prefills.load(), 0);
+  EXPECT_EQ(h.counters().orphan_legs.open.load(), 0);
   EXPECT_EQ(h.counters().in_flight.load(), 0);
 }
 
