@@ -223,7 +223,7 @@ Server::StartResult Server::check_configuration(config::Topology* topology) {
   // name while there are no client keys; the quick start runs so, on purpose.
   if (!t.client_auth.enabled() && !proto::names_loopback(t.listeners.http.host)) {
     pdr::log::warn("the client listener {} is reachable beyond this machine and client_auth.keys_file is not set: "
-                   "anyone who reaches it can send requests; set client_auth.keys_file (README, Security)",
+                   "anyone who reaches it can send requests; set client_auth.keys_file (docs/security.md)",
                    t.listeners.http.to_string());
   }
 

@@ -1,5 +1,5 @@
 """The access log (topology access_log:), end to end: a real pdrouter in front of real `pdnode sim`
-nodes (NIXL) writes one JSON line per client request, with the fields README "Access log" lists,
+nodes (NIXL) writes one JSON line per client request, with the fields docs/endpoints.md lists ("Client keys, tenants and the access log"),
 for P/D requests streamed and not and for refused ones; SIGUSR1 (logrotate) reopens the file;
 and an output that takes nothing (a FIFO nobody reads) makes pdrouter drop lines, counted, while
 every request is still answered at once.

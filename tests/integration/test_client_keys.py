@@ -1,6 +1,6 @@
 """Client API keys, tenants and their limits, end to end: a real pdrouter in front of real
 `pdnode sim` nodes (NIXL), with a key file (client_auth.keys_file), per-tenant limits (tenants:)
-and the access log (access_log:). README "Client keys and tenants" describes what is checked here:
+and the access log (access_log:). docs/endpoints.md ("Client keys, tenants and the access log") describes what is checked here:
 
   * every client endpoint but /health and /ready needs a key of the file, as `Authorization:
     Bearer` or `x-api-key` (401 in OpenAI's error shape, Anthropic's on /v1/messages; nothing is
