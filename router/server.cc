@@ -148,21 +148,14 @@ Server::StartResult Server::start() {
   }
 
   block_control_signals();
-  if (Status st = start_discovery(topology); !st.is_ok()) {
-    pdr::log::critical("{}", st.message());
-    return StartResult::kFailed;
-  }
-  if (Status st = start_kv_events(topology); !st.is_ok()) {
-    pdr::log::critical("{}", st.message());
-    return StartResult::kFailed;
-  }
-  if (Status st = start_replicator(topology); !st.is_ok()) {
-    pdr::log::critical("{}", st.message());
-    return StartResult::kFailed;
-  }
-  if (Status st = start_pod_watcher(topology); !st.is_ok()) {
-    pdr::log::critical("{}", st.message());
-    return StartResult::kFailed;
+  // The sources of the registry and what follows it, in order; each failure says what failed.
+  using Stage = Status (Server::*)(const config::Topology&);
+  for (Stage stage : {&Server::start_discovery, &Server::start_kv_events, &Server::start_replicator,
+                      &Server::start_pod_watcher}) {
+    if (Status st = (this->*stage)(topology); !st.is_ok()) {
+      pdr::log::critical("{}", st.message());
+      return StartResult::kFailed;
+    }
   }
   server_options_ = server_options(topology);
   fit_fd_limit(topology, &server_options_);
