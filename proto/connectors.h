@@ -2,7 +2,7 @@
 // (/status, the topology file, POST /admin/instances, the pdrouter registration's `connector`
 // key, `pdnode --connector`) and the other spellings it accepts. to_string(Connector),
 // parse_connector() and every "expected ..." list in an error message are read from this table,
-// so a new connector is one enumerator in node_spec.h, one row here, and its dialect plug-in
+// so a new connector is one enumerator and one row here, and its dialect plug-in
 // (proto/dialects/dialect.h: what the router does differently for it) plus the simulator's
 // (node/sim/dialect.h). tests/proto/connectors_test.cc walks the table.
 //
@@ -15,12 +15,14 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
-#include "proto/node_spec.h"
-
 namespace pdr::proto {
+
+// A node's KV connector, i.e. the dialect its legs speak. kUnknown: not said, or no connector.
+enum class Connector : uint8_t { kUnknown, kMoriio, kP2pNccl, kNixl, kMooncake, kSglang, kNixlPush };
 
 struct ConnectorRow {
   Connector connector;

@@ -19,12 +19,13 @@
 #include <vector>
 
 #include "proto/address.h"
+#include "proto/connectors.h"
 
 namespace pdr::proto {
 
 enum class Role : uint8_t { kPrefill, kDecode };
 enum class TransferMode : uint8_t { kNone, kRead, kWrite };  // kNone: dialect has no mode (P2P-NCCL)
-enum class Connector : uint8_t { kUnknown, kMoriio, kP2pNccl, kNixl, kMooncake, kSglang, kNixlPush };
+// Connector, the KV connector enum, is declared with its table of names in proto/connectors.h.
 
 // Lower-case names used in /status, the topology file and CLI flags:
 // role "prefill"/"decode"; mode "READ"/"WRITE"/"none"; connector: its row's name in

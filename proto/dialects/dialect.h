@@ -8,8 +8,8 @@
 // pairing read these fields and never name a dialect.
 //
 // Adding a dialect = one file in proto/dialects/ defining its `const Dialect` + one line in
-// registry.cc's table (+ for a new connector its enumerator in proto/node_spec.h and its names
-// row in proto/connectors.h; + the simulator's side, node/sim/dialects/). The per-dialect leg
+// registry.cc's table (+ for a new connector its enumerator and its names row, both in
+// proto/connectors.h; + the simulator's side, node/sim/dialects/). The per-dialect leg
 // facts are in proto/REQUEST_LEGS.md; the wire facts in docs/design/wire-formats.md.
 //
 // Pure data and pure functions: no I/O (pre-steps that need I/O are run by the router,
