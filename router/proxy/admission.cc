@@ -18,7 +18,7 @@ AdmissionSlot& AdmissionSlot::operator=(AdmissionSlot&& other) noexcept {
 
 void AdmissionSlot::release() {
   if (counters_ == nullptr) return;
-  if (bytes_ != 0) counters_->buffered_bytes.fetch_sub(bytes_, std::memory_order_relaxed);
+  if (bytes_ != 0) counters_->buffered.release(bytes_);
   counters_->in_flight.fetch_sub(1, std::memory_order_relaxed);
   counters_ = nullptr;
 }
@@ -67,7 +67,7 @@ std::optional<AdmissionSlot> take_admission_slot(WorkerContext& worker, http::Re
   const size_t charged = request.body_charge.bytes();
   const size_t buffer = charged != 0 || request.body.empty() ? 0 : request.body.capacity();
   const size_t extra = buffer + leg_copies * request.body.size();
-  if (!counters.reserve_buffered(extra, budget)) {
+  if (!counters.buffered.reserve(extra, budget)) {
     return refuse_for_now(Refusal::kMemoryBudget, 503,
                           "pdrouter is holding too many request bytes (limits.max_buffered_bytes = " +
                               std::to_string(budget) + ")",

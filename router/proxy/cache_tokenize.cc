@@ -102,7 +102,7 @@ struct TokenizeCall {
   uint64_t budget = 0;  // limits.max_buffered_bytes (0: none)
   int status = 0;
   std::string answer;
-  size_t reserved = 0;  // answer bytes counted in counters->buffered_bytes
+  size_t reserved = 0;  // answer bytes taken from counters->buffered
   std::weak_ptr<UpstreamPort::Call> call;
   SessionTimer deadline;
 
@@ -115,7 +115,7 @@ struct TokenizeCall {
       node.reset();
     }
     if (reserved != 0) {
-      counters->buffered_bytes.fetch_sub(static_cast<int64_t>(reserved), std::memory_order_relaxed);
+      counters->buffered.release(static_cast<int64_t>(reserved));
       reserved = 0;
     }
     answer = std::string();
@@ -188,7 +188,7 @@ UpstreamPort::CallPtr start_tokenize(WorkerContext& worker, const proto::JsonObj
     if (state->answer.size() + chunk.size() > state->max_bytes) return state->abandon(TokenizeResult::kTooLarge);
     // The answer is held in memory until it is whole: it takes its share of the budget every
     // request body and buffered answer shares.
-    if (!state->counters->reserve_buffered(chunk.size(), state->budget)) {
+    if (!state->counters->buffered.reserve(chunk.size(), state->budget)) {
       return state->abandon(TokenizeResult::kMemoryBudget);
     }
     state->reserved += chunk.size();

@@ -39,7 +39,7 @@ void serve_models(WorkerContext& worker, const http::Request& request, http::Res
   ModelsCache& cache = worker.models();
   const auto now = std::chrono::steady_clock::now();
   if (!cache.body.empty() && now - cache.fetched_at < ModelsCache::kTtl) {
-    worker.counters().bump(worker.counters().models_cache_hits);
+    worker.counters().bump(worker.counters().models.cache_hits);
     writer.send(http::Response::json(200, cache.body));
     return;
   }
@@ -67,7 +67,7 @@ void serve_models(WorkerContext& worker, const http::Request& request, http::Res
   };
   auto fetch = std::make_shared<Fetch>();
   fetch->writer = std::move(writer);
-  worker.counters().bump(worker.counters().models_fetches);
+  worker.counters().bump(worker.counters().models.fetches);
   http::UpstreamCallbacks cb;
   cb.on_head = [fetch](int status, const std::vector<http::Header>&) { fetch->status = status; };
   cb.on_body = [fetch](std::string_view chunk) {

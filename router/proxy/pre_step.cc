@@ -18,11 +18,11 @@ void query_prefill_engines(WorkerContext& w, const config::Topology& topology,
                    [&w, instance, prefill_rank, done = std::move(done)](const Status& status,
                                                                          const proto::MooncakeEngines* engines) {
                      if (!status.is_ok()) {
-                       w.counters().bump(w.counters().bootstrap_queries_failed);
+                       w.counters().bump(w.counters().bootstrap_queries.failed);
                        done(status, PrefillFacts{});
                        return;
                      }
-                     w.counters().bump(w.counters().bootstrap_queries_ok);
+                     w.counters().bump(w.counters().bootstrap_queries.ok);
                      PrefillFacts facts;
                      facts.prefill_rank = prefill_rank;
                      const auto ranks = static_cast<uint32_t>(engines->engine_ids.size());

@@ -9,7 +9,7 @@
 //                         dp_size = len(/query)): when that differs from the registered dp_size,
 //                         the rank is chosen again over the table's ranks, so a topology entry
 //                         that left dp_size out does not leave a multi-rank prefill unpinned.
-//                         Counted in bootstrap_queries_ok / bootstrap_queries_failed.
+//                         Counted in BootstrapQueryCounters (pre_step_counters.h).
 //
 // Worker thread only; `done` runs on the worker, possibly inside run_pre_step.
 #pragma once

@@ -155,28 +155,16 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
               value(c.local_prefill_fallbacks));
   out.counter("pdrouter_client_disconnects_total", "Requests cancelled because the client went away",
               value(c.client_disconnects));
-  out.counter("pdrouter_bootstrap_queries_total", "Mooncake bootstrap /query calls by result",
-              value(c.bootstrap_queries_ok), {{"result", "ok"}});
-  out.counter("pdrouter_bootstrap_queries_total", "Mooncake bootstrap /query calls by result",
-              value(c.bootstrap_queries_failed), {{"result", "failed"}});
-  out.counter("pdrouter_models_requests_total", "GET /v1/models answers by source", value(c.models_cache_hits),
-              {{"source", "cache"}});
-  out.counter("pdrouter_models_requests_total", "GET /v1/models answers by source", value(c.models_fetches),
-              {{"source", "upstream"}});
+  write_bootstrap_query_metrics(out, c.bootstrap_queries);
+  write_models_metrics(out, c.models);
   write_cache_routing_metrics(out, c.cache_routing);
   write_cache_tokenize_metrics(out, c.cache_tokenize);
   write_decode_alone_metrics(out, c.decode_alone);
   write_multi_turn_metrics(out, c.multi_turn, c.conversations);
   write_one_node_metrics(out, c.one_node);
   write_abort_requests_metrics(out, c.abort_requests);
-  out.counter("pdrouter_profile_fanouts_total", "start_profile/stop_profile calls fanned out to every node",
-              value(c.profile_fanouts));
-  out.counter("pdrouter_upstream_legs_total",
-              "Upstream legs that got an answer, by connection (many 'new' means keep-alive is not working)",
-              value(c.legs_on_new_connection), {{"connection", "new"}});
-  out.counter("pdrouter_upstream_legs_total",
-              "Upstream legs that got an answer, by connection (many 'new' means keep-alive is not working)",
-              value(c.legs_on_pooled_connection), {{"connection", "pooled"}});
+  write_profile_fanout_metrics(out, c.profile_fanouts);
+  write_upstream_leg_metrics(out, c.upstream_legs);
   out.counter("pdrouter_backpressure_pauses_total", "Decode reads paused because the client read slowly",
               value(c.backpressure_pauses));
   out.counter("pdrouter_client_write_stalls_total",
@@ -193,11 +181,7 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
   out.counter("pdrouter_held_stream_heads_total",
               "Decode stream heads held back until the first event, so a silent decode can still be retried",
               value(c.held_stream_heads));
-  out.gauge("pdrouter_buffered_bytes", "Bytes of request bodies and buffered answers held (limits.max_buffered_bytes)",
-            static_cast<double>(c.buffered_bytes.load(std::memory_order_relaxed)));
-  out.counter("pdrouter_buffered_answers_over_budget_total",
-              "Buffered decode answers failed because limits.max_buffered_bytes was reached",
-              value(c.buffered_answers_over_budget));
+  write_buffer_budget_metrics(out, c.buffered);
 }
 
 }  // namespace pdr::router::proxy

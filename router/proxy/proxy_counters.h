@@ -1,9 +1,20 @@
-// What the P/D proxy counts, for /metrics: every request-state transition, why requests were
-// refused or failed, retries, and the side work (bootstrap queries, model lists, profile fan-out).
+// What the P/D request session (proxy_session.h) counts, for /metrics, and the proxy's page
+// section: its state transitions and how requests ended, why requests were refused before any
+// upstream work, each leg attempt's failures, retries and node ejections, the in-flight gauge, the
+// request, time-to-first-byte and leg latencies, and what befalls it on the way: mid-stream
+// error events, local prefill fallbacks, client disconnects, back-pressure pauses, client write
+// stalls, request and prefill deadlines, discarded prefill bytes and held stream heads. What
+// refuses a request before its session starts (admission.h, ProxyService's path and body checks)
+// counts into the same refusals and in-flight gauge, and the one-node relay (one_node_relay.h)
+// into the same pauses and stalls, so each has one total.
+//
 // A component with counters of its own declares them beside its code and writes their /metrics
-// section there (cache_routing_counters.h, multi_turn_counters.h, decode_alone_counters.h,
-// one_node_counters.h, abort_requests_counters.h, orphan_legs_counters.h, pd_phases.h); ProxyCounters holds one of each
-// and write_proxy_metrics() calls their writers in the page's order.
+// section there: pre_step_counters.h (Mooncake bootstrap queries), node_endpoints_counters.h
+// (/v1/models and profile fan-outs), cache_routing_counters.h, decode_alone_counters.h,
+// multi_turn_counters.h, one_node_counters.h, abort_requests_counters.h, upstream_legs_counters.h
+// (connection reuse), orphan_legs_counters.h, buffer_budget.h (limits.max_buffered_bytes) and
+// pd_phases.h. ProxyCounters holds one of each and write_proxy_metrics() calls their writers in
+// the page's order.
 //
 // Written by every HTTP worker with relaxed atomics (each counter is independent), read by the
 // /metrics handler on any worker.
@@ -17,12 +28,16 @@
 
 #include "base/latency_histogram.h"
 #include "router/proxy/abort_requests_counters.h"
+#include "router/proxy/buffer_budget.h"
 #include "router/proxy/cache_routing_counters.h"
 #include "router/proxy/decode_alone_counters.h"
 #include "router/proxy/multi_turn_counters.h"
+#include "router/proxy/node_endpoints_counters.h"
 #include "router/proxy/one_node_counters.h"
 #include "router/proxy/orphan_legs_counters.h"
 #include "router/proxy/pd_phases.h"
+#include "router/proxy/pre_step_counters.h"
+#include "router/proxy/upstream_legs_counters.h"
 
 namespace pdr {
 class MetricsWriter;
@@ -90,10 +105,8 @@ struct ProxyCounters {
   Counter mid_stream_errors{0};       // streams ended with an error event
   Counter local_prefill_fallbacks{0}; // prefill exported no KV: decode sent as a plain request
   Counter client_disconnects{0};      // cancelled because the client went away
-  Counter bootstrap_queries_ok{0};
-  Counter bootstrap_queries_failed{0};
-  Counter models_cache_hits{0};
-  Counter models_fetches{0};
+  BootstrapQueryCounters bootstrap_queries;  // Mooncake's pre-step (pre_step.h)
+  ModelsCounters models;                 // GET /v1/models (node_endpoints.h)
   CacheRoutingCounters cache_routing;    // cache-aware routing (cache_routing.h)
   CacheTokenizeCounters cache_tokenize{};  // node tokenization for the lookup (cache_tokenize.h)
   MultiTurnCounters multi_turn;          // multi-turn KV reuse (multi_turn.h)
@@ -101,18 +114,16 @@ struct ProxyCounters {
   AbortRequestsCounters abort_requests{};  // aborts sent to tokens-only nodes (abort_requests.h)
   // The conversation cache whose size the multi-turn section shows; null: none (zeros).
   const ConversationCache* conversations = nullptr;
-  Counter profile_fanouts{0};
+  ProfileFanoutCounter profile_fanouts{0};  // profile fan-outs (node_endpoints.h)
   Counter backpressure_pauses{0};     // decode reads paused because the client was slow
-  Counter legs_on_new_connection{0};    // legs answered on a freshly connected socket
-  Counter legs_on_pooled_connection{0}; // legs answered on a pooled keep-alive connection
+  UpstreamLegCounters upstream_legs;  // legs answered, by connection reuse (upstream_legs_counters.h)
   Counter client_write_stalls{0};     // streams aborted: the client stopped reading (timeouts.client_write_ms)
   Counter request_deadlines{0};       // requests ended by timeouts.request_ms
   Counter prefill_deadlines{0};       // prefill legs closed by timeouts.prefill_ms (whole leg)
   OrphanLegCounters orphan_legs;      // orphaned prefill legs (orphan_legs.h)
   Counter prefill_bytes_discarded{0}; // prefill answer bytes read and dropped unbuffered
   Counter held_stream_heads{0};       // decode SSE heads held until the first event (retry still possible)
-  std::atomic<int64_t> buffered_bytes{0};   // gauge: request bodies + buffered answers (limits.max_buffered_bytes)
-  Counter buffered_answers_over_budget{0};  // decode answers failed: buffering them would exceed the budget
+  BufferBudget buffered;  // limits.max_buffered_bytes, taken by bodies and buffered answers (buffer_budget.h)
   // Latencies (base/latency_histogram.h): the whole P/D request by outcome [done, failed,
   // cancelled] (arrival = request head parsed, to its end), arrival to the first byte of the
   // answer's body sent to the client, and each leg attempt by [Leg] (sent to its answer complete
@@ -134,22 +145,10 @@ struct ProxyCounters {
   void retried(Leg leg) { retries[static_cast<size_t>(leg)].fetch_add(1, std::memory_order_relaxed); }
   void ejected(Leg leg) { ejections[static_cast<size_t>(leg)].fetch_add(1, std::memory_order_relaxed); }
   static void bump(Counter& c) { c.fetch_add(1, std::memory_order_relaxed); }
-  // Takes `bytes` from the shared buffered-bytes budget (limits.max_buffered_bytes; 0 = none).
-  // False (and nothing taken) if that would go over it. Give them back with
-  // buffered_bytes.fetch_sub.
-  bool reserve_buffered(size_t bytes, uint64_t budget) {
-    const auto n = static_cast<int64_t>(bytes);
-    const int64_t before = buffered_bytes.fetch_add(n, std::memory_order_relaxed);
-    if (budget != 0 && static_cast<uint64_t>(before + n) > budget) {
-      buffered_bytes.fetch_sub(n, std::memory_order_relaxed);
-      return false;
-    }
-    return true;
-  }
 };
 
-// Every counter above as Prometheus families (pdrouter_request_transitions_total{from,to}, ...),
-// the components' sections through their own writers.
+// The session's counters above as Prometheus families (pdrouter_request_transitions_total{from,to},
+// ...), the components' sections through their own writers, in the page's order.
 void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& counters);
 
 }  // namespace pdr::router::proxy

@@ -144,13 +144,13 @@ bool ProxyService::pass_through(http::Request& request, http::ResponseWriter& wr
 
 bool ProxyService::reserve(uint32_t worker_index, size_t bytes) {
   // The limit is the worker's current topology's (a reload applies to the next body).
-  if (shared_.counters.reserve_buffered(bytes, worker(worker_index).topology()->limits.max_buffered_bytes)) return true;
+  if (shared_.counters.buffered.reserve(bytes, worker(worker_index).topology()->limits.max_buffered_bytes)) return true;
   shared_.counters.refuse(Refusal::kMemoryBudget);
   return false;
 }
 
 void ProxyService::release(size_t bytes) {
-  shared_.counters.buffered_bytes.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  shared_.counters.buffered.release(static_cast<int64_t>(bytes));
 }
 
 void ProxyService::count_pass_through_refused(const http::Request& request) {

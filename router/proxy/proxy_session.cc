@@ -304,7 +304,7 @@ ProxySession::~ProxySession() {
   }
   orphan_done();
   // The request body and any buffered answer are freed with the session.
-  if (s_->budget_held != 0) s_->w.counters().buffered_bytes.fetch_sub(s_->budget_held, std::memory_order_relaxed);
+  if (s_->budget_held != 0) s_->w.counters().buffered.release(s_->budget_held);
 }
 
 bool ProxySession::finished() const { return s_->ended; }
@@ -851,8 +851,7 @@ void ProxySession::leg_ended(Leg leg) {
 
 void ProxySession::count_connection(const UpstreamPort::Call* call) {
   if (call == nullptr) return;
-  auto& counters = s_->w.counters();
-  counters.bump(call->reused_connection() ? counters.legs_on_pooled_connection : counters.legs_on_new_connection);
+  s_->w.counters().upstream_legs.answered(call->reused_connection());
 }
 
 void ProxySession::node_answered(Leg leg, const UpstreamPort::Call* call) {
@@ -1020,7 +1019,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     return;
   }
   if (ok_status && !reserve_answer_budget(chunk.size())) {
-    s.w.counters().bump(s.w.counters().buffered_answers_over_budget);
+    s.w.counters().bump(s.w.counters().buffered.answers_over_budget);
     if (may_log(s.w)) {
       pdr::log::warn("request {}: decode answer not buffered: limits.max_buffered_bytes = {} reached",
                    s.legs.plan.request_id, s.topo->limits.max_buffered_bytes);
@@ -1036,7 +1035,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
 
 bool ProxySession::reserve_answer_budget(size_t bytes) {
   State& s = *s_;
-  if (!s.w.counters().reserve_buffered(bytes, s.topo->limits.max_buffered_bytes)) return false;
+  if (!s.w.counters().buffered.reserve(bytes, s.topo->limits.max_buffered_bytes)) return false;
   s.answer_budget += static_cast<int64_t>(bytes);
   s.budget_held += static_cast<int64_t>(bytes);
   return true;
@@ -1045,7 +1044,7 @@ bool ProxySession::reserve_answer_budget(size_t bytes) {
 void ProxySession::release_answer_budget() {
   State& s = *s_;
   if (s.answer_budget == 0) return;
-  s.w.counters().buffered_bytes.fetch_sub(s.answer_budget, std::memory_order_relaxed);
+  s.w.counters().buffered.release(s.answer_budget);
   s.budget_held -= s.answer_budget;
   s.answer_budget = 0;
 }
@@ -1353,7 +1352,7 @@ void ProxySession::end(RequestState final_state) {
   s.legs.decode.body = proto::JsonObjectBody();
   s.decode_body = std::string();
   if (s.budget_held != 0) {
-    s.w.counters().buffered_bytes.fetch_sub(s.budget_held, std::memory_order_relaxed);
+    s.w.counters().buffered.release(s.budget_held);
     s.budget_held = 0;
     s.answer_budget = 0;
   }

@@ -84,8 +84,8 @@ struct AdmittedRequest {
   std::string authorization;  // client's Authorization header, "" if none
   std::string affinity_header_value;
   std::string bind_header_value;  // multi_turn.bind_to header:<name>: that header's value
-  // Bytes of limits.max_buffered_bytes reserved for `body` by ProxyService (ProxyCounters::
-  // reserve_buffered); the session gives them back when it is destroyed.
+  // Bytes of limits.max_buffered_bytes reserved for `body` by ProxyService (BufferBudget::
+  // reserve, buffer_budget.h); the session gives them back when it is destroyed.
   size_t budget_bytes = 0;
   // When the request head was parsed (http::Request::head_at): the latency histograms start
   // there. Unset (epoch): the session's creation.

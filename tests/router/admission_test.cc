@@ -14,7 +14,7 @@ namespace {
 // What take_admission_slot counts before it hands out a slot.
 AdmissionSlot take(ProxyCounters& c, size_t bytes) {
   c.in_flight.fetch_add(1);
-  EXPECT_TRUE(c.reserve_buffered(bytes, 0));
+  EXPECT_TRUE(c.buffered.reserve(bytes, 0));
   return AdmissionSlot(c, bytes);
 }
 
@@ -23,14 +23,14 @@ TEST(AdmissionSlot, ReleaseGivesBothBackOnce) {
   AdmissionSlot slot = take(c, 100);
   EXPECT_TRUE(slot.held());
   EXPECT_EQ(c.in_flight.load(), 1);
-  EXPECT_EQ(c.buffered_bytes.load(), 100);
+  EXPECT_EQ(c.buffered.held.load(), 100);
   slot.release();
   EXPECT_FALSE(slot.held());
   EXPECT_EQ(c.in_flight.load(), 0);
-  EXPECT_EQ(c.buffered_bytes.load(), 0);
+  EXPECT_EQ(c.buffered.held.load(), 0);
   slot.release();  // a second end (a close after a failure) takes nothing more
   EXPECT_EQ(c.in_flight.load(), 0);
-  EXPECT_EQ(c.buffered_bytes.load(), 0);
+  EXPECT_EQ(c.buffered.held.load(), 0);
 }
 
 TEST(AdmissionSlot, DestructionReleasesWhatWasNotReleased) {
@@ -40,13 +40,13 @@ TEST(AdmissionSlot, DestructionReleasesWhatWasNotReleased) {
     EXPECT_EQ(c.in_flight.load(), 1);
   }
   EXPECT_EQ(c.in_flight.load(), 0);
-  EXPECT_EQ(c.buffered_bytes.load(), 0);
+  EXPECT_EQ(c.buffered.held.load(), 0);
   {
     AdmissionSlot slot = take(c, 7);
     slot.release();
   }
   EXPECT_EQ(c.in_flight.load(), 0);
-  EXPECT_EQ(c.buffered_bytes.load(), 0);
+  EXPECT_EQ(c.buffered.held.load(), 0);
 }
 
 TEST(AdmissionSlot, MovesCarryTheSlot) {
@@ -60,10 +60,10 @@ TEST(AdmissionSlot, MovesCarryTheSlot) {
   AdmissionSlot other = take(c, 3);
   holder = std::move(other);  // assigning over a held slot releases it first
   EXPECT_EQ(c.in_flight.load(), 1);
-  EXPECT_EQ(c.buffered_bytes.load(), 3);
+  EXPECT_EQ(c.buffered.held.load(), 3);
   holder.release();
   EXPECT_EQ(c.in_flight.load(), 0);
-  EXPECT_EQ(c.buffered_bytes.load(), 0);
+  EXPECT_EQ(c.buffered.held.load(), 0);
 }
 
 TEST(AdmissionSlot, HandOverLeavesTheCountsToTheNewOwner) {
@@ -74,7 +74,7 @@ TEST(AdmissionSlot, HandOverLeavesTheCountsToTheNewOwner) {
     EXPECT_FALSE(slot.held());
   }
   EXPECT_EQ(c.in_flight.load(), 1);  // the session gives them back when it ends
-  EXPECT_EQ(c.buffered_bytes.load(), 9);
+  EXPECT_EQ(c.buffered.held.load(), 9);
 }
 
 }  // namespace

@@ -261,7 +261,7 @@ TEST(CacheTokenize, TheWholeCallHasADeadline) {
   EXPECT_LT(took, test::scaled(2s));
   EXPECT_GE(trickle.bytes, 3);  // the node kept sending: no per-read timeout would have fired
   EXPECT_TRUE(call->cancelled);
-  EXPECT_EQ(h.shared.counters.buffered_bytes.load(), 0);
+  EXPECT_EQ(h.shared.counters.buffered.held.load(), 0);
 }
 
 // The answer is held in memory until whole: its bytes count in limits.max_buffered_bytes with
@@ -270,7 +270,7 @@ TEST(CacheTokenize, TheWholeCallHasADeadline) {
 TEST(CacheTokenize, TheAnswerTakesItsShareOfTheMemoryBudget) {
   auto tokenizer = node("127.0.0.6", Role::kDecode, Connector::kUnknown, kTokenizeLabel);
   TokenizeHarness h({tokenizer}, 10s, /*budget=*/1000);
-  auto& buffered = h.shared.counters.buffered_bytes;
+  auto& buffered = h.shared.counters.buffered.held;
   std::optional<Outcome> out;
   h.start(&out);
   std::shared_ptr<FakeCall> call = h.port.calls.back();

@@ -313,7 +313,7 @@ class Harness {
     if (!context_) context_ = std::make_unique<WorkerContext>(shared_, 0, server_.loop(0), &fake);
     ProxyCounters& c = shared_.counters;
     c.in_flight.fetch_add(1, std::memory_order_relaxed);
-    EXPECT_TRUE(c.reserve_buffered(request.body.size(), 0));
+    EXPECT_TRUE(c.buffered.reserve(request.body.size(), 0));
     AdmittedRequest admitted;
     admitted.budget_bytes = request.body.size();
     admitted.path = std::move(request.path);
@@ -759,7 +759,7 @@ TEST_P(ProxySessionStates, EventInState) {
   EXPECT_EQ(h.into(c.final_state), 1u) << to_string(c.final_state);
   EXPECT_EQ(h.into(RS::kDone) + h.into(RS::kFailed) + h.into(RS::kCancelled), 1u) << "one end";
   EXPECT_EQ(h.counters().in_flight.load(), 0);
-  EXPECT_EQ(h.counters().buffered_bytes.load(), 0) << "the budget is given back";
+  EXPECT_EQ(h.counters().buffered.held.load(), 0) << "the budget is given back";
   EXPECT_EQ(h.counters().orphan_legs.open.load(), 0);
   for (const auto& call : fake.calls) {
     EXPECT_NE(call->end, FakeCall::End::kOpen) << "leaked leg to " << call->target.to_string();
@@ -876,7 +876,7 @@ TEST(ProxySessionOrphan, ClosedAtThePrefillDeadline) {
   EXPECT_EQ(prefill->end, FakeCall::End::kCancelled);
   EXPECT_EQ(h.counters().orphan_legs.open.load(), 0);
   EXPECT_EQ(h.counters().orphan_legs.closed.load(), 1u);
-  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+  EXPECT_EQ(h.counters().buffered.held.load(), 0);
 }
 
 // The router shuts down while an orphan is open: the port's close_all ends it, and the gauge
@@ -1008,7 +1008,7 @@ TEST(ProxySessionBackPressure, PausedAboveTheHighWaterResumedOnDrain) {
   ASSERT_TRUE(h.wait_ended());
   EXPECT_EQ(h.into(RS::kDone), 1u);
   EXPECT_EQ(h.counters().client_write_stalls.load(), 0u);
-  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+  EXPECT_EQ(h.counters().buffered.held.load(), 0);
 }
 
 // A client that reads nothing: once the kernel's buffers are full the queue stops going down, and
@@ -1043,7 +1043,7 @@ TEST(ProxySessionBackPressure, ClientReadingNothingIsCutOff) {
   EXPECT_EQ(received.find("0\r\n\r\n"), std::string::npos) << "no terminating chunk";
   ::close(fd);
   EXPECT_EQ(h.counters().in_flight.load(), 0);
-  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+  EXPECT_EQ(h.counters().buffered.held.load(), 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1063,7 +1063,7 @@ TEST(ProxySessionJson, AnswerRelayedWholeAndBudgetGivenBack) {
     decode->body(kJsonAnswer.substr(10));
   }));
   EXPECT_EQ(h.transitions(RS::kDecodeSent, RS::kStreaming), 1u);
-  EXPECT_EQ(h.counters().buffered_bytes.load(), static_cast<int64_t>(kJsonBody.size() + kJsonAnswer.size()))
+  EXPECT_EQ(h.counters().buffered.held.load(), static_cast<int64_t>(kJsonBody.size() + kJsonAnswer.size()))
       << "the body and the buffered answer hold their share of the budget";
   ASSERT_TRUE(h.on_worker([&] { decode->complete(); }));
   test::HttpResponse r = h.client.read_response(scaled_ms(10s));
@@ -1073,7 +1073,7 @@ TEST(ProxySessionJson, AnswerRelayedWholeAndBudgetGivenBack) {
   EXPECT_EQ(r.header("X-Request-Id").value_or(""), decode->request_id());
   ASSERT_TRUE(h.wait_ended());
   EXPECT_EQ(h.into(RS::kDone), 1u);
-  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+  EXPECT_EQ(h.counters().buffered.held.load(), 0);
 }
 
 TEST(ProxySessionJson, DecodeFailingAfterItsHeadIs502) {
@@ -1094,7 +1094,7 @@ TEST(ProxySessionJson, DecodeFailingAfterItsHeadIs502) {
   EXPECT_EQ(h.into(RS::kFailed), 1u);
   EXPECT_EQ(h.retries(Leg::kDecode), 0u);
   EXPECT_EQ(h.counters().mid_stream_errors.load(), 0u);
-  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+  EXPECT_EQ(h.counters().buffered.held.load(), 0);
   h.stop(0ms);
   EXPECT_EQ(h.fake.calls.size(), 2u);
 }
@@ -1120,7 +1120,7 @@ TEST(ProxySessionKvParams, NulledInAJsonAnswer) {
   EXPECT_EQ(r.body, R"({"id":"cmpl-2","choices":[{"text":"AB"}],"kv_transfer_params":null})");
   ASSERT_TRUE(h.wait_ended());
   EXPECT_EQ(h.into(RS::kDone), 1u);
-  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+  EXPECT_EQ(h.counters().buffered.held.load(), 0);
 }
 
 TEST(ProxySessionKvParams, NulledInTheStreamEventCarryingThemEvenSplitAcrossReads) {
@@ -1204,7 +1204,7 @@ TEST(ProxySessionKvParams, AJsonAnswerCarryingThemThatIsNotJsonIs502) {
   EXPECT_NE(r.body.find("\"code\":\"decode_failed\""), std::string::npos) << r.body;
   ASSERT_TRUE(h.wait_ended());
   EXPECT_EQ(h.into(RS::kFailed), 1u);
-  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+  EXPECT_EQ(h.counters().buffered.held.load(), 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1226,7 +1226,7 @@ TEST(ProxySessionMooncake, BootstrapFailureRetriesAnotherPrefill) {
   ASSERT_TRUE(h.on_worker([&] { query2 = h.fake.calls.at(1); }));
   ASSERT_TRUE(query2->bootstrap_query());
   EXPECT_NE(query2->target.host, query1->target.host) << "a prefill not tried before";
-  EXPECT_EQ(h.counters().bootstrap_queries_failed.load(), 1u);
+  EXPECT_EQ(h.counters().bootstrap_queries.failed.load(), 1u);
   EXPECT_EQ(h.failures(Leg::kPrefill, LegFailure::kBootstrap), 1u);
   EXPECT_EQ(h.retries(Leg::kPrefill), 1u);
   ASSERT_TRUE(h.on_worker([&] { query2->answer(200, "application/json", kMooncakeQueryAnswer); }));
@@ -1247,7 +1247,7 @@ TEST(ProxySessionMooncake, BootstrapFailureRetriesAnotherPrefill) {
   EXPECT_EQ(r.status, 200);
   ASSERT_TRUE(h.wait_ended());
   EXPECT_EQ(h.into(RS::kDone), 1u);
-  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+  EXPECT_EQ(h.counters().buffered.held.load(), 0);
 }
 
 // The client leaves while the bootstrap query is out: the request ends at once (no leg is ever
@@ -1302,7 +1302,7 @@ TEST(ProxySessionMooncake, ClientCloseDuringTheBootstrapQuery) {
   ASSERT_EQ(asked.size(), 2u) << "one query per prefill";
   EXPECT_NE(asked[0], asked[1]);
   EXPECT_EQ(h.counters().in_flight.load(), 0);
-  EXPECT_EQ(h.counters().buffered_bytes.load(), 0);
+  EXPECT_EQ(h.counters().buffered.held.load(), 0);
 }
 
 // ---------------------------------------------------------------------------------------------
