@@ -103,7 +103,7 @@ class EngineQueueingTest(unittest.TestCase):
     # Wall-clock seconds per modelled second: the engine slows down with the build, so its
     # steps stay long next to the sanitizers' HTTP and JSON overheads and a loaded machine's
     # scheduling noise.
-    SCALE = 2 * TIME_SCALE
+    SCALE = 4 * TIME_SCALE
 
     def assert_queueing(self, timings, first_ms, step_ms):
         """timings: concurrent_ttfts' answer. The first TTFT is first_ms (modelled ms x SCALE), no
