@@ -209,6 +209,9 @@ class FaultyBackend final : public Backend {
                       cause, 0});
         lock.lock();
       }
+      // The scan above lets go of the lock to finish a cancelled task: a stop() that came then
+      // set stopped_ and notified nobody, so it is looked at again before any wait.
+      if (stopped_) break;
       if (delayed_.empty()) {
         cv_.wait(lock);
         continue;
