@@ -36,6 +36,24 @@ if command -v ccache > /dev/null; then
 fi
 
 failures=0
+failed_stages=()
+# CI keeps only the end of a long log: the summary at the end names each failed test and repeats the
+# end of its output, which ctest printed long before.
+summarise_failures() {  # stage name
+  local dir=$build_root/$1 list
+  list=$dir/Testing/Temporary/LastTestsFailed.log
+  [[ -s $list ]] || { echo "  [$1] failed before any test failed (build or configure: see above)"; return; }
+  local name
+  while IFS=: read -r _ name; do
+    echo "  [$1] FAILED: $name"
+    # LastTest.log holds each test's output between "N/M Testing: <name>" and "<end of output>".
+    awk -v t="$name" '$0 ~ "^[0-9]+/[0-9]+ Testing: " && $NF == t {on=1; n=0; next}
+                      on && /^<end of output>/ {exit}
+                      on {buf[n++ % 30] = $0}
+                      END {s = n > 30 ? n - 30 : 0; for (i = s; i < n; i++) print "    | " buf[i % 30]}' \
+      "$dir/Testing/Temporary/LastTest.log"
+  done < "$list"
+}
 run_suite() {  # name, extra cmake args...
   local name=$1; shift
   local dir=$build_root/$name
@@ -43,6 +61,7 @@ run_suite() {  # name, extra cmake args...
   cmake -S "$root" -B "$dir" -G Ninja -DPDR_DEBUG_INFO=lines "${launcher[@]}" "$@" > "$dir.configure.log" 2>&1 ||
     { cat "$dir.configure.log"; return 1; }
   local started=$SECONDS rc=0
+  rm -f "$dir/Testing/Temporary/LastTestsFailed.log"  # a failed build must not name an old run's tests
   ninja -C "$dir" -j "$jobs" || rc=$?
   echo "=== [$name] built in $((SECONDS - started)) s"
   [[ $rc -eq 0 ]] || return $rc
@@ -57,19 +76,20 @@ mkdir -p "$build_root"
 # Upper time bounds in tests scale with the build's slowdown (tests/support/time_scale.h).
 # Release (-O3), as deploy/quickstart.sh builds: GCC reports some warnings only at -O3, and a
 # warning is an error, so the suite must compile what the README's first command compiles.
-PDR_TIME_SCALE=1 run_suite release -DCMAKE_BUILD_TYPE=Release -DPDR_UNIT_TESTS=OFF || failures=$((failures + 1))
+PDR_TIME_SCALE=1 run_suite release -DCMAKE_BUILD_TYPE=Release -DPDR_UNIT_TESTS=OFF ||
+  { failures=$((failures + 1)); failed_stages+=(release); }
 
 if [[ "${PDR_SKIP_ASAN:-0}" != 1 ]]; then
   PDR_TIME_SCALE=4 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_suite asan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=address -DPDR_BENCHMARKS=OFF -DPDR_PCH=ON ||
-    failures=$((failures + 1))
+    { failures=$((failures + 1)); failed_stages+=(asan); }
 fi
 
 if [[ "${PDR_SKIP_TSAN:-0}" != 1 ]]; then
   PDR_TIME_SCALE=10 TSAN_OPTIONS="suppressions=$root/tests/tsan.supp halt_on_error=1" \
     run_suite tsan -DCMAKE_BUILD_TYPE=Debug -DPDR_SANITIZE=thread -DPDR_BENCHMARKS=OFF -DPDR_PCH=ON \
       -DPDR_NODE_FROM="$build_root/release" ||
-    failures=$((failures + 1))
+    { failures=$((failures + 1)); failed_stages+=(tsan); }
 fi
 
 if [[ "${PDR_SKIP_FUZZ:-0}" != 1 ]]; then
@@ -109,17 +129,20 @@ if [[ "${PDR_SKIP_FUZZ:-0}" != 1 ]]; then
       else
         tail -40 "$dir/$name.log"
         echo "fuzz $name: FAILED (crash input saved next to $dir/$name.log)"
-        failures=$((failures + 1))
+        failures=$((failures + 1)); failed_stages+=("fuzz:$name")
       fi
     done
   else
-    echo "fuzz: build FAILED"; failures=$((failures + 1))
+    echo "fuzz: build FAILED"; failures=$((failures + 1)); failed_stages+=("fuzz:build")
   fi
 fi
 
 echo "tests/run.sh: stages took $SECONDS s in all"
 if [[ $failures -ne 0 ]]; then
-  echo "tests/run.sh: $failures stage(s) failed"
+  echo "tests/run.sh: $failures stage(s) failed: ${failed_stages[*]}"
+  for stage in "${failed_stages[@]}"; do
+    [[ $stage == fuzz:* ]] || summarise_failures "$stage"
+  done
   exit 1
 fi
 echo "tests/run.sh: all stages passed"
