@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "loadgen/workload.h"
+#include "bench/loadgen/workload.h"
 
 namespace pdr::loadgen {
 

@@ -16,7 +16,7 @@
 #include <map>
 #include <vector>
 
-#include "loadgen/bench_metrics.h"
+#include "bench/loadgen/bench_metrics.h"
 
 namespace pdr::loadgen {
 

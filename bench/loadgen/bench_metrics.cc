@@ -1,4 +1,4 @@
-#include "loadgen/bench_metrics.h"
+#include "bench/loadgen/bench_metrics.h"
 
 #include <algorithm>
 #include <cmath>

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "loadgen/bench_metrics.h"
-#include "loadgen/prefix_oracle.h"
-#include "loadgen/stream_request.h"
-#include "loadgen/workload.h"
+#include "bench/loadgen/bench_metrics.h"
+#include "bench/loadgen/prefix_oracle.h"
+#include "bench/loadgen/stream_request.h"
+#include "bench/loadgen/workload.h"
 #include "proto/address.h"
 #include "http/upstream_client.h"
 

@@ -1,4 +1,4 @@
-#include "loadgen/bench_report.h"
+#include "bench/loadgen/bench_report.h"
 
 #include <cmath>
 #include <iterator>

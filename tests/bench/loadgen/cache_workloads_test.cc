@@ -1,4 +1,4 @@
-#include "loadgen/cache_workloads.h"
+#include "bench/loadgen/cache_workloads.h"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <set>
 #include <sstream>
 
-#include "loadgen/prefix_oracle.h"
-#include "loadgen/stream_request.h"
+#include "bench/loadgen/prefix_oracle.h"
+#include "bench/loadgen/stream_request.h"
 
 namespace pdr::loadgen {
 namespace {

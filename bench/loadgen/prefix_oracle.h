@@ -14,7 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "loadgen/workload.h"
+#include "bench/loadgen/workload.h"
 
 namespace pdr::loadgen {
 

@@ -16,13 +16,13 @@
 #include <nlohmann/json.hpp>
 #include "base/log.h"
 
-#include "loadgen/bench_report.h"
-#include "loadgen/bench_runner.h"
-#include "loadgen/cache_workloads.h"
-#include "loadgen/metrics_scrape.h"
-#include "loadgen/resolve_host.h"
-#include "loadgen/slo_metrics.h"
-#include "loadgen/trace_workload.h"
+#include "bench/loadgen/bench_report.h"
+#include "bench/loadgen/bench_runner.h"
+#include "bench/loadgen/cache_workloads.h"
+#include "bench/loadgen/metrics_scrape.h"
+#include "bench/loadgen/resolve_host.h"
+#include "bench/loadgen/slo_metrics.h"
+#include "bench/loadgen/trace_workload.h"
 
 namespace {
 

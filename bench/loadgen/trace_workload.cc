@@ -1,4 +1,4 @@
-#include "loadgen/trace_workload.h"
+#include "bench/loadgen/trace_workload.h"
 
 #include <cmath>
 #include <limits>

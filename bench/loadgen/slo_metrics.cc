@@ -1,4 +1,4 @@
-#include "loadgen/slo_metrics.h"
+#include "bench/loadgen/slo_metrics.h"
 
 #include <algorithm>
 #include <functional>

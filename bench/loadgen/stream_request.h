@@ -18,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
-#include "loadgen/bench_metrics.h"
-#include "loadgen/workload.h"
+#include "bench/loadgen/bench_metrics.h"
+#include "bench/loadgen/workload.h"
 #include "proto/openai_stream_chunk.h"
 #include "proto/sse_reader.h"
 #include "http/upstream_client.h"

@@ -1,4 +1,4 @@
-#include "loadgen/workload.h"
+#include "bench/loadgen/workload.h"
 
 #include <iterator>
 #include <cmath>

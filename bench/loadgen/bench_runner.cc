@@ -1,4 +1,4 @@
-#include "loadgen/bench_runner.h"
+#include "bench/loadgen/bench_runner.h"
 
 #include <uv.h>
 
@@ -9,8 +9,8 @@
 
 #include <fmt/format.h>
 
-#include "loadgen/cache_workloads.h"
-#include "loadgen/trace_workload.h"
+#include "bench/loadgen/cache_workloads.h"
+#include "bench/loadgen/trace_workload.h"
 
 namespace pdr::loadgen {
 namespace {

@@ -1,12 +1,12 @@
-#include "loadgen/trace_workload.h"
+#include "bench/loadgen/trace_workload.h"
 
 #include <gtest/gtest.h>
 
 #include <set>
 #include <sstream>
 
-#include "loadgen/prefix_oracle.h"
-#include "loadgen/stream_request.h"
+#include "bench/loadgen/prefix_oracle.h"
+#include "bench/loadgen/stream_request.h"
 #include <nlohmann/json.hpp>
 
 namespace pdr::loadgen {

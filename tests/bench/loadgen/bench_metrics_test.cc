@@ -1,9 +1,9 @@
-#include "loadgen/bench_metrics.h"
+#include "bench/loadgen/bench_metrics.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "loadgen/bench_report.h"
+#include "bench/loadgen/bench_report.h"
 
 namespace pdr::loadgen {
 namespace {

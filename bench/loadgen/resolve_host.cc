@@ -1,4 +1,4 @@
-#include "loadgen/resolve_host.h"
+#include "bench/loadgen/resolve_host.h"
 
 #include <netdb.h>
 #include <sys/socket.h>

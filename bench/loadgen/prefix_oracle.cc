@@ -1,4 +1,4 @@
-#include "loadgen/prefix_oracle.h"
+#include "bench/loadgen/prefix_oracle.h"
 
 #include <string_view>
 

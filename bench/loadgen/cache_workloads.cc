@@ -1,4 +1,4 @@
-#include "loadgen/cache_workloads.h"
+#include "bench/loadgen/cache_workloads.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
-#include "loadgen/prefix_oracle.h"
+#include "bench/loadgen/prefix_oracle.h"
 
 namespace pdr::loadgen {
 namespace {

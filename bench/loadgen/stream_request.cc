@@ -1,4 +1,4 @@
-#include "loadgen/stream_request.h"
+#include "bench/loadgen/stream_request.h"
 
 #include <algorithm>
 

@@ -10,9 +10,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "loadgen/bench_metrics.h"
-#include "loadgen/metrics_scrape.h"
-#include "loadgen/slo_metrics.h"
+#include "bench/loadgen/bench_metrics.h"
+#include "bench/loadgen/metrics_scrape.h"
+#include "bench/loadgen/slo_metrics.h"
 
 namespace pdr::loadgen {
 

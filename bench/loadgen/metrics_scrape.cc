@@ -1,4 +1,4 @@
-#include "loadgen/metrics_scrape.h"
+#include "bench/loadgen/metrics_scrape.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "loadgen/bench_runner.h"
-#include "loadgen/resolve_host.h"
+#include "bench/loadgen/bench_runner.h"
+#include "bench/loadgen/resolve_host.h"
 
 namespace pdr::loadgen {
 namespace {
