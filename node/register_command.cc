@@ -10,7 +10,7 @@
 #include "base/log.h"
 
 #include "proto/curve_keys.h"
-#include "sidecar/sidecar.h"
+#include "discovery/sidecar/sidecar.h"
 #include "config/topology_secrets.h"
 #include "node/stop_signals.h"
 

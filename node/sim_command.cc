@@ -20,7 +20,7 @@
 #include <CLI/CLI.hpp>
 #include "base/log.h"
 
-#include "sidecar/node_client.h"
+#include "discovery/sidecar/node_client.h"
 #include "node/sim/dialect.h"
 #include "node/sim/engine/profile.h"
 #include "node/sim/kv_events_encode.h"

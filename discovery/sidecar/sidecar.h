@@ -19,8 +19,8 @@
 #include <mutex>
 #include <string>
 
-#include "sidecar/health_probe.h"
-#include "sidecar/node_client.h"
+#include "discovery/sidecar/health_probe.h"
+#include "discovery/sidecar/node_client.h"
 
 namespace pdr::sidecar {
 

@@ -1,4 +1,4 @@
-#include "sidecar/sidecar.h"
+#include "discovery/sidecar/sidecar.h"
 
 #include <algorithm>
 #include <utility>

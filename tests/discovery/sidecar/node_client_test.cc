@@ -1,6 +1,6 @@
 // NodeClient against a real ZMQ ROUTER on loopback: what arrives on the wire in each format, the
 // cadence, acks, pause/resume, goodbye, several endpoints, and a dead endpoint at shutdown.
-#include "sidecar/node_client.h"
+#include "discovery/sidecar/node_client.h"
 
 #include "tests/support/time_scale.h"
 

@@ -1,4 +1,4 @@
-#include "sidecar/health_probe.h"
+#include "discovery/sidecar/health_probe.h"
 
 #include <llhttp.h>
 

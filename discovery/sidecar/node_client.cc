@@ -1,4 +1,4 @@
-#include "sidecar/node_client.h"
+#include "discovery/sidecar/node_client.h"
 
 #include "proto/curve_keys.h"
 
