@@ -473,7 +473,7 @@ class DiscoveryService::Impl {
     return true;
   }
 
-  // A node that does not authenticate may name only its own address (config/admission.h): the
+  // A node that does not authenticate may name only its own address (discovery/config/admission.h): the
   // router connects out to every address a registration names (HTTP legs, the KV events sockets)
   // and hands the zmq_address to the paired node, so any registrant could otherwise aim them at
   // a third host. A host name is refused before it is ever resolved.

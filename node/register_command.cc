@@ -11,7 +11,7 @@
 
 #include "proto/curve_keys.h"
 #include "discovery/sidecar/sidecar.h"
-#include "config/topology_secrets.h"
+#include "discovery/config/topology_secrets.h"
 #include "node/stop_signals.h"
 
 namespace pdr::node {

@@ -1,6 +1,6 @@
 #include "node/sim_command.h"
 
-#include "config/topology_secrets.h"
+#include "discovery/config/topology_secrets.h"
 #include "http/tls_server.h"
 
 #include "node/register_command.h"

@@ -52,7 +52,7 @@
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
 #include "base/log_limiter.h"
-#include "config/topology_store.h"
+#include "discovery/config/topology_store.h"
 #include "router/clients/admin_throttle.h"
 #include "http/http_server.h"
 

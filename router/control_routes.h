@@ -24,7 +24,7 @@
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
 #include "base/snapshot_cell.h"
-#include "config/topology_store.h"
+#include "discovery/config/topology_store.h"
 #include "router/admin_routes.h"
 #include "router/cache/kv_events_subscriber.h"
 #include "router/cache/prefix_tree.h"

@@ -37,7 +37,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "base/snapshot_cell.h"
 #include "discovery/sources/etcd/conversation_feed.h"
 #include "discovery/sources/etcd/registry_replicator.h"

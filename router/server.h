@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "base/snapshot_cell.h"
-#include "config/topology_store.h"
+#include "discovery/config/topology_store.h"
 #include "discovery/discovery_service.h"
 #include "http/http_server.h"
 #include "router/cache/block_index.h"

@@ -21,7 +21,7 @@
 
 #include "base/metrics_writer.h"
 #include "base/status.h"
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "http/http_server.h"
 #include "http/tls_server.h"
 #include "router/proxy/node_tls.h"

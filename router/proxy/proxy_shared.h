@@ -20,7 +20,7 @@
 #include "discovery/instance.h"
 #include "base/log_limiter.h"
 #include "base/snapshot_cell.h"
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "http/upstream_client.h"
 #include "router/clients/client_gate.h"
 #include "router/policies/policy.h"

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "http/http_message.h"
 #include "proto/generate_request.h"
 #include "proto/json_splice.h"

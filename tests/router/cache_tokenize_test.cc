@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "base/snapshot_cell.h"
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "discovery/instance.h"
 #include "router/proxy/proxy_shared.h"
 #include "router/proxy/upstream_port.h"

@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "base/snapshot_cell.h"
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "discovery/instance.h"
 #include "http/http_server.h"
 #include "http/http_worker.h"

@@ -63,7 +63,7 @@
 #include "base/status.h"
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "discovery/sources/etcd/conversation_feed.h"
 #include "discovery/sources/etcd/etcd_client.h"
 

@@ -40,7 +40,7 @@
 #include <string>
 
 #include "base/status.h"
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "http/tls_client.h"
 #include "discovery/discovery_service.h"
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "base/snapshot_cell.h"
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "base/status.h"
 
 namespace pdr::config {

@@ -1,12 +1,12 @@
 // Readers of the client sections (contracts in topology_clients.h) and Tenants::limits_of.
-#include "config/topology_clients.h"
+#include "discovery/config/topology_clients.h"
 
 #include <fmt/format.h>
 #include <openssl/crypto.h>
 
 #include <algorithm>
 
-#include "config/topology_secrets.h"
+#include "discovery/config/topology_secrets.h"
 
 namespace pdr::config {
 

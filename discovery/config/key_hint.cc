@@ -1,4 +1,4 @@
-#include "config/key_hint.h"
+#include "discovery/config/key_hint.h"
 
 #include <fmt/format.h>
 

@@ -1,10 +1,10 @@
 // The topology sections about TLS and tracing (listeners.tls, listeners.admin_tls, connectors.tls,
-// an instance's tls, tracing): read from YAML into config/topology.h's structs. Internal to the
+// an instance's tls, tracing): read from YAML into discovery/config/topology.h's structs. Internal to the
 // topology loader (yaml-cpp types inside).
 #pragma once
 
-#include "config/topology.h"
-#include "config/yaml_reader.h"
+#include "discovery/config/topology.h"
+#include "discovery/config/yaml_reader.h"
 
 namespace pdr::config {
 

@@ -1,4 +1,4 @@
-// The topology keys about TLS and tracing (config/topology_tls.h): listeners.tls,
+// The topology keys about TLS and tracing (discovery/config/topology_tls.h): listeners.tls,
 // listeners.admin_tls, connectors.tls, an instance's tls, tracing; and which of their changes
 // need a restart.
 #include <gmock/gmock.h>
@@ -9,8 +9,8 @@
 #include <fstream>
 #include <string>
 
-#include "config/topology.h"
-#include "config/topology_store.h"
+#include "discovery/config/topology.h"
+#include "discovery/config/topology_store.h"
 
 namespace pdr::config {
 namespace {

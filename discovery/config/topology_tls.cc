@@ -1,10 +1,10 @@
-#include "config/topology_tls.h"
+#include "discovery/config/topology_tls.h"
 
 #include <charconv>
 #include <string>
 #include <string_view>
 
-#include "config/topology_secrets.h"
+#include "discovery/config/topology_secrets.h"
 
 namespace pdr::config {
 

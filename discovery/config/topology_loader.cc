@@ -18,14 +18,14 @@
 #include <vector>
 
 #include "base/log.h"
-#include "config/instance_spec.h"
-#include "config/topology.h"
-#include "config/topology_addresses.h"
-#include "config/topology_clients.h"
-#include "config/topology_secrets.h"
-#include "config/topology_tls.h"
-#include "config/topology_warnings.h"
-#include "config/yaml_reader.h"
+#include "discovery/config/instance_spec.h"
+#include "discovery/config/topology.h"
+#include "discovery/config/topology_addresses.h"
+#include "discovery/config/topology_clients.h"
+#include "discovery/config/topology_secrets.h"
+#include "discovery/config/topology_tls.h"
+#include "discovery/config/topology_warnings.h"
+#include "discovery/config/yaml_reader.h"
 
 namespace pdr::config {
 

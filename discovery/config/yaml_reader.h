@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "config/key_hint.h"
+#include "discovery/config/key_hint.h"
 #include "base/ascii.h"
 #include "base/status.h"
 
@@ -58,8 +58,8 @@ bool is_quoted_or_tagged_string(const YAML::Node& n);
 // What a node is, for "expected X, got <describe>": "null", "a map", "the string 'x'", "'12'", ...
 std::string describe(const YAML::Node& n);
 using pdr::has_control_chars;  // base/ascii.h
-using config::edit_distance;     // config/key_hint.h
-using config::unknown_key_hint;  // config/key_hint.h
+using config::edit_distance;     // discovery/config/key_hint.h
+using config::unknown_key_hint;  // discovery/config/key_hint.h
 
 // ---- scalar readers ---------------------------------------------------------------------------
 // On error *out is untouched and the Status points at `f`.

@@ -1,4 +1,4 @@
-#include "config/topology_store.h"
+#include "discovery/config/topology_store.h"
 
 #include <fmt/format.h>
 #include "base/log.h"

@@ -1,4 +1,4 @@
-#include "config/client_key_file.h"
+#include "discovery/config/client_key_file.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

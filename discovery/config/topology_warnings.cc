@@ -1,4 +1,4 @@
-#include "config/topology_warnings.h"
+#include "discovery/config/topology_warnings.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "config/admission.h"
+#include "discovery/config/admission.h"
 
 #include <arpa/inet.h>
 #include <fmt/format.h>

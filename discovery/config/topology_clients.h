@@ -6,8 +6,8 @@
 // Errors as every topology error: "FILE:LINE:COL: key.path: what".
 #pragma once
 
-#include "config/topology.h"
-#include "config/yaml_reader.h"
+#include "discovery/config/topology.h"
+#include "discovery/config/yaml_reader.h"
 
 namespace pdr::config {
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "base/status.h"
 
 namespace pdr::config {

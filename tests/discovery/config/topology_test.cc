@@ -1,4 +1,4 @@
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 #include <string>
 #include <thread>
 
-#include "config/topology_store.h"
-#include "config/topology_warnings.h"
+#include "discovery/config/topology_store.h"
+#include "discovery/config/topology_warnings.h"
 
 namespace pdr::config {
 namespace {
@@ -962,7 +962,7 @@ TEST(TopologyParse, CacheAwareTokenizeByNode) {
 }
 
 // tokenize: node matches token ids on the KV events' block index: without KV events it does
-// nothing, which the file is warned about (config/topology_warnings.h), not refused.
+// nothing, which the file is warned about (discovery/config/topology_warnings.h), not refused.
 TEST(TopologyWarnings, TokenizeByNodeWithoutKvEvents) {
   EXPECT_TRUE(topology_warnings(Topology{}).empty());
   Topology t;

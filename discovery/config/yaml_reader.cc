@@ -1,5 +1,5 @@
 // Reasons behind the generic YAML reading layer; contracts are in yaml_reader.h.
-#include "config/yaml_reader.h"
+#include "discovery/config/yaml_reader.h"
 
 #include <fmt/format.h>
 #include <yaml-cpp/anchor.h>

@@ -1,6 +1,6 @@
 // The client key file's parser and digest lookup; the format and the contracts are in
 // client_key_file.h.
-#include "config/client_key_file.h"
+#include "discovery/config/client_key_file.h"
 
 #include <fmt/format.h>
 #include <openssl/crypto.h>

@@ -1,9 +1,9 @@
 // Shared instance rules; contracts in instance_spec.h.
-#include "config/instance_spec.h"
+#include "discovery/config/instance_spec.h"
 
 #include <fmt/format.h>
 
-#include "config/yaml_reader.h"
+#include "discovery/config/yaml_reader.h"
 #include "proto/connectors.h"
 #include "proto/dialects/dialect.h"
 

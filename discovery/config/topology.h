@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "config/admission.h"
-#include "config/client_key_file.h"
+#include "discovery/config/admission.h"
+#include "discovery/config/client_key_file.h"
 #include "proto/curve_keys.h"
 #include "proto/address.h"
 #include "proto/discovery_message.h"
@@ -221,7 +221,7 @@ struct Topology {
   // Client API keys (router/clients/client_gate.h). With keys_file set, every client endpoint but
   // /health and /ready needs one of the file's keys as `Authorization: Bearer <key>` or
   // `x-api-key: <key>` (401 otherwise), and the key names the request's tenant. The file
-  // (config/client_key_file.h) is read with the topology and reread when it changes; only the
+  // (discovery/config/client_key_file.h) is read with the topology and reread when it changes; only the
   // keys' SHA-256 digests are kept.
   struct ClientAuth {
     std::string keys_file;  // "" = no client authentication (the default)

@@ -1,5 +1,5 @@
 // Reasons behind the listener address checks; contracts are in topology_addresses.h.
-#include "config/topology_addresses.h"
+#include "discovery/config/topology_addresses.h"
 
 #include <fmt/format.h>
 
@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
-#include "config/topology.h"
-#include "config/yaml_reader.h"
+#include "discovery/config/topology.h"
+#include "discovery/config/yaml_reader.h"
 
 namespace pdr::config {
 

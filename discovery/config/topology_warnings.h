@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 
 namespace pdr::config {
 

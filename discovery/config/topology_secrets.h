@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "config/yaml_reader.h"
+#include "discovery/config/yaml_reader.h"
 #include "base/status.h"
 
 namespace pdr::config {

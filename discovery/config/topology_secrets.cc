@@ -1,5 +1,5 @@
 // Reasons behind secret resolution; contracts are in topology_secrets.h.
-#include "config/topology_secrets.h"
+#include "discovery/config/topology_secrets.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
