@@ -1,7 +1,7 @@
 #include "node/sim_command.h"
 
 #include "discovery/config/topology_secrets.h"
-#include "http/tls_server.h"
+#include "router/http/tls_server.h"
 
 #include "node/register_command.h"
 #include "node/logging.h"

@@ -11,7 +11,7 @@
 #include "proto/json_splice.h"
 #include "router/admin_request.h"
 #include "router/proxy/node_endpoints.h"
-#include "http/json_error.h"
+#include "router/http/json_error.h"
 #include "router/status_page.h"
 
 namespace pdr::router {

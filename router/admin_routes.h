@@ -54,7 +54,7 @@
 #include "base/log_limiter.h"
 #include "discovery/config/topology_store.h"
 #include "router/clients/admin_throttle.h"
-#include "http/http_server.h"
+#include "router/http/http_server.h"
 
 namespace pdr::router {
 

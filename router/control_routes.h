@@ -30,7 +30,7 @@
 #include "router/cache/prefix_tree.h"
 #include "router/clients/access_log.h"
 #include "router/clients/client_gate.h"
-#include "http/http_server.h"
+#include "router/http/http_server.h"
 #include "router/proxy/proxy_counters.h"
 #include "discovery/sources/etcd/registry_replicator.h"
 #include "discovery/sources/kubernetes/pod_watcher.h"

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "http/http_message.h"
+#include "router/http/http_message.h"
 #include "router/cache/block_index.h"
 
 namespace pdr::router {

@@ -13,7 +13,7 @@
 #include "base/metrics_writer.h"
 #include "discovery/discovery_counters.h"
 #include "discovery/instance.h"
-#include "http/http_server.h"
+#include "router/http/http_server.h"
 
 namespace pdr::router {
 

@@ -22,8 +22,8 @@
 #include "base/metrics_writer.h"
 #include "base/status.h"
 #include "discovery/config/topology.h"
-#include "http/http_server.h"
-#include "http/tls_server.h"
+#include "router/http/http_server.h"
+#include "router/http/tls_server.h"
 #include "router/proxy/node_tls.h"
 
 namespace pdr::router {

@@ -32,7 +32,7 @@ ROUTER = {
     "clients": set(),
 }
 # Sub-folders that may include more than their layer: the discovery sources talk HTTP to the
-# etcd and Kubernetes API servers (http/upstream_client, http/tls_client); the rest of discovery/
+# etcd and Kubernetes API servers (router/http/upstream_client, router/http/tls_client); the rest of discovery/
 # may not.
 ALLOWED_BELOW = {
     "discovery/sources": {"http"},

@@ -20,7 +20,7 @@
 #include "bench/loadgen/stream_request.h"
 #include "bench/loadgen/workload.h"
 #include "proto/address.h"
-#include "http/upstream_client.h"
+#include "router/http/upstream_client.h"
 
 namespace pdr::loadgen {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "http/upstream_client.h"
+#include "router/http/upstream_client.h"
 #include "proto/address.h"
 
 namespace pdr::loadgen {

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "http/host_resolver.h"
+#include "router/http/host_resolver.h"
 
 namespace pdr::loadgen {
 

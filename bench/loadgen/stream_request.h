@@ -22,7 +22,7 @@
 #include "bench/loadgen/workload.h"
 #include "proto/openai_stream_chunk.h"
 #include "proto/sse_reader.h"
-#include "http/upstream_client.h"
+#include "router/http/upstream_client.h"
 
 namespace pdr::loadgen {
 

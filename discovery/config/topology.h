@@ -35,7 +35,7 @@ AllowList loopback_allow_list();
 // True for tcp:// endpoints bound to a loopback address, and for ipc://.
 bool endpoint_is_local(std::string_view zmq_endpoint);
 
-// TLS on one of pdrouter's listeners (listeners.tls, listeners.admin_tls; http/tls_server.h):
+// TLS on one of pdrouter's listeners (listeners.tls, listeners.admin_tls; router/http/tls_server.h):
 // TLS 1.2+, ALPN http/1.1. The PEM files are read at every load (size-capped, checked to hold PEM),
 // so a reload (SIGHUP, or a change of the topology file) picks up renewed certificates: new
 // handshakes use them, open connections keep theirs. Turning TLS on or off needs a restart.
@@ -51,7 +51,7 @@ struct ListenerTls {
   bool operator==(const ListenerTls&) const = default;
 };
 
-// TLS on the legs to nodes (connectors.tls, and an instance's `tls` over it; http/tls_client.h):
+// TLS on the legs to nodes (connectors.tls, and an instance's `tls` over it; router/http/tls_client.h):
 // for vLLM behind --ssl-certfile (and --ssl-ca-certs with --ssl-cert-reqs 2 for mutual TLS). The
 // node's certificate is always verified, for server_name or else the host of its http_address
 // (a DNS name or an IP address in its subjectAltName).

@@ -28,7 +28,7 @@
 #include <string_view>
 
 #include "discovery/config/topology.h"
-#include "http/http_message.h"
+#include "router/http/http_message.h"
 #include "router/clients/admin_throttle.h"
 #include "router/clients/tenant_registry.h"
 

@@ -17,7 +17,7 @@
 #include "discovery/instance.h"
 #include "proto/mooncake_query.h"
 #include "base/status.h"
-#include "http/upstream_client.h"
+#include "router/http/upstream_client.h"
 #include "router/proxy/upstream_port.h"
 
 namespace pdr::router::proxy {

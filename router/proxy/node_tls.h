@@ -15,7 +15,7 @@
 
 #include "base/status.h"
 #include "discovery/config/topology.h"
-#include "http/tls_client.h"
+#include "router/http/tls_client.h"
 #include "proto/address.h"
 
 namespace pdr::router::proxy {

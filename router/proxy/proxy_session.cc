@@ -18,7 +18,7 @@
 #include "proto/responses_stream.h"
 #include "proto/sse_boundary.h"
 #include "proto/usage_scan.h"
-#include "http/json_error.h"
+#include "router/http/json_error.h"
 #include "router/clients/access_log.h"
 #include "router/proxy/abort_requests.h"
 #include "router/proxy/cache_routing.h"

@@ -21,7 +21,7 @@
 #include "base/log_limiter.h"
 #include "base/snapshot_cell.h"
 #include "discovery/config/topology.h"
-#include "http/upstream_client.h"
+#include "router/http/upstream_client.h"
 #include "router/clients/client_gate.h"
 #include "router/policies/policy.h"
 #include "router/proxy/conversation_cache.h"

@@ -17,7 +17,7 @@
 #include <string_view>
 
 #include "discovery/config/topology.h"
-#include "http/http_message.h"
+#include "router/http/http_message.h"
 #include "proto/generate_request.h"
 #include "proto/json_splice.h"
 #include "router/clients/tenant_registry.h"

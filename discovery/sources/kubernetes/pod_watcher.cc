@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "http/upstream_client.h"
+#include "router/http/upstream_client.h"
 #include "proto/etcd_json.h"
 #include "proto/k8s_pods.h"
 #include "discovery/sources/kubernetes/pod_node.h"
