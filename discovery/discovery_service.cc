@@ -1,6 +1,6 @@
 #include "discovery/discovery_service.h"
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -11,8 +11,8 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "base/log_limiter.h"
-#include "base/secure_compare.h"
+#include "proto/base/log_limiter.h"
+#include "proto/base/secure_compare.h"
 
 namespace pdr::discovery {
 namespace {

@@ -28,11 +28,11 @@
 #include "discovery/discovery_counters.h"
 #include "discovery/instance.h"
 #include "discovery/registry.h"
-#include "base/snapshot_cell.h"
+#include "proto/base/snapshot_cell.h"
 #include "discovery/config/topology.h"
 #include "discovery/zap_policy.h"
 #include "proto/discovery_message.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::discovery {
 

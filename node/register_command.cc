@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include <CLI/CLI.hpp>
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include "proto/curve_keys.h"
 #include "discovery/sidecar/sidecar.h"

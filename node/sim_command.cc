@@ -18,7 +18,7 @@
 #include <stdexcept>
 
 #include <CLI/CLI.hpp>
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include "discovery/sidecar/node_client.h"
 #include "node/sim/dialect.h"

@@ -27,7 +27,7 @@
 
 #include "proto/address.h"
 #include "proto/node_spec.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::proto {
 

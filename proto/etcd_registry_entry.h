@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/discovery_message.h"
 
 namespace pdr::proto {

@@ -11,7 +11,7 @@
 #include "discovery/config/instance_spec.h"
 #include "discovery/config/key_hint.h"
 #include "proto/address.h"
-#include "base/ascii.h"
+#include "proto/base/ascii.h"
 #include "proto/quoted_text.h"
 
 namespace pdr::router {

@@ -51,7 +51,7 @@
 
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
-#include "base/log_limiter.h"
+#include "proto/base/log_limiter.h"
 #include "discovery/config/topology_store.h"
 #include "router/clients/admin_throttle.h"
 #include "router/http/http_server.h"

@@ -23,7 +23,7 @@
 #include "discovery/discovery_counters.h"
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
-#include "base/snapshot_cell.h"
+#include "proto/base/snapshot_cell.h"
 #include "discovery/config/topology_store.h"
 #include "router/admin_routes.h"
 #include "router/cache/kv_events_subscriber.h"

@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "discovery/config/topology.h"
-#include "base/snapshot_cell.h"
+#include "proto/base/snapshot_cell.h"
 #include "discovery/sources/etcd/conversation_feed.h"
 #include "discovery/sources/etcd/registry_replicator.h"
 #include "proto/etcd_json.h"

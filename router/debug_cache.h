@@ -22,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "router/http/http_message.h"
 #include "router/cache/block_index.h"
 

@@ -9,7 +9,7 @@
 #include <thread>
 #include <utility>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include "router/http/fd_budget.h"
 #include "router/http/json_error.h"
 #include "router/http/tls_client.h"

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "base/snapshot_cell.h"
+#include "proto/base/snapshot_cell.h"
 #include "discovery/config/topology_store.h"
 #include "discovery/discovery_service.h"
 #include "router/http/http_server.h"

@@ -19,8 +19,8 @@
 #include <mutex>
 #include <vector>
 
-#include "base/metrics_writer.h"
-#include "base/status.h"
+#include "proto/base/metrics_writer.h"
+#include "proto/base/status.h"
 #include "discovery/config/topology.h"
 #include "router/http/http_server.h"
 #include "router/http/tls_server.h"

@@ -1,6 +1,6 @@
 #include "router/topology_watcher.h"
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include <uv.h>
 
 #include <csignal>

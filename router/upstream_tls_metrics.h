@@ -4,7 +4,7 @@
 // lists it.
 #pragma once
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 
 namespace pdr::router {
 

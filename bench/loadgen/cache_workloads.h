@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "bench/loadgen/workload.h"
 
 namespace pdr::loadgen {

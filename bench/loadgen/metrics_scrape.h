@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "router/http/upstream_client.h"
 #include "proto/address.h"
 

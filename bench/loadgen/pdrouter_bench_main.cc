@@ -14,7 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include "bench/loadgen/bench_report.h"
 #include "bench/loadgen/bench_runner.h"

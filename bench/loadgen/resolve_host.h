@@ -3,7 +3,7 @@
 // lookup.
 #pragma once
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/address.h"
 
 namespace pdr::loadgen {

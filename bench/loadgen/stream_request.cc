@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "base/ascii.h"
+#include "proto/base/ascii.h"
 
 namespace pdr::loadgen {
 namespace {

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "bench/loadgen/workload.h"
 
 namespace pdr::loadgen {

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/discovery_message.h"
 
 namespace pdr::config {

@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "discovery/config/topology.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::config {
 

@@ -16,7 +16,7 @@
 #include "proto/discovery_message.h"
 #include "proto/k8s_label_selector.h"
 #include "proto/node_spec.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::config {
 

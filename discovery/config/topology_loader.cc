@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include "discovery/config/instance_spec.h"
 #include "discovery/config/topology.h"
 #include "discovery/config/topology_addresses.h"

@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "discovery/config/yaml_reader.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::config {
 

@@ -1,7 +1,7 @@
 #include "discovery/config/topology_store.h"
 
 #include <fmt/format.h>
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include <cctype>
 #include <fstream>

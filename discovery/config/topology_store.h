@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "base/snapshot_cell.h"
+#include "proto/base/snapshot_cell.h"
 #include "discovery/config/topology.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::config {
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "discovery/config/key_hint.h"
-#include "base/ascii.h"
-#include "base/status.h"
+#include "proto/base/ascii.h"
+#include "proto/base/status.h"
 
 namespace pdr::config::yaml {
 
@@ -57,7 +57,7 @@ std::string quoted_excerpt(std::string_view text);
 bool is_quoted_or_tagged_string(const YAML::Node& n);
 // What a node is, for "expected X, got <describe>": "null", "a map", "the string 'x'", "'12'", ...
 std::string describe(const YAML::Node& n);
-using pdr::has_control_chars;  // base/ascii.h
+using pdr::has_control_chars;  // proto/base/ascii.h
 using config::edit_distance;     // discovery/config/key_hint.h
 using config::unknown_key_hint;  // discovery/config/key_hint.h
 

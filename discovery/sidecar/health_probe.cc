@@ -2,7 +2,7 @@
 
 #include <llhttp.h>
 
-#include "base/blocking_socket.h"
+#include "transfer/net/blocking_socket.h"
 
 namespace pdr::sidecar {
 namespace {

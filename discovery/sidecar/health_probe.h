@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "proto/address.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::sidecar {
 

@@ -9,7 +9,7 @@
 #include <climits>
 #include <utility>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include <zmq.hpp>
 
 namespace pdr::sidecar {

@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "proto/discovery_message.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::sidecar {
 

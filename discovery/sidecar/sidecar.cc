@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 
 namespace pdr::sidecar {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include "node/sim/aux_api.h"
 #include "node/sim/dialect.h"

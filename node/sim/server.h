@@ -91,7 +91,7 @@
 #include "node/sim/cache_model.h"
 #include "node/sim/engine/driver.h"
 #include "node/sim/kv.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::node::sim {
 

@@ -23,7 +23,7 @@
 #include <span>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/discovery_message.h"
 #include "proto/json_splice.h"
 

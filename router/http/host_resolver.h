@@ -23,7 +23,7 @@
 #include <memory>
 #include <string>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 struct uv_loop_s;
 struct addrinfo;

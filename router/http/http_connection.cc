@@ -1,8 +1,8 @@
 #include "router/http/http_connection.h"
 
 #include <linux/sockios.h>
-#include "base/guarded.h"
-#include "base/log.h"
+#include "proto/base/guarded.h"
+#include "proto/base/log.h"
 #include <sys/ioctl.h>
 #include <unistd.h>
 

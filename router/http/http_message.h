@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/ascii.h"
+#include "proto/base/ascii.h"
 #include "router/http/body_budget.h"
 
 namespace pdr::http {

@@ -1,7 +1,7 @@
 #include "router/http/http_server.h"
 
 #include <netinet/in.h>
-#include "base/log.h"
+#include "proto/base/log.h"
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>

@@ -44,7 +44,7 @@
 #include <memory>
 #include <string>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "router/http/http_message.h"
 #include "router/http/json_error.h"
 #include "router/http/response_writer.h"

@@ -11,7 +11,7 @@
 #include <exception>
 #include <string>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include "router/http/http_connection.h"
 #include "router/http/json_error.h"
 

@@ -18,9 +18,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "base/log_limiter.h"
-#include "base/snapshot_cell.h"
-#include "base/status.h"
+#include "proto/base/log_limiter.h"
+#include "proto/base/snapshot_cell.h"
+#include "proto/base/status.h"
 #include "router/http/http_server.h"
 #include "router/http/uv_handle.h"
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 // OpenSSL's types, without its headers in ours.
 struct ssl_ctx_st;

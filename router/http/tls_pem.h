@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 struct ssl_ctx_st;
 

@@ -16,7 +16,7 @@
 #include <memory>
 #include <string>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 struct ssl_ctx_st;
 

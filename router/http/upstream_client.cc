@@ -1,7 +1,7 @@
 #include "router/http/upstream_client.h"
 
 #include <llhttp.h>
-#include "base/log.h"
+#include "proto/base/log.h"
 #include <uv.h>
 
 #include <algorithm>

@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "proto/address.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "router/http/http_message.h"
 
 struct uv_loop_s;

@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 #include "router/http/json_error.h"
 #include "proto/json_splice.h"
 #include "router/proxy/pairing.h"

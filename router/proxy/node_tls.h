@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "discovery/config/topology.h"
 #include "router/http/tls_client.h"
 #include "proto/address.h"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "base/snapshot_cell.h"
+#include "proto/base/snapshot_cell.h"
 #include "discovery/config/topology.h"
 #include "discovery/instance.h"
 #include "router/proxy/proxy_shared.h"

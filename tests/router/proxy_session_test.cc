@@ -35,7 +35,7 @@
 #include <thread>
 #include <vector>
 
-#include "base/snapshot_cell.h"
+#include "proto/base/snapshot_cell.h"
 #include "discovery/config/topology.h"
 #include "discovery/instance.h"
 #include "router/http/http_server.h"

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/address.h"
 #include "proto/etcd_json.h"
 

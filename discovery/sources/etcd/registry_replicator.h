@@ -59,8 +59,8 @@
 #include <string>
 #include <vector>
 
-#include "base/snapshot_cell.h"
-#include "base/status.h"
+#include "proto/base/snapshot_cell.h"
+#include "proto/base/status.h"
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
 #include "discovery/config/topology.h"

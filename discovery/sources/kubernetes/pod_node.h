@@ -24,7 +24,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "discovery/config/topology.h"
 #include "proto/discovery_message.h"
 #include "proto/k8s_pods.h"

@@ -1,6 +1,6 @@
 #include "discovery/sources/kubernetes/pod_watcher.h"
 
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include <fstream>
 #include <map>

@@ -39,7 +39,7 @@
 #include <memory>
 #include <string>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "discovery/config/topology.h"
 #include "router/http/tls_client.h"
 #include "discovery/discovery_service.h"

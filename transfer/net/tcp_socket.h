@@ -1,6 +1,6 @@
 // TCP socket set-up every layer shares: "host:port" text, name resolution, a listener, a
 // non-blocking connect started and finished, and TCP_NODELAY. The calls that wait for the network,
-// each bounded by a deadline, are base/blocking_socket.h; event loops (the tcp transfer backend's
+// each bounded by a deadline, are transfer/net/blocking_socket.h; event loops (the tcp transfer backend's
 // lanes) use the non-blocking pieces here directly.
 //
 // Errors come back as Status (or -errno where a caller must tell EINPROGRESS apart); nothing here
@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr {
 

@@ -1,5 +1,5 @@
 // LogLimiter: a burst per second, then silence, then one line saying how much was held back.
-#include "base/log_limiter.h"
+#include "proto/base/log_limiter.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>

@@ -2,7 +2,7 @@
 // refused or time out; sends that must be split by the kernel or time out on a peer that does not
 // read; receives that are cut short by the peer or time out; and signals landing in the middle of
 // a wait, which must neither end the call nor stretch its deadline.
-#include "base/blocking_socket.h"
+#include "transfer/net/blocking_socket.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "base/tcp_socket.h"
+#include "transfer/net/tcp_socket.h"
 #include "tests/support/time_scale.h"
 
 namespace pdr {

@@ -2,7 +2,7 @@
 // whole buffer, receiving exactly n bytes, receiving what arrives next. They serve the places that
 // talk to one peer at a time on a thread of their own (the sidecar's health probe, the simulator's
 // bootstrap GET, the rdma backend's handshake, xfer-bench's raw TCP ceiling); code on an event
-// loop waits through its loop instead. Socket set-up is base/tcp_socket.h.
+// loop waits through its loop instead. Socket set-up is transfer/net/tcp_socket.h.
 //
 // Every call:
 // - is bounded by `deadline` as a whole, however many syscalls it takes. A signal (EINTR)
@@ -25,8 +25,8 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
-#include "base/unique_fd.h"
+#include "proto/base/status.h"
+#include "proto/base/unique_fd.h"
 
 namespace pdr {
 

@@ -1,4 +1,4 @@
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>

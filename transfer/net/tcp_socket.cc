@@ -1,5 +1,5 @@
 // TCP socket set-up (contract: tcp_socket.h).
-#include "base/tcp_socket.h"
+#include "transfer/net/tcp_socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

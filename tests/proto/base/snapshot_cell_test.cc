@@ -1,6 +1,6 @@
 // SnapshotCell/SnapshotReader under concurrency: readers only ever see complete, monotonically
 // newer values, and see the last one published. Meaningful under TSan (tests/run.sh's TSan stage).
-#include "base/snapshot_cell.h"
+#include "proto/base/snapshot_cell.h"
 
 #include <gtest/gtest.h>
 

@@ -1,12 +1,12 @@
 // MetricsWriter: the Prometheus text exposition of histograms (golden text), next to a counter.
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cstdint>
 
-#include "base/latency_histogram.h"
+#include "proto/base/latency_histogram.h"
 
 namespace pdr {
 namespace {

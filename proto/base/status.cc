@@ -1,4 +1,4 @@
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr {
 

@@ -7,7 +7,7 @@
 #include <exception>
 #include <string_view>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 
 namespace pdr {
 

@@ -1,6 +1,6 @@
 // KeyedHash64: SipHash-2-4 under a per-process secret, for hash tables keyed by values a peer
 // chooses.
-#include "base/keyed_hash.h"
+#include "proto/base/keyed_hash.h"
 
 #include <gtest/gtest.h>
 

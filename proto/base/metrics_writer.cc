@@ -1,4 +1,4 @@
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>

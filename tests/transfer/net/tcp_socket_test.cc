@@ -1,5 +1,5 @@
 // Address parsing of the shared socket set-up (the part of tcp_socket.h without sockets).
-#include "base/tcp_socket.h"
+#include "transfer/net/tcp_socket.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // pdr::log: the one way product code writes a log line. A thin front over spdlog: the format
 // string is checked at compile time by fmt, a line is formatted only when its level is on, and
 // spdlog itself (whose headers cost several seconds of compile time per translation unit) is
-// included by base/log.cc alone. Thread-safe: every call may come from any thread.
+// included by proto/base/log.cc alone. Thread-safe: every call may come from any thread.
 #pragma once
 
 #include <fmt/core.h>

@@ -1,5 +1,5 @@
 // Deadline-bounded socket calls (contract: blocking_socket.h).
-#include "base/blocking_socket.h"
+#include "transfer/net/blocking_socket.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "base/tcp_socket.h"
+#include "transfer/net/tcp_socket.h"
 
 namespace pdr {
 

@@ -1,4 +1,4 @@
-#include "base/keyed_hash.h"
+#include "proto/base/keyed_hash.h"
 
 #include <sys/random.h>
 

@@ -5,7 +5,7 @@
 // discovery thread has one, each HTTP worker has its own).
 #pragma once
 
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include <chrono>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // LatencyHistogram: Prometheus `le` bucket edges (a value equal to a bound is in that bucket),
 // cumulative snapshots, the +Inf bucket, and the sum.
-#include "base/latency_histogram.h"
+#include "proto/base/latency_histogram.h"
 
 #include <gtest/gtest.h>
 
