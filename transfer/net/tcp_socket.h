@@ -1,7 +1,7 @@
-// TCP socket set-up every layer shares: "host:port" text, name resolution, a listener, a
-// non-blocking connect started and finished, and TCP_NODELAY. The calls that wait for the network,
-// each bounded by a deadline, are transfer/net/blocking_socket.h; event loops (the tcp transfer backend's
-// lanes) use the non-blocking pieces here directly.
+// TCP socket set-up that transfer/'s backends, node/ and the sidecar share: "host:port" text, name
+// resolution, a listener, a non-blocking connect started and finished, and TCP_NODELAY. The calls
+// that wait for the network, each bounded by a deadline, are transfer/net/blocking_socket.h; event
+// loops (the tcp transfer backend's lanes) use the non-blocking pieces here directly.
 //
 // Errors come back as Status (or -errno where a caller must tell EINPROGRESS apart); nothing here
 // throws. Every socket made here is close-on-exec and non-blocking. No shared state: any thread.
