@@ -46,7 +46,7 @@ esac
 
 if [[ $install -eq 1 ]]; then deploy/install-deps.sh; fi
 if [[ ! -x $build_dir/router/pdrouter || ! -x $build_dir/node/pdnode ||
-      ! -x $build_dir/loadgen/pdrouter-bench || $once -eq 0 ]]; then
+      ! -x $build_dir/bench/loadgen/pdrouter-bench || $once -eq 0 ]]; then
   echo "==> building pdrouter, pdnode and pdrouter-bench (Release) in $build_dir"
   mkdir -p "$build_dir"
   cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPDR_TESTS=OFF \
@@ -153,7 +153,7 @@ pdrouter and $want simulated nodes are running. Try:
     -d '{"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16, "stream": true}'
   curl -s http://$http/status | python3 -m json.tool     # the live registry
   curl -s http://$http/metrics | grep pdrouter_           # Prometheus metrics
-  $build_dir/loadgen/pdrouter-bench --port $http_port --num-prompts 50 --request-rate 5
+  $build_dir/bench/loadgen/pdrouter-bench --port $http_port --num-prompts 50 --request-rate 5
                                                           # TTFT, ITL, throughput, as vllm bench serve
 Nodes heartbeat every 3 s; kill one (see its pid with: pgrep -af 'pdnode sim') and watch it expire.
 Logs: $logs.  Press Ctrl-C to stop everything.

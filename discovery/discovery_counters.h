@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "discovery/zap_policy.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::discovery {
 

@@ -1,6 +1,6 @@
 #include "discovery/discovery_service.h"
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -11,8 +11,8 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "base/log_limiter.h"
-#include "base/secure_compare.h"
+#include "proto/base/log_limiter.h"
+#include "proto/base/secure_compare.h"
 
 namespace pdr::discovery {
 namespace {
@@ -473,7 +473,7 @@ class DiscoveryService::Impl {
     return true;
   }
 
-  // A node that does not authenticate may name only its own address (config/admission.h): the
+  // A node that does not authenticate may name only its own address (discovery/config/admission.h): the
   // router connects out to every address a registration names (HTTP legs, the KV events sockets)
   // and hands the zmq_address to the paired node, so any registrant could otherwise aim them at
   // a third host. A host name is refused before it is ever resolved.

@@ -5,12 +5,12 @@
 // (the socket, the Registry) lives on the service's own thread; other threads reach it only by
 // post(), which queues a closure and wakes the thread through an eventfd.
 //
-// Admission (config/admission.h): each connection passes the ZAP policy at its handshake (the
+// Admission (discovery/config/admission.h): each connection passes the ZAP policy at its handshake (the
 // service answers libzmq's ZAP requests on its own thread), each message gets the admission class
 // of its connection (raised to kToken by a valid auth token), and a registration or goodbye that
 // names an address other than the sender's own is refused unless the sender authenticated: its
 // http_address, zmq_address host and KV events endpoints (the router connects to them, or hands
-// them to the paired node); a host name counts as another address (config/admission.h).
+// them to the paired node); a host name counts as another address (discovery/config/admission.h).
 //
 // Each accepted frame pair [identity, payload] is decoded (proto/), authenticated, applied to the
 // registry, and, for messages carrying `pdr_v`, acknowledged to the sender. Anything else is
@@ -28,11 +28,11 @@
 #include "discovery/discovery_counters.h"
 #include "discovery/instance.h"
 #include "discovery/registry.h"
-#include "base/snapshot_cell.h"
-#include "config/topology.h"
+#include "proto/base/snapshot_cell.h"
+#include "discovery/config/topology.h"
 #include "discovery/zap_policy.h"
 #include "proto/discovery_message.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::discovery {
 

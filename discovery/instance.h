@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "config/admission.h"
+#include "discovery/config/admission.h"
 #include "proto/discovery_message.h"
 #include "proto/node_spec.h"
 

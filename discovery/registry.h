@@ -29,9 +29,9 @@
 #include <utility>
 #include <vector>
 
-#include "config/admission.h"
+#include "discovery/config/admission.h"
 #include "discovery/instance.h"
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "proto/discovery_message.h"
 
 namespace pdr::discovery {
@@ -101,7 +101,7 @@ class Registry {
     UpsertResult result;
     std::chrono::milliseconds ttl;  // TTL applied (requested ttl_ms clamped to bounds)
   };
-  // `sender`: how the message's sender was admitted (config/admission.h). A new entry records
+  // `sender`: how the message's sender was admitted (discovery/config/admission.h). A new entry records
   // it and counts against its class's cap. A registered entry accepts messages only from its own
   // class or a stronger one (a stronger one takes the entry over). Static and admin entries take
   // liveness, load and identity from any admitted sender, and the node's drain flag only from an

@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "config/admission.h"
+#include "discovery/config/admission.h"
 
 namespace pdr::discovery {
 

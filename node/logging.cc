@@ -1,7 +1,7 @@
 #include "node/logging.h"
 
 #include <CLI/CLI.hpp>
-#include "base/log.h"
+#include "proto/base/log.h"
 
 namespace pdr::node {
 

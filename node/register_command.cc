@@ -7,11 +7,11 @@
 #include <string_view>
 
 #include <CLI/CLI.hpp>
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include "proto/curve_keys.h"
-#include "sidecar/sidecar.h"
-#include "config/topology_secrets.h"
+#include "discovery/sidecar/sidecar.h"
+#include "discovery/config/topology_secrets.h"
 #include "node/stop_signals.h"
 
 namespace pdr::node {

@@ -1,4 +1,4 @@
-// `pdnode register`: the registration sidecar (sidecar/sidecar.h) as a command-line command.
+// `pdnode register`: the registration sidecar (discovery/sidecar/sidecar.h) as a command-line command.
 //
 // add_register_command() declares the subcommand and its flags on the top-level app and keeps the
 // raw flag values in `flags`; after a successful parse, run_register_command() validates them

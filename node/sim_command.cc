@@ -1,7 +1,7 @@
 #include "node/sim_command.h"
 
-#include "config/topology_secrets.h"
-#include "http/tls_server.h"
+#include "discovery/config/topology_secrets.h"
+#include "router/http/tls_server.h"
 
 #include "node/register_command.h"
 #include "node/logging.h"
@@ -18,9 +18,9 @@
 #include <stdexcept>
 
 #include <CLI/CLI.hpp>
-#include "base/log.h"
+#include "proto/base/log.h"
 
-#include "sidecar/node_client.h"
+#include "discovery/sidecar/node_client.h"
 #include "node/sim/dialect.h"
 #include "node/sim/engine/profile.h"
 #include "node/sim/kv_events_encode.h"

@@ -9,8 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "base/blocking_socket.h"
-#include "base/tcp_socket.h"
+#include "transfer/net/blocking_socket.h"
+#include "transfer/net/tcp_socket.h"
 
 namespace pdr::node::xfer_bench {
 

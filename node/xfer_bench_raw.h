@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::node::xfer_bench {
 

@@ -6,7 +6,7 @@
 #include <charconv>
 #include <cstring>
 
-#include "base/ascii.h"
+#include "proto/base/ascii.h"
 #include "proto/quoted_text.h"
 
 namespace pdr::proto {

@@ -18,7 +18,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::proto {
 

@@ -244,7 +244,7 @@ Status decode_pdrouter_base(const FieldReader& reader, Registration* reg) {
   }
 
   // The zmq_address form and the transfer modes are the connector's dialect facts
-  // (proto/dialects/dialect.h), as for an operator-described instance (config/instance_spec.cc).
+  // (proto/dialects/dialect.h), as for an operator-described instance (discovery/config/instance_spec.cc).
   const Dialect* dialect = any_dialect_of(reg->connector);
   const ZmqAddressForm form = dialect != nullptr ? dialect->zmq_address : ZmqAddressForm::kNone;
   const bool is_moriio = form == ZmqAddressForm::kMoriio;

@@ -27,7 +27,7 @@
 
 #include "proto/address.h"
 #include "proto/node_spec.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::proto {
 
@@ -55,7 +55,7 @@ struct Registration : NodeSpec {
   RegistrationFormat format = RegistrationFormat::kMoriio;
   std::string legacy_index;         // MoRIIO legacy `index` (a counter as a string)
   // `connector: "none"` (pdrouter extension): the node has no KV connector (a render node, see
-  // config/instance_spec.h). connector stays kUnknown and is not inferred from zmq_address; the
+  // discovery/config/instance_spec.h). connector stays kUnknown and is not inferred from zmq_address; the
   // encoder writes "none" back. Older encoders never wrote it, so its absence still means "infer".
   bool no_connector = false;
 

@@ -5,7 +5,7 @@
 #include <string_view>
 #include <utility>
 
-#include "base/ascii.h"
+#include "proto/base/ascii.h"
 #include "proto/connectors.h"
 #include "proto/discovery_message.h"
 

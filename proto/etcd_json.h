@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::proto {
 

@@ -2,7 +2,7 @@
 // <prefix>nodes/<replica id>/<node key> (registry.backend: etcd; discovery/sources/etcd/registry_replicator.h):
 // the entry as a pdrouter registration (discovery_message.h, msgpack) plus one key of its own,
 //   "pdr_admission": how the node proved who it is on the replica that owns the entry: "open",
-//   "address", "token", "curve" (its admission class there, config/admission.h) or "operator"
+//   "address", "token", "curve" (its admission class there, discovery/config/admission.h) or "operator"
 //   (a static or admin entry there).
 // The other replicas apply the weaker-sender rule to the entry with it (discovery/registry.h
 // upsert_replica). Replicas that predate the key ignore it (the discovery decoder skips unknown
@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/discovery_message.h"
 
 namespace pdr::proto {

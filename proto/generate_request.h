@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/json_splice.h"
 
 namespace pdr::proto {

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/k8s_pods.h"
 
 namespace pdr::proto {

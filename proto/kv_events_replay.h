@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <span>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::proto {
 

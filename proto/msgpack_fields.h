@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::proto {
 

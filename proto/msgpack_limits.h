@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "proto/discovery_message.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::proto {
 

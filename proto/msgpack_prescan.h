@@ -20,7 +20,7 @@
 #include <cstddef>
 #include <span>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/discovery_message.h"
 
 namespace pdr::proto {

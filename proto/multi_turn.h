@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/json_splice.h"
 
 namespace pdr::proto {

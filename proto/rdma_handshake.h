@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::proto {
 

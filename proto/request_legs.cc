@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "base/ascii.h"
+#include "proto/base/ascii.h"
 #include "proto/anthropic_messages.h"
 #include "proto/dialects/dialect.h"
 #include "proto/dialects/leg_edits.h"

@@ -40,7 +40,7 @@
 #include "proto/generate_request.h"
 #include "proto/json_splice.h"
 #include "proto/node_spec.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::proto {
 

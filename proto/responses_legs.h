@@ -20,7 +20,7 @@
 
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/json_splice.h"
 
 namespace pdr::proto {

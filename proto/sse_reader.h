@@ -31,7 +31,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::proto {
 

@@ -1,9 +1,9 @@
 // The admin API's /metrics family, written by the component that counts it (as the proxy's are,
-// router/proxy/proxy_counters.h); base/metrics_writer.h provides the writer.
+// router/proxy/proxy_counters.h); proto/base/metrics_writer.h provides the writer.
 #pragma once
 
 #include "router/admin_routes.h"
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 
 namespace pdr::router {
 

@@ -8,10 +8,10 @@
 #include <set>
 #include <vector>
 
-#include "config/instance_spec.h"
-#include "config/key_hint.h"
+#include "discovery/config/instance_spec.h"
+#include "discovery/config/key_hint.h"
 #include "proto/address.h"
-#include "base/ascii.h"
+#include "proto/base/ascii.h"
 #include "proto/quoted_text.h"
 
 namespace pdr::router {

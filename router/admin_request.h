@@ -4,7 +4,7 @@
 // Bodies are strict: at most kMaxAdminBodyBytes, one JSON object, no duplicate or unknown keys,
 // every value of its exact type (integers are JSON integers, not strings or 2.0). Instance rules
 // (names, addresses, connector-dependent fields, sizes) are the topology file's, shared through
-// config/instance_spec.h, so an instance the file accepts the API accepts and vice versa.
+// discovery/config/instance_spec.h, so an instance the file accepts the API accepts and vice versa.
 // Errors are kInvalidValue/kWrongType/kMissingKey/... Statuses whose message reads
 // "KEY: what is wrong" (or just "what is wrong" for the body as a whole).
 #pragma once
@@ -13,8 +13,8 @@
 #include <string>
 #include <string_view>
 
-#include "config/topology.h"
-#include "base/status.h"
+#include "discovery/config/topology.h"
+#include "proto/base/status.h"
 
 namespace pdr::router {
 

@@ -1,17 +1,17 @@
 // The admin API; endpoints, authentication and threading are described in admin_routes.h.
 #include "router/admin_routes.h"
 
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include <algorithm>
 #include <memory>
 #include <string>
 
-#include "base/secure_compare.h"
+#include "proto/base/secure_compare.h"
 #include "proto/json_splice.h"
 #include "router/admin_request.h"
 #include "router/proxy/node_endpoints.h"
-#include "http/json_error.h"
+#include "router/http/json_error.h"
 #include "router/status_page.h"
 
 namespace pdr::router {

@@ -51,10 +51,10 @@
 
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
-#include "base/log_limiter.h"
-#include "config/topology_store.h"
+#include "proto/base/log_limiter.h"
+#include "discovery/config/topology_store.h"
 #include "router/clients/admin_throttle.h"
-#include "http/http_server.h"
+#include "router/http/http_server.h"
 
 namespace pdr::router {
 

@@ -37,8 +37,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "config/topology.h"
-#include "base/snapshot_cell.h"
+#include "discovery/config/topology.h"
+#include "proto/base/snapshot_cell.h"
 #include "discovery/sources/etcd/conversation_feed.h"
 #include "discovery/sources/etcd/registry_replicator.h"
 #include "proto/etcd_json.h"

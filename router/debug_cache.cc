@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "http/json_error.h"
+#include "router/http/json_error.h"
 
 namespace pdr::router {
 namespace {

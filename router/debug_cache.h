@@ -22,8 +22,8 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
-#include "http/http_message.h"
+#include "proto/base/status.h"
+#include "router/http/http_message.h"
 #include "router/cache/block_index.h"
 
 namespace pdr::router {

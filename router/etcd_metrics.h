@@ -2,7 +2,7 @@
 // discovery/sources/etcd/registry_replicator.h). docs/metrics.md lists them.
 #pragma once
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 #include "discovery/sources/etcd/registry_replicator.h"
 
 namespace pdr::router {

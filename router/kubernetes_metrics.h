@@ -2,7 +2,7 @@
 // (discovery/sources/kubernetes/pod_watcher.h). docs/metrics.md lists them.
 #pragma once
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 #include "discovery/sources/kubernetes/pod_watcher.h"
 
 namespace pdr::router {

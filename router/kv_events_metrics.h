@@ -3,7 +3,7 @@
 // per-node numbers are in /status. docs/metrics.md lists them.
 #pragma once
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 #include "router/cache/kv_events_subscriber.h"
 #include "router/cache/prefix_tree.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include "router/route_table.h"
 #include "router/server.h"
 

@@ -1,6 +1,6 @@
 // GET /metrics: the discovery and HTTP families of pdrouter's own counters (the proxy families
 // are in router/proxy/proxy_counters.h and the components' *_counters.h it names, the admin
-// family in router/admin_metrics.h), written with base/metrics_writer.h. docs/metrics.md lists
+// family in router/admin_metrics.h), written with proto/base/metrics_writer.h. docs/metrics.md lists
 // them all.
 #pragma once
 
@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 #include "discovery/discovery_counters.h"
 #include "discovery/instance.h"
-#include "http/http_server.h"
+#include "router/http/http_server.h"
 
 namespace pdr::router {
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <array>
 
-#include "http/json_error.h"
-#include "http/request_path.h"
+#include "router/http/json_error.h"
+#include "router/http/request_path.h"
 #include "router/clients/client_gate.h"
 #include "router/control_routes.h"
 #include "router/proxy/client_api.h"
@@ -307,7 +307,7 @@ std::string RouteTable::allow(Surface surface, std::string_view path) const {
 void RouteTable::dispatch(Surface surface, const Endpoints& endpoints, http::Request&& request,
                           http::ResponseWriter writer) const {
   // Every lookup, guard and handler below reads the one normalised spelling of the path, the one
-  // a node behind pdrouter would route on (http/request_path.h): "/start%5Fprofile" is
+  // a node behind pdrouter would route on (router/http/request_path.h): "/start%5Fprofile" is
   // "/start_profile" here too. What is relayed is that spelling, re-encoded.
   if (Status st = normalize_request_path(request); !st.is_ok()) {
     if (endpoints.proxy != nullptr) endpoints.proxy->count_refusal(proxy::Refusal::kBadPath);

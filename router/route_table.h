@@ -5,7 +5,7 @@
 // `Allow` header naming every method the path accepts (RFC 9110 15.5.6), and the endpoint list
 // `pdrouter --help` prints. A new endpoint is one line in route_table.cc.
 //
-// The request path is normalised before anything else reads it (http/request_path.h:
+// The request path is normalised before anything else reads it (router/http/request_path.h:
 // percent-decoded, empty and dot segments resolved; request.path and request.target are
 // rewritten to that spelling), so "/start%5Fprofile" is the /start_profile route, guard and all;
 // a path that cannot be normalised is 400 invalid_path (counted as a bad_path refusal).
@@ -30,7 +30,7 @@
 #include <string>
 #include <string_view>
 
-#include "http/http_server.h"
+#include "router/http/http_server.h"
 
 namespace pdr::router {
 

@@ -9,10 +9,10 @@
 #include <thread>
 #include <utility>
 
-#include "base/log.h"
-#include "http/fd_budget.h"
-#include "http/json_error.h"
-#include "http/tls_client.h"
+#include "proto/base/log.h"
+#include "router/http/fd_budget.h"
+#include "router/http/json_error.h"
+#include "router/http/tls_client.h"
 #include "router/conversation_mirror.h"
 #include "router/route_table.h"
 
@@ -405,7 +405,7 @@ Status Server::start_admin(const config::Topology& topology) {
   admin_opts.workers = 1;
   // The operator listener has a cap of its own: limits.max_connections sizes the client
   // listener, and clients holding all of it must not lock operators out of /metrics and
-  // /status. Its descriptors come out of the fd budget's headroom (http/fd_budget.h).
+  // /status. Its descriptors come out of the fd budget's headroom (router/http/fd_budget.h).
   admin_opts.max_connections = kAdminMaxConnections;
   admin_opts.tls = tls_.admin_listener();
   admin_proxy_ = std::make_unique<proxy::ProxyService>(registry_, topology_.cell(), admin_server_, admin_opts.workers);

@@ -35,10 +35,10 @@
 #include <string>
 #include <vector>
 
-#include "base/snapshot_cell.h"
-#include "config/topology_store.h"
+#include "proto/base/snapshot_cell.h"
+#include "discovery/config/topology_store.h"
 #include "discovery/discovery_service.h"
-#include "http/http_server.h"
+#include "router/http/http_server.h"
 #include "router/cache/block_index.h"
 #include "router/cache/kv_events_subscriber.h"
 #include "router/cache/prefix_tree.h"

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include "router/proxy/proxy_service.h"
 
 namespace pdr::router {

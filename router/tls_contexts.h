@@ -19,11 +19,11 @@
 #include <mutex>
 #include <vector>
 
-#include "base/metrics_writer.h"
-#include "base/status.h"
-#include "config/topology.h"
-#include "http/http_server.h"
-#include "http/tls_server.h"
+#include "proto/base/metrics_writer.h"
+#include "proto/base/status.h"
+#include "discovery/config/topology.h"
+#include "router/http/http_server.h"
+#include "router/http/tls_server.h"
 #include "router/proxy/node_tls.h"
 
 namespace pdr::router {

@@ -1,6 +1,6 @@
 #include "router/topology_watcher.h"
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include <uv.h>
 
 #include <csignal>
@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "config/topology_store.h"
+#include "discovery/config/topology_store.h"
 
 namespace pdr::router {
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 typedef struct uv_loop_s uv_loop_t;
 

@@ -1,6 +1,6 @@
 #include "router/upstream_tls_metrics.h"
 
-#include "http/tls_client.h"
+#include "router/http/tls_client.h"
 
 namespace pdr::router {
 

@@ -1,10 +1,10 @@
 // GET /metrics: pdrouter_upstream_tls_errors_total{reason}, the TLS failures of every upstream
 // client that speaks TLS (etcd over https, the Kubernetes API, nodes with connectors.tls;
-// http/tls_client.h). docs/metrics.md
+// router/http/tls_client.h). docs/metrics.md
 // lists it.
 #pragma once
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 
 namespace pdr::router {
 

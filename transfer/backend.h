@@ -51,7 +51,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/transfer_descriptor.h"
 #include "transfer/core/region_table.h"
 #include "transfer/core/xfer_types.h"

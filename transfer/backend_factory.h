@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "transfer/backend.h"
 
 namespace pdr::transfer {

@@ -45,7 +45,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/transfer_descriptor.h"
 #include "transfer/backend.h"
 #include "transfer/core/block_layout.h"

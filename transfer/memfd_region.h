@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::transfer {
 

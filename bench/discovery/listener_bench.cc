@@ -42,12 +42,12 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include "base/log.h"
+#include "proto/base/log.h"
 #include <zmq.hpp>
 
 #include "discovery/discovery_counters.h"
 #include "discovery/discovery_service.h"
-#include "base/snapshot_cell.h"
+#include "proto/base/snapshot_cell.h"
 #include "proto/discovery_message.h"
 
 namespace {

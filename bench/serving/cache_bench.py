@@ -430,7 +430,7 @@ def main():
         args.decode_us = min(args.decode_us, 1000)
     args.pdrouter = os.path.join(args.bin_dir, "router", "pdrouter")
     args.pdnode = os.path.join(args.bin_dir, "node", "pdnode")
-    args.bench = os.path.join(args.bin_dir, "loadgen", "pdrouter-bench")
+    args.bench = os.path.join(args.bin_dir, "bench", "loadgen", "pdrouter-bench")
     for b in (args.pdrouter, args.pdnode, args.bench):
         if not os.access(b, os.X_OK):
             print("cache_bench.py: %s is not built (ninja -C %s pdrouter pdnode pdrouter-bench)"

@@ -508,7 +508,7 @@ def main():
         parser.error("--time-scale must be in (0, 1000]")
     args.pdrouter = os.path.join(args.bin_dir, "router", "pdrouter")
     args.pdnode = os.path.join(args.bin_dir, "node", "pdnode")
-    args.bench = os.path.join(args.bin_dir, "loadgen", "pdrouter-bench")
+    args.bench = os.path.join(args.bin_dir, "bench", "loadgen", "pdrouter-bench")
     for b in (args.pdrouter, args.pdnode, args.bench):
         if not os.access(b, os.X_OK):
             print("goodput_bench.py: %s is not built (ninja -C %s pdrouter pdnode pdrouter-bench)"

@@ -228,7 +228,7 @@ def main():
         args.num_prompts, args.input_len, args.output_len, args.request_rate = 6, 300, 4, 20.0
     args.pdrouter = os.path.join(args.bin_dir, "router", "pdrouter")
     args.pdnode = os.path.join(args.bin_dir, "node", "pdnode")
-    args.bench = os.path.join(args.bin_dir, "loadgen", "pdrouter-bench")
+    args.bench = os.path.join(args.bin_dir, "bench", "loadgen", "pdrouter-bench")
     for b in (args.pdrouter, args.pdnode, args.bench):
         if not os.access(b, os.X_OK):
             sys.exit("handover_bench.py: %s is not built" % b)

@@ -54,7 +54,7 @@ done
 if [[ $smoke == 1 ]]; then
   num_prompts=10 input_len=500 output_len=20 rate=20 decode_us=1000
 fi
-pdrouter=$bin_dir/router/pdrouter pdnode=$bin_dir/node/pdnode bench=$bin_dir/loadgen/pdrouter-bench
+pdrouter=$bin_dir/router/pdrouter pdnode=$bin_dir/node/pdnode bench=$bin_dir/bench/loadgen/pdrouter-bench
 for b in "$pdrouter" "$pdnode" "$bench"; do
   [[ -x $b ]] || { echo "run.sh: $b is not built (ninja -C $bin_dir pdrouter pdnode pdrouter-bench)" >&2; exit 2; }
 done

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "base/guarded.h"
+#include "proto/base/guarded.h"
 
 namespace pdr::discovery::sources {
 

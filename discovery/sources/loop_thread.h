@@ -33,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::discovery::sources {
 

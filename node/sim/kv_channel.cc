@@ -1,6 +1,6 @@
 #include "node/sim/kv_channel.h"
 
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include "node/sim/kv_wire.h"
 

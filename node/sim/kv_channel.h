@@ -24,7 +24,7 @@
 
 #include <zmq.hpp>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::node::sim {
 

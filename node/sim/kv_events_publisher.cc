@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 

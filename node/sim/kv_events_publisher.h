@@ -32,7 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::node::sim {
 

@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include <zmq.hpp>
 
 #include "node/sim/dialect.h"

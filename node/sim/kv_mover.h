@@ -44,7 +44,7 @@
 #include <string>
 
 #include "node/sim/kv.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::node::sim {
 

@@ -3,7 +3,7 @@
 #include <cctype>
 #include <cstdlib>
 
-#include "base/blocking_socket.h"
+#include "transfer/net/blocking_socket.h"
 #include "node/sim/dialect.h"
 
 namespace pdr::node::sim {

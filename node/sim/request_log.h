@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "http/http_message.h"
+#include "router/http/http_message.h"
 
 namespace pdr::node::sim {
 

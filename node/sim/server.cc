@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include "node/sim/aux_api.h"
 #include "node/sim/dialect.h"
@@ -23,7 +23,7 @@
 #include "node/sim/prompt_tokens.h"
 #include "node/sim/responses.h"
 #include "node/sim/request_log.h"
-#include "http/http_server.h"
+#include "router/http/http_server.h"
 
 namespace pdr::node::sim {
 namespace {

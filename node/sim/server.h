@@ -87,11 +87,11 @@
 #include <optional>
 #include <string>
 
-#include "http/tls_server.h"
+#include "router/http/tls_server.h"
 #include "node/sim/cache_model.h"
 #include "node/sim/engine/driver.h"
 #include "node/sim/kv.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::node::sim {
 
@@ -122,7 +122,7 @@ struct SimOptions {
   // pacing.
   std::optional<SimEngineOptions> engine;
   double time_scale = 1.0;
-  // Set: the HTTP listener speaks TLS (http/tls_server.h), as vLLM behind --ssl-certfile.
+  // Set: the HTTP listener speaks TLS (router/http/tls_server.h), as vLLM behind --ssl-certfile.
   std::shared_ptr<const http::TlsServerContext> tls;
 };
 

@@ -23,7 +23,7 @@
 #include <span>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/discovery_message.h"
 #include "proto/json_splice.h"
 
@@ -61,7 +61,7 @@ enum class PreStep : uint8_t {
   kPrefillEngineQuery,
 };
 
-// The zmq_address an instance of the connector must register (config/instance_spec.cc).
+// The zmq_address an instance of the connector must register (discovery/config/instance_spec.cc).
 enum class ZmqAddressForm : uint8_t {
   kNone,             // not used
   kMoriio,           // "host:IP,handshake:PORT,notify:PORT"
@@ -90,7 +90,7 @@ struct Dialect {
   // ---- before the legs ----
   PreStep pre_step = PreStep::kNone;
 
-  // ---- instance fields the connector needs (config/instance_spec.cc) ----
+  // ---- instance fields the connector needs (discovery/config/instance_spec.cc) ----
   ZmqAddressForm zmq_address = ZmqAddressForm::kNone;
   // A prefill that names no bootstrap_port gets connectors.mooncake_bootstrap_port.
   bool prefill_bootstrap_port_default = false;

@@ -6,7 +6,7 @@
 #include <shared_mutex>
 #include <unordered_set>
 
-#include "base/keyed_hash.h"
+#include "proto/base/keyed_hash.h"
 #include "router/policies/policy.h"
 
 namespace pdr::router::cache {

@@ -53,11 +53,11 @@
 //
 // Threading: thread-safe. Writers (apply, drop_node, drop_rank: the subscriber thread) run one
 // at a time and take the exclusive lock in slices; lookups (longest_prefix on any HTTP worker)
-// and stats take the shared lock. The lock prefers writers (base/writer_first_shared_mutex.h), so
+// and stats take the shared lock. The lock prefers writers (proto/base/writer_first_shared_mutex.h), so
 // a stream of lookups cannot hold a writer off either.
 //
 // A node chooses its engine block hashes, and steers the router hashes through its token ids:
-//   - both maps hash keys with a per-process secret key (SipHash-2-4, base/keyed_hash.h): no
+//   - both maps hash keys with a per-process secret key (SipHash-2-4, proto/base/keyed_hash.h): no
 //     choice of keys piles them into one bucket, so each insert costs O(1) expected (keyed by the
 //     plain value, 172,933 crafted hashes held the exclusive lock for over a minute);
 //   - each map is split 64 ways (sharded_hash_map.h): growing a bucket array relinks one shard,
@@ -92,7 +92,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "base/writer_first_shared_mutex.h"
+#include "proto/base/writer_first_shared_mutex.h"
 #include "proto/kv_events.h"
 #include "router/cache/sharded_hash_map.h"
 

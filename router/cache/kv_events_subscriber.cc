@@ -10,8 +10,8 @@
 #include <mutex>
 #include <span>
 #include <thread>
-#include "base/log.h"
-#include "base/log_limiter.h"
+#include "proto/base/log.h"
+#include "proto/base/log_limiter.h"
 #include "proto/kv_events_replay.h"
 #include "router/cache/kv_events_rate_limit.h"
 #include <zmq.hpp>

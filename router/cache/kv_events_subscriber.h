@@ -59,7 +59,7 @@
 //     wants (the total cap, a socket error) is retried on every new registry snapshot and every
 //     `resubscribe_interval`, so it is subscribed once sockets free up.
 //   - Logs: gaps, restarts, replay timeouts, discarded batches and (un)subscriptions go through
-//     a LogLimiter (base/log_limiter.h): a flood of them costs a few lines a second.
+//     a LogLimiter (proto/base/log_limiter.h): a flood of them costs a few lines a second.
 //
 // Threading: start()/stop()/node_stats()/totals() from any thread. Sockets and sequence state
 // live on the subscriber's own thread; counters are kept under a mutex the accessors take.
@@ -72,8 +72,8 @@
 #include <string>
 #include <vector>
 
-#include "base/snapshot_cell.h"
-#include "base/status.h"
+#include "proto/base/snapshot_cell.h"
+#include "proto/base/status.h"
 #include "discovery/instance.h"
 #include "proto/kv_events.h"
 #include "router/cache/block_index.h"

@@ -1,7 +1,7 @@
 // ShardedHashMap<V>: a hash map from 64-bit keys a peer chooses (KV cache block hashes) that
 // stays fast whatever keys arrive and never pauses long to grow.
 //
-//   - Keys are hashed with KeyedHash64 (base/keyed_hash.h), a keyed PRF: a peer cannot aim keys at
+//   - Keys are hashed with KeyedHash64 (proto/base/keyed_hash.h), a keyed PRF: a peer cannot aim keys at
 //     one bucket, so each operation costs O(1) expected whatever it sends.
 //   - The entries are spread over kShards std::unordered_maps by the keyed hash's top bits. A
 //     std::unordered_map grows by rehashing every element at once; split 64 ways, the largest
@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "base/keyed_hash.h"
+#include "proto/base/keyed_hash.h"
 
 namespace pdr::router::cache {
 

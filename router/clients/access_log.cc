@@ -11,8 +11,8 @@
 #include <cstring>
 #include <utility>
 
-#include "base/log.h"
-#include "base/metrics_writer.h"
+#include "proto/base/log.h"
+#include "proto/base/metrics_writer.h"
 
 namespace pdr::router::clients {
 

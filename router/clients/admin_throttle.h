@@ -11,7 +11,7 @@
 // rate: the network and the global buckets bound it.
 //
 // A right key is always let in, throttled or not (AdminRoutes checks it first, in constant time,
-// base/secure_compare.h): behind a proxy or NAT every client shares one address, and a
+// proto/base/secure_compare.h): behind a proxy or NAT every client shares one address, and a
 // throttle that refused the right key would let anyone who can send a few wrong keys lock the
 // operator out. The cost is that a throttled source still learns whether a guess was right;
 // what makes guessing hopeless is the key's length (a random key of 128 bits or more: pdrouter

@@ -1,8 +1,8 @@
 // The client key check and the tenant's request rate (contracts in client_gate.h).
 #include "router/clients/client_gate.h"
 
-#include "base/ascii.h"
-#include "base/metrics_writer.h"
+#include "proto/base/ascii.h"
+#include "proto/base/metrics_writer.h"
 
 namespace pdr::router::clients {
 

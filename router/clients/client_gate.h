@@ -1,7 +1,7 @@
 // ClientGate: the check in front of every client endpoint but /health and /ready (the route
 // table's Guard::kClientKey; unknown paths relayed by routing.pass_through_unknown too).
 //
-// With client_auth.keys_file (config/client_key_file.h), a request must present one of the
+// With client_auth.keys_file (discovery/config/client_key_file.h), a request must present one of the
 // file's keys, as `Authorization: Bearer <key>` or as `x-api-key: <key>` (Anthropic's SDKs send
 // that); either header may hold it (an OpenAI SDK always sends Authorization, often
 // "Bearer EMPTY", so both are tried). Otherwise: 401, the same answer whether a key was missing
@@ -27,8 +27,8 @@
 #include <string>
 #include <string_view>
 
-#include "config/topology.h"
-#include "http/http_message.h"
+#include "discovery/config/topology.h"
+#include "router/http/http_message.h"
 #include "router/clients/admin_throttle.h"
 #include "router/clients/tenant_registry.h"
 

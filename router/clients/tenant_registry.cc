@@ -5,7 +5,7 @@
 #include <limits>
 #include <map>
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 
 namespace pdr::router::clients {
 

@@ -33,7 +33,7 @@
 #include <utility>
 #include <vector>
 
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "proto/usage_scan.h"
 #include "router/clients/token_bucket.h"
 

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 
 namespace pdr::router {
 

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string_view>
 
-#include "http/http_message.h"
+#include "router/http/http_message.h"
 #include "router/clients/access_record.h"
 #include "router/proxy/proxy_shared.h"
 

@@ -11,7 +11,7 @@
 // admitted (one in-flight slot and its body's cost in the budget) is an AdmissionSlot.
 //
 // What a body costs is what pdrouter really holds for it, not its length: its buffer's capacity
-// (charged by the HTTP server as it buffered it, http/body_budget.h, and taken over here) plus
+// (charged by the HTTP server as it buffered it, router/http/body_budget.h, and taken over here) plus
 // one copy per upstream leg, since the upstream client renders each leg into a wire buffer of
 // its own and keeps it until the node's answer begins (a P/D request: 2, whether the dialect's
 // legs overlap or not and for a decode served alone too; a one-node request: 1).
@@ -24,7 +24,7 @@
 #include <optional>
 #include <string_view>
 
-#include "http/response_writer.h"
+#include "router/http/response_writer.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr::router::proxy {

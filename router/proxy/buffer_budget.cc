@@ -1,6 +1,6 @@
 #include "router/proxy/buffer_budget.h"
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 
 namespace pdr::router::proxy {
 

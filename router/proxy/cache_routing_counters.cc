@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 #include "router/proxy/cache_tokenize.h"
 #include "router/proxy/proxy_counters.h"
 

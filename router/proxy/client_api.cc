@@ -1,6 +1,6 @@
 #include "router/proxy/client_api.h"
 
-#include "http/json_error.h"
+#include "router/http/json_error.h"
 #include "proto/anthropic_messages.h"
 
 namespace pdr::router::proxy {

@@ -2,7 +2,7 @@
 // Anthropic's) and Anthropic's Messages API (POST /v1/messages and /v1/messages/count_tokens,
 // proto/anthropic_messages.h). Two things:
 //  - pdrouter's own error answers on a path: OpenAI-style {"error":{"message","type","code"}}
-//    (http/json_error.h), or Anthropic's {"type":"error","error":{"type","message"}} with the
+//    (router/http/json_error.h), or Anthropic's {"type":"error","error":{"type","message"}} with the
 //    error type of the status (its `code` is not part of Anthropic's shape and is dropped; the
 //    message says what happened).
 //  - the client's credential forwarded to the nodes: its Authorization header; Anthropic's SDKs
@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-#include "http/http_message.h"
+#include "router/http/http_message.h"
 
 namespace pdr::router::proxy {
 

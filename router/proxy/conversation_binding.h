@@ -21,7 +21,7 @@
 #include <string>
 #include <string_view>
 
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 
 namespace pdr::router::proxy {
 

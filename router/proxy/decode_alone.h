@@ -7,7 +7,7 @@
 #include <optional>
 #include <string_view>
 
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "proto/dialects/dialect.h"
 #include "router/policies/policy.h"
 

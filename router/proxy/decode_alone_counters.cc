@@ -1,6 +1,6 @@
 #include "router/proxy/decode_alone_counters.h"
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 #include "router/proxy/decode_alone.h"
 
 namespace pdr::router::proxy {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 #include "proto/prometheus_merge.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/session_timer.h"

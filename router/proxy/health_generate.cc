@@ -2,8 +2,8 @@
 
 #include <vector>
 
-#include "base/metrics_writer.h"
-#include "http/json_error.h"
+#include "proto/base/metrics_writer.h"
+#include "router/http/json_error.h"
 #include "proto/json_splice.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/session_timer.h"

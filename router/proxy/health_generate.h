@@ -28,8 +28,8 @@
 #include <memory>
 #include <string>
 
-#include "http/http_message.h"
-#include "http/response_writer.h"
+#include "router/http/http_message.h"
+#include "router/http/response_writer.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr {

@@ -16,8 +16,8 @@
 
 #include "discovery/instance.h"
 #include "proto/mooncake_query.h"
-#include "base/status.h"
-#include "http/upstream_client.h"
+#include "proto/base/status.h"
+#include "router/http/upstream_client.h"
 #include "router/proxy/upstream_port.h"
 
 namespace pdr::router::proxy {

@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "discovery/instance.h"
 #include "proto/json_splice.h"
 #include "proto/request_legs.h"

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 #include "router/proxy/conversation_cache.h"
 
 namespace pdr::router::proxy {

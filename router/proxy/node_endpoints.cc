@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "proto/json_splice.h"
-#include "http/json_error.h"
+#include "router/http/json_error.h"
 #include "router/proxy/pairing.h"
 
 namespace pdr::router::proxy {

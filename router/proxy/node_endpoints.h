@@ -11,8 +11,8 @@
 
 #include <cstddef>
 
-#include "http/http_message.h"
-#include "http/response_writer.h"
+#include "router/http/http_message.h"
+#include "router/http/response_writer.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr::router::proxy {

@@ -1,5 +1,5 @@
 // NodeTlsContexts: the TLS client contexts of the legs to nodes, built from a topology's
-// connectors.tls and the instances' own tls (config/topology.h NodeTls), for
+// connectors.tls and the instances' own tls (discovery/config/topology.h NodeTls), for
 // http::UpstreamRequest::tls. Every call to a node's HTTP address (P/D legs, /tokenize, one-node
 // relays, fan-outs) takes its node's context from here through WorkerContext::node_tls(); a call
 // elsewhere (the Mooncake bootstrap port, pdrouter's own listener) is plain.
@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "base/status.h"
-#include "config/topology.h"
-#include "http/tls_client.h"
+#include "proto/base/status.h"
+#include "discovery/config/topology.h"
+#include "router/http/tls_client.h"
 #include "proto/address.h"
 
 namespace pdr::router::proxy {

@@ -1,6 +1,6 @@
 #include "router/proxy/one_node_counters.h"
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 #include "router/proxy/one_node_relay.h"
 
 namespace pdr::router::proxy {

@@ -46,8 +46,8 @@
 
 #include <string_view>
 
-#include "http/http_message.h"
-#include "http/response_writer.h"
+#include "router/http/http_message.h"
+#include "router/http/response_writer.h"
 #include "router/clients/access_record.h"
 #include "router/proxy/proxy_shared.h"
 

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "discovery/instance.h"
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "router/policies/policy.h"
 
 namespace pdr::router::proxy {

@@ -1,7 +1,7 @@
 // Which unknown paths routing.pass_through_unknown may relay to a decode node.
 //
 // A pass-through request goes to a node on the client's behalf, so it must not reach what only
-// an operator may run there. Checked on the normalised path (http/request_path.h), the one a node
+// an operator may run there. Checked on the normalised path (router/http/request_path.h), the one a node
 // routes on, in this order:
 //   1. The node admin paths of vLLM and SGLang (kNodeAdminPaths: profiling, cache resets,
 //      sleep/wake, weight updates, LoRA loading, pause/abort, elastic scaling, collective RPC,

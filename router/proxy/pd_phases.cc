@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 #include "proto/dialects/dialect.h"
 
 namespace pdr::router::proxy {

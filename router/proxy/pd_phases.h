@@ -1,6 +1,6 @@
 // The P/D handover, measured: per connector dialect, how long the prefill leg takes, how long the
 // decode takes to answer once the prefill is done (the handover), and how long the decode leg
-// takes, as /metrics histograms (base/latency_histogram.h):
+// takes, as /metrics histograms (proto/base/latency_histogram.h):
 //
 //   pdrouter_pd_prefill_seconds{dialect}   prefill leg sent -> its 2xx answer complete
 //   pdrouter_pd_handover_seconds{dialect}  prefill answer complete -> the decode's first body byte
@@ -24,7 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "base/latency_histogram.h"
+#include "proto/base/latency_histogram.h"
 
 namespace pdr {
 class MetricsWriter;

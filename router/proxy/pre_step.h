@@ -20,7 +20,7 @@
 #include <optional>
 #include <string>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "discovery/instance.h"
 #include "proto/dialects/dialect.h"
 #include "router/proxy/proxy_shared.h"

@@ -3,7 +3,7 @@
 #include <string>
 #include <utility>
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 
 namespace pdr::router::proxy {
 

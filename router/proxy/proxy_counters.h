@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "base/latency_histogram.h"
+#include "proto/base/latency_histogram.h"
 #include "router/proxy/abort_requests_counters.h"
 #include "router/proxy/buffer_budget.h"
 #include "router/proxy/cache_routing_counters.h"
@@ -124,7 +124,7 @@ struct ProxyCounters {
   Counter prefill_bytes_discarded{0}; // prefill answer bytes read and dropped unbuffered
   Counter held_stream_heads{0};       // decode SSE heads held until the first event (retry still possible)
   BufferBudget buffered;  // limits.max_buffered_bytes, taken by bodies and buffered answers (buffer_budget.h)
-  // Latencies (base/latency_histogram.h): the whole P/D request by outcome [done, failed,
+  // Latencies (proto/base/latency_histogram.h): the whole P/D request by outcome [done, failed,
   // cancelled] (arrival = request head parsed, to its end), arrival to the first byte of the
   // answer's body sent to the client, and each leg attempt by [Leg] (sent to its answer complete
   // or its failure, counted in leg_failures).

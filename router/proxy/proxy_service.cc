@@ -1,6 +1,6 @@
 #include "router/proxy/proxy_service.h"
 
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include "router/proxy/access_logging.h"
 #include "router/proxy/admission.h"

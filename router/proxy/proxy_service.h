@@ -29,14 +29,14 @@
 #include <memory>
 #include <vector>
 
-#include "http/http_server.h"
+#include "router/http/http_server.h"
 #include "router/proxy/health_generate.h"
 #include "router/proxy/one_node_relay.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr::router::proxy {
 
-// Also the client server's body budget (http/body_budget.h, ServerOptions::body_budget): bodies
+// Also the client server's body budget (router/http/body_budget.h, ServerOptions::body_budget): bodies
 // are charged to limits.max_buffered_bytes as the server buffers them, refusals counted as
 // pdrouter_requests_refused_total{reason="memory_budget"}; admission (admission.h) takes the
 // charge over. Only for the server whose workers this service's worker contexts belong to.

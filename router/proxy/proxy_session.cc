@@ -1,6 +1,6 @@
 #include "router/proxy/proxy_session.h"
 
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include <algorithm>
 #include <optional>
@@ -18,7 +18,7 @@
 #include "proto/responses_stream.h"
 #include "proto/sse_boundary.h"
 #include "proto/usage_scan.h"
-#include "http/json_error.h"
+#include "router/http/json_error.h"
 #include "router/clients/access_log.h"
 #include "router/proxy/abort_requests.h"
 #include "router/proxy/cache_routing.h"
@@ -40,7 +40,7 @@ using discovery::Instance;
 namespace {
 
 // Leg failures repeat per request when a node is down under load: at most a few lines a second
-// per worker (base/log_limiter.h); the counters in /metrics see every one.
+// per worker (proto/base/log_limiter.h); the counters in /metrics see every one.
 bool may_log(WorkerContext& w) { return w.leg_log().allow(discovery::Clock::now()); }
 
 proto::LegInstance to_leg_instance(const Instance& i) {

@@ -67,8 +67,8 @@
 #include <optional>
 #include <string>
 
-#include "http/http_message.h"
-#include "http/response_writer.h"
+#include "router/http/http_message.h"
+#include "router/http/response_writer.h"
 #include "router/clients/access_record.h"
 #include "router/clients/tenant_registry.h"
 #include "router/proxy/proxy_shared.h"

@@ -18,10 +18,10 @@
 #include <string>
 
 #include "discovery/instance.h"
-#include "base/log_limiter.h"
-#include "base/snapshot_cell.h"
-#include "config/topology.h"
-#include "http/upstream_client.h"
+#include "proto/base/log_limiter.h"
+#include "proto/base/snapshot_cell.h"
+#include "discovery/config/topology.h"
+#include "router/http/upstream_client.h"
 #include "router/clients/client_gate.h"
 #include "router/policies/policy.h"
 #include "router/proxy/conversation_cache.h"

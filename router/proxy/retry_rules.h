@@ -6,7 +6,7 @@
 #include <string>
 
 #include "proto/dialects/dialect.h"
-#include "http/upstream_client.h"
+#include "router/http/upstream_client.h"
 #include "router/proxy/proxy_counters.h"
 
 namespace pdr::router::proxy {

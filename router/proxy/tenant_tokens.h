@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <string_view>
 
-#include "config/topology.h"
-#include "http/http_message.h"
+#include "discovery/config/topology.h"
+#include "router/http/http_message.h"
 #include "proto/generate_request.h"
 #include "proto/json_splice.h"
 #include "router/clients/tenant_registry.h"

@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "http/uv_handle.h"
+#include "router/http/uv_handle.h"
 
 struct uv_loop_s;
 

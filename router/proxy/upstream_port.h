@@ -2,7 +2,7 @@
 // bootstrap /query), as an interface, so that ProxySession's state machine can be driven by a fake
 // upstream in unit tests (tests/router/proxy_session_test.cc) instead of only end to end.
 //
-// Every implementation keeps the contract of http::UpstreamPool::start (http/upstream_client.h):
+// Every implementation keeps the contract of http::UpstreamPool::start (router/http/upstream_client.h):
 // on_head once, on_body zero or more times, then exactly one of on_complete / on_error (which may
 // come before on_head); no callback inside start(); none after cancel(); everything on the
 // worker's loop thread. UpstreamCall::failure() is set before on_error fires. A call's callbacks
@@ -15,7 +15,7 @@
 
 #include <memory>
 
-#include "http/upstream_client.h"
+#include "router/http/upstream_client.h"
 #include "proto/address.h"
 
 namespace pdr::router::proxy {

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/address.h"
 
 namespace pdr::router::tracing {

@@ -2,7 +2,7 @@
 
 #include <charconv>
 
-#include "base/ascii.h"
+#include "proto/base/ascii.h"
 #include "router/policies/policy.h"
 #include "router/tracing/tracer.h"
 

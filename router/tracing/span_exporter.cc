@@ -9,7 +9,7 @@
 
 #include <algorithm>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include "router/tracing/otlp_http_post.h"
 
 namespace pdr::router::tracing {

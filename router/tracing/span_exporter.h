@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "base/log_limiter.h"
-#include "base/metrics_writer.h"
-#include "base/status.h"
+#include "proto/base/log_limiter.h"
+#include "proto/base/metrics_writer.h"
+#include "proto/base/status.h"
 #include "proto/address.h"
 #include "proto/otlp_span.h"
 

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "http/http_message.h"
+#include "router/http/http_message.h"
 #include "proto/otlp_span.h"
 #include "router/tracing/request_trace.h"
 #include "router/tracing/span_exporter.h"

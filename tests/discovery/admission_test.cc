@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <zmq.h>
 
-#include "config/admission.h"
+#include "discovery/config/admission.h"
 #include "proto/curve_keys.h"
 #include "discovery/zap_policy.h"
 

@@ -8,7 +8,7 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "sidecar/node_client.h"
+#include "discovery/sidecar/node_client.h"
 #include "tests/support/time_scale.h"
 
 namespace pdr::discovery {

@@ -267,7 +267,7 @@ TEST(Registry, DrainingFlagSetsState) {
   EXPECT_EQ(snap->count(proto::Role::kPrefill, InstanceState::kUp), 0u);
 }
 
-// ---- admission (config/admission.h) ---------------------------------------------------------
+// ---- admission (discovery/config/admission.h) ---------------------------------------------------
 
 config::StaticInstance static_decode(std::string host, uint16_t port) {
   config::StaticInstance s;

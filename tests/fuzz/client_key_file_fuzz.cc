@@ -1,4 +1,4 @@
-// Fuzzes config/client_key_file: the client key file is operator input, but a hand-written parser
+// Fuzzes discovery/config/client_key_file: the client key file is operator input, but a hand-written parser
 // of a file of secrets must never crash, never accept a line it cannot account for, and never
 // quote a key in an error. Properties: a parsed set holds sorted, distinct digests whose tenant
 // indices are in range and name valid tenants; written back as "sha256:<hex> <tenant>" lines it
@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "config/client_key_file.h"
+#include "discovery/config/client_key_file.h"
 
 namespace {
 

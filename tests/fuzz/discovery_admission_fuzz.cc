@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "config/admission.h"
+#include "discovery/config/admission.h"
 #include "proto/address.h"
 #include "proto/curve_keys.h"
 #include "discovery/zap_policy.h"

@@ -1,4 +1,4 @@
-// Fuzzes loadgen/trace_workload: a request trace is a file a user downloads, untrusted bytes.
+// Fuzzes bench/loadgen/trace_workload: a request trace is a file a user downloads, untrusted bytes.
 // Property: no crash; on success every entry passed the checks the replay relies on (lengths in
 // range, no more hash ids than blocks, timestamps finite, >= 0 and in order), and the prompts
 // built from them are exactly input_length ids in the vocabulary.
@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "loadgen/trace_workload.h"
+#include "bench/loadgen/trace_workload.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pdr::loadgen;

@@ -1,4 +1,4 @@
-// Fuzzes http/request_path: the request path is untrusted bytes, and what normalize_path makes of
+// Fuzzes router/http/request_path: the request path is untrusted bytes, and what normalize_path makes of
 // it is what every route lookup, key check and pass-through decision reads. Properties: a
 // normalised path starts with '/', holds only printable ASCII, has no empty, "." or ".."
 // segment (a trailing '/' aside); normalising its encoded spelling gives it back unchanged (so
@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "http/request_path.h"
+#include "router/http/request_path.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view raw(reinterpret_cast<const char*>(data), size);

@@ -86,8 +86,8 @@ def pdnode_path():
 def pdrouter_bench_path():
     if os.environ.get("PDR_BENCH_BIN"):  # as $PDR_NODE_BIN
         return os.environ["PDR_BENCH_BIN"]
-    return find_binary("pdrouter-bench", ["../loadgen/pdrouter-bench", "pdrouter-bench",
-                                          "loadgen/pdrouter-bench"])
+    return find_binary("pdrouter-bench", ["../bench/loadgen/pdrouter-bench", "pdrouter-bench",
+                                          "bench/loadgen/pdrouter-bench"])
 
 
 # The endpoint lines of `pdrouter --help`, rendered from the route table (router/route_table.cc):

@@ -1,4 +1,4 @@
-"""pdrouter-bench (loadgen/) against real processes: simulated vLLM nodes alone and behind pdrouter.
+"""pdrouter-bench (bench/loadgen/) against real processes: simulated vLLM nodes alone and behind pdrouter.
 
   * Through pdrouter to 2 prefill + 2 decode sims (MoRIIO WRITE, real KV bytes): every request
     succeeds; the JSON result counts exactly the tokens the decode leg was asked for; each

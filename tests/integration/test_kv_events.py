@@ -171,7 +171,7 @@ class KvEventsRegistrationTest(unittest.TestCase):
         self.assertIsNone(router.instance("127.0.0.1:18553"))
 
         # A node that does not authenticate may not aim the router's sockets at another host.
-        # "Another host" needs a non-loopback address: the rule (config/admission.h
+        # "Another host" needs a non-loopback address: the rule (discovery/config/admission.h
         # check_registered_address) counts every 127.0.0.0/8 address as this one machine. 192.0.2.9 is
         # TEST-NET-1 (RFC 5737, never assigned), and nothing connects to it: the registration is
         # refused before any socket is made, which is what this asserts.

@@ -50,7 +50,7 @@ class KvEventsGapLogTest(unittest.TestCase):
 
     def test_a_gap_flood_is_logged_a_few_lines_a_second(self):
         """3,000 gaps in a row (every other seq missing, no replay socket): each drops the rank's
-        entries and is counted, but the log gets a few lines a second (base/log_limiter.h), not
+        entries and is counted, but the log gets a few lines a second (proto/base/log_limiter.h), not
         one line per gap."""
         sock, endpoint = publisher(self.ctx, sndhwm=0)  # queue here, drop nothing
         self.addCleanup(sock.close, 0)

@@ -1,6 +1,6 @@
 """routing.pass_through_unknown against paths that name a node's operator endpoints in another
 spelling. vLLM's API server (Starlette) routes on the percent-decoded path, so "/start%5Fprofile"
-is its /start_profile: pdrouter checks the same decoded, normalised path (http/request_path.h)
+is its /start_profile: pdrouter checks the same decoded, normalised path (router/http/request_path.h)
 before any route lookup or pass-through decision, refuses the node admin paths
 (router/proxy/pass_through.h), relays only the normalised spelling, and never lends
 connectors.upstream_api_key to a pass-through request. Real pdrouter, real sims on 127.0.0.1;

@@ -322,7 +322,7 @@ class ProxyLoadTest(unittest.TestCase):
 # that fits: pdrouter gets exactly the documented limit for STREAMS (+ a few scrape connections)
 # and every stream must complete, with no leg failing on a local EMFILE and no node ejected.
 # At least 252 streams: below a limit of 1,024 pdrouter keeps a quarter of it as headroom instead
-# of 256 (http/fd_budget.h), and the documented formula is for real limits.
+# of 256 (router/http/fd_budget.h), and the documented formula is for real limits.
 # PDR_FD_STREAMS checks the documented formula at another scale (10,000 needs a hard limit of
 # 30,268 for pdrouter, and the load client and sims one descriptor per stream each).
 FD_STREAMS = int(os.environ.get("PDR_FD_STREAMS", "0")) or (260 if SANITIZED else 400)

@@ -1,4 +1,4 @@
-"""pdrouter-bench --trace (loadgen/trace_workload.h) against real processes: a tiny Mooncake-format
+"""pdrouter-bench --trace (bench/loadgen/trace_workload.h) against real processes: a tiny Mooncake-format
 trace replayed through a real pdrouter (cache_aware, KV events from the sims) to `pdnode sim`
 prefill and decode nodes, and straight to sims.
 

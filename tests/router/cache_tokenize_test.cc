@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "base/snapshot_cell.h"
-#include "config/topology.h"
+#include "proto/base/snapshot_cell.h"
+#include "discovery/config/topology.h"
 #include "discovery/instance.h"
 #include "router/proxy/proxy_shared.h"
 #include "router/proxy/upstream_port.h"

@@ -35,11 +35,11 @@
 #include <thread>
 #include <vector>
 
-#include "base/snapshot_cell.h"
-#include "config/topology.h"
+#include "proto/base/snapshot_cell.h"
+#include "discovery/config/topology.h"
 #include "discovery/instance.h"
-#include "http/http_server.h"
-#include "http/http_worker.h"
+#include "router/http/http_server.h"
+#include "router/http/http_worker.h"
 #include "router/proxy/proxy_session.h"
 #include "router/proxy/proxy_shared.h"
 #include "router/proxy/upstream_port.h"

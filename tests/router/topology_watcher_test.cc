@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "config/topology_store.h"
+#include "discovery/config/topology_store.h"
 
 namespace pdr::router {
 namespace {

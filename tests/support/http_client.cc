@@ -9,8 +9,8 @@
 
 #include <llhttp.h>
 
-#include "base/ascii.h"
-#include "base/blocking_socket.h"
+#include "proto/base/ascii.h"
+#include "transfer/net/blocking_socket.h"
 
 namespace pdr::test {
 

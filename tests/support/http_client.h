@@ -50,7 +50,7 @@ class HttpClient {
   HttpClient& operator=(const HttpClient&) = delete;
 
   // Returns "" on success, else the reason ("connect to 127.0.0.1:80: Connection refused",
-  // "connect to ...: timed out"; base/blocking_socket.h).
+  // "connect to ...: timed out"; transfer/net/blocking_socket.h).
   std::string connect(const std::string& host, uint16_t port,
                       std::chrono::milliseconds timeout = kDefaultTimeout);
   bool connected() const { return fd_ >= 0; }

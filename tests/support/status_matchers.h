@@ -5,7 +5,7 @@
 
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::test {
 

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "transfer/core/region_table.h"
 
 namespace pdr::transfer {

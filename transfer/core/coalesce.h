@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <span>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "transfer/core/block_layout.h"
 
 namespace pdr::transfer {

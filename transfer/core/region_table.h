@@ -40,7 +40,7 @@
 #include <optional>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::transfer {
 

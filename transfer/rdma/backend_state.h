@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "transfer/backend.h"
 #include "transfer/rdma/connection.h"
 #include "transfer/rdma/control_socket.h"

@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/rdma_handshake.h"
 #include "transfer/backend.h"
 #include "transfer/rdma/device.h"

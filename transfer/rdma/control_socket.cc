@@ -1,9 +1,9 @@
 // Control channel socket helpers (contract: control_socket.h). The waiting is
-// base/blocking_socket.h's; what is left here is the address form and the record framing.
+// transfer/net/blocking_socket.h's; what is left here is the address form and the record framing.
 #include "transfer/rdma/control_socket.h"
 
-#include "base/blocking_socket.h"
-#include "base/tcp_socket.h"
+#include "transfer/net/blocking_socket.h"
+#include "transfer/net/tcp_socket.h"
 
 namespace pdr::transfer::rdma {
 

@@ -6,7 +6,7 @@
 // independently (pdr_transfer_rdma links only the core), so the RDMA backend listens on its own
 // control port instead. Merging them needs a hook in backend.h.
 //
-// Every call takes a deadline and never blocks past it (base/blocking_socket.h). All fds are
+// Every call takes a deadline and never blocks past it (transfer/net/blocking_socket.h). All fds are
 // close-on-exec. Called by the connector and control threads, without the backend lock.
 #pragma once
 
@@ -14,13 +14,13 @@
 #include <cstdint>
 #include <string>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::transfer::rdma {
 
 using ControlClock = std::chrono::steady_clock;
 
-// The listener is base/tcp_socket.h open_listener (non-blocking, port 0: any).
+// The listener is transfer/net/tcp_socket.h open_listener (non-blocking, port 0: any).
 // Connects to "host:port" (the host may be [v6]) by the deadline. The returned fd is
 // non-blocking, with TCP_NODELAY; the record calls below wait with poll.
 Status control_connect(const std::string& address, ControlClock::time_point deadline, int* fd);

@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "transfer/rdma/qp_attrs.h"
 #include "transfer/rdma/rdma_backend.h"
 #include "transfer/rdma/verbs_api.h"

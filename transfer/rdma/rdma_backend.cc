@@ -20,7 +20,7 @@
 #include "transfer/rdma/connector_thread.h"
 #include "transfer/rdma/control_thread.h"
 #include "transfer/rdma/io_thread.h"
-#include "base/tcp_socket.h"
+#include "transfer/net/tcp_socket.h"
 
 namespace pdr::transfer {
 

@@ -24,7 +24,7 @@
 #include <mutex>
 #include <string>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "transfer/core/xfer_types.h"
 
 namespace pdr::transfer::shm {

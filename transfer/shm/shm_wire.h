@@ -26,7 +26,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 
 namespace pdr::transfer::shm {
 

@@ -10,7 +10,7 @@
 
 #include <cstring>
 
-#include "base/blocking_socket.h"
+#include "transfer/net/blocking_socket.h"
 
 namespace pdr::transfer::shm {
 namespace {

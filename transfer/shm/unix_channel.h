@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
-#include "base/unique_fd.h"
+#include "proto/base/status.h"
+#include "proto/base/unique_fd.h"
 
 namespace pdr::transfer::shm {
 

@@ -12,7 +12,7 @@
 
 #include "transfer/tcp/lane.h"
 #include "transfer/tcp/serving_connection.h"
-#include "base/tcp_socket.h"
+#include "transfer/net/tcp_socket.h"
 
 namespace pdr::transfer::tcp {
 

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "transfer/tcp/shared_state.h"
 #include "transfer/tcp/task_state.h"
 

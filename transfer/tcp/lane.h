@@ -24,7 +24,7 @@
 #include "transfer/tcp/frame_io.h"
 #include "transfer/tcp/ring_queue.h"
 #include "transfer/tcp/shared_state.h"
-#include "base/tcp_socket.h"
+#include "transfer/net/tcp_socket.h"
 #include "transfer/tcp/task_state.h"
 
 namespace pdr::transfer::tcp {

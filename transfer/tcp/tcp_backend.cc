@@ -17,7 +17,7 @@
 
 #include "transfer/tcp/io_thread.h"
 #include "transfer/tcp/lane.h"
-#include "base/tcp_socket.h"
+#include "transfer/net/tcp_socket.h"
 #include "transfer/tcp/task_state.h"
 
 namespace pdr::transfer {

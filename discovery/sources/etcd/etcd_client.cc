@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "http/upstream_client.h"
+#include "router/http/upstream_client.h"
 
 namespace pdr::discovery::sources::etcd {
 

@@ -1,5 +1,5 @@
 // EtcdClient: etcd's v3 API through its JSON gateway (proto/etcd_json.h), over the project's
-// upstream HTTP client (http/upstream_client.h) on one libuv loop.
+// upstream HTTP client (router/http/upstream_client.h) on one libuv loop.
 //
 // Threading: like UpstreamPool, everything (constructor, calls, close(), destructor) runs on the
 // loop's thread and every callback fires there, never inside the call that started it.
@@ -16,7 +16,7 @@
 // its first call and sends it as the Authorization header; an answer saying the token is invalid
 // drops it, and the next call authenticates again.
 //
-// TLS: with options.tls every connection to etcd is TLS (http/tls_client.h: the CA, the client
+// TLS: with options.tls every connection to etcd is TLS (router/http/tls_client.h: the CA, the client
 // certificate etcd's --client-cert-auth asks for, the endpoint's host checked against etcd's
 // certificate). A handshake that fails is an unreachable endpoint (kIoError, "... tls: ...").
 #pragma once
@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "proto/address.h"
 #include "proto/etcd_json.h"
 

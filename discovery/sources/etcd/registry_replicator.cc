@@ -1,7 +1,7 @@
 #include "discovery/sources/etcd/registry_replicator.h"
 
-#include "base/log.h"
-#include "base/log_limiter.h"
+#include "proto/base/log.h"
+#include "proto/base/log_limiter.h"
 
 #include <algorithm>
 #include <deque>

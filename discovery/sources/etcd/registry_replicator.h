@@ -59,11 +59,11 @@
 #include <string>
 #include <vector>
 
-#include "base/snapshot_cell.h"
-#include "base/status.h"
+#include "proto/base/snapshot_cell.h"
+#include "proto/base/status.h"
 #include "discovery/discovery_service.h"
 #include "discovery/instance.h"
-#include "config/topology.h"
+#include "discovery/config/topology.h"
 #include "discovery/sources/etcd/conversation_feed.h"
 #include "discovery/sources/etcd/etcd_client.h"
 

@@ -2,7 +2,7 @@
 
 #include <charconv>
 
-#include "config/instance_spec.h"
+#include "discovery/config/instance_spec.h"
 #include "proto/address.h"
 
 namespace pdr::discovery::sources::kubernetes {

@@ -18,14 +18,14 @@
 //   pdrouter.io/kv-events-port   vLLM KV cache events publisher port (tcp://POD_IP:PORT)
 //   pdrouter.io/dp-size, pdrouter.io/tp-size
 // The same connector rules as a topology `instances:` entry apply
-// (config/instance_spec.h). A pod with metadata.deletionTimestamp set is kept, draining.
+// (discovery/config/instance_spec.h). A pod with metadata.deletionTimestamp set is kept, draining.
 #pragma once
 
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
-#include "config/topology.h"
+#include "proto/base/status.h"
+#include "discovery/config/topology.h"
 #include "proto/discovery_message.h"
 #include "proto/k8s_pods.h"
 

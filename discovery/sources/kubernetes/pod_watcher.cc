@@ -1,6 +1,6 @@
 #include "discovery/sources/kubernetes/pod_watcher.h"
 
-#include "base/log.h"
+#include "proto/base/log.h"
 
 #include <fstream>
 #include <map>
@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "http/upstream_client.h"
+#include "router/http/upstream_client.h"
 #include "proto/etcd_json.h"
 #include "proto/k8s_pods.h"
 #include "discovery/sources/kubernetes/pod_node.h"

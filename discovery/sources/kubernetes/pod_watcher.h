@@ -24,7 +24,7 @@
 // The bearer token is read from kubernetes.token_file at start and again, when older than
 // token_refresh, before each request. It is never logged.
 //
-// Transport: http/upstream_client, plain HTTP (`kubectl proxy`, the tests' fake API server) or TLS
+// Transport: router/http/upstream_client, plain HTTP (`kubectl proxy`, the tests' fake API server) or TLS
 // for an https:// API server (options.tls; in a pod, kubernetes.ca_file names the service
 // account's ca.crt).
 //
@@ -39,9 +39,9 @@
 #include <memory>
 #include <string>
 
-#include "base/status.h"
-#include "config/topology.h"
-#include "http/tls_client.h"
+#include "proto/base/status.h"
+#include "discovery/config/topology.h"
+#include "router/http/tls_client.h"
 #include "discovery/discovery_service.h"
 
 namespace pdr::discovery::sources::kubernetes {

@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <variant>
 
-#include "base/log.h"
+#include "proto/base/log.h"
 #include "node/sim/engine/metrics.h"
 #include "node/sim/engine/kv_transfer_model.h"
 

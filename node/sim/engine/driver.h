@@ -37,7 +37,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "node/sim/engine/scheduler.h"
 
 namespace pdr::node::sim {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "base/metrics_writer.h"
+#include "proto/base/metrics_writer.h"
 
 namespace pdr::node::sim {
 namespace {

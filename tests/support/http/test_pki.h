@@ -1,4 +1,4 @@
-// A throwaway PKI made with OpenSSL's API for the TLS unit tests of http/ (header only; the tests
+// A throwaway PKI made with OpenSSL's API for the TLS unit tests of router/http/ (header only; the tests
 // link OpenSSL through pdr_http): a CA, certificates it signs (or self-signed ones), as PEM.
 #pragma once
 

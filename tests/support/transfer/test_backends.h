@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "proto/base/status.h"
 #include "transfer/backend.h"
 #include "transfer/backend_factory.h"
 
