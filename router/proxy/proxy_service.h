@@ -8,9 +8,10 @@
 //   render, tokenize, pooling endpoints (and unknown paths with routing.pass_through_unknown)
 //                                                     relayed to one node (one_node_relay.h)
 // Admission for P/D requests, in order: 405 (not POST; answered by the route table), 503 (shutting down), 415 (a
-// Content-Type that is not JSON: application/json or application/*+json), 429 with Retry-After
-// (limits.max_concurrent_requests requests already in flight, P/D and one-node together, across
-// all workers), 503 memory_budget (limits.max_buffered_bytes). The one-node endpoints take the
+// Content-Type that is not JSON: application/json or application/*+json), 400 bad_priority (an
+// x-pdr-priority that is no class), then with limits.max_concurrent_requests requests already in
+// flight (P/D and one-node together, across all workers) a wait in the admission queue (429 when
+// it is full or off, 503 queue_timeout), 503 memory_budget (limits.max_buffered_bytes). The one-node endpoints take the
 // same 503/429/503 (admission.h, one_node_relay.h). A request without Content-Type is read as JSON. Body-size
 // (413) and header limits are enforced earlier by the HTTP server.
 // Before all of it, every client endpoint but /health and /ready passes authenticate() (the route
