@@ -292,6 +292,9 @@ TEST(AdmissionQueue, ConcurrentTakersAndReleasersStrandNobody) {
       lock.lock();
     }
   });
+  // Every slot held at the start: the takers' first requests must queue, however the threads
+  // are scheduled.
+  for (uint32_t i = 0; i < kLimit; ++i) ASSERT_TRUE(queue.try_take(kLimit));
   std::vector<std::thread> takers;
   for (int t = 0; t < kThreads; ++t) {
     takers.emplace_back([&, t] {
@@ -308,6 +311,9 @@ TEST(AdmissionQueue, ConcurrentTakersAndReleasersStrandNobody) {
       }
     });
   }
+  const auto first_wait = std::chrono::steady_clock::now() + test::scaled(std::chrono::seconds(10));
+  while (queue.waiting() == 0 && std::chrono::steady_clock::now() < first_wait) std::this_thread::yield();
+  for (uint32_t i = 0; i < kLimit; ++i) queue.release();
   for (auto& t : takers) t.join();
   const auto deadline = std::chrono::steady_clock::now() + test::scaled(std::chrono::seconds(20));
   while (served.load() < kThreads * kPerThread && std::chrono::steady_clock::now() < deadline) {
