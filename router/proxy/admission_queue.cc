@@ -199,8 +199,9 @@ void AdmissionQueue::release() {
   } else {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t limit = max_concurrent_.load(std::memory_order_relaxed);
-    if (waiting_.load(std::memory_order_relaxed) != 0 && in_flight_.load(std::memory_order_seq_cst) <= limit) {
-      leave(pop_next(), Outcome::kGranted, &woken);  // the slot passes on: in_flight_ unchanged
+    Waiter* head = in_flight_.load(std::memory_order_seq_cst) <= limit ? pop_next() : nullptr;
+    if (head != nullptr) {
+      leave(head, Outcome::kGranted, &woken);  // the slot passes on: in_flight_ unchanged
     } else {
       in_flight_.fetch_sub(1, std::memory_order_seq_cst);  // nobody waits now, or over a lowered limit
     }
@@ -261,7 +262,12 @@ void AdmissionQueue::leave(Waiter* w, Outcome outcome, Waiter** woken) {
 void AdmissionQueue::grant_free_slots(Waiter** woken) {
   const int64_t limit = max_concurrent_.load(std::memory_order_relaxed);
   while (waiting_.load(std::memory_order_seq_cst) != 0 && take_slot(limit)) {
-    leave(pop_next(), Outcome::kGranted, woken);
+    Waiter* head = pop_next();
+    if (head == nullptr) {  // cannot be (waiting_ counts the linked waiters): the slot goes back
+      in_flight_.fetch_sub(1, std::memory_order_seq_cst);
+      return;
+    }
+    leave(head, Outcome::kGranted, woken);
   }
 }
 
