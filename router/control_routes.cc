@@ -64,6 +64,24 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     sc.topology_last_error = context_.topology->last_error();
     sc.class_caps = context_.topology->current()->discovery.max_instances_per_class;
   }
+  {
+    const config::Topology::Limits limits =
+        context_.topology != nullptr ? context_.topology->current()->limits : config::Topology::Limits{};
+    StatusContext::AdmissionQueue& q = sc.admission_queue;
+    q.enabled = limits.queue_enabled();
+    q.max_concurrent_requests = limits.max_concurrent_requests;
+    q.max_queued_requests = limits.max_queued_requests;
+    q.max_queued_bytes = limits.max_queued_bytes;
+    q.queue_timeout_ms = limits.queue_timeout.count();
+    if (context_.proxy_counters != nullptr) {
+      const proxy::ProxyCounters& c = *context_.proxy_counters;
+      q.in_flight = c.in_flight.load(std::memory_order_relaxed);
+      q.bytes = c.admission_queue.bytes.load(std::memory_order_relaxed);
+      for (uint32_t p = 0; p < proxy::kPriorityClasses; ++p) {
+        q.by_priority[p] = c.admission_queue.depth[p].load(std::memory_order_relaxed);
+      }
+    }
+  }
   std::vector<cache::KvEventsNodeStats> kv_events;
   if (context_.kv_events != nullptr) {
     kv_events = context_.kv_events->node_stats();

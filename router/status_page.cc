@@ -127,6 +127,20 @@ void add_kv_events(const discovery::RegistrySnapshot& snapshot,
 // Replace invalid UTF-8 rather than throw: node-supplied strings are untrusted.
 std::string dump(const nlohmann::json& doc) { return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
+nlohmann::json admission_queue_json(const StatusContext::AdmissionQueue& q) {
+  uint64_t waiting = 0;
+  for (uint32_t n : q.by_priority) waiting += n;
+  return {{"enabled", q.enabled},
+          {"in_flight", q.in_flight},
+          {"max_concurrent_requests", q.max_concurrent_requests},
+          {"waiting", waiting},
+          {"bytes", q.bytes},
+          {"by_priority", q.by_priority},
+          {"max_queued_requests", q.max_queued_requests},
+          {"max_queued_bytes", q.max_queued_bytes},
+          {"queue_timeout_ms", q.queue_timeout_ms}};
+}
+
 // Registered entries and caps per admission class: {"address": {"instances": n, "max": m}, ...}.
 nlohmann::json admission_json(const discovery::RegistrySnapshot& snapshot, const StatusContext& context) {
   nlohmann::json by_class = nlohmann::json::object();
@@ -204,6 +218,7 @@ std::string render_status_json(const discovery::RegistrySnapshot& snapshot, Cloc
       {"registry_version", snapshot.version},
       {"registry_backend", registry_backend_json(context.registry_backend)},
       {"kubernetes", kubernetes_json(context.kubernetes)},
+      {"admission_queue", admission_queue_json(context.admission_queue)},
       {"counts", std::move(counts)},
       {"instances", std::move(instances)},
   };

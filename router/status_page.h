@@ -7,6 +7,7 @@
 
 #include "discovery/instance.h"
 #include "router/cache/kv_events_subscriber.h"
+#include "router/proxy/admission_queue_counters.h"
 
 namespace pdr::router {
 
@@ -56,6 +57,19 @@ struct StatusContext {
     uint64_t pods = 0;
     std::string last_error;
   } kubernetes;
+  // /status "admission_queue" (router/proxy/admission_queue.h): the slots (in_flight,
+  // max_concurrent_requests), the waiters (waiting, bytes, by_priority: depth per class from 0)
+  // and the queue's limits (enabled false: a limit is 0, requests are refused at once).
+  struct AdmissionQueue {
+    bool enabled = false;
+    int64_t in_flight = 0;
+    uint64_t max_concurrent_requests = 0;
+    uint64_t bytes = 0;
+    std::array<uint32_t, proxy::kPriorityClasses> by_priority{};
+    uint64_t max_queued_requests = 0;
+    uint64_t max_queued_bytes = 0;
+    int64_t queue_timeout_ms = 0;
+  } admission_queue;
 };
 
 // {"version", "uptime_ms", "listeners", "topology", "registry_version", "counts":{role:{state:n}},

@@ -200,6 +200,16 @@ struct Topology {
     uint32_t max_body_bytes = 32 * 1024 * 1024;
     uint32_t max_header_bytes = 64 * 1024;
     uint32_t max_concurrent_requests = 4096;
+    // Admission queue (router/proxy/admission_queue.h): a request that finds
+    // max_concurrent_requests in flight waits for a slot, ordered by priority class then
+    // round-robin over tenants, instead of a 429; beyond either bound it gets the 429, after
+    // queue_timeout a 503. Any of the three 0 = no queue (the 429 at once).
+    uint32_t max_queued_requests = 1024;
+    uint32_t max_queued_bytes = 256u << 20;  // of waiting bodies
+    std::chrono::milliseconds queue_timeout{30000};
+    bool queue_enabled() const {
+      return max_queued_requests != 0 && max_queued_bytes != 0 && queue_timeout.count() != 0;
+    }
     uint32_t max_connections = 16384;
     // Bytes of request bodies and buffered (non-stream) answers held at once by all workers
     // together; a request or an answer that would go over it is refused (503 memory_budget).
@@ -240,6 +250,9 @@ struct Topology {
     uint32_t burst = 0;                // requests back to back; 0 = requests_per_second
     uint32_t tokens_per_minute = 0;    // prompt + max_tokens reserved at admission, settled from usage
     uint32_t max_in_flight = 0;        // P/D and one-node requests of the tenant at once
+    // Admission queue class (router/proxy/admission_queue.h): 0 (lowest) .. 7 (highest, served
+    // first); a request's x-pdr-priority header may lower it. Not a limit: 4 by default.
+    uint32_t priority = 4;
     bool operator==(const TenantLimits&) const = default;
   };
   struct Tenants {

@@ -36,6 +36,7 @@ Status read_limits(const Source& src, const Field& f, Topology::TenantLimits* ou
   r.u32("burst", 0, 1'000'000, &out->burst);
   r.u32("tokens_per_minute", 0, 1'000'000'000, &out->tokens_per_minute);
   r.u32("max_in_flight", 0, 10'000'000, &out->max_in_flight);
+  r.u32("priority", 0, 7, &out->priority);
   return r.finish();
 }
 

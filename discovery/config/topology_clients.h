@@ -1,6 +1,7 @@
 // The topology's client sections, YAML -> Topology (called by topology_loader.cc):
 //   client_auth:  keys_file (read and parsed here: client_key_file.h), forward_client_key
-//   tenants:      header, defaults {requests_per_second, burst, tokens_per_minute, max_in_flight},
+//   tenants:      header, defaults {requests_per_second, burst, tokens_per_minute, max_in_flight,
+//                 priority},
 //                 limits {<tenant>: {the same keys}}
 //   access_log:   path, max_queued_lines
 // Errors as every topology error: "FILE:LINE:COL: key.path: what".

@@ -313,6 +313,9 @@ Status read_limits(const Source& src, const Field& f, Topology::Limits* out) {
   r.u32("max_body_bytes", 1, 1u << 31, &out->max_body_bytes);
   r.u32("max_header_bytes", 1024, 16u << 20, &out->max_header_bytes);
   r.u32("max_concurrent_requests", 1, 10'000'000, &out->max_concurrent_requests);
+  r.u32("max_queued_requests", 0, 1'000'000, &out->max_queued_requests);
+  r.u32("max_queued_bytes", 0, 0xFFFFFFFFu, &out->max_queued_bytes);
+  r.ms("queue_timeout_ms", 0, kDayMs, &out->queue_timeout);
   r.u32("max_connections", 1, 10'000'000, &out->max_connections);
   r.u32("max_buffered_bytes", 0, 0xFFFFFFFFu, &out->max_buffered_bytes);
   r.u32("max_orphan_legs_per_node", 0, 1'000'000, &out->max_orphan_legs_per_node);

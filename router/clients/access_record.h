@@ -20,7 +20,7 @@
 //   cache_source, cache_matched, cache_prompt   cache-aware routing's lookup: kv_events (tokens)
 //                  or prefix_tree (bytes), what the chosen prefill held and the prompt's size;
 //                  null without a lookup
-//   queue_ms       time waiting in an admission queue (0: pdrouter has none yet)
+//   queue_ms       time waiting in the admission queue (router/proxy/admission_queue.h; 0: none)
 //   ttft_ms        arrival (head parsed) to the first answer byte sent; null if none was
 //   total_ms       arrival to the end
 //   bytes_in       request body bytes; bytes_out: answer body bytes sent

@@ -36,6 +36,7 @@ void TenantState::apply(const config::Topology::TenantLimits& limits, Clock::tim
   requests_per_second.store(limits.requests_per_second, std::memory_order_relaxed);
   tokens_per_minute.store(limits.tokens_per_minute, std::memory_order_relaxed);
   max_in_flight.store(limits.max_in_flight, std::memory_order_relaxed);
+  priority.store(limits.priority, std::memory_order_relaxed);
 }
 
 bool TenantState::take_request(Clock::time_point now, double* wait_seconds) {

@@ -15,6 +15,8 @@
 //                                 which a P/D request reserves its prompt (estimated) plus its
 //                                 max_tokens at admission, settled when it ends (TenantTicket)
 //   max_in_flight                 P/D and one-node requests at once (TenantTicket)
+//   priority                      the admission queue class of its requests (not a limit:
+//                                 router/proxy/admission_queue.h)
 // A reload keeps each tenant's state (its buckets' levels carry over, capped by the new limits)
 // for tenants that remain; a tenant removed from the configuration counts as "other" from then on.
 //
@@ -61,6 +63,7 @@ struct TenantState {
 
   // Limits as last applied (relaxed: a reload's new limits reach each worker's next request).
   std::atomic<uint32_t> requests_per_second{0}, tokens_per_minute{0}, max_in_flight{0};
+  std::atomic<uint32_t> priority{config::Topology::TenantLimits{}.priority};
 
   std::atomic<int64_t> in_flight{0};
   std::atomic<uint64_t> requests{0};  // requests past the key check and the request bucket

@@ -117,29 +117,58 @@ bool serves_capability(const proto::Labels& labels, std::string_view capability)
   return false;
 }
 
+namespace {
+
+// The relay once the request holds a slot.
+void relay_to_node(WorkerContext& worker, http::Request& request, http::ResponseWriter writer, OneNodeClass node_class,
+           clients::TenantTicket ticket, std::unique_ptr<clients::AccessRecord> record, AdmissionSlot slot);
+
+// What admit_or_queue() continues with (admission.h).
+struct OneNodeAdmission {
+  WorkerContext* worker;
+  OneNodeClass node_class;
+  clients::TenantTicket ticket;
+  std::unique_ptr<clients::AccessRecord> record;
+
+  void admitted(http::Request& request, http::ResponseWriter writer, AdmissionSlot slot, const QueueWait& wait) {
+    if (record && wait.waited()) record->queue_ms = std::chrono::duration<double, std::milli>(wait.end - wait.start).count();
+    relay_to_node(*worker, request, std::move(writer), node_class, std::move(ticket), std::move(record), std::move(slot));
+  }
+  void refused(const http::Request& request, const Answered& answered) {
+    count(*worker, node_class, kRefused);
+    log_answered(worker->shared(), std::move(record), request.head_at, answered.status,
+                 answered.status == 0 ? "cancelled" : "refused", answered.bytes);
+  }
+};
+
+}  // namespace
+
 void serve_one_node(WorkerContext& worker, http::Request& request, http::ResponseWriter writer,
-                    OneNodeClass node_class, clients::TenantTicket ticket, std::unique_ptr<clients::AccessRecord> record) {
-  // Answered here without a node: logged as refused (access_logging.h).
-  const auto refused = [&](http::Response response) {
-    log_answered(worker.shared(), std::move(record), request.head_at, response.status, "refused", response.body.size());
-    writer.send(std::move(response));
-  };
+                    OneNodeClass node_class, clients::TenantTicket ticket, std::unique_ptr<clients::AccessRecord> record,
+                    QueuePlace place) {
   Answered answered;
   // The same admission as a P/D request (admission.h): a flood of render calls, each answered
   // with megabytes, is bounded by limits.max_concurrent_requests like generation. The slot is
-  // given back when this function returns without relaying, else when the relay ends.
+  // given back when the relay ends (or at once when nothing is relayed).
   if (refuse_while_shutting_down(worker.shared(), writer, request.path, &answered)) {
     count(worker, node_class, kRefused);
     log_answered(worker.shared(), std::move(record), request.head_at, answered.status, "refused", answered.bytes);
     return;
   }
   // The body and the one wire copy the upstream client renders it into (admission.h).
-  std::optional<AdmissionSlot> admission = take_admission_slot(worker, request, 1, writer, &answered);
-  if (!admission) {
-    count(worker, node_class, kRefused);
-    log_answered(worker.shared(), std::move(record), request.head_at, answered.status, "refused", answered.bytes);
-    return;
-  }
+  admit_or_queue(worker, request, writer, 1, std::move(place),
+                 OneNodeAdmission{&worker, node_class, std::move(ticket), std::move(record)});
+}
+
+namespace {
+
+void relay_to_node(WorkerContext& worker, http::Request& request, http::ResponseWriter writer, OneNodeClass node_class,
+           clients::TenantTicket ticket, std::unique_ptr<clients::AccessRecord> record, AdmissionSlot slot) {
+  // Answered here without a node: logged as refused (access_logging.h).
+  const auto refused = [&](http::Response response) {
+    log_answered(worker.shared(), std::move(record), request.head_at, response.status, "refused", response.body.size());
+    writer.send(std::move(response));
+  };
   const auto& topology = worker.topology();
   bool declared = false;
   InstancePtr node = pick(worker, node_class, &declared);
@@ -178,7 +207,7 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
   auto relay = std::make_shared<Relay>();
   relay->writer = std::move(writer);
   relay->node = node;
-  relay->admission = *std::move(admission);
+  relay->admission = std::move(slot);
   relay->ticket = std::move(ticket);
   relay->record = std::move(record);
   relay->arrived_at = request.head_at;
@@ -267,5 +296,7 @@ void serve_one_node(WorkerContext& worker, http::Request& request, http::Respons
     r->end(kFailed);
   });
 }
+
+}  // namespace
 
 }  // namespace pdr::router::proxy

@@ -49,6 +49,7 @@
 #include "router/http/http_message.h"
 #include "router/http/response_writer.h"
 #include "router/clients/access_record.h"
+#include "router/proxy/admission.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr::router::proxy {
@@ -69,9 +70,10 @@ inline constexpr size_t kRelayHighWater = 256 * 1024;
 
 // `ticket`: the request's hold on its tenant (an in-flight slot), kept until the answer ends;
 // `record`: its access log record (null: log off), logged when the answer ends (outcome done for a
-// relayed answer, failed otherwise; refused for an admission refusal).
+// relayed answer, failed otherwise; refused for an admission refusal); `place`: where it waits
+// in the admission queue when every slot is in flight (admission.h).
 void serve_one_node(WorkerContext& worker, http::Request& request, http::ResponseWriter writer,
                     OneNodeClass node_class, clients::TenantTicket ticket = {},
-                    std::unique_ptr<clients::AccessRecord> record = nullptr);
+                    std::unique_ptr<clients::AccessRecord> record = nullptr, QueuePlace place = {});
 
 }  // namespace pdr::router::proxy

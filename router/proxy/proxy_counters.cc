@@ -33,6 +33,8 @@ std::string_view to_string(Refusal refusal) {
     case Refusal::kBadParameter: return "bad_parameter";
     case Refusal::kMemoryBudget: return "memory_budget";
     case Refusal::kPassThroughDenied: return "pass_through_denied";
+    case Refusal::kQueueFull: return "queue_full";
+    case Refusal::kQueueTimeout: return "queue_timeout";
   }
   return "unknown";
 }
@@ -162,6 +164,7 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
   write_decode_alone_metrics(out, c.decode_alone);
   write_multi_turn_metrics(out, c.multi_turn, c.conversations);
   write_one_node_metrics(out, c.one_node);
+  write_admission_queue_metrics(out, c.admission_queue);
   write_abort_requests_metrics(out, c.abort_requests);
   write_profile_fanout_metrics(out, c.profile_fanouts);
   write_upstream_leg_metrics(out, c.upstream_legs);

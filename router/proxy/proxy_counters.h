@@ -11,7 +11,7 @@
 // A component with counters of its own declares them beside its code and writes their /metrics
 // section there: pre_step_counters.h (Mooncake bootstrap queries), node_endpoints_counters.h
 // (/v1/models and profile fan-outs), cache_routing_counters.h, decode_alone_counters.h,
-// multi_turn_counters.h, one_node_counters.h, abort_requests_counters.h, upstream_legs_counters.h
+// multi_turn_counters.h, one_node_counters.h, abort_requests_counters.h, admission_queue_counters.h, upstream_legs_counters.h
 // (connection reuse), orphan_legs_counters.h, buffer_budget.h (limits.max_buffered_bytes) and
 // pd_phases.h. ProxyCounters holds one of each and write_proxy_metrics() calls their writers in
 // the page's order.
@@ -28,6 +28,7 @@
 
 #include "proto/base/latency_histogram.h"
 #include "router/proxy/abort_requests_counters.h"
+#include "router/proxy/admission_queue_counters.h"
 #include "router/proxy/buffer_budget.h"
 #include "router/proxy/cache_routing_counters.h"
 #include "router/proxy/decode_alone_counters.h"
@@ -73,8 +74,10 @@ enum class Refusal : uint8_t {
   kBadParameter,     // 400: a parameter pdrouter knows vLLM refuses or P/D cannot serve (max_tokens < 1, n != 1)
   kMemoryBudget,     // 503: the body would take buffered bytes over limits.max_buffered_bytes
   kPassThroughDenied,  // 403/404: an unknown path pass-through may not relay (pass_through.h)
+  kQueueFull,        // 429: the admission queue holds limits.max_queued_requests / _bytes already
+  kQueueTimeout,     // 503: waited limits.queue_timeout_ms in the admission queue
 };
-constexpr size_t kRefusalCount = 9;
+constexpr size_t kRefusalCount = 11;
 std::string_view to_string(Refusal refusal);
 
 // Why one leg attempt failed (each failed attempt counts once, retried or not).
@@ -134,6 +137,7 @@ struct ProxyCounters {
   // The P/D phases per dialect: prefill, handover, decode (pd_phases.h).
   PdPhaseHistograms pd_phases{};
   OneNodeCounters one_node{};  // the one-node endpoints (one_node_relay.h)
+  AdmissionQueueCounters admission_queue{};  // requests waiting for a slot (admission_queue.h)
 
   void transition(RequestState from, RequestState to) {
     transitions[static_cast<size_t>(from)][static_cast<size_t>(to)].fetch_add(1, std::memory_order_relaxed);

@@ -36,6 +36,11 @@ ProxyService::ProxyService(const SnapshotCell<discovery::RegistrySnapshot>& regi
   shared_.topology = &topology;
   shared_.counters.conversations = &shared_.conversations;
   shared_.workers = workers;
+  // A waiter granted a slot or drained is told on its own worker's loop.
+  shared_.admission_queue.set_notify([this](std::shared_ptr<AdmissionQueue::Waiter> waiter) {
+    const uint32_t index = waiter->worker();
+    server_.post(index, [waiter = std::move(waiter)] { waiter->woken(); });
+  });
 }
 
 ProxyService::~ProxyService() = default;
@@ -75,9 +80,11 @@ void ProxyService::one_node(http::Request& request, http::ResponseWriter writer,
   WorkerContext& w = worker(request.worker);
   clients::TenantTicket ticket;
   if (client != nullptr && !refuse_over_in_flight(w, request, *client, writer, &ticket)) return;
+  QueuePlace place;
+  if (!queue_place(w, request, client, writer, &place)) return;
   if (client != nullptr && !client->forward_credential) strip_client_credentials(request);
   serve_one_node(w, request, std::move(writer), node_class, std::move(ticket),
-                 start_record(shared_, request, client != nullptr ? client->name : std::string_view()));
+                 start_record(shared_, request, client != nullptr ? client->name : std::string_view()), std::move(place));
 }
 
 bool ProxyService::authenticate(http::Request& request, http::ResponseWriter& writer,
@@ -161,6 +168,26 @@ void ProxyService::profile(const http::Request& request, http::ResponseWriter wr
   serve_profile(worker(request.worker), request, std::move(writer));
 }
 
+// A P/D request past the checks of admit(): its session starts once it has a slot.
+struct ProxyService::PdAdmission {
+  ProxyService* service;
+  WorkerContext* w;
+  clients::TenantTicket ticket;
+  std::string tenant;  // "" without a gate (tests)
+  bool forward_authorization = true;
+
+  void admitted(http::Request& request, http::ResponseWriter writer, AdmissionSlot slot, const QueueWait& wait) {
+    service->start_session(*w, request, std::move(writer), std::move(slot), wait, *this);
+  }
+  void refused(const http::Request& request, const Answered& answered) {
+    if (answered.status == 0) {  // its client went away while it waited
+      log_answered(service->shared_, start_record(service->shared_, request, tenant), request.head_at, 0, "cancelled", 0);
+    } else {
+      log_refused(service->shared_, request, tenant, answered.status, answered.bytes);
+    }
+  }
+};
+
 void ProxyService::admit(http::Request& request, http::ResponseWriter& writer, const clients::ClientIdentity* client) {
   ProxyCounters& counters = shared_.counters;
   const std::string_view tenant = client != nullptr ? std::string_view(client->name) : std::string_view();
@@ -179,26 +206,37 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer, c
     return;
   }
   WorkerContext& w = worker(request.worker);
-  AdmittedRequest admitted;
-  if (client != nullptr && !refuse_over_in_flight(w, request, *client, writer, &admitted.ticket)) return;
-  // Both legs' wire copies are charged with the body (admission.h).
-  std::optional<AdmissionSlot> slot = take_admission_slot(w, request, 2, writer, &refused);
-  if (!slot) {
-    log_refused(shared_, request, tenant, refused.status, refused.bytes);
-    return;
+  PdAdmission then{this, &w};
+  if (client != nullptr && !refuse_over_in_flight(w, request, *client, writer, &then.ticket)) return;
+  QueuePlace place;
+  if (!queue_place(w, request, client, writer, &place)) return;
+  if (client != nullptr) {
+    then.forward_authorization = client->forward_credential;
+    then.tenant = client->name;
   }
+  // Both legs' wire copies are charged with the body (admission.h).
+  admit_or_queue(w, request, writer, 2, std::move(place), std::move(then));
+}
+
+
+void ProxyService::start_session(WorkerContext& w, http::Request& request, http::ResponseWriter writer,
+                                 AdmissionSlot slot, const QueueWait& wait, PdAdmission& then) {
+  AdmittedRequest admitted;
+  admitted.ticket = std::move(then.ticket);
   if (shared_.tracer != nullptr) {  // tracing on: a sampled (or client-traced) request gets its trace
     admitted.trace = shared_.tracer->begin(request, w.topology()->tracing.sampling_ratio, request.head_at);
+    if (admitted.trace && wait.waited()) admitted.trace->queue_wait(wait.start, wait.end);
   }
-  admitted.budget_bytes = slot->bytes();
-  slot->hand_over();  // the session gives both back when it ends (its budget grows with its answer)
+  admitted.budget_bytes = slot.bytes();
+  slot.hand_over();  // the session gives both back when it ends (its budget grows with its answer)
   admitted.arrived_at = request.head_at;
   admitted.authorization = client_authorization(request);  // Anthropic's x-api-key too (client_api.h)
-  if (client != nullptr) {
-    admitted.forward_authorization = client->forward_credential;
-    admitted.tenant = client->name;
+  admitted.forward_authorization = then.forward_authorization;
+  admitted.tenant = std::move(then.tenant);
+  admitted.log_record = start_record(shared_, request, admitted.tenant);
+  if (admitted.log_record && wait.waited()) {
+    admitted.log_record->queue_ms = std::chrono::duration<double, std::milli>(wait.end - wait.start).count();
   }
-  admitted.log_record = start_record(shared_, request, tenant);
   admitted.path = std::move(request.path);
   admitted.body = std::move(request.body);
   const std::string& affinity_header = w.topology()->policies.affinity_header;
@@ -209,6 +247,29 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer, c
     admitted.bind_header_value = std::string(request.header(mt.bind_header).value_or(std::string_view()));
   }
   ProxySession::start(w, std::move(admitted), std::move(writer));
+}
+
+bool ProxyService::queue_place(WorkerContext& w, const http::Request& request, const clients::ClientIdentity* client,
+                               http::ResponseWriter& writer, QueuePlace* place) {
+  const uint32_t tenant_priority =
+      client != nullptr && client->tenant ? client->tenant->priority.load(std::memory_order_relaxed) : kDefaultPriority;
+  // With client keys the tenant is proven and its class a ceiling; without, the tenant is only
+  // what the client says, and so may be its class.
+  const bool header_sets_any = !w.topology()->client_auth.enabled();
+  if (queue_priority(request.header(kPriorityHeader), tenant_priority, header_sets_any, &place->priority)) {
+    if (client != nullptr) place->tenant = client->name;
+    return true;
+  }
+  shared_.counters.refuse(Refusal::kBadParameter);
+  http::Response r = api_error_response(
+      request.path, 400,
+      std::string(kPriorityHeader) + " must be an integer from 0 (served last) to " +
+          std::to_string(kPriorityClasses - 1) + " (served first)",
+      "invalid_request_error", "bad_priority");
+  log_refused(shared_, request, client != nullptr ? std::string_view(client->name) : std::string_view(), r.status,
+              r.body.size());
+  writer.send(std::move(r));
+  return false;
 }
 
 }  // namespace pdr::router::proxy

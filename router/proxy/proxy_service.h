@@ -8,9 +8,10 @@
 //   render, tokenize, pooling endpoints (and unknown paths with routing.pass_through_unknown)
 //                                                     relayed to one node (one_node_relay.h)
 // Admission for P/D requests, in order: 405 (not POST; answered by the route table), 503 (shutting down), 415 (a
-// Content-Type that is not JSON: application/json or application/*+json), 429 with Retry-After
-// (limits.max_concurrent_requests requests already in flight, P/D and one-node together, across
-// all workers), 503 memory_budget (limits.max_buffered_bytes). The one-node endpoints take the
+// Content-Type that is not JSON: application/json or application/*+json), 400 bad_priority (an
+// x-pdr-priority that is no class), then with limits.max_concurrent_requests requests already in
+// flight (P/D and one-node together, across all workers) a wait in the admission queue (429 when
+// it is full or off, 503 queue_timeout), 503 memory_budget (limits.max_buffered_bytes). The one-node endpoints take the
 // same 503/429/503 (admission.h, one_node_relay.h). A request without Content-Type is read as JSON. Body-size
 // (413) and header limits are enforced earlier by the HTTP server.
 // Before all of it, every client endpoint but /health and /ready passes authenticate() (the route
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "router/http/http_server.h"
+#include "router/proxy/admission.h"
 #include "router/proxy/health_generate.h"
 #include "router/proxy/one_node_relay.h"
 #include "router/proxy/proxy_shared.h"
@@ -95,8 +97,12 @@ class ProxyService : public http::BodyBudget {
   void use_access_log(clients::AccessLog* log) { shared_.access_log = log; }
   const clients::ClientGate& gate() const { return shared_.gate; }
 
-  // Refuse new P/D requests from now on (the drain on shutdown); /ready turns 503.
-  void begin_shutdown() { shared_.shutting_down.store(true); }
+  // Refuse new P/D requests from now on (the drain on shutdown); /ready turns 503. Requests
+  // waiting in the admission queue get their 503 now.
+  void begin_shutdown() {
+    shared_.shutting_down.store(true);
+    shared_.admission_queue.shut_down();
+  }
   // TLS to nodes and to pdrouter's own listener (router/tls_contexts.h); thread-safe.
   void set_tls(std::shared_ptr<const NodeTlsContexts> nodes, std::shared_ptr<const http::TlsClientContext> self) {
     shared_.node_tls.publish(std::move(nodes));
@@ -114,6 +120,14 @@ class ProxyService : public http::BodyBudget {
 
  private:
   WorkerContext& worker(uint32_t index);
+  struct PdAdmission;
+  // A P/D request with its slot: its session starts.
+  void start_session(WorkerContext& w, http::Request& request, http::ResponseWriter writer, AdmissionSlot slot,
+                     const QueueWait& wait, PdAdmission& then);
+  // The request's class (x-pdr-priority under its tenant's) and tenant in the admission queue:
+  // true, else answered 400 (counted as bad_parameter) and logged.
+  bool queue_place(WorkerContext& w, const http::Request& request, const clients::ClientIdentity* client,
+                   http::ResponseWriter& writer, QueuePlace* place);
   // The tenant's max_in_flight: true with *ticket holding a slot, else answered 429 and logged.
   bool refuse_over_in_flight(WorkerContext& w, const http::Request& request, const clients::ClientIdentity& client,
                              http::ResponseWriter& writer, clients::TenantTicket* ticket);

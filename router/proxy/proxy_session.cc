@@ -20,6 +20,7 @@
 #include "proto/usage_scan.h"
 #include "router/http/json_error.h"
 #include "router/clients/access_log.h"
+#include "router/proxy/admission.h"
 #include "router/proxy/abort_requests.h"
 #include "router/proxy/cache_routing.h"
 #include "router/proxy/cache_tokenize.h"
@@ -300,7 +301,7 @@ ProxySession::~ProxySession() {
   if (!s_->ended) {
     close_legs();
     release_pair();
-    s_->w.counters().in_flight.fetch_sub(1, std::memory_order_relaxed);
+    give_back_slot(s_->w.shared());  // the head waiter gets it (admission.h)
   }
   orphan_done();
   // The request body and any buffered answer are freed with the session.
@@ -1356,7 +1357,7 @@ void ProxySession::end(RequestState final_state) {
     s.budget_held = 0;
     s.answer_budget = 0;
   }
-  s.w.counters().in_flight.fetch_sub(1, std::memory_order_relaxed);
+  give_back_slot(s.w.shared());  // the head waiter gets it (admission.h)
 }
 
 void ProxySession::hand_over_record(RequestState final_state) {

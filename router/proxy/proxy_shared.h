@@ -24,6 +24,7 @@
 #include "router/http/upstream_client.h"
 #include "router/clients/client_gate.h"
 #include "router/policies/policy.h"
+#include "router/proxy/admission_queue.h"
 #include "router/proxy/conversation_cache.h"
 #include "router/proxy/mooncake_cache.h"
 #include "router/proxy/node_tls.h"
@@ -64,6 +65,8 @@ struct ProxyShared {
   const SnapshotCell<discovery::RegistrySnapshot>* registry = nullptr;
   const SnapshotCell<config::Topology>* topology = nullptr;
   ProxyCounters counters;
+  // Requests waiting for one of counters.in_flight's slots (admission_queue.h).
+  AdmissionQueue admission_queue{counters.in_flight, counters.admission_queue};
   std::atomic<bool> shutting_down{false};  // set when the drain starts: new requests get 503
   // Where profile fan-outs are counted; null: counters.profile_fanouts. The admin listener's
   // service (listeners.admin) points it at the client service's, so /metrics has one total.

@@ -255,15 +255,16 @@ class ThroughPdrouter(unittest.TestCase):
 
 class OneNodeAdmission(unittest.TestCase):
     """The one-node endpoints take a P/D request's admission (router/proxy/admission.h): they count
-    against limits.max_concurrent_requests (429 with Retry-After beyond it) and give their slot
-    back however they end."""
+    against limits.max_concurrent_requests (429 with Retry-After beyond it, with the admission
+    queue off; test_admission_queue.py tests the queue) and give their slot back however they end."""
 
     LIMIT = 2
     RENDER = "/v1/chat/completions/render"
 
     def cluster(self, **flags):
         c = PdCluster("nixl", prefills=1, decodes=1, kv_backends="none",
-                      topology="limits:\n  max_concurrent_requests: %d\n" % self.LIMIT, **flags)
+                      topology="limits:\n  max_concurrent_requests: %d\n  max_queued_requests: 0\n" % self.LIMIT,
+                      **flags)
         self.addCleanup(c.close)
         return c
 

@@ -11,7 +11,7 @@
 namespace pdr::router::proxy {
 namespace {
 
-// What take_admission_slot counts before it hands out a slot.
+// What admission (admit_or_queue) counts before it hands out a slot.
 AdmissionSlot take(ProxyCounters& c, size_t bytes) {
   c.in_flight.fetch_add(1);
   EXPECT_TRUE(c.buffered.reserve(bytes, 0));

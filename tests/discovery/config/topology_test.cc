@@ -145,6 +145,9 @@ limits:
   max_body_bytes: 1000
   max_header_bytes: 2000
   max_concurrent_requests: 30
+  max_queued_requests: 12
+  max_queued_bytes: 3000
+  queue_timeout_ms: 1300
   max_connections: 40
   max_buffered_bytes: 5000000
 admin:
@@ -212,6 +215,10 @@ instances:
   EXPECT_EQ(t.limits.max_body_bytes, 1000u);
   EXPECT_EQ(t.limits.max_header_bytes, 2000u);
   EXPECT_EQ(t.limits.max_concurrent_requests, 30u);
+  EXPECT_EQ(t.limits.max_queued_requests, 12u);
+  EXPECT_EQ(t.limits.max_queued_bytes, 3000u);
+  EXPECT_EQ(t.limits.queue_timeout, 1300ms);
+  EXPECT_TRUE(t.limits.queue_enabled());
   EXPECT_EQ(t.limits.max_connections, 40u);
   EXPECT_EQ(t.limits.max_buffered_bytes, 5000000u);
   EXPECT_EQ(t.admin.api_key, "admin-key");
@@ -1407,7 +1414,7 @@ TEST(TopologyParse, Tenants) {
       "  header: X-Tenant-Id\n"
       "  defaults: {requests_per_second: 10, tokens_per_minute: 6000}\n"
       "  limits:\n"
-      "    team-b: {max_in_flight: 4}\n"
+      "    team-b: {max_in_flight: 4, priority: 7}\n"
       "    team-a: {requests_per_second: 2, burst: 5, tokens_per_minute: 0}\n",
       &t);
   ASSERT_TRUE(s.is_ok()) << s.to_string();
@@ -1421,6 +1428,8 @@ TEST(TopologyParse, Tenants) {
   EXPECT_EQ(a.tokens_per_minute, 0u);  // written: no limit
   const auto& b = t.tenants.limits_of("team-b");
   EXPECT_EQ(b.max_in_flight, 4u);
+  EXPECT_EQ(b.priority, 7u);
+  EXPECT_EQ(a.priority, 4u);  // the default class
   EXPECT_EQ(b.requests_per_second, 10u);  // not written: the defaults'
   EXPECT_EQ(b.tokens_per_minute, 6000u);
   EXPECT_EQ(&t.tenants.limits_of("nobody"), &t.tenants.defaults);
@@ -1436,6 +1445,25 @@ TEST(TopologyParse, Tenants) {
   EXPECT_THAT(error_of("tenants:\n  header: \"x tenant\"\n", StatusCode::kInvalidValue),
               HasSubstr("not a valid HTTP header name"));
   EXPECT_THAT(error_of("tenants:\n  limits: [a]\n", StatusCode::kWrongType), HasSubstr("expected a map"));
+  EXPECT_THAT(error_of("tenants:\n  defaults: {priority: 8}\n", StatusCode::kOutOfRange),
+              HasSubstr("tenants.defaults.priority"));
+}
+
+TEST(TopologyParse, AdmissionQueueIsOnByDefaultAndZeroTurnsItOff) {
+  Topology t;
+  ASSERT_TRUE(parse("", &t).is_ok());
+  EXPECT_TRUE(t.limits.queue_enabled());
+  EXPECT_EQ(t.limits.max_queued_requests, 1024u);
+  EXPECT_EQ(t.limits.max_queued_bytes, 256u << 20);
+  EXPECT_EQ(t.limits.queue_timeout, 30000ms);
+  for (const char* off : {"max_queued_requests: 0", "max_queued_bytes: 0", "queue_timeout_ms: 0"}) {
+    ASSERT_TRUE(parse(std::string("limits:\n  ") + off + "\n", &t).is_ok()) << off;
+    EXPECT_FALSE(t.limits.queue_enabled()) << off;
+  }
+  EXPECT_THAT(error_of("limits:\n  max_queued_requests: 1000001\n", StatusCode::kOutOfRange),
+              HasSubstr("limits.max_queued_requests"));
+  EXPECT_THAT(error_of("limits:\n  queue_timeout_ms: -5\n", StatusCode::kOutOfRange),
+              HasSubstr("limits.queue_timeout_ms"));
 }
 
 TEST(TopologyParse, AccessLog) {
