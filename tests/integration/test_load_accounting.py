@@ -17,6 +17,8 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 FIGURES = ("requests", "prefill_tokens_queued", "decode_sequences", "kv_tokens")
 ADMIN_KEY = "load-ledger-admin-key"
+LOAD_GAUGES = {"pdrouter_node%s_%s" % (scope, figure) for scope in ("", "_rank")
+               for figure in ("requests_in_flight", "prefill_tokens_queued", "decode_sequences", "kv_tokens")}
 
 
 def chat(max_tokens=4, stream=False, content="hello there"):
@@ -57,11 +59,20 @@ class LoadAccountingTest(unittest.TestCase):
         return c
 
     def wait_all_idle(self, c, timeout=15):
-        """Waits until every instance in /status (also expired and ejected ones) shows zero load,
-        per node and per rank; fails with what was left."""
+        """Waits until every instance (also expired and ejected ones) shows zero load, per node
+        and per rank: first in /metrics, rendered fresh on each scrape (so an idle reading cannot
+        be one from before the requests), then in /status (reused for up to 1 s); fails with
+        what was left."""
         last = {}
 
-        def idle():
+        def metrics_idle():
+            last.clear()
+            for name, value in c.router.metrics().items():
+                if name.split("{")[0] in LOAD_GAUGES and value != 0:
+                    last[name] = value
+            return not last
+
+        def status_idle():
             last.clear()
             for inst in c.router.status()["instances"]:
                 left = nonzero(inst["router_load"])
@@ -69,10 +80,11 @@ class LoadAccountingTest(unittest.TestCase):
                     last[inst["http_address"]] = left
             return not last
 
-        try:
-            c.router.wait_for(idle, timeout)
-        except AssertionError:
-            raise AssertionError("load left on nodes: %s" % last)
+        for idle in (metrics_idle, status_idle):
+            try:
+                c.router.wait_for(idle, timeout)
+            except AssertionError:
+                raise AssertionError("load left on nodes: %s" % last)
 
     def load_of(self, c, node):
         inst = c.router.instance(node.http_address)
@@ -174,16 +186,21 @@ class LoadAccountingTest(unittest.TestCase):
                 bodies.append((COMPLETIONS, completion(prompt=list(range(1, 40)))))
         self.assertEqual(self.burst(c, bodies), [200] * len(bodies))
         self.wait_all_idle(c)
-        # Every decode streamed or answered: the rate estimates have samples.
-        prefill_samples = sum(c.router.instance(p.http_address)["router_load"]["prefill_tokens_per_second"]["samples"]
-                              for p in c.prefills)
-        self.assertGreater(prefill_samples, 0)
-        step = [c.router.instance(d.http_address)["router_load"]["decode_step_ms"] for d in c.decodes]
-        self.assertGreater(sum(s["samples"] for s in step), 0)
-        for s in step:
-            if s["samples"]:
-                self.assertGreater(s["value"], 0)
-                self.assertIsNotNone(s["age_ms"])
+        # Prefill legs of 39 token ids and streamed decodes taught the rate estimates.
+        metrics = c.router.metrics()
+        samples = {estimate: sum(metrics['pdrouter_node_rate_samples_total{node="%s",estimate="%s"}'
+                                         % (n.http_address, estimate)] for n in nodes)
+                   for estimate, nodes in (("prefill", c.prefills), ("decode_step", c.decodes))}
+        self.assertGreater(samples["prefill"], 0, samples)
+        self.assertGreater(samples["decode_step"], 0, samples)
+        for d in c.decodes:
+            step = metrics['pdrouter_node_decode_step_seconds{node="%s"}' % d.http_address]
+            if metrics['pdrouter_node_rate_samples_total{node="%s",estimate="decode_step"}' % d.http_address]:
+                self.assertGreater(step, 0.005)  # tokens 20 ms apart (the sim's step)
+                self.assertLess(step, 2 * TIME_SCALE)
+        c.router.wait_for(lambda: all(c.router.instance(d.http_address)["router_load"]["decode_step_ms"]["samples"]
+                                      == metrics['pdrouter_node_rate_samples_total{node="%s",estimate="decode_step"}'
+                                                 % d.http_address] for d in c.decodes))
 
     def test_clients_leaving_mid_stream_leave_nothing(self):
         c = self.cluster(decode_flags=("--decode-us-per-token", "100000"))
