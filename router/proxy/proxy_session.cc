@@ -232,7 +232,8 @@ struct ProxySession::State {
   std::optional<uint32_t> prefill_rank, decode_rank;
   // What this request puts on its nodes (discovery/load_charge.h): a request in flight on each
   // node of the pair (until release_pair), the decode's sequence and its KV tokens (while its leg
-  // runs), and the prefill leg's queued uncached tokens (while that leg runs, an orphan's too).
+  // runs; and a decode serving alone, its uncached prompt tokens until its first token), and the
+  // prefill leg's queued uncached tokens (while that leg runs, an orphan's too).
   discovery::LoadCharge prefill_load, decode_load, prefill_queue;
   PromptTokens prompt;  // the prompt's token count (router/policies/prompt_tokens.h)
   uint64_t decode_events = 0;  // streamed tokens of the decode attempt, and when the first and last came
@@ -837,9 +838,14 @@ void ProxySession::send_decode() {
   s.decode_sent_at = SteadyClock::now();
   s.phases.decode_sent(s.decode_sent_at);
   s.decode_timed = true;
-  // The decode holds the whole prompt's KV (sent or computed), then what it generates.
+  // The decode holds the whole prompt's KV (sent or computed), then what it generates; serving
+  // alone, it also computes the prompt: queued prefill tokens on it until its first token.
   s.decode_load.decode_done();
+  s.decode_load.prefill_done();
   s.decode_load.start_decode(s.prompt.count);
+  if (s.decode_alone) {
+    s.decode_load.queue_prefill(uncached_tokens(s.prompt, s.cache ? &s.cache->hits : nullptr, s.pair.decode->key));
+  }
   s.decode_events = 0;
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.first_byte,
                                   s.topo->timeouts.stream_idle};
@@ -980,6 +986,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
   }
   if (s.sse && s.decode_status >= 200 && s.decode_status < 300) {
     if (const uint64_t tokens = streamed_tokens(chunk); tokens != 0) {
+      s.decode_load.prefill_done();  // a decode serving alone computed the prompt
       s.decode_load.add_kv_tokens(tokens);
       s.last_event_at = SteadyClock::now();
       if (s.decode_events == 0) s.first_event_at = s.last_event_at;
@@ -1147,6 +1154,7 @@ void ProxySession::on_decode_complete() {
       s.decode_load.cell()->ledger.decode_step_seconds.add(step, s.last_event_at);
     }
     s.decode_load.decode_done();
+    s.decode_load.prefill_done();
     if (s.multi_turn && !s.sse) s.multi_turn->on_decode_json(s.decode_body);
     if (s.want_usage) proto::scan_usage(s.sse ? s.sse_tail : s.decode_body, &s.usage);
     // The decode's kv_transfer_params (read by multi_turn above) never reach the client.

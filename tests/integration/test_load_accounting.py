@@ -171,6 +171,21 @@ class LoadAccountingTest(unittest.TestCase):
         stream.close()
         self.wait_all_idle(c)
 
+    def test_a_decode_serving_alone_queues_the_prompt_on_itself(self):
+        # Conditional disaggregation: a short prompt goes to the decode alone, which computes it;
+        # the pair's prefill carries nothing of it.
+        c = self.cluster(connector="nixl", transfer_mode=None,
+                         topology="conditional_disaggregation: {enabled: true, max_prompt_tokens: 64}\n")
+        prefill, decode = c.prefills[0], c.decodes[0]
+        decode.set_fault(hang=True)
+        sock = self.open_request(c, completion(prompt=list(range(1, 21))))
+        load = self.wait_load(c, decode, lambda l: l["decode_sequences"] == 1)
+        self.assertEqual(figures(load), {"requests": 1, "prefill_tokens_queued": 20, "decode_sequences": 1,
+                                         "kv_tokens": 20})  # 20 token ids, counted exactly
+        self.assertEqual(figures(self.load_of(c, prefill)), dict.fromkeys(FIGURES, 0))
+        sock.close()
+        self.wait_all_idle(c)
+
     # --- after each way a request ends ------------------------------------------------------
     def test_a_normal_burst_leaves_nothing(self):
         # Decode tokens 20 ms apart: each streamed token is its own read (a decode step sample
