@@ -196,6 +196,27 @@ class LoadAccountingTest(unittest.TestCase):
         sock.close()
         self.wait_all_idle(c)
 
+    def test_an_orphaned_prefill_keeps_its_tokens_not_its_request(self):
+        # MoRIIO WRITE is concurrent: the decode answers while the prefill leg hangs; the leg is
+        # kept as an orphan for timeouts.orphan_grace_ms. The node still computes that prompt, so
+        # its queued tokens stay charged until the orphan ends; its request left with the client's
+        # (least_outstanding sees what it saw before the ledger).
+        grace_ms = int(2000 * TIME_SCALE)
+        c = self.cluster(kv_backends="none",
+                         topology="timeouts:\n  prefill_ms: 60000\n  orphan_grace_ms: %d\n" % grace_ms)
+        prefill = c.prefills[0]
+        prefill.set_fault(hang=True, count=-1)
+        status, _, body = c.post(COMPLETIONS, completion(prompt=list(range(1, 31))))
+        self.assertEqual(status, 200, body)
+        c.router.wait_for(lambda: c.metric("pdrouter_requests_in_flight") == 0, timeout=5)
+        metrics = c.router.metrics()
+        node = prefill.http_address
+        self.assertEqual(metrics["pdrouter_orphan_prefill_legs"], 1)
+        self.assertEqual(metrics['pdrouter_node_requests_in_flight{node="%s"}' % node], 0)
+        self.assertEqual(metrics['pdrouter_node_prefill_tokens_queued{node="%s"}' % node], 30)
+        c.router.wait_for(lambda: c.metric("pdrouter_orphan_prefill_legs") == 0, timeout=15)
+        self.wait_all_idle(c)
+
     # --- after each way a request ends ------------------------------------------------------
     def test_a_normal_burst_leaves_nothing(self):
         # Decode tokens 20 ms apart: each streamed token is its own read (a decode step sample
