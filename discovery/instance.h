@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "discovery/config/admission.h"
+#include "discovery/load_ledger.h"
 #include "proto/discovery_message.h"
 #include "proto/node_spec.h"
 
@@ -59,9 +60,13 @@ struct InstanceLiveness {
   std::atomic<uint32_t> waiting{0};
   std::atomic<uint64_t> free_kv_blocks{0};
   // The one field written by the HTTP workers, not the discovery thread: requests pdrouter has
-  // in flight on this node (incremented when a leg is assigned, decremented when the request
-  // ends), summed over all workers; least_outstanding and power_of_two read it.
+  // in flight on this node (charged when a leg is assigned, given back when the request ends),
+  // summed over all workers; least_outstanding and power_of_two read it. Changed only through
+  // LoadCharge handles (load_charge.h), of which it is the node's total of requests.
   std::atomic<uint32_t> outstanding{0};
+  // The rest of what pdrouter has put on the node, per DP rank too (load_ledger.h), also written
+  // by the workers through LoadCharge handles.
+  LoadLedger ledger;
   // Also written by the workers (router/proxy/ejection.h): legs in a row that could not connect
   // to this node, and until when pairing skips it because of them (ns as last_seen_ns; 0: not).
   std::atomic<uint32_t> connect_failures{0};

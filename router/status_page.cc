@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "discovery/load_charge.h"
 #include "router/proxy/ejection.h"
 
 namespace pdr::router {
@@ -28,6 +29,38 @@ std::string admission_name(const Instance& inst) {
           discovery::to_string(discovery::ReplicaOrigin{inst.admission, inst.replica_of_operator_entry}));
     default: return "operator";
   }
+}
+
+nlohmann::json load_figures_json(const discovery::LoadFigures& f) {
+  return {{"requests", f.requests},
+          {"prefill_tokens_queued", f.queued_prefill_tokens},
+          {"decode_sequences", f.decode_sequences},
+          {"kv_tokens", f.kv_tokens}};
+}
+
+// A rate estimate: its value in `scale` units (null before the first sample), samples, age.
+nlohmann::json estimate_json(const discovery::RateEstimate& e, double scale, Clock::time_point now) {
+  const discovery::RateEstimate::Reading r = e.read(now);
+  return {{"value", r.present() ? nlohmann::json(r.value * scale) : nlohmann::json()},
+          {"samples", r.samples},
+          {"age_ms", r.present() ? nlohmann::json(std::chrono::duration_cast<std::chrono::milliseconds>(r.age).count())
+                                 : nlohmann::json()}};
+}
+
+// What pdrouter has put on the node (discovery/load_ledger.h): totals, each DP rank (index =
+// rank, up to discovery::kMaxLedgerRanks), the ranks beyond those together, the rate estimates.
+nlohmann::json router_load_json(const Instance& inst, Clock::time_point now) {
+  const discovery::InstanceLiveness& live = *inst.liveness;
+  nlohmann::json j = load_figures_json(discovery::node_load(live));
+  const uint32_t shown = std::max(live.ledger.rank_slots(),
+                                  std::clamp<uint32_t>(inst.dp_size, 1, discovery::kMaxLedgerRanks));
+  nlohmann::json ranks = nlohmann::json::array();
+  for (uint32_t r = 0; r < shown; ++r) ranks.push_back(load_figures_json(live.ledger.rank(r)));
+  j["ranks"] = std::move(ranks);
+  j["ranks_beyond"] = load_figures_json(live.ledger.beyond());
+  j["prefill_tokens_per_second"] = estimate_json(live.ledger.prefill_tokens_per_second, 1, now);
+  j["decode_step_ms"] = estimate_json(live.ledger.decode_step_seconds, 1000, now);
+  return j;
 }
 
 nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
@@ -75,6 +108,7 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
   // Passive health (router/proxy/ejection.h).
   j["connect_failures"] = inst.liveness->connect_failures.load(std::memory_order_relaxed);
   j["ejected_for_ms"] = proxy::ejected_for(*inst.liveness, now).count();
+  j["router_load"] = router_load_json(inst, now);
   nlohmann::json labels = nlohmann::json::object();
   for (const auto& [k, v] : inst.labels) labels[k] = v;
   j["labels"] = std::move(labels);

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "discovery/load_charge.h"
 #include "proto/dialects/dialect.h"
 #include "proto/token_ids.h"
 #include "router/policies/policy.h"
@@ -97,6 +98,7 @@ std::string tokenize_body(const proto::JsonObjectBody& body) {
 struct TokenizeCall {
   TokenizeDone done;
   InstancePtr node;
+  discovery::LoadCharge charge;  // a request in flight on `node` while the call runs
   ProxyCounters* counters = nullptr;
   size_t max_bytes = 0;
   uint64_t budget = 0;  // limits.max_buffered_bytes (0: none)
@@ -110,10 +112,8 @@ struct TokenizeCall {
 
   void release() {
     deadline.stop();
-    if (node) {
-      node->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
-      node.reset();
-    }
+    charge.release();
+    node.reset();
     if (reserved != 0) {
       counters->buffered.release(static_cast<int64_t>(reserved));
       reserved = 0;
@@ -219,7 +219,7 @@ UpstreamPort::CallPtr start_tokenize(WorkerContext& worker, const proto::JsonObj
   // node answering a byte at a time never trips a per-read timeout).
   const http::UpstreamTimeouts timeouts{std::min(topology.timeouts.connect, config.tokenize_timeout),
                                         config.tokenize_timeout, config.tokenize_timeout};
-  node->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
+  state->charge = discovery::LoadCharge(*node, std::nullopt);
   state->node = std::move(node);
   request.tls = worker.node_tls(state->node->http_address);
   UpstreamPort::CallPtr call =

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "discovery/load_charge.h"
 #include "router/proxy/access_logging.h"
 #include "router/proxy/admission.h"
 #include "router/proxy/client_api.h"
@@ -69,6 +70,9 @@ struct Relay {
   http::ResponseWriter writer;
   std::weak_ptr<http::UpstreamCall> call;
   InstancePtr node;
+  // A request in flight on `node` (discovery/load_charge.h): given back by end(), or by the
+  // relay's destruction if it never ends.
+  discovery::LoadCharge charge;
   AdmissionSlot admission;
   clients::TenantTicket ticket;
   WorkerContext* worker = nullptr;
@@ -85,7 +89,7 @@ struct Relay {
   void end(Outcome outcome) {
     if (ended) return;
     ended = true;
-    node->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
+    charge.release();
     admission.release();
     ticket.release();
     count(*worker, node_class, outcome);
@@ -213,7 +217,7 @@ void relay_to_node(WorkerContext& worker, http::Request& request, http::Response
   relay->arrived_at = request.head_at;
   relay->worker = &worker;
   relay->node_class = node_class;
-  node->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
+  relay->charge = discovery::LoadCharge(*node, std::nullopt);
 
   http::UpstreamCallbacks cb;
   cb.on_head = [relay](int status, const std::vector<http::Header>& headers) {

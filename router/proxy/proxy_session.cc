@@ -7,8 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "proto/anthropic_messages.h"
+#include "discovery/load_charge.h"
 #include "proto/answer_kv_params.h"
+#include "proto/anthropic_messages.h"
 #include "proto/dialects/dialect.h"
 #include "proto/generate_request.h"
 #include "proto/json_splice.h"
@@ -18,10 +19,11 @@
 #include "proto/responses_stream.h"
 #include "proto/sse_boundary.h"
 #include "proto/usage_scan.h"
-#include "router/http/json_error.h"
 #include "router/clients/access_log.h"
-#include "router/proxy/admission.h"
+#include "router/http/json_error.h"
+#include "router/policies/prompt_tokens.h"
 #include "router/proxy/abort_requests.h"
+#include "router/proxy/admission.h"
 #include "router/proxy/cache_routing.h"
 #include "router/proxy/cache_tokenize.h"
 #include "router/proxy/client_api.h"
@@ -182,6 +184,20 @@ void send_answer(http::ResponseWriter& writer, http::Response&& response, int* s
   writer.send(std::move(response));
 }
 
+// Streamed tokens in a chunk of a decode's event stream: its data events, [DONE] aside (vLLM
+// sends one token per event; an estimate where it batches them or a chunk cuts "data:").
+uint64_t streamed_tokens(std::string_view chunk) {
+  uint64_t events = 0;
+  for (size_t at = chunk.find("data:"); at != std::string_view::npos; at = chunk.find("data:", at + 5)) {
+    if (chunk.substr(at + 5, 7) != " [DONE]") ++events;
+  }
+  return events;
+}
+
+// Prefill legs below this many uncached tokens teach no prefill rate: their time is mostly the
+// fixed cost of a request, not prefill work.
+constexpr uint64_t kMinPrefillRateTokens = 16;
+
 tracing::TraceLeg trace_leg(Leg leg) {
   return leg == Leg::kPrefill ? tracing::TraceLeg::kPrefill : tracing::TraceLeg::kDecode;
 }
@@ -215,6 +231,14 @@ struct ProxySession::State {
 
   Pair pair;
   std::optional<uint32_t> prefill_rank, decode_rank;
+  // What this request puts on its nodes (discovery/load_charge.h): a request in flight on each
+  // node of the pair (until release_pair), the decode's sequence and its KV tokens (while its leg
+  // runs; and a decode serving alone, its uncached prompt tokens until its first token), and the
+  // prefill leg's queued uncached tokens (while that leg runs, an orphan's too).
+  discovery::LoadCharge prefill_load, decode_load, prefill_queue;
+  PromptTokens prompt;  // the prompt's token count (router/policies/prompt_tokens.h)
+  uint64_t decode_events = 0;  // streamed tokens of the decode attempt, and when the first and last came
+  SteadyClock::time_point first_event_at{}, last_event_at{};
   // The client's body, parsed once (begin()); admission, affinity and every leg build read it.
   proto::JsonObjectBody client;
   // /inference/v1/generate: the body's check (begin()), which every leg build reads (its
@@ -386,6 +410,7 @@ void ProxySession::begin() {
     }
   }
   s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
+  s.prompt = count_prompt_tokens(request_prompt(body));
   s.cache = lookup_cache(body, s.model, *s.topo, s.w.shared());
   if (s.cache) s.summary.cache = &s.cache->hits;
   if (s.topo->timeouts.request.count() > 0) {
@@ -411,6 +436,10 @@ void ProxySession::tokenize_then_pair() {
         if (self->finished()) return;
         State& s = *self->s_;
         s.tokenize_call.reset();
+        if (ok && !tokens.empty()) {  // the node's count of the prompt's tokens is exact
+          s.prompt.count = tokens.size();
+          s.prompt.source = PromptTokens::Source::kTokenized;
+        }
         if (!ok) {
           count(why_not);
         } else if (match_token_ids(tokens, s.model, s.w.shared(), &*s.cache)) {
@@ -467,10 +496,10 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   if (s.cache) record_routing(*s.cache, pair, s.w.shared());
   if (s.req.trace) s.req.trace->routed(pair.prefill->key, pair.decode->key, s.cache ? &s.cache->hits : nullptr);
   s.pair = std::move(pair);
-  s.pair.prefill->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
-  s.pair.decode->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
   s.prefill_rank = next_dp_rank(*s.pair.prefill);
   s.decode_rank = next_dp_rank(*s.pair.decode);
+  s.prefill_load = discovery::LoadCharge(*s.pair.prefill, s.prefill_rank);
+  s.decode_load = discovery::LoadCharge(*s.pair.decode, s.decode_rank);
 
   s.dialect = proto::dialect_for(s.pair.prefill->connector, s.pair.prefill->transfer_mode);
   if (const std::string_view why = s.dialect != nullptr ? proto::unsupported_endpoint(*s.dialect, s.req.path) : "";
@@ -522,6 +551,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
                  }
                  s.prefill_facts = facts;
                  s.prefill_rank = facts.prefill_rank;
+                 s.prefill_load.move_to_rank(s.prefill_rank);
                  self->build_and_send();
                });
 }
@@ -570,7 +600,7 @@ void ProxySession::build_and_send() {
     // prefill the pair named is released at once (it carries no load of this request).
     proto::decode_without_kv(s.legs.plan, &s.legs.decode);
     s.w.counters().bump(s.w.counters().decode_alone[static_cast<size_t>(*s.decode_alone)]);
-    s.pair.prefill->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
+    s.prefill_load.release();
     s.pair.prefill.reset();
     s.phases = PdPhaseClock();  // not P/D: no phase observed
     send_decode();
@@ -629,6 +659,7 @@ void ProxySession::send_prefill() {
                      s.prefill_key, error.message());
       }
       s.prefill_call.reset();
+      s.prefill_queue.release();
       s.prefill_timer.stop();
       self->orphan_done();
       return;
@@ -642,6 +673,8 @@ void ProxySession::send_prefill() {
   s.prefill_sent_at = sent_at;
   s.phases.prefill_sent(sent_at);
   s.prefill_timed = true;
+  s.prefill_queue = discovery::LoadCharge(*s.pair.prefill, s.prefill_rank, /*request=*/false);
+  s.prefill_queue.queue_prefill(uncached_tokens(s.prompt, s.cache ? &s.cache->hits : nullptr, s.pair.prefill->key));
   if (s.req.trace) {
     s.req.trace->leg_started(tracing::TraceLeg::kPrefill, s.pair.prefill->http_address, s.legs.prefill.path,
                              s.w.node_tls(s.pair.prefill->http_address) != nullptr, &s.legs.prefill.headers);
@@ -678,6 +711,7 @@ void ProxySession::close_orphan() {
     s.prefill_call.reset();
     s.w.counters().bump(s.w.counters().orphan_legs.closed);
   }
+  s.prefill_queue.release();
   orphan_done();
 }
 
@@ -697,8 +731,15 @@ void ProxySession::on_prefill_complete() {
   orphan_done();
   const int status = s.prefill_status;
   if (status >= 200 && status < 300) {
-    s.phases.prefill_answered(s.legs.plan.dialect, s.w.counters().pd_phases, SteadyClock::now());
+    const SteadyClock::time_point now = SteadyClock::now();
+    s.phases.prefill_answered(s.legs.plan.dialect, s.w.counters().pd_phases, now);
+    const uint64_t tokens = s.prefill_queue.held().queued_prefill_tokens;
+    const double seconds = std::chrono::duration<double>(now - s.prefill_sent_at).count();
+    if (tokens >= kMinPrefillRateTokens && seconds > 0 && s.prefill_queue.bound()) {
+      s.prefill_queue.cell()->ledger.prefill_tokens_per_second.add(static_cast<double>(tokens) / seconds, now);
+    }
   }
+  s.prefill_queue.release();
   if (finished() || (s.legs.plan.concurrent && s.state == RequestState::kStreaming)) {
     // The decode already answers the client, so its KV arrived; a late prefill error changes
     // nothing but is worth a log line (docs/design/wire-formats.md rule 8).
@@ -753,6 +794,7 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
     s.prefill_call->cancel();
     s.prefill_call.reset();
   }
+  s.prefill_queue.release();
   s.prefill_timer.stop();
   if (s.pair.prefill && s.dialect) forget_pre_step(*s.dialect, s.w, *s.pair.prefill);
   if (s.state == RequestState::kStreaming) {
@@ -797,6 +839,15 @@ void ProxySession::send_decode() {
   s.decode_sent_at = SteadyClock::now();
   s.phases.decode_sent(s.decode_sent_at);
   s.decode_timed = true;
+  // The decode holds the whole prompt's KV (sent or computed), then what it generates; serving
+  // alone, it also computes the prompt: queued prefill tokens on it until its first token.
+  s.decode_load.decode_done();
+  s.decode_load.prefill_done();
+  s.decode_load.start_decode(s.prompt.count);
+  if (s.decode_alone) {
+    s.decode_load.queue_prefill(uncached_tokens(s.prompt, s.cache ? &s.cache->hits : nullptr, s.pair.decode->key));
+  }
+  s.decode_events = 0;
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.first_byte,
                                   s.topo->timeouts.stream_idle};
   auto self = shared_from_this();
@@ -933,6 +984,15 @@ void ProxySession::on_decode_body(std::string_view chunk) {
   if (finished()) return;
   if (s.decode_status >= 200 && s.decode_status < 300) {
     s.phases.decode_bytes(s.legs.plan.dialect, s.sse, s.w.counters().pd_phases, SteadyClock::now());
+  }
+  if (s.sse && s.decode_status >= 200 && s.decode_status < 300) {
+    if (const uint64_t tokens = streamed_tokens(chunk); tokens != 0) {
+      s.decode_load.prefill_done();  // a decode serving alone computed the prompt
+      s.decode_load.add_kv_tokens(tokens);
+      s.last_event_at = SteadyClock::now();
+      if (s.decode_events == 0) s.first_event_at = s.last_event_at;
+      s.decode_events += tokens;
+    }
   }
   if (s.sse) {
     // Relay whole events only, holding back a partial one, so that an error event added after a
@@ -1089,6 +1149,13 @@ void ProxySession::on_decode_complete() {
   const int status = s.decode_status;
   if (status >= 200 && status < 300) {
     s.phases.decode_answered(s.legs.plan.dialect, s.w.counters().pd_phases, SteadyClock::now());
+    if (s.decode_events >= 2 && s.decode_load.bound()) {
+      const double step = std::chrono::duration<double>(s.last_event_at - s.first_event_at).count() /
+                          static_cast<double>(s.decode_events - 1);
+      s.decode_load.cell()->ledger.decode_step_seconds.add(step, s.last_event_at);
+    }
+    s.decode_load.decode_done();
+    s.decode_load.prefill_done();
     if (s.multi_turn && !s.sse) s.multi_turn->on_decode_json(s.decode_body);
     if (s.want_usage) proto::scan_usage(s.sse ? s.sse_tail : s.decode_body, &s.usage);
     // The decode's kv_transfer_params (read by multi_turn above) never reach the client.
@@ -1182,11 +1249,10 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
       }
       s.w.counters().retried(Leg::kDecode);
       ++s.retries;
-      s.pair.decode->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
       s.pair.decode = std::move(next);
-      s.pair.decode->liveness->outstanding.fetch_add(1, std::memory_order_relaxed);
       // Same body and X-Request-Id; only the DP-rank header depends on the decode chosen.
       s.decode_rank = next_dp_rank(*s.pair.decode);
+      s.decode_load = discovery::LoadCharge(*s.pair.decode, s.decode_rank);  // the old node's goes back
       auto& headers = s.legs.decode.headers;
       std::erase_if(headers, [](const auto& h) { return pdr::iequals(h.first, "X-data-parallel-rank"); });
       if (s.decode_rank) headers.emplace_back("X-data-parallel-rank", std::to_string(*s.decode_rank));
@@ -1199,6 +1265,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
         s.prefill_call->cancel();
         s.prefill_call.reset();
       }
+      s.prefill_queue.release();
       release_pair();
       pair_and_send(Leg::kDecode);
       return;
@@ -1282,6 +1349,7 @@ void ProxySession::close_legs() {
     s.prefill_call->cancel();
     s.prefill_call.reset();
   }
+  s.prefill_queue.release();
   if (s.decode_call) {
     if (s.pair.decode) abort_leg_on_node(s.w, *s.pair.decode, s.req.path, s.legs.plan.request_id);
     s.decode_call->cancel();
@@ -1291,8 +1359,8 @@ void ProxySession::close_legs() {
 
 void ProxySession::release_pair() {
   State& s = *s_;
-  if (s.pair.prefill) s.pair.prefill->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
-  if (s.pair.decode) s.pair.decode->liveness->outstanding.fetch_sub(1, std::memory_order_relaxed);
+  s.prefill_load.release();
+  s.decode_load.release();
   s.pair = Pair{};
   s.prefill_facts = PrefillFacts{};
 }
@@ -1342,6 +1410,8 @@ void ProxySession::end(RequestState final_state) {
     close_legs();
     s.prefill_timer.stop();
   }
+  // An orphan keeps its queued prefill tokens (prefill_queue, given back when it ends: the node
+  // is still computing them) but not its request: least_outstanding saw it leave, as before.
   release_pair();
   // Nothing can retry any more: the bodies go now, not when the last callback lets go of the
   // session (an orphaned prefill keeps it for up to timeouts.orphan_grace_ms).

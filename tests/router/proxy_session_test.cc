@@ -35,9 +35,10 @@
 #include <thread>
 #include <vector>
 
-#include "proto/base/snapshot_cell.h"
 #include "discovery/config/topology.h"
 #include "discovery/instance.h"
+#include "discovery/load_charge.h"
+#include "proto/base/snapshot_cell.h"
 #include "router/http/http_server.h"
 #include "router/http/http_worker.h"
 #include "router/proxy/proxy_session.h"
@@ -292,6 +293,7 @@ class Harness {
     snapshot->instances = {node("127.0.0.1", Role::kPrefill, dialect), node("127.0.0.2", Role::kPrefill, dialect),
                            node("127.0.0.3", Role::kDecode, dialect), node("127.0.0.4", Role::kDecode, dialect)};
     registry_cell_.publish(snapshot);
+    nodes_ = snapshot->instances;
     shared_.registry = &registry_cell_;
     shared_.topology = &topology_cell_;
 
@@ -386,12 +388,28 @@ class Harness {
     return shared_.counters.leg_failures[static_cast<size_t>(leg)][static_cast<size_t>(f)].load();
   }
   uint64_t retries(Leg leg) { return shared_.counters.retries[static_cast<size_t>(leg)].load(); }
+  // The load ledger's figures (discovery/load_charge.h) summed over the nodes of `role`, and
+  // the sum of every node's DP-rank slots (which must equal the nodes' totals).
+  discovery::LoadFigures load(Role role, bool ranks = false) const {
+    discovery::LoadFigures sum;
+    for (const auto& n : nodes_) {
+      if (n->role != role) continue;
+      if (!ranks) {
+        sum += discovery::node_load(*n->liveness);
+        continue;
+      }
+      sum += n->liveness->ledger.beyond();
+      for (uint32_t r = 0; r < n->liveness->ledger.rank_slots(); ++r) sum += n->liveness->ledger.rank(r);
+    }
+    return sum;
+  }
 
   FakeUpstream fake;
   test::HttpClient client;
 
  private:
   SnapshotCell<discovery::RegistrySnapshot> registry_cell_;
+  std::vector<std::shared_ptr<const discovery::Instance>> nodes_;
   SnapshotCell<config::Topology> topology_cell_;
   ProxyShared shared_;
   std::unique_ptr<WorkerContext> context_;  // worker thread only
@@ -597,6 +615,14 @@ TEST_P(ProxySessionStates, EventInState) {
     EXPECT_EQ(h.into(RS::kStreaming), 0u);
   }
   ASSERT_EQ(h.counters().in_flight.load(), 1);
+  // The load ledger: the request on one prefill and one decode; the decode leg's sequence once
+  // sent; the prefill's queued tokens while its leg is open (a serial prefill answered is not).
+  EXPECT_EQ(h.load(Role::kPrefill).requests, 1u);
+  EXPECT_EQ(h.load(Role::kDecode).requests, 1u);
+  EXPECT_EQ(h.load(Role::kDecode).decode_sequences, c.at == At::kPrefillSent && serial ? 0u : 1u);
+  EXPECT_EQ(h.load(Role::kPrefill).queued_prefill_tokens != 0, !serial || c.at == At::kPrefillSent);
+  EXPECT_EQ(h.load(Role::kPrefill, true), h.load(Role::kPrefill));
+  EXPECT_EQ(h.load(Role::kDecode, true), h.load(Role::kDecode));
 
   // --- The event.
   std::vector<std::shared_ptr<FakeCall>> open_at_event;
@@ -761,6 +787,10 @@ TEST_P(ProxySessionStates, EventInState) {
   EXPECT_EQ(h.counters().in_flight.load(), 0);
   EXPECT_EQ(h.counters().buffered.held.load(), 0) << "the budget is given back";
   EXPECT_EQ(h.counters().orphan_legs.open.load(), 0);
+  for (Role role : {Role::kPrefill, Role::kDecode}) {
+    EXPECT_EQ(h.load(role), discovery::LoadFigures{}) << "load left on the " << proto::to_string(role) << "s";
+    EXPECT_EQ(h.load(role, true), discovery::LoadFigures{}) << "load left on a DP rank";
+  }
   for (const auto& call : fake.calls) {
     EXPECT_NE(call->end, FakeCall::End::kOpen) << "leaked leg to " << call->target.to_string();
     EXPECT_NE(call->end, FakeCall::End::kPoolClosed)
