@@ -23,6 +23,20 @@ SPARE_PORTS = 8  # after each node's ports: room for per-DP-rank side-channel po
 _handed_out = set()  # ports given to this process's nodes (decodes advertise theirs unbound)
 
 
+# The generation paths and small request bodies the P/D failure and load tests send.
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def chat(max_tokens=4, stream=False, content="hello there"):
+    return {"model": "sim-model", "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "stream": stream}
+
+
+def completion(max_tokens=4, prompt="one two three four"):
+    return {"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens}
+
+
 def _ports(n):
     """n consecutive side-channel ports (then SPARE_PORTS more) free right now on 127.0.0.1, from a
     random base below the ephemeral range, so concurrent test processes rarely collide. The

@@ -10,24 +10,13 @@ import socket
 import threading
 import unittest
 
-from pd_fixture import PdCluster
+from pd_fixture import CHAT, COMPLETIONS, PdCluster, chat, completion
 from pdrouter_fixture import TIME_SCALE
 
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
 FIGURES = ("requests", "prefill_tokens_queued", "decode_sequences", "kv_tokens")
 ADMIN_KEY = "load-ledger-admin-key"
 LOAD_GAUGES = {"pdrouter_node%s_%s" % (scope, figure) for scope in ("", "_rank")
                for figure in ("requests_in_flight", "prefill_tokens_queued", "decode_sequences", "kv_tokens")}
-
-
-def chat(max_tokens=4, stream=False, content="hello there"):
-    return {"model": "sim-model", "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens, "stream": stream}
-
-
-def completion(max_tokens=4, prompt="one two three four"):
-    return {"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens}
 
 
 def figures(load):

@@ -7,20 +7,8 @@ import socket
 import time
 import unittest
 
-from pd_fixture import PdCluster
+from pd_fixture import CHAT, COMPLETIONS, PdCluster, chat, completion
 from pdrouter_fixture import TIME_SCALE
-
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-
-
-def chat(max_tokens=4, stream=False, content="hello there"):
-    return {"model": "sim-model", "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens, "stream": stream}
-
-
-def completion(max_tokens=4, prompt="one two three four"):
-    return {"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens}
 
 
 def generation_requests(log):
