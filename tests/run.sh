@@ -36,6 +36,10 @@ if command -v ccache > /dev/null; then
   # The sanitizer builds use precompiled headers (PDR_PCH, cmake/pch/); ccache caches such compiles only
   # with these sloppiness settings.
   export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+  # Paths under the checkout are hashed relative to it, and the build directory is left out of
+  # the hash, so that a clone elsewhere (CI's fresh clone) reuses what another clone compiled. The
+  # cost: debug info names source paths relative to the build directory.
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 fi
 
 failures=0
