@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tests/support/hex.h"
+#include "tests/support/source_path.h"
 
 namespace pdr::proto {
 namespace {
@@ -1189,7 +1190,7 @@ TEST(EnumNames, ToStringAndParseAgree) {
 // byte for byte the vectors above, so a change to the script's dicts cannot leave the seeds and
 // these tests apart (e.g. the seeds' node addresses, which are in 127.0.0.0/8 like every test's).
 TEST(DiscoveryMessage, SeedCorpusIsTheVectors) {
-  const std::string dir = std::string(PDR_SOURCE_DIR) + "/tests/fuzz/corpus/discovery_message/";
+  const std::string dir = pdr::test::source_path("tests/fuzz/corpus/discovery_message/");
   const std::pair<const char*, std::string_view> seeds[] = {
       {"moriio_current", kMoriioCurrentHex}, {"moriio_legacy", kMoriioLegacyHex},
       {"p2p_nccl", kP2pNcclHex},             {"hello", kHelloHex},

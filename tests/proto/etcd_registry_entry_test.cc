@@ -8,6 +8,7 @@
 #include <string>
 
 #include "proto/etcd_registry_entry.h"
+#include "tests/support/source_path.h"
 
 namespace pdr::proto {
 namespace {
@@ -91,7 +92,7 @@ TEST(EtcdRegistryEntry, RefusesWhatIsNotARegistrationOrABadClassField) {
 
 // The fuzzer's seed (tests/fuzz/make_corpus.py "etcd_registry_entry") is such a value.
 TEST(EtcdRegistryEntry, TheSeedCorpusValueDecodes) {
-  std::ifstream f(std::string(PDR_SOURCE_DIR) + "/tests/fuzz/corpus/discovery_message/etcd_registry_entry.msgpack",
+  std::ifstream f(pdr::test::source_path("tests/fuzz/corpus/discovery_message/etcd_registry_entry.msgpack"),
                   std::ios::binary);
   ASSERT_TRUE(f);
   const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

@@ -1,4 +1,5 @@
 #include "proto/kv_events.h"
+#include "tests/support/source_path.h"
 
 #include <gtest/gtest.h>
 #include <msgpack.hpp>
@@ -536,7 +537,7 @@ TEST(KvEvents, SeqFramesAreEightBytesBigEndian) {
 // The fuzzer's seed corpus is written by Python's msgpack (tests/fuzz/make_kv_events_corpus.py),
 // an encoder other than the one above: every seed decodes.
 TEST(KvEvents, PythonEncodedSeedsDecode) {
-  const std::string dir = std::string(PDR_SOURCE_DIR) + "/tests/fuzz/corpus/kv_events/";
+  const std::string dir = pdr::test::source_path("tests/fuzz/corpus/kv_events/");
   const std::pair<const char*, size_t> seeds[] = {
       {"array_two_slot", 1}, {"array_dp_rank", 3},  {"map_events", 3},     {"raw_hashes", 1},
       {"unknown_event", 0},  {"array_hybrid_lora", 3}, {"map_tiers_salt", 4}, {"empty_two_slot", 0},

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "tests/support/status_matchers.h"
+#include "tests/support/source_path.h"
 
 namespace pdr::proto {
 namespace {
@@ -170,7 +171,7 @@ TEST(RdmaRegionKey, RoundTripsAndRejectsBadInput) {
 // The fuzzer's seeds (tests/fuzz/corpus/rdma_handshake/) are accepted records; the RoCE ones carry
 // the IPv4-mapped GID ::ffff:127.0.10.1 (a GID is exchanged, never connected to).
 TEST(RdmaHandshake, SeedCorpusDecodes) {
-  const std::string dir = std::string(PDR_SOURCE_DIR) + "/tests/fuzz/corpus/rdma_handshake/";
+  const std::string dir = pdr::test::source_path("tests/fuzz/corpus/rdma_handshake/");
   auto read = [&](const char* name) {
     std::ifstream f(dir + name + ".bin", std::ios::binary);
     EXPECT_TRUE(f) << name;

@@ -17,6 +17,7 @@
 
 #include "tests/support/hex.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/source_path.h"
 
 namespace pdr::proto {
 namespace {
@@ -636,7 +637,7 @@ TEST(TransferDescriptorErrors, FirstErrorWins) {
 
 // The fuzzer's seeds (tests/fuzz/corpus/transfer_descriptor/) are the vectors above and decode.
 TEST(TransferDescriptor, SeedCorpusIsTheVectorsAndDecodes) {
-  const std::string dir = std::string(PDR_SOURCE_DIR) + "/tests/fuzz/corpus/transfer_descriptor/";
+  const std::string dir = pdr::test::source_path("tests/fuzz/corpus/transfer_descriptor/");
   auto read = [&](const char* name) {
     std::ifstream f(dir + name + ".msgpack", std::ios::binary);
     EXPECT_TRUE(f) << name;

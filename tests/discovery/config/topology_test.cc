@@ -13,6 +13,7 @@
 
 #include "discovery/config/topology_store.h"
 #include "discovery/config/topology_warnings.h"
+#include "tests/support/source_path.h"
 
 namespace pdr::config {
 namespace {
@@ -259,7 +260,7 @@ TEST(TopologyParse, ExampleFileLoads) {
   // The shipped file's static instances are on the documentation network (10.0.0.x): parsed
   // only, nothing connects to them (test_deploy_examples moves them to loopback before a router
   // loads the file).
-  const std::string path = std::string(PDR_SOURCE_DIR) + "/deploy/topology.example.yaml";
+  const std::string path = pdr::test::source_path("deploy/topology.example.yaml");
   Topology t;
   Status s = load_topology_file(path, &t);
   ASSERT_TRUE(s.is_ok()) << s.to_string();
