@@ -7,7 +7,8 @@ limits.max_concurrent_requests small and simulated NIXL nodes that answer slowly
     body naming the limit; a request that waits queue_timeout_ms gets 503 with Retry-After;
   * a client that leaves while its request waits takes it out of the queue: no leg of it ever
     reaches a node, and pdrouter_admission_queue_client_gone_total counts it;
-  * the drain answers a waiting request 503 shutting_down at once.
+  * the drain answers a waiting request 503 shutting_down at once;
+  * a slot given back goes to the highest class first, and the tenants of one class take turns.
 Every wait is on /metrics or a node's request log, never a sleep.
 """
 import json
@@ -182,6 +183,51 @@ class ClientGoneWhileWaiting(AdmissionQueueCase):
         # And the router still serves.
         status, _, raw = c.post("/v1/completions", completion())
         self.assertEqual(status, 200, raw)
+
+
+class ServingOrder(AdmissionQueueCase):
+    """Who gets a slot given back: the queue's order seen from the nodes. With one slot the
+    requests run one at a time, so the prefill's request log is the order they were served in."""
+
+    def queue_then_release(self, c, held, requests):
+        """Queues `requests` ((prompt, headers) in arrival order, each seen waiting before the next
+        is sent), gives the held slot back, and returns the prompts in the order the prefill
+        got them after the held one."""
+        results = []
+        lock = threading.Lock()
+
+        def one(prompt, headers):
+            r = c.post("/v1/completions", completion(prompt=prompt), headers=headers, timeout=60)
+            with lock:
+                results.append(r)
+
+        threads = []
+        for i, (prompt, headers) in enumerate(requests):
+            threads.append(threading.Thread(target=one, args=(prompt, headers)))
+            threads[-1].start()
+            c.router.wait_for(lambda: queue_depth(c) == i + 1, timeout=WAIT_S)
+        held.close()
+        for t in threads:
+            t.join(60 * TIME_SCALE)
+        self.assertEqual([r[0] for r in results], [200] * len(requests), [r[2][:200] for r in results])
+        prompts = [json.loads(r["body"])["prompt"] for r in gen_entries(c.prefills[0])]
+        return prompts[1:]
+
+    def test_a_higher_class_is_served_before_earlier_lower_ones(self):
+        c = self.cluster({"max_concurrent_requests": 1})
+        held = self.hold_the_only_slot(c)
+        order = self.queue_then_release(c, held, [("low first", {"x-pdr-priority": "1"}),
+                                                  ("low second", {"x-pdr-priority": "1"}),
+                                                  ("high last", {"x-pdr-priority": "6"})])
+        self.assertEqual(order, ["high last", "low first", "low second"])
+
+    def test_tenants_of_one_class_take_turns(self):
+        c = self.cluster({"max_concurrent_requests": 1}, more="tenants:\n  header: x-tenant\n")
+        held = self.hold_the_only_slot(c)
+        a, b = {"x-tenant": "a"}, {"x-tenant": "b"}
+        order = self.queue_then_release(c, held, [("a1", a), ("a2", a), ("a3", a), ("b1", b)])
+        # b's one request is not held back behind a's burst.
+        self.assertEqual(order, ["a1", "b1", "a2", "a3"])
 
 
 class DrainWhileWaiting(AdmissionQueueCase):
