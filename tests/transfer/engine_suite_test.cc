@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "tests/support/time_scale.h"
@@ -262,6 +263,16 @@ TEST_P(EngineSuite, PeerDyingFailsTransfersWithoutHanging) {
   ASSERT_NE(first.state, XferState::kPending);
   if (first.state != XferState::kDone) {
     EXPECT_EQ(first.cause, XferCause::kPeerGone);
+  }
+  // shm learns of the death from the socket's hang-up on its I/O thread, while the peer's memfds
+  // stay mapped: until then a copy still lands in them and finishes kDone. Wait for that thread to
+  // have dropped the peer (it counts the disconnect after marking the peer gone).
+  if (std::string_view(GetParam().name) == "shm") {
+    const auto deadline = std::chrono::steady_clock::now() + scaled(20s);
+    while (a_.engine->counters().disconnects.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    ASSERT_GE(a_.engine->counters().disconnects.load(), 1u) << "the peer's hang-up was never noticed";
   }
   // Later transfers to the dead peer fail; none hangs (tcp: after its 2 s connect timeout).
   for (int i = 0; i < 2; ++i) {
