@@ -141,7 +141,10 @@ void SessionAffinityRequest::steer(const discovery::RegistrySnapshot& snapshot, 
 
 void SessionAffinityRequest::routed(const Pair& pair, const config::Topology& topology, SessionTable& table,
                                     SessionAffinityCounters& counters) {
-  if (bound_ && bound_->prefill_key == pair.prefill->key && bound_->decode_key == pair.decode->key) return;
+  if (bound_ && bound_->prefill_key == pair.prefill->key && bound_->decode_key == pair.decode->key) {
+    table.refresh(key(), SessionTable::Clock::now(), limits_of(topology.session_affinity));
+    return;
+  }
   if (bound_) counters.rebinds.fetch_add(1, std::memory_order_relaxed);
   table.bind(key(), pair.prefill->key, pair.decode->key, SessionTable::Clock::now(),
              limits_of(topology.session_affinity));

@@ -61,9 +61,10 @@ void SessionTable::store(const Key& key, std::string_view prefill_key, std::stri
     if (entry->binding.prefill_key != prefill_key) entry->binding.prefill_key.assign(prefill_key);
     if (entry->binding.decode_key != decode_key) entry->binding.decode_key.assign(decode_key);
     entry->used_at = now;
+    entry->shared_at = now;
     sh.order.splice(sh.order.begin(), sh.order, entry);
   } else {
-    sh.order.push_front(Entry{std::move(slot), Binding{std::string(prefill_key), std::string(decode_key)}, now});
+    sh.order.push_front(Entry{std::move(slot), Binding{std::string(prefill_key), std::string(decode_key)}, now, now});
     sh.by_slot.emplace(sh.order.front().slot, sh.order.begin());
     entries_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -91,6 +92,23 @@ void SessionTable::mirror(const Key& key, std::string_view prefill_key, std::str
                           Clock::time_point now, const Limits& limits) {
   store(key, prefill_key, decode_key, now, limits);
   mirrored_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void SessionTable::refresh(const Key& key, Clock::time_point now, const Limits& limits) {
+  Replication* r = replication_.load(std::memory_order_acquire);
+  if (r == nullptr) return;
+  thread_local std::string slot;
+  slot_key_into(key, &slot);
+  Shard& sh = shard_of(slot);
+  Binding binding;
+  {
+    std::lock_guard lock(sh.mutex);
+    auto it = sh.by_slot.find(slot);
+    if (it == sh.by_slot.end() || now - it->second->shared_at <= limits.idle_ttl / 2) return;
+    it->second->shared_at = now;
+    binding = it->second->binding;
+  }
+  r->bound(key, binding, limits.idle_ttl);
 }
 
 SessionTable::Stats SessionTable::stats() const {

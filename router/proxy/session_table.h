@@ -75,6 +75,10 @@ class SessionTable {
   // at the old end. Handed to the replication.
   void bind(const Key& key, std::string_view prefill_key, std::string_view decode_key, Clock::time_point now,
             const Limits& limits);
+  // A session kept on its binding (no bind()): hands the binding to the replication again when
+  // it last did more than half of idle_ttl ago, so that the other replicas' copies (and etcd's
+  // expiry) follow a session that stays active. No-op without a replication or a binding.
+  void refresh(const Key& key, Clock::time_point now, const Limits& limits);
   // A binding another replica made (stored as used at `now`): like bind(), not handed back.
   void mirror(const Key& key, std::string_view prefill_key, std::string_view decode_key, Clock::time_point now,
               const Limits& limits);
@@ -90,6 +94,7 @@ class SessionTable {
     std::string slot;  // slot_key(): the map's key points into it
     Binding binding;
     Clock::time_point used_at;
+    Clock::time_point shared_at;  // last handed to the replication (or mirrored)
   };
   struct SlotHash {
     size_t operator()(std::string_view slot) const;
