@@ -79,6 +79,11 @@ class SessionAffinityTest(unittest.TestCase):
         self.assertEqual(self.metric("misses_total"), 3)
         self.assertEqual(self.metric("hits_total"), 5 + 5 + 4)
         self.assertEqual(self.metric("sessions"), 3)
+        # /status may be rendered up to a second ago: wait for it to show the same figures.
+        figures = ("enabled", "sessions", "hits", "misses", "spills", "bad_ids")
+        self.cluster.router.wait_for(
+            lambda: tuple(self.cluster.router.status()["session_affinity"][k] for k in figures)
+            == (True, 3, 14, 3, 0, 0), timeout=5)
         # Ids are exact: a prefix of a's id is another session (no binding yet).
         self.turn("prefix", {"x-session-affinity": "agent-run-7f3"})
         self.assertEqual(self.metric("misses_total"), 4)
