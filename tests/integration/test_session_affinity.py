@@ -7,6 +7,8 @@ logs:
     and one decode, while another session is bound on its own;
   * a client naming another client's session id does not land on that session's nodes by it
     (its binding is its own);
+  * a session whose decode is drained (admin API) moves to the other decode, keeps its prefill,
+    and stays on the new decode once the old one is back;
   * a session whose decode is loaded (long streams in flight) beyond spill_margin_requests of
     the other decode spills to the other one, and its next turns stay there (the new binding
     sticks), even after the load is gone.
@@ -18,7 +20,10 @@ from pd_fixture import PdCluster
 from pdrouter_fixture import TIME_SCALE
 
 GEN_PATHS = ("/v1/completions", "/v1/chat/completions")
+ADMIN_KEY = "session-affinity-admin-key"
 TOPOLOGY = """\
+admin:
+  api_key_env: PDR_TEST_ADMIN_KEY
 policies: {prefill: round_robin, decode: round_robin}
 session_affinity:
   enabled: true
@@ -45,7 +50,8 @@ class SessionAffinityTest(unittest.TestCase):
     def setUp(self):
         # Slow decodes (3 ms a token): a long stream stays in flight for the whole test.
         self.cluster = PdCluster("nixl", prefills=2, decodes=2, topology=TOPOLOGY,
-                                 decode_flags=("--decode-us-per-token", "3000"))
+                                 decode_flags=("--decode-us-per-token", "3000"),
+                                 router_env={"PDR_TEST_ADMIN_KEY": ADMIN_KEY})
         self.addCleanup(self.cluster.close)
 
     def turn(self, text, headers=None, user=None):
@@ -101,6 +107,32 @@ class SessionAffinityTest(unittest.TestCase):
         self.assertEqual(self.metric("hits_total"), 1)
         self.assertEqual(self.metric("misses_total"), 2)  # mallory's first turn finds nothing
         self.assertEqual(self.metric("sessions"), 2)
+
+    def admin(self, verb, node):
+        code, _, raw = self.cluster.router.request(
+            "POST", f"/admin/instances/{node.http_address}/{verb}",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        self.assertEqual(code, 200, raw)
+
+    def test_a_drained_node_breaks_the_binding_and_the_new_one_sticks(self):
+        s = {"x-session-affinity": "drain-session"}
+        self.turn("d0", s)
+        p0, d0 = self.pair_of("d0")
+        self.admin("drain", self.cluster.decodes[d0])
+        self.cluster.router.wait_for(
+            lambda: self.cluster.router.instance(self.cluster.decodes[d0].http_address)["state"] == "draining")
+        self.turn("d1", s)
+        p1, d1 = self.pair_of("d1")
+        self.assertNotEqual(d1, d0)
+        self.assertEqual(p1, p0)  # the prefill was fine: it stays
+        self.assertEqual(self.metric("broken_total"), 1)
+        self.assertEqual(self.metric("rebinds_total"), 1)
+        self.admin("undrain", self.cluster.decodes[d0])
+        self.cluster.router.wait_for(
+            lambda: self.cluster.router.instance(self.cluster.decodes[d0].http_address)["state"] == "up")
+        for n in range(2, 6):
+            self.turn(f"d{n}", s)
+            self.assertEqual(self.pair_of(f"d{n}"), (p0, d1), f"d{n} left the new binding")
 
     def decode_sequences(self):
         m = self.cluster.router.metrics()
