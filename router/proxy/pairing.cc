@@ -111,10 +111,6 @@ const PairScratch::Class* preferred_class(const PairScratch& sc, const PairQuery
   return nullptr;
 }
 
-// The query's preferred prefill when it is in `pool`, else the policy's pick.
-const InstancePtr* pick_prefill(std::vector<const InstancePtr*>& pool, Policy& policy, const PairQuery& q,
-                                std::vector<Candidate>& candidates);
-
 const InstancePtr* pick(std::vector<const InstancePtr*>& pool, Policy& policy, const RequestSummary& summary,
                         std::vector<Candidate>& candidates) {
   candidates.clear();
@@ -123,6 +119,7 @@ const InstancePtr* pick(std::vector<const InstancePtr*>& pool, Policy& policy, c
   return pool[std::min(index, pool.size() - 1)];
 }
 
+// The query's preferred prefill when it is in `pool`, else the policy's pick.
 const InstancePtr* pick_prefill(std::vector<const InstancePtr*>& pool, Policy& policy, const PairQuery& q,
                                 std::vector<Candidate>& candidates) {
   if (!q.preferred_prefill.empty()) {
