@@ -112,6 +112,7 @@ void SessionMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_po
   }
   const auto topology = topology_.load();
   const auto& config = topology->session_affinity;
+  if (!config.enabled) return;  // nothing here reads bindings: hold none
   const auto left = std::chrono::milliseconds(entry.expires_unix_ms - unix_ms(now_wall));
   if (left <= std::chrono::milliseconds(0)) return;  // expired: as if gone
   // Used as long ago as the writer's idle_ttl has run down (the writer's clock maps onto ours by

@@ -17,7 +17,8 @@
 //    are counted, never stored. The latest put of a key wins (the watch delivers in revision
 //    order), except that another writer's put older than this replica's own answered put of the
 //    key, or arriving while that put is in flight, is ignored (the local binding is newer).
-//    Deletes (lease expiry) are not applied: each replica forgets a binding after idle_ttl
+//    With session_affinity off here, other replicas' bindings are not kept (a reload that turns it
+//    on takes them from the next range or put). Deletes (lease expiry) are not applied: each replica forgets a binding after idle_ttl
 //    without a turn on its own.
 //
 // Threading: bound() from any thread; the ConversationFeed calls from the replicator's thread.
