@@ -6,6 +6,8 @@ through etcd.
   * a session's turns, alternating between the replicas, all go to one prefill and one decode.
     B serves one unrelated request first, so that its round robin is one step ahead of A's: left
     to itself, B would bind the session to the other pair;
+  * a session spilled off its loaded decode on A (long streams of the session in flight there;
+    B does not see that load) is rebound on B too: its next turn through B goes to the new decode;
   * a binding written to etcd by someone else that does not decode, names another binding than
     its key's, or has expired is refused and counted, and no session is bound by it.
 """
@@ -19,7 +21,7 @@ import urllib.request
 
 from pdr_testlib import requires
 from pdrouter_fixture import Router
-from sim_fixture import SimNode
+from sim_fixture import SimNode, stream_post
 from test_etcd_replicas import ETCD, Etcd
 
 GEN_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -34,6 +36,7 @@ discovery:
 policies: {{prefill: round_robin, decode: round_robin}}
 session_affinity:
   enabled: true
+  spill_margin_requests: 1
 registry:
   backend: etcd
   etcd_endpoints: ["127.0.0.1:{etcd.client_port}"]
@@ -61,8 +64,10 @@ class EtcdSessionAffinity(unittest.TestCase):
         kv = os.environ.get("PDR_SIM_KV_BACKENDS", "tcp")
         self.prefills, self.decodes = [], []
         for role, nodes in (("prefill", self.prefills), ("decode", self.decodes)):
+            # Slow decodes (3 ms a token): a long stream stays in flight for the whole test.
+            slow = ("--decode-us-per-token", "3000") if role == "decode" else ()
             for _ in range(2):
-                node = SimNode("--role", role, "--connector", "nixl", "--handshake-port", "0", "--notify-port", "0",
+                node = SimNode(*slow, "--role", role, "--connector", "nixl", "--handshake-port", "0", "--notify-port", "0",
                                "--kv-port", "0", "--kv-backends", kv,
                                "--register", self.a.discovery, "--register-interval-ms", "200")
                 self.addCleanup(node.kill)
@@ -107,6 +112,34 @@ class EtcdSessionAffinity(unittest.TestCase):
         self.assertEqual(self.b.metrics()["pdrouter_session_affinity_misses_total"], 0)
         self.assertEqual(self.b.metrics()["pdrouter_session_affinity_hits_total"], 3)
         self.assertGreaterEqual(self.a.metrics()['pdrouter_session_affinity_etcd_ops_total{op="put"}'], 1)
+
+    def test_a_spill_on_one_replica_rebinds_the_session_on_the_other(self):
+        self.turn(self.a, "hot-session", "hot 0")
+        _, d0 = self.pair_of("hot 0")
+        self.b.wait_for(lambda: self.mirrored(self.b) >= 1, timeout=10)
+        host, port = self.a.http.rsplit(":", 1)
+        body = {"model": "sim-model", "max_tokens": 8000, "stream": True,
+                "messages": [{"role": "user", "content": ""}]}
+        streams = []
+        try:
+            for n in range(3):  # the third finds d0 two streams ahead: beyond the margin of 1
+                streams.append(stream_post(host, int(port), "/v1/chat/completions",
+                                           dict(body, messages=[{"role": "user", "content": f"long {n}"}]),
+                                           {"x-session-affinity": "hot-session"}, timeout=30))
+                self.a.wait_for(lambda n=n: sum(
+                    v for k, v in self.a.metrics().items()
+                    if k.startswith("pdrouter_node_decode_sequences{")) >= n + 1, timeout=10)
+            self.assertEqual(self.a.metrics()["pdrouter_session_affinity_spills_total"], 1)
+            _, d1 = self.pair_of("long 2")
+            self.assertNotEqual(d1, d0)
+            # B learns the new binding from etcd (its own ledger shows no load on d0).
+            self.b.wait_for(lambda: self.mirrored(self.b) >= 2, timeout=10)
+            self.turn(self.b, "hot-session", "hot 1")
+            self.assertEqual(self.pair_of("hot 1")[1], d1)
+            self.assertEqual(self.b.metrics()["pdrouter_session_affinity_hits_total"], 1)
+        finally:
+            for st in streams:
+                st.close()
 
     def test_bad_bindings_in_etcd_are_refused_and_counted(self):
         sessions = self.prefix + "conversations/session/"
