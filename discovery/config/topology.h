@@ -336,10 +336,10 @@ struct Topology {
   // belong to the client's credential as multi-turn entries do (multi_turn.bind_to, bind_header
   // and binding_secret), so one client cannot steer or read another's. At most max_sessions
   // bindings (least recently used go first), each forgotten after idle_ttl without a turn.
-  // Spill: a bound node is left (and the session rebound) when its load exceeds the least
-  // loaded alternative's by more than spill_margin_requests requests in flight per unit of
-  // weight (dp_size), or, for a prefill whose rate pdrouter has measured, by more than
-  // spill_margin_queue_ms of queued uncached prompt tokens. With registry.backend: etcd the
+  // Spill: a bound node is left (and the session rebound) when its load exceeds an
+  // alternative's by more than spill_margin_requests requests in flight per unit of weight
+  // (dp_size), or, between prefills whose rates pdrouter has measured, by more than
+  // spill_margin_queue_ms of queued uncached prompt tokens (which then decides alone). With registry.backend: etcd the
   // bindings are shared with the other replicas (router/session_mirror.h).
   struct SessionAffinity {
     bool enabled = false;

@@ -29,9 +29,10 @@ struct SpillMargins {
   double queue_seconds = 2.0;  // of queued prefill work
 };
 
-// True when `sticky` carries more load than some alternative by more than a margin: more
-// requests in flight per unit of weight than requests margin, or, where both queue figures are
-// known, more seconds of queue than queue_seconds margin. No alternatives: false (nowhere to go).
+// True when `sticky` carries more load than some alternative by more than a margin: where both
+// queue figures are known (prefills with measured rates), more seconds of queue than the
+// queue_seconds margin; otherwise more requests in flight per unit of weight than the requests
+// margin. No alternatives: false (nowhere to go).
 bool sticky_overloaded(const SessionNodeLoad& sticky, std::span<const SessionNodeLoad> alternatives,
                        const SpillMargins& margins);
 

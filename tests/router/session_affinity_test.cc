@@ -119,6 +119,10 @@ TEST(SessionSpill, SpillsOnlyBeyondTheMargin) {
   EXPECT_FALSE(sticky_overloaded({1, 1, 3.0}, std::vector<SessionNodeLoad>{{1, 1, 1.0}}, m));
   EXPECT_FALSE(sticky_overloaded({1, 1, 30.0}, std::vector<SessionNodeLoad>{{1, 1, -1}}, m));
   EXPECT_FALSE(sticky_overloaded({1, 1, -1}, std::vector<SessionNodeLoad>{{1, 1, 0}}, m));
+  // Where both queues are known they decide alone: a prefill's requests include those whose
+  // decodes still run.
+  EXPECT_FALSE(sticky_overloaded({10, 1, 0.5}, std::vector<SessionNodeLoad>{{0, 1, 0.4}}, m));
+  EXPECT_TRUE(sticky_overloaded({10, 1, 30.0}, std::vector<SessionNodeLoad>{{0, 1, -1}, {12, 1, 1.0}}, m));
   // Margin 0: any imbalance spills.
   EXPECT_TRUE(sticky_overloaded({1, 1}, std::vector<SessionNodeLoad>{idle}, SpillMargins{0, 0}));
   EXPECT_FALSE(sticky_overloaded({1, 1}, std::vector<SessionNodeLoad>{{1, 1}}, SpillMargins{0, 0}));
