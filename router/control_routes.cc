@@ -10,6 +10,7 @@
 #include "router/kubernetes_metrics.h"
 #include "router/node_load_metrics.h"
 #include "router/metrics_page.h"
+#include "router/proxy/session_table.h"
 #include "router/status_page.h"
 #include "router/proxy/engine_metrics.h"
 #include "router/proxy/health_generate.h"
@@ -76,6 +77,16 @@ http::Response ControlRoutes::status(uint32_t worker) const {
     q.queue_timeout_ms = limits.queue_timeout.count();
     if (context_.proxy_counters != nullptr) {
       const proxy::ProxyCounters& c = *context_.proxy_counters;
+      StatusContext::SessionAffinity& sa = sc.session_affinity;
+      sa.enabled = context_.topology != nullptr && context_.topology->current()->session_affinity.enabled;
+      sa.sessions = c.sessions != nullptr ? c.sessions->stats().entries : 0;
+      const auto& sac = c.session_affinity;
+      sa.hits = sac.hits.load(std::memory_order_relaxed);
+      sa.misses = sac.misses.load(std::memory_order_relaxed);
+      sa.spills = sac.spills.load(std::memory_order_relaxed);
+      sa.broken = sac.broken.load(std::memory_order_relaxed);
+      sa.rebinds = sac.rebinds.load(std::memory_order_relaxed);
+      sa.bad_ids = sac.bad_ids.load(std::memory_order_relaxed);
       q.in_flight = c.in_flight.load(std::memory_order_relaxed);
       q.bytes = c.admission_queue.bytes.load(std::memory_order_relaxed);
       for (uint32_t p = 0; p < proxy::kPriorityClasses; ++p) {

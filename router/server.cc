@@ -14,6 +14,7 @@
 #include "router/http/json_error.h"
 #include "router/http/tls_client.h"
 #include "router/conversation_mirror.h"
+#include "router/session_mirror.h"
 #include "router/route_table.h"
 
 namespace pdr::router {
@@ -176,7 +177,11 @@ Server::StartResult Server::start() {
   }
   // Multi-turn entries shared with the other replicas (registry.backend: etcd). The replicator's
   // stage stops it before any part is freed, so the cache it mirrors into outlives it.
-  if (replicator_) mirror_conversations(*replicator_, proxy_->conversations(), topology_.cell());
+  // Session affinity's bindings share the same feed (router/session_mirror.h).
+  if (replicator_) {
+    mirror_shared_entries(*replicator_, proxy_->conversations(), proxy_->sessions(), proxy_->session_counters(),
+                          topology_.cell());
+  }
   topology_.add_listener(
       [this](const config::Topology& old_t, const config::Topology& new_t) { on_reload(old_t, new_t); });
   start_control_loop();

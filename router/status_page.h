@@ -70,6 +70,12 @@ struct StatusContext {
     uint64_t max_queued_bytes = 0;
     int64_t queue_timeout_ms = 0;
   } admission_queue;
+  // /status "session_affinity" (router/proxy/session_affinity.h): enabled, sessions (bindings
+  // held, local and mirrored) and the turn counters hits, misses, spills, broken, rebinds, bad_ids.
+  struct SessionAffinity {
+    bool enabled = false;
+    uint64_t sessions = 0, hits = 0, misses = 0, spills = 0, broken = 0, rebinds = 0, bad_ids = 0;
+  } session_affinity;
 };
 
 // {"version", "uptime_ms", "listeners", "topology", "registry_version", "counts":{role:{state:n}},

@@ -327,6 +327,30 @@ struct Topology {
     std::string binding_secret;      // resolved secret
     std::string binding_secret_env;  // source: environment variable name
   } multi_turn;
+  // Session affinity (router/proxy/session_affinity.h): the turns of one client session go to
+  // the prefill and decode nodes its last turn went to, while those stay routable and are not
+  // overloaded. The session id is the value of the first of `headers` the request carries, else
+  // the first of `fields` (top-level JSON string fields of the body) present: an exact id, at
+  // most max_id_bytes of printable ASCII without spaces; any other value is counted
+  // (pdrouter_session_affinity_bad_ids_total) and the request routes as if it had none. Bindings
+  // belong to the client's credential as multi-turn entries do (multi_turn.bind_to, bind_header
+  // and binding_secret), so one client cannot steer or read another's. At most max_sessions
+  // bindings (least recently used go first), each forgotten after idle_ttl without a turn.
+  // Spill: a bound node is left (and the session rebound) when its load exceeds an
+  // alternative's by more than spill_margin_requests requests in flight per unit of weight
+  // (dp_size), or, between prefills whose rates pdrouter has measured, by more than
+  // spill_margin_queue_ms of queued uncached prompt tokens (which then decides alone). With registry.backend: etcd the
+  // bindings are shared with the other replicas (router/session_mirror.h).
+  struct SessionAffinity {
+    bool enabled = false;
+    std::vector<std::string> headers{"x-session-affinity"};  // lower case; at most 8
+    std::vector<std::string> fields{"conversation_id"};      // at most 8
+    uint32_t max_sessions = 100'000;
+    std::chrono::milliseconds idle_ttl{1'800'000};
+    uint32_t max_id_bytes = 256;
+    uint32_t spill_margin_requests = 4;
+    std::chrono::milliseconds spill_margin_queue{2000};
+  } session_affinity;
   // Endpoints that are not P/D (router/proxy/one_node_relay.h; which node serves what is the
   // node's `serves` label).
   struct Routing {

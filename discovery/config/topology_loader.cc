@@ -384,6 +384,57 @@ Status read_multi_turn(const Source& src, const Field& f, Topology::MultiTurn* o
   return r.finish();
 }
 
+// A list of at most 8 distinct names, each `valid` (headers are lowered: compared that way).
+Status read_name_list(const Source& src, const Field& f, bool header_names, std::vector<std::string>* out) {
+  if (!f.value.IsSequence()) {
+    return fail(src, f, StatusCode::kWrongType, fmt::format("expected a list of names, got {}", describe(f.value)));
+  }
+  std::vector<std::string> names;
+  size_t i = 0;
+  for (auto it = f.value.begin(); it != f.value.end(); ++it, ++i) {
+    Field item{YAML::Node(), *it, fmt::format("{}[{}]", f.path, i)};
+    if (i >= 8) return fail(src, item, StatusCode::kOutOfRange, "at most 8 names");
+    std::string text;
+    Status s = read_string(src, item, 128, &text);
+    if (!s) return s;
+    // A field name is matched against the body's top-level keys as sent, unescaped: printable
+    // ASCII without quotes or backslashes.
+    const bool valid = !text.empty() && (header_names ? is_http_token(text)
+                                                      : std::all_of(text.begin(), text.end(), [](char c) {
+                                                          return c > 0x20 && c < 0x7f && c != '"' && c != '\\';
+                                                        }));
+    if (!valid) {
+      return fail(src, item, StatusCode::kInvalidValue,
+                  header_names ? "not a valid HTTP header name" : "expected printable ASCII without quotes or backslashes");
+    }
+    if (header_names) {
+      for (char& c : text) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    }
+    if (std::find(names.begin(), names.end(), text) != names.end()) {
+      return fail(src, item, StatusCode::kInvalidValue, fmt::format("{} is listed twice", quoted_excerpt(text)));
+    }
+    names.push_back(std::move(text));
+  }
+  *out = std::move(names);
+  return Status::ok();
+}
+
+Status read_session_affinity(const Source& src, const Field& f, Topology::SessionAffinity* out) {
+  MapReader r(src, f);
+  r.boolean("enabled", &out->enabled);
+  r.with("headers", [&](const Field& v) { return read_name_list(src, v, true, &out->headers); });
+  r.with("fields", [&](const Field& v) { return read_name_list(src, v, false, &out->fields); });
+  r.u32("max_sessions", 1, 1u << 24, &out->max_sessions);
+  r.ms("idle_ttl_ms", 1000, kDayMs, &out->idle_ttl);
+  r.u32("max_id_bytes", 1, 1024, &out->max_id_bytes);
+  r.u32("spill_margin_requests", 0, 1u << 20, &out->spill_margin_requests);
+  r.ms("spill_margin_queue_ms", 0, 3'600'000, &out->spill_margin_queue);
+  if (r.ok() && out->enabled && out->headers.empty() && out->fields.empty()) {
+    r.record(fail(src, f, StatusCode::kInvalidValue, "enabled with no headers and no fields: no session id to read"));
+  }
+  return r.finish();
+}
+
 // "/a/b" or "/a/**": printable ASCII without '%', '?', '#' or '*' (but the final "/**"), no empty,
 // "." or ".." segment, no trailing '/' (but "/" itself).
 bool is_normalised_path_entry(std::string_view text) {
@@ -794,6 +845,7 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   r.with("admin", [&](const Field& f) { return read_admin(src, f, &t.admin); });
   r.with("kv_events", [&](const Field& f) { return read_kv_events(src, f, &t.kv_events); });
   r.with("multi_turn", [&](const Field& f) { return read_multi_turn(src, f, &t.multi_turn); });
+  r.with("session_affinity", [&](const Field& f) { return read_session_affinity(src, f, &t.session_affinity); });
   r.with("conditional_disaggregation", [&](const Field& f) {
     return read_conditional_disaggregation(src, f, &t.conditional_disaggregation);
   });

@@ -119,6 +119,17 @@ const InstancePtr* pick(std::vector<const InstancePtr*>& pool, Policy& policy, c
   return pool[std::min(index, pool.size() - 1)];
 }
 
+// The query's preferred prefill when it is in `pool`, else the policy's pick.
+const InstancePtr* pick_prefill(std::vector<const InstancePtr*>& pool, Policy& policy, const PairQuery& q,
+                                std::vector<Candidate>& candidates) {
+  if (!q.preferred_prefill.empty()) {
+    for (const InstancePtr* i : pool) {
+      if ((*i)->key == q.preferred_prefill) return i;
+    }
+  }
+  return pick(pool, policy, q.summary, candidates);
+}
+
 std::string model_suffix(std::string_view model) {
   return model.empty() ? std::string() : " serving model '" + std::string(model) + "'";
 }
@@ -211,14 +222,14 @@ Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefil
     const auto prefills = range(c->prefills_begin, c->prefills_end);
     sc.pool.assign(prefills.begin(), prefills.end());
     prefer_not_ejected(sc.pool, q.now);
-    out->prefill = *pick(sc.pool, prefill_policy, q.summary, sc.candidates);
+    out->prefill = *pick_prefill(sc.pool, prefill_policy, q, sc.candidates);
     for (size_t i = c->decodes_begin; i < c->prefills_begin; ++i) {
       if ((*sc.members[i])->key == q.preferred_decode) out->decode = *sc.members[i];
     }
     return Status::ok();
   }
   prefer_not_ejected(sc.pool, q.now);
-  const InstancePtr* prefill = pick(sc.pool, prefill_policy, q.summary, sc.candidates);
+  const InstancePtr* prefill = pick_prefill(sc.pool, prefill_policy, q, sc.candidates);
   sc.pool.clear();
   for (const PairScratch::Class& c : sc.classes) {
     if (compatible(**prefill, **sc.members[c.decodes_begin])) {

@@ -57,6 +57,10 @@ struct PairQuery {
   // with a compatible prefill): the one holding a conversation's KV (multi_turn). Empty, or not
   // usable: the decode policy picks.
   std::string_view preferred_decode;
+  // A prefill to use when it is among the prefills the choice would pick from (routable, not
+  // excluded, not ejected, serving the model, compatible with the decode side): a session's bound
+  // prefill (session_affinity.h). Empty, or not there: the prefill policy picks.
+  std::string_view preferred_prefill;
 };
 
 struct Pair {

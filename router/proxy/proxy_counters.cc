@@ -163,6 +163,7 @@ void write_proxy_metrics(MetricsWriter& out, const ProxyCounters& c) {
   write_cache_tokenize_metrics(out, c.cache_tokenize);
   write_decode_alone_metrics(out, c.decode_alone);
   write_multi_turn_metrics(out, c.multi_turn, c.conversations);
+  write_session_affinity_metrics(out, c.session_affinity, c.sessions);
   write_one_node_metrics(out, c.one_node);
   write_admission_queue_metrics(out, c.admission_queue);
   write_abort_requests_metrics(out, c.abort_requests);

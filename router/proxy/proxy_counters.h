@@ -33,6 +33,7 @@
 #include "router/proxy/cache_routing_counters.h"
 #include "router/proxy/decode_alone_counters.h"
 #include "router/proxy/multi_turn_counters.h"
+#include "router/proxy/session_affinity_counters.h"
 #include "router/proxy/node_endpoints_counters.h"
 #include "router/proxy/one_node_counters.h"
 #include "router/proxy/orphan_legs_counters.h"
@@ -117,6 +118,8 @@ struct ProxyCounters {
   AbortRequestsCounters abort_requests{};  // aborts sent to tokens-only nodes (abort_requests.h)
   // The conversation cache whose size the multi-turn section shows; null: none (zeros).
   const ConversationCache* conversations = nullptr;
+  SessionAffinityCounters session_affinity;  // session affinity (session_affinity.h)
+  const SessionTable* sessions = nullptr;    // its bindings, for the section's figures; null: zeros
   ProfileFanoutCounter profile_fanouts{0};  // profile fan-outs (node_endpoints.h)
   Counter backpressure_pauses{0};     // decode reads paused because the client was slow
   UpstreamLegCounters upstream_legs;  // legs answered, by connection reuse (upstream_legs_counters.h)

@@ -9,6 +9,7 @@
 #include "router/proxy/node_endpoints.h"
 #include "router/proxy/pass_through.h"
 #include "router/proxy/proxy_session.h"
+#include "router/proxy/session_affinity.h"
 #include "router/tracing/tracer.h"
 
 namespace pdr::router::proxy {
@@ -35,6 +36,7 @@ ProxyService::ProxyService(const SnapshotCell<discovery::RegistrySnapshot>& regi
   shared_.registry = &registry;
   shared_.topology = &topology;
   shared_.counters.conversations = &shared_.conversations;
+  shared_.counters.sessions = &shared_.sessions;
   shared_.workers = workers;
   // A waiter granted a slot or drained is told on its own worker's loop.
   shared_.admission_queue.set_notify([this](std::shared_ptr<AdmissionQueue::Waiter> waiter) {
@@ -243,7 +245,13 @@ void ProxyService::start_session(WorkerContext& w, http::Request& request, http:
   if (!affinity_header.empty()) {
     admitted.affinity_header_value = std::string(request.header(affinity_header).value_or(std::string_view()));
   }
-  if (const auto& mt = w.topology()->multi_turn; mt.enabled && mt.bind_to == config::Topology::MultiTurn::BindTo::kHeader) {
+  if (const auto& sa = w.topology()->session_affinity; sa.enabled) {
+    if (auto value = first_session_header(sa, [&](std::string_view name) { return request.header(name); })) {
+      admitted.session_header_value = std::string(*value);
+    }
+  }
+  if (const auto& mt = w.topology()->multi_turn;
+      (mt.enabled || w.topology()->session_affinity.enabled) && mt.bind_to == config::Topology::MultiTurn::BindTo::kHeader) {
     admitted.bind_header_value = std::string(request.header(mt.bind_header).value_or(std::string_view()));
   }
   ProxySession::start(w, std::move(admitted), std::move(writer));

@@ -115,6 +115,9 @@ class ProxyService : public http::BodyBudget {
   const ProxyCounters& counters() const { return shared_.counters; }
   // The multi-turn entries every worker shares (registry.backend etcd mirrors them).
   ConversationCache& conversations() { return shared_.conversations; }
+  // The session affinity bindings and their counters (registry.backend etcd mirrors them).
+  SessionTable& sessions() { return shared_.sessions; }
+  SessionAffinityCounters& session_counters() { return shared_.counters.session_affinity; }
   // listeners.admin: this service's profile fan-outs are counted in `other`'s counters.
   void count_profiles_in(ProxyService& other) { shared_.profile_fanouts = &other.shared_.counters.profile_fanouts; }
 

@@ -30,6 +30,7 @@
 #include "router/proxy/decode_alone.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/multi_turn.h"
+#include "router/proxy/session_affinity.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/pre_step.h"
 #include "router/proxy/retry_rules.h"
@@ -226,6 +227,7 @@ struct ProxySession::State {
   RequestSummary summary;
   std::optional<CacheRouting> cache;  // cache_aware only; summary.cache points into it
   std::optional<MultiTurnRequest> multi_turn;  // multi_turn.enabled and a conversation_id
+  std::optional<SessionAffinityRequest> session;  // session_affinity.enabled and a session id
   std::optional<DecodeAloneReason> decode_alone;  // this pair's decode serves it alone
   int64_t choices = 1;                            // the client's n
 
@@ -395,6 +397,9 @@ void ProxySession::begin() {
     end(RequestState::kFailed);
     return;
   }
+  s.session = SessionAffinityRequest::begin(body, *s.topo, s.req.session_header_value, s.req.authorization,
+                                            s.req.bind_header_value, s.w.shared().sessions,
+                                            s.w.counters().session_affinity);
   s.want_usage = s.req.ticket.limits_tokens() || s.req.log_record != nullptr;
   if (s.req.ticket.limits_tokens()) {
     // tokens_per_minute: the prompt and the answer's cap are reserved now, settled at the end.
@@ -475,6 +480,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   PolicySet& policies = s.w.policies();
   PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary, discovery::Clock::now()};
   if (s.multi_turn) query.preferred_decode = s.multi_turn->preferred_decode();
+  if (s.session) s.session->steer(*snapshot, *s.topo, &query, s.w.counters().session_affinity);
   Pair pair;
   Status st = choose_pair(*snapshot, query, *policies.prefill, *policies.decode, &pair);
   if (!st.is_ok()) {
@@ -494,6 +500,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
     ++s.retries;
   }
   if (s.cache) record_routing(*s.cache, pair, s.w.shared());
+  if (s.session) s.session->routed(pair, *s.topo, s.w.shared().sessions, s.w.counters().session_affinity);
   if (s.req.trace) s.req.trace->routed(pair.prefill->key, pair.decode->key, s.cache ? &s.cache->hits : nullptr);
   s.pair = std::move(pair);
   s.prefill_rank = next_dp_rank(*s.pair.prefill);

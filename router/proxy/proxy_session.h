@@ -84,6 +84,8 @@ struct AdmittedRequest {
   std::string authorization;  // client's Authorization header, "" if none
   std::string affinity_header_value;
   std::string bind_header_value;  // multi_turn.bind_to header:<name>: that header's value
+  // The first of session_affinity.headers the client sent, its value; nullopt: none.
+  std::optional<std::string> session_header_value;
   // Bytes of limits.max_buffered_bytes reserved for `body` by ProxyService (BufferBudget::
   // reserve, buffer_budget.h); the session gives them back when it is destroyed.
   size_t budget_bytes = 0;

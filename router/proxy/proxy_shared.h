@@ -30,6 +30,7 @@
 #include "router/proxy/node_tls.h"
 #include "router/proxy/orphan_legs.h"
 #include "router/proxy/proxy_counters.h"
+#include "router/proxy/session_table.h"
 #include "router/proxy/timer_queue.h"
 #include "router/proxy/upstream_port.h"
 
@@ -77,6 +78,8 @@ struct ProxyShared {
   cache::PrefixTree* prefix_tree = nullptr;
   // Multi-turn KV reuse entries (multi_turn.h), shared by every worker.
   ConversationCache conversations;
+  // Session affinity bindings (session_affinity.h), shared by every worker.
+  SessionTable sessions;
   // HTTP workers serving this proxy (orphan_legs.h shares per-node limits out over them).
   uint32_t workers = 1;
   // Client keys, tenants and their limits (router/clients/client_gate.h).

@@ -859,6 +859,35 @@ TEST(TopologyParse, ConditionalDisaggregation) {
   EXPECT_THAT(s.message(), HasSubstr("min_cached_percent"));
 }
 
+TEST(TopologyParse, SessionAffinity) {
+  Topology t;
+  EXPECT_FALSE(t.session_affinity.enabled);
+  EXPECT_EQ(t.session_affinity.headers, std::vector<std::string>{"x-session-affinity"});
+  Status s = parse(
+      "session_affinity: {enabled: true, headers: [X-Session-Affinity, session-id], fields: [conversation_id, user],\n"
+      "  max_sessions: 1000, idle_ttl_ms: 60000, max_id_bytes: 64, spill_margin_requests: 2,\n"
+      "  spill_margin_queue_ms: 500}\n",
+      &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_TRUE(t.session_affinity.enabled);
+  EXPECT_EQ(t.session_affinity.headers, (std::vector<std::string>{"x-session-affinity", "session-id"}));
+  EXPECT_EQ(t.session_affinity.fields, (std::vector<std::string>{"conversation_id", "user"}));
+  EXPECT_EQ(t.session_affinity.max_sessions, 1000u);
+  EXPECT_EQ(t.session_affinity.idle_ttl, 60000ms);
+  EXPECT_EQ(t.session_affinity.max_id_bytes, 64u);
+  EXPECT_EQ(t.session_affinity.spill_margin_requests, 2u);
+  EXPECT_EQ(t.session_affinity.spill_margin_queue, 500ms);
+  for (const char* bad : {"session_affinity: {max_sessions: 0}\n", "session_affinity: {idle_ttl_ms: 10}\n",
+                          "session_affinity: {max_id_bytes: 5000}\n", "session_affinity: {headers: [\"a b\"]}\n",
+                          "session_affinity: {fields: [\"a\\\\b\"]}\n", "session_affinity: {headers: [a, A]}\n",
+                          "session_affinity: {headers: [a, b, c, d, e, f, g, h, i]}\n",
+                          "session_affinity: {enabled: true, headers: [], fields: []}\n",
+                          "session_affinity: {headers: x-session}\n"}) {
+    Topology untouched;
+    EXPECT_FALSE(parse(bad, &untouched).is_ok()) << bad;
+  }
+}
+
 TEST(TopologyParse, MultiTurn) {
   Topology t;
   EXPECT_FALSE(t.multi_turn.enabled);
