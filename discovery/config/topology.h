@@ -339,12 +339,16 @@ struct Topology {
   // Spill: a bound node is left (and the session rebound) when its load exceeds an
   // alternative's by more than spill_margin_requests requests in flight per unit of weight
   // (dp_size), or, between prefills whose rates pdrouter has measured, by more than
-  // spill_margin_queue_ms of queued uncached prompt tokens (which then decides alone). With registry.backend: etcd the
-  // bindings are shared with the other replicas (router/session_mirror.h).
+  // spill_margin_queue_ms of queued uncached prompt tokens (which then decides alone). With
+  // registry.backend: etcd the bindings are shared with the other replicas
+  // (router/session_mirror.h).
   struct SessionAffinity {
     bool enabled = false;
-    std::vector<std::string> headers{"x-session-affinity"};  // lower case; at most 8
-    std::vector<std::string> fields{"conversation_id"};      // at most 8
+    // The names clients already send: a generic header, the session headers of agent clients
+    // (Claude Code's among them), OpenAI's conversation_id and end-user `user` fields.
+    // Lower case; at most 8.
+    std::vector<std::string> headers{"x-session-affinity", "session-id", "x-claude-code-session-id"};
+    std::vector<std::string> fields{"conversation_id", "user"};  // at most 8
     uint32_t max_sessions = 100'000;
     std::chrono::milliseconds idle_ttl{1'800'000};
     uint32_t max_id_bytes = 256;

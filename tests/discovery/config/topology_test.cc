@@ -862,7 +862,9 @@ TEST(TopologyParse, ConditionalDisaggregation) {
 TEST(TopologyParse, SessionAffinity) {
   Topology t;
   EXPECT_FALSE(t.session_affinity.enabled);
-  EXPECT_EQ(t.session_affinity.headers, std::vector<std::string>{"x-session-affinity"});
+  EXPECT_EQ(t.session_affinity.headers,
+            (std::vector<std::string>{"x-session-affinity", "session-id", "x-claude-code-session-id"}));
+  EXPECT_EQ(t.session_affinity.fields, (std::vector<std::string>{"conversation_id", "user"}));
   Status s = parse(
       "session_affinity: {enabled: true, headers: [X-Session-Affinity, session-id], fields: [conversation_id, user],\n"
       "  max_sessions: 1000, idle_ttl_ms: 60000, max_id_bytes: 64, spill_margin_requests: 2,\n"
