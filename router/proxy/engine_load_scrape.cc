@@ -51,13 +51,14 @@ EngineLoadScrape::~EngineLoadScrape() {
 void EngineLoadScrape::start() { tick_.start(worker_.timers(), std::chrono::milliseconds(0), [this] { tick(); }); }
 
 void EngineLoadScrape::tick() {
-  const auto& topology = worker_.topology();
+  // Copies: begin() reads the worker's topology again, which may move its cached pointer on.
+  const std::shared_ptr<const config::Topology> topology = worker_.topology();
   const config::Topology::LoadSignals& cfg = topology->load_signals;
   // Re-armed first: a tick that starts no read (scrape off, no node) still comes back, so a
   // reload turning the scrape on takes effect within one interval.
   tick_.start(worker_.timers(), cfg.interval, [this] { tick(); });
   if (!cfg.scrape_engine_metrics) return;
-  const auto& snapshot = worker_.registry();
+  const std::shared_ptr<const discovery::RegistrySnapshot> snapshot = worker_.registry();
   for (const auto& inst : snapshot->instances) {
     if (!routable(*inst) || reads_.contains(inst->liveness.get())) continue;
     begin(inst);
@@ -65,7 +66,8 @@ void EngineLoadScrape::tick() {
 }
 
 void EngineLoadScrape::begin(const std::shared_ptr<const discovery::Instance>& node) {
-  const config::Topology::LoadSignals& cfg = worker_.topology()->load_signals;
+  const std::shared_ptr<const config::Topology> topology = worker_.topology();
+  const config::Topology::LoadSignals& cfg = topology->load_signals;
   const discovery::InstanceLiveness* key = node->liveness.get();
   auto read = std::make_unique<Read>();
   read->cell = node->liveness;
@@ -73,15 +75,14 @@ void EngineLoadScrape::begin(const std::shared_ptr<const discovery::Instance>& n
   reads_.emplace(key, std::move(read));
   // The pool's own timeouts bound each phase; the deadline below bounds the whole read (a node
   // trickling its page byte by byte passes every phase timeout).
-  const http::UpstreamTimeouts timeouts{std::min(cfg.timeout, worker_.topology()->timeouts.connect), cfg.timeout,
-                                        cfg.timeout};
+  const http::UpstreamTimeouts timeouts{std::min(cfg.timeout, topology->timeouts.connect), cfg.timeout, cfg.timeout};
   r.deadline.start(worker_.timers(), cfg.timeout, [this, key] {
     auto it = reads_.find(key);
     if (it == reads_.end()) return;
     if (it->second->call) it->second->call->cancel();
     failed(key, EngineScrapeFailure::kTimeout);
   });
-  r.call = fetch_node_metrics(worker_, *node, timeouts, worker_.topology()->load_signals.max_body_bytes,
+  r.call = fetch_node_metrics(worker_, *node, timeouts, cfg.max_body_bytes,
                               [this, key](NodeMetricsAnswer&& answer) {
                                 const EngineScrapeFailure why = failure_of(answer);
                                 if (why != EngineScrapeFailure::kNone) return failed(key, why);

@@ -141,7 +141,9 @@ class EngineLoadScrape(unittest.TestCase):
 
     def test_sim_figures_appear_in_status_and_metrics(self):
         decode, prefill = self.cluster.decodes[0], self.cluster.prefills[0]
-        load = self.wait_figures(decode.http_address)
+        # Idle (an earlier test's last request may still be finishing on the slowed engine).
+        load = self.wait_figures(decode.http_address,
+                                 lambda l: l["figures"]["running"] == 0 and l["figures"]["kv_cache_usage"] == 0)
         self.assertEqual(load["figures"]["running"], 0, load)
         self.assertEqual(load["figures"]["waiting"], 0, load)
         self.assertEqual(load["figures"]["kv_cache_usage"], 0, load)  # the engine model's KV pool
