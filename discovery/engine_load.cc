@@ -9,6 +9,9 @@ namespace pdr::discovery {
 namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;
+// The sequence counter's figures: stored with release, loaded with acquire (see store()).
+constexpr auto kPublish = std::memory_order_release;
+constexpr auto kObserve = std::memory_order_acquire;
 
 int64_t ns(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
@@ -16,9 +19,9 @@ int64_t ns(std::chrono::steady_clock::time_point t) {
 
 void put(std::atomic<uint32_t>& running, std::atomic<uint32_t>& waiting, std::atomic<uint64_t>& kv_bits,
          const proto::EngineLoadFigures& f) {
-  running.store(f.running, kRelaxed);
-  waiting.store(f.waiting, kRelaxed);
-  kv_bits.store(std::bit_cast<uint64_t>(f.kv_cache_usage), kRelaxed);
+  running.store(f.running, kPublish);
+  waiting.store(f.waiting, kPublish);
+  kv_bits.store(std::bit_cast<uint64_t>(f.kv_cache_usage), kPublish);
 }
 
 }  // namespace
@@ -67,21 +70,22 @@ void EngineLoadCell::store(const proto::EngineLoadPage& page, uint32_t own_reque
     ranks->slots = std::make_unique<Slot[]>(ranks->count);
     ranks_.store(ranks, std::memory_order_release);
   }
-  // Sequence: odd while the figures change. The release fence orders the odd count before the
-  // figures' stores; the final release store orders them before the even count.
+  // Sequence: odd while the figures change. Each figure is a release store, so a reader whose
+  // acquire load sees a new figure also sees the odd count (or a later one) and retries; the
+  // final release store orders the figures before the even count. (Release/acquire on the
+  // figures rather than fences: ThreadSanitizer does not model atomic_thread_fence.)
   const uint64_t seq = seq_.load(kRelaxed);
   seq_.store(seq + 1, kRelaxed);
-  std::atomic_thread_fence(std::memory_order_release);
   put(node_.running, node_.waiting, node_.kv_bits, page.node);
-  node_.own.store(own_requests, kRelaxed);
+  node_.own.store(own_requests, kPublish);
   const uint32_t stored = ranks == nullptr ? 0 : std::min<uint32_t>(ranks->count, page.ranks.size());
   for (uint32_t i = 0; i < stored; ++i) {
     put(ranks->slots[i].running, ranks->slots[i].waiting, ranks->slots[i].kv_bits, page.ranks[i]);
-    ranks->slots[i].own.store(ledger.rank(i).requests, kRelaxed);
+    ranks->slots[i].own.store(ledger.rank(i).requests, kPublish);
   }
-  page_ranks_.store(static_cast<uint32_t>(page.ranks.size()), kRelaxed);
-  read_at_ns_.store(ns(read_at), kRelaxed);
-  fresh_until_ns_.store(std::max<int64_t>(1, ns(read_at + stale_after)), kRelaxed);
+  page_ranks_.store(static_cast<uint32_t>(page.ranks.size()), kPublish);
+  read_at_ns_.store(ns(read_at), kPublish);
+  fresh_until_ns_.store(std::max<int64_t>(1, ns(read_at + stale_after)), kPublish);
   seq_.store(seq + 2, std::memory_order_release);
   reads_.fetch_add(1, kRelaxed);
   last_failure_.store(static_cast<uint8_t>(EngineScrapeFailure::kNone), kRelaxed);
@@ -99,14 +103,13 @@ EngineLoad EngineLoadCell::read(const Slot& slot, uint32_t rank_limit, Clock::ti
   for (int attempt = 0; attempt < 64; ++attempt) {
     const uint64_t before = seq_.load(std::memory_order_acquire);
     if (before % 2 == 1) continue;
-    const int64_t fresh_until = fresh_until_ns_.load(kRelaxed);
-    const int64_t read_at = read_at_ns_.load(kRelaxed);
-    const uint32_t page_ranks = page_ranks_.load(kRelaxed);
-    out.figures.running = slot.running.load(kRelaxed);
-    out.figures.waiting = slot.waiting.load(kRelaxed);
-    out.figures.kv_cache_usage = std::bit_cast<double>(slot.kv_bits.load(kRelaxed));
-    out.own_requests_at_read = slot.own.load(kRelaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
+    const int64_t fresh_until = fresh_until_ns_.load(kObserve);
+    const int64_t read_at = read_at_ns_.load(kObserve);
+    const uint32_t page_ranks = page_ranks_.load(kObserve);
+    out.figures.running = slot.running.load(kObserve);
+    out.figures.waiting = slot.waiting.load(kObserve);
+    out.figures.kv_cache_usage = std::bit_cast<double>(slot.kv_bits.load(kObserve));
+    out.own_requests_at_read = slot.own.load(kObserve);
     if (seq_.load(kRelaxed) != before) continue;
     const int64_t now_ns = ns(now);
     out.present = fresh_until != 0 && now_ns <= fresh_until && rank_limit < std::max<uint32_t>(page_ranks, 1);
