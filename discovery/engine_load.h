@@ -61,7 +61,10 @@ struct EngineLoad {
   uint32_t ranks = 0;  // DP ranks the page had engine labels for (0: none); node reading only
 };
 
-// What a policy should read: the ledger's figures with the engine's folded in (see above).
+// What a policy should read: the ledger's figures with the engine's folded in (see above). For a
+// node: merge_load(node_load(*inst.liveness), engine_load(inst, now)); for one DP rank:
+// merge_load(ledger.rank(r), engine_rank_load(inst, r, now)) (the rank's own requests were
+// recorded per rank).
 struct MergedLoad {
   LoadFigures ledger;             // as given
   uint32_t requests = 0;          // ledger.requests + other_requests
