@@ -5,12 +5,14 @@ _waiting and kv_cache_usage_perc per node and DP rank (/status `engine_load`, /m
 pdrouter_node_engine_*). Nodes: a P/D pair of `pdnode sim` (the decode with its vLLM engine model
 and two DP ranks), and a fake node (a small HTTP server, `connector: none`, so never paired) whose
 /metrics page the test switches between a good page, garbage, a page over max_body_bytes, a 500,
-a page without the request families and an answer slower than timeout_ms: each failure is counted
-by reason, the fake's figures age out after stale_after_ms, and P/D requests keep being served.
+a page without the request families and an answer slower than timeout_ms, plus an address that
+refuses connections: each failure is counted by reason, the fake's figures age out after
+stale_after_ms, and P/D requests keep being served.
 Turned off by a reload, the scrape stops reading.
 """
 import http.server
 import os
+import socket
 import sys
 import threading
 import time
@@ -100,20 +102,27 @@ class FakeNode:
         self.server.server_close()
 
 
-def topology(fake_address, scrape=True):
+def topology(fake_address, dead_address, scrape=True):
     return (
         "connectors:\n  upstream_api_key_env: PDR_TEST_UPSTREAM_KEY\n"
         "load_signals:\n  scrape_engine_metrics: %s\n  interval_ms: %d\n  timeout_ms: %d\n"
         "  stale_after_ms: %d\n  max_body_bytes: %d\n"
         "instances:\n  - {role: decode, http_address: \"%s\", connector: none}\n"
-        % ("true" if scrape else "false", INTERVAL_MS, INTERVAL_MS, STALE_AFTER_MS, MAX_BODY, fake_address))
+        "  - {role: decode, http_address: \"%s\", connector: none}\n"
+        % ("true" if scrape else "false", INTERVAL_MS, INTERVAL_MS, STALE_AFTER_MS, MAX_BODY, fake_address,
+           dead_address))
 
 
 class EngineLoadScrape(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.fake = FakeNode()
-        cls.cluster = PdCluster("nixl", topology=topology(cls.fake.address),
+        # Bound and never listening: a connect to it is refused, and no other process can take
+        # the port while the socket stays open.
+        cls.dead_socket = socket.socket()
+        cls.dead_socket.bind(("127.0.0.1", 0))
+        cls.dead_address = "127.0.0.1:%d" % cls.dead_socket.getsockname()[1]
+        cls.cluster = PdCluster("nixl", topology=topology(cls.fake.address, cls.dead_address),
                                 router_env={"PDR_TEST_UPSTREAM_KEY": "scrape-secret"},
                                 decode_flags=("--engine", "vllm", "--dp-size", "2", "--time-scale", "20"))
         cls.router = cls.cluster.router
@@ -122,6 +131,7 @@ class EngineLoadScrape(unittest.TestCase):
     def tearDownClass(cls):
         cls.cluster.close()
         cls.fake.close()
+        cls.dead_socket.close()
 
     def setUp(self):
         self.fake.set_mode("good")
@@ -204,10 +214,20 @@ class EngineLoadScrape(unittest.TestCase):
                 self.wait_figures(self.fake.address)
         self.fake.release.set()  # the slow answers still held end now
 
+    def test_a_node_that_refuses_connections_is_counted(self):
+        self.router.wait_for(lambda: self.failures("connect") > 0, timeout=10)
+        load = self.router.wait_for(lambda: self.engine_load(self.dead_address), timeout=10)[0]
+        self.assertEqual(load["last_error"], "connect", load)
+        self.assertIsNone(load["figures"], load)
+        self.assertIsNone(load["age_ms"], load)  # never read
+        self.assertEqual(load["reads"], 0, load)
+        self.assertNotIn('pdrouter_node_engine_scrape_age_seconds{node="%s"}' % self.dead_address,
+                         self.router.metrics())
+
     def test_turning_the_scrape_off_stops_the_reads(self):
         self.wait_figures(self.fake.address)
         reloads = self.router.metrics().get('pdrouter_topology_reloads_total{result="ok"}', 0)
-        self.router.write_topology(topology(self.fake.address, scrape=False))
+        self.router.write_topology(topology(self.fake.address, self.dead_address, scrape=False))
         self.router.wait_for(
             lambda: self.router.metrics().get('pdrouter_topology_reloads_total{result="ok"}', 0) > reloads, timeout=10)
         # One read may have started before the reload was seen; after it, none. Waited for on
@@ -221,7 +241,7 @@ class EngineLoadScrape(unittest.TestCase):
         status, _, body = self.cluster.post("/v1/completions", completion())
         self.assertEqual(status, 200, body)
         # And on again.
-        self.router.write_topology(topology(self.fake.address))
+        self.router.write_topology(topology(self.fake.address, self.dead_address))
         self.wait_figures(self.fake.address, timeout=10)
         self.assertGreater(self.fake.read_count(), off)
 
