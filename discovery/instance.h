@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "discovery/config/admission.h"
+#include "discovery/engine_load.h"
 #include "discovery/load_ledger.h"
 #include "proto/discovery_message.h"
 #include "proto/node_spec.h"
@@ -67,6 +68,9 @@ struct InstanceLiveness {
   // The rest of what pdrouter has put on the node, per DP rank too (load_ledger.h), also written
   // by the workers through LoadCharge handles.
   LoadLedger ledger;
+  // What the node reports of its own load (its /metrics page), as the periodic scrape last read
+  // it, with its time (engine_load.h; written by the one worker that runs the scrape).
+  EngineLoadCell engine_load;
   // Also written by the workers (router/proxy/ejection.h): legs in a row that could not connect
   // to this node, and until when pairing skips it because of them (ns as last_seen_ns; 0: not).
   std::atomic<uint32_t> connect_failures{0};

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <charconv>
+#include <limits>
 #include <unordered_set>
 
 namespace pdr::proto {
@@ -82,10 +83,11 @@ std::string cut_help(std::string_view text, size_t max) {
   return std::string(cut);
 }
 
-// The node's labels of one sample, "{...}" at the front of `s`, appended to `out` as
-// `,name="value"...` (values re-emitted as they were: their escapes were checked). False when
-// malformed or over the limits.
-bool take_labels(std::string_view& s, const PromMergeLimits& limits, std::string* out) {
+// The labels of one sample, "{...}" at the front of `s`, appended to `out` as (name, value)
+// views (values as they were sent: their escapes were checked). False when malformed or over the
+// limits.
+bool take_labels(std::string_view& s, const PromMergeLimits& limits,
+                 std::vector<std::pair<std::string_view, std::string_view>>* out) {
   s.remove_prefix(1);  // '{'
   size_t count = 0;
   for (;;) {
@@ -115,11 +117,7 @@ bool take_labels(std::string_view& s, const PromMergeLimits& limits, std::string
       ++n;
     }
     if (n > limits.max_label_value_bytes || ++count > limits.max_labels) return false;
-    *out += ',';
-    *out += name;
-    *out += "=\"";
-    *out += s.substr(0, n);
-    *out += '"';
+    out->emplace_back(name, s.substr(0, n));
     s.remove_prefix(n + 1);
     skip_spaces(s);
     if (!s.empty() && s.front() == ',') {
@@ -146,6 +144,37 @@ std::string prom_escape_label_value(std::string_view value) {
   return out;
 }
 
+bool parse_prom_sample(std::string_view line, const PromMergeLimits& limits, PromSample* out) {
+  out->labels.clear();
+  if (line.size() > limits.max_line_bytes) return false;
+  std::string_view rest = line;
+  skip_spaces(rest);
+  const std::string_view name = take_name(rest, true);
+  if (name.empty() || name.size() > limits.max_name_bytes) return false;
+  if (!rest.empty() && rest.front() == '{' && !take_labels(rest, limits, &out->labels)) return false;
+  if (rest.empty() || !space(rest.front())) return false;
+  skip_spaces(rest);
+  const std::string_view value = take_token(rest);
+  skip_spaces(rest);
+  const std::string_view timestamp = take_token(rest);
+  skip_spaces(rest);
+  if (!is_number(value) || (!timestamp.empty() && !is_timestamp(timestamp)) || !rest.empty()) return false;
+  out->name = name;
+  out->value = value;
+  out->timestamp = timestamp;
+  return true;
+}
+
+double prom_sample_value(std::string_view value) {
+  if (value == "NaN") return std::numeric_limits<double>::quiet_NaN();
+  if (value == "+Inf" || value == "Inf") return std::numeric_limits<double>::infinity();
+  if (value == "-Inf") return -std::numeric_limits<double>::infinity();
+  if (!value.empty() && value.front() == '+') value.remove_prefix(1);
+  double v = std::numeric_limits<double>::quiet_NaN();
+  std::from_chars(value.data(), value.data() + value.size(), v);
+  return v;
+}
+
 PromMerger::Family& PromMerger::family(std::string_view name) {
   auto it = index_.find(std::string(name));
   if (it != index_.end()) return families_[it->second].second;
@@ -166,6 +195,7 @@ PromPageStats PromMerger::add(std::string_view page,
     prefix += '"';
   }
   std::unordered_set<std::string> conflicting;  // families this page typed differently
+  PromSample parsed;
   size_t lines = 0;
   while (!page.empty()) {
     const size_t eol = page.find('\n');
@@ -215,28 +245,20 @@ PromPageStats PromMerger::add(std::string_view page,
       continue;
     }
     // A sample.
-    const std::string_view name = take_name(rest, true);
-    if (name.empty() || name.size() > limits_.max_name_bytes) {
+    if (!parse_prom_sample(line, limits_, &parsed)) {
       ++stats.malformed;
       continue;
     }
+    const std::string_view name = parsed.name;
+    const std::string_view value = parsed.value;
+    const std::string_view timestamp = parsed.timestamp;
     std::string own_labels;
-    if (!rest.empty() && rest.front() == '{' && !take_labels(rest, limits_, &own_labels)) {
-      ++stats.malformed;
-      continue;
-    }
-    if (rest.empty() || !space(rest.front())) {
-      ++stats.malformed;
-      continue;
-    }
-    skip_spaces(rest);
-    const std::string_view value = take_token(rest);
-    skip_spaces(rest);
-    const std::string_view timestamp = take_token(rest);
-    skip_spaces(rest);
-    if (!is_number(value) || (!timestamp.empty() && !is_timestamp(timestamp)) || !rest.empty()) {
-      ++stats.malformed;
-      continue;
+    for (const auto& [label, label_value] : parsed.labels) {
+      own_labels += ',';
+      own_labels += label;
+      own_labels += "=\"";
+      own_labels += label_value;
+      own_labels += '"';
     }
     // Its family: the declared one its name (or, for histograms and summaries, its name less a
     // suffix) names; else its own.

@@ -84,6 +84,21 @@ class PromMerger {
   size_t samples_ = 0;
 };
 
+// One sample line read with exactly PromMerger's syntax, checks and limits (max_line_bytes,
+// max_name_bytes, max_labels, max_label_value_bytes; a label name starting "pdrouter_" refused),
+// for readers of a page that need its values rather than a merge (router/proxy/engine_load_scrape
+// via proto/engine_load_page.h). Views into the line; label values still escaped as sent.
+struct PromSample {
+  std::string_view name;
+  std::vector<std::pair<std::string_view, std::string_view>> labels;
+  std::string_view value;
+  std::string_view timestamp;  // "" when none
+};
+// False when `line` is not a well-formed sample line (blank and "#" lines are not samples).
+bool parse_prom_sample(std::string_view line, const PromMergeLimits& limits, PromSample* out);
+// A value parse_prom_sample accepted, as a double (NaN, +Inf and -Inf included).
+double prom_sample_value(std::string_view value);
+
 // The value escaped for a label value in the text format: \\, \" and \n.
 std::string prom_escape_label_value(std::string_view value);
 

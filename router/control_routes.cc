@@ -9,6 +9,7 @@
 #include "router/upstream_tls_metrics.h"
 #include "router/kubernetes_metrics.h"
 #include "router/node_load_metrics.h"
+#include "router/node_engine_load_metrics.h"
 #include "router/metrics_page.h"
 #include "router/proxy/session_table.h"
 #include "router/status_page.h"
@@ -151,6 +152,7 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   }
   write_discovery_metrics(out, *context_.discovery_counters, registry(worker), topology);
   write_node_load_metrics(out, registry(worker), discovery::Clock::now());
+  write_node_engine_load_metrics(out, registry(worker), discovery::Clock::now());
   if (context_.http_stats != nullptr) write_http_metrics(out, *context_.http_stats);
   if (context_.proxy_counters != nullptr) proxy::write_proxy_metrics(out, *context_.proxy_counters);
   write_admin_metrics(out, admin_.counters());

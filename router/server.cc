@@ -394,6 +394,7 @@ Status Server::start_http(const config::Topology& topology) {
   });
   if (!st.is_ok()) return st;
   control_.http_listener = proto::HostPort{server_options_.host, server_.port()}.to_string();
+  proxy->start_load_scrape();  // idle until load_signals.scrape_engine_metrics
   routes_ = std::make_unique<ControlRoutes>(control_);
   routes_ptr_.store(routes_.get(), std::memory_order_release);
   return Status::ok();

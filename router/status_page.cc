@@ -63,6 +63,39 @@ nlohmann::json router_load_json(const Instance& inst, Clock::time_point now) {
   return j;
 }
 
+nlohmann::json engine_figures_json(const proto::EngineLoadFigures& f) {
+  return {{"running", f.running},
+          {"waiting", f.waiting},
+          {"kv_cache_usage", f.kv_cache_usage >= 0 ? nlohmann::json(f.kv_cache_usage) : nlohmann::json()}};
+}
+
+// What the load scrape last read of the node (discovery/engine_load.h): its figures while fresh
+// (null otherwise), per DP rank when the page had engine labels, the age of the last read, the
+// last failure; null when the node was never tried.
+nlohmann::json engine_load_json(const Instance& inst, Clock::time_point now) {
+  const discovery::EngineLoadCell& cell = inst.liveness->engine_load;
+  const discovery::EngineScrapeState state = cell.state();
+  if (state.reads == 0 && state.failures == 0) return nlohmann::json();
+  const discovery::EngineLoad load = cell.node(now);
+  nlohmann::json j = {{"reads", state.reads}, {"failures", state.failures}};
+  j["age_ms"] = state.reads == 0 ? nlohmann::json()
+                                 : nlohmann::json(std::chrono::duration_cast<std::chrono::milliseconds>(load.age).count());
+  j["figures"] = load.present ? engine_figures_json(load.figures) : nlohmann::json();
+  nlohmann::json ranks = nlohmann::json::array();
+  if (load.present) {
+    for (uint32_t r = 0; r < std::min(load.ranks, discovery::kMaxEngineLoadRanks); ++r) {
+      const discovery::EngineLoad rank = cell.rank(r, now);
+      ranks.push_back(rank.present ? engine_figures_json(rank.figures) : nlohmann::json());
+    }
+  }
+  j["ranks"] = std::move(ranks);
+  j["last_error"] = state.last_failure == discovery::EngineScrapeFailure::kNone
+                        ? nlohmann::json()
+                        : nlohmann::json(discovery::to_string(state.last_failure));
+  j["last_error_ms_ago"] = state.failures == 0 ? nlohmann::json() : nlohmann::json(ms_between(state.last_failure_at, now));
+  return j;
+}
+
 nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
   nlohmann::json j = {
       {"role", proto::to_string(inst.role)},
@@ -109,6 +142,7 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
   j["connect_failures"] = inst.liveness->connect_failures.load(std::memory_order_relaxed);
   j["ejected_for_ms"] = proxy::ejected_for(*inst.liveness, now).count();
   j["router_load"] = router_load_json(inst, now);
+  j["engine_load"] = engine_load_json(inst, now);
   nlohmann::json labels = nlohmann::json::object();
   for (const auto& [k, v] : inst.labels) labels[k] = v;
   j["labels"] = std::move(labels);

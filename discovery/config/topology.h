@@ -292,6 +292,23 @@ struct Topology {
     uint32_t max_subscriptions = 1024;
   } kv_events;
 
+  // Load signals from the nodes themselves (router/proxy/engine_load_scrape.h): with
+  // scrape_engine_metrics, every routable node's GET /metrics is read every interval (one read in
+  // flight per node, Bearer connectors.upstream_api_key, the node's TLS) and its
+  // vllm:num_requests_running / _waiting / kv_cache_usage_perc kept beside the load ledger
+  // (discovery/engine_load.h). A read not whole within timeout, over max_body_bytes, not 200, or
+  // not a page with those families is a failure (pdrouter_engine_scrape_failures_total{reason});
+  // figures older than stale_after are not used (the ledger alone is). Applies on reload.
+  // interval 100..3,600,000 ms; timeout 10..60,000 ms and at most interval; stale_after
+  // 100..86,400,000 ms and at least interval; max_body_bytes 1,024..67,108,864.
+  struct LoadSignals {
+    bool scrape_engine_metrics = false;
+    std::chrono::milliseconds interval{1000};
+    std::chrono::milliseconds timeout{500};
+    std::chrono::milliseconds stale_after{3000};
+    uint32_t max_body_bytes = 4u << 20;
+  } load_signals;
+
   // Conditional disaggregation (router/proxy/decode_alone.h): a request is sent to its decode
   // alone, without a prefill leg, when its prompt is short (at most max_prompt_tokens; text
   // prompts count 4 bytes of JSON text as a token) or when the chosen decode already holds at

@@ -340,6 +340,28 @@ Status read_kv_events(const Source& src, const Field& f, Topology::KvEvents* out
   return r.finish();
 }
 
+Status read_load_signals(const Source& src, const Field& f, Topology::LoadSignals* out) {
+  MapReader r(src, f);
+  r.boolean("scrape_engine_metrics", &out->scrape_engine_metrics);
+  r.ms("interval_ms", 100, 3'600'000, &out->interval);
+  r.ms("timeout_ms", 10, 60'000, &out->timeout);
+  r.ms("stale_after_ms", 100, kDayMs, &out->stale_after);
+  r.u32("max_body_bytes", 1024, 64u << 20, &out->max_body_bytes);
+  Status s = r.finish();
+  if (s && out->timeout > out->interval) {
+    return fail(src, f, StatusCode::kOutOfRange,
+                fmt::format("timeout_ms ({}) must be at most interval_ms ({}): one read in flight per node",
+                            out->timeout.count(), out->interval.count()));
+  }
+  if (s && out->stale_after < out->interval) {
+    return fail(src, f, StatusCode::kOutOfRange,
+                fmt::format("stale_after_ms ({}) must be at least interval_ms ({}), or every figure is stale "
+                            "before the next read",
+                            out->stale_after.count(), out->interval.count()));
+  }
+  return s;
+}
+
 Status read_conditional_disaggregation(const Source& src, const Field& f, Topology::ConditionalDisaggregation* out) {
   MapReader r(src, f);
   r.boolean("enabled", &out->enabled);
@@ -844,6 +866,7 @@ Status read_topology(const Source& src, const YAML::Node& root, Topology* out) {
   r.with("limits", [&](const Field& f) { return read_limits(src, f, &t.limits); });
   r.with("admin", [&](const Field& f) { return read_admin(src, f, &t.admin); });
   r.with("kv_events", [&](const Field& f) { return read_kv_events(src, f, &t.kv_events); });
+  r.with("load_signals", [&](const Field& f) { return read_load_signals(src, f, &t.load_signals); });
   r.with("multi_turn", [&](const Field& f) { return read_multi_turn(src, f, &t.multi_turn); });
   r.with("session_affinity", [&](const Field& f) { return read_session_affinity(src, f, &t.session_affinity); });
   r.with("conditional_disaggregation", [&](const Field& f) {

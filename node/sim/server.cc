@@ -233,6 +233,9 @@ std::string SimServer::Impl::metrics_text() const {
   };
   family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
          std::to_string(generations_running.load(std::memory_order_relaxed)));
+  // The per-token model starts every request at once (no scheduler, no queue: that is --engine
+  // vllm's), so none ever waits; routers read the family, as they would vLLM's.
+  family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "0");
   family("vllm:request_success_total", "counter", "Count of successfully processed requests.",
          std::to_string(generations_finished.load(std::memory_order_relaxed)));
   family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",

@@ -15,9 +15,10 @@
 // Also POST /tokenize, /detokenize, /v1/embeddings, /v1/chat/completions/render and
 // /v1/completions/render: deterministic fakes in vLLM's shapes (aux_api.h), answered at once;
 // POST /reset_prefix_cache answers 200 with an empty body, as vLLM does. GET /metrics answers a
-// small vLLM-like Prometheus page (vllm:num_requests_running gauge, vllm:request_success_total,
+// small vLLM-like Prometheus page (vllm:num_requests_running and vllm:num_requests_waiting
+// gauges, the latter always 0: the per-token model has no queue; vllm:request_success_total,
 // vllm:prompt_tokens_total and vllm:generation_tokens_total counters, labelled model_name and
-// engine="0"), enough for pdrouter's /engine_metrics.
+// engine="0"), enough for pdrouter's /engine_metrics and its load scrape.
 //
 // Test endpoints: GET /sim/requests returns the last 256 requests (method, path, headers with
 // lower-cased names, body as a string, arrival time in unix ms, status answered (0 while pending),

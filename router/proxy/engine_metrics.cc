@@ -6,6 +6,7 @@
 
 #include "proto/base/metrics_writer.h"
 #include "proto/prometheus_merge.h"
+#include "router/proxy/node_metrics_fetch.h"
 #include "router/proxy/pairing.h"
 #include "router/proxy/session_timer.h"
 
@@ -98,42 +99,16 @@ void serve_engine_metrics(WorkerContext& worker, const http::Request&, http::Res
     NodeFetch& node = scrape->nodes[i];
     node.key = targets[i]->key;
     node.role = std::string(proto::to_string(targets[i]->role));
-    http::UpstreamRequest upstream;
-    upstream.method = "GET";
-    upstream.path = "/metrics";
-    if (!topology->connectors.upstream_api_key.empty()) {
-      upstream.headers.push_back({"Authorization", "Bearer " + topology->connectors.upstream_api_key});
-    }
-    http::UpstreamCallbacks cb;
-    cb.on_head = [scrape, i](int status, const std::vector<http::Header>&) {
-      if (!scrape->answered) scrape->nodes[i].status = status;
-    };
-    cb.on_body = [scrape, i](std::string_view chunk) {
-      if (scrape->answered) return;
-      NodeFetch& n = scrape->nodes[i];
-      if (n.failed || n.status != 200) return;
-      if (n.body.size() + chunk.size() > kMaxNodeMetricsBytes) {
-        n.failed = true;
-        n.body.clear();
-        n.body.shrink_to_fit();
-        return;
-      }
-      n.body.append(chunk);
-    };
-    cb.on_complete = [scrape, i] {
-      if (scrape->answered) return;
-      scrape->nodes[i].done = true;
-      scrape->node_done();
-    };
-    cb.on_error = [scrape, i](const Status&) {
-      if (scrape->answered) return;
-      scrape->nodes[i].failed = true;
-      scrape->nodes[i].done = true;
-      scrape->node_done();
-    };
-    upstream.tls = worker.node_tls(targets[i]->http_address);
-    scrape->calls.push_back(worker.pool().start(targets[i]->http_address, std::move(upstream), timeouts, std::move(cb)));
-    if (scrape->answered) return;  // every call failed at once
+    scrape->calls.push_back(fetch_node_metrics(
+        worker, *targets[i], timeouts, kMaxNodeMetricsBytes, [scrape, i](NodeMetricsAnswer&& answer) {
+          if (scrape->answered) return;
+          NodeFetch& n = scrape->nodes[i];
+          n.status = answer.status;
+          n.failed = answer.result != NodeMetricsAnswer::Result::kOk;
+          n.body = std::move(answer.body);
+          n.done = true;
+          scrape->node_done();
+        }));
   }
   scrape->writer.on_client_close([weak] {
     if (auto s = weak.lock()) {

@@ -54,8 +54,17 @@ WorkerContext& ProxyService::worker(uint32_t index) {
 }
 
 void ProxyService::worker_stopped(uint32_t index) {
+  if (index == 0) load_scrape_.reset();  // before the context whose pool and timers it uses
   if (index < health_probes_.size()) health_probes_[index].reset();
   if (index < workers_.size()) workers_[index].reset();
+}
+
+void ProxyService::start_load_scrape() {
+  server_.post(0, [this] {
+    if (load_scrape_) return;
+    load_scrape_ = std::make_unique<EngineLoadScrape>(worker(0));
+    load_scrape_->start();
+  });
 }
 
 void ProxyService::engine_metrics(const http::Request& request, http::ResponseWriter writer) {

@@ -32,6 +32,7 @@
 
 #include "router/http/http_server.h"
 #include "router/proxy/admission.h"
+#include "router/proxy/engine_load_scrape.h"
 #include "router/proxy/health_generate.h"
 #include "router/proxy/one_node_relay.h"
 #include "router/proxy/proxy_shared.h"
@@ -111,6 +112,10 @@ class ProxyService : public http::BodyBudget {
   // Tracing (router/tracing/tracer.h); set before the server starts, outlives it. Null: off.
   void use_tracer(tracing::Tracer* tracer) { shared_.tracer = tracer; }
   void worker_stopped(uint32_t worker);
+  // Starts the periodic load scrape (engine_load_scrape.h) on worker 0's loop; it reads
+  // load_signals at every tick, so it runs (idle while off) until worker 0 stops. Call once,
+  // after the server started.
+  void start_load_scrape();
 
   const ProxyCounters& counters() const { return shared_.counters; }
   // The multi-turn entries every worker shares (registry.backend etcd mirrors them).
@@ -139,6 +144,7 @@ class ProxyService : public http::BodyBudget {
   http::Server& server_;
   std::vector<std::unique_ptr<WorkerContext>> workers_;  // [i] touched only by worker i
   std::vector<std::unique_ptr<HealthGenerate>> health_probes_;  // [i] touched only by worker i
+  std::unique_ptr<EngineLoadScrape> load_scrape_;  // touched only by worker 0
 };
 
 }  // namespace pdr::router::proxy

@@ -634,8 +634,13 @@ class ReadmeClientCurlAndMetricsTest(unittest.TestCase):
     def setUpClass(cls):
         curls = readme_curls(admin=False)
         model = json.loads(re.search(r"-d '(\{.*\})'", curls[0][1]).group(1))["model"]
+        # The load scrape on (its per-node families have samples only for nodes it read), the
+        # decode with its engine model (the KV usage gauges need a node that reports one).
         cls.cluster = PdCluster("moriio", transfer_mode="WRITE", prefills=1, decodes=1,
-                                prefill_flags=("--model", model), decode_flags=("--model", model))
+                                topology="load_signals:\n  scrape_engine_metrics: true\n  interval_ms: 100\n"
+                                         "  timeout_ms: 100\n  stale_after_ms: 3600000\n",
+                                prefill_flags=("--model", model),
+                                decode_flags=("--model", model, "--engine", "vllm"))
 
     @classmethod
     def tearDownClass(cls):
@@ -690,6 +695,10 @@ class ReadmeClientCurlAndMetricsTest(unittest.TestCase):
 
     def test_metrics_table_matches_what_pdrouter_exports(self):
         self.test_client_example_streams_to_done()  # so request-path families have samples
+        decode = self.cluster.decodes[0].http_address
+        self.cluster.router.wait_for(
+            lambda: 'pdrouter_node_rank_engine_kv_cache_usage{node="%s",rank="0"}' % decode in self.cluster.router.metrics(),
+            timeout=10)
         documented, exported = self.readme_metrics(), self.exported_metrics()
         self.assertEqual(sorted(set(exported) - set(documented)), [],
                          "exported but not in docs/metrics.md's table")

@@ -335,6 +335,44 @@ TEST(TopologyParse, DiscoveryEndpointForms) {
   }
 }
 
+TEST(TopologyParse, LoadSignalsSection) {
+  Topology defaults;
+  ASSERT_TRUE(parse("", &defaults).is_ok());
+  EXPECT_FALSE(defaults.load_signals.scrape_engine_metrics);
+  EXPECT_EQ(defaults.load_signals.interval, std::chrono::milliseconds(1000));
+  EXPECT_EQ(defaults.load_signals.timeout, std::chrono::milliseconds(500));
+  EXPECT_EQ(defaults.load_signals.stale_after, std::chrono::milliseconds(3000));
+  EXPECT_EQ(defaults.load_signals.max_body_bytes, 4u << 20);
+
+  Topology t;
+  Status s = parse(R"(
+load_signals:
+  scrape_engine_metrics: true
+  interval_ms: 250
+  timeout_ms: 200
+  stale_after_ms: 1000
+  max_body_bytes: 65536
+)", &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_TRUE(t.load_signals.scrape_engine_metrics);
+  EXPECT_EQ(t.load_signals.interval, std::chrono::milliseconds(250));
+  EXPECT_EQ(t.load_signals.timeout, std::chrono::milliseconds(200));
+  EXPECT_EQ(t.load_signals.stale_after, std::chrono::milliseconds(1000));
+  EXPECT_EQ(t.load_signals.max_body_bytes, 65536u);
+
+  for (const char* bad : {"interval_ms: 99", "interval_ms: 3600001", "timeout_ms: 9", "timeout_ms: 60001",
+                          "stale_after_ms: 99", "max_body_bytes: 1023", "max_body_bytes: 67108865"}) {
+    const std::string key(bad, std::string_view(bad).find(':'));
+    EXPECT_THAT(error_of(std::string("load_signals:\n  ") + bad + "\n", StatusCode::kOutOfRange),
+                HasSubstr("load_signals." + key + ": ")) << bad;
+  }
+  EXPECT_THAT(error_of("load_signals:\n  interval_ms: 100\n  timeout_ms: 101\n", StatusCode::kOutOfRange),
+              HasSubstr("load_signals: timeout_ms (101) must be at most interval_ms (100)"));
+  EXPECT_THAT(error_of("load_signals:\n  interval_ms: 5000\n  timeout_ms: 100\n", StatusCode::kOutOfRange),
+              HasSubstr("load_signals: stale_after_ms (3000) must be at least interval_ms (5000)"));
+  EXPECT_THAT(error_of("load_signals:\n  scrape: true\n", StatusCode::kInvalidValue), HasSubstr("unknown key 'scrape' in load_signals"));
+}
+
 TEST(TopologyParse, KvEventsSectionAndInstanceEndpoints) {
   Topology defaults;
   ASSERT_TRUE(parse("", &defaults).is_ok());
