@@ -113,6 +113,7 @@ class ProxyService : public http::BodyBudget {
   void worker_stopped(uint32_t worker);
 
   const ProxyCounters& counters() const { return shared_.counters; }
+  const RouteDecisionLog& route_decisions() const { return shared_.route_decisions; }
   // The multi-turn entries every worker shares (registry.backend etcd mirrors them).
   ConversationCache& conversations() { return shared_.conversations; }
   // listeners.admin: this service's profile fan-outs are counted in `other`'s counters.

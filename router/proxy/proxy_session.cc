@@ -237,6 +237,10 @@ struct ProxySession::State {
   // prefill leg's queued uncached tokens (while that leg runs, an orphan's too).
   discovery::LoadCharge prefill_load, decode_load, prefill_queue;
   PromptTokens prompt;  // the prompt's token count (router/policies/prompt_tokens.h)
+  // How a load-predicting policy chose this request's pair (GET /debug/route); null with other
+  // policies. The prefill's predicted TTFT, compared with its answer time once it answers.
+  std::unique_ptr<RouteExplanation> explanation;
+  std::optional<double> predicted_ttft;
   uint64_t decode_events = 0;  // streamed tokens of the decode attempt, and when the first and last came
   SteadyClock::time_point first_event_at{}, last_event_at{};
   // The client's body, parsed once (begin()); admission, affinity and every leg build read it.
@@ -411,6 +415,7 @@ void ProxySession::begin() {
   }
   s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
   s.prompt = count_prompt_tokens(request_prompt(body));
+  s.summary.prompt = &s.prompt;
   s.cache = lookup_cache(body, s.model, *s.topo, s.w.shared());
   if (s.cache) s.summary.cache = &s.cache->hits;
   if (s.topo->timeouts.request.count() > 0) {
@@ -475,6 +480,11 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   PolicySet& policies = s.w.policies();
   PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary, discovery::Clock::now()};
   if (s.multi_turn) query.preferred_decode = s.multi_turn->preferred_decode();
+  if (policies.prefill->needs_load() || policies.decode->needs_load()) {
+    if (!s.explanation) s.explanation = std::make_unique<RouteExplanation>();
+    *s.explanation = RouteExplanation{};
+    query.summary.explain = s.explanation.get();
+  }
   Pair pair;
   Status st = choose_pair(*snapshot, query, *policies.prefill, *policies.decode, &pair);
   if (!st.is_ok()) {
@@ -556,6 +566,19 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
                });
 }
 
+void ProxySession::record_route_decision() {
+  State& s = *s_;
+  const LegExplanation& prefill = s.explanation->prefill;
+  s.predicted_ttft.reset();
+  if (prefill.filled && prefill.chosen < prefill.rows.size()) s.predicted_ttft = prefill.rows[prefill.chosen].predicted_seconds;
+  RouteDecision d;
+  d.request_id = s.legs.plan.request_id;
+  d.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                  .count();
+  d.explanation = std::move(*s.explanation);
+  s.w.shared().route_decisions.record(std::move(d));
+}
+
 void ProxySession::build_and_send() {
   State& s = *s_;
   proto::LegInstance prefill = to_leg_instance(*s.pair.prefill);
@@ -587,6 +610,7 @@ void ProxySession::build_and_send() {
     }
     return;
   }
+  if (s.explanation) record_route_decision();
   if (s.multi_turn) {
     s.multi_turn->on_legs_built(s.legs, *s.pair.decode, s.w.counters());
     if (s.legs.plan.tokens_in) {  // the prefill may have got the decode's params at the top level
@@ -738,6 +762,8 @@ void ProxySession::on_prefill_complete() {
     if (tokens >= kMinPrefillRateTokens && seconds > 0 && s.prefill_queue.bound()) {
       s.prefill_queue.cell()->ledger.prefill_tokens_per_second.add(static_cast<double>(tokens) / seconds, now);
     }
+    if (s.predicted_ttft) s.w.shared().route_decisions.observe_ttft(*s.predicted_ttft, seconds);
+    s.predicted_ttft.reset();
   }
   s.prefill_queue.release();
   if (finished() || (s.legs.plan.concurrent && s.state == RequestState::kStreaming)) {

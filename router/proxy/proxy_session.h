@@ -157,6 +157,8 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void node_failed(Leg leg, const UpstreamPort::Call* call);
   void relay_upstream_error(int status, const std::string& content_type, const std::string& body);
   void build_and_send();
+  // Keeps the policy's explanation of this attempt's pair in GET /debug/route's ring.
+  void record_route_decision();
   void fail(int status, std::string_view message, std::string_view code);
   void end_stream_with_error(int status, std::string_view message, std::string_view code);
   void end(RequestState final_state);
