@@ -305,6 +305,8 @@ struct ProxySession::State {
   SessionTimer prefill_timer;  // whole prefill leg (timeouts.prefill), then the orphan's grace
   SessionTimer head_timer;     // a held stream head: the first event is due (timeouts.first_byte)
   SessionTimer request_timer;  // whole request (timeouts.request, 0 = none)
+  SessionTimer slo_timer;      // waiting for a node within the SLO (limits.queue_timeout_ms)
+  uint64_t slo_ticket = 0;     // its place in the SLO gate while parked (slo_gate.h)
 };
 
 void ProxySession::start(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer) {
@@ -499,6 +501,11 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
     }
     return;
   }
+  if (s.prefill_attempts == 0 && s.req.slo.any() && s.explanation && !slo_reachable()) {
+    wait_for_slo();
+    return;
+  }
+  s.slo_timer.stop();
   if (retry_of) {
     s.w.counters().retried(*retry_of);
     ++s.retries;
@@ -564,6 +571,50 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
                  s.prefill_load.move_to_rank(s.prefill_rank);
                  self->build_and_send();
                });
+}
+
+bool ProxySession::slo_reachable() const {
+  const State& s = *s_;
+  const LegExplanation& p = s.explanation->prefill;
+  const LegExplanation& d = s.explanation->decode;
+  if (s.req.slo.ttft_ms != 0 && p.filled && p.chosen < p.rows.size() &&
+      p.rows[p.chosen].predicted_seconds * 1000 > s.req.slo.ttft_ms) {
+    return false;
+  }
+  if (s.req.slo.tpot_ms != 0 && d.filled && d.chosen < d.rows.size() &&
+      d.rows[d.chosen].predicted_seconds * 1000 > s.req.slo.tpot_ms) {
+    return false;
+  }
+  return true;
+}
+
+void ProxySession::wait_for_slo() {
+  State& s = *s_;
+  const auto& limits = s.topo->limits;
+  if (s.topo->policies.predicted_latency.shed || !limits.queue_enabled()) {
+    s.w.counters().refuse(Refusal::kSloUnmet);
+    fail(503, "no node is predicted to serve this request within its SLO (x-slo-ttft-ms / x-slo-tpot-ms)",
+         "slo_unmet");
+    return;
+  }
+  if (!s.slo_timer.armed()) {
+    s.slo_timer.start(s.w.timers(), limits.queue_timeout, [this] {  // see SessionTimers
+      // The gate's reference keeps this session alive until here (or a posted re-check's does).
+      auto self = shared_from_this();
+      State& st = *s_;
+      st.w.shared().slo_gate.withdraw(st.slo_ticket);
+      st.w.counters().refuse(Refusal::kQueueTimeout);
+      fail(503,
+           "no node was predicted to serve this request within its SLO within limits.queue_timeout_ms = " +
+               std::to_string(st.topo->limits.queue_timeout.count()) + " ms",
+           "queue_timeout");
+    });
+  }
+  // Woken when a leg ends anywhere (slo_gate.h): the pairing runs again with the new figures.
+  // The gate holds the session (nothing else does while no leg runs) until then or the deadline.
+  s.slo_ticket = s.w.shared().slo_gate.park(s.w.index(), [self = shared_from_this()] {
+    if (!self->finished()) self->pair_and_send(std::nullopt);
+  });
 }
 
 void ProxySession::record_route_decision() {
@@ -766,6 +817,7 @@ void ProxySession::on_prefill_complete() {
     s.predicted_ttft.reset();
   }
   s.prefill_queue.release();
+  s.w.shared().slo_gate.wake();  // its queued tokens are off the node: waiting SLOs may be met now
   if (finished() || (s.legs.plan.concurrent && s.state == RequestState::kStreaming)) {
     // The decode already answers the client, so its KV arrived; a late prefill error changes
     // nothing but is worth a log line (docs/design/wire-formats.md rule 8).
@@ -1328,6 +1380,7 @@ void ProxySession::fail(int status, std::string_view message, std::string_view c
   http::Response response =
       api_error_response(s.req.path, status, message, status == 400 ? "invalid_request_error" : "server_error", code);
   if (!s.legs.plan.request_id.empty()) response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
+  if (code == "slo_unmet" || code == "queue_timeout") response.headers.push_back({"Retry-After", "1"});
   send_answer(s.writer, std::move(response), &s.client_status, &s.bytes_out);
   end(RequestState::kFailed);
 }
@@ -1385,8 +1438,10 @@ void ProxySession::close_legs() {
 
 void ProxySession::release_pair() {
   State& s = *s_;
+  const bool held = s.prefill_load.bound() || s.decode_load.bound();
   s.prefill_load.release();
   s.decode_load.release();
+  if (held) s.w.shared().slo_gate.wake();
   s.pair = Pair{};
   s.prefill_facts = PrefillFacts{};
 }

@@ -25,6 +25,7 @@
 #include "router/clients/client_gate.h"
 #include "router/policies/policy.h"
 #include "router/proxy/route_decisions.h"
+#include "router/proxy/slo_gate.h"
 #include "router/proxy/admission_queue.h"
 #include "router/proxy/conversation_cache.h"
 #include "router/proxy/mooncake_cache.h"
@@ -94,6 +95,8 @@ struct ProxyShared {
   tracing::Tracer* tracer = nullptr;
   // The predicted_latency policy's last decisions (GET /debug/route) and their counters.
   RouteDecisionLog route_decisions;
+  // Requests waiting for a candidate predicted within their SLO (slo_gate.h).
+  SloGate slo_gate;
 
   // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
   // from the current set's.

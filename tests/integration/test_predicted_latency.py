@@ -166,5 +166,108 @@ class PredictedLatencyTest(unittest.TestCase):
         self.assertEqual(json.loads(raw)["decisions"], [])
 
 
+class SloTest(unittest.TestCase):
+    """One prefill and one decode sim, predicted_latency on both legs, a prefill predicted at
+    1,000 tokens/s until measured (no transfer term)."""
+
+    def start(self, policy_options="", limits=""):
+        self.prefill = SimNode("--role", "prefill", "--connector", "nixl",
+                               "--prefill-us-per-token", str(PREFILL_US_PER_TOKEN))
+        self.decode = SimNode("--role", "decode", "--connector", "nixl")
+        for node in (self.prefill, self.decode):
+            self.addCleanup(node.stop)
+        options = "default_prefill_tokens_per_second: 1000, kv_transfer_ns_per_token: 0"
+        if policy_options:
+            options += ", " + policy_options
+        topology = ("admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\n"
+                    + (f"limits: {{{limits}}}\n" if limits else "")
+                    + "policies:\n  prefill: predicted_latency\n  decode: predicted_latency\n"
+                    f"  predicted_latency: {{{options}}}\n"
+                    "instances:\n"
+                    f'  - {{role: prefill, http_address: "{self.prefill.http_address}", connector: nixl}}\n'
+                    f'  - {{role: decode, http_address: "{self.decode.http_address}", connector: nixl}}\n')
+        self.router = Router(topology, env=ENV)
+        self.addCleanup(self.router.stop)
+
+    def post(self, prompt, headers=None, timeout=None):
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        return self.router.request(
+            "POST", "/v1/completions",
+            body=json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": 2}).encode(),
+            headers=h, timeout=timeout or 120 * TIME_SCALE)
+
+    def legs_sent(self):
+        return len(served_prompts(self.prefill)) + len(served_prompts(self.decode))
+
+    def refused(self, reason):
+        return self.router.metrics().get(f'pdrouter_requests_refused_total{{reason="{reason}"}}', 0)
+
+    def test_an_slo_no_node_can_meet_waits_then_503s_at_the_deadline_without_any_leg(self):
+        timeout_ms = int(500 * TIME_SCALE)
+        self.start(limits=f"queue_timeout_ms: {timeout_ms}")
+        started = time.monotonic()
+        # 100 tokens at 1,000 tokens/s: 100 ms predicted, against 1 ms asked.
+        code, headers, raw = self.post(list(range(100)), {"x-slo-ttft-ms": "1"})
+        elapsed = time.monotonic() - started
+        self.assertEqual(code, 503, raw)
+        self.assertEqual(json.loads(raw)["error"]["code"], "queue_timeout")
+        self.assertEqual(headers.get("retry-after"), "1")
+        self.assertGreaterEqual(elapsed, timeout_ms / 1000 * 0.9)
+        self.assertEqual(self.legs_sent(), 0)
+        self.assertEqual(self.refused("queue_timeout"), 1)
+        # Within its SLO the same request is served.
+        code, _, raw = self.post(list(range(100)), {"x-slo-ttft-ms": "5000"})
+        self.assertEqual(code, 200, raw)
+
+    def test_shed_refuses_at_once_with_retry_after(self):
+        self.start(policy_options="shed: true", limits="queue_timeout_ms: 60000")
+        started = time.monotonic()
+        code, headers, raw = self.post(list(range(100)), {"x-slo-ttft-ms": "1"})
+        self.assertEqual(code, 503, raw)
+        self.assertEqual(json.loads(raw)["error"]["code"], "slo_unmet")
+        self.assertEqual(headers.get("retry-after"), "1")
+        self.assertLess(time.monotonic() - started, 30)
+        self.assertEqual(self.legs_sent(), 0)
+        self.assertEqual(self.refused("slo_unmet"), 1)
+
+    def test_a_bad_slo_header_is_a_400_and_counted(self):
+        self.start()
+        for name, value in (("x-slo-ttft-ms", "abc"), ("x-slo-ttft-ms", "0"), ("x-slo-tpot-ms", "60001"),
+                            ("x-slo-tpot-ms", "-1")):
+            code, _, raw = self.post([1, 2, 3], {name: value})
+            self.assertEqual(code, 400, (name, value, raw))
+            error = json.loads(raw)["error"]
+            self.assertEqual(error["code"], "bad_slo")
+            self.assertIn(name, error["message"])
+        self.assertEqual(self.refused("bad_slo"), 4)
+        self.assertEqual(self.legs_sent(), 0)
+
+    def test_a_waiting_request_is_sent_when_a_leg_ends(self):
+        self.start(limits="queue_timeout_ms: 60000")
+        # The loader: 1,324 uncached tokens, 6.6 s on the prefill sim, 1.3 s predicted.
+        loader = list(range(20000, 21324))
+        results = []
+        t = threading.Thread(target=lambda: results.append(self.post(loader)), daemon=True)
+        t.start()
+        deadline = time.monotonic() + WAIT_S
+        key = f'pdrouter_node_prefill_tokens_queued{{node="{self.prefill.http_address}"}}'
+        while self.router.metrics().get(key, 0) < len(loader):
+            self.assertLess(time.monotonic(), deadline, "the loader never reached the prefill")
+            time.sleep(0.01)
+        # 12 tokens behind 1,324 queued: 1.34 s predicted, 500 ms asked: it waits for the loader's
+        # prefill to answer, then (queue empty, the rate now measured) is well within its SLO.
+        started = time.monotonic()
+        code, _, raw = self.post(list(range(12)), {"x-slo-ttft-ms": "500"})
+        elapsed = time.monotonic() - started
+        self.assertEqual(code, 200, raw)
+        t.join(timeout=120 * TIME_SCALE)
+        self.assertEqual(results[0][0], 200, results)
+        # It waited for the loader's prefill (seconds), and was woken by it, not by the 60 s deadline.
+        self.assertGreater(elapsed, 2.0)
+        self.assertLess(elapsed, 30.0)
+        self.assertEqual(self.refused("queue_timeout"), 0)
+
+
 if __name__ == "__main__":
     unittest.main()
