@@ -603,6 +603,7 @@ void ProxySession::wait_for_slo() {
       auto self = shared_from_this();
       State& st = *s_;
       st.w.shared().slo_gate.withdraw(st.slo_ticket);
+      if (finished()) return;  // its client went away while it waited
       st.w.counters().refuse(Refusal::kQueueTimeout);
       fail(503,
            "no node was predicted to serve this request within its SLO within limits.queue_timeout_ms = " +
