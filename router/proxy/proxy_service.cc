@@ -213,7 +213,11 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer, c
   }
   WorkerContext& w = worker(request.worker);
   PdAdmission then{this, &w};
-  if (Status st = request_slo(request, w.topology()->policies.predicted_latency, &then.slo); !st.is_ok()) {
+  // SLOs mean something only to a predicting policy; with the others the headers are not read.
+  const config::Topology::Policies& policies = w.topology()->policies;
+  const bool predicts = policies.prefill == config::PolicyName::kPredictedLatency ||
+                        policies.decode == config::PolicyName::kPredictedLatency;
+  if (Status st = predicts ? request_slo(request, policies.predicted_latency, &then.slo) : Status::ok(); !st.is_ok()) {
     counters.refuse(Refusal::kBadSlo);
     http::Response r = api_error_response(request.path, 400, st.message(), "invalid_request_error", "bad_slo");
     log_refused(shared_, request, tenant, r.status, r.body.size());

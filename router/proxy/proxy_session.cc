@@ -505,7 +505,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
     wait_for_slo();
     return;
   }
-  s.slo_timer.stop();
+  if (s.slo_timer.armed()) s.slo_timer.stop();
   if (retry_of) {
     s.w.counters().retried(*retry_of);
     ++s.retries;

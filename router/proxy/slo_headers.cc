@@ -23,32 +23,23 @@ Status parse_slo_value(std::string_view header, std::string_view value, uint32_t
   return Status::ok();
 }
 
-namespace {
-
-// The header's single value; nullopt when absent; an error when sent more than once.
-Status single_header(const http::Request& request, std::string_view name, std::optional<std::string_view>* out) {
-  out->reset();
-  for (const http::Header& h : request.headers) {
-    if (!http::iequals(h.name, name)) continue;
-    if (out->has_value()) return Status(StatusCode::kInvalidValue, fmt::format("{} was sent more than once", name));
-    *out = std::string_view(h.value);
-  }
-  return Status::ok();
-}
-
-}  // namespace
-
 Status request_slo(const http::Request& request, const config::Topology::Policies::PredictedLatency& defaults,
                    RequestSlo* out) {
+  static_assert(kSloTtftHeader.size() == kSloTpotHeader.size());
   RequestSlo slo{defaults.slo_ttft_ms, defaults.slo_tpot_ms};
-  std::optional<std::string_view> value;
-  if (Status s = single_header(request, kSloTtftHeader, &value); !s.is_ok()) return s;
-  if (value) {
-    if (Status s = parse_slo_value(kSloTtftHeader, *value, kMaxSloTtftMs, &slo.ttft_ms); !s.is_ok()) return s;
-  }
-  if (Status s = single_header(request, kSloTpotHeader, &value); !s.is_ok()) return s;
-  if (value) {
-    if (Status s = parse_slo_value(kSloTpotHeader, *value, kMaxSloTpotMs, &slo.tpot_ms); !s.is_ok()) return s;
+  bool seen_ttft = false, seen_tpot = false;
+  // One pass; a length compare skips almost every header before any case-insensitive compare
+  // (this runs for every P/D request).
+  for (const http::Header& h : request.headers) {
+    if (h.name.size() != kSloTtftHeader.size()) continue;
+    const bool ttft = http::iequals(h.name, kSloTtftHeader);
+    if (!ttft && !http::iequals(h.name, kSloTpotHeader)) continue;
+    const std::string_view name = ttft ? kSloTtftHeader : kSloTpotHeader;
+    bool& seen = ttft ? seen_ttft : seen_tpot;
+    if (seen) return Status(StatusCode::kInvalidValue, fmt::format("{} was sent more than once", name));
+    seen = true;
+    Status s = parse_slo_value(name, h.value, ttft ? kMaxSloTtftMs : kMaxSloTpotMs, ttft ? &slo.ttft_ms : &slo.tpot_ms);
+    if (!s.is_ok()) return s;
   }
   *out = slo;
   return Status::ok();

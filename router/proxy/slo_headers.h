@@ -1,5 +1,6 @@
 // Per-request latency objectives: `x-slo-ttft-ms` (time to first token) and `x-slo-tpot-ms` (time
-// per output token), in whole milliseconds, as llm-d's inference scheduler reads them. Absent
+// per output token), in whole milliseconds, as llm-d's inference scheduler reads them; read only
+// when policies.prefill or policies.decode is predicted_latency (ProxyService::admit). Absent
 // headers take the topology's default (policies.predicted_latency.slo_ttft_ms / slo_tpot_ms; 0:
 // none). A value that is not a decimal integer from 1 to the bound (kMaxSloTtftMs, kMaxSloTpotMs),
 // or a header sent twice, is refused with 400 "bad_slo" before any upstream work (the caller
