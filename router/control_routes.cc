@@ -15,6 +15,7 @@
 #include "router/status_page.h"
 #include "router/proxy/engine_metrics.h"
 #include "router/proxy/health_generate.h"
+#include "router/proxy/route_decisions.h"
 #include "router/tls_contexts.h"
 #include "router/tracing/tracer.h"
 
@@ -143,6 +144,13 @@ http::Response ControlRoutes::debug_cache(const http::Request& request) const {
                               context_.kv_events != nullptr ? &context_.kv_events->index() : nullptr);
 }
 
+http::Response ControlRoutes::debug_route(const http::Request& request) const {
+  if (context_.route_decisions == nullptr) {
+    return http::error_response(404, "no routing decisions are recorded here", "invalid_request_error", "not_found");
+  }
+  return context_.route_decisions->render(request.query);
+}
+
 http::Response ControlRoutes::metrics(uint32_t worker) const {
   MetricsWriter out;
   TopologyMetrics topology;
@@ -155,6 +163,12 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   write_node_engine_load_metrics(out, registry(worker), discovery::Clock::now());
   if (context_.http_stats != nullptr) write_http_metrics(out, *context_.http_stats);
   if (context_.proxy_counters != nullptr) proxy::write_proxy_metrics(out, *context_.proxy_counters);
+  if (context_.route_decisions != nullptr) {
+    context_.route_decisions->write_metrics(out);
+  } else {
+    const proxy::RouteDecisionLog none;
+    none.write_metrics(out);
+  }
   write_admin_metrics(out, admin_.counters());
   write_kv_events_metrics(out, context_.kv_events);
   write_prefix_tree_metrics(out, context_.prefix_tree);

@@ -38,6 +38,9 @@
 namespace pdr::router {
 
 class TlsContexts;
+namespace proxy {
+class RouteDecisionLog;
+}
 namespace tracing {
 class Tracer;
 }
@@ -79,6 +82,9 @@ struct ControlContext {
   const TlsContexts* tls = nullptr;
   // Tracing (tracing.endpoint set), else null: /metrics pdrouter_trace_* (zeros when off).
   const tracing::Tracer* tracer = nullptr;
+  // The predicted_latency policy's decisions (router/proxy/route_decisions.h): GET /debug/route,
+  // /metrics pdrouter_routing_*. Null in tests: /debug/route is 404, the metrics zeros.
+  const proxy::RouteDecisionLog* route_decisions = nullptr;
   // GET /status is rendered once per registry snapshot (and topology reload count) and reused
   // for at most this long, so its ages, load and ejection fields are at most this old.
   std::chrono::milliseconds status_max_age{1000};
@@ -94,6 +100,8 @@ class ControlRoutes {
   http::Response metrics(uint32_t worker) const;
   // GET /debug/cache (router/debug_cache.h); the route table checks the admin key first.
   http::Response debug_cache(const http::Request& request) const;
+  // GET /debug/route (router/proxy/route_decisions.h); the route table checks the admin key first.
+  http::Response debug_route(const http::Request& request) const;
   // GET /status: status(), behind the admin key when admin.protect_status is set.
   void serve_status(const http::Request& request, http::ResponseWriter writer) const;
 

@@ -33,6 +33,10 @@ void debug_cache(const Endpoints& e, http::Request&& request, http::ResponseWrit
   writer.send(e.control->debug_cache(request));
 }
 
+void debug_route(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
+  writer.send(e.control->debug_route(request));
+}
+
 void completions(const Endpoints& e, http::Request&& request, http::ResponseWriter writer, std::string_view) {
   e.proxy->admit(request, writer, e.client);
 }
@@ -170,6 +174,8 @@ constexpr std::array kRoutes = {
           "every up node's Prometheus page merged, samples labelled pdrouter_node, pdrouter_role", &engine_metrics},
     Route{"GET", "/debug/cache", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
           "which nodes hold the longest prefix of ?tokens=1,2,3[&lora=NAME] (admin key)", &debug_cache},
+    Route{"GET", "/debug/route", kAdmin, Guard::kAdminKey, Refusals::kAdmin,
+          "the predicted_latency policy's last decisions, ?limit=N (admin key)", &debug_route},
     Route{"POST", "/start_profile", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,
           "start profiling on every up instance (admin key)", &profile},
     Route{"POST", "/stop_profile", kAdmin, Guard::kAdminKeyProfile, Refusals::kUncounted,

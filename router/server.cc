@@ -368,6 +368,7 @@ void Server::fill_control_context(const config::Topology& topology) {
   control_.topology = &topology_;
   control_.http_stats = &server_.stats();
   control_.proxy_counters = &proxy_->counters();
+  control_.route_decisions = &proxy_->route_decisions();
   control_.discovery = &discovery_;
   control_.server = &server_;
   control_.discovery_curve_listener = discovery_.bound_curve_endpoint();

@@ -20,8 +20,8 @@
 
 namespace pdr::config {
 
-enum class PolicyName : uint8_t { kRoundRobin, kLeastOutstanding, kPowerOfTwo, kAffinity, kCacheAware };
-// "round_robin", "least_outstanding", "power_of_two", "affinity", "cache_aware"
+enum class PolicyName : uint8_t { kRoundRobin, kLeastOutstanding, kPowerOfTwo, kAffinity, kCacheAware, kPredictedLatency };
+// "round_robin", "least_outstanding", "power_of_two", "affinity", "cache_aware", "predicted_latency"
 std::string_view to_string(PolicyName);
 bool parse_policy_name(std::string_view, PolicyName*);
 
@@ -149,6 +149,27 @@ struct Topology {
       uint32_t tokenize_max_answer_bytes = 4u << 20;      // a larger /tokenize answer is dropped
       bool operator==(const CacheAware&) const = default;
     } cache_aware;
+    // For kPredictedLatency (router/policies/predicted_latency.h): the candidate with the least
+    // predicted TTFT (prefill) or time per output token (decode) wins. The nodes' measured
+    // estimates feed it; a node without one takes the mean of those that have one, and with none
+    // measured these defaults. The step-time slopes, KV transfer cost and KV capacity (per DP
+    // rank) are the model's constants. slo_*: the default SLO of a request that sends no
+    // x-slo-ttft-ms / x-slo-tpot-ms header (0: none); shed: a request no candidate is predicted
+    // to serve within its SLO is refused at once (503, Retry-After) instead of waiting in the
+    // admission queue.
+    struct PredictedLatency {
+      uint32_t default_prefill_tokens_per_second = 8000;
+      uint32_t default_decode_step_us = 7500;
+      uint32_t decode_step_us_per_sequence = 18;
+      uint32_t decode_step_ns_per_kv_token = 45;
+      uint32_t kv_transfer_ns_per_token = 5000;
+      uint32_t kv_capacity_tokens = 464000;
+      uint32_t kv_full_penalty_ms = 1000;
+      uint32_t slo_ttft_ms = 0;
+      uint32_t slo_tpot_ms = 0;
+      bool shed = false;
+      bool operator==(const PredictedLatency&) const = default;
+    } predicted_latency;
   } policies;
 
   struct Connectors {

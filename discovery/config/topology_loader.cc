@@ -41,13 +41,16 @@ std::string_view to_string(PolicyName policy) {
       return "affinity";
     case PolicyName::kCacheAware:
       return "cache_aware";
+    case PolicyName::kPredictedLatency:
+      return "predicted_latency";
   }
   return "unknown";
 }
 
 bool parse_policy_name(std::string_view text, PolicyName* out) {
   for (PolicyName p : {PolicyName::kRoundRobin, PolicyName::kLeastOutstanding,
-                       PolicyName::kPowerOfTwo, PolicyName::kAffinity, PolicyName::kCacheAware}) {
+                       PolicyName::kPowerOfTwo, PolicyName::kAffinity, PolicyName::kCacheAware,
+                       PolicyName::kPredictedLatency}) {
     if (text == to_string(p)) {
       *out = p;
       return true;
@@ -73,7 +76,8 @@ using yaml::Source;
 constexpr size_t kMaxFileBytes = 1 << 20;
 constexpr uint64_t kMaxWorkers = 256;
 constexpr uint64_t kDayMs = 24ull * 3600 * 1000;
-constexpr std::string_view kPolicyNames = "round_robin, least_outstanding, power_of_two, affinity, cache_aware";
+constexpr std::string_view kPolicyNames =
+    "round_robin, least_outstanding, power_of_two, affinity, cache_aware, predicted_latency";
 
 // Parsers outside this file (addresses, instance_spec.h names) report no position of their own;
 // point their Status at the value parsed.
@@ -253,6 +257,21 @@ Status read_policies(const Source& src, const Field& f, Topology::Policies* out)
     });
     c.ms("tokenize_timeout_ms", 1, 60'000, &ca.tokenize_timeout);
     c.u32("tokenize_max_answer_bytes", 1024, 64u << 20, &ca.tokenize_max_answer_bytes);
+    return c.finish();
+  });
+  r.with("predicted_latency", [&](const Field& v) {
+    MapReader c(src, v);
+    Topology::Policies::PredictedLatency& pl = out->predicted_latency;
+    c.u32("default_prefill_tokens_per_second", 1, 100'000'000, &pl.default_prefill_tokens_per_second);
+    c.u32("default_decode_step_us", 1, 10'000'000, &pl.default_decode_step_us);
+    c.u32("decode_step_us_per_sequence", 0, 1'000'000, &pl.decode_step_us_per_sequence);
+    c.u32("decode_step_ns_per_kv_token", 0, 1'000'000, &pl.decode_step_ns_per_kv_token);
+    c.u32("kv_transfer_ns_per_token", 0, 100'000'000, &pl.kv_transfer_ns_per_token);
+    c.u32("kv_capacity_tokens", 1, 1u << 31, &pl.kv_capacity_tokens);
+    c.u32("kv_full_penalty_ms", 0, 3'600'000, &pl.kv_full_penalty_ms);
+    c.u32("slo_ttft_ms", 0, 3'600'000, &pl.slo_ttft_ms);
+    c.u32("slo_tpot_ms", 0, 60'000, &pl.slo_tpot_ms);
+    c.boolean("shed", &pl.shed);
     return c.finish();
   });
   return r.finish();

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -19,6 +20,21 @@
 #include "discovery/config/topology.h"
 
 namespace pdr::router {
+
+struct PromptTokens;  // prompt_tokens.h
+
+// Which leg a policy picks for (predicted_latency predicts a different latency for each).
+enum class PolicyLeg : uint8_t { kPrefill, kDecode };
+
+// What pdrouter has put on a node (discovery/load_ledger.h), copied for policies whose
+// needs_load() is true (predicted_latency.h); left zero for the others.
+struct CandidateLoad {
+  uint64_t queued_prefill_tokens = 0;  // uncached prompt tokens of prefill legs not yet answered
+  uint32_t decode_sequences = 0;       // decode legs running
+  uint64_t kv_tokens = 0;              // KV tokens those hold
+  double prefill_tokens_per_second = 0;  // the node's measured estimate; 0: none yet
+  double decode_step_seconds = 0;        // the node's measured estimate; 0: none yet
+};
 
 struct Candidate {
   // Stable identity of the instance: its HTTP address ("host:port"). Affinity hashes it, so it
@@ -29,6 +45,8 @@ struct Candidate {
   // Relative capacity (e.g. dp_size). Load is compared as outstanding / weight; affinity gives a
   // node a share of keys proportional to its weight. round_robin ignores it. 0 is treated as 1.
   uint32_t weight = 1;
+  // Node totals (all DP ranks); only for a policy whose needs_load() is true.
+  CandidateLoad load{};
 };
 
 // What the router knows of the nodes' caches for one request (cache_aware only): how much of the
@@ -48,11 +66,36 @@ struct CacheHits {
   uint32_t matched(std::string_view key) const;
 };
 
+// How a load-predicting policy chose one leg (GET /debug/route).
+struct LegExplanation {
+  struct Row {
+    std::string key;
+    uint32_t outstanding = 0;
+    uint32_t weight = 1;
+    CandidateLoad load;             // node totals as read
+    uint64_t uncached_tokens = 0;   // of this prompt, on this node (prefill)
+    double predicted_seconds = 0;   // TTFT (prefill) or time per output token (decode)
+    bool kv_full = false;           // decode: this request would exceed its KV capacity
+  };
+  bool filled = false;
+  std::vector<Row> rows;
+  size_t chosen = 0;
+  // The candidate holding the most of the prompt, when any holds some of it.
+  std::optional<size_t> cache_best;
+};
+struct RouteExplanation {
+  LegExplanation prefill, decode;
+};
+
 struct RequestSummary {
   uint64_t affinity_hash = 0;  // meaningful only when has_affinity
   bool has_affinity = false;
   // Owned by the request (it outlives every pick of it, retries included); null: unknown.
   const CacheHits* cache = nullptr;
+  // The prompt's token count (predicted_latency); owned by the request; null: unknown (0 tokens).
+  const PromptTokens* prompt = nullptr;
+  // When set, a load-predicting policy writes how it chose here (owned by the request).
+  RouteExplanation* explain = nullptr;
 };
 
 class Policy {
@@ -64,6 +107,10 @@ class Policy {
   virtual size_t pick(std::span<const Candidate> candidates, const RequestSummary& request) = 0;
 
   virtual config::PolicyName name() const = 0;
+
+  // True when pick() reads Candidate::load: the pairing copies the ledger only then, so the
+  // policies that do not read it pay nothing for it.
+  virtual bool needs_load() const { return false; }
 };
 
 // Fair rotation: one shared counter, index = counter % size. A change in the candidate list only
@@ -86,9 +133,10 @@ std::unique_ptr<Policy> make_affinity_policy();
 std::unique_ptr<Policy> make_cache_aware_policy(const config::Topology::Policies::CacheAware& config);
 
 // Factory used with the topology's policies. `seed` feeds the policies that randomise
-// (power_of_two); `config` the cache-aware one; the others ignore them.
+// (power_of_two); `config` the cache-aware and predicted-latency ones; `leg` the latter; the
+// others ignore them.
 std::unique_ptr<Policy> make_policy(config::PolicyName name, uint64_t seed,
-                                    const config::Topology::Policies& config = {});
+                                    const config::Topology::Policies& config = {}, PolicyLeg leg = PolicyLeg::kPrefill);
 
 // True when `a` carries strictly less load than `b`, i.e. a.outstanding / a.weight <
 // b.outstanding / b.weight, computed exactly in integers.

@@ -15,9 +15,12 @@ namespace {
 // Longest token prompt matched exactly; longer prompts still match on their first blocks.
 constexpr size_t kMaxPromptTokens = 1 << 20;
 
+// The policies that read the cache hits: cache_aware, and predicted_latency (a hit shortens the
+// predicted prefill).
 bool cache_aware(const config::Topology& t) {
   using config::PolicyName;
-  return t.policies.prefill == PolicyName::kCacheAware || t.policies.decode == PolicyName::kCacheAware;
+  auto reads_hits = [](PolicyName p) { return p == PolicyName::kCacheAware || p == PolicyName::kPredictedLatency; };
+  return reads_hits(t.policies.prefill) || reads_hits(t.policies.decode);
 }
 
 // Exact hits of `tokens` from the KV events; false when no node holds their first block.

@@ -1,6 +1,7 @@
 #include "router/proxy/pairing.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "proto/dialects/dialect.h"
 #include "router/proxy/ejection.h"
@@ -52,7 +53,20 @@ bool contains(std::span<const std::string> keys, std::string_view key) {
 
 Candidate candidate_of(const Instance& i) {
   return Candidate{i.key, i.liveness->outstanding.load(std::memory_order_relaxed),
-                   std::max<uint32_t>(1, i.dp_size)};
+                   std::max<uint32_t>(1, i.dp_size), {}};
+}
+
+// The ledger's node totals and estimates, for a policy that reads them (Policy::needs_load).
+CandidateLoad load_of(const Instance& i, std::chrono::steady_clock::time_point now) {
+  const discovery::LoadLedger& ledger = i.liveness->ledger;
+  const discovery::LoadFigures totals = ledger.totals();
+  CandidateLoad load;
+  load.queued_prefill_tokens = totals.queued_prefill_tokens;
+  load.decode_sequences = totals.decode_sequences;
+  load.kv_tokens = totals.kv_tokens;
+  load.prefill_tokens_per_second = ledger.prefill_tokens_per_second.read(now).value;
+  load.decode_step_seconds = ledger.decode_step_seconds.read(now).value;
+  return load;
 }
 
 // The usable instances of one role for this query.
@@ -115,6 +129,10 @@ const InstancePtr* pick(std::vector<const InstancePtr*>& pool, Policy& policy, c
                         std::vector<Candidate>& candidates) {
   candidates.clear();
   for (const InstancePtr* i : pool) candidates.push_back(candidate_of(**i));
+  if (policy.needs_load()) {
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t n = 0; n < pool.size(); ++n) candidates[n].load = load_of(**pool[n], now);
+  }
   const size_t index = policy.pick(candidates, summary);
   return pool[std::min(index, pool.size() - 1)];
 }

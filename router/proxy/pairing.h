@@ -12,7 +12,8 @@
 // Instances named in the exclusion lists (already tried by this request) are skipped, and so are
 // ejected ones (ejection.h) while a candidate of their role that is not ejected remains: with all
 // of them ejected, trying one beats refusing the request. Policies see each instance's live
-// outstanding count and its dp_size as weight.
+// outstanding count and its dp_size as weight; a policy whose needs_load() is true also its load
+// ledger's node totals and rate estimates (Candidate::load), read only for it.
 //
 // Cost: the snapshot's RoutableIndex (discovery/instance.h) groups routable instances by role and
 // compatibility class, so a successful choice visits only the members of the classes that have

@@ -35,6 +35,8 @@ std::string_view to_string(Refusal refusal) {
     case Refusal::kPassThroughDenied: return "pass_through_denied";
     case Refusal::kQueueFull: return "queue_full";
     case Refusal::kQueueTimeout: return "queue_timeout";
+    case Refusal::kBadSlo: return "bad_slo";
+    case Refusal::kSloUnmet: return "slo_unmet";
   }
   return "unknown";
 }

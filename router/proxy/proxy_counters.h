@@ -77,8 +77,10 @@ enum class Refusal : uint8_t {
   kPassThroughDenied,  // 403/404: an unknown path pass-through may not relay (pass_through.h)
   kQueueFull,        // 429: the admission queue holds limits.max_queued_requests / _bytes already
   kQueueTimeout,     // 503: waited limits.queue_timeout_ms in the admission queue
+  kBadSlo,           // 400: a bad x-slo-ttft-ms / x-slo-tpot-ms (slo_headers.h)
+  kSloUnmet,         // 503: no candidate predicted within the request's SLO, shed (slo_gate.h)
 };
-constexpr size_t kRefusalCount = 11;
+constexpr size_t kRefusalCount = 13;
 std::string_view to_string(Refusal refusal);
 
 // Why one leg attempt failed (each failed attempt counts once, retried or not).

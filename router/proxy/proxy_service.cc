@@ -1,3 +1,4 @@
+#include "router/proxy/slo_headers.h"
 #include "router/proxy/proxy_service.h"
 
 #include "proto/base/log.h"
@@ -43,9 +44,13 @@ ProxyService::ProxyService(const SnapshotCell<discovery::RegistrySnapshot>& regi
     const uint32_t index = waiter->worker();
     server_.post(index, [waiter = std::move(waiter)] { waiter->woken(); });
   });
+  shared_.slo_gate.set_post([this](uint32_t index, std::function<void()> fn) { server_.post(index, std::move(fn)); });
 }
 
-ProxyService::~ProxyService() = default;
+ProxyService::~ProxyService() {
+  // Sessions parked for their SLO are held by the gate: end them while their workers exist.
+  shared_.slo_gate.drop_all();
+}
 
 WorkerContext& ProxyService::worker(uint32_t index) {
   auto& slot = workers_.at(index);
@@ -186,6 +191,7 @@ struct ProxyService::PdAdmission {
   clients::TenantTicket ticket;
   std::string tenant;  // "" without a gate (tests)
   bool forward_authorization = true;
+  RequestSlo slo;
 
   void admitted(http::Request& request, http::ResponseWriter writer, AdmissionSlot slot, const QueueWait& wait) {
     service->start_session(*w, request, std::move(writer), std::move(slot), wait, *this);
@@ -218,6 +224,17 @@ void ProxyService::admit(http::Request& request, http::ResponseWriter& writer, c
   }
   WorkerContext& w = worker(request.worker);
   PdAdmission then{this, &w};
+  // SLOs mean something only to a predicting policy; with the others the headers are not read.
+  const config::Topology::Policies& policies = w.topology()->policies;
+  const bool predicts = policies.prefill == config::PolicyName::kPredictedLatency ||
+                        policies.decode == config::PolicyName::kPredictedLatency;
+  if (Status st = predicts ? request_slo(request, policies.predicted_latency, &then.slo) : Status::ok(); !st.is_ok()) {
+    counters.refuse(Refusal::kBadSlo);
+    http::Response r = api_error_response(request.path, 400, st.message(), "invalid_request_error", "bad_slo");
+    log_refused(shared_, request, tenant, r.status, r.body.size());
+    writer.send(std::move(r));
+    return;
+  }
   if (client != nullptr && !refuse_over_in_flight(w, request, *client, writer, &then.ticket)) return;
   QueuePlace place;
   if (!queue_place(w, request, client, writer, &place)) return;
@@ -244,6 +261,7 @@ void ProxyService::start_session(WorkerContext& w, http::Request& request, http:
   admitted.authorization = client_authorization(request);  // Anthropic's x-api-key too (client_api.h)
   admitted.forward_authorization = then.forward_authorization;
   admitted.tenant = std::move(then.tenant);
+  admitted.slo = then.slo;
   admitted.log_record = start_record(shared_, request, admitted.tenant);
   if (admitted.log_record && wait.waited()) {
     admitted.log_record->queue_ms = std::chrono::duration<double, std::milli>(wait.end - wait.start).count();

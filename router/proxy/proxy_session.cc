@@ -239,6 +239,10 @@ struct ProxySession::State {
   // prefill leg's queued uncached tokens (while that leg runs, an orphan's too).
   discovery::LoadCharge prefill_load, decode_load, prefill_queue;
   PromptTokens prompt;  // the prompt's token count (router/policies/prompt_tokens.h)
+  // How a load-predicting policy chose this request's pair (GET /debug/route); null with other
+  // policies. The prefill's predicted TTFT, compared with its answer time once it answers.
+  std::unique_ptr<RouteExplanation> explanation;
+  std::optional<double> predicted_ttft;
   uint64_t decode_events = 0;  // streamed tokens of the decode attempt, and when the first and last came
   SteadyClock::time_point first_event_at{}, last_event_at{};
   // The client's body, parsed once (begin()); admission, affinity and every leg build read it.
@@ -303,6 +307,8 @@ struct ProxySession::State {
   SessionTimer prefill_timer;  // whole prefill leg (timeouts.prefill), then the orphan's grace
   SessionTimer head_timer;     // a held stream head: the first event is due (timeouts.first_byte)
   SessionTimer request_timer;  // whole request (timeouts.request, 0 = none)
+  SessionTimer slo_timer;      // waiting for a node within the SLO (limits.queue_timeout_ms)
+  uint64_t slo_ticket = 0;     // its place in the SLO gate while parked (slo_gate.h)
 };
 
 void ProxySession::start(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer) {
@@ -416,6 +422,7 @@ void ProxySession::begin() {
   }
   s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
   s.prompt = count_prompt_tokens(request_prompt(body));
+  s.summary.prompt = &s.prompt;
   s.cache = lookup_cache(body, s.model, *s.topo, s.w.shared());
   if (s.cache) s.summary.cache = &s.cache->hits;
   if (s.topo->timeouts.request.count() > 0) {
@@ -481,6 +488,11 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary, discovery::Clock::now()};
   if (s.multi_turn) query.preferred_decode = s.multi_turn->preferred_decode();
   if (s.session) s.session->steer(*snapshot, *s.topo, &query, s.w.counters().session_affinity);
+  if (policies.prefill->needs_load() || policies.decode->needs_load()) {
+    if (!s.explanation) s.explanation = std::make_unique<RouteExplanation>();
+    *s.explanation = RouteExplanation{};
+    query.summary.explain = s.explanation.get();
+  }
   Pair pair;
   Status st = choose_pair(*snapshot, query, *policies.prefill, *policies.decode, &pair);
   if (!st.is_ok()) {
@@ -495,6 +507,11 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
     }
     return;
   }
+  if (s.prefill_attempts == 0 && s.req.slo.any() && s.explanation && !slo_reachable()) {
+    wait_for_slo();
+    return;
+  }
+  if (s.slo_timer.armed()) s.slo_timer.stop();
   if (retry_of) {
     s.w.counters().retried(*retry_of);
     ++s.retries;
@@ -563,6 +580,64 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
                });
 }
 
+bool ProxySession::slo_reachable() const {
+  const State& s = *s_;
+  const LegExplanation& p = s.explanation->prefill;
+  const LegExplanation& d = s.explanation->decode;
+  if (s.req.slo.ttft_ms != 0 && p.filled && p.chosen < p.rows.size() &&
+      p.rows[p.chosen].predicted_seconds * 1000 > s.req.slo.ttft_ms) {
+    return false;
+  }
+  if (s.req.slo.tpot_ms != 0 && d.filled && d.chosen < d.rows.size() &&
+      d.rows[d.chosen].predicted_seconds * 1000 > s.req.slo.tpot_ms) {
+    return false;
+  }
+  return true;
+}
+
+void ProxySession::wait_for_slo() {
+  State& s = *s_;
+  const auto& limits = s.topo->limits;
+  if (s.topo->policies.predicted_latency.shed || !limits.queue_enabled()) {
+    s.w.counters().refuse(Refusal::kSloUnmet);
+    fail(503, "no node is predicted to serve this request within its SLO (x-slo-ttft-ms / x-slo-tpot-ms)",
+         "slo_unmet");
+    return;
+  }
+  if (!s.slo_timer.armed()) {
+    s.slo_timer.start(s.w.timers(), limits.queue_timeout, [this] {  // see SessionTimers
+      // The gate's reference keeps this session alive until here (or a posted re-check's does).
+      auto self = shared_from_this();
+      State& st = *s_;
+      st.w.shared().slo_gate.withdraw(st.slo_ticket);
+      if (finished()) return;  // its client went away while it waited
+      st.w.counters().refuse(Refusal::kQueueTimeout);
+      fail(503,
+           "no node was predicted to serve this request within its SLO within limits.queue_timeout_ms = " +
+               std::to_string(st.topo->limits.queue_timeout.count()) + " ms",
+           "queue_timeout");
+    });
+  }
+  // Woken when a leg ends anywhere (slo_gate.h): the pairing runs again with the new figures.
+  // The gate holds the session (nothing else does while no leg runs) until then or the deadline.
+  s.slo_ticket = s.w.shared().slo_gate.park(s.w.index(), [self = shared_from_this()] {
+    if (!self->finished()) self->pair_and_send(std::nullopt);
+  });
+}
+
+void ProxySession::record_route_decision() {
+  State& s = *s_;
+  const LegExplanation& prefill = s.explanation->prefill;
+  s.predicted_ttft.reset();
+  if (prefill.filled && prefill.chosen < prefill.rows.size()) s.predicted_ttft = prefill.rows[prefill.chosen].predicted_seconds;
+  RouteDecision d;
+  d.request_id = s.legs.plan.request_id;
+  d.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                  .count();
+  d.explanation = std::move(*s.explanation);
+  s.w.shared().route_decisions.record(std::move(d));
+}
+
 void ProxySession::build_and_send() {
   State& s = *s_;
   proto::LegInstance prefill = to_leg_instance(*s.pair.prefill);
@@ -594,6 +669,7 @@ void ProxySession::build_and_send() {
     }
     return;
   }
+  if (s.explanation) record_route_decision();
   if (s.multi_turn) {
     s.multi_turn->on_legs_built(s.legs, *s.pair.decode, s.w.counters());
     if (s.legs.plan.tokens_in) {  // the prefill may have got the decode's params at the top level
@@ -745,8 +821,11 @@ void ProxySession::on_prefill_complete() {
     if (tokens >= kMinPrefillRateTokens && seconds > 0 && s.prefill_queue.bound()) {
       s.prefill_queue.cell()->ledger.prefill_tokens_per_second.add(static_cast<double>(tokens) / seconds, now);
     }
+    if (s.predicted_ttft) s.w.shared().route_decisions.observe_ttft(*s.predicted_ttft, seconds);
+    s.predicted_ttft.reset();
   }
   s.prefill_queue.release();
+  s.w.shared().slo_gate.wake();  // its queued tokens are off the node: waiting SLOs may be met now
   if (finished() || (s.legs.plan.concurrent && s.state == RequestState::kStreaming)) {
     // The decode already answers the client, so its KV arrived; a late prefill error changes
     // nothing but is worth a log line (docs/design/wire-formats.md rule 8).
@@ -1309,6 +1388,7 @@ void ProxySession::fail(int status, std::string_view message, std::string_view c
   http::Response response =
       api_error_response(s.req.path, status, message, status == 400 ? "invalid_request_error" : "server_error", code);
   if (!s.legs.plan.request_id.empty()) response.headers.push_back({"X-Request-Id", s.legs.plan.request_id});
+  if (code == "slo_unmet" || code == "queue_timeout") response.headers.push_back({"Retry-After", "1"});
   send_answer(s.writer, std::move(response), &s.client_status, &s.bytes_out);
   end(RequestState::kFailed);
 }
@@ -1366,8 +1446,10 @@ void ProxySession::close_legs() {
 
 void ProxySession::release_pair() {
   State& s = *s_;
+  const bool held = s.prefill_load.bound() || s.decode_load.bound();
   s.prefill_load.release();
   s.decode_load.release();
+  if (held) s.w.shared().slo_gate.wake();
   s.pair = Pair{};
   s.prefill_facts = PrefillFacts{};
 }

@@ -72,6 +72,7 @@
 #include "router/clients/access_record.h"
 #include "router/clients/tenant_registry.h"
 #include "router/proxy/proxy_shared.h"
+#include "router/proxy/slo_headers.h"
 #include "router/tracing/request_trace.h"
 
 namespace pdr::router::proxy {
@@ -100,6 +101,8 @@ struct AdmittedRequest {
   // usage when the session ends. An empty ticket: no tenant (tests).
   std::string tenant;
   clients::TenantTicket ticket;
+  // Its latency objectives (slo_headers.h); none by default.
+  RequestSlo slo;
   // With the access log on: the request's record as ProxyService knew it (client, tenant, path,
   // trace id, bytes in); the session completes it and logs it when it ends. Null: log off.
   std::unique_ptr<clients::AccessRecord> log_record;
@@ -159,6 +162,13 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void node_failed(Leg leg, const UpstreamPort::Call* call);
   void relay_upstream_error(int status, const std::string& content_type, const std::string& body);
   void build_and_send();
+  // Keeps the policy's explanation of this attempt's pair in GET /debug/route's ring.
+  void record_route_decision();
+  // The pair just chosen is predicted within the request's SLO (legs without a prediction pass).
+  bool slo_reachable() const;
+  // It is not: 503 slo_unmet at once (shed, or no admission queue), else wait in the SLO gate
+  // (slo_gate.h) until a re-pairing is, or limits.queue_timeout_ms passes (503 queue_timeout).
+  void wait_for_slo();
   void fail(int status, std::string_view message, std::string_view code);
   void end_stream_with_error(int status, std::string_view message, std::string_view code);
   void end(RequestState final_state);

@@ -8,15 +8,16 @@ namespace pdr::router::proxy {
 std::shared_ptr<PolicySet> ProxyShared::policies_for(const config::Topology& topology) {
   std::lock_guard<std::mutex> lock(policies_mutex_);
   if (!policies_ || prefill_name_ != topology.policies.prefill || decode_name_ != topology.policies.decode ||
-      cache_aware_ != topology.policies.cache_aware) {
+      cache_aware_ != topology.policies.cache_aware || predicted_latency_ != topology.policies.predicted_latency) {
     auto set = std::make_shared<PolicySet>();
     std::random_device rd;
-    set->prefill = make_policy(topology.policies.prefill, (uint64_t{rd()} << 32) ^ rd(), topology.policies);
-    set->decode = make_policy(topology.policies.decode, (uint64_t{rd()} << 32) ^ rd(), topology.policies);
+    set->prefill = make_policy(topology.policies.prefill, (uint64_t{rd()} << 32) ^ rd(), topology.policies, PolicyLeg::kPrefill);
+    set->decode = make_policy(topology.policies.decode, (uint64_t{rd()} << 32) ^ rd(), topology.policies, PolicyLeg::kDecode);
     policies_ = std::move(set);
     prefill_name_ = topology.policies.prefill;
     decode_name_ = topology.policies.decode;
     cache_aware_ = topology.policies.cache_aware;
+    predicted_latency_ = topology.policies.predicted_latency;
   }
   return policies_;
 }

@@ -24,6 +24,8 @@
 #include "router/http/upstream_client.h"
 #include "router/clients/client_gate.h"
 #include "router/policies/policy.h"
+#include "router/proxy/route_decisions.h"
+#include "router/proxy/slo_gate.h"
 #include "router/proxy/admission_queue.h"
 #include "router/proxy/conversation_cache.h"
 #include "router/proxy/mooncake_cache.h"
@@ -94,6 +96,10 @@ struct ProxyShared {
   SnapshotCell<http::TlsClientContext> self_tls{nullptr};
   // Tracing (router/tracing/tracer.h), owned by main; null: off.
   tracing::Tracer* tracer = nullptr;
+  // The predicted_latency policy's last decisions (GET /debug/route) and their counters.
+  RouteDecisionLog route_decisions;
+  // Requests waiting for a candidate predicted within their SLO (slo_gate.h).
+  SloGate slo_gate;
 
   // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
   // from the current set's.
@@ -112,6 +118,7 @@ struct ProxyShared {
   std::shared_ptr<PolicySet> policies_;
   config::PolicyName prefill_name_{}, decode_name_{};
   config::Topology::Policies::CacheAware cache_aware_{};
+  config::Topology::Policies::PredictedLatency predicted_latency_{};
 };
 
 class WorkerContext {

@@ -341,8 +341,8 @@ TEST(AffinityKey, PrecedenceIsHeaderConversationUserPrompt) {
 // ---- all policies under concurrency (meaningful under TSan) ---------------------------------
 
 TEST(Policies, ConcurrentPicksStayInRange) {
-  for (PolicyName name : {PolicyName::kRoundRobin, PolicyName::kLeastOutstanding,
-                          PolicyName::kPowerOfTwo, PolicyName::kAffinity, PolicyName::kCacheAware}) {
+  for (PolicyName name : {PolicyName::kRoundRobin, PolicyName::kLeastOutstanding, PolicyName::kPowerOfTwo,
+                          PolicyName::kAffinity, PolicyName::kCacheAware, PolicyName::kPredictedLatency}) {
     auto policy = make_policy(name, 3);
     Pool pool({1, 0, 0, 2, 0});
     std::vector<std::thread> threads;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "discovery/load_charge.h"
 #include "discovery/registry.h"
 #include "router/proxy/ejection.h"
 #include "router/proxy/pairing.h"
@@ -368,6 +369,72 @@ TEST(Pairing, APreferredDecodeIsUsedWhileUsable) {
   gone.preferred_decode = "127.0.31.9:1";
   Pair pair;
   EXPECT_TRUE(choose_pair(s, gone, *p.prefill, *p.decode, &pair).is_ok());
+}
+
+// Records what a policy was shown; picks the first candidate.
+class RecordingPolicy final : public Policy {
+ public:
+  explicit RecordingPolicy(bool needs_load) : needs_load_(needs_load) {}
+  size_t pick(std::span<const Candidate> candidates, const RequestSummary&) override {
+    seen.assign(candidates.begin(), candidates.end());
+    keys.clear();
+    for (const Candidate& c : candidates) keys.emplace_back(c.key);
+    return 0;
+  }
+  config::PolicyName name() const override { return config::PolicyName::kPredictedLatency; }
+  bool needs_load() const override { return needs_load_; }
+  std::vector<Candidate> seen;
+  std::vector<std::string> keys;
+
+ private:
+  bool needs_load_;
+};
+
+// The load ledger reaches the policies that ask for it (predicted_latency), node totals over
+// every DP rank, with the node's rate estimates; the others see zeros.
+TEST(Pairing, FillsCandidateLoadOnlyForPoliciesThatNeedIt) {
+  auto p1 = node("127.0.30.1:1", Role::kPrefill, Connector::kNixl);
+  auto wide = std::make_shared<Instance>(*p1);
+  wide->dp_size = 2;
+  auto d1 = node("127.0.30.2:1", Role::kDecode, Connector::kNixl);
+  auto s = snapshot({wide, d1});
+  // Two legs on the prefill's two ranks, one decode sequence.
+  discovery::LoadCharge rank0(*wide, 0), rank1(*wide, 1), decode(*d1, std::nullopt);
+  rank0.queue_prefill(1000);
+  rank1.queue_prefill(500);
+  decode.start_decode(700);
+  const auto now = std::chrono::steady_clock::now();
+  for (int i = 0; i < 4; ++i) wide->liveness->ledger.prefill_tokens_per_second.add(4000, now);
+  d1->liveness->ledger.decode_step_seconds.add(0.02, now);
+
+  RecordingPolicy prefill_sees(true), decode_sees(true);
+  Pair pair;
+  ASSERT_TRUE(choose_pair(s, PairQuery{}, prefill_sees, decode_sees, &pair).is_ok());
+  ASSERT_EQ(prefill_sees.seen.size(), 1u);
+  const Candidate& p = prefill_sees.seen[0];
+  EXPECT_EQ(prefill_sees.keys[0], "127.0.30.1:1");
+  EXPECT_EQ(p.outstanding, 2u);
+  EXPECT_EQ(p.weight, 2u);
+  EXPECT_EQ(p.load.queued_prefill_tokens, 1500u);
+  EXPECT_NEAR(p.load.prefill_tokens_per_second, 4000, 1e-6);
+  EXPECT_EQ(p.load.decode_step_seconds, 0);  // no estimate yet
+  ASSERT_EQ(decode_sees.seen.size(), 1u);
+  EXPECT_EQ(decode_sees.seen[0].load.decode_sequences, 1u);
+  EXPECT_EQ(decode_sees.seen[0].load.kv_tokens, 700u);
+  EXPECT_NEAR(decode_sees.seen[0].load.decode_step_seconds, 0.02, 1e-9);
+
+  RecordingPolicy blind(false), blind_decode(false);
+  ASSERT_TRUE(choose_pair(s, PairQuery{}, blind, blind_decode, &pair).is_ok());
+  ASSERT_EQ(blind.seen.size(), 1u);
+  EXPECT_EQ(blind.seen[0].outstanding, 2u);  // the load count every policy reads
+  EXPECT_EQ(blind.seen[0].load.queued_prefill_tokens, 0u);
+  EXPECT_EQ(blind.seen[0].load.prefill_tokens_per_second, 0);
+  EXPECT_EQ(blind_decode.seen[0].load.kv_tokens, 0u);
+
+  // A decode retry (choose_decode) fills them too.
+  InstancePtr next;
+  ASSERT_TRUE(choose_decode(s, *wide, PairQuery{}, decode_sees, &next).is_ok());
+  EXPECT_EQ(decode_sees.seen[0].load.kv_tokens, 700u);
 }
 
 }  // namespace

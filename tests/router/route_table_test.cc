@@ -181,7 +181,8 @@ TEST(RouteTable, ListenerPlacement) {
                                             "/admin/instances", "/admin/instances/127.0.0.1:8000",
                                             "/admin/instances/127.0.0.1:8000/drain",
                                             "/admin/instances/127.0.0.1:8000/undrain", "/instances/add",
-                                            "/admin", "/admin/nothing", "/debug/cache", "/engine_metrics"};
+                                            "/admin", "/admin/nothing", "/debug/cache", "/debug/route",
+                                            "/engine_metrics"};
   const std::set<std::string> client_only = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/ready",
                                              // one-node endpoints (router/proxy/one_node_relay.h)
                                              "/v1/chat/completions/render", "/v1/completions/render", "/tokenize",

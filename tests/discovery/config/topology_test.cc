@@ -473,7 +473,43 @@ TEST(TopologyParse, PassThroughPathsAreNormalisedPaths) {
 TEST(TopologyParse, UnknownPolicyListsChoices) {
   EXPECT_EQ(error_of("workers: 2\npolicies:\n  decode: fastest\n", StatusCode::kInvalidValue),
             "topo.yaml:3:11: policies.decode: unknown policy 'fastest' (expected round_robin, "
-            "least_outstanding, power_of_two, affinity, cache_aware)");
+            "least_outstanding, power_of_two, affinity, cache_aware, predicted_latency)");
+}
+
+TEST(TopologyParse, PredictedLatencySection) {
+  Topology t;
+  Status s = parse(
+      "policies:\n"
+      "  prefill: predicted_latency\n"
+      "  decode: predicted_latency\n"
+      "  predicted_latency: {default_prefill_tokens_per_second: 12000, default_decode_step_us: 9000,\n"
+      "                      decode_step_us_per_sequence: 20, decode_step_ns_per_kv_token: 50,\n"
+      "                      kv_transfer_ns_per_token: 1000, kv_capacity_tokens: 100000,\n"
+      "                      kv_full_penalty_ms: 500, slo_ttft_ms: 2000, slo_tpot_ms: 80, shed: true}\n",
+      &t);
+  ASSERT_TRUE(s.is_ok()) << s.to_string();
+  EXPECT_EQ(t.policies.prefill, PolicyName::kPredictedLatency);
+  EXPECT_EQ(t.policies.decode, PolicyName::kPredictedLatency);
+  const auto& pl = t.policies.predicted_latency;
+  EXPECT_EQ(pl.default_prefill_tokens_per_second, 12000u);
+  EXPECT_EQ(pl.default_decode_step_us, 9000u);
+  EXPECT_EQ(pl.decode_step_us_per_sequence, 20u);
+  EXPECT_EQ(pl.decode_step_ns_per_kv_token, 50u);
+  EXPECT_EQ(pl.kv_transfer_ns_per_token, 1000u);
+  EXPECT_EQ(pl.kv_capacity_tokens, 100000u);
+  EXPECT_EQ(pl.kv_full_penalty_ms, 500u);
+  EXPECT_EQ(pl.slo_ttft_ms, 2000u);
+  EXPECT_EQ(pl.slo_tpot_ms, 80u);
+  EXPECT_TRUE(pl.shed);
+  ASSERT_TRUE(parse("policies: {prefill: predicted_latency}\n", &t).is_ok());
+  EXPECT_EQ(t.policies.predicted_latency, Topology::Policies::PredictedLatency{});
+  EXPECT_THAT(error_of("policies:\n  predicted_latency: {default_prefill_tokens_per_second: 0}\n",
+                       StatusCode::kOutOfRange),
+              HasSubstr("default_prefill_tokens_per_second"));
+  EXPECT_THAT(error_of("policies:\n  predicted_latency: {slo_tpot_ms: 60001}\n", StatusCode::kOutOfRange),
+              HasSubstr("slo_tpot_ms"));
+  EXPECT_THAT(error_of("policies:\n  predicted_latency: {slo_ttft: 5}\n", StatusCode::kInvalidValue),
+              HasSubstr("unknown key 'slo_ttft'"));
 }
 
 TEST(TopologyParse, UnknownKeysAreErrors) {

@@ -1,0 +1,73 @@
+// The predicted_latency policy: each candidate's latency for this request is predicted from what
+// pdrouter has put on it (its load ledger, discovery/load_ledger.h, copied into
+// Candidate::load by the pairing) and the least wins. Cache affinity needs no threshold here: a
+// node's cache hit shortens its predicted prefill, so the node holding the prompt wins exactly
+// when its queue costs less than the tokens it saves.
+//
+// The cost model (pure functions below, unit-tested):
+//   - prefill leg, predicted time to first token:
+//       (queued uncached prefill tokens + this prompt's tokens less the node's cache hit)
+//         / the node's prefill rate + the KV transfer of the prompt (kv_transfer_us_per_token).
+//   - decode leg, predicted time per output token with this request added (vLLM runs every
+//     running sequence in one step, whose time grows with the sequences and the KV they read):
+//       step + decode_step_us_per_sequence * (sequences + 1)
+//            + decode_step_ns_per_kv_token * (KV tokens + this prompt's tokens),
+//     plus kv_full_penalty_ms when that KV would exceed kv_capacity_tokens (the engine would
+//     preempt a sequence and recompute it).
+//   Figures are per DP rank: the node's totals divided by its dp_size (pdrouter turns its legs
+//   over the ranks in order, so they spread evenly); kv_capacity_tokens is per rank (engine).
+//   Cold start: a node without a measured estimate (prefill tokens/s, decode step) takes the mean
+//   of the candidates that have one, and with none measured the topology's defaults
+//   (policies.predicted_latency.default_prefill_tokens_per_second, default_decode_step_us).
+//
+// Ties (an idle fleet, equal figures) go to the less loaded by outstanding / weight, then rotate,
+// as least_outstanding does. Thread-safety as policy.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "router/policies/policy.h"
+
+namespace pdr::router {
+
+struct PredictedLatencyModel {
+  double default_prefill_tokens_per_second = 8000;
+  double default_decode_step_seconds = 0.0075;
+  double decode_step_seconds_per_sequence = 18e-6;
+  double decode_step_seconds_per_kv_token = 45e-9;
+  double kv_transfer_seconds_per_token = 5e-6;
+  double kv_capacity_tokens = 464000;
+  double kv_full_penalty_seconds = 1.0;
+
+  static PredictedLatencyModel from(const config::Topology::Policies::PredictedLatency& config);
+};
+
+// The rates a candidate is predicted with: its own estimates, else the fleet's, else defaults.
+struct ResolvedRates {
+  double prefill_tokens_per_second = 0;
+  double decode_step_seconds = 0;
+};
+// `candidates`' mean estimate of each rate over those that have one (0: none has).
+ResolvedRates fleet_rates(std::span<const Candidate> candidates);
+ResolvedRates resolve_rates(const CandidateLoad& load, const ResolvedRates& fleet, const PredictedLatencyModel& m);
+
+// Per DP rank figures of `c` (its totals divided by its weight, rounded up).
+CandidateLoad per_rank(const Candidate& c);
+
+// Predicted seconds to the first token when `c` runs a prompt of `prompt_tokens` of which it
+// holds `cached_tokens`.
+double predict_ttft(const CandidateLoad& rank_load, const ResolvedRates& rates, uint64_t prompt_tokens,
+                    uint64_t cached_tokens, const PredictedLatencyModel& m);
+// Predicted seconds per output token when `c` takes one more sequence of `prompt_tokens` of KV.
+// *kv_full (when set) says whether the KV capacity would be exceeded.
+double predict_tpot(const CandidateLoad& rank_load, const ResolvedRates& rates, uint64_t prompt_tokens,
+                    const PredictedLatencyModel& m, bool* kv_full = nullptr);
+
+std::unique_ptr<Policy> make_predicted_latency_policy(const config::Topology::Policies::PredictedLatency& config,
+                                                      PolicyLeg leg);
+
+}  // namespace pdr::router

@@ -1,0 +1,273 @@
+"""The predicted_latency policy end to end: real pdrouter, real `pdnode sim` nodes (NIXL, two
+prefills and two decodes, static instances) and a fake vLLM KV events publisher (ZMQ XPUB, vLLM's
+frames) standing for prefill 1's cache. Prefill 1 holds a long prefix; requests that extend it go
+there while its queue costs less than the prefix saves, and a request holding little of it goes to
+the idle prefill 0 once prefill 1 is loaded. Which node served each request is read from the sims'
+request logs; the decisions from GET /debug/route and /metrics."""
+import json
+import threading
+import time
+import unittest
+
+import zmq
+
+from pdrouter_fixture import TIME_SCALE, Router
+from sim_fixture import SimNode
+from test_cache_aware import served_prompts
+from test_kv_events import BLOCK, Publisher, batch, stored_map
+
+KEY = "predicted-latency-test-key"
+ENV = {"PDR_TEST_ADMIN_KEY": KEY}
+AUTH = {"Authorization": f"Bearer {KEY}"}
+WAIT_S = 15.0 * TIME_SCALE
+
+HELD = list(range(5000, 5000 + 1024))  # prefix prefill 1 holds: 256 blocks of BLOCK tokens
+SUFFIX = 300                           # uncached tokens each loading request adds
+PREFILL_US_PER_TOKEN = 5000            # 300 tokens: 1.5 s on the prefill sim, 1324: 6.6 s
+
+
+def start_cluster(test, policy_options=""):
+    test.ctx = zmq.Context()
+    test.addCleanup(test.ctx.destroy, 0)
+    test.pub = Publisher(test.ctx)
+    test.addCleanup(test.pub.sock.close, 0)
+    test.prefills = [SimNode("--role", "prefill", "--connector", "nixl",
+                             "--prefill-us-per-token", str(PREFILL_US_PER_TOKEN)) for _ in range(2)]
+    test.decodes = [SimNode("--role", "decode", "--connector", "nixl") for _ in range(2)]
+    for node in test.prefills + test.decodes:
+        test.addCleanup(node.stop)
+    instances = []
+    for i, node in enumerate(test.prefills):
+        extra = f', kv_events_endpoint: "{test.pub.endpoint}"' if i == 1 else ""
+        instances.append(f'  - {{role: prefill, http_address: "{node.http_address}", connector: nixl{extra}}}')
+    for node in test.decodes:
+        instances.append(f'  - {{role: decode, http_address: "{node.http_address}", connector: nixl}}')
+    # Both prefills predicted at 1,000 tokens/s until measured (then the fleet's mean: still equal
+    # for the two), no transfer term: the choice turns on queued + uncached tokens alone.
+    options = "default_prefill_tokens_per_second: 1000, kv_transfer_ns_per_token: 0"
+    if policy_options:
+        options += ", " + policy_options
+    topology = ("admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\nkv_events:\n  enabled: true\n"
+                "policies:\n  prefill: predicted_latency\n  decode: predicted_latency\n"
+                f"  predicted_latency: {{{options}}}\n"
+                "instances:\n" + "\n".join(instances) + "\n")
+    test.router = Router(topology, env=ENV)
+    test.addCleanup(test.router.stop)
+    test.pub.await_subscriber()
+
+
+class PredictedLatencyTest(unittest.TestCase):
+    def setUp(self):
+        start_cluster(self)
+        hashes = list(range(1, len(HELD) // BLOCK + 1))
+        self.pub.publish(0, batch(stored_map(hashes, None, HELD)))
+        self.await_index(HELD)
+
+    def await_index(self, tokens):
+        deadline = time.monotonic() + WAIT_S
+        query = ",".join(str(t) for t in tokens)
+        while True:
+            code, _, raw = self.router.request("GET", f"/debug/cache?tokens={query}", headers=AUTH, admin=True)
+            self.assertEqual(code, 200, raw)
+            nodes = json.loads(raw)["nodes"]
+            if nodes and nodes[0]["cached_tokens"] >= len(tokens) - BLOCK:
+                return
+            self.assertLess(time.monotonic(), deadline, "the events never reached the index")
+            time.sleep(0.02)
+
+    def post(self, prompt, results=None):
+        code, _, raw = self.router.request(
+            "POST", "/v1/completions",
+            body=json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": 2}).encode(),
+            headers={"Content-Type": "application/json"}, timeout=120 * TIME_SCALE)
+        if results is not None:
+            results.append((code, raw))
+        return code, raw
+
+    def queued_on(self, node):
+        """The node's queued prefill tokens as the router's ledger holds them now (/metrics is
+        rendered per request; /status may be up to a second old)."""
+        return self.router.metrics().get(f'pdrouter_node_prefill_tokens_queued{{node="{node.http_address}"}}', 0)
+
+    def decisions(self):
+        code, _, raw = self.router.request("GET", "/debug/route", headers=AUTH, admin=True)
+        self.assertEqual(code, 200, raw)
+        return json.loads(raw)
+
+    def holder(self, prompt):
+        having = [i for i, n in enumerate(self.prefills) if json.dumps(prompt) in served_prompts(n)]
+        self.assertEqual(len(having), 1, having)
+        return having[0]
+
+    def test_a_loaded_cache_hot_prefill_is_skipped_only_when_its_queue_costs_more(self):
+        # Three requests extending the held prefix: on prefill 1 each costs its queue + 300
+        # tokens, on prefill 0 the whole 1,324; 300, 600 and 900 are all cheaper, so the hot
+        # node takes every one although it is the loaded one (cache_aware's thresholds aside).
+        loading = [HELD + list(range(90000 + i * SUFFIX, 90000 + (i + 1) * SUFFIX)) for i in range(3)]
+        results, threads = [], []
+        for i, prompt in enumerate(loading):
+            t = threading.Thread(target=self.post, args=(prompt, results), daemon=True)
+            t.start()
+            threads.append(t)
+            deadline = time.monotonic() + WAIT_S
+            while self.queued_on(self.prefills[1]) < (i + 1) * SUFFIX:
+                self.assertLess(time.monotonic(), deadline,
+                                f"the loading request never reached prefill 1: {self.decisions()}")
+                time.sleep(0.01)
+        self.assertEqual(self.queued_on(self.prefills[0]), 0)
+        # A request holding one block of the prefix: prefill 1 would cost 900 + 8 tokens, the idle
+        # cold prefill 0 only its 12.
+        small = HELD[:BLOCK] + [1, 2, 3, 4, 5, 6, 7, 8]
+        code, raw = self.post(small)
+        self.assertEqual(code, 200, raw)
+        self.assertEqual(self.holder(small), 0)
+        for t in threads:
+            t.join(timeout=120 * TIME_SCALE)
+        self.assertEqual([c for c, _ in results], [200, 200, 200], results)
+        for prompt in loading:
+            self.assertEqual(self.holder(prompt), 1)
+
+        metrics = self.router.metrics()
+        self.assertEqual(metrics['pdrouter_routing_cache_best_total{outcome="chosen"}'], 3)
+        self.assertEqual(metrics['pdrouter_routing_cache_best_total{outcome="skipped_for_load"}'], 1)
+        self.assertGreaterEqual(metrics["pdrouter_routing_ttft_prediction_error_seconds_count"], 4)
+
+        # /debug/route explains it: newest first, the small request's decision.
+        doc = self.decisions()
+        self.assertEqual(doc["capacity"], 256)
+        self.assertEqual(doc["recorded"], 4)
+        newest = doc["decisions"][0]["prefill"]
+        self.assertTrue(doc["decisions"][0]["request_id"])
+        self.assertEqual(newest["chosen"], self.prefills[0].http_address)
+        self.assertEqual(newest["cache_best"], self.prefills[1].http_address)
+        self.assertIn("skipped for load", newest["reason"])
+        by_node = {c["node"]: c for c in newest["candidates"]}
+        hot, cold = by_node[self.prefills[1].http_address], by_node[self.prefills[0].http_address]
+        self.assertEqual(hot["queued_prefill_tokens"], 3 * SUFFIX)
+        self.assertEqual(hot["uncached_tokens"], 8)
+        self.assertEqual(cold["uncached_tokens"], len(small))
+        self.assertGreater(hot["predicted_seconds"], cold["predicted_seconds"])
+        self.assertIsNotNone(doc["decisions"][0]["decode"])
+        # The third loading request: the hot node chosen with 600 tokens already queued on it.
+        third = doc["decisions"][1]["prefill"]
+        self.assertEqual(third["chosen"], self.prefills[1].http_address)
+        self.assertEqual(third["cache_best"], self.prefills[1].http_address)
+        self.assertIn("holds the most of the prompt", third["reason"])
+
+    def test_debug_route_needs_the_admin_key_and_a_valid_limit(self):
+        code, _, _ = self.router.request("GET", "/debug/route", admin=True)
+        self.assertEqual(code, 401)
+        for bad in ("limit=0", "limit=257", "limit=x", "other=1"):
+            code, _, raw = self.router.request("GET", f"/debug/route?{bad}", headers=AUTH, admin=True)
+            self.assertEqual(code, 400, bad)
+            self.assertEqual(json.loads(raw)["error"]["code"], "bad_limit")
+        code, _, raw = self.router.request("GET", "/debug/route?limit=1", headers=AUTH, admin=True)
+        self.assertEqual(code, 200, raw)
+        self.assertEqual(json.loads(raw)["decisions"], [])
+
+
+class SloTest(unittest.TestCase):
+    """One prefill and one decode sim, predicted_latency on both legs, a prefill predicted at
+    1,000 tokens/s until measured (no transfer term)."""
+
+    def start(self, policy_options="", limits=""):
+        self.prefill = SimNode("--role", "prefill", "--connector", "nixl",
+                               "--prefill-us-per-token", str(PREFILL_US_PER_TOKEN))
+        self.decode = SimNode("--role", "decode", "--connector", "nixl")
+        for node in (self.prefill, self.decode):
+            self.addCleanup(node.stop)
+        options = "default_prefill_tokens_per_second: 1000, kv_transfer_ns_per_token: 0"
+        if policy_options:
+            options += ", " + policy_options
+        topology = ("admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\n"
+                    + (f"limits: {{{limits}}}\n" if limits else "")
+                    + "policies:\n  prefill: predicted_latency\n  decode: predicted_latency\n"
+                    f"  predicted_latency: {{{options}}}\n"
+                    "instances:\n"
+                    f'  - {{role: prefill, http_address: "{self.prefill.http_address}", connector: nixl}}\n'
+                    f'  - {{role: decode, http_address: "{self.decode.http_address}", connector: nixl}}\n')
+        self.router = Router(topology, env=ENV)
+        self.addCleanup(self.router.stop)
+
+    def post(self, prompt, headers=None, timeout=None):
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        return self.router.request(
+            "POST", "/v1/completions",
+            body=json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": 2}).encode(),
+            headers=h, timeout=timeout or 120 * TIME_SCALE)
+
+    def legs_sent(self):
+        return len(served_prompts(self.prefill)) + len(served_prompts(self.decode))
+
+    def refused(self, reason):
+        return self.router.metrics().get(f'pdrouter_requests_refused_total{{reason="{reason}"}}', 0)
+
+    def test_an_slo_no_node_can_meet_waits_then_503s_at_the_deadline_without_any_leg(self):
+        timeout_ms = int(500 * TIME_SCALE)
+        self.start(limits=f"queue_timeout_ms: {timeout_ms}")
+        started = time.monotonic()
+        # 100 tokens at 1,000 tokens/s: 100 ms predicted, against 1 ms asked.
+        code, headers, raw = self.post(list(range(100)), {"x-slo-ttft-ms": "1"})
+        elapsed = time.monotonic() - started
+        self.assertEqual(code, 503, raw)
+        self.assertEqual(json.loads(raw)["error"]["code"], "queue_timeout")
+        self.assertEqual(headers.get("retry-after"), "1")
+        self.assertGreaterEqual(elapsed, timeout_ms / 1000 * 0.9)
+        self.assertEqual(self.legs_sent(), 0)
+        self.assertEqual(self.refused("queue_timeout"), 1)
+        # Within its SLO the same request is served.
+        code, _, raw = self.post(list(range(100)), {"x-slo-ttft-ms": "5000"})
+        self.assertEqual(code, 200, raw)
+
+    def test_shed_refuses_at_once_with_retry_after(self):
+        self.start(policy_options="shed: true", limits="queue_timeout_ms: 60000")
+        started = time.monotonic()
+        code, headers, raw = self.post(list(range(100)), {"x-slo-ttft-ms": "1"})
+        self.assertEqual(code, 503, raw)
+        self.assertEqual(json.loads(raw)["error"]["code"], "slo_unmet")
+        self.assertEqual(headers.get("retry-after"), "1")
+        self.assertLess(time.monotonic() - started, 30)
+        self.assertEqual(self.legs_sent(), 0)
+        self.assertEqual(self.refused("slo_unmet"), 1)
+
+    def test_a_bad_slo_header_is_a_400_and_counted(self):
+        self.start()
+        for name, value in (("x-slo-ttft-ms", "abc"), ("x-slo-ttft-ms", "0"), ("x-slo-tpot-ms", "60001"),
+                            ("x-slo-tpot-ms", "-1")):
+            code, _, raw = self.post([1, 2, 3], {name: value})
+            self.assertEqual(code, 400, (name, value, raw))
+            error = json.loads(raw)["error"]
+            self.assertEqual(error["code"], "bad_slo")
+            self.assertIn(name, error["message"])
+        self.assertEqual(self.refused("bad_slo"), 4)
+        self.assertEqual(self.legs_sent(), 0)
+
+    def test_a_waiting_request_is_sent_when_a_leg_ends(self):
+        self.start(limits="queue_timeout_ms: 60000")
+        # The loader: 1,324 uncached tokens, 6.6 s on the prefill sim, 1.3 s predicted.
+        loader = list(range(20000, 21324))
+        results = []
+        t = threading.Thread(target=lambda: results.append(self.post(loader)), daemon=True)
+        t.start()
+        deadline = time.monotonic() + WAIT_S
+        key = f'pdrouter_node_prefill_tokens_queued{{node="{self.prefill.http_address}"}}'
+        while self.router.metrics().get(key, 0) < len(loader):
+            self.assertLess(time.monotonic(), deadline, "the loader never reached the prefill")
+            time.sleep(0.01)
+        # 12 tokens behind 1,324 queued: 1.34 s predicted, 500 ms asked: it waits for the loader's
+        # prefill to answer, then (queue empty, the rate now measured) is well within its SLO.
+        started = time.monotonic()
+        code, _, raw = self.post(list(range(12)), {"x-slo-ttft-ms": "500"})
+        elapsed = time.monotonic() - started
+        self.assertEqual(code, 200, raw)
+        t.join(timeout=120 * TIME_SCALE)
+        self.assertEqual(results[0][0], 200, results)
+        # It waited for the loader's prefill (seconds), and was woken by it, not by the 60 s deadline.
+        self.assertGreater(elapsed, 2.0)
+        self.assertLess(elapsed, 30.0)
+        self.assertEqual(self.refused("queue_timeout"), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,225 @@
+#include "router/policies/predicted_latency.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "router/policies/prompt_tokens.h"
+
+namespace pdr::router {
+namespace {
+
+using config::PolicyName;
+
+// Owns the key strings the Candidate views point into.
+struct Fleet {
+  std::vector<std::string> keys;
+  std::vector<Candidate> candidates;
+  explicit Fleet(size_t n) {
+    for (size_t i = 0; i < n; ++i) keys.push_back("127.0.20." + std::to_string(i + 1) + ":8000");
+    for (size_t i = 0; i < n; ++i) candidates.push_back({keys[i], 0, 1, {}});
+  }
+  std::span<const Candidate> span() const { return candidates; }
+};
+
+config::Topology::Policies::PredictedLatency config_with_rate(uint32_t tokens_per_second) {
+  config::Topology::Policies::PredictedLatency c;
+  c.default_prefill_tokens_per_second = tokens_per_second;
+  c.kv_transfer_ns_per_token = 0;
+  return c;
+}
+
+config::Topology::Policies policies(const config::Topology::Policies::PredictedLatency& c) {
+  config::Topology::Policies p;
+  p.predicted_latency = c;
+  return p;
+}
+
+PromptTokens tokens(uint64_t n) {
+  PromptTokens p;
+  p.count = n;
+  p.bytes = n * 4;
+  p.source = PromptTokens::Source::kTokenIds;
+  return p;
+}
+
+CacheHits hits_on(std::string key, uint32_t matched, uint32_t prompt) {
+  CacheHits h;
+  h.source = CacheHits::Source::kKvEvents;
+  h.prompt_units = prompt;
+  h.nodes.push_back({std::move(key), matched});
+  return h;
+}
+
+// ---- the cost model --------------------------------------------------------------------------
+
+TEST(PredictedLatencyModel, TtftIsQueuedPlusUncachedOverRatePlusTransfer) {
+  PredictedLatencyModel m;
+  m.kv_transfer_seconds_per_token = 1e-6;
+  CandidateLoad load;
+  load.queued_prefill_tokens = 3000;
+  const ResolvedRates rates{1000, 0.01};
+  // (3000 queued + 2000 - 500 cached) / 1000 + 2000 * 1 us
+  EXPECT_NEAR(predict_ttft(load, rates, 2000, 500, m), 4.5 + 0.002, 1e-12);
+  // A hit larger than the prompt (a stale index) never makes the uncached part negative.
+  EXPECT_NEAR(predict_ttft(load, rates, 2000, 5000, m), 3.0 + 0.002, 1e-12);
+}
+
+TEST(PredictedLatencyModel, TpotGrowsWithSequencesAndKvAndPenalisesAFullCache) {
+  PredictedLatencyModel m;
+  m.decode_step_seconds_per_sequence = 1e-4;
+  m.decode_step_seconds_per_kv_token = 1e-8;
+  m.kv_capacity_tokens = 10000;
+  m.kv_full_penalty_seconds = 1.0;
+  const ResolvedRates rates{1000, 0.005};
+  CandidateLoad idle;
+  bool full = true;
+  EXPECT_NEAR(predict_tpot(idle, rates, 1000, m, &full), 0.005 + 1e-4 + 1e-5, 1e-12);
+  EXPECT_FALSE(full);
+  CandidateLoad busy;
+  busy.decode_sequences = 9;
+  busy.kv_tokens = 8000;
+  EXPECT_NEAR(predict_tpot(busy, rates, 1000, m, &full), 0.005 + 1e-3 + 9e-5, 1e-12);
+  EXPECT_FALSE(full);
+  // 8000 + 2001 > 10000: the engine would preempt.
+  EXPECT_NEAR(predict_tpot(busy, rates, 2001, m, &full), 0.005 + 1e-3 + 1.0001e-4 + 1.0, 1e-9);
+  EXPECT_TRUE(full);
+}
+
+TEST(PredictedLatencyModel, ColdStartTakesTheFleetMeanThenTheDefaults) {
+  PredictedLatencyModel m;
+  m.default_prefill_tokens_per_second = 111;
+  m.default_decode_step_seconds = 0.222;
+  Fleet f(3);
+  // Nobody measured: the topology's defaults.
+  ResolvedRates none = resolve_rates(f.candidates[0].load, fleet_rates(f.span()), m);
+  EXPECT_EQ(none.prefill_tokens_per_second, 111);
+  EXPECT_EQ(none.decode_step_seconds, 0.222);
+  // Two measured: the unmeasured one takes their mean; the measured keep their own.
+  f.candidates[1].load.prefill_tokens_per_second = 1000;
+  f.candidates[2].load.prefill_tokens_per_second = 3000;
+  f.candidates[2].load.decode_step_seconds = 0.01;
+  const ResolvedRates fleet = fleet_rates(f.span());
+  EXPECT_EQ(resolve_rates(f.candidates[0].load, fleet, m).prefill_tokens_per_second, 2000);
+  EXPECT_EQ(resolve_rates(f.candidates[0].load, fleet, m).decode_step_seconds, 0.01);
+  EXPECT_EQ(resolve_rates(f.candidates[1].load, fleet, m).prefill_tokens_per_second, 1000);
+}
+
+TEST(PredictedLatencyModel, DpRanksShareTheNodesLoad) {
+  Candidate wide{"127.0.20.1:8000", 0, 4, {}};
+  wide.load.queued_prefill_tokens = 4000;
+  wide.load.decode_sequences = 8;
+  wide.load.kv_tokens = 40000;
+  const CandidateLoad rank = per_rank(wide);
+  EXPECT_EQ(rank.queued_prefill_tokens, 1000u);
+  EXPECT_EQ(rank.decode_sequences, 2u);
+  EXPECT_EQ(rank.kv_tokens, 10000u);
+  Candidate odd{"127.0.20.2:8000", 0, 4, {}};
+  odd.load.decode_sequences = 1;  // rounds up: the rank that has it is not idle
+  EXPECT_EQ(per_rank(odd).decode_sequences, 1u);
+}
+
+// ---- the policy ------------------------------------------------------------------------------
+
+// Node 0 holds `cached` of a 4000-token prompt and has `queued` tokens waiting; node 1 is idle
+// and cold. Rate 1000 tokens/s on both.
+size_t prefill_choice(uint64_t queued, uint32_t cached) {
+  auto policy = make_policy(PolicyName::kPredictedLatency, 1, policies(config_with_rate(1000)),
+                            PolicyLeg::kPrefill);
+  Fleet f(2);
+  f.candidates[0].load.queued_prefill_tokens = queued;
+  f.candidates[0].outstanding = 3;
+  const PromptTokens prompt = tokens(4000);
+  const CacheHits hits = hits_on(f.keys[0], cached, 4000);
+  RequestSummary r;
+  r.prompt = &prompt;
+  r.cache = &hits;
+  return policy->pick(f.span(), r);
+}
+
+TEST(PredictedLatencyPolicy, ACacheHitWinsExactlyWhenItPays) {
+  // Hot node: 3000 cached saves 3 s; its queue costs queued / 1000 s.
+  EXPECT_EQ(prefill_choice(0, 3000), 0u);     // 1 s vs 4 s
+  EXPECT_EQ(prefill_choice(2500, 3000), 0u);  // 3.5 s vs 4 s: the hit still pays
+  EXPECT_EQ(prefill_choice(3500, 3000), 1u);  // 4.5 s vs 4 s: the queue costs more than the hit saves
+  EXPECT_EQ(prefill_choice(9000, 3000), 1u);
+  EXPECT_EQ(prefill_choice(0, 0), 1u);        // no hit: equal prediction, the less loaded wins
+}
+
+TEST(PredictedLatencyPolicy, ExplainsItsChoiceAndTheCacheBest) {
+  auto policy = make_policy(PolicyName::kPredictedLatency, 1, policies(config_with_rate(1000)),
+                            PolicyLeg::kPrefill);
+  Fleet f(3);
+  f.candidates[1].load.queued_prefill_tokens = 10000;
+  const PromptTokens prompt = tokens(4000);
+  const CacheHits hits = hits_on(f.keys[1], 3000, 4000);
+  RouteExplanation explanation;
+  RequestSummary r;
+  r.prompt = &prompt;
+  r.cache = &hits;
+  r.explain = &explanation;
+  const size_t chosen = policy->pick(f.span(), r);
+  EXPECT_NE(chosen, 1u);
+  const LegExplanation& e = explanation.prefill;
+  ASSERT_TRUE(e.filled);
+  EXPECT_FALSE(explanation.decode.filled);
+  ASSERT_EQ(e.rows.size(), 3u);
+  EXPECT_EQ(e.chosen, chosen);
+  ASSERT_TRUE(e.cache_best.has_value());
+  EXPECT_EQ(*e.cache_best, 1u);
+  EXPECT_EQ(e.rows[1].uncached_tokens, 1000u);
+  EXPECT_NEAR(e.rows[1].predicted_seconds, 11.0, 1e-9);
+  EXPECT_NEAR(e.rows[0].predicted_seconds, 4.0, 1e-9);
+  EXPECT_EQ(e.rows[1].load.queued_prefill_tokens, 10000u);
+}
+
+TEST(PredictedLatencyPolicy, DecodeAvoidsAFullKvCache) {
+  config::Topology::Policies::PredictedLatency c;
+  c.kv_capacity_tokens = 10000;
+  auto policy = make_policy(PolicyName::kPredictedLatency, 1, policies(c), PolicyLeg::kDecode);
+  Fleet f(2);
+  // Node 0: fewer sequences but nearly full; node 1: more sequences, room to spare.
+  f.candidates[0].load.decode_sequences = 2;
+  f.candidates[0].load.kv_tokens = 9500;
+  f.candidates[1].load.decode_sequences = 6;
+  f.candidates[1].load.kv_tokens = 8000;
+  const PromptTokens prompt = tokens(1000);
+  RequestSummary r;
+  r.prompt = &prompt;
+  EXPECT_EQ(policy->pick(f.span(), r), 1u);
+  // A small prompt fits on node 0, whose step is then the cheaper one.
+  const PromptTokens small = tokens(100);
+  r.prompt = &small;
+  EXPECT_EQ(policy->pick(f.span(), r), 0u);
+}
+
+TEST(PredictedLatencyPolicy, DpRanksCountAsParallelCapacity) {
+  auto policy = make_policy(PolicyName::kPredictedLatency, 1, policies(config_with_rate(1000)),
+                            PolicyLeg::kPrefill);
+  Fleet f(2);
+  // 4 ranks with 6000 queued (1500 each) beat 1 rank with 2000 queued.
+  f.candidates[0].weight = 4;
+  f.candidates[0].load.queued_prefill_tokens = 6000;
+  f.candidates[1].load.queued_prefill_tokens = 2000;
+  const PromptTokens prompt = tokens(100);
+  RequestSummary r;
+  r.prompt = &prompt;
+  EXPECT_EQ(policy->pick(f.span(), r), 0u);
+}
+
+TEST(PredictedLatencyPolicy, AnIdleFleetRotates) {
+  auto policy = make_policy(PolicyName::kPredictedLatency, 1, {}, PolicyLeg::kPrefill);
+  EXPECT_TRUE(policy->needs_load());
+  EXPECT_FALSE(make_policy(PolicyName::kRoundRobin, 1)->needs_load());
+  EXPECT_FALSE(make_policy(PolicyName::kLeastOutstanding, 1)->needs_load());
+  Fleet f(4);
+  std::map<size_t, int> seen;
+  for (int i = 0; i < 400; ++i) ++seen[policy->pick(f.span(), RequestSummary{})];
+  ASSERT_EQ(seen.size(), 4u);
+  for (auto& [index, n] : seen) EXPECT_EQ(n, 100) << index;
+}
+
+}  // namespace
+}  // namespace pdr::router
