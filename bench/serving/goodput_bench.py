@@ -25,7 +25,8 @@ every figure in the results is in modelled (GPU) time.
 Every (variant, speed-up) starts a fresh deployment (cold caches). Runs go speed-up by speed-up,
 every variant at each (a machine whose load drifts weighs on all alike); a variant stops after a
 speed-up below 50% attainment (higher ones would only queue longer). --smoke (CTest
-bench.serving_goodput): a few dozen requests at two speed-ups, round_robin and cache_aware and,
+bench.serving_goodput): a few dozen requests at two speed-ups, round_robin, cache_aware and
+predicted_latency and,
 when /usr/bin/etcd exists, the two-replica variant; results in a temporary file; fails if a run
 produced no result or lost requests for a reason other than an HTTP answer. Every process started
 here is stopped on exit.
@@ -50,7 +51,7 @@ from machine import machine  # noqa: E402
 from cache_bench import Processes, field, free_port, get, get_json  # noqa: E402
 
 # "a/b": policy a for prefill, b for decode; "a": a for both.
-POLICIES = ["round_robin", "least_outstanding", "cache_aware", "cache_aware/least_outstanding"]
+POLICIES = ["round_robin", "least_outstanding", "cache_aware", "cache_aware/least_outstanding", "predicted_latency"]
 ETCD = "/usr/bin/etcd"
 START_TIMEOUT_S = 20.0 * float(os.environ.get("PDR_TIME_SCALE", "1"))
 STOP_BELOW = 0.5  # a sweep stops after a speed-up under this attainment
@@ -499,7 +500,7 @@ def main():
     args.policies = [p for p in args.policies.split(",") if p]
     args.etcd_policies = [p for p in args.etcd_policies.split(",") if p]
     if args.smoke and args.policies == POLICIES:
-        args.policies = ["round_robin", "cache_aware"]
+        args.policies = ["round_robin", "cache_aware", "predicted_latency"]
     if args.prefills is None:
         args.prefills = 1 if args.smoke else 2
     if args.decodes is None:

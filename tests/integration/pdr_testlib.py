@@ -11,6 +11,7 @@ never on a fixed sleep:
     check against the binaries.
 """
 
+import atexit
 import functools
 import http.client
 import http.server
@@ -19,8 +20,10 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
+import weakref
 import time
 
 import msgpack
@@ -207,6 +210,22 @@ def http_get(host, port, path, timeout=2.0, headers=None):
 # Processes
 
 
+# Every ProcessHandle not yet garbage; at exit, a child still running is a test's leak: it is
+# killed (a leaked node keeps registering with, and taking traffic from, whatever reuses its
+# router's port) and named on stderr so the leak can be found.
+_LIVE_HANDLES = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leaked_children():
+    for handle in list(_LIVE_HANDLES):
+        if handle.proc.poll() is None:
+            sys.stderr.write("pdr_testlib: %s (pid %d) was left running; killed: %s\n"
+                             % (handle.name, handle.proc.pid, " ".join(handle.args)))
+            handle.proc.kill()
+            handle.proc.wait()
+
+
 class ProcessHandle:
     """A child process whose stdout/stderr are captured line by line into files.
 
@@ -233,6 +252,7 @@ class ProcessHandle:
         ]
         for reader in self._readers:
             reader.start()
+        _LIVE_HANDLES.add(self)
 
     def log_path(self, stream):
         return os.path.join(self.log_dir, "%s.%s" % (self.name, stream))

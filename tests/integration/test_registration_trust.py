@@ -153,6 +153,7 @@ class NixlRemoteHostTest(unittest.TestCase):
         # With an honest prefill beside it, every request is served: a rogue answer is retried on
         # the other prefill, whose side channel the decode gets.
         honest = cluster.start_node("prefill")
+        cluster.prefills.append(honest)  # closed with the cluster
         cluster.wait_registered([honest])
         for _ in range(4):
             status, _, raw = cluster.post("/v1/completions", body)
