@@ -103,6 +103,7 @@ class ProxyService : public http::BodyBudget {
   void begin_shutdown() {
     shared_.shutting_down.store(true);
     shared_.admission_queue.shut_down();
+    shared_.slo_gate.wake();  // requests waiting for their SLO: answered 503 shutting_down
   }
   // TLS to nodes and to pdrouter's own listener (router/tls_contexts.h); thread-safe.
   void set_tls(std::shared_ptr<const NodeTlsContexts> nodes, std::shared_ptr<const http::TlsClientContext> self) {

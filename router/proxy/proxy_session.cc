@@ -620,9 +620,21 @@ void ProxySession::wait_for_slo() {
   }
   // Woken when a leg ends anywhere (slo_gate.h): the pairing runs again with the new figures.
   // The gate holds the session (nothing else does while no leg runs) until then or the deadline.
-  s.slo_ticket = s.w.shared().slo_gate.park(s.w.index(), [self = shared_from_this()] {
-    if (!self->finished()) self->pair_and_send(std::nullopt);
+  // The drain wakes the gate too: a waiter is then answered 503 shutting_down at once, as the
+  // admission queue's are, instead of holding the drain up until its deadline.
+  ProxyShared& shared = s.w.shared();
+  s.slo_ticket = shared.slo_gate.park(s.w.index(), [self = shared_from_this()] {
+    if (self->finished()) return;
+    if (self->s_->w.shared().shutting_down.load()) {
+      self->s_->w.counters().refuse(Refusal::kShuttingDown);
+      self->fail(503, "pdrouter is shutting down", "shutting_down");
+      return;
+    }
+    self->pair_and_send(std::nullopt);
   });
+  // A drain that began before the park woke nobody: wake now (the flag is stored before the
+  // drain's wake, and read here after the park, so one of the two wakes sees this waiter).
+  if (shared.shutting_down.load()) shared.slo_gate.wake();
 }
 
 void ProxySession::record_route_decision() {

@@ -5,6 +5,7 @@ there while its queue costs less than the prefix saves, and a request holding li
 the idle prefill 0 once prefill 1 is loaded. Which node served each request is read from the sims'
 request logs; the decisions from GET /debug/route and /metrics."""
 import json
+import signal
 import threading
 import time
 import unittest
@@ -267,6 +268,26 @@ class SloTest(unittest.TestCase):
         self.assertGreater(elapsed, 2.0)
         self.assertLess(elapsed, 30.0)
         self.assertEqual(self.refused("queue_timeout"), 0)
+
+    def test_the_drain_answers_a_request_waiting_for_its_slo_at_once(self):
+        # Deadline and drain both far away: only the drain's own wake answers the waiter soon.
+        self.start(limits="queue_timeout_ms: 60000")
+        results = []
+        t = threading.Thread(target=lambda: results.append(self.post(list(range(100)), {"x-slo-ttft-ms": "1"})),
+                             daemon=True)
+        t.start()
+        self.router.wait_for(lambda: self.router.metrics().get("pdrouter_requests_in_flight", 0) == 1,
+                             timeout=WAIT_S)
+        started = time.monotonic()
+        self.router.process.proc.send_signal(signal.SIGTERM)
+        t.join(timeout=60 * TIME_SCALE)
+        self.assertEqual(len(results), 1)
+        code, _, raw = results[0]
+        self.assertEqual(code, 503, raw)
+        self.assertEqual(json.loads(raw)["error"]["code"], "shutting_down")
+        self.assertLess(time.monotonic() - started, 30)  # not its 60 s deadline
+        self.assertEqual(self.legs_sent(), 0)
+        self.assertEqual(self.router.process.wait(20 * TIME_SCALE), 0)
 
 
 if __name__ == "__main__":
