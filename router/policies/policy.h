@@ -34,6 +34,11 @@ struct CandidateLoad {
   uint64_t kv_tokens = 0;              // KV tokens those hold
   double prefill_tokens_per_second = 0;  // the node's measured estimate; 0: none yet
   double decode_step_seconds = 0;        // the node's measured estimate; 0: none yet
+  // From the node's own /metrics while fresh (discovery/engine_load.h, load_signals): requests
+  // running or waiting there that pdrouter did not send (another replica's, direct clients'),
+  // and its KV cache usage 0..1 (negative: not known).
+  uint32_t other_requests = 0;
+  double kv_cache_usage = -1;
 };
 
 struct Candidate {

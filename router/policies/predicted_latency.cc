@@ -48,6 +48,7 @@ CandidateLoad per_rank(const Candidate& c) {
   r.queued_prefill_tokens = (c.load.queued_prefill_tokens + w - 1) / w;
   r.decode_sequences = static_cast<uint32_t>((uint64_t{c.load.decode_sequences} + w - 1) / w);
   r.kv_tokens = (c.load.kv_tokens + w - 1) / w;
+  r.other_requests = static_cast<uint32_t>((uint64_t{c.load.other_requests} + w - 1) / w);
   return r;
 }
 
@@ -62,9 +63,13 @@ double predict_ttft(const CandidateLoad& rank_load, const ResolvedRates& rates, 
 
 double predict_tpot(const CandidateLoad& rank_load, const ResolvedRates& rates, uint64_t prompt_tokens,
                     const PredictedLatencyModel& m, bool* kv_full) {
-  const double kv_after = static_cast<double>(rank_load.kv_tokens + prompt_tokens);
-  double step = rates.decode_step_seconds +
-                m.decode_step_seconds_per_sequence * static_cast<double>(rank_load.decode_sequences + 1) +
+  // Sequences other clients run there step with ours; the engine's KV usage (when read) counts
+  // their KV too, so the larger of it and the ledger's estimate is held.
+  double kv_held = static_cast<double>(rank_load.kv_tokens);
+  if (rank_load.kv_cache_usage >= 0) kv_held = std::max(kv_held, rank_load.kv_cache_usage * m.kv_capacity_tokens);
+  const double kv_after = kv_held + static_cast<double>(prompt_tokens);
+  const uint64_t sequences = uint64_t{rank_load.decode_sequences} + rank_load.other_requests + 1;
+  double step = rates.decode_step_seconds + m.decode_step_seconds_per_sequence * static_cast<double>(sequences) +
                 m.decode_step_seconds_per_kv_token * kv_after;
   const bool full = kv_after > m.kv_capacity_tokens;
   if (full) step += m.kv_full_penalty_seconds;

@@ -13,7 +13,10 @@
 //       step + decode_step_us_per_sequence * (sequences + 1)
 //            + decode_step_ns_per_kv_token * (KV tokens + this prompt's tokens),
 //     plus kv_full_penalty_ms when that KV would exceed kv_capacity_tokens (the engine would
-//     preempt a sequence and recompute it).
+//     preempt a sequence and recompute it). With the load scrape on (topology load_signals) and
+//     the node's figures fresh, the sequences include the requests other clients run there
+//     (CandidateLoad::other_requests) and the KV held is at least the node's reported usage times
+//     kv_capacity_tokens. The prefill prediction does not use them: the page has no token counts.
 //   Figures are per DP rank: the node's totals divided by its dp_size (pdrouter turns its legs
 //   over the ranks in order, so they spread evenly); kv_capacity_tokens is per rank (engine).
 //   Cold start: a node without a measured estimate (prefill tokens/s, decode step) takes the mean

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "discovery/engine_load.h"
+#include "discovery/load_charge.h"
 #include "proto/dialects/dialect.h"
 #include "router/proxy/ejection.h"
 #include <span>
@@ -66,6 +68,14 @@ CandidateLoad load_of(const Instance& i, std::chrono::steady_clock::time_point n
   load.kv_tokens = totals.kv_tokens;
   load.prefill_tokens_per_second = ledger.prefill_tokens_per_second.read(now).value;
   load.decode_step_seconds = ledger.decode_step_seconds.read(now).value;
+  // The node's own figures, when the load scrape read them recently: what other clients put on
+  // it, and its real KV use. Stale or never read: the ledger alone.
+  const discovery::EngineLoad engine = discovery::engine_load(i, now);
+  if (engine.present) {
+    const discovery::MergedLoad merged = discovery::merge_load(discovery::node_load(*i.liveness), engine);
+    load.other_requests = merged.other_requests;
+    load.kv_cache_usage = merged.kv_cache_usage;
+  }
   return load;
 }
 

@@ -88,6 +88,35 @@ TEST(PredictedLatencyModel, TpotGrowsWithSequencesAndKvAndPenalisesAFullCache) {
   EXPECT_TRUE(full);
 }
 
+TEST(PredictedLatencyModel, TpotCountsWhatTheNodeReportsOfOtherClients) {
+  PredictedLatencyModel m;
+  m.decode_step_seconds_per_sequence = 1e-4;
+  m.decode_step_seconds_per_kv_token = 1e-8;
+  m.kv_capacity_tokens = 10000;
+  m.kv_full_penalty_seconds = 1.0;
+  const ResolvedRates rates{1000, 0.005};
+  CandidateLoad ours;
+  ours.decode_sequences = 1;
+  ours.kv_tokens = 1000;
+  bool full = true;
+  const double alone = predict_tpot(ours, rates, 1000, m, &full);
+  // Another replica's 8 sequences step with ours; their KV shows in the node's usage only.
+  CandidateLoad shared = ours;
+  shared.other_requests = 8;
+  shared.kv_cache_usage = 0.95;
+  EXPECT_NEAR(predict_tpot(shared, rates, 1000, m, &full) - alone, 8e-4 + (9500 - 1000) * 1e-8 + 1.0, 1e-9);
+  EXPECT_TRUE(full);  // 9500 held + 1000 > 10000
+  // A usage below the ledger's own estimate (read before our legs arrived) changes nothing.
+  shared.other_requests = 0;
+  shared.kv_cache_usage = 0.01;
+  EXPECT_NEAR(predict_tpot(shared, rates, 1000, m, &full), alone, 1e-12);
+  EXPECT_FALSE(full);
+  // Per DP rank, as the ledger's figures are.
+  Candidate c{"n", 0, 2, {}};
+  c.load.other_requests = 5;
+  EXPECT_EQ(per_rank(c).other_requests, 3u);
+}
+
 TEST(PredictedLatencyModel, ColdStartTakesTheFleetMeanThenTheDefaults) {
   PredictedLatencyModel m;
   m.default_prefill_tokens_per_second = 111;

@@ -435,6 +435,27 @@ TEST(Pairing, FillsCandidateLoadOnlyForPoliciesThatNeedIt) {
   InstancePtr next;
   ASSERT_TRUE(choose_decode(s, *wide, PairQuery{}, decode_sees, &next).is_ok());
   EXPECT_EQ(decode_sees.seen[0].load.kv_tokens, 700u);
+  EXPECT_EQ(decode_sees.seen[0].load.other_requests, 0u);  // no scrape: the ledger alone
+  EXPECT_LT(decode_sees.seen[0].load.kv_cache_usage, 0);
+
+  // The decode's own page (the load scrape), fresh: 5 running + 2 waiting, 1 of them pdrouter's
+  // when it was read, so 6 of other clients'; its KV usage as reported.
+  proto::EngineLoadPage page;
+  page.outcome = proto::EngineLoadPage::Outcome::kOk;
+  page.node = {5, 2, 0.4};
+  d1->liveness->engine_load.store(page, 1, d1->liveness->ledger, now, std::chrono::seconds(3));
+  RecordingPolicy scraped(true);
+  ASSERT_TRUE(choose_decode(s, *wide, PairQuery{}, scraped, &next).is_ok());
+  EXPECT_EQ(scraped.seen[0].load.other_requests, 6u);
+  EXPECT_NEAR(scraped.seen[0].load.kv_cache_usage, 0.4, 1e-12);
+  EXPECT_EQ(scraped.seen[0].load.kv_tokens, 700u);  // the ledger's, kept
+  // Once stale, the ledger alone again.
+  d1->liveness->engine_load.store(page, 1, d1->liveness->ledger, now - std::chrono::seconds(10),
+                                  std::chrono::seconds(3));
+  RecordingPolicy stale(true);
+  ASSERT_TRUE(choose_decode(s, *wide, PairQuery{}, stale, &next).is_ok());
+  EXPECT_EQ(stale.seen[0].load.other_requests, 0u);
+  EXPECT_LT(stale.seen[0].load.kv_cache_usage, 0);
 }
 
 }  // namespace
