@@ -2,6 +2,7 @@
 #include "discovery/load_charge.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 namespace pdr::discovery {
@@ -56,6 +57,7 @@ void LoadCharge::give(LoadCounters& c, const LoadFigures& f) {
 
 void LoadCharge::queue_prefill(uint64_t tokens) {
   if (!cell_ || tokens == 0) return;
+  if (held_.queued_prefill_tokens == 0) cell_->ledger.prefill_leg_started(std::chrono::steady_clock::now());
   held_.queued_prefill_tokens += tokens;
   cell_->ledger.totals_.queued_prefill_tokens.fetch_add(tokens, kRelaxed);
   slot_->queued_prefill_tokens.fetch_add(tokens, kRelaxed);
@@ -66,6 +68,7 @@ void LoadCharge::prefill_done() {
   const uint64_t tokens = std::exchange(held_.queued_prefill_tokens, 0);
   cell_->ledger.totals_.queued_prefill_tokens.fetch_sub(tokens, kRelaxed);
   slot_->queued_prefill_tokens.fetch_sub(tokens, kRelaxed);
+  cell_->ledger.prefill_leg_ended(tokens, std::chrono::steady_clock::now());
 }
 
 void LoadCharge::start_decode(uint64_t kv_tokens) {
@@ -106,6 +109,8 @@ void LoadCharge::move_to_rank(std::optional<uint32_t> rank) {
 
 void LoadCharge::release() {
   if (!cell_) return;
+  // Queued tokens still held: the leg was given up, not answered.
+  if (held_.queued_prefill_tokens != 0) cell_->ledger.prefill_leg_ended(0, std::chrono::steady_clock::now());
   if (held_.requests != 0) cell_->outstanding.fetch_sub(held_.requests, kRelaxed);
   LoadFigures totals = held_;
   totals.requests = 0;  // the node's total of requests is `outstanding`

@@ -43,9 +43,12 @@ class LoadCharge {
   // What this handle holds now.
   const LoadFigures& held() const { return held_; }
 
-  // Adds uncached prefill tokens queued on the node (no-op when unbound).
+  // Adds uncached prefill tokens queued on the node (no-op when unbound). The first starts a leg
+  // on the node's prefill busy clock (load_ledger.h).
   void queue_prefill(uint64_t tokens);
-  // Gives back every queued prefill token this handle holds.
+  // The prompt was computed (the prefill answered, or a decode serving alone did it): gives back
+  // every queued prefill token this handle holds, and they count as answered on the busy clock.
+  // release() with tokens still queued ends the leg as given up.
   void prefill_done();
   // One decode sequence starts, holding `kv_tokens` (its prompt); add_kv_tokens grows it as
   // tokens are generated. A second start_decode on the same handle only adds KV tokens.

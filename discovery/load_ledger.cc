@@ -49,6 +49,31 @@ RateEstimate::Reading RateEstimate::read(std::chrono::steady_clock::time_point n
 
 LoadLedger::~LoadLedger() { delete ranks_.load(std::memory_order_acquire); }
 
+void LoadLedger::prefill_leg_started(std::chrono::steady_clock::time_point now) {
+  std::lock_guard<std::mutex> lock(prefill_clock_mu_);
+  if (prefill_legs_++ == 0) busy_mark_ = now;  // idle until now: not busy time
+}
+
+void LoadLedger::prefill_leg_ended(uint64_t answered_tokens, std::chrono::steady_clock::time_point now) {
+  double sample = 0;
+  {
+    std::lock_guard<std::mutex> lock(prefill_clock_mu_);
+    if (prefill_legs_ == 0) return;  // not started through the clock
+    if (now > busy_mark_) busy_seconds_ += std::chrono::duration<double>(now - busy_mark_).count();
+    busy_mark_ = std::max(busy_mark_, now);
+    answered_tokens_ += answered_tokens;
+    const bool idle = --prefill_legs_ == 0;
+    if ((idle && answered_tokens_ >= kMinRateTokens) || answered_tokens_ >= kRateWindowTokens) {
+      if (busy_seconds_ > 0) sample = static_cast<double>(answered_tokens_) / busy_seconds_;
+      busy_seconds_ = 0;
+      answered_tokens_ = 0;
+    } else if (idle && answered_tokens_ == 0) {
+      busy_seconds_ = 0;  // only given-up legs: nothing to measure the time against
+    }
+  }
+  if (sample > 0) prefill_tokens_per_second.add(sample, now);
+}
+
 uint32_t LoadLedger::rank_slots() const {
   const Ranks* r = ranks_.load(std::memory_order_acquire);
   return r == nullptr ? 0 : r->count;

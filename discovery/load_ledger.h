@@ -18,13 +18,15 @@
 // the node's totals.
 //
 // Thread-safe: relaxed atomics (each counter is independently meaningful; a reader may see one
-// leg's charge on a rank before the node total); no lock, no allocation after the first charge.
+// leg's charge on a rank before the node total); no allocation after the first charge. The one
+// lock is the prefill busy clock's, taken when a prefill leg starts and ends (never on a read).
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 namespace pdr::discovery {
 
@@ -99,9 +101,22 @@ class LoadLedger {
   // Every rank at or above rank_slots(), together.
   LoadFigures beyond() const;
 
-  // Uncached prompt tokens a second, measured over whole prefill legs (send to answer: the
-  // node's queue wait included).
+  // Uncached prompt tokens a second the node computes: its service rate, fed by the prefill busy
+  // clock below.
   RateEstimate prefill_tokens_per_second;
+
+  // The prefill busy clock (LoadCharge calls these when a charge's queued prefill tokens appear
+  // and go). It measures the rate as uncached tokens answered over the time the node had at least
+  // one of pdrouter's prefill legs in flight. Per-leg latency would count a leg's wait behind
+  // earlier legs as work: a loaded node would look slow, and a policy dividing the queued tokens
+  // by that rate would count its queue twice. A sample is taken when the node goes idle (with at
+  // least kMinRateTokens answered), or once kRateWindowTokens were answered in one busy stretch:
+  // concurrent legs finish in batches, and a window of several legs evens out which leg a batch's
+  // time fell to. A leg given up (failed, cancelled) adds busy time and no tokens.
+  static constexpr uint64_t kMinRateTokens = 16;
+  static constexpr uint64_t kRateWindowTokens = 65536;
+  void prefill_leg_started(std::chrono::steady_clock::time_point now);
+  void prefill_leg_ended(uint64_t answered_tokens, std::chrono::steady_clock::time_point now);
   // Seconds between streamed tokens of a decode leg (first to last data event, over the events
   // in between).
   RateEstimate decode_step_seconds;
@@ -116,6 +131,11 @@ class LoadLedger {
   LoadCounters* slot(uint32_t dp_size, uint32_t rank);
 
   LoadCounters totals_;  // requests unused: InstanceLiveness::outstanding is the total
+  std::mutex prefill_clock_mu_;
+  uint32_t prefill_legs_ = 0;                         // legs in flight
+  std::chrono::steady_clock::time_point busy_mark_{}; // busy time counted up to here
+  double busy_seconds_ = 0;                           // of the current window
+  uint64_t answered_tokens_ = 0;                      // of the current window
   std::atomic<Ranks*> ranks_{nullptr};
 };
 

@@ -195,10 +195,6 @@ uint64_t streamed_tokens(std::string_view chunk) {
   return events;
 }
 
-// Prefill legs below this many uncached tokens teach no prefill rate: their time is mostly the
-// fixed cost of a request, not prefill work.
-constexpr uint64_t kMinPrefillRateTokens = 16;
-
 tracing::TraceLeg trace_leg(Leg leg) {
   return leg == Leg::kPrefill ? tracing::TraceLeg::kPrefill : tracing::TraceLeg::kDecode;
 }
@@ -828,11 +824,8 @@ void ProxySession::on_prefill_complete() {
   if (status >= 200 && status < 300) {
     const SteadyClock::time_point now = SteadyClock::now();
     s.phases.prefill_answered(s.legs.plan.dialect, s.w.counters().pd_phases, now);
-    const uint64_t tokens = s.prefill_queue.held().queued_prefill_tokens;
     const double seconds = std::chrono::duration<double>(now - s.prefill_sent_at).count();
-    if (tokens >= kMinPrefillRateTokens && seconds > 0 && s.prefill_queue.bound()) {
-      s.prefill_queue.cell()->ledger.prefill_tokens_per_second.add(static_cast<double>(tokens) / seconds, now);
-    }
+    s.prefill_queue.prefill_done();  // answered: the node's busy clock takes its tokens (load_ledger.h)
     if (s.predicted_ttft) s.w.shared().route_decisions.observe_ttft(*s.predicted_ttft, seconds);
     s.predicted_ttft.reset();
   }

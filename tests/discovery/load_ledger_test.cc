@@ -266,5 +266,67 @@ TEST(RateEstimate, ConcurrentSamplesAllCount) {
   EXPECT_NEAR(r.value, 42.0, 1e-9);
 }
 
+// The prefill busy clock measures the node's service rate, not a leg's latency.
+TEST(PrefillBusyClock, LegsWaitingBehindOthersDoNotMakeTheNodeLookSlow) {
+  LoadLedger ledger;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Two legs sent at once; the node computes 1,000 tokens a second, one leg after the other.
+  ledger.prefill_leg_started(t0);
+  ledger.prefill_leg_started(t0);
+  ledger.prefill_leg_ended(1000, t0 + 1s);
+  EXPECT_FALSE(ledger.prefill_tokens_per_second.read(t0 + 1s).present());  // still busy
+  ledger.prefill_leg_ended(1000, t0 + 2s);
+  // 2,000 tokens in 2 s of busy time: 1,000/s (per-leg latency said 1,000 and 500).
+  const auto r = ledger.prefill_tokens_per_second.read(t0 + 2s);
+  EXPECT_EQ(r.samples, 1u);
+  EXPECT_NEAR(r.value, 1000, 1e-6);
+  // Idle time between legs is not busy time.
+  ledger.prefill_leg_started(t0 + 10s);
+  ledger.prefill_leg_ended(500, t0 + 10500ms);
+  EXPECT_NEAR(ledger.prefill_tokens_per_second.read(t0 + 11s).value, 1000, 1e-6);
+  EXPECT_EQ(ledger.prefill_tokens_per_second.read(t0 + 11s).samples, 2u);
+}
+
+TEST(PrefillBusyClock, GivenUpLegsAddTimeButNoTokensAndAWindowClosesUnderEndlessLoad) {
+  LoadLedger ledger;
+  const auto t0 = std::chrono::steady_clock::now();
+  // A leg given up alone teaches nothing.
+  ledger.prefill_leg_started(t0);
+  ledger.prefill_leg_ended(0, t0 + 1s);
+  EXPECT_FALSE(ledger.prefill_tokens_per_second.read(t0 + 1s).present());
+  // Never idle: a sample once a window of tokens was answered.
+  auto t = t0 + 2s;
+  ledger.prefill_leg_started(t);
+  uint64_t answered = 0;
+  while (answered < LoadLedger::kRateWindowTokens) {
+    ledger.prefill_leg_started(t);  // the next leg is queued before this one is answered
+    t += 1s;
+    ledger.prefill_leg_ended(8192, t);
+    answered += 8192;
+  }
+  const auto r = ledger.prefill_tokens_per_second.read(t);
+  EXPECT_EQ(r.samples, 1u);
+  EXPECT_NEAR(r.value, 8192, 1e-6);
+  // A leg ended that never started through the clock changes nothing.
+  LoadLedger other;
+  other.prefill_leg_ended(1000, t0);
+  EXPECT_FALSE(other.prefill_tokens_per_second.read(t0).present());
+}
+
+TEST(PrefillBusyClock, ChargesStartAndEndLegs) {
+  Instance n = node(1);
+  n.liveness = std::make_shared<InstanceLiveness>();
+  {
+    LoadCharge answered(n, std::nullopt);
+    answered.queue_prefill(4000);
+    answered.prefill_done();  // counted as answered
+    LoadCharge abandoned(n, std::nullopt);
+    abandoned.queue_prefill(4000);
+  }  // released with tokens queued: given up
+  const auto r = n.liveness->ledger.prefill_tokens_per_second.read(std::chrono::steady_clock::now());
+  EXPECT_EQ(r.samples, 1u);  // from the answered leg only
+  EXPECT_GT(r.value, 0);
+}
+
 }  // namespace
 }  // namespace pdr::discovery
