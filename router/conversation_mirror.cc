@@ -44,7 +44,7 @@ ConversationMirror::ConversationMirror(proxy::ConversationCache& cache,
       prefix_(std::move(prefix)),
       replica_id_(std::move(replica_id)),
       status_(status),
-      wake_(std::move(wake)) {}
+      ops_(std::move(wake)) {}
 
 proxy::ConversationCache::Limits ConversationMirror::limits() const {
   const auto topology = topology_.load();
@@ -56,22 +56,10 @@ proxy::ConversationCache::Limits ConversationMirror::limits() const {
 }
 
 void ConversationMirror::push(ConversationOp op) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) return;
-  if (queue_.size() >= kMaxQueued) {
-    bump(status_.conversation_failures);  // etcd is far behind: this one is not shared
-    return;
-  }
-  queue_.push_back(std::move(op));
-  // Under the lock, so close() returning means no wake is under way (the replicator's wake
-  // handle closes after it).
-  wake_();
+  if (!ops_.push(std::move(op))) bump(status_.conversation_failures);  // etcd is far behind: not shared
 }
 
-void ConversationMirror::close() {
-  std::lock_guard<std::mutex> lock(mu_);
-  closed_ = true;
-}
+void ConversationMirror::close() { ops_.close(); }
 
 void ConversationMirror::stored(const proxy::ConversationCache::Key& key, const proxy::ConversationCache::Entry& entry,
                                 std::chrono::milliseconds ttl) {
@@ -102,20 +90,10 @@ void ConversationMirror::taken(const proxy::ConversationCache::Key& key) {
   push(std::move(op));
 }
 
-std::vector<ConversationOp> ConversationMirror::pop(size_t max) {
-  std::vector<ConversationOp> out;
-  std::lock_guard<std::mutex> lock(mu_);
-  while (out.size() < max && !queue_.empty()) {
-    out.push_back(std::move(queue_.front()));
-    queue_.pop_front();
-  }
-  return out;
-}
+std::vector<ConversationOp> ConversationMirror::pop(size_t max) { return ops_.pop(max); }
 
 size_t ConversationMirror::drop_queued() {
-  std::lock_guard<std::mutex> lock(mu_);
-  const size_t n = queue_.size();
-  queue_.clear();
+  const size_t n = ops_.drop_all();
   status_.conversation_failures.fetch_add(n, std::memory_order_relaxed);
   return n;
 }

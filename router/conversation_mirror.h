@@ -29,9 +29,7 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -42,6 +40,7 @@
 #include "discovery/sources/etcd/conversation_feed.h"
 #include "discovery/sources/etcd/registry_replicator.h"
 #include "proto/etcd_json.h"
+#include "router/etcd_op_queue.h"
 #include "router/proxy/conversation_cache.h"
 
 namespace pdr::router {
@@ -59,7 +58,7 @@ class ConversationMirror : public proxy::ConversationCache::Replication,
                            public discovery::sources::etcd::ConversationFeed {
  public:
   static_assert(std::is_same_v<Clock, proxy::ConversationCache::Clock>, "one steady clock for the cache and etcd");
-  static constexpr size_t kMaxQueued = 4096;
+  static constexpr size_t kMaxQueued = EtcdOpQueue::kMaxQueued;
 
   // `wake` is called (from any thread) after an operation was queued; `status` receives the
   // conversation counters. All outlive the mirror.
@@ -121,10 +120,7 @@ class ConversationMirror : public proxy::ConversationCache::Replication,
   std::string prefix_;
   std::string replica_id_;
   ReplicatorStatus& status_;
-  std::function<void()> wake_;
-  std::mutex mu_;
-  std::deque<ConversationOp> queue_;
-  bool closed_ = false;
+  EtcdOpQueue ops_;
   std::unordered_map<std::string, OwnPut> own_puts_;  // etcd key -> this replica's put
 };
 

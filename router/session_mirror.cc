@@ -45,7 +45,7 @@ SessionMirror::SessionMirror(proxy::SessionTable& table, const SnapshotCell<conf
       prefix_(std::move(prefix)),
       replica_id_(std::move(replica_id)),
       counters_(counters),
-      wake_(std::move(wake)) {}
+      ops_(std::move(wake)) {}
 
 void SessionMirror::bound(const proxy::SessionTable::Key& key, const proxy::SessionTable::Binding& binding,
                           std::chrono::milliseconds idle_ttl) {
@@ -60,35 +60,15 @@ void SessionMirror::bound(const proxy::SessionTable::Key& key, const proxy::Sess
   op.key = proto::etcd_session_key(prefix_, key.binding, key.id);
   op.value = proto::encode_etcd_session(e);
   op.lease_seconds = proto::etcd_conversation_lease_seconds(idle_ttl.count());
-  std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) return;
-  if (queue_.size() >= kMaxQueued) {
-    bump(counters_.etcd_dropped);  // etcd is far behind: this binding is not shared
-    return;
-  }
-  queue_.push_back(std::move(op));
-  wake_();  // under the lock, as ConversationMirror::push explains
+  if (!ops_.push(std::move(op))) bump(counters_.etcd_dropped);  // etcd is far behind: not shared
 }
 
-void SessionMirror::close() {
-  std::lock_guard<std::mutex> lock(mu_);
-  closed_ = true;
-}
+void SessionMirror::close() { ops_.close(); }
 
-std::vector<ConversationOp> SessionMirror::pop(size_t max) {
-  std::vector<ConversationOp> out;
-  std::lock_guard<std::mutex> lock(mu_);
-  while (out.size() < max && !queue_.empty()) {
-    out.push_back(std::move(queue_.front()));
-    queue_.pop_front();
-  }
-  return out;
-}
+std::vector<ConversationOp> SessionMirror::pop(size_t max) { return ops_.pop(max); }
 
 size_t SessionMirror::drop_queued() {
-  std::lock_guard<std::mutex> lock(mu_);
-  const size_t n = queue_.size();
-  queue_.clear();
+  const size_t n = ops_.drop_all();
   counters_.etcd_dropped.fetch_add(n, std::memory_order_relaxed);
   return n;
 }

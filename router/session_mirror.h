@@ -26,10 +26,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -40,6 +38,7 @@
 #include "proto/base/snapshot_cell.h"
 #include "router/proxy/conversation_cache.h"
 #include "router/proxy/session_affinity_counters.h"
+#include "router/etcd_op_queue.h"
 #include "router/proxy/session_table.h"
 
 namespace pdr::router {
@@ -56,7 +55,7 @@ void mirror_shared_entries(discovery::sources::etcd::RegistryReplicator& replica
 
 class SessionMirror : public proxy::SessionTable::Replication, public ConversationFeed {
  public:
-  static constexpr size_t kMaxQueued = 4096;
+  static constexpr size_t kMaxQueued = EtcdOpQueue::kMaxQueued;
 
   SessionMirror(proxy::SessionTable& table, const SnapshotCell<config::Topology>& topology, std::string prefix,
                 std::string replica_id, proxy::SessionAffinityCounters& counters, std::function<void()> wake);
@@ -86,10 +85,7 @@ class SessionMirror : public proxy::SessionTable::Replication, public Conversati
   std::string prefix_;
   std::string replica_id_;
   proxy::SessionAffinityCounters& counters_;
-  std::function<void()> wake_;
-  std::mutex mu_;
-  std::deque<ConversationOp> queue_;
-  bool closed_ = false;
+  EtcdOpQueue ops_;
   std::unordered_map<std::string, OwnPut> own_puts_;  // replicator's thread only
 };
 
