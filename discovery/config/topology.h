@@ -165,6 +165,10 @@ struct Topology {
       uint32_t kv_transfer_ns_per_token = 5000;
       uint32_t kv_capacity_tokens = 464000;
       uint32_t kv_full_penalty_ms = 1000;
+      // Prefill: how many seconds of other requests' waiting one second of prefill work added to
+      // a node costs; the choice minimises predicted TTFT + this x the request's own prefill work
+      // there (uncached tokens over the node's rate). 0: the request's own TTFT alone.
+      uint32_t fleet_work_weight = 8;
       uint32_t slo_ttft_ms = 0;
       uint32_t slo_tpot_ms = 0;
       bool shed = false;

@@ -80,6 +80,7 @@ struct LegExplanation {
     CandidateLoad load;             // node totals as read
     uint64_t uncached_tokens = 0;   // of this prompt, on this node (prefill)
     double predicted_seconds = 0;   // TTFT (prefill) or time per output token (decode)
+    double score = 0;               // what the choice minimised (prefill: TTFT + its fleet work)
     bool kv_full = false;           // decode: this request would exceed its KV capacity
   };
   bool filled = false;

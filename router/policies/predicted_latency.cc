@@ -17,6 +17,7 @@ PredictedLatencyModel PredictedLatencyModel::from(const config::Topology::Polici
   m.kv_transfer_seconds_per_token = c.kv_transfer_ns_per_token * 1e-9;
   m.kv_capacity_tokens = c.kv_capacity_tokens;
   m.kv_full_penalty_seconds = c.kv_full_penalty_ms * 1e-3;
+  m.fleet_work_weight = c.fleet_work_weight;
   return m;
 }
 
@@ -61,6 +62,11 @@ double predict_ttft(const CandidateLoad& rank_load, const ResolvedRates& rates, 
          static_cast<double>(prompt_tokens) * m.kv_transfer_seconds_per_token;
 }
 
+double prefill_score(double ttft, const ResolvedRates& rates, uint64_t uncached_tokens, const PredictedLatencyModel& m) {
+  const double rate = rates.prefill_tokens_per_second > 0 ? rates.prefill_tokens_per_second : 1;
+  return ttft + m.fleet_work_weight * static_cast<double>(uncached_tokens) / rate;
+}
+
 double predict_tpot(const CandidateLoad& rank_load, const ResolvedRates& rates, uint64_t prompt_tokens,
                     const PredictedLatencyModel& m, bool* kv_full) {
   // Sequences other clients run there step with ours; the engine's KV usage (when read) counts
@@ -85,6 +91,7 @@ constexpr double kTieSeconds = 1e-9;
 // Per-thread scratch of pick(): cleared and refilled, so a pick allocates nothing once grown.
 struct Scratch {
   std::vector<double> predicted;
+  std::vector<double> score;  // what is minimised: the prediction, or prefill_score
   std::vector<uint64_t> uncached;
   std::vector<uint8_t> kv_full;
 };
@@ -98,6 +105,7 @@ class PredictedLatencyPolicy final : public Policy {
     assert(!candidates.empty());
     thread_local Scratch s;
     s.predicted.clear();
+    s.score.clear();
     s.uncached.clear();
     s.kv_full.clear();
     const uint64_t prompt = request.prompt != nullptr ? request.prompt->count : 0;
@@ -108,19 +116,22 @@ class PredictedLatencyPolicy final : public Policy {
       if (leg_ == PolicyLeg::kPrefill) {
         const uint64_t u = request.prompt != nullptr ? uncached_tokens(*request.prompt, request.cache, c.key) : 0;
         s.uncached.push_back(u);
-        s.predicted.push_back(predict_ttft(rank, rates, prompt, prompt - std::min(u, prompt), model_));
+        const double ttft = predict_ttft(rank, rates, prompt, prompt - std::min(u, prompt), model_);
+        s.predicted.push_back(ttft);
+        s.score.push_back(prefill_score(ttft, rates, std::min(u, prompt), model_));
         s.kv_full.push_back(0);
       } else {
         bool full = false;
         s.predicted.push_back(predict_tpot(rank, rates, prompt, model_, &full));
+        s.score.push_back(s.predicted.back());
         s.uncached.push_back(prompt);
         s.kv_full.push_back(full ? 1 : 0);
       }
     }
-    // a strictly beats b: a lower prediction, or an equal one with less load.
+    // a strictly beats b: a lower score, or an equal one with less load.
     auto better = [&](size_t a, size_t b) {
-      if (s.predicted[a] < s.predicted[b] - kTieSeconds) return true;
-      if (s.predicted[b] < s.predicted[a] - kTieSeconds) return false;
+      if (s.score[a] < s.score[b] - kTieSeconds) return true;
+      if (s.score[b] < s.score[a] - kTieSeconds) return false;
       return less_loaded(candidates[a], candidates[b]);
     };
     size_t best = 0, ties = 1;
@@ -162,7 +173,7 @@ class PredictedLatencyPolicy final : public Policy {
     for (size_t i = 0; i < candidates.size(); ++i) {
       const Candidate& c = candidates[i];
       out.rows.push_back({std::string(c.key), c.outstanding, c.weight, c.load, s.uncached[i], s.predicted[i],
-                          s.kv_full[i] != 0});
+                          s.score[i], s.kv_full[i] != 0});
       const uint32_t matched = request.cache != nullptr ? request.cache->matched(c.key) : 0;
       if (matched > most) {
         most = matched;

@@ -17,6 +17,14 @@
 //     the node's figures fresh, the sequences include the requests other clients run there
 //     (CandidateLoad::other_requests) and the KV held is at least the node's reported usage times
 //     kv_capacity_tokens. The prefill prediction does not use them: the page has no token counts.
+//   - the prefill choice is not the least TTFT alone: it minimises
+//       predicted TTFT + fleet_work_weight * (this prompt's uncached tokens / the node's rate),
+//     the second term being the delay that the work a cache miss adds to a node causes the
+//     requests queued after it there. With the weight 0 a cold node's shorter queue wins even
+//     when recomputing the prompt there costs the fleet more than the hot node's queue costs this
+//     request; under load every such choice adds work and lowers the hit rate of the requests
+//     after it (bench/serving/GOODPUT_RESULTS.md measured the collapse). The SLO check and the
+//     explanation still use the predicted TTFT itself.
 //   Figures are per DP rank: the node's totals divided by its dp_size (pdrouter turns its legs
 //   over the ranks in order, so they spread evenly); kv_capacity_tokens is per rank (engine).
 //   Cold start: a node without a measured estimate (prefill tokens/s, decode step) takes the mean
@@ -45,6 +53,7 @@ struct PredictedLatencyModel {
   double kv_transfer_seconds_per_token = 5e-6;
   double kv_capacity_tokens = 464000;
   double kv_full_penalty_seconds = 1.0;
+  double fleet_work_weight = 8;
 
   static PredictedLatencyModel from(const config::Topology::Policies::PredictedLatency& config);
 };
@@ -65,6 +74,9 @@ CandidateLoad per_rank(const Candidate& c);
 // holds `cached_tokens`.
 double predict_ttft(const CandidateLoad& rank_load, const ResolvedRates& rates, uint64_t prompt_tokens,
                     uint64_t cached_tokens, const PredictedLatencyModel& m);
+// What the prefill choice minimises (see above): `ttft` plus fleet_work_weight times the
+// seconds of prefill work `uncached_tokens` are at `rates`.
+double prefill_score(double ttft, const ResolvedRates& rates, uint64_t uncached_tokens, const PredictedLatencyModel& m);
 // Predicted seconds per output token when `c` takes one more sequence of `prompt_tokens` of KV.
 // *kv_full (when set) says whether the KV capacity would be exceeded.
 double predict_tpot(const CandidateLoad& rank_load, const ResolvedRates& rates, uint64_t prompt_tokens,

@@ -13,9 +13,9 @@ namespace pdr::router::proxy {
 
 std::string explain_reason(const LegExplanation& leg, PolicyLeg which) {
   if (!leg.filled || leg.rows.empty()) return {};
-  const char* what = which == PolicyLeg::kPrefill ? "TTFT" : "time per output token";
+  const char* what = which == PolicyLeg::kPrefill ? "TTFT + fleet work" : "time per output token";
   const LegExplanation::Row& chosen = leg.rows[leg.chosen];
-  std::string out = fmt::format("least predicted {} ({:.6f} s of {} candidate{})", what, chosen.predicted_seconds,
+  std::string out = fmt::format("least predicted {} ({:.6f} s of {} candidate{})", what, chosen.score,
                                 leg.rows.size(), leg.rows.size() == 1 ? "" : "s");
   if (leg.cache_best) {
     const LegExplanation::Row& best = leg.rows[*leg.cache_best];
@@ -23,7 +23,7 @@ std::string explain_reason(const LegExplanation& leg, PolicyLeg which) {
       out += "; it holds the most of the prompt";
     } else {
       out += fmt::format("; {} holds the most of the prompt but was skipped for load (predicted {:.6f} s)", best.key,
-                         best.predicted_seconds);
+                         best.score);
     }
   }
   if (chosen.kv_full) out += "; every candidate would exceed its KV capacity";
@@ -72,6 +72,7 @@ nlohmann::json leg_json(const LegExplanation& leg, PolicyLeg which) {
                     {"decode_step_seconds", r.load.decode_step_seconds},
                     {"uncached_tokens", r.uncached_tokens},
                     {"predicted_seconds", r.predicted_seconds},
+                    {"score", r.score},
                     {"kv_full", r.kv_full}});
   }
   return {{"chosen", leg.rows[leg.chosen].key},

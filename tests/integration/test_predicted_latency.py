@@ -44,7 +44,8 @@ def start_cluster(test, policy_options=""):
     for node in test.decodes:
         instances.append(f'  - {{role: decode, http_address: "{node.http_address}", connector: nixl}}')
     # Both prefills predicted at 1,000 tokens/s until measured (then the fleet's mean: still equal
-    # for the two), no transfer term: the choice turns on queued + uncached tokens alone.
+    # for the two), no transfer term: the choice turns on queued + uncached tokens, each uncached
+    # token weighing 1 + fleet_work_weight (8 by default) for the work it adds to the node.
     options = "default_prefill_tokens_per_second: 1000, kv_transfer_ns_per_token: 0"
     if policy_options:
         options += ", " + policy_options
@@ -101,9 +102,9 @@ class PredictedLatencyTest(unittest.TestCase):
         return having[0]
 
     def test_a_loaded_cache_hot_prefill_is_skipped_only_when_its_queue_costs_more(self):
-        # Three requests extending the held prefix: on prefill 1 each costs its queue + 300
-        # tokens, on prefill 0 the whole 1,324; 300, 600 and 900 are all cheaper, so the hot
-        # node takes every one although it is the loaded one (cache_aware's thresholds aside).
+        # Three requests extending the held prefix: on prefill 1 each costs its queue + 9 x 300
+        # tokens, on prefill 0 9 x the whole 1,324; the hot node is cheaper each time, so it
+        # takes every one although it is the loaded one (cache_aware's thresholds aside).
         loading = [HELD + list(range(90000 + i * SUFFIX, 90000 + (i + 1) * SUFFIX)) for i in range(3)]
         results, threads = [], []
         for i, prompt in enumerate(loading):
@@ -116,8 +117,8 @@ class PredictedLatencyTest(unittest.TestCase):
                                 f"the loading request never reached prefill 1: {self.decisions()}")
                 time.sleep(0.01)
         self.assertEqual(self.queued_on(self.prefills[0]), 0)
-        # A request holding one block of the prefix: prefill 1 would cost 900 + 8 tokens, the idle
-        # cold prefill 0 only its 12.
+        # A request holding one block of the prefix: prefill 1 would cost 900 + 9 x 8 tokens, the
+        # idle cold prefill 0 only 9 x 12.
         small = HELD[:BLOCK] + [1, 2, 3, 4, 5, 6, 7, 8]
         code, raw = self.post(small)
         self.assertEqual(code, 200, raw)

@@ -154,9 +154,10 @@ TEST(PredictedLatencyModel, DpRanksShareTheNodesLoad) {
 
 // Node 0 holds `cached` of a 4000-token prompt and has `queued` tokens waiting; node 1 is idle
 // and cold. Rate 1000 tokens/s on both.
-size_t prefill_choice(uint64_t queued, uint32_t cached) {
-  auto policy = make_policy(PolicyName::kPredictedLatency, 1, policies(config_with_rate(1000)),
-                            PolicyLeg::kPrefill);
+size_t prefill_choice(uint64_t queued, uint32_t cached, uint32_t fleet_work_weight = 0) {
+  config::Topology::Policies::PredictedLatency c = config_with_rate(1000);
+  c.fleet_work_weight = fleet_work_weight;
+  auto policy = make_policy(PolicyName::kPredictedLatency, 1, policies(c), PolicyLeg::kPrefill);
   Fleet f(2);
   f.candidates[0].load.queued_prefill_tokens = queued;
   f.candidates[0].outstanding = 3;
@@ -169,7 +170,8 @@ size_t prefill_choice(uint64_t queued, uint32_t cached) {
 }
 
 TEST(PredictedLatencyPolicy, ACacheHitWinsExactlyWhenItPays) {
-  // Hot node: 3000 cached saves 3 s; its queue costs queued / 1000 s.
+  // Weight 0, this request's own TTFT alone. Hot node: 3000 cached saves 3 s; its queue costs
+  // queued / 1000 s.
   EXPECT_EQ(prefill_choice(0, 3000), 0u);     // 1 s vs 4 s
   EXPECT_EQ(prefill_choice(2500, 3000), 0u);  // 3.5 s vs 4 s: the hit still pays
   EXPECT_EQ(prefill_choice(3500, 3000), 1u);  // 4.5 s vs 4 s: the queue costs more than the hit saves
@@ -177,11 +179,26 @@ TEST(PredictedLatencyPolicy, ACacheHitWinsExactlyWhenItPays) {
   EXPECT_EQ(prefill_choice(0, 0), 1u);        // no hit: equal prediction, the less loaded wins
 }
 
+TEST(PredictedLatencyPolicy, TheFleetWorkOfAMissKeepsTheHotNodeLonger) {
+  // Weight 8: the hot node's score is queued / 1000 + 9 x 1 s, the cold one's 9 x 4 s; the hot
+  // node is kept until its queue costs 27 s, not 3 s as with its TTFT alone.
+  EXPECT_EQ(prefill_choice(3500, 3000, 8), 0u);
+  EXPECT_EQ(prefill_choice(26500, 3000, 8), 0u);
+  EXPECT_EQ(prefill_choice(27500, 3000, 8), 1u);
+  EXPECT_EQ(prefill_choice(0, 0, 8), 1u);  // no hit anywhere: equal work, the shorter queue wins
+  // The score is the TTFT plus the weight times the request's own work at the node's rate.
+  PredictedLatencyModel m;
+  m.fleet_work_weight = 8;
+  EXPECT_NEAR(prefill_score(2.0, ResolvedRates{1000, 0}, 500, m), 6.0, 1e-9);
+  m.fleet_work_weight = 0;
+  EXPECT_NEAR(prefill_score(2.0, ResolvedRates{1000, 0}, 500, m), 2.0, 1e-9);
+}
+
 TEST(PredictedLatencyPolicy, ExplainsItsChoiceAndTheCacheBest) {
   auto policy = make_policy(PolicyName::kPredictedLatency, 1, policies(config_with_rate(1000)),
                             PolicyLeg::kPrefill);
   Fleet f(3);
-  f.candidates[1].load.queued_prefill_tokens = 10000;
+  f.candidates[1].load.queued_prefill_tokens = 40000;
   const PromptTokens prompt = tokens(4000);
   const CacheHits hits = hits_on(f.keys[1], 3000, 4000);
   RouteExplanation explanation;
@@ -199,9 +216,12 @@ TEST(PredictedLatencyPolicy, ExplainsItsChoiceAndTheCacheBest) {
   ASSERT_TRUE(e.cache_best.has_value());
   EXPECT_EQ(*e.cache_best, 1u);
   EXPECT_EQ(e.rows[1].uncached_tokens, 1000u);
-  EXPECT_NEAR(e.rows[1].predicted_seconds, 11.0, 1e-9);
+  // The predictions are the TTFTs; the scores add 8 x each node's own work (1 s and 4 s).
+  EXPECT_NEAR(e.rows[1].predicted_seconds, 41.0, 1e-9);
   EXPECT_NEAR(e.rows[0].predicted_seconds, 4.0, 1e-9);
-  EXPECT_EQ(e.rows[1].load.queued_prefill_tokens, 10000u);
+  EXPECT_NEAR(e.rows[1].score, 49.0, 1e-9);
+  EXPECT_NEAR(e.rows[0].score, 36.0, 1e-9);
+  EXPECT_EQ(e.rows[1].load.queued_prefill_tokens, 40000u);
 }
 
 TEST(PredictedLatencyPolicy, DecodeAvoidsAFullKvCache) {
