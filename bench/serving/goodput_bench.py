@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 from machine import machine  # noqa: E402
 from cache_bench import Processes, field, free_port, get, get_json  # noqa: E402
+from fleet_ceiling import ceilings, engine_settings  # noqa: E402
 
 # "a/b": policy a for prefill, b for decode; "a": a for both.
 POLICIES = ["round_robin", "least_outstanding", "cache_aware", "cache_aware/least_outstanding", "predicted_latency"]
@@ -348,6 +349,23 @@ def render(args, variants, results, started):
                              if goodput_speedup(results.get(v["name"], {}), args.target) else "below the sweep")
                 for v in variants[1:])))
         w("")
+    if args.engine == "vllm":
+        w("## What any router could reach")
+        w("")
+        w("The prefill work this window needs and the speed-up at which it fills the %d prefill "
+          "node%s (utilisation 1; `bench/serving/fleet_ceiling.py`, the engine model's step time for "
+          "each prompt's uncached tokens after its cached prefix): with the fleet's KV as one LRU "
+          "cache, a router that never duplicates a prefix nor loses one it could keep, and with an "
+          "unbounded cache. A router holding TTFT within the SLO saturates below the first ceiling."
+          % (args.prefills, "" if args.prefills == 1 else "s"))
+        w("")
+        w("| cache | hit rate | prefill work (modelled s) | ceiling speed-up |")
+        w("| --- | ---: | ---: | ---: |")
+        for label, hit, work_s, ceiling in ceilings(args.window_rows, args.prefills,
+                                                    engine_settings(args.help_text, args.sim_flag),
+                                                    MAX_MODEL_LEN):
+            w("| %s | %.1f%% | %.1f | %.2f |" % (label, 100 * hit, work_s, ceiling))
+        w("")
     w("## Every run")
     w("")
     w("| variant | speed-up | requests | failed (429/503/other) | attainment % | goodput req/s "
@@ -416,6 +434,7 @@ def write_window(args, work):
     with open(args.window_file, "w") as f:
         f.writelines(window)
     rows = [json.loads(line) for line in window]
+    args.window_rows = rows
     seen, hit, total = set(), 0, 0
     for r in rows:
         ids, hitting = r["hash_ids"], True
@@ -516,6 +535,7 @@ def main():
                   % (b, args.bin_dir), file=sys.stderr)
             return 2
     help_text = sim_help(args.pdnode)
+    args.help_text = help_text
     has_engine = "--engine" in help_text and "--time-scale" in help_text
     if args.engine == "auto":
         args.engine = "vllm" if has_engine else "per-token"
