@@ -20,7 +20,13 @@ every figure in the results is in modelled (GPU) time.
       [--num-prompts N] [--first I] [--speedups LIST] [--policies LIST] [--etcd-policies LIST]
       [--prefills P] [--decodes D] [--engine auto|vllm|per-token] [--time-scale T]
       [--sim-flag=FLAG ...] [--backend completions|generate] [--slo-ttft-ms MS] [--slo-tbt-ms MS]
-      [--target 0.9] [--request-timeout S] [--note TEXT]
+      [--target 0.9] [--request-timeout S] [--note TEXT] [--overload-policy P]
+      [--overload-speedup S] [--overload-max-concurrent N]
+
+After the sweep, one overload run: --overload-policy (predicted_latency) with pdrouter's admission
+queue on (limits.max_concurrent_requests 8 per prefill node, limits.queue_timeout_ms the TTFT SLO in
+wall time) at 1.5x the speed-up where round_robin saturated: the results say how many requests
+were answered, refused 429/503 or lost, and the queue wait's p50/p99 against its deadline.
 
 Every (variant, speed-up) starts a fresh deployment (cold caches). Runs go speed-up by speed-up,
 every variant at each (a machine whose load drifts weighs on all alike); a variant stops after a
@@ -28,8 +34,8 @@ speed-up below 50% attainment (higher ones would only queue longer). --smoke (CT
 bench.serving_goodput): a few dozen requests at two speed-ups, round_robin, cache_aware and
 predicted_latency and,
 when /usr/bin/etcd exists, the two-replica variant; results in a temporary file; fails if a run
-produced no result or lost requests for a reason other than an HTTP answer. Every process started
-here is stopped on exit.
+produced no result or lost requests for a reason other than an HTTP answer (the overload run, at
+the highest speed-up with 2 slots, included). Every process started here is stopped on exit.
 """
 import argparse
 import datetime
@@ -110,7 +116,7 @@ class Deployment:
     roles and KV events on, and P prefill + D decode NIXL sims; node i registers with router
     i % replicas only, so with etcd the others learn it from the shared registry."""
 
-    def __init__(self, procs, args, policy, replicas, etcd, tag):
+    def __init__(self, procs, args, policy, replicas, etcd, tag, limits=None):
         self.procs, self.args = procs, args
         self.routers, discoveries = [], []
         prefix = "/pdr-goodput-%d-%s/" % (os.getpid(), tag)
@@ -121,6 +127,8 @@ class Deployment:
                 f.write("policies:\n  prefill: %s\n  decode: %s\n"
                         % (prefill_policy, decode_policy or prefill_policy))
                 f.write("kv_events:\n  enabled: true\n")
+                if limits:
+                    f.write("limits:\n" + "".join("  %s: %d\n" % kv for kv in sorted(limits.items())))
                 if etcd is not None:
                     f.write("registry:\n  backend: etcd\n  etcd_endpoints: [\"127.0.0.1:%d\"]\n"
                             "  etcd_prefix: \"%s\"\n  replica_id: \"r%d\"\n"
@@ -192,12 +200,36 @@ class Deployment:
         return loads
 
 
+def admission_figures(router):
+    """The router's admission queue after a run: waits (count, p50 and p99 from the histogram's
+    buckets, seconds) and its refusals by reason."""
+    text = get("http://%s/metrics" % router)
+    buckets, refused, count = [], {}, 0.0
+    for line in text.splitlines():
+        m = re.match(r'pdrouter_admission_queue_wait_seconds_bucket\{le="([^"]+)"\} (\S+)', line)
+        if m:
+            buckets.append((float("inf") if m.group(1) == "+Inf" else float(m.group(1)), float(m.group(2))))
+        m = re.match(r"pdrouter_admission_queue_wait_seconds_count (\S+)", line)
+        if m:
+            count = float(m.group(1))
+        m = re.match(r'pdrouter_requests_refused_total\{reason="([a-z_]+)"\} (\S+)', line)
+        if m and float(m.group(2)) > 0:
+            refused[m.group(1)] = int(float(m.group(2)))
+
+    def quantile(q):
+        for le, n in sorted(buckets):
+            if count > 0 and n >= q * count:
+                return le
+        return None
+    return {"waited": int(count), "wait_p50_s": quantile(0.5), "wait_p99_s": quantile(0.99), "refused": refused}
+
+
 def run_one(args, procs, variant, speedup):
     policy, replicas = variant["policy"], variant["replicas"]
-    tag = "%s-x%d-%s" % (policy.replace("/", "-"), replicas, speedup)
+    tag = "%s-x%d-%s%s" % (policy.replace("/", "-"), replicas, speedup, "-limits" if variant.get("limits") else "")
     etcd = Etcd(procs.work) if replicas > 1 else None
     try:
-        dep = Deployment(procs, args, policy, replicas, etcd, tag)
+        dep = Deployment(procs, args, policy, replicas, etcd, tag, variant.get("limits"))
         out = os.path.join(procs.work, "%s.json" % tag)
         cmd = [args.bench, "--trace", args.window_file, "--num-prompts", str(args.num_prompts),
                "--trace-speedup", "%g" % (speedup / args.time_scale),
@@ -221,6 +253,8 @@ def run_one(args, procs, variant, speedup):
         result["load"] = (load_before, os.getloadavg()[0])
         result["prefill_loads"] = dep.loads(dep.prefills)
         result["decode_loads"] = dep.loads(dep.decodes)
+        if variant.get("limits"):
+            result["admission"] = admission_figures(dep.routers[0])
         return result
     finally:
         procs.stop_all()
@@ -366,6 +400,34 @@ def render(args, variants, results, started):
                                                     MAX_MODEL_LEN):
             w("| %s | %.1f%% | %.1f | %.2f |" % (label, 100 * hit, work_s, ceiling))
         w("")
+    over = getattr(args, "overload_result", None)
+    if over is not None:
+        v, speedup, r = over
+        a = r.get("admission", {})
+        deadline_s = v["limits"]["queue_timeout_ms"] / 1000.0
+        lost = r.get("failed", 0) - sum(r.get("failed_http_status", {}).values())
+        w("## Overload: %s at speed-up %g with the admission queue" % (v["name"], speedup))
+        w("")
+        w("At %s, pdrouter with `limits: %s` (the queue's deadline is the TTFT SLO in wall time): "
+          "what happened to every request, and how long the admitted ones waited in the queue "
+          "(`pdrouter_admission_queue_wait_seconds`, p50 and p99 as the upper bounds of their "
+          "histogram buckets, in modelled seconds)."
+          % (v["overload_why"], ", ".join("%s: %d" % kv for kv in sorted(v["limits"].items()))))
+        w("")
+        w("| requests | answered 2xx | refused 429 | refused 503 | failed otherwise (HTTP) | lost (no HTTP answer) "
+          "| attainment % | waited in the queue | queue wait p50 / p99 (s, modelled) | deadline (s, modelled) "
+          "| refusals by reason |")
+        w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        failed_http = sum(r.get("failed_http_status", {}).values())
+
+        def secs(x):
+            return "n/a" if x is None else ("> %g" % (deadline_s / t) if x == float("inf") else "%.3g" % (x / t))
+        w("| %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %g | %s |" % (
+            r.get("slo_requests", "?"), r.get("slo_requests", 0) - r.get("failed", 0), r.get("http_429", 0),
+            r.get("http_503", 0), failed_http - r.get("http_429", 0) - r.get("http_503", 0), lost,
+            pct(r.get("slo_attainment")), a.get("waited", "?"), secs(a.get("wait_p50_s")), secs(a.get("wait_p99_s")),
+            deadline_s / t, ", ".join("%s %d" % kv for kv in sorted(a.get("refused", {}).items())) or "none"))
+        w("")
     w("## Every run")
     w("")
     w("| variant | speed-up | requests | failed (429/503/other) | attainment % | goodput req/s "
@@ -478,6 +540,29 @@ def variants_of(args):
     return out
 
 
+def overload_variant(args, results):
+    """The overload run after the sweep: (variant, speed-up), or None when there is none to run."""
+    if not args.overload_policy:
+        return None
+    if args.overload_speedup is not None:
+        speedup, why = args.overload_speedup, "speed-up %g (given)" % args.overload_speedup
+    elif args.smoke:
+        speedup, why = max(args.speedups), "the highest speed-up swept (smoke)"
+    else:
+        base = goodput_speedup(results.get("round_robin", {}), args.target)
+        if not base:
+            print("goodput_bench.py: round_robin has no goodput speed-up in this sweep: no overload run "
+                  "(give --overload-speedup)", file=sys.stderr)
+            return None
+        speedup, why = 1.5 * base, "1.5x the speed-up where round_robin saturates (%g)" % base
+    limit = args.overload_max_concurrent or (2 if args.smoke else 8 * args.prefills)
+    limits = {"max_concurrent_requests": limit,
+              "queue_timeout_ms": max(1, round(args.slo_ttft_ms * args.time_scale))}
+    return ({"name": "%s + admission queue" % args.overload_policy, "policy": args.overload_policy,
+             "replicas": 1, "limits": limits, "overload_why": why,
+             "what": "%s, limits %s" % (policy_text(args.overload_policy), limits)}, speedup)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bin-dir", default=os.environ.get("PDR_BUILD_DIR", os.path.join(ROOT, "build", "release")))
@@ -510,6 +595,15 @@ def main():
     parser.add_argument("--request-timeout", type=float, default=120.0,
                         help="pdrouter-bench --timeout, wall seconds (a request waiting longer failed)")
     parser.add_argument("--note", default="", help="a sentence added to the results")
+    parser.add_argument("--overload-policy", default="predicted_latency",
+                        help="after the sweep, one run of this policy with the admission queue on, at "
+                        "1.5x the speed-up where round_robin saturates ('' for none)")
+    parser.add_argument("--overload-speedup", type=float, default=None,
+                        help="the overload run's speed-up (default: 1.5x round_robin's goodput speed-up; "
+                        "smoke: the highest swept)")
+    parser.add_argument("--overload-max-concurrent", type=int, default=None,
+                        help="limits.max_concurrent_requests of the overload run (default 8 per prefill "
+                        "node; smoke 2); limits.queue_timeout_ms is the TTFT SLO in wall time")
     args = parser.parse_args()
     if args.num_prompts is None:
         args.num_prompts = 24 if args.smoke else 400
@@ -585,6 +679,23 @@ def main():
                          r["wall_s"]), flush=True)
                 if not args.smoke and r.get("slo_attainment", 0) < STOP_BELOW:
                     saturated.add(v["name"])
+        over = overload_variant(args, results)
+        if over is not None and status == 0:
+            v, speedup = over
+            r = run_one(args, procs, v, speedup)
+            lost = r.get("failed", 0) - sum(r.get("failed_http_status", {}).values())
+            if "slo_attainment" not in r or r["bench_rc"] not in (0, 1):
+                print("goodput_bench.py: overload run: pdrouter-bench exit %d, no result" % r["bench_rc"],
+                      file=sys.stderr)
+                status = 1
+            elif lost > 0 or "admission" not in r:
+                print("goodput_bench.py: overload run: %d requests got no HTTP answer: %s"
+                      % (lost, r.get("error_counts")), file=sys.stderr)
+                status = 1
+            args.overload_result = (v, speedup, r)
+            print("    overload: attainment %s%%, %d answered 429, %d 503, queue %s"
+                  % (pct(r.get("slo_attainment")), r.get("http_429", 0), r.get("http_503", 0),
+                     r.get("admission")), flush=True)
     except KeyboardInterrupt:
         status = 130
     except (RuntimeError, OSError) as e:

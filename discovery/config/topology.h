@@ -138,7 +138,7 @@ struct Topology {
       uint32_t balance_abs_threshold = 32;
       uint32_t balance_rel_percent = 150;
       uint32_t prefix_tree_max_bytes = 64u << 20;
-      uint32_t prefix_tree_prompt_bytes = 16u << 10;
+      uint32_t prefix_tree_prompt_bytes = 256u << 10;
       // Text prompts and chat messages: `node` asks one node (labelled `serves: tokenize`, else a
       // prefill the request could pair with) for the prompt's token ids (vLLM's POST /tokenize,
       // router/proxy/cache_tokenize.h) and matches them exactly on the KV events' block index;

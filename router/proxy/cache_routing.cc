@@ -63,6 +63,29 @@ std::string first_block_extra_of(const proto::JsonObjectBody& body) {
   return proto::kv_extra_keys_for_cache_salt(*salt);
 }
 
+// Token ids in the first `bytes` of a JSON array of them: the commas before that point (the
+// number cut at `bytes`, if any, does not count).
+uint32_t token_ids_within(std::string_view prompt, size_t bytes) {
+  return static_cast<uint32_t>(std::count(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(std::min(bytes, prompt.size())), ','));
+}
+
+// The KV events say what nodes hold once they computed it; a prompt routed a moment ago is not
+// there yet, and its family's next request would miss it and go elsewhere (the prefill's queue
+// is when a node is busy). Where pdrouter routed earlier prompts (the prefix tree) says it at
+// once: each node's hit is the larger of the two, in tokens.
+void merge_routed(std::string_view prompt, const cache::PrefixTree& tree, std::string_view tree_key, CacheHits* hits) {
+  for (const cache::PrefixTree::Match& m : tree.match(tree_key)) {
+    const uint32_t tokens = token_ids_within(prompt, m.matched_bytes);
+    if (tokens == 0) continue;
+    auto it = std::find_if(hits->nodes.begin(), hits->nodes.end(), [&](const CacheHits::Node& n) { return n.key == m.tenant; });
+    if (it == hits->nodes.end()) {
+      hits->nodes.push_back({m.tenant, tokens});
+    } else {
+      it->matched = std::max(it->matched, tokens);
+    }
+  }
+}
+
 size_t source_index(CacheHits::Source source) { return source == CacheHits::Source::kKvEvents ? 0 : 1; }
 
 }  // namespace
@@ -84,6 +107,7 @@ std::optional<CacheRouting> lookup_cache(const proto::JsonObjectBody& body, std:
   routing.first_block_extra = first_block_extra_of(body);
   if (shared.block_index != nullptr &&
       lookup_blocks(prompt, model, routing.first_block_extra, *shared.block_index, &routing.hits)) {
+    if (shared.prefix_tree != nullptr) merge_routed(prompt, *shared.prefix_tree, routing.tree_key, &routing.hits);
     return routing;
   }
   routing.hits.source = CacheHits::Source::kPrefixTree;

@@ -201,6 +201,38 @@ TEST(CacheRouting, TokenIdsNobodyHoldsFallBackToThePrefixTree) {
   EXPECT_EQ(routing->tree_key, "[0,1,2,3,4,5,6,7]");
 }
 
+// A prompt's blocks reach the KV events only once its prefill computed them: until then the next
+// request sharing it learns from the prefix tree where it went, in token ids.
+TEST(CacheRouting, TokenIdsJustRoutedCountWhereTheyWentBeforeTheirKvEvents) {
+  ProxyShared shared;
+  cache::BlockIndex index;
+  cache::PrefixTree tree;
+  shared.block_index = &index;
+  shared.prefix_tree = &tree;
+  store(index, kPrefillA, 2);  // A computed tokens [0, 8) long ago
+  const auto first_body = parse(token_prompt(22));  // the routing's tree key points into it
+  const auto first = lookup_cache(first_body, "m", cache_aware_topology(), shared);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->hits.matched(kPrefillA), 8u);
+  EXPECT_EQ(first->hits.matched(kPrefillB), 0u);
+  record_routing(*first, Pair{instance(kPrefillB, proto::Role::kPrefill), instance(kDecode, proto::Role::kDecode)},
+                 shared);
+  // The next turn extends it: B and the decode were sent its first 22 tokens (the last one's
+  // comma is not in the shared text, so 21 count); A's events still say 8.
+  const auto next = lookup_cache(parse(token_prompt(30)), "m", cache_aware_topology(), shared);
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->hits.source, CacheHits::Source::kKvEvents);
+  EXPECT_EQ(next->hits.prompt_units, 30u);
+  EXPECT_EQ(next->hits.matched(kPrefillA), 8u);
+  EXPECT_EQ(next->hits.matched(kPrefillB), 21u);
+  EXPECT_EQ(next->hits.matched(kDecode), 21u);
+  // Once the events show more than the tree knows, the events' figure stands.
+  store(index, kPrefillB, 7);
+  const auto later = lookup_cache(parse(token_prompt(30)), "m", cache_aware_topology(), shared);
+  ASSERT_TRUE(later.has_value());
+  EXPECT_EQ(later->hits.matched(kPrefillB), 28u);
+}
+
 TEST(CacheRouting, TheTreeKeyIsCappedAtThePromptBudget) {
   ProxyShared shared;
   auto topology = cache_aware_topology();
