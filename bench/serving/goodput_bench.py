@@ -129,6 +129,10 @@ class Deployment:
                 f.write("kv_events:\n  enabled: true\n")
                 if limits:
                     f.write("limits:\n" + "".join("  %s: %d\n" % kv for kv in sorted(limits.items())))
+                    # Each request's queue_ms, exactly (the histogram's buckets are coarse).
+                    self.access_logs = getattr(self, "access_logs", [])
+                    self.access_logs.append(os.path.join(procs.work, "access-%s-%d.log" % (tag, r)))
+                    f.write("access_log:\n  path: \"%s\"\n" % self.access_logs[-1])
                 if etcd is not None:
                     f.write("registry:\n  backend: etcd\n  etcd_endpoints: [\"127.0.0.1:%d\"]\n"
                             "  etcd_prefix: \"%s\"\n  replica_id: \"r%d\"\n"
@@ -200,28 +204,33 @@ class Deployment:
         return loads
 
 
-def admission_figures(router):
-    """The router's admission queue after a run: waits (count, p50 and p99 from the histogram's
-    buckets, seconds) and its refusals by reason."""
-    text = get("http://%s/metrics" % router)
-    buckets, refused, count = [], {}, 0.0
-    for line in text.splitlines():
-        m = re.match(r'pdrouter_admission_queue_wait_seconds_bucket\{le="([^"]+)"\} (\S+)', line)
-        if m:
-            buckets.append((float("inf") if m.group(1) == "+Inf" else float(m.group(1)), float(m.group(2))))
-        m = re.match(r"pdrouter_admission_queue_wait_seconds_count (\S+)", line)
-        if m:
-            count = float(m.group(1))
+def admission_figures(router, access_log, requests):
+    """The admission queue of a run: its refusals by reason (the router's /metrics) and the
+    queue_ms of every request the access log has a line for (waiting up to 10 s for the log's
+    writer to catch up with the `requests` lines due), as seconds: p50, p99 and the longest wait
+    of the admitted (2xx) requests, and how many waited at all."""
+    refused = {}
+    for line in get("http://%s/metrics" % router).splitlines():
         m = re.match(r'pdrouter_requests_refused_total\{reason="([a-z_]+)"\} (\S+)', line)
         if m and float(m.group(2)) > 0:
             refused[m.group(1)] = int(float(m.group(2)))
+    records, deadline = [], time.monotonic() + 10.0
+    while True:
+        try:
+            with open(access_log) as f:
+                records = [json.loads(x) for x in f if x.strip()]
+        except (OSError, ValueError):
+            records = []
+        if len(records) >= requests or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    waits = sorted((r.get("queue_ms") or 0.0) / 1000.0 for r in records if 200 <= r.get("status", 0) < 300)
 
     def quantile(q):
-        for le, n in sorted(buckets):
-            if count > 0 and n >= q * count:
-                return le
-        return None
-    return {"waited": int(count), "wait_p50_s": quantile(0.5), "wait_p99_s": quantile(0.99), "refused": refused}
+        return waits[min(len(waits) - 1, int(q * len(waits)))] if waits else None
+    return {"waited": sum(1 for w in waits if w > 0), "admitted": len(waits), "wait_p50_s": quantile(0.5),
+            "wait_p99_s": quantile(0.99), "wait_max_s": waits[-1] if waits else None, "refused": refused,
+            "logged": len(records)}
 
 
 def run_one(args, procs, variant, speedup):
@@ -254,7 +263,8 @@ def run_one(args, procs, variant, speedup):
         result["prefill_loads"] = dep.loads(dep.prefills)
         result["decode_loads"] = dep.loads(dep.decodes)
         if variant.get("limits"):
-            result["admission"] = admission_figures(dep.routers[0])
+            # Every replayed request and pdrouter-bench's test request have a line.
+            result["admission"] = admission_figures(dep.routers[0], dep.access_logs[0], args.num_prompts + 1)
         return result
     finally:
         procs.stop_all()
@@ -409,23 +419,23 @@ def render(args, variants, results, started):
         w("## Overload: %s at speed-up %g with the admission queue" % (v["name"], speedup))
         w("")
         w("At %s, pdrouter with `limits: %s` (the queue's deadline is the TTFT SLO in wall time): "
-          "what happened to every request, and how long the admitted ones waited in the queue "
-          "(`pdrouter_admission_queue_wait_seconds`, p50 and p99 as the upper bounds of their "
-          "histogram buckets, in modelled seconds)."
+          "what happened to every request, and how long the admitted (2xx) ones waited in the "
+          "queue (their access log lines' `queue_ms`, in modelled seconds)."
           % (v["overload_why"], ", ".join("%s: %d" % kv for kv in sorted(v["limits"].items()))))
         w("")
         w("| requests | answered 2xx | refused 429 | refused 503 | failed otherwise (HTTP) | lost (no HTTP answer) "
-          "| attainment % | waited in the queue | queue wait p50 / p99 (s, modelled) | deadline (s, modelled) "
+          "| attainment % | admitted after waiting | queue wait p50 / p99 / longest (s, modelled) | deadline (s, modelled) "
           "| refusals by reason |")
         w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
         failed_http = sum(r.get("failed_http_status", {}).values())
 
         def secs(x):
-            return "n/a" if x is None else ("> %g" % (deadline_s / t) if x == float("inf") else "%.3g" % (x / t))
-        w("| %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %g | %s |" % (
+            return "n/a" if x is None else "%.3g" % (x / t)
+        w("| %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s | %g | %s |" % (
             r.get("slo_requests", "?"), r.get("slo_requests", 0) - r.get("failed", 0), r.get("http_429", 0),
             r.get("http_503", 0), failed_http - r.get("http_429", 0) - r.get("http_503", 0), lost,
             pct(r.get("slo_attainment")), a.get("waited", "?"), secs(a.get("wait_p50_s")), secs(a.get("wait_p99_s")),
+            secs(a.get("wait_max_s")),
             deadline_s / t, ", ".join("%s %d" % kv for kv in sorted(a.get("refused", {}).items())) or "none"))
         w("")
     w("## Every run")
