@@ -7,7 +7,7 @@
 
 #include "proto/json_splice.h"
 #include "router/http/json_error.h"
-#include "router/proxy/pairing.h"
+#include "router/routing/pairing.h"
 
 namespace pdr::router::proxy {
 

@@ -24,17 +24,18 @@
 #include "router/policies/prompt_tokens.h"
 #include "router/proxy/abort_requests.h"
 #include "router/proxy/admission.h"
-#include "router/proxy/cache_routing.h"
-#include "router/proxy/cache_tokenize.h"
+#include "router/routing/cache_routing.h"
+#include "router/routing/cache_tokenize.h"
 #include "router/proxy/client_api.h"
-#include "router/proxy/decode_alone.h"
-#include "router/proxy/ejection.h"
-#include "router/proxy/multi_turn.h"
-#include "router/proxy/session_affinity.h"
-#include "router/proxy/pairing.h"
-#include "router/proxy/pre_step.h"
+#include "router/proxy/node_endpoints.h"
+#include "router/routing/decode_alone.h"
+#include "router/routing/ejection.h"
+#include "router/routing/multi_turn.h"
+#include "router/routing/session_affinity.h"
+#include "router/routing/pairing.h"
+#include "router/routing/pre_step.h"
 #include "router/proxy/retry_rules.h"
-#include "router/proxy/session_timer.h"
+#include "router/routing/session_timer.h"
 #include "router/proxy/tenant_tokens.h"
 
 namespace pdr::router::proxy {
@@ -172,7 +173,7 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view hea
 // message for a 400, or nothing. *choices gets n (1 when absent or null). n > 1 cannot go through
 // P/D (the prefill leg's KV export and the decode's import are per request, not per sampled
 // choice: vLLM's connectors do not transfer KV for parallel sampling), so it goes to the decode
-// alone where the dialect allows that (decode_alone.h), and is refused after pairing otherwise.
+// alone where the dialect allows that (router/routing/decode_alone.h), and is refused after pairing otherwise.
 std::optional<std::string> check_parameters(std::string_view path, const proto::JsonObjectBody& body,
                                             int64_t* choices) {
   return proto::check_client_parameters(path, body, choices);
@@ -247,7 +248,7 @@ struct ProxySession::State {
   // sampling_params indexed once; borrows client's document).
   proto::GenerateView generate;
   const proto::Dialect* dialect = nullptr;  // of the pair (proto/dialects/dialect.h)
-  PrefillFacts prefill_facts;               // what the dialect's pre-step learned (pre_step.h)
+  PrefillFacts prefill_facts;               // what the dialect's pre-step learned (router/routing/pre_step.h)
   proto::LegBuild legs;
   std::vector<std::string> tried_prefills, tried_decodes;
   uint32_t prefill_attempts = 0, decode_attempts = 0;
@@ -255,7 +256,7 @@ struct ProxySession::State {
   Leg last_leg = Leg::kPrefill;
   std::string last_detail;
 
-  UpstreamPort::CallPtr tokenize_call;  // a node's /tokenize for the cache lookup (cache_tokenize.h)
+  UpstreamPort::CallPtr tokenize_call;  // a node's /tokenize for the cache lookup (router/routing/cache_tokenize.h)
 
   UpstreamPort::CallPtr prefill_call;
   std::string prefill_key;  // of the prefill leg in flight (kept after the pair is released)
@@ -304,7 +305,7 @@ struct ProxySession::State {
   SessionTimer head_timer;     // a held stream head: the first event is due (timeouts.first_byte)
   SessionTimer request_timer;  // whole request (timeouts.request, 0 = none)
   SessionTimer slo_timer;      // waiting for a node within the SLO (limits.queue_timeout_ms)
-  uint64_t slo_ticket = 0;     // its place in the SLO gate while parked (slo_gate.h)
+  uint64_t slo_ticket = 0;     // its place in the SLO gate while parked (router/routing/slo_gate.h)
 };
 
 void ProxySession::start(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer) {
@@ -391,7 +392,7 @@ void ProxySession::begin() {
     return;
   }
   if (auto refusal = MultiTurnRequest::begin(body, *s.topo, s.choices == 1, s.req.authorization,
-                                             s.req.bind_header_value, s.w.shared().conversations, s.w.counters(),
+                                             s.req.bind_header_value, s.w.shared().conversations, s.w.counters().multi_turn,
                                              &s.multi_turn)) {
     s.w.counters().refuse(Refusal::kBadParameter);
     send_answer(s.writer, api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"),
@@ -439,7 +440,9 @@ void ProxySession::tokenize_then_pair() {
   // The call's callbacks keep the session alive, as a leg's do; cancelling the call (close_legs)
   // releases them.
   s.tokenize_call = start_tokenize(
-      s.w, s.client, s.model, s.req.forward_authorization ? std::string_view(s.req.authorization) : std::string_view(),
+      s.w, s.client, s.model,
+      upstream_authorization(*s.topo, s.req.forward_authorization ? std::string_view(s.req.authorization)
+                                                                  : std::string_view()),
       [self = shared_from_this(), count](bool ok, TokenizeResult why_not, std::vector<uint32_t>&& tokens) {
         if (self->finished()) return;
         State& s = *self->s_;
@@ -512,7 +515,7 @@ void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
     s.w.counters().retried(*retry_of);
     ++s.retries;
   }
-  if (s.cache) record_routing(*s.cache, pair, s.w.shared());
+  if (s.cache) record_routing(*s.cache, pair, s.w.shared(), s.w.counters().cache_routing);
   if (s.session) s.session->routed(pair, *s.topo, s.w.shared().sessions, s.w.counters().session_affinity);
   if (s.req.trace) s.req.trace->routed(pair.prefill->key, pair.decode->key, s.cache ? &s.cache->hits : nullptr);
   s.pair = std::move(pair);
@@ -614,7 +617,7 @@ void ProxySession::wait_for_slo() {
            "queue_timeout");
     });
   }
-  // Woken when a leg ends anywhere (slo_gate.h): the pairing runs again with the new figures.
+  // Woken when a leg ends anywhere (router/routing/slo_gate.h): the pairing runs again with the new figures.
   // The gate holds the session (nothing else does while no leg runs) until then or the deadline.
   // The drain wakes the gate too: a waiter is then answered 503 shutting_down at once, as the
   // admission queue's are, instead of holding the drain up until its deadline.
@@ -679,7 +682,7 @@ void ProxySession::build_and_send() {
   }
   if (s.explanation) record_route_decision();
   if (s.multi_turn) {
-    s.multi_turn->on_legs_built(s.legs, *s.pair.decode, s.w.counters());
+    s.multi_turn->on_legs_built(s.legs, *s.pair.decode, s.w.counters().multi_turn);
     if (s.legs.plan.tokens_in) {  // the prefill may have got the decode's params at the top level
       (void)proto::mirror_generate_kv_params(options.limits, &s.legs.prefill.body);
       (void)proto::mirror_generate_kv_params(options.limits, &s.legs.decode.body);
@@ -1258,7 +1261,7 @@ void ProxySession::on_decode_complete() {
       return;
     }
     if (edit == proto::KvParamsEdit::kRedacted) (s.sse ? s.sse_tail : s.decode_body) = std::move(redacted);
-    if (s.multi_turn) s.multi_turn->on_done(*s.pair.decode, *s.topo, s.w.shared().conversations, s.w.counters());
+    if (s.multi_turn) s.multi_turn->on_done(*s.pair.decode, *s.topo, s.w.shared().conversations, s.w.counters().multi_turn);
     if (s.sse) {
       if (!s.stream_started && !start_client_stream()) return;
       if (!s.sse_tail.empty()) s.writer.write(s.sse_tail);
