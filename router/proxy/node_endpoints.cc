@@ -29,12 +29,6 @@ std::vector<http::Header> auth_headers(const config::Topology& t, const http::Re
 
 }  // namespace
 
-std::string upstream_authorization(const config::Topology& topology, std::string_view client_value) {
-  if (!client_value.empty()) return std::string(client_value);
-  if (!topology.connectors.upstream_api_key.empty()) return "Bearer " + topology.connectors.upstream_api_key;
-  return {};
-}
-
 void serve_models(WorkerContext& worker, const http::Request& request, http::ResponseWriter writer) {
   ModelsCache& cache = worker.models();
   const auto now = std::chrono::steady_clock::now();

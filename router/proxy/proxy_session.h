@@ -72,6 +72,7 @@
 #include "router/clients/access_record.h"
 #include "router/clients/tenant_registry.h"
 #include "router/proxy/proxy_shared.h"
+#include "router/routing/request_route.h"
 #include "router/routing/slo_headers.h"
 #include "router/tracing/request_trace.h"
 
@@ -126,10 +127,10 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
 
  private:
   void begin();
-  // policies.cache_aware.tokenize: node: a node's /tokenize before pairing (router/routing/cache_tokenize.h).
-  void tokenize_then_pair();
-  // `retry_of`: the leg whose failure this new pair retries (counted once a pair is found).
+  // Asks the request's route (router/routing/request_route.h) for a pair; on_routed() gets the
+  // answer. `retry_of`: the leg whose failure this new pair retries (counted once a pair is found).
   void pair_and_send(std::optional<Leg> retry_of = std::nullopt);
+  void on_routed(routing::Route* route, routing::RouteRefusal* refusal);
   void send_prefill();
   void send_decode();
   void on_prefill_complete();
@@ -162,13 +163,6 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   void node_failed(Leg leg, const UpstreamPort::Call* call);
   void relay_upstream_error(int status, const std::string& content_type, const std::string& body);
   void build_and_send();
-  // Keeps the policy's explanation of this attempt's pair in GET /debug/route's ring.
-  void record_route_decision();
-  // The pair just chosen is predicted within the request's SLO (legs without a prediction pass).
-  bool slo_reachable() const;
-  // It is not: 503 slo_unmet at once (shed, or no admission queue), else wait in the SLO gate
-  // (router/routing/slo_gate.h) until a re-pairing is, or limits.queue_timeout_ms passes (503 queue_timeout).
-  void wait_for_slo();
   void fail(int status, std::string_view message, std::string_view code);
   void end_stream_with_error(int status, std::string_view message, std::string_view code);
   void end(RequestState final_state);

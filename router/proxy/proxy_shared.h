@@ -117,7 +117,7 @@ class WorkerContext final : public routing::RoutingWorker {
 
   ProxyShared& shared() { return shared_; }
   ProxyCounters& counters() { return shared_.counters; }
-  uint32_t index() const { return index_; }
+  uint32_t index() const override { return index_; }
   uv_loop_s* loop() { return loop_; }
   // The deadlines of this worker's sessions and relays (SessionTimer::start).
   routing::TimerQueue& timers() override { return timers_; }
@@ -128,6 +128,15 @@ class WorkerContext final : public routing::RoutingWorker {
   routing::MooncakeEngineCache& mooncake() override { return mooncake_; }
   routing::BufferBudget& buffered() override { return shared_.counters.buffered; }
   routing::BootstrapQueryCounters& bootstrap_queries() override { return shared_.counters.bootstrap_queries; }
+  routing::RouteCounters route_counters() override {
+    ProxyCounters& c = shared_.counters;
+    return {&c.cache_routing, &c.cache_tokenize, &c.multi_turn, &c.session_affinity};
+  }
+  routing::RoutePolicies route_policies() override {
+    PolicySet& set = policies();
+    return {set.prefill.get(), set.decode.get()};
+  }
+  bool shutting_down() const override { return shared_.shutting_down.load(); }
   // The TLS context of calls to the node at `http_address` (http::UpstreamRequest::tls); null:
   // plain HTTP (node_tls.h).
   const std::shared_ptr<const http::TlsClientContext>& node_tls(const proto::HostPort& http_address) override {

@@ -172,7 +172,8 @@ NodeCalls::CallPtr start_tokenize(RoutingWorker& worker, const proto::JsonObject
   request.method = "POST";
   request.path = "/tokenize";
   request.headers.push_back({"Content-Type", "application/json"});
-  if (!authorization.empty()) request.headers.push_back({"Authorization", std::string(authorization)});
+  std::string auth = upstream_authorization(topology, authorization);
+  if (!auth.empty()) request.headers.push_back({"Authorization", std::move(auth)});
   request.body = tokenize_body(body);
 
   auto state = std::make_shared<TokenizeCall>();

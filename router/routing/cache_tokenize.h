@@ -71,8 +71,7 @@ bool wants_tokenize(const proto::JsonObjectBody& body, const config::Topology& t
 using TokenizeDone = std::function<void(bool ok, TokenizeResult why_not, std::vector<uint32_t>&& tokens)>;
 
 // Starts the call; null when no eligible node is up (then `done` is never called: the caller
-// counts kNoNode). `body` is read only during this call. `authorization`: the Authorization
-// header to send the node (the proxy's upstream_authorization of the client's); empty: none.
+// counts kNoNode). `body` is read only during this call.
 NodeCalls::CallPtr start_tokenize(RoutingWorker& worker, const proto::JsonObjectBody& body, std::string_view model,
                                   std::string_view authorization, TokenizeDone done);
 

@@ -10,7 +10,10 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <string_view>
 
+#include "discovery/config/topology.h"
 #include "proto/address.h"
 #include "router/http/upstream_client.h"
 
@@ -28,5 +31,10 @@ class NodeCalls {
   virtual CallPtr start(const proto::HostPort& target, http::UpstreamRequest&& request,
                         http::UpstreamTimeouts timeouts, http::UpstreamCallbacks&& callbacks) = 0;
 };
+
+// The Authorization value for an upstream call made on a client's behalf to an endpoint pdrouter
+// routes itself: the client's own, else "Bearer <connectors.upstream_api_key>", else empty. Never
+// for a pass-through path (router/proxy/one_node_relay.h), which carries the client's own only.
+std::string upstream_authorization(const config::Topology& topology, std::string_view client_value);
 
 }  // namespace pdr::router::routing

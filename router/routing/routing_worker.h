@@ -2,7 +2,8 @@
 // WorkerContext (router/proxy/proxy_shared.h) implements: the worker's newest registry snapshot
 // and topology, its random numbers, its timers, the calls it starts to nodes (NodeCalls: the
 // node /tokenize call, the Mooncake bootstrap /query) with the TLS each node wants, its Mooncake
-// engine cache, the buffered-bytes budget and the bootstrap query counters. WorkerContext is
+// engine cache, the buffered-bytes budget, the routing policies of the current topology, whether
+// the drain began, and the routing counters (request_route.h). WorkerContext is
 // final, so the proxy's own calls on it stay direct; routing's go through this table.
 //
 // Worker thread only, as WorkerContext.
@@ -15,6 +16,8 @@
 #include "discovery/instance.h"
 #include "proto/address.h"
 #include "router/http/upstream_client.h"
+#include "router/policies/policy.h"
+#include "router/routing/cache_routing_counters.h"
 
 namespace pdr::router::routing {
 
@@ -23,6 +26,22 @@ class TimerQueue;
 class MooncakeEngineCache;
 struct BufferBudget;
 struct BootstrapQueryCounters;
+struct MultiTurnCounters;
+struct SessionAffinityCounters;
+
+// The counters a request's routing bumps (members of the proxy's ProxyCounters).
+struct RouteCounters {
+  CacheRoutingCounters* cache_routing = nullptr;
+  CacheTokenizeCounters* cache_tokenize = nullptr;
+  MultiTurnCounters* multi_turn = nullptr;
+  SessionAffinityCounters* session_affinity = nullptr;
+};
+
+// The policies of the worker's current topology; valid until the worker's next call.
+struct RoutePolicies {
+  Policy* prefill = nullptr;
+  Policy* decode = nullptr;
+};
 
 class RoutingWorker {
  public:
@@ -40,6 +59,12 @@ class RoutingWorker {
   // limits.max_buffered_bytes, shared by every worker (buffer_budget.h).
   virtual BufferBudget& buffered() = 0;
   virtual BootstrapQueryCounters& bootstrap_queries() = 0;
+  virtual RouteCounters route_counters() = 0;
+  virtual RoutePolicies route_policies() = 0;
+  // This worker's index (where an SLO re-check is posted, slo_gate.h).
+  virtual uint32_t index() const = 0;
+  // The drain began: new requests get 503.
+  virtual bool shutting_down() const = 0;
 
  protected:
   ~RoutingWorker() = default;
