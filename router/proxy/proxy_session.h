@@ -3,13 +3,21 @@
 //
 //   ACCEPTED -> PAIRED -> PREFILL_SENT -> PREFILL_DONE -> DECODE_SENT -> STREAMING -> DONE
 //   (concurrent dialects: PREFILL_SENT -> DECODE_SENT at once, the prefill answer is read and
-//   dropped; conditional disaggregation, router/routing/decode_alone.h: PAIRED -> DECODE_SENT, the decode
-//   alone with the dialect's no-KV request, the pair's prefill released, a decode failure
-//   re-pairing); FAILED and CANCELLED from every state. Every transition is counted
-//   (ProxyCounters::transitions). With policies.cache_aware.tokenize: node, a text prompt waits in
-//   ACCEPTED for one node's /tokenize (router/routing/cache_tokenize.h) before pairing; a client disconnect or
-//   the request deadline cancels that call like a leg. Multi-turn KV reuse (router/routing/multi_turn.h) steers pairing to the
-//   conversation's decode and edits the built legs; it adds no state.
+//   dropped; conditional disaggregation: PAIRED -> DECODE_SENT, the decode alone with the
+//   dialect's no-KV request, the pair's prefill released, a decode failure re-pairing); FAILED
+//   and CANCELLED from every state. Every transition is counted (ProxyCounters::transitions).
+//
+// Where the request goes is routing's (router/routing/): the session reaches it through one
+// door, routing::RequestRoute (router/routing/request_route.h), begun after parsing and asked
+// once per attempt (pair_and_send -> on_routed); it is told what the legs did (a node answered
+// or could not be connected to, a node to avoid, legs built, the prefill's answer time, the
+// decode's answer for multi-turn, cancellation). Behind it, while the request rests in
+// ACCEPTED: with policies.cache_aware.tokenize: node, one node's /tokenize for a text prompt
+// (cache_tokenize.h), the SLO wait (slo_gate.h) and the dialect's pre-step (pre_step.h), each
+// cancelled like a leg by a client disconnect or the request deadline; pairing itself
+// (pairing.h, steered by multi-turn KV reuse and session affinity), the cache lookup, and
+// conditional disaggregation (decode_alone.h). Multi-turn KV reuse (multi_turn.h) edits the
+// built legs; it adds no state.
 //
 // What each event does, in every state:
 //  - client disconnect: every open leg is closed at once (that is how vLLM aborts a request and
@@ -29,8 +37,8 @@
 //
 // Dialects (proto/dialects/dialect.h) are never named here: the table line of the pair says
 // whether the legs are concurrent, what the decode takes from the prefill, the no-KV fallback,
-// the retry scope and the pre-step (router/routing/pre_step.h) run before the legs are built. The client's body
-// is parsed once (begin()); legs stay unrendered until the upstream client writes them out.
+// the retry scope and the pre-step run before the legs are built. The client's body is parsed
+// once (begin()); legs stay unrendered until the upstream client writes them out.
 //  - decode failure after the head reached the client: an SSE stream ends with an OpenAI-style
 //    error event and data: [DONE] (never a silent truncation), a /v1/responses stream with the
 //    Responses API's error and response.failed events and no [DONE] (proto/responses_stream.h),
@@ -58,8 +66,8 @@
 //
 // Worker thread only. The session keeps itself alive through its upstream callbacks; the writer
 // callbacks hold it weakly.
-// Every upstream call goes through WorkerContext::upstream() (upstream_port.h), which
-// tests/router/proxy_session_test.cc replaces with a fake to drive this state machine.
+// Every upstream call, the route's too, goes through WorkerContext::upstream() (upstream_port.h),
+// which tests/router/proxy_session_test.cc replaces with a fake to drive this state machine.
 #pragma once
 
 #include <chrono>
