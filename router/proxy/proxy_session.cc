@@ -464,7 +464,7 @@ void ProxySession::on_routed(routing::Route* route, routing::RouteRefusal* refus
     prefill_failed(LegFailure::kBootstrap, route->pre_step.message());
     return;
   }
-  s.prefill_facts = route->prefill_facts;
+  s.prefill_facts = std::move(route->prefill_facts);
   build_and_send();
 }
 
@@ -1273,6 +1273,7 @@ void ProxySession::end(RequestState final_state) {
   State& s = *s_;
   if (s.ended) return;
   s.ended = true;
+  s.route.cancel();  // nothing of routing outlives the request (close_legs did it on most paths)
   move_to(final_state);
   hand_over_record(final_state);
   if (s.req.trace) s.req.trace->finish(to_string(final_state));
