@@ -160,7 +160,7 @@ class RequestRoute {
   // charges and the access log.
   const PromptTokens& prompt() const { return prompt_; }
   const CacheHits* cache_hits() const { return cache_ ? &cache_->hits : nullptr; }
-  // The legs' multi-turn edit ran (tests).
+  // The request takes part in multi-turn KV reuse (legs_built() edited its legs).
   bool multi_turn() const { return multi_turn_.has_value(); }
 
  private:
