@@ -71,11 +71,11 @@ struct InstanceLiveness {
   // What the node reports of its own load (its /metrics page), as the periodic scrape last read
   // it, with its time (engine_load.h; written by the one worker that runs the scrape).
   EngineLoadCell engine_load;
-  // Also written by the workers (router/proxy/ejection.h): legs in a row that could not connect
+  // Also written by the workers (router/routing/ejection.h): legs in a row that could not connect
   // to this node, and until when pairing skips it because of them (ns as last_seen_ns; 0: not).
   std::atomic<uint32_t> connect_failures{0};
   std::atomic<int64_t> ejected_until_ns{0};
-  // And the next DP rank a leg to this node is pinned to (router/proxy/pairing.h next_dp_rank).
+  // And the next DP rank a leg to this node is pinned to (router/routing/pairing.h next_dp_rank).
   std::atomic<uint32_t> next_dp_rank{0};
 
   Clock::time_point last_seen() const;
@@ -124,7 +124,7 @@ struct Instance : proto::NodeSpec {
   proto::NodeLoad load() const { return liveness->load(); }
 };
 
-// Pairing's view of a snapshot (router/proxy/pairing.h): the routable instances (state up, known
+// Pairing's view of a snapshot (router/routing/pairing.h): the routable instances (state up, known
 // connector) grouped by role and compatibility class: the connector, and for MoRIIO the transfer
 // mode (other connectors' groups have TransferMode::kNone). Each group is in key order and split
 // by declared model. Built once per snapshot, so choosing a pair visits the candidates of the

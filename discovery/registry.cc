@@ -249,7 +249,7 @@ Registry::UpsertOutcome Registry::upsert(const proto::Registration& reg, Clock::
       inst.restarts++;
       inst.first_seen = now;
       // A node that says it restarted is worth a try at once, whatever its old self did
-      // (router/proxy/ejection.h).
+      // (router/routing/ejection.h).
       inst.liveness->connect_failures.store(0, std::memory_order_relaxed);
       inst.liveness->ejected_until_ns.store(0, std::memory_order_relaxed);
     }

@@ -2,7 +2,7 @@
 // node-internal: with NIXL's bidirectional_kv_xfer (vLLM PR #32553) they name the decode's host,
 // its KV side-channel port, its engine id and the block ids it keeps for the conversation, and
 // other connectors put their own addresses and ids there. pdrouter reads them where it needs
-// them (router/proxy/multi_turn.h) and sets them to null in every P/D answer a client gets: a
+// them (router/routing/multi_turn.h) and sets them to null in every P/D answer a client gets: a
 // vLLM without P/D answers "kv_transfer_params": null, so clients see the same shape.
 //
 // Where vLLM puts them (and where they are nulled): the top level of a JSON answer (completions,

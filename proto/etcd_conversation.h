@@ -1,8 +1,8 @@
 // Multi-turn entries shared through etcd: when registry.backend is etcd and multi_turn is on, a
-// stored conversation entry (router/proxy/conversation_cache.h) is also put under
+// stored conversation entry (router/routing/conversation_cache.h) is also put under
 //   <prefix>conversations/<binding>/<conversation id in unpadded base64url>
 // so the next turn of the conversation can take it on any replica. <binding> is the client's
-// binding (router/proxy/conversation_binding.h) as text: "anonymous", or the digest's
+// binding (router/routing/conversation_binding.h) as text: "anonymous", or the digest's
 // kConversationBindingBytes bytes in lower-case hex; the credential itself never reaches etcd.
 // The value is a small JSON object:
 //   {"writer":"<replica id>","binding":"<binding>","decode":"<decode key>","epoch":N,

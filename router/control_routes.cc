@@ -11,11 +11,11 @@
 #include "router/node_load_metrics.h"
 #include "router/node_engine_load_metrics.h"
 #include "router/metrics_page.h"
-#include "router/proxy/session_table.h"
+#include "router/routing/session_table.h"
 #include "router/status_page.h"
 #include "router/proxy/engine_metrics.h"
 #include "router/proxy/health_generate.h"
-#include "router/proxy/route_decisions.h"
+#include "router/routing/route_decisions.h"
 #include "router/tls_contexts.h"
 #include "router/tracing/tracer.h"
 
@@ -166,7 +166,7 @@ http::Response ControlRoutes::metrics(uint32_t worker) const {
   if (context_.route_decisions != nullptr) {
     context_.route_decisions->write_metrics(out);
   } else {
-    const proxy::RouteDecisionLog none;
+    const routing::RouteDecisionLog none;
     none.write_metrics(out);
   }
   write_admin_metrics(out, admin_.counters());

@@ -38,7 +38,7 @@
 namespace pdr::router {
 
 class TlsContexts;
-namespace proxy {
+namespace routing {
 class RouteDecisionLog;
 }
 namespace tracing {
@@ -64,7 +64,7 @@ struct ControlContext {
   // The KV events subscriber (kv_events.enabled), else null: /status kv_events objects, /metrics
   // pdrouter_kv_events_*, GET /debug/cache.
   const cache::KvEventsSubscriber* kv_events = nullptr;
-  // The prefix tree of cache-aware routing (router/proxy/cache_routing.h), else null: /metrics
+  // The prefix tree of cache-aware routing (router/routing/cache_routing.h), else null: /metrics
   // pdrouter_prefix_tree_*.
   const cache::PrefixTree* prefix_tree = nullptr;
   // The etcd registry replicator (registry.backend: etcd), else null: /status registry_backend,
@@ -82,9 +82,9 @@ struct ControlContext {
   const TlsContexts* tls = nullptr;
   // Tracing (tracing.endpoint set), else null: /metrics pdrouter_trace_* (zeros when off).
   const tracing::Tracer* tracer = nullptr;
-  // The predicted_latency policy's decisions (router/proxy/route_decisions.h): GET /debug/route,
+  // The predicted_latency policy's decisions (router/routing/route_decisions.h): GET /debug/route,
   // /metrics pdrouter_routing_*. Null in tests: /debug/route is 404, the metrics zeros.
-  const proxy::RouteDecisionLog* route_decisions = nullptr;
+  const routing::RouteDecisionLog* route_decisions = nullptr;
   // GET /status is rendered once per registry snapshot (and topology reload count) and reused
   // for at most this long, so its ages, load and ejection fields are at most this old.
   std::chrono::milliseconds status_max_age{1000};
@@ -100,7 +100,7 @@ class ControlRoutes {
   http::Response metrics(uint32_t worker) const;
   // GET /debug/cache (router/debug_cache.h); the route table checks the admin key first.
   http::Response debug_cache(const http::Request& request) const;
-  // GET /debug/route (router/proxy/route_decisions.h); the route table checks the admin key first.
+  // GET /debug/route (router/routing/route_decisions.h); the route table checks the admin key first.
   http::Response debug_route(const http::Request& request) const;
   // GET /status: status(), behind the admin key when admin.protect_status is set.
   void serve_status(const http::Request& request, http::ResponseWriter writer) const;

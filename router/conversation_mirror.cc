@@ -6,13 +6,13 @@
 #include <utility>
 
 #include "proto/etcd_conversation.h"
-#include "router/proxy/conversation_binding.h"
+#include "router/routing/conversation_binding.h"
 
 namespace pdr::router {
 
 namespace {
 
-static_assert(proxy::kBindingBytes == proto::kConversationBindingBytes, "etcd keys carry whole bindings");
+static_assert(routing::kBindingBytes == proto::kConversationBindingBytes, "etcd keys carry whole bindings");
 
 int64_t unix_ms(ConversationMirror::WallClock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
@@ -22,7 +22,7 @@ void bump(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_ord
 
 }  // namespace
 
-void mirror_conversations(discovery::sources::etcd::RegistryReplicator& replicator, proxy::ConversationCache& cache,
+void mirror_conversations(discovery::sources::etcd::RegistryReplicator& replicator, routing::ConversationCache& cache,
                           const SnapshotCell<config::Topology>& topology) {
   const auto& options = replicator.options();
   ConversationMirror* mirror = nullptr;
@@ -35,7 +35,7 @@ void mirror_conversations(discovery::sources::etcd::RegistryReplicator& replicat
   if (mirror != nullptr) cache.set_replication(mirror);
 }
 
-ConversationMirror::ConversationMirror(proxy::ConversationCache& cache,
+ConversationMirror::ConversationMirror(routing::ConversationCache& cache,
                                        const SnapshotCell<config::Topology>& topology,
                                        std::string prefix, std::string replica_id, ReplicatorStatus& status,
                                        std::function<void()> wake)
@@ -46,9 +46,9 @@ ConversationMirror::ConversationMirror(proxy::ConversationCache& cache,
       status_(status),
       ops_(std::move(wake)) {}
 
-proxy::ConversationCache::Limits ConversationMirror::limits() const {
+routing::ConversationCache::Limits ConversationMirror::limits() const {
   const auto topology = topology_.load();
-  proxy::ConversationCache::Limits limits;
+  routing::ConversationCache::Limits limits;
   limits.ttl = topology->multi_turn.ttl;
   limits.max_entries = topology->multi_turn.max_entries;
   limits.max_bytes = topology->multi_turn.max_bytes;
@@ -61,7 +61,8 @@ void ConversationMirror::push(ConversationOp op) {
 
 void ConversationMirror::close() { ops_.close(); }
 
-void ConversationMirror::stored(const proxy::ConversationCache::Key& key, const proxy::ConversationCache::Entry& entry,
+void ConversationMirror::stored(const routing::ConversationCache::Key& key,
+                                const routing::ConversationCache::Entry& entry,
                                 std::chrono::milliseconds ttl) {
   if (key.id.size() > proto::kMaxConversationIdBytes) return;  // the request path bounds it lower
   proto::EtcdConversationEntry e;
@@ -82,7 +83,7 @@ void ConversationMirror::stored(const proxy::ConversationCache::Key& key, const 
   push(std::move(op));
 }
 
-void ConversationMirror::taken(const proxy::ConversationCache::Key& key) {
+void ConversationMirror::taken(const routing::ConversationCache::Key& key) {
   if (key.id.size() > proto::kMaxConversationIdBytes) return;
   ConversationOp op;
   op.key = proto::etcd_conversation_key(prefix_, key.binding, key.id);
@@ -99,7 +100,7 @@ size_t ConversationMirror::drop_queued() {
 }
 
 bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_point now_wall,
-                                    proxy::ConversationCache::Clock::time_point now, bool restore_own,
+                                    routing::ConversationCache::Clock::time_point now, bool restore_own,
                                     std::string* slot_out) {
   std::string binding, id;
   proto::EtcdConversationEntry entry;
@@ -108,8 +109,8 @@ bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::ti
     bump(status_.conversation_rejected);
     return false;
   }
-  const proxy::ConversationCache::Key key{binding, id};
-  *slot_out = proxy::ConversationCache::slot_key(key);
+  const routing::ConversationCache::Key key{binding, id};
+  *slot_out = routing::ConversationCache::slot_key(key);
   const bool own = entry.writer == replica_id_;
   // This replica's own, seen on the watch: the cache has it already (or took it meanwhile).
   if (own && !restore_own) return true;
@@ -130,7 +131,7 @@ bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::ti
     return false;
   }
   const auto stored_at = now - (left >= limits.ttl ? std::chrono::milliseconds(0) : limits.ttl - left);
-  proxy::ConversationCache::Entry local{std::move(entry.decode_key), entry.decode_epoch,
+  routing::ConversationCache::Entry local{std::move(entry.decode_key), entry.decode_epoch,
                                         std::move(entry.prefill_params), true};
   if (own) {
     // Stored by this replica id before a restart (or an entry this process lost): the next turn
@@ -156,7 +157,7 @@ bool ConversationMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::ti
 }
 
 void ConversationMirror::resync(const std::vector<proto::EtcdKeyValue>& kvs, WallClock::time_point now_wall,
-                                proxy::ConversationCache::Clock::time_point now) {
+                                routing::ConversationCache::Clock::time_point now) {
   std::unordered_set<std::string> present;
   for (const auto& kv : kvs) {
     std::string slot;
@@ -167,7 +168,7 @@ void ConversationMirror::resync(const std::vector<proto::EtcdKeyValue>& kvs, Wal
 }
 
 void ConversationMirror::apply(const std::vector<proto::EtcdEvent>& events, WallClock::time_point now_wall,
-                               proxy::ConversationCache::Clock::time_point now) {
+                               routing::ConversationCache::Clock::time_point now) {
   for (const auto& e : events) {
     if (!e.is_delete) {
       std::string slot;

@@ -1,4 +1,4 @@
-// ConversationMirror: the multi-turn entries (router/proxy/conversation_cache.h) shared through
+// ConversationMirror: the multi-turn entries (router/routing/conversation_cache.h) shared through
 // etcd (registry.backend: etcd; key and value: proto/etcd_conversation.h).
 //
 // Two halves:
@@ -41,7 +41,7 @@
 #include "discovery/sources/etcd/registry_replicator.h"
 #include "proto/etcd_json.h"
 #include "router/etcd_op_queue.h"
-#include "router/proxy/conversation_cache.h"
+#include "router/routing/conversation_cache.h"
 
 namespace pdr::router {
 
@@ -51,24 +51,24 @@ using discovery::sources::etcd::ReplicatorStatus;
 // Shares `cache` through `replicator` (registry.backend: etcd; once, after its start()): the
 // replicator keeps the mirror, the cache hands it its changes. `cache` and `topology` outlive
 // the replicator.
-void mirror_conversations(discovery::sources::etcd::RegistryReplicator& replicator, proxy::ConversationCache& cache,
+void mirror_conversations(discovery::sources::etcd::RegistryReplicator& replicator, routing::ConversationCache& cache,
                           const SnapshotCell<config::Topology>& topology);
 
-class ConversationMirror : public proxy::ConversationCache::Replication,
+class ConversationMirror : public routing::ConversationCache::Replication,
                            public discovery::sources::etcd::ConversationFeed {
  public:
-  static_assert(std::is_same_v<Clock, proxy::ConversationCache::Clock>, "one steady clock for the cache and etcd");
+  static_assert(std::is_same_v<Clock, routing::ConversationCache::Clock>, "one steady clock for the cache and etcd");
   static constexpr size_t kMaxQueued = EtcdOpQueue::kMaxQueued;
 
   // `wake` is called (from any thread) after an operation was queued; `status` receives the
   // conversation counters. All outlive the mirror.
-  ConversationMirror(proxy::ConversationCache& cache, const SnapshotCell<config::Topology>& topology,
+  ConversationMirror(routing::ConversationCache& cache, const SnapshotCell<config::Topology>& topology,
                      std::string prefix, std::string replica_id, ReplicatorStatus& status,
                      std::function<void()> wake);
 
-  void stored(const proxy::ConversationCache::Key& key, const proxy::ConversationCache::Entry& entry,
+  void stored(const routing::ConversationCache::Key& key, const routing::ConversationCache::Entry& entry,
               std::chrono::milliseconds ttl) override;
-  void taken(const proxy::ConversationCache::Key& key) override;
+  void taken(const routing::ConversationCache::Key& key) override;
 
   // No more wakes (the replicator's thread is stopping): later operations are dropped.
   void close() override;
@@ -82,9 +82,9 @@ class ConversationMirror : public proxy::ConversationCache::Replication,
   // replica id's own entries the cache does not hold (a restart with the same replica_id), and
   // removes the remote entries etcd no longer holds. `now_wall` / `now` are the two clocks at this moment.
   void resync(const std::vector<proto::EtcdKeyValue>& kvs, WallClock::time_point now_wall,
-              proxy::ConversationCache::Clock::time_point now) override;
+              routing::ConversationCache::Clock::time_point now) override;
   void apply(const std::vector<proto::EtcdEvent>& events, WallClock::time_point now_wall,
-             proxy::ConversationCache::Clock::time_point now) override;
+             routing::ConversationCache::Clock::time_point now) override;
 
   // The replicator's own operations on a key, so a late delete of another replica's take never
   // removes a newer entry stored here: a put sent, its answer (etcd's revision when `ok`), a
@@ -111,11 +111,11 @@ class ConversationMirror : public proxy::ConversationCache::Replication,
   // into the cache unless it holds the conversation already (ConversationCache::restore).
   // *slot_out: the entry's ConversationCache::slot_key().
   bool mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_point now_wall,
-                  proxy::ConversationCache::Clock::time_point now, bool restore_own, std::string* slot_out);
+                  routing::ConversationCache::Clock::time_point now, bool restore_own, std::string* slot_out);
   void push(ConversationOp op);
-  proxy::ConversationCache::Limits limits() const;
+  routing::ConversationCache::Limits limits() const;
 
-  proxy::ConversationCache& cache_;
+  routing::ConversationCache& cache_;
   const SnapshotCell<config::Topology>& topology_;
   std::string prefix_;
   std::string replica_id_;

@@ -14,7 +14,7 @@ namespace pdr::router {
 void write_kv_events_metrics(MetricsWriter& out, const cache::KvEventsSubscriber* subscriber);
 
 // The pdrouter_prefix_tree_* families: the text-prompt prefix tree of cache-aware routing
-// (router/proxy/cache_routing.h). `tree` null: zeros.
+// (router/routing/cache_routing.h). `tree` null: zeros.
 void write_prefix_tree_metrics(MetricsWriter& out, const cache::PrefixTree* tree);
 
 }  // namespace pdr::router

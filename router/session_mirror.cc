@@ -18,8 +18,8 @@ void bump(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_ord
 
 }  // namespace
 
-void mirror_shared_entries(discovery::sources::etcd::RegistryReplicator& replicator, proxy::ConversationCache& cache,
-                           proxy::SessionTable& sessions, proxy::SessionAffinityCounters& counters,
+void mirror_shared_entries(discovery::sources::etcd::RegistryReplicator& replicator, routing::ConversationCache& cache,
+                           routing::SessionTable& sessions, routing::SessionAffinityCounters& counters,
                            const SnapshotCell<config::Topology>& topology) {
   const auto& options = replicator.options();
   ConversationMirror* conversations = nullptr;
@@ -37,8 +37,8 @@ void mirror_shared_entries(discovery::sources::etcd::RegistryReplicator& replica
 
 // --- SessionMirror ------------------------------------------------------------------------------
 
-SessionMirror::SessionMirror(proxy::SessionTable& table, const SnapshotCell<config::Topology>& topology,
-                             std::string prefix, std::string replica_id, proxy::SessionAffinityCounters& counters,
+SessionMirror::SessionMirror(routing::SessionTable& table, const SnapshotCell<config::Topology>& topology,
+                             std::string prefix, std::string replica_id, routing::SessionAffinityCounters& counters,
                              std::function<void()> wake)
     : table_(table),
       topology_(topology),
@@ -47,7 +47,7 @@ SessionMirror::SessionMirror(proxy::SessionTable& table, const SnapshotCell<conf
       counters_(counters),
       ops_(std::move(wake)) {}
 
-void SessionMirror::bound(const proxy::SessionTable::Key& key, const proxy::SessionTable::Binding& binding,
+void SessionMirror::bound(const routing::SessionTable::Key& key, const routing::SessionTable::Binding& binding,
                           std::chrono::milliseconds idle_ttl) {
   if (key.id.size() > proto::kMaxSessionIdBytes) return;  // the request path bounds it lower
   proto::EtcdSessionEntry e;
@@ -99,7 +99,7 @@ void SessionMirror::mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_po
   // its wall-clock expiry).
   const auto used_at = now - (left >= config.idle_ttl ? std::chrono::milliseconds(0) : config.idle_ttl - left);
   table_.mirror({binding, id}, entry.prefill_key, entry.decode_key, used_at,
-                proxy::SessionTable::Limits{config.max_sessions, config.idle_ttl});
+                routing::SessionTable::Limits{config.max_sessions, config.idle_ttl});
   bump(counters_.etcd_mirrored);
 }
 

@@ -1,4 +1,4 @@
-// SessionMirror: session affinity's bindings (router/proxy/session_table.h) shared through etcd
+// SessionMirror: session affinity's bindings (router/routing/session_table.h) shared through etcd
 // (registry.backend: etcd; key and value: proto/etcd_session.h), so every replica sends a
 // session's turns to the same nodes whichever replica gets them.
 //
@@ -36,10 +36,10 @@
 #include "discovery/sources/etcd/conversation_feed.h"
 #include "discovery/sources/etcd/registry_replicator.h"
 #include "proto/base/snapshot_cell.h"
-#include "router/proxy/conversation_cache.h"
-#include "router/proxy/session_affinity_counters.h"
+#include "router/routing/conversation_cache.h"
+#include "router/routing/session_affinity_counters.h"
 #include "router/etcd_op_queue.h"
-#include "router/proxy/session_table.h"
+#include "router/routing/session_table.h"
 
 namespace pdr::router {
 
@@ -49,18 +49,18 @@ using discovery::sources::etcd::ConversationOp;
 // Shares the conversation cache and the session table through `replicator` (once, after its
 // start()); replaces mirror_conversations() where both are wanted. All arguments outlive the
 // replicator.
-void mirror_shared_entries(discovery::sources::etcd::RegistryReplicator& replicator, proxy::ConversationCache& cache,
-                           proxy::SessionTable& sessions, proxy::SessionAffinityCounters& counters,
+void mirror_shared_entries(discovery::sources::etcd::RegistryReplicator& replicator, routing::ConversationCache& cache,
+                           routing::SessionTable& sessions, routing::SessionAffinityCounters& counters,
                            const SnapshotCell<config::Topology>& topology);
 
-class SessionMirror : public proxy::SessionTable::Replication, public ConversationFeed {
+class SessionMirror : public routing::SessionTable::Replication, public ConversationFeed {
  public:
   static constexpr size_t kMaxQueued = EtcdOpQueue::kMaxQueued;
 
-  SessionMirror(proxy::SessionTable& table, const SnapshotCell<config::Topology>& topology, std::string prefix,
-                std::string replica_id, proxy::SessionAffinityCounters& counters, std::function<void()> wake);
+  SessionMirror(routing::SessionTable& table, const SnapshotCell<config::Topology>& topology, std::string prefix,
+                std::string replica_id, routing::SessionAffinityCounters& counters, std::function<void()> wake);
 
-  void bound(const proxy::SessionTable::Key& key, const proxy::SessionTable::Binding& binding,
+  void bound(const routing::SessionTable::Key& key, const routing::SessionTable::Binding& binding,
              std::chrono::milliseconds idle_ttl) override;
 
   void close() override;
@@ -80,11 +80,11 @@ class SessionMirror : public proxy::SessionTable::Replication, public Conversati
   static constexpr size_t kMaxTrackedPuts = 1 << 16;
   void mirror_one(const proto::EtcdKeyValue& kv, WallClock::time_point now_wall, Clock::time_point now, bool range);
 
-  proxy::SessionTable& table_;
+  routing::SessionTable& table_;
   const SnapshotCell<config::Topology>& topology_;
   std::string prefix_;
   std::string replica_id_;
-  proxy::SessionAffinityCounters& counters_;
+  routing::SessionAffinityCounters& counters_;
   EtcdOpQueue ops_;
   std::unordered_map<std::string, OwnPut> own_puts_;  // replicator's thread only
 };

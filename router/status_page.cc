@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "discovery/load_charge.h"
-#include "router/proxy/ejection.h"
+#include "router/routing/ejection.h"
 
 namespace pdr::router {
 namespace {
@@ -138,9 +138,9 @@ nlohmann::json instance_json(const Instance& inst, Clock::time_point now) {
   j["expires_in_ms"] = expires_at == Clock::time_point::max() || inst.state == InstanceState::kExpired
                            ? nlohmann::json()
                            : nlohmann::json(ms_between(now, expires_at));
-  // Passive health (router/proxy/ejection.h).
+  // Passive health (router/routing/ejection.h).
   j["connect_failures"] = inst.liveness->connect_failures.load(std::memory_order_relaxed);
-  j["ejected_for_ms"] = proxy::ejected_for(*inst.liveness, now).count();
+  j["ejected_for_ms"] = routing::ejected_for(*inst.liveness, now).count();
   j["router_load"] = router_load_json(inst, now);
   j["engine_load"] = engine_load_json(inst, now);
   nlohmann::json labels = nlohmann::json::object();

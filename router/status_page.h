@@ -70,7 +70,7 @@ struct StatusContext {
     uint64_t max_queued_bytes = 0;
     int64_t queue_timeout_ms = 0;
   } admission_queue;
-  // /status "session_affinity" (router/proxy/session_affinity.h): enabled, sessions (bindings
+  // /status "session_affinity" (router/routing/session_affinity.h): enabled, sessions (bindings
   // held, local and mirrored) and the turn counters hits, misses, spills, broken, rebinds, bad_ids.
   struct SessionAffinity {
     bool enabled = false;

@@ -38,13 +38,16 @@ ALLOWED = {
     "node": {"base", "proto", "config", "http", "sidecar", "transfer", "net"},
     "loadgen": {"base", "proto", "http"},
 }
-# Inside router/: the policies and the KV block index know nothing of requests; the proxy (the
-# request path) uses them, the tracer and the client gate (keys, tenants, access log); router/'s
+# Inside router/: the policies and the KV block index know nothing of requests; routing (where a
+# request goes: pairing, the cache lookup, multi-turn, session affinity, the SLO wait) uses them and
+# knows nothing of the proxy that carries requests; the proxy (the request path) uses routing, the
+# policies, the index, the tracer and the client gate (keys, tenants, access log); router/'s
 # own files wire everything together and no sub-folder includes them. (router/http/ is a layer of
 # its own, checked with the others: it includes nothing from the rest of router/.)
 ROUTER = {
-    "": {"proxy", "policies", "cache", "tracing", "clients"},
-    "proxy": {"policies", "cache", "tracing", "clients"},
+    "": {"proxy", "routing", "policies", "cache", "tracing", "clients"},
+    "proxy": {"routing", "policies", "cache", "tracing", "clients"},
+    "routing": {"policies", "cache"},
     "cache": {"policies"},
     "tracing": {"policies"},
     "policies": set(),

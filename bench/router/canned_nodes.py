@@ -14,7 +14,7 @@ What each answer must carry (docs/design/wire-formats.md):
   text/event-stream`; `return` cannot stream, so the events arrive in one body, which pdrouter and
   nginx relay the same way).
 - Mooncake bootstrap (GET /query on the prefill's bootstrap port): DP rank -> engine_id, read by
-  router/proxy/mooncake_cache before the first request to that prefill.
+  router/routing/mooncake_cache before the first request to that prefill.
 
 The request bodies are read and discarded by nginx; the answers do not depend on them.
 

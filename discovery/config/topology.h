@@ -141,7 +141,7 @@ struct Topology {
       uint32_t prefix_tree_prompt_bytes = 256u << 10;
       // Text prompts and chat messages: `node` asks one node (labelled `serves: tokenize`, else a
       // prefill the request could pair with) for the prompt's token ids (vLLM's POST /tokenize,
-      // router/proxy/cache_tokenize.h) and matches them exactly on the KV events' block index;
+      // router/routing/cache_tokenize.h) and matches them exactly on the KV events' block index;
       // `off` (default: it costs a hop) uses the prefix tree only. Any failure falls back to the
       // prefix tree.
       bool tokenize_by_node = false;
@@ -215,7 +215,7 @@ struct Topology {
   struct Retries {
     uint32_t prefill_attempts = 2;  // total tries, >= 1
     uint32_t decode_attempts = 2;
-    // Passive health (router/proxy/ejection.h): a node is skipped for eject_ms after this many
+    // Passive health (router/routing/ejection.h): a node is skipped for eject_ms after this many
     // legs in a row could not connect to it; 0 = never.
     uint32_t eject_after_connect_failures = 3;
     std::chrono::milliseconds eject{5000};
@@ -334,7 +334,7 @@ struct Topology {
     uint32_t max_body_bytes = 4u << 20;
   } load_signals;
 
-  // Conditional disaggregation (router/proxy/decode_alone.h): a request is sent to its decode
+  // Conditional disaggregation (router/routing/decode_alone.h): a request is sent to its decode
   // alone, without a prefill leg, when its prompt is short (at most max_prompt_tokens; text
   // prompts count 4 bytes of JSON text as a token) or when the chosen decode already holds at
   // least min_cached_percent of it (cache_aware's lookup). Only for dialects whose decode can
@@ -345,7 +345,7 @@ struct Topology {
     uint32_t min_cached_percent = 0;
   } conditional_disaggregation;
 
-  // Multi-turn KV reuse (router/proxy/conversation_cache.h; NIXL with bidirectional_kv_xfer on
+  // Multi-turn KV reuse (router/routing/conversation_cache.h; NIXL with bidirectional_kv_xfer on
   // the nodes): a request's top-level "conversation_id" is removed from its legs, the decode's
   // final kv_transfer_params are kept for the conversation (single use, for ttl), and the next
   // turn goes to that decode with a prefill that pulls the decode's blocks instead of recomputing.
@@ -355,7 +355,7 @@ struct Topology {
     std::chrono::milliseconds ttl{450'000};
     uint32_t max_entries = 100'000;
     uint32_t max_bytes = 64u << 20;  // of cached kv_transfer_params and keys
-    // Whose entry a turn may use (router/proxy/conversation_binding.h): each entry belongs to a
+    // Whose entry a turn may use (router/routing/conversation_binding.h): each entry belongs to a
     // digest of the client's Authorization header (kAuthorization), of the value of the header
     // `bind_header` (kHeader: a tenant header a gateway in front sets), or to nobody (kNone: one
     // shared namespace of conversation ids, for single-tenant deployments). A request without
@@ -369,7 +369,7 @@ struct Topology {
     std::string binding_secret;      // resolved secret
     std::string binding_secret_env;  // source: environment variable name
   } multi_turn;
-  // Session affinity (router/proxy/session_affinity.h): the turns of one client session go to
+  // Session affinity (router/routing/session_affinity.h): the turns of one client session go to
   // the prefill and decode nodes its last turn went to, while those stay routable and are not
   // overloaded. The session id is the value of the first of `headers` the request carries, else
   // the first of `fields` (top-level JSON string fields of the body) present: an exact id, at

@@ -13,7 +13,7 @@
 // facts are in proto/REQUEST_LEGS.md; the wire facts in docs/design/wire-formats.md.
 //
 // Pure data and pure functions: no I/O (pre-steps that need I/O are run by the router,
-// router/proxy/pre_step.h, from the `pre_step` value).
+// router/routing/pre_step.h, from the `pre_step` value).
 #pragma once
 
 #include <cstddef>
@@ -114,7 +114,7 @@ struct Dialect {
   // had no kv_transfer_params, e.g. EOS on the first token). nullptr: the prefill failed.
   void (*without_kv)(JsonObjectBody* decode) = nullptr;
 
-  // ---- multi-turn (router/proxy/multi_turn.h) ----
+  // ---- multi-turn (router/routing/multi_turn.h) ----
   // The decode's final answer carries kv_transfer_params that let the next turn's prefill
   // start from the KV the decode keeps (proto/multi_turn.h), so a conversation_id pins the
   // next turn to that decode (NIXL).

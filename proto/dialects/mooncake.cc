@@ -1,6 +1,6 @@
 // Mooncake (docs/design/wire-formats.md 4): concurrent; the prefill pushes to the decode through the bootstrap
 // server, whose /query table (DP rank -> engine_id) the router reads first (the pre-step,
-// router/proxy/pre_step.h). A failed decode needs a whole new pair.
+// router/routing/pre_step.h). A failed decode needs a whole new pair.
 #include "proto/dialects/dialect.h"
 #include "proto/dialects/leg_edits.h"
 #include "proto/request_legs.h"

@@ -1,4 +1,4 @@
-// When a session's bound node is too loaded to keep (router/proxy/session_affinity.h): the
+// When a session's bound node is too loaded to keep (router/routing/session_affinity.h): the
 // spill rule, a pure comparison of load figures the caller reads from the nodes' load ledgers
 // (discovery/load_ledger.h). Kept apart so that another load measure (a predicted latency) can
 // replace it without touching the binding table or the session.

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "router/proxy/client_api.h"
-#include "router/proxy/session_timer.h"
+#include "router/routing/session_timer.h"
 
 namespace pdr::router::proxy {
 

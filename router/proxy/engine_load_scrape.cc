@@ -7,7 +7,7 @@
 #include "proto/base/metrics_writer.h"
 #include "proto/engine_load_page.h"
 #include "router/proxy/node_metrics_fetch.h"
-#include "router/proxy/pairing.h"
+#include "router/routing/pairing.h"
 #include "router/proxy/proxy_shared.h"
 
 namespace pdr::router::proxy {

@@ -27,7 +27,7 @@
 #include "discovery/engine_load.h"
 #include "discovery/instance.h"
 #include "router/http/upstream_client.h"
-#include "router/proxy/session_timer.h"
+#include "router/routing/session_timer.h"
 
 namespace pdr {
 class MetricsWriter;
@@ -59,7 +59,7 @@ class EngineLoadScrape {
   struct Read {
     std::shared_ptr<discovery::InstanceLiveness> cell;
     std::shared_ptr<http::UpstreamCall> call;
-    SessionTimer deadline;
+    routing::SessionTimer deadline;
   };
   void tick();
   void begin(const std::shared_ptr<const discovery::Instance>& node);
@@ -67,7 +67,7 @@ class EngineLoadScrape {
   void answered(const discovery::InstanceLiveness* key, std::string&& page);
 
   WorkerContext& worker_;
-  SessionTimer tick_;
+  routing::SessionTimer tick_;
   std::unordered_map<const discovery::InstanceLiveness*, std::unique_ptr<Read>> reads_;
 };
 

@@ -7,8 +7,8 @@
 #include "proto/base/metrics_writer.h"
 #include "proto/prometheus_merge.h"
 #include "router/proxy/node_metrics_fetch.h"
-#include "router/proxy/pairing.h"
-#include "router/proxy/session_timer.h"
+#include "router/routing/pairing.h"
+#include "router/routing/session_timer.h"
 
 namespace pdr::router::proxy {
 

@@ -5,8 +5,8 @@
 #include "proto/base/metrics_writer.h"
 #include "router/http/json_error.h"
 #include "proto/json_splice.h"
-#include "router/proxy/pairing.h"
-#include "router/proxy/session_timer.h"
+#include "router/routing/pairing.h"
+#include "router/routing/session_timer.h"
 
 namespace pdr::router::proxy {
 

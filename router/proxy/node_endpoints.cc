@@ -7,7 +7,7 @@
 
 #include "proto/json_splice.h"
 #include "router/http/json_error.h"
-#include "router/proxy/pairing.h"
+#include "router/routing/pairing.h"
 
 namespace pdr::router::proxy {
 
@@ -28,12 +28,6 @@ std::vector<http::Header> auth_headers(const config::Topology& t, const http::Re
 }
 
 }  // namespace
-
-std::string upstream_authorization(const config::Topology& topology, std::string_view client_value) {
-  if (!client_value.empty()) return std::string(client_value);
-  if (!topology.connectors.upstream_api_key.empty()) return "Bearer " + topology.connectors.upstream_api_key;
-  return {};
-}
 
 void serve_models(WorkerContext& worker, const http::Request& request, http::ResponseWriter writer) {
   ModelsCache& cache = worker.models();

@@ -29,9 +29,7 @@ void serve_ready(WorkerContext& worker, http::ResponseWriter writer);
 // "error"}]}. 503 when no instance is up.
 void serve_profile(WorkerContext& worker, const http::Request& request, http::ResponseWriter writer);
 
-// The Authorization value for an upstream call made on a client's behalf to an endpoint pdrouter
-// routes itself: the client's own, else "Bearer <connectors.upstream_api_key>", else empty. Never
-// for a pass-through path (one_node_relay.h), which carries the client's own only.
-std::string upstream_authorization(const config::Topology& topology, std::string_view client_value);
+// upstream_authorization (the Authorization of a call made on a client's behalf):
+// router/routing/node_calls.h.
 
 }  // namespace pdr::router::proxy

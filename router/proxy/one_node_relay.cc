@@ -11,8 +11,8 @@
 #include "router/proxy/client_api.h"
 #include "router/policies/policy.h"
 #include "router/proxy/node_endpoints.h"
-#include "router/proxy/pairing.h"
-#include "router/proxy/session_timer.h"
+#include "router/routing/pairing.h"
+#include "router/routing/session_timer.h"
 
 namespace pdr::router::proxy {
 namespace {
@@ -103,23 +103,6 @@ struct Relay {
 };
 
 }  // namespace
-
-bool serves_capability(const proto::Labels& labels, std::string_view capability) {
-  for (const auto& [key, value] : labels) {
-    if (key != kServesLabel) continue;
-    std::string_view list = value;
-    while (!list.empty()) {
-      const size_t comma = list.find(',');
-      std::string_view item = list.substr(0, comma);
-      while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-      while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-      if (item == capability) return true;
-      if (comma == std::string_view::npos) break;
-      list.remove_prefix(comma + 1);
-    }
-  }
-  return false;
-}
 
 namespace {
 

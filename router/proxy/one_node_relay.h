@@ -51,19 +51,16 @@
 #include "router/clients/access_record.h"
 #include "router/proxy/admission.h"
 #include "router/proxy/proxy_shared.h"
+#include "router/routing/pairing.h"
 
 namespace pdr::router::proxy {
 
 enum class OneNodeClass { kRender, kAnyNode, kPooling, kAudio, kPassThrough };
 inline constexpr size_t kOneNodeClassCount = 5;
 
-inline constexpr std::string_view kServesLabel = "serves";
 inline constexpr std::string_view kServesRender = "render";
 inline constexpr std::string_view kServesPooling = "pooling";
 inline constexpr std::string_view kServesAudio = "audio";
-
-// True when `labels` has `serves` naming `capability` in its comma-separated list.
-bool serves_capability(const proto::Labels& labels, std::string_view capability);
 
 // The client's queued bytes at which reading from the node pauses.
 inline constexpr size_t kRelayHighWater = 256 * 1024;

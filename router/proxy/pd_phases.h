@@ -14,7 +14,7 @@
 // token; a decode whose first byte came before the prefill's answer counts 0. It is observed
 // only on event-stream answers (a JSON answer's first byte comes with its last one) and only
 // when both legs of the same attempt answered 2xx; a decode retried alone keeps its prefill's
-// answer time. Decodes sent alone (no prefill: decode_alone.h) are not observed at all.
+// answer time. Decodes sent alone (no prefill: router/routing/decode_alone.h) are not observed at all.
 //
 // Worker thread only (one PdPhaseClock per request); the histograms are shared (relaxed atomics).
 #pragma once

@@ -9,12 +9,13 @@
 // into the same pauses and stalls, so each has one total.
 //
 // A component with counters of its own declares them beside its code and writes their /metrics
-// section there: pre_step_counters.h (Mooncake bootstrap queries), node_endpoints_counters.h
-// (/v1/models and profile fan-outs), cache_routing_counters.h, decode_alone_counters.h,
-// multi_turn_counters.h, one_node_counters.h, abort_requests_counters.h, admission_queue_counters.h, upstream_legs_counters.h
-// (connection reuse), orphan_legs_counters.h, buffer_budget.h (limits.max_buffered_bytes) and
-// pd_phases.h. ProxyCounters holds one of each and write_proxy_metrics() calls their writers in
-// the page's order.
+// section there: in proxy/, node_endpoints_counters.h (/v1/models and profile fan-outs),
+// one_node_counters.h, abort_requests_counters.h, admission_queue_counters.h,
+// upstream_legs_counters.h (connection reuse), orphan_legs_counters.h and pd_phases.h; in
+// router/routing/, pre_step_counters.h (Mooncake bootstrap queries), cache_routing_counters.h,
+// decode_alone_counters.h, multi_turn_counters.h, session_affinity_counters.h and buffer_budget.h
+// (limits.max_buffered_bytes). ProxyCounters holds one of each and write_proxy_metrics() calls
+// their writers in the page's order.
 //
 // Written by every HTTP worker with relaxed atomics (each counter is independent), read by the
 // /metrics handler on any worker.
@@ -29,25 +30,31 @@
 #include "proto/base/latency_histogram.h"
 #include "router/proxy/abort_requests_counters.h"
 #include "router/proxy/admission_queue_counters.h"
-#include "router/proxy/buffer_budget.h"
-#include "router/proxy/cache_routing_counters.h"
-#include "router/proxy/decode_alone_counters.h"
-#include "router/proxy/multi_turn_counters.h"
-#include "router/proxy/session_affinity_counters.h"
+#include "router/routing/buffer_budget.h"
+#include "router/routing/cache_routing_counters.h"
+#include "router/routing/decode_alone_counters.h"
+#include "router/routing/multi_turn_counters.h"
+#include "router/routing/session_affinity_counters.h"
 #include "router/proxy/node_endpoints_counters.h"
 #include "router/proxy/one_node_counters.h"
 #include "router/proxy/orphan_legs_counters.h"
 #include "router/proxy/pd_phases.h"
-#include "router/proxy/pre_step_counters.h"
+#include "router/routing/pre_step_counters.h"
 #include "router/proxy/upstream_legs_counters.h"
 
 namespace pdr {
 class MetricsWriter;
 }
 
+namespace pdr::router::routing {
+class ConversationCache;
+}  // namespace pdr::router::routing
+
 namespace pdr::router::proxy {
 
-class ConversationCache;
+// The proxy names routing's types and calls (router/routing/: pairing, the cache lookup, the
+// counters above...) unqualified, as it did when they were proxy/ files.
+using namespace pdr::router::routing;
 
 // docs/design/request-flow.md, "The request state machine".
 enum class RequestState : uint8_t {
@@ -77,8 +84,8 @@ enum class Refusal : uint8_t {
   kPassThroughDenied,  // 403/404: an unknown path pass-through may not relay (pass_through.h)
   kQueueFull,        // 429: the admission queue holds limits.max_queued_requests / _bytes already
   kQueueTimeout,     // 503: waited limits.queue_timeout_ms in the admission queue
-  kBadSlo,           // 400: a bad x-slo-ttft-ms / x-slo-tpot-ms (slo_headers.h)
-  kSloUnmet,         // 503: no candidate predicted within the request's SLO, shed (slo_gate.h)
+  kBadSlo,           // 400: a bad x-slo-ttft-ms / x-slo-tpot-ms (router/routing/slo_headers.h)
+  kSloUnmet,         // 503: no candidate predicted within the request's SLO, shed (router/routing/slo_gate.h)
 };
 constexpr size_t kRefusalCount = 13;
 std::string_view to_string(Refusal refusal);
@@ -106,21 +113,21 @@ struct ProxyCounters {
   std::array<Counter, kRefusalCount> refusals{};
   std::array<std::array<Counter, kLegFailureCount>, 2> leg_failures{};  // [Leg][LegFailure]
   std::array<Counter, 2> retries{};                                     // [Leg]
-  std::array<Counter, 2> ejections{};                                   // [Leg] (ejection.h)
+  std::array<Counter, 2> ejections{};                                   // [Leg] (router/routing/ejection.h)
   std::atomic<int64_t> in_flight{0};                                    // gauge
   Counter mid_stream_errors{0};       // streams ended with an error event
   Counter local_prefill_fallbacks{0}; // prefill exported no KV: decode sent as a plain request
   Counter client_disconnects{0};      // cancelled because the client went away
-  BootstrapQueryCounters bootstrap_queries;  // Mooncake's pre-step (pre_step.h)
+  BootstrapQueryCounters bootstrap_queries;  // Mooncake's pre-step (router/routing/pre_step.h)
   ModelsCounters models;                 // GET /v1/models (node_endpoints.h)
-  CacheRoutingCounters cache_routing;    // cache-aware routing (cache_routing.h)
-  CacheTokenizeCounters cache_tokenize{};  // node tokenization for the lookup (cache_tokenize.h)
-  MultiTurnCounters multi_turn;          // multi-turn KV reuse (multi_turn.h)
-  DecodeAloneCounters decode_alone{};    // requests sent to their decode alone (decode_alone.h)
+  CacheRoutingCounters cache_routing;    // cache-aware routing (router/routing/cache_routing.h)
+  CacheTokenizeCounters cache_tokenize{};  // node tokenization for the lookup (router/routing/cache_tokenize.h)
+  MultiTurnCounters multi_turn;          // multi-turn KV reuse (router/routing/multi_turn.h)
+  DecodeAloneCounters decode_alone{};    // requests sent to their decode alone (router/routing/decode_alone.h)
   AbortRequestsCounters abort_requests{};  // aborts sent to tokens-only nodes (abort_requests.h)
   // The conversation cache whose size the multi-turn section shows; null: none (zeros).
   const ConversationCache* conversations = nullptr;
-  SessionAffinityCounters session_affinity;  // session affinity (session_affinity.h)
+  SessionAffinityCounters session_affinity;  // session affinity (router/routing/session_affinity.h)
   const SessionTable* sessions = nullptr;    // its bindings, for the section's figures; null: zeros
   ProfileFanoutCounter profile_fanouts{0};  // profile fan-outs (node_endpoints.h)
   Counter backpressure_pauses{0};     // decode reads paused because the client was slow
@@ -131,7 +138,8 @@ struct ProxyCounters {
   OrphanLegCounters orphan_legs;      // orphaned prefill legs (orphan_legs.h)
   Counter prefill_bytes_discarded{0}; // prefill answer bytes read and dropped unbuffered
   Counter held_stream_heads{0};       // decode SSE heads held until the first event (retry still possible)
-  BufferBudget buffered;  // limits.max_buffered_bytes, taken by bodies and buffered answers (buffer_budget.h)
+  // limits.max_buffered_bytes, taken by bodies and buffered answers (router/routing/buffer_budget.h).
+  BufferBudget buffered;
   // Latencies (proto/base/latency_histogram.h): the whole P/D request by outcome [done, failed,
   // cancelled] (arrival = request head parsed, to its end), arrival to the first byte of the
   // answer's body sent to the client, and each leg attempt by [Leg] (sent to its answer complete

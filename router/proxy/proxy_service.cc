@@ -1,4 +1,4 @@
-#include "router/proxy/slo_headers.h"
+#include "router/routing/slo_headers.h"
 #include "router/proxy/proxy_service.h"
 
 #include "proto/base/log.h"
@@ -10,7 +10,7 @@
 #include "router/proxy/node_endpoints.h"
 #include "router/proxy/pass_through.h"
 #include "router/proxy/proxy_session.h"
-#include "router/proxy/session_affinity.h"
+#include "router/routing/session_affinity.h"
 #include "router/tracing/tracer.h"
 
 namespace pdr::router::proxy {

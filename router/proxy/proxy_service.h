@@ -119,7 +119,7 @@ class ProxyService : public http::BodyBudget {
   void start_load_scrape();
 
   const ProxyCounters& counters() const { return shared_.counters; }
-  const RouteDecisionLog& route_decisions() const { return shared_.route_decisions; }
+  const routing::RouteDecisionLog& route_decisions() const { return shared_.route_decisions; }
   // The multi-turn entries every worker shares (registry.backend etcd mirrors them).
   ConversationCache& conversations() { return shared_.conversations; }
   // The session affinity bindings and their counters (registry.backend etcd mirrors them).

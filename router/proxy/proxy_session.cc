@@ -24,17 +24,8 @@
 #include "router/policies/prompt_tokens.h"
 #include "router/proxy/abort_requests.h"
 #include "router/proxy/admission.h"
-#include "router/proxy/cache_routing.h"
-#include "router/proxy/cache_tokenize.h"
 #include "router/proxy/client_api.h"
-#include "router/proxy/decode_alone.h"
-#include "router/proxy/ejection.h"
-#include "router/proxy/multi_turn.h"
-#include "router/proxy/session_affinity.h"
-#include "router/proxy/pairing.h"
-#include "router/proxy/pre_step.h"
 #include "router/proxy/retry_rules.h"
-#include "router/proxy/session_timer.h"
 #include "router/proxy/tenant_tokens.h"
 
 namespace pdr::router::proxy {
@@ -150,29 +141,11 @@ std::string excerpt(std::string_view body) {
   return out;
 }
 
-// The affinity inputs of the body, only computed when a policy uses them.
-RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view header_value,
-                         const config::Topology& topology) {
-  using config::PolicyName;
-  if (topology.policies.prefill != PolicyName::kAffinity && topology.policies.decode != PolicyName::kAffinity) {
-    return {};
-  }
-  AffinityInputs in;
-  in.header_value = header_value;
-  // Raw JSON text of the fields: hashing bytes as sent is stable for equal values.
-  in.conversation_id = body.get_raw("conversation_id").value_or(std::string_view());
-  in.user = body.get_raw("user").value_or(std::string_view());
-  in.prompt = request_prompt(body);
-  if (in.conversation_id == "null") in.conversation_id = {};
-  if (in.user == "null") in.user = {};
-  return summarize_affinity(in, topology.policies.affinity_prefix_bytes);
-}
-
 // Parameters pdrouter can refuse itself before sending any leg (proto/request_checks.h): a
 // message for a 400, or nothing. *choices gets n (1 when absent or null). n > 1 cannot go through
 // P/D (the prefill leg's KV export and the decode's import are per request, not per sampled
 // choice: vLLM's connectors do not transfer KV for parallel sampling), so it goes to the decode
-// alone where the dialect allows that (decode_alone.h), and is refused after pairing otherwise.
+// alone where the dialect allows that (router/routing/decode_alone.h), and is refused after pairing otherwise.
 std::optional<std::string> check_parameters(std::string_view path, const proto::JsonObjectBody& body,
                                             int64_t* choices) {
   return proto::check_client_parameters(path, body, choices);
@@ -210,20 +183,23 @@ std::string_view failure_code(Leg leg, LegFailure cause) {
 
 struct ProxySession::State {
   State(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter response)
-      : w(worker), req(std::move(request)), writer(std::move(response)), topo(worker.topology()) {}
+      : w(worker),
+        req(std::move(request)),
+        writer(std::move(response)),
+        topo(worker.topology()),
+        route(worker, worker.shared(), *topo) {}
 
   WorkerContext& w;
   AdmittedRequest req;
   http::ResponseWriter writer;
   std::shared_ptr<const config::Topology> topo;  // pinned for the whole request
+  // Where the request goes (router/routing/request_route.h): asked once per attempt, told what
+  // happened to the legs.
+  routing::RequestRoute route;
   RequestState state = RequestState::kAccepted;
   bool ended = false;
 
   std::string model;
-  RequestSummary summary;
-  std::optional<CacheRouting> cache;  // cache_aware only; summary.cache points into it
-  std::optional<MultiTurnRequest> multi_turn;  // multi_turn.enabled and a conversation_id
-  std::optional<SessionAffinityRequest> session;  // session_affinity.enabled and a session id
   std::optional<DecodeAloneReason> decode_alone;  // this pair's decode serves it alone
   int64_t choices = 1;                            // the client's n
 
@@ -234,11 +210,6 @@ struct ProxySession::State {
   // runs; and a decode serving alone, its uncached prompt tokens until its first token), and the
   // prefill leg's queued uncached tokens (while that leg runs, an orphan's too).
   discovery::LoadCharge prefill_load, decode_load, prefill_queue;
-  PromptTokens prompt;  // the prompt's token count (router/policies/prompt_tokens.h)
-  // How a load-predicting policy chose this request's pair (GET /debug/route); null with other
-  // policies. The prefill's predicted TTFT, compared with its answer time once it answers.
-  std::unique_ptr<RouteExplanation> explanation;
-  std::optional<double> predicted_ttft;
   uint64_t decode_events = 0;  // streamed tokens of the decode attempt, and when the first and last came
   SteadyClock::time_point first_event_at{}, last_event_at{};
   // The client's body, parsed once (begin()); admission, affinity and every leg build read it.
@@ -247,15 +218,12 @@ struct ProxySession::State {
   // sampling_params indexed once; borrows client's document).
   proto::GenerateView generate;
   const proto::Dialect* dialect = nullptr;  // of the pair (proto/dialects/dialect.h)
-  PrefillFacts prefill_facts;               // what the dialect's pre-step learned (pre_step.h)
+  PrefillFacts prefill_facts;               // what the dialect's pre-step learned (router/routing/pre_step.h)
   proto::LegBuild legs;
-  std::vector<std::string> tried_prefills, tried_decodes;
   uint32_t prefill_attempts = 0, decode_attempts = 0;
   LegFailure last_cause = LegFailure::kConnect;
   Leg last_leg = Leg::kPrefill;
   std::string last_detail;
-
-  UpstreamPort::CallPtr tokenize_call;  // a node's /tokenize for the cache lookup (cache_tokenize.h)
 
   UpstreamPort::CallPtr prefill_call;
   std::string prefill_key;  // of the prefill leg in flight (kept after the pair is released)
@@ -303,8 +271,6 @@ struct ProxySession::State {
   SessionTimer prefill_timer;  // whole prefill leg (timeouts.prefill), then the orphan's grace
   SessionTimer head_timer;     // a held stream head: the first event is due (timeouts.first_byte)
   SessionTimer request_timer;  // whole request (timeouts.request, 0 = none)
-  SessionTimer slo_timer;      // waiting for a node within the SLO (limits.queue_timeout_ms)
-  uint64_t slo_ticket = 0;     // its place in the SLO gate while parked (slo_gate.h)
 };
 
 void ProxySession::start(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer) {
@@ -390,18 +356,24 @@ void ProxySession::begin() {
     end(RequestState::kFailed);
     return;
   }
-  if (auto refusal = MultiTurnRequest::begin(body, *s.topo, s.choices == 1, s.req.authorization,
-                                             s.req.bind_header_value, s.w.shared().conversations, s.w.counters(),
-                                             &s.multi_turn)) {
+  routing::RequestFacts facts;
+  facts.body = &s.client;
+  facts.model = s.model;
+  facts.path = s.req.path;
+  facts.choices = s.choices;
+  facts.authorization = s.req.authorization;
+  facts.bind_header_value = s.req.bind_header_value;
+  facts.session_header_value = s.req.session_header_value;
+  facts.affinity_header_value = s.req.affinity_header_value;
+  facts.forwarded_authorization = s.req.forward_authorization ? std::string_view(s.req.authorization) : "";
+  facts.slo = s.req.slo;
+  if (auto refusal = s.route.begin(facts)) {
     s.w.counters().refuse(Refusal::kBadParameter);
     send_answer(s.writer, api_error_response(s.req.path, 400, *refusal, "invalid_request_error", "invalid_parameter"),
                 &s.client_status, &s.bytes_out);
     end(RequestState::kFailed);
     return;
   }
-  s.session = SessionAffinityRequest::begin(body, *s.topo, s.req.session_header_value, s.req.authorization,
-                                            s.req.bind_header_value, s.w.shared().sessions,
-                                            s.w.counters().session_affinity);
   s.want_usage = s.req.ticket.limits_tokens() || s.req.log_record != nullptr;
   if (s.req.ticket.limits_tokens()) {
     // tokens_per_minute: the prompt and the answer's cap are reserved now, settled at the end.
@@ -416,51 +388,12 @@ void ProxySession::begin() {
       return;
     }
   }
-  s.summary = summarize(body, s.req.affinity_header_value, *s.topo);
-  s.prompt = count_prompt_tokens(request_prompt(body));
-  s.summary.prompt = &s.prompt;
-  s.cache = lookup_cache(body, s.model, *s.topo, s.w.shared());
-  if (s.cache) s.summary.cache = &s.cache->hits;
   if (s.topo->timeouts.request.count() > 0) {
     s.request_timer.start(s.w.timers(), s.topo->timeouts.request, [this] {  // see SessionTimers
       shared_from_this()->on_request_deadline();
     });
   }
-  if (s.cache && s.cache->hits.source == CacheHits::Source::kPrefixTree && wants_tokenize(body, *s.topo, s.w.shared())) {
-    tokenize_then_pair();
-    return;
-  }
   pair_and_send();
-}
-
-void ProxySession::tokenize_then_pair() {
-  State& s = *s_;
-  auto count = [&w = s.w](TokenizeResult r) { w.counters().bump(w.counters().cache_tokenize[static_cast<size_t>(r)]); };
-  // The call's callbacks keep the session alive, as a leg's do; cancelling the call (close_legs)
-  // releases them.
-  s.tokenize_call = start_tokenize(
-      s.w, s.client, s.model, s.req.forward_authorization ? std::string_view(s.req.authorization) : std::string_view(),
-      [self = shared_from_this(), count](bool ok, TokenizeResult why_not, std::vector<uint32_t>&& tokens) {
-        if (self->finished()) return;
-        State& s = *self->s_;
-        s.tokenize_call.reset();
-        if (ok && !tokens.empty()) {  // the node's count of the prompt's tokens is exact
-          s.prompt.count = tokens.size();
-          s.prompt.source = PromptTokens::Source::kTokenized;
-        }
-        if (!ok) {
-          count(why_not);
-        } else if (match_token_ids(tokens, s.model, s.w.shared(), &*s.cache)) {
-          count(TokenizeResult::kMatched);
-        } else {
-          count(TokenizeResult::kNoMatch);
-        }
-        self->pair_and_send();
-      });
-  if (!s.tokenize_call) {
-    count(TokenizeResult::kNoNode);
-    pair_and_send();
-  }
 }
 
 void ProxySession::on_request_deadline() {
@@ -479,171 +412,60 @@ void ProxySession::on_request_deadline() {
 
 void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   State& s = *s_;
-  const auto& snapshot = s.w.registry();
-  PolicySet& policies = s.w.policies();
-  PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary, discovery::Clock::now()};
-  if (s.multi_turn) query.preferred_decode = s.multi_turn->preferred_decode();
-  if (s.session) s.session->steer(*snapshot, *s.topo, &query, s.w.counters().session_affinity);
-  if (policies.prefill->needs_load() || policies.decode->needs_load()) {
-    if (!s.explanation) s.explanation = std::make_unique<RouteExplanation>();
-    *s.explanation = RouteExplanation{};
-    query.summary.explain = s.explanation.get();
-  }
-  Pair pair;
-  Status st = choose_pair(*snapshot, query, *policies.prefill, *policies.decode, &pair);
-  if (!st.is_ok()) {
-    if (s.prefill_attempts == 0) {
-      s.w.counters().refuse(Refusal::kNoPair);
-      fail(503, "no prefill/decode pair available: " + st.message(), "no_pair");
-    } else {
-      fail(failure_status(s.last_cause),
-           std::string(s.last_leg == Leg::kPrefill ? "prefill" : "decode") + " failed: " + s.last_detail +
-               "; no node left to retry on: " + st.message(),
-           failure_code(s.last_leg, s.last_cause));
-    }
-    return;
-  }
-  if (s.prefill_attempts == 0 && s.req.slo.any() && s.explanation && !slo_reachable()) {
-    wait_for_slo();
-    return;
-  }
-  if (s.slo_timer.armed()) s.slo_timer.stop();
-  if (retry_of) {
-    s.w.counters().retried(*retry_of);
-    ++s.retries;
-  }
-  if (s.cache) record_routing(*s.cache, pair, s.w.shared());
-  if (s.session) s.session->routed(pair, *s.topo, s.w.shared().sessions, s.w.counters().session_affinity);
-  if (s.req.trace) s.req.trace->routed(pair.prefill->key, pair.decode->key, s.cache ? &s.cache->hits : nullptr);
-  s.pair = std::move(pair);
-  s.prefill_rank = next_dp_rank(*s.pair.prefill);
-  s.decode_rank = next_dp_rank(*s.pair.decode);
-  s.prefill_load = discovery::LoadCharge(*s.pair.prefill, s.prefill_rank);
-  s.decode_load = discovery::LoadCharge(*s.pair.decode, s.decode_rank);
-
-  s.dialect = proto::dialect_for(s.pair.prefill->connector, s.pair.prefill->transfer_mode);
-  if (const std::string_view why = s.dialect != nullptr ? proto::unsupported_endpoint(*s.dialect, s.req.path) : "";
-      !why.empty()) {
-    // Not a fault of the client's body nor of the nodes: this connector has no such endpoint.
-    s.w.counters().refuse(Refusal::kNoPair);
-    fail(501,
-         s.req.path + " is not supported with the " + std::string(s.dialect->name) + " connector dialect: " +
-             std::string(why),
-         "not_supported");
-    return;
-  }
-  if (s.choices > 1) {
-    if (s.dialect == nullptr || s.dialect->without_kv == nullptr) {
-      s.w.counters().refuse(Refusal::kBadParameter);
-      std::string able;  // the dialects whose decode can: those with a no-KV fallback
-      for (const proto::Dialect* d : proto::all_dialects()) {
-        if (d->without_kv != nullptr) able += (able.empty() ? "" : ", ") + std::string(d->name);
-      }
-      fail(400,
-           "n = " + std::to_string(s.choices) + " is not supported here: parallel sampling cannot go through "
-           "prefill/decode (KV moves per request, not per choice), and the decode of this pair (" +
-           std::string(s.dialect != nullptr ? s.dialect->name : "unknown") + ") cannot compute a prompt alone (" +
-           able + " decodes can); send n = 1",
-           "invalid_parameter");
-      return;
-    }
-    s.decode_alone = DecodeAloneReason::kParallelSampling;
-  } else {
-    s.decode_alone = decode_alone_reason(
-        s.topo->conditional_disaggregation, s.dialect,
-        request_prompt(s.client),
-        s.cache ? &s.cache->hits : nullptr, s.pair.decode->key);
-  }
-  if (s.dialect == nullptr || s.dialect->pre_step == proto::PreStep::kNone || s.decode_alone) {
-    build_and_send();  // (no dialect: build_legs says why)
-    return;
-  }
-  // The dialect's pre-step (Mooncake: the prefill's engine id for the chosen DP rank).
-  auto self = shared_from_this();
-  const std::string prefill_key = s.pair.prefill->key;
-  run_pre_step(*s.dialect, s.w, *s.topo, s.pair.prefill, s.prefill_rank,
-               [self, prefill_key](const Status& status, const PrefillFacts& facts) {
-                 State& s = *self->s_;
-                 if (self->finished() || !s.pair.prefill || s.pair.prefill->key != prefill_key) return;
-                 if (!status.is_ok()) {
-                   self->prefill_failed(LegFailure::kBootstrap, status.message());
-                   return;
-                 }
-                 s.prefill_facts = facts;
-                 s.prefill_rank = facts.prefill_rank;
-                 s.prefill_load.move_to_rank(s.prefill_rank);
-                 self->build_and_send();
-               });
+  // The route holds the session while it waits (the /tokenize call, the SLO gate, the pre-step);
+  // it calls back once, possibly before route() returns.
+  s.route.route(
+      s.prefill_attempts != 0, shared_from_this(),
+      [this, retry_of](const Pair& pair) {
+        State& st = *s_;
+        if (retry_of) {
+          st.w.counters().retried(*retry_of);
+          ++st.retries;
+        }
+        if (st.req.trace) st.req.trace->routed(pair.prefill->key, pair.decode->key, st.route.cache_hits());
+      },
+      [this](routing::Route* route, routing::RouteRefusal* refusal) { on_routed(route, refusal); });
 }
 
-bool ProxySession::slo_reachable() const {
-  const State& s = *s_;
-  const LegExplanation& p = s.explanation->prefill;
-  const LegExplanation& d = s.explanation->decode;
-  if (s.req.slo.ttft_ms != 0 && p.filled && p.chosen < p.rows.size() &&
-      p.rows[p.chosen].predicted_seconds * 1000 > s.req.slo.ttft_ms) {
-    return false;
-  }
-  if (s.req.slo.tpot_ms != 0 && d.filled && d.chosen < d.rows.size() &&
-      d.rows[d.chosen].predicted_seconds * 1000 > s.req.slo.tpot_ms) {
-    return false;
-  }
-  return true;
-}
-
-void ProxySession::wait_for_slo() {
+void ProxySession::on_routed(routing::Route* route, routing::RouteRefusal* refusal) {
   State& s = *s_;
-  const auto& limits = s.topo->limits;
-  if (s.topo->policies.predicted_latency.shed || !limits.queue_enabled()) {
-    s.w.counters().refuse(Refusal::kSloUnmet);
-    fail(503, "no node is predicted to serve this request within its SLO (x-slo-ttft-ms / x-slo-tpot-ms)",
-         "slo_unmet");
+  if (finished()) return;
+  if (refusal != nullptr) {
+    using Why = routing::RouteRefusalReason;
+    switch (refusal->reason) {
+      case Why::kNoPair:
+        if (s.prefill_attempts == 0) {
+          s.w.counters().refuse(Refusal::kNoPair);
+          fail(503, "no prefill/decode pair available: " + refusal->message, "no_pair");
+        } else {
+          fail(failure_status(s.last_cause),
+               std::string(s.last_leg == Leg::kPrefill ? "prefill" : "decode") + " failed: " + s.last_detail +
+                   "; no node left to retry on: " + refusal->message,
+               failure_code(s.last_leg, s.last_cause));
+        }
+        return;
+      case Why::kNotSupported: s.w.counters().refuse(Refusal::kNoPair); break;
+      case Why::kBadParameter: s.w.counters().refuse(Refusal::kBadParameter); break;
+      case Why::kSloUnmet: s.w.counters().refuse(Refusal::kSloUnmet); break;
+      case Why::kQueueTimeout: s.w.counters().refuse(Refusal::kQueueTimeout); break;
+      case Why::kShuttingDown: s.w.counters().refuse(Refusal::kShuttingDown); break;
+    }
+    fail(refusal->status, refusal->message, refusal->code);
     return;
   }
-  if (!s.slo_timer.armed()) {
-    s.slo_timer.start(s.w.timers(), limits.queue_timeout, [this] {  // see SessionTimers
-      // The gate's reference keeps this session alive until here (or a posted re-check's does).
-      auto self = shared_from_this();
-      State& st = *s_;
-      st.w.shared().slo_gate.withdraw(st.slo_ticket);
-      if (finished()) return;  // its client went away while it waited
-      st.w.counters().refuse(Refusal::kQueueTimeout);
-      fail(503,
-           "no node was predicted to serve this request within its SLO within limits.queue_timeout_ms = " +
-               std::to_string(st.topo->limits.queue_timeout.count()) + " ms",
-           "queue_timeout");
-    });
+  s.pair = std::move(route->pair);
+  s.prefill_rank = route->prefill_rank;
+  s.decode_rank = route->decode_rank;
+  s.prefill_load = std::move(route->prefill_load);
+  s.decode_load = std::move(route->decode_load);
+  s.dialect = route->dialect;
+  s.decode_alone = route->decode_alone;
+  if (!route->pre_step.is_ok()) {
+    prefill_failed(LegFailure::kBootstrap, route->pre_step.message());
+    return;
   }
-  // Woken when a leg ends anywhere (slo_gate.h): the pairing runs again with the new figures.
-  // The gate holds the session (nothing else does while no leg runs) until then or the deadline.
-  // The drain wakes the gate too: a waiter is then answered 503 shutting_down at once, as the
-  // admission queue's are, instead of holding the drain up until its deadline.
-  ProxyShared& shared = s.w.shared();
-  s.slo_ticket = shared.slo_gate.park(s.w.index(), [self = shared_from_this()] {
-    if (self->finished()) return;
-    if (self->s_->w.shared().shutting_down.load()) {
-      self->s_->w.counters().refuse(Refusal::kShuttingDown);
-      self->fail(503, "pdrouter is shutting down", "shutting_down");
-      return;
-    }
-    self->pair_and_send(std::nullopt);
-  });
-  // A drain that began before the park woke nobody: wake now (the flag is stored before the
-  // drain's wake, and read here after the park, so one of the two wakes sees this waiter).
-  if (shared.shutting_down.load()) shared.slo_gate.wake();
-}
-
-void ProxySession::record_route_decision() {
-  State& s = *s_;
-  const LegExplanation& prefill = s.explanation->prefill;
-  s.predicted_ttft.reset();
-  if (prefill.filled && prefill.chosen < prefill.rows.size()) s.predicted_ttft = prefill.rows[prefill.chosen].predicted_seconds;
-  RouteDecision d;
-  d.request_id = s.legs.plan.request_id;
-  d.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-                  .count();
-  d.explanation = std::move(*s.explanation);
-  s.w.shared().route_decisions.record(std::move(d));
+  s.prefill_facts = std::move(route->prefill_facts);
+  build_and_send();
 }
 
 void ProxySession::build_and_send() {
@@ -677,9 +499,8 @@ void ProxySession::build_and_send() {
     }
     return;
   }
-  if (s.explanation) record_route_decision();
-  if (s.multi_turn) {
-    s.multi_turn->on_legs_built(s.legs, *s.pair.decode, s.w.counters());
+  s.route.legs_built(s.legs, *s.pair.decode, s.legs.plan.request_id);
+  if (s.route.multi_turn()) {
     if (s.legs.plan.tokens_in) {  // the prefill may have got the decode's params at the top level
       (void)proto::mirror_generate_kv_params(options.limits, &s.legs.prefill.body);
       (void)proto::mirror_generate_kv_params(options.limits, &s.legs.decode.body);
@@ -765,7 +586,7 @@ void ProxySession::send_prefill() {
   s.phases.prefill_sent(sent_at);
   s.prefill_timed = true;
   s.prefill_queue = discovery::LoadCharge(*s.pair.prefill, s.prefill_rank, /*request=*/false);
-  s.prefill_queue.queue_prefill(uncached_tokens(s.prompt, s.cache ? &s.cache->hits : nullptr, s.pair.prefill->key));
+  s.prefill_queue.queue_prefill(uncached_tokens(s.route.prompt(), s.route.cache_hits(), s.pair.prefill->key));
   if (s.req.trace) {
     s.req.trace->leg_started(tracing::TraceLeg::kPrefill, s.pair.prefill->http_address, s.legs.prefill.path,
                              s.w.node_tls(s.pair.prefill->http_address) != nullptr, &s.legs.prefill.headers);
@@ -826,8 +647,7 @@ void ProxySession::on_prefill_complete() {
     s.phases.prefill_answered(s.legs.plan.dialect, s.w.counters().pd_phases, now);
     const double seconds = std::chrono::duration<double>(now - s.prefill_sent_at).count();
     s.prefill_queue.prefill_done();  // answered: the node's busy clock takes its tokens (load_ledger.h)
-    if (s.predicted_ttft) s.w.shared().route_decisions.observe_ttft(*s.predicted_ttft, seconds);
-    s.predicted_ttft.reset();
+    s.route.prefill_answered(seconds);
   }
   s.prefill_queue.release();
   s.w.shared().slo_gate.wake();  // its queued tokens are off the node: waiting SLOs may be met now
@@ -887,7 +707,7 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   }
   s.prefill_queue.release();
   s.prefill_timer.stop();
-  if (s.pair.prefill && s.dialect) forget_pre_step(*s.dialect, s.w, *s.pair.prefill);
+  if (s.pair.prefill && s.dialect) s.route.prefill_failed(*s.dialect, *s.pair.prefill);
   if (s.state == RequestState::kStreaming) {
     // Concurrent dialect whose decode already answered: its KV arrived; nothing to undo.
     if (may_log(s.w)) pdr::log::warn("request {}: {} (decode already streaming)", s.legs.plan.request_id, detail);
@@ -904,7 +724,7 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   s.last_detail = std::move(detail);
   const uint32_t budget = std::max<uint32_t>(1, s.topo->retries.prefill_attempts);
   const uint32_t left = budget > s.prefill_attempts ? budget - s.prefill_attempts : 0;
-  if (s.pair.prefill) s.tried_prefills.push_back(s.pair.prefill->key);
+  if (s.pair.prefill) s.route.exclude(proto::Role::kPrefill, s.pair.prefill->key);
   if (!prefill_retryable(cause, left)) {
     fail(failure_status(cause), "prefill failed: " + s.last_detail, failure_code(Leg::kPrefill, cause));
     return;
@@ -934,9 +754,9 @@ void ProxySession::send_decode() {
   // alone, it also computes the prompt: queued prefill tokens on it until its first token.
   s.decode_load.decode_done();
   s.decode_load.prefill_done();
-  s.decode_load.start_decode(s.prompt.count);
+  s.decode_load.start_decode(s.route.prompt().count);
   if (s.decode_alone) {
-    s.decode_load.queue_prefill(uncached_tokens(s.prompt, s.cache ? &s.cache->hits : nullptr, s.pair.decode->key));
+    s.decode_load.queue_prefill(uncached_tokens(s.route.prompt(), s.route.cache_hits(), s.pair.decode->key));
   }
   s.decode_events = 0;
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.first_byte,
@@ -1000,18 +820,14 @@ void ProxySession::count_connection(const UpstreamPort::Call* call) {
 void ProxySession::node_answered(Leg leg, const UpstreamPort::Call* call) {
   count_connection(call);
   const InstancePtr& node = leg == Leg::kPrefill ? s_->pair.prefill : s_->pair.decode;
-  if (node) note_answer(*node->liveness);
+  if (node) s_->route.node_answered(*node);
 }
 
 void ProxySession::node_failed(Leg leg, const UpstreamPort::Call* call) {
   const InstancePtr& node = leg == Leg::kPrefill ? s_->pair.prefill : s_->pair.decode;
   if (call == nullptr || !node) return;
-  if (call->failure() != http::UpstreamFailure::kConnect &&
-      call->failure() != http::UpstreamFailure::kConnectTimeout) {
-    return;
-  }
-  const EjectionRule rule{s_->topo->retries.eject_after_connect_failures, s_->topo->retries.eject};
-  if (note_connect_failure(*node->liveness, discovery::Clock::now(), rule)) {
+  EjectionRule rule;
+  if (s_->route.node_unreachable(*node, call->failure(), &rule)) {
     s_->w.counters().ejected(leg);
     pdr::log::warn("{} {} ejected for {} ms: {} legs in a row could not connect to it", to_string(leg), node->key,
                  rule.duration.count(), rule.after);
@@ -1089,7 +905,7 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     // Relay whole events only, holding back a partial one, so that an error event added after a
     // failure never lands inside an event (and clients never see half an event first). Event
     // boundaries are any blank line ("\n\n", "\r\r", "\r\n\r\n": proto/sse_boundary.h).
-    if (s.multi_turn) s.multi_turn->on_decode_bytes(chunk);
+    s.route.decode_bytes(chunk);
     std::string_view out = chunk;
     size_t from_tail = 0;  // bytes of sse_tail in `out`, dropped from it once written
     const bool continues_event = s.partial_flushed;  // the last write ended inside an event
@@ -1247,7 +1063,7 @@ void ProxySession::on_decode_complete() {
     }
     s.decode_load.decode_done();
     s.decode_load.prefill_done();
-    if (s.multi_turn && !s.sse) s.multi_turn->on_decode_json(s.decode_body);
+    if (!s.sse) s.route.decode_json(s.decode_body);
     if (s.want_usage) proto::scan_usage(s.sse ? s.sse_tail : s.decode_body, &s.usage);
     // The decode's kv_transfer_params (read by multi_turn above) never reach the client.
     std::string redacted;
@@ -1258,7 +1074,7 @@ void ProxySession::on_decode_complete() {
       return;
     }
     if (edit == proto::KvParamsEdit::kRedacted) (s.sse ? s.sse_tail : s.decode_body) = std::move(redacted);
-    if (s.multi_turn) s.multi_turn->on_done(*s.pair.decode, *s.topo, s.w.shared().conversations, s.w.counters());
+    s.route.decode_done(*s.pair.decode);
     if (s.sse) {
       if (!s.stream_started && !start_client_stream()) return;
       if (!s.sse_tail.empty()) s.writer.write(s.sse_tail);
@@ -1318,7 +1134,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
   s.last_cause = cause;
   s.last_leg = Leg::kDecode;
   s.last_detail = std::move(detail);
-  s.tried_decodes.push_back(s.pair.decode->key);
+  s.route.exclude(proto::Role::kDecode, s.pair.decode->key);
   const uint32_t budget = std::max<uint32_t>(1, s.topo->retries.decode_attempts);
   const uint32_t left = budget > s.decode_attempts ? budget - s.decode_attempts : 0;
   DecodeRetry retry = s.legs.plan.dialect ? decode_retry(*s.legs.plan.dialect, cause, left) : DecodeRetry::kNone;
@@ -1329,10 +1145,8 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
       fail(failure_status(cause), "decode failed: " + s.last_detail, failure_code(Leg::kDecode, cause));
       return;
     case DecodeRetry::kDecodeOnly: {
-      const auto& snapshot = s.w.registry();
-      PairQuery query{s.model, s.tried_prefills, s.tried_decodes, s.summary, discovery::Clock::now()};
       InstancePtr next;
-      Status st = choose_decode(*snapshot, *s.pair.prefill, query, *s.w.policies().decode, &next);
+      Status st = s.route.reroute_decode(*s.pair.prefill, &next);
       if (!st.is_ok()) {
         fail(failure_status(cause), "decode failed: " + s.last_detail + "; no node left to retry on: " + st.message(),
              failure_code(Leg::kDecode, cause));
@@ -1430,11 +1244,7 @@ void ProxySession::end_stream_with_error(int status, std::string_view message, s
 
 void ProxySession::close_legs() {
   State& s = *s_;
-  if (s.tokenize_call) {  // the request ended before its cache lookup did
-    s.tokenize_call->cancel();
-    s.tokenize_call.reset();
-    s.w.counters().bump(s.w.counters().cache_tokenize[static_cast<size_t>(TokenizeResult::kCancelled)]);
-  }
+  s.route.cancel();  // a /tokenize call, an SLO wait or a pre-step still running
   // A leg still in flight is aborted by its closed connection, and by id on a tokens-only node.
   if (s.prefill_call) {
     if (s.pair.prefill) abort_leg_on_node(s.w, *s.pair.prefill, s.req.path, s.legs.plan.request_id);
@@ -1463,6 +1273,7 @@ void ProxySession::end(RequestState final_state) {
   State& s = *s_;
   if (s.ended) return;
   s.ended = true;
+  s.route.cancel();  // nothing of routing outlives the request (close_legs did it on most paths)
   move_to(final_state);
   hand_over_record(final_state);
   if (s.req.trace) s.req.trace->finish(to_string(final_state));
@@ -1548,10 +1359,10 @@ void ProxySession::hand_over_record(RequestState final_state) {
   r.retries = s.retries;
   r.prompt_tokens = s.usage.prompt_tokens;
   r.output_tokens = s.usage.output_tokens;
-  if (s.cache) {
-    r.cache_source = s.cache->hits.source == CacheHits::Source::kKvEvents ? "kv_events" : "prefix_tree";
-    r.cache_matched = s.cache->hits.matched(s.prefill_key.empty() ? s.decode_key : s.prefill_key);
-    r.cache_prompt = s.cache->hits.prompt_units;
+  if (const CacheHits* hits = s.route.cache_hits()) {
+    r.cache_source = hits->source == CacheHits::Source::kKvEvents ? "kv_events" : "prefix_tree";
+    r.cache_matched = hits->matched(s.prefill_key.empty() ? s.decode_key : s.prefill_key);
+    r.cache_prompt = hits->prompt_units;
   }
   const auto ms = [](SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
   if (s.first_byte_at) r.ttft_ms = ms(*s.first_byte_at - s.req.arrived_at);

@@ -3,13 +3,21 @@
 //
 //   ACCEPTED -> PAIRED -> PREFILL_SENT -> PREFILL_DONE -> DECODE_SENT -> STREAMING -> DONE
 //   (concurrent dialects: PREFILL_SENT -> DECODE_SENT at once, the prefill answer is read and
-//   dropped; conditional disaggregation, decode_alone.h: PAIRED -> DECODE_SENT, the decode
-//   alone with the dialect's no-KV request, the pair's prefill released, a decode failure
-//   re-pairing); FAILED and CANCELLED from every state. Every transition is counted
-//   (ProxyCounters::transitions). With policies.cache_aware.tokenize: node, a text prompt waits in
-//   ACCEPTED for one node's /tokenize (cache_tokenize.h) before pairing; a client disconnect or
-//   the request deadline cancels that call like a leg. Multi-turn KV reuse (multi_turn.h) steers pairing to the
-//   conversation's decode and edits the built legs; it adds no state.
+//   dropped; conditional disaggregation: PAIRED -> DECODE_SENT, the decode alone with the
+//   dialect's no-KV request, the pair's prefill released, a decode failure re-pairing); FAILED
+//   and CANCELLED from every state. Every transition is counted (ProxyCounters::transitions).
+//
+// Where the request goes is routing's (router/routing/): the session reaches it through one
+// door, routing::RequestRoute (router/routing/request_route.h), begun after parsing and asked
+// once per attempt (pair_and_send -> on_routed); it is told what the legs did (a node answered
+// or could not be connected to, a node to avoid, legs built, the prefill's answer time, the
+// decode's answer for multi-turn, cancellation). Behind it, while the request rests in
+// ACCEPTED: with policies.cache_aware.tokenize: node, one node's /tokenize for a text prompt
+// (cache_tokenize.h), the SLO wait (slo_gate.h) and the dialect's pre-step (pre_step.h), each
+// cancelled like a leg by a client disconnect or the request deadline; pairing itself
+// (pairing.h, steered by multi-turn KV reuse and session affinity), the cache lookup, and
+// conditional disaggregation (decode_alone.h). Multi-turn KV reuse (multi_turn.h) edits the
+// built legs; it adds no state.
 //
 // What each event does, in every state:
 //  - client disconnect: every open leg is closed at once (that is how vLLM aborts a request and
@@ -29,8 +37,8 @@
 //
 // Dialects (proto/dialects/dialect.h) are never named here: the table line of the pair says
 // whether the legs are concurrent, what the decode takes from the prefill, the no-KV fallback,
-// the retry scope and the pre-step (pre_step.h) run before the legs are built. The client's body
-// is parsed once (begin()); legs stay unrendered until the upstream client writes them out.
+// the retry scope and the pre-step run before the legs are built. The client's body is parsed
+// once (begin()); legs stay unrendered until the upstream client writes them out.
 //  - decode failure after the head reached the client: an SSE stream ends with an OpenAI-style
 //    error event and data: [DONE] (never a silent truncation), a /v1/responses stream with the
 //    Responses API's error and response.failed events and no [DONE] (proto/responses_stream.h),
@@ -58,8 +66,8 @@
 //
 // Worker thread only. The session keeps itself alive through its upstream callbacks; the writer
 // callbacks hold it weakly.
-// Every upstream call goes through WorkerContext::upstream() (upstream_port.h), which
-// tests/router/proxy_session_test.cc replaces with a fake to drive this state machine.
+// Every upstream call, the route's too, goes through WorkerContext::upstream() (upstream_port.h),
+// which tests/router/proxy_session_test.cc replaces with a fake to drive this state machine.
 #pragma once
 
 #include <chrono>
@@ -72,7 +80,8 @@
 #include "router/clients/access_record.h"
 #include "router/clients/tenant_registry.h"
 #include "router/proxy/proxy_shared.h"
-#include "router/proxy/slo_headers.h"
+#include "router/routing/request_route.h"
+#include "router/routing/slo_headers.h"
 #include "router/tracing/request_trace.h"
 
 namespace pdr::router::proxy {
@@ -88,7 +97,7 @@ struct AdmittedRequest {
   // The first of session_affinity.headers the client sent, its value; nullopt: none.
   std::optional<std::string> session_header_value;
   // Bytes of limits.max_buffered_bytes reserved for `body` by ProxyService (BufferBudget::
-  // reserve, buffer_budget.h); the session gives them back when it is destroyed.
+  // reserve, router/routing/buffer_budget.h); the session gives them back when it is destroyed.
   size_t budget_bytes = 0;
   // When the request head was parsed (http::Request::head_at): the latency histograms start
   // there. Unset (epoch): the session's creation.
@@ -101,7 +110,7 @@ struct AdmittedRequest {
   // usage when the session ends. An empty ticket: no tenant (tests).
   std::string tenant;
   clients::TenantTicket ticket;
-  // Its latency objectives (slo_headers.h); none by default.
+  // Its latency objectives (router/routing/slo_headers.h); none by default.
   RequestSlo slo;
   // With the access log on: the request's record as ProxyService knew it (client, tenant, path,
   // trace id, bytes in); the session completes it and logs it when it ends. Null: log off.
@@ -126,10 +135,10 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
 
  private:
   void begin();
-  // policies.cache_aware.tokenize: node: a node's /tokenize before pairing (cache_tokenize.h).
-  void tokenize_then_pair();
-  // `retry_of`: the leg whose failure this new pair retries (counted once a pair is found).
+  // Asks the request's route (router/routing/request_route.h) for a pair; on_routed() gets the
+  // answer. `retry_of`: the leg whose failure this new pair retries (counted once a pair is found).
   void pair_and_send(std::optional<Leg> retry_of = std::nullopt);
+  void on_routed(routing::Route* route, routing::RouteRefusal* refusal);
   void send_prefill();
   void send_decode();
   void on_prefill_complete();
@@ -157,18 +166,11 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   // The leg attempt's latency (ProxyCounters::leg_duration), once per attempt: its answer is
   // complete or it failed. A leg pdrouter cancels is not recorded.
   void leg_ended(Leg leg);
-  // Passive health (ejection.h): a leg's node answered, or could not be connected to.
+  // Passive health (router/routing/ejection.h): a leg's node answered, or could not be connected to.
   void node_answered(Leg leg, const UpstreamPort::Call* call);
   void node_failed(Leg leg, const UpstreamPort::Call* call);
   void relay_upstream_error(int status, const std::string& content_type, const std::string& body);
   void build_and_send();
-  // Keeps the policy's explanation of this attempt's pair in GET /debug/route's ring.
-  void record_route_decision();
-  // The pair just chosen is predicted within the request's SLO (legs without a prediction pass).
-  bool slo_reachable() const;
-  // It is not: 503 slo_unmet at once (shed, or no admission queue), else wait in the SLO gate
-  // (slo_gate.h) until a re-pairing is, or limits.queue_timeout_ms passes (503 queue_timeout).
-  void wait_for_slo();
   void fail(int status, std::string_view message, std::string_view code);
   void end_stream_with_error(int status, std::string_view message, std::string_view code);
   void end(RequestState final_state);

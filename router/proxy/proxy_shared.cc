@@ -1,4 +1,4 @@
-#include "router/proxy/cache_routing.h"
+#include "router/routing/cache_routing.h"
 #include "router/proxy/proxy_shared.h"
 
 #include <random>

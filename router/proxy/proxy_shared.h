@@ -24,24 +24,17 @@
 #include "router/http/upstream_client.h"
 #include "router/clients/client_gate.h"
 #include "router/policies/policy.h"
-#include "router/proxy/route_decisions.h"
-#include "router/proxy/slo_gate.h"
 #include "router/proxy/admission_queue.h"
-#include "router/proxy/conversation_cache.h"
-#include "router/proxy/mooncake_cache.h"
 #include "router/proxy/node_tls.h"
 #include "router/proxy/orphan_legs.h"
 #include "router/proxy/proxy_counters.h"
-#include "router/proxy/session_table.h"
-#include "router/proxy/timer_queue.h"
 #include "router/proxy/upstream_port.h"
+#include "router/routing/mooncake_cache.h"
+#include "router/routing/routing_shared.h"
+#include "router/routing/routing_worker.h"
+#include "router/routing/timer_queue.h"
 
 struct uv_loop_s;
-
-namespace pdr::router::cache {
-class BlockIndex;
-class PrefixTree;
-}  // namespace pdr::router::cache
 
 namespace pdr::router::clients {
 class AccessLog;
@@ -64,7 +57,9 @@ struct PolicySet {
   std::unique_ptr<Policy> decode;
 };
 
-struct ProxyShared {
+// The routing tables (the cache lookup's index and tree, conversations, session bindings, the
+// decision log, the SLO gate) are its base, routing::RoutingShared (router/routing/routing_shared.h).
+struct ProxyShared : routing::RoutingShared {
   const SnapshotCell<discovery::RegistrySnapshot>* registry = nullptr;
   const SnapshotCell<config::Topology>* topology = nullptr;
   ProxyCounters counters;
@@ -74,14 +69,6 @@ struct ProxyShared {
   // Where profile fan-outs are counted; null: counters.profile_fanouts. The admin listener's
   // service (listeners.admin) points it at the client service's, so /metrics has one total.
   ProxyCounters::Counter* profile_fanouts = nullptr;
-  // What the cache_aware policy consults (router/proxy/cache_routing.h); owned by main, set
-  // before the first request. Null: kv_events off (block_index) / no text prefix tree.
-  const cache::BlockIndex* block_index = nullptr;
-  cache::PrefixTree* prefix_tree = nullptr;
-  // Multi-turn KV reuse entries (multi_turn.h), shared by every worker.
-  ConversationCache conversations;
-  // Session affinity bindings (session_affinity.h), shared by every worker.
-  SessionTable sessions;
   // HTTP workers serving this proxy (orphan_legs.h shares per-node limits out over them).
   uint32_t workers = 1;
   // Client keys, tenants and their limits (router/clients/client_gate.h).
@@ -96,10 +83,6 @@ struct ProxyShared {
   SnapshotCell<http::TlsClientContext> self_tls{nullptr};
   // Tracing (router/tracing/tracer.h), owned by main; null: off.
   tracing::Tracer* tracer = nullptr;
-  // The predicted_latency policy's last decisions (GET /debug/route) and their counters.
-  RouteDecisionLog route_decisions;
-  // Requests waiting for a candidate predicted within their SLO (slo_gate.h).
-  SloGate slo_gate;
 
   // The policies for `topology`; rebuilt (once, under the mutex) when its policy names differ
   // from the current set's.
@@ -121,7 +104,9 @@ struct ProxyShared {
   config::Topology::Policies::PredictedLatency predicted_latency_{};
 };
 
-class WorkerContext {
+// What routing needs of its worker (routing::RoutingWorker) is answered here; final, so the
+// proxy's own calls are direct.
+class WorkerContext final : public routing::RoutingWorker {
  public:
   // `upstream`: where P/D legs and bootstrap queries go; null: this worker's pool. An injected
   // port must outlive the context; close_all() is called on it when the context is destroyed.
@@ -132,18 +117,29 @@ class WorkerContext {
 
   ProxyShared& shared() { return shared_; }
   ProxyCounters& counters() { return shared_.counters; }
-  uint32_t index() const { return index_; }
+  uint32_t index() const override { return index_; }
   uv_loop_s* loop() { return loop_; }
   // The deadlines of this worker's sessions and relays (SessionTimer::start).
-  TimerQueue& timers() { return timers_; }
+  routing::TimerQueue& timers() override { return timers_; }
   // This worker's orphaned prefill legs per node (orphan_legs.h).
   OrphanLegs& orphans() { return orphans_; }
   http::UpstreamPool& pool() { return pool_; }
-  UpstreamPort& upstream() { return *upstream_; }
-  MooncakeEngineCache& mooncake() { return mooncake_; }
+  UpstreamPort& upstream() override { return *upstream_; }
+  routing::MooncakeEngineCache& mooncake() override { return mooncake_; }
+  routing::BufferBudget& buffered() override { return shared_.counters.buffered; }
+  routing::BootstrapQueryCounters& bootstrap_queries() override { return shared_.counters.bootstrap_queries; }
+  routing::RouteCounters route_counters() override {
+    ProxyCounters& c = shared_.counters;
+    return {&c.cache_routing, &c.cache_tokenize, &c.multi_turn, &c.session_affinity};
+  }
+  routing::RoutePolicies route_policies() override {
+    PolicySet& set = policies();
+    return {set.prefill.get(), set.decode.get()};
+  }
+  bool shutting_down() const override { return shared_.shutting_down.load(); }
   // The TLS context of calls to the node at `http_address` (http::UpstreamRequest::tls); null:
   // plain HTTP (node_tls.h).
-  const std::shared_ptr<const http::TlsClientContext>& node_tls(const proto::HostPort& http_address) {
+  const std::shared_ptr<const http::TlsClientContext>& node_tls(const proto::HostPort& http_address) override {
     static const std::shared_ptr<const http::TlsClientContext> kPlain;
     const auto& contexts = node_tls_.get();
     return contexts ? contexts->for_node(http_address) : kPlain;
@@ -155,18 +151,18 @@ class WorkerContext {
   LogLimiter& leg_log() { return leg_log_; }
 
   // Newest snapshot / topology (one atomic load when unchanged). Valid until the next call.
-  const std::shared_ptr<const discovery::RegistrySnapshot>& registry() {
+  const std::shared_ptr<const discovery::RegistrySnapshot>& registry() override {
     const auto& now = registry_.get();
     if (now != seen_registry_) on_new_registry(now);
     return now;
   }
-  const std::shared_ptr<const config::Topology>& topology() { return topology_.get(); }
+  const std::shared_ptr<const config::Topology>& topology() override { return topology_.get(); }
   PolicySet& policies();
   // The tenants of the current topology (clients::TenantRegistry::table_for, asked again only
   // when the topology changed). Valid until the next call.
   const clients::TenantTable& tenants();
 
-  uint64_t random();  // splitmix64, seeded per worker from std::random_device
+  uint64_t random() override;  // splitmix64, seeded per worker from std::random_device
 
  private:
   ProxyShared& shared_;
@@ -174,11 +170,11 @@ class WorkerContext {
   uv_loop_s* loop_;
   // Before the pool: sessions ended while the pool closes still take their orphans off it.
   OrphanLegs orphans_;
-  TimerQueue timers_;
+  routing::TimerQueue timers_;
   http::UpstreamPool pool_;
   PoolUpstreamPort pool_port_{pool_};
   UpstreamPort* upstream_;
-  MooncakeEngineCache mooncake_;
+  routing::MooncakeEngineCache mooncake_;
   ModelsCache models_;
   LogLimiter leg_log_{"proxy"};
   SnapshotReader<discovery::RegistrySnapshot> registry_;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "router/proxy/cache_routing.h"
+#include "router/routing/cache_routing.h"
 #include "router/proxy/client_api.h"
 #include "proto/token_ids.h"
 
@@ -24,7 +24,7 @@ uint64_t cap_of(const proto::JsonObjectBody& body, std::initializer_list<std::st
 }  // namespace
 
 uint64_t requested_tokens(const proto::JsonObjectBody& body, const proto::GenerateView* generate, int64_t choices) {
-  const std::string_view prompt = generate != nullptr ? proto::generate_token_ids(body) : request_prompt(body);
+  const std::string_view prompt = generate != nullptr ? proto::generate_token_ids(body) : routing::request_prompt(body);
   thread_local std::vector<uint32_t> ids;
   const uint64_t prompt_tokens = proto::parse_token_id_array(prompt, 1u << 24, &ids)
                                      ? ids.size()

@@ -17,10 +17,13 @@
 
 #include "router/http/upstream_client.h"
 #include "proto/address.h"
+#include "router/routing/node_calls.h"
 
 namespace pdr::router::proxy {
 
-class UpstreamPort {
+// The start half is routing::NodeCalls (router/routing/node_calls.h): routing starts its own
+// calls (the node /tokenize call, the Mooncake bootstrap /query) through the same port.
+class UpstreamPort : public routing::NodeCalls {
  public:
   // Handle on one call in flight: http::UpstreamCall's methods that the proxy uses
   // (http::UpstreamCallControl): cancel() closes the connection (how vLLM is told to abort) and
@@ -28,15 +31,14 @@ class UpstreamPort {
   // back-pressure on reading the response; failure() says why the call failed (read in
   // on_error; kNone before); reused_connection(): the call runs on a pooled keep-alive
   // connection (counted in /metrics). The pool's handle is one, so no adapter per call.
-  using Call = http::UpstreamCallControl;
-  using CallPtr = std::shared_ptr<Call>;
+  using routing::NodeCalls::Call;
+  using routing::NodeCalls::CallPtr;
 
-  virtual ~UpstreamPort() = default;
-  // Starts one request to `target`; never calls back synchronously. Never returns null.
-  // `request` and `callbacks` are taken by reference and moved from once, where they end up (a
-  // leg's four callbacks and keep_alive are moved once, into the call, not once per layer).
-  virtual CallPtr start(const proto::HostPort& target, http::UpstreamRequest&& request,
-                        http::UpstreamTimeouts timeouts, http::UpstreamCallbacks&& callbacks) = 0;
+  // start(): NodeCalls::start. Starts one request to `target`; never calls back synchronously.
+  // Never returns null. `request` and `callbacks` are taken by reference and moved from once,
+  // where they end up (a leg's four callbacks and keep_alive are moved once, into the call, not
+  // once per layer).
+
   // Shutdown: every call still in flight gets on_error (UpstreamFailure::kPoolClosed) from here.
   virtual void close_all() = 0;
 };

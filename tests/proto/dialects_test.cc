@@ -120,7 +120,7 @@ TEST(DialectTable, FactsPerDialect) {
     EXPECT_EQ(d->zmq_address, w.zmq);
     EXPECT_EQ(d->prefill_bootstrap_port_default, w.c == Connector::kMooncake);
     EXPECT_EQ(d->prefill_needs_engine_id, w.c == Connector::kNixlPush);
-    // Multi-turn KV reuse (router/proxy/multi_turn.h) was NIXL's alone.
+    // Multi-turn KV reuse (router/routing/multi_turn.h) was NIXL's alone.
     EXPECT_EQ(d->multi_turn_reuse, w.c == Connector::kNixl);
   }
 }

@@ -14,7 +14,7 @@ namespace pdr::router {
 namespace {
 
 using namespace std::chrono_literals;
-using proxy::ConversationCache;
+using routing::ConversationCache;
 using WallClock = ConversationMirror::WallClock;
 
 constexpr const char* kPrefix = "/pdr/";
@@ -100,7 +100,7 @@ TEST(ConversationMirror, LocalPutsAndTakesBecomeEtcdOperations) {
   EXPECT_TRUE(f.mirror.pop(10).empty());
 }
 
-// Bindings (router/proxy/conversation_binding.h) are 32-byte digests.
+// Bindings (router/routing/conversation_binding.h) are 32-byte digests.
 const std::string kAlice = "alice-binding-32-bytes-long-xxxx";
 const std::string kMallory = "mallory-binding-32-bytes-long-xx";
 

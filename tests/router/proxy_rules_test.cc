@@ -9,8 +9,8 @@
 
 #include "discovery/load_charge.h"
 #include "discovery/registry.h"
-#include "router/proxy/ejection.h"
-#include "router/proxy/pairing.h"
+#include "router/routing/ejection.h"
+#include "router/routing/pairing.h"
 #include "router/proxy/retry_rules.h"
 
 namespace pdr::router::proxy {

@@ -15,7 +15,7 @@ namespace pdr::router {
 namespace {
 
 using namespace std::chrono_literals;
-using proxy::SessionTable;
+using routing::SessionTable;
 using WallClock = ConversationFeed::WallClock;
 
 constexpr const char* kPrefix = "/pdr/";
@@ -36,7 +36,7 @@ struct Fixture {
   SessionTable::Limits limits() const { return {100, 60s}; }
   SessionTable table;
   SnapshotCell<config::Topology> topology;
-  proxy::SessionAffinityCounters counters;
+  routing::SessionAffinityCounters counters;
   int wakes = 0;
   SessionMirror mirror{table, topology, kPrefix, "replica-a", counters, [this] { ++wakes; }};
 };

@@ -1,0 +1,260 @@
+// RequestRoute (router/routing/request_route.h), the one door through which a request session
+// asks where its request goes, against a fake upstream port on a libuv loop the test runs: a
+// refusal when no pair exists, a cancel during the node /tokenize call that leaves nothing
+// behind, a route whose load charges follow it, and the decode-only re-route that avoids the
+// decodes a request already tried. The session's use of it end to end: tests/router/
+// proxy_session_test.cc and tests/integration (test_cache_tokenize, test_predicted_latency...).
+#include "router/routing/request_route.h"
+
+#include <gtest/gtest.h>
+#include <uv.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "discovery/config/topology.h"
+#include "discovery/instance.h"
+#include "proto/base/snapshot_cell.h"
+#include "router/cache/block_index.h"
+#include "router/routing/cache_tokenize.h"
+#include "router/proxy/proxy_shared.h"
+#include "router/proxy/upstream_port.h"
+
+namespace pdr::router::routing {
+namespace {
+
+using discovery::Instance;
+using proto::Connector;
+using proto::Role;
+using proxy::ProxyShared;
+using proxy::UpstreamPort;
+using proxy::WorkerContext;
+
+class FakeCall final : public UpstreamPort::Call {
+ public:
+  FakeCall(proto::HostPort target, http::UpstreamRequest request, http::UpstreamCallbacks callbacks)
+      : target(std::move(target)), request(std::move(request)), cb(std::move(callbacks)) {}
+  void cancel() override {
+    cancelled = true;
+    cb = {};  // released at once, as the pool does
+  }
+  void pause() override {}
+  void resume() override {}
+  http::UpstreamFailure failure() const override { return http::UpstreamFailure::kNone; }
+  bool reused_connection() const override { return false; }
+
+  const proto::HostPort target;
+  const http::UpstreamRequest request;
+  http::UpstreamCallbacks cb;
+  bool cancelled = false;
+};
+
+class FakePort final : public UpstreamPort {
+ public:
+  CallPtr start(const proto::HostPort& target, http::UpstreamRequest&& request, http::UpstreamTimeouts,
+                http::UpstreamCallbacks&& callbacks) override {
+    calls.push_back(std::make_shared<FakeCall>(target, std::move(request), std::move(callbacks)));
+    return calls.back();
+  }
+  void close_all() override { calls.clear(); }
+  std::vector<std::shared_ptr<FakeCall>> calls;
+};
+
+std::shared_ptr<const Instance> node(const char* host, Role role) {
+  auto i = std::make_shared<Instance>();
+  i->http_address = proto::HostPort{host, 8000};
+  i->key = i->http_address.to_string();
+  i->role = role;
+  i->connector = Connector::kNixl;
+  return i;
+}
+
+// What a route() answered, once.
+struct Answer {
+  int calls = 0;
+  std::optional<Route> route;
+  std::optional<RouteRefusal> refusal;
+};
+
+// One worker on a loop of the test's own, and a request's body.
+class Harness {
+ public:
+  explicit Harness(std::vector<std::shared_ptr<const Instance>> instances, bool tokenize = false) {
+    EXPECT_EQ(uv_loop_init(&loop_), 0);
+    auto topology = std::make_shared<config::Topology>();
+    if (tokenize) {
+      topology->policies.prefill = config::PolicyName::kCacheAware;
+      topology->policies.decode = config::PolicyName::kCacheAware;
+      topology->policies.cache_aware.tokenize_by_node = true;
+      shared.block_index = &index_;
+    }
+    topology_.publish(topology);
+    topo = topology;
+    auto snapshot = std::make_shared<discovery::RegistrySnapshot>();
+    snapshot->instances = std::move(instances);
+    registry_.publish(snapshot);
+    shared.registry = &registry_;
+    shared.topology = &topology_;
+    worker = std::make_unique<WorkerContext>(shared, 0, &loop_, &port);
+    EXPECT_TRUE(proto::JsonObjectBody::parse_owned(R"({"model":"m","prompt":"a text prompt"})", proto::JsonLimits{},
+                                                   &body)
+                    .is_ok());
+    facts.body = &body;
+    facts.model = "m";
+    facts.path = "/v1/completions";
+  }
+  ~Harness() {
+    worker.reset();
+    uv_run(&loop_, UV_RUN_DEFAULT);  // the timer queue's handle closes
+    EXPECT_EQ(uv_loop_close(&loop_), 0);
+  }
+
+  // A route for the request, begun.
+  std::unique_ptr<RequestRoute> begin() {
+    auto route = std::make_unique<RequestRoute>(*worker, shared, *topo);
+    EXPECT_FALSE(route->begin(facts).has_value());
+    return route;
+  }
+  // Asks `route`; the answer lands in *out.
+  static void ask(RequestRoute& route, const std::shared_ptr<void>& keep_alive, Answer* out) {
+    route.route(false, keep_alive, nullptr, [out](Route* r, RouteRefusal* refused) {
+      ++out->calls;
+      if (r != nullptr) out->route.emplace(std::move(*r));
+      if (refused != nullptr) out->refusal.emplace(std::move(*refused));
+    });
+  }
+
+  ProxyShared shared;
+  FakePort port;
+  std::unique_ptr<WorkerContext> worker;
+  std::shared_ptr<const config::Topology> topo;
+  proto::JsonObjectBody body;
+  RequestFacts facts;
+
+ private:
+  uv_loop_t loop_{};
+  cache::BlockIndex index_{1024};
+  SnapshotCell<discovery::RegistrySnapshot> registry_;
+  SnapshotCell<config::Topology> topology_;
+};
+
+// No prefill is up: the route is refused, once, with pairing's reason, and holds nothing.
+TEST(RequestRoute, RefusedWhenNoPairExists) {
+  Harness h({node("127.0.0.2", Role::kDecode)});
+  auto route = h.begin();
+  auto keep_alive = std::make_shared<int>(0);
+  Answer answer;
+  Harness::ask(*route, keep_alive, &answer);
+  EXPECT_EQ(answer.calls, 1);  // at once: nothing to wait for
+  ASSERT_TRUE(answer.refusal);
+  EXPECT_FALSE(answer.route);
+  EXPECT_EQ(answer.refusal->reason, RouteRefusalReason::kNoPair);
+  EXPECT_EQ(answer.refusal->code, "no_pair");
+  EXPECT_FALSE(answer.refusal->message.empty());
+  EXPECT_EQ(keep_alive.use_count(), 1);
+  EXPECT_TRUE(h.port.calls.empty());
+}
+
+// A pair: handed over with its load charges (a request in flight on each node) and DP ranks;
+// the load goes back when the session lets go of the route.
+TEST(RequestRoute, ARouteCarriesThePairsLoad) {
+  auto prefill = node("127.0.0.1", Role::kPrefill);
+  auto decode = node("127.0.0.2", Role::kDecode);
+  Harness h({prefill, decode});
+  auto route = h.begin();
+  auto keep_alive = std::make_shared<int>(0);
+  Answer answer;
+  Harness::ask(*route, keep_alive, &answer);
+  ASSERT_EQ(answer.calls, 1);
+  ASSERT_TRUE(answer.route);
+  EXPECT_EQ(answer.route->pair.prefill->key, prefill->key);
+  EXPECT_EQ(answer.route->pair.decode->key, decode->key);
+  EXPECT_NE(answer.route->dialect, nullptr);
+  EXPECT_TRUE(answer.route->pre_step.is_ok());
+  EXPECT_FALSE(answer.route->decode_alone);
+  EXPECT_EQ(prefill->liveness->outstanding.load(), 1u);
+  EXPECT_EQ(decode->liveness->outstanding.load(), 1u);
+  EXPECT_EQ(keep_alive.use_count(), 1);
+  answer.route.reset();
+  EXPECT_EQ(prefill->liveness->outstanding.load(), 0u);
+  EXPECT_EQ(decode->liveness->outstanding.load(), 0u);
+}
+
+// The client goes away while the node /tokenize call runs: the call is cancelled and counted,
+// the answer never comes, and neither the request (keep_alive) nor the node's load is held.
+TEST(RequestRoute, ACancelDuringTheTokenizeCallLeavesNothingBehind) {
+  auto prefill = node("127.0.0.1", Role::kPrefill);
+  auto decode = node("127.0.0.2", Role::kDecode);
+  Harness h({prefill, decode}, /*tokenize=*/true);
+  auto route = h.begin();
+  auto keep_alive = std::make_shared<int>(0);
+  Answer answer;
+  Harness::ask(*route, keep_alive, &answer);
+  ASSERT_EQ(h.port.calls.size(), 1u);
+  EXPECT_EQ(h.port.calls[0]->request.path, "/tokenize");
+  EXPECT_EQ(answer.calls, 0);  // waiting for the node
+  EXPECT_GT(keep_alive.use_count(), 1);
+  EXPECT_EQ(prefill->liveness->outstanding.load(), 1u);  // the call counts on its node
+
+  route->cancel();
+  EXPECT_TRUE(h.port.calls[0]->cancelled);
+  EXPECT_EQ(keep_alive.use_count(), 1);
+  EXPECT_EQ(prefill->liveness->outstanding.load(), 0u);
+  EXPECT_EQ(decode->liveness->outstanding.load(), 0u);
+  EXPECT_EQ(h.shared.counters.cache_tokenize[static_cast<size_t>(TokenizeResult::kCancelled)].load(), 1u);
+  EXPECT_EQ(answer.calls, 0);
+  route->cancel();  // idempotent: counted once
+  EXPECT_EQ(h.shared.counters.cache_tokenize[static_cast<size_t>(TokenizeResult::kCancelled)].load(), 1u);
+}
+
+// The same call answered: the route follows, once, and the tokenize call holds nothing after.
+TEST(RequestRoute, TheTokenizeAnswerLeadsToTheRoute) {
+  auto prefill = node("127.0.0.1", Role::kPrefill);
+  auto decode = node("127.0.0.2", Role::kDecode);
+  Harness h({prefill, decode}, /*tokenize=*/true);
+  auto route = h.begin();
+  auto keep_alive = std::make_shared<int>(0);
+  Answer answer;
+  Harness::ask(*route, keep_alive, &answer);
+  ASSERT_EQ(h.port.calls.size(), 1u);
+  const http::UpstreamCallbacks cb = h.port.calls[0]->cb;
+  h.port.calls[0]->cb = {};
+  cb.on_head(200, {});
+  cb.on_body(R"({"count":3,"max_model_len":8,"tokens":[1,2,3]})");
+  cb.on_complete();
+  ASSERT_EQ(answer.calls, 1);
+  ASSERT_TRUE(answer.route);
+  EXPECT_EQ(route->prompt().count, 3u);
+  EXPECT_EQ(route->prompt().source, PromptTokens::Source::kTokenized);
+  EXPECT_EQ(h.shared.counters.cache_tokenize[static_cast<size_t>(TokenizeResult::kNoMatch)].load(), 1u);
+}
+
+// The decode retry that keeps the prefill: another decode, never one the request tried; none
+// left is kNotFound.
+TEST(RequestRoute, TheDecodeOnlyRerouteExcludesTheTriedDecodes) {
+  auto prefill = node("127.0.0.1", Role::kPrefill);
+  auto d1 = node("127.0.0.2", Role::kDecode);
+  auto d2 = node("127.0.0.3", Role::kDecode);
+  Harness h({prefill, d1, d2});
+  auto route = h.begin();
+  Answer answer;
+  Harness::ask(*route, std::make_shared<int>(0), &answer);
+  ASSERT_TRUE(answer.route);
+  const std::string first = answer.route->pair.decode->key;
+  route->exclude(Role::kDecode, first);
+  for (int i = 0; i < 10; ++i) {
+    InstancePtr next;
+    ASSERT_TRUE(route->reroute_decode(*prefill, &next).is_ok());
+    EXPECT_NE(next->key, first) << i;
+  }
+  route->exclude(Role::kDecode, first == d1->key ? d2->key : d1->key);
+  InstancePtr none;
+  EXPECT_EQ(route->reroute_decode(*prefill, &none).code(), StatusCode::kNotFound);
+  EXPECT_FALSE(none);
+}
+
+}  // namespace
+}  // namespace pdr::router::routing
