@@ -206,7 +206,8 @@ TEST(CacheRouting, TokenIdsNobodyHoldsFallBackToThePrefixTree) {
 // A prompt's blocks reach the KV events only once its prefill computed them: until then the next
 // request sharing it learns from the prefix tree where it went, in token ids.
 TEST(CacheRouting, TokenIdsJustRoutedCountWhereTheyWentBeforeTheirKvEvents) {
-  ProxyShared shared;
+  RoutingShared shared;
+  CacheRoutingCounters counters;
   cache::BlockIndex index;
   cache::PrefixTree tree;
   shared.block_index = &index;
@@ -218,7 +219,7 @@ TEST(CacheRouting, TokenIdsJustRoutedCountWhereTheyWentBeforeTheirKvEvents) {
   EXPECT_EQ(first->hits.matched(kPrefillA), 8u);
   EXPECT_EQ(first->hits.matched(kPrefillB), 0u);
   record_routing(*first, Pair{instance(kPrefillB, proto::Role::kPrefill), instance(kDecode, proto::Role::kDecode)},
-                 shared);
+                 shared, counters);
   // The next turn extends it: B and the decode were sent its first 22 tokens (the last one's
   // comma is not in the shared text, so 21 count); A's events still say 8.
   const auto next = lookup_cache(parse(token_prompt(30)), "m", cache_aware_topology(), shared);
