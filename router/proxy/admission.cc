@@ -95,6 +95,7 @@ class QueuedRequest final : public AdmissionQueue::Waiter, public std::enable_sh
 
   // Queued: watches the client and the deadline.
   void start(std::chrono::milliseconds timeout) {
+    timeout_ = timeout;
     std::weak_ptr<QueuedRequest> weak = shared_from_this();
     deadline_.start(worker_.timers(), timeout, [weak] {
       if (auto self = weak.lock()) self->on_deadline();
@@ -109,6 +110,15 @@ class QueuedRequest final : public AdmissionQueue::Waiter, public std::enable_sh
   void woken() override {
     if (done_) return;  // left already: its client went away (a grant was given back then)
     if (take_grant()) {
+      // A slot handed over after the deadline (its worker's loop ran late, or the releasing
+      // worker's hand-off came as the deadline passed, before the deadline's own callback)
+      // is passed on: the request is answered as its deadline says, never admitted later.
+      if (std::chrono::steady_clock::now() - queued_at_ > timeout_) {
+        end();
+        give_back_slot(worker_.shared());
+        refuse_timed_out();
+        return;
+      }
       admitted();
     } else if (outcome() == AdmissionQueue::Outcome::kShutDown) {
       end();
@@ -160,6 +170,10 @@ class QueuedRequest final : public AdmissionQueue::Waiter, public std::enable_sh
       return;  // a grant or the drain won the race: their notify is on its way
     }
     end();
+    refuse_timed_out();
+  }
+
+  void refuse_timed_out() {
     Answered answered;
     answer_retry(worker_.counters(), Refusal::kQueueTimeout, request_.path, 503,
                  "no request slot came free within limits.queue_timeout_ms = " +
@@ -186,6 +200,7 @@ class QueuedRequest final : public AdmissionQueue::Waiter, public std::enable_sh
   const size_t leg_copies_;
   std::unique_ptr<AdmissionContinuation> then_;
   const std::chrono::steady_clock::time_point queued_at_;
+  std::chrono::milliseconds timeout_{0};  // limits.queue_timeout_ms when it was queued
   SessionTimer deadline_;
   bool done_ = false;
 };
