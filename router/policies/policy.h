@@ -86,6 +86,9 @@ struct LegExplanation {
   bool filled = false;
   std::vector<Row> rows;
   size_t chosen = 0;
+  // The chosen node is the session's or the conversation's (session affinity, multi-turn KV
+  // reuse), not the policy's pick: the rows are still predicted, so the SLO check sees it.
+  bool preferred = false;
   // The candidate holding the most of the prompt, when any holds some of it.
   std::optional<size_t> cache_best;
 };

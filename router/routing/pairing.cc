@@ -147,12 +147,31 @@ const InstancePtr* pick(std::vector<const InstancePtr*>& pool, Policy& policy, c
   return pool[std::min(index, pool.size() - 1)];
 }
 
+// `preferred` (an element of `pool`) is used instead of the policy's pick. A policy that explains
+// its choices (predicted_latency, when the request has an explanation) still predicts every
+// candidate of `leg`, and the explanation names the preferred node as chosen: its prediction is
+// what the SLO check and GET /debug/route then read, as for a pick of the policy's own.
+const InstancePtr* use_preferred(std::vector<const InstancePtr*>& pool, const InstancePtr* preferred, Policy& policy,
+                                 const RequestSummary& summary, std::vector<Candidate>& candidates, PolicyLeg leg) {
+  if (summary.explain == nullptr || !policy.needs_load()) return preferred;
+  (void)pick(pool, policy, summary, candidates);
+  LegExplanation& e = leg == PolicyLeg::kPrefill ? summary.explain->prefill : summary.explain->decode;
+  if (!e.filled) return preferred;
+  for (size_t n = 0; n < pool.size() && n < e.rows.size(); ++n) {
+    if (pool[n] == preferred) {
+      e.chosen = n;
+      e.preferred = true;
+    }
+  }
+  return preferred;
+}
+
 // The query's preferred prefill when it is in `pool`, else the policy's pick.
 const InstancePtr* pick_prefill(std::vector<const InstancePtr*>& pool, Policy& policy, const PairQuery& q,
                                 std::vector<Candidate>& candidates) {
   if (!q.preferred_prefill.empty()) {
     for (const InstancePtr* i : pool) {
-      if ((*i)->key == q.preferred_prefill) return i;
+      if ((*i)->key == q.preferred_prefill) return use_preferred(pool, i, policy, q.summary, candidates, PolicyLeg::kPrefill);
     }
   }
   return pick(pool, policy, q.summary, candidates);
@@ -251,9 +270,17 @@ Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefil
     sc.pool.assign(prefills.begin(), prefills.end());
     prefer_not_ejected(sc.pool, q.now);
     out->prefill = *pick_prefill(sc.pool, prefill_policy, q, sc.candidates);
+    sc.pool.clear();
+    const InstancePtr* preferred = nullptr;
     for (size_t i = c->decodes_begin; i < c->prefills_begin; ++i) {
-      if ((*sc.members[i])->key == q.preferred_decode) out->decode = *sc.members[i];
+      if (!compatible(*out->prefill, **sc.members[i])) continue;
+      sc.pool.push_back(sc.members[i]);
+      if ((*sc.members[i])->key == q.preferred_decode) preferred = sc.members[i];
     }
+    prefer_not_ejected(sc.pool, q.now);
+    out->decode = preferred != nullptr
+                      ? *use_preferred(sc.pool, preferred, decode_policy, q.summary, sc.candidates, PolicyLeg::kDecode)
+                      : *pick(sc.pool, decode_policy, q.summary, sc.candidates);
     return Status::ok();
   }
   prefer_not_ejected(sc.pool, q.now);

@@ -15,6 +15,13 @@ std::string explain_reason(const LegExplanation& leg, PolicyLeg which) {
   if (!leg.filled || leg.rows.empty()) return {};
   const char* what = which == PolicyLeg::kPrefill ? "TTFT + fleet work" : "time per output token";
   const LegExplanation::Row& chosen = leg.rows[leg.chosen];
+  if (leg.preferred) {
+    // Not the policy's choice: say whose, and what it is predicted to cost.
+    return fmt::format("the session's or conversation's node (predicted {:.6f} s; the policy's scores for the {} "
+                       "candidate{} are listed)",
+                       chosen.predicted_seconds, leg.rows.size(), leg.rows.size() == 1 ? "" : "s") +
+           (chosen.kv_full ? "; it would exceed its KV capacity" : "");
+  }
   std::string out = fmt::format("least predicted {} ({:.6f} s of {} candidate{})", what, chosen.score,
                                 leg.rows.size(), leg.rows.size() == 1 ? "" : "s");
   if (leg.cache_best) {
@@ -32,7 +39,7 @@ std::string explain_reason(const LegExplanation& leg, PolicyLeg which) {
 
 void RouteDecisionLog::record(RouteDecision d) {
   const LegExplanation& prefill = d.explanation.prefill;
-  if (prefill.filled && prefill.cache_best) {
+  if (prefill.filled && prefill.cache_best && !prefill.preferred) {  // the policy's choices only
     (*prefill.cache_best == prefill.chosen ? counters_.cache_best_chosen : counters_.cache_best_skipped)
         .fetch_add(1, std::memory_order_relaxed);
   }
@@ -78,6 +85,7 @@ nlohmann::json leg_json(const LegExplanation& leg, PolicyLeg which) {
   return {{"chosen", leg.rows[leg.chosen].key},
           {"reason", explain_reason(leg, which)},
           {"cache_best", leg.cache_best ? nlohmann::json(leg.rows[*leg.cache_best].key) : nlohmann::json()},
+          {"preferred", leg.preferred},
           {"candidates", std::move(rows)}};
 }
 

@@ -9,6 +9,7 @@
 
 #include "discovery/load_charge.h"
 #include "discovery/registry.h"
+#include "router/policies/prompt_tokens.h"
 #include "router/routing/ejection.h"
 #include "router/routing/pairing.h"
 #include "router/proxy/retry_rules.h"
@@ -369,6 +370,56 @@ TEST(Pairing, APreferredDecodeIsUsedWhileUsable) {
   gone.preferred_decode = "127.0.31.9:1";
   Pair pair;
   EXPECT_TRUE(choose_pair(s, gone, *p.prefill, *p.decode, &pair).is_ok());
+}
+
+// A session's bound prefill or a conversation's decode is used instead of the policy's pick; a
+// predicting policy still predicts every candidate, and the explanation names the preferred node
+// as chosen (the SLO check reads its prediction), marked as not the policy's choice.
+TEST(Pairing, APreferredNodeIsStillPredictedForTheSloCheck) {
+  const auto now = discovery::Clock::now();
+  auto p1 = node("127.0.32.1:1", Role::kPrefill, Connector::kNixl);
+  auto p2 = node("127.0.32.2:1", Role::kPrefill, Connector::kNixl);
+  auto d1 = node("127.0.32.3:1", Role::kDecode, Connector::kNixl);
+  auto d2 = node("127.0.32.4:1", Role::kDecode, Connector::kNixl);
+  auto s = snapshot({p1, p2, d1, d2});
+  // The preferred ones are the loaded ones: the policy alone would pick the others.
+  discovery::LoadCharge prefill_load(*p2, std::nullopt);
+  prefill_load.queue_prefill(50000);
+  discovery::LoadCharge decode_load(*d2, std::nullopt);
+  decode_load.start_decode(400000);
+  config::Topology::Policies config;
+  auto prefill = make_policy(config::PolicyName::kPredictedLatency, 1, config, PolicyLeg::kPrefill);
+  auto decode = make_policy(config::PolicyName::kPredictedLatency, 1, config, PolicyLeg::kDecode);
+  const PromptTokens prompt = count_prompt_tokens("[1,2,3,4]");
+  RouteExplanation why;
+  PairQuery q{{}, {}, {}, {}, now};
+  q.summary.prompt = &prompt;
+  q.summary.explain = &why;
+  q.preferred_prefill = "127.0.32.2:1";
+  q.preferred_decode = "127.0.32.4:1";
+  Pair pair;
+  ASSERT_TRUE(choose_pair(s, q, *prefill, *decode, &pair).is_ok());
+  EXPECT_EQ(pair.prefill->key, "127.0.32.2:1");
+  EXPECT_EQ(pair.decode->key, "127.0.32.4:1");
+  for (const LegExplanation* leg : {&why.prefill, &why.decode}) {
+    ASSERT_TRUE(leg->filled);
+    ASSERT_EQ(leg->rows.size(), 2u);
+    EXPECT_TRUE(leg->preferred);
+    const LegExplanation::Row& chosen = leg->rows[leg->chosen];
+    const LegExplanation::Row& other = leg->rows[1 - leg->chosen];
+    EXPECT_EQ(chosen.key, leg == &why.prefill ? "127.0.32.2:1" : "127.0.32.4:1");
+    EXPECT_GT(chosen.predicted_seconds, other.predicted_seconds);  // its load is in its prediction
+  }
+  // Without a preference the policy's own picks are not marked.
+  RouteExplanation plain;
+  PairQuery free_choice{{}, {}, {}, {}, now};
+  free_choice.summary.prompt = &prompt;
+  free_choice.summary.explain = &plain;
+  ASSERT_TRUE(choose_pair(s, free_choice, *prefill, *decode, &pair).is_ok());
+  EXPECT_EQ(pair.prefill->key, "127.0.32.1:1");
+  EXPECT_EQ(pair.decode->key, "127.0.32.3:1");
+  EXPECT_FALSE(plain.prefill.preferred);
+  EXPECT_FALSE(plain.decode.preferred);
 }
 
 // Records what a policy was shown; picks the first candidate.

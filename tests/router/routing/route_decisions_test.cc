@@ -15,8 +15,8 @@ RouteDecision decision(int i, bool cache_best_chosen) {
   d.request_id = "req-" + std::to_string(i);
   LegExplanation& p = d.explanation.prefill;
   p.filled = true;
-  p.rows.push_back({"127.0.40.1:8000", 0, 1, {}, 10, 0.01, false});
-  p.rows.push_back({"127.0.40.2:8000", 3, 1, {}, 2, 0.5, false});
+  p.rows.push_back({"127.0.40.1:8000", 0, 1, {}, 10, 0.01, 0.01, false});
+  p.rows.push_back({"127.0.40.2:8000", 3, 1, {}, 2, 0.5, 0.5, false});
   p.chosen = cache_best_chosen ? 1 : 0;
   p.cache_best = 1;
   return d;
@@ -43,6 +43,21 @@ TEST(RouteDecisions, KeepsTheLastDecisionsNewestFirst) {
   EXPECT_EQ(limited["decisions"].size(), 3u);
   EXPECT_EQ(log.counters().cache_best_chosen.load(), 150u);
   EXPECT_EQ(log.counters().cache_best_skipped.load(), 150u);
+}
+
+// A session's or conversation's node is not the policy's choice: the reason says so and the
+// cache-best counters (how the policy treated the node holding the prompt) leave it out.
+TEST(RouteDecisions, APreferredNodeIsNotCountedAsThePolicysChoice) {
+  RouteDecisionLog log;
+  RouteDecision d = decision(1, false);
+  d.explanation.prefill.preferred = true;
+  log.record(std::move(d));
+  const auto doc = nlohmann::json::parse(log.render("").body);
+  const auto& prefill = doc["decisions"][0]["prefill"];
+  EXPECT_TRUE(prefill["preferred"].get<bool>());
+  EXPECT_NE(prefill["reason"].get<std::string>().find("session's or conversation's node"), std::string::npos);
+  EXPECT_EQ(log.counters().cache_best_chosen.load(), 0u);
+  EXPECT_EQ(log.counters().cache_best_skipped.load(), 0u);
 }
 
 TEST(RouteDecisions, RefusesABadLimit) {
