@@ -44,12 +44,20 @@ WorkerContext::~WorkerContext() {
 }
 
 void ProxyShared::forget_departed_nodes(const std::shared_ptr<const discovery::RegistrySnapshot>& now) {
-  if (prefix_tree == nullptr || !now) return;
-  std::lock_guard<std::mutex> lock(departures_mutex_);
-  // Snapshots change on registration events, not per request: the mutex is not contended.
-  if (departures_seen_ == now || (departures_seen_ && now->version < departures_seen_->version)) return;
-  if (departures_seen_) proxy::forget_departed_nodes(departures_seen_->instances, now->instances, *prefix_tree);
-  departures_seen_ = now;
+  if (!now) return;
+  bool changed = false;
+  {
+    std::lock_guard<std::mutex> lock(departures_mutex_);
+    // Snapshots change on registration events, not per request: the mutex is not contended.
+    if (departures_seen_ == now || (departures_seen_ && now->version < departures_seen_->version)) return;
+    if (departures_seen_ && prefix_tree != nullptr) {
+      proxy::forget_departed_nodes(departures_seen_->instances, now->instances, *prefix_tree);
+    }
+    changed = departures_seen_ != nullptr;
+    departures_seen_ = now;
+  }
+  // The predictions of a waiting request may be met now (a new node, one back from a drain).
+  if (changed && slo_gate.parked() > 0) slo_gate.wake();
 }
 
 void WorkerContext::on_new_registry(const std::shared_ptr<const discovery::RegistrySnapshot>& now) {

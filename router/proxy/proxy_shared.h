@@ -89,9 +89,11 @@ struct ProxyShared : routing::RoutingShared {
   std::shared_ptr<PolicySet> policies_for(const config::Topology& topology);
 
   // A worker saw registry snapshot `now`: the prefix tree forgets the nodes that left or
-  // restarted since the last snapshot handled here. Each snapshot is handled once, by the first
-  // worker to see it; an older one than the last handled is ignored, so a worker late to a
-  // snapshot cannot forget a node that restarted and has been learnt again since.
+  // restarted since the last snapshot handled here, and requests waiting for a node predicted
+  // within their SLO (slo_gate) re-check: a node joined, left or changed state. Each snapshot is
+  // handled once, by the first worker to see it; an older one than the last handled is ignored,
+  // so a worker late to a snapshot cannot forget a node that restarted and has been learnt
+  // again since.
   void forget_departed_nodes(const std::shared_ptr<const discovery::RegistrySnapshot>& now);
 
  private:

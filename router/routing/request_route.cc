@@ -219,7 +219,7 @@ void RequestRoute::wait_for_slo() {
              "queue_timeout");
     });
   }
-  // Woken when a leg ends anywhere (slo_gate.h): the pairing runs again with the new figures.
+  // Woken when a leg ends anywhere or the registry changes (slo_gate.h): the pairing runs again.
   // The gate holds the request (nothing else does while no leg runs) until then or the deadline.
   // The drain wakes the gate too: a waiter is then answered 503 shutting_down at once, as the
   // admission queue's are, instead of holding the drain up until its deadline.

@@ -1,10 +1,12 @@
 // Where requests whose SLO (slo_headers.h) no candidate is predicted to meet wait for one that
 // is (policies.predicted_latency without shed). A waiting request holds its admission slot and
 // has sent no leg; it re-runs its pairing whenever a leg ends anywhere in the process (a prefill
-// answered, a decode finished, a request released its pair), which is when predictions change:
+// answered, a decode finished, a request released its pair) and whenever the registry changes (a
+// node joined, left or changed state: ProxyShared::forget_departed_nodes), which is when
+// predictions change:
 // wake() posts each parked re-check to its own worker once, and the re-check parks itself again
 // if its SLO is still out of reach. No polling: an idle process with waiters does nothing until
-// a leg ends or a waiter's deadline (limits.queue_timeout_ms, then 503 queue_timeout) fires.
+// a leg ends, the registry changes or a waiter's deadline (limits.queue_timeout_ms, then 503 queue_timeout) fires.
 //
 // Threads: park() and wake() from any worker; one mutex guards the list, never held while a
 // callback runs. wake() with nobody parked is one relaxed atomic load.

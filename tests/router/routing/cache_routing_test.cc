@@ -343,5 +343,26 @@ TEST(CacheRouting, EachSnapshotsDeparturesAreForgottenOnce) {
   EXPECT_EQ(tree.match("prompt").size(), 2u);
 }
 
+// A request waiting for a node predicted within its SLO re-checks when the registry changes (a
+// node joined or came back), once per snapshot, not only when a leg ends somewhere.
+TEST(CacheRouting, ANewRegistrySnapshotWakesTheSloWaitersOnce) {
+  ProxyShared shared;  // no prefix tree: the wake does not depend on one
+  auto snapshot = [](uint64_t version) {
+    auto s = std::make_shared<discovery::RegistrySnapshot>();
+    s->version = version;
+    return std::shared_ptr<const discovery::RegistrySnapshot>(s);
+  };
+  int rechecks = 0;
+  const auto v1 = snapshot(1), v2 = snapshot(2);
+  shared.forget_departed_nodes(v1);  // the first snapshot a worker sees: nothing changed yet
+  shared.slo_gate.park(0, [&rechecks] { ++rechecks; });
+  shared.forget_departed_nodes(v1);  // another worker, the same snapshot
+  EXPECT_EQ(rechecks, 0);
+  shared.forget_departed_nodes(v2);  // without a post, the gate runs re-checks on this thread
+  EXPECT_EQ(rechecks, 1);
+  shared.forget_departed_nodes(v2);
+  EXPECT_EQ(rechecks, 1);
+}
+
 }  // namespace
 }  // namespace pdr::router::proxy
