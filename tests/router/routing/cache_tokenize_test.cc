@@ -18,6 +18,7 @@
 #include "discovery/instance.h"
 #include "router/proxy/proxy_shared.h"
 #include "router/proxy/upstream_port.h"
+#include "tests/support/router/fake_upstream_port.h"
 #include "tests/support/time_scale.h"
 
 namespace pdr::router::routing {
@@ -31,58 +32,8 @@ using proxy::ProxyShared;
 using proxy::UpstreamPort;
 using proxy::WorkerContext;
 
-class FakeCall final : public UpstreamPort::Call {
- public:
-  FakeCall(proto::HostPort target, http::UpstreamRequest request, http::UpstreamCallbacks callbacks)
-      : target(std::move(target)), request(std::move(request)), cb(std::move(callbacks)) {}
-  void cancel() override {
-    cancelled = true;
-    cb = {};  // released at once, as the pool does
-  }
-  void pause() override {}
-  void resume() override {}
-  http::UpstreamFailure failure() const override { return http::UpstreamFailure::kNone; }
-  bool reused_connection() const override { return false; }
-
-  bool open() const { return static_cast<bool>(cb.on_body); }
-  void body(std::string_view chunk) {
-    if (!open()) return;
-    const http::UpstreamCallbacks copy = cb;  // a cancel() inside releases nothing while it runs
-    copy.on_body(chunk);
-  }
-  void answer(int status, std::string_view bytes) {
-    if (!open()) return;
-    const http::UpstreamCallbacks copy = cb;
-    copy.on_head(status, {});
-    copy.on_body(bytes);
-    cb = {};
-    copy.on_complete();
-  }
-  void fail() {
-    if (!open()) return;
-    const http::UpstreamCallbacks copy = cb;
-    cb = {};
-    copy.on_error(Status(StatusCode::kIoError, "connection reset"));
-  }
-
-  const proto::HostPort target;
-  const http::UpstreamRequest request;
-  http::UpstreamCallbacks cb;
-  bool cancelled = false;
-};
-
-class FakePort final : public UpstreamPort {
- public:
-  CallPtr start(const proto::HostPort& target, http::UpstreamRequest&& request, http::UpstreamTimeouts,
-                http::UpstreamCallbacks&& callbacks) override {
-    calls.push_back(std::make_shared<FakeCall>(target, std::move(request), std::move(callbacks)));
-    return calls.back();
-  }
-  void close_all() override {
-    for (auto& c : calls) c->fail();
-  }
-  std::vector<std::shared_ptr<FakeCall>> calls;
-};
+using test::FakeCall;
+using test::FakePort;
 
 std::shared_ptr<const Instance> node(const char* host, Role role, Connector connector,
                                      proto::Labels labels = {}, std::string model = {}) {

@@ -22,6 +22,7 @@
 #include "router/routing/cache_tokenize.h"
 #include "router/proxy/proxy_shared.h"
 #include "router/proxy/upstream_port.h"
+#include "tests/support/router/fake_upstream_port.h"
 
 namespace pdr::router::routing {
 namespace {
@@ -33,35 +34,8 @@ using proxy::ProxyShared;
 using proxy::UpstreamPort;
 using proxy::WorkerContext;
 
-class FakeCall final : public UpstreamPort::Call {
- public:
-  FakeCall(proto::HostPort target, http::UpstreamRequest request, http::UpstreamCallbacks callbacks)
-      : target(std::move(target)), request(std::move(request)), cb(std::move(callbacks)) {}
-  void cancel() override {
-    cancelled = true;
-    cb = {};  // released at once, as the pool does
-  }
-  void pause() override {}
-  void resume() override {}
-  http::UpstreamFailure failure() const override { return http::UpstreamFailure::kNone; }
-  bool reused_connection() const override { return false; }
-
-  const proto::HostPort target;
-  const http::UpstreamRequest request;
-  http::UpstreamCallbacks cb;
-  bool cancelled = false;
-};
-
-class FakePort final : public UpstreamPort {
- public:
-  CallPtr start(const proto::HostPort& target, http::UpstreamRequest&& request, http::UpstreamTimeouts,
-                http::UpstreamCallbacks&& callbacks) override {
-    calls.push_back(std::make_shared<FakeCall>(target, std::move(request), std::move(callbacks)));
-    return calls.back();
-  }
-  void close_all() override { calls.clear(); }
-  std::vector<std::shared_ptr<FakeCall>> calls;
-};
+using test::FakeCall;
+using test::FakePort;
 
 std::shared_ptr<const Instance> node(const char* host, Role role) {
   auto i = std::make_shared<Instance>();
