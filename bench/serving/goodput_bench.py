@@ -416,7 +416,7 @@ def render(args, variants, results, started):
         a = r.get("admission", {})
         deadline_s = v["limits"]["queue_timeout_ms"] / 1000.0
         lost = r.get("failed", 0) - sum(r.get("failed_http_status", {}).values())
-        w("## Overload: %s at speed-up %g with the admission queue" % (v["name"], speedup))
+        w("## Overload: %s at speed-up %g" % (v["name"], speedup))
         w("")
         w("At %s, pdrouter with `limits: %s` (the queue's deadline is the TTFT SLO in wall time): "
           "what happened to every request, and how long the admitted (2xx) ones waited in the "
