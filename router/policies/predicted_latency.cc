@@ -62,7 +62,8 @@ double predict_ttft(const CandidateLoad& rank_load, const ResolvedRates& rates, 
          static_cast<double>(prompt_tokens) * m.kv_transfer_seconds_per_token;
 }
 
-double prefill_score(double ttft, const ResolvedRates& rates, uint64_t uncached_tokens, const PredictedLatencyModel& m) {
+double prefill_score(double ttft, const ResolvedRates& rates, uint64_t uncached_tokens,
+                     const PredictedLatencyModel& m) {
   const double rate = rates.prefill_tokens_per_second > 0 ? rates.prefill_tokens_per_second : 1;
   return ttft + m.fleet_work_weight * static_cast<double>(uncached_tokens) / rate;
 }

@@ -66,18 +66,22 @@ std::string first_block_extra_of(const proto::JsonObjectBody& body) {
 // Token ids in the first `bytes` of a JSON array of them: the commas before that point (the
 // number cut at `bytes`, if any, does not count).
 uint32_t token_ids_within(std::string_view prompt, size_t bytes) {
-  return static_cast<uint32_t>(std::count(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(std::min(bytes, prompt.size())), ','));
+  const std::string_view head = prompt.substr(0, std::min(bytes, prompt.size()));
+  return static_cast<uint32_t>(std::count(head.begin(), head.end(), ','));
 }
 
-// The KV events say what nodes hold once they computed it; a prompt routed a moment ago is not
-// there yet, and its family's next request would miss it and go elsewhere (the prefill's queue
-// is when a node is busy). Where pdrouter routed earlier prompts (the prefix tree) says it at
-// once: each node's hit is the larger of the two, in tokens.
-void merge_routed(std::string_view prompt, const cache::PrefixTree& tree, std::string_view tree_key, CacheHits* hits) {
+// The KV events say what a node holds once it computed it. A prompt routed a moment ago is not
+// there yet (its prefill may wait behind others), so its conversation's or document's next
+// request would find it nowhere and could go to another node, which computes and caches the
+// prefix a second time. Where pdrouter sent earlier prompts (the prefix tree) is known at once:
+// each node's hit is the larger of the two, in tokens.
+void merge_routed(std::string_view prompt, const cache::PrefixTree& tree, std::string_view tree_key,
+                  CacheHits* hits) {
   for (const cache::PrefixTree::Match& m : tree.match(tree_key)) {
     const uint32_t tokens = token_ids_within(prompt, m.matched_bytes);
     if (tokens == 0) continue;
-    auto it = std::find_if(hits->nodes.begin(), hits->nodes.end(), [&](const CacheHits::Node& n) { return n.key == m.tenant; });
+    auto it = std::find_if(hits->nodes.begin(), hits->nodes.end(),
+                           [&](const CacheHits::Node& n) { return n.key == m.tenant; });
     if (it == hits->nodes.end()) {
       hits->nodes.push_back({m.tenant, tokens});
     } else {

@@ -171,7 +171,9 @@ const InstancePtr* pick_prefill(std::vector<const InstancePtr*>& pool, Policy& p
                                 std::vector<Candidate>& candidates) {
   if (!q.preferred_prefill.empty()) {
     for (const InstancePtr* i : pool) {
-      if ((*i)->key == q.preferred_prefill) return use_preferred(pool, i, policy, q.summary, candidates, PolicyLeg::kPrefill);
+      if ((*i)->key == q.preferred_prefill) {
+        return use_preferred(pool, i, policy, q.summary, candidates, PolicyLeg::kPrefill);
+      }
     }
   }
   return pick(pool, policy, q.summary, candidates);

@@ -155,8 +155,9 @@ TEST(AdmissionQueueDeadline, ASlotHandedOverAfterTheDeadlineIsPassedOnNotUsed) {
     give_back_slot(shared);
     held.set_value(still_waiting);
   });
-  ASSERT_TRUE(held.get_future().get()) << "the deadline passed before the worker was held: retry on a calmer machine";
-  const test::HttpResponse answer = client.read_response(std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s)));
+  ASSERT_TRUE(held.get_future().get()) << "the deadline passed before the worker was held";
+  const test::HttpResponse answer =
+      client.read_response(std::chrono::duration_cast<std::chrono::milliseconds>(test::scaled(10s)));
   ASSERT_TRUE(answer.ok()) << answer.error;
   EXPECT_EQ(answer.status, 503);
   EXPECT_NE(answer.body.find("queue_timeout"), std::string::npos) << answer.body;
