@@ -119,6 +119,7 @@ class Deployment:
     def __init__(self, procs, args, policy, replicas, etcd, tag, limits=None):
         self.procs, self.args = procs, args
         self.routers, discoveries = [], []
+        self.access_logs = []  # with `limits`: each replica's access log (queue_ms per request)
         prefix = "/pdr-goodput-%d-%s/" % (os.getpid(), tag)
         prefill_policy, _, decode_policy = policy.partition("/")
         for r in range(replicas):
@@ -130,7 +131,6 @@ class Deployment:
                 if limits:
                     f.write("limits:\n" + "".join("  %s: %d\n" % kv for kv in sorted(limits.items())))
                     # Each request's queue_ms, exactly (the histogram's buckets are coarse).
-                    self.access_logs = getattr(self, "access_logs", [])
                     self.access_logs.append(os.path.join(procs.work, "access-%s-%d.log" % (tag, r)))
                     f.write("access_log:\n  path: \"%s\"\n" % self.access_logs[-1])
                 if etcd is not None:
