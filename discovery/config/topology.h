@@ -381,7 +381,10 @@ struct Topology {
   // Spill: a bound node is left (and the session rebound) when its load exceeds an
   // alternative's by more than spill_margin_requests requests in flight per unit of weight
   // (dp_size), or, between prefills whose rates pdrouter has measured, by more than
-  // spill_margin_queue_ms of queued uncached prompt tokens (which then decides alone). With
+  // spill_margin_queue_ms of queued uncached prompt tokens (which then decides alone). Under
+  // policies.prefill: predicted_latency a bound prefill is left instead when its predicted TTFT
+  // exceeds the fastest candidate's by more than spill_margin_queue_ms (the prediction counts the
+  // prompt the node holds, which the queue figures cannot). With
   // registry.backend: etcd the bindings are shared with the other replicas
   // (router/session_mirror.h).
   struct SessionAffinity {

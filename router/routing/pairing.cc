@@ -150,29 +150,44 @@ const InstancePtr* pick(std::vector<const InstancePtr*>& pool, Policy& policy, c
 // `preferred` (an element of `pool`) is used instead of the policy's pick. A policy that explains
 // its choices (predicted_latency, when the request has an explanation) still predicts every
 // candidate of `leg`, and the explanation names the preferred node as chosen: its prediction is
-// what the SLO check and GET /debug/route then read, as for a pick of the policy's own.
+// what the SLO check and GET /debug/route then read, as for a pick of the policy's own. With
+// `margin_seconds` at least 0, a preferred node predicted slower than the fastest candidate by
+// more than that is passed over for the policy's pick (*spilled set): stickiness is worth some
+// queueing, and the prediction already credits the node with the prompt it holds, so only a
+// queue that costs more than the margin beyond the best moves the request.
 const InstancePtr* use_preferred(std::vector<const InstancePtr*>& pool, const InstancePtr* preferred, Policy& policy,
-                                 const RequestSummary& summary, std::vector<Candidate>& candidates, PolicyLeg leg) {
+                                 const RequestSummary& summary, std::vector<Candidate>& candidates, PolicyLeg leg,
+                                 double margin_seconds = -1, bool* spilled = nullptr) {
   if (summary.explain == nullptr || !policy.needs_load()) return preferred;
-  (void)pick(pool, policy, summary, candidates);
+  const InstancePtr* own = pick(pool, policy, summary, candidates);
   LegExplanation& e = leg == PolicyLeg::kPrefill ? summary.explain->prefill : summary.explain->decode;
   if (!e.filled) return preferred;
-  for (size_t n = 0; n < pool.size() && n < e.rows.size(); ++n) {
-    if (pool[n] == preferred) {
-      e.chosen = n;
-      e.preferred = true;
-    }
+  const size_t rows = std::min(pool.size(), e.rows.size());
+  size_t mine = rows;
+  double fastest = 0;
+  for (size_t n = 0; n < rows; ++n) {
+    if (pool[n] == preferred) mine = n;
+    if (n == 0 || e.rows[n].predicted_seconds < fastest) fastest = e.rows[n].predicted_seconds;
   }
+  if (mine == rows) return preferred;
+  if (margin_seconds >= 0 && own != preferred && e.rows[mine].predicted_seconds > fastest + margin_seconds) {
+    if (spilled != nullptr) *spilled = true;
+    return own;  // the explanation keeps the policy's own choice
+  }
+  e.chosen = mine;
+  e.preferred = true;
   return preferred;
 }
 
-// The query's preferred prefill when it is in `pool`, else the policy's pick.
+// The query's preferred prefill when it is in `pool` (and not spilled by its margin), else the
+// policy's pick.
 const InstancePtr* pick_prefill(std::vector<const InstancePtr*>& pool, Policy& policy, const PairQuery& q,
-                                std::vector<Candidate>& candidates) {
+                                std::vector<Candidate>& candidates, bool* spilled) {
   if (!q.preferred_prefill.empty()) {
     for (const InstancePtr* i : pool) {
       if ((*i)->key == q.preferred_prefill) {
-        return use_preferred(pool, i, policy, q.summary, candidates, PolicyLeg::kPrefill);
+        return use_preferred(pool, i, policy, q.summary, candidates, PolicyLeg::kPrefill,
+                             q.preferred_prefill_margin_seconds, spilled);
       }
     }
   }
@@ -235,6 +250,7 @@ Status no_pair_reason(const RegistrySnapshot& s, const PairQuery& q) {
 
 Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefill_policy, Policy& decode_policy,
                    Pair* out) {
+  out->prefill_spilled = false;
   discovery::RoutableIndex local;
   const discovery::RoutableIndex& index = index_of(s, &local);
   // Per compatibility class with both sides present: its usable decodes, then its usable prefills.
@@ -271,7 +287,7 @@ Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefil
     const auto prefills = range(c->prefills_begin, c->prefills_end);
     sc.pool.assign(prefills.begin(), prefills.end());
     prefer_not_ejected(sc.pool, q.now);
-    out->prefill = *pick_prefill(sc.pool, prefill_policy, q, sc.candidates);
+    out->prefill = *pick_prefill(sc.pool, prefill_policy, q, sc.candidates, &out->prefill_spilled);
     sc.pool.clear();
     const InstancePtr* preferred = nullptr;
     for (size_t i = c->decodes_begin; i < c->prefills_begin; ++i) {
@@ -286,7 +302,7 @@ Status choose_pair(const RegistrySnapshot& s, const PairQuery& q, Policy& prefil
     return Status::ok();
   }
   prefer_not_ejected(sc.pool, q.now);
-  const InstancePtr* prefill = pick_prefill(sc.pool, prefill_policy, q, sc.candidates);
+  const InstancePtr* prefill = pick_prefill(sc.pool, prefill_policy, q, sc.candidates, &out->prefill_spilled);
   sc.pool.clear();
   for (const PairScratch::Class& c : sc.classes) {
     if (compatible(**prefill, **sc.members[c.decodes_begin])) {

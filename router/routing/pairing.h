@@ -67,11 +67,18 @@ struct PairQuery {
   // excluded, not ejected, serving the model, compatible with the decode side): a session's bound
   // prefill (session_affinity.h). Empty, or not there: the prefill policy picks.
   std::string_view preferred_prefill;
+  // At least 0: the preferred prefill is kept only while a prefill policy that predicts (its
+  // explanation filled: predicted_latency) predicts it a TTFT within this many seconds of the
+  // least it predicts for a candidate; beyond that the policy's own pick is used, and
+  // Pair::prefill_spilled says so. Negative: the preferred prefill is kept whatever is predicted.
+  double preferred_prefill_margin_seconds = -1;
 };
 
 struct Pair {
   InstancePtr prefill;
   InstancePtr decode;
+  // The query's preferred prefill was usable but predicted too slow by its margin (above).
+  bool prefill_spilled = false;
 };
 
 // OK with both set, or kNotFound with a message for the client's 503 saying what is missing

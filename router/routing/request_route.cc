@@ -107,7 +107,7 @@ void RequestRoute::pair() {
   const RoutePolicies policies = w_.route_policies();
   PairQuery query{model_, tried_prefills_, tried_decodes_, summary_, discovery::Clock::now()};
   if (multi_turn_) query.preferred_decode = multi_turn_->preferred_decode();
-  if (session_) session_->steer(*snapshot, topo_, &query, *counters.session_affinity);
+  if (session_) session_->steer(*snapshot, topo_, &query);
   if (policies.prefill->needs_load() || policies.decode->needs_load()) {
     if (!explanation_) explanation_ = std::make_unique<RouteExplanation>();
     *explanation_ = RouteExplanation{};

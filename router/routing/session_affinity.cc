@@ -56,13 +56,17 @@ bool excluded(std::span<const std::string> keys, std::string_view key) {
 enum class Verdict : uint8_t { kStay, kBroken, kSpill };
 
 // Whether the session may stay on `node` (its bound node of `role`).
+// `predicted`: the policy of `role` predicts latencies; pairing then judges the load by them
+// (PairQuery::preferred_prefill_margin_seconds) and only usability is judged here.
 Verdict judge(const discovery::RegistrySnapshot& snapshot, const Instance* node, proto::Role role,
-              const PairQuery& q, std::span<const std::string> excluded_keys, const SpillMargins& margins) {
+              const PairQuery& q, std::span<const std::string> excluded_keys, const SpillMargins& margins,
+              bool predicted) {
   if (node == nullptr || node->role != role || !routable(*node) || node->connector == proto::Connector::kUnknown ||
       !serves_model(*node, q.model) || excluded(excluded_keys, node->key) ||
       (q.now != discovery::Clock::time_point{} && ejected(*node->liveness, q.now))) {
     return Verdict::kBroken;
   }
+  if (predicted) return Verdict::kStay;
   // The alternatives: the usable members of the node's pairing class.
   // A hand-made snapshot (tests) has no index: build one, as pairing does.
   discovery::RoutableIndex local;
@@ -111,36 +115,52 @@ std::optional<SessionAffinityRequest> SessionAffinityRequest::begin(
 }
 
 void SessionAffinityRequest::steer(const discovery::RegistrySnapshot& snapshot, const config::Topology& topology,
-                                   PairQuery* q, SessionAffinityCounters& counters) {
-  const bool first = !counted_;
-  counted_ = true;
+                                   PairQuery* q) {
   if (!bound_) {
-    if (first) counters.misses.fetch_add(1, std::memory_order_relaxed);
+    verdict_ = Turn::kMiss;
     return;
   }
-  const SpillMargins margins{topology.session_affinity.spill_margin_requests,
-                             std::chrono::duration<double>(topology.session_affinity.spill_margin_queue).count()};
+  const auto& config = topology.session_affinity;
+  const double margin_seconds = std::chrono::duration<double>(config.spill_margin_queue).count();
+  const SpillMargins margins{config.spill_margin_requests, margin_seconds};
+  // predicted_latency predicts the bound prefill's TTFT with the prompt it holds: the spill then
+  // compares that prediction with the best candidate's (pairing.h), which the queue figures of the
+  // rule below cannot (they do not know what the session's KV saves).
+  const bool predicted = topology.policies.prefill == config::PolicyName::kPredictedLatency;
   const Instance* prefill = snapshot.find(bound_->prefill_key);
   const Instance* decode = snapshot.find(bound_->decode_key);
-  Verdict p = judge(snapshot, prefill, proto::Role::kPrefill, *q, q->excluded_prefills, margins);
-  Verdict d = judge(snapshot, decode, proto::Role::kDecode, *q, q->excluded_decodes, margins);
+  Verdict p = judge(snapshot, prefill, proto::Role::kPrefill, *q, q->excluded_prefills, margins, predicted);
+  Verdict d = judge(snapshot, decode, proto::Role::kDecode, *q, q->excluded_decodes, margins, false);
   if (p == Verdict::kStay && d == Verdict::kStay && !compatible(*prefill, *decode)) d = Verdict::kBroken;
-  if (p == Verdict::kStay) q->preferred_prefill = prefill->key;
+  if (p == Verdict::kStay) {
+    q->preferred_prefill = prefill->key;
+    if (predicted) q->preferred_prefill_margin_seconds = margin_seconds;
+  }
   // A conversation's decode (multi_turn.h) holds KV the next turn reuses: it wins over the
   // session's.
   if (d == Verdict::kStay && q->preferred_decode.empty()) q->preferred_decode = decode->key;
-  if (!first) return;
   if (p == Verdict::kSpill || d == Verdict::kSpill) {
-    counters.spills.fetch_add(1, std::memory_order_relaxed);
+    verdict_ = Turn::kSpill;
   } else if (p == Verdict::kBroken || d == Verdict::kBroken) {
-    counters.broken.fetch_add(1, std::memory_order_relaxed);
+    verdict_ = Turn::kBroken;
   } else {
-    counters.hits.fetch_add(1, std::memory_order_relaxed);
+    verdict_ = Turn::kHit;
   }
 }
 
 void SessionAffinityRequest::routed(const Pair& pair, const config::Topology& topology, SessionTable& table,
                                     SessionAffinityCounters& counters) {
+  if (!counted_) {  // the turn's first route counts it; retries do not
+    counted_ = true;
+    Turn turn = verdict_;
+    if (turn == Turn::kHit && pair.prefill_spilled) turn = Turn::kSpill;
+    switch (turn) {
+      case Turn::kMiss: counters.misses.fetch_add(1, std::memory_order_relaxed); break;
+      case Turn::kHit: counters.hits.fetch_add(1, std::memory_order_relaxed); break;
+      case Turn::kSpill: counters.spills.fetch_add(1, std::memory_order_relaxed); break;
+      case Turn::kBroken: counters.broken.fetch_add(1, std::memory_order_relaxed); break;
+    }
+  }
   if (bound_ && bound_->prefill_key == pair.prefill->key && bound_->decode_key == pair.decode->key) {
     table.refresh(key(), SessionTable::Clock::now(), limits_of(topology.session_affinity));
     return;

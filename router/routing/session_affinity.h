@@ -6,8 +6,12 @@
 //   steer()   before each pairing: names the bound prefill and decode in the PairQuery when
 //             each is usable (in the snapshot, up, serving the model, not excluded, not ejected,
 //             paired with the other) and not overloaded against its best alternative; a bound
-//             node that is not usable or is overloaded is left to the policy;
-//   routed()  after each pairing: binds the session to the chosen pair when that differs.
+//             node that is not usable or is overloaded is left to the policy. Overloaded: by the
+//             spill rule (router/policies/session_spill.h) on the ledgers' figures, except a
+//             prefill under predicted_latency, whose spill pairing decides from the predicted
+//             TTFTs (PairQuery::preferred_prefill_margin_seconds, spill_margin_queue_ms);
+//   routed()  after each pairing: binds the session to the chosen pair when that differs. The
+//             turn's first route counts it as a hit, miss, spill or broken binding.
 // An id is an exact string (never a prefix): 1..max_id_bytes of printable ASCII without
 // spaces; a body field must be a JSON string without escapes. Anything else is counted
 // (bad_ids) and the request routes as if it had no session: a client's malformed id costs it
@@ -52,8 +56,7 @@ class SessionAffinityRequest {
                                                      std::string_view bind_header_value, SessionTable& table,
                                                      SessionAffinityCounters& counters);
 
-  void steer(const discovery::RegistrySnapshot& snapshot, const config::Topology& topology, PairQuery* query,
-             SessionAffinityCounters& counters);
+  void steer(const discovery::RegistrySnapshot& snapshot, const config::Topology& topology, PairQuery* query);
   void routed(const Pair& pair, const config::Topology& topology, SessionTable& table,
               SessionAffinityCounters& counters);
 
@@ -67,7 +70,11 @@ class SessionAffinityRequest {
   std::string binding_;
   std::string id_;
   std::optional<SessionTable::Binding> bound_;
-  bool counted_ = false;  // the first pairing counts the turn; retries do not
+  // What the last steer() found, counted by the turn's first routed() (a turn that waited for
+  // its SLO is steered again before it is routed).
+  enum class Turn : uint8_t { kMiss, kHit, kSpill, kBroken };
+  Turn verdict_ = Turn::kMiss;
+  bool counted_ = false;  // the first route counts the turn; retries do not
 };
 
 }  // namespace pdr::router::routing

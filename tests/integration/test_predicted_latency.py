@@ -27,13 +27,13 @@ SUFFIX = 300                           # uncached tokens each loading request ad
 PREFILL_US_PER_TOKEN = 5000            # 300 tokens: 1.5 s on the prefill sim, 1324: 6.6 s
 
 
-def start_cluster(test, policy_options=""):
+def start_cluster(test, policy_options="", topology_extra="", prefill_us_per_token=PREFILL_US_PER_TOKEN):
     test.ctx = zmq.Context()
     test.addCleanup(test.ctx.destroy, 0)
     test.pub = Publisher(test.ctx)
     test.addCleanup(test.pub.sock.close, 0)
     test.prefills = [SimNode("--role", "prefill", "--connector", "nixl",
-                             "--prefill-us-per-token", str(PREFILL_US_PER_TOKEN)) for _ in range(2)]
+                             "--prefill-us-per-token", str(prefill_us_per_token)) for _ in range(2)]
     test.decodes = [SimNode("--role", "decode", "--connector", "nixl") for _ in range(2)]
     for node in test.prefills + test.decodes:
         test.addCleanup(node.stop)
@@ -51,7 +51,7 @@ def start_cluster(test, policy_options=""):
         options += ", " + policy_options
     topology = ("admin:\n  api_key_env: PDR_TEST_ADMIN_KEY\nkv_events:\n  enabled: true\n"
                 "policies:\n  prefill: predicted_latency\n  decode: predicted_latency\n"
-                f"  predicted_latency: {{{options}}}\n"
+                f"  predicted_latency: {{{options}}}\n" + topology_extra +
                 "instances:\n" + "\n".join(instances) + "\n")
     test.router = Router(topology, env=ENV)
     test.addCleanup(test.router.stop)
@@ -166,6 +166,59 @@ class PredictedLatencyTest(unittest.TestCase):
         code, _, raw = self.router.request("GET", "/debug/route?limit=1", headers=AUTH, admin=True)
         self.assertEqual(code, 200, raw)
         self.assertEqual(json.loads(raw)["decisions"], [])
+
+
+class SessionSpillTest(unittest.TestCase):
+    """Session affinity under predicted_latency: a session's bound prefill is left when its
+    predicted TTFT exceeds the fastest candidate's by more than spill_margin_queue_ms."""
+
+    TURN = 600  # uncached tokens of each turn: 0.6 s predicted, 6 s (x TIME_SCALE) on the sim
+
+    def setUp(self):
+        # The turns' prefills outlast the sending of all five, so no rate is measured meanwhile
+        # (the predictions stay at the configured 1,000 tokens/s).
+        start_cluster(self, topology_extra="session_affinity: {enabled: true, spill_margin_queue_ms: 2000}\n",
+                      prefill_us_per_token=int(10000 * TIME_SCALE))
+
+    def test_a_session_leaves_its_prefill_once_the_predicted_ttft_there_is_past_the_margin(self):
+        decisions = PredictedLatencyTest.decisions
+        queued = PredictedLatencyTest.queued_on
+        results, threads, bound = [], [], None
+        # Turn k, sent while turns 0..k-1 are still in their prefills there, is predicted
+        # (0.6 k + 0.6) s on the bound prefill against 0.6 s on the idle one: within the 2 s
+        # margin for k <= 3, past it for k = 4 (3.0 s against 0.6 s).
+        for k in range(5):
+            prompt = list(range(40000 + k * self.TURN, 40000 + (k + 1) * self.TURN))
+            body = json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": 2}).encode()
+            t = threading.Thread(target=lambda b=body: results.append(self.router.request(
+                "POST", "/v1/completions", body=b, timeout=120 * TIME_SCALE,
+                headers={"Content-Type": "application/json", "x-session-affinity": "agent-1"})), daemon=True)
+            t.start()
+            threads.append(t)
+            deadline = time.monotonic() + WAIT_S
+            while sum(queued(self, n) for n in self.prefills) < (k + 1) * self.TURN:
+                self.assertLess(time.monotonic(), deadline, f"turn {k} never reached a prefill: {decisions(self)}")
+                time.sleep(0.01)
+            if k == 0:
+                bound = next(n for n in self.prefills if queued(self, n) == self.TURN)
+        for t in threads:
+            t.join(timeout=120 * TIME_SCALE)
+        self.assertEqual([r[0] for r in results], [200] * 5, results)
+        other = next(n for n in self.prefills if n is not bound)
+        doc = decisions(self)["decisions"]  # newest first
+        chosen = [d["prefill"]["chosen"] for d in reversed(doc)]
+        self.assertEqual(chosen, [bound.http_address] * 4 + [other.http_address], doc)
+        for d in reversed(doc[1:4]):  # turns 1 to 3: kept on the bound prefill by the session
+            self.assertTrue(d["prefill"]["preferred"], d)
+        self.assertFalse(doc[0]["prefill"]["preferred"], doc[0])
+        by_node = {c["node"]: c for c in doc[0]["prefill"]["candidates"]}
+        self.assertGreater(by_node[bound.http_address]["predicted_seconds"],
+                           by_node[other.http_address]["predicted_seconds"] + 2.0)
+        metrics = self.router.metrics()
+        self.assertEqual(metrics["pdrouter_session_affinity_misses_total"], 1)
+        self.assertEqual(metrics["pdrouter_session_affinity_hits_total"], 3)
+        self.assertEqual(metrics["pdrouter_session_affinity_spills_total"], 1)
+        self.assertEqual(metrics["pdrouter_session_affinity_rebinds_total"], 1)
 
 
 class SloTest(unittest.TestCase):

@@ -9,7 +9,10 @@
 #include <vector>
 
 #include "discovery/config/topology.h"
+#include "discovery/load_charge.h"
 #include "proto/json_splice.h"
+#include "router/policies/predicted_latency.h"
+#include "router/policies/prompt_tokens.h"
 #include "router/policies/session_spill.h"
 #include "router/routing/ejection.h"
 #include "router/routing/pairing.h"
@@ -225,7 +228,7 @@ std::pair<std::string, std::string> turn(const RegistrySnapshot& s, const config
   auto r = begin(R"({})", "s", table, c, t);
   EXPECT_TRUE(r.has_value());
   PairQuery q{{}, {}, {}, {}, discovery::Clock::now()};
-  r->steer(s, t, &q, c);
+  r->steer(s, t, &q);
   Pair pair;
   EXPECT_TRUE(choose_pair(s, q, *prefill_policy, *decode_policy, &pair).is_ok());
   r->routed(pair, t, table, c);
@@ -278,6 +281,100 @@ TEST(SessionAffinitySteer, SpillsFromAnOverloadedNodeAndRebinds) {
   // The new binding sticks, even once the old node is idle again.
   bound_decode->liveness->outstanding = 0;
   for (int i = 0; i < 3; ++i) EXPECT_EQ(turn(s, t, table, c).second, spilled.second) << i;
+}
+
+// Under predicted_latency the bound prefill is judged by its predicted TTFT (which credits the
+// prompt it holds) against the fastest candidate's, with spill_margin_queue_ms as the margin.
+struct PredictedTurns {
+  config::Topology t = [] {
+    config::Topology t = topology();
+    t.policies.prefill = config::PolicyName::kPredictedLatency;
+    t.policies.predicted_latency.default_prefill_tokens_per_second = 1000;
+    t.policies.predicted_latency.kv_transfer_ns_per_token = 0;
+    t.session_affinity.spill_margin_queue = 2000ms;
+    return t;
+  }();
+  std::unique_ptr<Policy> prefill_policy = make_predicted_latency_policy(t.policies.predicted_latency, PolicyLeg::kPrefill);
+  std::unique_ptr<Policy> decode_policy = make_round_robin_policy();
+  PromptTokens prompt{1000, 0, PromptTokens::Source::kTokenIds};
+  CacheHits hits;  // set by a test: what each prefill holds of the 1,000-token prompt
+  SessionTable table;
+  SessionAffinityCounters c;
+
+  // One turn of session "s": the pair's keys, and what the explanation says of the prefill.
+  std::pair<std::string, std::string> turn(const RegistrySnapshot& s, LegExplanation* prefill = nullptr) {
+    auto r = begin(R"({})", "s", table, c, t);
+    EXPECT_TRUE(r.has_value());
+    RouteExplanation explanation;
+    PairQuery q{{}, {}, {}, {}, discovery::Clock::now()};
+    q.summary.prompt = &prompt;
+    if (!hits.nodes.empty()) q.summary.cache = &hits;
+    q.summary.explain = &explanation;
+    r->steer(s, t, &q);
+    Pair pair;
+    EXPECT_TRUE(choose_pair(s, q, *prefill_policy, *decode_policy, &pair).is_ok());
+    r->routed(pair, t, table, c);
+    if (prefill != nullptr) *prefill = explanation.prefill;
+    return {pair.prefill->key, pair.decode->key};
+  }
+};
+
+TEST(SessionAffinitySteer, UnderPredictedLatencyAPrefillSpillsOnlyPastTheMarginOfPredictedTtft) {
+  Cluster cl;
+  const auto s = cl.snapshot();
+  PredictedTurns pt;
+  const auto first = pt.turn(s);
+  auto& bound = first.first == cl.p1->key ? cl.p1 : cl.p2;
+  auto& other = first.first == cl.p1->key ? cl.p2 : cl.p1;
+  // Both cold, 1,000 tokens/s: the bound prefill with 1,500 tokens queued is predicted 2.5 s
+  // against the idle one's 1 s: within the 2 s margin, although the policy alone would move it.
+  discovery::LoadCharge queued(*bound, std::nullopt, false);
+  queued.queue_prefill(1500);
+  LegExplanation e;
+  EXPECT_EQ(pt.turn(s, &e), first);
+  EXPECT_TRUE(e.preferred);
+  EXPECT_EQ(e.rows[e.chosen].key, bound->key);
+  EXPECT_EQ(pt.c.hits.load(), 1u);
+  // 2,500 queued: 3.5 s against 1 s, past the margin: the turn goes to the policy's pick.
+  queued.queue_prefill(1000);
+  const auto spilled = pt.turn(s, &e);
+  EXPECT_EQ(spilled.first, other->key);
+  EXPECT_EQ(spilled.second, first.second);  // the decode is judged on its own
+  EXPECT_FALSE(e.preferred);
+  EXPECT_EQ(e.rows[e.chosen].key, other->key);
+  EXPECT_EQ(pt.c.spills.load(), 1u);
+  EXPECT_EQ(pt.c.rebinds.load(), 1u);
+  // The new binding sticks once the old prefill is idle again.
+  queued.release();
+  EXPECT_EQ(pt.turn(s).first, other->key);
+  EXPECT_EQ(pt.c.hits.load(), 2u);
+}
+
+TEST(SessionAffinitySteer, UnderPredictedLatencyThePromptABoundPrefillHoldsKeepsItThroughItsQueue) {
+  Cluster cl;
+  const auto s = cl.snapshot();
+  PredictedTurns pt;
+  const auto first = pt.turn(s);
+  auto& bound = first.first == cl.p1->key ? cl.p1 : cl.p2;
+  // It holds 900 of the 1,000 tokens: with 2,500 queued it is predicted 2.6 s against the cold
+  // idle prefill's 1 s, within the margin; the ledger rule (2.5 s of queue against none, past the
+  // same 2 s margin) would have spilled it and recomputed the session's prompt elsewhere.
+  pt.hits.source = CacheHits::Source::kKvEvents;
+  pt.hits.prompt_units = 1000;
+  pt.hits.nodes = {{bound->key, 900}};
+  for (const auto& p : {cl.p1, cl.p2}) {  // both measured at 1,000 tokens/s: the ledger rule applies
+    for (int i = 0; i < 3; ++i) p->liveness->ledger.prefill_tokens_per_second.add(1000, std::chrono::steady_clock::now());
+  }
+  discovery::LoadCharge queued(*bound, std::nullopt, false);
+  queued.queue_prefill(2500);
+  EXPECT_EQ(pt.turn(s), first);
+  EXPECT_EQ(pt.c.spills.load(), 0u);
+  EXPECT_EQ(pt.c.hits.load(), 1u);
+  // Under another policy the ledger rule judges it, and spills (the policy then picks freely).
+  pt.t.policies.prefill = config::PolicyName::kRoundRobin;
+  pt.prefill_policy = make_round_robin_policy();
+  pt.turn(s);
+  EXPECT_EQ(pt.c.spills.load(), 1u);
 }
 
 TEST(SessionAffinitySteer, AnotherClientNamingTheSameIdGetsItsOwnBinding) {
