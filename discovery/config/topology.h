@@ -169,6 +169,13 @@ struct Topology {
       // a node costs; the choice minimises predicted TTFT + this x the request's own prefill work
       // there (uncached tokens over the node's rate). 0: the request's own TTFT alone.
       uint32_t fleet_work_weight = 8;
+      // Whose measured prefill rate a prefill's prediction uses. true (prefill_rate: node): the
+      // node's own, for a fleet of unlike GPUs. false (fleet, the default): the mean of the
+      // candidates' measured rates, for every candidate alike. A node's measured rate also
+      // reflects its request mix (tokens computed after a long cached prefix cost more attention),
+      // and identical nodes predicted at different rates steer work to the one that looks faster:
+      // the goodput benchmark measured the fleet's rate ahead (bench/serving/GOODPUT_RESULTS.md).
+      bool prefill_rate_per_node = false;
       uint32_t slo_ttft_ms = 0;
       uint32_t slo_tpot_ms = 0;
       bool shed = false;

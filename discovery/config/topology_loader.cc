@@ -270,6 +270,17 @@ Status read_policies(const Source& src, const Field& f, Topology::Policies* out)
     c.u32("kv_capacity_tokens", 1, 1u << 31, &pl.kv_capacity_tokens);
     c.u32("kv_full_penalty_ms", 0, 3'600'000, &pl.kv_full_penalty_ms);
     c.u32("fleet_work_weight", 0, 1000, &pl.fleet_work_weight);
+    c.with("prefill_rate", [&](const Field& t) {
+      std::string text;
+      Status s = read_string(src, t, kMaxStringBytes, &text);
+      if (!s) return s;
+      if (text != "fleet" && text != "node") {
+        return fail(src, t, StatusCode::kInvalidValue,
+                    fmt::format("unknown prefill_rate {} (expected fleet or node)", quoted_excerpt(text)));
+      }
+      pl.prefill_rate_per_node = text == "node";
+      return s;
+    });
     c.u32("slo_ttft_ms", 0, 3'600'000, &pl.slo_ttft_ms);
     c.u32("slo_tpot_ms", 0, 60'000, &pl.slo_tpot_ms);
     c.boolean("shed", &pl.shed);

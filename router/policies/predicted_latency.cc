@@ -18,6 +18,7 @@ PredictedLatencyModel PredictedLatencyModel::from(const config::Topology::Polici
   m.kv_capacity_tokens = c.kv_capacity_tokens;
   m.kv_full_penalty_seconds = c.kv_full_penalty_ms * 1e-3;
   m.fleet_work_weight = c.fleet_work_weight;
+  m.prefill_rate_per_node = c.prefill_rate_per_node;
   return m;
 }
 
@@ -34,8 +35,13 @@ ResolvedRates fleet_rates(std::span<const Candidate> candidates) {
 
 ResolvedRates resolve_rates(const CandidateLoad& load, const ResolvedRates& fleet, const PredictedLatencyModel& m) {
   ResolvedRates r;
-  r.prefill_tokens_per_second = load.prefill_tokens_per_second > 0   ? load.prefill_tokens_per_second
+  // One rate for identical nodes unless told otherwise (topology.h, prefill_rate): a node's own
+  // estimate carries its request mix, and a node that looks slower for its mix loses work to
+  // the others and then reads slower still.
+  const double own = m.prefill_rate_per_node ? load.prefill_tokens_per_second : 0;
+  r.prefill_tokens_per_second = own > 0                               ? own
                                 : fleet.prefill_tokens_per_second > 0 ? fleet.prefill_tokens_per_second
+                                : load.prefill_tokens_per_second > 0  ? load.prefill_tokens_per_second
                                                                       : m.default_prefill_tokens_per_second;
   r.decode_step_seconds = load.decode_step_seconds > 0   ? load.decode_step_seconds
                           : fleet.decode_step_seconds > 0 ? fleet.decode_step_seconds

@@ -27,6 +27,13 @@
 //     explanation still use the predicted TTFT itself.
 //   Figures are per DP rank: the node's totals divided by its dp_size (pdrouter turns its legs
 //   over the ranks in order, so they spread evenly); kv_capacity_tokens is per rank (engine).
+//   Rates: every prefill is predicted at the candidates' mean measured prefill rate (the
+//   fleet's), not its own, unless prefill_rate: node. Each node's estimate (load_ledger.h) is
+//   uncached tokens over busy time, so it also carries the node's request mix: tokens computed
+//   after a long cached prefix cost more attention than tokens of a fresh prompt. Identical
+//   nodes predicted at different rates steer work to the one that looks faster, which then reads
+//   slower in turn; on the goodput benchmark per-node rates split the prefill work up to 55/45
+//   and lost a speed-up step against the fleet's rate. A decode node's step time stays its own.
 //   Cold start: a node without a measured estimate (prefill tokens/s, decode step) takes the mean
 //   of the candidates that have one, and with none measured the topology's defaults
 //   (policies.predicted_latency.default_prefill_tokens_per_second, default_decode_step_us).
@@ -54,11 +61,13 @@ struct PredictedLatencyModel {
   double kv_capacity_tokens = 464000;
   double kv_full_penalty_seconds = 1.0;
   double fleet_work_weight = 8;
+  bool prefill_rate_per_node = false;  // else the candidates' mean measured rate (resolve_rates)
 
   static PredictedLatencyModel from(const config::Topology::Policies::PredictedLatency& config);
 };
 
-// The rates a candidate is predicted with: its own estimates, else the fleet's, else defaults.
+// The rates a candidate is predicted with: its own estimates, else the fleet's, else defaults;
+// the prefill rate is the fleet's whenever there is one unless the model's prefill_rate_per_node.
 struct ResolvedRates {
   double prefill_tokens_per_second = 0;
   double decode_step_seconds = 0;

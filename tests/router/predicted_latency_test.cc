@@ -126,14 +126,45 @@ TEST(PredictedLatencyModel, ColdStartTakesTheFleetMeanThenTheDefaults) {
   ResolvedRates none = resolve_rates(f.candidates[0].load, fleet_rates(f.span()), m);
   EXPECT_EQ(none.prefill_tokens_per_second, 111);
   EXPECT_EQ(none.decode_step_seconds, 0.222);
-  // Two measured: the unmeasured one takes their mean; the measured keep their own.
+  // Two measured: the unmeasured one takes their mean; so do the measured ones for the prefill
+  // rate (the fleet's, by default), while a decode step stays the node's own.
   f.candidates[1].load.prefill_tokens_per_second = 1000;
   f.candidates[2].load.prefill_tokens_per_second = 3000;
   f.candidates[2].load.decode_step_seconds = 0.01;
+  f.candidates[1].load.decode_step_seconds = 0.03;
   const ResolvedRates fleet = fleet_rates(f.span());
   EXPECT_EQ(resolve_rates(f.candidates[0].load, fleet, m).prefill_tokens_per_second, 2000);
-  EXPECT_EQ(resolve_rates(f.candidates[0].load, fleet, m).decode_step_seconds, 0.01);
+  EXPECT_EQ(resolve_rates(f.candidates[0].load, fleet, m).decode_step_seconds, 0.02);
+  EXPECT_EQ(resolve_rates(f.candidates[1].load, fleet, m).prefill_tokens_per_second, 2000);
+  EXPECT_EQ(resolve_rates(f.candidates[1].load, fleet, m).decode_step_seconds, 0.03);
+  // prefill_rate: node: the measured keep their own.
+  m.prefill_rate_per_node = true;
+  EXPECT_EQ(resolve_rates(f.candidates[0].load, fleet, m).prefill_tokens_per_second, 2000);
   EXPECT_EQ(resolve_rates(f.candidates[1].load, fleet, m).prefill_tokens_per_second, 1000);
+  EXPECT_EQ(resolve_rates(f.candidates[2].load, fleet, m).prefill_tokens_per_second, 3000);
+}
+
+TEST(PredictedLatencyPolicy, IdenticalNodesArePredictedAtTheFleetsRateUnlessPerNode) {
+  // Node 0 measured 2000 tokens/s with 3000 queued, node 1 1000 tokens/s with 2000 queued (its
+  // mix: tokens after long cached prefixes). At the fleet's 1500 the shorter queue wins; each at
+  // its own rate node 0 looks 0.5 s sooner and would take the work.
+  auto choice = [](bool per_node) {
+    config::Topology::Policies::PredictedLatency c = config_with_rate(1000);
+    c.fleet_work_weight = 0;
+    c.prefill_rate_per_node = per_node;
+    auto policy = make_policy(PolicyName::kPredictedLatency, 1, policies(c), PolicyLeg::kPrefill);
+    Fleet f(2);
+    f.candidates[0].load.prefill_tokens_per_second = 2000;
+    f.candidates[0].load.queued_prefill_tokens = 3000;
+    f.candidates[1].load.prefill_tokens_per_second = 1000;
+    f.candidates[1].load.queued_prefill_tokens = 2000;
+    const PromptTokens prompt = tokens(1000);
+    RequestSummary r;
+    r.prompt = &prompt;
+    return policy->pick(f.span(), r);
+  };
+  EXPECT_EQ(choice(false), 1u);  // 2.0 s vs 2.67 s
+  EXPECT_EQ(choice(true), 0u);   // 2.0 s vs 3.0 s
 }
 
 TEST(PredictedLatencyModel, DpRanksShareTheNodesLoad) {

@@ -486,7 +486,7 @@ TEST(TopologyParse, PredictedLatencySection) {
       "                      decode_step_us_per_sequence: 20, decode_step_ns_per_kv_token: 50,\n"
       "                      kv_transfer_ns_per_token: 1000, kv_capacity_tokens: 100000,\n"
       "                      kv_full_penalty_ms: 500, slo_ttft_ms: 2000, slo_tpot_ms: 80, shed: true,\n"
-      "                      fleet_work_weight: 0}\n",
+      "                      fleet_work_weight: 0, prefill_rate: node}\n",
       &t);
   ASSERT_TRUE(s.is_ok()) << s.to_string();
   EXPECT_EQ(t.policies.prefill, PolicyName::kPredictedLatency);
@@ -503,6 +503,7 @@ TEST(TopologyParse, PredictedLatencySection) {
   EXPECT_EQ(pl.slo_tpot_ms, 80u);
   EXPECT_TRUE(pl.shed);
   EXPECT_EQ(pl.fleet_work_weight, 0u);
+  EXPECT_TRUE(pl.prefill_rate_per_node);
   ASSERT_TRUE(parse("policies: {prefill: predicted_latency}\n", &t).is_ok());
   EXPECT_EQ(t.policies.predicted_latency, Topology::Policies::PredictedLatency{});
   EXPECT_THAT(error_of("policies:\n  predicted_latency: {default_prefill_tokens_per_second: 0}\n",
@@ -512,6 +513,8 @@ TEST(TopologyParse, PredictedLatencySection) {
               HasSubstr("slo_tpot_ms"));
   EXPECT_THAT(error_of("policies:\n  predicted_latency: {fleet_work_weight: 1001}\n", StatusCode::kOutOfRange),
               HasSubstr("fleet_work_weight"));
+  EXPECT_THAT(error_of("policies:\n  predicted_latency: {prefill_rate: gpu}\n", StatusCode::kInvalidValue),
+              HasSubstr("unknown prefill_rate 'gpu' (expected fleet or node)"));
   EXPECT_THAT(error_of("policies:\n  predicted_latency: {slo_ttft: 5}\n", StatusCode::kInvalidValue),
               HasSubstr("unknown key 'slo_ttft'"));
 }
