@@ -182,12 +182,13 @@ std::string_view failure_code(Leg leg, LegFailure cause) {
 }  // namespace
 
 struct ProxySession::State {
-  State(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter response)
+  State(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter response,
+        routing::RouteListener& listener)
       : w(worker),
         req(std::move(request)),
         writer(std::move(response)),
         topo(worker.topology()),
-        route(worker, worker.shared(), *topo) {}
+        route(worker, worker.shared(), *topo, listener) {}
 
   WorkerContext& w;
   AdmittedRequest req;
@@ -224,6 +225,8 @@ struct ProxySession::State {
   LegFailure last_cause = LegFailure::kConnect;
   Leg last_leg = Leg::kPrefill;
   std::string last_detail;
+  // The leg whose failure the attempt being routed retries (counted once a pair is found).
+  std::optional<Leg> retry_of;
 
   UpstreamPort::CallPtr prefill_call;
   std::string prefill_key;  // of the prefill leg in flight (kept after the pair is released)
@@ -283,7 +286,8 @@ void ProxySession::start(WorkerContext& worker, AdmittedRequest request, http::R
 }
 
 ProxySession::ProxySession(WorkerContext& worker, AdmittedRequest request, http::ResponseWriter writer)
-    : s_(std::make_unique<State>(worker, std::move(request), std::move(writer))) {
+    : s_(std::make_unique<State>(worker, std::move(request), std::move(writer),
+                                 static_cast<routing::RouteListener&>(*this))) {
   s_->budget_held = static_cast<int64_t>(s_->req.budget_bytes);
   if (s_->req.path == proto::kResponsesPath) s_->responses.emplace();
   s_->anthropic = proto::is_anthropic_path(s_->req.path);
@@ -412,20 +416,22 @@ void ProxySession::on_request_deadline() {
 
 void ProxySession::pair_and_send(std::optional<Leg> retry_of) {
   State& s = *s_;
-  // The route holds the session while it waits (the /tokenize call, the SLO gate, the pre-step);
-  // it calls back once, possibly before route() returns.
-  s.route.route(
-      s.prefill_attempts != 0, shared_from_this(),
-      [this, retry_of](const Pair& pair) {
-        State& st = *s_;
-        if (retry_of) {
-          st.w.counters().retried(*retry_of);
-          ++st.retries;
-        }
-        if (st.req.trace) st.req.trace->routed(pair.prefill->key, pair.decode->key, st.route.cache_hits());
-      },
-      [this](routing::Route* route, routing::RouteRefusal* refusal) { on_routed(route, refusal); });
+  s.retry_of = retry_of;
+  // The route holds the session (keep_alive()) while it waits (the /tokenize call, the SLO gate,
+  // the pre-step); it calls back once, possibly before route() returns.
+  s.route.route(s.prefill_attempts != 0);
 }
+
+void ProxySession::on_paired(const routing::Pair& pair) {
+  State& s = *s_;
+  if (s.retry_of) {
+    s.w.counters().retried(*s.retry_of);
+    ++s.retries;
+  }
+  if (s.req.trace) s.req.trace->routed(pair.prefill->key, pair.decode->key, s.route.cache_hits());
+}
+
+std::shared_ptr<void> ProxySession::keep_alive() { return shared_from_this(); }
 
 void ProxySession::on_routed(routing::Route* route, routing::RouteRefusal* refusal) {
   State& s = *s_;

@@ -119,7 +119,7 @@ struct AdmittedRequest {
   std::unique_ptr<tracing::RequestTrace> trace;
 };
 
-class ProxySession : public std::enable_shared_from_this<ProxySession> {
+class ProxySession : public std::enable_shared_from_this<ProxySession>, private routing::RouteListener {
  public:
   static constexpr size_t kHighWater = 256 * 1024;         // client buffer that pauses the decode
   static constexpr size_t kMaxPrefillAnswer = 4 << 20;      // prefill JSON kept for the decode
@@ -138,7 +138,10 @@ class ProxySession : public std::enable_shared_from_this<ProxySession> {
   // Asks the request's route (router/routing/request_route.h) for a pair; on_routed() gets the
   // answer. `retry_of`: the leg whose failure this new pair retries (counted once a pair is found).
   void pair_and_send(std::optional<Leg> retry_of = std::nullopt);
-  void on_routed(routing::Route* route, routing::RouteRefusal* refusal);
+  // routing::RouteListener: the session is its route's listener.
+  void on_paired(const routing::Pair& pair) override;
+  void on_routed(routing::Route* route, routing::RouteRefusal* refusal) override;
+  std::shared_ptr<void> keep_alive() override;
   void send_prefill();
   void send_decode();
   void on_prefill_complete();

@@ -12,7 +12,7 @@ namespace pdr::router::routing {
 namespace {
 
 // The affinity inputs of the body, only computed when a policy uses them.
-RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view header_value,
+RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view prompt, std::string_view header_value,
                          const config::Topology& topology) {
   using config::PolicyName;
   if (topology.policies.prefill != PolicyName::kAffinity && topology.policies.decode != PolicyName::kAffinity) {
@@ -23,7 +23,7 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view hea
   // Raw JSON text of the fields: hashing bytes as sent is stable for equal values.
   in.conversation_id = body.get_raw("conversation_id").value_or(std::string_view());
   in.user = body.get_raw("user").value_or(std::string_view());
-  in.prompt = request_prompt(body);
+  in.prompt = prompt;
   if (in.conversation_id == "null") in.conversation_id = {};
   if (in.user == "null") in.user = {};
   return summarize_affinity(in, topology.policies.affinity_prefix_bytes);
@@ -41,27 +41,26 @@ std::optional<std::string> RequestRoute::begin(const RequestFacts& facts) {
   slo_ = facts.slo;
   forwarded_authorization_ = facts.forwarded_authorization;
   affinity_header_value_ = facts.affinity_header_value;
-  const RouteCounters counters = w_.route_counters();
+  counters_ = w_.route_counters();
   if (auto refusal = MultiTurnRequest::begin(*body_, topo_, choices_ == 1, facts.authorization,
-                                             facts.bind_header_value, shared_.conversations, *counters.multi_turn,
+                                             facts.bind_header_value, shared_.conversations, *counters_.multi_turn,
                                              &multi_turn_)) {
     return refusal;
   }
   session_ = SessionAffinityRequest::begin(*body_, topo_, facts.session_header_value, facts.authorization,
-                                           facts.bind_header_value, shared_.sessions, *counters.session_affinity);
+                                           facts.bind_header_value, shared_.sessions, *counters_.session_affinity);
   return std::nullopt;
 }
 
-void RequestRoute::route(bool retry, std::shared_ptr<void> keep_alive, Paired on_paired, Routed on_routed) {
+void RequestRoute::route(bool retry) {
   retry_ = retry;
-  keep_alive_ = std::move(keep_alive);
-  on_paired_ = std::move(on_paired);
-  on_routed_ = std::move(on_routed);
+  answer_due_ = true;
   ++attempt_;
   if (!looked_up_) {
     looked_up_ = true;
-    summary_ = summarize(*body_, affinity_header_value_, topo_);
-    prompt_ = count_prompt_tokens(request_prompt(*body_));
+    prompt_text_ = request_prompt(*body_);  // found once: decode_alone_reason reads it per attempt
+    summary_ = summarize(*body_, prompt_text_, affinity_header_value_, topo_);
+    prompt_ = count_prompt_tokens(prompt_text_);
     summary_.prompt = &prompt_;
     cache_ = lookup_cache(*body_, model_, topo_, shared_);
     if (cache_) summary_.cache = &cache_->hits;
@@ -74,12 +73,15 @@ void RequestRoute::route(bool retry, std::shared_ptr<void> keep_alive, Paired on
 }
 
 void RequestRoute::tokenize_then_pair() {
-  CacheTokenizeCounters* counters = w_.route_counters().cache_tokenize;
+  CacheTokenizeCounters* counters = counters_.cache_tokenize;
   auto count = [counters](TokenizeResult r) { bump((*counters)[static_cast<size_t>(r)]); };
-  // The call's callbacks keep the request alive, as a leg's do; cancel() releases them.
+  // The call's callbacks keep the request alive, as a leg's do; cancel() releases them. The hold
+  // moves to the stack when the answer comes: the route that follows may release the call.
   tokenize_call_ = start_tokenize(
       w_, *body_, model_, forwarded_authorization_,
-      [this, hold = keep_alive_, count](bool ok, TokenizeResult why_not, std::vector<uint32_t>&& tokens) {
+      [this, hold = listener_.keep_alive(), count](bool ok, TokenizeResult why_not,
+                                                   std::vector<uint32_t>&& tokens) mutable {
+        const std::shared_ptr<void> held = std::move(hold);
         if (cancelled_) return;
         tokenize_call_.reset();
         if (ok && !tokens.empty()) {  // the node's count of the prompt's tokens is exact
@@ -102,7 +104,7 @@ void RequestRoute::tokenize_then_pair() {
 }
 
 void RequestRoute::pair() {
-  const RouteCounters counters = w_.route_counters();
+  const RouteCounters& counters = counters_;
   const auto& snapshot = w_.registry();
   const RoutePolicies policies = w_.route_policies();
   PairQuery query{model_, tried_prefills_, tried_decodes_, summary_, discovery::Clock::now()};
@@ -126,13 +128,10 @@ void RequestRoute::pair() {
   if (slo_timer_.armed()) slo_timer_.stop();
   if (cache_) record_routing(*cache_, pair, shared_, *counters.cache_routing);
   if (session_) session_->routed(pair, topo_, shared_.sessions, *counters.session_affinity);
-  if (on_paired_) on_paired_(pair);
-  Route& r = pending_.emplace();
-  r.pair = std::move(pair);
-  r.prefill_rank = next_dp_rank(*r.pair.prefill);
-  r.decode_rank = next_dp_rank(*r.pair.decode);
-  r.prefill_load = discovery::LoadCharge(*r.pair.prefill, r.prefill_rank);
-  r.decode_load = discovery::LoadCharge(*r.pair.decode, r.decode_rank);
+  listener_.on_paired(pair);
+  const std::optional<uint32_t> prefill_rank = next_dp_rank(*pair.prefill);
+  const std::optional<uint32_t> decode_rank = next_dp_rank(*pair.decode);
+  Route& r = pending_.emplace(std::move(pair), prefill_rank, decode_rank);
 
   r.dialect = proto::dialect_for(r.pair.prefill->connector, r.pair.prefill->transfer_mode);
   if (const std::string_view why = r.dialect != nullptr ? proto::unsupported_endpoint(*r.dialect, path_) : "";
@@ -160,16 +159,19 @@ void RequestRoute::pair() {
     }
     r.decode_alone = DecodeAloneReason::kParallelSampling;
   } else {
-    r.decode_alone = decode_alone_reason(topo_.conditional_disaggregation, r.dialect, request_prompt(*body_),
-                                         cache_hits(), r.pair.decode->key);
+    r.decode_alone = decode_alone_reason(topo_.conditional_disaggregation, r.dialect, prompt_text_, cache_hits(),
+                                         r.pair.decode->key);
   }
   if (r.dialect == nullptr || r.dialect->pre_step == proto::PreStep::kNone || r.decode_alone) {
     deliver();  // (no dialect: build_legs says why)
     return;
   }
-  // The dialect's pre-step (Mooncake: the prefill's engine id for the chosen DP rank).
+  // The dialect's pre-step (Mooncake: the prefill's engine id for the chosen DP rank). Its answer
+  // keeps the request alive until the route is handed over, as the tokenize call's does.
   run_pre_step(*r.dialect, w_, topo_, r.pair.prefill, r.prefill_rank,
-               [this, hold = keep_alive_, attempt = attempt_](const Status& status, const PrefillFacts& facts) {
+               [this, hold = listener_.keep_alive(), attempt = attempt_](const Status& status,
+                                                                       const PrefillFacts& facts) mutable {
+                 const std::shared_ptr<void> held = std::move(hold);
                  if (cancelled_ || attempt != attempt_ || !pending_) return;
                  if (!status.is_ok()) {
                    pending_->pre_step = status;
@@ -203,6 +205,9 @@ void RequestRoute::wait_for_slo() {
            "no node is predicted to serve this request within its SLO (x-slo-ttft-ms / x-slo-tpot-ms)", "slo_unmet");
     return;
   }
+  // From here the request waits: the timer's callback and the gate's hold it (a re-check that
+  // waits again keeps the hold it has).
+  if (!keep_alive_) keep_alive_ = listener_.keep_alive();
   if (!slo_timer_.armed()) {
     slo_timer_.start(w_.timers(), limits.queue_timeout, [this] {
       // The gate's closure keeps the request alive until here; withdrawing it drops that hold,
@@ -247,21 +252,23 @@ void RequestRoute::refuse(RouteRefusalReason reason, int status, std::string mes
     pending_.reset();
     if (held) shared_.slo_gate.wake();
   }
-  on_paired_ = nullptr;
-  Routed done = std::move(on_routed_);
-  on_routed_ = nullptr;
   const std::shared_ptr<void> hold = std::move(keep_alive_);
-  if (done) done(nullptr, &refusal);
+  if (!answer_due_) return;
+  answer_due_ = false;
+  listener_.on_routed(nullptr, &refusal);
 }
 
 void RequestRoute::deliver() {
-  Route route = std::move(*pending_);
-  pending_.reset();
-  on_paired_ = nullptr;
-  Routed done = std::move(on_routed_);
-  on_routed_ = nullptr;
   const std::shared_ptr<void> hold = std::move(keep_alive_);
-  if (done) done(&route, nullptr);
+  const uint64_t attempt = attempt_;
+  if (answer_due_) {
+    answer_due_ = false;
+    // In place: the listener moves out what it keeps (no move into a local first).
+    listener_.on_routed(&*pending_, nullptr);
+  }
+  // Unless on_routed started the next attempt (a failure path retries at once), whose route
+  // pending_ is now (or will be, from its pairing on): what the listener left goes back.
+  if (attempt_ == attempt) pending_.reset();
 }
 
 Status RequestRoute::reroute_decode(const discovery::Instance& prefill, InstancePtr* out) {
@@ -287,7 +294,8 @@ void RequestRoute::prefill_failed(const proto::Dialect& dialect, const discovery
   forget_pre_step(dialect, w_, prefill);
 }
 
-void RequestRoute::legs_built(proto::LegBuild& legs, const discovery::Instance& decode, std::string_view request_id) {
+void RequestRoute::explain_and_edit(proto::LegBuild& legs, const discovery::Instance& decode,
+                                    std::string_view request_id) {
   if (explanation_) {
     // Keeps the policy's explanation of this attempt's pair in GET /debug/route's ring.
     const LegExplanation& prefill = explanation_->prefill;
@@ -303,7 +311,7 @@ void RequestRoute::legs_built(proto::LegBuild& legs, const discovery::Instance& 
     d.explanation = std::move(*explanation_);
     shared_.route_decisions.record(std::move(d));
   }
-  if (multi_turn_) multi_turn_->on_legs_built(legs, decode, *w_.route_counters().multi_turn);
+  if (multi_turn_) multi_turn_->on_legs_built(legs, decode, *counters_.multi_turn);
 }
 
 void RequestRoute::prefill_answered(double seconds) {
@@ -312,24 +320,24 @@ void RequestRoute::prefill_answered(double seconds) {
 }
 
 void RequestRoute::decode_done(const discovery::Instance& decode) {
-  if (multi_turn_) multi_turn_->on_done(decode, topo_, shared_.conversations, *w_.route_counters().multi_turn);
+  if (multi_turn_) multi_turn_->on_done(decode, topo_, shared_.conversations, *counters_.multi_turn);
 }
 
-void RequestRoute::cancel() {
-  if (cancelled_) return;
+void RequestRoute::cancel_now() {
   cancelled_ = true;
   if (tokenize_call_) {  // the request ended before its cache lookup did
     tokenize_call_->cancel();
     tokenize_call_.reset();
-    bump((*w_.route_counters().cache_tokenize)[static_cast<size_t>(TokenizeResult::kCancelled)]);
+    bump((*counters_.cache_tokenize)[static_cast<size_t>(TokenizeResult::kCancelled)]);
   }
-  if (pending_) {  // paired, its pre-step running: the pair's load goes back
+  // Paired, its pre-step running: the pair's load goes back. A route being handed over (cancel()
+  // from inside on_routed) is the listener's until it returns; deliver() resets it then.
+  if (pending_ && answer_due_) {
     const bool held = pending_->prefill_load.bound() || pending_->decode_load.bound();
     pending_.reset();
     if (held) shared_.slo_gate.wake();
   }
-  on_paired_ = nullptr;
-  on_routed_ = nullptr;
+  answer_due_ = false;
   // Waiting in the SLO gate: the gate's closure holds the request until its re-check or the
   // deadline runs, which then lets go of this hold too (as before the request ends).
   if (!slo_timer_.armed()) keep_alive_.reset();

@@ -13,8 +13,9 @@
 //                      multi-turn and session affinity, minus the nodes tried), the SLO check and
 //                      wait (slo_gate.h), the pair's load charges, the dialect's endpoint check,
 //                      n > 1 and conditional disaggregation (decode_alone.h), then the dialect's
-//                      pre-step (pre_step.h). `on_routed` gets a Route or a RouteRefusal, exactly
-//                      once, unless the route is cancelled first; possibly inside route().
+//                      pre-step (pre_step.h). The listener's on_routed gets a Route or a
+//                      RouteRefusal, exactly once, unless the route is cancelled first; possibly
+//                      inside route().
 //   reroute_decode()   the decode retry that keeps the prefill: another decode, not one tried.
 //
 // and it is told what happened, for what routing learns from it:
@@ -29,14 +30,18 @@
 //                      (counted), a pending pre-step answer and an SLO re-check are ignored, the
 //                      load a route not handed over yet held is given back.
 //
-// Asynchronous steps keep the request alive through `keep_alive` (as UpstreamCallbacks::
-// keep_alive does a leg's), never through this object. Counters: the routing ones it is given
+// It answers through a RouteListener (the session), given once at construction, not through
+// closures built per attempt: an attempt then costs no std::function and no keep-alive copy.
+// Asynchronous steps (the /tokenize call, the SLO wait, the pre-step) ask the listener for a
+// keep-alive when they start and hold it until they call back (as UpstreamCallbacks::keep_alive
+// does a leg's), never through this object; an attempt answered at once takes none. The Route is
+// handed over in place (the listener moves out what it keeps): RequestRoute owns its storage
+// until on_routed returns, so nothing is moved twice. Counters: the routing ones it is given
 // (RoutingWorker::route_counters); the session's own refusals are the session's to count, from
 // RouteRefusal::reason. Worker thread only.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,8 +91,18 @@ struct RequestFacts {
   RequestSlo slo;
 };
 
-// A pair to build legs for, with what routing learned on the way. Moved into the session.
+// A pair to build legs for, with what routing learned on the way. The session moves it out.
 struct Route {
+  Route() = default;
+  // `pair` with its DP ranks, a request in flight charged on each node (built in place: no
+  // charge is moved).
+  Route(Pair&& chosen, std::optional<uint32_t> prefill, std::optional<uint32_t> decode)
+      : pair(std::move(chosen)),
+        prefill_rank(prefill),
+        decode_rank(decode),
+        prefill_load(*pair.prefill, prefill_rank),
+        decode_load(*pair.decode, decode_rank) {}
+
   Pair pair;
   std::optional<uint32_t> prefill_rank, decode_rank;
   // A request in flight on each node of the pair (discovery/load_charge.h), from pairing on.
@@ -116,16 +131,30 @@ struct RouteRefusal {
   std::string code;
 };
 
-// A pair was chosen (before the checks and the pre-step that may still refuse it or delay the
-// route): the session counts a retry and traces the pair then, as it always did.
-using Paired = std::function<void(const Pair& pair)>;
-// Exactly one of the two is set.
-using Routed = std::function<void(Route* route, RouteRefusal* refusal)>;
+// Who asks for routes: the request's session. Worker thread only.
+class RouteListener {
+ public:
+  // A pair was chosen (before the checks and the pre-step that may still refuse it or delay the
+  // route): the session counts a retry and traces the pair then, as it always did. At most once
+  // per attempt (an SLO wait comes before it).
+  virtual void on_paired(const Pair& pair) = 0;
+  // The attempt's answer: exactly one of the two is set. `route` is RequestRoute's own storage,
+  // valid until this returns: the listener moves out what it keeps before anything that may end
+  // the request or start the next attempt (both may happen inside this call: a failure path
+  // retries at once). Whatever it leaves there is released (the load charges) when it returns.
+  virtual void on_routed(Route* route, RouteRefusal* refusal) = 0;
+  // A hold on the request, taken by an asynchronous step while it may still call back.
+  virtual std::shared_ptr<void> keep_alive() = 0;
+
+ protected:
+  ~RouteListener() = default;
+};
 
 class RequestRoute {
  public:
-  RequestRoute(RoutingWorker& worker, RoutingShared& shared, const config::Topology& topology)
-      : w_(worker), shared_(shared), topo_(topology) {}
+  RequestRoute(RoutingWorker& worker, RoutingShared& shared, const config::Topology& topology,
+               RouteListener& listener)
+      : w_(worker), shared_(shared), topo_(topology), listener_(listener) {}
   RequestRoute(const RequestRoute&) = delete;
   RequestRoute& operator=(const RequestRoute&) = delete;
 
@@ -134,9 +163,9 @@ class RequestRoute {
   std::optional<std::string> begin(const RequestFacts& facts);
 
   // One attempt. `retry`: a leg of this request failed before (an SLO wait is for first attempts
-  // only). `keep_alive` is held by what runs asynchronously. `on_paired` runs when a pair is
-  // chosen (at most once: an SLO wait comes before it), `on_routed` once, after it if a pair was.
-  void route(bool retry, std::shared_ptr<void> keep_alive, Paired on_paired, Routed on_routed);
+  // only). The listener's on_paired runs when a pair is chosen, its on_routed once, after it if
+  // a pair was.
+  void route(bool retry);
   // A decode for `prefill`, not excluded (DecodeRetry::kDecodeOnly). OK or kNotFound.
   Status reroute_decode(const discovery::Instance& prefill, InstancePtr* out);
 
@@ -145,7 +174,9 @@ class RequestRoute {
   bool node_unreachable(const discovery::Instance& node, http::UpstreamFailure failure, EjectionRule* rule);
   void exclude(proto::Role role, const std::string& key);
   void prefill_failed(const proto::Dialect& dialect, const discovery::Instance& prefill);
-  void legs_built(proto::LegBuild& legs, const discovery::Instance& decode, std::string_view request_id);
+  void legs_built(proto::LegBuild& legs, const discovery::Instance& decode, std::string_view request_id) {
+    if (explanation_ || multi_turn_) explain_and_edit(legs, decode, request_id);  // else nothing to do
+  }
   void prefill_answered(double seconds);
   void decode_bytes(std::string_view chunk) {
     if (multi_turn_) multi_turn_->on_decode_bytes(chunk);
@@ -154,7 +185,10 @@ class RequestRoute {
     if (multi_turn_) multi_turn_->on_decode_json(body);
   }
   void decode_done(const discovery::Instance& decode);
-  void cancel();
+  // The session calls it on every way out (it may twice): a route already cancelled costs a test.
+  void cancel() {
+    if (!cancelled_) cancel_now();
+  }
 
   // The prompt's token count and the cache lookup's answer (null: no lookup), for the load
   // charges and the access log.
@@ -170,14 +204,19 @@ class RequestRoute {
   void wait_for_slo();
   void refuse(RouteRefusalReason reason, int status, std::string message, std::string code);
   void deliver();
+  void explain_and_edit(proto::LegBuild& legs, const discovery::Instance& decode, std::string_view request_id);
+  void cancel_now();
 
   RoutingWorker& w_;
   RoutingShared& shared_;
   const config::Topology& topo_;  // pinned by the session for the whole request
+  RouteListener& listener_;
   const proto::JsonObjectBody* body_ = nullptr;
   std::string_view model_, path_, forwarded_authorization_, affinity_header_value_;
   int64_t choices_ = 1;
   RequestSlo slo_;
+  RouteCounters counters_;   // the worker's (RoutingWorker::route_counters), taken in begin()
+  std::string_view prompt_text_;  // the body's prompt (request_prompt), found by the first attempt
   RequestSummary summary_;
   PromptTokens prompt_;
   std::optional<CacheRouting> cache_;
@@ -191,11 +230,12 @@ class RequestRoute {
   bool retry_ = false;
   bool looked_up_ = false;  // the first attempt's lookups ran
   bool cancelled_ = false;
-  uint64_t attempt_ = 0;  // a pre-step answer for an older attempt is ignored
-  std::shared_ptr<void> keep_alive_;
-  Paired on_paired_;
-  Routed on_routed_;
-  std::optional<Route> pending_;  // paired, its pre-step running
+  bool answer_due_ = false;  // route() was called, on_routed not yet (nor cancel())
+  uint64_t attempt_ = 0;     // a pre-step answer for an older attempt is ignored
+  std::shared_ptr<void> keep_alive_;  // held while the SLO wait runs (its timer reads it)
+  // Paired, its pre-step running; then handed to on_routed in place, reset after it unless that
+  // call started the next attempt (which owns it then).
+  std::optional<Route> pending_;
   NodeCalls::CallPtr tokenize_call_;
   SessionTimer slo_timer_;  // waiting for a node within the SLO (limits.queue_timeout_ms)
   uint64_t slo_ticket_ = 0;

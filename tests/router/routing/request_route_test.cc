@@ -1,8 +1,9 @@
 // RequestRoute (router/routing/request_route.h), the one door through which a request session
 // asks where its request goes, against a fake upstream port on a libuv loop the test runs: a
 // refusal when no pair exists, a cancel during the node /tokenize call that leaves nothing
-// behind, a route whose load charges follow it, and the decode-only re-route that avoids the
-// decodes a request already tried. The session's use of it end to end: tests/router/
+// behind, a route whose load charges follow it, the decode-only re-route that avoids the
+// decodes a request already tried, and a new attempt started from inside on_routed (a failed
+// pre-step retried at once) that keeps its own route. The session's use of it end to end: tests/router/
 // proxy_session_test.cc and tests/integration (test_cache_tokenize, test_predicted_latency...).
 #include "router/routing/request_route.h"
 
@@ -10,6 +11,7 @@
 #include <uv.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,12 +39,12 @@ using proxy::WorkerContext;
 using test::FakeCall;
 using test::FakePort;
 
-std::shared_ptr<const Instance> node(const char* host, Role role) {
+std::shared_ptr<const Instance> node(const char* host, Role role, Connector connector = Connector::kNixl) {
   auto i = std::make_shared<Instance>();
   i->http_address = proto::HostPort{host, 8000};
   i->key = i->http_address.to_string();
   i->role = role;
-  i->connector = Connector::kNixl;
+  i->connector = connector;
   return i;
 }
 
@@ -51,6 +53,24 @@ struct Answer {
   int calls = 0;
   std::optional<Route> route;
   std::optional<RouteRefusal> refusal;
+};
+
+// The route's listener, as the session is: records the answers; `then` runs after one is
+// recorded, inside on_routed (the route moved out of RequestRoute's storage already).
+struct Listener final : RouteListener {
+  void on_paired(const Pair&) override { ++paired; }
+  void on_routed(Route* r, RouteRefusal* refused) override {
+    ++answer.calls;
+    if (r != nullptr) answer.route.emplace(std::move(*r));
+    if (refused != nullptr) answer.refusal.emplace(std::move(*refused));
+    if (then) then();
+  }
+  std::shared_ptr<void> keep_alive() override { return hold; }
+
+  std::shared_ptr<void> hold = std::make_shared<int>(0);
+  Answer answer;
+  int paired = 0;
+  std::function<void()> then;
 };
 
 // One worker on a loop of the test's own, and a request's body.
@@ -86,19 +106,11 @@ class Harness {
     EXPECT_EQ(uv_loop_close(&loop_), 0);
   }
 
-  // A route for the request, begun.
-  std::unique_ptr<RequestRoute> begin() {
-    auto route = std::make_unique<RequestRoute>(*worker, shared, *topo);
+  // A route for the request, begun, answering `listener`.
+  std::unique_ptr<RequestRoute> begin(Listener& listener) {
+    auto route = std::make_unique<RequestRoute>(*worker, shared, *topo, listener);
     EXPECT_FALSE(route->begin(facts).has_value());
     return route;
-  }
-  // Asks `route`; the answer lands in *out.
-  static void ask(RequestRoute& route, const std::shared_ptr<void>& keep_alive, Answer* out) {
-    route.route(false, keep_alive, nullptr, [out](Route* r, RouteRefusal* refused) {
-      ++out->calls;
-      if (r != nullptr) out->route.emplace(std::move(*r));
-      if (refused != nullptr) out->refusal.emplace(std::move(*refused));
-    });
   }
 
   ProxyShared shared;
@@ -118,11 +130,13 @@ class Harness {
 // No prefill is up: the route is refused, once, with pairing's reason, and holds nothing.
 TEST(RequestRoute, RefusedWhenNoPairExists) {
   Harness h({node("127.0.0.2", Role::kDecode)});
-  auto route = h.begin();
-  auto keep_alive = std::make_shared<int>(0);
-  Answer answer;
-  Harness::ask(*route, keep_alive, &answer);
+  Listener listener;
+  auto route = h.begin(listener);
+  const auto& keep_alive = listener.hold;
+  const Answer& answer = listener.answer;
+  route->route(false);
   EXPECT_EQ(answer.calls, 1);  // at once: nothing to wait for
+  EXPECT_EQ(listener.paired, 0);
   ASSERT_TRUE(answer.refusal);
   EXPECT_FALSE(answer.route);
   EXPECT_EQ(answer.refusal->reason, RouteRefusalReason::kNoPair);
@@ -138,11 +152,13 @@ TEST(RequestRoute, ARouteCarriesThePairsLoad) {
   auto prefill = node("127.0.0.1", Role::kPrefill);
   auto decode = node("127.0.0.2", Role::kDecode);
   Harness h({prefill, decode});
-  auto route = h.begin();
-  auto keep_alive = std::make_shared<int>(0);
-  Answer answer;
-  Harness::ask(*route, keep_alive, &answer);
+  Listener listener;
+  auto route = h.begin(listener);
+  const auto& keep_alive = listener.hold;
+  Answer& answer = listener.answer;
+  route->route(false);
   ASSERT_EQ(answer.calls, 1);
+  EXPECT_EQ(listener.paired, 1);
   ASSERT_TRUE(answer.route);
   EXPECT_EQ(answer.route->pair.prefill->key, prefill->key);
   EXPECT_EQ(answer.route->pair.decode->key, decode->key);
@@ -151,7 +167,7 @@ TEST(RequestRoute, ARouteCarriesThePairsLoad) {
   EXPECT_FALSE(answer.route->decode_alone);
   EXPECT_EQ(prefill->liveness->outstanding.load(), 1u);
   EXPECT_EQ(decode->liveness->outstanding.load(), 1u);
-  EXPECT_EQ(keep_alive.use_count(), 1);
+  EXPECT_EQ(keep_alive.use_count(), 1);  // answered at once: no step held the request
   answer.route.reset();
   EXPECT_EQ(prefill->liveness->outstanding.load(), 0u);
   EXPECT_EQ(decode->liveness->outstanding.load(), 0u);
@@ -163,10 +179,11 @@ TEST(RequestRoute, ACancelDuringTheTokenizeCallLeavesNothingBehind) {
   auto prefill = node("127.0.0.1", Role::kPrefill);
   auto decode = node("127.0.0.2", Role::kDecode);
   Harness h({prefill, decode}, /*tokenize=*/true);
-  auto route = h.begin();
-  auto keep_alive = std::make_shared<int>(0);
-  Answer answer;
-  Harness::ask(*route, keep_alive, &answer);
+  Listener listener;
+  auto route = h.begin(listener);
+  const auto& keep_alive = listener.hold;
+  const Answer& answer = listener.answer;
+  route->route(false);
   ASSERT_EQ(h.port.calls.size(), 1u);
   EXPECT_EQ(h.port.calls[0]->request.path, "/tokenize");
   EXPECT_EQ(answer.calls, 0);  // waiting for the node
@@ -189,11 +206,13 @@ TEST(RequestRoute, TheTokenizeAnswerLeadsToTheRoute) {
   auto prefill = node("127.0.0.1", Role::kPrefill);
   auto decode = node("127.0.0.2", Role::kDecode);
   Harness h({prefill, decode}, /*tokenize=*/true);
-  auto route = h.begin();
-  auto keep_alive = std::make_shared<int>(0);
-  Answer answer;
-  Harness::ask(*route, keep_alive, &answer);
+  Listener listener;
+  auto route = h.begin(listener);
+  const auto& keep_alive = listener.hold;
+  const Answer& answer = listener.answer;
+  route->route(false);
   ASSERT_EQ(h.port.calls.size(), 1u);
+  EXPECT_GT(keep_alive.use_count(), 1);  // the call holds the request
   const http::UpstreamCallbacks cb = h.port.calls[0]->cb;
   h.port.calls[0]->cb = {};
   cb.on_head(200, {});
@@ -204,6 +223,7 @@ TEST(RequestRoute, TheTokenizeAnswerLeadsToTheRoute) {
   EXPECT_EQ(route->prompt().count, 3u);
   EXPECT_EQ(route->prompt().source, PromptTokens::Source::kTokenized);
   EXPECT_EQ(h.shared.counters.cache_tokenize[static_cast<size_t>(TokenizeResult::kNoMatch)].load(), 1u);
+  EXPECT_EQ(keep_alive.use_count(), 1);
 }
 
 // The decode retry that keeps the prefill: another decode, never one the request tried; none
@@ -213,9 +233,10 @@ TEST(RequestRoute, TheDecodeOnlyRerouteExcludesTheTriedDecodes) {
   auto d1 = node("127.0.0.2", Role::kDecode);
   auto d2 = node("127.0.0.3", Role::kDecode);
   Harness h({prefill, d1, d2});
-  auto route = h.begin();
-  Answer answer;
-  Harness::ask(*route, std::make_shared<int>(0), &answer);
+  Listener listener;
+  auto route = h.begin(listener);
+  const Answer& answer = listener.answer;
+  route->route(false);
   ASSERT_TRUE(answer.route);
   const std::string first = answer.route->pair.decode->key;
   route->exclude(Role::kDecode, first);
@@ -228,6 +249,59 @@ TEST(RequestRoute, TheDecodeOnlyRerouteExcludesTheTriedDecodes) {
   InstancePtr none;
   EXPECT_EQ(route->reroute_decode(*prefill, &none).code(), StatusCode::kNotFound);
   EXPECT_FALSE(none);
+}
+
+// The session retries a failed pre-step from inside on_routed, as a failed prefill leg is: the
+// new attempt starts (and here waits for its own pre-step) before the first answer's on_routed
+// returns. That attempt's route stays pending, charging its pair, and is answered when its
+// pre-step is; the first route's pair is released.
+TEST(RequestRoute, AnAttemptStartedInsideOnRoutedKeepsItsRoute) {
+  auto p1 = node("127.0.0.1", Role::kPrefill, Connector::kMooncake);
+  auto p2 = node("127.0.0.2", Role::kPrefill, Connector::kMooncake);
+  auto decode = node("127.0.0.3", Role::kDecode, Connector::kMooncake);
+  Harness h({p1, p2, decode});
+  Listener listener;
+  auto route = h.begin(listener);
+  Answer& answer = listener.answer;
+  route->route(false);
+  ASSERT_EQ(h.port.calls.size(), 1u);  // the first prefill's bootstrap /query
+  EXPECT_EQ(h.port.calls[0]->request.path, "/query");
+  EXPECT_EQ(answer.calls, 0);
+  EXPECT_GT(listener.hold.use_count(), 1);  // the pre-step holds the request
+  const std::string first = h.port.calls[0]->target.host == "127.0.0.1" ? p1->key : p2->key;
+  const auto& second = first == p1->key ? p2 : p1;
+
+  listener.then = [&] {
+    if (answer.calls != 1) return;  // the second answer is only recorded
+    ASSERT_TRUE(answer.route);
+    EXPECT_FALSE(answer.route->pre_step.is_ok());
+    // What the session does for a failed pre-step: forget it, avoid the prefill, pair again.
+    route->prefill_failed(*answer.route->dialect, *answer.route->pair.prefill);
+    route->exclude(Role::kPrefill, answer.route->pair.prefill->key);
+    answer.route.reset();
+    route->route(true);
+  };
+  h.port.calls[0]->answer(500, "down");
+  EXPECT_EQ(answer.calls, 1);
+  ASSERT_EQ(h.port.calls.size(), 2u);  // the second attempt's /query, on the other prefill
+  EXPECT_EQ(h.port.calls[1]->request.path, "/query");
+  EXPECT_EQ(h.port.calls[1]->target.host, second->http_address.host);
+  // The second attempt's pair is charged while its pre-step runs (the first answer's return
+  // did not drop it), the first pair's prefill no longer.
+  EXPECT_EQ(second->liveness->outstanding.load(), 1u);
+  EXPECT_EQ(decode->liveness->outstanding.load(), 1u);
+  EXPECT_EQ((first == p1->key ? p1 : p2)->liveness->outstanding.load(), 0u);
+
+  h.port.calls[1]->answer(200, R"({"0":{"engine_id":"engine-0","worker_addr":"127.0.0.1:17000"}})");
+  ASSERT_EQ(answer.calls, 2);
+  ASSERT_TRUE(answer.route);
+  EXPECT_TRUE(answer.route->pre_step.is_ok()) << answer.route->pre_step.message();
+  EXPECT_EQ(answer.route->pair.prefill->key, second->key);
+  EXPECT_EQ(answer.route->prefill_facts.engine_id, "engine-0");
+  EXPECT_EQ(listener.hold.use_count(), 1);
+  answer.route.reset();
+  EXPECT_EQ(second->liveness->outstanding.load(), 0u);
+  EXPECT_EQ(decode->liveness->outstanding.load(), 0u);
 }
 
 }  // namespace
