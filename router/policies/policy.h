@@ -39,6 +39,9 @@ struct CandidateLoad {
   // and its KV cache usage 0..1 (negative: not known).
   uint32_t other_requests = 0;
   double kv_cache_usage = -1;
+  // The first three are those of the DP rank the next leg will be pinned to, not the node's
+  // totals (a node with dp_size > 1 whose ledger has per-rank figures).
+  bool of_next_rank = false;
 };
 
 struct Candidate {
@@ -50,7 +53,8 @@ struct Candidate {
   // Relative capacity (e.g. dp_size). Load is compared as outstanding / weight; affinity gives a
   // node a share of keys proportional to its weight. round_robin ignores it. 0 is treated as 1.
   uint32_t weight = 1;
-  // Node totals (all DP ranks); only for a policy whose needs_load() is true.
+  // The ledger's figures (node totals, or its next DP rank's: CandidateLoad::of_next_rank); only
+  // for a policy whose needs_load() is true.
   CandidateLoad load{};
 };
 
@@ -77,7 +81,7 @@ struct LegExplanation {
     std::string key;
     uint32_t outstanding = 0;
     uint32_t weight = 1;
-    CandidateLoad load;             // node totals as read
+    CandidateLoad load;             // the ledger's figures as read (Candidate::load)
     uint64_t uncached_tokens = 0;   // of this prompt, on this node (prefill)
     double predicted_seconds = 0;   // TTFT (prefill) or time per output token (decode)
     double score = 0;               // what the choice minimised (prefill: TTFT + its fleet work)

@@ -52,10 +52,11 @@ ResolvedRates resolve_rates(const CandidateLoad& load, const ResolvedRates& flee
 CandidateLoad per_rank(const Candidate& c) {
   const uint64_t w = c.weight == 0 ? 1 : c.weight;
   CandidateLoad r = c.load;
+  r.other_requests = static_cast<uint32_t>((uint64_t{c.load.other_requests} + w - 1) / w);
+  if (c.load.of_next_rank) return r;  // the rank's own figures already
   r.queued_prefill_tokens = (c.load.queued_prefill_tokens + w - 1) / w;
   r.decode_sequences = static_cast<uint32_t>((uint64_t{c.load.decode_sequences} + w - 1) / w);
   r.kv_tokens = (c.load.kv_tokens + w - 1) / w;
-  r.other_requests = static_cast<uint32_t>((uint64_t{c.load.other_requests} + w - 1) / w);
   return r;
 }
 

@@ -25,8 +25,11 @@
 //     request; under load every such choice adds work and lowers the hit rate of the requests
 //     after it (bench/serving/GOODPUT_RESULTS.md measured the collapse). The SLO check and the
 //     explanation still use the predicted TTFT itself.
-//   Figures are per DP rank: the node's totals divided by its dp_size (pdrouter turns its legs
-//   over the ranks in order, so they spread evenly); kv_capacity_tokens is per rank (engine).
+//   Figures are per DP rank: those of the rank the node's next leg will be pinned to (pdrouter
+//   turns its legs over the ranks in order, next_dp_rank in router/routing/pairing.h), as its
+//   ledger counts them: one long prompt queued on a rank delays what goes there next, not a
+//   dp_size-th of it. Without per-rank figures (no leg charged there yet), the node's totals
+//   divided by its dp_size. kv_capacity_tokens is per rank (engine).
 //   Rates: every prefill is predicted at the candidates' mean measured prefill rate (the
 //   fleet's), not its own, unless prefill_rate: node. Each node's estimate (load_ledger.h) is
 //   uncached tokens over busy time, so it also carries the node's request mix: tokens computed
@@ -76,7 +79,8 @@ struct ResolvedRates {
 ResolvedRates fleet_rates(std::span<const Candidate> candidates);
 ResolvedRates resolve_rates(const CandidateLoad& load, const ResolvedRates& fleet, const PredictedLatencyModel& m);
 
-// Per DP rank figures of `c` (its totals divided by its weight, rounded up).
+// Per DP rank figures of `c`: its next rank's as given (CandidateLoad::of_next_rank), else its
+// totals divided by its weight, rounded up; the scraped other_requests divided either way.
 CandidateLoad per_rank(const Candidate& c);
 
 // Predicted seconds to the first token when `c` runs a prompt of `prompt_tokens` of which it

@@ -61,11 +61,22 @@ Candidate candidate_of(const Instance& i) {
 // The ledger's node totals and estimates, for a policy that reads them (Policy::needs_load).
 CandidateLoad load_of(const Instance& i, std::chrono::steady_clock::time_point now) {
   const discovery::LoadLedger& ledger = i.liveness->ledger;
-  const discovery::LoadFigures totals = ledger.totals();
   CandidateLoad load;
-  load.queued_prefill_tokens = totals.queued_prefill_tokens;
-  load.decode_sequences = totals.decode_sequences;
-  load.kv_tokens = totals.kv_tokens;
+  discovery::LoadFigures figures;
+  // DP ranks: the figures of the rank the next leg goes to (next_dp_rank turns them in order; a
+  // concurrent pick on another worker may take it first, which the next pick then sees).
+  const uint32_t next = i.dp_size > 1 ? static_cast<uint32_t>(
+                                            i.liveness->next_dp_rank.load(std::memory_order_relaxed) % i.dp_size)
+                                      : 0;
+  if (i.dp_size > 1 && next < ledger.rank_slots()) {
+    figures = ledger.rank(next);
+    load.of_next_rank = true;
+  } else {
+    figures = ledger.totals();
+  }
+  load.queued_prefill_tokens = figures.queued_prefill_tokens;
+  load.decode_sequences = figures.decode_sequences;
+  load.kv_tokens = figures.kv_tokens;
   load.prefill_tokens_per_second = ledger.prefill_tokens_per_second.read(now).value;
   load.decode_step_seconds = ledger.decode_step_seconds.read(now).value;
   // The node's own figures, when the load scrape read them recently: what other clients put on

@@ -176,6 +176,14 @@ TEST(PredictedLatencyModel, DpRanksShareTheNodesLoad) {
   EXPECT_EQ(rank.queued_prefill_tokens, 1000u);
   EXPECT_EQ(rank.decode_sequences, 2u);
   EXPECT_EQ(rank.kv_tokens, 10000u);
+  // Figures already of the rank the leg goes to are taken as they are; other clients' requests
+  // (the node's scraped total) are still shared out.
+  Candidate next = wide;
+  next.load.of_next_rank = true;
+  next.load.other_requests = 8;
+  EXPECT_EQ(per_rank(next).queued_prefill_tokens, 4000u);
+  EXPECT_EQ(per_rank(next).kv_tokens, 40000u);
+  EXPECT_EQ(per_rank(next).other_requests, 2u);
   Candidate odd{"127.0.20.2:8000", 0, 4, {}};
   odd.load.decode_sequences = 1;  // rounds up: the rank that has it is not idle
   EXPECT_EQ(per_rank(odd).decode_sequences, 1u);

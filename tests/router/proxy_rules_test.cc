@@ -441,8 +441,9 @@ class RecordingPolicy final : public Policy {
   bool needs_load_;
 };
 
-// The load ledger reaches the policies that ask for it (predicted_latency), node totals over
-// every DP rank, with the node's rate estimates; the others see zeros.
+// The load ledger reaches the policies that ask for it (predicted_latency), with the node's rate
+// estimates: a node with DP ranks as the figures of the rank its next leg goes to, another as its
+// totals; the others see zeros.
 TEST(Pairing, FillsCandidateLoadOnlyForPoliciesThatNeedIt) {
   auto p1 = node("127.0.30.1:1", Role::kPrefill, Connector::kNixl);
   auto wide = std::make_shared<Instance>(*p1);
@@ -466,13 +467,20 @@ TEST(Pairing, FillsCandidateLoadOnlyForPoliciesThatNeedIt) {
   EXPECT_EQ(prefill_sees.keys[0], "127.0.30.1:1");
   EXPECT_EQ(p.outstanding, 2u);
   EXPECT_EQ(p.weight, 2u);
-  EXPECT_EQ(p.load.queued_prefill_tokens, 1500u);
+  EXPECT_EQ(p.load.queued_prefill_tokens, 1000u);  // rank 0's: the next leg goes there
+  EXPECT_TRUE(p.load.of_next_rank);
   EXPECT_NEAR(p.load.prefill_tokens_per_second, 4000, 1e-6);
   EXPECT_EQ(p.load.decode_step_seconds, 0);  // no estimate yet
   ASSERT_EQ(decode_sees.seen.size(), 1u);
+  EXPECT_FALSE(decode_sees.seen[0].load.of_next_rank);  // one rank: its totals
   EXPECT_EQ(decode_sees.seen[0].load.decode_sequences, 1u);
   EXPECT_EQ(decode_sees.seen[0].load.kv_tokens, 700u);
   EXPECT_NEAR(decode_sees.seen[0].load.decode_step_seconds, 0.02, 1e-9);
+
+  // The next leg is pinned to rank 1: its figures.
+  EXPECT_EQ(next_dp_rank(*wide), std::optional<uint32_t>(0));
+  ASSERT_TRUE(choose_pair(s, PairQuery{}, prefill_sees, decode_sees, &pair).is_ok());
+  EXPECT_EQ(prefill_sees.seen[0].load.queued_prefill_tokens, 500u);
 
   RecordingPolicy blind(false), blind_decode(false);
   ASSERT_TRUE(choose_pair(s, PairQuery{}, blind, blind_decode, &pair).is_ok());
