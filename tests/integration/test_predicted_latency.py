@@ -172,13 +172,14 @@ class SessionSpillTest(unittest.TestCase):
     """Session affinity under predicted_latency: a session's bound prefill is left when its
     predicted TTFT exceeds the fastest candidate's by more than spill_margin_queue_ms."""
 
-    TURN = 600  # uncached tokens of each turn: 0.6 s predicted, 6 s (x TIME_SCALE) on the sim
+    TURN = 600  # uncached tokens of each turn: 0.6 s predicted, 6 to 24 s on the sim
 
     def setUp(self):
         # The turns' prefills outlast the sending of all five, so no rate is measured meanwhile
-        # (the predictions stay at the configured 1,000 tokens/s).
+        # (the predictions stay at the configured 1,000 tokens/s); slower machines get longer
+        # prefills, but well within timeouts.prefill_ms (60 s).
         start_cluster(self, topology_extra="session_affinity: {enabled: true, spill_margin_queue_ms: 2000}\n",
-                      prefill_us_per_token=int(10000 * TIME_SCALE))
+                      prefill_us_per_token=int(10000 * min(TIME_SCALE, 4)))
 
     def test_a_session_leaves_its_prefill_once_the_predicted_ttft_there_is_past_the_margin(self):
         decisions = PredictedLatencyTest.decisions
