@@ -19,6 +19,7 @@
 #include "router/proxy/proxy_shared.h"
 #include "router/proxy/upstream_port.h"
 #include "tests/support/router/fake_upstream_port.h"
+#include "tests/support/router/test_instances.h"
 #include "tests/support/time_scale.h"
 
 namespace pdr::router::routing {
@@ -34,18 +35,8 @@ using proxy::WorkerContext;
 
 using test::FakeCall;
 using test::FakePort;
+using test::node;
 
-std::shared_ptr<const Instance> node(const char* host, Role role, Connector connector,
-                                     proto::Labels labels = {}, std::string model = {}) {
-  auto i = std::make_shared<Instance>();
-  i->http_address = proto::HostPort{host, 8000};
-  i->key = i->http_address.to_string();
-  i->role = role;
-  i->connector = connector;
-  i->labels = std::move(labels);
-  i->model = std::move(model);
-  return i;
-}
 
 const proto::Labels kTokenizeLabel = {{"serves", "render,tokenize"}};
 

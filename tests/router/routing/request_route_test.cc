@@ -25,6 +25,7 @@
 #include "router/proxy/proxy_shared.h"
 #include "router/proxy/upstream_port.h"
 #include "tests/support/router/fake_upstream_port.h"
+#include "tests/support/router/test_instances.h"
 
 namespace pdr::router::routing {
 namespace {
@@ -38,15 +39,8 @@ using proxy::WorkerContext;
 
 using test::FakeCall;
 using test::FakePort;
+using test::node;
 
-std::shared_ptr<const Instance> node(const char* host, Role role, Connector connector = Connector::kNixl) {
-  auto i = std::make_shared<Instance>();
-  i->http_address = proto::HostPort{host, 8000};
-  i->key = i->http_address.to_string();
-  i->role = role;
-  i->connector = connector;
-  return i;
-}
 
 // What a route() answered, once.
 struct Answer {
