@@ -176,6 +176,10 @@ struct Topology {
       // and identical nodes predicted at different rates steer work to the one that looks faster:
       // the goodput benchmark measured the fleet's rate ahead (bench/serving/GOODPUT_RESULTS.md).
       bool prefill_rate_per_node = false;
+      // The nodes' --max-num-batched-tokens: a decode computing a prompt itself (serving a
+      // request alone) carries a chunk of up to this many of its tokens in each step, so its
+      // predicted time per output token grows by that chunk's time at the prefill rate.
+      uint32_t step_token_budget = 8192;
       uint32_t slo_ttft_ms = 0;
       uint32_t slo_tpot_ms = 0;
       bool shed = false;
@@ -344,12 +348,15 @@ struct Topology {
   // Conditional disaggregation (router/routing/decode_alone.h): a request is sent to its decode
   // alone, without a prefill leg, when its prompt is short (at most max_prompt_tokens; text
   // prompts count 4 bytes of JSON text as a token) or when the chosen decode already holds at
-  // least min_cached_percent of it (cache_aware's lookup). Only for dialects whose decode can
-  // compute a prompt itself (NIXL, MoRIIO READ). 0 turns a condition off.
+  // least min_cached_percent of it (cache_aware's lookup), or, with predicted_latency on both
+  // legs, when the prompts queued on the chosen prefill take at least prefill_busy_ms and the
+  // idle chosen decode would answer sooner (decode_alone_when_busy). Only for dialects whose decode
+  // can compute a prompt itself (NIXL, MoRIIO READ). 0 turns a condition off.
   struct ConditionalDisaggregation {
     bool enabled = false;
     uint32_t max_prompt_tokens = 0;
     uint32_t min_cached_percent = 0;
+    uint32_t prefill_busy_ms = 0;
   } conditional_disaggregation;
 
   // Multi-turn KV reuse (router/routing/conversation_cache.h; NIXL with bidirectional_kv_xfer on

@@ -270,6 +270,7 @@ Status read_policies(const Source& src, const Field& f, Topology::Policies* out)
     c.u32("kv_capacity_tokens", 1, 1u << 31, &pl.kv_capacity_tokens);
     c.u32("kv_full_penalty_ms", 0, 3'600'000, &pl.kv_full_penalty_ms);
     c.u32("fleet_work_weight", 0, 1000, &pl.fleet_work_weight);
+    c.u32("step_token_budget", 1, 1u << 24, &pl.step_token_budget);
     c.with("prefill_rate", [&](const Field& t) {
       std::string text;
       Status s = read_string(src, t, kMaxStringBytes, &text);
@@ -398,6 +399,7 @@ Status read_conditional_disaggregation(const Source& src, const Field& f, Topolo
   r.boolean("enabled", &out->enabled);
   r.u32("max_prompt_tokens", 0, 1u << 24, &out->max_prompt_tokens);
   r.u32("min_cached_percent", 0, 100, &out->min_cached_percent);
+  r.u32("prefill_busy_ms", 0, 3'600'000, &out->prefill_busy_ms);
   return r.finish();
 }
 

@@ -98,6 +98,12 @@ struct LegExplanation {
 };
 struct RouteExplanation {
   LegExplanation prefill, decode;
+  // The prefill rate (tokens/s) the chosen prefill was predicted at: the decode side predicts a
+  // prompt its node computes itself (serving alone) at it. 0: not predicted.
+  double prefill_tokens_per_second = 0;
+  // Set when the decode computes the prompt itself because the prefills are busy (conditional
+  // disaggregation, prefill_busy_ms): its predicted TTFT, which the SLO check then reads.
+  std::optional<double> decode_alone_seconds;
 };
 
 struct RequestSummary {

@@ -19,6 +19,7 @@ PredictedLatencyModel PredictedLatencyModel::from(const config::Topology::Polici
   m.kv_full_penalty_seconds = c.kv_full_penalty_ms * 1e-3;
   m.fleet_work_weight = c.fleet_work_weight;
   m.prefill_rate_per_node = c.prefill_rate_per_node;
+  m.step_token_budget = c.step_token_budget;
   return m;
 }
 
@@ -85,6 +86,12 @@ double predict_tpot(const CandidateLoad& rank_load, const ResolvedRates& rates, 
   const uint64_t sequences = uint64_t{rank_load.decode_sequences} + rank_load.other_requests + 1;
   double step = rates.decode_step_seconds + m.decode_step_seconds_per_sequence * static_cast<double>(sequences) +
                 m.decode_step_seconds_per_kv_token * kv_after;
+  if (rank_load.queued_prefill_tokens > 0 && rates.prefill_tokens_per_second > 0) {
+    // A prompt the node computes itself (a decode serving alone) shares its steps: each takes a
+    // chunk of up to the step's token budget until the prompt is done.
+    step += std::min<double>(static_cast<double>(rank_load.queued_prefill_tokens), m.step_token_budget) /
+            rates.prefill_tokens_per_second;
+  }
   const bool full = kv_after > m.kv_capacity_tokens;
   if (full) step += m.kv_full_penalty_seconds;
   if (kv_full != nullptr) *kv_full = full;
@@ -102,6 +109,7 @@ struct Scratch {
   std::vector<double> score;  // what is minimised: the prediction, or prefill_score
   std::vector<uint64_t> uncached;
   std::vector<uint8_t> kv_full;
+  std::vector<double> prefill_rate;
 };
 
 class PredictedLatencyPolicy final : public Policy {
@@ -116,11 +124,16 @@ class PredictedLatencyPolicy final : public Policy {
     s.score.clear();
     s.uncached.clear();
     s.kv_full.clear();
+    s.prefill_rate.clear();
     const uint64_t prompt = request.prompt != nullptr ? request.prompt->count : 0;
     const ResolvedRates fleet = fleet_rates(candidates);
     for (const Candidate& c : candidates) {
       const CandidateLoad rank = per_rank(c);
-      const ResolvedRates rates = resolve_rates(c.load, fleet, model_);
+      ResolvedRates rates = resolve_rates(c.load, fleet, model_);
+      if (leg_ == PolicyLeg::kDecode && request.explain != nullptr && request.explain->prefill_tokens_per_second > 0) {
+        rates.prefill_tokens_per_second = request.explain->prefill_tokens_per_second;
+      }
+      s.prefill_rate.push_back(rates.prefill_tokens_per_second);
       if (leg_ == PolicyLeg::kPrefill) {
         const uint64_t u = request.prompt != nullptr ? uncached_tokens(*request.prompt, request.cache, c.key) : 0;
         s.uncached.push_back(u);
@@ -162,6 +175,7 @@ class PredictedLatencyPolicy final : public Policy {
       }
     }
     if (request.explain != nullptr) {
+      if (leg_ == PolicyLeg::kPrefill) request.explain->prefill_tokens_per_second = s.prefill_rate[best];
       explain(candidates, request, s, best, leg_ == PolicyLeg::kPrefill ? request.explain->prefill : request.explain->decode);
     }
     return best;

@@ -13,7 +13,11 @@
 //       step + decode_step_us_per_sequence * (sequences + 1)
 //            + decode_step_ns_per_kv_token * (KV tokens + this prompt's tokens),
 //     plus kv_full_penalty_ms when that KV would exceed kv_capacity_tokens (the engine would
-//     preempt a sequence and recompute it). With the load scrape on (topology load_signals) and
+//     preempt a sequence and recompute it), plus, while the node computes a prompt itself (a
+//     request it serves alone: queued prefill tokens on a decode), the time of one chunk of it,
+//     min(those tokens, step_token_budget) at the prefill rate the request's prefill leg was
+//     predicted at (RouteExplanation::prefill_tokens_per_second; else the node's resolved rate):
+//     vLLM puts that chunk in every step until the prompt is done. With the load scrape on (topology load_signals) and
 //     the node's figures fresh, the sequences include the requests other clients run there
 //     (CandidateLoad::other_requests) and the KV held is at least the node's reported usage times
 //     kv_capacity_tokens. The prefill prediction does not use them: the page has no token counts.
@@ -64,6 +68,7 @@ struct PredictedLatencyModel {
   double kv_capacity_tokens = 464000;
   double kv_full_penalty_seconds = 1.0;
   double fleet_work_weight = 8;
+  double step_token_budget = 8192;
   bool prefill_rate_per_node = false;  // else the candidates' mean measured rate (resolve_rates)
 
   static PredictedLatencyModel from(const config::Topology::Policies::PredictedLatency& config);

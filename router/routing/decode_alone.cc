@@ -15,6 +15,8 @@ std::string_view to_string(DecodeAloneReason reason) {
       return "cached";
     case DecodeAloneReason::kParallelSampling:
       return "n_above_1";
+    case DecodeAloneReason::kPrefillBusy:
+      return "prefill_busy";
   }
   return "unknown";
 }
@@ -43,6 +45,37 @@ std::optional<DecodeAloneReason> decode_alone_reason(const config::Topology::Con
     if (matched * 100 >= uint64_t{config.min_cached_percent} * cache->prompt_units) return DecodeAloneReason::kCached;
   }
   return std::nullopt;
+}
+
+std::optional<double> decode_alone_when_busy(const config::Topology::ConditionalDisaggregation& config,
+                                             const proto::Dialect* dialect, const RouteExplanation& e,
+                                             uint64_t decode_uncached_tokens) {
+  if (!config.enabled || config.prefill_busy_ms == 0 || dialect == nullptr || dialect->without_kv == nullptr) {
+    return std::nullopt;
+  }
+  const LegExplanation& p = e.prefill;
+  const LegExplanation& d = e.decode;
+  if (!p.filled || !d.filled || p.chosen >= p.rows.size() || d.chosen >= d.rows.size() ||
+      e.prefill_tokens_per_second <= 0) {
+    return std::nullopt;
+  }
+  // Busy: the prompts queued on the prefill ahead of this one (per DP rank, as predicted) take
+  // prefill_busy_ms or more. A long prompt on an idle prefill is not a reason to move it.
+  const LegExplanation::Row& prefill = p.rows[p.chosen];
+  const uint64_t ranks = prefill.load.of_next_rank || prefill.weight == 0 ? 1 : prefill.weight;
+  const double queued = static_cast<double>((prefill.load.queued_prefill_tokens + ranks - 1) / ranks);
+  if (queued / e.prefill_tokens_per_second * 1000 < config.prefill_busy_ms) return std::nullopt;
+  const double prefill_ttft = prefill.predicted_seconds;
+  const CandidateLoad& mine = d.rows[d.chosen].load;
+  if (mine.decode_sequences != 0 || mine.other_requests != 0 || mine.queued_prefill_tokens != 0) return std::nullopt;
+  bool other_free = false;
+  for (size_t i = 0; i < d.rows.size(); ++i) {
+    if (i != d.chosen && d.rows[i].load.queued_prefill_tokens == 0) other_free = true;
+  }
+  if (!other_free) return std::nullopt;
+  const double alone = static_cast<double>(decode_uncached_tokens) / e.prefill_tokens_per_second;
+  if (alone >= prefill_ttft) return std::nullopt;
+  return alone;
 }
 
 }  // namespace pdr::router::routing

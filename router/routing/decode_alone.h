@@ -14,10 +14,11 @@
 namespace pdr::router::routing {
 
 // kParallelSampling: n > 1, which P/D cannot serve (the session decides it, whatever the
-// configuration says).
-enum class DecodeAloneReason : uint8_t { kShortPrompt, kCached, kParallelSampling };
-constexpr size_t kDecodeAloneReasonCount = 3;
-std::string_view to_string(DecodeAloneReason reason);  // "short_prompt", "cached", "n_above_1"
+// configuration says). kPrefillBusy: decode_alone_sooner below.
+enum class DecodeAloneReason : uint8_t { kShortPrompt, kCached, kParallelSampling, kPrefillBusy };
+constexpr size_t kDecodeAloneReasonCount = 4;
+// "short_prompt", "cached", "n_above_1", "prefill_busy"
+std::string_view to_string(DecodeAloneReason reason);
 
 // `prompt_raw`: the JSON text of the request's "prompt" (or "messages"); `cache`: the request's
 // cache lookup (null without one); `decode_key`: the chosen decode. Nullopt: the usual P/D.
@@ -26,6 +27,23 @@ std::string_view to_string(DecodeAloneReason reason);  // "short_prompt", "cache
 std::optional<DecodeAloneReason> decode_alone_reason(const config::Topology::ConditionalDisaggregation& config,
                                                      const proto::Dialect* dialect, std::string_view prompt_raw,
                                                      const CacheHits* cache, std::string_view decode_key);
+
+// The prefills are busy (prefill_busy_ms): the chosen decode's predicted TTFT computing the
+// prompt itself, when it should, from a predicting policy's explanation of both legs
+// (predicted_latency); nullopt when it should not. It should when the prompts queued on the
+// chosen prefill ahead of this one take at least prefill_busy_ms at the rate it was predicted at,
+// the decode computing the `decode_uncached_tokens` it lacks at that rate answers sooner than the
+// prefill's predicted TTFT, and no other request is slowed by it:
+//   - the decode runs nothing: a prompt computed there shares every engine step with its
+//     decodes, and a step carrying a chunk of prompt takes many times a decode step (an 8k-token
+//     chunk about 180 ms against 8 ms on an 8B model), which a TBT SLO does not survive;
+//   - another decode candidate has no prompt to compute, for the P/D decodes that come next (the
+//     predicted_latency decode leg steers them away from a node computing one: predict_tpot).
+// So a decode takes one such prompt at a time, and only while it is idle: spare decode capacity
+// becomes prefill capacity exactly when the prefills are the bottleneck.
+std::optional<double> decode_alone_when_busy(const config::Topology::ConditionalDisaggregation& config,
+                                             const proto::Dialect* dialect, const RouteExplanation& explanation,
+                                             uint64_t decode_uncached_tokens);
 
 // Tokens of a prompt as pdrouter can tell without a tokenizer: a token-id array's length, else
 // its JSON text's bytes / 4 (at least 1), the usual rule of thumb for English BPE tokenizers.

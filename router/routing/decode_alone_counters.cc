@@ -1,5 +1,7 @@
 #include "router/routing/decode_alone_counters.h"
 
+#include <string>
+
 #include "proto/base/metrics_writer.h"
 #include "router/routing/decode_alone.h"
 
@@ -12,7 +14,7 @@ void write_decode_alone_metrics(MetricsWriter& out, const DecodeAloneCounters& c
     out.counter("pdrouter_decode_alone_total",
                 "Requests sent to the decode alone, without a prefill leg (conditional_disaggregation, or n > 1), by reason",
                 static_cast<double>(counters[r].load(std::memory_order_relaxed)),
-                {{"reason", r == 0 ? "short_prompt" : r == 1 ? "cached" : "n_above_1"}});
+                {{"reason", std::string(to_string(static_cast<DecodeAloneReason>(r)))}});
   }
 }
 

@@ -13,7 +13,7 @@ class MetricsWriter;
 namespace pdr::router::routing {
 
 // Requests sent to their decode alone, by DecodeAloneReason.
-using DecodeAloneCounters = std::array<std::atomic<uint64_t>, 3>;
+using DecodeAloneCounters = std::array<std::atomic<uint64_t>, 4>;
 
 // pdrouter_decode_alone_total{reason}.
 void write_decode_alone_metrics(MetricsWriter& out, const DecodeAloneCounters& counters);

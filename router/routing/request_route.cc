@@ -121,6 +121,13 @@ void RequestRoute::pair() {
     refuse(RouteRefusalReason::kNoPair, 503, st.message(), "no_pair");
     return;
   }
+  if (explanation_ && choices_ <= 1) {
+    // The prefills may be too busy: then the decode computes the prompt itself. Decided here,
+    // before the SLO check, so that the check reads the prediction of what will run.
+    explanation_->decode_alone_seconds = decode_alone_when_busy(
+        topo_.conditional_disaggregation, proto::dialect_for(pair.prefill->connector, pair.prefill->transfer_mode),
+        *explanation_, uncached_tokens(prompt_, cache_hits(), pair.decode->key));
+  }
   if (!retry_ && slo_.any() && explanation_ && !slo_reachable()) {
     wait_for_slo();
     return;
@@ -161,6 +168,10 @@ void RequestRoute::pair() {
   } else {
     r.decode_alone = decode_alone_reason(topo_.conditional_disaggregation, r.dialect, prompt_text_, cache_hits(),
                                          r.pair.decode->key);
+    if (explanation_ && explanation_->decode_alone_seconds) {
+      if (!r.decode_alone) r.decode_alone = DecodeAloneReason::kPrefillBusy;
+      else explanation_->decode_alone_seconds.reset();  // another reason sends it alone
+    }
   }
   if (r.dialect == nullptr || r.dialect->pre_step == proto::PreStep::kNone || r.decode_alone) {
     deliver();  // (no dialect: build_legs says why)
@@ -187,8 +198,10 @@ void RequestRoute::pair() {
 bool RequestRoute::slo_reachable() const {
   const LegExplanation& p = explanation_->prefill;
   const LegExplanation& d = explanation_->decode;
-  if (slo_.ttft_ms != 0 && p.filled && p.chosen < p.rows.size() &&
-      p.rows[p.chosen].predicted_seconds * 1000 > slo_.ttft_ms) {
+  if (slo_.ttft_ms != 0 && explanation_->decode_alone_seconds) {
+    if (*explanation_->decode_alone_seconds * 1000 > slo_.ttft_ms) return false;
+  } else if (slo_.ttft_ms != 0 && p.filled && p.chosen < p.rows.size() &&
+             p.rows[p.chosen].predicted_seconds * 1000 > slo_.ttft_ms) {
     return false;
   }
   if (slo_.tpot_ms != 0 && d.filled && d.chosen < d.rows.size() &&
@@ -300,7 +313,7 @@ void RequestRoute::explain_and_edit(proto::LegBuild& legs, const discovery::Inst
     // Keeps the policy's explanation of this attempt's pair in GET /debug/route's ring.
     const LegExplanation& prefill = explanation_->prefill;
     predicted_ttft_.reset();
-    if (prefill.filled && prefill.chosen < prefill.rows.size()) {
+    if (prefill.filled && prefill.chosen < prefill.rows.size() && !explanation_->decode_alone_seconds) {
       predicted_ttft_ = prefill.rows[prefill.chosen].predicted_seconds;
     }
     RouteDecision d;

@@ -122,7 +122,11 @@ http::Response RouteDecisionLog::render(std::string_view query) const {
       decisions.push_back({{"request_id", d.request_id},
                            {"unix_ms", d.unix_ms},
                            {"prefill", leg_json(d.explanation.prefill, PolicyLeg::kPrefill)},
-                           {"decode", leg_json(d.explanation.decode, PolicyLeg::kDecode)}});
+                           {"decode", leg_json(d.explanation.decode, PolicyLeg::kDecode)},
+                           {"decode_alone", d.explanation.decode_alone_seconds
+                                                ? nlohmann::json{{"reason", "prefill_busy"},
+                                                                 {"predicted_seconds", *d.explanation.decode_alone_seconds}}
+                                                : nlohmann::json()}});
     }
   }
   const nlohmann::json doc = {{"capacity", kRouteDecisions}, {"recorded", recorded}, {"decisions", std::move(decisions)}};

@@ -6,7 +6,9 @@
 // the observed ones (pdrouter_routing_ttft_prediction_error_seconds).
 //
 //   GET /debug/route[?limit=N]  200 {"capacity": 256, "recorded": total so far,
-//       "decisions": [newest first: {"request_id", "unix_ms", "prefill": LEG, "decode": LEG}]}
+//       "decisions": [newest first: {"request_id", "unix_ms", "prefill": LEG, "decode": LEG,
+//       "decode_alone": null, or {"reason": "prefill_busy", "predicted_seconds"} when the decode
+//       computed the prompt itself because the prefills were busy (decode_alone.h)}]}
 //   LEG: null when the leg's policy predicts nothing, else {"chosen": "host:port",
 //       "reason": text, "cache_best": "host:port"|null, "candidates": [{"node", "outstanding",
 //       "weight", "queued_prefill_tokens", "decode_sequences", "kv_tokens",

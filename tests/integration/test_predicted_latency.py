@@ -15,6 +15,7 @@ import zmq
 from pdrouter_fixture import TIME_SCALE, Router
 from sim_fixture import SimNode
 from test_cache_aware import served_prompts
+from test_decode_alone import gen_bodies
 from test_kv_events import BLOCK, Publisher, batch, stored_map
 
 KEY = "predicted-latency-test-key"
@@ -27,14 +28,15 @@ SUFFIX = 300                           # uncached tokens each loading request ad
 PREFILL_US_PER_TOKEN = 5000            # 300 tokens: 1.5 s on the prefill sim, 1324: 6.6 s
 
 
-def start_cluster(test, policy_options="", topology_extra="", prefill_us_per_token=PREFILL_US_PER_TOKEN):
+def start_cluster(test, policy_options="", topology_extra="", prefill_us_per_token=PREFILL_US_PER_TOKEN,
+                  decode_flags=()):
     test.ctx = zmq.Context()
     test.addCleanup(test.ctx.destroy, 0)
     test.pub = Publisher(test.ctx)
     test.addCleanup(test.pub.sock.close, 0)
     test.prefills = [SimNode("--role", "prefill", "--connector", "nixl",
                              "--prefill-us-per-token", str(prefill_us_per_token)) for _ in range(2)]
-    test.decodes = [SimNode("--role", "decode", "--connector", "nixl") for _ in range(2)]
+    test.decodes = [SimNode("--role", "decode", "--connector", "nixl", *decode_flags) for _ in range(2)]
     for node in test.prefills + test.decodes:
         test.addCleanup(node.stop)
     instances = []
@@ -220,6 +222,73 @@ class SessionSpillTest(unittest.TestCase):
         self.assertEqual(metrics["pdrouter_session_affinity_hits_total"], 3)
         self.assertEqual(metrics["pdrouter_session_affinity_spills_total"], 1)
         self.assertEqual(metrics["pdrouter_session_affinity_rebinds_total"], 1)
+
+
+class BusyPrefillTest(unittest.TestCase):
+    """Conditional disaggregation by prediction (prefill_busy_ms): with prompts queued on both
+    prefills past the threshold, a request goes to an idle decode alone, which computes its
+    prompt; while that decode computes it, the next request stays P/D."""
+
+    LOAD = 400  # tokens of each loading prompt: 0.4 s predicted (1,000 tokens/s), 2 to 8 s on the sims
+    SHORT = 100  # tokens of the requests that follow: 0.1 s predicted, 2 to 8 s on a decode alone
+
+    def setUp(self):
+        scale = min(TIME_SCALE, 4)
+        # The prompts outlast the sending of every request, so no rate is measured meanwhile: the
+        # predictions stay at the configured 1,000 tokens/s.
+        start_cluster(self, topology_extra="conditional_disaggregation: {enabled: true, prefill_busy_ms: 300}\n",
+                      prefill_us_per_token=int(5000 * scale),
+                      decode_flags=("--prefill-us-per-token", str(int(20000 * scale))))
+
+    def send(self, prompt, results):
+        body = json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": 2}).encode()
+        t = threading.Thread(target=lambda: results.append(self.router.request(
+            "POST", "/v1/completions", body=body, timeout=120 * TIME_SCALE,
+            headers={"Content-Type": "application/json"})), daemon=True)
+        t.start()
+        return t
+
+    def await_queued(self, nodes, tokens, what):
+        deadline = time.monotonic() + WAIT_S
+        while sum(PredictedLatencyTest.queued_on(self, n) for n in nodes) < tokens:
+            self.assertLess(time.monotonic(), deadline, f"{what}: {PredictedLatencyTest.decisions(self)}")
+            time.sleep(0.01)
+
+    def test_an_idle_decode_computes_a_prompt_while_the_prefills_are_busy(self):
+        results, threads = [], []
+        # Two loading prompts, one per prefill (an idle fleet: P/D as usual).
+        for k in range(2):
+            prompt = list(range(50000 + k * self.LOAD, 50000 + (k + 1) * self.LOAD))
+            threads.append(self.send(prompt, results))
+            self.await_queued(self.prefills, (k + 1) * self.LOAD, f"loading prompt {k} never reached a prefill")
+        # Both prefills now have 0.4 s queued (>= 300 ms): the next prompt goes to a decode alone,
+        # predicted 0.1 s there against 0.5 s on a prefill.
+        alone = list(range(60000, 60000 + self.SHORT))
+        threads.append(self.send(alone, results))
+        self.await_queued(self.decodes, self.SHORT, "the prompt never reached a decode alone")
+        computing = next(d for d in self.decodes if PredictedLatencyTest.queued_on(self, d) == self.SHORT)
+        # While that decode computes it, the next prompt is P/D: a decode computing a prompt takes
+        # no other, and the other decode stays free of prompts for the P/D decodes.
+        paired = list(range(70000, 70000 + self.SHORT))
+        threads.append(self.send(paired, results))
+        self.await_queued(self.prefills, 2 * self.LOAD + self.SHORT, "the next prompt never reached a prefill")
+        for t in threads:
+            t.join(timeout=120 * TIME_SCALE)
+        self.assertEqual([r[0] for r in results], [200] * 4, results)
+
+        served_by_prefills = [p for n in self.prefills for p in served_prompts(n)]
+        self.assertNotIn(json.dumps(alone), served_by_prefills)
+        self.assertIn(json.dumps(paired), served_by_prefills)
+        plain = [b for b in gen_bodies(computing) if b["prompt"] == alone]
+        self.assertEqual(len(plain), 1)
+        self.assertNotIn("kv_transfer_params", plain[0])  # the dialect's plain request
+        metrics = self.router.metrics()
+        self.assertEqual(metrics['pdrouter_decode_alone_total{reason="prefill_busy"}'], 1)
+        doc = PredictedLatencyTest.decisions(self)["decisions"]  # newest first
+        self.assertEqual([d["decode_alone"] is not None for d in doc], [False, True, False, False], doc)
+        self.assertEqual(doc[1]["decode_alone"]["reason"], "prefill_busy")
+        self.assertAlmostEqual(doc[1]["decode_alone"]["predicted_seconds"], 0.1, places=6)
+        self.assertEqual(doc[1]["decode"]["chosen"], computing.http_address)
 
 
 class SloTest(unittest.TestCase):

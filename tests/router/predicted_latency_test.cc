@@ -88,6 +88,21 @@ TEST(PredictedLatencyModel, TpotGrowsWithSequencesAndKvAndPenalisesAFullCache) {
   EXPECT_TRUE(full);
 }
 
+TEST(PredictedLatencyModel, TpotCountsAPromptTheNodeComputesItself) {
+  // A decode serving a request alone computes its prompt in the same steps as its decodes: each
+  // step carries a chunk of up to step_token_budget tokens of it until it is done.
+  PredictedLatencyModel m;
+  m.decode_step_seconds_per_sequence = 0;
+  m.decode_step_seconds_per_kv_token = 0;
+  m.step_token_budget = 8192;
+  const ResolvedRates rates{10000, 0.005};
+  CandidateLoad computing;
+  computing.queued_prefill_tokens = 2000;
+  EXPECT_NEAR(predict_tpot(computing, rates, 100, m), 0.005 + 0.2, 1e-12);
+  computing.queued_prefill_tokens = 50000;  // a step is one chunk, not the whole prompt
+  EXPECT_NEAR(predict_tpot(computing, rates, 100, m), 0.005 + 0.8192, 1e-12);
+}
+
 TEST(PredictedLatencyModel, TpotCountsWhatTheNodeReportsOfOtherClients) {
   PredictedLatencyModel m;
   m.decode_step_seconds_per_sequence = 1e-4;
@@ -281,6 +296,43 @@ TEST(PredictedLatencyPolicy, DecodeAvoidsAFullKvCache) {
   const PromptTokens small = tokens(100);
   r.prompt = &small;
   EXPECT_EQ(policy->pick(f.span(), r), 0u);
+}
+
+TEST(PredictedLatencyPolicy, DecodeAvoidsANodeComputingAPromptAtThePrefillsRate) {
+  auto policy = make_policy(PolicyName::kPredictedLatency, 1, policies(config::Topology::Policies::PredictedLatency{}),
+                            PolicyLeg::kDecode);
+  Fleet f(2);
+  // Node 0 computes a 4,000-token prompt (a request it serves alone); node 1 runs 40 decodes.
+  f.candidates[0].load.queued_prefill_tokens = 4000;
+  f.candidates[1].load.decode_sequences = 40;
+  const PromptTokens prompt = tokens(1000);
+  RouteExplanation explanation;
+  RequestSummary r;
+  r.prompt = &prompt;
+  r.explain = &explanation;
+  // At the prefill's rate (200,000 tokens/s: 20 ms for the prompt), node 0's next steps cost
+  // more than 39 more sequences on node 1 (0.7 ms).
+  explanation.prefill_tokens_per_second = 200000;
+  EXPECT_EQ(policy->pick(f.span(), r), 1u);
+  EXPECT_NEAR(explanation.decode.rows[0].predicted_seconds, 0.0075 + 18e-6 + 45e-9 * 1000 + 0.02, 1e-9);
+  // Without the queued prompt node 0 wins again.
+  f.candidates[0].load.queued_prefill_tokens = 0;
+  EXPECT_EQ(policy->pick(f.span(), r), 0u);
+}
+
+TEST(PredictedLatencyPolicy, ThePrefillPickRecordsTheRateItPredictedAt) {
+  auto policy = make_policy(PolicyName::kPredictedLatency, 1, policies(config_with_rate(1000)),
+                            PolicyLeg::kPrefill);
+  Fleet f(2);
+  f.candidates[0].load.prefill_tokens_per_second = 3000;
+  f.candidates[1].load.prefill_tokens_per_second = 5000;
+  const PromptTokens prompt = tokens(100);
+  RouteExplanation explanation;
+  RequestSummary r;
+  r.prompt = &prompt;
+  r.explain = &explanation;
+  policy->pick(f.span(), r);
+  EXPECT_DOUBLE_EQ(explanation.prefill_tokens_per_second, 4000);  // the fleet's mean
 }
 
 TEST(PredictedLatencyPolicy, DpRanksCountAsParallelCapacity) {

@@ -486,7 +486,7 @@ TEST(TopologyParse, PredictedLatencySection) {
       "                      decode_step_us_per_sequence: 20, decode_step_ns_per_kv_token: 50,\n"
       "                      kv_transfer_ns_per_token: 1000, kv_capacity_tokens: 100000,\n"
       "                      kv_full_penalty_ms: 500, slo_ttft_ms: 2000, slo_tpot_ms: 80, shed: true,\n"
-      "                      fleet_work_weight: 0, prefill_rate: node}\n",
+      "                      fleet_work_weight: 0, prefill_rate: node, step_token_budget: 2048}\n",
       &t);
   ASSERT_TRUE(s.is_ok()) << s.to_string();
   EXPECT_EQ(t.policies.prefill, PolicyName::kPredictedLatency);
@@ -504,6 +504,7 @@ TEST(TopologyParse, PredictedLatencySection) {
   EXPECT_TRUE(pl.shed);
   EXPECT_EQ(pl.fleet_work_weight, 0u);
   EXPECT_TRUE(pl.prefill_rate_per_node);
+  EXPECT_EQ(pl.step_token_budget, 2048u);
   ASSERT_TRUE(parse("policies: {prefill: predicted_latency}\n", &t).is_ok());
   EXPECT_EQ(t.policies.predicted_latency, Topology::Policies::PredictedLatency{});
   EXPECT_THAT(error_of("policies:\n  predicted_latency: {default_prefill_tokens_per_second: 0}\n",
@@ -513,6 +514,8 @@ TEST(TopologyParse, PredictedLatencySection) {
               HasSubstr("slo_tpot_ms"));
   EXPECT_THAT(error_of("policies:\n  predicted_latency: {fleet_work_weight: 1001}\n", StatusCode::kOutOfRange),
               HasSubstr("fleet_work_weight"));
+  EXPECT_THAT(error_of("policies:\n  predicted_latency: {step_token_budget: 0}\n", StatusCode::kOutOfRange),
+              HasSubstr("step_token_budget"));
   EXPECT_THAT(error_of("policies:\n  predicted_latency: {prefill_rate: gpu}\n", StatusCode::kInvalidValue),
               HasSubstr("unknown prefill_rate 'gpu' (expected fleet or node)"));
   EXPECT_THAT(error_of("policies:\n  predicted_latency: {slo_ttft: 5}\n", StatusCode::kInvalidValue),
@@ -929,11 +932,17 @@ TEST(RestartRequiredChanges, ListsListenersAndWorkersOnly) {
 TEST(TopologyParse, ConditionalDisaggregation) {
   Topology t;
   EXPECT_FALSE(t.conditional_disaggregation.enabled);
-  ASSERT_TRUE(parse("conditional_disaggregation: {enabled: true, max_prompt_tokens: 64, min_cached_percent: 95}\n", &t)
+  EXPECT_EQ(t.conditional_disaggregation.prefill_busy_ms, 0u);
+  ASSERT_TRUE(parse("conditional_disaggregation: {enabled: true, max_prompt_tokens: 64, min_cached_percent: 95,\n"
+                    "                             prefill_busy_ms: 1500}\n",
+                    &t)
                   .is_ok());
   EXPECT_TRUE(t.conditional_disaggregation.enabled);
   EXPECT_EQ(t.conditional_disaggregation.max_prompt_tokens, 64u);
   EXPECT_EQ(t.conditional_disaggregation.min_cached_percent, 95u);
+  EXPECT_EQ(t.conditional_disaggregation.prefill_busy_ms, 1500u);
+  EXPECT_THAT(error_of("conditional_disaggregation: {prefill_busy_ms: 3600001}\n", StatusCode::kOutOfRange),
+              HasSubstr("prefill_busy_ms"));
   Topology untouched;
   Status s = parse("conditional_disaggregation: {min_cached_percent: 101}\n", &untouched);
   EXPECT_FALSE(s.is_ok());

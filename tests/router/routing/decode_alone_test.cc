@@ -57,5 +57,85 @@ TEST(DecodeAlone, NeverWhenOffOrWhenTheDecodeCannotComputeAlone) {
   EXPECT_EQ(decode_alone_reason(config(0, 0), nixl(), "[1]", nullptr, "127.0.32.1:1"), std::nullopt);
 }
 
+
+// The explanation predicted_latency leaves for a pair: one prefill predicted `prefill_ttft`
+// seconds at 10,000 tokens/s, of which all but 0.1 s are prompts queued ahead, and two decodes,
+// the first chosen.
+RouteExplanation explained(double prefill_ttft, CandidateLoad chosen_decode = {}, CandidateLoad other_decode = {}) {
+  RouteExplanation e;
+  e.prefill.filled = true;
+  CandidateLoad queue;
+  queue.queued_prefill_tokens = static_cast<uint64_t>((prefill_ttft - 0.1) * 10000);
+  e.prefill.rows.push_back({"127.0.33.1:1", 0, 1, queue, 1000, prefill_ttft, prefill_ttft, false});
+  e.decode.filled = true;
+  e.decode.rows.push_back({"127.0.33.2:1", 0, 1, chosen_decode, 0, 0.01, 0.01, false});
+  e.decode.rows.push_back({"127.0.33.3:1", 0, 1, other_decode, 0, 0.01, 0.01, false});
+  e.prefill_tokens_per_second = 10000;
+  return e;
+}
+
+config::Topology::ConditionalDisaggregation busy_after(uint32_t ms) {
+  config::Topology::ConditionalDisaggregation c;
+  c.enabled = true;
+  c.prefill_busy_ms = ms;
+  return c;
+}
+
+TEST(DecodeAloneWhenBusy, AnIdleDecodeComputesThePromptWhenThePrefillQueueIsLonger) {
+  // 5,000 uncached tokens on the decode: 0.5 s at the prefill's rate, against 2 s predicted on the
+  // prefill (its queue).
+  const auto alone = decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0), 5000);
+  ASSERT_TRUE(alone.has_value());
+  EXPECT_DOUBLE_EQ(*alone, 0.5);
+  // Not sooner: the prefill keeps it.
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0), 25000), std::nullopt);
+  // The prefill's queue is under prefill_busy_ms: P/D as usual, however idle the decode.
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1901), nixl(), explained(2.0), 5000), std::nullopt);
+  EXPECT_TRUE(decode_alone_when_busy(busy_after(1899), nixl(), explained(2.0), 5000).has_value());
+  // A long prompt on an idle prefill is no reason: its queue is empty, whatever its TTFT.
+  RouteExplanation idle = explained(2.0);
+  idle.prefill.rows[0].load.queued_prefill_tokens = 0;
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1), nixl(), idle, 5000), std::nullopt);
+  // Per DP rank: 19,000 tokens queued over 2 ranks are 0.95 s each.
+  RouteExplanation ranks = explained(2.0);
+  ranks.prefill.rows[0].weight = 2;
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), ranks, 5000), std::nullopt);
+  EXPECT_TRUE(decode_alone_when_busy(busy_after(900), nixl(), ranks, 5000).has_value());
+}
+
+TEST(DecodeAloneWhenBusy, NeverSlowsAnotherRequest) {
+  CandidateLoad running;
+  running.decode_sequences = 1;  // a decode streaming there would stall behind the prompt's steps
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0, running), 5000), std::nullopt);
+  CandidateLoad computing;
+  computing.queued_prefill_tokens = 100;  // already computing a prompt of its own
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0, computing), 5000), std::nullopt);
+  CandidateLoad others;
+  others.other_requests = 2;  // the node's own page: other clients' requests run there
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0, others), 5000), std::nullopt);
+  // The other decode is computing a prompt: this one stays free for the P/D decodes.
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0, {}, computing), 5000), std::nullopt);
+  // The other decode merely decoding is fine: P/D decodes can go there.
+  EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0, {}, running), 5000).has_value());
+  // A single decode: nowhere left for the P/D decodes.
+  RouteExplanation one = explained(2.0);
+  one.decode.rows.pop_back();
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), one, 5000), std::nullopt);
+}
+
+TEST(DecodeAloneWhenBusy, NeverWhenOffUnpredictedOrTheDecodeCannotComputeAlone) {
+  auto off = busy_after(1000);
+  off.enabled = false;
+  EXPECT_EQ(decode_alone_when_busy(off, nixl(), explained(2.0), 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(0), nixl(), explained(2.0), 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), mooncake(), explained(2.0), 5000), std::nullopt);
+  RouteExplanation unpredicted = explained(2.0);
+  unpredicted.decode.filled = false;  // the decode leg's policy predicts nothing
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), unpredicted, 5000), std::nullopt);
+  RouteExplanation no_rate = explained(2.0);
+  no_rate.prefill_tokens_per_second = 0;
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), no_rate, 5000), std::nullopt);
+}
+
 }  // namespace
 }  // namespace pdr::router::routing
