@@ -188,12 +188,20 @@ struct ProxySession::State {
         req(std::move(request)),
         writer(std::move(response)),
         topo(worker.topology()),
-        route(worker, worker.shared(), *topo, listener) {}
+        route(worker, worker.shared(), *topo, listener, routed) {}
 
   WorkerContext& w;
   AdmittedRequest req;
   http::ResponseWriter writer;
   std::shared_ptr<const config::Topology> topo;  // pinned for the whole request
+  // The attempt's route, which `route` builds here in place (router/routing/request_route.h):
+  // the pair, its DP ranks as routed, the dialect of the pair (proto/dialects/dialect.h), the
+  // decode serving alone (decode_alone.h), what the dialect's pre-step learned (pre_step.h), and
+  // what this request puts on the pair's nodes (discovery/load_charge.h): a request in flight on
+  // each (until release_pair), the decode's sequence and its KV tokens (while its leg runs; and a
+  // decode serving alone, its uncached prompt tokens until its first token). Released
+  // (release_pair) before the next attempt is asked for.
+  routing::Route routed;
   // Where the request goes (router/routing/request_route.h): asked once per attempt, told what
   // happened to the legs.
   routing::RequestRoute route;
@@ -201,16 +209,12 @@ struct ProxySession::State {
   bool ended = false;
 
   std::string model;
-  std::optional<DecodeAloneReason> decode_alone;  // this pair's decode serves it alone
   int64_t choices = 1;                            // the client's n
 
-  Pair pair;
+  // The DP ranks of the legs sent (the access log's: kept when the pair is released).
   std::optional<uint32_t> prefill_rank, decode_rank;
-  // What this request puts on its nodes (discovery/load_charge.h): a request in flight on each
-  // node of the pair (until release_pair), the decode's sequence and its KV tokens (while its leg
-  // runs; and a decode serving alone, its uncached prompt tokens until its first token), and the
-  // prefill leg's queued uncached tokens (while that leg runs, an orphan's too).
-  discovery::LoadCharge prefill_load, decode_load, prefill_queue;
+  // The prefill leg's queued uncached tokens on its node (while that leg runs, an orphan's too).
+  discovery::LoadCharge prefill_queue;
   uint64_t decode_events = 0;  // streamed tokens of the decode attempt, and when the first and last came
   SteadyClock::time_point first_event_at{}, last_event_at{};
   // The client's body, parsed once (begin()); admission, affinity and every leg build read it.
@@ -218,8 +222,6 @@ struct ProxySession::State {
   // /inference/v1/generate: the body's check (begin()), which every leg build reads (its
   // sampling_params indexed once; borrows client's document).
   proto::GenerateView generate;
-  const proto::Dialect* dialect = nullptr;  // of the pair (proto/dialects/dialect.h)
-  PrefillFacts prefill_facts;               // what the dialect's pre-step learned (router/routing/pre_step.h)
   proto::LegBuild legs;
   uint32_t prefill_attempts = 0, decode_attempts = 0;
   LegFailure last_cause = LegFailure::kConnect;
@@ -435,7 +437,10 @@ std::shared_ptr<void> ProxySession::keep_alive() { return shared_from_this(); }
 
 void ProxySession::on_routed(routing::Route* route, routing::RouteRefusal* refusal) {
   State& s = *s_;
-  if (finished()) return;
+  if (finished()) {  // (end() cancels the route first) a pair handed over goes back
+    release_pair();
+    return;
+  }
   if (refusal != nullptr) {
     using Why = routing::RouteRefusalReason;
     switch (refusal->reason) {
@@ -459,27 +464,22 @@ void ProxySession::on_routed(routing::Route* route, routing::RouteRefusal* refus
     fail(refusal->status, refusal->message, refusal->code);
     return;
   }
-  s.pair = std::move(route->pair);
+  // `route` is s.routed, built in place: nothing to move out of it.
   s.prefill_rank = route->prefill_rank;
   s.decode_rank = route->decode_rank;
-  s.prefill_load = std::move(route->prefill_load);
-  s.decode_load = std::move(route->decode_load);
-  s.dialect = route->dialect;
-  s.decode_alone = route->decode_alone;
   if (!route->pre_step.is_ok()) {
     prefill_failed(LegFailure::kBootstrap, route->pre_step.message());
     return;
   }
-  s.prefill_facts = std::move(route->prefill_facts);
   build_and_send();
 }
 
 void ProxySession::build_and_send() {
   State& s = *s_;
-  proto::LegInstance prefill = to_leg_instance(*s.pair.prefill);
-  proto::LegInstance decode = to_leg_instance(*s.pair.decode);
-  prefill.mooncake_engine_id = s.prefill_facts.engine_id;
-  if (s.prefill_facts.dp_size != 0) prefill.dp_size = s.prefill_facts.dp_size;
+  proto::LegInstance prefill = to_leg_instance(*s.routed.pair.prefill);
+  proto::LegInstance decode = to_leg_instance(*s.routed.pair.decode);
+  prefill.mooncake_engine_id = s.routed.prefill_facts.engine_id;
+  if (s.routed.prefill_facts.dp_size != 0) prefill.dp_size = s.routed.prefill_facts.dp_size;
   proto::LegOptions options;
   options.limits.max_bytes = s.topo->limits.max_body_bytes;
   options.default_bootstrap_port = s.topo->connectors.mooncake_bootstrap_port;
@@ -496,8 +496,9 @@ void ProxySession::build_and_send() {
   if (!st.is_ok()) {
     if (st.code() == StatusCode::kRejected || st.code() == StatusCode::kOutOfRange) {
       s.w.counters().refuse(Refusal::kNoPair);
-      fail(503, "cannot pair prefill " + s.pair.prefill->key + " with decode " + s.pair.decode->key + ": " +
-                    st.message(),
+      fail(503,
+           "cannot pair prefill " + s.routed.pair.prefill->key + " with decode " + s.routed.pair.decode->key +
+               ": " + st.message(),
            "no_pair");
     } else {
       s.w.counters().refuse(Refusal::kBadJson);
@@ -505,7 +506,7 @@ void ProxySession::build_and_send() {
     }
     return;
   }
-  s.route.legs_built(s.legs, *s.pair.decode, s.legs.plan.request_id);
+  s.route.legs_built(s.legs, *s.routed.pair.decode, s.legs.plan.request_id);
   if (s.route.multi_turn()) {
     if (s.legs.plan.tokens_in) {  // the prefill may have got the decode's params at the top level
       (void)proto::mirror_generate_kv_params(options.limits, &s.legs.prefill.body);
@@ -513,13 +514,13 @@ void ProxySession::build_and_send() {
     }
   }
   move_to(RequestState::kPaired);
-  if (s.decode_alone) {
+  if (s.routed.decode_alone) {
     // No prefill leg: the decode gets the dialect's plain request and computes the prompt. The
     // prefill the pair named is released at once (it carries no load of this request).
     proto::decode_without_kv(s.legs.plan, &s.legs.decode);
-    s.w.counters().bump(s.w.counters().decode_alone[static_cast<size_t>(*s.decode_alone)]);
-    s.prefill_load.release();
-    s.pair.prefill.reset();
+    s.w.counters().bump(s.w.counters().decode_alone[static_cast<size_t>(*s.routed.decode_alone)]);
+    s.routed.prefill_load.release();
+    s.routed.pair.prefill.reset();
     s.phases = PdPhaseClock();  // not P/D: no phase observed
     send_decode();
     return;
@@ -531,7 +532,7 @@ void ProxySession::build_and_send() {
 void ProxySession::send_prefill() {
   State& s = *s_;
   ++s.prefill_attempts;
-  s.prefill_key = s.pair.prefill->key;
+  s.prefill_key = s.routed.pair.prefill->key;
   s.prefill_status = 0;
   s.prefill_content_type.clear();
   take_answer_buffer(s.prefill_body);
@@ -559,7 +560,7 @@ void ProxySession::send_prefill() {
     if (!unread && s.prefill_body.size() + chunk.size() <= cap) {
       s.prefill_body.append(chunk);
     } else if (!unread && !concurrent) {
-      self->prefill_failed(LegFailure::kBadResponse, "prefill " + s.pair.prefill->key + " answer is over " +
+      self->prefill_failed(LegFailure::kBadResponse, "prefill " + s.routed.pair.prefill->key + " answer is over " +
                                                          std::to_string(kMaxPrefillAnswer) + " bytes");
     } else {
       s.w.counters().prefill_bytes_discarded.fetch_add(chunk.size(), std::memory_order_relaxed);
@@ -584,21 +585,21 @@ void ProxySession::send_prefill() {
     }
     self->node_failed(Leg::kPrefill, s.prefill_call.get());
     const LegFailure cause = s.prefill_call ? classify(s.prefill_call->failure()) : LegFailure::kConnectionLost;
-    self->prefill_failed(cause, "prefill " + s.pair.prefill->key + ": " + error.message());
+    self->prefill_failed(cause, "prefill " + s.routed.pair.prefill->key + ": " + error.message());
   };
   move_to(RequestState::kPrefillSent);
   const SteadyClock::time_point sent_at = SteadyClock::now();
   s.prefill_sent_at = sent_at;
   s.phases.prefill_sent(sent_at);
   s.prefill_timed = true;
-  s.prefill_queue = discovery::LoadCharge(*s.pair.prefill, s.prefill_rank, /*request=*/false);
-  s.prefill_queue.queue_prefill(uncached_tokens(s.route.prompt(), s.route.cache_hits(), s.pair.prefill->key));
+  s.prefill_queue = discovery::LoadCharge(*s.routed.pair.prefill, s.prefill_rank, /*request=*/false);
+  s.prefill_queue.queue_prefill(uncached_tokens(s.route.prompt(), s.route.cache_hits(), s.routed.pair.prefill->key));
   if (s.req.trace) {
-    s.req.trace->leg_started(tracing::TraceLeg::kPrefill, s.pair.prefill->http_address, s.legs.prefill.path,
-                             s.w.node_tls(s.pair.prefill->http_address) != nullptr, &s.legs.prefill.headers);
+    s.req.trace->leg_started(tracing::TraceLeg::kPrefill, s.routed.pair.prefill->http_address, s.legs.prefill.path,
+                             s.w.node_tls(s.routed.pair.prefill->http_address) != nullptr, &s.legs.prefill.headers);
   }
-  s.prefill_call = s.w.upstream().start(s.pair.prefill->http_address,
-                                       to_upstream(s.legs.prefill, s.w.node_tls(s.pair.prefill->http_address)),
+  s.prefill_call = s.w.upstream().start(s.routed.pair.prefill->http_address,
+                                       to_upstream(s.legs.prefill, s.w.node_tls(s.routed.pair.prefill->http_address)),
                                        timeouts, std::move(cb));
   // timeouts.prefill bounds the whole leg, not only its first byte and silences: a prefill
   // trickling bytes is cut there too.
@@ -679,9 +680,9 @@ void ProxySession::on_prefill_complete() {
         // sends it as a plain request.
         s.w.counters().bump(s.w.counters().local_prefill_fallbacks);
         pdr::log::info("request {}: prefill {} exported no KV ({}); decode recomputes the prompt",
-                     s.legs.plan.request_id, s.pair.prefill->key, st.message());
+                     s.legs.plan.request_id, s.routed.pair.prefill->key, st.message());
       } else if (!st.is_ok()) {
-        prefill_failed(LegFailure::kBadResponse, "prefill " + s.pair.prefill->key + " answer: " + st.message());
+        prefill_failed(LegFailure::kBadResponse, "prefill " + s.routed.pair.prefill->key + " answer: " + st.message());
         return;
       }
     }
@@ -697,7 +698,7 @@ void ProxySession::on_prefill_complete() {
     relay_upstream_error(status, s.prefill_content_type, s.prefill_body);
     return;
   }
-  prefill_failed(cause, "prefill " + s.pair.prefill->key + " answered " + std::to_string(status) + ": " +
+  prefill_failed(cause, "prefill " + s.routed.pair.prefill->key + " answered " + std::to_string(status) + ": " +
                             excerpt(s.prefill_body));
 }
 
@@ -713,7 +714,7 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   }
   s.prefill_queue.release();
   s.prefill_timer.stop();
-  if (s.pair.prefill && s.dialect) s.route.prefill_failed(*s.dialect, *s.pair.prefill);
+  if (s.routed.pair.prefill && s.routed.dialect) s.route.prefill_failed(*s.routed.dialect, *s.routed.pair.prefill);
   if (s.state == RequestState::kStreaming) {
     // Concurrent dialect whose decode already answered: its KV arrived; nothing to undo.
     if (may_log(s.w)) pdr::log::warn("request {}: {} (decode already streaming)", s.legs.plan.request_id, detail);
@@ -721,7 +722,7 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   }
   if (may_log(s.w)) pdr::log::warn("request {}: {}", s.legs.plan.request_id, detail);
   if (s.decode_call) {  // concurrent dialects: the decode waits for KV that will not come
-    if (s.pair.decode) abort_leg_on_node(s.w, *s.pair.decode, s.req.path, s.legs.plan.request_id);
+    if (s.routed.pair.decode) abort_leg_on_node(s.w, *s.routed.pair.decode, s.req.path, s.legs.plan.request_id);
     s.decode_call->cancel();
     s.decode_call.reset();
   }
@@ -730,7 +731,7 @@ void ProxySession::prefill_failed(LegFailure cause, std::string detail) {
   s.last_detail = std::move(detail);
   const uint32_t budget = std::max<uint32_t>(1, s.topo->retries.prefill_attempts);
   const uint32_t left = budget > s.prefill_attempts ? budget - s.prefill_attempts : 0;
-  if (s.pair.prefill) s.route.exclude(proto::Role::kPrefill, s.pair.prefill->key);
+  if (s.routed.pair.prefill) s.route.exclude(proto::Role::kPrefill, s.routed.pair.prefill->key);
   if (!prefill_retryable(cause, left)) {
     fail(failure_status(cause), "prefill failed: " + s.last_detail, failure_code(Leg::kPrefill, cause));
     return;
@@ -758,11 +759,12 @@ void ProxySession::send_decode() {
   s.decode_timed = true;
   // The decode holds the whole prompt's KV (sent or computed), then what it generates; serving
   // alone, it also computes the prompt: queued prefill tokens on it until its first token.
-  s.decode_load.decode_done();
-  s.decode_load.prefill_done();
-  s.decode_load.start_decode(s.route.prompt().count);
-  if (s.decode_alone) {
-    s.decode_load.queue_prefill(uncached_tokens(s.route.prompt(), s.route.cache_hits(), s.pair.decode->key));
+  s.routed.decode_load.decode_done();
+  s.routed.decode_load.prefill_done();
+  s.routed.decode_load.start_decode(s.route.prompt().count);
+  if (s.routed.decode_alone) {
+    s.routed.decode_load.queue_prefill(
+        uncached_tokens(s.route.prompt(), s.route.cache_hits(), s.routed.pair.decode->key));
   }
   s.decode_events = 0;
   http::UpstreamTimeouts timeouts{s.topo->timeouts.connect, s.topo->timeouts.first_byte,
@@ -785,7 +787,7 @@ void ProxySession::send_decode() {
     self->leg_ended(Leg::kDecode);
     self->node_failed(Leg::kDecode, s.decode_call.get());
     const LegFailure cause = s.decode_call ? classify(s.decode_call->failure()) : LegFailure::kConnectionLost;
-    const std::string detail = "decode " + s.pair.decode->key + ": " + error.message();
+    const std::string detail = "decode " + s.routed.pair.decode->key + ": " + error.message();
     if (s.stream_started || s.state == RequestState::kStreaming) {
       // The answer already started reaching the client: no retry can hide this.
       s.w.counters().leg_failed(Leg::kDecode, cause);
@@ -797,14 +799,14 @@ void ProxySession::send_decode() {
     self->decode_failed(cause, detail);
   };
   move_to(RequestState::kDecodeSent);
-  if (s.req.log_record) s.decode_key = s.pair.decode->key;
+  if (s.req.log_record) s.decode_key = s.routed.pair.decode->key;
   // The leg stays as it is (unrendered): a kDecodeOnly retry resends it to another decode.
   if (s.req.trace) {
-    s.req.trace->leg_started(tracing::TraceLeg::kDecode, s.pair.decode->http_address, s.legs.decode.path,
-                             s.w.node_tls(s.pair.decode->http_address) != nullptr, &s.legs.decode.headers);
+    s.req.trace->leg_started(tracing::TraceLeg::kDecode, s.routed.pair.decode->http_address, s.legs.decode.path,
+                             s.w.node_tls(s.routed.pair.decode->http_address) != nullptr, &s.legs.decode.headers);
   }
-  s.decode_call = s.w.upstream().start(s.pair.decode->http_address,
-                                      to_upstream(s.legs.decode, s.w.node_tls(s.pair.decode->http_address)),
+  s.decode_call = s.w.upstream().start(s.routed.pair.decode->http_address,
+                                      to_upstream(s.legs.decode, s.w.node_tls(s.routed.pair.decode->http_address)),
                                       timeouts, std::move(cb));
 }
 
@@ -825,12 +827,12 @@ void ProxySession::count_connection(const UpstreamPort::Call* call) {
 
 void ProxySession::node_answered(Leg leg, const UpstreamPort::Call* call) {
   count_connection(call);
-  const InstancePtr& node = leg == Leg::kPrefill ? s_->pair.prefill : s_->pair.decode;
+  const InstancePtr& node = leg == Leg::kPrefill ? s_->routed.pair.prefill : s_->routed.pair.decode;
   if (node) s_->route.node_answered(*node);
 }
 
 void ProxySession::node_failed(Leg leg, const UpstreamPort::Call* call) {
-  const InstancePtr& node = leg == Leg::kPrefill ? s_->pair.prefill : s_->pair.decode;
+  const InstancePtr& node = leg == Leg::kPrefill ? s_->routed.pair.prefill : s_->routed.pair.decode;
   if (call == nullptr || !node) return;
   EjectionRule rule;
   if (s_->route.node_unreachable(*node, call->failure(), &rule)) {
@@ -862,7 +864,7 @@ void ProxySession::on_decode_head(int status, const std::vector<http::Header>& h
     auto self = shared_from_this();
     if (self->finished() || self->s_->stream_started || !self->s_->decode_call) return;
     State& st = *self->s_;
-    self->decode_failed(LegFailure::kTimeout, "decode " + st.pair.decode->key +
+    self->decode_failed(LegFailure::kTimeout, "decode " + st.routed.pair.decode->key +
                                                   ": stream head but no event within timeouts.first_byte_ms = " +
                                                   std::to_string(st.topo->timeouts.first_byte.count()) + " ms");
   });
@@ -900,8 +902,8 @@ void ProxySession::on_decode_body(std::string_view chunk) {
   }
   if (s.sse && s.decode_status >= 200 && s.decode_status < 300) {
     if (const uint64_t tokens = streamed_tokens(chunk); tokens != 0) {
-      s.decode_load.prefill_done();  // a decode serving alone computed the prompt
-      s.decode_load.add_kv_tokens(tokens);
+      s.routed.decode_load.prefill_done();  // a decode serving alone computed the prompt
+      s.routed.decode_load.add_kv_tokens(tokens);
       s.last_event_at = SteadyClock::now();
       if (s.decode_events == 0) s.first_event_at = s.last_event_at;
       s.decode_events += tokens;
@@ -989,7 +991,8 @@ void ProxySession::on_decode_body(std::string_view chunk) {
     if (!ok_status) return;  // enough of the error to relay; the rest is dropped
     leg_ended(Leg::kDecode);
     s.w.counters().leg_failed(Leg::kDecode, LegFailure::kBadResponse);
-    fail(502, "decode " + s.pair.decode->key + " answer is over " + std::to_string(cap) + " bytes", "decode_failed");
+    fail(502, "decode " + s.routed.pair.decode->key + " answer is over " + std::to_string(cap) + " bytes",
+         "decode_failed");
     return;
   }
   if (ok_status && !reserve_answer_budget(chunk.size())) {
@@ -1062,13 +1065,13 @@ void ProxySession::on_decode_complete() {
   const int status = s.decode_status;
   if (status >= 200 && status < 300) {
     s.phases.decode_answered(s.legs.plan.dialect, s.w.counters().pd_phases, SteadyClock::now());
-    if (s.decode_events >= 2 && s.decode_load.bound()) {
+    if (s.decode_events >= 2 && s.routed.decode_load.bound()) {
       const double step = std::chrono::duration<double>(s.last_event_at - s.first_event_at).count() /
                           static_cast<double>(s.decode_events - 1);
-      s.decode_load.cell()->ledger.decode_step_seconds.add(step, s.last_event_at);
+      s.routed.decode_load.cell()->ledger.decode_step_seconds.add(step, s.last_event_at);
     }
-    s.decode_load.decode_done();
-    s.decode_load.prefill_done();
+    s.routed.decode_load.decode_done();
+    s.routed.decode_load.prefill_done();
     if (!s.sse) s.route.decode_json(s.decode_body);
     if (s.want_usage) proto::scan_usage(s.sse ? s.sse_tail : s.decode_body, &s.usage);
     // The decode's kv_transfer_params (read by multi_turn above) never reach the client.
@@ -1080,7 +1083,7 @@ void ProxySession::on_decode_complete() {
       return;
     }
     if (edit == proto::KvParamsEdit::kRedacted) (s.sse ? s.sse_tail : s.decode_body) = std::move(redacted);
-    s.route.decode_done(*s.pair.decode);
+    s.route.decode_done(*s.routed.pair.decode);
     if (s.sse) {
       if (!s.stream_started && !start_client_stream()) return;
       if (!s.sse_tail.empty()) s.writer.write(s.sse_tail);
@@ -1112,7 +1115,7 @@ void ProxySession::on_decode_complete() {
     relay_upstream_error(status, s.decode_content_type, s.decode_body);
     return;
   }
-  decode_failed(cause, "decode " + s.pair.decode->key + " answered " + std::to_string(status) + ": " +
+  decode_failed(cause, "decode " + s.routed.pair.decode->key + " answered " + std::to_string(status) + ": " +
                            excerpt(s.decode_body));
 }
 
@@ -1121,7 +1124,7 @@ void ProxySession::refuse_kv_params() {
   leg_ended(Leg::kDecode);
   s.w.counters().leg_failed(Leg::kDecode, LegFailure::kBadResponse);
   fail(502,
-       "decode " + s.pair.decode->key + " answered kv_transfer_params that could not be removed from the answer "
+       "decode " + s.routed.pair.decode->key + " answered kv_transfer_params that could not be removed from the answer "
        "(not valid JSON, or in an event of over " + std::to_string(kMaxPartialEvent) + " bytes)",
        "decode_failed");
 }
@@ -1140,19 +1143,19 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
   s.last_cause = cause;
   s.last_leg = Leg::kDecode;
   s.last_detail = std::move(detail);
-  s.route.exclude(proto::Role::kDecode, s.pair.decode->key);
+  s.route.exclude(proto::Role::kDecode, s.routed.pair.decode->key);
   const uint32_t budget = std::max<uint32_t>(1, s.topo->retries.decode_attempts);
   const uint32_t left = budget > s.decode_attempts ? budget - s.decode_attempts : 0;
   DecodeRetry retry = s.legs.plan.dialect ? decode_retry(*s.legs.plan.dialect, cause, left) : DecodeRetry::kNone;
   // A decode serving alone has no prefill to pair another decode with: pair anew.
-  if (retry == DecodeRetry::kDecodeOnly && !s.pair.prefill) retry = DecodeRetry::kWholePair;
+  if (retry == DecodeRetry::kDecodeOnly && !s.routed.pair.prefill) retry = DecodeRetry::kWholePair;
   switch (retry) {
     case DecodeRetry::kNone:
       fail(failure_status(cause), "decode failed: " + s.last_detail, failure_code(Leg::kDecode, cause));
       return;
     case DecodeRetry::kDecodeOnly: {
       InstancePtr next;
-      Status st = s.route.reroute_decode(*s.pair.prefill, &next);
+      Status st = s.route.reroute_decode(*s.routed.pair.prefill, &next);
       if (!st.is_ok()) {
         fail(failure_status(cause), "decode failed: " + s.last_detail + "; no node left to retry on: " + st.message(),
              failure_code(Leg::kDecode, cause));
@@ -1160,10 +1163,10 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
       }
       s.w.counters().retried(Leg::kDecode);
       ++s.retries;
-      s.pair.decode = std::move(next);
+      s.routed.pair.decode = std::move(next);
       // Same body and X-Request-Id; only the DP-rank header depends on the decode chosen.
-      s.decode_rank = next_dp_rank(*s.pair.decode);
-      s.decode_load = discovery::LoadCharge(*s.pair.decode, s.decode_rank);  // the old node's goes back
+      s.decode_rank = next_dp_rank(*s.routed.pair.decode);
+      s.routed.decode_load = discovery::LoadCharge(*s.routed.pair.decode, s.decode_rank);  // the old node's goes back
       auto& headers = s.legs.decode.headers;
       std::erase_if(headers, [](const auto& h) { return pdr::iequals(h.first, "X-data-parallel-rank"); });
       if (s.decode_rank) headers.emplace_back("X-data-parallel-rank", std::to_string(*s.decode_rank));
@@ -1172,7 +1175,7 @@ void ProxySession::decode_failed(LegFailure cause, std::string detail) {
     }
     case DecodeRetry::kWholePair:
       if (s.prefill_call) {
-        if (s.pair.prefill) abort_leg_on_node(s.w, *s.pair.prefill, s.req.path, s.legs.plan.request_id);
+        if (s.routed.pair.prefill) abort_leg_on_node(s.w, *s.routed.pair.prefill, s.req.path, s.legs.plan.request_id);
         s.prefill_call->cancel();
         s.prefill_call.reset();
       }
@@ -1253,13 +1256,13 @@ void ProxySession::close_legs() {
   s.route.cancel();  // a /tokenize call, an SLO wait or a pre-step still running
   // A leg still in flight is aborted by its closed connection, and by id on a tokens-only node.
   if (s.prefill_call) {
-    if (s.pair.prefill) abort_leg_on_node(s.w, *s.pair.prefill, s.req.path, s.legs.plan.request_id);
+    if (s.routed.pair.prefill) abort_leg_on_node(s.w, *s.routed.pair.prefill, s.req.path, s.legs.plan.request_id);
     s.prefill_call->cancel();
     s.prefill_call.reset();
   }
   s.prefill_queue.release();
   if (s.decode_call) {
-    if (s.pair.decode) abort_leg_on_node(s.w, *s.pair.decode, s.req.path, s.legs.plan.request_id);
+    if (s.routed.pair.decode) abort_leg_on_node(s.w, *s.routed.pair.decode, s.req.path, s.legs.plan.request_id);
     s.decode_call->cancel();
     s.decode_call.reset();
   }
@@ -1267,12 +1270,12 @@ void ProxySession::close_legs() {
 
 void ProxySession::release_pair() {
   State& s = *s_;
-  const bool held = s.prefill_load.bound() || s.decode_load.bound();
-  s.prefill_load.release();
-  s.decode_load.release();
+  const bool held = s.routed.prefill_load.bound() || s.routed.decode_load.bound();
+  s.routed.prefill_load.release();
+  s.routed.decode_load.release();
   if (held) s.w.shared().slo_gate.wake();
-  s.pair = Pair{};
-  s.prefill_facts = PrefillFacts{};
+  s.routed.pair = Pair{};
+  s.routed.prefill_facts = PrefillFacts{};
 }
 
 void ProxySession::end(RequestState final_state) {

@@ -1,6 +1,7 @@
 #include "router/routing/request_route.h"
 
 #include <chrono>
+#include <memory>
 #include <utility>
 
 #include "router/routing/cache_tokenize.h"
@@ -30,6 +31,19 @@ RequestSummary summarize(const proto::JsonObjectBody& body, std::string_view pro
 }
 
 void bump(std::atomic<uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
+
+// `chosen`'s route built in *r in place, as std::optional::emplace builds its value: no load
+// charge is moved. What *r held goes first (the listener let go of its pair already).
+Route& build_route(Route* r, Pair&& chosen, std::optional<uint32_t> prefill_rank,
+                   std::optional<uint32_t> decode_rank) {
+  std::destroy_at(r);
+  try {
+    return *std::construct_at(r, std::move(chosen), prefill_rank, decode_rank);
+  } catch (...) {
+    std::construct_at(r);  // the listener's member is never left destroyed
+    throw;
+  }
+}
 
 }  // namespace
 
@@ -138,7 +152,8 @@ void RequestRoute::pair() {
   listener_.on_paired(pair);
   const std::optional<uint32_t> prefill_rank = next_dp_rank(*pair.prefill);
   const std::optional<uint32_t> decode_rank = next_dp_rank(*pair.decode);
-  Route& r = pending_.emplace(std::move(pair), prefill_rank, decode_rank);
+  Route& r = build_route(&route_, std::move(pair), prefill_rank, decode_rank);
+  pending_ = true;
 
   r.dialect = proto::dialect_for(r.pair.prefill->connector, r.pair.prefill->transfer_mode);
   if (const std::string_view why = r.dialect != nullptr ? proto::unsupported_endpoint(*r.dialect, path_) : "";
@@ -185,11 +200,11 @@ void RequestRoute::pair() {
                  const std::shared_ptr<void> held = std::move(hold);
                  if (cancelled_ || attempt != attempt_ || !pending_) return;
                  if (!status.is_ok()) {
-                   pending_->pre_step = status;
+                   route_.pre_step = status;
                  } else {
-                   pending_->prefill_facts = facts;
-                   pending_->prefill_rank = facts.prefill_rank;
-                   pending_->prefill_load.move_to_rank(facts.prefill_rank);
+                   route_.prefill_facts = facts;
+                   route_.prefill_rank = facts.prefill_rank;
+                   route_.prefill_load.move_to_rank(facts.prefill_rank);
                  }
                  deliver();
                });
@@ -260,11 +275,7 @@ void RequestRoute::wait_for_slo() {
 
 void RequestRoute::refuse(RouteRefusalReason reason, int status, std::string message, std::string code) {
   RouteRefusal refusal{reason, status, std::move(message), std::move(code)};
-  if (pending_) {  // refused after pairing: the pair's load goes back at once
-    const bool held = pending_->prefill_load.bound() || pending_->decode_load.bound();
-    pending_.reset();
-    if (held) shared_.slo_gate.wake();
-  }
+  if (pending_) drop_route();  // refused after pairing: the pair's load goes back at once
   const std::shared_ptr<void> hold = std::move(keep_alive_);
   if (!answer_due_) return;
   answer_due_ = false;
@@ -273,15 +284,22 @@ void RequestRoute::refuse(RouteRefusalReason reason, int status, std::string mes
 
 void RequestRoute::deliver() {
   const std::shared_ptr<void> hold = std::move(keep_alive_);
-  const uint64_t attempt = attempt_;
-  if (answer_due_) {
-    answer_due_ = false;
-    // In place: the listener moves out what it keeps (no move into a local first).
-    listener_.on_routed(&*pending_, nullptr);
+  if (!answer_due_) {  // nobody to hand it to
+    drop_route();
+    return;
   }
-  // Unless on_routed started the next attempt (a failure path retries at once), whose route
-  // pending_ is now (or will be, from its pairing on): what the listener left goes back.
-  if (attempt_ == attempt) pending_.reset();
+  answer_due_ = false;
+  // Already in the listener's storage: from here on the listener's (a retry inside on_routed
+  // pairs into it again, as its own pending route).
+  pending_ = false;
+  listener_.on_routed(&route_, nullptr);
+}
+
+void RequestRoute::drop_route() {
+  pending_ = false;
+  const bool held = route_.prefill_load.bound() || route_.decode_load.bound();
+  route_ = Route();
+  if (held) shared_.slo_gate.wake();
 }
 
 Status RequestRoute::reroute_decode(const discovery::Instance& prefill, InstancePtr* out) {
@@ -343,13 +361,9 @@ void RequestRoute::cancel_now() {
     tokenize_call_.reset();
     bump((*counters_.cache_tokenize)[static_cast<size_t>(TokenizeResult::kCancelled)]);
   }
-  // Paired, its pre-step running: the pair's load goes back. A route being handed over (cancel()
-  // from inside on_routed) is the listener's until it returns; deliver() resets it then.
-  if (pending_ && answer_due_) {
-    const bool held = pending_->prefill_load.bound() || pending_->decode_load.bound();
-    pending_.reset();
-    if (held) shared_.slo_gate.wake();
-  }
+  // Paired, its pre-step running: the pair's load goes back. A route handed over already (cancel()
+  // from inside on_routed too) is the listener's to release.
+  if (pending_) drop_route();
   answer_due_ = false;
   // Waiting in the SLO gate: the gate's closure holds the request until its re-check or the
   // deadline runs, which then lets go of this hold too (as before the request ends).

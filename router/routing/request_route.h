@@ -34,9 +34,12 @@
 // closures built per attempt: an attempt then costs no std::function and no keep-alive copy.
 // Asynchronous steps (the /tokenize call, the SLO wait, the pre-step) ask the listener for a
 // keep-alive when they start and hold it until they call back (as UpstreamCallbacks::keep_alive
-// does a leg's), never through this object; an attempt answered at once takes none. The Route is
-// handed over in place (the listener moves out what it keeps): RequestRoute owns its storage
-// until on_routed returns, so nothing is moved twice. Counters: the routing ones it is given
+// does a leg's), never through this object; an attempt answered at once takes none. The Route's
+// storage is the listener's (given at construction, as the listener is): RequestRoute builds each
+// attempt's route there in place, from its pairing on, and the listener reads it there, so no
+// field is moved or copied on the way. The listener lets go of its pair before it asks for
+// another route (a retry); until on_routed, a route is RequestRoute's to give back: a refusal
+// after pairing or cancel() releases its load at once. Counters: the routing ones it is given
 // (RoutingWorker::route_counters); the session's own refusals are the session's to count, from
 // RouteRefusal::reason. Worker thread only.
 #pragma once
@@ -91,7 +94,8 @@ struct RequestFacts {
   RequestSlo slo;
 };
 
-// A pair to build legs for, with what routing learned on the way. The session moves it out.
+// A pair to build legs for, with what routing learned on the way. The listener's storage, filled
+// in place by RequestRoute (see the top of this file); the listener uses it there.
 struct Route {
   Route() = default;
   // `pair` with its DP ranks, a request in flight charged on each node (built in place: no
@@ -138,10 +142,12 @@ class RouteListener {
   // route): the session counts a retry and traces the pair then, as it always did. At most once
   // per attempt (an SLO wait comes before it).
   virtual void on_paired(const Pair& pair) = 0;
-  // The attempt's answer: exactly one of the two is set. `route` is RequestRoute's own storage,
-  // valid until this returns: the listener moves out what it keeps before anything that may end
-  // the request or start the next attempt (both may happen inside this call: a failure path
-  // retries at once). Whatever it leaves there is released (the load charges) when it returns.
+  // The attempt's answer: exactly one of the two is set. `route` is the listener's own storage
+  // (the one it gave RequestRoute), now holding the attempt's pair and its load: the listener's
+  // from here on, RequestRoute touches it again only for the next attempt's pairing. The listener
+  // releases that pair (its load charges, its pair) before it asks for the next route, which may
+  // happen inside this call (a failure path retries at once). A refusal leaves the storage
+  // holding no pair and no load.
   virtual void on_routed(Route* route, RouteRefusal* refusal) = 0;
   // A hold on the request, taken by an asynchronous step while it may still call back.
   virtual std::shared_ptr<void> keep_alive() = 0;
@@ -152,9 +158,11 @@ class RouteListener {
 
 class RequestRoute {
  public:
+  // `route`: the listener's storage for the attempts' routes (outlives this object, as the
+  // listener does).
   RequestRoute(RoutingWorker& worker, RoutingShared& shared, const config::Topology& topology,
-               RouteListener& listener)
-      : w_(worker), shared_(shared), topo_(topology), listener_(listener) {}
+               RouteListener& listener, Route& route)
+      : w_(worker), shared_(shared), topo_(topology), listener_(listener), route_(route) {}
   RequestRoute(const RequestRoute&) = delete;
   RequestRoute& operator=(const RequestRoute&) = delete;
 
@@ -204,6 +212,7 @@ class RequestRoute {
   void wait_for_slo();
   void refuse(RouteRefusalReason reason, int status, std::string message, std::string code);
   void deliver();
+  void drop_route();
   void explain_and_edit(proto::LegBuild& legs, const discovery::Instance& decode, std::string_view request_id);
   void cancel_now();
 
@@ -211,6 +220,7 @@ class RequestRoute {
   RoutingShared& shared_;
   const config::Topology& topo_;  // pinned by the session for the whole request
   RouteListener& listener_;
+  Route& route_;  // the listener's storage: this attempt's route while pending_
   const proto::JsonObjectBody* body_ = nullptr;
   std::string_view model_, path_, forwarded_authorization_, affinity_header_value_;
   int64_t choices_ = 1;
@@ -233,9 +243,9 @@ class RequestRoute {
   bool answer_due_ = false;  // route() was called, on_routed not yet (nor cancel())
   uint64_t attempt_ = 0;     // a pre-step answer for an older attempt is ignored
   std::shared_ptr<void> keep_alive_;  // held while the SLO wait runs (its timer reads it)
-  // Paired, its pre-step running; then handed to on_routed in place, reset after it unless that
-  // call started the next attempt (which owns it then).
-  std::optional<Route> pending_;
+  // route_ holds this attempt's pair, not handed over yet (its pre-step may be running): a
+  // refusal or cancel() gives its load back.
+  bool pending_ = false;
   NodeCalls::CallPtr tokenize_call_;
   SessionTimer slo_timer_;  // waiting for a node within the SLO (limits.queue_timeout_ms)
   uint64_t slo_ticket_ = 0;

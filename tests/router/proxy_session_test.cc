@@ -1250,6 +1250,8 @@ TEST(ProxySessionMooncake, BootstrapFailureRetriesAnotherPrefill) {
   ASSERT_TRUE(h.on_worker([&] { query1 = h.fake.calls.at(0); }));
   ASSERT_TRUE(query1->bootstrap_query());
   EXPECT_EQ(h.into(RS::kPaired), 0u) << "not paired before the prefill's engine id is known";
+  EXPECT_EQ(h.load(Role::kPrefill).requests, 1u) << "the pair is charged while its pre-step runs";
+  EXPECT_EQ(h.load(Role::kDecode).requests, 1u);
   ASSERT_TRUE(h.on_worker([&] { query1->answer(500, "text/plain", "down"); }));
   ASSERT_TRUE(h.wait_until([&] { return h.fake.calls.size() == 2; }, "the second bootstrap query"));
   std::shared_ptr<FakeCall> query2;
@@ -1259,6 +1261,10 @@ TEST(ProxySessionMooncake, BootstrapFailureRetriesAnotherPrefill) {
   EXPECT_EQ(h.counters().bootstrap_queries.failed.load(), 1u);
   EXPECT_EQ(h.failures(Leg::kPrefill, LegFailure::kBootstrap), 1u);
   EXPECT_EQ(h.retries(Leg::kPrefill), 1u);
+  // The retry started inside the first answer: its pair is charged (once) while its pre-step
+  // runs, the first pair no longer.
+  EXPECT_EQ(h.load(Role::kPrefill).requests, 1u);
+  EXPECT_EQ(h.load(Role::kDecode).requests, 1u);
   ASSERT_TRUE(h.on_worker([&] { query2->answer(200, "application/json", kMooncakeQueryAnswer); }));
   ASSERT_TRUE(h.wait_until([&] { return h.fake.calls.size() == 4; }, "both legs"));
   std::shared_ptr<FakeCall> prefill, decode;
@@ -1278,6 +1284,8 @@ TEST(ProxySessionMooncake, BootstrapFailureRetriesAnotherPrefill) {
   ASSERT_TRUE(h.wait_ended());
   EXPECT_EQ(h.into(RS::kDone), 1u);
   EXPECT_EQ(h.counters().buffered.held.load(), 0);
+  EXPECT_EQ(h.load(Role::kPrefill).requests, 0u);
+  EXPECT_EQ(h.load(Role::kDecode).requests, 0u);
 }
 
 // The client leaves while the bootstrap query is out: the request ends at once (no leg is ever
@@ -1290,6 +1298,8 @@ TEST(ProxySessionMooncake, ClientCloseDuringTheBootstrapQuery) {
   ASSERT_TRUE(h.wait_ended());
   EXPECT_EQ(h.transitions(RS::kAccepted, RS::kCancelled), 1u);
   EXPECT_EQ(h.counters().client_disconnects.load(), 1u);
+  EXPECT_EQ(h.load(Role::kPrefill).requests, 0u) << "the pending route's load goes back at once";
+  EXPECT_EQ(h.load(Role::kDecode).requests, 0u);
   std::shared_ptr<FakeCall> query;
   ASSERT_TRUE(h.on_worker([&] {
     query = h.fake.calls.at(0);

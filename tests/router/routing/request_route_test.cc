@@ -3,8 +3,11 @@
 // refusal when no pair exists, a cancel during the node /tokenize call that leaves nothing
 // behind, a route whose load charges follow it, the decode-only re-route that avoids the
 // decodes a request already tried, and a new attempt started from inside on_routed (a failed
-// pre-step retried at once) that keeps its own route. The session's use of it end to end: tests/router/
-// proxy_session_test.cc and tests/integration (test_cache_tokenize, test_predicted_latency...).
+// pre-step retried at once) that keeps its own route. Routes are built in the listener's storage:
+// a refusal after pairing and a cancel during the pre-step leave it holding nothing, a route
+// handed over stays there (a cancel from inside on_routed too) until the listener lets go. The
+// session's use of it end to end: tests/router/proxy_session_test.cc and tests/integration
+// (test_cache_tokenize, test_predicted_latency...).
 #include "router/routing/request_route.h"
 
 #include <gtest/gtest.h>
@@ -45,22 +48,30 @@ using test::node;
 // What a route() answered, once.
 struct Answer {
   int calls = 0;
-  std::optional<Route> route;
+  Route* route = nullptr;  // the listener's storage, when routed
   std::optional<RouteRefusal> refusal;
 };
 
-// The route's listener, as the session is: records the answers; `then` runs after one is
-// recorded, inside on_routed (the route moved out of RequestRoute's storage already).
+// The route's listener, as the session is: owns the routes' storage, records the answers; `then`
+// runs after one is recorded, inside on_routed. let_go() is the session's release_pair.
 struct Listener final : RouteListener {
   void on_paired(const Pair&) override { ++paired; }
   void on_routed(Route* r, RouteRefusal* refused) override {
     ++answer.calls;
-    if (r != nullptr) answer.route.emplace(std::move(*r));
+    EXPECT_TRUE(r == nullptr || r == &storage);
+    answer.route = r;
+    answer.refusal.reset();
     if (refused != nullptr) answer.refusal.emplace(std::move(*refused));
     if (then) then();
   }
   std::shared_ptr<void> keep_alive() override { return hold; }
+  void let_go() {
+    storage.prefill_load.release();
+    storage.decode_load.release();
+    storage.pair = Pair{};
+  }
 
+  Route storage;
   std::shared_ptr<void> hold = std::make_shared<int>(0);
   Answer answer;
   int paired = 0;
@@ -102,7 +113,7 @@ class Harness {
 
   // A route for the request, begun, answering `listener`.
   std::unique_ptr<RequestRoute> begin(Listener& listener) {
-    auto route = std::make_unique<RequestRoute>(*worker, shared, *topo, listener);
+    auto route = std::make_unique<RequestRoute>(*worker, shared, *topo, listener, listener.storage);
     EXPECT_FALSE(route->begin(facts).has_value());
     return route;
   }
@@ -140,8 +151,9 @@ TEST(RequestRoute, RefusedWhenNoPairExists) {
   EXPECT_TRUE(h.port.calls.empty());
 }
 
-// A pair: handed over with its load charges (a request in flight on each node) and DP ranks;
-// the load goes back when the session lets go of the route.
+// A pair: handed over in the listener's storage with its load charges (a request in flight on
+// each node) and DP ranks; they stay there after on_routed returns, and the load goes back when
+// the listener lets go of the pair.
 TEST(RequestRoute, ARouteCarriesThePairsLoad) {
   auto prefill = node("127.0.0.1", Role::kPrefill);
   auto decode = node("127.0.0.2", Role::kDecode);
@@ -162,7 +174,8 @@ TEST(RequestRoute, ARouteCarriesThePairsLoad) {
   EXPECT_EQ(prefill->liveness->outstanding.load(), 1u);
   EXPECT_EQ(decode->liveness->outstanding.load(), 1u);
   EXPECT_EQ(keep_alive.use_count(), 1);  // answered at once: no step held the request
-  answer.route.reset();
+  EXPECT_EQ(listener.storage.pair.prefill, prefill);
+  listener.let_go();
   EXPECT_EQ(prefill->liveness->outstanding.load(), 0u);
   EXPECT_EQ(decode->liveness->outstanding.load(), 0u);
 }
@@ -269,10 +282,11 @@ TEST(RequestRoute, AnAttemptStartedInsideOnRoutedKeepsItsRoute) {
     if (answer.calls != 1) return;  // the second answer is only recorded
     ASSERT_TRUE(answer.route);
     EXPECT_FALSE(answer.route->pre_step.is_ok());
-    // What the session does for a failed pre-step: forget it, avoid the prefill, pair again.
+    // What the session does for a failed pre-step: forget it, avoid the prefill, let go of the
+    // pair, pair again (into the same storage).
     route->prefill_failed(*answer.route->dialect, *answer.route->pair.prefill);
     route->exclude(Role::kPrefill, answer.route->pair.prefill->key);
-    answer.route.reset();
+    listener.let_go();
     route->route(true);
   };
   h.port.calls[0]->answer(500, "down");
@@ -281,7 +295,8 @@ TEST(RequestRoute, AnAttemptStartedInsideOnRoutedKeepsItsRoute) {
   EXPECT_EQ(h.port.calls[1]->request.path, "/query");
   EXPECT_EQ(h.port.calls[1]->target.host, second->http_address.host);
   // The second attempt's pair is charged while its pre-step runs (the first answer's return
-  // did not drop it), the first pair's prefill no longer.
+  // did not drop it: it is in the storage), the first pair's prefill no longer.
+  EXPECT_EQ(listener.storage.pair.prefill, second);
   EXPECT_EQ(second->liveness->outstanding.load(), 1u);
   EXPECT_EQ(decode->liveness->outstanding.load(), 1u);
   EXPECT_EQ((first == p1->key ? p1 : p2)->liveness->outstanding.load(), 0u);
@@ -293,8 +308,83 @@ TEST(RequestRoute, AnAttemptStartedInsideOnRoutedKeepsItsRoute) {
   EXPECT_EQ(answer.route->pair.prefill->key, second->key);
   EXPECT_EQ(answer.route->prefill_facts.engine_id, "engine-0");
   EXPECT_EQ(listener.hold.use_count(), 1);
-  answer.route.reset();
+  listener.let_go();
   EXPECT_EQ(second->liveness->outstanding.load(), 0u);
+  EXPECT_EQ(decode->liveness->outstanding.load(), 0u);
+}
+
+// Refused after pairing (n = 2 on a pair whose decode cannot serve alone): the pair's load goes
+// back at once and the storage holds no pair, before the refusal is answered.
+TEST(RequestRoute, ARefusalAfterPairingLeavesTheStorageEmpty) {
+  auto prefill = node("127.0.0.1", Role::kPrefill, Connector::kMooncake);
+  auto decode = node("127.0.0.2", Role::kDecode, Connector::kMooncake);
+  Harness h({prefill, decode});
+  h.facts.choices = 2;
+  Listener listener;
+  auto route = h.begin(listener);
+  const Answer& answer = listener.answer;
+  listener.then = [&] {
+    EXPECT_FALSE(listener.storage.pair.prefill);
+    EXPECT_FALSE(listener.storage.prefill_load.bound());
+    EXPECT_FALSE(listener.storage.decode_load.bound());
+    EXPECT_EQ(prefill->liveness->outstanding.load(), 0u);
+    EXPECT_EQ(decode->liveness->outstanding.load(), 0u);
+  };
+  route->route(false);
+  ASSERT_EQ(answer.calls, 1);
+  EXPECT_EQ(listener.paired, 1);
+  ASSERT_TRUE(answer.refusal);
+  EXPECT_EQ(answer.refusal->reason, RouteRefusalReason::kBadParameter);
+  EXPECT_EQ(answer.route, nullptr);
+  EXPECT_TRUE(h.port.calls.empty());  // no pre-step for a refused pair
+  EXPECT_EQ(listener.hold.use_count(), 1);
+}
+
+// Cancelled while its pre-step runs: the route, not handed over, gives its pair back from the
+// storage at once; the pre-step's late answer is ignored and leaves the storage alone.
+TEST(RequestRoute, ACancelDuringThePreStepEmptiesTheStorage) {
+  auto prefill = node("127.0.0.1", Role::kPrefill, Connector::kMooncake);
+  auto decode = node("127.0.0.2", Role::kDecode, Connector::kMooncake);
+  Harness h({prefill, decode});
+  Listener listener;
+  auto route = h.begin(listener);
+  const Answer& answer = listener.answer;
+  route->route(false);
+  ASSERT_EQ(h.port.calls.size(), 1u);
+  EXPECT_EQ(h.port.calls[0]->request.path, "/query");
+  EXPECT_EQ(listener.storage.pair.prefill, prefill);  // built in place from its pairing on
+  EXPECT_EQ(prefill->liveness->outstanding.load(), 1u);
+  EXPECT_EQ(decode->liveness->outstanding.load(), 1u);
+
+  route->cancel();
+  EXPECT_FALSE(listener.storage.pair.prefill);
+  EXPECT_FALSE(listener.storage.pair.decode);
+  EXPECT_EQ(prefill->liveness->outstanding.load(), 0u);
+  EXPECT_EQ(decode->liveness->outstanding.load(), 0u);
+  h.port.calls[0]->answer(200, R"({"0":{"engine_id":"engine-0","worker_addr":"127.0.0.1:17000"}})");
+  EXPECT_EQ(answer.calls, 0);
+  EXPECT_TRUE(listener.storage.prefill_facts.engine_id.empty());
+  EXPECT_EQ(listener.hold.use_count(), 1);
+}
+
+// The request ends inside on_routed (the session's end() cancels its route): the route handed
+// over is the listener's, so the cancel leaves it in the storage, charged, until it lets go.
+TEST(RequestRoute, ACancelInsideOnRoutedLeavesTheHandedOverRoute) {
+  auto prefill = node("127.0.0.1", Role::kPrefill);
+  auto decode = node("127.0.0.2", Role::kDecode);
+  Harness h({prefill, decode});
+  Listener listener;
+  auto route = h.begin(listener);
+  const Answer& answer = listener.answer;
+  listener.then = [&] { route->cancel(); };
+  route->route(false);
+  ASSERT_EQ(answer.calls, 1);
+  ASSERT_EQ(answer.route, &listener.storage);
+  EXPECT_EQ(listener.storage.pair.prefill, prefill);
+  EXPECT_EQ(prefill->liveness->outstanding.load(), 1u);
+  EXPECT_EQ(decode->liveness->outstanding.load(), 1u);
+  listener.let_go();
+  EXPECT_EQ(prefill->liveness->outstanding.load(), 0u);
   EXPECT_EQ(decode->liveness->outstanding.load(), 0u);
 }
 
