@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Goodput benchmark: the Mooncake synthetic trace (bench/serving/traces/) replayed with
 `pdrouter-bench --trace` through pdrouter onto P prefill + D decode `pdnode sim` nodes, swept over
-speed-ups, once per routing policy and once with two pdrouter replicas sharing their registry
-through etcd. Each run reports SLO attainment (share of requests meeting both TTFT <= 10 s and
+speed-ups, once per routing policy, once with conditional disaggregation by prediction (an idle
+decode computes a prompt itself while the prefills are busy: conditional_disaggregation.
+prefill_busy_ms) and once with two pdrouter replicas sharing their registry through etcd. Each run reports SLO attainment (share of requests meeting both TTFT <= 10 s and
 TBT <= 100 ms, TBT being the mean of a request's slowest 10% token gaps, as Mooncake's paper
 judges) and goodput (requests/s meeting both); a policy's goodput is the highest speed-up at which
 it keeps >= 90% attainment (DistServe's definition), i.e. where it saturates.
@@ -18,6 +19,7 @@ every figure in the results is in modelled (GPU) time.
 
   bench/serving/goodput_bench.py [--bin-dir DIR] [--smoke] [--results FILE] [--trace FILE]
       [--num-prompts N] [--first I] [--speedups LIST] [--policies LIST] [--etcd-policies LIST]
+      [--busy-decode-policies LIST] [--prefill-busy-ms MS]
       [--prefills P] [--decodes D] [--engine auto|vllm|per-token] [--time-scale T]
       [--sim-flag=FLAG ...] [--backend completions|generate] [--slo-ttft-ms MS] [--slo-tbt-ms MS]
       [--target 0.9] [--request-timeout S] [--note TEXT] [--overload-policy P]
@@ -116,7 +118,7 @@ class Deployment:
     roles and KV events on, and P prefill + D decode NIXL sims; node i registers with router
     i % replicas only, so with etcd the others learn it from the shared registry."""
 
-    def __init__(self, procs, args, policy, replicas, etcd, tag, limits=None):
+    def __init__(self, procs, args, policy, replicas, etcd, tag, limits=None, topology=""):
         self.procs, self.args = procs, args
         self.routers, discoveries = [], []
         self.access_logs = []  # with `limits`: each replica's access log (queue_ms per request)
@@ -128,6 +130,7 @@ class Deployment:
                 f.write("policies:\n  prefill: %s\n  decode: %s\n"
                         % (prefill_policy, decode_policy or prefill_policy))
                 f.write("kv_events:\n  enabled: true\n")
+                f.write(topology)
                 if limits:
                     f.write("limits:\n" + "".join("  %s: %d\n" % kv for kv in sorted(limits.items())))
                     # Each request's queue_ms, exactly (the histogram's buckets are coarse).
@@ -235,10 +238,11 @@ def admission_figures(router, access_log, requests):
 
 def run_one(args, procs, variant, speedup):
     policy, replicas = variant["policy"], variant["replicas"]
-    tag = "%s-x%d-%s%s" % (policy.replace("/", "-"), replicas, speedup, "-limits" if variant.get("limits") else "")
+    tag = "%s-x%d-%s%s%s" % (policy.replace("/", "-"), replicas, speedup, "-limits" if variant.get("limits") else "",
+                             "-busy" if variant.get("topology") else "")
     etcd = Etcd(procs.work) if replicas > 1 else None
     try:
-        dep = Deployment(procs, args, policy, replicas, etcd, tag, variant.get("limits"))
+        dep = Deployment(procs, args, policy, replicas, etcd, tag, variant.get("limits"), variant.get("topology", ""))
         out = os.path.join(procs.work, "%s.json" % tag)
         cmd = [args.bench, "--trace", args.window_file, "--num-prompts", str(args.num_prompts),
                "--trace-speedup", "%g" % (speedup / args.time_scale),
@@ -539,6 +543,14 @@ def policy_text(policy):
 def variants_of(args):
     out = [{"name": p, "policy": p, "replicas": 1, "what": "%s, one pdrouter" % policy_text(p)}
            for p in args.policies]
+    busy_ms = max(1, round(args.prefill_busy_ms * args.time_scale))
+    for p in args.busy_decode_policies:
+        out.append({"name": "%s + busy decode alone" % p, "policy": p, "replicas": 1,
+                    "topology": "conditional_disaggregation:\n  enabled: true\n  prefill_busy_ms: %d\n" % busy_ms,
+                    "what": "%s, one pdrouter, with `conditional_disaggregation: {enabled: true, prefill_busy_ms: %d}` "
+                            "(%g ms modelled): a request goes to an idle decode alone, which computes its prompt, "
+                            "while the prompts queued on its prefill take that long or more"
+                            % (policy_text(p), busy_ms, args.prefill_busy_ms)})
     if args.etcd_policies and not os.access(ETCD, os.X_OK):
         print("goodput_bench.py: %s not found: no two-replica variant" % ETCD, file=sys.stderr)
         return out
@@ -591,6 +603,11 @@ def main():
                         "PREFILL/DECODE for a different decode policy)")
     parser.add_argument("--etcd-policies", default="cache_aware",
                         help="policies also run with two replicas sharing an etcd registry ('' for none)")
+    parser.add_argument("--busy-decode-policies", default="predicted_latency",
+                        help="policies also run with conditional_disaggregation.prefill_busy_ms, an idle decode "
+                        "computing a prompt itself while the prefills are busy ('' for none)")
+    parser.add_argument("--prefill-busy-ms", type=float, default=250.0,
+                        help="their prefill_busy_ms in modelled ms (scaled by --time-scale; default 250)")
     parser.add_argument("--prefills", type=int, default=None, help="prefill sims (default 2; smoke 1)")
     parser.add_argument("--decodes", type=int, default=None, help="decode sims (default 2; smoke 1)")
     parser.add_argument("--engine", choices=["auto", "vllm", "per-token"], default="auto")
@@ -622,6 +639,7 @@ def main():
     args.speedups = sorted(float(s) for s in args.speedups.split(",") if s)
     args.policies = [p for p in args.policies.split(",") if p]
     args.etcd_policies = [p for p in args.etcd_policies.split(",") if p]
+    args.busy_decode_policies = [p for p in args.busy_decode_policies.split(",") if p]
     if args.smoke and args.policies == POLICIES:
         args.policies = ["round_robin", "cache_aware", "predicted_latency"]
     if args.prefills is None:
