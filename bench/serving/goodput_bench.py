@@ -404,7 +404,9 @@ def render(args, variants, results, started):
           "node%s (utilisation 1; `bench/serving/fleet_ceiling.py`, the engine model's step time for "
           "each prompt's uncached tokens after its cached prefix): with the fleet's KV as one LRU "
           "cache, a router that never duplicates a prefix nor loses one it could keep, and with an "
-          "unbounded cache. A router holding TTFT within the SLO saturates below the first ceiling."
+          "unbounded cache. A router holding TTFT within the SLO saturates below the first ceiling "
+          "while only the prefill nodes compute prompts; a decode that computes prompts itself when "
+          "idle (conditional disaggregation) adds its spare time to that capacity."
           % (args.prefills, "" if args.prefills == 1 else "s"))
         w("")
         w("| cache | hit rate | prefill work (modelled s) | ceiling speed-up |")
