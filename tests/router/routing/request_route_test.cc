@@ -5,7 +5,9 @@
 // decodes a request already tried, and a new attempt started from inside on_routed (a failed
 // pre-step retried at once) that keeps its own route. Routes are built in the listener's storage:
 // a refusal after pairing and a cancel during the pre-step leave it holding nothing, a route
-// handed over stays there (a cancel from inside on_routed too) until the listener lets go. The
+// handed over stays there (a cancel from inside on_routed too) until the listener lets go. A
+// request the prefills are too busy for goes to an idle decode alone, and its SLO check reads
+// that decode's prediction. The
 // session's use of it end to end: tests/router/proxy_session_test.cc and tests/integration
 // (test_cache_tokenize, test_predicted_latency...).
 #include "router/routing/request_route.h"
@@ -81,7 +83,8 @@ struct Listener final : RouteListener {
 // One worker on a loop of the test's own, and a request's body.
 class Harness {
  public:
-  explicit Harness(std::vector<std::shared_ptr<const Instance>> instances, bool tokenize = false) {
+  explicit Harness(std::vector<std::shared_ptr<const Instance>> instances, bool tokenize = false,
+                   const std::function<void(config::Topology&)>& configure = {}) {
     EXPECT_EQ(uv_loop_init(&loop_), 0);
     auto topology = std::make_shared<config::Topology>();
     if (tokenize) {
@@ -90,6 +93,7 @@ class Harness {
       topology->policies.cache_aware.tokenize_by_node = true;
       shared.block_index = &index_;
     }
+    if (configure) configure(*topology);
     topology_.publish(topology);
     topo = topology;
     auto snapshot = std::make_shared<discovery::RegistrySnapshot>();
@@ -178,6 +182,44 @@ TEST(RequestRoute, ARouteCarriesThePairsLoad) {
   listener.let_go();
   EXPECT_EQ(prefill->liveness->outstanding.load(), 0u);
   EXPECT_EQ(decode->liveness->outstanding.load(), 0u);
+}
+
+// predicted_latency on both legs and conditional_disaggregation.prefill_busy_ms: a request whose
+// TTFT SLO no prefill can meet (their queues) but an idle decode can goes to that decode alone at
+// once instead of waiting for a prefill: the SLO check reads the prediction of what will run.
+// Without prefill_busy_ms the same request waits (parks in the SLO gate), sending nothing.
+TEST(RequestRoute, TheSloCheckReadsTheDecodeAlonePrediction) {
+  for (const bool busy_alone : {true, false}) {
+    SCOPED_TRACE(busy_alone ? "prefill_busy_ms" : "off");
+    auto prefill = node("127.0.0.1", Role::kPrefill);
+    auto decode = node("127.0.0.2", Role::kDecode);
+    auto other_decode = node("127.0.0.3", Role::kDecode);
+    Harness h({prefill, decode, other_decode}, false, [&](config::Topology& t) {
+      t.policies.prefill = config::PolicyName::kPredictedLatency;
+      t.policies.decode = config::PolicyName::kPredictedLatency;
+      t.conditional_disaggregation.enabled = true;
+      t.conditional_disaggregation.prefill_busy_ms = busy_alone ? 1000 : 0;
+    });
+    // 16,000 tokens queued on the prefill: 2 s at the default 8,000 tokens/s.
+    discovery::LoadCharge queued(*prefill, std::nullopt);
+    queued.queue_prefill(16000);
+    h.facts.slo.ttft_ms = 1000;
+    Listener listener;
+    auto route = h.begin(listener);
+    route->route(false);
+    if (!busy_alone) {
+      EXPECT_EQ(listener.answer.calls, 0);  // waiting for a prefill within the SLO
+      EXPECT_EQ(h.shared.slo_gate.parked(), 1u);
+      route->cancel();
+      h.shared.slo_gate.drop_all();
+      continue;
+    }
+    ASSERT_EQ(listener.answer.calls, 1);
+    ASSERT_TRUE(listener.answer.route);
+    EXPECT_EQ(listener.answer.route->decode_alone, DecodeAloneReason::kPrefillBusy);
+    EXPECT_EQ(h.shared.slo_gate.parked(), 0u);
+    listener.let_go();
+  }
 }
 
 // The client goes away while the node /tokenize call runs: the call is cancelled and counted,
