@@ -135,7 +135,7 @@ void RequestRoute::pair() {
     refuse(RouteRefusalReason::kNoPair, 503, st.message(), "no_pair");
     return;
   }
-  if (explanation_ && choices_ <= 1) {
+  if (explanation_ && choices_ <= 1 && topo_.conditional_disaggregation.prefill_busy_ms != 0) {
     // The prefills may be too busy: then the decode computes the prompt itself. Decided here,
     // before the SLO check, so that the check reads the prediction of what will run.
     explanation_->decode_alone_seconds = decode_alone_when_busy(
