@@ -82,7 +82,7 @@ struct LegExplanation {
     uint32_t outstanding = 0;
     uint32_t weight = 1;
     CandidateLoad load;             // the ledger's figures as read (Candidate::load)
-    uint64_t uncached_tokens = 0;   // of this prompt, on this node (prefill)
+    uint64_t uncached_tokens = 0;   // of this prompt, on this node (what a decode would pull)
     double predicted_seconds = 0;   // TTFT (prefill) or time per output token (decode)
     double score = 0;               // what the choice minimised (prefill: TTFT + its fleet work)
     bool kv_full = false;           // decode: this request would exceed its KV capacity

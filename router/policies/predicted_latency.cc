@@ -145,14 +145,18 @@ class PredictedLatencyPolicy final : public Policy {
         bool full = false;
         s.predicted.push_back(predict_tpot(rank, rates, prompt, model_, &full));
         s.score.push_back(s.predicted.back());
-        s.uncached.push_back(prompt);
+        // What of the prompt this decode lacks: a NIXL decode pulls only those blocks, and one
+        // computing the prompt alone computes only those. Equal predictions go to the fewest.
+        s.uncached.push_back(request.prompt != nullptr ? uncached_tokens(*request.prompt, request.cache, c.key) : 0);
         s.kv_full.push_back(full ? 1 : 0);
       }
     }
-    // a strictly beats b: a lower score, or an equal one with less load.
+    // a strictly beats b: a lower score, or an equal one with (decode) less of the prompt to
+    // pull or with less load.
     auto better = [&](size_t a, size_t b) {
       if (s.score[a] < s.score[b] - kTieSeconds) return true;
       if (s.score[b] < s.score[a] - kTieSeconds) return false;
+      if (leg_ == PolicyLeg::kDecode && s.uncached[a] != s.uncached[b]) return s.uncached[a] < s.uncached[b];
       return less_loaded(candidates[a], candidates[b]);
     };
     size_t best = 0, ties = 1;

@@ -45,8 +45,9 @@
 //   of the candidates that have one, and with none measured the topology's defaults
 //   (policies.predicted_latency.default_prefill_tokens_per_second, default_decode_step_us).
 //
-// Ties (an idle fleet, equal figures) go to the less loaded by outstanding / weight, then rotate,
-// as least_outstanding does. Thread-safety as policy.h.
+// Ties (an idle fleet, equal figures) go, on the decode leg, to the decode holding the most of
+// the prompt (a NIXL decode pulls only the blocks it lacks), then to the less loaded by
+// outstanding / weight, then rotate, as least_outstanding does. Thread-safety as policy.h.
 #pragma once
 
 #include <cstddef>

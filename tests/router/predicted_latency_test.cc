@@ -349,6 +349,26 @@ TEST(PredictedLatencyPolicy, DpRanksCountAsParallelCapacity) {
   EXPECT_EQ(policy->pick(f.span(), r), 0u);
 }
 
+TEST(PredictedLatencyPolicy, IdleDecodesTieToTheOneHoldingMostOfThePrompt) {
+  auto policy = make_policy(PolicyName::kPredictedLatency, 1, {}, PolicyLeg::kDecode);
+  Fleet f(3);
+  const PromptTokens prompt = tokens(4000);
+  const CacheHits hits = hits_on(f.keys[2], 3000, 4000);
+  RouteExplanation explanation;
+  RequestSummary r;
+  r.prompt = &prompt;
+  r.cache = &hits;
+  r.explain = &explanation;
+  // Equal predictions (an idle fleet): the decode that lacks the least of the prompt pulls the
+  // fewest blocks, every time, instead of the decodes taking turns.
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(policy->pick(f.span(), r), 2u);
+  EXPECT_EQ(explanation.decode.rows[2].uncached_tokens, 1000u);
+  EXPECT_EQ(explanation.decode.rows[0].uncached_tokens, 4000u);
+  // A prediction that differs still decides first.
+  f.candidates[2].load.decode_sequences = 50;
+  EXPECT_NE(policy->pick(f.span(), r), 2u);
+}
+
 TEST(PredictedLatencyPolicy, AnIdleFleetRotates) {
   auto policy = make_policy(PolicyName::kPredictedLatency, 1, {}, PolicyLeg::kPrefill);
   EXPECT_TRUE(policy->needs_load());
