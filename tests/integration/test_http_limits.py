@@ -141,7 +141,9 @@ class BusyRefusalTest(unittest.TestCase):
         # The open-file limit is lowered under the running router so that two more connections
         # fit and the third finds no descriptor: accept() fails with EMFILE. libuv's own reserve
         # descriptor would accept and close it; pdrouter answers it from its reserve.
-        with Router("workers: 1\n") as router:
+        # The two holding connections send nothing: the header timeout must not close one (and
+        # free its descriptor) while the test runs, however slow the machine.
+        with Router("workers: 1\ntimeouts:\n  header_read_ms: 600000\n") as router:
             pid = router.process.proc.pid
             before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
             host, port = router.http.rsplit(":", 1)
@@ -165,6 +167,17 @@ class BusyRefusalTest(unittest.TestCase):
                 # Both taken (each worker accepts on its own listener, in its own time).
                 router.wait_for(lambda: {first, second} <= {int(n) for n in os.listdir("/proc/%d/fd" % pid)},
                                 timeout=10)
+                # On a loaded machine a descriptor can close after stable_fds saw the set hold
+                # still (the warm-up connection's, its loop turn late): such a hole below the limit
+                # would take the next connection, answered 200. Each one is filled by one more
+                # holding connection (an accept takes the lowest free number).
+                for _ in range(8):
+                    fds = {int(n) for n in os.listdir("/proc/%d/fd" % pid)}
+                    hole = free_fd_numbers(fds, 1)[0]
+                    if hole > second:
+                        break
+                    holders.append(socket.create_connection((host, int(port)), timeout=10 * TIME_SCALE))
+                    router.wait_for(lambda: hole in {int(n) for n in os.listdir("/proc/%d/fd" % pid)}, timeout=10)
                 answers = [ask_health(router.http) for _ in range(3)]
                 for data in answers:
                     self.assert_busy_answer(data)
