@@ -53,6 +53,15 @@ CacheHits hits_on(std::string key, uint32_t matched, uint32_t prompt) {
   return h;
 }
 
+// A request of `prompt` (with `hits`, when given) whose pick explains itself into *explanation.
+RequestSummary explained(const PromptTokens& prompt, RouteExplanation* explanation, const CacheHits* hits = nullptr) {
+  RequestSummary r;
+  r.prompt = &prompt;
+  r.cache = hits;
+  r.explain = explanation;
+  return r;
+}
+
 // ---- the cost model --------------------------------------------------------------------------
 
 TEST(PredictedLatencyModel, TtftIsQueuedPlusUncachedOverRatePlusTransfer) {
@@ -256,10 +265,7 @@ TEST(PredictedLatencyPolicy, ExplainsItsChoiceAndTheCacheBest) {
   const PromptTokens prompt = tokens(4000);
   const CacheHits hits = hits_on(f.keys[1], 3000, 4000);
   RouteExplanation explanation;
-  RequestSummary r;
-  r.prompt = &prompt;
-  r.cache = &hits;
-  r.explain = &explanation;
+  RequestSummary r = explained(prompt, &explanation, &hits);
   const size_t chosen = policy->pick(f.span(), r);
   EXPECT_NE(chosen, 1u);
   const LegExplanation& e = explanation.prefill;
@@ -307,9 +313,7 @@ TEST(PredictedLatencyPolicy, DecodeAvoidsANodeComputingAPromptAtThePrefillsRate)
   f.candidates[1].load.decode_sequences = 40;
   const PromptTokens prompt = tokens(1000);
   RouteExplanation explanation;
-  RequestSummary r;
-  r.prompt = &prompt;
-  r.explain = &explanation;
+  RequestSummary r = explained(prompt, &explanation);
   // At the prefill's rate (200,000 tokens/s: 20 ms for the prompt), node 0's next steps cost
   // more than 39 more sequences on node 1 (0.7 ms).
   explanation.prefill_tokens_per_second = 200000;
@@ -328,9 +332,7 @@ TEST(PredictedLatencyPolicy, ThePrefillPickRecordsTheRateItPredictedAt) {
   f.candidates[1].load.prefill_tokens_per_second = 5000;
   const PromptTokens prompt = tokens(100);
   RouteExplanation explanation;
-  RequestSummary r;
-  r.prompt = &prompt;
-  r.explain = &explanation;
+  RequestSummary r = explained(prompt, &explanation);
   policy->pick(f.span(), r);
   EXPECT_DOUBLE_EQ(explanation.prefill_tokens_per_second, 4000);  // the fleet's mean
 }
@@ -355,10 +357,7 @@ TEST(PredictedLatencyPolicy, IdleDecodesTieToTheOneHoldingMostOfThePrompt) {
   const PromptTokens prompt = tokens(4000);
   const CacheHits hits = hits_on(f.keys[2], 3000, 4000);
   RouteExplanation explanation;
-  RequestSummary r;
-  r.prompt = &prompt;
-  r.cache = &hits;
-  r.explain = &explanation;
+  RequestSummary r = explained(prompt, &explanation, &hits);
   // Equal predictions (an idle fleet): the decode that lacks the least of the prompt pulls the
   // fewest blocks, every time, instead of the decodes taking turns.
   for (int i = 0; i < 6; ++i) EXPECT_EQ(policy->pick(f.span(), r), 2u);
