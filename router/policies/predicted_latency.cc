@@ -109,7 +109,6 @@ struct Scratch {
   std::vector<double> score;  // what is minimised: the prediction, or prefill_score
   std::vector<uint64_t> uncached;
   std::vector<uint8_t> kv_full;
-  std::vector<double> prefill_rate;
 };
 
 class PredictedLatencyPolicy final : public Policy {
@@ -124,7 +123,6 @@ class PredictedLatencyPolicy final : public Policy {
     s.score.clear();
     s.uncached.clear();
     s.kv_full.clear();
-    s.prefill_rate.clear();
     const uint64_t prompt = request.prompt != nullptr ? request.prompt->count : 0;
     const ResolvedRates fleet = fleet_rates(candidates);
     for (const Candidate& c : candidates) {
@@ -133,7 +131,6 @@ class PredictedLatencyPolicy final : public Policy {
       if (leg_ == PolicyLeg::kDecode && request.explain != nullptr && request.explain->prefill_tokens_per_second > 0) {
         rates.prefill_tokens_per_second = request.explain->prefill_tokens_per_second;
       }
-      s.prefill_rate.push_back(rates.prefill_tokens_per_second);
       if (leg_ == PolicyLeg::kPrefill) {
         const uint64_t u = request.prompt != nullptr ? uncached_tokens(*request.prompt, request.cache, c.key) : 0;
         s.uncached.push_back(u);
@@ -179,7 +176,10 @@ class PredictedLatencyPolicy final : public Policy {
       }
     }
     if (request.explain != nullptr) {
-      if (leg_ == PolicyLeg::kPrefill) request.explain->prefill_tokens_per_second = s.prefill_rate[best];
+      if (leg_ == PolicyLeg::kPrefill) {
+        request.explain->prefill_tokens_per_second =
+            resolve_rates(candidates[best].load, fleet, model_).prefill_tokens_per_second;
+      }
       explain(candidates, request, s, best, leg_ == PolicyLeg::kPrefill ? request.explain->prefill : request.explain->decode);
     }
     return best;

@@ -17,10 +17,10 @@
 //     request it serves alone: queued prefill tokens on a decode), the time of one chunk of it,
 //     min(those tokens, step_token_budget) at the prefill rate the request's prefill leg was
 //     predicted at (RouteExplanation::prefill_tokens_per_second; else the node's resolved rate):
-//     vLLM puts that chunk in every step until the prompt is done. With the load scrape on (topology load_signals) and
-//     the node's figures fresh, the sequences include the requests other clients run there
-//     (CandidateLoad::other_requests) and the KV held is at least the node's reported usage times
-//     kv_capacity_tokens. The prefill prediction does not use them: the page has no token counts.
+//     vLLM puts that chunk in every step until the prompt is done. With the load scrape on
+//     (topology load_signals) and the node's figures fresh, the sequences include the requests
+//     other clients run there (CandidateLoad::other_requests) and the KV held is at least the
+//     node's reported usage times kv_capacity_tokens. The prefill prediction does not use them: the page has no token counts.
 //   - the prefill choice is not the least TTFT alone: it minimises
 //       predicted TTFT + fleet_work_weight * (this prompt's uncached tokens / the node's rate),
 //     the second term being the delay that the work a cache miss adds to a node causes the

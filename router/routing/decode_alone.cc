@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "proto/token_ids.h"
+#include "router/policies/predicted_latency.h"
 
 namespace pdr::router::routing {
 
@@ -62,8 +63,8 @@ std::optional<double> decode_alone_when_busy(const config::Topology::Conditional
   // Busy: the prompts queued on the prefill ahead of this one (per DP rank, as predicted) take
   // prefill_busy_ms or more. A long prompt on an idle prefill is not a reason to move it.
   const LegExplanation::Row& prefill = p.rows[p.chosen];
-  const uint64_t ranks = prefill.load.of_next_rank || prefill.weight == 0 ? 1 : prefill.weight;
-  const double queued = static_cast<double>((prefill.load.queued_prefill_tokens + ranks - 1) / ranks);
+  const CandidateLoad rank = per_rank(Candidate{prefill.key, prefill.outstanding, prefill.weight, prefill.load});
+  const double queued = static_cast<double>(rank.queued_prefill_tokens);
   if (queued / e.prefill_tokens_per_second * 1000 < config.prefill_busy_ms) return std::nullopt;
   const double prefill_ttft = prefill.predicted_seconds;
   const CandidateLoad& mine = d.rows[d.chosen].load;

@@ -8,6 +8,7 @@
 
 #include "proto/base/metrics_writer.h"
 #include "router/http/json_error.h"
+#include "router/routing/decode_alone.h"
 
 namespace pdr::router::routing {
 
@@ -124,7 +125,7 @@ http::Response RouteDecisionLog::render(std::string_view query) const {
                            {"prefill", leg_json(d.explanation.prefill, PolicyLeg::kPrefill)},
                            {"decode", leg_json(d.explanation.decode, PolicyLeg::kDecode)},
                            {"decode_alone", d.explanation.decode_alone_seconds
-                                                ? nlohmann::json{{"reason", "prefill_busy"},
+                                                ? nlohmann::json{{"reason", to_string(DecodeAloneReason::kPrefillBusy)},
                                                                  {"predicted_seconds", *d.explanation.decode_alone_seconds}}
                                                 : nlohmann::json()}});
     }
