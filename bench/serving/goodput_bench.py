@@ -3,10 +3,11 @@
 `pdrouter-bench --trace` through pdrouter onto P prefill + D decode `pdnode sim` nodes, swept over
 speed-ups, once per routing policy, once with conditional disaggregation by prediction (an idle
 decode computes a prompt itself while the prefills are busy: conditional_disaggregation.
-prefill_busy_ms) and once with two pdrouter replicas sharing their registry through etcd. Each run reports SLO attainment (share of requests meeting both TTFT <= 10 s and
-TBT <= 100 ms, TBT being the mean of a request's slowest 10% token gaps, as Mooncake's paper
-judges) and goodput (requests/s meeting both); a policy's goodput is the highest speed-up at which
-it keeps >= 90% attainment (DistServe's definition), i.e. where it saturates.
+prefill_busy_ms) and once with two pdrouter replicas sharing their registry through etcd. Each
+run reports SLO attainment (share of requests meeting both TTFT <= 10 s and TBT <= 100 ms, TBT
+being the mean of a request's slowest 10% token gaps, as Mooncake's paper judges) and goodput
+(requests/s meeting both); a policy's goodput is the highest speed-up at which it keeps >= 90%
+attainment (DistServe's definition), i.e. where it saturates.
 
 The sims stand in for GPUs, so how they are timed decides what this measures:
 with `pdnode sim --engine vllm` (a vLLM V1 scheduler model: token budget, seats, KV blocks,
