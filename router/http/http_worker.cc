@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <pthread.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,9 +18,25 @@ namespace pdr::http {
 
 namespace {
 
-// The descriptor a worker holds in reserve for answering 503 at the open-file limit. An eventfd
-// needs no file system: a container image or chroot may have no /dev/null.
-int open_reserve_fd() { return ::eventfd(0, EFD_CLOEXEC); }
+// The descriptor a worker holds in reserve for answering 503 at the open-file limit: a duplicate
+// of the loop's own (epoll) descriptor, which is never read or written through it. It needs no
+// file system (a container image or chroot may have no /dev/null), and refuse_with_reserve()
+// turns an answered connection's descriptor back into one in a single dup3().
+int open_reserve_fd(uv_loop_t* loop) { return ::fcntl(uv_backend_fd(loop), F_DUPFD_CLOEXEC, 0); }
+
+// libuv keeps one descriptor of its own per loop (for its accept loop, which pdrouter's listener
+// does not use) and opens it at the loop's first stream: a worker's first connection. Opened at
+// start instead, it is among the descriptors the router holds from the beginning, rather than
+// taken at a random later moment, near the limit, possibly the very number another worker has
+// just freed to answer a 503.
+void open_libuv_stream_reserve(uv_loop_t* loop) {
+  auto* probe = new uv_tcp_t;
+  if (uv_tcp_init(loop, probe) != 0) {
+    delete probe;
+    return;
+  }
+  uv_close(reinterpret_cast<uv_handle_t*>(probe), [](uv_handle_t* h) { delete reinterpret_cast<uv_tcp_t*>(h); });
+}
 thread_local HttpWorker* tls_current_worker = nullptr;
 constexpr size_t kReadBufferSize = 64 * 1024;
 constexpr uint64_t kAcceptBackoffMs = 100;
@@ -67,6 +82,7 @@ Status HttpWorker::listen(const std::string& host, uint16_t* port) {
   int rc = uv_loop_init(&loop_);
   if (rc < 0) return uv_status(StatusCode::kIoError, "uv_loop_init", rc);
   loop_initialized_ = true;
+  open_libuv_stream_reserve(&loop_);
   rc = async_.init(this, [&](uv_async_t* a) { return uv_async_init(&loop_, a, &HttpWorker::on_async); });
   if (rc < 0) return uv_status(StatusCode::kIoError, "uv_async_init", rc);
 
@@ -90,8 +106,8 @@ Status HttpWorker::listen(const std::string& host, uint16_t* port) {
   if (getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
     return Status(StatusCode::kIoError, std::string("getsockname: ") + std::strerror(errno));
   }
-  reserve_fd_ = open_reserve_fd();
-  if (reserve_fd_ < 0) return Status(StatusCode::kIoError, std::string("eventfd (reserve descriptor): ") + std::strerror(errno));
+  reserve_fd_ = open_reserve_fd(&loop_);
+  if (reserve_fd_ < 0) return Status(StatusCode::kIoError, std::string("reserve descriptor: ") + std::strerror(errno));
   *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   // A reopened listener (accept back-off) binds the port this one got.
@@ -297,6 +313,11 @@ void HttpWorker::take_connection(int fd) {
 }
 
 void HttpWorker::refuse_busy(int fd) {
+  answer_busy(fd);
+  ::close(fd);
+}
+
+void HttpWorker::answer_busy(int fd) {
   static const std::string kAnswer = [] {
     const std::string body = error_body("pdrouter cannot take more connections now; retry later", "server_error",
                                         "too_many_connections");
@@ -315,25 +336,35 @@ void HttpWorker::refuse_busy(int fd) {
     shared_.stats.busy_refusals.fetch_add(1, std::memory_order_relaxed);
   }
   ::shutdown(fd, SHUT_WR);
-  ::close(fd);
 }
 
 bool HttpWorker::refuse_with_reserve() {
   if (reserve_fd_ < 0) {
-    reserve_fd_ = open_reserve_fd();  // the last try could not reopen it
+    reserve_fd_ = open_reserve_fd(&loop_);  // the last try could not get it back
     errno = EMFILE;
     return false;
   }
   ::close(reserve_fd_);
   reserve_fd_ = -1;
   const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  const int accept_errno = errno;
-  if (fd >= 0) refuse_busy(fd);
-  reserve_fd_ = open_reserve_fd();
   if (fd < 0) {
+    const int accept_errno = errno;
+    reserve_fd_ = open_reserve_fd(&loop_);
     errno = accept_errno;
     return false;
   }
+  answer_busy(fd);
+  // The answered connection's descriptor becomes the reserve: dup3() closes the socket and puts
+  // the duplicate in its place in one step. Closing it and then opening a new reserve would leave
+  // the number free for a moment, and another thread (another worker's accept(), a library's
+  // open()) could take it: this worker would have no reserve until a descriptor frees, and
+  // connections would wait in its backlog instead of being answered.
+  if (::dup3(uv_backend_fd(&loop_), fd, O_CLOEXEC) == fd) {
+    reserve_fd_ = fd;
+    return true;
+  }
+  ::close(fd);
+  reserve_fd_ = open_reserve_fd(&loop_);
   if (reserve_fd_ < 0) {
     errno = EMFILE;
     return false;

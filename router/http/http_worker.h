@@ -99,10 +99,12 @@ class HttpWorker {
   void take_connection(int fd);
   // Answers an accepted connection 503 (Retry-After: 1) at once, and closes it; counted.
   void refuse_busy(int fd);
+  // refuse_busy() without the close: the answer is sent and the write side shut down.
+  void answer_busy(int fd);
   // accept() found no descriptor (EMFILE/ENFILE): the reserve descriptor is closed, one pending
-  // connection accepted into it and refused with 503, and the reserve reopened (the classic
-  // reserve-fd trick). False when there was no reserve, no pending connection, or the reserve
-  // could not be reopened.
+  // connection accepted into its number and answered 503, and that number made the reserve
+  // again (the classic reserve-fd trick, without a moment in which the number is free). False
+  // when there was no reserve, no pending connection, or the reserve could not be had back.
   bool refuse_with_reserve();
   static void on_accept_backoff(uv_timer_t* timer);
   // Creates the SO_REUSEPORT listener on addr_ and listens.
@@ -131,7 +133,7 @@ class HttpWorker {
   detail::UvHandle<uv_async_t> async_;
   detail::UvHandle<uv_poll_t> listener_;  // polls listen_fd_
   int listen_fd_ = -1;
-  int reserve_fd_ = -1;  // an eventfd, held so that EMFILE still leaves room to answer a 503
+  int reserve_fd_ = -1;  // held so that EMFILE still leaves room to answer a 503 (open_reserve_fd)
   detail::UvHandle<uv_timer_t> backoff_timer_;
   detail::UvHandle<uv_check_t> flush_check_;
   detail::UvHandle<uv_idle_t> flush_idle_;

@@ -143,7 +143,11 @@ class BusyRefusalTest(unittest.TestCase):
         # descriptor would accept and close it; pdrouter answers it from its reserve.
         # The two holding connections send nothing: the header timeout must not close one (and
         # free its descriptor) while the test runs, however slow the machine.
-        with Router("workers: 1\ntimeouts:\n  header_read_ms: 600000\n") as router:
+        # The router runs two workers (the fixture's --workers 2), each accepting on its own
+        # listener: the three connections are answered by either, and a descriptor number one
+        # of them frees in its refusal could be taken by the other's accept (answered 200) if
+        # the refusal left it free for a moment.
+        with Router("timeouts:\n  header_read_ms: 600000\n") as router:
             pid = router.process.proc.pid
             before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
             host, port = router.http.rsplit(":", 1)
