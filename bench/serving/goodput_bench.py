@@ -119,7 +119,7 @@ class Deployment:
     roles and KV events on, and P prefill + D decode NIXL sims; node i registers with router
     i % replicas only, so with etcd the others learn it from the shared registry."""
 
-    def __init__(self, procs, args, policy, replicas, etcd, tag, limits=None, topology=""):
+    def __init__(self, procs, args, policy, replicas, etcd, tag, limits=None, topology="", policy_options=""):
         self.procs, self.args = procs, args
         self.routers, discoveries = [], []
         self.access_logs = []  # with `limits`: each replica's access log (queue_ms per request)
@@ -128,8 +128,8 @@ class Deployment:
         for r in range(replicas):
             topo = os.path.join(procs.work, "topology-%s-%d.yaml" % (tag, r))
             with open(topo, "w") as f:
-                f.write("policies:\n  prefill: %s\n  decode: %s\n"
-                        % (prefill_policy, decode_policy or prefill_policy))
+                f.write("policies:\n  prefill: %s\n  decode: %s\n%s"
+                        % (prefill_policy, decode_policy or prefill_policy, policy_options))
                 f.write("kv_events:\n  enabled: true\n")
                 f.write(topology)
                 if limits:
@@ -155,6 +155,8 @@ class Deployment:
                          "--register", discoveries[i % replicas], "--register-interval-ms", "500",
                          "--kv-events-endpoint", "tcp://127.0.0.1:0", "--log-level", "warn"]
                 flags += args.node_flags
+                if role == "decode":
+                    flags += args.decode_flags
                 line = procs.start("%s-%s%d" % (tag, role, len(nodes)), [args.pdnode, "sim"] + flags)
                 nodes.append(field(line, "http"))
                 i += 1
@@ -243,7 +245,8 @@ def run_one(args, procs, variant, speedup):
                              "-busy" if variant.get("topology") else "")
     etcd = Etcd(procs.work) if replicas > 1 else None
     try:
-        dep = Deployment(procs, args, policy, replicas, etcd, tag, variant.get("limits"), variant.get("topology", ""))
+        dep = Deployment(procs, args, policy, replicas, etcd, tag, variant.get("limits"), variant.get("topology", ""),
+                         variant.get("policy_options", ""))
         out = os.path.join(procs.work, "%s.json" % tag)
         cmd = [args.bench, "--trace", args.window_file, "--num-prompts", str(args.num_prompts),
                "--trace-speedup", "%g" % (speedup / args.time_scale),
@@ -360,7 +363,9 @@ def render(args, variants, results, started):
       "end. Runs go speed-up by speed-up, every variant at each, so a busy spell on the machine "
       "weighs on all variants alike; a variant stops after a speed-up below %d%% attainment."
       % (args.prefills, args.decodes, engine_text,
-         (", extra sim flags `%s`" % " ".join(args.sim_flag)) if args.sim_flag else "",
+         ((", extra sim flags `%s`" % " ".join(args.sim_flag)) if args.sim_flag else "") +
+         ((", decodes with `%s` (vLLM's --max-num-batched-tokens on the decode instances: a prompt a "
+           "decode computes alone runs in chunks that short)" % " ".join(args.decode_flags)) if args.decode_flags else ""),
          1 / t, 1 / t, t, t, round(100 * STOP_BELOW)))
     w("")
     w("Variants: " + "; ".join("*%s*: %s" % (v["name"], v["what"]) for v in variants) + ".")
@@ -547,13 +552,21 @@ def variants_of(args):
     out = [{"name": p, "policy": p, "replicas": 1, "what": "%s, one pdrouter" % policy_text(p)}
            for p in args.policies]
     busy_ms = max(1, round(args.prefill_busy_ms * args.time_scale))
+    tpot_ms = max(1, round(args.slo_tbt_ms * args.time_scale))
     for p in args.busy_decode_policies:
+        # The decodes' token budget and the TBT SLO as the TPOT SLO: a decode that streams may
+        # take a prompt whose one chunk a step keeps its steps within the SLO.
+        options = "  predicted_latency:\n    step_token_budget: %d\n    slo_tpot_ms: %d\n" % (args.decode_token_budget, tpot_ms)
         out.append({"name": "%s + busy decode alone" % p, "policy": p, "replicas": 1,
                     "topology": "conditional_disaggregation:\n  enabled: true\n  prefill_busy_ms: %d\n" % busy_ms,
+                    "policy_options": options,
                     "what": "%s, one pdrouter, with `conditional_disaggregation: {enabled: true, prefill_busy_ms: %d}` "
-                            "(%g ms modelled): a request goes to an idle decode alone, which computes its prompt, "
-                            "while the prompts queued on its prefill take that long or more"
-                            % (policy_text(p), busy_ms, args.prefill_busy_ms)})
+                            "(%g ms modelled) and `policies.predicted_latency: {step_token_budget: %d, "
+                            "slo_tpot_ms: %d}` (the decodes' token budget; the TBT SLO): a request goes to a "
+                            "decode alone, which computes its prompt, while the prompts queued on its prefill "
+                            "take that long or more and that decode's steps with one chunk of it stay within "
+                            "the SLO"
+                            % (policy_text(p), busy_ms, args.prefill_busy_ms, args.decode_token_budget, tpot_ms)})
     if args.etcd_policies and not os.access(ETCD, os.X_OK):
         print("goodput_bench.py: %s not found: no two-replica variant" % ETCD, file=sys.stderr)
         return out
@@ -611,6 +624,9 @@ def main():
                         "computing a prompt itself while the prefills are busy ('' for none)")
     parser.add_argument("--prefill-busy-ms", type=float, default=250.0,
                         help="their prefill_busy_ms in modelled ms (scaled by --time-scale; default 250)")
+    parser.add_argument("--decode-token-budget", type=int, default=512,
+                        help="the decode sims' --max-num-batched-tokens (engine vllm; default 512: small "
+                        "chunks, so a decode computing a prompt keeps its streams' steps short)")
     parser.add_argument("--prefills", type=int, default=None, help="prefill sims (default 2; smoke 1)")
     parser.add_argument("--decodes", type=int, default=None, help="decode sims (default 2; smoke 1)")
     parser.add_argument("--engine", choices=["auto", "vllm", "per-token"], default="auto")
@@ -676,6 +692,8 @@ def main():
                              "--decode-us-per-token", "%d" % max(1, round(7500 * args.time_scale)),
                              "--max-model-len", str(MAX_MODEL_LEN)]
     args.node_flags = args.engine_flags + args.sim_flag
+    args.decode_flags = (["--max-num-batched-tokens", str(args.decode_token_budget)]
+                         if args.engine == "vllm" and args.decode_token_budget > 0 else [])
 
     variants = variants_of(args)
     work = tempfile.mkdtemp(prefix="pdr-goodput-bench.")

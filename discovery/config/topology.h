@@ -176,9 +176,10 @@ struct Topology {
       // and identical nodes predicted at different rates steer work to the one that looks faster:
       // the goodput benchmark measured the fleet's rate ahead (bench/serving/GOODPUT_RESULTS.md).
       bool prefill_rate_per_node = false;
-      // The nodes' --max-num-batched-tokens: a decode computing a prompt itself (serving a
-      // request alone) carries a chunk of up to this many of its tokens in each step, so its
-      // predicted time per output token grows by that chunk's time at the prefill rate.
+      // The decode nodes' --max-num-batched-tokens: a decode computing a prompt itself (serving
+      // a request alone) carries a chunk of up to this many of its tokens in each step, so its
+      // predicted time per output token grows by that chunk's time at the prefill rate (and
+      // with slo_tpot_ms, decode_alone_when_busy keeps that within it).
       uint32_t step_token_budget = 8192;
       uint32_t slo_ttft_ms = 0;
       uint32_t slo_tpot_ms = 0;
@@ -350,7 +351,7 @@ struct Topology {
   // prompts count 4 bytes of JSON text as a token) or when the chosen decode already holds at
   // least min_cached_percent of it (cache_aware's lookup), or, with predicted_latency on both
   // legs, when the prompts queued on the chosen prefill take at least prefill_busy_ms and the
-  // idle chosen decode would answer sooner (decode_alone_when_busy). Only for dialects whose decode
+  // chosen decode would answer sooner without slowing its streams (decode_alone_when_busy). Only for dialects whose decode
   // can compute a prompt itself (NIXL, MoRIIO READ). 0 turns a condition off.
   struct ConditionalDisaggregation {
     bool enabled = false;

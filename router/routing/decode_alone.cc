@@ -49,6 +49,7 @@ std::optional<DecodeAloneReason> decode_alone_reason(const config::Topology::Con
 }
 
 std::optional<double> decode_alone_when_busy(const config::Topology::ConditionalDisaggregation& config,
+                                             const config::Topology::Policies::PredictedLatency& model,
                                              const proto::Dialect* dialect, const RouteExplanation& e,
                                              uint64_t decode_uncached_tokens) {
   if (!config.enabled || config.prefill_busy_ms == 0 || dialect == nullptr || dialect->without_kv == nullptr) {
@@ -66,17 +67,26 @@ std::optional<double> decode_alone_when_busy(const config::Topology::Conditional
   const CandidateLoad rank = per_rank(Candidate{prefill.key, prefill.outstanding, prefill.weight, prefill.load});
   const double queued = static_cast<double>(rank.queued_prefill_tokens);
   if (queued / e.prefill_tokens_per_second * 1000 < config.prefill_busy_ms) return std::nullopt;
-  const double prefill_ttft = prefill.predicted_seconds;
-  const CandidateLoad& mine = d.rows[d.chosen].load;
-  if (mine.decode_sequences != 0 || mine.other_requests != 0 || mine.queued_prefill_tokens != 0) return std::nullopt;
-  bool other_free = false;
-  for (size_t i = 0; i < d.rows.size(); ++i) {
-    if (i != d.chosen && d.rows[i].load.queued_prefill_tokens == 0) other_free = true;
-  }
-  if (!other_free) return std::nullopt;
   const double alone = static_cast<double>(decode_uncached_tokens) / e.prefill_tokens_per_second;
-  if (alone >= prefill_ttft) return std::nullopt;
-  return alone;
+  if (alone >= prefill.predicted_seconds) return std::nullopt;
+  // One prompt at a time: a second one would wait for the first's last chunk.
+  const LegExplanation::Row& decode = d.rows[d.chosen];
+  if (decode.load.queued_prefill_tokens != 0) return std::nullopt;
+  if (model.slo_tpot_ms != 0) {
+    // With a TPOT SLO: the streams there, and the P/D decodes that come next, share each step
+    // with one chunk of the prompt; it must keep that step within the SLO.
+    const double chunk = std::min<double>(static_cast<double>(decode_uncached_tokens), model.step_token_budget) /
+                         e.prefill_tokens_per_second;
+    if ((decode.predicted_seconds + chunk) * 1000 <= model.slo_tpot_ms) return alone;
+  }
+  // Otherwise only an idle decode, and only while another decode computes no prompt (for the
+  // P/D decodes that come next).
+  const CandidateLoad& mine = decode.load;
+  if (mine.decode_sequences != 0 || mine.other_requests != 0) return std::nullopt;
+  for (size_t i = 0; i < d.rows.size(); ++i) {
+    if (i != d.chosen && d.rows[i].load.queued_prefill_tokens == 0) return alone;
+  }
+  return std::nullopt;
 }
 
 }  // namespace pdr::router::routing

@@ -224,29 +224,31 @@ class SessionSpillTest(unittest.TestCase):
         self.assertEqual(metrics["pdrouter_session_affinity_rebinds_total"], 1)
 
 
-class BusyPrefillTest(unittest.TestCase):
-    """Conditional disaggregation by prediction (prefill_busy_ms): with prompts queued on both
-    prefills past the threshold, a request goes to an idle decode alone, which computes its
-    prompt; while that decode computes it, the next request stays P/D."""
+class BusyPrefillBase(unittest.TestCase):
+    """Conditional disaggregation by prediction (prefill_busy_ms): two prefills and two decodes,
+    prompts queued on both prefills past the threshold."""
 
     LOAD = 400  # tokens of each loading prompt: 0.4 s predicted (1,000 tokens/s), 2 to 8 s on the sims
     SHORT = 100  # tokens of the requests that follow: 0.1 s predicted, 2 to 8 s on a decode alone
+    POLICY_OPTIONS = ""
 
     def setUp(self):
         scale = min(TIME_SCALE, 4)
         # The prompts outlast the sending of every request, so no rate is measured meanwhile: the
         # predictions stay at the configured 1,000 tokens/s.
-        start_cluster(self, topology_extra="conditional_disaggregation: {enabled: true, prefill_busy_ms: 300}\n",
+        start_cluster(self, policy_options=self.POLICY_OPTIONS,
+                      topology_extra="conditional_disaggregation: {enabled: true, prefill_busy_ms: 300}\n",
                       prefill_us_per_token=int(5000 * scale),
                       decode_flags=("--prefill-us-per-token", str(int(20000 * scale))))
+        self.results, self.threads = [], []
 
-    def send(self, prompt, results):
+    def send(self, prompt):
         body = json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": 2}).encode()
-        t = threading.Thread(target=lambda: results.append(self.router.request(
+        t = threading.Thread(target=lambda: self.results.append(self.router.request(
             "POST", "/v1/completions", body=body, timeout=120 * TIME_SCALE,
             headers={"Content-Type": "application/json"})), daemon=True)
         t.start()
-        return t
+        self.threads.append(t)
 
     def await_queued(self, nodes, tokens, what):
         deadline = time.monotonic() + WAIT_S
@@ -254,34 +256,45 @@ class BusyPrefillTest(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, f"{what}: {PredictedLatencyTest.decisions(self)}")
             time.sleep(0.01)
 
-    def test_an_idle_decode_computes_a_prompt_while_the_prefills_are_busy(self):
-        results, threads = [], []
-        # Two loading prompts, one per prefill (an idle fleet: P/D as usual).
+    def load_prefills_then_send_alone(self):
+        """Two loading prompts, one per prefill (an idle fleet: P/D as usual); then both prefills
+        have 0.4 s queued (>= 300 ms), and the next prompt goes to a decode alone, predicted 0.1 s
+        there against 0.5 s on a prefill. Returns that prompt and the decode computing it."""
         for k in range(2):
-            prompt = list(range(50000 + k * self.LOAD, 50000 + (k + 1) * self.LOAD))
-            threads.append(self.send(prompt, results))
+            self.send(list(range(50000 + k * self.LOAD, 50000 + (k + 1) * self.LOAD)))
             self.await_queued(self.prefills, (k + 1) * self.LOAD, f"loading prompt {k} never reached a prefill")
-        # Both prefills now have 0.4 s queued (>= 300 ms): the next prompt goes to a decode alone,
-        # predicted 0.1 s there against 0.5 s on a prefill.
         alone = list(range(60000, 60000 + self.SHORT))
-        threads.append(self.send(alone, results))
+        self.send(alone)
         self.await_queued(self.decodes, self.SHORT, "the prompt never reached a decode alone")
-        computing = next(d for d in self.decodes if PredictedLatencyTest.queued_on(self, d) == self.SHORT)
+        return alone, next(d for d in self.decodes if PredictedLatencyTest.queued_on(self, d) == self.SHORT)
+
+    def join_all(self):
+        for t in self.threads:
+            t.join(timeout=120 * TIME_SCALE)
+        self.assertEqual([r[0] for r in self.results], [200] * len(self.threads), self.results)
+
+    def assert_served_alone(self, prompt, decode):
+        self.assertNotIn(json.dumps(prompt), [p for n in self.prefills for p in served_prompts(n)])
+        plain = [b for b in gen_bodies(decode) if b["prompt"] == prompt]
+        self.assertEqual(len(plain), 1)
+        self.assertNotIn("kv_transfer_params", plain[0])  # the dialect's plain request
+
+
+class BusyPrefillTest(BusyPrefillBase):
+    """Without a TPOT SLO: a request goes to an idle decode alone, which computes its prompt;
+    while that decode computes it, the next request stays P/D."""
+
+    def test_an_idle_decode_computes_a_prompt_while_the_prefills_are_busy(self):
+        alone, computing = self.load_prefills_then_send_alone()
         # While that decode computes it, the next prompt is P/D: a decode computing a prompt takes
         # no other, and the other decode stays free of prompts for the P/D decodes.
         paired = list(range(70000, 70000 + self.SHORT))
-        threads.append(self.send(paired, results))
+        self.send(paired)
         self.await_queued(self.prefills, 2 * self.LOAD + self.SHORT, "the next prompt never reached a prefill")
-        for t in threads:
-            t.join(timeout=120 * TIME_SCALE)
-        self.assertEqual([r[0] for r in results], [200] * 4, results)
+        self.join_all()
 
-        served_by_prefills = [p for n in self.prefills for p in served_prompts(n)]
-        self.assertNotIn(json.dumps(alone), served_by_prefills)
-        self.assertIn(json.dumps(paired), served_by_prefills)
-        plain = [b for b in gen_bodies(computing) if b["prompt"] == alone]
-        self.assertEqual(len(plain), 1)
-        self.assertNotIn("kv_transfer_params", plain[0])  # the dialect's plain request
+        self.assert_served_alone(alone, computing)
+        self.assertIn(json.dumps(paired), [p for n in self.prefills for p in served_prompts(n)])
         metrics = self.router.metrics()
         self.assertEqual(metrics['pdrouter_decode_alone_total{reason="prefill_busy"}'], 1)
         doc = PredictedLatencyTest.decisions(self)["decisions"]  # newest first
@@ -289,6 +302,30 @@ class BusyPrefillTest(unittest.TestCase):
         self.assertEqual(doc[1]["decode_alone"]["reason"], "prefill_busy")
         self.assertAlmostEqual(doc[1]["decode_alone"]["predicted_seconds"], 0.1, places=6)
         self.assertEqual(doc[1]["decode"]["chosen"], computing.http_address)
+
+
+class BusyPrefillTpotSloTest(BusyPrefillBase):
+    """With a TPOT SLO and a 64-token step budget: one chunk of a 100-token prompt is 64 ms at
+    1,000 tokens/s, within 1,000 ms, so the other decode takes the next prompt too, although the
+    first decode computes one (without the SLO that request stays P/D: BusyPrefillTest)."""
+
+    POLICY_OPTIONS = "slo_tpot_ms: 1000, step_token_budget: 64"
+
+    def test_a_decode_takes_a_prompt_whose_chunk_keeps_its_steps_within_the_slo(self):
+        first, computing = self.load_prefills_then_send_alone()
+        second = list(range(70000, 70000 + self.SHORT))
+        self.send(second)
+        self.await_queued(self.decodes, 2 * self.SHORT, "the next prompt never reached a decode alone")
+        other = next(d for d in self.decodes if d is not computing)
+        self.assertEqual(PredictedLatencyTest.queued_on(self, other), self.SHORT)
+        self.join_all()
+
+        self.assert_served_alone(first, computing)
+        self.assert_served_alone(second, other)
+        self.assertEqual(self.router.metrics()['pdrouter_decode_alone_total{reason="prefill_busy"}'], 2)
+        doc = PredictedLatencyTest.decisions(self)["decisions"]  # newest first
+        self.assertEqual([d["decode_alone"] is not None for d in doc], [True, True, False, False], doc)
+        self.assertEqual(doc[0]["decode"]["chosen"], other.http_address)
 
 
 class SloTest(unittest.TestCase):

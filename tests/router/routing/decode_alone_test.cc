@@ -74,6 +74,8 @@ RouteExplanation explained(double prefill_ttft, CandidateLoad chosen_decode = {}
   return e;
 }
 
+const config::Topology::Policies::PredictedLatency kNoSlo{};
+
 config::Topology::ConditionalDisaggregation busy_after(uint32_t ms) {
   config::Topology::ConditionalDisaggregation c;
   c.enabled = true;
@@ -84,57 +86,105 @@ config::Topology::ConditionalDisaggregation busy_after(uint32_t ms) {
 TEST(DecodeAloneWhenBusy, AnIdleDecodeComputesThePromptWhenThePrefillQueueIsLonger) {
   // 5,000 uncached tokens on the decode: 0.5 s at the prefill's rate, against 2 s predicted on the
   // prefill (its queue).
-  const auto alone = decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0), 5000);
+  const auto alone = decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), explained(2.0), 5000);
   ASSERT_TRUE(alone.has_value());
   EXPECT_DOUBLE_EQ(*alone, 0.5);
   // Not sooner: the prefill keeps it.
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0), 25000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), explained(2.0), 25000), std::nullopt);
   // The prefill's queue is under prefill_busy_ms: P/D as usual, however idle the decode.
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1901), nixl(), explained(2.0), 5000), std::nullopt);
-  EXPECT_TRUE(decode_alone_when_busy(busy_after(1899), nixl(), explained(2.0), 5000).has_value());
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1901), kNoSlo, nixl(), explained(2.0), 5000), std::nullopt);
+  EXPECT_TRUE(decode_alone_when_busy(busy_after(1899), kNoSlo, nixl(), explained(2.0), 5000).has_value());
   // A long prompt on an idle prefill is no reason: its queue is empty, whatever its TTFT.
   RouteExplanation idle = explained(2.0);
   idle.prefill.rows[0].load.queued_prefill_tokens = 0;
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1), nixl(), idle, 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1), kNoSlo, nixl(), idle, 5000), std::nullopt);
   // Per DP rank: 19,000 tokens queued over 2 ranks are 0.95 s each.
   RouteExplanation ranks = explained(2.0);
   ranks.prefill.rows[0].weight = 2;
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), ranks, 5000), std::nullopt);
-  EXPECT_TRUE(decode_alone_when_busy(busy_after(900), nixl(), ranks, 5000).has_value());
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), ranks, 5000), std::nullopt);
+  EXPECT_TRUE(decode_alone_when_busy(busy_after(900), kNoSlo, nixl(), ranks, 5000).has_value());
 }
 
 TEST(DecodeAloneWhenBusy, NeverSlowsAnotherRequest) {
   CandidateLoad running;
   running.decode_sequences = 1;  // a decode streaming there would stall behind the prompt's steps
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0, running), 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), explained(2.0, running), 5000), std::nullopt);
   CandidateLoad computing;
   computing.queued_prefill_tokens = 100;  // already computing a prompt of its own
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0, computing), 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), explained(2.0, computing), 5000), std::nullopt);
   CandidateLoad others;
   others.other_requests = 2;  // the node's own page: other clients' requests run there
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0, others), 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), explained(2.0, others), 5000), std::nullopt);
   // The other decode is computing a prompt: this one stays free for the P/D decodes.
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0, {}, computing), 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), explained(2.0, {}, computing), 5000), std::nullopt);
   // The other decode merely decoding is fine: P/D decodes can go there.
-  EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), nixl(), explained(2.0, {}, running), 5000).has_value());
+  EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), explained(2.0, {}, running), 5000).has_value());
   // A single decode: nowhere left for the P/D decodes.
   RouteExplanation one = explained(2.0);
   one.decode.rows.pop_back();
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), one, 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), one, 5000), std::nullopt);
+}
+
+config::Topology::Policies::PredictedLatency tpot_slo(uint32_t ms, uint32_t step_token_budget) {
+  config::Topology::Policies::PredictedLatency m;
+  m.slo_tpot_ms = ms;
+  m.step_token_budget = step_token_budget;
+  return m;
+}
+
+TEST(DecodeAloneWhenBusy, WithATpotSloADecodeStreamingTakesAPromptWhoseChunkKeepsItsStepWithin) {
+  CandidateLoad running;
+  running.decode_sequences = 3;
+  // A 512-token chunk at 10,000 tokens/s is 51.2 ms; with the decode's 10 ms a token, 61.2 ms.
+  const auto alone = decode_alone_when_busy(busy_after(1000), tpot_slo(100, 512), nixl(), explained(2.0, running), 5000);
+  ASSERT_TRUE(alone.has_value());
+  EXPECT_DOUBLE_EQ(*alone, 0.5);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(61, 512), nixl(), explained(2.0, running), 5000),
+            std::nullopt);
+  EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), tpot_slo(62, 512), nixl(), explained(2.0, running), 5000));
+  // The chunk is the prompt when it is shorter than the budget: 300 tokens, 30 ms.
+  EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), tpot_slo(41, 512), nixl(), explained(2.0, running), 300));
+  // The decode's own prediction counts: at 60 ms a token, 111.2 ms.
+  RouteExplanation slow = explained(2.0, running);
+  slow.decode.rows[0].predicted_seconds = 0.06;
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(100, 512), nixl(), slow, 5000), std::nullopt);
+  // No other decode is needed free: the P/D decodes' own predictions steer them.
+  RouteExplanation one = explained(2.0, running, running);
+  one.decode.rows.pop_back();
+  EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), tpot_slo(100, 512), nixl(), one, 5000));
+  // Still one prompt at a time.
+  CandidateLoad computing;
+  computing.queued_prefill_tokens = 100;
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(1000, 512), nixl(), explained(2.0, computing), 5000),
+            std::nullopt);
+  // And the prefill must still be busy and slower.
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1901), tpot_slo(100, 512), nixl(), explained(2.0, running), 5000),
+            std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(1000, 512), nixl(), explained(2.0, running), 25000),
+            std::nullopt);
+}
+
+TEST(DecodeAloneWhenBusy, AChunkPastTheTpotSloLeavesOnlyTheIdleRule) {
+  // 8,192-token budget: the 5,000-token prompt is one 500 ms chunk, past a 100 ms SLO.
+  CandidateLoad running;
+  running.decode_sequences = 1;
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(100, 8192), nixl(), explained(2.0, running), 5000),
+            std::nullopt);
+  EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), tpot_slo(100, 8192), nixl(), explained(2.0), 5000));
 }
 
 TEST(DecodeAloneWhenBusy, NeverWhenOffUnpredictedOrTheDecodeCannotComputeAlone) {
   auto off = busy_after(1000);
   off.enabled = false;
-  EXPECT_EQ(decode_alone_when_busy(off, nixl(), explained(2.0), 5000), std::nullopt);
-  EXPECT_EQ(decode_alone_when_busy(busy_after(0), nixl(), explained(2.0), 5000), std::nullopt);
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), mooncake(), explained(2.0), 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(off, kNoSlo, nixl(), explained(2.0), 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(0), kNoSlo, nixl(), explained(2.0), 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, mooncake(), explained(2.0), 5000), std::nullopt);
   RouteExplanation unpredicted = explained(2.0);
   unpredicted.decode.filled = false;  // the decode leg's policy predicts nothing
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), unpredicted, 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), unpredicted, 5000), std::nullopt);
   RouteExplanation no_rate = explained(2.0);
   no_rate.prefill_tokens_per_second = 0;
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), nixl(), no_rate, 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), no_rate, 5000), std::nullopt);
 }
 
 }  // namespace
