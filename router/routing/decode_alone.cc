@@ -67,22 +67,30 @@ std::optional<double> decode_alone_when_busy(const config::Topology::Conditional
   const CandidateLoad rank = per_rank(Candidate{prefill.key, prefill.outstanding, prefill.weight, prefill.load});
   const double queued = static_cast<double>(rank.queued_prefill_tokens);
   if (queued / e.prefill_tokens_per_second * 1000 < config.prefill_busy_ms) return std::nullopt;
-  const double alone = static_cast<double>(decode_uncached_tokens) / e.prefill_tokens_per_second;
-  if (alone >= prefill.predicted_seconds) return std::nullopt;
-  // One prompt at a time: a second one would wait for the first's last chunk.
   const LegExplanation::Row& decode = d.rows[d.chosen];
-  if (decode.load.queued_prefill_tokens != 0) return std::nullopt;
+  const double rate = e.prefill_tokens_per_second;
+  const double uncached = static_cast<double>(decode_uncached_tokens);
   if (model.slo_tpot_ms != 0) {
-    // With a TPOT SLO: the streams there, and the P/D decodes that come next, share each step
-    // with one chunk of the prompt; it must keep that step within the SLO.
-    const double chunk = std::min<double>(static_cast<double>(decode_uncached_tokens), model.step_token_budget) /
-                         e.prefill_tokens_per_second;
-    if ((decode.predicted_seconds + chunk) * 1000 <= model.slo_tpot_ms) return alone;
+    // With a TPOT SLO: the prompts the decode computes already come first, and the streams there
+    // (and the P/D decodes that come next) share each step with one chunk of prompt, at most the
+    // token budget however many prompts wait; that step must stay within the SLO. The decode's
+    // prediction already carries a chunk of the prompts it computes (predict_tpot): this prompt
+    // adds only what fills that chunk up.
+    const double ahead = static_cast<double>(
+        per_rank(Candidate{decode.key, decode.outstanding, decode.weight, decode.load}).queued_prefill_tokens);
+    const double budget = model.step_token_budget;
+    const double answer = (ahead + uncached) / rate;
+    const double added_chunk = (std::min(ahead + uncached, budget) - std::min(ahead, budget)) / rate;
+    if (answer < prefill.predicted_seconds && (decode.predicted_seconds + added_chunk) * 1000 <= model.slo_tpot_ms) {
+      return answer;
+    }
   }
   // Otherwise only an idle decode, and only while another decode computes no prompt (for the
   // P/D decodes that come next).
   const CandidateLoad& mine = decode.load;
-  if (mine.decode_sequences != 0 || mine.other_requests != 0) return std::nullopt;
+  if (mine.decode_sequences != 0 || mine.other_requests != 0 || mine.queued_prefill_tokens != 0) return std::nullopt;
+  const double alone = uncached / rate;
+  if (alone >= prefill.predicted_seconds) return std::nullopt;
   for (size_t i = 0; i < d.rows.size(); ++i) {
     if (i != d.chosen && d.rows[i].load.queued_prefill_tokens == 0) return alone;
   }

@@ -32,19 +32,20 @@ std::optional<DecodeAloneReason> decode_alone_reason(const config::Topology::Con
 // prompt itself, when it should, from a predicting policy's explanation of both legs
 // (predicted_latency); nullopt when it should not. It should when the prompts queued on the
 // chosen prefill ahead of this one take at least prefill_busy_ms at the rate it was predicted at,
-// the decode computing the `decode_uncached_tokens` it lacks at that rate answers sooner than the
-// prefill's predicted TTFT, the decode computes no other prompt (one at a time), and the
-// requests decoding there are not slowed past what they may be. A prompt computed on a decode
-// shares every engine step with its decodes, one chunk of up to the node's token budget a step
-// (model.step_token_budget, vLLM's --max-num-batched-tokens), and at 8,192 tokens such a step
-// takes about 180 ms on an 8B model against 8 ms for a decode step. So:
+// the decode, computing the `decode_uncached_tokens` it lacks at that rate, answers sooner than
+// the prefill's predicted TTFT, and the requests decoding there are not slowed past what they
+// may be. A prompt computed on a decode shares every engine step with its decodes, one chunk of
+// up to the node's token budget a step (model.step_token_budget, vLLM's
+// --max-num-batched-tokens), and at 8,192 tokens such a step takes about 180 ms on an 8B model
+// against 8 ms for a decode step. So:
 //   - with a TPOT SLO (model.slo_tpot_ms, the topology's default: the operator's promise to every
 //     stream, which one request's header cannot loosen), the decode's predicted time per output
-//     token plus one chunk of this prompt must stay within it. Decodes run with a small token
-//     budget (e.g. 512) then take prompts while they stream;
-//   - without one, the decode must run nothing, and another decode candidate must have no prompt
-//     to compute, for the P/D decodes that come next (the predicted_latency decode leg steers
-//     them away from a node computing one: predict_tpot).
+//     token with one chunk of prompt in each step must stay within it. The prompts it already
+//     computes come first (they count in its answer). Decodes run with a small token budget
+//     (e.g. 512) then take prompts while they stream;
+//   - without one (or past it), the decode must be idle (no stream, no prompt), and another
+//     decode candidate must have no prompt to compute, for the P/D decodes that come next (the
+//     predicted_latency decode leg steers them away from a node computing one: predict_tpot).
 // Either way spare decode capacity becomes prefill capacity exactly when the prefills are the
 // bottleneck.
 std::optional<double> decode_alone_when_busy(const config::Topology::ConditionalDisaggregation& config,

@@ -139,8 +139,9 @@ void RequestRoute::pair() {
     // The prefills may be too busy: then the decode computes the prompt itself. Decided here,
     // before the SLO check, so that the check reads the prediction of what will run.
     explanation_->decode_alone_seconds = decode_alone_when_busy(
-        topo_.conditional_disaggregation, topo_.policies.predicted_latency, proto::dialect_for(pair.prefill->connector, pair.prefill->transfer_mode),
-        *explanation_, uncached_tokens(prompt_, cache_hits(), pair.decode->key));
+        topo_.conditional_disaggregation, topo_.policies.predicted_latency,
+        proto::dialect_for(pair.prefill->connector, pair.prefill->transfer_mode), *explanation_,
+        uncached_tokens(prompt_, cache_hits(), pair.decode->key));
   }
   if (!retry_ && slo_.any() && explanation_ && !slo_reachable()) {
     wait_for_slo();

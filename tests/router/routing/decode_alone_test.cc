@@ -116,7 +116,8 @@ TEST(DecodeAloneWhenBusy, NeverSlowsAnotherRequest) {
   others.other_requests = 2;  // the node's own page: other clients' requests run there
   EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), explained(2.0, others), 5000), std::nullopt);
   // The other decode is computing a prompt: this one stays free for the P/D decodes.
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), explained(2.0, {}, computing), 5000), std::nullopt);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), explained(2.0, {}, computing), 5000),
+            std::nullopt);
   // The other decode merely decoding is fine: P/D decodes can go there.
   EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), kNoSlo, nixl(), explained(2.0, {}, running), 5000).has_value());
   // A single decode: nowhere left for the P/D decodes.
@@ -136,7 +137,8 @@ TEST(DecodeAloneWhenBusy, WithATpotSloADecodeStreamingTakesAPromptWhoseChunkKeep
   CandidateLoad running;
   running.decode_sequences = 3;
   // A 512-token chunk at 10,000 tokens/s is 51.2 ms; with the decode's 10 ms a token, 61.2 ms.
-  const auto alone = decode_alone_when_busy(busy_after(1000), tpot_slo(100, 512), nixl(), explained(2.0, running), 5000);
+  const auto alone =
+      decode_alone_when_busy(busy_after(1000), tpot_slo(100, 512), nixl(), explained(2.0, running), 5000);
   ASSERT_TRUE(alone.has_value());
   EXPECT_DOUBLE_EQ(*alone, 0.5);
   EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(61, 512), nixl(), explained(2.0, running), 5000),
@@ -152,9 +154,20 @@ TEST(DecodeAloneWhenBusy, WithATpotSloADecodeStreamingTakesAPromptWhoseChunkKeep
   RouteExplanation one = explained(2.0, running, running);
   one.decode.rows.pop_back();
   EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), tpot_slo(100, 512), nixl(), one, 5000));
-  // Still one prompt at a time.
+  // A decode computing a prompt already answers after it: 100 + 5,000 tokens, 0.51 s. Its
+  // prediction (10 ms) carries that prompt's 100-token chunk already; this one fills the chunk up
+  // to 512 tokens: 41.2 ms more.
   CandidateLoad computing;
   computing.queued_prefill_tokens = 100;
+  const auto after =
+      decode_alone_when_busy(busy_after(1000), tpot_slo(100, 512), nixl(), explained(2.0, computing), 5000);
+  ASSERT_TRUE(after.has_value());
+  EXPECT_DOUBLE_EQ(*after, 0.51);
+  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(51, 512), nixl(), explained(2.0, computing), 5000),
+            std::nullopt);
+  EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), tpot_slo(52, 512), nixl(), explained(2.0, computing), 5000));
+  // Its queue can make it too late: 16,000 + 5,000 tokens are 2.1 s, against 2 s on the prefill.
+  computing.queued_prefill_tokens = 16000;
   EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(1000, 512), nixl(), explained(2.0, computing), 5000),
             std::nullopt);
   // And the prefill must still be busy and slower.
