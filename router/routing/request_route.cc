@@ -220,7 +220,12 @@ bool RequestRoute::slo_reachable() const {
              p.rows[p.chosen].predicted_seconds * 1000 > slo_.ttft_ms) {
     return false;
   }
-  if (slo_.tpot_ms != 0 && d.filled && d.chosen < d.rows.size() &&
+  // A prompt whose KV alone overflows a decode (kv_capacity_tokens) is predicted past any TPOT
+  // on every node, idle or not: waiting cannot help, so the check does not hold it and the node
+  // answers (vLLM refuses a prompt over its context with 400, which a 503 here would turn into
+  // retries).
+  const bool never_fits = prompt_.count > topo_.policies.predicted_latency.kv_capacity_tokens;
+  if (slo_.tpot_ms != 0 && !never_fits && d.filled && d.chosen < d.rows.size() &&
       d.rows[d.chosen].predicted_seconds * 1000 > slo_.tpot_ms) {
     return false;
   }

@@ -222,6 +222,37 @@ TEST(RequestRoute, TheSloCheckReadsTheDecodeAlonePrediction) {
   }
 }
 
+// A TPOT SLO no decode is predicted to meet holds a request (it parks in the SLO gate), unless
+// its prompt alone overflows a decode's KV: then no node ever could, and it is sent on at once
+// (the node answers, e.g. 400 for a prompt over its context).
+TEST(RequestRoute, TheTpotCheckDoesNotHoldAPromptNoDecodeCouldEverTake) {
+  for (const bool overflows : {true, false}) {
+    SCOPED_TRACE(overflows ? "over kv_capacity_tokens" : "within");
+    auto prefill = node("127.0.0.1", Role::kPrefill);
+    auto decode = node("127.0.0.2", Role::kDecode);
+    Harness h({prefill, decode}, false, [&](config::Topology& t) {
+      t.policies.prefill = config::PolicyName::kPredictedLatency;
+      t.policies.decode = config::PolicyName::kPredictedLatency;
+      t.policies.predicted_latency.kv_capacity_tokens = overflows ? 1 : 1000000;
+    });
+    h.facts.slo.tpot_ms = 1;  // under the default 7.5 ms decode step: never predicted met
+    Listener listener;
+    auto route = h.begin(listener);
+    route->route(false);
+    if (!overflows) {
+      EXPECT_EQ(listener.answer.calls, 0);
+      EXPECT_EQ(h.shared.slo_gate.parked(), 1u);
+      route->cancel();
+      h.shared.slo_gate.drop_all();
+      continue;
+    }
+    ASSERT_EQ(listener.answer.calls, 1);
+    EXPECT_TRUE(listener.answer.route);
+    EXPECT_EQ(h.shared.slo_gate.parked(), 0u);
+    listener.let_go();
+  }
+}
+
 // The client goes away while the node /tokenize call runs: the call is cancelled and counted,
 // the answer never comes, and neither the request (keep_alive) nor the node's load is held.
 TEST(RequestRoute, ACancelDuringTheTokenizeCallLeavesNothingBehind) {
