@@ -119,7 +119,7 @@ class Deployment:
     roles and KV events on, and P prefill + D decode NIXL sims; node i registers with router
     i % replicas only, so with etcd the others learn it from the shared registry."""
 
-    def __init__(self, procs, args, policy, replicas, etcd, tag, limits=None, topology="", policy_options=""):
+    def __init__(self, procs, args, policy, replicas, etcd, tag, limits=None, topology="", policy_options=None):
         self.procs, self.args = procs, args
         self.routers, discoveries = [], []
         self.access_logs = []  # with `limits`: each replica's access log (queue_ms per request)
@@ -128,8 +128,11 @@ class Deployment:
         for r in range(replicas):
             topo = os.path.join(procs.work, "topology-%s-%d.yaml" % (tag, r))
             with open(topo, "w") as f:
-                f.write("policies:\n  prefill: %s\n  decode: %s\n%s"
-                        % (prefill_policy, decode_policy or prefill_policy, policy_options))
+                f.write("policies:\n  prefill: %s\n  decode: %s\n"
+                        % (prefill_policy, decode_policy or prefill_policy))
+                if "predicted_latency" in (prefill_policy, decode_policy):
+                    options = dict(cost_model_in_sim_time(args), **(policy_options or {}))
+                    f.write("  predicted_latency:\n" + "".join("    %s: %d\n" % kv for kv in options.items()))
                 f.write("kv_events:\n  enabled: true\n")
                 f.write(topology)
                 if limits:
@@ -246,7 +249,7 @@ def run_one(args, procs, variant, speedup):
     etcd = Etcd(procs.work) if replicas > 1 else None
     try:
         dep = Deployment(procs, args, policy, replicas, etcd, tag, variant.get("limits"), variant.get("topology", ""),
-                         variant.get("policy_options", ""))
+                         variant.get("policy_options"))
         out = os.path.join(procs.work, "%s.json" % tag)
         cmd = [args.bench, "--trace", args.window_file, "--num-prompts", str(args.num_prompts),
                "--trace-speedup", "%g" % (speedup / args.time_scale),
@@ -345,7 +348,8 @@ def render(args, variants, results, started):
         "node ever saturates and the sweep measures this machine, not the policies"
         % " ".join(args.engine_flags))
     w("**How**: for every (variant, speed-up) a fresh deployment on this machine's loopback: "
-      "pdrouter with the variant's policies and `kv_events.enabled`, %d prefill + %d "
+      "pdrouter with the variant's policies and `kv_events.enabled` (predicted_latency's cost-model "
+      "constants scaled to the sims' time: `cost_model_in_sim_time`), %d prefill + %d "
       "decode `pdnode sim` nodes (connector nixl, no KV bytes moved, KV events published), timed "
       "by %s%s. Times are modelled (GPU) time: the sims run %gx faster than the modelled GPU, "
       "the trace is replayed %gx faster on top of the speed-up and the SLOs are scaled by %g, so "
@@ -542,6 +546,20 @@ def write_window(args, work):
                            if too_long else ""))
 
 
+def cost_model_in_sim_time(args):
+    """predicted_latency's cost-model constants (topology defaults: GPU times) in the sims' time:
+    pdrouter measures the sims' rates and step times in wall time, which runs 1/time-scale faster,
+    and a constant left in GPU time would weigh that much more beside them (and an SLO compared
+    with the prediction would be met or missed on the wrong figures)."""
+    t = args.time_scale
+    return {"default_prefill_tokens_per_second": max(1, round(8000 / t)),
+            "default_decode_step_us": max(1, round(7500 * t)),
+            "decode_step_us_per_sequence": round(18 * t),
+            "decode_step_ns_per_kv_token": round(45 * t),
+            "kv_transfer_ns_per_token": round(5000 * t),
+            "kv_full_penalty_ms": round(1000 * t)}
+
+
 def policy_text(policy):
     prefill, _, decode = policy.partition("/")
     return ("`%s` on both roles" % prefill if not decode else
@@ -560,7 +578,7 @@ def variants_of(args):
     for p in args.busy_decode_policies:
         # The decodes' token budget and that TPOT SLO: a decode that streams may take a prompt
         # whose one chunk a step keeps its steps within it.
-        options = "  predicted_latency:\n    step_token_budget: %d\n    slo_tpot_ms: %d\n" % (args.decode_token_budget, tpot_ms)
+        options = {"step_token_budget": args.decode_token_budget, "slo_tpot_ms": tpot_ms}
         out.append({"name": "%s + busy decode alone" % p, "policy": p, "replicas": 1,
                     "topology": "conditional_disaggregation:\n  enabled: true\n  prefill_busy_ms: %d\n" % busy_ms,
                     "policy_options": options,
