@@ -37,6 +37,7 @@ void open_libuv_stream_reserve(uv_loop_t* loop) {
   }
   uv_close(reinterpret_cast<uv_handle_t*>(probe), [](uv_handle_t* h) { delete reinterpret_cast<uv_tcp_t*>(h); });
 }
+
 thread_local HttpWorker* tls_current_worker = nullptr;
 constexpr size_t kReadBufferSize = 64 * 1024;
 constexpr uint64_t kAcceptBackoffMs = 100;

@@ -133,19 +133,23 @@ config::Topology::Policies::PredictedLatency tpot_slo(uint32_t ms, uint32_t step
   return m;
 }
 
+// The decision for `tokens` uncached on the chosen decode of explained(2.0, chosen), the prefill
+// queue past 1 s, with a TPOT SLO of `slo_ms` and a 512-token budget.
+std::optional<double> with_tpot_slo(uint32_t slo_ms, CandidateLoad chosen, uint64_t tokens = 5000) {
+  return decode_alone_when_busy(busy_after(1000), tpot_slo(slo_ms, 512), nixl(), explained(2.0, chosen), tokens);
+}
+
 TEST(DecodeAloneWhenBusy, WithATpotSloADecodeStreamingTakesAPromptWhoseChunkKeepsItsStepWithin) {
   CandidateLoad running;
   running.decode_sequences = 3;
   // A 512-token chunk at 10,000 tokens/s is 51.2 ms; with the decode's 10 ms a token, 61.2 ms.
-  const auto alone =
-      decode_alone_when_busy(busy_after(1000), tpot_slo(100, 512), nixl(), explained(2.0, running), 5000);
+  const auto alone = with_tpot_slo(100, running);
   ASSERT_TRUE(alone.has_value());
   EXPECT_DOUBLE_EQ(*alone, 0.5);
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(61, 512), nixl(), explained(2.0, running), 5000),
-            std::nullopt);
-  EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), tpot_slo(62, 512), nixl(), explained(2.0, running), 5000));
+  EXPECT_EQ(with_tpot_slo(61, running), std::nullopt);
+  EXPECT_TRUE(with_tpot_slo(62, running));
   // The chunk is the prompt when it is shorter than the budget: 300 tokens, 30 ms.
-  EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), tpot_slo(41, 512), nixl(), explained(2.0, running), 300));
+  EXPECT_TRUE(with_tpot_slo(41, running, 300));
   // The decode's own prediction counts: at 60 ms a token, 111.2 ms.
   RouteExplanation slow = explained(2.0, running);
   slow.decode.rows[0].predicted_seconds = 0.06;
@@ -159,22 +163,18 @@ TEST(DecodeAloneWhenBusy, WithATpotSloADecodeStreamingTakesAPromptWhoseChunkKeep
   // to 512 tokens: 41.2 ms more.
   CandidateLoad computing;
   computing.queued_prefill_tokens = 100;
-  const auto after =
-      decode_alone_when_busy(busy_after(1000), tpot_slo(100, 512), nixl(), explained(2.0, computing), 5000);
+  const auto after = with_tpot_slo(100, computing);
   ASSERT_TRUE(after.has_value());
   EXPECT_DOUBLE_EQ(*after, 0.51);
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(51, 512), nixl(), explained(2.0, computing), 5000),
-            std::nullopt);
-  EXPECT_TRUE(decode_alone_when_busy(busy_after(1000), tpot_slo(52, 512), nixl(), explained(2.0, computing), 5000));
+  EXPECT_EQ(with_tpot_slo(51, computing), std::nullopt);
+  EXPECT_TRUE(with_tpot_slo(52, computing));
   // Its queue can make it too late: 16,000 + 5,000 tokens are 2.1 s, against 2 s on the prefill.
   computing.queued_prefill_tokens = 16000;
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(1000, 512), nixl(), explained(2.0, computing), 5000),
-            std::nullopt);
+  EXPECT_EQ(with_tpot_slo(1000, computing), std::nullopt);
   // And the prefill must still be busy and slower.
   EXPECT_EQ(decode_alone_when_busy(busy_after(1901), tpot_slo(100, 512), nixl(), explained(2.0, running), 5000),
             std::nullopt);
-  EXPECT_EQ(decode_alone_when_busy(busy_after(1000), tpot_slo(1000, 512), nixl(), explained(2.0, running), 25000),
-            std::nullopt);
+  EXPECT_EQ(with_tpot_slo(1000, running, 25000), std::nullopt);
 }
 
 TEST(DecodeAloneWhenBusy, AChunkPastTheTpotSloLeavesOnlyTheIdleRule) {

@@ -184,6 +184,14 @@ TEST(RequestRoute, ARouteCarriesThePairsLoad) {
   EXPECT_EQ(decode->liveness->outstanding.load(), 0u);
 }
 
+// The route waits in the SLO gate, unanswered; then it is cancelled and the gate emptied.
+void expect_parked(Harness& h, RequestRoute& route, const Listener& listener) {
+  EXPECT_EQ(listener.answer.calls, 0);
+  EXPECT_EQ(h.shared.slo_gate.parked(), 1u);
+  route.cancel();
+  h.shared.slo_gate.drop_all();
+}
+
 // predicted_latency on both legs and conditional_disaggregation.prefill_busy_ms: a request whose
 // TTFT SLO no prefill can meet (their queues) but an idle decode can goes to that decode alone at
 // once instead of waiting for a prefill: the SLO check reads the prediction of what will run.
@@ -208,10 +216,7 @@ TEST(RequestRoute, TheSloCheckReadsTheDecodeAlonePrediction) {
     auto route = h.begin(listener);
     route->route(false);
     if (!busy_alone) {
-      EXPECT_EQ(listener.answer.calls, 0);  // waiting for a prefill within the SLO
-      EXPECT_EQ(h.shared.slo_gate.parked(), 1u);
-      route->cancel();
-      h.shared.slo_gate.drop_all();
+      expect_parked(h, *route, listener);  // waiting for a prefill within the SLO
       continue;
     }
     ASSERT_EQ(listener.answer.calls, 1);
@@ -240,10 +245,7 @@ TEST(RequestRoute, TheTpotCheckDoesNotHoldAPromptNoDecodeCouldEverTake) {
     auto route = h.begin(listener);
     route->route(false);
     if (!overflows) {
-      EXPECT_EQ(listener.answer.calls, 0);
-      EXPECT_EQ(h.shared.slo_gate.parked(), 1u);
-      route->cancel();
-      h.shared.slo_gate.drop_all();
+      expect_parked(h, *route, listener);
       continue;
     }
     ASSERT_EQ(listener.answer.calls, 1);
