@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Goodput benchmark: the Mooncake synthetic trace (bench/serving/traces/) replayed with
 `pdrouter-bench --trace` through pdrouter onto P prefill + D decode `pdnode sim` nodes, swept over
-speed-ups, once per routing policy, once with conditional disaggregation by prediction (an idle
-decode computes a prompt itself while the prefills are busy: conditional_disaggregation.
-prefill_busy_ms) and once with two pdrouter replicas sharing their registry through etcd. Each
+speed-ups, once per routing policy, once with conditional disaggregation by prediction (a decode
+computes a prompt itself while the prefills are busy: conditional_disaggregation.prefill_busy_ms,
+with a TPOT SLO its chunks must keep; the decode sims run with a small token budget,
+--decode-token-budget) and once with two pdrouter replicas sharing their registry through etcd. Each
 run reports SLO attainment (share of requests meeting both TTFT <= 10 s and TBT <= 100 ms, TBT
 being the mean of a request's slowest 10% token gaps, as Mooncake's paper judges) and goodput
 (requests/s meeting both); a policy's goodput is the highest speed-up at which it keeps >= 90%
@@ -20,7 +21,7 @@ every figure in the results is in modelled (GPU) time.
 
   bench/serving/goodput_bench.py [--bin-dir DIR] [--smoke] [--results FILE] [--trace FILE]
       [--num-prompts N] [--first I] [--speedups LIST] [--policies LIST] [--etcd-policies LIST]
-      [--busy-decode-policies LIST] [--prefill-busy-ms MS]
+      [--busy-decode-policies LIST] [--prefill-busy-ms MS] [--decode-token-budget N]
       [--prefills P] [--decodes D] [--engine auto|vllm|per-token] [--time-scale T]
       [--sim-flag=FLAG ...] [--backend completions|generate] [--slo-ttft-ms MS] [--slo-tbt-ms MS]
       [--target 0.9] [--request-timeout S] [--note TEXT] [--overload-policy P]
