@@ -76,6 +76,10 @@ double prefill_score(double ttft, const ResolvedRates& rates, uint64_t uncached_
   return ttft + m.fleet_work_weight * static_cast<double>(uncached_tokens) / rate;
 }
 
+double prompt_chunk_seconds(double prompt_tokens, double step_token_budget, double tokens_per_second) {
+  return std::min(prompt_tokens, step_token_budget) / tokens_per_second;
+}
+
 double predict_tpot(const CandidateLoad& rank_load, const ResolvedRates& rates, uint64_t prompt_tokens,
                     const PredictedLatencyModel& m, bool* kv_full) {
   // Sequences other clients run there step with ours; the engine's KV usage (when read) counts
@@ -89,8 +93,8 @@ double predict_tpot(const CandidateLoad& rank_load, const ResolvedRates& rates, 
   if (rank_load.queued_prefill_tokens > 0 && rates.prefill_tokens_per_second > 0) {
     // A prompt the node computes itself (a decode serving alone) shares its steps: each takes a
     // chunk of up to the step's token budget until the prompt is done.
-    step += std::min<double>(static_cast<double>(rank_load.queued_prefill_tokens), m.step_token_budget) /
-            rates.prefill_tokens_per_second;
+    step += prompt_chunk_seconds(static_cast<double>(rank_load.queued_prefill_tokens), m.step_token_budget,
+                                 rates.prefill_tokens_per_second);
   }
   const bool full = kv_after > m.kv_capacity_tokens;
   if (full) step += m.kv_full_penalty_seconds;

@@ -89,6 +89,11 @@ ResolvedRates resolve_rates(const CandidateLoad& load, const ResolvedRates& flee
 // totals divided by its weight, rounded up; the scraped other_requests divided either way.
 CandidateLoad per_rank(const Candidate& c);
 
+// Seconds one engine step spends on prompts while `prompt_tokens` of them wait to be computed on
+// a node: vLLM gives them one chunk of at most its token budget a step, however many prompts
+// that is, computed at `tokens_per_second`.
+double prompt_chunk_seconds(double prompt_tokens, double step_token_budget, double tokens_per_second);
+
 // Predicted seconds to the first token when `c` runs a prompt of `prompt_tokens` of which it
 // holds `cached_tokens`.
 double predict_ttft(const CandidateLoad& rank_load, const ResolvedRates& rates, uint64_t prompt_tokens,

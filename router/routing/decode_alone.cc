@@ -8,6 +8,13 @@
 
 namespace pdr::router::routing {
 
+namespace {
+// The per-DP-rank figures of an explained candidate, as the policy predicted it.
+CandidateLoad rank_load(const LegExplanation::Row& row) {
+  return per_rank(Candidate{row.key, row.outstanding, row.weight, row.load});
+}
+}  // namespace
+
 std::string_view to_string(DecodeAloneReason reason) {
   switch (reason) {
     case DecodeAloneReason::kShortPrompt:
@@ -64,8 +71,7 @@ std::optional<double> decode_alone_when_busy(const config::Topology::Conditional
   // Busy: the prompts queued on the prefill ahead of this one (per DP rank, as predicted) take
   // prefill_busy_ms or more. A long prompt on an idle prefill is not a reason to move it.
   const LegExplanation::Row& prefill = p.rows[p.chosen];
-  const CandidateLoad rank = per_rank(Candidate{prefill.key, prefill.outstanding, prefill.weight, prefill.load});
-  const double queued = static_cast<double>(rank.queued_prefill_tokens);
+  const double queued = static_cast<double>(rank_load(prefill).queued_prefill_tokens);
   if (queued / e.prefill_tokens_per_second * 1000 < config.prefill_busy_ms) return std::nullopt;
   const LegExplanation::Row& decode = d.rows[d.chosen];
   const double rate = e.prefill_tokens_per_second;
@@ -76,11 +82,11 @@ std::optional<double> decode_alone_when_busy(const config::Topology::Conditional
     // token budget however many prompts wait; that step must stay within the SLO. The decode's
     // prediction already carries a chunk of the prompts it computes (predict_tpot): this prompt
     // adds only what fills that chunk up.
-    const double ahead = static_cast<double>(
-        per_rank(Candidate{decode.key, decode.outstanding, decode.weight, decode.load}).queued_prefill_tokens);
+    const double ahead = static_cast<double>(rank_load(decode).queued_prefill_tokens);
     const double budget = model.step_token_budget;
     const double answer = (ahead + uncached) / rate;
-    const double added_chunk = (std::min(ahead + uncached, budget) - std::min(ahead, budget)) / rate;
+    const double added_chunk =
+        prompt_chunk_seconds(ahead + uncached, budget, rate) - prompt_chunk_seconds(ahead, budget, rate);
     if (answer < prefill.predicted_seconds && (decode.predicted_seconds + added_chunk) * 1000 <= model.slo_tpot_ms) {
       return answer;
     }
